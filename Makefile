@@ -1,0 +1,45 @@
+# PagedLab: `make run` serves the app on port 8501, `make test` runs every test.
+# Both create .venv on first use and reinstall when a requirements file changes.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8501
+
+.PHONY: run test lint bench browser-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.runtime: requirements.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	touch $@
+
+run: $(VENV)/.runtime
+	$(BIN)/streamlit run app.py --server.port $(PORT)
+
+# The browser tests need Debian's chromium; scripts/ensure-chromium installs it
+# when it is missing and we are root, and otherwise says what to do.
+browser-deps:
+	@scripts/ensure-chromium
+
+test: $(VENV)/.dev browser-deps
+	$(BIN)/ruff check .
+	@mkdir -p build
+	$(BIN)/python -m pytest --junitxml=build/junit.xml
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/mypy backend
+
+bench: $(VENV)/.runtime
+	$(BIN)/python bench/allocator.py
+	$(BIN)/python bench/kernel.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .ruff_cache .mypy_cache .hypothesis

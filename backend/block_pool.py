@@ -1,0 +1,252 @@
+"""The physical block pool: blocks, the free queue, and the prefix-cache map.
+
+Every block is in exactly one of three states::
+
+    used    ref_count >= 1                      held by one or more block tables
+    cached  ref_count == 0, hash set            in the free queue, still findable
+                                                by a prefix-cache lookup
+    free    ref_count == 0, no hash             in the free queue
+
+One doubly linked queue holds every block with ref_count 0, cached or free, and
+it is also the eviction order (as in vLLM v1): allocation takes from the front,
+a released block joins the back, and a prefix hit unlinks a cached block from
+the middle in O(1). A cached block keeps its hash until it is handed out again;
+only then is its hash dropped (an eviction).
+
+In "random" allocation mode the pool hands out a pseudo-random block with no
+cached prefix (so the cache is not thrown away needlessly): it probes random
+ids until one is free and empty, then falls back to the first empty block in
+queue order, then to the front of the queue (the least recently released
+cached block). The choice is a pure function of (seed, number of picks so far,
+block states, queue order), all of which a snapshot records, so a restored run
+continues identically.
+
+The pool knows nothing about requests; `BlockManager` owns block tables and
+records events. Every method is O(1), except a random pick, which is O(1)
+expected while at least a few percent of the pool is free and empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from backend.hashing import BlockHash
+
+AllocationMode = Literal["fifo", "random"]
+
+# Random ids tried per pick before falling back to a scan of the free queue.
+RANDOM_PROBES = 32
+
+
+@dataclass(eq=False, slots=True)
+class Block:
+    """One physical KV block. `prev`/`next` link it into the free queue."""
+
+    id: int
+    ref_count: int = 0
+    num_filled: int = 0
+    hash: BlockHash | None = None
+    prev: Block | None = field(default=None, repr=False)
+    next: Block | None = field(default=None, repr=False)
+    in_queue: bool = False
+
+    @property
+    def state(self) -> Literal["used", "cached", "free"]:
+        if self.ref_count > 0:
+            return "used"
+        return "cached" if self.hash is not None else "free"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of blocks with ref_count 0, in eviction order."""
+
+    def __init__(self) -> None:
+        # Sentinels keep every insert and unlink branch-free.
+        self._head = Block(-1)
+        self._tail = Block(-1)
+        self._head.next = self._tail
+        self._tail.prev = self._head
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Block]:
+        node = self._head.next
+        while node is not self._tail:
+            assert node is not None
+            yield node
+            node = node.next
+
+    def front(self) -> Block | None:
+        node = self._head.next
+        return None if node is self._tail else node
+
+    def append(self, block: Block) -> None:
+        assert not block.in_queue, f"block {block.id} is already in the free queue"
+        last = self._tail.prev
+        assert last is not None
+        last.next = block
+        block.prev = last
+        block.next = self._tail
+        self._tail.prev = block
+        block.in_queue = True
+        self._len += 1
+
+    def remove(self, block: Block) -> None:
+        assert block.in_queue, f"block {block.id} is not in the free queue"
+        assert block.prev is not None and block.next is not None
+        block.prev.next = block.next
+        block.next.prev = block.prev
+        block.prev = block.next = None
+        block.in_queue = False
+        self._len -= 1
+
+
+def _mix64(seed: int, counter: int) -> int:
+    """SplitMix64 of (seed, counter): a stateless, well-spread pseudo-random word."""
+    z = (seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB)
+    z &= (1 << 64) - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return z ^ (z >> 31)
+
+
+class BlockPool:
+    """Owns the blocks, the free queue and the digest -> blocks cache map.
+
+    Mutating methods say so; every other method only reads.
+    """
+
+    def __init__(self, num_blocks: int, *, allocation: AllocationMode = "fifo",
+                 seed: int = 0) -> None:
+        self.blocks: list[Block] = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue()
+        self.allocation: AllocationMode = allocation
+        self.seed = seed
+        # Picks made so far in random mode; with `seed` it fixes the next pick.
+        self.random_picks = 0
+        # Free blocks without a hash: the candidates of a random pick.
+        self.num_empty = 0
+        # digest -> {block id: block}. Several blocks can hold the same digest
+        # (two forks that sampled the same token fill identical blocks).
+        self.cached: dict[str, dict[int, Block]] = {}
+        self.num_cached_free = 0
+        for block in self.blocks:
+            self.free_queue.append(block)
+            self.num_empty += 1
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        """Blocks with ref_count 0, cached ones included (all can be handed out)."""
+        return len(self.free_queue)
+
+    # ---- reads -------------------------------------------------------------
+
+    def lookup(self, key: BlockHash) -> Block | None:
+        """A block holding exactly `key`'s tokens after exactly its parent, or None."""
+        holders = self.cached.get(key.digest)
+        if not holders:
+            return None
+        for block in holders.values():
+            held = block.hash
+            assert held is not None
+            # Never trust a digest alone: re-check the tokens and the parent link.
+            if held.tokens == key.tokens and held.parent_digest == key.parent_digest:
+                return block
+        return None
+
+    def peek_next(self) -> Block | None:
+        """The block `pop_free` would hand out next, without taking it."""
+        if self.allocation == "random" and self.num_empty:
+            return self._random_empty_block()
+        return self.free_queue.front()
+
+    def _random_empty_block(self) -> Block:
+        n = self.num_blocks
+        for attempt in range(RANDOM_PROBES):
+            block = self.blocks[_mix64(self.seed, self.random_picks * RANDOM_PROBES + attempt) % n]
+            if block.ref_count == 0 and block.hash is None:
+                return block
+        for block in self.free_queue:
+            if block.hash is None:
+                return block
+        raise AssertionError("num_empty > 0 but no empty block is queued")
+
+    # ---- mutations ---------------------------------------------------------
+
+    def pop_free(self) -> tuple[Block, BlockHash | None]:
+        """Mutates: hand out one block with ref_count 0 (now 1).
+
+        Returns the block and the hash it lost, if it was cached (the caller
+        records the eviction). The caller must have checked `num_free`.
+        """
+        block = self.peek_next()
+        assert block is not None, "pop_free on an empty pool"
+        if self.allocation == "random" and self.num_empty:
+            self.random_picks += 1
+        self.take(block)
+        evicted = block.hash
+        if evicted is not None:
+            self.uncache(block)
+        block.ref_count = 1
+        block.num_filled = 0
+        return block, evicted
+
+    def take(self, block: Block) -> None:
+        """Mutates: unlink a ref_count-0 block from the free queue (O(1))."""
+        assert block.ref_count == 0
+        self.free_queue.remove(block)
+        if block.hash is None:
+            self.num_empty -= 1
+        else:
+            self.num_cached_free -= 1
+
+    def release(self, block: Block) -> None:
+        """Mutates: a block whose ref_count just reached 0 joins the back of the queue."""
+        assert block.ref_count == 0
+        self.free_queue.append(block)
+        if block.hash is None:
+            self.num_empty += 1
+            block.num_filled = 0
+        else:
+            self.num_cached_free += 1
+
+    def register(self, block: Block, key: BlockHash) -> None:
+        """Mutates: give a used, full block its prefix-cache key."""
+        assert block.hash is None and block.ref_count > 0
+        block.hash = key
+        self.cached.setdefault(key.digest, {})[block.id] = block
+
+    def uncache(self, block: Block) -> None:
+        """Mutates: drop a block's key from the cache map (eviction)."""
+        key = block.hash
+        assert key is not None
+        holders = self.cached[key.digest]
+        del holders[block.id]
+        if not holders:
+            del self.cached[key.digest]
+        block.hash = None
+
+    def relabel(self, mapping: dict[int, int]) -> None:
+        """Mutates: block `old` becomes block `mapping[old]`; a permutation of all ids.
+
+        The Block objects keep their state and their place in the free queue;
+        only their ids (and so the id-keyed indexes) change.
+        """
+        assert sorted(mapping) == sorted(mapping.values()) == list(range(self.num_blocks))
+        new_blocks: list[Block | None] = [None] * self.num_blocks
+        for block in self.blocks:
+            block.id = mapping[block.id]
+            new_blocks[block.id] = block
+        self.blocks = [b for b in new_blocks if b is not None]
+        self.cached = {}
+        for block in self.blocks:
+            if block.hash is not None:
+                self.cached.setdefault(block.hash.digest, {})[block.id] = block

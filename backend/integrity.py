@@ -1,0 +1,120 @@
+"""`check_integrity`: proves the block manager's invariants, or raises with counts.
+
+Kept apart from the manager because it recomputes everything from scratch
+(O(blocks + table entries + hashed tokens)) and so must never sit on a hot path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from backend.errors import IntegrityError
+from backend.hashing import block_digest
+
+if TYPE_CHECKING:
+    from backend.block_manager import BlockManager
+
+
+def check_integrity(manager: BlockManager) -> None:
+    """Raise IntegrityError naming the first broken invariant.
+
+    - every block is in exactly one state (used / cached / free), and the free
+      queue holds exactly the blocks with ref count 0, once each, linked both ways;
+    - every ref count equals the number of tables holding the block;
+    - the cache map and the blocks' hashes agree, and every hash matches its
+      tokens and its parent;
+    - every table has ceil(num_tokens / block_size) entries, all full but the
+      last, and the last holds exactly the remaining tokens;
+    - the incremental counters equal a recount.
+    """
+    pool = manager.pool
+    bs = manager.block_size
+    problems: list[str] = []
+
+    holders: Counter[int] = Counter()
+    for seq in manager.seqs.values():
+        if len(set(seq.block_table)) != len(seq.block_table):
+            problems.append(f"request {seq.seq_id!r} holds a block twice: {seq.block_table}")
+        holders.update(seq.block_table)
+        expect = -(-seq.num_tokens // bs)
+        if seq.num_tokens < 1 or len(seq.block_table) != expect:
+            problems.append(f"request {seq.seq_id!r} has {seq.num_tokens} tokens but "
+                            f"{len(seq.block_table)} blocks (expected {expect})")
+            continue
+        for i, b in enumerate(seq.block_table):
+            want = bs if i < expect - 1 else seq.num_tokens - (expect - 1) * bs
+            got = pool.blocks[b].num_filled
+            if got != want:
+                problems.append(f"request {seq.seq_id!r} logical block {i} (physical {b}) "
+                                f"has {got} filled slots, expected {want}")
+            prev = pool.blocks[seq.block_table[i - 1]].hash if i else None
+            key = pool.blocks[b].hash
+            if key is not None and prev is not None and key.parent_digest != prev.digest:
+                problems.append(f"request {seq.seq_id!r}: block {b}'s hash does not chain "
+                                f"from block {seq.block_table[i - 1]}'s")
+
+    queued = list(pool.free_queue)
+    queued_ids = [b.id for b in queued]
+    if len(set(queued_ids)) != len(queued_ids):
+        problems.append("a block appears twice in the free queue")
+    if len(queued) != len(pool.free_queue):
+        problems.append(f"free queue length {len(pool.free_queue)} but {len(queued)} linked")
+    node = pool.free_queue._tail.prev
+    backward = 0
+    while node is not None and node is not pool.free_queue._head:
+        backward += 1
+        node = node.prev
+    if backward != len(queued):
+        problems.append(f"free queue links disagree: {len(queued)} forward, {backward} backward")
+    in_queue = set(queued_ids)
+
+    empty = cached = filled = shared = 0
+    for block in pool.blocks:
+        state = block.state
+        if block.ref_count != holders[block.id]:
+            problems.append(f"block {block.id} has ref count {block.ref_count} but "
+                            f"{holders[block.id]} table(s) hold it")
+        if (block.id in in_queue) != (block.ref_count == 0) or block.in_queue != (
+                block.id in in_queue):
+            problems.append(f"block {block.id} is {state} but "
+                            f"{'is' if block.id in in_queue else 'is not'} in the free queue")
+        if not 0 <= block.num_filled <= bs:
+            problems.append(f"block {block.id} has {block.num_filled} filled slots")
+        if state == "free":
+            empty += 1
+            if block.num_filled:
+                problems.append(f"free block {block.id} claims {block.num_filled} filled slots")
+        elif state == "cached":
+            cached += 1
+        else:
+            filled += block.num_filled
+            shared += block.ref_count >= 2
+        key = block.hash
+        if key is not None:
+            if not manager.prefix_caching:
+                problems.append(f"block {block.id} holds a hash but prefix caching is off")
+            if block.num_filled != bs or len(key.tokens) != bs:
+                problems.append(f"block {block.id} holds a hash but is not full")
+            if block_digest(key.parent_digest, key.tokens, manager.cache_salt) != key.digest:
+                problems.append(f"block {block.id}'s hash does not match its tokens")
+            if pool.cached.get(key.digest, {}).get(block.id) is not block:
+                problems.append(f"block {block.id}'s hash is missing from the cache map")
+    mapped = sum(len(h) for h in pool.cached.values())
+    hashed = sum(1 for b in pool.blocks if b.hash is not None)
+    if mapped != hashed:
+        problems.append(f"cache map holds {mapped} blocks but {hashed} blocks have a hash")
+
+    m = manager.metrics()
+    for name, got, want in (
+        ("free blocks", m.free_blocks, empty), ("cached blocks", m.cached_blocks, cached),
+        ("filled slots", m.filled_slots, filled), ("shared blocks", m.shared_blocks, shared),
+        ("table entries", manager._table_entries, sum(holders.values())),
+        ("logical tokens", m.logical_tokens, sum(s.num_tokens for s in manager.seqs.values())),
+    ):
+        if got != want:
+            problems.append(f"{name}: counter says {got}, recount says {want}")
+    if m.used_blocks + m.cached_blocks + m.free_blocks != m.num_blocks:
+        problems.append("used + cached + free != num_blocks")
+    if problems:
+        raise IntegrityError(f"{len(problems)} invariant(s) broken: " + "; ".join(problems[:8]))
