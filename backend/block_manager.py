@@ -159,6 +159,9 @@ class AllocatorMetrics:
 def validate_tokens(tokens: Sequence[int], what: str = "prompt") -> list[int]:
     """Token ids must be ints in 0..255 (bytes); returns them as a list."""
     out = list(tokens)
+    # Fast path in C (set/map/min/max); the loop below only runs to name a bad token.
+    if not out or (set(map(type, out)) == {int} and min(out) >= 0 and max(out) <= 255):
+        return out
     for i, t in enumerate(out):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= 255:
             raise PagedLabError(f"{what} token {i} is {t!r}; tokens are bytes, ints in 0..255")
@@ -212,6 +215,10 @@ class BlockManager:
         return self.pool.num_blocks
 
     @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_blocks - self.pool.num_free
+
+    @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now (free and cached)."""
         return self.pool.num_free
@@ -236,30 +243,33 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def plan_prompt(self, tokens: Sequence[int], *,
+    def plan_prompt(self, tokens: Sequence[int] | int, *,
                     pinned: Sequence[int] | None = None) -> PromptPlan:
         """Reads only: how a prompt would be placed now. Raises on bad input.
 
-        Raises PagedLabError for a malformed prompt, invalid pins, or a prompt
-        that could never fit in the pool even if it were empty.
+        `tokens` may be a bare count when prefix caching is off (nothing then
+        depends on the ids). Raises PagedLabError for a malformed prompt,
+        invalid pins, or a prompt that could never fit in the pool even if it
+        were empty.
         """
-        toks = validate_tokens(tokens)
-        if not toks:
+        toks = self._prompt_tokens(tokens)
+        length = toks if isinstance(toks, int) else len(toks)
+        if length < 1:
             raise PagedLabError("a prompt needs at least one token")
-        n = self.blocks_for(len(toks))
+        n = self.blocks_for(length)
         if n > self.num_blocks:
             raise PagedLabError(
-                f"a prompt of {len(toks)} tokens needs {n} blocks of {self.block_size} "
+                f"a prompt of {length} tokens needs {n} blocks of {self.block_size} "
                 f"but the pool has only {self.num_blocks} blocks; it can never fit")
         keys = (tuple(hash_prompt_blocks(toks, self.block_size, self.cache_salt))
-                if self.prefix_caching else ())
+                if self.prefix_caching and not isinstance(toks, int) else ())
         if pinned is not None:
             self._check_pins(pinned, n)
             return PromptPlan(n, (), n, self.pool.num_free, keys)
         hits: list[int] = []
         # A request always computes at least its last prompt token (its logits
         # start the generation), so only blocks wholly before it can be hits.
-        for key in keys[: (len(toks) - 1) // self.block_size]:
+        for key in keys[: (length - 1) // self.block_size]:
             block = self.pool.lookup(key)
             if block is None:
                 break
@@ -315,7 +325,7 @@ class BlockManager:
 
     # ---- mutations ---------------------------------------------------------
 
-    def allocate(self, seq_id: str, tokens: Sequence[int], *,
+    def allocate(self, seq_id: str, tokens: Sequence[int] | int, *,
                  pinned: Sequence[int] | None = None) -> Allocation:
         """Mutates: admit a sequence with its prompt tokens.
 
@@ -331,12 +341,13 @@ class BlockManager:
             raise OutOfBlocksError(
                 f"request {seq_id!r} needs {plan.num_new_blocks} free blocks but only "
                 f"{plan.num_available} are free")
-        toks = list(tokens)
+        toks = [] if isinstance(tokens, int) else list(tokens)
+        length = tokens if isinstance(tokens, int) else len(toks)
         bs = self.block_size
         if self.prefix_caching and pinned is None:
             self.prefix_queries += 1
-            self.prefix_query_tokens += len(toks)
-            self.prefix_floor_tokens += len(toks) - (len(toks) - 1) // bs * bs
+            self.prefix_query_tokens += length
+            self.prefix_floor_tokens += length - (length - 1) // bs * bs
         table: list[int] = []
         for block_id in plan.hit_blocks:
             block = self.pool.blocks[block_id]
@@ -361,7 +372,7 @@ class BlockManager:
                 block, evicted = self.pool.pop_free()
                 if evicted is not None:
                     self._emit("evict", seq_id, block.id)
-            block.num_filled = min(bs, len(toks) - i * bs)
+            block.num_filled = min(bs, length - i * bs)
             self._filled_used += block.num_filled
             if self.prefix_caching and i < len(plan.keys):
                 self.pool.register(block, plan.keys[i])
@@ -369,11 +380,11 @@ class BlockManager:
             new.append(block.id)
             self._emit("alloc", seq_id, block.id, ref_count=1)
         self._table_entries += len(table)
-        self._logical_tokens += len(toks)
-        tail = len(toks) % bs
+        self._logical_tokens += length
+        tail = length % bs
         self.seqs[seq_id] = SeqBlocks(
-            seq_id, table, len(toks),
-            tail_tokens=toks[len(toks) - tail:] if (tail and self.prefix_caching) else [],
+            seq_id, table, length,
+            tail_tokens=toks[length - tail:] if (tail and self.prefix_caching) else [],
             last_hash=plan.keys[-1] if plan.keys else None,
         )
         return Allocation(tuple(table), len(plan.hit_blocks) * bs, plan.hit_blocks, tuple(new))
@@ -390,15 +401,15 @@ class BlockManager:
         blocks do not suffice.
         """
         seq = self._seq(seq_id)
+        toks: list[int] | None = None
         if tokens is not None:
-            toks: list[int] | None = validate_tokens(tokens, "appended")
+            toks = validate_tokens(tokens, "appended")
             n = len(toks)
             if num_tokens is not None and num_tokens != n:
                 raise PagedLabError("append: num_tokens disagrees with len(tokens)")
         else:
             if self.prefix_caching:
                 raise PagedLabError("append needs the token ids when prefix caching is on")
-            toks = None
             n = 1 if num_tokens is None else num_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise PagedLabError(f"append needs at least one token, got {n!r}")
@@ -415,7 +426,10 @@ class BlockManager:
             cow = self._copy_on_write(seq, last)
         slots: list[int] = []
         new: list[int] = []
-        for k in range(n):
+        hashing = toks is not None and self.prefix_caching
+        done = 0
+        # Block by block, so a bulk append costs O(blocks touched), not O(tokens).
+        while done < n:
             last = self.pool.blocks[table[-1]]
             if last.num_filled == bs:
                 last, evicted = self.pool.pop_free()
@@ -425,18 +439,22 @@ class BlockManager:
                 new.append(last.id)
                 self._table_entries += 1
                 self._emit("alloc", seq_id, last.id, ref_count=1)
-            slots.append(last.id * bs + last.num_filled)
-            last.num_filled += 1
-            self._filled_used += 1
-            seq.num_tokens += 1
-            self._logical_tokens += 1
-            if toks is not None and self.prefix_caching:
-                seq.tail_tokens.append(toks[k])
+            take = min(bs - last.num_filled, n - done)
+            first = last.id * bs + last.num_filled
+            slots.extend(range(first, first + take))
+            last.num_filled += take
+            if hashing:
+                assert toks is not None
+                seq.tail_tokens.extend(toks[done:done + take])
                 if last.num_filled == bs:
                     key = hash_block(seq.last_hash, seq.tail_tokens, self.cache_salt)
                     self.pool.register(last, key)
                     seq.last_hash = key
                     seq.tail_tokens = []
+            done += take
+        self._filled_used += n
+        seq.num_tokens += n
+        self._logical_tokens += n
         return AppendResult(tuple(slots), tuple(new), cow)
 
     def fork(self, parent_id: str, child_id: str) -> None:
@@ -526,6 +544,15 @@ class BlockManager:
             raise PagedLabError(
                 f"request {seq_id!r} holds no blocks (unknown, waiting or finished)")
         return seq
+
+    def _prompt_tokens(self, tokens: Sequence[int] | int) -> list[int] | int:
+        if isinstance(tokens, bool):
+            raise PagedLabError("a prompt is a list of token ids or a token count")
+        if isinstance(tokens, int):
+            if self.prefix_caching:
+                raise PagedLabError("a prompt needs its token ids when prefix caching is on")
+            return tokens
+        return validate_tokens(tokens)
 
     def _check_new_id(self, seq_id: str) -> None:
         if not isinstance(seq_id, str) or not seq_id:

@@ -14,16 +14,14 @@ the middle in O(1). A cached block keeps its hash until it is handed out again;
 only then is its hash dropped (an eviction).
 
 In "random" allocation mode the pool hands out a pseudo-random block with no
-cached prefix (so the cache is not thrown away needlessly): it probes random
-ids until one is free and empty, then falls back to the first empty block in
-queue order, then to the front of the queue (the least recently released
-cached block). The choice is a pure function of (seed, number of picks so far,
-block states, queue order), all of which a snapshot records, so a restored run
-continues identically.
+cached prefix (so the cache is not thrown away needlessly): it probes up to
+RANDOM_PROBES random ids for one that is free and empty, and otherwise takes
+the front of the queue, as fifo mode would. The choice is a pure function of
+(seed, number of picks so far, block states, queue order), all of which a
+snapshot records, so a restored run continues identically.
 
 The pool knows nothing about requests; `BlockManager` owns block tables and
-records events. Every method is O(1), except a random pick, which is O(1)
-expected while at least a few percent of the pool is free and empty.
+records events. Every method is O(1).
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from backend.hashing import BlockHash
 
 AllocationMode = Literal["fifo", "random"]
 
-# Random ids tried per pick before falling back to a scan of the free queue.
+# Random ids tried per pick before falling back to the front of the free queue.
 RANDOM_PROBES = 32
 
 
@@ -165,19 +163,19 @@ class BlockPool:
     def peek_next(self) -> Block | None:
         """The block `pop_free` would hand out next, without taking it."""
         if self.allocation == "random" and self.num_empty:
-            return self._random_empty_block()
+            block = self._random_empty_block()
+            if block is not None:
+                return block
         return self.free_queue.front()
 
-    def _random_empty_block(self) -> Block:
+    def _random_empty_block(self) -> Block | None:
         n = self.num_blocks
         for attempt in range(RANDOM_PROBES):
             block = self.blocks[_mix64(self.seed, self.random_picks * RANDOM_PROBES + attempt) % n]
             if block.ref_count == 0 and block.hash is None:
                 return block
-        for block in self.free_queue:
-            if block.hash is None:
-                return block
-        raise AssertionError("num_empty > 0 but no empty block is queued")
+        # A nearly full pool: fall back to the queue's order rather than scan.
+        return self.free_queue.front()
 
     # ---- mutations ---------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 
@@ -306,7 +307,8 @@ def test_remap_keeps_free_queue_order_and_cache() -> None:
         (lambda m: m.apply_remap({0: 1}), "permutation"),
     ],
 )
-def test_caller_mistakes_raise_and_change_nothing(action, message: str) -> None:  # noqa: ANN001
+def test_caller_mistakes_raise_and_change_nothing(
+        action: Callable[[BlockManager], object], message: str) -> None:
     m = BlockManager(8, 4)
     m.allocate("A", list(b"The cat s"))
     m.fork("A", "B")
@@ -371,3 +373,22 @@ def test_metrics_on_a_mixed_pool() -> None:
     assert met.logical_tokens == 11 + 12 + 2
     assert met.blocks_saved_by_sharing == 2
     assert met.slot_occupancy == pytest.approx(17 / 20)
+
+
+def test_bulk_append_by_count_fills_block_by_block() -> None:
+    m = BlockManager(8, 4, prefix_caching=False)
+    assert m.allocate("A", 3).block_table == (0,)
+    r = m.append("A", num_tokens=10)
+    assert r.slots == (3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+    assert r.new_blocks == (1, 2, 3)
+    assert m.num_tokens("A") == 13 and m.metrics().internal_waste_slots == 3
+    m.check_integrity()
+
+
+def test_counts_instead_of_tokens_need_prefix_caching_off() -> None:
+    m = BlockManager(8, 4)
+    with pytest.raises(PagedLabError, match="needs its token ids"):
+        m.allocate("A", 5)
+    m.allocate("A", [1, 2])
+    with pytest.raises(PagedLabError, match="needs the token ids"):
+        m.append("A", num_tokens=2)
