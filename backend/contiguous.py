@@ -1,0 +1,534 @@
+"""A contiguous KV arena: each request reserves ONE unbroken region, placed first-fit.
+
+This is how serving systems stored the KV cache before PagedAttention (the
+paper's "Orca (Max)", "Orca (Pow2)" and "Orca (Oracle)" baselines): a request
+gets one region of `capacity` token slots big enough for the longest answer it
+might produce, at the lowest address where it fits. How big depends on the policy:
+
+    max     a fixed maximum sequence length (default 2048) for every request
+    pow2    the next power of two of the request's final length (prompt + output)
+    oracle  exactly the final length (a system that knows the future)
+
+A reservation never exceeds the arena: a policy that asks for more (say
+"max" with max_len 2048 in a 1000-slot arena) reserves the whole arena, the
+longest region that could ever exist. A request whose final length is larger
+than the arena (or, under "max", than max_len) can never fit and is refused.
+
+Every slot of the arena is in exactly one of five states (the PagedAttention
+paper's Figure 2), and they always sum to `capacity`::
+
+    a pow2 arena of 24 slots; required allocation 4 (the next waiting
+    request's region size)
+
+    slot     0         1         2
+             012345678901234567890123
+    kind     ####++~~xxx###+.....####
+    owner    AAAAAAAA   BBBB     CCCC
+
+    A  slots 0-7:   reserved 8, final length 6, 4 tokens so far: 2 slots of
+                    reservation (it will fill them), 2 of internal fragmentation
+    -  slots 8-10:  a hole of 3 < 4: external fragmentation
+    B  slots 11-14: reserved 4, final length 4, 3 tokens: 1 slot of reservation
+    -  slots 15-19: a hole of 5 >= 4: free
+    C  slots 20-23: reserved 4, final length 4, 4 tokens
+
+    # token_states            slots holding a token
+    + reservation             slots reserved for tokens the request will still
+                              generate: min(final_len, reserved) - tokens
+    ~ internal_fragmentation  reserved slots the request will never use:
+                              reserved - final_len when positive
+    x external_fragmentation  free slots in a hole smaller than the required
+                              allocation
+    . free                    free slots in a hole that could hold it
+
+External fragmentation follows the seed text: "free space split into separate
+regions that cannot satisfy a required larger contiguous allocation". It is
+relative to a required size, which the caller passes: the region size the
+next waiting request needs (a question about a hypothetical request passes
+that request's size). A free slot counts as external fragmentation when the
+hole it lies in is smaller than the required size; with no required size at
+all, every free slot is simply free. So while a request waits because no
+hole is large enough, every free slot is external fragmentation, whether or
+not the free total would have been enough: none of it can serve the demand.
+`fits` separately says *why* something does not fit ("enough memory is free
+in total but no hole is large enough" is the textbook case).
+
+Every mutating method validates completely before it changes anything, so a
+`PagedLabError` leaves the arena exactly as it was; `OutOfBlocksError` (a
+subclass) means "no room right now", everything else means "never". Costs
+are O(number of regions) per placement, O(1) for growth and the totals.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Literal
+
+from backend.errors import IntegrityError, OutOfBlocksError, PagedLabError
+
+ContiguousPolicy = Literal["max", "pow2", "oracle"]
+CONTIGUOUS_POLICIES: tuple[ContiguousPolicy, ...] = ("max", "pow2", "oracle")
+DEFAULT_MAX_LEN = 2048
+
+SegmentKind = Literal[
+    "token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free",
+]
+SEGMENT_KINDS: tuple[SegmentKind, ...] = (
+    "token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free",
+)
+# One glyph per kind for the text rendering (legend printed with it).
+GLYPHS: dict[SegmentKind, str] = {
+    "token_states": "#", "reservation": "+", "internal_fragmentation": "~",
+    "external_fragmentation": "x", "free": ".",
+}
+
+FitReason = Literal["fits", "external_fragmentation", "not_enough_free", "never"]
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1)."""
+    assert n >= 1
+    return 1 << (n - 1).bit_length()
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """One request's reservation: slots start .. start + reserved - 1."""
+
+    request_id: str
+    start: int
+    reserved: int
+    final_len: int
+    tokens: int
+
+    @property
+    def end(self) -> int:
+        """One past the last slot."""
+        return self.start + self.reserved
+
+    @property
+    def reservation(self) -> int:
+        """Slots the request will still fill."""
+        return min(self.final_len, self.reserved) - self.tokens
+
+    @property
+    def internal_fragmentation(self) -> int:
+        """Reserved slots the request will never fill."""
+        return max(0, self.reserved - self.final_len)
+
+
+@dataclass(frozen=True, slots=True)
+class Hole:
+    """A maximal run of free slots."""
+
+    start: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class FitAnswer:
+    """Whether a request of `final_len` tokens would get a region now, and if not, why.
+
+    `size` is the region the policy would reserve for it. `start` is where
+    first-fit would place it (None if it does not fit). `reason`:
+    "fits"; "external_fragmentation" (enough slots are free in total but no
+    hole is large enough); "not_enough_free" (fewer free slots than `size`);
+    "never" (larger than the arena, or than max_len under "max").
+    """
+
+    final_len: int
+    size: int
+    fits: bool
+    start: int | None
+    free_total: int
+    largest_hole: int
+    reason: FitReason
+
+    @property
+    def message(self) -> str:
+        """One plain-English sentence about the answer."""
+        what = f"a request of {self.final_len} tokens (a region of {self.size} slots)"
+        if self.reason == "fits":
+            return f"{what} fits at slot {self.start}"
+        if self.reason == "external_fragmentation":
+            return (f"{what} does not fit: {self.free_total} slots are free in total but the "
+                    f"largest hole is {self.largest_hole} (external fragmentation)")
+        if self.reason == "not_enough_free":
+            return f"{what} does not fit: only {self.free_total} slots are free"
+        return f"{what} can never fit in this arena"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """The arena's slots by Figure 2 state; the five counts sum to `capacity`.
+
+    `required` is the allocation size external fragmentation was judged
+    against (None: no free slot counts as external fragmentation).
+    """
+
+    token_states: int
+    reservation: int
+    internal_fragmentation: int
+    external_fragmentation: int
+    free: int
+    required: int | None = None
+
+    @property
+    def capacity(self) -> int:
+        return (self.token_states + self.reservation + self.internal_fragmentation
+                + self.external_fragmentation + self.free)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "token_states": self.token_states, "reservation": self.reservation,
+            "internal_fragmentation": self.internal_fragmentation,
+            "external_fragmentation": self.external_fragmentation, "free": self.free,
+        }
+
+    def fractions(self) -> dict[str, float]:
+        """Each state's share of the capacity (sums to 1)."""
+        cap = self.capacity
+        return {k: v / cap for k, v in self.as_dict().items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A run of slots in one state, for drawing memory maps. `owner` is None for holes."""
+
+    start: int
+    length: int
+    owner: str | None
+    kind: SegmentKind
+
+
+@dataclass(slots=True)
+class _Slot:
+    """Mutable record behind a `Region`."""
+
+    start: int
+    reserved: int
+    final_len: int
+    tokens: int
+
+
+def _dominant_kind(counts: dict[SegmentKind, int]) -> SegmentKind:
+    """The state holding most slots of a rendered cell; ties go to the one listed first."""
+    return max(SEGMENT_KINDS, key=lambda k: (counts.get(k, 0), -SEGMENT_KINDS.index(k)))
+
+
+def _dominant_owner(counts: dict[str, int]) -> str:
+    """First character of the request holding most slots of a cell, or a blank."""
+    return max(counts, key=lambda r: counts[r])[:1] if counts else " "
+
+
+def _check_int(value: object, what: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise PagedLabError(f"{what} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+class ContiguousArena:
+    """`capacity` token slots; each request holds one contiguous region (first-fit).
+
+    Reads never mutate; `reserve`, `grow` and `release` do, and say so.
+    """
+
+    def __init__(self, capacity: int, policy: ContiguousPolicy = "oracle", *,
+                 max_len: int = DEFAULT_MAX_LEN) -> None:
+        _check_int(capacity, "capacity", 1)
+        _check_int(max_len, "max_len", 1)
+        if policy not in CONTIGUOUS_POLICIES:
+            raise PagedLabError(
+                f"policy must be one of {', '.join(CONTIGUOUS_POLICIES)}, got {policy!r}")
+        self.capacity = capacity
+        self.policy: ContiguousPolicy = policy
+        self.max_len = max_len
+        self._slots: dict[str, _Slot] = {}
+        # Region starts in address order, and who starts there.
+        self._starts: list[int] = []
+        self._owner_at: dict[int, str] = {}
+        # Totals kept incrementally so the simulator reads them in O(1).
+        self.reserved_total = 0
+        self.final_total = 0      # sum of min(final_len, reserved): token + reservation slots
+        self.tokens_total = 0
+        # Bumped by every placement change, so callers can cache hole scans.
+        self.version = 0
+
+    # ---- reads -------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._slots
+
+    @property
+    def free_total(self) -> int:
+        return self.capacity - self.reserved_total
+
+    def reservation_size(self, final_len: int) -> int:
+        """Reads only: the region the policy reserves for a request of `final_len` tokens.
+
+        Never more than the arena. Raises PagedLabError if `final_len` is not
+        an integer >= 1 or the request can never fit (longer than the arena,
+        or than max_len under "max").
+        """
+        _check_int(final_len, "final_len", 1)
+        if final_len > self.capacity:
+            raise PagedLabError(
+                f"a request of {final_len} tokens can never fit in an arena of "
+                f"{self.capacity} slots")
+        if self.policy == "max" and final_len > self.max_len:
+            raise PagedLabError(
+                f"a request of {final_len} tokens is longer than the maximum sequence "
+                f"length {self.max_len} that the max policy reserves")
+        return min(self._policy_size(final_len), self.capacity)
+
+    def _policy_size(self, final_len: int) -> int:
+        """The region the policy asks for, before capping at the arena."""
+        if self.policy == "max":
+            return self.max_len
+        if self.policy == "pow2":
+            return next_pow2(final_len)
+        return final_len
+
+    def region(self, request_id: str) -> Region:
+        """Reads only: the request's region. Raises PagedLabError if it holds none."""
+        return self._region(request_id, self._get(request_id))
+
+    def regions(self) -> list[Region]:
+        """Reads only: every region in address order."""
+        return [self._region(self._owner_at[s], self._slots[self._owner_at[s]])
+                for s in self._starts]
+
+    def holes(self) -> list[Hole]:
+        """Reads only: maximal free runs in address order (O(regions))."""
+        out: list[Hole] = []
+        pos = 0
+        slots = self._slots
+        owner_at = self._owner_at
+        for s in self._starts:
+            if s > pos:
+                out.append(Hole(pos, s - pos))
+            pos = s + slots[owner_at[s]].reserved
+        if pos < self.capacity:
+            out.append(Hole(pos, self.capacity - pos))
+        return out
+
+    def largest_hole(self) -> int:
+        return max((h.length for h in self.holes()), default=0)
+
+    def first_fit(self, size: int) -> int | None:
+        """Reads only: the lowest start of a hole of at least `size` slots, or None."""
+        pos = 0
+        slots = self._slots
+        owner_at = self._owner_at
+        for s in self._starts:
+            if s - pos >= size:
+                return pos
+            pos = s + slots[owner_at[s]].reserved
+        return pos if self.capacity - pos >= size else None
+
+    def fits(self, final_len: int) -> FitAnswer:
+        """Reads only: would a new request of `final_len` tokens get a region now?
+
+        Raises PagedLabError only if `final_len` is not an integer >= 1; a
+        request that can never fit is answered with reason "never".
+        """
+        _check_int(final_len, "final_len", 1)
+        holes = self.holes()
+        free = self.free_total
+        largest = max((h.length for h in holes), default=0)
+        try:
+            size = self.reservation_size(final_len)
+        except PagedLabError:
+            size = max(self._policy_size(final_len), final_len)
+            return FitAnswer(final_len, size, False, None, free, largest, "never")
+        start = next((h.start for h in holes if h.length >= size), None)
+        if start is not None:
+            return FitAnswer(final_len, size, True, start, free, largest, "fits")
+        reason: FitReason = "external_fragmentation" if free >= size else "not_enough_free"
+        return FitAnswer(final_len, size, False, None, free, largest, reason)
+
+    def external_slots(self, required: int | None) -> int:
+        """Reads only: free slots in holes smaller than `required` (0 if None)."""
+        if required is None:
+            return 0
+        return sum(h.length for h in self.holes() if h.length < required)
+
+    def breakdown(self, required: int | None = None) -> MemoryBreakdown:
+        """Reads only: the arena's slots by state right now (Figure 2 definitions).
+
+        `required` is the region size (slots) external fragmentation is
+        judged against: the size the next waiting request needs. None counts
+        every free slot as free.
+        """
+        if required is not None:
+            _check_int(required, "required", 1)
+        ext = self.external_slots(required)
+        return MemoryBreakdown(
+            token_states=self.tokens_total,
+            reservation=self.final_total - self.tokens_total,
+            internal_fragmentation=self.reserved_total - self.final_total,
+            external_fragmentation=ext,
+            free=self.free_total - ext,
+            required=required,
+        )
+
+    def segments(self, required: int | None = None) -> list[Segment]:
+        """Reads only: the whole arena as runs of one state each, in address order."""
+        if required is not None:
+            _check_int(required, "required", 1)
+        out: list[Segment] = []
+
+        def hole(start: int, length: int) -> None:
+            small = required is not None and length < required
+            out.append(Segment(start, length, None,
+                               "external_fragmentation" if small else "free"))
+
+        pos = 0
+        for r in self.regions():
+            if r.start > pos:
+                hole(pos, r.start - pos)
+            p = r.start
+            parts: tuple[tuple[int, SegmentKind], ...] = (
+                (r.tokens, "token_states"), (r.reservation, "reservation"),
+                (r.internal_fragmentation, "internal_fragmentation"))
+            for length, kind in parts:
+                if length:
+                    out.append(Segment(p, length, r.request_id, kind))
+                    p += length
+            pos = r.end
+        if pos < self.capacity:
+            hole(pos, self.capacity - pos)
+        return out
+
+    def render(self, required: int | None = None, *, width: int = 64) -> str:
+        """Reads only: an ASCII memory map, one glyph per slot (or per group of slots).
+
+        With more slots than `width`, each character stands for
+        ceil(capacity / width) slots and shows the state holding most of them.
+        The owner line shows each region's owner (first character of its id).
+        """
+        _check_int(width, "width", 1)
+        per = -(-self.capacity // width)
+        cells = -(-self.capacity // per)
+        kinds: list[dict[SegmentKind, int]] = [{} for _ in range(cells)]
+        owners: list[dict[str, int]] = [{} for _ in range(cells)]
+        for seg in self.segments(required):
+            pos, end = seg.start, seg.start + seg.length
+            while pos < end:
+                cell = pos // per
+                take = min(end, (cell + 1) * per) - pos
+                kinds[cell][seg.kind] = kinds[cell].get(seg.kind, 0) + take
+                if seg.owner is not None:
+                    owners[cell][seg.owner] = owners[cell].get(seg.owner, 0) + take
+                pos += take
+        kind_line = "".join(GLYPHS[_dominant_kind(c)] for c in kinds)
+        owner_line = "".join(_dominant_owner(o) for o in owners)
+        scale = "1 slot" if per == 1 else f"{per} slots"
+        legend = ("# token  + reservation  ~ internal frag.  x external frag.  . free"
+                  f"   (one character = {scale})")
+        return f"kind   {kind_line}\nowner  {owner_line.rstrip()}\n{legend}"
+
+    def check_integrity(self) -> None:
+        """Reads only: raise IntegrityError if regions overlap or totals disagree."""
+        problems: list[str] = []
+        pos = 0
+        for s in self._starts:
+            r = self._slots[self._owner_at[s]]
+            if r.start != s or s < pos:
+                problems.append(f"region at {s} overlaps the one before it (ends at {pos})")
+            if not 0 <= r.tokens <= min(r.final_len, r.reserved):
+                problems.append(f"region at {s} holds {r.tokens} tokens (reserved "
+                                f"{r.reserved}, final {r.final_len})")
+            pos = s + r.reserved
+        if pos > self.capacity:
+            problems.append(f"the last region ends at {pos}, past capacity {self.capacity}")
+        if len(self._starts) != len(self._slots):
+            problems.append(f"{len(self._starts)} starts for {len(self._slots)} regions")
+        if self.reserved_total != sum(r.reserved for r in self._slots.values()):
+            problems.append("reserved_total disagrees with a recount")
+        if self.final_total != sum(min(r.final_len, r.reserved) for r in self._slots.values()):
+            problems.append("final_total disagrees with a recount")
+        if self.tokens_total != sum(r.tokens for r in self._slots.values()):
+            problems.append("tokens_total disagrees with a recount")
+        if problems:
+            raise IntegrityError(f"{len(problems)} arena invariant(s) broken: "
+                                 + "; ".join(problems))
+
+    # ---- mutations ---------------------------------------------------------
+
+    def reserve(self, request_id: str, final_len: int, *, tokens: int = 0) -> Region:
+        """Mutates: give a new request its region at the lowest hole that fits.
+
+        `tokens` is how many of its `final_len` tokens it already holds
+        (0 <= tokens <= final_len). Raises PagedLabError for a duplicate or
+        empty id, a bad size, or a request that can never fit;
+        OutOfBlocksError if no hole is large enough right now (the message
+        says whether that is external fragmentation).
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise PagedLabError(f"request id must be a non-empty string, got {request_id!r}")
+        if request_id in self._slots:
+            raise PagedLabError(f"request {request_id!r} already holds a region")
+        size = self.reservation_size(final_len)
+        _check_int(tokens, "tokens", 0)
+        if tokens > final_len:
+            raise PagedLabError(
+                f"request {request_id!r} cannot hold {tokens} tokens: its final length "
+                f"is {final_len}")
+        start = self.first_fit(size)
+        if start is None:
+            raise OutOfBlocksError(f"request {request_id!r}: {self.fits(final_len).message}")
+        slot = _Slot(start, size, final_len, tokens)
+        self._slots[request_id] = slot
+        bisect.insort(self._starts, start)
+        self._owner_at[start] = request_id
+        self.reserved_total += size
+        self.final_total += min(final_len, size)
+        self.tokens_total += tokens
+        self.version += 1
+        return self._region(request_id, slot)
+
+    def grow(self, request_id: str, n: int = 1) -> Region:
+        """Mutates: the request fills `n` more slots of its region (nothing moves).
+
+        Raises PagedLabError if the request holds no region, `n` < 1, or it
+        would pass its final length (a contiguous region cannot grow in place).
+        """
+        slot = self._get(request_id)
+        _check_int(n, "n", 1)
+        if slot.tokens + n > slot.final_len:
+            raise PagedLabError(
+                f"request {request_id!r} holds {slot.tokens} of its {slot.final_len} tokens; "
+                f"{n} more would pass its final length")
+        slot.tokens += n
+        self.tokens_total += n
+        return self._region(request_id, slot)
+
+    def release(self, request_id: str) -> Region:
+        """Mutates: free the request's region; returns it as it was."""
+        slot = self._get(request_id)
+        region = self._region(request_id, slot)
+        del self._slots[request_id]
+        self._starts.pop(bisect.bisect_left(self._starts, slot.start))
+        del self._owner_at[slot.start]
+        self.reserved_total -= slot.reserved
+        self.final_total -= min(slot.final_len, slot.reserved)
+        self.tokens_total -= slot.tokens
+        self.version += 1
+        return region
+
+    # ---- internals ---------------------------------------------------------
+
+    def _get(self, request_id: str) -> _Slot:
+        slot = self._slots.get(request_id)
+        if slot is None:
+            raise PagedLabError(f"request {request_id!r} holds no region (unknown or released)")
+        return slot
+
+    @staticmethod
+    def _region(request_id: str, slot: _Slot) -> Region:
+        return Region(request_id, slot.start, slot.reserved, slot.final_len, slot.tokens)

@@ -1,0 +1,245 @@
+"""The continuous-batching replay loop shared by every allocation policy.
+
+The model (what one iteration means)
+------------------------------------
+Iteration k runs at time k * iteration_s; a fixed time per iteration, so time
+averages and iteration averages are the same thing. In iteration k:
+
+1. Growth. Every running request gains one token. A policy that allocates as
+   requests grow (paged) may need room for it; requests are served oldest
+   admission first, and when no room is left the most recently admitted
+   running request is preempted: its memory is freed and it goes back to the
+   FRONT of the waiting queue, to be recomputed (all its tokens so far are
+   processed again as a prompt when it is re-admitted).
+2. Admission. Requests that have arrived (arrival time <= k * iteration_s)
+   are admitted first come, first served while the policy has room for them;
+   the head of the queue blocks the ones behind it. An admitted request's
+   prompt is processed in this iteration, which also produces its first
+   output token: it holds prompt + 1 tokens. (Like vLLM, nothing is admitted
+   in an iteration that preempted; here that follows by itself: the victim
+   heads the queue and needs at least the blocks it gave up, one of which
+   the growing request just took.)
+3. Memory is sampled (the state the iteration's attention reads).
+4. Requests that reached their final length (prompt + output) finish and free
+   their memory at the end of the iteration.
+
+A request with output length O therefore runs for O iterations if never
+preempted, holding prompt + 1, ..., prompt + O tokens.
+
+Why it is fast
+--------------
+Between events nothing changes but every running request's length, which
+grows by one per iteration. So the loop jumps from event to event: a finish,
+an admission chance (after memory was released, or an arrival into an empty
+queue) and, for policies with a `growth_period` B, the iteration in which a
+request's count crosses a block boundary (count = 1 mod B). A request's count is
+kept in closed form, tokens = n + (k - a) (n tokens after iteration a), and
+the sum over the running batch is C + b * k with C = sum(n - a); per-iteration
+sums over a quiet span are arithmetic series. The time-averaged memory is
+therefore exact, and the cost is O(events log batch): O(requests) for the
+contiguous policies and O(tokens / B) policy calls for paged.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+Progress = Callable[[int, int], None]
+
+
+class MemoryPolicy(Protocol):
+    """Where a policy keeps running requests' KV. Requests are trace indices.
+
+    The loop reads four O(1) figures after each event: `allocated` (slots
+    held: whole blocks, or whole reservations), `committed` (slots that hold
+    tokens or will, for policies that reserve ahead; unused otherwise),
+    `reserves_ahead`, and `external_slots(...)`.
+    """
+
+    capacity: int
+    growth_period: int | None
+    reserves_ahead: bool
+
+    @property
+    def allocated(self) -> int: ...
+
+    @property
+    def committed(self) -> int: ...
+
+    def prepare(self, final_len: np.ndarray) -> None:
+        """Raise PagedLabError if some request could never run alone."""
+
+    def try_admit(self, i: int, tokens: int, final_len: int) -> bool:
+        """Mutates when it returns True: request i now holds `tokens` tokens."""
+
+    def grow(self, i: int, tokens: int) -> bool:
+        """Mutates when it returns True: request i, now at a block boundary, holds `tokens`."""
+
+    def release(self, i: int, *, preempted: bool) -> None:
+        """Mutates: free request i's memory."""
+
+    def external_slots(self, head_final_len: int | None) -> int:
+        """Free slots that cannot serve the waiting head (None: nobody waits)."""
+
+
+@dataclass(slots=True)
+class ReplayTotals:
+    """Sums over busy iterations (iterations with at least one running request)."""
+
+    busy_iterations: int = 0
+    last_iteration: int = -1
+    batch_sum: int = 0
+    max_batch: int = 0
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    token_sum: int = 0       # token-iterations
+    allocated_sum: int = 0   # slot-iterations held by the policy
+    committed_sum: int = 0   # slot-iterations of token + reservation (reserves_ahead only)
+    external_sum: int = 0
+    finish_iteration: np.ndarray | None = None
+
+
+def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.ndarray,
+           policy: MemoryPolicy, progress: Progress | None = None) -> ReplayTotals:
+    """Mutates `policy`: replay the requests (in arrival order) to the end.
+
+    `arrival_iteration[i]` is the first iteration request i may be admitted
+    in (non-decreasing). Calls `progress(finished, total)` about every 1%.
+    """
+    n = len(final_len)
+    arr = arrival_iteration.tolist()
+    final = final_len.tolist()
+    prompt = prompt_len.tolist()
+    prefill = list(prompt)          # tokens to process on (re)admission
+    policy.prepare(final_len)
+    period = policy.growth_period
+    tot = ReplayTotals()
+    finish_it = [0] * n
+    n_sync = [0] * n          # tokens after iteration a_sync
+    a_sync = [0] * n
+    order = [0] * n           # admission sequence number (oldest first)
+    epoch = [0] * n           # invalidates heap entries of preempted requests
+    running: dict[int, None] = {}   # insertion order = admission order
+    waiting: deque[int] = deque()
+    heap: list[tuple[int, int, int, int]] = []
+    c_sum = 0                 # sum of n_sync - a_sync over running requests
+    admitted = 0
+    nxt = 0                   # next request to arrive
+    finished = 0
+    retry_at = -1             # admission chance after a release
+    last = -1                 # last iteration accounted
+    step = max(1, n // 100)
+    next_report = step
+    never = 1 << 62
+
+    def schedule(i: int, k: int, count: int) -> None:
+        # The next iteration request i needs attention: its finish, or its
+        # next block boundary (count = 1 mod period), whichever comes first.
+        f = k + final[i] - count
+        if period is not None:
+            d = (1 - count) % period or period
+            f = min(f, k + d)
+        heapq.heappush(heap, (f, order[i], i, epoch[i]))
+
+    while finished < n:
+        k = heap[0][0] if heap else never
+        if 0 <= retry_at < k:
+            k = retry_at
+        if not waiting and nxt < n and arr[nxt] < k:
+            k = arr[nxt]
+        assert k != never, "replay stalled: requests wait but none can ever be admitted"
+
+        # A quiet span last+1 .. k-1: only the running requests' lengths change.
+        b = len(running)
+        m = k - last - 1
+        if b and m > 0:
+            lo = last + 1
+            tot.token_sum += m * c_sum + b * (lo + k - 1) * m // 2
+            tot.allocated_sum += m * policy.allocated
+            tot.committed_sum += m * policy.committed
+            tot.external_sum += m * policy.external_slots(final[waiting[0]] if waiting else None)
+            tot.busy_iterations += m
+            tot.batch_sum += m * b
+
+        while nxt < n and arr[nxt] <= k:
+            waiting.append(nxt)
+            nxt += 1
+
+        finishing: list[int] = []
+        preempted = False
+        while heap and heap[0][0] == k:
+            _, _, i, ep = heapq.heappop(heap)
+            if ep != epoch[i]:
+                continue
+            count = n_sync[i] + k - a_sync[i]
+            if period is not None and (count - 1) % period == 0:
+                while not policy.grow(i, count):
+                    victim = next(reversed(running))
+                    del running[victim]
+                    # The victim does not grow in this iteration.
+                    held = n_sync[victim] + (k - 1) - a_sync[victim]
+                    policy.release(victim, preempted=True)
+                    c_sum -= n_sync[victim] - a_sync[victim]
+                    epoch[victim] += 1
+                    prefill[victim] = held
+                    waiting.appendleft(victim)
+                    tot.preemptions += 1
+                    preempted = True
+                    if victim == i:
+                        break
+                if i not in running:
+                    continue
+            if count == final[i]:
+                finishing.append(i)
+            else:
+                schedule(i, k, count)
+
+        while waiting:
+            i = waiting[0]
+            count = prefill[i] + 1
+            if not policy.try_admit(i, count, final[i]):
+                break
+            waiting.popleft()
+            running[i] = None
+            admitted += 1
+            order[i] = admitted
+            n_sync[i] = count
+            a_sync[i] = k
+            c_sum += count - k
+            if count == final[i]:
+                finishing.append(i)
+            else:
+                schedule(i, k, count)
+            tot.recomputed_tokens += prefill[i] - prompt[i]
+
+        b = len(running)
+        if b:
+            tot.token_sum += c_sum + b * k
+            tot.allocated_sum += policy.allocated
+            tot.committed_sum += policy.committed
+            tot.external_sum += policy.external_slots(final[waiting[0]] if waiting else None)
+            tot.busy_iterations += 1
+            tot.batch_sum += b
+            tot.max_batch = max(tot.max_batch, b)
+            tot.last_iteration = k
+
+        for i in finishing:
+            del running[i]
+            policy.release(i, preempted=False)
+            c_sum -= n_sync[i] - a_sync[i]
+            finish_it[i] = k
+        finished += len(finishing)
+        retry_at = k + 1 if (finishing or preempted) and waiting else -1
+        last = k
+        if progress is not None and finished >= next_report:
+            progress(finished, n)
+            next_report = (finished // step + 1) * step
+
+    tot.finish_iteration = np.asarray(finish_it, dtype=np.int64)
+    return tot

@@ -1,0 +1,273 @@
+"""Trace-driven replay of many requests through one KV allocation policy.
+
+`simulate(trace, config)` replays a workload trace (backend.workloads) with
+continuous batching (the iteration model is in backend.sim_replay) through
+
+    paged   PagedLab's BlockManager: blocks of `block_size` slots taken as
+            requests grow; preemption with recomputation when they run out
+    max     one contiguous region of `max_len` slots per request
+    pow2    one contiguous region of the next power of two of its final length
+    oracle  one contiguous region of exactly its final length
+
+and reports what `python -m backend simulate` writes to RESULT.json (CONTRACT.md):
+the batch sizes the policy allowed and the time-averaged share of the KV
+capacity in each state of the PagedAttention paper's Figure 2:
+
+    token_states            slots holding a token
+    reservation             contiguous: slots reserved for tokens the request
+                            will still generate; paged: 0 (nothing is reserved ahead)
+    internal_fragmentation  contiguous: reserved slots beyond the final length;
+                            paged: empty slots in allocated blocks
+    external_fragmentation  contiguous: free slots in holes smaller than the
+                            region the next waiting request needs (see
+                            backend.contiguous); paged: 0
+    free                    the rest (for paged, the capacity % block_size
+                            slots no block can use are free too)
+
+Averages are over busy iterations (those with at least one running request):
+an idle engine runs no iterations. `sweep` runs a grid of configurations on
+every core; results depend only on the configurations, never on the workers.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from backend.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
+from backend.errors import PagedLabError
+from backend.sim_contiguous import ContiguousPolicyMemory
+from backend.sim_paged import DEFAULT_WATERMARK, PagedPolicy
+from backend.sim_replay import MemoryPolicy, Progress, replay
+from backend.workloads import Trace, make_trace
+
+Policy = Literal["paged", "max", "pow2", "oracle"]
+POLICIES: tuple[Policy, ...] = ("paged", "max", "pow2", "oracle")
+
+# Defaults, chosen to resemble the paper's OPT-13B on one A100-40GB: about
+# 12 GiB of KV at 800 KiB per token is some 15k token slots (15360 = 15 x 1024
+# divides evenly by every power-of-two block size up to 1024).
+DEFAULT_CAPACITY_TOKENS = 15360
+DEFAULT_BLOCK_SIZE = 16
+# A decode step of a 13B fp16 model reads its 26 GB of weights once: about
+# 17 ms at an A100's 1.5 TB/s; with KV reads and overheads, 40 ms a step.
+DEFAULT_ITERATION_S = 0.04
+# Above what the default paged configuration serves on ShareGPT (about 2.3
+# requests/s), so that every policy is memory-bound, as in the paper's Figure 2.
+DEFAULT_RATE = 4.0
+MAX_CAPACITY_TOKENS = 1 << 24
+MAX_BLOCKS = 1 << 20
+MEMORY_KEYS = ("token_states", "reservation", "internal_fragmentation",
+               "external_fragmentation", "free")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One allocation policy and the machine it runs on."""
+
+    policy: Policy = "paged"
+    capacity_tokens: int = DEFAULT_CAPACITY_TOKENS
+    block_size: int = DEFAULT_BLOCK_SIZE   # paged only
+    max_len: int = DEFAULT_MAX_LEN         # the max policy's reservation
+    iteration_s: float = DEFAULT_ITERATION_S
+    watermark: float = DEFAULT_WATERMARK   # paged only: fraction of blocks kept free
+
+    def validate(self) -> None:
+        """Raise PagedLabError naming the first bad field."""
+        if self.policy not in POLICIES:
+            raise PagedLabError(f"policy must be one of {', '.join(POLICIES)}, "
+                                f"got {self.policy!r}")
+        _int_in(self.capacity_tokens, "capacity_tokens", 1, MAX_CAPACITY_TOKENS)
+        _int_in(self.block_size, "block_size", 1, 256)
+        _int_in(self.max_len, "max_len", 1, MAX_CAPACITY_TOKENS)
+        if not (isinstance(self.iteration_s, (int, float)) and math.isfinite(self.iteration_s)
+                and self.iteration_s > 0):
+            raise PagedLabError(f"iteration_s must be a positive number, "
+                                f"got {self.iteration_s!r}")
+        if not (isinstance(self.watermark, (int, float)) and 0 <= self.watermark < 1):
+            raise PagedLabError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
+        if self.policy == "paged":
+            blocks = self.capacity_tokens // self.block_size
+            if blocks < 1:
+                raise PagedLabError(
+                    f"a capacity of {self.capacity_tokens} tokens holds no block of "
+                    f"{self.block_size} tokens")
+            if blocks > MAX_BLOCKS:
+                raise PagedLabError(
+                    f"{self.capacity_tokens} tokens in blocks of {self.block_size} is "
+                    f"{blocks} blocks; at most {MAX_BLOCKS} are supported")
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """What one replay measured. `to_json` is the RESULT.json object."""
+
+    policy: str
+    workload: str
+    requests: int
+    rate: float
+    seed: int
+    capacity_tokens: int
+    block_size: int | None        # None for the contiguous policies
+    max_len: int | None           # the max policy's reservation (capped at capacity), else None
+    mean_batch_size: float
+    max_batch_size: int
+    preemptions: int
+    memory: dict[str, float]      # time-averaged fractions, summing to 1
+    iterations: int               # busy iterations
+    iteration_s: float
+    duration_s: float             # simulated time until the last request finished
+    prompt_tokens: int
+    output_tokens: int
+    recomputed_tokens: int        # prompt work repeated after preemptions
+    throughput_requests_per_s: float
+    throughput_tokens_per_s: float  # output tokens
+    mean_latency_s: float
+    mean_normalized_latency_s: float  # mean of latency / output length (the paper's metric)
+    wall_s: float = field(default=0.0, compare=False)  # real seconds the replay took
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int_in(value: object, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise PagedLabError(f"{what} must be an integer in {low}..{high}, got {value!r}")
+    return value
+
+
+def make_policy(config: SimConfig) -> MemoryPolicy:
+    """A fresh memory policy for `config` (validated)."""
+    config.validate()
+    if config.policy == "paged":
+        return PagedPolicy(config.capacity_tokens, config.block_size,
+                           watermark=config.watermark)
+    assert config.policy in CONTIGUOUS_POLICIES
+    return ContiguousPolicyMemory(config.capacity_tokens, config.policy,
+                                  max_len=config.max_len)
+
+
+def simulate(trace: Trace, config: SimConfig = SimConfig(), *,
+             progress: Progress | None = None) -> SimResult:
+    """Replay `trace` under `config`. Mutates nothing it is given.
+
+    Raises PagedLabError for a bad config, or a capacity in which the trace's
+    longest request could never run.
+    """
+    start = time.perf_counter()
+    policy = make_policy(config)
+    dt = float(config.iteration_s)
+    if len(trace) == 0:
+        raise PagedLabError("a trace needs at least one request")
+    if not float(trace.arrival_s[-1]) / dt < 2.0 ** 60:
+        raise PagedLabError("the trace's arrivals lie too far in the future; raise the rate")
+    arrival_it = np.ceil(trace.arrival_s / dt).astype(np.int64)
+    final = trace.final_len
+    tot = replay(arrival_it, trace.prompt_len, final, policy, progress)
+    assert tot.finish_iteration is not None
+    if isinstance(policy, PagedPolicy):
+        # The manager counts preemptions independently: a cross-check.
+        assert policy.manager.preemptions == tot.preemptions
+
+    cap = config.capacity_tokens
+    slot_its = tot.busy_iterations * cap
+    if config.policy == "paged":
+        parts = [tot.token_sum, 0, tot.allocated_sum - tot.token_sum, 0]
+    else:
+        parts = [tot.token_sum, tot.committed_sum - tot.token_sum,
+                 tot.allocated_sum - tot.committed_sum, tot.external_sum]
+    parts.append(slot_its - sum(parts))
+    assert min(parts) >= 0, parts
+    memory = {k: v / slot_its for k, v in zip(MEMORY_KEYS, parts, strict=True)}
+
+    n = len(trace)
+    finish_s = (tot.finish_iteration + 1) * dt
+    latency = finish_s - trace.arrival_s
+    duration = float(finish_s.max())
+    out_tokens = int(trace.output_len.sum())
+    return SimResult(
+        policy=config.policy, workload=trace.workload, requests=n, rate=trace.rate,
+        seed=trace.seed, capacity_tokens=cap,
+        block_size=config.block_size if config.policy == "paged" else None,
+        max_len=min(config.max_len, cap) if config.policy == "max" else None,
+        mean_batch_size=tot.batch_sum / tot.busy_iterations,
+        max_batch_size=tot.max_batch, preemptions=tot.preemptions, memory=memory,
+        iterations=tot.busy_iterations, iteration_s=dt, duration_s=duration,
+        prompt_tokens=int(trace.prompt_len.sum()), output_tokens=out_tokens,
+        recomputed_tokens=tot.recomputed_tokens,
+        throughput_requests_per_s=n / duration, throughput_tokens_per_s=out_tokens / duration,
+        mean_latency_s=float(latency.mean()),
+        mean_normalized_latency_s=float((latency / trace.output_len).mean()),
+        wall_s=time.perf_counter() - start,
+    )
+
+
+def simulate_workload(workload: str, config: SimConfig = SimConfig(), *, requests: int = 1000,
+                      rate: float = DEFAULT_RATE, seed: int = 0,
+                      progress: Progress | None = None) -> SimResult:
+    """Make the seeded trace, then `simulate` it."""
+    return simulate(make_trace(workload, requests, rate, seed), config, progress=progress)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One configuration of a sweep (a picklable unit of work)."""
+
+    workload: str
+    requests: int
+    rate: float
+    seed: int
+    config: SimConfig
+
+
+def sweep_points(workload: str, policies: tuple[str, ...], block_sizes: tuple[int, ...],
+                 rates: tuple[float, ...], *, requests: int, seed: int = 0,
+                 base: SimConfig = SimConfig()) -> list[SweepPoint]:
+    """The grid policies x block sizes x rates, in that nesting order (rates outermost).
+
+    Block size only matters to the paged policy, so each contiguous policy
+    appears once per rate.
+    """
+    if not (policies and block_sizes and rates):
+        raise PagedLabError("a sweep needs at least one policy, block size and rate")
+    points: list[SweepPoint] = []
+    for rate in rates:
+        for policy in policies:
+            sizes = block_sizes if policy == "paged" else block_sizes[:1]
+            for bs in sizes:
+                cfg = replace(base, policy=policy, block_size=bs)  # type: ignore[arg-type]
+                cfg.validate()
+                points.append(SweepPoint(workload, requests, rate, seed, cfg))
+    return points
+
+
+def run_point(point: SweepPoint) -> SimResult:
+    """Simulate one sweep point (module level, so worker processes can run it)."""
+    return simulate_workload(point.workload, point.config, requests=point.requests,
+                             rate=point.rate, seed=point.seed)
+
+
+def sweep(points: list[SweepPoint], *, workers: int | None = None) -> list[SimResult]:
+    """Results of `points`, in their order, computed on `workers` processes (default: all cores).
+
+    Each point builds its own trace from its seed, so the results are the
+    same whatever the number of workers.
+    """
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if workers < 1:
+        raise PagedLabError(f"workers must be >= 1, got {workers}")
+    workers = min(workers, len(points))
+    if workers <= 1:
+        return [run_point(p) for p in points]
+    # spawn, not fork: the caller may be a threaded app (Streamlit).
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return list(pool.map(run_point, points))
