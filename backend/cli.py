@@ -1,0 +1,126 @@
+"""`python -m backend`: run scenarios headless, and replay workloads (CONTRACT.md).
+
+    python -m backend run SCENARIO.json [--out SNAPSHOT.json] [--snapshots DIR]
+                                        [--device auto|cpu|cuda] [--kernel auto|triton|torch]
+                                        [--from SNAPSHOT.json] [--check]
+    python -m backend simulate ...
+
+Exit 0 on success. Bad input (a malformed scenario or snapshot, an operation
+the engine refuses) exits 2 with one line on stderr naming the step, the
+operation and the reason; `--out` still receives the last good snapshot.
+`--check` also compares each step's narrated `expect` values and exits 1 on
+a mismatch. Never a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from backend.engine import Engine
+from backend.errors import PagedLabError
+from backend.scenario import (
+    ScenarioError,
+    check_config_matches,
+    check_expectations,
+    load_scenario,
+    read_json,
+    run_steps,
+)
+from backend.snapshot import export_snapshot, restore_engine, write_snapshot
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one `error:` line, like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m backend", description="PagedLab from the command line.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="apply a scenario's operations on a fresh engine")
+    run.add_argument("scenario", type=Path, help="scenario file (JSON)")
+    run.add_argument("--out", type=Path, help="write the final snapshot here")
+    run.add_argument("--snapshots", type=Path, metavar="DIR",
+                     help="also write DIR/step-NNNN.json after every operation")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    run.add_argument("--kernel", choices=("auto", "triton", "torch"), default="auto")
+    run.add_argument("--from", dest="from_snapshot", type=Path, metavar="SNAPSHOT.json",
+                     help="start from this snapshot's state instead of a fresh engine")
+    run.add_argument("--check", action="store_true",
+                     help="compare each step's narrated `expect` values; exit 1 on a mismatch")
+    try:
+        from backend.simulate_cli import add_simulate_arguments
+    except ImportError:  # the simulator is optional for `run`
+        pass
+    else:
+        add_simulate_arguments(sub.add_parser(
+            "simulate", help="replay a synthetic trace through one allocation policy"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "simulate":
+        from backend.simulate_cli import run_simulate
+
+        return run_simulate(args)
+    return _run(args)
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    engine: Engine | None = None
+    try:
+        scenario = load_scenario(args.scenario)
+        if args.snapshots is not None:
+            args.snapshots.mkdir(parents=True, exist_ok=True)
+        if args.from_snapshot is not None:
+            data = read_json(args.from_snapshot, "snapshot")
+            if not isinstance(data, dict):
+                raise PagedLabError("snapshot must be a JSON object")
+            engine = restore_engine(data, device=args.device, kernel=args.kernel)
+            check_config_matches(scenario, engine.config)
+        else:
+            engine = Engine(scenario.config, device=args.device, kernel=args.kernel)
+        mismatches = 0
+        mirror = scenario.mirror() if args.check and args.from_snapshot is None else None
+        for _, step, result in run_steps(engine, scenario.steps, mirror=mirror):
+            if args.snapshots is not None:
+                write_snapshot(engine, args.snapshots / f"step-{engine.step:04d}.json")
+            if args.check and step.expect:
+                for line in check_expectations(step.expect, export_snapshot(engine), engine,
+                                               result, mirror):
+                    sys.stderr.write(f"mismatch: step {result.step} ({step.op.op}): {line}\n")
+                    mismatches += 1
+    except ScenarioError as exc:
+        if engine is None and exc.config is not None and args.from_snapshot is None:
+            # A malformed step in a file whose config is fine: the last good state
+            # is the fresh engine.
+            engine = Engine(exc.config, device=args.device, kernel=args.kernel)
+        _write_out(engine, args.out)
+        return _fail(str(exc))
+    except PagedLabError as exc:
+        _write_out(engine, args.out)
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"{exc.filename or 'output'}: {exc.strerror}")
+    _write_out(engine, args.out)
+    return 1 if mismatches else 0
+
+
+def _write_out(engine: Engine | None, out: Path | None) -> None:
+    if engine is not None and out is not None:
+        try:
+            write_snapshot(engine, out)
+        except OSError as exc:
+            sys.stderr.write(f"error: cannot write {out}: {exc.strerror}\n")

@@ -1,0 +1,409 @@
+"""The engine: CONTRACT.md's operations over a real allocator, model and kernel.
+
+One engine is one KV pool with its requests. Each operation validates fully
+and then runs to completion, so a refused operation (PagedLabError) leaves the
+engine exactly as it was. Model work goes through `TinyByteLM.forward`: the
+allocator chooses slots, the forward pass writes the new tokens' K/V there and
+the paged kernel reads every earlier token back through the block tables.
+
+A step of continuous batching::
+
+    1. admit   waiting requests, first come first served, while their prompts
+               fit beside the blocks the running requests' next tokens need;
+               one batched prefill computes what the prefix cache lacks
+    2. decode  every running request samples one token from its last logits
+               and takes a slot for it (copy-on-write, new block); when no
+               block is free the most recently admitted request is preempted:
+               its blocks are released and it waits to be recomputed
+    3. forward one batched model step writes the new K/V and yields the next
+               logits; requests that reach max_new_tokens finish
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from backend.block_manager import Address, AllocatorMetrics, BlockManager
+from backend.config import EngineConfig
+from backend.errors import PagedLabError
+from backend.events import Event
+from backend.kernels import select_kernels
+from backend.kv_cache import KVCache
+from backend.model import ForwardBatch, TinyByteLM
+from backend.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
+from backend.request import FinishReason, Request
+from backend.sampling import random_prompt, sample_token
+
+
+@dataclass(frozen=True, slots=True)
+class KernelReport:
+    """What ran the last model step, and how far it was from the reference."""
+
+    backend: str                  # "triton", "triton-interpreter" or "torch"
+    device: str
+    max_abs_err: float | None     # None before any step, or when checking is off
+    time_ms: float | None         # wall time of the last model step, all layers
+    num_seqs: int = 0
+    num_query_tokens: int = 0
+    name: str = "paged_attention"
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    """What one operation did."""
+
+    step: int
+    op: Op
+    events: tuple[Event, ...]
+    admitted: tuple[str, ...]
+    preempted: tuple[str, ...]
+    finished: tuple[str, ...]
+    generated: tuple[tuple[str, int], ...]   # (request, token) in generation order
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    allocator: AllocatorMetrics
+    running: int
+    waiting: int
+    finished: int
+    bytes_per_block: int
+    kv_bytes: int
+
+    @property
+    def bytes_saved_by_sharing(self) -> int:
+        return self.allocator.blocks_saved_by_sharing * self.bytes_per_block
+
+
+@dataclass(slots=True)
+class _Outcome:
+    admitted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    generated: list[tuple[str, int]] = field(default_factory=list)
+
+
+class Engine:
+    """A paged KV-cache serving engine in miniature. Not thread-safe."""
+
+    def __init__(self, config: EngineConfig | None = None, *, device: str = "auto",
+                 kernel: str = "auto", check_reference: bool = True,
+                 kv_fill: float | None = 0.0) -> None:
+        self.config = config or EngineConfig()
+        self.kernels = select_kernels(device, kernel)
+        self.device = self.kernels.device
+        self.check_reference = check_reference
+        self.model = TinyByteLM(self.config, self.device)
+        self.cache = KVCache(self.config, self.device, fill=kv_fill)
+        c = self.config
+        self.manager = BlockManager(c.num_blocks, c.block_size, prefix_caching=c.prefix_caching,
+                                    allocation=c.allocation, seed=c.seed,
+                                    cache_salt=c.cache_salt())
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[str] = deque()
+        self.running: list[str] = []
+        self.step = 0
+        self.admissions = 0
+        self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
+        self._outcome = _Outcome()
+
+    # ---- reads -------------------------------------------------------------
+
+    @property
+    def events(self) -> list[Event]:
+        return self.manager.events
+
+    def request(self, request_id: str) -> Request:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise PagedLabError(f"request {request_id!r} does not exist")
+        return req
+
+    def block_table(self, request_id: str) -> list[int]:
+        req = self.request(request_id)
+        return self.manager.block_table(request_id) if req.status == "running" else []
+
+    def metrics(self) -> EngineMetrics:
+        n_fin = sum(1 for r in self.requests.values() if r.status == "finished")
+        return EngineMetrics(self.manager.metrics(), len(self.running), len(self.waiting),
+                             n_fin, self.config.bytes_per_block, self.cache.total_bytes)
+
+    def translate(self, request_id: str, position: int) -> Address:
+        req = self.request(request_id)
+        if req.status != "running":
+            raise PagedLabError(f"request {request_id!r} is {req.status}: it holds no blocks")
+        return self.manager.translate(request_id, position)
+
+    def read_kv(self, request_id: str, position: int,
+                layer: int = 0) -> tuple[Address, torch.Tensor, torch.Tensor]:
+        """The address of a token and the key and value vectors stored at its slot."""
+        if not 0 <= layer < self.config.num_layers:
+            raise PagedLabError(f"layer must be in 0..{self.config.num_layers - 1}")
+        addr = self.translate(request_id, position)
+        k, v = self.cache.read_slot(layer, addr.slot)
+        return addr, k.float().cpu(), v.float().cpu()
+
+    def check_integrity(self) -> None:
+        """Allocator invariants, plus: tables agree with the requests' tokens."""
+        self.manager.check_integrity()
+        running = {r.id for r in self.requests.values() if r.status == "running"}
+        assert running == set(self.running) == set(self.manager.seqs), "running sets disagree"
+        assert {r.id for r in self.requests.values() if r.status == "waiting"} == set(self.waiting)
+        bs = self.config.block_size
+        for rid in self.running:
+            req = self.requests[rid]
+            assert self.manager.num_tokens(rid) == req.num_tokens, f"{rid}: token count"
+            assert req.logits is not None, f"{rid}: running without logits"
+            for i, b in enumerate(self.manager.block_table(rid)):
+                key = self.manager.pool.blocks[b].hash
+                if key is not None:
+                    assert list(key.tokens) == req.tokens[i * bs:(i + 1) * bs], (
+                        f"{rid}: block {b}'s hash does not match the request's tokens")
+
+    # ---- operations --------------------------------------------------------
+
+    def apply(self, op: Op) -> OpResult:
+        """Apply one operation; all or nothing."""
+        before = len(self.manager.events)
+        self.manager.step = self.step + 1
+        self._outcome = _Outcome()
+        try:
+            match op:
+                case Add():
+                    self._add(op)
+                case Grow():
+                    self._grow(op)
+                case Fork():
+                    self._fork(op)
+                case Finish():
+                    self._finish_op(op)
+                case Step():
+                    for _ in range(op.count):
+                        self._iteration()
+                case Shuffle():
+                    self._shuffle(op)
+                case _:
+                    raise PagedLabError(f"unknown operation {op!r}")
+        except PagedLabError:
+            # Validation happens before any change, so nothing needs undoing.
+            assert len(self.manager.events) == before, "a refused operation changed state"
+            self.manager.step = self.step
+            raise
+        self.step += 1
+        o = self._outcome
+        return OpResult(self.step, op, tuple(self.manager.events[before:]), tuple(o.admitted),
+                        tuple(o.preempted), tuple(o.finished), tuple(o.generated))
+
+    def _add(self, op: Add) -> None:
+        rid = check_request_id(op.request)
+        if rid in self.requests:
+            raise PagedLabError(f"request {rid!r} already exists; pick another id")
+        if op.prompt is not None:
+            tokens = list(op.prompt.encode("utf-8"))
+        elif op.prompt_tokens is not None:
+            tokens = list(op.prompt_tokens)
+        else:
+            assert op.prompt_len is not None
+            tokens = random_prompt(op.prompt_len, self.config.seed, rid)
+        max_new = self.config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
+        assert max_new != INHERIT
+        # Raises for a prompt that can never fit and for bad pins.
+        self.manager.plan_prompt(tokens, pinned=op.blocks)
+        req = Request(rid, len(tokens), tokens, max_new, arrival=len(self.requests))
+        self.requests[rid] = req
+        if op.blocks is not None:
+            self._prefill([(req, self._allocate(req, list(op.blocks)))])
+        else:
+            self.waiting.append(rid)
+            # First come, first served: a newcomer never overtakes a waiting request.
+            if len(self.waiting) == 1:
+                self._admit_waiting()
+
+    def _grow(self, op: Grow) -> None:
+        req = self._running(op.request, "grow")
+        n = op.tokens if req.remaining is None else min(op.tokens, req.remaining)
+        total = self.manager.blocks_for(req.num_tokens + n)
+        if total > self.config.num_blocks:
+            raise PagedLabError(
+                f"request {req.id!r} would need {total} blocks for {req.num_tokens + n} tokens "
+                f"but the pool has only {self.config.num_blocks}")
+        needed = self.manager.blocks_needed_to_append(req.id, n)
+        free = self.manager.num_free_blocks
+        if needed > free:
+            raise PagedLabError(
+                f"request {req.id!r} needs {needed} free block(s) to grow by {n} token(s) but "
+                f"only {free} are free; finish a request, or use step, which preempts")
+        for _ in range(n):
+            self._decode([req])
+        self._finish_if_done([req.id])
+
+    def _fork(self, op: Fork) -> None:
+        parent = self._running(op.request, "fork")
+        child_id = check_request_id(op.child, "child")
+        if child_id in self.requests:
+            raise PagedLabError(f"request {child_id!r} already exists; pick another child id")
+        assert parent.logits is not None
+        self.manager.fork(parent.id, child_id)
+        child = Request(child_id, parent.prompt_len, list(parent.tokens), parent.max_new_tokens,
+                        arrival=len(self.requests), parent=parent.id, status="running",
+                        admitted=self._next_admission(), logits=parent.logits.clone())
+        self.requests[child_id] = child
+        self.running.append(child_id)
+
+    def _finish_op(self, op: Finish) -> None:
+        req = self.request(op.request)
+        if req.status == "finished":
+            raise PagedLabError(f"request {req.id!r} has already finished")
+        self._finish(req, "finished")
+
+    def _shuffle(self, op: Shuffle) -> None:
+        seed = op.seed if op.seed is not None else (self.config.seed * 1_000_003 + self.step)
+        moves = self.manager.apply_remap(self.manager.plan_remap(seed))
+        self.cache.move_blocks(self.kernels, [m.src for m in moves], [m.dst for m in moves])
+
+    # ---- scheduling --------------------------------------------------------
+
+    def _iteration(self) -> None:
+        self._admit_waiting()
+        batch: list[tuple[Request, int]] = []
+        for rid in list(self.running):
+            req = self.requests[rid]
+            if req.status != "running":
+                continue  # preempted earlier in this iteration
+            if self.manager.blocks_for(req.num_tokens + 1) > self.config.num_blocks:
+                # Even an empty pool could not hold one more token.
+                self._finish(req, "capacity")
+                continue
+            while self.manager.blocks_needed_to_append(rid, 1) > self.manager.num_free_blocks:
+                victim = self.requests[self.running[-1]]
+                self._preempt(victim)
+                if victim is req:
+                    break
+            if req.status == "running":
+                batch.append((req, self._take_next_token(req)))
+        if batch:
+            self._forward_decode(batch)
+            self._finish_if_done([r.id for r, _ in batch])
+
+    def _admit_waiting(self) -> None:
+        """Admit waiting requests in order while they fit; one batched prefill for all.
+
+        A request fits when its prompt's new blocks, plus a block for its own
+        first decoded token if the prompt ends on a block boundary, come out of
+        the free blocks left after reserving what the running requests' next
+        tokens need. Admitting into those reserved blocks would only force the
+        decode that follows to preempt the newcomer again.
+        """
+        bs = self.config.block_size
+        reserve = sum(self.manager.blocks_needed_to_append(rid, 1) for rid in self.running)
+        admitted: list[tuple[Request, int]] = []
+        while self.waiting:
+            req = self.requests[self.waiting[0]]
+            plan = self.manager.plan_prompt(req.tokens)
+            own = 1 if req.num_tokens % bs == 0 else 0
+            if plan.num_new_blocks + own > plan.num_available - reserve:
+                break
+            self.waiting.popleft()
+            admitted.append((req, self._allocate(req, None)))
+            reserve += own
+        if admitted:
+            self._prefill(admitted)
+
+    def _allocate(self, req: Request, pinned: list[int] | None) -> int:
+        """Give a request its blocks; returns how many leading tokens the cache supplied."""
+        alloc = self.manager.allocate(req.id, req.tokens, pinned=pinned)
+        req.status = "running"
+        req.admitted = self._next_admission()
+        self.running.append(req.id)
+        self._outcome.admitted.append(req.id)
+        return alloc.num_cached_tokens
+
+    def _prefill(self, work: list[tuple[Request, int]]) -> None:
+        """One batched forward over each request's tokens from `start` on.
+
+        Tokens before `start` are prefix-cache hits: their K/V is already in
+        the shared blocks, and the new tokens attend to it through the table.
+        """
+        seqs = [(req.tokens[start:], start, self.manager.slots_of(req.id, start, req.num_tokens),
+                 self.manager.block_table(req.id)) for req, start in work]
+        for (req, _), row in zip(work, self._forward(seqs), strict=True):
+            req.logits = row
+
+    def _take_next_token(self, req: Request) -> int:
+        """Sample from the pending logits and give the token a slot (may copy-on-write)."""
+        assert req.logits is not None
+        token = sample_token(req.logits, self.config.seed, req.id, req.num_tokens)
+        result = self.manager.append(req.id, [token])
+        if result.cow is not None:
+            self.cache.copy_blocks(self.kernels, [result.cow.src], [result.cow.dst])
+        req.tokens.append(token)
+        self._outcome.generated.append((req.id, token))
+        return result.slots[0]
+
+    def _decode(self, reqs: list[Request]) -> None:
+        self._forward_decode([(req, self._take_next_token(req)) for req in reqs])
+
+    def _forward_decode(self, work: list[tuple[Request, int]]) -> None:
+        """One batched forward of each request's newest token, written at `slot`."""
+        seqs = [([r.tokens[-1]], r.num_tokens - 1, [slot], self.manager.block_table(r.id))
+                for r, slot in work]
+        for (req, _), row in zip(work, self._forward(seqs), strict=True):
+            req.logits = row
+
+    def _forward(self, seqs: list[tuple[list[int], int, list[int], list[int]]]
+                 ) -> list[torch.Tensor]:
+        batch = ForwardBatch.build(seqs, self.device)
+        t0 = time.perf_counter()
+        out = self.model.forward(batch, self.cache, self.kernels, check=self.check_reference)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.kernel_report = KernelReport(self.kernels.name, str(self.device), out.max_abs_err,
+                                          ms, len(seqs), int(batch.token_ids.numel()))
+        return list(out.logits.cpu().unbind(0))
+
+    def _finish_if_done(self, ids: list[str]) -> None:
+        for rid in ids:
+            req = self.requests[rid]
+            if req.status == "running" and req.reached_limit:
+                self._finish(req, "max_new_tokens")
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        if req.status == "running":
+            self.manager.free(req.id)
+            self.running.remove(req.id)
+        elif req.status == "waiting":
+            self.waiting.remove(req.id)
+        req.status = "finished"
+        req.finish_reason = reason
+        req.logits = None
+        req.admitted = None
+        self._outcome.finished.append(req.id)
+
+    def _preempt(self, req: Request) -> None:
+        self.manager.free(req.id, preempted=True)
+        self.running.remove(req.id)
+        req.status = "waiting"
+        req.logits = None
+        req.admitted = None
+        req.num_preemptions += 1
+        # Back to the front of the queue: it was admitted before anything waiting.
+        self.waiting.appendleft(req.id)
+        self._outcome.preempted.append(req.id)
+
+    def _running(self, request_id: str, action: str) -> Request:
+        req = self.request(request_id)
+        if req.status == "waiting":
+            raise PagedLabError(f"cannot {action} request {req.id!r}: it is waiting for room in "
+                                "the pool (step the batch to admit it)")
+        if req.status == "finished":
+            raise PagedLabError(f"cannot {action} request {req.id!r}: it has finished")
+        return req
+
+    def _next_admission(self) -> int:
+        self.admissions += 1
+        return self.admissions

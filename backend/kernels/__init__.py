@@ -1,0 +1,190 @@
+"""PagedLab's kernels: paged attention, K/V writes and block copies, and how they are chosen.
+
+Three backends share one interface (`KernelBackend`):
+
+    name                  device  what runs
+    "triton"              cuda    the Triton kernels, compiled for the GPU
+    "triton-interpreter"  cpu     the same Triton kernels, run by Triton's interpreter
+    "torch"               either  vectorized torch (the fast CPU path)
+
+Triton's interpreter must be switched on (TRITON_INTERPRET=1) before `@triton.jit`
+decorates a kernel, so this package sets it, when torch sees no GPU, before it imports
+the modules that define kernels. On a GPU machine a CPU run wraps the same kernel source
+in the interpreter instead (`attention.kernel_variant`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol, runtime_checkable
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from backend.errors import PagedLabError
+from backend.kernels import attention, cache_ops
+from backend.kernels.reference import (
+    reference_paged_attention,
+    torch_paged_attention,
+)
+
+__all__ = [
+    "KernelBackend",
+    "TorchKernels",
+    "TritonKernels",
+    "available_devices",
+    "reference_paged_attention",
+    "select_kernels",
+]
+
+DEVICES = ("auto", "cpu", "cuda")
+KERNELS = ("auto", "triton", "torch")
+
+
+@runtime_checkable
+class KernelBackend(Protocol):
+    """What the engine calls on every model step.
+
+    write_kv: cache.view(-1, kvh, D)[slot_mapping[t]] = key[t] (and value), mutating the
+        two caches at those slots only.
+    paged_attention: causal grouped-query attention of the packed new tokens against their
+        paged history; returns [T, H, D] in the query's dtype (into `out` when given).
+    copy_blocks: dst_cache[dst_ids[i]] = src_cache[src_ids[i]] for every i (whole blocks).
+    Invalid arguments raise PagedLabError before anything is written.
+    """
+
+    name: str
+    device: torch.device
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...
+
+    def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
+                        out: torch.Tensor | None = None, num_splits: int | None = None,
+                        check_bounds: bool = True) -> torch.Tensor: ...
+
+    def copy_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
+                    src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None: ...
+
+
+def _check_device(backend: KernelBackend, tensor: torch.Tensor, what: str) -> None:
+    if not attention.same_device(tensor.device, backend.device):
+        raise PagedLabError(f"{what} is on {tensor.device} but the {backend.name} backend runs "
+                            f"on {backend.device}")
+
+
+class TritonKernels:
+    """The Triton kernels: compiled on a GPU, interpreted on the CPU (see `name`)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.interpret = device.type != "cuda"
+        kernel = attention.kernel_variant(attention._paged_attention_kernel, self.interpret)
+        # TRITON_INTERPRET=1 set by hand on a GPU machine also interprets: say so.
+        self.name = "triton-interpreter" if attention.is_interpreted(kernel) else "triton"
+
+    def __repr__(self) -> str:
+        return f"TritonKernels(name={self.name!r}, device={str(self.device)!r})"
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                 check_bounds: bool = True) -> None:
+        """See `KernelBackend`; `check_bounds` also validates the slot values."""
+        _check_device(self, k_cache, "k_cache")
+        cache_ops.write_kv(key, value, k_cache, v_cache, slot_mapping,
+                           check_bounds=check_bounds, interpret=self.interpret)
+
+    def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
+                        out: torch.Tensor | None = None, num_splits: int | None = None,
+                        check_bounds: bool = True) -> torch.Tensor:
+        """See `KernelBackend` and `attention.paged_attention`."""
+        _check_device(self, query, "query")
+        return attention.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
+                                         query_start_loc, scale, out=out,
+                                         num_splits=num_splits, check_bounds=check_bounds,
+                                         interpret=self.interpret)
+
+    def copy_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
+                    src_ids: torch.Tensor, dst_ids: torch.Tensor, *,
+                    check_bounds: bool = True) -> None:
+        """See `KernelBackend`; `check_bounds` also validates the ids."""
+        _check_device(self, src_cache, "src_cache")
+        cache_ops.copy_blocks(src_cache, dst_cache, src_ids, dst_ids,
+                              check_bounds=check_bounds, interpret=self.interpret)
+
+
+class TorchKernels:
+    """Vectorized torch: the same contracts as the Triton kernels, fast on a CPU."""
+
+    name = "torch"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __repr__(self) -> str:
+        return f"TorchKernels(device={str(self.device)!r})"
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                 check_bounds: bool = True) -> None:
+        """See `KernelBackend`."""
+        _check_device(self, k_cache, "k_cache")
+        cache_ops.validate_write_kv(key, value, k_cache, v_cache, slot_mapping,
+                                    check_bounds=check_bounds)
+        cache_ops.torch_write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
+                        out: torch.Tensor | None = None, num_splits: int | None = None,
+                        check_bounds: bool = True) -> torch.Tensor:
+        """See `KernelBackend`; `num_splits` is validated and otherwise ignored."""
+        _check_device(self, query, "query")
+        attention.validate_paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
+                                           query_start_loc, scale, out=out,
+                                           num_splits=num_splits, check_bounds=check_bounds)
+        return torch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
+                                     query_start_loc, scale, out=out)
+
+    def copy_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
+                    src_ids: torch.Tensor, dst_ids: torch.Tensor, *,
+                    check_bounds: bool = True) -> None:
+        """See `KernelBackend`."""
+        _check_device(self, src_cache, "src_cache")
+        cache_ops.validate_copy_blocks(src_cache, dst_cache, src_ids, dst_ids,
+                                       check_bounds=check_bounds)
+        cache_ops.torch_copy_blocks(src_cache, dst_cache, src_ids, dst_ids)
+
+
+def available_devices() -> list[str]:
+    """Devices this machine can run: ["cpu"], plus "cuda" when torch sees a GPU."""
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def select_kernels(device: str = "auto", kernel: str = "auto") -> KernelBackend:
+    """The backend for a device ("auto", "cpu", "cuda") and kernel ("auto", "triton", "torch").
+
+    "auto" device: cuda when torch sees a GPU, else cpu. "auto" kernel: Triton (compiled
+    on cuda, interpreted on cpu). Raises PagedLabError for an unknown name, or for "cuda"
+    on a machine without a GPU. Creates nothing on the device.
+    """
+    if device not in DEVICES:
+        raise PagedLabError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if kernel not in KERNELS:
+        raise PagedLabError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PagedLabError("device 'cuda' requested but torch sees no CUDA GPU; "
+                            "use --device cpu or auto")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else \
+        torch.device("cpu")
+    if kernel == "torch":
+        return TorchKernels(dev)
+    return TritonKernels(dev)

@@ -1,0 +1,381 @@
+"""Cache maintenance kernels: write new K/V into slots, copy whole blocks.
+
+Slots address the cache flattened to rows of one token::
+
+    cache [num_blocks, block_size, kvh, D]  ->  cache.view(-1, kvh, D)
+    slot = block * block_size + offset      ->  row `slot`
+
+`write_kv` scatters T new rows (one per token) into their slots; `copy_blocks` copies
+whole blocks (block_size x kvh x D contiguous elements) for copy-on-write (same cache)
+and for moving blocks through a staging cache (two caches). Each op has a Triton kernel
+and a plain torch twin used by the torch backend.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from backend.errors import PagedLabError
+from backend.kernels.attention import (
+    SUPPORTED_DTYPES,
+    Launch,
+    is_interpreted,
+    kernel_variant,
+    same_device,
+)
+
+# Elements per program. On a GPU a few KiB per program keeps many programs in flight; the
+# interpreter runs programs one by one, so it takes as much as it can per program.
+_GPU_TILE = 4096
+_INTERPRETER_TILE = 1 << 16
+
+
+@triton.jit
+def _write_kv_kernel(
+    # pointers
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    # sizes
+    num_tokens,
+    # strides
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_slot,
+    # compile-time constants
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_HD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    # Columns walk one token's kvh x D values; in the cache they are one contiguous row.
+    offs_c = tl.arange(0, BLOCK_HD)
+    t_mask = offs_t < num_tokens
+    c_mask = offs_c < NUM_KV_HEADS * HEAD_DIM
+    mask = t_mask[:, None] & c_mask[None, :]
+    offs_h = offs_c // HEAD_DIM
+    offs_d = offs_c % HEAD_DIM
+    tok = offs_t.to(tl.int64)
+
+    slot = tl.load(slot_mapping_ptr + offs_t, mask=t_mask, other=0).to(tl.int64)
+    dst = slot[:, None] * stride_slot + offs_c[None, :]
+
+    k = tl.load(
+        key_ptr + tok[:, None] * stride_kt + offs_h[None, :] * stride_kh
+        + offs_d[None, :] * stride_kd,
+        mask=mask,
+    )
+    tl.store(k_cache_ptr + dst, k, mask=mask)
+    v = tl.load(
+        value_ptr + tok[:, None] * stride_vt + offs_h[None, :] * stride_vh
+        + offs_d[None, :] * stride_vd,
+        mask=mask,
+    )
+    tl.store(v_cache_ptr + dst, v, mask=mask)
+
+
+@triton.jit
+def _copy_blocks_kernel(
+    # pointers
+    src_ptr,
+    dst_ptr,
+    src_ids_ptr,
+    dst_ids_ptr,
+    # sizes
+    block_numel,
+    # strides
+    stride_src_block,
+    stride_dst_block,
+    # compile-time constants
+    BLOCK: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    src_block = tl.load(src_ids_ptr + pair).to(tl.int64)
+    dst_block = tl.load(dst_ids_ptr + pair).to(tl.int64)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < block_numel
+    x = tl.load(src_ptr + src_block * stride_src_block + offs, mask=mask)
+    tl.store(dst_ptr + dst_block * stride_dst_block + offs, x, mask=mask)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+class CacheShape(NamedTuple):
+    """Sizes of a validated cache: [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise PagedLabError(message)
+
+
+def _check_cache(name: str, cache: torch.Tensor) -> CacheShape:
+    _require(isinstance(cache, torch.Tensor), f"{name} must be a torch.Tensor")
+    _require(cache.dim() == 4, f"{name} must be [num_blocks, block_size, num_kv_heads, "
+             f"head_dim], got shape {tuple(cache.shape)}")
+    _require(cache.dtype in SUPPORTED_DTYPES, f"{name} dtype {cache.dtype} is not supported; "
+             "use float32, float16 or bfloat16")
+    _require(cache.is_contiguous(), f"{name} must be contiguous")
+    return CacheShape(*cache.shape)
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def validate_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    check_bounds: bool = True,
+) -> CacheShape:
+    """Check a write_kv call; raise PagedLabError naming the problem. Mutates nothing.
+
+    With `check_bounds`, slot values are read (a device-to-host copy on a GPU): each must
+    lie in 0..num_blocks*block_size-1 and appear once (two writes to one slot would race).
+    """
+    shape = _check_cache("k_cache", k_cache)
+    _check_cache("v_cache", v_cache)
+    _require(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype,
+             "k_cache and v_cache must have the same shape and dtype")
+    for name, t in (("key", key), ("value", value)):
+        _require(isinstance(t, torch.Tensor) and t.dim() == 3, f"{name} must be a tensor "
+                 "[T, num_kv_heads, head_dim]")
+        _require(tuple(t.shape[1:]) == (shape.num_kv_heads, shape.head_dim),
+                 f"{name} has shape {tuple(t.shape)}; the cache holds "
+                 f"[*, {shape.num_kv_heads}, {shape.head_dim}] per token")
+        _require(t.dtype == k_cache.dtype, f"{name} dtype {t.dtype} differs from the cache "
+                 f"dtype {k_cache.dtype}")
+    _require(value.shape[0] == key.shape[0], f"key has {key.shape[0]} tokens but value has "
+             f"{value.shape[0]}")
+    _require(isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int64,
+             "slot_mapping must be an int64 tensor")
+    _require(slot_mapping.shape == (key.shape[0],), f"slot_mapping must have shape "
+             f"({key.shape[0]},), got {tuple(slot_mapping.shape)}")
+    _require(slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
+    for name, t in (("key", key), ("value", value), ("v_cache", v_cache),
+                    ("slot_mapping", slot_mapping)):
+        _require(same_device(t.device, k_cache.device), f"{name} is on {t.device} but k_cache "
+                 f"is on {k_cache.device}")
+    if check_bounds and slot_mapping.numel():
+        slots = slot_mapping.cpu()
+        num_slots = shape.num_blocks * shape.block_size
+        bad = torch.nonzero((slots < 0) | (slots >= num_slots)).flatten()
+        if bad.numel():
+            i = int(bad[0])
+            raise PagedLabError(f"slot_mapping[{i}] = {int(slots[i])} is outside the cache's "
+                                f"slots 0..{num_slots - 1}")
+        _require(torch.unique(slots).numel() == slots.numel(),
+                 "slot_mapping names a slot twice; each token needs its own slot")
+    return shape
+
+
+def validate_copy_blocks(
+    src_cache: torch.Tensor,
+    dst_cache: torch.Tensor,
+    src_ids: torch.Tensor,
+    dst_ids: torch.Tensor,
+    *,
+    check_bounds: bool = True,
+) -> tuple[CacheShape, CacheShape]:
+    """Check a copy_blocks call; raise PagedLabError naming the problem. Mutates nothing.
+
+    With `check_bounds`, the ids are read (a device-to-host copy on a GPU): each in range
+    of its cache, no destination twice, and, when both caches share storage, no block both
+    a source and a destination (the result would depend on the order of the copies).
+    """
+    src = _check_cache("src_cache", src_cache)
+    dst = _check_cache("dst_cache", dst_cache)
+    _require(src[1:] == dst[1:] and src_cache.dtype == dst_cache.dtype,
+             f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache "
+             f"{tuple(dst_cache.shape)} {dst_cache.dtype} must have the same block shape and "
+             "dtype")
+    for name, ids in (("src_ids", src_ids), ("dst_ids", dst_ids)):
+        _require(isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64)
+                 and ids.dim() == 1, f"{name} must be a 1-D int32 or int64 tensor")
+        _require(ids.is_contiguous(), f"{name} must be contiguous")
+    _require(src_ids.shape == dst_ids.shape, f"src_ids has {src_ids.numel()} ids but dst_ids "
+             f"has {dst_ids.numel()}")
+    for name, t in (("dst_cache", dst_cache), ("src_ids", src_ids), ("dst_ids", dst_ids)):
+        _require(same_device(t.device, src_cache.device), f"{name} is on {t.device} but "
+                 f"src_cache is on {src_cache.device}")
+    if check_bounds and src_ids.numel():
+        s = src_ids.to("cpu", torch.int64)
+        d = dst_ids.to("cpu", torch.int64)
+        for name, ids, n in (("src_ids", s, src.num_blocks), ("dst_ids", d, dst.num_blocks)):
+            bad = torch.nonzero((ids < 0) | (ids >= n)).flatten()
+            if bad.numel():
+                i = int(bad[0])
+                raise PagedLabError(f"{name}[{i}] = {int(ids[i])} is not a block of its cache "
+                                    f"(0..{n - 1})")
+        _require(torch.unique(d).numel() == d.numel(), "dst_ids names a block twice")
+        if _shares_storage(src_cache, dst_cache):
+            both = sorted(set(s.tolist()) & set(d.tolist()))
+            _require(not both, f"block {both[0] if both else ''} is both a source and a "
+                     "destination in the same cache")
+    return src, dst
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+
+def _check_launchable(kernel: object, device: torch.device) -> None:
+    if device.type != "cuda" and not is_interpreted(kernel):
+        raise PagedLabError("compiled Triton kernels need CUDA tensors; run with the "
+                            "interpreter (device cpu) or move the tensors to the GPU")
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    check_bounds: bool = True,
+    interpret: bool = False,
+) -> None:
+    """Scatter new K/V rows into their slots: cache.view(-1, kvh, D)[slot_mapping[t]] = key[t].
+
+    Mutates k_cache and v_cache at the named slots only. `interpret` runs Triton's
+    interpreter (required for CPU tensors). Raises PagedLabError for invalid arguments
+    (see `validate_write_kv`) before writing anything.
+    """
+    launch = plan_write_kv(key, value, k_cache, v_cache, slot_mapping,
+                           check_bounds=check_bounds, interpret=interpret)
+    if launch is not None:
+        launch.run()
+
+
+def plan_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    check_bounds: bool = True,
+    interpret: bool = False,
+) -> Launch | None:
+    """Validate a write_kv call and return its launch unrun (None when there are no tokens)."""
+    shape = validate_write_kv(key, value, k_cache, v_cache, slot_mapping,
+                              check_bounds=check_bounds)
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return None
+    kernel = kernel_variant(_write_kv_kernel, interpret)
+    _check_launchable(kernel, k_cache.device)
+    row = shape.num_kv_heads * shape.head_dim
+    block_hd = triton.next_power_of_2(row)
+    budget = _INTERPRETER_TILE if is_interpreted(kernel) else _GPU_TILE
+    block_t = min(max(1, budget // block_hd), triton.next_power_of_2(num_tokens))
+    return Launch(
+        kernel=kernel,
+        grid=(triton.cdiv(num_tokens, block_t),),
+        args=(key, value, k_cache, v_cache, slot_mapping,
+              num_tokens,
+              key.stride(0), key.stride(1), key.stride(2),
+              value.stride(0), value.stride(1), value.stride(2),
+              row),
+        constexprs={"NUM_KV_HEADS": shape.num_kv_heads, "HEAD_DIM": shape.head_dim,
+                    "BLOCK_T": block_t, "BLOCK_HD": block_hd},
+        num_warps=4,
+    )
+
+
+def copy_blocks(
+    src_cache: torch.Tensor,
+    dst_cache: torch.Tensor,
+    src_ids: torch.Tensor,
+    dst_ids: torch.Tensor,
+    *,
+    check_bounds: bool = True,
+    interpret: bool = False,
+) -> None:
+    """Copy whole blocks: dst_cache[dst_ids[i]] = src_cache[src_ids[i]] for every i.
+
+    Mutates dst_cache at the blocks in dst_ids only; src_cache is only read (the two may be
+    the same tensor when no block is both a source and a destination). Raises
+    PagedLabError for invalid arguments (see `validate_copy_blocks`) before copying.
+    """
+    launch = plan_copy_blocks(src_cache, dst_cache, src_ids, dst_ids,
+                              check_bounds=check_bounds, interpret=interpret)
+    if launch is not None:
+        launch.run()
+
+
+def plan_copy_blocks(
+    src_cache: torch.Tensor,
+    dst_cache: torch.Tensor,
+    src_ids: torch.Tensor,
+    dst_ids: torch.Tensor,
+    *,
+    check_bounds: bool = True,
+    interpret: bool = False,
+) -> Launch | None:
+    """Validate a copy_blocks call and return its launch unrun (None when there is no pair)."""
+    src, _ = validate_copy_blocks(src_cache, dst_cache, src_ids, dst_ids,
+                                  check_bounds=check_bounds)
+    num_pairs = src_ids.numel()
+    if num_pairs == 0:
+        return None
+    kernel = kernel_variant(_copy_blocks_kernel, interpret)
+    _check_launchable(kernel, src_cache.device)
+    block_numel = src.block_size * src.num_kv_heads * src.head_dim
+    budget = _INTERPRETER_TILE if is_interpreted(kernel) else _GPU_TILE
+    block = min(budget, triton.next_power_of_2(block_numel))
+    return Launch(
+        kernel=kernel,
+        grid=(num_pairs, triton.cdiv(block_numel, block)),
+        args=(src_cache, dst_cache, src_ids, dst_ids,
+              block_numel,
+              src_cache.stride(0), dst_cache.stride(0)),
+        constexprs={"BLOCK": block},
+        num_warps=4,
+    )
+
+
+def torch_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """write_kv in plain torch (inputs already validated). Mutates the named slots only."""
+    kvh, d = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, value)
+
+
+def torch_copy_blocks(
+    src_cache: torch.Tensor,
+    dst_cache: torch.Tensor,
+    src_ids: torch.Tensor,
+    dst_ids: torch.Tensor,
+) -> None:
+    """copy_blocks in plain torch (inputs already validated). Mutates dst blocks only."""
+    # index_select makes a copy first, so sources are read before any destination changes.
+    dst_cache.index_copy_(0, dst_ids.long(), src_cache.index_select(0, src_ids.long()))

@@ -1,0 +1,208 @@
+"""A tiny seeded decoder-only transformer over bytes, attending through the paged cache.
+
+Vocabulary 256 (one token per byte), RMSNorm, rotary position embeddings,
+grouped-query attention and a SwiGLU MLP. The weights are drawn from a seeded
+generator, so the text it writes is nonsense; but every key and value it
+stores is a real function of the tokens before it, which is what makes prefix
+sharing, copy-on-write and block moves checkable: a wrong block shows up as a
+different number.
+
+`forward` runs a packed batch (decode tokens and prefill chunks together)
+whose attention reads K/V through block tables with the selected kernel.
+`forward_contiguous` is the plain recomputation of one sequence with no
+paging at all: the reference the engine's outputs are checked against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from backend.config import EngineConfig
+from backend.kernels import KernelBackend, reference_paged_attention
+from backend.kv_cache import TORCH_DTYPES, KVCache
+
+VOCAB_SIZE = 256
+ROPE_THETA = 10_000.0
+RMS_EPS = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    """A packed batch: sequence b's new tokens are rows query_start_loc[b]:[b+1].
+
+    The new tokens' slots are already allocated; their K/V is written by the
+    forward pass before attention reads it.
+    """
+
+    token_ids: torch.Tensor        # [T] int64
+    positions: torch.Tensor        # [T] int64
+    slot_mapping: torch.Tensor     # [T] int64
+    block_tables: torch.Tensor     # [B, max_blocks] int32, -1 padded
+    seq_lens: torch.Tensor         # [B] int32: context length including the new tokens
+    query_start_loc: torch.Tensor  # [B + 1] int32
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.numel())
+
+    @staticmethod
+    def build(seqs: list[tuple[list[int], int, list[int], list[int]]],
+              device: torch.device) -> ForwardBatch:
+        """From (new token ids, position of the first one, slots, block table) per sequence."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        width = max(len(table) for _, _, _, table in seqs)
+        tables = torch.full((len(seqs), width), -1, dtype=torch.int32)
+        for b, (new, start, seq_slots, table) in enumerate(seqs):
+            assert len(new) == len(seq_slots) >= 1
+            tokens.extend(new)
+            positions.extend(range(start, start + len(new)))
+            slots.extend(seq_slots)
+            starts.append(starts[-1] + len(new))
+            seq_lens.append(start + len(new))
+            tables[b, : len(table)] = torch.tensor(table, dtype=torch.int32)
+
+        def t(x: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(x, dtype=dtype, device=device)
+
+        return ForwardBatch(
+            token_ids=t(tokens, torch.int64), positions=t(positions, torch.int64),
+            slot_mapping=t(slots, torch.int64), block_tables=tables.to(device),
+            seq_lens=t(seq_lens, torch.int32), query_start_loc=t(starts, torch.int32),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardOutput:
+    logits: torch.Tensor           # [B, 256] float32: at each sequence's last new token
+    max_abs_err: float | None      # largest |kernel - reference| over layers, if checked
+
+
+@dataclass(frozen=True, slots=True)
+class ContiguousOutput:
+    logits: torch.Tensor           # [L, 256] float32, at every position
+    keys: list[torch.Tensor]       # per layer [L, num_kv_heads, head_dim]
+    values: list[torch.Tensor]
+
+
+class TinyByteLM:
+    """The model. Weights are a pure function of (config, seed)."""
+
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self.dtype = TORCH_DTYPES[config.dtype]
+        g = torch.Generator().manual_seed(config.seed)
+        d, hd = config.hidden_size, config.head_dim
+        h, kvh = config.num_heads, config.num_kv_heads
+        ff = 2 * d
+
+        def w(fan_in: int, *shape: int) -> torch.Tensor:
+            # Drawn in float32 on the CPU so every device and dtype starts from
+            # the same numbers, then cast.
+            x = torch.randn(*shape, generator=g) / math.sqrt(fan_in)
+            return x.to(device=device, dtype=self.dtype)
+
+        self.embed = w(1, VOCAB_SIZE, d)
+        self.layers = [
+            {
+                "attn_norm": torch.ones(d, device=device, dtype=self.dtype),
+                "wq": w(d, d, h * hd), "wk": w(d, d, kvh * hd), "wv": w(d, d, kvh * hd),
+                "wo": w(h * hd, h * hd, d),
+                "mlp_norm": torch.ones(d, device=device, dtype=self.dtype),
+                "w_gate": w(d, d, ff), "w_up": w(d, d, ff), "w_down": w(ff, ff, d),
+            }
+            for _ in range(config.num_layers)
+        ]
+        self.final_norm = torch.ones(d, device=device, dtype=self.dtype)
+        self.lm_head = w(d, d, VOCAB_SIZE)
+        half = hd // 2
+        self.inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(half, device=device,
+                                                            dtype=torch.float32) / half))
+        self.scale = 1.0 / math.sqrt(hd)
+
+    # ---- building blocks ----------------------------------------------------
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+        return (xf * weight.float()).to(self.dtype)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate pairs (i, i + half) of every head by position x frequency."""
+        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        cos = angles.cos()[:, None, :]
+        sin = angles.sin()[:, None, :]
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(self.dtype)
+
+    def _qkv(self, layer: dict[str, torch.Tensor], x: torch.Tensor,
+             positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.config
+        n = x.shape[0]
+        h = self._rms_norm(x, layer["attn_norm"])
+        q = (h @ layer["wq"]).view(n, c.num_heads, c.head_dim)
+        k = (h @ layer["wk"]).view(n, c.num_kv_heads, c.head_dim)
+        v = (h @ layer["wv"]).view(n, c.num_kv_heads, c.head_dim)
+        return self._rope(q, positions), self._rope(k, positions), v
+
+    def _finish_layer(self, layer: dict[str, torch.Tensor], x: torch.Tensor,
+                      attn: torch.Tensor) -> torch.Tensor:
+        x = x + attn.reshape(x.shape[0], -1).to(self.dtype) @ layer["wo"]
+        h = self._rms_norm(x, layer["mlp_norm"])
+        return x + (F.silu(h @ layer["w_gate"]) * (h @ layer["w_up"])) @ layer["w_down"]
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return (self._rms_norm(x, self.final_norm) @ self.lm_head).float()
+
+    # ---- the two forward passes --------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache, kernels: KernelBackend, *,
+                check: bool = True) -> ForwardOutput:
+        """Write the new tokens' K/V into their slots and attend through the tables."""
+        x = self.embed[batch.token_ids]
+        err: float | None = 0.0 if check else None
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, batch.positions)
+            kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
+            attn = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_tables,
+                                           batch.seq_lens, batch.query_start_loc, self.scale)
+            if check:
+                ref = reference_paged_attention(q, cache.k[i], cache.v[i], batch.block_tables,
+                                                batch.seq_lens, batch.query_start_loc,
+                                                self.scale)
+                err = max(err or 0.0, float((attn.float() - ref).abs().max()))
+            x = self._finish_layer(layer, x, attn)
+        last = batch.query_start_loc[1:].long() - 1
+        return ForwardOutput(self._logits(x[last]), err)
+
+    @torch.inference_mode()
+    def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
+        """One sequence, no cache, no paging: plain causal attention over all tokens."""
+        c = self.config
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        positions = torch.arange(len(tokens), device=self.device)
+        x = self.embed[ids]
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        group = c.num_heads // c.num_kv_heads
+        for layer in self.layers:
+            q, k, v = self._qkv(layer, x, positions)
+            keys.append(k)
+            values.append(v)
+            # [heads, L, D] in float32, GQA by repeating each kv head for its group.
+            qf = q.float().transpose(0, 1)
+            kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
+            vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+            attn = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=self.scale)
+            x = self._finish_layer(layer, x, attn.transpose(0, 1).to(self.dtype))
+        return ContiguousOutput(self._logits(x), keys, values)

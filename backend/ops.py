@@ -1,0 +1,222 @@
+"""The six engine operations of CONTRACT.md, as typed values parsed from JSON.
+
+Parsing checks the shape of each operation (fields, types, ranges); whether it
+is allowed in the engine's current state (does the request exist? is it
+running?) is the engine's check, made when the operation is applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from backend.errors import PagedLabError
+
+MAX_STEP_COUNT = 100_000
+MAX_GROW_TOKENS = 100_000
+MAX_PROMPT_TOKENS = 1_000_000
+MAX_ID_CHARS = 64
+
+# `max_new_tokens` omitted means "use the config's default"; null means "no limit".
+Inherit = Literal["inherit"]
+INHERIT: Inherit = "inherit"
+
+
+@dataclass(frozen=True, slots=True)
+class Add:
+    request: str
+    prompt: str | None = None
+    prompt_tokens: tuple[int, ...] | None = None
+    prompt_len: int | None = None
+    max_new_tokens: int | Inherit | None = INHERIT
+    blocks: tuple[int, ...] | None = None
+    op: Literal["add"] = "add"
+
+
+@dataclass(frozen=True, slots=True)
+class Grow:
+    request: str
+    tokens: int = 1
+    op: Literal["grow"] = "grow"
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    request: str
+    child: str
+    op: Literal["fork"] = "fork"
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    request: str
+    op: Literal["finish"] = "finish"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    count: int = 1
+    op: Literal["step"] = "step"
+
+
+@dataclass(frozen=True, slots=True)
+class Shuffle:
+    seed: int | None = None
+    op: Literal["shuffle"] = "shuffle"
+
+
+Op = Add | Grow | Fork | Finish | Step | Shuffle
+OP_NAMES = ("add", "grow", "fork", "finish", "step", "shuffle")
+
+_FIELDS: dict[str, tuple[set[str], set[str]]] = {
+    # op: (required, optional). "op" itself, "narration" and "expect" are always allowed.
+    "add": ({"request"}, {"prompt", "prompt_tokens", "prompt_len", "max_new_tokens", "blocks"}),
+    "grow": ({"request"}, {"tokens"}),
+    "fork": ({"request", "child"}, set()),
+    "finish": ({"request"}, set()),
+    "step": (set(), {"count"}),
+    "shuffle": (set(), {"seed"}),
+}
+ANNOTATIONS = {"op", "narration", "expect"}
+
+
+def check_request_id(value: Any, field: str = "request") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise PagedLabError(f"{field} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_ID_CHARS:
+        raise PagedLabError(f"{field} must be at most {MAX_ID_CHARS} characters")
+    if not value.isprintable():
+        raise PagedLabError(f"{field} {value!r} contains unprintable characters")
+    return value
+
+
+def _int(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PagedLabError(f"{field} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise PagedLabError(f"{field} must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def _int_list(value: Any, field: str, lo: int, hi: int, max_len: int) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise PagedLabError(f"{field} must be a list of integers, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise PagedLabError(f"{field} has {len(value)} entries; the limit is {max_len}")
+    return tuple(_int(v, f"{field}[{i}]", lo, hi) for i, v in enumerate(value))
+
+
+def parse_op(data: Any) -> Op:
+    """One operation from its JSON object. Raises PagedLabError naming the problem."""
+    if not isinstance(data, dict):
+        raise PagedLabError(f"an operation must be an object, got {type(data).__name__}")
+    name = data.get("op")
+    if name not in _FIELDS:
+        raise PagedLabError(f"unknown op {name!r}; expected one of {', '.join(OP_NAMES)}")
+    required, optional = _FIELDS[name]
+    missing = sorted(required - set(data))
+    if missing:
+        raise PagedLabError(f"missing field {missing[0]!r}")
+    extra = sorted(set(data) - required - optional - ANNOTATIONS)
+    if extra:
+        raise PagedLabError(f"unknown field {extra[0]!r} for op {name!r}")
+    match name:
+        case "add":
+            return _parse_add(data)
+        case "grow":
+            return Grow(check_request_id(data["request"]),
+                        _int(data.get("tokens", 1), "tokens", 1, MAX_GROW_TOKENS))
+        case "fork":
+            return Fork(check_request_id(data["request"]), check_request_id(data["child"], "child"))
+        case "finish":
+            return Finish(check_request_id(data["request"]))
+        case "step":
+            return Step(_int(data.get("count", 1), "count", 1, MAX_STEP_COUNT))
+        case "shuffle":
+            seed = data.get("seed")
+            return Shuffle(None if seed is None else _int(seed, "seed", 0, 2**63 - 1))
+    raise AssertionError(name)
+
+
+def _parse_add(data: dict[str, Any]) -> Add:
+    request = check_request_id(data["request"])
+    given = [k for k in ("prompt", "prompt_tokens", "prompt_len") if k in data]
+    if len(given) != 1:
+        raise PagedLabError("add needs exactly one of prompt, prompt_tokens, prompt_len"
+                            + (f" (got {', '.join(given)})" if given else ""))
+    prompt = prompt_tokens = prompt_len = None
+    if "prompt" in data:
+        if not isinstance(data["prompt"], str) or not data["prompt"]:
+            raise PagedLabError("prompt must be a non-empty string")
+        prompt = data["prompt"]
+        if len(prompt.encode()) > MAX_PROMPT_TOKENS:
+            raise PagedLabError(f"prompt is longer than {MAX_PROMPT_TOKENS} bytes")
+    elif "prompt_tokens" in data:
+        prompt_tokens = _int_list(data["prompt_tokens"], "prompt_tokens", 0, 255,
+                                  MAX_PROMPT_TOKENS)
+        if not prompt_tokens:
+            raise PagedLabError("prompt_tokens must hold at least one token")
+    else:
+        prompt_len = _int(data["prompt_len"], "prompt_len", 1, MAX_PROMPT_TOKENS)
+    max_new: int | Inherit | None = INHERIT
+    if "max_new_tokens" in data:
+        v = data["max_new_tokens"]
+        max_new = None if v is None else _int(v, "max_new_tokens", 1, MAX_GROW_TOKENS)
+    blocks = None
+    if "blocks" in data and data["blocks"] is not None:
+        blocks = _int_list(data["blocks"], "blocks", 0, 2**31 - 1, MAX_PROMPT_TOKENS)
+    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks)
+
+
+def op_to_json(op: Op) -> dict[str, Any]:
+    """The JSON object `parse_op` reads back as `op` (defaults omitted)."""
+    out: dict[str, Any] = {"op": op.op}
+    match op:
+        case Add():
+            out["request"] = op.request
+            if op.prompt is not None:
+                out["prompt"] = op.prompt
+            elif op.prompt_tokens is not None:
+                out["prompt_tokens"] = list(op.prompt_tokens)
+            else:
+                out["prompt_len"] = op.prompt_len
+            if op.max_new_tokens != INHERIT:
+                out["max_new_tokens"] = op.max_new_tokens
+            if op.blocks is not None:
+                out["blocks"] = list(op.blocks)
+        case Grow():
+            out.update(request=op.request, tokens=op.tokens)
+        case Fork():
+            out.update(request=op.request, child=op.child)
+        case Finish():
+            out["request"] = op.request
+        case Step():
+            out["count"] = op.count
+        case Shuffle():
+            if op.seed is not None:
+                out["seed"] = op.seed
+    return out
+
+
+def describe_op(op: Op) -> str:
+    """A short label for logs and the UI: 'add A (11 tokens)', 'step x3'."""
+    match op:
+        case Add():
+            if op.prompt is not None:
+                what = repr(op.prompt if len(op.prompt) <= 24 else op.prompt[:21] + "...")
+            elif op.prompt_tokens is not None:
+                what = f"{len(op.prompt_tokens)} tokens"
+            else:
+                what = f"{op.prompt_len} random tokens"
+            return f"add {op.request} ({what})"
+        case Grow():
+            return f"grow {op.request} +{op.tokens}"
+        case Fork():
+            return f"fork {op.request} -> {op.child}"
+        case Finish():
+            return f"finish {op.request}"
+        case Step():
+            return "step" if op.count == 1 else f"step x{op.count}"
+        case Shuffle():
+            return "shuffle" if op.seed is None else f"shuffle (seed {op.seed})"
+    raise AssertionError(op)

@@ -1,0 +1,53 @@
+"""Per-request state: token ids, status, lineage and the pending logits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Status = Literal["waiting", "running", "finished"]
+FinishReason = Literal["finished", "max_new_tokens", "capacity"]
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request. Its block table lives in the BlockManager while it runs.
+
+    Invariant while running: every token in `tokens` has its K/V in the cache
+    (num_tokens == cached slots), and `logits` holds the model's output at the
+    last token, from which the next token will be sampled.
+    """
+
+    id: str
+    prompt_len: int
+    tokens: list[int]
+    max_new_tokens: int | None
+    arrival: int
+    parent: str | None = None
+    status: Status = "waiting"
+    num_preemptions: int = 0
+    # Order of admission among running requests; the largest is preempted first.
+    admitted: int | None = None
+    finish_reason: FinishReason | None = None
+    logits: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def remaining(self) -> int | None:
+        """Tokens it may still generate (None: no limit)."""
+        if self.max_new_tokens is None:
+            return None
+        return max(0, self.max_new_tokens - self.num_generated)
+
+    @property
+    def reached_limit(self) -> bool:
+        return self.remaining == 0

@@ -1,0 +1,222 @@
+"""Scenario files (CONTRACT.md): parse, run, and check narrated expectations.
+
+A scenario is a config and a list of steps. Besides its operation fields,
+each step may carry two annotations that the engine ignores:
+
+    "narration": "One sentence a reader sees beside this step."
+    "expect":    {"requests.A.block_table": [9, 2, 14], "metrics.used_blocks": 3}
+
+`expect` maps a path into the snapshot taken after the step to the value a
+reader should see there. Paths are dotted: `requests.<id>.<field>` looks a
+request up by id, `blocks.<n>.<field>` a block by id, `address.<id>.<pos>`
+the translation of a token position ({logical_block, offset, physical_block,
+slot}), `events.<kind>` the number of events of that kind so far,
+`step_events.<kind>` the number this step emitted, `text.<id>` the request's
+tokens as text, `contiguous.*` the state of the scenario's contiguous arena
+(see backend/contiguous_mirror.py); anything else walks the snapshot's
+objects and lists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.config import EngineConfig
+from backend.contiguous_mirror import ContiguousMirror, ContiguousSpec
+from backend.engine import Engine, OpResult
+from backend.errors import PagedLabError
+from backend.ops import Op, describe_op, parse_op
+from backend.sampling import render_tokens
+
+MAX_SCENARIO_BYTES = 4 << 20
+MAX_STEPS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioStep:
+    op: Op
+    narration: str | None = None
+    expect: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    config: EngineConfig
+    config_fields: frozenset[str]   # the config keys the file actually set
+    steps: tuple[ScenarioStep, ...]
+    contiguous: ContiguousSpec | None = None
+
+    def mirror(self) -> ContiguousMirror | None:
+        """A fresh contiguous arena to follow a run of this scenario, if it names one."""
+        return None if self.contiguous is None else ContiguousMirror(self.contiguous)
+
+
+class ScenarioError(PagedLabError):
+    """A scenario problem located at a step (1-based) or at the file level (step None)."""
+
+    def __init__(self, reason: str, step: int | None = None, op: str | None = None,
+                 config: EngineConfig | None = None) -> None:
+        self.reason = reason
+        self.step = step
+        self.op = op
+        # Set when the file's config was valid: the state before any step.
+        self.config = config
+        where = "" if step is None else f"step {step} ({op or '?'}): "
+        super().__init__(where + reason)
+
+
+def parse_scenario(data: Any) -> Scenario:
+    """Validate a scenario object completely before anything runs."""
+    if not isinstance(data, dict):
+        raise ScenarioError("a scenario must be a JSON object")
+    name = data.get("name", "untitled")
+    description = data.get("description", "")
+    if not isinstance(name, str) or not isinstance(description, str):
+        raise ScenarioError("name and description must be strings")
+    raw_config = data.get("config", {})
+    try:
+        config = EngineConfig.from_json(raw_config)
+    except PagedLabError as exc:
+        raise ScenarioError(str(exc)) from None
+    contiguous = None
+    if data.get("contiguous") is not None:
+        try:
+            contiguous = ContiguousSpec.from_json(data["contiguous"])
+        except PagedLabError as exc:
+            raise ScenarioError(str(exc)) from None
+    steps_raw = data.get("steps")
+    if not isinstance(steps_raw, list):
+        raise ScenarioError("a scenario needs a \"steps\" list (it may be empty)")
+    if len(steps_raw) > MAX_STEPS:
+        raise ScenarioError(f"a scenario may have at most {MAX_STEPS} steps")
+    steps = []
+    for i, raw in enumerate(steps_raw, start=1):
+        op_name = raw.get("op") if isinstance(raw, dict) else None
+        label = op_name if isinstance(op_name, str) else None
+        try:
+            op = parse_op(raw)
+            narration = raw.get("narration")
+            if narration is not None and not isinstance(narration, str):
+                raise PagedLabError("narration must be a string")
+            expect = raw.get("expect")
+            if expect is not None and not isinstance(expect, dict):
+                raise PagedLabError("expect must be an object of path: value")
+        except PagedLabError as exc:
+            raise ScenarioError(str(exc), i, label, config) from None
+        steps.append(ScenarioStep(op, narration, expect))
+    return Scenario(name, description, config, frozenset(raw_config or {}), tuple(steps),
+                    contiguous)
+
+
+def load_scenario(path: Path) -> Scenario:
+    return parse_scenario(read_json(path, "scenario"))
+
+
+def read_json(path: Path, what: str) -> Any:
+    """Read a JSON file as data only, bounded in size, with one-line errors."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise PagedLabError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+    limit = MAX_SCENARIO_BYTES if what == "scenario" else 32 << 20
+    if size > limit:
+        raise PagedLabError(f"{what} {str(path)!r} is {size} bytes; the limit is {limit} bytes")
+    try:
+        return json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PagedLabError(f"{what} {str(path)!r} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise PagedLabError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+
+
+def check_config_matches(scenario: Scenario, config: EngineConfig) -> None:
+    """With --from, a scenario's explicit config fields must agree with the snapshot's."""
+    have = config.to_json()
+    want = scenario.config.to_json()
+    for key in sorted(scenario.config_fields):
+        if have[key] != want[key]:
+            raise ScenarioError(f"config.{key} is {want[key]!r} but the snapshot was taken "
+                                f"with {have[key]!r}")
+
+
+def run_steps(engine: Engine, steps: tuple[ScenarioStep, ...], first: int = 1,
+              mirror: ContiguousMirror | None = None,
+              ) -> Iterator[tuple[int, ScenarioStep, OpResult]]:
+    """Apply steps in order, yielding after each; a refused step raises ScenarioError."""
+    for i, step in enumerate(steps, start=first):
+        try:
+            result = engine.apply(step.op)
+        except PagedLabError as exc:
+            raise ScenarioError(str(exc), i, step.op.op) from None
+        if mirror is not None:
+            mirror.observe(engine, result)
+        yield i, step, result
+
+
+# ---- expectations ----------------------------------------------------------
+
+def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
+            result: OpResult | None = None, mirror: ContiguousMirror | None = None) -> Any:
+    """The value at `path` (see module docstring). Raises KeyError if there is none."""
+    parts = path.split(".")
+    head = parts[0]
+    if head == "contiguous":
+        if mirror is None:
+            raise KeyError("this scenario names no contiguous arena")
+        node: Any = mirror.state()
+        for part in parts[1:]:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        return node
+    if head == "address" and len(parts) == 3:
+        return {k: v for k, v in asdict(engine.translate(parts[1], int(parts[2]))).items()
+                if k != "position"}
+    if head == "events" and len(parts) == 2:
+        return sum(1 for e in snapshot["events"] if e["kind"] == parts[1])
+    if head == "step_events" and len(parts) == 2:
+        return 0 if result is None else sum(1 for e in result.events if e.kind == parts[1])
+    if head == "text" and len(parts) == 2:
+        return render_tokens(engine.request(parts[1]).tokens)
+    node = snapshot
+    for i, part in enumerate(parts):
+        if i == 1 and head == "requests":
+            node = next((r for r in node if r["id"] == part), None)
+            if node is None:
+                raise KeyError(f"no request {part!r}")
+        elif isinstance(node, list):
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            node = node[part]
+        else:
+            raise KeyError(path)
+    return node
+
+
+def check_expectations(expect: dict[str, Any], snapshot: dict[str, Any], engine: Engine,
+                       result: OpResult | None = None,
+                       mirror: ContiguousMirror | None = None) -> list[str]:
+    """Every mismatch between `expect` and what the engine shows, as readable lines."""
+    failures = []
+    for path, want in expect.items():
+        try:
+            got = resolve(path, snapshot, engine, result, mirror)
+        except (KeyError, IndexError, ValueError, PagedLabError) as exc:
+            failures.append(f"{path}: not found ({exc})")
+            continue
+        if isinstance(want, float) or isinstance(got, float):
+            ok = isinstance(got, int | float) and abs(float(got) - float(want)) <= 1e-9 * max(
+                1.0, abs(float(want)))
+        else:
+            ok = got == want
+        if not ok:
+            failures.append(f"{path}: expected {want!r}, got {got!r}")
+    return failures
+
+
+def step_label(step: ScenarioStep) -> str:
+    return describe_op(step.op)

@@ -1,0 +1,391 @@
+"""Snapshots: the engine's state as CONTRACT.md's JSON, and back.
+
+`export_snapshot` writes every field CONTRACT.md lists, plus what an exact
+restore needs and the contract leaves open (fields may be added):
+
+    scheduler      waiting queue order, running requests in admission order
+    free_queue     ids of ref-count-0 blocks in eviction order
+    prefix_cache   every hash node a block's key chains through: digest,
+                   parent digest, the block's own tokens (evicted ancestors
+                   included, so a cached block's full prefix is recoverable)
+    allocator      totals and the random-allocation pick counter
+
+`restore_engine` parses such a file as data only (no pickle, no eval),
+refuses anything malformed or inconsistent with a message naming it, builds a
+fresh engine with that exact allocator state, proves it with
+`check_integrity`, and recomputes the K/V of every used and cached block from
+the tokens. Export, restore, export gives the same JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backend.block_manager import SeqBlocks
+from backend.config import EngineConfig
+from backend.engine import Engine, KernelReport
+from backend.errors import IntegrityError, PagedLabError
+from backend.events import Event
+from backend.hashing import BlockHash, block_digest
+from backend.request import Request
+
+SCHEMA_VERSION = 1
+MAX_SNAPSHOT_BYTES = 32 << 20
+_CONFIG_EXTRA = frozenset({"device", "bytes_per_block"})
+
+
+def export_snapshot(engine: Engine) -> dict[str, Any]:
+    """The engine's state as a JSON-ready dict. Reads only."""
+    c = engine.config
+    m = engine.manager
+    pool = m.pool
+    nodes: dict[str, BlockHash] = {}
+    for block in pool.blocks:
+        node = block.hash
+        while node is not None and node.digest not in nodes:
+            nodes[node.digest] = node
+            node = node.parent
+    metrics = m.metrics()
+    report = engine.kernel_report
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "step": engine.step,
+        "config": {
+            "num_blocks": c.num_blocks, "block_size": c.block_size,
+            "num_layers": c.num_layers, "num_heads": c.num_heads,
+            "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "dtype": c.dtype,
+            "device": engine.device.type, "bytes_per_block": c.bytes_per_block,
+            "prefix_caching": c.prefix_caching, "allocation": c.allocation, "seed": c.seed,
+            "max_new_tokens": c.max_new_tokens,
+        },
+        "blocks": [
+            {"id": b.id, "state": b.state, "ref_count": b.ref_count, "num_filled": b.num_filled,
+             "hash": None if b.hash is None else b.hash.digest}
+            for b in pool.blocks
+        ],
+        "requests": [
+            {"id": r.id, "status": r.status, "parent": r.parent, "prompt_len": r.prompt_len,
+             "num_tokens": r.num_tokens, "block_table": engine.block_table(r.id),
+             "tokens": list(r.tokens), "num_preemptions": r.num_preemptions,
+             "max_new_tokens": r.max_new_tokens, "finish_reason": r.finish_reason}
+            for r in engine.requests.values()
+        ],
+        "events": [e.to_json() for e in m.events],
+        "metrics": {
+            **metrics.contract_dict(),
+            "prefix_queries": metrics.prefix_queries,
+            "prefix_query_tokens": metrics.prefix_query_tokens,
+            "prefix_hit_tokens": metrics.prefix_hit_tokens,
+            "prefix_floor_tokens": metrics.prefix_floor_tokens,
+            "logical_tokens": metrics.logical_tokens,
+            "blocks_saved_by_sharing": metrics.blocks_saved_by_sharing,
+        },
+        "kernel": {"name": report.name, "backend": report.backend, "device": report.device,
+                   "max_abs_err": report.max_abs_err, "time_ms": report.time_ms,
+                   "num_seqs": report.num_seqs, "num_query_tokens": report.num_query_tokens},
+        "scheduler": {"waiting": list(engine.waiting), "running": list(engine.running),
+                      "admissions": engine.admissions},
+        "free_queue": [b.id for b in pool.free_queue],
+        "prefix_cache": [
+            {"hash": n.digest, "parent": n.parent_digest, "tokens": list(n.tokens)}
+            for n in sorted(nodes.values(), key=lambda n: (n.depth(), n.digest))
+        ],
+        "allocator": {"random_picks": pool.random_picks},
+    }
+
+
+def snapshot_json(engine: Engine) -> str:
+    """The snapshot as the text written to files (stable key order, one trailing newline)."""
+    return json.dumps(export_snapshot(engine), indent=1) + "\n"
+
+
+def parse_snapshot_text(text: str | bytes) -> dict[str, Any]:
+    """Parse uploaded snapshot text as JSON data only, bounded in size."""
+    if len(text) > MAX_SNAPSHOT_BYTES:
+        raise PagedLabError(f"snapshot is {len(text)} bytes; the limit is "
+                            f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PagedLabError(f"snapshot is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise PagedLabError("snapshot must be a JSON object")
+    return data
+
+
+class _Reader:
+    """Typed field access that turns every malformed value into a PagedLabError."""
+
+    def __init__(self, data: dict[str, Any], where: str) -> None:
+        self.data = data
+        self.where = where
+
+    def get(self, key: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+        if key not in self.data:
+            if optional:
+                return None
+            raise PagedLabError(f"{self.where}: missing field {key!r}")
+        v = self.data[key]
+        if v is None and optional:
+            return None
+        if isinstance(v, bool) and kind is int:
+            raise PagedLabError(f"{self.where}.{key} must be an integer, got {v!r}")
+        if not isinstance(v, kind):
+            name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            raise PagedLabError(f"{self.where}.{key} must be {name}, got {v!r}")
+        return v
+
+    def int_list(self, key: str, lo: int, hi: int) -> list[int]:
+        v = self.get(key, list)
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+                raise PagedLabError(f"{self.where}.{key}[{i}] must be an integer in "
+                                    f"{lo}..{hi}, got {x!r}")
+        return v
+
+
+def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = "auto",
+                   check_reference: bool = True) -> Engine:
+    """A new engine in exactly the state `data` describes. Raises PagedLabError."""
+    top = _Reader(data, "snapshot")
+    version = top.get("schema_version", int)
+    if version != SCHEMA_VERSION:
+        raise PagedLabError(f"snapshot schema_version is {version}; this PagedLab reads "
+                            f"version {SCHEMA_VERSION}")
+    cfg_data = dict(top.get("config", dict))
+    config = EngineConfig.from_json(cfg_data, where="snapshot.config", ignore=_CONFIG_EXTRA)
+    if "bytes_per_block" in cfg_data and cfg_data["bytes_per_block"] != config.bytes_per_block:
+        raise PagedLabError(f"snapshot.config.bytes_per_block is {cfg_data['bytes_per_block']} "
+                            f"but these settings give {config.bytes_per_block}")
+    engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference)
+    try:
+        _restore_into(engine, top)
+        engine.manager.check_integrity()
+        _recompute_kv(engine)
+        engine.check_integrity()
+    except (IntegrityError, AssertionError) as exc:
+        raise PagedLabError(f"inconsistent snapshot: {exc}") from None
+    return engine
+
+
+def _restore_into(engine: Engine, top: _Reader) -> None:
+    c = engine.config
+    bs = c.block_size
+    m = engine.manager
+    pool = m.pool
+    step = top.get("step", int)
+    if step < 0:
+        raise PagedLabError("snapshot.step must be >= 0")
+
+    # Requests.
+    requests: dict[str, Request] = {}
+    tables: dict[str, list[int]] = {}
+    for i, raw in enumerate(top.get("requests", list)):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.requests[{i}] must be an object")
+        r = _Reader(raw, f"snapshot.requests[{i}]")
+        rid = r.get("id", str)
+        if not rid or rid in requests:
+            raise PagedLabError(f"{r.where}.id {rid!r} is empty or repeated")
+        status = r.get("status", str)
+        if status not in ("waiting", "running", "finished"):
+            raise PagedLabError(f"{r.where}.status must be waiting, running or finished")
+        tokens = r.int_list("tokens", 0, 255)
+        prompt_len = r.get("prompt_len", int)
+        if r.get("num_tokens", int) != len(tokens):
+            raise PagedLabError(f"{r.where}: num_tokens is {raw['num_tokens']} but it lists "
+                                f"{len(tokens)} tokens")
+        if not 1 <= prompt_len <= len(tokens):
+            raise PagedLabError(f"{r.where}: prompt_len {prompt_len} does not fit its "
+                                f"{len(tokens)} tokens")
+        table = r.int_list("block_table", 0, c.num_blocks - 1)
+        if status == "running":
+            if len(table) != -(-len(tokens) // bs):
+                raise PagedLabError(
+                    f"{r.where}: {len(tokens)} tokens do not fit its table of {len(table)} "
+                    f"blocks of {bs}")
+        elif table:
+            raise PagedLabError(f"{r.where}: a {status} request holds no blocks")
+        parent = r.get("parent", str, optional=True)
+        if parent is not None and parent not in requests:
+            raise PagedLabError(f"{r.where}.parent {parent!r} is not an earlier request")
+        max_new = r.get("max_new_tokens", int, optional=True)
+        reason = r.get("finish_reason", str, optional=True)
+        if status == "finished" and reason not in (None, "finished", "max_new_tokens",
+                                                   "capacity"):
+            raise PagedLabError(f"{r.where}.finish_reason {reason!r} is not known")
+        preemptions = r.get("num_preemptions", int)
+        if preemptions < 0:
+            raise PagedLabError(f"{r.where}.num_preemptions must be >= 0")
+        requests[rid] = Request(rid, prompt_len, tokens, max_new, arrival=len(requests),
+                                parent=parent, status=status, num_preemptions=preemptions,
+                                finish_reason=reason if status == "finished" else None)
+        tables[rid] = table
+
+    sched = _Reader(top.get("scheduler", dict), "snapshot.scheduler")
+    waiting = sched.get("waiting", list)
+    running = sched.get("running", list)
+    if sorted(waiting) != sorted(r.id for r in requests.values() if r.status == "waiting"):
+        raise PagedLabError("snapshot.scheduler.waiting does not list exactly the waiting "
+                            "requests")
+    if sorted(running) != sorted(r.id for r in requests.values() if r.status == "running"):
+        raise PagedLabError("snapshot.scheduler.running does not list exactly the running "
+                            "requests")
+    admissions = sched.get("admissions", int)
+    if admissions < len(running):
+        raise PagedLabError("snapshot.scheduler.admissions is smaller than the running count")
+
+    # Hash nodes, parents first; each digest is re-derived from its tokens.
+    nodes: dict[str, BlockHash] = {}
+    for i, raw in enumerate(top.get("prefix_cache", list)):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.prefix_cache[{i}] must be an object")
+        r = _Reader(raw, f"snapshot.prefix_cache[{i}]")
+        digest = r.get("hash", str)
+        parent_digest = r.get("parent", str, optional=True)
+        tokens = r.int_list("tokens", 0, 255)
+        if len(tokens) != bs:
+            raise PagedLabError(f"{r.where}: a full block holds {bs} tokens, not {len(tokens)}")
+        if parent_digest is not None and parent_digest not in nodes:
+            raise PagedLabError(f"{r.where}: parent {parent_digest} is not listed before it")
+        if block_digest(parent_digest, tokens, c.cache_salt()) != digest:
+            raise PagedLabError(f"{r.where}: hash {digest} does not match its tokens")
+        nodes[digest] = BlockHash(digest, None if parent_digest is None else nodes[parent_digest],
+                                  tuple(tokens))
+
+    # Blocks.
+    raw_blocks = top.get("blocks", list)
+    if len(raw_blocks) != c.num_blocks:
+        raise PagedLabError(f"snapshot.blocks lists {len(raw_blocks)} blocks; the pool has "
+                            f"{c.num_blocks}")
+    holders = Counter(b for rid in running for b in tables[rid])
+    for i, raw in enumerate(raw_blocks):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.blocks[{i}] must be an object")
+        r = _Reader(raw, f"snapshot.blocks[{i}]")
+        if r.get("id", int) != i:
+            raise PagedLabError(f"{r.where}.id must be {i} (blocks are listed by id)")
+        ref = r.get("ref_count", int)
+        filled = r.get("num_filled", int)
+        digest = r.get("hash", str, optional=True)
+        state = r.get("state", str)
+        if ref != holders[i]:
+            raise PagedLabError(f"inconsistent snapshot: block {i} has ref_count {ref} but "
+                                f"{holders[i]} block table(s) hold it")
+        want = "used" if ref > 0 else ("cached" if digest is not None else "free")
+        if state != want:
+            raise PagedLabError(f"inconsistent snapshot: block {i} is listed as {state!r} but "
+                                f"its ref_count and hash make it {want!r}")
+        if not 0 <= filled <= bs:
+            raise PagedLabError(f"{r.where}.num_filled must be in 0..{bs}")
+        if digest is not None and digest not in nodes:
+            raise PagedLabError(f"{r.where}.hash {digest} is missing from "
+                                "snapshot.prefix_cache")
+        block = pool.blocks[i]
+        block.ref_count = ref
+        block.num_filled = filled
+        block.hash = None if digest is None else nodes[digest]
+
+    # The free queue, then the cache map.
+    free_ids = top.int_list("free_queue", 0, c.num_blocks - 1)
+    zero_ref = sorted(b.id for b in pool.blocks if b.ref_count == 0)
+    if sorted(free_ids) != zero_ref:
+        raise PagedLabError("inconsistent snapshot: free_queue must list every block with "
+                            "ref_count 0 exactly once")
+    for block in list(pool.free_queue):
+        pool.free_queue.remove(block)
+    for b in free_ids:
+        pool.free_queue.append(pool.blocks[b])
+    pool.cached = {}
+    for block in pool.blocks:
+        if block.hash is not None:
+            pool.cached.setdefault(block.hash.digest, {})[block.id] = block
+    alloc = _Reader(top.get("allocator", dict), "snapshot.allocator")
+    pool.random_picks = alloc.get("random_picks", int)
+
+    # Sequences: tail tokens and chain parents follow from the requests' tokens.
+    for rid in running:
+        req = requests[rid]
+        table = tables[rid]
+        full = req.num_tokens // bs
+        last_hash = pool.blocks[table[full - 1]].hash if full else None
+        tail = req.tokens[full * bs:] if c.prefix_caching else []
+        m.seqs[rid] = SeqBlocks(rid, list(table), req.num_tokens, tail, last_hash)
+    mt = _Reader(top.get("metrics", dict), "snapshot.metrics")
+    m.cow_copies = mt.get("cow_copies", int)
+    m.prefix_hit_blocks = mt.get("prefix_hit_blocks", int)
+    m.preemptions = mt.get("preemptions", int)
+    m.prefix_queries = mt.get("prefix_queries", int, optional=True) or 0
+    m.prefix_query_tokens = mt.get("prefix_query_tokens", int, optional=True) or 0
+    m.prefix_floor_tokens = mt.get("prefix_floor_tokens", int, optional=True) or 0
+    m.recount()
+    try:
+        m.events = [Event.from_json(e) for e in top.get("events", list)]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PagedLabError(f"snapshot.events: malformed event ({exc})") from None
+    m.step = step
+
+    engine.requests = requests
+    engine.waiting.extend(waiting)
+    for n, rid in enumerate(running, start=1):
+        requests[rid].admitted = n
+        engine.running.append(rid)
+    engine.admissions = admissions
+    engine.step = step
+    k = _Reader(top.get("kernel", dict), "snapshot.kernel")
+    err = k.get("max_abs_err", (int, float), optional=True)
+    ms = k.get("time_ms", (int, float), optional=True)
+    engine.kernel_report = KernelReport(
+        k.get("backend", str), k.get("device", str), None if err is None else float(err),
+        None if ms is None else float(ms), k.get("num_seqs", int, optional=True) or 0,
+        k.get("num_query_tokens", int, optional=True) or 0)
+    # Check the contract's counts before trusting anything else.
+    got = m.metrics().contract_dict()
+    for key in ("used_blocks", "free_blocks", "cached_blocks", "filled_slots",
+                "internal_waste_slots", "shared_blocks"):
+        claimed = mt.get(key, int)
+        if claimed != got[key]:
+            raise PagedLabError(f"inconsistent snapshot: metrics.{key} is {claimed} but the "
+                                f"blocks give {got[key]}")
+
+
+def _recompute_kv(engine: Engine) -> None:
+    """Recompute every used and cached block's K/V, and running requests' logits.
+
+    K/V come from the plain contiguous forward pass over each block's full
+    token prefix, so they equal what the paged prefill wrote, up to rounding.
+    """
+    cache = engine.cache
+    bs = engine.config.block_size
+    done: set[int] = set()
+
+    def write(tokens: list[int], blocks: dict[int, int]) -> torch.Tensor:
+        """Compute `tokens` and store logical block i's K/V at physical `blocks[i]`."""
+        out = engine.model.forward_contiguous(tokens)
+        for i, b in blocks.items():
+            if b in done:
+                continue
+            n = min(bs, len(tokens) - i * bs)
+            for layer in range(engine.config.num_layers):
+                cache.k[layer][b, :n] = out.keys[layer][i * bs:i * bs + n]
+                cache.v[layer][b, :n] = out.values[layer][i * bs:i * bs + n]
+            done.add(b)
+        return out.logits[-1].cpu()
+
+    for rid in engine.running:
+        req = engine.requests[rid]
+        req.logits = write(req.tokens, dict(enumerate(engine.manager.block_table(rid))))
+    for block in engine.manager.pool.blocks:
+        if block.ref_count == 0 and block.hash is not None and block.id not in done:
+            # Only this block's slice is written; its ancestors may live elsewhere or
+            # have been evicted, but their tokens are in the hash chain.
+            write(block.hash.prefix_tokens(), {block.hash.depth(): block.id})
+
+
+def write_snapshot(engine: Engine, path: Path) -> None:
+    path.write_text(snapshot_json(engine))

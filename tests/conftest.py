@@ -1,0 +1,9 @@
+"""Shared test setup."""
+
+from __future__ import annotations
+
+import torch
+
+# The models and kernels under test are tiny: on a small shared CPU, torch's
+# thread pool costs far more in contention than it gains in parallelism.
+torch.set_num_threads(1)

@@ -1,0 +1,206 @@
+"""`python -m backend run`: exit codes, one-line errors, snapshots, --from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONTRACT_EXAMPLE: dict[str, Any] = {
+    "name": "fork-and-copy-on-write",
+    "description": ("Two samples share a prompt; the first write to the shared tail block "
+                    "copies it."),
+    "config": {"num_blocks": 32, "block_size": 4, "prefix_caching": True,
+               "allocation": "fifo", "seed": 0},
+    "steps": [
+        {"op": "add", "request": "A", "prompt": "The cat sat", "max_new_tokens": 12},
+        {"op": "fork", "request": "A", "child": "A2"},
+        {"op": "grow", "request": "A2", "tokens": 1},
+        {"op": "step", "count": 3},
+        {"op": "finish", "request": "A"},
+        {"op": "shuffle", "seed": 7},
+    ],
+}
+
+
+def write(tmp: Path, data: Any, name: str = "scenario.json") -> Path:
+    path = tmp / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str]:
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+def test_contract_example_runs_and_writes_snapshots(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "final.json"
+    code, err = run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", out,
+                        "--snapshots", tmp_path / "snaps", "--kernel", "torch")
+    assert (code, err) == (0, "")
+    snap = json.loads(out.read_text())
+    assert snap["schema_version"] == 1 and snap["step"] == 6
+    assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == [
+        f"step-{i:04d}.json" for i in range(1, 7)]
+    assert json.loads((tmp_path / "snaps" / "step-0006.json").read_text()) == snap
+    cfg = snap["config"]
+    assert cfg["bytes_per_block"] == 2048 and cfg["device"] in ("cpu", "cuda")
+    reqs = {r["id"]: r for r in snap["requests"]}
+    assert reqs["A"]["status"] == "finished" and reqs["A"]["block_table"] == []
+    assert reqs["A2"]["parent"] == "A" and reqs["A2"]["num_tokens"] == 11 + 1 + 3
+    kinds = [e["kind"] for e in snap["events"]]
+    assert kinds.count("cow") == 1 and kinds.count("share") == 3 and "move" in kinds
+    cow = next(e for e in snap["events"] if e["kind"] == "cow")
+    assert (cow["step"], cow["request"], cow["src"], cow["block"]) == (3, "A2", 2, cow["dst"])
+    m = snap["metrics"]
+    assert m["used_blocks"] + m["cached_blocks"] + m["free_blocks"] == 32
+    assert m["cow_copies"] == 1
+    assert len(snap["blocks"]) == 32 and [b["id"] for b in snap["blocks"]] == list(range(32))
+    assert snap["kernel"]["name"] == "paged_attention"
+    assert snap["kernel"]["backend"] == "torch" and snap["kernel"]["max_abs_err"] < 1e-5
+
+
+BAD_STEPS = [
+    ({"op": "grow", "request": "X"}, "error: step 2 (grow): request 'X' does not exist"),
+    ({"op": "add", "request": "A", "prompt": "again"},
+     "error: step 2 (add): request 'A' already exists"),
+    ({"op": "add", "request": "P", "prompt": "abcde", "blocks": [0, 9]},
+     "error: step 2 (add): pinned block 0 is not free"),
+    ({"op": "add", "request": "L", "prompt_len": 200},
+     "error: step 2 (add): a prompt of 200 tokens needs 50 blocks of 4 but the pool has only "
+     "32 blocks; it can never fit"),
+    ({"op": "grow", "request": "A", "tokens": 0}, "error: step 2 (grow): tokens must be in"),
+    ({"op": "jump", "request": "A"}, "error: step 2 (jump): unknown op 'jump'"),
+    ({"op": "fork", "request": "A"}, "error: step 2 (fork): missing field 'child'"),
+    ({"op": "add", "request": "Q", "prompt_tokens": [1, 256]},
+     "error: step 2 (add): prompt_tokens[1] must be in 0..255"),
+]
+
+
+@pytest.mark.parametrize(("bad", "line"), BAD_STEPS, ids=[b["op"] + str(i)
+                                                         for i, (b, _) in enumerate(BAD_STEPS)])
+def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        bad: dict[str, Any], line: str) -> None:
+    scenario = {"config": {"block_size": 4},
+                "steps": [{"op": "add", "request": "A", "prompt": "hello"}, bad,
+                          {"op": "step"}]}
+    out = tmp_path / "out.json"
+    code, err = run_cli(capsys, "run", write(tmp_path, scenario), "--out", out,
+                        "--kernel", "torch")
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(line), err
+    snap = json.loads(out.read_text())
+    # The last good snapshot: after step 1 when the engine refused step 2, or the
+    # fresh engine when step 2 was malformed and nothing ran.
+    assert snap["step"] in (0, 1)
+    if "unknown op" in line or "missing" in line or "must be in" in line:
+        assert snap["step"] == 0
+    else:
+        assert snap["step"] == 1 and snap["requests"][0]["id"] == "A"
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("{not json", "is not valid JSON"),
+    ('{"steps": 3}', 'a scenario needs a "steps" list'),
+    ('{"config": {"block_size": 999}, "steps": []}', "config: block_size must be in 1..256"),
+    ('{"config": {"blok_size": 4}, "steps": []}', "config: unknown field 'blok_size'"),
+    ('{"config": {"num_heads": 4, "num_kv_heads": 3}, "steps": []}', "multiple of num_kv_heads"),
+    ("[]", "a scenario must be a JSON object"),
+])
+def test_malformed_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                line: str) -> None:
+    out = tmp_path / "out.json"
+    code, err = run_cli(capsys, "run", write(tmp_path, text), "--out", out)
+    assert code == 2 and err.startswith("error: ") and line in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_missing_file_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(capsys, "run", tmp_path / "nope.json")
+    assert code == 2 and err.startswith("error: cannot read scenario")
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(tmp_path / "x.json"), "--kernel", "cuda-magic"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("error: argument --kernel")
+
+
+def test_from_snapshot_round_trip_is_the_same_file(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    first = tmp_path / "first.json"
+    assert run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", first,
+                   "--kernel", "torch")[0] == 0
+    empty = write(tmp_path, {"steps": []}, "empty.json")
+    again = tmp_path / "again.json"
+    code, err = run_cli(capsys, "run", empty, "--from", first, "--out", again,
+                        "--kernel", "torch")
+    assert (code, err) == (0, "")
+    assert again.read_text() == first.read_text()
+    # Continuing from the snapshot equals running the whole story in one go.
+    tail = [{"op": "add", "request": "B", "prompt": "The cat sat on"}, {"op": "step", "count": 2}]
+    cont = tmp_path / "cont.json"
+    assert run_cli(capsys, "run", write(tmp_path, {"steps": tail}, "tail.json"), "--from", first,
+                   "--out", cont, "--kernel", "torch")[0] == 0
+    whole = tmp_path / "whole.json"
+    full = dict(CONTRACT_EXAMPLE, steps=CONTRACT_EXAMPLE["steps"] + tail)
+    assert run_cli(capsys, "run", write(tmp_path, full, "full.json"), "--out", whole,
+                   "--kernel", "torch")[0] == 0
+    a, b = json.loads(cont.read_text()), json.loads(whole.read_text())
+    a.pop("kernel"), b.pop("kernel")
+    assert a == b
+
+
+def test_from_refuses_an_inconsistent_snapshot(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    first = tmp_path / "first.json"
+    assert run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", first,
+                   "--kernel", "torch")[0] == 0
+    snap = json.loads(first.read_text())
+    used = next(b for b in snap["blocks"] if b["state"] == "used")
+    used["ref_count"] += 1
+    bad = write(tmp_path, snap, "bad.json")
+    code, err = run_cli(capsys, "run", write(tmp_path, {"steps": []}, "e.json"), "--from", bad)
+    assert code == 2
+    assert f"block {used['id']} has ref_count {used['ref_count']} but" in err
+
+
+def test_from_refuses_a_conflicting_config(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    first = tmp_path / "first.json"
+    assert run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", first,
+                   "--kernel", "torch")[0] == 0
+    other = write(tmp_path, {"config": {"block_size": 8}, "steps": []}, "o.json")
+    code, err = run_cli(capsys, "run", other, "--from", first)
+    assert code == 2 and "config.block_size is 8 but the snapshot was taken with 4" in err
+
+
+def test_check_flag_compares_narrated_numbers(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = {"config": {"block_size": 4}, "steps": [
+        {"op": "add", "request": "A", "prompt": "123456789", "blocks": [9, 2, 14],
+         "expect": {"requests.A.block_table": [9, 2, 14], "address.A.6": {
+             "logical_block": 1, "offset": 2, "physical_block": 2, "slot": 10},
+             "metrics.internal_waste_slots": 3}},
+        {"op": "grow", "request": "A", "tokens": 4, "expect": {"metrics.used_blocks": 5}},
+    ]}
+    code, err = run_cli(capsys, "run", write(tmp_path, scenario), "--check", "--kernel", "torch")
+    assert code == 1
+    assert err == "mismatch: step 2 (grow): metrics.used_blocks: expected 5, got 4\n"
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
+    scenario = write(tmp_path, {"steps": [{"op": "finish", "request": "ghost"}]})
+    proc = subprocess.run([sys.executable, "-m", "backend", "run", str(scenario), "--kernel",
+                           "torch"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr == "error: step 1 (finish): request 'ghost' does not exist\n"
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -1,0 +1,295 @@
+"""The engine against contiguous recomputation, and its all-or-nothing operations.
+
+These run the real model and the real Triton kernels (under the interpreter on
+a CPU) at small sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from backend.config import EngineConfig
+from backend.engine import Engine
+from backend.errors import PagedLabError
+from backend.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.sampling import sample_token
+from backend.snapshot import export_snapshot, restore_engine, snapshot_json
+
+NAN = float("nan")
+
+
+def make(kernel: str = "auto", kv_fill: float | None = NAN, **cfg: object) -> Engine:
+    # Unwritten cache slots hold NaN: a kernel that reads past a sequence's
+    # length, or a block that was never copied, poisons the output.
+    return Engine(EngineConfig.from_json(cfg), kernel=kernel, kv_fill=kv_fill)
+
+
+def run(engine: Engine, ops: list[Op]) -> Engine:
+    for op in ops:
+        engine.apply(op)
+        engine.check_integrity()
+    return engine
+
+
+def kv_through_table(engine: Engine, rid: str) -> list[torch.Tensor]:
+    """Every layer's K and V for the request's tokens, read through its block table."""
+    out = []
+    n = engine.request(rid).num_tokens
+    slots = torch.tensor(engine.manager.slots_of(rid, 0, n))
+    c = engine.config
+    for cache in (*engine.cache.k, *engine.cache.v):
+        out.append(cache.view(-1, c.num_kv_heads, c.head_dim)[slots].clone())
+    return out
+
+
+def tokens(engine: Engine) -> dict[str, list[int]]:
+    return {r.id: list(r.tokens) for r in engine.requests.values()}
+
+
+WORKLOAD: list[Op] = [
+    Add("A", prompt="The quick brown fox", max_new_tokens=9),
+    Add("B", prompt="The quick brown cat jumps", max_new_tokens=6),
+    Step(2),
+    Add("C", prompt_len=7, max_new_tokens=12),
+    Grow("C", 3),
+    Step(4),
+    Add("D", prompt="The quick brown fox", max_new_tokens=5),
+    Step(3),
+]
+
+
+@pytest.mark.parametrize("kernel", ["auto", "torch"])
+@pytest.mark.parametrize("allocation", ["fifo", "random"])
+def test_paged_generation_equals_contiguous_recomputation(kernel: str, allocation: str) -> None:
+    e = run(make(kernel, num_blocks=24, block_size=4, allocation=allocation, seed=3), WORKLOAD)
+    assert e.kernel_report.max_abs_err is not None and e.kernel_report.max_abs_err < 1e-5
+    checked = 0
+    for req in e.requests.values():
+        ref = e.model.forward_contiguous(req.tokens)
+        # Every generated token is what the contiguous model's logits sample.
+        for p in range(req.prompt_len, req.num_tokens):
+            assert sample_token(ref.logits[p - 1], e.config.seed, req.id, p) == req.tokens[p]
+            checked += 1
+        if req.status == "running":
+            # And the cache holds the contiguous model's K/V, slot by slot.
+            got = kv_through_table(e, req.id)
+            want = [*ref.keys, *ref.values]
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    assert checked == 9 + 6 + 10 + 3  # A, B and D reach max_new_tokens; C has 10 so far
+
+
+def test_shuffle_changes_no_output() -> None:
+    plain = run(make(num_blocks=20, block_size=4), WORKLOAD)
+    shuffled_ops = [*WORKLOAD[:3], Shuffle(5), *WORKLOAD[3:6], Shuffle(), *WORKLOAD[6:]]
+    moved = run(make(num_blocks=20, block_size=4), shuffled_ops)
+    assert tokens(moved) == tokens(plain)
+    assert sum(1 for e in moved.events if e.kind == "move") > 0
+    for rid in moved.running:
+        assert moved.block_table(rid) != plain.block_table(rid)
+        for a, b in zip(kv_through_table(moved, rid), kv_through_table(plain, rid), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_prefix_hit_gives_the_same_outputs_as_a_cold_run() -> None:
+    system = "You are a helpful assistant. Answer briefly. "
+    warm = run(make(num_blocks=40, block_size=4),
+               [Add("S", prompt=system + "Hi", max_new_tokens=2), Step(2)])
+    assert warm.request("S").status == "finished"
+    warm.apply(Add("Q", prompt=system + "What is paging?", max_new_tokens=8))
+    hits = [e for e in warm.events if e.kind == "prefix_hit" and e.request == "Q"]
+    assert len(hits) == len(system.encode()) // 4
+    run(warm, [Step(8)])
+    cold = run(make(num_blocks=40, block_size=4, prefix_caching=False),
+               [Add("Q", prompt=system + "What is paging?", max_new_tokens=8), Step(8)])
+    assert warm.request("Q").tokens == cold.request("Q").tokens
+
+
+def test_prefix_hit_prefill_computes_only_the_suffix() -> None:
+    e = run(make(num_blocks=16, block_size=4), [Add("A", prompt="abcdefghijkl", max_new_tokens=3)])
+    e.apply(Add("B", prompt="abcdefghijklmn"))
+    # 14 tokens, 3 full blocks cached: only the 2 suffix tokens are computed.
+    assert e.kernel_report.num_query_tokens == 2
+    assert e.metrics().allocator.prefix_hit_blocks == 3
+
+
+def test_copy_on_write_never_changes_the_other_sharer() -> None:
+    e = run(make(num_blocks=16, block_size=4), [Add("A", prompt="The cat sat", max_new_tokens=20),
+                                                Fork("A", "A2")])
+    before = kv_through_table(e, "A")
+    run(e, [Grow("A2", 5)])
+    cows = [ev for ev in e.events if ev.kind == "cow"]
+    assert len(cows) == 1 and cows[0].request == "A2"
+    for a, b in zip(kv_through_table(e, "A"), before, strict=True):
+        assert torch.equal(a, b)
+    # The child's copy holds the same data in the copied slots.
+    assert e.block_table("A")[:2] == e.block_table("A2")[:2]
+    child = kv_through_table(e, "A2")
+    for a, b in zip(child, before, strict=True):
+        assert torch.equal(a[:11], b)
+    run(e, [Grow("A", 2)])
+    assert e.request("A").tokens[:11] == e.request("A2").tokens[:11]
+
+
+def test_fork_children_diverge_from_the_parent() -> None:
+    e = run(make(num_blocks=32, block_size=4),
+            [Add("A", prompt="Once upon a time", max_new_tokens=10), Fork("A", "B"),
+             Fork("A", "C"), Step(10)])
+    texts = {r.id: r.tokens for r in e.requests.values()}
+    assert texts["A"][:16] == texts["B"][:16] == texts["C"][:16]
+    assert len({tuple(t) for t in texts.values()}) == 3
+    assert all(r.status == "finished" and r.finish_reason == "max_new_tokens"
+               for r in e.requests.values())
+    assert e.metrics().allocator.used_blocks == 0
+
+
+def test_preemption_and_recomputation_give_the_same_tokens() -> None:
+    ops: list[Op] = [Add(r, prompt_len=6, max_new_tokens=14) for r in "ABCD"] + [Step(16)]
+    roomy = run(make(num_blocks=64, block_size=4, prefix_caching=False), ops)
+    tight = run(make(num_blocks=12, block_size=4, prefix_caching=False), ops)
+    assert tight.manager.preemptions > 0
+    assert sum(r.num_preemptions for r in tight.requests.values()) == tight.manager.preemptions
+    assert any(e.kind == "preempt" for e in tight.events)
+    done = [r for r in tight.requests.values() if r.status == "finished"]
+    assert done
+    for r in done:
+        assert r.tokens == roomy.request(r.id).tokens
+
+
+def test_most_recently_admitted_is_preempted() -> None:
+    e = run(make(num_blocks=6, block_size=2, prefix_caching=False),
+            [Add("A", prompt="aaa"), Add("B", prompt="bbb"), Add("C", prompt="c")])
+    assert e.apply(Step()).preempted == ()  # every token fits a partly filled block
+    # 5 of 6 blocks used; A's growth takes the last free one, B's preempts C.
+    r = e.apply(Step())
+    assert r.preempted == ("C",)
+    assert list(e.waiting) == ["C"]
+    assert e.request("C").num_preemptions == 1
+
+
+def test_continuous_batching_admits_waiting_requests_as_blocks_free_up() -> None:
+    e = run(make(num_blocks=3, block_size=4, prefix_caching=False),
+            [Add("A", prompt="aaaaaaa", max_new_tokens=2), Add("B", prompt="bbbbbbb")])
+    assert e.request("B").status == "waiting"
+    # FCFS: a newcomer waits behind B even though it would fit.
+    e.apply(Add("C", prompt="c"))
+    assert [e.request(x).status for x in "BC"] == ["waiting", "waiting"]
+    r = e.apply(Step(2))
+    # A's 9th token took the last free block, and A finished in the same step.
+    assert r.finished == ("A",) and r.admitted == ()
+    r = e.apply(Step())
+    assert r.admitted == ("B", "C")
+    assert e.request("B").num_tokens == 8 and e.request("C").num_tokens == 2
+
+
+def test_max_new_tokens_finishes_in_grow_and_releases_blocks() -> None:
+    e = run(make(num_blocks=8, block_size=4), [Add("A", prompt="hello", max_new_tokens=3)])
+    r = e.apply(Grow("A", 10))
+    assert len(r.generated) == 3 and r.finished == ("A",)
+    assert e.request("A").num_tokens == 8
+    assert e.metrics().allocator.used_blocks == 0
+
+
+def test_config_default_max_new_tokens_and_null_override() -> None:
+    e = run(make(num_blocks=16, block_size=4, max_new_tokens=2),
+            [Add("A", prompt="x"), Add("B", prompt="y", max_new_tokens=None), Step(4)])
+    assert e.request("A").status == "finished" and e.request("A").num_generated == 2
+    assert e.request("B").status == "running" and e.request("B").num_generated == 4
+
+
+def test_a_request_that_outgrows_the_whole_pool_finishes() -> None:
+    e = run(make(num_blocks=2, block_size=2, prefix_caching=False), [Add("A", prompt="abc")])
+    r = e.apply(Step(3))
+    assert e.request("A").finish_reason == "capacity" and "A" in r.finished
+    assert e.request("A").num_tokens == 4
+
+
+def test_nine_tokens_fill_three_blocks_and_the_thirteenth_takes_a_fourth() -> None:
+    e = run(make(num_blocks=16, block_size=4),
+            [Add("A", prompt="123456789", blocks=(9, 2, 14))])
+    assert e.block_table("A") == [9, 2, 14]
+    assert e.metrics().allocator.internal_waste_slots == 3
+    r = e.apply(Grow("A", 3))
+    assert not any(ev.kind == "alloc" for ev in r.events)
+    r = e.apply(Grow("A"))
+    assert [ev.kind for ev in r.events] == ["alloc"]
+    assert len(e.block_table("A")) == 4
+    addr, key, _ = e.read_kv("A", 6)
+    assert (addr.logical_block, addr.offset, addr.physical_block, addr.slot) == (1, 2, 2, 10)
+    ref = e.model.forward_contiguous(e.request("A").tokens)
+    torch.testing.assert_close(key, ref.keys[0][6].float(), atol=1e-5, rtol=1e-5)
+
+
+REFUSED: list[tuple[Op, str]] = [
+    (Grow("nope"), "does not exist"),
+    (Grow("W"), "waiting"),
+    (Grow("F"), "finished"),
+    (Grow("A", 30), "free block"),
+    (Grow("A", 40), "pool has only 10"),
+    (Fork("W", "X"), "waiting"),
+    (Fork("A", "B"), "already exists"),
+    (Finish("F"), "already finished"),
+    (Add("A", prompt="again"), "already exists"),
+    (Add("F", prompt="again"), "already exists"),
+    (Add("Z", prompt_len=80), "can never fit"),
+    (Add("Z", prompt="abcdef", blocks=(0, 1)), "not free"),
+    (Add("Z", prompt="abcdef", blocks=(3,)), "needs 2 blocks"),
+    (Add("Z", prompt="abcdef", blocks=(3, 99)), "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("op", "message"), REFUSED, ids=[str(o) for o, _ in REFUSED])
+def test_refused_operations_leave_the_engine_exactly_as_it_was(op: Op, message: str) -> None:
+    e = run(make(num_blocks=10, block_size=4),
+            [Add("A", prompt="abcdefgh", max_new_tokens=50), Add("B", prompt="ab"),
+             Add("F", prompt="x"), Finish("F"), Add("W", prompt_len=30)])
+    assert e.request("W").status == "waiting"
+    before = snapshot_json(e)
+    kv_before = kv_through_table(e, "A")
+    with pytest.raises(PagedLabError, match=message):
+        e.apply(op)
+    assert snapshot_json(e) == before
+    for a, b in zip(kv_through_table(e, "A"), kv_before, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_snapshot_round_trip_and_identical_continuation() -> None:
+    ops: list[Op] = [Add("A", prompt="The cat sat", max_new_tokens=30), Fork("A", "A2"),
+                     Grow("A2", 2), Step(3), Add("B", prompt="The cat sat on a mat"),
+                     Finish("A"), Step(2)]
+    e = run(make(num_blocks=24, block_size=4, allocation="random", seed=5, kv_fill=0.0), ops)
+    text = snapshot_json(e)
+    r = restore_engine(export_snapshot(e))
+    assert snapshot_json(r) == text
+    more: list[Op] = [Step(4), Add("C", prompt="The cat sat on a hat"), Shuffle(), Step(2)]
+    run(e, more)
+    run(r, more)
+    a, b = export_snapshot(e), export_snapshot(r)
+    # The kernel's wall time and rounding differ between two runs; nothing else may.
+    assert a.pop("kernel")["backend"] == b.pop("kernel")["backend"]
+    assert a == b
+
+
+def test_kernel_report_names_backend_and_device() -> None:
+    e = make(num_blocks=8, block_size=4)
+    assert e.kernel_report.max_abs_err is None
+    e.apply(Add("A", prompt="hi"))
+    rep = e.kernel_report
+    expect = "triton" if torch.cuda.is_available() else "triton-interpreter"
+    assert (rep.backend, rep.device) == (expect, str(e.device))
+    assert rep.max_abs_err is not None and rep.max_abs_err < 1e-5
+    assert rep.time_ms is not None and rep.time_ms > 0 and not math.isnan(rep.time_ms)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_engine_tracks_the_reference(dtype: str) -> None:
+    e = run(make(num_blocks=16, block_size=4, dtype=dtype),
+            [Add("A", prompt="half precision", max_new_tokens=4), Step(3)])
+    err = e.kernel_report.max_abs_err
+    # The kernel accumulates in fp32 but its output is rounded to the dtype
+    # (bf16 keeps 8 mantissa bits), while the reference stays fp32.
+    assert err is not None and err < (2e-2 if dtype == "bfloat16" else 3e-3)
+    assert e.config.bytes_per_block == 2 * 2 * 2 * 16 * 4 * 2
