@@ -35,24 +35,36 @@ interpreter recognises and runs as numpy reductions).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, NamedTuple
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from backend.errors import PagedLabError
+from backend.kernels.launch import Launch, compile_for_gpu, is_interpreted, kernel_variant, sm_count
+from backend.kernels.tuning import (
+    MAX_SPLITS,
+    MIN_TOKENS_PER_SPLIT,
+    AttentionConfig,
+    choose_config,
+    choose_num_splits,
+)
+from backend.kernels.validate import (
+    MAX_HEAD_DIM,
+    SUPPORTED_DTYPES,
+    AttentionShape,
+    require,
+    same_device,
+    validate_paged_attention,
+)
+
+__all__ = [
+    "MAX_HEAD_DIM", "MAX_SPLITS", "MIN_TOKENS_PER_SPLIT", "SUPPORTED_DTYPES", "AttentionConfig",
+    "AttentionShape", "Launch", "choose_config", "choose_num_splits", "compile_for_gpu",
+    "is_interpreted", "kernel_variant", "paged_attention", "plan_paged_attention",
+    "same_device", "sm_count", "validate_paged_attention",
+]
 
 LOG2E = 1.4426950408889634
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_HEAD_DIM = 256
-# A split shorter than this spends more on its partial write and the reduce than it gains.
-MIN_TOKENS_PER_SPLIT = 256
-MAX_SPLITS = 64
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -266,353 +278,6 @@ def _split_reduce_kernel(
     )
 
 
-# ----------------------------------------------------------------------------- launch helpers
-
-_VARIANTS: dict[int, Any] = {}
-
-
-def kernel_variant(kernel: Any, interpret: bool) -> Any:
-    """Return `kernel` to launch compiled (`interpret=False`) or in Triton's interpreter.
-
-    Kernels are decorated once, at import: interpreted when TRITON_INTERPRET=1 was set
-    then (no GPU), compiled otherwise. On a GPU machine a CPU run needs the interpreter,
-    so the same Python source is wrapped in an `InterpretedFunction`. The reverse
-    (compiling a kernel that was decorated for the interpreter) is not offered: a run that
-    set TRITON_INTERPRET=1 asked for the interpreter, and gets it.
-    """
-    if not interpret or isinstance(kernel, InterpretedFunction):
-        return kernel
-    key = id(kernel)
-    if key not in _VARIANTS:
-        _VARIANTS[key] = InterpretedFunction(kernel.fn)
-    return _VARIANTS[key]
-
-
-def is_interpreted(kernel: Any) -> bool:
-    """Whether launching `kernel` runs Triton's interpreter rather than compiled code."""
-    return isinstance(kernel, InterpretedFunction)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One fully resolved kernel launch: `run()` executes it, `compile_for_gpu` compiles it.
-
-    Keeping the resolved arguments lets a machine without a GPU compile exactly the
-    signature a GPU run would launch (see tests/test_kernels.py), and lets a benchmark
-    time the launches alone, without validation.
-    """
-
-    kernel: Any
-    grid: tuple[int, ...]
-    args: tuple[Any, ...]
-    constexprs: dict[str, Any]
-    num_warps: int = 4
-    num_stages: int = 1
-
-    def run(self) -> None:
-        """Launch the kernel (the interpreter ignores num_warps / num_stages)."""
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps,
-                               num_stages=self.num_stages)
-
-
-_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-                 torch.int32: "i32", torch.int64: "i64"}
-_DIVISIBLE = [["tt.divisibility", 16]]
-
-
-def compile_for_gpu(launch: Launch, *, arch: int = 90) -> Any:
-    """Compile `launch` for an NVIDIA GPU of compute capability `arch` (90: Hopper).
-
-    Needs no GPU: Triton lowers to PTX and runs its bundled ptxas. Arguments are
-    specialised as the runtime does (16-byte aligned pointers and ints divisible by 16
-    marked so, an int equal to 1 made constant), so the result matches what a GPU run
-    compiles. Returns Triton's CompiledKernel (asm["ptx"], asm["cubin"], metadata.shared).
-    Triton's own helpers are decorated for the interpreter or the compiler when
-    triton.language is imported, so this works only where TRITON_INTERPRET was 0 then.
-    """
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    if isinstance(tl.standard._elementwise_max, InterpretedFunction):
-        raise RuntimeError("compile_for_gpu needs a process where triton.language was imported "
-                           "without TRITON_INTERPRET=1 (run it in a child process with "
-                           "TRITON_INTERPRET=0)")
-    fn = JITFunction(launch.kernel.fn)
-    values = dict(zip(fn.arg_names, launch.args, strict=False))
-    signature: dict[str, str] = {}
-    constants: dict[str, Any] = {}
-    attrs: dict[tuple[int, ...], Any] = {}
-    for i, name in enumerate(fn.arg_names):
-        value = launch.constexprs.get(name, values.get(name))
-        if name in launch.constexprs or (type(value) is int and value == 1):
-            signature[name] = "constexpr"
-            constants[name] = value
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + _TRITON_TYPES[value.dtype]
-            if value.data_ptr() % 16 == 0:
-                attrs[(i,)] = _DIVISIBLE
-        elif isinstance(value, bool):
-            signature[name] = "i1"
-        elif isinstance(value, int):
-            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
-            if value % 16 == 0:
-                attrs[(i,)] = _DIVISIBLE
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        else:
-            raise TypeError(f"cannot specialise argument {name}={value!r}")
-    source = ASTSource(fn, signature, constants, attrs)
-    options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-
-
-@lru_cache(maxsize=8)
-def _sm_count(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
-@dataclass(frozen=True)
-class AttentionConfig:
-    """Tile sizes and launch settings of one paged-attention launch.
-
-    block_m: rows per program (query tokens x the G query heads of one KV group), a power
-        of two >= 16 so tl.dot has the tile it needs on a GPU.
-    block_n: context positions per inner-loop tile (a power of two).
-    num_warps, num_stages: Triton launch settings (ignored by the interpreter).
-    """
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-
-def choose_config(
-    *, head_dim: int, num_queries_per_kv: int, decode_only: bool, interpret: bool
-) -> AttentionConfig:
-    """Pick tile sizes for a launch (a pure function of the shape, so tests can call it).
-
-    Decode (every q_len == 1) is memory-bound: one token's G heads share each K/V tile, so
-    16 rows (the tl.dot minimum on a GPU) suffice. With prefill chunks in the batch, 64
-    rows let a tile hold 64 / G query tokens, so each K/V tile serves more of them.
-    On a GPU a 64-position tile of a 128-wide bf16 head is 16 KiB per K or V load, fetched
-    as 16-byte asynchronous copies that the pipeliner (num_stages) issues for the next
-    tile while the current one is computed; wide heads (256) halve the tile to keep
-    registers and shared memory in bounds. These are starting points:
-    `bench/kernel.py --sweep` times the alternatives on the GPU at hand.
-    The interpreter pays per Python-level operation, not per element: 256-position tiles
-    run a 1000-token context about 2.6x faster there than 64-position ones.
-    """
-    rows = 16 if decode_only else 64
-    block_m = max(rows, triton.next_power_of_2(num_queries_per_kv))
-    if interpret:
-        return AttentionConfig(block_m=block_m, block_n=256, num_warps=1, num_stages=1)
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    if block_d <= 128:
-        block_n, num_stages = 64, 3
-    else:
-        block_n, num_stages = 32, 2
-    num_warps = 4 if block_m <= 64 else 8
-    return AttentionConfig(block_m=block_m, block_n=block_n, num_warps=num_warps,
-                           num_stages=num_stages)
-
-
-def choose_num_splits(*, num_programs: int, max_context: int, sm_count: int | None) -> int:
-    """Split-K heuristic: how many programs share one q tile's context.
-
-    A decode batch of B sequences and kvh KV heads gives only B x kvh programs; when that
-    is well under what the GPU keeps resident (about two per SM), long contexts are cut
-    into splits of at least MIN_TOKENS_PER_SPLIT positions, so that every SM streams K/V.
-    `max_context` is the block-table capacity (known without a device sync). With no GPU
-    (`sm_count` None) the interpreter runs programs one after another, so splitting only
-    adds work: it stays at 1 unless forced.
-    """
-    if sm_count is None:
-        return 1
-    target = 2 * sm_count
-    if num_programs >= target:
-        return 1
-    splits = min(triton.cdiv(target, num_programs), max_context // MIN_TOKENS_PER_SPLIT,
-                 MAX_SPLITS)
-    return max(1, splits)
-
-
-def sm_count(device: torch.device) -> int | None:
-    """Streaming multiprocessors of a CUDA device (None for any other device)."""
-    if device.type != "cuda":
-        return None
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-class AttentionShape(NamedTuple):
-    """Sizes of a validated paged-attention call."""
-
-    num_tokens: int
-    num_seqs: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    num_blocks: int
-    max_blocks_per_seq: int
-
-
-def same_device(a: torch.device, b: torch.device) -> bool:
-    """Device equality that treats 'cuda' and 'cuda:<current>' as the same GPU."""
-    if a.type != b.type:
-        return False
-    if a.type != "cuda":
-        return True
-    ia = a.index if a.index is not None else torch.cuda.current_device()
-    ib = b.index if b.index is not None else torch.cuda.current_device()
-    return ia == ib
-
-
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise PagedLabError(message)
-
-
-def validate_paged_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    check_bounds: bool = True,
-) -> AttentionShape:
-    """Check a paged-attention call; raise PagedLabError naming the first problem found.
-
-    Shape, dtype, device and stride checks read no tensor data. With `check_bounds`, the
-    checks that must read query_start_loc, seq_lens and the used part of the block tables
-    also run (a device-to-host copy on a GPU): q_len >= 1 per sequence, seq_len >= q_len,
-    enough table columns, and every table entry a position needs inside the pool. Without
-    them, a bad table entry makes the kernel read the wrong (or an invalid) address.
-    Mutates nothing.
-    """
-    tensors = {"query": query, "k_cache": k_cache, "v_cache": v_cache,
-               "block_tables": block_tables, "seq_lens": seq_lens,
-               "query_start_loc": query_start_loc}
-    for name, t in tensors.items():
-        _require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t)!r}")
-    _require(query.dim() == 3, f"query must be [T, num_heads, head_dim], got shape "
-             f"{tuple(query.shape)}")
-    _require(k_cache.dim() == 4, "k_cache must be [num_blocks, block_size, num_kv_heads, "
-             f"head_dim], got shape {tuple(k_cache.shape)}")
-    _require(v_cache.shape == k_cache.shape, f"v_cache shape {tuple(v_cache.shape)} differs "
-             f"from k_cache shape {tuple(k_cache.shape)}")
-    num_tokens, num_heads, head_dim = query.shape
-    num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    _require(query.dtype in SUPPORTED_DTYPES, f"query dtype {query.dtype} is not supported; "
-             "use float32, float16 or bfloat16")
-    _require(k_cache.dtype == query.dtype and v_cache.dtype == query.dtype,
-             f"cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must match the query dtype "
-             f"{query.dtype}")
-    _require(num_tokens >= 1, "query has no tokens: every sequence needs at least one")
-    _require(1 <= head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} is outside 1..{MAX_HEAD_DIM}")
-    _require(cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} differs from the "
-             f"query head_dim {head_dim}")
-    _require(num_kv_heads >= 1 and num_heads % num_kv_heads == 0,
-             f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    _require(num_blocks >= 1 and block_size >= 1, f"the cache has shape {tuple(k_cache.shape)}: "
-             "it needs at least one block of at least one slot")
-    _require(k_cache.is_contiguous() and v_cache.is_contiguous(),
-             "k_cache and v_cache must be contiguous")
-    _require(query.stride(2) == 1, "query's last dimension (head_dim) must be contiguous")
-    _require(block_tables.dtype == torch.int32, f"block_tables must be int32, got "
-             f"{block_tables.dtype}")
-    _require(seq_lens.dtype == torch.int32, f"seq_lens must be int32, got {seq_lens.dtype}")
-    _require(query_start_loc.dtype == torch.int32,
-             f"query_start_loc must be int32, got {query_start_loc.dtype}")
-    _require(block_tables.dim() == 2, f"block_tables must be [batch, max_blocks_per_seq], got "
-             f"shape {tuple(block_tables.shape)}")
-    num_seqs = block_tables.shape[0]
-    _require(num_seqs >= 1, "the batch is empty (block_tables has no rows)")
-    _require(block_tables.shape[1] >= 1, "block_tables has no columns")
-    _require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
-    _require(seq_lens.shape == (num_seqs,), f"seq_lens must have shape ({num_seqs},), got "
-             f"{tuple(seq_lens.shape)}")
-    _require(query_start_loc.shape == (num_seqs + 1,), f"query_start_loc must have shape "
-             f"({num_seqs + 1},), got {tuple(query_start_loc.shape)}")
-    _require(seq_lens.is_contiguous() and query_start_loc.is_contiguous(),
-             "seq_lens and query_start_loc must be contiguous")
-    _require(num_tokens >= num_seqs, f"{num_tokens} query tokens cannot cover {num_seqs} "
-             "sequences of at least one token each")
-    for name, t in tensors.items():
-        _require(same_device(t.device, query.device), f"{name} is on {t.device} but query is "
-                 f"on {query.device}")
-    _require(isinstance(scale, (int, float)) and math.isfinite(scale),
-             f"scale must be a finite number, got {scale!r}")
-    if out is not None:
-        _require(isinstance(out, torch.Tensor) and out.shape == query.shape,
-                 f"out must have the query's shape {tuple(query.shape)}")
-        _require(out.dtype == query.dtype, f"out dtype {out.dtype} differs from query dtype "
-                 f"{query.dtype}")
-        _require(same_device(out.device, query.device), f"out is on {out.device} but query is "
-                 f"on {query.device}")
-        _require(out.stride(2) == 1, "out's last dimension must be contiguous")
-    if num_splits is not None:
-        _require(isinstance(num_splits, int) and 1 <= num_splits <= 256,
-                 f"num_splits must be an int in 1..256, got {num_splits!r}")
-
-    shape = AttentionShape(num_tokens, num_seqs, num_heads, num_kv_heads, head_dim, block_size,
-                           num_blocks, block_tables.shape[1])
-    if check_bounds:
-        _check_lengths_and_tables(shape, block_tables, seq_lens, query_start_loc)
-    return shape
-
-
-def _check_lengths_and_tables(
-    shape: AttentionShape,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-) -> None:
-    qsl = query_start_loc.to("cpu", torch.int64)
-    lens = seq_lens.to("cpu", torch.int64)
-    _require(int(qsl[0]) == 0, f"query_start_loc[0] must be 0, got {int(qsl[0])}")
-    _require(int(qsl[-1]) == shape.num_tokens, f"query_start_loc[-1] is {int(qsl[-1])} but the "
-             f"query has {shape.num_tokens} tokens")
-    q_lens = qsl[1:] - qsl[:-1]
-    if (b := _first(q_lens < 1)) is not None:
-        raise PagedLabError(f"sequence {b} has q_len {int(q_lens[b])}; every sequence needs at "
-                            "least one query token")
-    if (b := _first(lens < q_lens)) is not None:
-        raise PagedLabError(f"sequence {b} has seq_len {int(lens[b])} < its q_len "
-                            f"{int(q_lens[b])}; seq_len counts the new tokens too")
-    blocks_needed = (lens + shape.block_size - 1) // shape.block_size
-    if (b := _first(blocks_needed > shape.max_blocks_per_seq)) is not None:
-        raise PagedLabError(f"sequence {b} has seq_len {int(lens[b])}, which needs "
-                            f"{int(blocks_needed[b])} blocks of {shape.block_size} slots, but "
-                            f"block_tables has {shape.max_blocks_per_seq} columns")
-    used_cols = int(blocks_needed.max())
-    table = block_tables[:, :used_cols].to("cpu", torch.int64)
-    used = torch.arange(used_cols)[None, :] < blocks_needed[:, None]
-    bad = torch.nonzero(used & ((table < 0) | (table >= shape.num_blocks)))
-    if bad.numel():
-        b, j = (int(x) for x in bad[0])
-        raise PagedLabError(f"block_tables[{b}, {j}] = {int(table[b, j])} is not a block of "
-                            f"the pool (0..{shape.num_blocks - 1}); sequence {b} needs it for "
-                            f"positions {j * shape.block_size}.."
-                            f"{min(int(lens[b]), (j + 1) * shape.block_size) - 1}")
-
-
-def _first(flags: torch.Tensor) -> int | None:
-    """Index of the first True in a 1-D bool tensor, or None."""
-    hits = torch.nonzero(flags).flatten()
-    return int(hits[0]) if hits.numel() else None
-
-
-# ----------------------------------------------------------------------------- wrapper
 
 
 def paged_attention(
@@ -682,7 +347,7 @@ def plan_paged_attention(
         config = choose_config(head_dim=shape.head_dim, num_queries_per_kv=group,
                                decode_only=decode_only, interpret=interpreted)
     block_q = config.block_m // group
-    _require(block_q >= 1, f"config.block_m {config.block_m} is smaller than the group {group}")
+    require(block_q >= 1, f"config.block_m {config.block_m} is smaller than the group {group}")
     num_q_tiles = shape.num_tokens // block_q + shape.num_seqs
     if num_splits is None:
         # A decode-only batch has exactly one q tile per sequence; otherwise the grid's

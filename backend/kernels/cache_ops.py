@@ -20,13 +20,8 @@ import triton
 import triton.language as tl
 
 from backend.errors import PagedLabError
-from backend.kernels.attention import (
-    SUPPORTED_DTYPES,
-    Launch,
-    is_interpreted,
-    kernel_variant,
-    same_device,
-)
+from backend.kernels.launch import Launch, is_interpreted, kernel_variant
+from backend.kernels.validate import SUPPORTED_DTYPES, require, same_device
 
 # Elements per program. On a GPU a few KiB per program keeps many programs in flight; the
 # interpreter runs programs one by one, so it takes as much as it can per program.
@@ -123,18 +118,13 @@ class CacheShape(NamedTuple):
     head_dim: int
 
 
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise PagedLabError(message)
-
-
 def _check_cache(name: str, cache: torch.Tensor) -> CacheShape:
-    _require(isinstance(cache, torch.Tensor), f"{name} must be a torch.Tensor")
-    _require(cache.dim() == 4, f"{name} must be [num_blocks, block_size, num_kv_heads, "
+    require(isinstance(cache, torch.Tensor), f"{name} must be a torch.Tensor")
+    require(cache.dim() == 4, f"{name} must be [num_blocks, block_size, num_kv_heads, "
              f"head_dim], got shape {tuple(cache.shape)}")
-    _require(cache.dtype in SUPPORTED_DTYPES, f"{name} dtype {cache.dtype} is not supported; "
+    require(cache.dtype in SUPPORTED_DTYPES, f"{name} dtype {cache.dtype} is not supported; "
              "use float32, float16 or bfloat16")
-    _require(cache.is_contiguous(), f"{name} must be contiguous")
+    require(cache.is_contiguous(), f"{name} must be contiguous")
     return CacheShape(*cache.shape)
 
 
@@ -158,26 +148,26 @@ def validate_write_kv(
     """
     shape = _check_cache("k_cache", k_cache)
     _check_cache("v_cache", v_cache)
-    _require(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype,
+    require(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype,
              "k_cache and v_cache must have the same shape and dtype")
     for name, t in (("key", key), ("value", value)):
-        _require(isinstance(t, torch.Tensor) and t.dim() == 3, f"{name} must be a tensor "
+        require(isinstance(t, torch.Tensor) and t.dim() == 3, f"{name} must be a tensor "
                  "[T, num_kv_heads, head_dim]")
-        _require(tuple(t.shape[1:]) == (shape.num_kv_heads, shape.head_dim),
+        require(tuple(t.shape[1:]) == (shape.num_kv_heads, shape.head_dim),
                  f"{name} has shape {tuple(t.shape)}; the cache holds "
                  f"[*, {shape.num_kv_heads}, {shape.head_dim}] per token")
-        _require(t.dtype == k_cache.dtype, f"{name} dtype {t.dtype} differs from the cache "
+        require(t.dtype == k_cache.dtype, f"{name} dtype {t.dtype} differs from the cache "
                  f"dtype {k_cache.dtype}")
-    _require(value.shape[0] == key.shape[0], f"key has {key.shape[0]} tokens but value has "
+    require(value.shape[0] == key.shape[0], f"key has {key.shape[0]} tokens but value has "
              f"{value.shape[0]}")
-    _require(isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int64,
+    require(isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int64,
              "slot_mapping must be an int64 tensor")
-    _require(slot_mapping.shape == (key.shape[0],), f"slot_mapping must have shape "
+    require(slot_mapping.shape == (key.shape[0],), f"slot_mapping must have shape "
              f"({key.shape[0]},), got {tuple(slot_mapping.shape)}")
-    _require(slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
+    require(slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
     for name, t in (("key", key), ("value", value), ("v_cache", v_cache),
                     ("slot_mapping", slot_mapping)):
-        _require(same_device(t.device, k_cache.device), f"{name} is on {t.device} but k_cache "
+        require(same_device(t.device, k_cache.device), f"{name} is on {t.device} but k_cache "
                  f"is on {k_cache.device}")
     if check_bounds and slot_mapping.numel():
         slots = slot_mapping.cpu()
@@ -187,7 +177,7 @@ def validate_write_kv(
             i = int(bad[0])
             raise PagedLabError(f"slot_mapping[{i}] = {int(slots[i])} is outside the cache's "
                                 f"slots 0..{num_slots - 1}")
-        _require(torch.unique(slots).numel() == slots.numel(),
+        require(torch.unique(slots).numel() == slots.numel(),
                  "slot_mapping names a slot twice; each token needs its own slot")
     return shape
 
@@ -208,18 +198,18 @@ def validate_copy_blocks(
     """
     src = _check_cache("src_cache", src_cache)
     dst = _check_cache("dst_cache", dst_cache)
-    _require(src[1:] == dst[1:] and src_cache.dtype == dst_cache.dtype,
+    require(src[1:] == dst[1:] and src_cache.dtype == dst_cache.dtype,
              f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache "
              f"{tuple(dst_cache.shape)} {dst_cache.dtype} must have the same block shape and "
              "dtype")
     for name, ids in (("src_ids", src_ids), ("dst_ids", dst_ids)):
-        _require(isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64)
+        require(isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64)
                  and ids.dim() == 1, f"{name} must be a 1-D int32 or int64 tensor")
-        _require(ids.is_contiguous(), f"{name} must be contiguous")
-    _require(src_ids.shape == dst_ids.shape, f"src_ids has {src_ids.numel()} ids but dst_ids "
+        require(ids.is_contiguous(), f"{name} must be contiguous")
+    require(src_ids.shape == dst_ids.shape, f"src_ids has {src_ids.numel()} ids but dst_ids "
              f"has {dst_ids.numel()}")
     for name, t in (("dst_cache", dst_cache), ("src_ids", src_ids), ("dst_ids", dst_ids)):
-        _require(same_device(t.device, src_cache.device), f"{name} is on {t.device} but "
+        require(same_device(t.device, src_cache.device), f"{name} is on {t.device} but "
                  f"src_cache is on {src_cache.device}")
     if check_bounds and src_ids.numel():
         s = src_ids.to("cpu", torch.int64)
@@ -230,10 +220,10 @@ def validate_copy_blocks(
                 i = int(bad[0])
                 raise PagedLabError(f"{name}[{i}] = {int(ids[i])} is not a block of its cache "
                                     f"(0..{n - 1})")
-        _require(torch.unique(d).numel() == d.numel(), "dst_ids names a block twice")
+        require(torch.unique(d).numel() == d.numel(), "dst_ids names a block twice")
         if _shares_storage(src_cache, dst_cache):
             both = sorted(set(s.tolist()) & set(d.tolist()))
-            _require(not both, f"block {both[0] if both else ''} is both a source and a "
+            require(not both, f"block {both[0] if both else ''} is both a source and a "
                      "destination in the same cache")
     return src, dst
 

@@ -1,0 +1,123 @@
+"""Launch plumbing shared by the kernels: interpreted variants, resolved launches,
+offline GPU compilation, and the device facts the heuristics need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+_VARIANTS: dict[int, Any] = {}
+
+
+def kernel_variant(kernel: Any, interpret: bool) -> Any:
+    """Return `kernel` to launch compiled (`interpret=False`) or in Triton's interpreter.
+
+    Kernels are decorated once, at import: interpreted when TRITON_INTERPRET=1 was set
+    then (no GPU), compiled otherwise. On a GPU machine a CPU run needs the interpreter,
+    so the same Python source is wrapped in an `InterpretedFunction`. The reverse
+    (compiling a kernel that was decorated for the interpreter) is not offered: a run that
+    set TRITON_INTERPRET=1 asked for the interpreter, and gets it.
+    """
+    if not interpret or isinstance(kernel, InterpretedFunction):
+        return kernel
+    key = id(kernel)
+    if key not in _VARIANTS:
+        _VARIANTS[key] = InterpretedFunction(kernel.fn)
+    return _VARIANTS[key]
+
+
+def is_interpreted(kernel: Any) -> bool:
+    """Whether launching `kernel` runs Triton's interpreter rather than compiled code."""
+    return isinstance(kernel, InterpretedFunction)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One fully resolved kernel launch: `run()` executes it, `compile_for_gpu` compiles it.
+
+    Keeping the resolved arguments lets a machine without a GPU compile exactly the
+    signature a GPU run would launch (see tests/test_kernels.py), and lets a benchmark
+    time the launches alone, without validation.
+    """
+
+    kernel: Any
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    constexprs: dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def run(self) -> None:
+        """Launch the kernel (the interpreter ignores num_warps / num_stages)."""
+        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps,
+                               num_stages=self.num_stages)
+
+
+_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+                 torch.int32: "i32", torch.int64: "i64"}
+_DIVISIBLE = [["tt.divisibility", 16]]
+
+
+def compile_for_gpu(launch: Launch, *, arch: int = 90) -> Any:
+    """Compile `launch` for an NVIDIA GPU of compute capability `arch` (90: Hopper).
+
+    Needs no GPU: Triton lowers to PTX and runs its bundled ptxas. Arguments are
+    specialised as the runtime does (16-byte aligned pointers and ints divisible by 16
+    marked so, an int equal to 1 made constant), so the result matches what a GPU run
+    compiles. Returns Triton's CompiledKernel (asm["ptx"], asm["cubin"], metadata.shared).
+    Triton's own helpers are decorated for the interpreter or the compiler when
+    triton.language is imported, so this works only where TRITON_INTERPRET was 0 then.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(tl.standard._elementwise_max, InterpretedFunction):
+        raise RuntimeError("compile_for_gpu needs a process where triton.language was imported "
+                           "without TRITON_INTERPRET=1 (run it in a child process with "
+                           "TRITON_INTERPRET=0)")
+    fn = JITFunction(launch.kernel.fn)
+    values = dict(zip(fn.arg_names, launch.args, strict=False))
+    signature: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
+    for i, name in enumerate(fn.arg_names):
+        value = launch.constexprs.get(name, values.get(name))
+        if name in launch.constexprs or (type(value) is int and value == 1):
+            signature[name] = "constexpr"
+            constants[name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TRITON_TYPES[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                attrs[(i,)] = _DIVISIBLE
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(i,)] = _DIVISIBLE
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"cannot specialise argument {name}={value!r}")
+    source = ASTSource(fn, signature, constants, attrs)
+    options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+@lru_cache(maxsize=8)
+def _sm_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def sm_count(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA device (None for any other device)."""
+    if device.type != "cuda":
+        return None
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())

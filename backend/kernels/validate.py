@@ -1,0 +1,182 @@
+"""Argument checks of the paged-attention wrapper: every mistake is a PagedLabError
+naming the problem, raised before anything is launched."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from backend.errors import PagedLabError
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+
+
+
+class AttentionShape(NamedTuple):
+    """Sizes of a validated paged-attention call."""
+
+    num_tokens: int
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    num_blocks: int
+    max_blocks_per_seq: int
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Device equality that treats 'cuda' and 'cuda:<current>' as the same GPU."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    ia = a.index if a.index is not None else torch.cuda.current_device()
+    ib = b.index if b.index is not None else torch.cuda.current_device()
+    return ia == ib
+
+
+def require(cond: bool, message: str) -> None:
+    if not cond:
+        raise PagedLabError(message)
+
+
+def validate_paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    check_bounds: bool = True,
+) -> AttentionShape:
+    """Check a paged-attention call; raise PagedLabError naming the first problem found.
+
+    Shape, dtype, device and stride checks read no tensor data. With `check_bounds`, the
+    checks that must read query_start_loc, seq_lens and the used part of the block tables
+    also run (a device-to-host copy on a GPU): q_len >= 1 per sequence, seq_len >= q_len,
+    enough table columns, and every table entry a position needs inside the pool. Without
+    them, a bad table entry makes the kernel read the wrong (or an invalid) address.
+    Mutates nothing.
+    """
+    tensors = {"query": query, "k_cache": k_cache, "v_cache": v_cache,
+               "block_tables": block_tables, "seq_lens": seq_lens,
+               "query_start_loc": query_start_loc}
+    for name, t in tensors.items():
+        require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t)!r}")
+    require(query.dim() == 3, f"query must be [T, num_heads, head_dim], got shape "
+             f"{tuple(query.shape)}")
+    require(k_cache.dim() == 4, "k_cache must be [num_blocks, block_size, num_kv_heads, "
+             f"head_dim], got shape {tuple(k_cache.shape)}")
+    require(v_cache.shape == k_cache.shape, f"v_cache shape {tuple(v_cache.shape)} differs "
+             f"from k_cache shape {tuple(k_cache.shape)}")
+    num_tokens, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    require(query.dtype in SUPPORTED_DTYPES, f"query dtype {query.dtype} is not supported; "
+             "use float32, float16 or bfloat16")
+    require(k_cache.dtype == query.dtype and v_cache.dtype == query.dtype,
+             f"cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must match the query dtype "
+             f"{query.dtype}")
+    require(num_tokens >= 1, "query has no tokens: every sequence needs at least one")
+    require(1 <= head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} is outside 1..{MAX_HEAD_DIM}")
+    require(cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} differs from the "
+             f"query head_dim {head_dim}")
+    require(num_kv_heads >= 1 and num_heads % num_kv_heads == 0,
+             f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    require(num_blocks >= 1 and block_size >= 1, f"the cache has shape {tuple(k_cache.shape)}: "
+             "it needs at least one block of at least one slot")
+    require(k_cache.is_contiguous() and v_cache.is_contiguous(),
+             "k_cache and v_cache must be contiguous")
+    require(query.stride(2) == 1, "query's last dimension (head_dim) must be contiguous")
+    require(block_tables.dtype == torch.int32, f"block_tables must be int32, got "
+             f"{block_tables.dtype}")
+    require(seq_lens.dtype == torch.int32, f"seq_lens must be int32, got {seq_lens.dtype}")
+    require(query_start_loc.dtype == torch.int32,
+             f"query_start_loc must be int32, got {query_start_loc.dtype}")
+    require(block_tables.dim() == 2, f"block_tables must be [batch, max_blocks_per_seq], got "
+             f"shape {tuple(block_tables.shape)}")
+    num_seqs = block_tables.shape[0]
+    require(num_seqs >= 1, "the batch is empty (block_tables has no rows)")
+    require(block_tables.shape[1] >= 1, "block_tables has no columns")
+    require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
+    require(seq_lens.shape == (num_seqs,), f"seq_lens must have shape ({num_seqs},), got "
+             f"{tuple(seq_lens.shape)}")
+    require(query_start_loc.shape == (num_seqs + 1,), f"query_start_loc must have shape "
+             f"({num_seqs + 1},), got {tuple(query_start_loc.shape)}")
+    require(seq_lens.is_contiguous() and query_start_loc.is_contiguous(),
+             "seq_lens and query_start_loc must be contiguous")
+    require(num_tokens >= num_seqs, f"{num_tokens} query tokens cannot cover {num_seqs} "
+             "sequences of at least one token each")
+    for name, t in tensors.items():
+        require(same_device(t.device, query.device), f"{name} is on {t.device} but query is "
+                 f"on {query.device}")
+    require(isinstance(scale, (int, float)) and math.isfinite(scale),
+             f"scale must be a finite number, got {scale!r}")
+    if out is not None:
+        require(isinstance(out, torch.Tensor) and out.shape == query.shape,
+                 f"out must have the query's shape {tuple(query.shape)}")
+        require(out.dtype == query.dtype, f"out dtype {out.dtype} differs from query dtype "
+                 f"{query.dtype}")
+        require(same_device(out.device, query.device), f"out is on {out.device} but query is "
+                 f"on {query.device}")
+        require(out.stride(2) == 1, "out's last dimension must be contiguous")
+    if num_splits is not None:
+        require(isinstance(num_splits, int) and 1 <= num_splits <= 256,
+                 f"num_splits must be an int in 1..256, got {num_splits!r}")
+
+    shape = AttentionShape(num_tokens, num_seqs, num_heads, num_kv_heads, head_dim, block_size,
+                           num_blocks, block_tables.shape[1])
+    if check_bounds:
+        _check_lengths_and_tables(shape, block_tables, seq_lens, query_start_loc)
+    return shape
+
+
+def _check_lengths_and_tables(
+    shape: AttentionShape,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+) -> None:
+    qsl = query_start_loc.to("cpu", torch.int64)
+    lens = seq_lens.to("cpu", torch.int64)
+    require(int(qsl[0]) == 0, f"query_start_loc[0] must be 0, got {int(qsl[0])}")
+    require(int(qsl[-1]) == shape.num_tokens, f"query_start_loc[-1] is {int(qsl[-1])} but the "
+             f"query has {shape.num_tokens} tokens")
+    q_lens = qsl[1:] - qsl[:-1]
+    if (b := _first(q_lens < 1)) is not None:
+        raise PagedLabError(f"sequence {b} has q_len {int(q_lens[b])}; every sequence needs at "
+                            "least one query token")
+    if (b := _first(lens < q_lens)) is not None:
+        raise PagedLabError(f"sequence {b} has seq_len {int(lens[b])} < its q_len "
+                            f"{int(q_lens[b])}; seq_len counts the new tokens too")
+    blocks_needed = (lens + shape.block_size - 1) // shape.block_size
+    if (b := _first(blocks_needed > shape.max_blocks_per_seq)) is not None:
+        raise PagedLabError(f"sequence {b} has seq_len {int(lens[b])}, which needs "
+                            f"{int(blocks_needed[b])} blocks of {shape.block_size} slots, but "
+                            f"block_tables has {shape.max_blocks_per_seq} columns")
+    used_cols = int(blocks_needed.max())
+    table = block_tables[:, :used_cols].to("cpu", torch.int64)
+    used = torch.arange(used_cols)[None, :] < blocks_needed[:, None]
+    bad = torch.nonzero(used & ((table < 0) | (table >= shape.num_blocks)))
+    if bad.numel():
+        b, j = (int(x) for x in bad[0])
+        raise PagedLabError(f"block_tables[{b}, {j}] = {int(table[b, j])} is not a block of "
+                            f"the pool (0..{shape.num_blocks - 1}); sequence {b} needs it for "
+                            f"positions {j * shape.block_size}.."
+                            f"{min(int(lens[b]), (j + 1) * shape.block_size) - 1}")
+
+
+def _first(flags: torch.Tensor) -> int | None:
+    """Index of the first True in a 1-D bool tensor, or None."""
+    hits = torch.nonzero(flags).flatten()
+    return int(hits[0]) if hits.numel() else None
+
+
+# ----------------------------------------------------------------------------- wrapper
