@@ -40,6 +40,8 @@ lint: $(VENV)/.dev
 bench: $(VENV)/.runtime
 	$(BIN)/python bench/allocator.py
 	$(BIN)/python bench/kernel.py
+	$(BIN)/python bench/simulator.py
+	$(BIN)/python bench/app_render.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .mypy_cache .hypothesis

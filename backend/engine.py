@@ -111,6 +111,19 @@ class Engine:
         self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
         self._outcome = _Outcome()
 
+    def set_kernels(self, device: str, kernel: str) -> None:
+        """Mutates: run the next model steps with another kernel on the same device.
+
+        K/V tensors, tables and pending logits stay exactly as they are; the
+        kernel report keeps describing the step that already ran. Moving to
+        another device is a snapshot restore (backend.snapshot), not this.
+        """
+        kernels = select_kernels(device, kernel)
+        if kernels.device != self.device:
+            raise PagedLabError(f"this engine's tensors live on {self.device}; moving them to "
+                                f"{kernels.device} needs a snapshot restore")
+        self.kernels = kernels
+
     # ---- reads -------------------------------------------------------------
 
     @property
@@ -213,6 +226,10 @@ class Engine:
         assert max_new != INHERIT
         # Raises for a prompt that can never fit and for bad pins.
         self.manager.plan_prompt(tokens, pinned=op.blocks)
+        if op.blocks is None and self._never_admissible(len(tokens)):
+            raise PagedLabError(
+                f"a prompt of {len(tokens)} tokens fills all {self.config.num_blocks} blocks, "
+                "leaving no block for its first generated token; it could never run")
         req = Request(rid, len(tokens), tokens, max_new, arrival=len(self.requests))
         self.requests[rid] = req
         if op.blocks is not None:
@@ -303,6 +320,10 @@ class Engine:
         admitted: list[tuple[Request, int]] = []
         while self.waiting:
             req = self.requests[self.waiting[0]]
+            if self._never_admissible(req.num_tokens):
+                # A preempted request that grew to fill the whole pool.
+                self._finish(req, "capacity")
+                continue
             plan = self.manager.plan_prompt(req.tokens)
             own = 1 if req.num_tokens % bs == 0 else 0
             if plan.num_new_blocks + own > plan.num_available - reserve:
@@ -312,6 +333,10 @@ class Engine:
             reserve += own
         if admitted:
             self._prefill(admitted)
+
+    def _never_admissible(self, num_tokens: int) -> bool:
+        """Whether the tokens plus a first generated one exceed even an empty pool."""
+        return self.manager.blocks_for(num_tokens + 1) > self.config.num_blocks
 
     def _allocate(self, req: Request, pinned: list[int] | None) -> int:
         """Give a request its blocks; returns how many leading tokens the cache supplied."""

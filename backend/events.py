@@ -92,7 +92,8 @@ def describe(event: Event) -> str:
             return (f"{who} wrote into shared block {event.src}: copied it to block "
                     f"{event.dst} first (copy-on-write)")
         case "prefix_hit":
-            return f"{who} reused cached block {b} for its prompt prefix (ref count now {rc})"
+            return (f"{who} found its prompt prefix in block {b} (prefix-cache hit) and shares it "
+                    f"(ref count now {rc})")
         case "evict":
             return f"block {b} lost its cached prefix to make room for {who}"
         case "preempt":

@@ -293,3 +293,23 @@ def test_half_precision_engine_tracks_the_reference(dtype: str) -> None:
     # (bf16 keeps 8 mantissa bits), while the reference stays fp32.
     assert err is not None and err < (2e-2 if dtype == "bfloat16" else 3e-3)
     assert e.config.bytes_per_block == 2 * 2 * 2 * 16 * 4 * 2
+
+
+def test_a_prompt_that_leaves_no_room_for_a_token_is_refused() -> None:
+    e = make(num_blocks=2, block_size=2, prefix_caching=False)
+    with pytest.raises(PagedLabError, match="no block for its first generated token"):
+        e.apply(Add("A", prompt="abcd"))
+    assert e.requests == {}
+    # Pinned placement is explicit: it runs, and finishes when it cannot grow.
+    e.apply(Add("B", prompt="abcd", blocks=(1, 0)))
+    r = e.apply(Step())
+    assert r.finished == ("B",) and e.request("B").finish_reason == "capacity"
+
+
+def test_set_kernels_keeps_the_state() -> None:
+    e = run(make(num_blocks=8, block_size=4, kv_fill=0.0), [Add("A", prompt="hello")])
+    before = snapshot_json(e)
+    e.set_kernels("cpu" if not torch.cuda.is_available() else "cuda", "torch")
+    assert e.kernels.name == "torch" and snapshot_json(e) == before
+    e.apply(Grow("A"))
+    assert e.kernel_report.backend == "torch"

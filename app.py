@@ -1,0 +1,29 @@
+"""PagedLab: navigation over the pages, the shared sidebar, one engine per browser session.
+
+    streamlit run app.py
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+# Imported before anything compiles a Triton kernel: on a machine without a GPU it
+# switches Triton to its interpreter (TRITON_INTERPRET must be set first).
+import backend.kernels  # noqa: F401
+from ui import session, sidebar
+
+st.set_page_config(page_title="PagedLab", page_icon=":material/grid_view:", layout="wide")
+
+# One line per page; the default one opens at "/". Each url_path differs from its
+# file's name on purpose: Streamlit's legacy pages/ handling (still consulted on a
+# server's first run, and on every AppTest rerun) would otherwise run pages/NAME.py
+# by itself, without this script's session setup and sidebar.
+PAGES = [
+    st.Page("pages/playground.py", title="Playground", icon=":material/science:",
+            url_path="lab", default=True),
+]
+
+session.init()
+page = st.navigation(PAGES)
+sidebar.render()
+page.run()

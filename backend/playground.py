@@ -1,0 +1,173 @@
+"""The Playground's logic that needs no Streamlit: settings, engines, op building.
+
+The Playground holds one engine per browser session. Its settings are an
+`EngineConfig` (which fixes the pool and the model, so changing it means a new
+engine) plus a device and a kernel (which do not: the same state can run on
+another kernel). Everything a person types is turned into CONTRACT.md's
+operation JSON and parsed by `backend.ops.parse_op`, so the app accepts
+exactly what a scenario file accepts, with the same messages.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.config import EngineConfig
+from backend.engine import Engine, OpResult
+from backend.errors import PagedLabError
+from backend.kernels import KERNELS, available_devices, select_kernels
+from backend.ops import Add, Op, describe_op, parse_op
+from backend.snapshot import export_snapshot, restore_engine
+
+ALLOCATION_LABELS = {"fifo": "queue order", "random": "scattered"}
+KERNEL_LABELS = {"auto": "auto (Triton)", "triton": "Triton", "torch": "torch"}
+
+# Model sizes a person can pick without knowing the four numbers; "custom" keeps theirs.
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16},
+    "small": {"num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "head_dim": 32},
+    "medium": {"num_layers": 8, "num_heads": 16, "num_kv_heads": 4, "head_dim": 64},
+}
+MODEL_FIELDS = ("num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
+def preset_of(config: EngineConfig) -> str:
+    """The preset whose dimensions `config` has, or "custom"."""
+    dims = {f: getattr(config, f) for f in MODEL_FIELDS}
+    for name, preset in MODEL_PRESETS.items():
+        if preset == dims:
+            return name
+    return "custom"
+
+
+def device_choices() -> list[str]:
+    """Devices offered: only those this machine has ("auto" picks the best)."""
+    return ["auto", *available_devices()]
+
+
+def kernel_choices() -> list[str]:
+    return list(KERNELS)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the sidebar sets: the engine's config, and where its kernels run."""
+
+    config: EngineConfig = field(default_factory=EngineConfig)
+    device: str = "auto"
+    kernel: str = "auto"
+
+
+def build_engine(settings: Settings) -> Engine:
+    """A fresh engine. Raises PagedLabError for a device or kernel this machine lacks."""
+    return Engine(settings.config, device=settings.device, kernel=settings.kernel)
+
+
+def has_state(engine: Engine) -> bool:
+    """Would replacing this engine throw away anything a person did?"""
+    return engine.step > 0 or bool(engine.requests)
+
+
+def switch_kernels(engine: Engine, device: str, kernel: str) -> Engine:
+    """The same state, with its model steps run by another kernel (or on another device).
+
+    On the same device only the kernel changes: the K/V tensors, tables and
+    pending logits stay exactly as they are. On another device the state is
+    carried over through a snapshot (K/V recomputed from the tokens there).
+    Raises PagedLabError for a device or kernel this machine lacks.
+    """
+    if select_kernels(device, kernel).device == engine.device:
+        engine.set_kernels(device, kernel)
+        return engine
+    return restore_engine(export_snapshot(engine), device=device, kernel=kernel)
+
+
+def next_request_id(existing: set[str] | dict[str, Any]) -> str:
+    """The first free id of A, B, ..., Z, then R27, R28, ..."""
+    for letter in string.ascii_uppercase:
+        if letter not in existing:
+            return letter
+    n = 27
+    while f"R{n}" in existing:
+        n += 1
+    return f"R{n}"
+
+
+def next_child_id(parent: str, existing: set[str] | dict[str, Any]) -> str:
+    """'A.1', 'A.2', ...: the first free fork name under `parent`."""
+    n = 1
+    while f"{parent}.{n}" in existing:
+        n += 1
+    return f"{parent}.{n}"
+
+
+def parse_blocks(text: str | None) -> list[int] | None:
+    """'9, 2, 14' -> [9, 2, 14]; blank -> None. Raises PagedLabError naming the bad entry."""
+    if text is None or not text.strip():
+        return None
+    out = []
+    for part in text.replace(";", ",").replace(" ", ",").split(","):
+        if not part:
+            continue
+        if not part.isdigit():
+            raise PagedLabError(f"pinned blocks must be block ids like '9, 2, 14'; "
+                                f"{part!r} is not a block id")
+        out.append(int(part))
+    return out or None
+
+
+def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
+           max_new_tokens: int | None, blocks: str | None,
+           existing: set[str] | dict[str, Any]) -> Add:
+    """The `add` operation for the Add form. Raises PagedLabError for a bad combination."""
+    rid = (request or "").strip() or next_request_id(existing)
+    data: dict[str, Any] = {"op": "add", "request": rid}
+    text = prompt or ""
+    if prompt_len is not None and text.strip():
+        raise PagedLabError("give either prompt text or a prompt length, not both")
+    if prompt_len is not None:
+        data["prompt_len"] = int(prompt_len)
+    elif text:
+        data["prompt"] = text
+    else:
+        raise PagedLabError("type a prompt, or give a prompt length")
+    if max_new_tokens is not None:
+        data["max_new_tokens"] = int(max_new_tokens)
+    pins = parse_blocks(blocks)
+    if pins is not None:
+        data["blocks"] = pins
+    op = parse_op(data)
+    assert isinstance(op, Add)
+    return op
+
+
+def op_from(data: dict[str, Any]) -> Op:
+    """Any other control's operation, through the same parser as scenario files."""
+    return parse_op(data)
+
+
+def summarize(result: OpResult) -> str:
+    """One line saying what an applied operation did, for the page's status line."""
+    parts = [f"Step {result.step}: {describe_op(result.op)}"]
+    if result.admitted:
+        parts.append("admitted " + ", ".join(result.admitted))
+    if result.generated:
+        parts.append(f"generated {len(result.generated)} token(s)")
+    if result.preempted:
+        parts.append("preempted " + ", ".join(result.preempted))
+    if result.finished:
+        parts.append("finished " + ", ".join(result.finished))
+    kinds: dict[str, int] = {}
+    for e in result.events:
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    if kinds:
+        parts.append("events: " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
+    return " · ".join(parts)
+
+
+def config_from_fields(fields: dict[str, Any], base: EngineConfig) -> EngineConfig:
+    """`base` with the sidebar's fields applied, validated. Raises PagedLabError."""
+    return EngineConfig.from_json({**base.to_json(), **fields}, where="settings")
+

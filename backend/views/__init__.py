@@ -1,0 +1,68 @@
+"""View models for PagedLab's pages: frames, charts and text built from a snapshot.
+
+No Streamlit here: pages render what these functions return, tests check it
+directly, and an export can turn the same chart into PNG or SVG.
+"""
+
+from __future__ import annotations
+
+from backend.views.grid import (
+    PAGE_SIZE,
+    PALETTE,
+    SELECTION,
+    grid_chart,
+    grid_frame,
+    grid_spec,
+    grid_title,
+    num_pages,
+    overview_spec,
+)
+from backend.views.html import event_log_html, layouts_html, legend_html, metrics_html
+from backend.views.model import (
+    Chunk,
+    KernelInfo,
+    MetricItem,
+    Snapshot,
+    blocks_frame,
+    events_frame,
+    format_bytes,
+    holders_by_block,
+    kernel_info,
+    metric_items,
+    request_of,
+    requests_frame,
+    table_text,
+    text_by_block,
+)
+from backend.views.vector import vector_spec
+
+__all__ = [
+    "PAGE_SIZE",
+    "PALETTE",
+    "SELECTION",
+    "Chunk",
+    "KernelInfo",
+    "MetricItem",
+    "Snapshot",
+    "blocks_frame",
+    "event_log_html",
+    "events_frame",
+    "format_bytes",
+    "grid_chart",
+    "grid_frame",
+    "grid_spec",
+    "grid_title",
+    "holders_by_block",
+    "kernel_info",
+    "layouts_html",
+    "legend_html",
+    "metric_items",
+    "metrics_html",
+    "num_pages",
+    "overview_spec",
+    "request_of",
+    "requests_frame",
+    "table_text",
+    "text_by_block",
+    "vector_spec",
+]

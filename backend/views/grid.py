@@ -1,0 +1,275 @@
+"""The physical block pool as a Vega-Lite (Altair) grid: one cell per block.
+
+Each cell says what it holds in more than colour (colour-blind readers, and
+grey-scale prints, must lose nothing):
+
+    used     tinted in its owner's colour, the owner's id as text; a bar along
+             the bottom shows the filled slots (a full bar is a full block)
+    shared   the same, with "×N" (the reference count) and a heavy border
+    cached   grey, "C", dashed border: free, but its K/V is still findable
+    free     white, thin border, no text
+
+A focus (a request, or a block and its holders) fades every other cell. The
+chart is a plain function of a snapshot, so it renders the same in the app and
+in an exported PNG/SVG.
+
+Pools larger than PAGE_SIZE blocks are drawn a page at a time (`page`), with
+`overview_spec` summarising the whole pool. Pages of more than 256 cells use
+small cells that carry only the non-colour marks (×N, C); ids and holders are
+in every cell's tooltip and aria-label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from backend.views.model import Snapshot, blocks_frame
+
+# Okabe-Ito: distinguishable under the common colour-vision deficiencies.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+           "#7F6A00")
+CACHED_FILL = "#BDBDBD"
+FREE_FILL = "#FFFFFF"
+INK = "#1F1F1F"
+MUTED = "#8C8C8C"
+
+PAGE_SIZE = 1024
+SELECTION = "block_pick"   # the Altair selection a click on a cell sets
+
+
+def grid_shape(num_cells: int) -> tuple[int, int, int, int]:
+    """(columns, rows, cell width px, cell height px) for a page of `num_cells` blocks."""
+    cols = 16 if num_cells <= 256 else 32
+    rows = max(1, -(-num_cells // cols))
+    if cols == 16:
+        return cols, rows, 46, 40
+    return cols, rows, 23, 20
+
+
+def num_pages(num_blocks: int) -> int:
+    return max(1, -(-num_blocks // PAGE_SIZE))
+
+
+def grid_frame(snap: Snapshot, *, page: int = 0,
+               focus_blocks: Collection[int] = ()) -> pd.DataFrame:
+    """`blocks_frame` for one page, plus cell geometry, colours, labels and focus."""
+    df = blocks_frame(snap)
+    paged = num_pages(len(df)) > 1
+    lo = page * PAGE_SIZE
+    df = df.iloc[lo:lo + PAGE_SIZE].reset_index(drop=True)
+    cols = grid_shape(PAGE_SIZE if paged else len(df))[0]
+    idx = np.arange(len(df))
+    col = idx % cols
+    row = idx // cols
+    # Cells are unit squares with a gap; the y scale is reversed, so row 0 is on top.
+    df["x0"] = col + 0.06
+    df["x1"] = col + 0.94
+    df["y0"] = row + 0.06
+    df["y1"] = row + 0.94
+    df["xc"] = col + 0.5
+    df["y_label"] = row + 0.42
+    df["x_id"] = col + 0.11
+    df["y_id"] = row + 0.09
+    df["bar_x1"] = df["x0"] + (df["x1"] - df["x0"]) * df["fill"]
+    df["bar_y0"] = row + 0.74
+    state = df["state"].to_numpy()
+    used = state == "used"
+    cached = state == "cached"
+    slot = df["owner_slot"].to_numpy()
+    owner_colors = np.array(PALETTE)[np.where(slot >= 0, slot, 0) % len(PALETTE)]
+    df["cell_color"] = np.where(used, owner_colors, np.where(cached, CACHED_FILL, FREE_FILL))
+    df["cell_opacity"] = np.where(used, 0.35, np.where(cached, 0.6, 1.0))
+    df["bar_color"] = np.where(used, owner_colors, MUTED)
+    refs = df["ref_count"].to_numpy()
+    shared = refs >= 2
+    times = np.char.add("×", refs.astype(str))
+    owner = df["owner"].str.slice(0, 5).to_numpy().astype(str)
+    df["label"] = np.where(cached, "C", np.where(shared, np.char.add(np.char.add(owner, " "),
+                                                                      times), owner))
+    # Dense pages have no room for ids: only the marks that are not colour.
+    df["mark"] = np.where(shared, times, np.where(cached, "C", ""))
+    df["fill_text"] = df["num_filled"].astype(str) + "/" + df["block_size"].astype(str)
+    # What a screen reader announces for a cell (Vega writes it as the cell's aria-label).
+    held = np.where(df["holders"].to_numpy() != "", "held by " + df["holders"].astype(str),
+                    "held by no request")
+    df["aria"] = ("Block " + df["id"].astype(str) + ": " + df["state"].astype(str)
+                  + ", ref count " + df["ref_count"].astype(str) + ", "
+                  + df["fill_text"] + " slots filled, " + held)
+    focus = df["id"].isin(set(focus_blocks)).to_numpy() if focus_blocks else np.ones(len(df),
+                                                                                    bool)
+    df["focus"] = focus
+    df["alpha"] = np.where(focus, 1.0, 0.18)
+    df["stroke"] = np.where(focus & bool(focus_blocks), INK, np.where(shared, INK, MUTED))
+    df["stroke_w"] = np.where(focus & bool(focus_blocks), 3.0, np.where(shared, 2.0, 0.8))
+    return df
+
+
+# The columns the chart reads; the rest of grid_frame stays server-side.
+CHART_COLUMNS = ["id", "state", "ref_count", "fill_text", "hash8", "holders", "num_filled",
+                 "x0", "x1", "y0", "y1", "xc", "y_label", "x_id", "y_id", "bar_x1", "bar_y0",
+                 "cell_color", "cell_opacity", "bar_color", "label", "mark", "alpha", "stroke",
+                 "stroke_w", "aria"]
+
+
+def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = (),
+              selectable: bool = True, titled: bool = True
+              ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The grid as (data, Vega-Lite spec without its data); see the module docstring.
+
+    `titled=False` leaves the title (`grid_title`) to the page, so the first row
+    of cells starts at the chart's top edge.
+
+    Written as a plain spec rather than through Altair's builders because
+    building and validating the Altair objects costs tens of milliseconds on
+    every render; `grid_chart` wraps the same spec as an Altair chart, and the
+    tests validate it against the Vega-Lite schema.
+    """
+    df = grid_frame(snap, page=page, focus_blocks=focus_blocks)[CHART_COLUMNS]
+    paged = num_pages(len(snap["blocks"])) > 1
+    cols, _, cw, ch = grid_shape(PAGE_SIZE if paged else len(df))
+    rows = max(1, -(-len(df) // cols))
+    dense = cols > 16
+    xs = {"domain": [0, cols], "nice": False, "zero": False}
+    ys = {"domain": [0, rows], "nice": False, "zero": False, "reverse": True}
+
+    def q(field: str, scale: dict[str, Any]) -> dict[str, Any]:
+        return {"field": field, "type": "quantitative", "scale": scale, "axis": None}
+
+    def raw(field: str, kind: str = "nominal") -> dict[str, Any]:
+        return {"field": field, "type": kind, "scale": None}
+
+    tooltip = [
+        {"field": "id", "type": "quantitative", "title": "block"},
+        {"field": "state", "type": "nominal"},
+        {"field": "ref_count", "type": "quantitative", "title": "ref count"},
+        {"field": "fill_text", "type": "nominal", "title": "filled slots"},
+        {"field": "hash8", "type": "nominal", "title": "hash prefix"},
+        {"field": "holders", "type": "nominal"},
+    ]
+    alpha = raw("alpha", "quantitative")
+    # Drawn cells, fill bars and labels are pictures only; a transparent rect per cell
+    # on top of them takes the hover, the click and the screen reader's attention, so a
+    # click on a label selects its block too.
+    cells = {
+        "mark": {"type": "rect", "cornerRadius": 2, "aria": False},
+        "encoding": {
+            "x": q("x0", xs), "x2": {"field": "x1"}, "y": q("y0", ys), "y2": {"field": "y1"},
+            "fill": raw("cell_color"), "fillOpacity": raw("cell_opacity", "quantitative"),
+            "stroke": raw("stroke"), "strokeWidth": raw("stroke_w", "quantitative"),
+            "strokeDash": {"condition": {"test": "datum.state == 'cached'", "value": [3, 2]},
+                           "value": [1, 0]},
+            "opacity": alpha,
+        },
+    }
+    bars = {
+        "transform": [{"filter": "datum.num_filled > 0"}],
+        "mark": {"type": "rect", "aria": False},
+        "encoding": {"x": q("x0", xs), "x2": {"field": "bar_x1"}, "y": q("bar_y0", ys),
+                     "y2": {"field": "y1"}, "fill": raw("bar_color"), "opacity": alpha},
+    }
+    text_field = "mark" if dense else "label"
+    labels = {
+        "transform": [{"filter": f"datum.{text_field} != ''"}],
+        "mark": {"type": "text", "fontSize": 9 if dense else 11, "fontWeight": "bold",
+                 "color": INK, "baseline": "middle", "aria": False},
+        "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
+                     "text": {"field": text_field, "type": "nominal"}, "opacity": alpha},
+    }
+    layers: list[dict[str, Any]] = [cells, bars, labels]
+    if not dense:
+        layers.append({
+            "mark": {"type": "text", "fontSize": 8, "color": MUTED, "align": "left",
+                     "baseline": "top", "aria": False},
+            "encoding": {"x": q("x_id", xs), "y": q("y_id", ys),
+                         "text": {"field": "id", "type": "quantitative"}, "opacity": alpha},
+        })
+    hit: dict[str, Any] = {
+        "name": "cells",
+        "mark": {"type": "rect", "fill": INK, "fillOpacity": 0, "cursor": "pointer"},
+        "encoding": {"x": q("x0", xs), "x2": {"field": "x1"}, "y": q("y0", ys),
+                     "y2": {"field": "y1"}, "tooltip": tooltip,
+                     "description": {"field": "aria", "type": "nominal"}},
+    }
+    layers.append(hit)
+    spec = {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "width": cols * cw, "height": rows * ch,
+        "config": {"view": {"stroke": None}},
+        # Keep the cells their size: the default "fit" squeezes the rows to make room
+        # for the title.
+        "autosize": {"type": "pad"},
+        "layer": layers,
+    }
+    if titled:
+        spec["title"] = {"text": grid_title(snap, page), "anchor": "start", "fontSize": 12,
+                         "fontWeight": "normal"}
+    if selectable:
+        # At the top level, naming its view: where Altair hoists a layer's params anyway.
+        spec["params"] = [{"name": SELECTION, "views": ["cells"], "select": {
+            "type": "point", "fields": ["id"], "on": "click", "clear": "dblclick"}}]
+    return df, spec
+
+
+def grid_chart(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = (),
+               selectable: bool = True) -> alt.LayerChart:
+    """`grid_spec` as an Altair chart with its data inline (for exports and notebooks)."""
+    df, spec = grid_spec(snap, page=page, focus_blocks=focus_blocks, selectable=selectable)
+    return alt.LayerChart.from_dict({**spec, "data": {"values": df.to_dict("records")}},
+                                    validate=False)
+
+
+def grid_title(snap: Snapshot, page: int = 0) -> str:
+    """What the grid (or this page of it) shows."""
+    total = len(snap["blocks"])
+    if num_pages(total) == 1:
+        return f"Physical blocks 0–{total - 1} ({snap['config']['block_size']} slots each)"
+    lo = page * PAGE_SIZE
+    hi = min(total, lo + PAGE_SIZE) - 1
+    return f"Physical blocks {lo}–{hi} of {total} ({snap['config']['block_size']} slots each)"
+
+
+def overview_frame(snap: Snapshot, group: int = 64) -> pd.DataFrame:
+    """Used / cached / free counts per run of `group` blocks, for pools beyond one page."""
+    states = np.array([b["state"] for b in snap["blocks"]])
+    n = len(states)
+    rows = []
+    for first in range(0, n, group):
+        chunk = states[first:first + group]
+        for state in ("used", "cached", "free"):
+            rows.append({"first": first, "last": min(first + group, n) - 1, "state": state,
+                         "blocks": int((chunk == state).sum())})
+    return pd.DataFrame(rows)
+
+
+def overview_spec(snap: Snapshot, group: int = 64) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """A stacked bar per run of `group` blocks: how much of each run is used, cached, free."""
+    df = overview_frame(snap, group)
+    df["order"] = df["state"].map({"used": 0, "cached": 1, "free": 2})
+    spec = {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        # As wide as a dense page of the grid; fixed sizes, as there (see grid_spec).
+        "width": 32 * 23, "height": 90, "autosize": {"type": "pad"},
+        "title": {"text": "Whole pool", "anchor": "start", "fontSize": 12},
+        "mark": {"type": "bar"},
+        "encoding": {
+            "x": {"field": "first", "type": "ordinal",
+                  "title": f"first block of each run of {group}",
+                  "axis": {"labelOverlap": True}},
+            "y": {"field": "blocks", "type": "quantitative", "title": "blocks", "stack": "zero"},
+            "color": {"field": "state", "type": "nominal",
+                      "scale": {"domain": ["used", "cached", "free"],
+                                "range": [PALETTE[0], MUTED, "#E8E8E8"]},
+                      "legend": {"orient": "top", "title": None}},
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [{"field": "first", "type": "quantitative"},
+                        {"field": "last", "type": "quantitative"},
+                        {"field": "state", "type": "nominal"},
+                        {"field": "blocks", "type": "quantitative"}],
+        },
+    }
+    return df, spec

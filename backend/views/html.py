@@ -1,0 +1,156 @@
+"""Small HTML fragments for the views that must be text in the page (not canvas).
+
+Block layouts, the legend and the event log are text a reader (and a browser
+test, and a screen reader) can select; charts draw on a canvas. Every piece of
+user-supplied text (request ids, token text) is escaped here.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+import pandas as pd
+
+from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
+from backend.views.model import (
+    Chunk,
+    MetricItem,
+    Snapshot,
+    owner_index,
+    request_of,
+    text_by_block,
+)
+
+_CHIP = ("display:inline-block;margin:2px 4px 2px 0;border:1px solid {border};"
+         "border-left:6px solid {color};border-radius:4px;padding:1px 6px 2px 6px;"
+         "background:{bg};vertical-align:top;")
+_LABEL = "display:block;font-size:11px;color:#555;line-height:1.3;"
+# pre-wrap keeps every space visible; break-all keeps a 256-slot block from running
+# off the page.
+_TEXT = ("display:block;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;"
+         "font-size:13px;white-space:pre-wrap;word-break:break-all;max-width:36ch;"
+         "color:#1F1F1F;line-height:1.35;")
+
+
+def _color(slot: int) -> str:
+    return PALETTE[slot % len(PALETTE)]
+
+
+def chip_html(chunk: Chunk, color: str, *, highlight: bool = False) -> str:
+    """One logical block of a request: 'L1 → P2 ×2 (3/4)' over the characters it holds."""
+    where = "no block" if chunk.physical is None else f"P{chunk.physical}"
+    label = f"L{chunk.logical} → {where}"
+    if chunk.ref_count >= 2:
+        label += f" ×{chunk.ref_count}"
+    if chunk.partial:
+        label += f" ({chunk.num_filled}/{chunk.block_size}, partial)"
+    # Show the empty slots of a partial block as dots: the tail waste, in place.
+    text = escape(chunk.text) + "<span style='color:#BBB'>" + "·" * (
+        chunk.block_size - chunk.num_filled) + "</span>"
+    border = INK if highlight else "#D0D0D0"
+    bg = "#FFF8DC" if highlight else "#FAFAFA"
+    return (f"<span class='pl-chip' style='{_CHIP.format(border=border, color=color, bg=bg)}'>"
+            f"<span style='{_LABEL}'>{escape(label)}</span>"
+            f"<span style='{_TEXT}'>{text}</span></span>")
+
+
+def request_layout_html(snap: Snapshot, request_id: str, *,
+                        highlight_blocks: frozenset[int] = frozenset(),
+                        focused: bool = False) -> str:
+    """A request's text laid out by block, each chunk labelled with where it lives."""
+    req = request_of(snap, request_id)
+    slot = owner_index(snap)[request_id]
+    color = _color(slot)
+    chunks = text_by_block(snap, request_id)
+    status = req["status"]
+    note = {
+        "running": "",
+        "waiting": " — waiting: holds no blocks until a step admits it",
+        "finished": " — finished: its blocks were released",
+    }[status]
+    parent = f", forked from {escape(req['parent'])}" if req["parent"] else ""
+    head = (f"<div style='margin:6px 0 2px 0;font-size:14px'>"
+            f"{'▶ ' if focused else ''}<b>{escape(request_id)}</b> "
+            f"<span style='color:#555'>({status}, {req['num_tokens']} tokens, prompt "
+            f"{req['prompt_len']}{parent}){escape(note)}</span></div>")
+    if status != "running":
+        text = "".join(escape(c.text) for c in chunks)
+        return head + f"<div style='{_TEXT}color:#666;white-space:pre-wrap'>{text}</div>"
+    body = "".join(chip_html(c, color, highlight=c.physical in highlight_blocks)
+                   for c in chunks)
+    return head + f"<div>{body}</div>"
+
+
+def layouts_html(snap: Snapshot, request_ids: list[str], *,
+                 highlight_blocks: frozenset[int] = frozenset(),
+                 focused: frozenset[str] = frozenset()) -> str:
+    return "<div class='pl-layouts'>" + "".join(
+        request_layout_html(snap, rid, highlight_blocks=highlight_blocks,
+                            focused=rid in focused) for rid in request_ids) + "</div>"
+
+
+def legend_html(snap: Snapshot, request_ids: list[str] | None = None) -> str:
+    """What the grid's colours and marks mean, in words next to each swatch."""
+    slots = owner_index(snap)
+    ids = [r["id"] for r in snap["requests"] if r["status"] == "running"] \
+        if request_ids is None else request_ids
+    sw = ("display:inline-block;width:12px;height:12px;border-radius:2px;margin:0 4px -1px 0;"
+          "border:1px solid {b};background:{c};")
+    item = "<span style='margin-right:12px'><span style='{style}'></span>{text}</span>"
+    parts = [item.format(style=sw.format(b=MUTED, c=_color(slots[r])), text=escape(r))
+             for r in ids]
+    parts.append(item.format(style=sw.format(b=MUTED, c=CACHED_FILL) + "border-style:dashed",
+                             text="C = cached (free, prefix kept)"))
+    parts.append(item.format(style=sw.format(b=MUTED, c="#FFF"), text="free"))
+    parts.append("<span style='margin-right:12px'><b>×N</b> = shared by N tables (heavy "
+                 "border)</span>")
+    parts.append("<span>bottom bar = filled slots</span>")
+    return "<div class='pl-legend' style='font-size:12px;line-height:1.9'>" + "".join(parts) \
+        + "</div>"
+
+
+_KIND_BADGE = {
+    "alloc": "#0072B2", "free": "#7F7F7F", "share": "#009E73", "cow": "#D55E00",
+    "prefix_hit": "#CC79A7", "evict": "#7F6A00", "preempt": "#B2182B", "move": "#56B4E9",
+}
+
+
+def event_log_html(events: pd.DataFrame) -> str:
+    """The event log (newest first): step, a labelled kind and the plain-English line."""
+    if events.empty:
+        return "<div class='pl-events' style='color:#666'>No events yet.</div>"
+    rows = []
+    for step, kind, text in zip(events["step"], events["kind"], events["what happened"],
+                                strict=True):
+        badge = (f"<span style='display:inline-block;min-width:74px;font-size:11px;"
+                 f"font-weight:600;color:#fff;background:{_KIND_BADGE[kind]};border-radius:3px;"
+                 f"padding:0 5px;margin-right:6px;text-align:center'>{escape(kind)}</span>")
+        rows.append(f"<div style='padding:1px 0;border-bottom:1px solid #EEE'>"
+                    f"<span style='display:inline-block;width:58px;color:#555'>step {step}</span>"
+                    f"{badge}{escape(text)}</div>")
+    return "<div class='pl-events' style='font-size:13px'>" + "".join(rows) + "</div>"
+
+
+def metrics_html(items: list[MetricItem]) -> str:
+    """The metrics as compact cards, one per group; each value carries its label.
+
+    `data-label` lets a reader of the page's HTML (a test, a scraper) find a
+    number by its name; the `title` is the explanation shown on hover.
+    """
+    groups: dict[str, list[MetricItem]] = {}
+    for m in items:
+        groups.setdefault(m.group, []).append(m)
+    cards = []
+    for group, ms in groups.items():
+        rows = "".join(
+            f"<div title='{escape(m.help, quote=True)}' style='display:flex;"
+            f"justify-content:space-between;gap:10px;padding:1px 0'>"
+            f"<span style='color:#555'>{escape(m.label)}</span>"
+            f"<b class='pl-metric' data-label='{escape(m.label, quote=True)}'>"
+            f"{escape(m.value)}</b></div>" for m in ms)
+        cards.append(f"<div style='flex:1 1 210px;border:1px solid #E3E6EA;border-radius:6px;"
+                     f"padding:6px 10px;background:#FBFCFD'><div style='font-size:11px;"
+                     f"text-transform:uppercase;letter-spacing:.04em;color:#777;"
+                     f"margin-bottom:2px'>{escape(group)}</div>{rows}</div>")
+    return ("<div class='pl-metrics' style='display:flex;flex-wrap:wrap;gap:8px;"
+            "font-size:13px'>" + "".join(cards) + "</div>")

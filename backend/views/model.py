@@ -1,0 +1,280 @@
+"""View models of the engine's state: pandas frames and formatted numbers, no Streamlit.
+
+Everything here reads a snapshot dict (CONTRACT.md's format, as
+`backend.snapshot.export_snapshot` writes it), so a page can render a live
+engine, a recorded scenario step or an uploaded file through the same code.
+Nothing here mutates its input.
+
+Costs are linear in the pool and the block-table entries, computed once per
+render: holders of every block come from one pass over the tables, never from
+a per-block scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from backend.events import Event, describe
+from backend.sampling import render_tokens
+
+Snapshot = dict[str, Any]
+
+# How many of the newest events the log shows; the snapshot keeps them all.
+EVENT_LOG_LIMIT = 200
+
+
+def holders_by_block(snap: Snapshot) -> list[list[str]]:
+    """For every physical block, the running requests whose tables hold it (arrival order)."""
+    out: list[list[str]] = [[] for _ in range(snap["config"]["num_blocks"])]
+    for req in snap["requests"]:
+        for b in dict.fromkeys(req["block_table"]):  # a table never repeats a block; be safe
+            out[b].append(req["id"])
+    return out
+
+
+def owner_index(snap: Snapshot) -> dict[str, int]:
+    """A stable colour slot per request: its arrival order."""
+    return {req["id"]: i for i, req in enumerate(snap["requests"])}
+
+
+def blocks_frame(snap: Snapshot) -> pd.DataFrame:
+    """One row per physical block, ordered by id.
+
+    Columns: id, state, ref_count, num_filled, block_size, fill (0..1), hash8
+    (first 8 hex digits or ""), holders (comma-separated ids), owner (first
+    holder or ""), owner_slot (colour slot, -1 if none), shared (ref_count >= 2),
+    partial (used and not full).
+    """
+    blocks = snap["blocks"]
+    bs = int(snap["config"]["block_size"])
+    holders = holders_by_block(snap)
+    slots = owner_index(snap)
+    ids = np.fromiter((b["id"] for b in blocks), dtype=np.int64, count=len(blocks))
+    refs = np.fromiter((b["ref_count"] for b in blocks), dtype=np.int64, count=len(blocks))
+    filled = np.fromiter((b["num_filled"] for b in blocks), dtype=np.int64, count=len(blocks))
+    state = [b["state"] for b in blocks]
+    owners = [h[0] if h else "" for h in holders]
+    df = pd.DataFrame({
+        "id": ids,
+        "state": state,
+        "ref_count": refs,
+        "num_filled": filled,
+        "block_size": bs,
+        "fill": filled / bs,
+        "hash8": [(b["hash"] or "")[:8] for b in blocks],
+        "holders": [", ".join(h) for h in holders],
+        "owner": owners,
+        "owner_slot": [slots.get(o, -1) for o in owners],
+    })
+    df["shared"] = df["ref_count"] >= 2
+    df["partial"] = (df["state"] == "used") & (df["num_filled"] < bs)
+    return df
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """The tokens of one logical block of a request, where they live."""
+
+    logical: int
+    physical: int | None     # None for a request that holds no blocks
+    text: str                # the block's tokens, rendered for display
+    num_filled: int
+    block_size: int
+    ref_count: int
+
+    @property
+    def partial(self) -> bool:
+        return self.num_filled < self.block_size
+
+
+def text_by_block(snap: Snapshot, request_id: str) -> list[Chunk]:
+    """A request's tokens split at block boundaries, each chunk labelled by its block.
+
+    A running request's chunk i lives in physical block table[i]; a waiting or
+    finished request holds no blocks, so its chunks have `physical` None.
+    """
+    req = request_of(snap, request_id)
+    bs = int(snap["config"]["block_size"])
+    tokens: list[int] = req["tokens"]
+    table: list[int] = req["block_table"]
+    blocks = snap["blocks"]
+    out = []
+    for i in range(0, len(tokens), bs):
+        logical = i // bs
+        part = tokens[i:i + bs]
+        phys = table[logical] if logical < len(table) else None
+        ref = blocks[phys]["ref_count"] if phys is not None else 0
+        out.append(Chunk(logical, phys, render_tokens(part), len(part), bs, ref))
+    return out
+
+
+def request_of(snap: Snapshot, request_id: str) -> dict[str, Any]:
+    for req in snap["requests"]:
+        if req["id"] == request_id:
+            return req
+    raise KeyError(request_id)
+
+
+def table_text(table: list[int], num_tokens: int, block_size: int) -> str:
+    """'0→9 · 1→2 · 2→14 (1/4)': logical → physical, the partial last block marked."""
+    if not table:
+        return "—"
+    parts = [f"{i}→{b}" for i, b in enumerate(table)]
+    tail = num_tokens - (len(table) - 1) * block_size
+    if tail < block_size:
+        parts[-1] += f" ({tail}/{block_size})"
+    return " · ".join(parts)
+
+
+def requests_frame(snap: Snapshot) -> pd.DataFrame:
+    """One row per request in arrival order: status, sizes and its block table."""
+    bs = int(snap["config"]["block_size"])
+    rows = []
+    for req in snap["requests"]:
+        status = req["status"]
+        if status == "finished" and req.get("finish_reason") not in (None, "finished"):
+            status = f"finished ({req['finish_reason'].replace('_', ' ')})"
+        rows.append({
+            "request": req["id"],
+            "status": status,
+            "parent": req["parent"] or "",
+            "prompt": req["prompt_len"],
+            "generated": req["num_tokens"] - req["prompt_len"],
+            "tokens": req["num_tokens"],
+            "blocks": len(req["block_table"]),
+            "block table (logical→physical)": table_text(req["block_table"], req["num_tokens"],
+                                                          bs),
+            "preempted": req["num_preemptions"],
+        })
+    cols = ["request", "status", "parent", "prompt", "generated", "tokens", "blocks",
+            "block table (logical→physical)", "preempted"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
+    """The newest `limit` events, newest first, each with its plain-English line."""
+    raw = snap["events"][-limit:][::-1] if limit else []
+    events = [Event.from_json(e) for e in raw]
+    return pd.DataFrame({
+        "step": [e.step for e in events],
+        "kind": [e.kind for e in events],
+        "request": [e.request or "" for e in events],
+        "block": [e.block for e in events],
+        "what happened": [describe(e) for e in events],
+    }, columns=["step", "kind", "request", "block", "what happened"])
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'. Exact below 1 KiB."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    raise AssertionError(n)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricItem:
+    group: str
+    label: str
+    value: str
+    help: str
+
+
+def metric_items(snap: Snapshot) -> list[MetricItem]:
+    """Every number the metrics panel shows, formatted, grouped, with what it means."""
+    c = snap["config"]
+    m = snap["metrics"]
+    status = [r["status"] for r in snap["requests"]]
+    n = c["num_blocks"]
+    bs = c["block_size"]
+    bpb = c["bytes_per_block"]
+    used = m["used_blocks"]
+    slots_in_used = used * bs
+    occupancy = m["filled_slots"] / slots_in_used if slots_in_used else 0.0
+    saved = m.get("blocks_saved_by_sharing", 0)
+    queries = m.get("prefix_queries", 0)
+    q_tokens = m.get("prefix_query_tokens", 0)
+    hit_tokens = m.get("prefix_hit_tokens", m["prefix_hit_blocks"] * bs)
+    floor = m.get("prefix_floor_tokens", 0)
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
+    return [
+        MetricItem("Requests", "Running requests", str(status.count("running")),
+                   "Requests holding blocks and decoding in every step."),
+        MetricItem("Requests", "Waiting requests", str(status.count("waiting")),
+                   "Requests queued for room in the pool (new or preempted)."),
+        MetricItem("Requests", "Finished requests", str(status.count("finished")),
+                   "Requests that finished and released their blocks."),
+        MetricItem("Requests", "Preemptions", str(m["preemptions"]),
+                   "Requests whose blocks were taken back when the pool ran out."),
+        MetricItem("Blocks", "Used blocks", f"{used} / {n}",
+                   "Blocks held by at least one block table (ref count ≥ 1)."),
+        MetricItem("Blocks", "Cached blocks", str(m["cached_blocks"]),
+                   "Free blocks that still hold a full block's K/V, reusable by a prefix hit."),
+        MetricItem("Blocks", "Free blocks", str(m["free_blocks"]), "Empty blocks (ref count 0)."),
+        MetricItem("Blocks", "Block usage", pct(used / n if n else 0.0),
+                   "Used blocks over all blocks."),
+        MetricItem("Slots", "Slot occupancy", pct(occupancy),
+                   "Filled token slots over the slots of used blocks: the rest is tail waste."),
+        MetricItem("Slots", "Filled slots", f"{m['filled_slots']} / {slots_in_used}",
+                   "Token slots written in used blocks, each physical block counted once."),
+        MetricItem("Slots", "Internal waste", f"{m['internal_waste_slots']} slots",
+                   f"Empty slots inside used blocks: at most {bs - 1} per unshared request."),
+        MetricItem("Sharing", "Shared blocks", str(m["shared_blocks"]),
+                   "Used blocks with ref count ≥ 2 (forks and prefix hits)."),
+        MetricItem("Sharing", "Blocks saved by sharing", str(saved),
+                   "Block-table entries minus distinct used blocks: what sharing avoided."),
+        MetricItem("Sharing", "Bytes saved by sharing", format_bytes(saved * bpb),
+                   "Blocks saved by sharing × bytes per block."),
+        MetricItem("Sharing", "Copy-on-write copies", str(m["cow_copies"]),
+                   "Private copies made before writing into a shared, partly filled block."),
+        MetricItem("Prefix cache", "Prefix-cache queries", f"{queries} ({q_tokens} tokens)",
+                   "Prompts looked up in the prefix cache, and their tokens."),
+        MetricItem("Prefix cache", "Prefix-cache hits",
+                   f"{m['prefix_hit_blocks']} blocks ({hit_tokens} tokens)",
+                   "Prompt blocks served from the cache instead of recomputed."),
+        MetricItem("Prefix cache", "Lost to the block floor", f"{floor} tokens",
+                   "Prompt tokens a block-granular cache can never serve: the partial last "
+                   "block, and the last token, which is always computed."),
+        MetricItem("Memory", "Bytes per block", format_bytes(bpb),
+                   "2 (K and V) × layers × KV heads × head dim × block size × bytes per "
+                   "element."),
+        MetricItem("Memory", "Total KV bytes", format_bytes(n * bpb),
+                   "The whole pool, allocated once when the engine starts."),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelInfo:
+    backend: str
+    device: str
+    time_ms: str
+    max_abs_err: str
+    batch: str
+    ran: bool
+
+
+def kernel_info(snap: Snapshot) -> KernelInfo:
+    """The last model step's kernel, formatted; `ran` is False before any step."""
+    k = snap["kernel"]
+    err = k.get("max_abs_err")
+    ms = k.get("time_ms")
+    seqs = k.get("num_seqs", 0)
+    toks = k.get("num_query_tokens", 0)
+    return KernelInfo(
+        backend=k["backend"], device=k["device"],
+        time_ms="—" if ms is None else f"{ms:.1f} ms",
+        max_abs_err="—" if err is None else f"{err:.1e}",
+        batch=f"{seqs} sequence(s), {toks} query token(s)" if seqs else "—",
+        ran=ms is not None,
+    )

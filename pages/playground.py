@@ -1,0 +1,35 @@
+"""Playground: drive the live engine. Configure, add, grow, fork, finish, step, shuffle."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.snapshot import export_snapshot
+from ui import controls, panels, session
+
+engine = session.get_engine()
+
+st.title("Playground")
+st.caption("A real paged KV-cache allocator and paged-attention kernel. Each action below is "
+           "one engine operation; every view shows the state it left.")
+if st.session_state.get(session.PENDING):
+    st.warning("The sidebar's settings differ from the running engine's: apply them there "
+               "(this starts a new engine) or keep the current ones.")
+session.render_flash()
+controls.render()
+
+snap = export_snapshot(engine)
+panels.metrics(snap)
+st.subheader("Physical block pool")
+focus = panels.pool(snap)
+st.subheader("Block tables")
+panels.block_tables(snap, focus)
+log, side = st.columns([3, 2], gap="large")
+with log:
+    st.subheader("Event log")
+    panels.events(snap)
+with side:
+    st.subheader("Kernel")
+    panels.kernel(snap, engine)
+    st.subheader("Address translator")
+    panels.translator(engine)

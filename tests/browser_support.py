@@ -1,0 +1,91 @@
+"""Fixtures for the browser tests: a live `streamlit run` and Debian's Chromium via Playwright.
+
+Playwright's own browser download cannot work offline, so the tests launch the
+system's `chromium` through `executable_path`. A missing browser is a failure,
+not a skip: CI must not pass without having looked at the page.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "build" / "screenshots"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+STARTUP_TIMEOUT_S = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"streamlit exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail(f"streamlit did not become healthy in {STARTUP_TIMEOUT_S} s:\n"
+                f"{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def app_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh `streamlit run app.py` on a free port, stopped after the module's tests.
+
+    Its output goes to build/<test module>.streamlit.log (kept for a failure's post-mortem).
+    """
+    port = _free_port()
+    log = ROOT / "build" / f"{request.module.__name__.rsplit('.', 1)[-1]}.streamlit.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    streamlit = Path(sys.executable).with_name("streamlit")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(streamlit), "run", "app.py", "--server.port", str(port),
+             "--server.address", "127.0.0.1", "--server.headless", "true",
+             "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def chromium_path() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("Debian's chromium is not on PATH; install it (scripts/ensure-chromium, "
+                    "or apt-get install chromium): the browser tests need a real browser")
+    return path
+
+
+@pytest.fixture(scope="module")
+def screenshots() -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    return SCREENSHOTS

@@ -1,0 +1,359 @@
+"""The app through Streamlit's AppTest: every control path, on the real engine.
+
+Most tests switch to the torch kernel (one click in the sidebar) to stay fast
+on a CPU; `test_default_kernel_is_triton` runs the default Triton kernel.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from backend.engine import Engine
+from backend.snapshot import export_snapshot
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PROMPT = "The cat sat on the mat."   # 23 bytes: with block size 4, five full blocks + 3
+
+
+def start(kernel: str = "torch", **config: int) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    assert not at.exception
+    if kernel != "auto":
+        at.segmented_control(key="dev_kernel").set_value(kernel).run()
+    for name, value in config.items():
+        at.sidebar.number_input(key=f"cfg_{name}").set_value(value).run()
+    assert not at.exception
+    return at
+
+
+def engine(at: AppTest) -> Engine:
+    e: Engine = at.session_state["engine"]
+    return e
+
+
+def html(at: AppTest, css_class: str) -> str:
+    bodies = [h.value for h in at.html if f"class='{css_class}'" in h.value]
+    assert len(bodies) == 1, f"expected one {css_class} block, found {len(bodies)}"
+    return bodies[0]
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return dict(re.findall(r"data-label='([^']+)'>([^<]+)<", html(at, "pl-metrics")))
+
+
+def markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def add(at: AppTest, prompt: str | None = PROMPT, *, length: int | None = None,
+        rid: str = "", max_new: int | None = None, pins: str = "") -> AppTest:
+    at.text_area(key="add_prompt").input(prompt or "")
+    at.number_input(key="add_len").set_value(length)
+    at.number_input(key="add_max_new").set_value(max_new)
+    at.text_input(key="add_id").input(rid)
+    at.text_input(key="add_pins").input(pins)
+    at.button(key="btn_add").click().run()
+    assert not at.exception
+    return at
+
+
+def pick(at: AppTest, rid: str) -> None:
+    at.selectbox(key="req_pick").select(rid)
+
+
+def click(at: AppTest, key: str) -> AppTest:
+    at.button(key=key).click().run()
+    assert not at.exception
+    return at
+
+
+def status(at: AppTest) -> tuple[str, str]:
+    kinds = [(k, e.value) for k in ("error", "success", "info") for e in getattr(at, k)]
+    assert kinds, "no status line"
+    return kinds[0]
+
+
+def test_opens_on_the_playground_with_an_empty_pool() -> None:
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception
+    assert at.title[0].value == "Playground"
+    m = metrics(at)
+    assert (m["Used blocks"], m["Free blocks"], m["Running requests"]) == ("0 / 32", "32", "0")
+    assert m["Bytes per block"] == "2.0 KiB"          # 2 x 2 layers x 2 x 16 x 4 x 4 bytes
+    assert "No model step yet" in markdown(at)
+    assert at.sidebar.number_input(key="cfg_num_blocks").value == 32
+    assert at.segmented_control(key="dev_kernel").value == "auto"
+    assert "No events yet" in html(at, "pl-events")
+
+
+def test_default_kernel_is_triton() -> None:
+    at = start(kernel="auto")
+    add(at)
+    assert engine(at).kernel_report.backend == "triton-interpreter"
+    text = markdown(at)
+    assert "Last step ran on **triton-interpreter** (cpu)" in text
+    found = re.search(r"reference\\\|: \*\*([0-9.e+-]+)\*\*", text)
+    assert found is not None, text
+    assert float(found.group(1)) < 1e-4
+    assert metrics(at)["Used blocks"] == "6 / 32"
+
+
+def test_add_shows_blocks_table_layout_and_events() -> None:
+    at = add(start())
+    kind, text = status(at)
+    assert kind == "success" and text.startswith("Step 1: add A")
+    m = metrics(at)
+    assert (m["Running requests"], m["Used blocks"], m["Internal waste"]) == \
+        ("1", "6 / 32", "1 slots")
+    table = at.dataframe[0].value.set_index("request")
+    assert table.loc["A", "block table (logical→physical)"] == \
+        "0→0 · 1→1 · 2→2 · 3→3 · 4→4 · 5→5 (3/4)"
+    layout = html(at, "pl-layouts")
+    assert "L5 → P5 (3/4, partial)" in layout and ">at.<" in layout
+    events = html(at, "pl-events")
+    assert events.count("took free block") == 6 and "step 1" in events
+    assert "Last step ran on **torch**" in markdown(at)
+
+
+def test_second_request_with_the_same_prompt_shares_its_prefix() -> None:
+    at = add(add(start()))
+    m = metrics(at)
+    assert (m["Used blocks"], m["Shared blocks"], m["Prefix-cache hits"]) == \
+        ("7 / 32", "5", "5 blocks (20 tokens)")
+    assert m["Blocks saved by sharing"] == "5" and m["Bytes saved by sharing"] == "10.0 KiB"
+    assert html(at, "pl-layouts").count("×2") == 10
+    hit = "request B found its prompt prefix in block 4 (prefix-cache hit)"
+    assert hit in html(at, "pl-events")
+
+
+def test_add_with_length_limit_and_pinned_blocks_reproduces_the_worked_example() -> None:
+    at = add(start(), None, length=9, rid="A", max_new=5, pins="9, 2, 14")
+    table = at.dataframe[0].value.set_index("request")
+    assert table.loc["A", "block table (logical→physical)"] == "0→9 · 1→2 · 2→14 (1/4)"
+    # The address translator: position 6 -> logical 1, offset 2 -> physical 2, slot 10.
+    at.number_input(key="tr_pos").set_value(6).run()
+    text = markdown(at)
+    assert "logical block **1**, offset **2**" in text
+    assert "entry 1 is physical block **2**" in text and "= **10**" in text
+    # The key vector shown is the one stored in the live tensor at that slot.
+    _, key, _ = engine(at).read_kv("A", 6, 0)
+    shown = at.dataframe[1].value.to_numpy()
+    assert shown == pytest.approx(key.numpy())
+    assert engine(at).requests["A"].max_new_tokens == 5
+    # The chosen position survives a step (the table grows, the address does not move).
+    click(at, "btn_step")
+    assert at.number_input(key="tr_pos").value == 6 and "= **10**" in markdown(at)
+
+
+def test_grow_decodes_tokens_into_new_blocks() -> None:
+    at = add(start())
+    at.number_input(key="req_grow_n").set_value(6)
+    click(at, "btn_grow")
+    assert status(at)[1].startswith("Step 2: grow A +6 · generated 6 token(s)")
+    assert engine(at).requests["A"].num_tokens == 29
+    assert at.dataframe[0].value.loc[0, "block table (logical→physical)"] == \
+        "0→0 · 1→1 · 2→2 · 3→3 · 4→4 · 5→5 · 6→6 · 7→7 (1/4)"
+    assert metrics(at)["Used blocks"] == "8 / 32"
+
+
+def test_fork_then_grow_the_child_copies_on_write() -> None:
+    at = add(add(start()))
+    pick(at, "A")
+    at.text_input(key="req_child").input("A2")
+    click(at, "btn_fork")
+    assert status(at)[1] == "Step 3: fork A -> A2 · events: 6 share"
+    assert at.selectbox(key="req_pick").value == "A2"    # the child is picked next
+    assert metrics(at)["Shared blocks"] == "6"
+    click(at, "btn_grow")
+    m = metrics(at)
+    assert m["Copy-on-write copies"] == "1" and m["Used blocks"] == "8 / 32"
+    events = html(at, "pl-events")
+    assert "request A2 wrote into shared block 5: copied it to block 7 first " \
+           "(copy-on-write)" in events
+    layout = html(at, "pl-layouts")
+    assert "L0 → P0 ×3" in layout and "L5 → P7</span>" in layout
+
+
+def test_finish_releases_blocks_and_keeps_full_ones_cached() -> None:
+    at = add(start())
+    click(at, "btn_finish")
+    m = metrics(at)
+    assert (m["Running requests"], m["Finished requests"]) == ("0", "1")
+    assert (m["Used blocks"], m["Cached blocks"], m["Free blocks"]) == ("0 / 32", "5", "27")
+    assert "released block 0; it is free again" in html(at, "pl-events")
+    # A finished request has nothing to act on: the per-request controls are gone.
+    assert not [b for b in at.button if b.key == "btn_grow"]
+
+
+def test_step_runs_the_batch_and_finishes_at_max_new_tokens() -> None:
+    at = add(add(start(), "abcdefgh", max_new=3), "ijklm", max_new=2)
+    click(at, "btn_step")
+    assert engine(at).requests["A"].num_tokens == 9
+    assert engine(at).requests["B"].num_tokens == 6
+    at.number_input(key="batch_n").set_value(3)
+    click(at, "btn_step_n")
+    m = metrics(at)
+    assert (m["Running requests"], m["Finished requests"], m["Used blocks"]) == \
+        ("0", "2", "0 / 32")
+    table = at.dataframe[0].value.set_index("request")
+    assert table.loc["A", "status"] == "finished (max new tokens)"
+    assert (table.loc["A", "generated"], table.loc["B", "generated"]) == (3, 2)
+
+
+def test_step_preempts_when_the_pool_runs_out_and_readmits_later() -> None:
+    at = start(num_blocks=6)
+    add(add(at, "abcdefgh", max_new=12), "ijklmnop", max_new=8)   # 2 + 2 full blocks
+    at.number_input(key="batch_n").set_value(4)
+    click(at, "btn_step_n")
+    assert metrics(at)["Used blocks"] == "6 / 6"                  # 12 tokens each: 3 + 3
+    # A's 13th token needs a block and none is free: B, admitted last, is preempted.
+    click(at, "btn_step")
+    m = metrics(at)
+    assert (m["Preemptions"], m["Waiting requests"], m["Running requests"]) == ("1", "1", "1")
+    assert "request B was preempted" in html(at, "pl-events")
+    assert at.dataframe[0].value.set_index("request").loc["B", "status"] == "waiting"
+    at.number_input(key="batch_n").set_value(20)
+    click(at, "btn_step_n")
+    m = metrics(at)
+    assert (m["Finished requests"], m["Waiting requests"], m["Preemptions"]) == ("2", "0", "1")
+    assert engine(at).requests["B"].num_generated == 8
+    assert engine(at).requests["B"].num_preemptions == 1
+
+
+def test_shuffle_moves_every_used_block_and_keeps_the_tokens() -> None:
+    at = add(add(start()))
+    before = export_snapshot(engine(at))
+    click(at, "btn_shuffle")
+    after = export_snapshot(engine(at))
+    assert [r["tokens"] for r in after["requests"]] == [r["tokens"] for r in before["requests"]]
+    old = set(before["requests"][0]["block_table"])
+    new = after["requests"][0]["block_table"]
+    assert all(b_new != b_old for b_new, b_old in
+               zip(new, before["requests"][0]["block_table"], strict=True))
+    assert html(at, "pl-events").count("block data moved") == 7
+    assert metrics(at)["Used blocks"] == "7 / 32" and old != set(new)
+    # Decoding after the move gives what the model computes: the reference agrees.
+    click(at, "btn_step")
+    err = engine(at).kernel_report.max_abs_err
+    assert err is not None and err < 1e-4
+
+
+@pytest.mark.parametrize(("action", "message"), [
+    ("fork-existing", "Refused: request 'B' already exists; pick another child id"),
+    ("grow-too-far", "Refused: request 'B' would need 33 blocks for 130 tokens but the pool "
+                     "has only 32"),
+    ("pin-busy", "Refused: pinned block 3 is not free (ref count 2)"),
+    ("duplicate-id", "Refused: request 'A' already exists; pick another id"),
+    ("prompt-and-length", "Refused: give either prompt text or a prompt length, not both"),
+])
+def test_a_refused_action_shows_its_message_and_changes_nothing(action: str,
+                                                                message: str) -> None:
+    at = add(add(start()))
+    before = export_snapshot(engine(at))
+    if action == "fork-existing":
+        pick(at, "A")
+        at.text_input(key="req_child").input("B")
+        click(at, "btn_fork")
+    elif action == "grow-too-far":
+        pick(at, "B")
+        at.number_input(key="req_grow_n").set_value(107)
+        click(at, "btn_grow")
+    elif action == "pin-busy":
+        add(at, "abcdefgh", pins="3, 20")
+    elif action == "duplicate-id":
+        add(at, rid="A")
+    else:
+        add(at, "xyz", length=4)
+    assert [e.value for e in at.error] == [message]
+    assert not at.exception
+    assert export_snapshot(engine(at)) == before
+
+
+def test_config_change_asks_before_discarding_state() -> None:
+    at = add(start())
+    kept = engine(at)
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(64).run()
+    assert any("1 request(s) and 1 step(s) will be discarded" in w.value for w in at.warning)
+    assert engine(at) is kept and len(kept.requests) == 1     # nothing lost yet
+    # Keep current: the field goes back, the warning goes away.
+    click(at, "btn_keep_config")
+    assert at.sidebar.number_input(key="cfg_num_blocks").value == 32
+    assert not at.warning and engine(at) is kept
+    # Change again and confirm: a new engine with the new pool and no requests.
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(64).run()
+    at.sidebar.radio(key="cfg_allocation").set_value("random").run()
+    click(at, "btn_apply_config")
+    new = engine(at)
+    assert new is not kept and new.config.num_blocks == 64
+    assert new.config.allocation == "random" and not new.requests
+    assert new.kernels.name == "torch"                         # the kernel choice stays
+    assert metrics(at)["Used blocks"] == "0 / 64"
+    assert status(at)[1].startswith("New engine: 64 blocks of 4 slots")
+
+
+def test_config_change_on_an_empty_engine_applies_at_once() -> None:
+    at = start()
+    at.sidebar.selectbox(key="cfg_model").select("small").run()
+    e = engine(at)
+    assert (e.config.num_layers, e.config.num_heads, e.config.num_kv_heads,
+            e.config.head_dim) == (4, 8, 2, 32)
+    assert at.sidebar.number_input(key="cfg_head_dim").value == 32
+    assert metrics(at)["Bytes per block"] == "8.0 KiB"       # 2 x 4 x 2 x 32 x 4 x 4
+    at.sidebar.number_input(key="cfg_head_dim").set_value(48).run()
+    assert at.sidebar.selectbox(key="cfg_model").value == "custom"
+    assert engine(at).config.head_dim == 48
+
+
+def test_invalid_settings_are_explained_and_not_applied() -> None:
+    at = start()
+    kept = engine(at)
+    at.sidebar.number_input(key="cfg_num_kv_heads").set_value(3).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "settings: num_heads (4) must be a multiple of num_kv_heads (3) for grouped-query "
+        "attention"]
+    assert engine(at) is kept and not at.exception
+
+
+def test_switching_the_kernel_keeps_every_request() -> None:
+    at = add(add(start()))
+    before = export_snapshot(engine(at))
+    at.segmented_control(key="dev_kernel").set_value("auto").run()
+    assert export_snapshot(engine(at)) == before
+    assert "next model step runs on triton-interpreter" in status(at)[1]
+    click(at, "btn_step")
+    assert "Last step ran on **triton-interpreter**" in markdown(at)
+
+
+def test_highlighting_a_request_or_a_block() -> None:
+    at = add(add(start()))
+    at.selectbox(key="focus_req").select("B").run()
+    assert "Request **B** holds blocks 0, 1, 2, 3, 4, 6." in markdown(at)
+    assert "▶ <b>B</b>" in html(at, "pl-layouts")
+    at.number_input(key="focus_block").set_value(4).run()
+    assert at.selectbox(key="focus_req").value is None     # the newest choice wins
+    text = markdown(at)
+    assert "Block **4**: used, ref count 2, 4/4 slots filled" in text
+    assert "held by A, B." in text
+
+
+def test_reset_discards_everything() -> None:
+    at = add(start())
+    click(at, "btn_reset")
+    assert not engine(at).requests and engine(at).step == 0
+    assert metrics(at)["Used blocks"] == "0 / 32"
+    assert engine(at).kernels.name == "torch"
+
+
+def test_a_large_pool_is_drawn_a_page_at_a_time() -> None:
+    at = start(num_blocks=4096)
+    add(at, None, length=1000)
+    page = at.selectbox(key="grid_page")
+    assert page.options == ["0–1023", "1024–2047", "2048–3071", "3072–4095"]
+    page.select(2).run()
+    assert not at.exception
+    assert metrics(at)["Used blocks"] == "250 / 4096"

@@ -1,0 +1,283 @@
+"""The Playground's view models and helpers, on real engine states (no Streamlit)."""
+
+from __future__ import annotations
+
+import re
+
+import altair as alt
+import pytest
+import torch
+
+from backend import views
+from backend.config import EngineConfig
+from backend.engine import Engine
+from backend.errors import PagedLabError
+from backend.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.playground import (
+    Settings,
+    add_op,
+    build_engine,
+    has_state,
+    next_child_id,
+    next_request_id,
+    parse_blocks,
+    preset_of,
+    summarize,
+    switch_kernels,
+)
+from backend.snapshot import export_snapshot
+
+PROMPT = "The cat sat on the mat."   # 23 bytes: five full blocks of 4 and one of 3
+
+
+def engine(**cfg: object) -> Engine:
+    return Engine(EngineConfig.from_json({"num_blocks": 32, "block_size": 4, **cfg}),
+                  kernel="torch")
+
+
+@pytest.fixture
+def shared() -> Engine:
+    """A and B share five prompt blocks (prefix hits); A.1 forks A and writes (copy-on-write);
+    C finishes, leaving cached blocks."""
+    e = engine()
+    ops: list[Op] = [Add("A", prompt=PROMPT), Add("B", prompt=PROMPT), Fork("A", "A.1"),
+                     Grow("A.1", 1), Add("C", prompt="Hello, paging"), Finish("C")]
+    for op in ops:
+        e.apply(op)
+    return e
+
+
+def test_blocks_frame_counts_holders_and_states(shared: Engine) -> None:
+    df = views.blocks_frame(export_snapshot(shared))
+    assert list(df["id"]) == list(range(32))
+    # Five prompt blocks held by A, B and A.1; A's partial tail shared with nobody now.
+    assert list(df.loc[0:4, "ref_count"]) == [3] * 5
+    assert list(df.loc[0:4, "holders"]) == ["A, B, A.1"] * 5
+    assert df.loc[5, "holders"] == "A" and df.loc[5, "num_filled"] == 3
+    assert bool(df.loc[5, "partial"]) and not bool(df.loc[0, "partial"])
+    assert df.loc[6, "holders"] == "B"
+    assert df.loc[7, "holders"] == "A.1" and df.loc[7, "num_filled"] == 4   # the private copy
+    # C: 13 tokens = 3 full blocks (cached after finish) + 1 partial (free again).
+    assert list(df.loc[8:11, "state"]) == ["cached", "cached", "cached", "free"]
+    assert df.loc[8, "hash8"] != "" and df.loc[11, "hash8"] == ""
+    assert df["shared"].sum() == 5
+    grid = views.grid_frame(export_snapshot(shared))
+    assert grid.loc[0, "aria"] == "Block 0: used, ref count 3, 4/4 slots filled, held by A, B, A.1"
+    assert grid.loc[11, "aria"] == "Block 11: free, ref count 0, 0/4 slots filled, held by no " \
+        "request"
+    assert (df["state"] == "free").sum() == 32 - 8 - 3
+
+
+def test_grid_frame_labels_do_not_rely_on_colour(shared: Engine) -> None:
+    df = views.grid_frame(export_snapshot(shared), focus_blocks={7})
+    assert df.loc[0, "label"] == "A ×3"
+    assert df.loc[5, "label"] == "A"
+    assert df.loc[8, "label"] == "C" and df.loc[8, "state"] == "cached"
+    assert df.loc[11, "label"] == ""
+    # The fill bar spans 3/4 of a partial block's cell and all of a full one's.
+    cell = df.loc[5, "x1"] - df.loc[5, "x0"]
+    assert df.loc[5, "bar_x1"] - df.loc[5, "x0"] == pytest.approx(0.75 * cell)
+    assert df.loc[0, "bar_x1"] == pytest.approx(df.loc[0, "x1"])
+    # Focus: the chosen block is outlined and everything else fades.
+    assert df.loc[7, "alpha"] == 1.0 and df.loc[7, "stroke_w"] == 3.0
+    assert df.loc[0, "alpha"] < 0.5
+    # Row-major layout, 16 to a row.
+    assert (df.loc[17, "x0"], df.loc[17, "y0"]) == pytest.approx((1.06, 1.06))
+
+
+def test_grid_spec_is_valid_vega_lite_and_renders(shared: Engine) -> None:
+    import vl_convert as vlc
+
+    snap = export_snapshot(shared)
+    df, spec = views.grid_spec(snap)
+    # Validates against the Vega-Lite schema (raises if not).
+    alt.LayerChart.from_dict({**spec, "data": {"values": df.to_dict("records")}})
+    assert spec["params"][0]["name"] == views.SELECTION
+    assert spec["width"] == 16 * 46 and spec["height"] == 2 * 40
+    svg = vlc.vegalite_to_svg(views.grid_chart(snap).to_dict(validate=False))
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    assert texts.count("A ×3") == 5
+    assert "A.1" in texts and "C" in texts
+
+
+def test_large_pools_are_paged_with_an_overview() -> None:
+    e = Engine(EngineConfig(num_blocks=4096, block_size=16), kernel="torch")
+    for i in range(8):
+        e.apply(Add(f"r{i}", prompt_len=300))
+    snap = export_snapshot(e)
+    assert views.num_pages(4096) == 4
+    df, spec = views.grid_spec(snap, page=3)
+    assert list(df["id"][[0, 1023]]) == [3072, 4095]
+    assert spec["width"] == 32 * 23 and spec["height"] == 32 * 20
+    # Dense cells carry only the marks that are not colour: no owner names.
+    assert set(views.grid_frame(snap)["mark"]) == {""}
+    odf, ospec = views.overview_spec(snap)
+    alt.Chart.from_dict({**ospec, "data": {"values": odf.to_dict("records")}})
+    used = odf[odf["state"] == "used"]["blocks"].sum()
+    assert used == 8 * 19 and odf["blocks"].sum() == 4096
+
+
+def test_block_table_text_and_text_by_block_for_the_worked_example() -> None:
+    # The seed's example: block size 4, nine tokens, table [9, 2, 14].
+    e = engine()
+    e.apply(Add("A", prompt="Paged KV!", blocks=(9, 2, 14)))
+    snap = export_snapshot(e)
+    row = views.requests_frame(snap).iloc[0]
+    assert row["block table (logical→physical)"] == "0→9 · 1→2 · 2→14 (1/4)"
+    chunks = views.text_by_block(snap, "A")
+    assert [(c.logical, c.physical, c.text) for c in chunks] == [
+        (0, 9, "Page"), (1, 2, "d KV"), (2, 14, "!")]
+    assert chunks[2].partial and not chunks[0].partial
+    addr = e.translate("A", 6)
+    assert (addr.logical_block, addr.offset, addr.physical_block, addr.slot) == (1, 2, 2, 10)
+
+
+def test_requests_frame_shows_status_and_finish_reason(shared: Engine) -> None:
+    shared.apply(Add("D", prompt="xy", max_new_tokens=1))
+    shared.apply(Step(1))
+    df = views.requests_frame(export_snapshot(shared)).set_index("request")
+    assert df.loc["C", "status"] == "finished" and df.loc["C", "blocks"] == 0
+    assert df.loc["C", "block table (logical→physical)"] == "—"
+    assert df.loc["D", "status"] == "finished (max new tokens)"
+    assert df.loc["A.1", "parent"] == "A" and df.loc["A.1", "generated"] == 2
+
+
+def test_events_frame_is_newest_first_with_plain_english(shared: Engine) -> None:
+    df = views.events_frame(export_snapshot(shared))
+    assert list(df["step"]) == sorted(df["step"], reverse=True)
+    cow = df[df["kind"] == "cow"].iloc[0]
+    assert cow["request"] == "A.1"
+    assert cow["what happened"] == ("request A.1 wrote into shared block 5: copied it to "
+                                    "block 7 first (copy-on-write)")
+    assert len(views.events_frame(export_snapshot(shared), limit=3)) == 3
+
+
+def test_metric_items_match_the_allocator(shared: Engine) -> None:
+    items = {m.label: m.value for m in views.metric_items(export_snapshot(shared))}
+    m = shared.metrics()
+    assert items["Running requests"] == "3" and items["Finished requests"] == "1"
+    assert items["Used blocks"] == f"{m.allocator.used_blocks} / 32" == "8 / 32"
+    assert items["Cached blocks"] == "3" and items["Free blocks"] == "21"
+    assert items["Shared blocks"] == "5"
+    assert items["Blocks saved by sharing"] == str(m.allocator.blocks_saved_by_sharing) == "10"
+    assert items["Bytes saved by sharing"] == "20.0 KiB"          # 10 x 2048 bytes
+    assert m.bytes_saved_by_sharing == 10 * 2048
+    assert items["Copy-on-write copies"] == "1"
+    assert items["Internal waste"] == f"{m.allocator.internal_waste_slots} slots" == "2 slots"
+    assert items["Filled slots"] == "30 / 32" and items["Slot occupancy"] == "93.8%"
+    # Three prompts looked up: 23 + 23 + 13 tokens; B hit five blocks.
+    assert items["Prefix-cache queries"] == "3 (59 tokens)"
+    assert items["Prefix-cache hits"] == "5 blocks (20 tokens)"
+    assert items["Lost to the block floor"] == f"{m.allocator.prefix_floor_tokens} tokens"
+    assert items["Bytes per block"] == "2.0 KiB" and items["Total KV bytes"] == "64.0 KiB"
+
+
+def test_kernel_info_before_and_after_a_step() -> None:
+    e = engine()
+    before = views.kernel_info(export_snapshot(e))
+    assert not before.ran and before.max_abs_err == "—"
+    e.apply(Add("A", prompt=PROMPT))
+    after = views.kernel_info(export_snapshot(e))
+    assert after.ran and after.backend == "torch" and after.device == "cpu"
+    assert float(after.max_abs_err) < 1e-4
+    assert after.batch == "1 sequence(s), 23 query token(s)"
+
+
+def test_html_escapes_user_text() -> None:
+    e = engine()
+    e.apply(Add("<b>x</b>", prompt="<script>1</script>"))
+    snap = export_snapshot(e)
+    html = views.layouts_html(snap, ["<b>x</b>"]) + views.legend_html(snap) + \
+        views.event_log_html(views.events_frame(snap))
+    assert "<script>" not in html and "<b>x</b>" not in html
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "&lt;scr" in html
+
+
+def test_layouts_mark_shared_and_partial_blocks(shared: Engine) -> None:
+    html = views.layouts_html(export_snapshot(shared), ["A", "A.1"], focused=frozenset({"A"}))
+    assert html.count("×3") == 10                     # five shared blocks, two requests
+    assert "L5 → P5 (3/4, partial)" in html
+    assert "L5 → P7</span>" in html                   # A.1's private, now full, copy
+    assert "▶ <b>A</b>" in html
+
+
+def test_metrics_html_labels_every_value(shared: Engine) -> None:
+    html = views.metrics_html(views.metric_items(export_snapshot(shared)))
+    found = dict(re.findall(r"data-label='([^']+)'>([^<]+)<", html))
+    assert found["Copy-on-write copies"] == "1" and found["Shared blocks"] == "5"
+    assert len(found) == len(views.metric_items(export_snapshot(shared)))
+
+
+def test_vector_spec_has_one_bar_per_component() -> None:
+    vec = torch.arange(32, dtype=torch.float32).reshape(2, 16).numpy()
+    df, spec = views.vector_spec(vec)
+    assert len(df) == 32 and df["value"].iloc[17] == 17.0
+    alt.Chart.from_dict({**spec, "data": {"values": df.to_dict("records")}})
+
+
+# ---- the Playground's helpers ------------------------------------------------------
+
+def test_parse_blocks() -> None:
+    assert parse_blocks("9, 2, 14") == [9, 2, 14]
+    assert parse_blocks("9 2;14") == [9, 2, 14]
+    assert parse_blocks("  ") is None and parse_blocks(None) is None
+    with pytest.raises(PagedLabError, match="'x' is not a block id"):
+        parse_blocks("9, x")
+    with pytest.raises(PagedLabError, match="'-1' is not a block id"):
+        parse_blocks("-1")
+
+
+def test_add_op_builds_what_a_scenario_would() -> None:
+    op = add_op(request="", prompt="hi", prompt_len=None, max_new_tokens=None, blocks="",
+                existing={"A": 1})
+    assert op == Add("B", prompt="hi")
+    op = add_op(request=" R ", prompt="", prompt_len=9, max_new_tokens=3, blocks="9,2,14",
+                existing={})
+    assert op == Add("R", prompt_len=9, max_new_tokens=3, blocks=(9, 2, 14))
+    with pytest.raises(PagedLabError, match="not both"):
+        add_op(request="", prompt="hi", prompt_len=4, max_new_tokens=None, blocks=None,
+               existing={})
+    with pytest.raises(PagedLabError, match="type a prompt"):
+        add_op(request="", prompt="", prompt_len=None, max_new_tokens=None, blocks=None,
+               existing={})
+
+
+def test_generated_ids() -> None:
+    assert next_request_id({}) == "A"
+    assert next_request_id({c: 1 for c in "ABC"}) == "D"
+    assert next_request_id({chr(65 + i): 1 for i in range(26)}) == "R27"
+    assert next_child_id("A", {"A": 1, "A.1": 1}) == "A.2"
+
+
+def test_summarize_names_what_happened(shared: Engine) -> None:
+    text = summarize(shared.apply(Shuffle(seed=3)))
+    assert text.startswith("Step 7: shuffle (seed 3)")
+    assert "move" in text
+    text = summarize(shared.apply(Grow("B", 2)))
+    assert "generated 2 token(s)" in text
+
+
+def test_switch_kernels_keeps_the_state_exactly(shared: Engine) -> None:
+    before = export_snapshot(shared)
+    k0 = shared.cache.k[0].clone()
+    same = switch_kernels(shared, "auto", "auto")
+    assert same is shared and same.kernels.name == "triton-interpreter"
+    assert export_snapshot(same) == before and torch.equal(same.cache.k[0], k0)
+    same.apply(Step(1))
+    assert same.kernel_report.backend == "triton-interpreter"
+    assert same.kernel_report.max_abs_err is not None and same.kernel_report.max_abs_err < 1e-4
+
+
+def test_settings_and_presets() -> None:
+    e = build_engine(Settings(EngineConfig(num_blocks=8), "cpu", "torch"))
+    assert e.config.num_blocks == 8 and e.kernels.name == "torch" and not has_state(e)
+    e.apply(Add("A", prompt="x"))
+    assert has_state(e)
+    assert preset_of(EngineConfig()) == "tiny"
+    assert preset_of(EngineConfig(head_dim=18)) == "custom"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_device_the_machine_lacks_is_refused() -> None:
+    with pytest.raises(PagedLabError, match="no CUDA GPU"):
+        build_engine(Settings(EngineConfig(), "cuda", "torch"))

@@ -1,0 +1,143 @@
+"""The Playground's controls: add a request, act on one, step the batch, move blocks.
+
+Every control is a callback that builds one CONTRACT.md operation and hands
+it to `session.apply`, so the page drawn after it already shows its effect,
+and a refusal shows as the page's error line with the state unchanged.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.engine import Engine
+from backend.ops import Add, Fork, Op
+from backend.playground import add_op, next_child_id, op_from
+from ui import session
+
+
+def render() -> None:
+    engine = session.get_engine()
+    c_add, c_req, c_batch = st.columns([5, 5, 3], gap="medium")
+    with c_add, st.container(border=True):
+        _add_form()
+    with c_req, st.container(border=True):
+        _request_controls(engine)
+    with c_batch, st.container(border=True):
+        _batch_controls()
+
+
+# ---- add ----------------------------------------------------------------------
+
+def _on_add() -> None:
+    ss = st.session_state
+
+    def make(engine: Engine) -> Op:
+        return add_op(request=ss["add_id"], prompt=ss["add_prompt"], prompt_len=ss["add_len"],
+                      max_new_tokens=ss["add_max_new"], blocks=ss["add_pins"],
+                      existing=engine.requests)
+
+    result = session.apply(make)
+    if result is not None and isinstance(result.op, Add):
+        # Keep the prompt (adding it again shows prefix sharing); clear the one-offs,
+        # and put the new request in the per-request controls.
+        ss["add_id"] = ""
+        ss["add_pins"] = ""
+        ss["req_pick"] = result.op.request
+
+
+def _add_form() -> None:
+    st.markdown("**Add a request**")
+    with st.form("add_form", border=False, enter_to_submit=False):
+        st.text_area("Prompt text", key="add_prompt", height=68)
+        c1, c2 = st.columns(2)
+        c1.number_input("…or a random prompt of N tokens", min_value=1, step=1, key="add_len",
+                        placeholder="use the text")
+        c2.number_input("Max new tokens", min_value=1, step=1, key="add_max_new",
+                        placeholder="default", help="Blank: the sidebar's default.")
+        c1, c2 = st.columns(2)
+        c1.text_input("Request id", key="add_id", placeholder="next free letter", max_chars=64)
+        c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
+                      help="Physical blocks to hold the prompt, in order; each must be free.")
+        st.form_submit_button("Add request", key="btn_add", type="primary", on_click=_on_add)
+
+
+# ---- one request --------------------------------------------------------------
+
+def _picked() -> str:
+    rid: str = st.session_state["req_pick"]
+    return rid
+
+
+def _on_grow() -> None:
+    n = st.session_state["req_grow_n"]
+    session.apply(lambda _: op_from({"op": "grow", "request": _picked(), "tokens": n}))
+
+
+def _on_fork() -> None:
+    ss = st.session_state
+    parent = _picked()
+
+    def make(engine: Engine) -> Op:
+        child = ss["req_child"].strip() or next_child_id(parent, engine.requests)
+        return op_from({"op": "fork", "request": parent, "child": child})
+
+    result = session.apply(make)
+    if result is not None and isinstance(result.op, Fork):
+        # The child is what a person usually acts on next (grow it to diverge).
+        ss["req_child"] = ""
+        ss["req_pick"] = result.op.child
+
+
+def _on_finish() -> None:
+    session.apply(lambda _: op_from({"op": "finish", "request": _picked()}))
+
+
+def _request_controls(engine: Engine) -> None:
+    st.markdown("**One request**")
+    live = [r for r in engine.requests.values() if r.status != "finished"]
+    if not live:
+        st.caption("No running or waiting requests: add one.")
+        return
+    ids = [r.id for r in live]
+    ss = st.session_state
+    if ss.get("req_pick") not in ids:
+        ss["req_pick"] = ids[-1]
+    st.selectbox("Request", ids, key="req_pick",
+                 format_func=lambda rid: f"{rid} · {engine.requests[rid].status} · "
+                                         f"{engine.requests[rid].num_tokens} tokens")
+    c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
+    c1.number_input("Grow by (tokens)", min_value=1, max_value=100_000, step=1,
+                    key="req_grow_n")
+    c2.button("Grow", key="btn_grow", on_click=_on_grow, width="stretch",
+              help="Decode tokens for this request alone, one model step each.")
+    c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
+    c1.text_input("Child id", key="req_child", placeholder="auto (e.g. A.1)", max_chars=64)
+    c2.button("Fork", key="btn_fork", on_click=_on_fork, width="stretch",
+              help="The child shares every block of the parent; nothing is copied.")
+    st.button("Finish", key="btn_finish", on_click=_on_finish, width="stretch",
+              help="Release its blocks: each reference count falls by one.")
+
+
+# ---- the batch ----------------------------------------------------------------
+
+def _on_step(count: int | None = None) -> None:
+    n = st.session_state["batch_n"] if count is None else count
+    session.apply(lambda _: op_from({"op": "step", "count": n}))
+
+
+def _on_shuffle() -> None:
+    session.apply(lambda _: op_from({"op": "shuffle"}))
+
+
+def _batch_controls() -> None:
+    st.markdown("**The whole batch**")
+    st.button("Step", key="btn_step", type="primary", on_click=_on_step, args=(1,),
+              width="stretch",
+              help="One continuous-batching iteration: admit waiting requests that fit, "
+                   "then decode one token for every running request.")
+    c1, c2 = st.columns([1, 1], vertical_alignment="bottom")
+    c1.number_input("Steps", min_value=1, max_value=10_000, step=1, key="batch_n")
+    c2.button("Step N", key="btn_step_n", on_click=_on_step, width="stretch")
+    st.button("Shuffle blocks", key="btn_shuffle", on_click=_on_shuffle, width="stretch",
+              help="Move every used block to another physical place (copying its K/V) "
+                   "and rewrite the tables. Outputs must not change.")

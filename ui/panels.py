@@ -1,0 +1,233 @@
+"""The views of an engine's state: metrics, the block grid, tables, events, kernel, addresses.
+
+Each panel draws from a snapshot dict (so a page replaying a scenario can draw
+the same views); only the address translator needs the live engine, since it
+reads K/V from the tensors. Widget keys carry a `prefix` so two pages can
+each keep their own selection; `session.VIEW_PREFIXES` lists the prefixes whose
+keys `session.init` seeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from backend import views
+from backend.engine import Engine
+from backend.errors import PagedLabError
+from backend.views import Snapshot
+
+# Requests whose text is laid out by block; the table above lists every request.
+MAX_LAYOUTS = 12
+
+
+# ---- metrics ------------------------------------------------------------------
+
+def metrics(snap: Snapshot) -> None:
+    st.html(views.metrics_html(views.metric_items(snap)))
+
+
+# ---- focus: a request and its blocks, or a block and its holders -----------------
+
+@dataclass(frozen=True, slots=True)
+class Focus:
+    blocks: frozenset[int]       # blocks the grid outlines
+    requests: frozenset[str]     # requests the layouts mark and list first
+    caption: str
+
+
+def _focus(snap: Snapshot, prefix: str) -> Focus:
+    ss = st.session_state
+    rid = ss.get(f"{prefix}focus_req")
+    blk = ss.get(f"{prefix}focus_block")
+    ids = {r["id"] for r in snap["requests"]}
+    if isinstance(rid, str) and rid in ids:
+        req = views.request_of(snap, rid)
+        table = req["block_table"]
+        text = (f"Request **{rid}** holds blocks {', '.join(map(str, table))}." if table
+                else f"Request **{rid}** is {req['status']}: it holds no blocks.")
+        return Focus(frozenset(table), frozenset({rid}), text)
+    if blk is not None and 0 <= blk < len(snap["blocks"]):
+        b = snap["blocks"][blk]
+        holders = views.holders_by_block(snap)[blk]
+        held = f"held by {', '.join(holders)}" if holders else "held by no request"
+        text = (f"Block **{blk}**: {b['state']}, ref count {b['ref_count']}, "
+                f"{b['num_filled']}/{snap['config']['block_size']} slots filled, "
+                f"hash {(b['hash'] or '—')[:8]}, {held}.")
+        return Focus(frozenset({blk}), frozenset(holders), text)
+    return Focus(frozenset(), frozenset(), "")
+
+
+def _on_focus_request(prefix: str) -> None:
+    st.session_state[f"{prefix}focus_block"] = None
+
+
+def _on_focus_block(prefix: str) -> None:
+    st.session_state[f"{prefix}focus_req"] = None
+
+
+def _on_grid_select(prefix: str) -> None:
+    """A click on a grid cell selects that block (a double click clears it)."""
+    ss = st.session_state
+    state = ss.get(f"{prefix}grid")
+    points = (state or {}).get("selection", {}).get(views.SELECTION, [])
+    ss[f"{prefix}focus_block"] = int(points[0]["id"]) if points else None
+    ss[f"{prefix}focus_req"] = None
+
+
+# ---- the block pool ---------------------------------------------------------------
+
+def pool(snap: Snapshot, prefix: str = "") -> Focus:
+    """The grid with its focus controls and legend; returns the focus for other panels."""
+    ss = st.session_state
+    n = len(snap["blocks"])
+    ids = [r["id"] for r in snap["requests"]]
+    if ss.get(f"{prefix}focus_req") not in (None, *ids):
+        ss[f"{prefix}focus_req"] = None
+    if (ss.get(f"{prefix}focus_block") or 0) >= n:
+        ss[f"{prefix}focus_block"] = None
+    c1, c2, c3 = st.columns([2, 2, 2])
+    c1.selectbox("Highlight a request", [None, *ids], key=f"{prefix}focus_req",
+                 format_func=lambda v: "none" if v is None else v, placeholder="none",
+                 on_change=_on_focus_request, args=(prefix,))
+    c2.number_input("Inspect a block", min_value=0, max_value=n - 1, step=1,
+                    key=f"{prefix}focus_block", placeholder="click a cell, or type an id",
+                    on_change=_on_focus_block, args=(prefix,))
+    pages = views.num_pages(n)
+    page = 0
+    if pages > 1:
+        if ss.get(f"{prefix}grid_page", 0) >= pages:
+            ss[f"{prefix}grid_page"] = 0
+        page = c3.selectbox(
+            "Blocks shown", list(range(pages)), key=f"{prefix}grid_page",
+            format_func=lambda p: f"{p * views.PAGE_SIZE}–{min(n, (p + 1) * views.PAGE_SIZE) - 1}")
+    focus = _focus(snap, prefix)
+    if pages > 1:
+        odf, ospec = views.overview_spec(snap)
+        st.vega_lite_chart(odf, ospec, width="content", key=f"{prefix}overview")
+    st.markdown(f"**{views.grid_title(snap, page)}**")
+    df, spec = views.grid_spec(snap, page=page, focus_blocks=focus.blocks, titled=False)
+    st.vega_lite_chart(df, spec, key=f"{prefix}grid", on_select=lambda: _on_grid_select(prefix),
+                       selection_mode=views.SELECTION, width="content")
+    st.caption("Click a block to see who holds it (double-click clears); hover for details.")
+    if focus.caption:
+        st.markdown(focus.caption)
+    st.html(views.legend_html(snap))
+    return focus
+
+
+# ---- block tables -------------------------------------------------------------------
+
+def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
+    focus = focus or Focus(frozenset(), frozenset(), "")
+    df = views.requests_frame(snap)
+    if df.empty:
+        st.caption("No requests yet.")
+        return
+    st.dataframe(df, hide_index=True, width="stretch",
+                 height=min(35 * (len(df) + 1) + 3, 320))
+    live = [r["id"] for r in snap["requests"] if r["status"] != "finished"]
+    order = [r for r in live if r in focus.requests] + [r for r in live
+                                                         if r not in focus.requests]
+    shown = order[:MAX_LAYOUTS]
+    if shown:
+        st.caption("Each request's text, split where its blocks split: L = logical block, "
+                   "P = physical block, ×N = shared by N tables, · = an empty slot.")
+        st.html(views.layouts_html(snap, shown, highlight_blocks=focus.blocks,
+                                   focused=focus.requests))
+    hidden = len(order) - len(shown)
+    finished = len(snap["requests"]) - len(live)
+    notes = []
+    if hidden:
+        notes.append(f"{hidden} more running or waiting request(s): highlight one to show it "
+                     "first")
+    if finished:
+        notes.append(f"{finished} finished request(s) hold no blocks")
+    if notes:
+        st.caption("; ".join(notes) + ".")
+
+
+# ---- events -----------------------------------------------------------------------
+
+def events(snap: Snapshot) -> None:
+    total = len(snap["events"])
+    df = views.events_frame(snap)
+    shown = f"newest {len(df)} of {total}" if total > len(df) else f"{total}"
+    st.caption(f"Newest first ({shown} events).")
+    with st.container(height=340):
+        st.html(views.event_log_html(df))
+
+
+# ---- kernel -----------------------------------------------------------------------
+
+def kernel(snap: Snapshot, engine: Engine | None = None) -> None:
+    """Which backend and device ran the last step, its time, and its distance from the reference."""
+    info = views.kernel_info(snap)
+    if not info.ran:
+        st.markdown("No model step yet: add a request.")
+    else:
+        st.markdown(
+            f"- Last step ran on **{info.backend}** ({info.device})\n"
+            f"- Step time: **{info.time_ms}** for {info.batch}\n"
+            f"- Max \\|paged − contiguous reference\\|: **{info.max_abs_err}**")
+    notes = []
+    if engine is not None and engine.kernels.name != info.backend:
+        notes.append(f"The next step runs on **{engine.kernels.name}** ({engine.device}).")
+    if "triton-interpreter" in (info.backend, engine.kernels.name if engine else ""):
+        notes.append("On this CPU the Triton kernel runs under Triton's interpreter: slow, but "
+                     "the real kernel. Pick *torch* in the sidebar for speed.")
+    if notes:
+        st.caption(" ".join(notes))
+
+
+# ---- address translator ----------------------------------------------------------------
+
+def translator(engine: Engine, prefix: str = "") -> None:
+    """Request + position -> logical block, offset, physical block, slot, and the stored K."""
+    ss = st.session_state
+    running = list(engine.running)
+    if not running:
+        st.caption("Add a request to translate its token positions.")
+        return
+    if ss.get(f"{prefix}tr_req") not in running:
+        ss[f"{prefix}tr_req"] = running[0]
+    c1, c2, c3 = st.columns([2, 2, 1])
+    rid = c1.selectbox("Request", running, key=f"{prefix}tr_req")
+    n = engine.requests[rid].num_tokens
+    if not 0 <= (ss.get(f"{prefix}tr_pos") or 0) < n:
+        ss[f"{prefix}tr_pos"] = min(max(0, ss.get(f"{prefix}tr_pos") or 0), n - 1)
+    pos = c2.number_input("Token position", min_value=0, max_value=n - 1, step=1,
+                          key=f"{prefix}tr_pos", help=f"0 to {n - 1}: the request's tokens.")
+    layers = engine.config.num_layers
+    if ss.get(f"{prefix}tr_layer", 0) >= layers:
+        ss[f"{prefix}tr_layer"] = 0
+    layer = c3.number_input("Layer", min_value=0, max_value=layers - 1, step=1,
+                            key=f"{prefix}tr_layer")
+    try:
+        addr, key, _value = engine.read_kv(rid, int(pos), int(layer))
+    except PagedLabError as exc:  # a stale position after the request changed
+        st.error(str(exc))
+        return
+    bs = engine.config.block_size
+    table = engine.block_table(rid)
+    st.markdown(
+        f"position **{addr.position}** ÷ block size **{bs}** → logical block "
+        f"**{addr.logical_block}**, offset **{addr.offset}**  \n"
+        f"block table {table} → entry {addr.logical_block} is physical block "
+        f"**{addr.physical_block}**  \n"
+        f"slot = {addr.physical_block} × {bs} + {addr.offset} = **{addr.slot}**")
+    tok = engine.requests[rid].tokens[addr.position]
+    st.caption(f"Token {tok} ({chr(tok)!r}) · key vector read from layer {layer}'s K tensor at "
+               f"slot {addr.slot}, shape {list(key.shape)} (KV heads × head dim)"
+               if 32 <= tok <= 126 else
+               f"Token {tok} · key vector read from layer {layer}'s K tensor at slot "
+               f"{addr.slot}, shape {list(key.shape)} (KV heads × head dim)")
+    vdf, vspec = views.vector_spec(key.numpy())
+    st.vega_lite_chart(vdf, vspec, width="stretch", key=f"{prefix}tr_chart")
+    kdf = pd.DataFrame(key.numpy(), index=[f"K head {h}" for h in range(key.shape[0])])
+    kdf.columns = [str(c) for c in kdf.columns]
+    st.dataframe(kdf, width="stretch", height=35 * (len(kdf) + 1) + 3,
+                 column_config={c: st.column_config.NumberColumn(format="%.3f")
+                                for c in kdf.columns})

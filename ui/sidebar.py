@@ -1,0 +1,103 @@
+"""The shared sidebar: pool, model and kernel settings, with a confirm step before a reset."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.config import DTYPE_BYTES, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS
+from backend.playground import (
+    ALLOCATION_LABELS,
+    KERNEL_LABELS,
+    MODEL_PRESETS,
+    device_choices,
+    kernel_choices,
+)
+from ui import session
+
+
+def render() -> None:
+    with st.sidebar:
+        st.subheader("Pool and model")
+        _config_fields()
+        _confirm_or_apply()
+        st.divider()
+        st.subheader("Kernel")
+        _kernel_fields()
+        st.divider()
+        st.button("Reset engine", key="btn_reset", on_click=session.reset,
+                  help="Discard every request and start an empty engine with the applied "
+                       "settings.", width="stretch")
+
+
+def _config_fields() -> None:
+    c1, c2 = st.columns(2)
+    c1.number_input("Pool size (blocks)", min_value=1, max_value=MAX_NUM_BLOCKS, step=1,
+                    key="cfg_num_blocks", help="Physical KV blocks in the pool.")
+    c2.number_input("Block size (slots)", min_value=1, max_value=MAX_BLOCK_SIZE, step=1,
+                    key="cfg_block_size", help="Token positions per block.")
+    st.radio("Allocation", ["fifo", "random"], key="cfg_allocation", horizontal=True,
+             format_func=lambda v: ALLOCATION_LABELS[v],
+             help="Queue order hands out free blocks 0, 1, 2, ... and reuses freed ones "
+                  "last; scattered picks a seeded random free block.")
+    st.toggle("Prefix caching", key="cfg_prefix_caching",
+              help="Full prompt blocks whose tokens are already cached are shared, not "
+                   "recomputed.")
+    st.selectbox("Model size", [*MODEL_PRESETS, "custom"], key="cfg_model",
+                 on_change=session.model_preset_changed,
+                 format_func=lambda v: v if v == "custom" else
+                 f"{v} ({MODEL_PRESETS[v]['num_layers']} layers, "
+                 f"{MODEL_PRESETS[v]['num_heads']} heads)")
+    c1, c2 = st.columns(2)
+    c1.number_input("Layers", min_value=1, max_value=8, step=1, key="cfg_num_layers",
+                    on_change=session.model_dims_changed)
+    c2.number_input("Head dim", min_value=16, max_value=256, step=2, key="cfg_head_dim",
+                    on_change=session.model_dims_changed)
+    c1.number_input("Heads", min_value=1, max_value=32, step=1, key="cfg_num_heads",
+                    on_change=session.model_dims_changed)
+    c2.number_input("KV heads", min_value=1, max_value=32, step=1, key="cfg_num_kv_heads",
+                    on_change=session.model_dims_changed,
+                    help="Grouped-query attention: heads share K/V in groups.")
+    st.selectbox("dtype", list(DTYPE_BYTES), key="cfg_dtype")
+    with st.expander("More settings"):
+        st.number_input("Seed", min_value=0, step=1, key="cfg_seed",
+                        help="Seeds the model weights, random prompts and sampling.")
+        st.number_input("Default max new tokens", min_value=1, step=1, key="cfg_max_new",
+                        placeholder="no limit",
+                        help="For requests added without their own limit; blank: none.")
+
+
+def _confirm_or_apply() -> None:
+    """Apply changed fields at once if nothing would be lost; otherwise ask first."""
+    config, error = session.fields_config()
+    st.session_state[session.PENDING] = False
+    if error is not None:
+        st.error(error)
+        return
+    assert config is not None
+    if config == session.get_settings().config:
+        return
+    if not session.engine_has_state():
+        session.apply_config(config)
+        return
+    st.session_state[session.PENDING] = True
+    engine = session.get_engine()
+    st.warning(f"These settings need a new engine: the current {len(engine.requests)} "
+               f"request(s) and {engine.step} step(s) will be discarded.")
+    c1, c2 = st.columns(2)
+    c1.button("Apply and reset", key="btn_apply_config", type="primary",
+              on_click=session.apply_pending, width="stretch")
+    c2.button("Keep current", key="btn_keep_config", on_click=session.keep_current,
+              width="stretch")
+
+
+def _kernel_fields() -> None:
+    st.selectbox("Device", device_choices(), key="dev_device", on_change=session.change_kernel,
+                 help="Only devices this machine has. auto: CUDA if torch sees a GPU.")
+    st.segmented_control("Kernel", kernel_choices(), key="dev_kernel", required=True,
+                         format_func=lambda v: KERNEL_LABELS[v],
+                         on_change=session.change_kernel,
+                         help="auto and Triton run the Triton kernels (compiled on a GPU, "
+                              "interpreted on a CPU); torch is a vectorized path, fast on "
+                              "a CPU. Switching keeps every request.")
+    engine = session.get_engine()
+    st.caption(f"Next step runs on **{engine.kernels.name}** ({engine.device}).")
