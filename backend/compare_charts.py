@@ -1,0 +1,173 @@
+"""Altair charts for the "Contiguous vs paged" page, built from backend.compare_views frames.
+
+Every chart colours the five memory states the same way, and every chart
+that uses colour also names the states (legend, tooltip or axis), so they
+stay distinguishable without it. The palette keeps the kinds apart in
+lightness too: dark token states, light reservation, mid internal
+fragmentation, dark red external fragmentation, pale free space.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from backend.compare_views import KIND_LABELS, POLICY_ORDER
+
+KIND_DOMAIN: list[str] = list(KIND_LABELS.values())
+KIND_COLORS: list[str] = ["#1f4e8c", "#8fbce6", "#f0a04b", "#b2182b", "#e6e6e6"]
+
+
+# Streamlit counts a fixed height as the whole chart, legend and axes included, which
+# squeezes banded (nominal) axes to nothing: those get a height per band instead.
+BAND = alt.Step(34)
+
+
+def _kind_color(legend: bool = True) -> alt.Color:
+    return alt.Color("kind:N", title="state",
+                     scale=alt.Scale(domain=KIND_DOMAIN, range=KIND_COLORS),
+                     legend=alt.Legend(orient="bottom", columns=2, labelLimit=240)
+                     if legend else None)
+
+
+def slot_strip(df: pd.DataFrame, title: str, *, width: int = 520) -> alt.LayerChart:
+    """One row of slots per stage (y), slot number on x, owner letters written in."""
+    stages = list(dict.fromkeys(df["stage"]))
+    base = alt.Chart(df).encode(
+        x=alt.X("slot:O", title="slot", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("stage:N", sort=stages, title=None, axis=alt.Axis(labelLimit=260)),
+    )
+    tooltip = ["stage:N", "slot:O", "kind:N", "owner:N"]
+    if "block" in df.columns:
+        tooltip.insert(2, "block:O")
+    cells = base.mark_rect(stroke="white", strokeWidth=2).encode(
+        color=_kind_color(), tooltip=tooltip)
+    text = base.mark_text(fontWeight="bold").encode(
+        text="owner:N",
+        color=alt.condition(
+            "datum.kind == 'token states' || datum.kind == 'external fragmentation'",
+            alt.value("white"), alt.value("black")))
+    return (cells + text).properties(title=title, width=width, height=BAND)
+
+
+def kind_legend(columns: int = 3) -> alt.LayerChart:
+    """The five states as labelled swatches in a small grid: the shared legend of the maps."""
+    df = pd.DataFrame({"kind": KIND_DOMAIN,
+                       "col": [i % columns for i in range(len(KIND_DOMAIN))],
+                       "row": [i // columns for i in range(len(KIND_DOMAIN))]})
+    base = alt.Chart(df).encode(x=alt.X("col:O", axis=None), y=alt.Y("row:O", axis=None))
+    swatch = base.mark_square(size=200, filled=True, opacity=1, stroke="#555",
+                              strokeWidth=0.5, xOffset=-80).encode(color=_kind_color(legend=False))
+    label = base.mark_text(align="left", dx=-68, fontSize=13).encode(text="kind:N")
+    return (swatch + label).properties(width=alt.Step(200), height=alt.Step(24))
+
+
+def memory_map(df: pd.DataFrame, title: str, capacity: int, x_domain: tuple[int, int],
+               *, height: int = 360) -> alt.Chart:
+    """x = iteration, y = slot, colour = state: the memory over time (legend: kind_legend)."""
+    return alt.Chart(df).mark_rect().encode(
+        x=alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=list(x_domain))),
+        x2="iteration_end:Q",
+        y=alt.Y("start:Q", title="slot", scale=alt.Scale(domain=[0, capacity], nice=False)),
+        y2="end:Q",
+        color=_kind_color(legend=False),
+        tooltip=["iteration:Q", "kind:N", "owner:N", "start:Q", "slots:Q"],
+    ).properties(title=title, height=height)
+
+
+def fractions_area(df: pd.DataFrame, x_domain: tuple[int, int], *, height: int = 160
+                   ) -> alt.Chart:
+    """The five shares stacked over time, in a fixed order (token states at the bottom)."""
+    return alt.Chart(df).mark_area().encode(
+        x=alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=list(x_domain))),
+        y=alt.Y("fraction:Q", stack="normalize", title="share of memory",
+                axis=alt.Axis(format="%")),
+        color=_kind_color(legend=False),
+        order=alt.Order("order:Q", sort="ascending"),
+        tooltip=["iteration:Q", "kind:N", alt.Tooltip("fraction:Q", format=".1%")],
+    ).properties(height=height)
+
+
+def breakdown_bars(df: pd.DataFrame, *, title: str = "Where the KV memory goes") -> alt.Chart:
+    """Stacked horizontal bars, one per policy: the five time-averaged shares."""
+    policies = [p for p in POLICY_ORDER if p in set(df["policy"])]
+    return alt.Chart(df).mark_bar().encode(
+        y=alt.Y("policy:N", sort=policies, title=None),
+        x=alt.X("fraction:Q", stack="normalize", title="share of KV capacity (time average)",
+                axis=alt.Axis(format="%")),
+        color=_kind_color(),
+        order=alt.Order("order:Q", sort="ascending"),
+        tooltip=["policy:N", "kind:N", alt.Tooltip("fraction:Q", format=".1%")],
+    ).properties(title=title, height=BAND)
+
+
+def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = False,
+                integer: bool = False, paper_field: str | None = None
+                ) -> alt.LayerChart | alt.Chart:
+    """One bar per policy for `field`, labelled with its value; optional paper ticks."""
+    policies = [p for p in POLICY_ORDER if p in set(df["policy"])]
+    fmt = ".1%" if percent else ",.0f" if integer else ".1f"
+    axis = alt.Axis(format="%") if percent else alt.Axis()
+    base = alt.Chart(df).encode(x=alt.X("policy:N", sort=policies, title=None,
+                                        axis=alt.Axis(labelAngle=0)))
+    bars = base.mark_bar(color="#1f4e8c").encode(
+        y=alt.Y(f"{field}:Q", title=title, axis=axis),
+        tooltip=["policy:N", alt.Tooltip(f"{field}:Q", format=fmt)])
+    if paper_field is None:
+        labels = base.mark_text(baseline="bottom", dy=-3).encode(
+            y=f"{field}:Q", text=alt.Text(f"{field}:Q", format=fmt))
+        return (bars + labels).properties(title=title, height=240)
+    # Inside the bar's top, so that the paper's tick just above or below stays readable.
+    labels = base.mark_text(baseline="top", dy=4, color="white", fontWeight="bold").encode(
+        y=f"{field}:Q", text=alt.Text(f"{field}:Q", format=fmt))
+    ticks = base.mark_tick(color="#b2182b", thickness=3, size=36).encode(
+        y=f"{paper_field}:Q",
+        tooltip=["policy:N", alt.Tooltip(f"{paper_field}:Q", format=fmt,
+                                         title="paper (Figure 2)")])
+    return (bars + labels + ticks).properties(title=title, height=240)
+
+
+def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
+    """Tail waste and table entries against block size (log 2 axis), side by side."""
+    x = alt.X("block size:Q", scale=alt.Scale(type="log", base=2),
+              axis=alt.Axis(values=[int(v) for v in df["block size"]]))
+    waste = alt.Chart(df).mark_line(point=alt.OverlayMarkDef(color="#f0a04b"),
+                                    color="#f0a04b").encode(
+        x=x, y=alt.Y("tail waste:Q", axis=alt.Axis(format="%"),
+                     title="tail waste (share of allocated slots)"),
+        tooltip=["block size:Q", alt.Tooltip("tail waste:Q", format=".2%")],
+    ).properties(title="Tail waste grows with the block size", width=260, height=240)
+    entries = alt.Chart(df).mark_line(point=True, color="#1f4e8c").encode(
+        x=x, y=alt.Y("table entries per request:Q", scale=alt.Scale(type="log"),
+                     title="block-table entries per request"),
+        tooltip=["block size:Q", alt.Tooltip("table entries per request:Q", format=".1f")],
+    ).properties(title="Table entries shrink with it", width=260, height=240)
+    return alt.hconcat(waste, entries)
+
+
+def block_batch_line(df: pd.DataFrame) -> alt.Chart:
+    """Mean batch size the simulator reached per block size (log 2 axis)."""
+    return alt.Chart(df).mark_line(point=True, color="#1f4e8c").encode(
+        x=alt.X("block size:Q", scale=alt.Scale(type="log", base=2),
+                axis=alt.Axis(values=[int(v) for v in df["block size"]])),
+        y=alt.Y("mean batch size:Q", scale=alt.Scale(zero=False)),
+        tooltip=["block size:Q", alt.Tooltip("mean batch size:Q", format=".2f"),
+                 alt.Tooltip("internal fragmentation:Q", format=".2%"), "preemptions:Q"],
+    ).properties(title="Mean batch size in the simulator", height=240)
+
+
+def sharing_bars(df: pd.DataFrame) -> alt.FacetChart:
+    """Saved share per n, one panel per kind, with the paper's range as a band."""
+    # No data on the layers: a faceted layer takes its data from the top.
+    base = alt.Chart().encode(x=alt.X("n:O", title="samples / beam width",
+                                      axis=alt.Axis(labelAngle=0)))
+    band = base.mark_bar(color="#b2182b", opacity=0.18).encode(
+        y=alt.Y("paper low:Q"), y2="paper high:Q",
+        tooltip=["kind:N", "n:O", "paper range:N"])
+    bars = base.mark_bar(color="#1f4e8c", size=28).encode(
+        y=alt.Y("saved:Q", title="block memory saved by sharing", axis=alt.Axis(format="%")),
+        tooltip=["kind:N", "n:O", alt.Tooltip("saved:Q", format=".1%"), "paper range:N"])
+    labels = base.mark_text(dy=-7).encode(y="saved:Q", text=alt.Text("saved:Q", format=".1%"))
+    return alt.layer(band, bars, labels, data=df).properties(width=220, height=240).facet(
+        column=alt.Column("kind:N", title=None, sort=["parallel sampling", "beam search"])
+    ).resolve_scale(y="independent")

@@ -1,0 +1,125 @@
+"""View models for the block-size, sharing and memory-calculator sections of the
+"Contiguous vs paged" page: pandas DataFrames and sentences (no Streamlit)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from backend.compare_blocks import BlockSizePoint
+from backend.compare_views import pct
+from backend.memory_calc import MODELS, KVCapacity
+from backend.sharing import SharingResult
+from backend.simulator import SimResult
+
+# ---- block size ------------------------------------------------------------------
+
+
+def block_sweep_frame(points: Sequence[BlockSizePoint]) -> pd.DataFrame:
+    """One row per block size; means rounded for display, the waste share left exact."""
+    return pd.DataFrame([{
+        "block size": p.block_size, "tail waste": p.tail_waste_share,
+        "empty slots in the last block": round(p.mean_tail_slots, 2),
+        "table entries per request": round(p.mean_table_entries, 2),
+        "largest table": p.max_table_entries,
+        "table entries per running request": round(p.mean_live_entries, 2),
+    } for p in points])
+
+
+def block_tradeoff_sentence(points: Sequence[BlockSizePoint], picks: Sequence[int] = (1, 16, 256)
+                            ) -> str:
+    """'block size 16: x% tail waste, y table entries per request; ...' for the picks present."""
+    by = {p.block_size: p for p in points}
+    parts = [f"block size {b}: {pct(by[b].tail_waste_share)} tail waste, "
+             f"{by[b].mean_table_entries:.1f} table entries per request"
+             for b in picks if b in by]
+    return "; ".join(parts) + "." if parts else ""
+
+
+def block_batch_frame(results: Sequence[SimResult]) -> pd.DataFrame:
+    """Paged simulator results by block size: mean batch, internal fragmentation, preemptions."""
+    return pd.DataFrame([{"block size": r.block_size, "mean batch size": r.mean_batch_size,
+                          "internal fragmentation": r.memory["internal_fragmentation"],
+                          "preemptions": r.preemptions} for r in results])
+
+
+def block_batch_sentence(results: Sequence[SimResult]) -> str:
+    """The smallest and largest block sizes' mean batch and internal fragmentation."""
+    if not results:
+        return ""
+    ends = sorted(results, key=lambda r: r.block_size or 0)
+    parts = [f"block size {r.block_size}: mean batch {r.mean_batch_size:.1f}, "
+             f"{pct(r.memory['internal_fragmentation'])} internal fragmentation"
+             for r in (ends[0], ends[-1])]
+    return "In the simulator, " + "; ".join(parts) + "."
+
+
+# ---- sharing -----------------------------------------------------------------------
+
+
+def sharing_frame(results: Sequence[SharingResult]) -> pd.DataFrame:
+    """One row per (kind, n): saved share of block memory beside the paper's range."""
+    names = {"parallel": "parallel sampling", "beam": "beam search"}
+    return pd.DataFrame([{
+        "kind": names[r.kind], "n": r.n, "saved": r.saved_fraction,
+        "paper low": r.paper_low, "paper high": r.paper_high,
+        "paper range": f"{pct(r.paper_low)} - {pct(r.paper_high)}",
+        "copy-on-write copies": r.trace.cow_copies,
+        "peak blocks shared": r.trace.peak_used_blocks,
+        "peak blocks unshared": r.trace.peak_unshared_blocks,
+        "requests": r.requests,
+    } for r in results])
+
+
+def sharing_sentence(results: Sequence[SharingResult]) -> str:
+    """Our saved range per kind beside the paper's, e.g. 'Parallel sampling (2, 4, 6) saved
+    3.3% to 6.2% of block memory (paper: 6.1% to 9.8%); beam search ...'."""
+    names = {"parallel": "Parallel sampling", "beam": "beam search"}
+    parts: list[str] = []
+    for kind, name in names.items():
+        rs = sorted((r for r in results if r.kind == kind), key=lambda r: r.n)
+        if not rs:
+            continue
+        ns = ", ".join(str(r.n) for r in rs)
+        lo = min(r.saved_fraction for r in rs)
+        hi = max(r.saved_fraction for r in rs)
+        parts.append(f"{name} ({ns}) saved {pct(lo)} to {pct(hi)} of block memory "
+                     f"(paper: {pct(rs[0].paper_low)} to {pct(rs[0].paper_high)})")
+    return "; ".join(parts) + "." if parts else ""
+
+
+# ---- memory calculator ---------------------------------------------------------------
+
+
+def human_bytes(n: int) -> str:
+    """Bytes in binary units: 819200 -> '800 KiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:,.0f} {unit}" if value == int(value) else f"{value:,.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def capacity_blocks_frame(cap: KVCapacity) -> pd.DataFrame:
+    """One row per block size: bytes per block, blocks, tokens and requests that fit."""
+    return pd.DataFrame([{
+        "block size": b.block_size, "bytes per block": b.bytes_per_block,
+        "per block": human_bytes(b.bytes_per_block), "blocks": b.num_blocks,
+        "KV tokens": b.kv_tokens, "blocks per request": b.blocks_per_request,
+        "requests that fit": b.requests, "tail waste per request (slots)": b.tail_waste_slots,
+    } for b in cap.per_block])
+
+
+def models_frame(kv_dtype_bytes: int = 2) -> pd.DataFrame:
+    """Every known model's KV bytes per token and per 16-token block."""
+    return pd.DataFrame([{
+        "model": m.name, "layers": m.num_layers, "query heads": m.num_heads,
+        "KV heads": m.num_kv_heads, "head dim": m.head_dim,
+        "parameters (B)": round(m.num_params / 1e9, 2),
+        "bytes per token": m.kv_bytes_per_token(kv_dtype_bytes),
+        "per token": human_bytes(m.kv_bytes_per_token(kv_dtype_bytes)),
+        "per 16-token block": human_bytes(m.kv_bytes_per_block(16, kv_dtype_bytes)),
+        "source": m.source,
+    } for m in MODELS.values()])

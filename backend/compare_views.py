@@ -1,0 +1,260 @@
+"""View models for the "Contiguous vs paged" page: pandas DataFrames and sentences.
+
+Pure functions over backend results (no Streamlit): labels, the seed's example,
+the memory maps and the simulator's results here; the block-size, sharing and
+memory-calculator tables in backend.compare_tables. Charts built from these
+frames live in backend.compare_charts. Fractions stay fractions (0..1); the
+charts and the page format them as percentages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from backend.compare_replay import MapReplay, MapSegment
+from backend.compare_seed import SeedExample
+from backend.contiguous import SEGMENT_KINDS
+from backend.simulator import SimResult
+
+KIND_LABELS: dict[str, str] = {
+    "token_states": "token states", "reservation": "reservation",
+    "internal_fragmentation": "internal fragmentation",
+    "external_fragmentation": "external fragmentation", "free": "free",
+}
+POLICY_LABELS: dict[str, str] = {
+    "max": "contiguous, max length", "pow2": "contiguous, next power of two",
+    "oracle": "contiguous, exact final length", "paged": "paged",
+}
+POLICY_SHORT: dict[str, str] = {"max": "max length", "pow2": "next power of two",
+                                "oracle": "exact final length", "paged": "paged"}
+POLICY_ORDER: tuple[str, ...] = ("max", "pow2", "oracle", "paged")
+# The PagedAttention paper's Figure 2: the share of KV memory holding token
+# states, measured on the paper's own testbed, and the systems it names.
+PAPER_TOKEN_SHARE: dict[str, float] = {"max": 0.204, "pow2": 0.268, "oracle": 0.382,
+                                       "paged": 0.963}
+PAPER_SYSTEMS: dict[str, str] = {"max": "Orca (Max)", "pow2": "Orca (Pow2)",
+                                 "oracle": "Orca (Oracle)", "paged": "vLLM"}
+
+
+def pct(x: float) -> str:
+    """A fraction as a percentage with one decimal: 0.2044 -> '20.4%'."""
+    return f"{100 * x:.1f}%"
+
+
+# ---- the seed's example ------------------------------------------------------
+
+
+def seed_arena_slots(ex: SeedExample) -> pd.DataFrame:
+    """One row per slot per stage of the arena: stage, slot, kind, owner ('' when free)."""
+    rows: list[dict[str, object]] = []
+    for stage in ex.arena:
+        for seg in stage.segments:
+            for slot in range(seg.start, seg.start + seg.length):
+                rows.append({"stage": stage.label, "slot": slot, "kind": KIND_LABELS[seg.kind],
+                             "owner": seg.owner or ""})
+    return pd.DataFrame(rows)
+
+
+def seed_pool_slots(ex: SeedExample) -> pd.DataFrame:
+    """One row per slot per stage of the paged pool: stage, slot, block, kind, owner."""
+    rows: list[dict[str, object]] = []
+    bs = ex.block_size
+    for stage in ex.pool:
+        for blk in stage.blocks:
+            for off in range(bs):
+                if blk.owner is None:
+                    kind = "free"
+                elif off < blk.filled:
+                    kind = "token_states"
+                else:
+                    kind = "internal_fragmentation"
+                rows.append({"stage": stage.label, "slot": blk.block * bs + off,
+                             "block": blk.block, "kind": KIND_LABELS[kind],
+                             "owner": blk.owner or ""})
+        # Slots past the last whole block belong to no block.
+        for slot in range(len(stage.blocks) * bs, ex.capacity):
+            rows.append({"stage": stage.label, "slot": slot, "block": -1,
+                         "kind": KIND_LABELS["free"], "owner": ""})
+    return pd.DataFrame(rows)
+
+
+def seed_stage_table(ex: SeedExample) -> pd.DataFrame:
+    """Per stage: the arena's free total, largest hole, holes and waiting requests."""
+    return pd.DataFrame([{
+        "stage": s.label, "free slots": s.free_total, "largest hole": s.largest_hole,
+        "holes (start, length)": ", ".join(f"({a}, {n})" for a, n in s.holes) or "none",
+        "waiting": ", ".join(s.waiting) or "none",
+    } for s in ex.arena])
+
+
+def seed_block_tables(ex: SeedExample) -> pd.DataFrame:
+    """The pool's block tables after the last stage: request, tokens, table."""
+    last = ex.pool[-1]
+    return pd.DataFrame([{"request": rid, "tokens": last.tokens[rid],
+                          "block table": str(list(table))}
+                         for rid, table in last.tables.items()])
+
+
+# ---- one workload, two memories -----------------------------------------------
+
+
+_KIND_INDEX = {k: i for i, k in enumerate(SEGMENT_KINDS)}
+
+
+def _binned(segments: tuple[MapSegment, ...], capacity: int, per: int
+            ) -> list[tuple[int, int, str, str | None]]:
+    """Runs of (start, end, kind, owner) with slots grouped `per` to a row.
+
+    A row shows the state holding most of its slots (ties go to the kind
+    listed first, as in ContiguousArena.render) and that state's first owner.
+    """
+    kinds = np.repeat([_KIND_INDEX[s.kind] for s in segments], [s.length for s in segments])
+    owners = [s.owner for s in segments]
+    owner_ix = np.repeat(np.arange(len(segments)), [s.length for s in segments])
+    rows = -(-capacity // per)
+    pad = rows * per - capacity
+    # Padding counts as nothing: kind index len(SEGMENT_KINDS) never wins.
+    k2 = np.concatenate([kinds, np.full(pad, len(SEGMENT_KINDS))]).reshape(rows, per)
+    o2 = np.concatenate([owner_ix, np.zeros(pad, dtype=np.int64)]).reshape(rows, per)
+    counts = np.stack([(k2 == k).sum(axis=1) for k in range(len(SEGMENT_KINDS))], axis=1)
+    dominant = counts.argmax(axis=1)
+    first = (k2 == dominant[:, None]).argmax(axis=1)
+    owner = o2[np.arange(rows), first]
+    out: list[tuple[int, int, str, str | None]] = []
+    for r, (k, o) in enumerate(zip(dominant.tolist(), owner.tolist(), strict=True)):
+        kind, who = SEGMENT_KINDS[k], owners[o]
+        end = min((r + 1) * per, capacity)
+        if out and out[-1][2] == kind and out[-1][3] == who:
+            out[-1] = (out[-1][0], end, kind, who)
+        else:
+            out.append((r * per, end, kind, who))
+    return out
+
+
+def _rects(replay: MapReplay, lo: int, stride: int, per: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    seen: set[int] = set()
+    for f in replay.frames:
+        col = (f.iteration - lo) // stride
+        if f.segments is None or col in seen:
+            continue
+        seen.add(col)
+        x = lo + col * stride
+        runs = ([(s.start, s.start + s.length, s.kind, s.owner) for s in f.segments]
+                if per == 1 else _binned(f.segments, replay.capacity, per))
+        for start, end, kind, owner in runs:
+            rows.append({"iteration": x, "iteration_end": x + stride, "start": start,
+                         "end": end, "slots": end - start, "kind": KIND_LABELS[kind],
+                         "owner": owner or ""})
+    return rows
+
+
+def map_segments(replay: MapReplay, *, first: int | None = None, last: int | None = None,
+                 max_rects: int = 4500, max_columns: int = 200, max_rows: int = 384
+                 ) -> tuple[pd.DataFrame, int]:
+    """Rectangles of the memory map and the iterations each column spans.
+
+    Long replays are drawn one column per `stride` iterations, each showing
+    the first snapshot in its span, with at most `max_columns` columns and
+    `max_rects` rectangles (a browser draws a few thousand marks quickly, not
+    tens of thousands). The stride is a multiple of the replay's snapshot
+    spacing, so every busy span has a snapshot. More slots than `max_rows`
+    (more than a chart has pixels for) are grouped into rows of equal size,
+    each showing its dominant state. Columns: iteration, iteration_end, start,
+    end, slots, kind, owner.
+    """
+    shots = [f for f in replay.frames if f.segments is not None]
+    lo = replay.frames[0].iteration if first is None else first
+    hi = replay.frames[-1].iteration if last is None else last
+    span = hi - lo + 1
+    every = replay.snapshot_every
+    per_shot = min(max_rows, sum(len(f.segments or ()) for f in shots) / len(shots))
+    columns = max(1, min(max_columns, int(max_rects / per_shot)))
+    stride = every * max(1, -(-span // (columns * every)))
+    per = -(-replay.capacity // max_rows)
+    rows = _rects(replay, lo, stride, per)
+    # The mean segment count can undershoot a busy stretch: widen until it fits.
+    while len(rows) > max_rects and stride < span:
+        stride = every * -(-stride * len(rows) // (max_rects * every))
+        rows = _rects(replay, lo, stride, per)
+    return pd.DataFrame(rows), stride
+
+
+def map_fractions(replay: MapReplay, stride: int = 1) -> pd.DataFrame:
+    """Long form: iteration, kind, fraction (mean over each span of `stride` iterations)."""
+    frames = replay.frames
+    lo = frames[0].iteration
+    sums: dict[int, dict[str, int]] = {}
+    n: dict[int, int] = {}
+    for f in frames:
+        x = lo + (f.iteration - lo) // stride * stride
+        acc = sums.setdefault(x, dict.fromkeys(SEGMENT_KINDS, 0))
+        for k in SEGMENT_KINDS:
+            acc[k] += f.counts[k]
+        n[x] = n.get(x, 0) + 1
+    rows = [{"iteration": x, "kind": KIND_LABELS[k], "order": i,
+             "fraction": acc[k] / (n[x] * replay.capacity)}
+            for x, acc in sums.items() for i, k in enumerate(SEGMENT_KINDS)]
+    return pd.DataFrame(rows)
+
+
+def breakdown_table(results: Sequence[SimResult]) -> pd.DataFrame:
+    """One row per policy: batch sizes, preemptions, the five time-averaged shares, and the
+    paper's Figure 2 token-state share beside ours."""
+    rows: list[dict[str, object]] = []
+    for r in sorted(results, key=lambda r: POLICY_ORDER.index(r.policy)):
+        row: dict[str, object] = {"policy": r.policy, "memory": POLICY_LABELS[r.policy],
+                                  "mean batch": round(r.mean_batch_size, 2),
+                                  "max batch": r.max_batch_size, "preemptions": r.preemptions}
+        for k in SEGMENT_KINDS:
+            row[KIND_LABELS[k]] = pct(r.memory[k])
+        row["paper: token states"] = (f"{pct(PAPER_TOKEN_SHARE[r.policy])} "
+                                      f"({PAPER_SYSTEMS[r.policy]})")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def memory_long(results: Sequence[SimResult]) -> pd.DataFrame:
+    """Long form for a stacked bar: policy, kind, order, fraction."""
+    return pd.DataFrame([{"policy": r.policy, "kind": KIND_LABELS[k], "order": i,
+                          "fraction": r.memory[k]}
+                         for r in results for i, k in enumerate(SEGMENT_KINDS)])
+
+
+def policy_metrics(results: Sequence[SimResult]) -> pd.DataFrame:
+    """policy, mean batch size, token-state share, the paper's share, preemptions,
+    throughput, normalized latency: one row per result, in policy order."""
+    return pd.DataFrame([{
+        "policy": r.policy, "mean batch size": r.mean_batch_size,
+        "max batch size": r.max_batch_size, "token states": r.memory["token_states"],
+        "paper token states": PAPER_TOKEN_SHARE[r.policy], "preemptions": r.preemptions,
+        "requests/s": r.throughput_requests_per_s,
+        "normalized latency (s/token)": r.mean_normalized_latency_s,
+        "iterations": r.iterations,
+    } for r in sorted(results, key=lambda r: POLICY_ORDER.index(r.policy))])
+
+
+def batch_gain_sentence(results: Sequence[SimResult]) -> str:
+    """How many times the paged mean batch exceeds each contiguous one ('' if paged is absent)."""
+    by = {r.policy: r for r in results}
+    paged = by.get("paged")
+    if paged is None:
+        return ""
+    parts = [f"{paged.mean_batch_size / by[p].mean_batch_size:.1f}x {p}"
+             for p in POLICY_ORDER[:3] if p in by]
+    if not parts:
+        return ""
+    return (f"Paged memory ran a mean batch of {paged.mean_batch_size:.1f} requests: "
+            + ", ".join(parts) + ".")
+
+
+def finish_sentence(contiguous: MapReplay, paged: MapReplay) -> str:
+    """In which iteration each memory finished the same requests, and the mean batch it ran."""
+    def done(r: MapReplay) -> str:
+        return (f"iteration {r.frames[-1].iteration} (mean batch {r.mean_batch_size:.1f}, "
+                f"{r.preemptions} preemptions)")
+    return (f"The last request finished in {done(contiguous)} in contiguous memory "
+            f"({contiguous.policy}) and in {done(paged)} in paged memory.")

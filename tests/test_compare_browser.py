@@ -1,0 +1,166 @@
+"""The "Contiguous vs paged" page in a real Chromium: every tab, its numbers, a screenshot each.
+
+Runs `streamlit run pages/compare.py` by itself (the page must work outside app.py too) and
+drives Debian's chromium through Playwright's `executable_path`, since Playwright's own
+browser download cannot work offline. A missing browser fails the test: it must not pass
+without having looked at the page. Screenshots: build/screenshots/compare-*.png.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from backend import compare_tables as tables
+from backend import compare_views as views
+from backend.compare_blocks import trace_block_sweep
+from backend.sharing import sharing_experiment
+from backend.simulator import SimConfig, simulate_workload
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "build" / "screenshots"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+TIMEOUT_MS = 30_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def page_url() -> Iterator[str]:
+    """`streamlit run pages/compare.py` on a free port, stopped after the module."""
+    port = _free_port()
+    log = ROOT / "build" / f"streamlit-compare-{port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    streamlit = Path(sys.executable).with_name("streamlit")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(streamlit), "run", "pages/compare.py", "--server.port", str(port),
+             "--server.address", "127.0.0.1", "--server.headless", "true",
+             "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"streamlit exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"streamlit did not become healthy in 60 s:\n{log.read_text()}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = shutil.which("chromium") or ("/usr/bin/chromium"
+                                         if Path("/usr/bin/chromium").exists() else None)
+    if path is None:
+        pytest.fail("Debian's chromium is not installed (apt-get install chromium, or "
+                    "scripts/ensure-chromium): the browser test needs a real browser")
+    return path
+
+
+def open_tab(page: Page, name: str, *, charts: bool = True) -> None:
+    page.get_by_role("tab", name=name).click()
+    panel = page.get_by_role("tabpanel", name=name)
+    expect(panel).to_be_visible()
+    if charts:
+        expect(panel.locator(".vega-embed").first).to_be_visible()
+
+
+def shot(page: Page, name: str) -> None:
+    # Vega draws asynchronously after the embed appears. (The page scrolls inside
+    # Streamlit's own container, so the tall viewport is what captures it whole.)
+    page.wait_for_timeout(800)
+    page.screenshot(path=SHOTS / f"compare-{name}.png", full_page=True)
+
+
+def test_every_tab_in_chromium(page_url: str, chromium: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # What the page must show, computed here from the backend directly.
+    sims = [simulate_workload("sharegpt", SimConfig(p), requests=1000, rate=4.0, seed=0)
+            for p in ("max", "pow2", "oracle", "paged")]
+    gain = views.batch_gain_sentence(sims)
+    tradeoff = tables.block_tradeoff_sentence(trace_block_sweep("sharegpt", 1000, 0))
+    sharing = tables.sharing_sentence(
+        [*sharing_experiment("parallel", (2, 4, 6), requests=100),
+         *sharing_experiment("beam", (2, 4, 6), requests=100)])
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                     args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 3000})
+            page.set_default_timeout(TIMEOUT_MS)
+            expect.set_options(timeout=TIMEOUT_MS)
+            page.goto(page_url)
+            expect(page.get_by_role("heading", name="Contiguous vs paged")).to_be_visible(
+                timeout=60_000)
+
+            open_tab(page, "The seed's example")
+            expect(page.get_by_text("5 slots are free in total but the largest hole is 3")
+                   ).to_be_visible()
+            expect(page.get_by_text("block table [11, 12, 13, 14]")).to_be_visible()
+            shot(page, "1-seed")
+
+            open_tab(page, "One workload, two memories")
+            expect(page.get_by_text("The last request finished in iteration")).to_be_visible()
+            panel = page.get_by_role("tabpanel", name="One workload, two memories")
+            # Legend, two maps, two area charts and the breakdown bars.
+            expect(panel.locator(".vega-embed")).to_have_count(6)
+            shot(page, "2-maps")
+
+            # Nothing is drawn here until a run.
+            open_tab(page, "Trace simulator", charts=False)
+            page.get_by_role("button", name="Run simulation").click()
+            expect(page.get_by_text(gain)).to_be_visible()
+            expect(page.get_by_text("Last run: sharegpt, 1,000 requests")).to_be_visible()
+            panel = page.get_by_role("tabpanel", name="Trace simulator")
+            expect(panel.locator(".vega-embed")).to_have_count(4)
+            shot(page, "3-simulator")
+
+            open_tab(page, "Block size")
+            expect(page.get_by_text(tradeoff)).to_be_visible()
+            shot(page, "4-block-size")
+
+            open_tab(page, "Sharing")
+            expect(page.get_by_text(sharing)).to_be_visible()
+            shot(page, "5-sharing")
+
+            open_tab(page, "Memory calculator", charts=False)   # tables and metrics only
+            expect(page.get_by_text("819,200 bytes per token (800 KiB)")).to_be_visible()
+            expect(page.get_by_text("15,447", exact=True)).to_be_visible()
+            shot(page, "6-calculator")
+            # No section fell over.
+            expect(page.locator(".stException")).to_have_count(0)
+        finally:
+            browser.close()

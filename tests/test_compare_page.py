@@ -1,0 +1,156 @@
+"""The "Contiguous vs paged" page through Streamlit's AppTest: every section, concrete values,
+and bad input answered with a message instead of a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from backend import compare_tables as tables
+from backend.compare_blocks import trace_block_sweep
+from backend.compare_seed import seed_example
+from backend.memory_calc import kv_capacity
+from backend.simulator import SimConfig, simulate_workload
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "compare.py")
+
+
+def start() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def text(at: AppTest) -> str:
+    """Everything the page says in markdown, captions, alerts and code blocks."""
+    parts = [e.value for kind in ("markdown", "caption", "success", "warning", "info", "code")
+             for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def metric(at: AppTest, label: str) -> str:
+    found = [m.value for m in at.metric if m.label == label]
+    assert len(found) == 1, f"expected one metric {label!r}, found {len(found)}"
+    return str(found[0])
+
+
+def frame_with(at: AppTest, column: str) -> pd.DataFrame:
+    found = [d.value for d in at.dataframe if column in d.value.columns]
+    assert len(found) == 1, f"expected one table with column {column!r}, found {len(found)}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def page() -> AppTest:
+    return start()
+
+
+def test_default_render_shows_every_section(page: AppTest) -> None:
+    at = page
+    assert not at.error
+    assert [t.label for t in at.tabs] == [
+        "The seed's example", "One workload, two memories", "Trace simulator", "Block size",
+        "Sharing", "Memory calculator"]
+    # The seed's example: B's release leaves 5 free slots in holes of 3 and 2.
+    assert metric(at, "Free slots") == "5"
+    assert metric(at, "Largest hole") == "3"
+    says = text(at)
+    assert ("a request of 5 tokens (a region of 5 slots) does not fit: 5 slots are free in "
+            "total but the largest hole is 3 (external fragmentation)") in says
+    assert "block table [11, 12, 13, 14]" in says
+    assert metric(at, "Free blocks after D") == "4"
+    # The memory calculator on OPT-13B: the paper's 800 KB per token.
+    assert "819,200 bytes per token (800 KiB)" in says
+    assert "the paper's 800 KB per token" in says
+    cap = kv_capacity("OPT-13B", 40.0)
+    assert metric(at, "KV tokens that fit") == f"{cap.kv_tokens:,}" == "15,447"
+    assert metric(at, "Requests of 2,048 tokens") == "7"
+    # The disclaimer and the paper's numbers sit beside ours.
+    assert "not from the paper's testbed" in says
+    assert "Orca (Max) 20.4%, Orca (Pow2) 26.8%, Orca (Oracle) 38.2%, vLLM 96.3%" in says
+
+
+def test_memory_maps_table_orders_like_figure_2(page: AppTest) -> None:
+    df = frame_with(page, "paper: token states")
+    assert df["policy"].tolist() == ["max", "pow2", "oracle", "paged"]
+    shares = [float(v.rstrip("%")) for v in df["token states"]]
+    assert shares == sorted(shares) and len(set(shares)) == 4
+    assert df["mean batch"].tolist()[-1] == max(df["mean batch"])
+    assert "The last request finished in iteration" in text(page)
+
+
+def test_block_size_and_sharing_sections_show_backend_numbers(page: AppTest) -> None:
+    expected = tables.block_tradeoff_sentence(trace_block_sweep("sharegpt", 1000, 0))
+    assert "block size 16:" in expected
+    assert expected in text(page)
+    shares = frame_with(page, "copy-on-write copies")
+    assert shares["n"].tolist() == [2, 4, 6, 2, 4, 6]
+    assert "(paper: 6.1% to 9.8%)" in text(page)
+    assert "(paper: 37.6% to 55.2%)" in text(page)
+    assert "beam choices are modelled stochastically" in text(page)
+
+
+def test_block_size_simulation_button() -> None:
+    at = start()
+    at.number_input(key="cmp_blk_requests").set_value(200)
+    at.button(key="cmp_blk_sim").click().run()
+    assert not at.exception and not at.error
+    ends = [simulate_workload("sharegpt", SimConfig("paged", block_size=b), requests=200,
+                              rate=4.0, seed=0) for b in (1, 256)]
+    assert tables.block_batch_sentence(ends) in text(at)
+    assert ends[0].mean_batch_size > ends[1].mean_batch_size
+
+
+def test_seed_example_follows_its_controls() -> None:
+    at = start()
+    at.segmented_control(key="cmp_seed_block_size").set_value(2).run()
+    assert not at.exception
+    assert "block table [6, 7]" in text(at)
+    at.selectbox(key="cmp_seed_policy").set_value("pow2").run()
+    ex = seed_example("pow2", 2, 5)
+    assert ex.fit.message in text(at)
+    assert "only 0 slots are free" in ex.fit.message
+
+
+def test_simulator_run_orders_policies_like_figure_2() -> None:
+    at = start()
+    at.number_input(key="cmp_sim_requests").set_value(300)
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    m = frame_with(at, "paper token states")
+    assert m["policy"].tolist() == ["max", "pow2", "oracle", "paged"]
+    shares = m["token states"].tolist()
+    assert shares[0] < shares[1] < shares[2] < shares[3]
+    batch = m["mean batch size"].tolist()
+    assert batch[3] > batch[2] > batch[0]
+    # The page shows exactly what the backend computes for the same parameters.
+    direct = simulate_workload("sharegpt", SimConfig("paged"), requests=300, rate=4.0, seed=0)
+    assert shares[3] == pytest.approx(direct.memory["token_states"], abs=1e-12)
+    assert f"Paged memory ran a mean batch of {direct.mean_batch_size:.1f} requests" in text(at)
+    assert "Last run: sharegpt, 300 requests" in text(at)
+
+
+def test_bad_input_gets_a_message_not_a_traceback() -> None:
+    at = start()
+    # A 1000-slot KV cache cannot hold ShareGPT's longest requests.
+    at.number_input(key="cmp_sim_requests").set_value(300)
+    at.number_input(key="cmp_sim_capacity").set_value(1000)
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception
+    assert any(e.value.startswith("the longest request cannot run") and
+               e.value.endswith("can never fit in an arena of 1000 slots") for e in at.error)
+    at.multiselect(key="cmp_sim_policies").set_value([])
+    at.button(key="cmp_sim_run").click().run()
+    assert any(e.value == "Choose at least one policy." for e in at.error)
+    # 16 slots cannot hold requests of up to 256 tokens.
+    at.number_input(key="cmp_map_capacity").set_value(16).run()
+    assert not at.exception
+    assert any(e.value.endswith("can never fit in an arena of 16 slots") for e in at.error)
+    # A 70B model's weights do not fit in 40 GiB.
+    at.selectbox(key="cmp_calc_model").set_value("Llama-3.1-70B").run()
+    assert not at.exception
+    assert any("do not leave room for KV in 40 GiB" in e.value for e in at.error)

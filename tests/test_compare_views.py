@@ -1,0 +1,373 @@
+"""The "Contiguous vs paged" view models: the seed's timeline, the map replay, the block-size
+sweep, the tables and the charts, with hand-worked numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend import compare_charts as charts
+from backend import compare_tables as tables
+from backend import compare_views as views
+from backend.compare_blocks import block_size_sweep, trace_block_sweep
+from backend.compare_replay import MapSegment, replay_maps, small_trace
+from backend.compare_seed import seed_example
+from backend.errors import PagedLabError
+from backend.memory_calc import kv_capacity
+from backend.sharing import SharingResult, SharingTrace
+from backend.simulator import SimConfig, simulate, simulate_workload
+from backend.workloads import Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def trace(arrival_s: list[float], prompt: list[int], output: list[int]) -> Trace:
+    return Trace("hand", 1.0, 0, np.array(arrival_s, dtype=np.float64),
+                 np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64))
+
+
+# ---- the seed's example ---------------------------------------------------------------
+
+
+def test_seed_example_defaults_by_hand() -> None:
+    ex = seed_example()
+    # A (2 of 6 tokens) at 0-5, B (1 of 3) at 6-8, C (2 of 5) at 9-13; 14-15 free.
+    first, after, d = ex.arena
+    assert first.holes == ((14, 2),)
+    assert first.breakdown.as_dict() == {"token_states": 5, "reservation": 9,
+                                         "internal_fragmentation": 0,
+                                         "external_fragmentation": 0, "free": 2}
+    # Two steps: A 4, B 3 (finished, slots 6-8 released), C 4.
+    assert after.holes == ((6, 3), (14, 2))
+    assert (after.free_total, after.largest_hole) == (5, 3)
+    assert ex.fit.reason == "external_fragmentation"
+    assert (ex.fit.size, ex.fit.free_total, ex.fit.largest_hole) == (5, 5, 3)
+    assert "5 slots are free in total but the largest hole is 3" in ex.fit.message
+    # Judged against D's region of 5, every free slot is external fragmentation.
+    assert d.waiting == ("D",)
+    assert d.breakdown.as_dict() == {"token_states": 8, "reservation": 3,
+                                     "internal_fragmentation": 0,
+                                     "external_fragmentation": 5, "free": 0}
+    assert d.text.splitlines()[0] == "kind   ####++xxx####+xx"
+    # The pool (FIFO queue 0..15): A 0,1 then 5,8; B 2,6,9 released tail first; C 3,4,7,10.
+    pool = ex.pool[-1]
+    assert pool.tables == {"A": (0, 1, 5, 8), "C": (3, 4, 7, 10), "D": (11, 12, 13, 14)}
+    assert ex.d_table == (11, 12, 13, 14)
+    assert pool.free_blocks == 4
+    assert ex.pool_message == "D's 4 tokens take 4 block(s) of 1: block table [11, 12, 13, 14]"
+
+
+def test_seed_example_agrees_with_the_scenario_file() -> None:
+    """The page and the guided scenario tell the same story with the same numbers."""
+    scenario = json.loads((ROOT / "assets/scenarios/01-contiguous-problem.json").read_text())
+    last = scenario["steps"][-1]["expect"]
+    before = scenario["steps"][-2]["expect"]
+    ex = seed_example()
+    assert [list(h) for h in ex.arena[1].holes] == before["contiguous.holes"]
+    assert ex.arena[1].free_total == before["contiguous.free_total"]
+    assert list(ex.d_table or ()) == last["requests.D.block_table"]
+    assert ex.fit.reason == last["contiguous.next_fit.reason"]
+    assert ex.pool[-1].free_blocks == last["metrics.free_blocks"]
+
+
+def test_seed_example_block_size_two_and_pow2() -> None:
+    ex = seed_example(block_size=2)
+    # 8 blocks of 2: A [0, 3], B [1, 5] (released 5, 1), C [2, 4]; D's 4 tokens take 6, 7.
+    assert ex.pool[-1].tables == {"A": (0, 3), "C": (2, 4), "D": (6, 7)}
+    assert ex.pool[-1].free_blocks == 2
+    pow2 = seed_example("pow2")
+    # A 8 + B 4 leave 4 slots: C (region 8) waits, then takes B's and the free 8-15.
+    assert pow2.arena[0].waiting == ("C",)
+    assert pow2.arena[1].waiting == ()
+    assert pow2.arena[1].free_total == 0
+    assert pow2.fit.reason == "not_enough_free"
+    assert pow2.fit.size == 8
+
+
+def test_seed_example_refuses_bad_input() -> None:
+    with pytest.raises(PagedLabError, match="policy"):
+        seed_example("paged")
+    with pytest.raises(PagedLabError, match="new request's length"):
+        seed_example(new_len=17)
+    with pytest.raises(PagedLabError, match="block size"):
+        seed_example(block_size=0)
+
+
+def test_seed_slot_frames_cover_every_slot_per_stage() -> None:
+    ex = seed_example(block_size=2)
+    arena = views.seed_arena_slots(ex)
+    pool = views.seed_pool_slots(ex)
+    assert len(arena) == len(pool) == 3 * 16
+    last = arena[arena["stage"] == ex.arena[-1].label]
+    assert last[last["kind"] == "external fragmentation"]["slot"].tolist() == [6, 7, 8, 14, 15]
+    # C holds 4 tokens in blocks 2 and 4; D's blocks 6 and 7 are full.
+    p = pool[pool["stage"] == ex.pool[-1].label].set_index("slot")
+    assert p.loc[[4, 5, 8, 9], "owner"].tolist() == ["C", "C", "C", "C"]
+    assert (p.loc[12:15, "owner"] == "D").all()
+    assert views.seed_stage_table(ex)["largest hole"].tolist() == [2, 3, 3]
+    assert views.seed_block_tables(ex)["block table"].tolist() == ["[0, 3]", "[2, 4]",
+                                                                    "[6, 7]"]
+
+
+# ---- the map replay --------------------------------------------------------------------
+
+
+def test_replay_by_hand_oracle_and_paged() -> None:
+    # r0: prompt 2, final 5; r1: prompt 1, final 3; both arrive at once; capacity 8.
+    t = trace([0.0, 0.0], [2, 1], [3, 2])
+    oracle = replay_maps(t, "oracle", 8)
+    # k0: 3 + 2 tokens in regions of 5 and 3; k1: 4 + 3 (r1 done); k2: 5 alone.
+    assert [f.counts["token_states"] for f in oracle.frames] == [5, 7, 5]
+    assert [f.counts["reservation"] for f in oracle.frames] == [3, 1, 0]
+    assert [f.counts["free"] for f in oracle.frames] == [0, 0, 3]
+    assert oracle.breakdown() == pytest.approx({
+        "token_states": 17 / 24, "reservation": 4 / 24, "internal_fragmentation": 0.0,
+        "external_fragmentation": 0.0, "free": 3 / 24}, abs=1e-15)
+    assert oracle.mean_batch_size == pytest.approx(5 / 3)
+    paged = replay_maps(t, "paged", 8, block_size=2)
+    # Blocks of 2: k0 r0 [0, 1], r1 [2]; k1 r1 takes 3 and finishes (3, 2 released);
+    # k2 r0's fifth token takes block 3, the front of the queue.
+    assert [f.counts["internal_fragmentation"] for f in paged.frames] == [1, 1, 1]
+    assert [f.counts["free"] for f in paged.frames] == [2, 0, 2]
+    assert paged.frames[-1].segments == (
+        MapSegment(0, 4, "token_states", "r0"), MapSegment(4, 2, "free", None),
+        MapSegment(6, 1, "token_states", "r0"), MapSegment(7, 1, "internal_fragmentation", "r0"))
+    assert paged.preemptions == 0
+
+
+def test_map_rows_group_slots_by_their_dominant_state() -> None:
+    oracle = replay_maps(trace([0.0, 0.0], [2, 1], [3, 2]), "oracle", 8)
+    first = oracle.frames[0]
+    assert first.segments == (
+        MapSegment(0, 3, "token_states", "r0"), MapSegment(3, 2, "reservation", "r0"),
+        MapSegment(5, 2, "token_states", "r1"), MapSegment(7, 1, "reservation", "r1"))
+    exact, stride = views.map_segments(oracle)
+    assert stride == 1 and len(exact) == 4 + 3 + 2   # the frames hold 4, 3, 2 runs
+    # Rows of 2 slots: a tie goes to the state listed first (token states), whose
+    # first slot names the owner: slots 4-5 are half r0's reservation, half r1's tokens.
+    rows, _ = views.map_segments(oracle, max_rows=4)
+    col = rows[rows["iteration"] == 0]
+    assert col[["start", "end", "kind", "owner"]].values.tolist() == [
+        [0, 4, "token states", "r0"], [4, 8, "token states", "r1"]]
+
+
+def test_snapshots_thin_out_evenly_and_keep_every_count() -> None:
+    t = small_trace("alpaca", 40, 20.0, 0, 256)
+    full = replay_maps(t, "paged", 768, max_len=256)
+    thin = replay_maps(t, "paged", 768, max_len=256, max_snapshots=10)
+    # 310 busy iterations (5..314): a budget of 256 keeps every 2nd; one of 10 every 32nd.
+    assert len(full.frames) == 310
+    assert full.snapshot_every == 2 and thin.snapshot_every == 32
+    kept = [f.iteration for f in thin.frames if f.segments is not None]
+    assert kept == list(range(32, 315, 32))
+    # Thinning drops pictures, never the counts the averages come from.
+    assert thin.breakdown() == full.breakdown()
+    same = {f.iteration: f.segments for f in full.frames if f.segments is not None}
+    assert all(same[f.iteration] == f.segments for f in thin.frames if f.segments is not None)
+
+
+def test_replay_counts_external_fragmentation_while_the_head_waits() -> None:
+    # Two requests of final length 5 in 8 slots: the second waits for the first.
+    oracle = replay_maps(trace([0.0, 0.0], [1, 1], [4, 4]), "oracle", 8)
+    assert [f.waiting for f in oracle.frames] == [1, 1, 1, 1, 0, 0, 0, 0]
+    assert [f.counts["external_fragmentation"] for f in oracle.frames] == [3] * 4 + [0] * 4
+    assert oracle.breakdown() == pytest.approx({
+        "token_states": 28 / 64, "reservation": 12 / 64, "internal_fragmentation": 0.0,
+        "external_fragmentation": 12 / 64, "free": 12 / 64}, abs=1e-15)
+    # Every frame's segments tile the arena exactly once.
+    for f in oracle.frames:
+        assert f.segments is not None
+        assert sum(s.length for s in f.segments) == 8
+        assert [s.start for s in f.segments] == sorted(s.start for s in f.segments)
+
+
+@pytest.mark.parametrize(("workload", "rate", "capacity", "max_len", "block_size"), [
+    ("alpaca", 20.0, 768, 256, 16),
+    ("alpaca", 20.0, 300, 200, 1),     # block size 1, many preemptions
+    ("sharegpt", 8.0, 1024, 512, 32),
+])
+def test_replay_agrees_exactly_with_the_simulator(workload: str, rate: float, capacity: int,
+                                                  max_len: int, block_size: int) -> None:
+    t = small_trace(workload, 30, rate, 0, max_len)
+    for policy in ("max", "pow2", "oracle", "paged"):
+        r = replay_maps(t, policy, capacity, block_size=block_size, max_len=max_len)
+        s = simulate(t, SimConfig(policy, capacity, block_size, max_len))  # type: ignore[arg-type]
+        assert r.breakdown() == pytest.approx(s.memory, abs=1e-12), policy
+        assert r.mean_batch_size == pytest.approx(s.mean_batch_size, abs=1e-12)
+        assert (r.max_batch_size, r.preemptions, len(r.frames)) == (
+            s.max_batch_size, s.preemptions, s.iterations)
+
+
+def test_default_small_workload_orders_like_figure_2_and_is_seeded() -> None:
+    t = small_trace("alpaca", 40, 20.0, 0, 256)
+    share = {p: replay_maps(t, p, 768, max_len=256).breakdown()["token_states"]
+             for p in ("max", "pow2", "oracle", "paged")}
+    assert share["max"] < share["pow2"] < share["oracle"] < share["paged"]
+    again = replay_maps(small_trace("alpaca", 40, 20.0, 0, 256), "paged", 768, max_len=256)
+    assert again == replay_maps(t, "paged", 768, max_len=256)
+
+
+def test_small_trace_cuts_requests_at_the_maximum_length() -> None:
+    t = small_trace("sharegpt", 50, 4.0, 3, 128)
+    assert t.final_len.max() <= 128 and t.prompt_len.max() <= 127
+    assert t.output_len.min() >= 1
+    with pytest.raises(PagedLabError, match="integer >= 2"):
+        small_trace("alpaca", 10, 4.0, 0, 1)
+    with pytest.raises(PagedLabError, match="at most 200 requests"):
+        small_trace("alpaca", 201, 4.0, 0, 256)
+
+
+def test_replay_refuses_what_it_cannot_draw() -> None:
+    t = small_trace("alpaca", 10, 20.0, 0, 256)
+    with pytest.raises(PagedLabError, match="longest request"):
+        replay_maps(t, "paged", 64, block_size=16, max_len=256)
+    with pytest.raises(PagedLabError, match="at most 8192 slots"):
+        replay_maps(t, "oracle", 10_000)
+    with pytest.raises(PagedLabError, match="policy"):
+        replay_maps(t, "first-fit", 768)
+
+
+def test_map_frames_tile_memory_and_stay_under_the_row_limit() -> None:
+    t = small_trace("alpaca", 40, 20.0, 0, 256)
+    r = replay_maps(t, "paged", 768, block_size=1, max_len=256)
+    segs, stride = views.map_segments(r, max_rects=4500)
+    assert len(segs) <= 4500
+    assert stride > 1
+    per_column = segs.groupby("iteration")["slots"].sum()
+    assert (per_column == 768).all()
+    fr = views.map_fractions(r, stride)
+    assert np.allclose(fr.groupby("iteration")["fraction"].sum(), 1.0)
+    # Altair refuses more than 5000 rows unless told otherwise: the chart must build.
+    spec = charts.memory_map(segs, "paged", 768, (0, 500)).to_dict()
+    assert spec["encoding"]["y2"] == {"field": "end"}
+
+
+# ---- simulator tables ----------------------------------------------------------------------
+
+
+def test_breakdown_table_and_gain_sentence() -> None:
+    results = [simulate_workload("sharegpt", SimConfig(p), requests=300, rate=4.0, seed=0)
+               for p in ("paged", "max", "pow2", "oracle")]
+    df = views.breakdown_table(results)
+    assert df["policy"].tolist() == ["max", "pow2", "oracle", "paged"]
+    assert df["paper: token states"].tolist() == [
+        "20.4% (Orca (Max))", "26.8% (Orca (Pow2))", "38.2% (Orca (Oracle))", "96.3% (vLLM)"]
+    by = {r.policy: r for r in results}
+    assert df.loc[3, "token states"] == f"{100 * by['paged'].memory['token_states']:.1f}%"
+    m = views.policy_metrics(results)
+    shares = m["token states"].tolist()
+    assert shares == sorted(shares)        # Figure 2's order: max < pow2 < oracle < paged
+    assert m["mean batch size"].idxmax() == 3
+    gain = by["paged"].mean_batch_size / by["max"].mean_batch_size
+    assert f"{gain:.1f}x max" in views.batch_gain_sentence(results)
+    long = views.memory_long(results)
+    assert np.allclose(long.groupby("policy")["fraction"].sum(), 1.0)
+    assert views.batch_gain_sentence([by["max"]]) == ""
+
+
+# ---- block size ------------------------------------------------------------------------------
+
+
+def test_block_sweep_by_hand() -> None:
+    # One request, prompt 2, final 5: it holds 3, 4, 5 tokens.
+    one, two, four = block_size_sweep(np.array([2]), np.array([5]), (1, 2, 4))
+    assert (one.tail_waste_share, one.mean_table_entries, one.mean_live_entries) == (0.0, 5, 4)
+    # Blocks of 2: 4 + 4 + 6 slots for 3 + 4 + 5 tokens.
+    assert two.tail_waste_share == pytest.approx(2 / 14)
+    assert (two.mean_tail_slots, two.mean_table_entries) == (1.0, 3.0)
+    assert two.mean_live_entries == pytest.approx(7 / 3)
+    # Blocks of 4: 4 + 4 + 8 slots.
+    assert four.tail_waste_share == pytest.approx(4 / 16)
+    assert (four.mean_tail_slots, four.max_table_entries) == (3.0, 2)
+    assert tables.block_tradeoff_sentence([one, two, four], (1, 2, 4)) == (
+        "block size 1: 0.0% tail waste, 5.0 table entries per request; "
+        "block size 2: 14.3% tail waste, 3.0 table entries per request; "
+        "block size 4: 25.0% tail waste, 2.0 table entries per request.")
+
+
+def test_block_sweep_closed_form_matches_a_direct_count() -> None:
+    rng = np.random.default_rng(5)
+    p = rng.integers(1, 300, 40)
+    f = p + rng.integers(1, 300, 40)
+    for point in block_size_sweep(p, f, (1, 3, 16, 256)):
+        b = point.block_size
+        alloc = sum(-(-t // b) * b for pi, fi in zip(p, f, strict=True)
+                    for t in range(pi + 1, fi + 1))
+        toks = sum(t for pi, fi in zip(p, f, strict=True) for t in range(pi + 1, fi + 1))
+        assert point.tail_waste_share == pytest.approx((alloc - toks) / alloc, abs=1e-12)
+
+
+def test_block_sweep_trends_and_errors() -> None:
+    points = trace_block_sweep("sharegpt", 500, 0)
+    waste = [p.tail_waste_share for p in points]
+    entries = [p.mean_table_entries for p in points]
+    assert waste == sorted(waste) and waste[0] == 0.0
+    assert entries == sorted(entries, reverse=True)
+    assert all(p.mean_tail_slots < p.block_size for p in points)
+    df = tables.block_sweep_frame(points)
+    assert df["block size"].tolist() == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    with pytest.raises(PagedLabError, match="output token"):
+        block_size_sweep(np.array([3]), np.array([3]))
+    with pytest.raises(PagedLabError, match=r"1\.\.256"):
+        block_size_sweep(np.array([1]), np.array([3]), (512,))
+
+
+# ---- sharing and the calculator ---------------------------------------------------------------
+
+
+def test_sharing_sentence_and_frame() -> None:
+    def result(kind: str, n: int, used: int) -> SharingResult:
+        low, high = (0.061, 0.098) if kind == "parallel" else (0.376, 0.552)
+        t = SharingTrace(10, used, 100, n, used, 100)
+        return SharingResult(kind, n, 16, 5, t.saved_fraction, t, low, high)
+
+    results = [result("parallel", 2, 97), result("parallel", 6, 92),
+               result("beam", 2, 60), result("beam", 6, 40)]
+    assert tables.sharing_sentence(results) == (
+        "Parallel sampling (2, 6) saved 3.0% to 8.0% of block memory (paper: 6.1% to 9.8%); "
+        "beam search (2, 6) saved 40.0% to 60.0% of block memory (paper: 37.6% to 55.2%).")
+    df = tables.sharing_frame(results)
+    assert df["paper range"].tolist()[0] == "6.1% - 9.8%"
+    assert df["saved"].tolist() == pytest.approx([0.03, 0.08, 0.40, 0.60])
+
+
+def test_memory_calculator_tables() -> None:
+    assert tables.human_bytes(819_200) == "800 KiB"
+    assert tables.human_bytes(1536) == "1.5 KiB"
+    assert tables.human_bytes(7) == "7 B"
+    models = tables.models_frame().set_index("model")
+    assert models.loc["OPT-13B", "bytes per token"] == 819_200
+    assert models.loc["OPT-13B", "per 16-token block"] == "12.5 MiB"
+    # 40 GiB - 10% - 26 GB of weights = 12,654,705,664 bytes of KV.
+    cap = kv_capacity("OPT-13B", 40)
+    assert cap.kv_bytes == 12_654_705_664
+    df = tables.capacity_blocks_frame(cap).set_index("block size")
+    assert df.loc[16, "blocks"] == 965          # 12,654,705,664 // 13,107,200
+    assert df.loc[16, "KV tokens"] == 15_440
+    assert df.loc[16, "requests that fit"] == 7  # 965 // 128 blocks per 2048 tokens
+
+
+def test_every_chart_builds() -> None:
+    ex = seed_example()
+    charts.slot_strip(views.seed_arena_slots(ex), "arena").to_dict()
+    charts.kind_legend().to_dict()
+    points = trace_block_sweep("alpaca", 100, 0)
+    charts.block_sweep_lines(tables.block_sweep_frame(points)).to_dict()
+    results = [simulate_workload("alpaca", SimConfig(p), requests=50) for p in ("max", "paged")]
+    charts.breakdown_bars(views.memory_long(results)).to_dict()
+    m = views.policy_metrics(results)
+    spec = charts.policy_bars(m, "token states", "Token-state share", percent=True,
+                              paper_field="paper token states").to_dict()
+    assert len(spec["layer"]) == 3       # bars, labels and the paper's ticks
+    charts.block_batch_line(tables.block_batch_frame(results[1:])).to_dict()
+    sharing = [SharingResult("beam", 2, 16, 1, 0.5, SharingTrace(1, 1, 2, 0, 1, 2), 0.376,
+                             0.552)]
+    charts.sharing_bars(tables.sharing_frame(sharing)).to_dict()
+    color = charts.memory_map(views.map_segments(replay_maps(
+        small_trace("alpaca", 5, 20.0, 0, 64), "oracle", 256, max_len=64))[0],
+        "m", 256, (0, 10)).to_dict()["encoding"]["color"]
+    assert color["scale"]["domain"] == ["token states", "reservation", "internal fragmentation",
+                                        "external fragmentation", "free"]
