@@ -213,9 +213,10 @@ class BlockManager:
 
         Full prompt blocks already in the prefix cache are shared (their ref
         counts rise; cached ones leave the free queue); the rest come from the
-        free queue, or from `pinned` (physical ids, in order, each with ref
-        count 0; no cache lookup then). Raises PagedLabError for a duplicate id
-        or bad input, OutOfBlocksError if the pool lacks room right now.
+        free queue, or from `pinned` (physical ids, in order, each in state
+        "free": ref count 0 and no cached prefix; no cache lookup then).
+        Raises PagedLabError for a duplicate id or bad input, OutOfBlocksError
+        if the pool lacks room right now.
         """
         self._check_new_id(seq_id)
         plan = self.plan_prompt(tokens, pinned=pinned)
@@ -245,9 +246,6 @@ class BlockManager:
             if pinned is not None:
                 block = self.pool.blocks[pinned[i]]
                 self.pool.take(block)
-                if block.hash is not None:
-                    self.pool.uncache(block)
-                    self._emit("evict", seq_id, block.id)
                 block.ref_count = 1
                 block.num_filled = 0
             else:
@@ -456,10 +454,13 @@ class BlockManager:
             self._check_block_id(b)
         if len(set(pins)) != len(pins):
             raise PagedLabError(f"pinned blocks {pins} name a block twice")
-        busy = [b for b in pins if self.pool.blocks[b].ref_count > 0]
-        if busy:
-            raise PagedLabError(f"pinned block {busy[0]} is not free (ref count "
-                                f"{self.pool.blocks[busy[0]].ref_count})")
+        for b in pins:
+            block = self.pool.blocks[b]
+            if block.ref_count > 0:
+                raise PagedLabError(f"pinned block {b} is not free (ref count {block.ref_count})")
+            if block.hash is not None:
+                raise PagedLabError(f"pinned block {b} is not free: it is cached (it keeps a "
+                                    "prefix for reuse); pin free blocks only")
 
     def _blocks_needed(self, seq: SeqBlocks, n: int) -> int:
         bs = self.block_size

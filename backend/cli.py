@@ -80,8 +80,9 @@ def _fail(message: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     engine: Engine | None = None
+    failure: ScenarioError | None = None
+    mismatches = 0
     try:
-        scenario = load_scenario(args.scenario)
         if args.snapshots is not None:
             args.snapshots.mkdir(parents=True, exist_ok=True)
         if args.from_snapshot is not None:
@@ -89,10 +90,18 @@ def _run(args: argparse.Namespace) -> int:
             if not isinstance(data, dict):
                 raise PagedLabError("snapshot must be a JSON object")
             engine = restore_engine(data, device=args.device, kernel=args.kernel)
-            check_config_matches(scenario, engine.config)
-        else:
+        try:
+            scenario = load_scenario(args.scenario)
+        except ScenarioError as exc:
+            if exc.partial is None:
+                raise
+            # A malformed step: apply the steps before it, so the state reported
+            # is the one just before the failing step, as for a refused step.
+            scenario, failure = exc.partial, exc
+        if engine is None:
             engine = Engine(scenario.config, device=args.device, kernel=args.kernel)
-        mismatches = 0
+        else:
+            check_config_matches(scenario, engine.config)
         mirror = scenario.mirror() if args.check and args.from_snapshot is None else None
         for _, step, result in run_steps(engine, scenario.steps, mirror=mirror):
             if args.snapshots is not None:
@@ -102,25 +111,25 @@ def _run(args: argparse.Namespace) -> int:
                                                result, mirror):
                     sys.stderr.write(f"mismatch: step {result.step} ({step.op.op}): {line}\n")
                     mismatches += 1
-    except ScenarioError as exc:
-        if engine is None and exc.config is not None and args.from_snapshot is None:
-            # A malformed step in a file whose config is fine: the last good state
-            # is the fresh engine.
-            engine = Engine(exc.config, device=args.device, kernel=args.kernel)
-        _write_out(engine, args.out)
-        return _fail(str(exc))
+        if failure is not None:
+            raise failure
     except PagedLabError as exc:
         _write_out(engine, args.out)
         return _fail(str(exc))
     except OSError as exc:
         return _fail(f"{exc.filename or 'output'}: {exc.strerror}")
-    _write_out(engine, args.out)
+    if not _write_out(engine, args.out):
+        return 2
     return 1 if mismatches else 0
 
 
-def _write_out(engine: Engine | None, out: Path | None) -> None:
-    if engine is not None and out is not None:
-        try:
-            write_snapshot(engine, out)
-        except OSError as exc:
-            sys.stderr.write(f"error: cannot write {out}: {exc.strerror}\n")
+def _write_out(engine: Engine | None, out: Path | None) -> bool:
+    """Write the snapshot to `out` if both exist; False (with a message) if it fails."""
+    if engine is None or out is None:
+        return True
+    try:
+        write_snapshot(engine, out)
+    except OSError as exc:
+        sys.stderr.write(f"error: cannot write {out}: {exc.strerror}\n")
+        return False
+    return True

@@ -20,6 +20,7 @@ MAX_NUM_BLOCKS = 65_536
 MAX_BLOCK_SIZE = 256
 # Refuse pools whose K/V tensors would not fit comfortably in a laptop's memory.
 MAX_KV_BYTES = 2 << 30
+MAX_WEIGHT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,18 @@ class EngineConfig:
     @property
     def bytes_per_token(self) -> int:
         return self.bytes_per_block // self.block_size
+
+    @property
+    def num_parameters(self) -> int:
+        """Weights of backend.model.TinyByteLM with these settings."""
+        d, hd = self.hidden_size, self.head_dim
+        attn = d * self.num_heads * hd * 2 + d * self.num_kv_heads * hd * 2
+        mlp = 3 * d * (2 * d)
+        return 2 * 256 * d + self.num_layers * (attn + mlp + 2 * d) + d
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_parameters * self.dtype_bytes
 
     @property
     def kv_bytes(self) -> int:
@@ -97,6 +110,11 @@ class EngineConfig:
             raise PagedLabError(
                 f"{where}: num_heads ({cfg.num_heads}) must be a multiple of num_kv_heads "
                 f"({cfg.num_kv_heads}) for grouped-query attention")
+        if cfg.weight_bytes > MAX_WEIGHT_BYTES:
+            raise PagedLabError(
+                f"{where}: the model's weights would take {cfg.weight_bytes / 2**20:.0f} MiB; "
+                f"the limit is {MAX_WEIGHT_BYTES >> 20} MiB (use fewer layers, heads or a "
+                "smaller head_dim)")
         if cfg.kv_bytes > MAX_KV_BYTES:
             raise PagedLabError(
                 f"{where}: the K/V pool would take {cfg.kv_bytes / 2**20:.0f} MiB "
@@ -124,7 +142,7 @@ def _check_field(key: str, v: Any, where: str) -> Any:
                 raise PagedLabError(f"{where}: prefix_caching must be true or false, got {v!r}")
             return v
         case "allocation":
-            if v not in ("fifo", "random"):
+            if not isinstance(v, str) or v not in ("fifo", "random"):
                 raise PagedLabError(f"{where}: allocation must be \"fifo\" or \"random\", "
                                     f"got {v!r}")
             return v
@@ -143,7 +161,7 @@ def _check_field(key: str, v: Any, where: str) -> Any:
                                     f"got {d}")
             return d
         case "dtype":
-            if v not in DTYPE_BYTES:
+            if not isinstance(v, str) or v not in DTYPE_BYTES:
                 raise PagedLabError(f"{where}: dtype must be one of "
                                     f"{', '.join(DTYPE_BYTES)}, got {v!r}")
             return v

@@ -29,7 +29,7 @@ import torch
 
 from backend.block_manager import Address, AllocatorMetrics, BlockManager
 from backend.config import EngineConfig
-from backend.errors import PagedLabError
+from backend.errors import IntegrityError, PagedLabError
 from backend.events import Event
 from backend.kernels import select_kernels
 from backend.kv_cache import KVCache
@@ -37,6 +37,16 @@ from backend.model import ForwardBatch, TinyByteLM
 from backend.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
 from backend.request import FinishReason, Request
 from backend.sampling import random_prompt, sample_token
+
+# Most attention scores (query tokens x context tokens x heads) one prefill
+# forward may hold; the plain reference materialises them all, in fp32.
+PREFILL_BUDGET = 1 << 24
+
+
+def _check(ok: bool, message: str) -> None:
+    """An invariant check that survives `python -O` (snapshot restore relies on it)."""
+    if not ok:
+        raise IntegrityError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +73,16 @@ class OpResult:
     preempted: tuple[str, ...]
     finished: tuple[str, ...]
     generated: tuple[tuple[str, int], ...]   # (request, token) in generation order
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """The paged state against a contiguous recomputation (see verify_recomputation)."""
+
+    num_requests: int
+    num_tokens: int
+    max_kv_err: float        # largest |cached K/V - recomputed K/V| over all slots, layers
+    max_logit_err: float     # largest |pending logits - recomputed logits|
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,22 +180,68 @@ class Engine:
         k, v = self.cache.read_slot(layer, addr.slot)
         return addr, k.float().cpu(), v.float().cpu()
 
+    def verify_recomputation(self) -> Verification:
+        """Reads only: compare the paged state with a from-scratch contiguous pass.
+
+        For every running request the model recomputes all its tokens with
+        plain causal attention and no cache at all; the result is compared
+        with the K/V read back through the request's block table and with its
+        pending logits. Unlike `kernel_report.max_abs_err` (the kernel against
+        a reference reading the same cache), this catches a wrong block, a
+        missed copy-on-write, a bad move or a prefix hit on other tokens.
+        """
+        kv_err = logit_err = 0.0
+        tokens = 0
+        c = self.config
+        for rid in self.running:
+            req = self.requests[rid]
+            ref = self.model.forward_contiguous(req.tokens)
+            slots = torch.tensor(self.manager.slots_of(rid, 0, req.num_tokens),
+                                 device=self.device)
+            for layer in range(c.num_layers):
+                for cache, want in ((self.cache.k[layer], ref.keys[layer]),
+                                    (self.cache.v[layer], ref.values[layer])):
+                    got = cache.view(-1, c.num_kv_heads, c.head_dim)[slots]
+                    kv_err = max(kv_err, float((got.float() - want.float()).abs().max()))
+            assert req.logits is not None
+            logit_err = max(logit_err, float((req.logits - ref.logits[-1].cpu()).abs().max()))
+            tokens += req.num_tokens
+        return Verification(len(self.running), tokens, kv_err, logit_err)
+
     def check_integrity(self) -> None:
         """Allocator invariants, plus: tables agree with the requests' tokens."""
         self.manager.check_integrity()
         running = {r.id for r in self.requests.values() if r.status == "running"}
-        assert running == set(self.running) == set(self.manager.seqs), "running sets disagree"
-        assert {r.id for r in self.requests.values() if r.status == "waiting"} == set(self.waiting)
+        _check(running == set(self.running) == set(self.manager.seqs)
+               and len(running) == len(self.running), "running sets disagree")
+        waiting = {r.id for r in self.requests.values() if r.status == "waiting"}
+        _check(waiting == set(self.waiting) and len(waiting) == len(self.waiting),
+               "waiting sets disagree")
         bs = self.config.block_size
+        # A shared block's K/V depends on every token up to its end, so all of its
+        # holders must have it at the same logical index after the same tokens.
+        # Compare each pair of sharers once, over their longest shared prefix.
+        first: dict[int, tuple[str, int]] = {}
+        prefix_len: dict[tuple[str, str], int] = {}
         for rid in self.running:
             req = self.requests[rid]
-            assert self.manager.num_tokens(rid) == req.num_tokens, f"{rid}: token count"
-            assert req.logits is not None, f"{rid}: running without logits"
+            _check(self.manager.num_tokens(rid) == req.num_tokens, f"{rid}: token count")
+            _check(req.logits is not None, f"{rid}: running without logits")
             for i, b in enumerate(self.manager.block_table(rid)):
-                key = self.manager.pool.blocks[b].hash
-                if key is not None:
-                    assert list(key.tokens) == req.tokens[i * bs:(i + 1) * bs], (
-                        f"{rid}: block {b}'s hash does not match the request's tokens")
+                block = self.manager.pool.blocks[b]
+                if block.hash is not None:
+                    _check(list(block.hash.tokens) == req.tokens[i * bs:(i + 1) * bs], (
+                        f"{rid}: block {b}'s hash does not match the request's tokens"))
+                if block.ref_count < 2:
+                    continue
+                holder, j = first.setdefault(b, (rid, i))
+                _check(j == i, f"{rid} holds block {b} at logical {i}, {holder} at {j}")
+                if holder != rid:
+                    end = i * bs + block.num_filled
+                    prefix_len[(holder, rid)] = max(prefix_len.get((holder, rid), 0), end)
+        for (a, c), n in prefix_len.items():
+            _check(self.requests[a].tokens[:n] == self.requests[c].tokens[:n], (
+                f"{a} and {c} share blocks but hold different tokens in them"))
 
     # ---- operations --------------------------------------------------------
 
@@ -226,7 +292,7 @@ class Engine:
         assert max_new != INHERIT
         # Raises for a prompt that can never fit and for bad pins.
         self.manager.plan_prompt(tokens, pinned=op.blocks)
-        if op.blocks is None and self._never_admissible(len(tokens)):
+        if self._never_admissible(len(tokens)):
             raise PagedLabError(
                 f"a prompt of {len(tokens)} tokens fills all {self.config.num_blocks} blocks, "
                 "leaving no block for its first generated token; it could never run")
@@ -348,15 +414,37 @@ class Engine:
         return alloc.num_cached_tokens
 
     def _prefill(self, work: list[tuple[Request, int]]) -> None:
-        """One batched forward over each request's tokens from `start` on.
+        """Batched forwards over each request's tokens from `start` on.
 
         Tokens before `start` are prefix-cache hits: their K/V is already in
         the shared blocks, and the new tokens attend to it through the table.
+        Long prompts are prefilled in chunks (chunked prefill): each chunk
+        attends to the K/V the chunks before it wrote, and one forward holds
+        at most PREFILL_BUDGET query x context x head scores, so a long
+        prompt costs more forwards, never unbounded memory.
         """
-        seqs = [(req.tokens[start:], start, self.manager.slots_of(req.id, start, req.num_tokens),
-                 self.manager.block_table(req.id)) for req, start in work]
-        for (req, _), row in zip(work, self._forward(seqs), strict=True):
-            req.logits = row
+        heads = self.config.num_heads
+        pending = [(req, start) for req, start in work]
+        while pending:
+            seqs: list[tuple[list[int], int, list[int], list[int]]] = []
+            chunk_of: list[tuple[Request, int]] = []
+            for req, start in pending:
+                ctx = req.num_tokens
+                take = max(1, min(req.num_tokens - start, PREFILL_BUDGET // (ctx * heads)))
+                if seqs and (len(seqs) + 1) * take * ctx * heads > PREFILL_BUDGET:
+                    break
+                stop = start + take
+                seqs.append((req.tokens[start:stop], start,
+                             self.manager.slots_of(req.id, start, stop),
+                             self.manager.block_table(req.id)))
+                chunk_of.append((req, stop))
+            logits = self._forward(seqs)
+            done = {id(req): stop for req, stop in chunk_of}
+            for (req, stop), row in zip(chunk_of, logits, strict=True):
+                if stop == req.num_tokens:
+                    req.logits = row
+            pending = [(req, done.get(id(req), start)) for req, start in pending
+                       if done.get(id(req), start) < req.num_tokens]
 
     def _take_next_token(self, req: Request) -> int:
         """Sample from the pending logits and give the token a slot (may copy-on-write)."""

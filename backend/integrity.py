@@ -48,11 +48,28 @@ def check_integrity(manager: BlockManager) -> None:
             if got != want:
                 problems.append(f"request {seq.seq_id!r} logical block {i} (physical {b}) "
                                 f"has {got} filled slots, expected {want}")
-            prev = pool.blocks[seq.block_table[i - 1]].hash if i else None
             key = pool.blocks[b].hash
-            if key is not None and prev is not None and key.parent_digest != prev.digest:
-                problems.append(f"request {seq.seq_id!r}: block {b}'s hash does not chain "
-                                f"from block {seq.block_table[i - 1]}'s")
+            full = want == bs
+            if manager.prefix_caching and full and key is None:
+                problems.append(f"request {seq.seq_id!r}: full block {b} has no hash")
+            if key is not None:
+                prev = pool.blocks[seq.block_table[i - 1]].hash if i else None
+                want_parent = None if prev is None else prev.digest
+                if (i and prev is None) or key.parent_digest != want_parent:
+                    origin = f"block {seq.block_table[i - 1]}" if i else "the start"
+                    problems.append(f"request {seq.seq_id!r}: block {b}'s hash does not chain "
+                                    f"from {origin}")
+        if manager.prefix_caching:
+            full_blocks = seq.num_tokens // bs
+            last = pool.blocks[seq.block_table[full_blocks - 1]].hash if full_blocks else None
+            if seq.last_hash is not last and (
+                    last is None or seq.last_hash is None
+                    or seq.last_hash.digest != last.digest):
+                problems.append(f"request {seq.seq_id!r}: its chain parent is not the hash of "
+                                "its last full block")
+            if len(seq.tail_tokens) != seq.num_tokens % bs:
+                problems.append(f"request {seq.seq_id!r} tracks {len(seq.tail_tokens)} tail "
+                                f"tokens, expected {seq.num_tokens % bs}")
 
     queued = list(pool.free_queue)
     queued_ids = [b.id for b in queued]

@@ -203,6 +203,28 @@ class TinyByteLM:
             qf = q.float().transpose(0, 1)
             kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
             vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-            attn = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=self.scale)
+            attn = _causal_attention(qf, kf, vf, self.scale)
             x = self._finish_layer(layer, x, attn.transpose(0, 1).to(self.dtype))
         return ContiguousOutput(self._logits(x), keys, values)
+
+
+# Most attention scores (rows x keys x heads) one chunk of the contiguous pass holds.
+SCORE_BUDGET = 1 << 24
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Plain causal attention over [heads, L, D], in row chunks so memory stays bounded."""
+    heads, length, _ = q.shape
+    rows = max(1, SCORE_BUDGET // (heads * length))
+    if rows >= length:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    out = torch.empty_like(q)
+    for start in range(0, length, rows):
+        stop = min(length, start + rows)
+        # Row r (absolute position start + r) sees keys 0..start + r.
+        keep = (torch.arange(stop, device=q.device)[None, :]
+                <= torch.arange(start, stop, device=q.device)[:, None])
+        out[:, start:stop] = F.scaled_dot_product_attention(
+            q[:, start:stop], k[:, :stop], v[:, :stop], attn_mask=keep, scale=scale)
+    return out

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from backend.errors import PagedLabError
 
 MAX_STEP_COUNT = 100_000
-MAX_GROW_TOKENS = 100_000
-MAX_PROMPT_TOKENS = 1_000_000
+MAX_GROW_TOKENS = 65_536
+MAX_PROMPT_TOKENS = 65_536
 MAX_ID_CHARS = 64
 
 # `max_new_tokens` omitted means "use the config's default"; null means "no limit".
@@ -111,7 +111,7 @@ def parse_op(data: Any) -> Op:
     if not isinstance(data, dict):
         raise PagedLabError(f"an operation must be an object, got {type(data).__name__}")
     name = data.get("op")
-    if name not in _FIELDS:
+    if not isinstance(name, str) or name not in _FIELDS:
         raise PagedLabError(f"unknown op {name!r}; expected one of {', '.join(OP_NAMES)}")
     required, optional = _FIELDS[name]
     missing = sorted(required - set(data))
@@ -149,8 +149,13 @@ def _parse_add(data: dict[str, Any]) -> Add:
         if not isinstance(data["prompt"], str) or not data["prompt"]:
             raise PagedLabError("prompt must be a non-empty string")
         prompt = data["prompt"]
-        if len(prompt.encode()) > MAX_PROMPT_TOKENS:
-            raise PagedLabError(f"prompt is longer than {MAX_PROMPT_TOKENS} bytes")
+        try:
+            size = len(prompt.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise PagedLabError("prompt is not valid Unicode text (it holds a lone surrogate)"
+                                ) from None
+        if size > MAX_PROMPT_TOKENS:
+            raise PagedLabError(f"prompt is {size} bytes; the limit is {MAX_PROMPT_TOKENS}")
     elif "prompt_tokens" in data:
         prompt_tokens = _int_list(data["prompt_tokens"], "prompt_tokens", 0, 255,
                                   MAX_PROMPT_TOKENS)

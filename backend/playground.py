@@ -111,7 +111,7 @@ def parse_blocks(text: str | None) -> list[int] | None:
     for part in text.replace(";", ",").replace(" ", ",").split(","):
         if not part:
             continue
-        if not part.isdigit():
+        if not (part.isascii() and part.isdigit()):
             raise PagedLabError(f"pinned blocks must be block ids like '9, 2, 14'; "
                                 f"{part!r} is not a block id")
         out.append(int(part))

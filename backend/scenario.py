@@ -33,6 +33,9 @@ from backend.ops import Op, describe_op, parse_op
 from backend.sampling import render_tokens
 
 MAX_SCENARIO_BYTES = 4 << 20
+# A snapshot file named on the command line (uploads in the app have a smaller bound,
+# backend.snapshot.MAX_SNAPSHOT_BYTES): long runs carry many events.
+MAX_SNAPSHOT_FILE_BYTES = 512 << 20
 MAX_STEPS = 10_000
 
 
@@ -61,12 +64,13 @@ class ScenarioError(PagedLabError):
     """A scenario problem located at a step (1-based) or at the file level (step None)."""
 
     def __init__(self, reason: str, step: int | None = None, op: str | None = None,
-                 config: EngineConfig | None = None) -> None:
+                 partial: Scenario | None = None) -> None:
         self.reason = reason
         self.step = step
         self.op = op
-        # Set when the file's config was valid: the state before any step.
-        self.config = config
+        # Set when a step is malformed: the scenario up to the step before it,
+        # which a runner may apply so the state is the last good one.
+        self.partial = partial
         where = "" if step is None else f"step {step} ({op or '?'}): "
         super().__init__(where + reason)
 
@@ -95,7 +99,7 @@ def parse_scenario(data: Any) -> Scenario:
         raise ScenarioError("a scenario needs a \"steps\" list (it may be empty)")
     if len(steps_raw) > MAX_STEPS:
         raise ScenarioError(f"a scenario may have at most {MAX_STEPS} steps")
-    steps = []
+    steps: list[ScenarioStep] = []
     for i, raw in enumerate(steps_raw, start=1):
         op_name = raw.get("op") if isinstance(raw, dict) else None
         label = op_name if isinstance(op_name, str) else None
@@ -108,7 +112,9 @@ def parse_scenario(data: Any) -> Scenario:
             if expect is not None and not isinstance(expect, dict):
                 raise PagedLabError("expect must be an object of path: value")
         except PagedLabError as exc:
-            raise ScenarioError(str(exc), i, label, config) from None
+            partial = Scenario(name, description, config, frozenset(raw_config or {}),
+                               tuple(steps), contiguous)
+            raise ScenarioError(str(exc), i, label, partial) from None
         steps.append(ScenarioStep(op, narration, expect))
     return Scenario(name, description, config, frozenset(raw_config or {}), tuple(steps),
                     contiguous)
@@ -124,12 +130,13 @@ def read_json(path: Path, what: str) -> Any:
         size = path.stat().st_size
     except OSError as exc:
         raise PagedLabError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
-    limit = MAX_SCENARIO_BYTES if what == "scenario" else 32 << 20
+    limit = MAX_SCENARIO_BYTES if what == "scenario" else MAX_SNAPSHOT_FILE_BYTES
     if size > limit:
         raise PagedLabError(f"{what} {str(path)!r} is {size} bytes; the limit is {limit} bytes")
     try:
         return json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and integers too long to convert.
         raise PagedLabError(f"{what} {str(path)!r} is not valid JSON: {exc}") from None
     except OSError as exc:
         raise PagedLabError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None

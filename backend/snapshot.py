@@ -20,6 +20,7 @@ the tokens. Export, restore, export gives the same JSON.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from backend.engine import Engine, KernelReport
 from backend.errors import IntegrityError, PagedLabError
 from backend.events import Event
 from backend.hashing import BlockHash, block_digest
+from backend.ops import check_request_id
 from backend.request import Request
 
 SCHEMA_VERSION = 1
@@ -111,7 +113,7 @@ def parse_snapshot_text(text: str | bytes) -> dict[str, Any]:
                             f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
     try:
         data = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise PagedLabError(f"snapshot is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise PagedLabError("snapshot must be a JSON object")
@@ -189,9 +191,9 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
         if not isinstance(raw, dict):
             raise PagedLabError(f"snapshot.requests[{i}] must be an object")
         r = _Reader(raw, f"snapshot.requests[{i}]")
-        rid = r.get("id", str)
-        if not rid or rid in requests:
-            raise PagedLabError(f"{r.where}.id {rid!r} is empty or repeated")
+        rid = check_request_id(r.get("id", str), f"{r.where}.id")
+        if rid in requests:
+            raise PagedLabError(f"{r.where}.id {rid!r} is repeated")
         status = r.get("status", str)
         if status not in ("waiting", "running", "finished"):
             raise PagedLabError(f"{r.where}.status must be waiting, running or finished")
@@ -215,10 +217,18 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
         if parent is not None and parent not in requests:
             raise PagedLabError(f"{r.where}.parent {parent!r} is not an earlier request")
         max_new = r.get("max_new_tokens", int, optional=True)
+        if max_new is not None and max_new < 1:
+            raise PagedLabError(f"{r.where}.max_new_tokens must be >= 1 or null")
+        if (max_new is not None and status != "finished"
+                and len(tokens) - prompt_len >= max_new):
+            raise PagedLabError(f"{r.where}: it has generated its {max_new} tokens, so it "
+                                f"would have finished, but it is {status}")
         reason = r.get("finish_reason", str, optional=True)
         if status == "finished" and reason not in (None, "finished", "max_new_tokens",
                                                    "capacity"):
             raise PagedLabError(f"{r.where}.finish_reason {reason!r} is not known")
+        if status != "finished" and reason is not None:
+            raise PagedLabError(f"{r.where}: a {status} request has no finish_reason")
         preemptions = r.get("num_preemptions", int)
         if preemptions < 0:
             raise PagedLabError(f"{r.where}.num_preemptions must be >= 0")
@@ -230,12 +240,16 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
     sched = _Reader(top.get("scheduler", dict), "snapshot.scheduler")
     waiting = sched.get("waiting", list)
     running = sched.get("running", list)
+    if not all(isinstance(x, str) for x in (*waiting, *running)):
+        raise PagedLabError("snapshot.scheduler lists request ids, which are strings")
     if sorted(waiting) != sorted(r.id for r in requests.values() if r.status == "waiting"):
         raise PagedLabError("snapshot.scheduler.waiting does not list exactly the waiting "
                             "requests")
     if sorted(running) != sorted(r.id for r in requests.values() if r.status == "running"):
         raise PagedLabError("snapshot.scheduler.running does not list exactly the running "
                             "requests")
+    if len(set(waiting)) != len(waiting) or len(set(running)) != len(running):
+        raise PagedLabError("snapshot.scheduler lists a request twice")
     admissions = sched.get("admissions", int)
     if admissions < len(running):
         raise PagedLabError("snapshot.scheduler.admissions is smaller than the running count")
@@ -255,6 +269,8 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
             raise PagedLabError(f"{r.where}: parent {parent_digest} is not listed before it")
         if block_digest(parent_digest, tokens, c.cache_salt()) != digest:
             raise PagedLabError(f"{r.where}: hash {digest} does not match its tokens")
+        if digest in nodes:
+            raise PagedLabError(f"{r.where}: hash {digest} is listed twice")
         nodes[digest] = BlockHash(digest, None if parent_digest is None else nodes[parent_digest],
                                   tuple(tokens))
 
@@ -291,6 +307,18 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
         block.num_filled = filled
         block.hash = None if digest is None else nodes[digest]
 
+    # Every listed hash node is some block's key or an ancestor of one.
+    reachable: set[str] = set()
+    for block in pool.blocks:
+        node = block.hash
+        while node is not None and node.digest not in reachable:
+            reachable.add(node.digest)
+            node = node.parent
+    stray = sorted(set(nodes) - reachable)
+    if stray:
+        raise PagedLabError(f"snapshot.prefix_cache lists hash {stray[0]}, which no block's key "
+                            "chains through")
+
     # The free queue, then the cache map.
     free_ids = top.int_list("free_queue", 0, c.num_blocks - 1)
     zero_ref = sorted(b.id for b in pool.blocks if b.ref_count == 0)
@@ -306,7 +334,7 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
         if block.hash is not None:
             pool.cached.setdefault(block.hash.digest, {})[block.id] = block
     alloc = _Reader(top.get("allocator", dict), "snapshot.allocator")
-    pool.random_picks = alloc.get("random_picks", int)
+    pool.random_picks = _non_negative(alloc, "random_picks")
 
     # Sequences: tail tokens and chain parents follow from the requests' tokens.
     for rid in running:
@@ -317,17 +345,17 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
         tail = req.tokens[full * bs:] if c.prefix_caching else []
         m.seqs[rid] = SeqBlocks(rid, list(table), req.num_tokens, tail, last_hash)
     mt = _Reader(top.get("metrics", dict), "snapshot.metrics")
-    m.cow_copies = mt.get("cow_copies", int)
-    m.prefix_hit_blocks = mt.get("prefix_hit_blocks", int)
-    m.preemptions = mt.get("preemptions", int)
-    m.prefix_queries = mt.get("prefix_queries", int, optional=True) or 0
-    m.prefix_query_tokens = mt.get("prefix_query_tokens", int, optional=True) or 0
-    m.prefix_floor_tokens = mt.get("prefix_floor_tokens", int, optional=True) or 0
+    m.cow_copies = _non_negative(mt, "cow_copies")
+    m.prefix_hit_blocks = _non_negative(mt, "prefix_hit_blocks")
+    m.preemptions = _non_negative(mt, "preemptions")
+    m.prefix_queries = _non_negative(mt, "prefix_queries", optional=True)
+    m.prefix_query_tokens = _non_negative(mt, "prefix_query_tokens", optional=True)
+    m.prefix_floor_tokens = _non_negative(mt, "prefix_floor_tokens", optional=True)
+    if m.preemptions != sum(r.num_preemptions for r in requests.values()):
+        raise PagedLabError("inconsistent snapshot: metrics.preemptions differs from the "
+                            "requests' num_preemptions")
     m.recount()
-    try:
-        m.events = [Event.from_json(e) for e in top.get("events", list)]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PagedLabError(f"snapshot.events: malformed event ({exc})") from None
+    m.events = _events(top, step, c.num_blocks, requests)
     m.step = step
 
     engine.requests = requests
@@ -340,18 +368,62 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
     k = _Reader(top.get("kernel", dict), "snapshot.kernel")
     err = k.get("max_abs_err", (int, float), optional=True)
     ms = k.get("time_ms", (int, float), optional=True)
+    if any(v is not None and not (math.isfinite(v) and v >= 0) for v in (err, ms)):
+        raise PagedLabError("snapshot.kernel: max_abs_err and time_ms must be finite and >= 0")
     engine.kernel_report = KernelReport(
         k.get("backend", str), k.get("device", str), None if err is None else float(err),
         None if ms is None else float(ms), k.get("num_seqs", int, optional=True) or 0,
         k.get("num_query_tokens", int, optional=True) or 0)
-    # Check the contract's counts before trusting anything else.
-    got = m.metrics().contract_dict()
-    for key in ("used_blocks", "free_blocks", "cached_blocks", "filled_slots",
-                "internal_waste_slots", "shared_blocks"):
-        claimed = mt.get(key, int)
-        if claimed != got[key]:
+    # Counts the blocks determine must be the ones the file claims.
+    metrics = m.metrics()
+    got = {**metrics.contract_dict(), "prefix_hit_tokens": metrics.prefix_hit_tokens,
+           "logical_tokens": metrics.logical_tokens,
+           "blocks_saved_by_sharing": metrics.blocks_saved_by_sharing}
+    derived = ("used_blocks", "free_blocks", "cached_blocks", "filled_slots",
+               "internal_waste_slots", "shared_blocks")
+    for key in (*derived, "prefix_hit_tokens", "logical_tokens", "blocks_saved_by_sharing"):
+        claimed = mt.get(key, int, optional=key not in derived)
+        if claimed is not None and claimed != got[key]:
             raise PagedLabError(f"inconsistent snapshot: metrics.{key} is {claimed} but the "
                                 f"blocks give {got[key]}")
+
+
+def _non_negative(r: _Reader, key: str, *, optional: bool = False) -> int:
+    v = r.get(key, int, optional=optional)
+    if v is None:
+        return 0
+    if v < 0:
+        raise PagedLabError(f"{r.where}.{key} must be >= 0, got {v}")
+    return int(v)
+
+
+def _events(top: _Reader, step: int, num_blocks: int,
+            requests: dict[str, Request]) -> list[Event]:
+    """Events that could have happened: known kinds, blocks, requests, and past steps."""
+    out = []
+    for i, raw in enumerate(top.get("events", list)):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.events[{i}] must be an object")
+        try:
+            e = Event.from_json(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PagedLabError(f"snapshot.events[{i}]: malformed event ({exc})") from None
+        blocks = [b for b in (e.block, e.src, e.dst) if b is not None]
+        problem = None
+        if not 1 <= e.step <= step:
+            problem = f"its step {e.step} is not in 1..{step}"
+        elif any(not 0 <= b < num_blocks for b in blocks):
+            problem = "it names a block outside the pool"
+        elif e.request is not None and e.request not in requests:
+            problem = f"it names request {e.request!r}, which the snapshot does not list"
+        elif e.kind in ("cow", "move") and (e.src is None or e.dst is None):
+            problem = f"a {e.kind} event needs src and dst"
+        elif e.ref_count is not None and e.ref_count < 0:
+            problem = "its ref_count is negative"
+        if problem:
+            raise PagedLabError(f"inconsistent snapshot: events[{i}]: {problem}")
+        out.append(e)
+    return out
 
 
 def _recompute_kv(engine: Engine) -> None:
@@ -362,12 +434,13 @@ def _recompute_kv(engine: Engine) -> None:
     """
     cache = engine.cache
     bs = engine.config.block_size
+    pool = engine.manager.pool
     done: set[int] = set()
 
-    def write(tokens: list[int], blocks: dict[int, int]) -> torch.Tensor:
-        """Compute `tokens` and store logical block i's K/V at physical `blocks[i]`."""
+    def write(tokens: list[int], targets: list[tuple[int, int]]) -> torch.Tensor:
+        """Compute `tokens`; store logical block i's K/V at physical b for each (i, b)."""
         out = engine.model.forward_contiguous(tokens)
-        for i, b in blocks.items():
+        for i, b in targets:
             if b in done:
                 continue
             n = min(bs, len(tokens) - i * bs)
@@ -379,12 +452,35 @@ def _recompute_kv(engine: Engine) -> None:
 
     for rid in engine.running:
         req = engine.requests[rid]
-        req.logits = write(req.tokens, dict(enumerate(engine.manager.block_table(rid))))
-    for block in engine.manager.pool.blocks:
+        req.logits = write(req.tokens, list(enumerate(engine.manager.block_table(rid))))
+
+    # Cached blocks, grouped by hash chain: one forward per chain end recomputes
+    # every cached block on the chain. Ancestors may live elsewhere or have been
+    # evicted; their tokens are in the chain.
+    pending: dict[str, list[int]] = {}
+    keys: dict[str, BlockHash] = {}
+    for block in pool.blocks:
         if block.ref_count == 0 and block.hash is not None and block.id not in done:
-            # Only this block's slice is written; its ancestors may live elsewhere or
-            # have been evicted, but their tokens are in the hash chain.
-            write(block.hash.prefix_tokens(), {block.hash.depth(): block.id})
+            pending.setdefault(block.hash.digest, []).append(block.id)
+            keys[block.hash.digest] = block.hash
+    inner: set[str] = set()
+    for key in keys.values():
+        parent = key.parent
+        while parent is not None and parent.digest not in inner:
+            inner.add(parent.digest)
+            parent = parent.parent
+    for digest, leaf in keys.items():
+        if digest in inner:
+            continue
+        chain: list[BlockHash] = []
+        node: BlockHash | None = leaf
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        chain.reverse()
+        targets = [(depth, b) for depth, link in enumerate(chain)
+                   for b in pending.get(link.digest, [])]
+        write([t for link in chain for t in link.tokens], targets)
 
 
 def write_snapshot(engine: Engine, path: Path) -> None:

@@ -392,3 +392,15 @@ def test_counts_instead_of_tokens_need_prefix_caching_off() -> None:
     m.allocate("A", [1, 2])
     with pytest.raises(PagedLabError, match="needs the token ids"):
         m.append("A", num_tokens=2)
+
+
+def test_pinned_blocks_must_be_free_not_cached() -> None:
+    m = BlockManager(8, 4)
+    m.allocate("A", list(b"abcdefgh"))
+    m.free("A")
+    assert m.block(0).state == "cached"
+    before = fingerprint(m)
+    with pytest.raises(PagedLabError, match="pinned block 0 is not free: it is cached"):
+        m.allocate("B", list(b"xy"), pinned=[0])
+    assert fingerprint(m) == before
+    assert m.allocate("B", list(b"xy"), pinned=[5]).block_table == (5,)

@@ -100,13 +100,8 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(line), err
     snap = json.loads(out.read_text())
-    # The last good snapshot: after step 1 when the engine refused step 2, or the
-    # fresh engine when step 2 was malformed and nothing ran.
-    assert snap["step"] in (0, 1)
-    if "unknown op" in line or "missing" in line or "must be in" in line:
-        assert snap["step"] == 0
-    else:
-        assert snap["step"] == 1 and snap["requests"][0]["id"] == "A"
+    # The last good snapshot, whether step 2 was refused or malformed: after step 1.
+    assert snap["step"] == 1 and [r["id"] for r in snap["requests"]] == ["A"]
 
 
 @pytest.mark.parametrize(("text", "line"), [
@@ -116,13 +111,23 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     ('{"config": {"blok_size": 4}, "steps": []}', "config: unknown field 'blok_size'"),
     ('{"config": {"num_heads": 4, "num_kv_heads": 3}, "steps": []}', "multiple of num_kv_heads"),
     ("[]", "a scenario must be a JSON object"),
+    ('{"steps": [{"op": ["add"]}]}', "unknown op ['add']"),
+    ('{"config": {"dtype": [1]}, "steps": []}', "config: dtype must be one of"),
+    ('{"steps": [{"op": "add", "request": "A", "prompt": "\\ud800"}]}', "lone surrogate"),
+    ('{"steps": [{"op": "step", "count": ' + "9" * 5000 + "}]}", "is not valid JSON"),
+    ("[" * 100_000 + "]" * 100_000, "is not valid JSON"),
+    ('{"config": {"num_layers": 8, "num_heads": 32, "num_kv_heads": 32, "head_dim": 256},'
+     ' "steps": []}', "weights would take"),
 ])
 def test_malformed_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
                                 line: str) -> None:
     out = tmp_path / "out.json"
     code, err = run_cli(capsys, "run", write(tmp_path, text), "--out", out)
     assert code == 2 and err.startswith("error: ") and line in err and err.count("\n") == 1
-    assert not out.exists()
+    assert "Traceback" not in err
+    # Written only when there is a last good state (a valid config, then nothing ran).
+    if out.exists():
+        assert json.loads(out.read_text())["step"] == 0
 
 
 def test_missing_file_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -204,3 +209,21 @@ def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr == "error: step 1 (finish): request 'ghost' does not exist\n"
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_an_unwritable_out_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(capsys, "run", write(tmp_path, {"steps": []}), "--out",
+                        tmp_path / "missing-dir" / "x.json", "--kernel", "torch")
+    assert code == 2 and err.startswith("error: cannot write")
+
+
+def test_from_with_a_malformed_scenario_still_writes_the_snapshot_state(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = tmp_path / "first.json"
+    assert run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", first,
+                   "--kernel", "torch")[0] == 0
+    bad = write(tmp_path, {"steps": [{"op": "grow", "request": "A2", "tokens": "x"}]}, "b.json")
+    out = tmp_path / "out.json"
+    code, err = run_cli(capsys, "run", bad, "--from", first, "--out", out, "--kernel", "torch")
+    assert code == 2 and err.startswith("error: step 1 (grow): tokens must be an integer")
+    assert out.read_text() == first.read_text()

@@ -7,6 +7,7 @@ a CPU) at small sizes.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch
 from backend.config import EngineConfig
 from backend.engine import Engine
 from backend.errors import PagedLabError
+from backend.model import ForwardBatch, ForwardOutput
 from backend.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.sampling import sample_token
 from backend.snapshot import export_snapshot, restore_engine, snapshot_json
@@ -299,10 +301,12 @@ def test_a_prompt_that_leaves_no_room_for_a_token_is_refused() -> None:
     e = make(num_blocks=2, block_size=2, prefix_caching=False)
     with pytest.raises(PagedLabError, match="no block for its first generated token"):
         e.apply(Add("A", prompt="abcd"))
+    with pytest.raises(PagedLabError, match="no block for its first generated token"):
+        e.apply(Add("A", prompt="abcd", blocks=(1, 0)))
     assert e.requests == {}
-    # Pinned placement is explicit: it runs, and finishes when it cannot grow.
-    e.apply(Add("B", prompt="abcd", blocks=(1, 0)))
-    r = e.apply(Step())
+    e.apply(Add("B", prompt="abc"))
+    r = e.apply(Step(2))
+    # Its 4th token fills the pool; a 5th would need a third block.
     assert r.finished == ("B",) and e.request("B").finish_reason == "capacity"
 
 
@@ -313,3 +317,52 @@ def test_set_kernels_keeps_the_state() -> None:
     assert e.kernels.name == "torch" and snapshot_json(e) == before
     e.apply(Grow("A"))
     assert e.kernel_report.backend == "torch"
+
+
+def test_long_prompts_are_prefilled_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import backend.engine as engine_module
+
+    # 40 tokens x 4 heads: chunks of at most 3 query tokens at a 480-score budget.
+    monkeypatch.setattr(engine_module, "PREFILL_BUDGET", 480)
+    e = make(num_blocks=32, block_size=4)
+    forward = e.model.forward
+    query_lens: list[int] = []
+
+    def counting(batch: ForwardBatch, *args: Any, **kwargs: Any) -> ForwardOutput:
+        query_lens.append(int(batch.token_ids.numel()))
+        return forward(batch, *args, **kwargs)
+
+    monkeypatch.setattr(e.model, "forward", counting)
+    run(e, [Add("A", prompt_len=40, max_new_tokens=5)])
+    assert sum(query_lens) == 40 and max(query_lens) == 3 and len(query_lens) == 14
+    run(e, [Step(5)])
+    ref = e.model.forward_contiguous(e.request("A").tokens)
+    for p in range(40, 45):
+        assert sample_token(ref.logits[p - 1], e.config.seed, "A", p) == e.request("A").tokens[p]
+    assert e.kernel_report.max_abs_err is not None and e.kernel_report.max_abs_err < 1e-5
+
+
+def test_contiguous_pass_in_row_chunks_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    import backend.model as model_module
+
+    e = make(num_blocks=16, block_size=4)
+    tokens = list(b"chunked attention rows")
+    whole = e.model.forward_contiguous(tokens)
+    monkeypatch.setattr(model_module, "SCORE_BUDGET", 4 * 22 * 5)  # 5 rows per chunk
+    chunked = e.model.forward_contiguous(tokens)
+    torch.testing.assert_close(chunked.logits, whole.logits, atol=1e-5, rtol=1e-5)
+    for a, b in zip(chunked.keys, whole.keys, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_verify_recomputation_catches_a_corrupted_block() -> None:
+    e = run(make(num_blocks=16, block_size=4, kv_fill=0.0),
+            [Add("A", prompt="The cat sat", max_new_tokens=20), Fork("A", "B"), Grow("B", 3),
+             Step(2)])
+    ok = e.verify_recomputation()
+    assert (ok.num_requests, ok.num_tokens) == (2, 13 + 16)
+    assert ok.max_kv_err < 1e-5 and ok.max_logit_err < 1e-4
+    # Overwrite one slot of B's private copy: the kernel check cannot see it, this can.
+    b = e.block_table("B")[2]
+    e.cache.k[1][b, 0] += 1.0
+    assert e.verify_recomputation().max_kv_err == pytest.approx(1.0, abs=1e-4)

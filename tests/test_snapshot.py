@@ -1,0 +1,183 @@
+"""Snapshot restore: exact for real states, refused for every inconsistent one."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from backend.config import EngineConfig
+from backend.engine import Engine
+from backend.errors import PagedLabError
+from backend.hashing import hash_block
+from backend.ops import Add, Finish, Fork, Grow, Op, Step
+from backend.scenario import load_scenario, run_steps
+from backend.snapshot import export_snapshot, parse_snapshot_text, restore_engine, snapshot_json
+
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
+
+
+def engine_after(ops: list[Op], **cfg: Any) -> Engine:
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4, **cfg}), kernel="torch")
+    for op in ops:
+        e.apply(op)
+    return e
+
+
+@pytest.fixture(scope="module")
+def shared() -> dict[str, Any]:
+    """A (8 tokens, caching on), B sharing A's first block, C finished (cached blocks)."""
+    e = engine_after([Add("A", prompt="abcdefgh"), Add("B", prompt="abcdxyz"),
+                      Add("C", prompt="qrstuvwxyz"), Finish("C"), Step()])
+    return export_snapshot(e)
+
+
+def refused(snap: dict[str, Any], match: str) -> None:
+    with pytest.raises(PagedLabError, match=match):
+        restore_engine(snap, kernel="torch")
+
+
+def test_the_fixture_restores(shared: dict[str, Any]) -> None:
+    assert snapshot_json(restore_engine(copy.deepcopy(shared), kernel="torch")) == (
+        snapshot_json(restore_engine(shared, kernel="torch")))
+
+
+def _salt(snap: dict[str, Any]) -> str:
+    cfg = {k: v for k, v in snap["config"].items() if k not in ("device", "bytes_per_block")}
+    return EngineConfig.from_json(cfg).cache_salt()
+
+
+def test_a_chain_that_starts_under_a_foreign_prefix_is_refused() -> None:
+    snap = export_snapshot(engine_after([Add("A", prompt="abcdefgh"), Step()]))
+    a = snap["requests"][0]
+    salt = _salt(snap)
+    foreign = hash_block(None, [1, 2, 3, 4], salt)
+    n0 = hash_block(foreign, a["tokens"][0:4], salt)
+    n1 = hash_block(n0, a["tokens"][4:8], salt)
+    # Every digest is honest about its tokens and parent; only the root is foreign.
+    for b, node in zip(a["block_table"][:2], (n0, n1), strict=True):
+        snap["blocks"][b]["hash"] = node.digest
+    snap["prefix_cache"] = [{"hash": x.digest, "parent": x.parent_digest,
+                             "tokens": list(x.tokens)} for x in (foreign, n0, n1)]
+    refused(snap, "does not chain from the start")
+
+
+def test_a_full_block_without_its_hash_is_refused(shared: dict[str, Any]) -> None:
+    snap = copy.deepcopy(shared)
+    a = next(r for r in snap["requests"] if r["id"] == "A")
+    digest = snap["blocks"][a["block_table"][1]]["hash"]
+    snap["blocks"][a["block_table"][1]]["hash"] = None
+    snap["prefix_cache"] = [n for n in snap["prefix_cache"] if n["hash"] != digest]
+    refused(snap, "has no hash")
+
+
+def test_sharers_with_different_tokens_are_refused() -> None:
+    e = engine_after([Add("A", prompt="abcdefghij"), Fork("A", "A2")], prefix_caching=False)
+    snap = export_snapshot(e)
+    child = next(r for r in snap["requests"] if r["id"] == "A2")
+    child["tokens"][0] = (child["tokens"][0] + 1) % 256
+    refused(snap, "share blocks but hold different tokens")
+
+
+def test_a_block_shared_at_two_positions_is_refused() -> None:
+    e = engine_after([Add("A", prompt="abcdabcd"), Add("B", prompt="zzzzabcd")],
+                     prefix_caching=False)
+    snap = export_snapshot(e)
+    a, b = snap["requests"]
+    freed = b["block_table"][1]
+    b["block_table"][1] = a["block_table"][0]
+    snap["blocks"][a["block_table"][0]]["ref_count"] = 2
+    blk = snap["blocks"][freed]
+    blk.update(state="free", ref_count=0, num_filled=0)
+    snap["free_queue"].append(freed)
+    snap["metrics"].update(used_blocks=3, free_blocks=13, shared_blocks=1,
+                           filled_slots=12, blocks_saved_by_sharing=1)
+    refused(snap, "holds block .* at logical 1, A at 0")
+
+
+MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("ref count", lambda s: s["blocks"][0].update(ref_count=s["blocks"][0]["ref_count"] + 1),
+     "block 0 has ref_count 3 but 2 block table"),
+    ("state", lambda s: next(b for b in s["blocks"] if b["state"] == "free").update(
+        state="cached"), "is listed as 'cached'"),
+    ("tokens", lambda s: s["requests"][0]["tokens"].append(65), "num_tokens is"),
+    ("table", lambda s: s["requests"][0].update(num_tokens=20,
+                                                tokens=s["requests"][0]["tokens"] * 2 + [1] * 2),
+     "do not fit its table"),
+    ("limit", lambda s: s["requests"][0].update(max_new_tokens=1), "would have finished"),
+    ("negative", lambda s: s["metrics"].update(cow_copies=-1), "cow_copies must be >= 0"),
+    ("derived", lambda s: s["metrics"].update(logical_tokens=1), "metrics.logical_tokens"),
+    ("event block", lambda s: s["events"][0].update(block=99_999), "outside the pool"),
+    ("event request", lambda s: s["events"][0].update(request="ghost"), "'ghost'"),
+    ("event step", lambda s: s["events"][0].update(step=s["step"] + 1), "is not in 1.."),
+    ("forged node", lambda s: s["prefix_cache"].append(
+        {"hash": "0" * 16, "parent": None, "tokens": [0, 0, 0, 0]}), "does not match"),
+    ("waiting ids", lambda s: s["scheduler"].update(waiting=[1]), "are strings"),
+    ("running twice", lambda s: s["scheduler"].update(
+        running=s["scheduler"]["running"] * 2), "exactly the running"),
+    ("reason", lambda s: s["requests"][0].update(finish_reason="capacity"),
+     "has no finish_reason"),
+    ("bad id", lambda s: s["requests"][0].update(id="a\nb"), "unprintable"),
+    ("schema", lambda s: s.update(schema_version=2), "schema_version is 2"),
+    ("kernel", lambda s: s["kernel"].update(max_abs_err=float("nan")), "finite"),
+    ("config", lambda s: s["config"].update(block_size=0), "block_size must be in"),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "match"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_inconsistent_snapshots_are_refused(shared: dict[str, Any], name: str,
+                                            mutate: Callable[[dict[str, Any]], None],
+                                            match: str) -> None:
+    snap = copy.deepcopy(shared)
+    mutate(snap)
+    refused(snap, match)
+
+
+def test_a_hash_node_no_block_uses_is_refused(shared: dict[str, Any]) -> None:
+    snap = copy.deepcopy(shared)
+    stray = hash_block(None, [0, 0, 0, 0], _salt(snap))
+    snap["prefix_cache"].append({"hash": stray.digest, "parent": None, "tokens": [0, 0, 0, 0]})
+    refused(snap, "which no block's key chains through")
+
+
+@pytest.mark.parametrize("text", [b"\xff\xfe", "{", "[1, 2]", "9" * 5000, "[" * 50_000])
+def test_snapshot_text_is_parsed_as_data_only(text: str | bytes) -> None:
+    with pytest.raises(PagedLabError):
+        parse_snapshot_text(text)
+
+
+def test_oversized_snapshot_text_is_refused() -> None:
+    with pytest.raises(PagedLabError, match="the limit is"):
+        parse_snapshot_text(" " * ((32 << 20) + 1))
+
+
+def test_restore_recomputes_used_and_cached_blocks_exactly() -> None:
+    sc = load_scenario(next(SCENARIO_DIR.glob("13-*.json")))
+    e = Engine(sc.config, kernel="torch")
+    for _ in run_steps(e, sc.steps):
+        pass
+    # Finish D so its blocks join the cached ones: some chains now have evicted links.
+    e.apply(Grow("D", 2))
+    e.apply(Finish("D"))
+    r = restore_engine(export_snapshot(e), kernel="torch")
+    pool = e.manager.pool
+    checked = 0
+    for block in pool.blocks:
+        if block.ref_count > 0 or block.hash is not None:
+            n = block.num_filled
+            for layer in range(e.config.num_layers):
+                torch.testing.assert_close(r.cache.k[layer][block.id, :n],
+                                           e.cache.k[layer][block.id, :n], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(r.cache.v[layer][block.id, :n],
+                                           e.cache.v[layer][block.id, :n], atol=1e-5, rtol=1e-5)
+            checked += 1
+    assert checked >= 6
+    # And a later prefix hit on a restored cached block computes what a cold run does.
+    for eng in (e, r):
+        eng.apply(Add("E", prompt="Once upon a time, a fox ran", max_new_tokens=4))
+        eng.apply(Step(4))
+    assert e.request("E").tokens == r.request("E").tokens
