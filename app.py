@@ -21,6 +21,10 @@ st.set_page_config(page_title="PagedLab", page_icon=":material/grid_view:", layo
 PAGES = [
     st.Page("pages/playground.py", title="Playground", icon=":material/science:",
             url_path="lab", default=True),
+    st.Page("pages/scenarios.py", title="Scenarios", icon=":material/auto_stories:",
+            url_path="tour"),
+    st.Page("pages/compare.py", title="Contiguous vs paged", icon=":material/compare:",
+            url_path="fragmentation"),
 ]
 
 session.init()

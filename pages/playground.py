@@ -1,11 +1,14 @@
-"""Playground: drive the live engine. Configure, add, grow, fork, finish, step, shuffle."""
+"""Playground: drive the live engine. Configure, add, grow, fork, finish, step, shuffle.
+
+Export what is shown, or upload a snapshot to continue from its exact state.
+"""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from backend.snapshot import export_snapshot
-from ui import controls, panels, session
+from ui import controls, exports, panels, session
 
 engine = session.get_engine()
 
@@ -33,3 +36,9 @@ with side:
     panels.kernel(snap, engine)
     st.subheader("Address translator")
     panels.translator(engine)
+
+st.subheader("Export and import")
+exports.downloads(snap, stem="playground", prefix="", run=session.get_history(),
+                  run_help=f"The newest {session.MAX_HISTORY} operations at most, since the "
+                           "engine was started or restored.")
+exports.import_panel()

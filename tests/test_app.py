@@ -357,3 +357,14 @@ def test_a_large_pool_is_drawn_a_page_at_a_time() -> None:
     page.select(2).run()
     assert not at.exception
     assert metrics(at)["Used blocks"] == "250 / 4096"
+
+
+def test_verify_against_a_full_recomputation() -> None:
+    at = add(start())
+    at.button(key="btn_fork").click().run()
+    click(at, "verify")
+    found = [s.value for s in at.success if "recomputed without paging" in s.value]
+    assert len(found) == 1, [s.value for s in at.success]
+    kv = re.search(r"max \|K/V in the blocks − recomputed\| = ([0-9.e+-]+)", found[0])
+    assert kv is not None and float(kv.group(1)) < 1e-5
+    assert found[0].startswith("2 request(s), 46 tokens")

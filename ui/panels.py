@@ -162,8 +162,12 @@ def events(snap: Snapshot) -> None:
 
 # ---- kernel -----------------------------------------------------------------------
 
-def kernel(snap: Snapshot, engine: Engine | None = None) -> None:
-    """Which backend and device ran the last step, its time, and its distance from the reference."""
+def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> None:
+    """Which backend and device ran the last step, its time, and its distance from the reference.
+
+    With the live engine, a button recomputes every running request from
+    scratch without paging and compares it with what the cache holds.
+    """
     info = views.kernel_info(snap)
     if not info.ran:
         st.markdown("No model step yet: add a request.")
@@ -180,6 +184,16 @@ def kernel(snap: Snapshot, engine: Engine | None = None) -> None:
                      "the real kernel. Pick *torch* in the sidebar for speed.")
     if notes:
         st.caption(" ".join(notes))
+    if engine is None or not engine.running:
+        return
+    if st.button("Verify against a full recomputation", key=f"{prefix}verify",
+                 help="Recompute every running request's K/V and logits with plain "
+                      "attention and no cache, and compare them with the paged state."):
+        v = engine.verify_recomputation()
+        st.success(
+            f"{v.num_requests} request(s), {v.num_tokens} tokens recomputed without "
+            f"paging: max |K/V in the blocks − recomputed| = {v.max_kv_err:.2g}, "
+            f"max |logits − recomputed| = {v.max_logit_err:.2g}.")
 
 
 # ---- address translator ----------------------------------------------------------------

@@ -12,6 +12,10 @@ When the fields describe another config than the applied one, the change is
 sidebar asks ("Apply and reset" / "Keep current") and nothing is lost
 until the person confirms. Device and kernel changes never need asking: the
 same state continues on the other kernel.
+
+History: the snapshot after each applied operation since the engine was
+started or restored (`HISTORY`), so a whole session can be downloaded as a
+run; only the newest `MAX_HISTORY` are kept, as each holds every event so far.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ from backend.playground import (
     summarize,
     switch_kernels,
 )
+from backend.snapshot import export_snapshot, restore_engine
 
 ENGINE = "engine"
 SETTINGS = "settings"
 FLASH = "flash"
 PENDING = "config_pending"
+HISTORY = "history"
+MAX_HISTORY = 100
 
 DEFAULT_PROMPT = "The cat sat on the mat."
 
@@ -59,7 +66,7 @@ VIEW_DEFAULTS: dict[str, Any] = {
     "focus_req": None, "focus_block": None, "grid_page": 0,
     "tr_req": None, "tr_pos": 0, "tr_layer": 0,
 }
-VIEW_PREFIXES = ("",)
+VIEW_PREFIXES = ("", "tour_")
 
 FlashKind = Literal["error", "success", "info"]
 
@@ -98,6 +105,8 @@ def init() -> None:
         ss[SETTINGS] = Settings()
     if ENGINE not in ss:
         ss[ENGINE] = build_engine(ss[SETTINGS])
+    if HISTORY not in ss:
+        ss[HISTORY] = []
     for key, value in _widget_defaults(ss[SETTINGS]).items():
         if key not in ss:
             ss[key] = value
@@ -111,6 +120,18 @@ def get_engine() -> Engine:
 def get_settings() -> Settings:
     settings: Settings = st.session_state[SETTINGS]
     return settings
+
+
+def get_history() -> list[dict[str, Any]]:
+    """Snapshots since the engine started or was restored, oldest first (see module doc)."""
+    history: list[dict[str, Any]] = st.session_state[HISTORY]
+    return history
+
+
+def _record(engine: Engine) -> None:
+    history = get_history()
+    history.append(export_snapshot(engine))
+    del history[:-MAX_HISTORY]
 
 
 # ---- status line -------------------------------------------------------------
@@ -143,6 +164,7 @@ def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     except PagedLabError as exc:
         flash("error", f"Refused: {exc}")
         return None
+    _record(engine)
     flash("success", summarize(result))
     return result
 
@@ -177,12 +199,42 @@ def _replace_engine(settings: Settings, message: str) -> None:
         return
     ss[ENGINE] = engine
     ss[SETTINGS] = settings
+    ss[HISTORY] = []
     ss["tr_layer"] = 0
     _clear_request_widgets()
     c = settings.config
     flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
                   f"{c.num_layers} layers, {c.dtype}, kernel {engine.kernels.name} on "
                   f"{engine.device}.")
+
+
+def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
+    """Replace the engine by the exact state a snapshot describes.
+
+    Returns None on success (the status line says what was restored), else
+    the reason it was refused, with the current engine kept. For callbacks
+    only: it also sets the sidebar's fields to the snapshot's config, which
+    Streamlit allows only before the sidebar is drawn. The device and kernel
+    stay the sidebar's. `source` names where the snapshot came from.
+    """
+    ss = st.session_state
+    s = get_settings()
+    try:
+        engine = restore_engine(data, device=s.device, kernel=s.kernel)
+    except PagedLabError as exc:
+        return str(exc)
+    ss[ENGINE] = engine
+    ss[SETTINGS] = Settings(engine.config, s.device, s.kernel)
+    ss[HISTORY] = [export_snapshot(engine)]
+    for key, value in config_fields(engine.config).items():
+        ss[key] = value
+    ss["tr_layer"] = 0
+    _clear_request_widgets()
+    c = engine.config
+    flash("success", f"Restored {source}: step {engine.step}, {len(engine.requests)} "
+                     f"request(s), {c.num_blocks} blocks of {c.block_size} slots, K/V "
+                     f"recomputed from the tokens. Keep working from here.")
+    return None
 
 
 def apply_config(config: EngineConfig) -> None:

@@ -1,0 +1,235 @@
+"""A scenario run a person steps through: every state it passed through, kept for time travel.
+
+The Scenarios page shows one step at a time, but any earlier step must be
+viewable at once and exportable exactly. So a `TourRun` applies a
+scenario's steps one by one on its own engine and keeps a `Frame` per state:
+index 0 is the fresh engine, index n the state after step n. A frame holds
+the snapshot dict (what the views draw and the exports write, so a past
+step costs no recomputation), the narrated expectations checked against the
+engine at that moment, and the contiguous arena's state when the scenario
+has one.
+
+    frames:  [start] [after 1] [after 2] ... [after taken]      taken <= total
+                                   ^ viewed (any of them)
+
+The engine only ever moves forward; looking back is reading a frame. A step
+the engine refuses stops the run there (`error`), with the state it had
+before that step, exactly as `python -m backend run` leaves it.
+
+No Streamlit here: ui/tour.py keeps one `TourRun` per browser session.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from backend.contiguous_mirror import ContiguousMirror
+from backend.engine import Engine, OpResult
+from backend.errors import PagedLabError
+from backend.ops import describe_op
+from backend.playground import summarize, switch_kernels
+from backend.scenario import (
+    MAX_SCENARIO_BYTES,
+    Scenario,
+    ScenarioError,
+    check_expectations,
+    load_scenario,
+    parse_scenario,
+    resolve,
+    run_steps,
+)
+from backend.snapshot import export_snapshot
+
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
+
+
+# ---- the shipped scenarios ------------------------------------------------------
+
+def shipped_paths() -> dict[str, Path]:
+    """Every shipped scenario file by its stem ('08-fork-copy-on-write'), in file order."""
+    return {p.stem: p for p in sorted(SCENARIO_DIR.glob("*.json"))}
+
+
+@cache
+def _load_shipped(path: Path, mtime_ns: int) -> Scenario:
+    # Keyed by modification time too, so an edited file is read again.
+    return load_scenario(path)
+
+
+def shipped_scenario(stem: str) -> Scenario:
+    """A shipped scenario by stem. Raises PagedLabError naming the unknown stem."""
+    path = shipped_paths().get(stem)
+    if path is None:
+        raise PagedLabError(f"there is no scenario {stem!r}")
+    return _load_shipped(path, path.stat().st_mtime_ns)
+
+
+def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
+    """An uploaded scenario file, parsed as JSON data only and bounded in size.
+
+    Raises PagedLabError with a message naming the file and the problem (for
+    a bad step: its number and operation, as the command line says it).
+    """
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise PagedLabError(f"{filename} is {len(data):,} bytes; a scenario may be at most "
+                            f"{MAX_SCENARIO_BYTES >> 20} MiB")
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and integers too long to convert;
+        # RecursionError, arrays nested deeper than the parser goes.
+        raise PagedLabError(f"{filename} is not valid JSON: {exc}") from None
+    try:
+        return parse_scenario(raw)
+    except PagedLabError as exc:
+        raise PagedLabError(f"{filename}: {exc}") from None
+
+
+# ---- narrated numbers ----------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One narrated number: where to look, what the narration says, what the engine shows."""
+
+    path: str
+    expected: Any
+    got: Any            # None when the path leads nowhere (then `problem` says why)
+    ok: bool
+    problem: str | None = None
+
+
+def check_rows(expect: dict[str, Any], snapshot: dict[str, Any], engine: Engine,
+               result: OpResult | None, mirror: ContiguousMirror | None) -> tuple[Check, ...]:
+    """Each expectation with the value the engine shows. Reads only.
+
+    The verdict is `check_expectations`'s (the command line's `--check`), one
+    path at a time, so the page and the CLI can never disagree.
+    """
+    rows = []
+    for path, want in expect.items():
+        failures = check_expectations({path: want}, snapshot, engine, result, mirror)
+        try:
+            got = resolve(path, snapshot, engine, result, mirror)
+            problem = None
+        except (KeyError, IndexError, ValueError, PagedLabError):
+            got, problem = None, failures[0] if failures else None
+        rows.append(Check(path, want, got, not failures, problem))
+    return tuple(rows)
+
+
+# ---- frames and the run -------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """The state after `step` steps (0: the fresh engine), with what the reader is told."""
+
+    step: int
+    snapshot: dict[str, Any]
+    label: str                      # the step's operation, e.g. "fork A -> A2"; "start"
+    narration: str | None
+    summary: str | None             # what the engine did, one line; None at the start
+    checks: tuple[Check, ...]
+    arena: dict[str, Any] | None    # the contiguous arena (ContiguousMirror.state + segments)
+
+    @property
+    def all_ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def arena_state(mirror: ContiguousMirror | None) -> dict[str, Any] | None:
+    """The arena's JSON-ready state plus its memory map as runs of slots. Reads only."""
+    if mirror is None:
+        return None
+    state = mirror.state()
+    state["segments"] = [
+        {"start": s.start, "length": s.length, "owner": s.owner, "kind": s.kind}
+        for s in mirror.arena.segments(state["required"])
+    ]
+    return state
+
+
+class TourRun:
+    """One scenario being stepped through, on its own engine. See the module docstring.
+
+    `key` names where the scenario came from (a shipped file's stem, or
+    "upload"); `title` is what the page calls it.
+    """
+
+    def __init__(self, scenario: Scenario, key: str, title: str, *, device: str = "auto",
+                 kernel: str = "auto") -> None:
+        self.scenario = scenario
+        self.key = key
+        self.title = title
+        self.device = device
+        self.kernel = kernel
+        # Raises PagedLabError for a device or kernel this machine lacks.
+        self.engine = Engine(scenario.config, device=device, kernel=kernel)
+        self.mirror = scenario.mirror()
+        self.frames: list[Frame] = [Frame(0, export_snapshot(self.engine), "start", None, None,
+                                          (), arena_state(self.mirror))]
+        self.error: str | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.scenario.steps)
+
+    @property
+    def taken(self) -> int:
+        return len(self.frames) - 1
+
+    @property
+    def can_advance(self) -> bool:
+        return self.taken < self.total and self.error is None
+
+    def frame(self, step: int) -> Frame:
+        return self.frames[max(0, min(step, self.taken))]
+
+    def next_label(self, step: int) -> str | None:
+        """The operation of the step after `step`, if the scenario has one."""
+        return describe_op(self.scenario.steps[step].op) if step < self.total else None
+
+    def advance(self) -> Frame | None:
+        """Mutates: apply the next step and keep its frame.
+
+        Returns None when there is no next step or the engine refused it; a
+        refusal sets `error` (the CLI's one line, naming the step) and the
+        engine keeps the state before that step.
+        """
+        if not self.can_advance:
+            return None
+        i = self.taken + 1
+        step = self.scenario.steps[i - 1]
+        try:
+            _, _, result = next(run_steps(self.engine, (step,), first=i, mirror=self.mirror))
+        except ScenarioError as exc:
+            self.error = str(exc)
+            return None
+        snap = export_snapshot(self.engine)
+        checks = () if not step.expect else check_rows(step.expect, snap, self.engine, result,
+                                                       self.mirror)
+        frame = Frame(i, snap, describe_op(step.op), step.narration, summarize(result), checks,
+                      arena_state(self.mirror))
+        self.frames.append(frame)
+        return frame
+
+    def run_to(self, step: int) -> int:
+        """Mutates: apply steps until `step` have been taken (or the run stops); the count."""
+        while self.taken < step and self.advance() is not None:
+            pass
+        return self.taken
+
+    def set_kernels(self, device: str, kernel: str) -> None:
+        """Mutates: run the next steps on another kernel; the state so far is unchanged.
+
+        Raises PagedLabError for a device or kernel this machine lacks.
+        """
+        self.engine = switch_kernels(self.engine, device, kernel)
+        self.device, self.kernel = device, kernel
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """The snapshot after each step taken (steps 1..taken), as `--snapshots` writes them."""
+        return [f.snapshot for f in self.frames[1:]]

@@ -1,0 +1,251 @@
+"""Views for the Scenarios page: the narrated numbers, checked, and the contiguous arena's map.
+
+Pure functions of a frame's data (backend/tour.py), like the other views: the
+page renders what they return and tests read the same HTML.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from html import escape
+from typing import Any
+
+import pandas as pd
+
+from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
+from backend.views.model import Snapshot, owner_index
+
+MAX_VALUE_CHARS = 120
+
+# The arena map is as wide as a 16-column block grid (16 cells of 46 px), so a
+# one-slot-per-block pool and an arena of the same capacity line up slot for slot.
+ARENA_WIDTH = 16 * 46
+ARENA_HEIGHT = 40
+
+ARENA_KINDS = {
+    # kind: (label in the legend, fill opacity over the owner's colour, dashed border)
+    "token_states": ("tokens", 0.35, False),
+    "reservation": ("reserved for future tokens", 0.08, True),
+    "internal_fragmentation": ("reserved, never used (internal fragmentation)", 0.0, True),
+    "external_fragmentation": ("hole too small for the next request (external "
+                               "fragmentation)", 1.0, True),
+    "free": ("free", 1.0, False),
+}
+EXTERNAL_FILL = "#FBE3D6"
+
+
+def format_value(value: Any) -> str:
+    """A JSON value as a reader sees it, shortened if long."""
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 1] + "…"
+
+
+def describe_path(path: str) -> str:
+    """An expectation's path in words: 'requests.A.block_table' -> "A's block table"."""
+    parts = path.split(".")
+    head, rest = parts[0], parts[1:]
+
+    def words(s: str) -> str:
+        return s.replace("_", " ")
+
+    if head == "requests" and len(rest) == 2:
+        return f"{rest[0]}'s {words(rest[1])}"
+    if head == "blocks" and len(rest) == 2:
+        return f"block {rest[0]}: {words(rest[1])}"
+    if head == "metrics" and len(rest) == 1:
+        return words(rest[0])
+    if head == "kernel" and len(rest) == 1:
+        return f"kernel {words(rest[0])}"
+    if head == "address" and len(rest) == 2:
+        return f"address of {rest[0]}'s token {rest[1]}"
+    if head == "events" and len(rest) == 1:
+        return f"{rest[0]} events so far"
+    if head == "step_events" and len(rest) == 1:
+        return f"{rest[0]} events in this step"
+    if head == "text" and len(rest) == 1:
+        return f"{rest[0]}'s text"
+    if head == "contiguous":
+        return "contiguous arena: " + " ".join(words(p) for p in rest)
+    return path
+
+
+def checks_html(checks: Sequence[Any]) -> str:
+    """'What you should see': each narrated number with ✓ or ✗ and the value shown.
+
+    `checks` are backend.tour.Check rows. Each row carries `data-ok` and its
+    raw path (`data-path`, also the hover title) for readers of the HTML.
+    """
+    if not checks:
+        return "<div class='pl-checks' style='color:#666'>No numbers to check at this step.</div>"
+    rows = []
+    for c in checks:
+        mark, color = ("✓", "#1A7F37") if c.ok else ("✗", "#B2182B")
+        if c.ok:
+            value = f"<b>{escape(format_value(c.got))}</b>"
+        elif c.problem is not None and c.got is None:
+            value = (f"expected <b>{escape(format_value(c.expected))}</b>, "
+                     f"{escape(c.problem)}")
+        else:
+            value = (f"expected <b>{escape(format_value(c.expected))}</b>, the engine shows "
+                     f"<b>{escape(format_value(c.got))}</b>")
+        rows.append(
+            f"<div class='pl-check' data-ok='{int(c.ok)}' data-path='{escape(c.path, quote=True)}'"
+            f" title='{escape(c.path, quote=True)}' style='padding:2px 0;"
+            f"border-bottom:1px solid #EEE'>"
+            f"<span style='display:inline-block;width:1.4em;font-weight:700;color:{color}'>"
+            f"{mark}</span>{escape(describe_path(c.path))}: {value}</div>")
+    return "<div class='pl-checks' style='font-size:14px'>" + "".join(rows) + "</div>"
+
+
+# ---- the contiguous arena -------------------------------------------------------
+
+def arena_frame(arena: dict[str, Any], snap: Snapshot) -> pd.DataFrame:
+    """One row per run of slots in one state: geometry, colour and label.
+
+    Owners get the colour the block grid gives the same request, so a request
+    is one colour in both memories.
+    """
+    slots = owner_index(snap)
+    rows = []
+    for seg in arena["segments"]:
+        kind = seg["kind"]
+        owner = seg["owner"]
+        label, opacity, dashed = ARENA_KINDS[kind]
+        if owner is not None:
+            color = PALETTE[slots.get(owner, 0) % len(PALETTE)]
+        else:
+            color = EXTERNAL_FILL if kind == "external_fragmentation" else "#FFFFFF"
+        end = seg["start"] + seg["length"]
+        px = seg["length"] * ARENA_WIDTH / arena["capacity"]
+        text = _segment_text(kind, owner, px)
+        rows.append({
+            "x0": seg["start"], "x1": end, "xc": seg["start"] + seg["length"] / 2,
+            "kind": label, "owner": owner or "", "color": color, "opacity": opacity,
+            "dash": dashed, "text": text,
+            "slots": f"{seg['start']}–{end - 1}" if seg["length"] > 1 else str(seg["start"]),
+            "length": seg["length"],
+            "aria": f"slots {seg['start']} to {end - 1}: {label}"
+                    + (f", request {owner}" if owner else ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def _segment_text(kind: str, owner: str | None, px: float) -> str:
+    """The words inside a run of slots, as long as its width allows (px on screen)."""
+    long, short = {
+        "token_states": (owner or "", owner or ""),
+        "reservation": (f"{owner} reserved", f"({owner})"),
+        "internal_fragmentation": (f"{owner} unused", f"({owner})"),
+        "external_fragmentation": ("hole", ""),
+        "free": ("", ""),
+    }[kind]
+    if px >= 7.5 * len(long) + 8:
+        return long
+    return short if px >= 7.5 * len(short) + 6 else ""
+
+
+def arena_spec(arena: dict[str, Any], snap: Snapshot) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The arena as one horizontal bar of slots (Vega-Lite spec without its data).
+
+    Tokens are tinted in the owner's colour, reserved-but-empty slots are the
+    same colour faint with a dashed border, holes white (pale orange when too
+    small for the request that waits). Labels say the same in text.
+    """
+    df = arena_frame(arena, snap)
+    cap = arena["capacity"]
+    xs = {"domain": [0, cap], "nice": False, "zero": False}
+    x = {"field": "x0", "type": "quantitative", "scale": xs,
+         "axis": {"title": "slot", "values": _ticks(cap), "grid": False, "labelFontSize": 10,
+                  "titleFontSize": 10, "titleFontWeight": "normal"}}
+    y = {"value": 2}
+
+    def runs(dashed: bool) -> dict[str, Any]:
+        # Vega-Lite draws a rect's dash only as a mark property, not as an encoding,
+        # hence one layer for solid borders and one for dashed ones.
+        return {
+            "transform": [{"filter": "datum.dash" if dashed else "!datum.dash"}],
+            "mark": {"type": "rect", "aria": False, "cornerRadius": 2, "stroke": MUTED,
+                     "strokeWidth": 1, **({"strokeDash": [4, 2]} if dashed else {})},
+            "encoding": {
+                "x": x, "x2": {"field": "x1"}, "y": y, "y2": {"value": ARENA_HEIGHT - 2},
+                "fill": {"field": "color", "type": "nominal", "scale": None},
+                "fillOpacity": {"field": "opacity", "type": "quantitative", "scale": None},
+                "tooltip": [{"field": "slots", "type": "nominal"},
+                            {"field": "kind", "type": "nominal", "title": "state"},
+                            {"field": "owner", "type": "nominal", "title": "request"}],
+                "description": {"field": "aria", "type": "nominal"}}}
+
+    layers: list[dict[str, Any]] = [runs(dashed=False), runs(dashed=True)]
+    if cap <= 64:
+        # Slot boundaries, so a reader can count slots as in the paged grid.
+        layers.append({
+            "data": {"values": [{"s": s} for s in range(1, cap)]},
+            "mark": {"type": "rule", "color": CACHED_FILL, "strokeWidth": 0.6, "aria": False},
+            "encoding": {"x": {"field": "s", "type": "quantitative", "scale": xs},
+                         "y": {"value": 2}, "y2": {"value": ARENA_HEIGHT - 2}}})
+    layers.append(
+        {"transform": [{"filter": "datum.text != ''"}],
+         "mark": {"type": "text", "fontSize": 11, "fontWeight": "bold", "color": INK,
+                  "baseline": "middle", "aria": False},
+         "encoding": {"x": {"field": "xc", "type": "quantitative", "scale": xs},
+                      "y": {"value": ARENA_HEIGHT / 2},
+                      "text": {"field": "text", "type": "nominal"}}})
+    spec = {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "width": ARENA_WIDTH, "height": ARENA_HEIGHT,
+        "autosize": {"type": "pad"},
+        "config": {"view": {"stroke": None}},
+        "layer": layers,
+    }
+    return df, spec
+
+
+def _ticks(capacity: int) -> list[int]:
+    step = next(s for s in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536,
+                            1 << 20) if capacity / s <= 16)
+    return list(range(0, capacity + 1, step))
+
+
+def arena_caption(arena: dict[str, Any]) -> str:
+    """The arena's slots by state (the paper's Figure 2 categories), in one line."""
+    b = arena["breakdown"]
+    return (f"{arena['capacity']} slots ({arena['policy']} reservations, first fit): "
+            f"{b['token_states']} hold tokens · {b['reservation']} reserved for future tokens · "
+            f"{b['internal_fragmentation']} internal fragmentation · "
+            f"{b['external_fragmentation']} external fragmentation · {b['free']} free")
+
+
+def arena_fit_message(arena: dict[str, Any]) -> str | None:
+    """Why the first waiting request cannot be placed, if one waits."""
+    fit = arena.get("next_fit")
+    waiting = arena.get("waiting") or []
+    parts = []
+    if fit is not None and waiting:
+        parts.append(f"{waiting[0]} waits: {fit['message']}.")
+    if len(waiting) > 1:
+        parts.append(f"Also waiting: {', '.join(waiting[1:])}.")
+    never = arena.get("never_fits") or []
+    if never:
+        parts.append(f"Never fits in this arena: {', '.join(never)}.")
+    return " ".join(parts) or None
+
+
+def arena_legend_html() -> str:
+    """What the arena's fills and marks mean, in words next to each swatch."""
+    sw = ("display:inline-block;width:18px;height:12px;border-radius:2px;margin:0 4px -1px 0;"
+          "border:1px {style} {b};background:{c};")
+    items = [
+        (sw.format(style="solid", b=MUTED, c="rgba(0,114,178,.35)"), "A = A's tokens"),
+        (sw.format(style="dashed", b=MUTED, c="rgba(0,114,178,.08)"),
+         "A reserved = room kept for A's future tokens"),
+        (sw.format(style="dashed", b=MUTED, c="#FFF"),
+         "A unused = reserved beyond A's final length (internal fragmentation)"),
+        (sw.format(style="dashed", b=MUTED, c=EXTERNAL_FILL),
+         "hole = free, but too small for the waiting request (external fragmentation)"),
+        (sw.format(style="solid", b=MUTED, c="#FFF"), "free"),
+    ]
+    parts = [f"<span style='margin-right:12px'><span style='{style}'></span>{escape(text)}"
+             f"</span>" for style, text in items]
+    return ("<div class='pl-arena-legend' style='font-size:12px;line-height:1.9'>"
+            + "".join(parts) + "</div>")

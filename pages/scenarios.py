@@ -1,0 +1,60 @@
+"""Scenarios: a guided story per claim of the PagedAttention text, stepped on a real engine.
+
+Narration beside the same views as the Playground; Back, Next, Play, Reset, a
+slider over every step taken, a link that opens the same step, downloads of
+what is shown, and "continue from here" into the Playground.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui import exports, panels, tour
+
+tour.init()
+run, frame = tour.sync()
+snap = frame.snapshot
+latest = frame.step == run.taken     # only the newest state has a live engine behind it
+
+st.title("Scenarios")
+st.caption("Each scenario is a short story told on a real engine: every step is one engine "
+           "operation, and every number the narration promises is checked against what the "
+           "engine shows. The scenario runs on its own engine with its own pool settings; it "
+           "uses the sidebar's kernel.")
+tour.messages()
+tour.picker(run)
+st.markdown(f"#### {run.title}")
+st.markdown(run.scenario.description)
+tour.controls(run)
+
+story, numbers = st.columns([1, 1], gap="large")
+with story:
+    tour.narration(run, frame)
+with numbers:
+    panels.metrics(snap)
+# The grid keeps its cells their size, so it takes the page's width rather than a column's.
+st.subheader("Physical block pool")
+focus = panels.pool(snap, prefix="tour_")
+tour.arena(frame)
+
+st.subheader("Block tables")
+panels.block_tables(snap, focus)
+log, side = st.columns([3, 2], gap="large")
+with log:
+    st.subheader("Event log")
+    panels.events(snap)
+with side:
+    st.subheader("Kernel")
+    panels.kernel(snap, run.engine if latest else None, prefix="tour_")
+    st.subheader("Address translator")
+    if latest:
+        panels.translator(run.engine, prefix="tour_")
+    else:
+        st.caption("Reads K/V from the live tensors, which hold the newest state: view step "
+                   f"{run.taken} to translate addresses.")
+
+st.subheader("Download this step")
+exports.downloads(snap, stem=run.key if run.key != tour.UPLOAD else "scenario", prefix="tour_",
+                  run=run.snapshots(),
+                  run_help="The same files as `python -m backend run --snapshots DIR`.")
+tour.finish(run)

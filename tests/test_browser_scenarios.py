@@ -1,0 +1,129 @@
+"""The Scenarios page in a real Chromium: a link, Next, Back, Play and Pause, a download.
+
+Screenshots go to build/screenshots/tour-*.png (test artifacts).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from tests.browser_support import CHROMIUM_ARGS, app_url, chromium_path, screenshots
+from tests.test_browser import T, metric_is, shoot, shows
+
+__all__ = ["app_url", "chromium_path", "screenshots"]   # fixtures, used by name below
+
+pytestmark = pytest.mark.browser
+
+STEP = re.compile(r"Step (\d+) of 6:")
+
+
+def narration(page: Page) -> str:
+    return page.locator(".st-key-tour_narration").inner_text()
+
+
+def viewed(page: Page) -> int:
+    found = STEP.search(narration(page))
+    assert found is not None, narration(page)
+    return int(found.group(1))
+
+
+def step_shown(page: Page, n: int) -> None:
+    shows(page.locator(".st-key-tour_narration"), f"Step {n} of 6:")
+
+
+def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str,
+                                                screenshots: Path, tmp_path: Path) -> None:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
+                                     args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2400},
+                                    accept_downloads=True)
+            page.set_default_timeout(T)
+            # A server's very first session resolves pages before the app has registered
+            # them and briefly reports "page not found"; open the app once, as any earlier
+            # visitor would have, so the link below is what a person following it sees.
+            page.goto(app_url)
+            expect(page.get_by_role("button", name="Add request")).to_be_visible(timeout=60_000)
+
+            page.goto(f"{app_url}/tour?scenario=08-fork-copy-on-write")
+            shows(page.get_by_role("heading", name="Fork and copy-on-write"))
+            step_shown(page, 0)
+            nxt = page.get_by_role("button", name="Next", exact=True)
+            for n in (1, 2, 3):
+                nxt.click()
+                step_shown(page, n)
+            story = page.locator(".st-key-tour_narration")
+            shows(story, "grow A2 +1")
+            shows(story, "A2 generates a token")
+            shows(page.locator(".pl-checks"), "cow events in this step: 1")
+            expect(page.locator(".pl-check[data-ok='0']")).to_have_count(0)
+            metric_is(page, "Copy-on-write copies", "1")
+            metric_is(page, "Shared blocks", "2")
+            shows(page.locator(".pl-events"), "request A2 wrote into shared block 2: copied it "
+                                              "to block 3 first (copy-on-write)")
+            expect(page).to_have_url(re.compile(r"scenario=08-fork-copy-on-write&step=3$"))
+            shoot(page, screenshots / "tour-01-copy-on-write.png")
+
+            # Back: the fork, before anything was copied.
+            page.get_by_role("button", name="Back", exact=True).click()
+            step_shown(page, 2)
+            shows(story, "A2 forks from A")
+            metric_is(page, "Copy-on-write copies", "0")
+            metric_is(page, "Shared blocks", "3")
+            expect(page).to_have_url(re.compile(r"step=2$"))
+            shoot(page, screenshots / "tour-02-back-to-the-fork.png")
+
+            # Download the viewed step's snapshot.
+            with page.expect_download() as info:
+                page.get_by_role("button", name="Snapshot (JSON)").click()
+            download = info.value
+            assert download.suggested_filename == "08-fork-copy-on-write-step-0002.json"
+            path = tmp_path / download.suggested_filename
+            download.save_as(path)
+            snap = json.loads(path.read_text())
+            assert snap["step"] == 2 and snap["schema_version"] == 1
+            assert [r["id"] for r in snap["requests"]] == ["A", "A2"]
+            assert snap["metrics"]["shared_blocks"] == 3 and snap["metrics"]["cow_copies"] == 0
+
+            # Play from step 2 (step 3 is replayed, later ones computed), then Pause.
+            page.get_by_role("button", name="Play", exact=True).click()
+            pause = page.get_by_role("button", name="Pause", exact=True)
+            expect(pause).to_be_visible(timeout=T)
+            step_shown(page, 4)
+            pause.click()
+            expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible(timeout=T)
+            stopped_at = viewed(page)
+            page.wait_for_timeout(2500)       # longer than a play step: nothing moves now
+            assert viewed(page) == stopped_at and 4 <= stopped_at < 6
+            # Play again runs to the end and stops by itself.
+            page.get_by_role("button", name="Play", exact=True).click()
+            step_shown(page, 6)
+            shows(page.get_by_text("Played to the end: step 6 of 6."))
+            expect(page.get_by_role("button", name="Play", exact=True)).to_be_disabled(timeout=T)
+            shoot(page, screenshots / "tour-03-played-to-the-end.png")
+
+            # The contiguous arena beside the paged pool.
+            page.goto(f"{app_url}/tour?scenario=01-contiguous-problem&step=5")
+            shows(page.get_by_role("heading", name="The contiguous allocation problem"))
+            shows(page.locator(".st-key-tour_narration"), "Step 5 of 5:")
+            shows(page.get_by_text("D waits: a request of 5 tokens"))
+            expect(page.locator(".pl-check[data-ok='0']")).to_have_count(0)
+            shoot(page, screenshots / "tour-04-contiguous-arena.png")
+
+            # Continue from here: the Playground takes this state and keeps working.
+            page.get_by_role("button", name="Continue from here in the Playground").click()
+            shows(page.get_by_role("heading", name="Playground"))
+            shows(page.get_by_text("Restored “The contiguous allocation problem” at step 5"))
+            metric_is(page, "Used blocks", "12 / 16")
+            shows(page.get_by_role("heading", name="Export and import"))
+            page.get_by_role("button", name="Step", exact=True).click()
+            shows(page.get_by_text("Step 6: step"))
+            shoot(page, screenshots / "tour-05-continued-in-the-playground.png")
+        finally:
+            browser.close()

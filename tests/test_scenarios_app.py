@@ -1,0 +1,400 @@
+"""The Scenarios page through Streamlit's AppTest: every shipped scenario, stepped in the app.
+
+Each scenario is opened by its link, stepped to the end with Next, and at every
+step the page must show each narrated number with a ✓, and the same numbers in
+the ordinary panels (metrics, block tables, the contiguous arena). Most tests
+use the torch kernel (one click in the sidebar) to stay fast on a CPU;
+`test_a_scenario_on_the_default_triton_kernel` runs the default one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from backend.scenario import MAX_SCENARIO_BYTES, load_scenario
+from backend.snapshot import export_snapshot
+from backend.tour import TourRun
+from backend.views.tour import format_value
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+SCENARIOS = sorted((ROOT / "assets" / "scenarios").glob("*.json"))
+NAMES = [p.stem for p in SCENARIOS]
+PAGE = "pages/scenarios.py"
+
+
+def open_tour(scenario: str | None = None, step: str | None = None,
+              kernel: str = "torch") -> AppTest:
+    """The app, switched to `kernel` on the Playground, then the Scenarios page by its link."""
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception
+    if kernel != "auto":
+        at.segmented_control(key="dev_kernel").set_value(kernel).run()
+    if scenario is not None:
+        at.query_params["scenario"] = scenario
+    if step is not None:
+        at.query_params["step"] = step
+    at.switch_page(PAGE).run()
+    assert not at.exception
+    return at
+
+
+def run_of(at: AppTest) -> TourRun:
+    run: TourRun = at.session_state["tour"].run
+    return run
+
+
+def click(at: AppTest, key: str) -> AppTest:
+    at.button(key=key).click().run()
+    assert not at.exception
+    return at
+
+
+def markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def html(at: AppTest, css_class: str) -> str:
+    bodies = [h.value for h in at.html if f"class='{css_class}'" in h.value]
+    assert len(bodies) == 1, f"expected one {css_class} block, found {len(bodies)}"
+    return bodies[0]
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return dict(re.findall(r"data-label='([^']+)'>([^<]+)<", html(at, "pl-metrics")))
+
+
+def checks(at: AppTest) -> dict[str, tuple[bool, str]]:
+    """The 'what you should see' rows: raw path -> (checked ok, the row's HTML)."""
+    rows = re.findall(r"<div class='pl-check' data-ok='(\d)' data-path='([^']+)'(.*?)</div>",
+                      html(at, "pl-checks"))
+    return {path: (ok == "1", body) for ok, path, body in rows}
+
+
+def viewed_step(at: AppTest) -> int:
+    found = re.search(r"\*\*Step (\d+) of (\d+)", markdown(at))
+    assert found is not None, markdown(at)
+    return int(found.group(1))
+
+
+def requests_table(at: AppTest) -> Any:
+    return at.dataframe[0].value.set_index("request")
+
+
+# Metric paths and the label (and format) the metrics panel shows them with.
+METRIC_LABELS = {
+    "used_blocks": ("Used blocks", "{v} / {n}"),
+    "free_blocks": ("Free blocks", "{v}"),
+    "cached_blocks": ("Cached blocks", "{v}"),
+    "shared_blocks": ("Shared blocks", "{v}"),
+    "cow_copies": ("Copy-on-write copies", "{v}"),
+    "preemptions": ("Preemptions", "{v}"),
+    "internal_waste_slots": ("Internal waste", "{v} slots"),
+    "blocks_saved_by_sharing": ("Blocks saved by sharing", "{v}"),
+}
+
+
+def assert_visible_in_panels(at: AppTest, path: str, want: Any, num_blocks: int) -> bool:
+    """Where the ordinary panels show `path`, they show `want`. Whether they show it at all."""
+    parts = path.split(".")
+    if parts[0] == "metrics" and parts[1] in METRIC_LABELS:
+        label, fmt = METRIC_LABELS[parts[1]]
+        assert metrics(at)[label] == fmt.format(v=want, n=num_blocks), path
+        return True
+    if parts[0] == "metrics" and parts[1] == "filled_slots":
+        assert metrics(at)["Filled slots"].startswith(f"{want} / "), path
+        return True
+    if parts[0] == "requests" and parts[2] in ("block_table", "num_tokens", "status"):
+        row = requests_table(at).loc[parts[1]]
+        if parts[2] == "block_table":
+            shown = row["block table (logical→physical)"]
+            entries = [e.split(" ")[0] for e in shown.split(" · ")] if want else ["—"]
+            assert entries == ([f"{i}→{b}" for i, b in enumerate(want)] or ["—"]), (path, shown)
+        elif parts[2] == "num_tokens":
+            assert row["tokens"] == want, path
+        else:
+            assert str(row["status"]).startswith(want), path
+        return True
+    if parts[0] == "contiguous" and parts[1] == "breakdown":
+        caption = "\n".join(c.value for c in at.caption)
+        label = {"token_states": "hold tokens", "reservation": "reserved for future tokens",
+                 "internal_fragmentation": "internal fragmentation",
+                 "external_fragmentation": "external fragmentation", "free": "free"}[parts[2]]
+        assert f"{want} {label}" in caption, (path, caption)
+        return True
+    return False
+
+
+# ---- every shipped scenario -------------------------------------------------------------
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=NAMES)
+def test_every_scenario_steps_through_with_its_numbers_checked(path: Path) -> None:
+    scenario = load_scenario(path)
+    at = open_tour(path.stem)
+    assert viewed_step(at) == 0
+    assert f"#### {scenario.name}" in markdown(at)
+    assert at.query_params == {"scenario": path.stem, "step": "0"}
+    n = scenario.config.num_blocks
+    visible = 0
+    for i, step in enumerate(scenario.steps, start=1):
+        click(at, "tour_next")
+        assert not at.error, [e.value for e in at.error]
+        assert viewed_step(at) == i
+        if step.narration:
+            assert step.narration in markdown(at)
+        rows = checks(at)
+        assert step.expect is not None
+        assert set(rows) == set(step.expect)
+        for key, want in step.expect.items():
+            ok, body = rows[key]
+            assert ok, f"step {i}: {key} shows ✗: {body}"
+            # The number shown beside the ✓ is the narrated one.
+            assert f"<b>{escape(format_value(want))}</b>" in body, (key, body)
+            visible += assert_visible_in_panels(at, key, want, n)
+        assert f"All {len(step.expect)} narrated number(s) match" in markdown(at) or \
+            any(f"All {len(step.expect)} narrated number(s) match" in c.value
+                for c in at.caption)
+    assert visible >= 1, "no narrated number was found in the ordinary panels"
+    assert at.button(key="tour_next").disabled
+    assert at.query_params == {"scenario": path.stem, "step": str(len(scenario.steps))}
+    assert run_of(at).engine.kernels.name == "torch"
+
+
+def test_a_scenario_on_the_default_triton_kernel() -> None:
+    at = open_tour("08-fork-copy-on-write", kernel="auto")
+    for _ in range(6):
+        click(at, "tour_next")
+    assert viewed_step(at) == 6
+    assert all(ok for ok, _ in checks(at).values())
+    text = markdown(at)
+    assert "Last step ran on **triton-interpreter** (cpu)" in text
+    found = re.search(r"reference\\\|: \*\*([0-9.e+-]+)\*\*", text)
+    assert found is not None and float(found.group(1)) < 1e-4
+    assert run_of(at).engine.kernel_report.backend == "triton-interpreter"
+
+
+# ---- time travel ----------------------------------------------------------------------
+
+def test_back_and_the_slider_show_earlier_states_without_recomputing() -> None:
+    at = open_tour("08-fork-copy-on-write")
+    for _ in range(3):
+        click(at, "tour_next")
+    m = metrics(at)
+    assert (m["Copy-on-write copies"], m["Shared blocks"], m["Used blocks"]) == \
+        ("1", "2", "4 / 32")
+    assert escape("A2's block table: ") + "<b>[0, 1, 3]</b>" in html(at, "pl-checks")
+    engine = run_of(at).engine
+    # Back: the fork, before the copy. Nothing is recomputed: the engine stays at step 3.
+    click(at, "tour_back")
+    assert viewed_step(at) == 2
+    m = metrics(at)
+    assert (m["Copy-on-write copies"], m["Shared blocks"], m["Used blocks"]) == \
+        ("0", "3", "3 / 32")
+    assert requests_table(at).loc["A2", "block table (logical→physical)"] == \
+        "0→0 · 1→1 · 2→2 (3/4)"
+    assert "A2 forks from A" in markdown(at)
+    assert run_of(at).taken == 3 and run_of(at).engine is engine and engine.step == 3
+    assert at.query_params["step"] == "2"
+    # The slider: step 1, A alone in three blocks.
+    assert (at.slider(key="tour_slider").min, at.slider(key="tour_slider").max) == (0, 3)
+    at.slider(key="tour_slider").set_value(1).run()
+    assert viewed_step(at) == 1
+    assert metrics(at)["Used blocks"] == "3 / 32"
+    assert list(requests_table(at).index) == ["A"]
+    # Step 0 is the fresh engine.
+    at.slider(key="tour_slider").set_value(0).run()
+    assert metrics(at)["Used blocks"] == "0 / 32" and at.button(key="tour_back").disabled
+    # Next walks forward through what is computed, then computes the next step.
+    for want in (1, 2, 3):
+        click(at, "tour_next")
+        assert viewed_step(at) == want and run_of(at).taken == 3
+    click(at, "tour_next")
+    assert viewed_step(at) == 4 and run_of(at).taken == 4
+    assert metrics(at)["Copy-on-write copies"] == "1"
+
+
+def test_reset_starts_the_run_again() -> None:
+    at = open_tour("03-growth")
+    click(at, "tour_next")
+    click(at, "tour_next")
+    click(at, "tour_reset")
+    assert viewed_step(at) == 0 and run_of(at).taken == 0
+    assert metrics(at)["Used blocks"] == "0 / 16"
+    assert at.query_params["step"] == "0"
+
+
+def test_play_runs_to_the_end_and_stops() -> None:
+    at = open_tour("02-block-table")
+    at.select_slider(key="tour_speed").set_value(0.25).run()
+    click(at, "tour_play")
+    # One click plays every step (each rerun shows one), then play turns itself off.
+    assert viewed_step(at) == 3 and run_of(at).taken == 3
+    assert not at.session_state["tour"].playing
+    assert [i.value for i in at.info] == ["Played to the end: step 3 of 3."]
+    assert at.button(key="tour_play").disabled
+    assert at.query_params["step"] == "3"
+    assert all(ok for ok, _ in checks(at).values())
+
+
+def test_play_from_an_earlier_step_replays_what_is_computed_first() -> None:
+    at = open_tour("02-block-table")
+    at.select_slider(key="tour_speed").set_value(0.25).run()
+    click(at, "tour_next")
+    click(at, "tour_next")
+    click(at, "tour_back")
+    click(at, "tour_back")
+    engine = run_of(at).engine
+    click(at, "tour_play")
+    assert viewed_step(at) == 3 and run_of(at).taken == 3 and run_of(at).engine is engine
+
+
+# ---- the link ------------------------------------------------------------------------------
+
+def test_a_link_opens_a_given_step() -> None:
+    at = open_tour("02-block-table", "2")
+    assert viewed_step(at) == 2 and run_of(at).taken == 2
+    assert "6 divided by 4 is 1 remainder 2" in markdown(at)
+    assert escape("address of A's token 6") in html(at, "pl-checks")
+    assert at.query_params == {"scenario": "02-block-table", "step": "2"}
+    click(at, "tour_next")
+    assert at.query_params == {"scenario": "02-block-table", "step": "3"}
+    assert at.selectbox(key="tour_pick").value == "02-block-table"
+
+
+@pytest.mark.parametrize(("scenario", "step", "message", "want_scenario"), [
+    ("no-such-story", "2", "The link names no scenario 'no-such-story'; showing “The "
+                           "contiguous allocation problem” instead.", "01-contiguous-problem"),
+    ("03-growth", "99", "The link's step '99' is not a step of this scenario (0 to 4); "
+                        "showing step 0.", "03-growth"),
+    ("03-growth", "two", "The link's step 'two' is not a step of this scenario (0 to 4); "
+                         "showing step 0.", "03-growth"),
+    ("03-growth", "-1", "The link's step '-1' is not a step of this scenario (0 to 4); "
+                        "showing step 0.", "03-growth"),
+], ids=["unknown-scenario", "step-too-large", "step-not-a-number", "step-negative"])
+def test_a_bad_link_is_explained_and_falls_back(scenario: str, step: str, message: str,
+                                                want_scenario: str) -> None:
+    at = open_tour(scenario, step)
+    assert [e.value for e in at.error] == [message]
+    assert viewed_step(at) == 0
+    assert at.query_params == {"scenario": want_scenario, "step": "0"}
+    assert run_of(at).key == want_scenario
+
+
+def test_choosing_a_scenario_starts_it_and_updates_the_link() -> None:
+    at = open_tour()
+    assert run_of(at).key == NAMES[0] and at.query_params["scenario"] == NAMES[0]
+    at.selectbox(key="tour_pick").select("13-cache-revival").run()
+    assert "#### Cached blocks outlive their request" in markdown(at)
+    assert at.query_params == {"scenario": "13-cache-revival", "step": "0"}
+    assert metrics(at)["Used blocks"] == "0 / 10"
+
+
+# ---- uploads -----------------------------------------------------------------------------
+
+def upload(at: AppTest, name: str, data: bytes) -> AppTest:
+    at.file_uploader(key="tour_file").set_value((name, data, "application/json")).run()
+    assert not at.exception
+    return at
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"{not json", "Scenario file refused: bad.json is not valid JSON: Expecting property name "
+                   "enclosed in double quotes: line 1 column 2 (char 1)"),
+    (b"[1, 2]", "Scenario file refused: bad.json: a scenario must be a JSON object"),
+    (json.dumps({"config": {"block_size": 0}, "steps": []}).encode(),
+     "Scenario file refused: bad.json: config: block_size must be in 1..256, got 0"),
+    (json.dumps({"steps": [{"op": "add", "request": "A", "prompt": "hi"},
+                           {"op": "grow", "tokens": 2}]}).encode(),
+     "Scenario file refused: bad.json: step 2 (grow): missing field 'request'"),
+    (json.dumps({"steps": [{"op": "jump"}]}).encode(),
+     "Scenario file refused: bad.json: step 1 (jump): unknown op 'jump'; expected one of add, "
+     "grow, fork, finish, step, shuffle"),
+    (b"[" * 100_000 + b"]" * 100_000,
+     "Scenario file refused: bad.json is not valid JSON: maximum recursion depth exceeded "
+     "while decoding a JSON array from a unicode string"),
+], ids=["not-json", "not-an-object", "bad-config", "bad-step", "unknown-op", "nested-deep"])
+def test_a_malformed_scenario_upload_names_the_problem(data: bytes, message: str) -> None:
+    at = open_tour("03-growth")
+    click(at, "tour_next")
+    upload(at, "bad.json", data)
+    assert [e.value for e in at.error] == [message]
+    # The scenario being read is kept, at the step it was.
+    assert run_of(at).key == "03-growth" and viewed_step(at) == 1
+
+
+def test_an_oversized_scenario_upload_is_refused_unread() -> None:
+    at = open_tour("03-growth")
+    upload(at, "huge.json", b" " * (MAX_SCENARIO_BYTES + 1))
+    assert [e.value for e in at.error] == [
+        f"Scenario file refused: huge.json is {MAX_SCENARIO_BYTES + 1:,} bytes; the limit is "
+        "4 MiB."]
+    assert run_of(at).key == "03-growth"
+
+
+def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
+    mine = {
+        "name": "My story", "description": "Two steps, then a mistake.",
+        "config": {"num_blocks": 8, "block_size": 4},
+        "steps": [
+            {"op": "add", "request": "A", "prompt": "abcdef", "narration": "A arrives.",
+             "expect": {"metrics.used_blocks": 2, "requests.A.num_tokens": 6}},
+            {"op": "grow", "request": "A", "tokens": 2, "expect": {"metrics.used_blocks": 3}},
+            {"op": "grow", "request": "Z"},
+            {"op": "finish", "request": "A"},
+        ],
+    }
+    at = open_tour("03-growth")
+    upload(at, "mine.json", json.dumps(mine).encode())
+    assert [s.value for s in at.success] == [
+        "Loaded mine.json: “My story”, 4 step(s). Press Next to apply the first."]
+    assert "#### My story" in markdown(at)
+    assert at.selectbox(key="tour_pick").value == "upload"
+    # An uploaded file has no address: the link carries no scenario.
+    assert "scenario" not in at.query_params
+    click(at, "tour_next")
+    assert "A arrives." in markdown(at) and all(ok for ok, _ in checks(at).values())
+    click(at, "tour_next")
+    # The second step's expectation is wrong on purpose: the page says so.
+    rows = checks(at)
+    assert not rows["metrics.used_blocks"][0]
+    assert "expected <b>3</b>, the engine shows <b>2</b>" in rows["metrics.used_blocks"][1]
+    click(at, "tour_next")
+    assert [e.value for e in at.error] == [
+        "The engine refused step 3 (grow): request 'Z' does not exist. The run stops there: "
+        "step 2 is the state before it."]
+    assert viewed_step(at) == 2 and at.button(key="tour_next").disabled
+    assert run_of(at).engine.step == 2
+    # Picking a shipped scenario again works as before.
+    at.selectbox(key="tour_pick").select("03-growth").run()
+    assert run_of(at).key == "03-growth" and not at.error
+
+
+# ---- continue from here -----------------------------------------------------------------
+
+def test_continue_from_here_puts_that_state_into_the_playground() -> None:
+    at = open_tour("01-contiguous-problem", "4")
+    click(at, "tour_back")                  # a past step: step 3
+    frame = run_of(at).frame(3)
+    click(at, "tour_continue")
+    assert at.title[0].value == "Playground"
+    engine = at.session_state["engine"]
+    assert export_snapshot(engine) == frame.snapshot
+    assert [s.value for s in at.success] == [
+        "Restored “The contiguous allocation problem” at step 3: step 3, 3 request(s), 16 "
+        "blocks of 1 slots, K/V recomputed from the tokens. Keep working from here."]
+    # The sidebar shows the scenario's pool, so nothing asks to apply other settings.
+    assert at.sidebar.number_input(key="cfg_num_blocks").value == 16
+    assert at.sidebar.number_input(key="cfg_block_size").value == 1
+    assert not at.warning
+    # The playground continues from there; the scenario run is untouched.
+    at.button(key="btn_step").click().run()
+    assert engine.step == 4 and not at.exception
+    at.switch_page(PAGE).run()
+    assert viewed_step(at) == 3 and run_of(at).taken == 4

@@ -1,0 +1,145 @@
+"""A scenario run kept for time travel (backend/tour.py) and its views, without Streamlit."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import altair as alt
+import pytest
+
+from backend.errors import PagedLabError
+from backend.scenario import parse_scenario
+from backend.snapshot import export_snapshot
+from backend.tour import TourRun, check_rows, parse_scenario_upload, shipped_scenario
+from backend.views import tour as tv
+
+
+def test_frames_keep_every_state_and_the_engine_only_moves_forward() -> None:
+    run = TourRun(shipped_scenario("08-fork-copy-on-write"), "08", "t", kernel="torch")
+    assert (run.total, run.taken, run.can_advance) == (6, 0, True)
+    assert run.frame(0).snapshot["step"] == 0 and run.frame(0).label == "start"
+    assert run.run_to(3) == 3
+    f2, f3 = run.frame(2), run.frame(3)
+    assert (f2.label, f3.label) == ("fork A -> A2", "grow A2 +1")
+    assert f2.snapshot["metrics"]["shared_blocks"] == 3
+    assert f3.snapshot["metrics"]["cow_copies"] == 1
+    assert f3.summary == "Step 3: grow A2 +1 · generated 1 token(s) · events: 1 cow"
+    assert f3.all_ok and len(f3.checks) == 6
+    # A frame is what the engine showed then: later steps do not change it.
+    before = json.dumps(f2.snapshot)
+    run.run_to(6)
+    assert json.dumps(f2.snapshot) == before
+    assert run.frame(6).snapshot == export_snapshot(run.engine)
+    assert not run.can_advance and run.advance() is None
+    assert [s["step"] for s in run.snapshots()] == [1, 2, 3, 4, 5, 6]
+    # Out-of-range views are clamped to what exists.
+    assert run.frame(99).step == 6 and run.frame(-1).step == 0
+
+
+def test_checks_show_what_the_engine_shows_and_flag_mismatches() -> None:
+    run = TourRun(shipped_scenario("02-block-table"), "02", "t", kernel="torch")
+    run.run_to(2)
+    snap = run.frame(2).snapshot
+    rows = check_rows({"requests.A.block_table": [9, 2, 14], "metrics.used_blocks": 99,
+                       "requests.Z.status": "running", "address.A.6": {
+                           "logical_block": 1, "offset": 2, "physical_block": 2, "slot": 10}},
+                      snap, run.engine, None, None)
+    by_path = {r.path: r for r in rows}
+    assert by_path["requests.A.block_table"].ok
+    assert by_path["requests.A.block_table"].got == [9, 2, 14]
+    bad = by_path["metrics.used_blocks"]
+    assert (bad.ok, bad.got, bad.problem) == (False, 3, None)
+    missing = by_path["requests.Z.status"]
+    assert not missing.ok and missing.got is None
+    assert missing.problem is not None and "not found" in missing.problem
+    assert by_path["address.A.6"].ok
+    html = tv.checks_html(rows)
+    assert html.count("data-ok='1'") == 2 and html.count("data-ok='0'") == 2
+    assert "expected <b>99</b>, the engine shows <b>3</b>" in html
+
+
+def test_a_refused_step_stops_the_run_with_the_cli_message() -> None:
+    sc = parse_scenario({"config": {"num_blocks": 8}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "grow", "request": "B"},
+        {"op": "finish", "request": "A"}]})
+    run = TourRun(sc, "upload", "mine", kernel="torch")
+    assert run.run_to(3) == 1
+    assert run.error == "step 2 (grow): request 'B' does not exist"
+    assert not run.can_advance and run.engine.step == 1
+    assert run.next_label(1) == "grow B +1"
+
+
+def test_kernels_can_change_between_steps() -> None:
+    run = TourRun(shipped_scenario("03-growth"), "03", "t", kernel="torch")
+    run.run_to(2)
+    run.set_kernels("auto", "auto")
+    assert run.engine.kernels.name == "triton-interpreter"
+    run.run_to(4)
+    assert run.frame(4).all_ok
+    assert run.frame(4).snapshot["kernel"]["backend"] == "triton-interpreter"
+    assert run.frame(2).snapshot["kernel"]["backend"] == "torch"
+
+
+def test_scenario_uploads_are_parsed_as_bounded_json() -> None:
+    sc = parse_scenario_upload(json.dumps({"steps": [{"op": "step"}]}).encode(), "s.json")
+    assert sc.steps[0].op.op == "step"
+    with pytest.raises(PagedLabError, match=r"^s.json: step 1 \(grow\): missing field"):
+        parse_scenario_upload(b'{"steps": [{"op": "grow"}]}', "s.json")
+    with pytest.raises(PagedLabError, match="is not valid JSON"):
+        parse_scenario_upload(b'{"steps": [1' + b"0" * 5000 + b"]}", "s.json")
+    with pytest.raises(PagedLabError, match="a scenario may be at most 4 MiB"):
+        parse_scenario_upload(b" " * ((4 << 20) + 1), "s.json")
+    with pytest.raises(PagedLabError, match="there is no scenario 'nope'"):
+        shipped_scenario("nope")
+
+
+def test_the_arena_map_follows_the_contiguous_mirror() -> None:
+    run = TourRun(shipped_scenario("01-contiguous-problem"), "01", "t", kernel="torch")
+    run.run_to(5)
+    arena = run.frame(5).arena
+    assert arena is not None
+    df = tv.arena_frame(arena, run.frame(5).snapshot)
+    assert list(zip(df["x0"], df["x1"], df["kind"], strict=True)) == [
+        (0, 4, "tokens"), (4, 6, "reserved for future tokens"),
+        (6, 9, "hole too small for the next request (external fragmentation)"),
+        (9, 13, "tokens"), (13, 14, "reserved for future tokens"),
+        (14, 16, "hole too small for the next request (external fragmentation)")]
+    assert list(df["text"]) == ["A", "A reserved", "hole", "C", "(C)", "hole"]
+    # A request has one colour in both memories (the grid's palette, by arrival).
+    assert df.loc[0, "color"] == tv.PALETTE[0] and df.loc[3, "color"] == tv.PALETTE[2]
+    assert tv.arena_fit_message(arena) == (
+        "D waits: a request of 5 tokens (a region of 5 slots) does not fit: 5 slots are free "
+        "in total but the largest hole is 3 (external fragmentation).")
+    assert "5 external fragmentation · 0 free" in tv.arena_caption(arena)
+    data, spec = tv.arena_spec(arena, run.frame(5).snapshot)
+    # Valid Vega-Lite (raises if not), as wide as a 16-column block grid.
+    alt.LayerChart.from_dict({**spec, "data": {"values": data.to_dict("records")}})
+    assert spec["width"] == 16 * 46
+    # Before the arena holds anything it is one free run.
+    empty = run.frame(0).arena
+    assert empty is not None and empty["segments"] == [
+        {"start": 0, "length": 16, "owner": None, "kind": "free"}]
+    assert tv.arena_fit_message(empty) is None
+
+
+def test_paths_read_as_words() -> None:
+    assert tv.describe_path("requests.A.block_table") == "A's block table"
+    assert tv.describe_path("blocks.2.ref_count") == "block 2: ref count"
+    assert tv.describe_path("metrics.cow_copies") == "cow copies"
+    assert tv.describe_path("address.A.6") == "address of A's token 6"
+    assert tv.describe_path("step_events.cow") == "cow events in this step"
+    assert tv.describe_path("contiguous.breakdown.free") == "contiguous arena: breakdown free"
+    assert tv.describe_path("odd") == "odd"
+    assert tv.format_value("x" * 500).endswith("…") and len(tv.format_value("x" * 500)) == 120
+
+
+def test_a_uploaded_narration_is_escaped_in_the_checks() -> None:
+    sc = parse_scenario({"steps": [{"op": "add", "request": "<b>", "prompt": "hi",
+                                    "expect": {"requests.<b>.status": "running"}}]})
+    run = TourRun(sc, "upload", "t", kernel="torch")
+    run.advance()
+    html = tv.checks_html(run.frame(1).checks)
+    assert "<b>'s" not in html and "&lt;b&gt;&#x27;s status" in html
+    assert re.search(r"data-ok='1'", html)

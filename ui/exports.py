@@ -1,0 +1,147 @@
+"""Download what a page shows, and upload a snapshot to continue from it.
+
+Downloads are built from the snapshot dict the page draws, so a file holds
+exactly what the person sees. The snapshot JSON is small and built at once
+(the same bytes `python -m backend run --out` writes for that state); tables,
+images and the run's zip are built only when their button is clicked, since
+rendering a chart or a Parquet file on every rerun would slow every click.
+No download reruns the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import streamlit as st
+
+from backend import views
+from backend.errors import PagedLabError
+from backend.export import (
+    TABLES,
+    TableName,
+    chart_png,
+    chart_svg,
+    run_zip,
+    snapshot_bytes,
+    table,
+    to_csv,
+    to_parquet,
+)
+from backend.snapshot import MAX_SNAPSHOT_BYTES, parse_snapshot_text
+from ui import session
+
+Snapshot = dict[str, Any]
+
+
+# ---- deferred builders (called by Streamlit when a button is clicked) -----------------
+
+def _csv(snap: Snapshot, name: TableName) -> bytes:
+    return to_csv(table(snap, name))
+
+
+def _parquet(snap: Snapshot, name: TableName) -> bytes:
+    return to_parquet(table(snap, name))
+
+
+def _png(snap: Snapshot, page: int) -> bytes:
+    return chart_png(views.grid_chart(snap, page=page, selectable=False))
+
+
+def _svg(snap: Snapshot, page: int) -> bytes:
+    return chart_svg(views.grid_chart(snap, page=page, selectable=False)).encode()
+
+
+def _zip(snapshots: Sequence[Snapshot]) -> bytes:
+    return run_zip(snapshots)
+
+
+def _button(col: Any, label: str, data: bytes | Callable[[], bytes], file_name: str, mime: str,
+            key: str, help_text: str, *, icon: bool = True) -> None:
+    col.download_button(label, data=data, file_name=file_name, mime=mime, key=key,
+                        on_click="ignore", help=help_text, width="stretch",
+                        icon=":material/download:" if icon else None)
+
+
+def downloads(snap: Snapshot, *, stem: str, prefix: str,
+              run: Sequence[Snapshot] | None = None, run_help: str = "") -> None:
+    """Download buttons for one snapshot and, given `run`, for a whole run as a zip.
+
+    `stem` starts every file name (the step number follows); `prefix` keys the
+    buttons, so two pages keep theirs apart.
+    """
+    name = f"{stem}-step-{snap['step']:04d}"
+    page = st.session_state.get(f"{prefix}grid_page") or 0
+    c = st.columns(4)
+    _button(c[0], "Snapshot (JSON)", snapshot_bytes(snap), f"{name}.json", "application/json",
+            f"{prefix}dl_snapshot",
+            "This state as a snapshot file (CONTRACT.md): upload it on the Playground, or "
+            "pass it to `python -m backend run --from`.")
+    _button(c[1], "Block grid (PNG)", partial(_png, snap, page), f"{name}-grid.png",
+            "image/png", f"{prefix}dl_png", "The block grid as a picture, for slides.")
+    _button(c[2], "Block grid (SVG)", partial(_svg, snap, page), f"{name}-grid.svg",
+            "image/svg+xml", f"{prefix}dl_svg", "The block grid as a vector drawing.")
+    if run:
+        first, last = run[0]["step"], run[-1]["step"]
+        _button(c[3], f"Whole run (zip, {len(run)} snapshots)", partial(_zip, list(run)),
+                f"{stem}-run.zip", "application/zip", f"{prefix}dl_zip",
+                f"One snapshot per step, steps {first}–{last} (step-NNNN.json). {run_help}")
+    else:
+        c[3].caption("No steps yet: the run's zip appears after the first step.")
+    row = st.columns(len(TABLES) * 2)
+    for i, t in enumerate(TABLES):
+        # Six to a row: no icons, so "Requests Parquet" fits a narrow window.
+        _button(row[i], f"{t.capitalize()} CSV", partial(_csv, snap, t), f"{name}-{t}.csv",
+                "text/csv", f"{prefix}dl_{t}_csv", f"The {t} table of this step as CSV.",
+                icon=False)
+        _button(row[len(TABLES) + i], f"{t.capitalize()} Parquet", partial(_parquet, snap, t),
+                f"{name}-{t}.parquet", "application/vnd.apache.parquet",
+                f"{prefix}dl_{t}_parquet", f"The {t} table of this step as Parquet.",
+                icon=False)
+
+
+# ---- import ------------------------------------------------------------------------
+
+IMPORT_KEY = "import_snapshot"
+IMPORT_NOTE = "import_note"    # the last upload's outcome, repeated beside the uploader
+
+
+def _on_import() -> None:
+    """Uploader callback: restore the file's state into the Playground, or say why not."""
+    uploaded = st.session_state.get(IMPORT_KEY)
+    if uploaded is None:   # the file was removed from the uploader
+        return
+    source = f"the snapshot in {uploaded.name!r}"
+    problem = None
+    # The size is known before reading: an oversized file is never read into memory.
+    if uploaded.size > MAX_SNAPSHOT_BYTES:
+        problem = (f"it is {uploaded.size:,} bytes; the limit is "
+                   f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
+    else:
+        try:
+            problem = session.restore_snapshot(parse_snapshot_text(uploaded.getvalue()),
+                                               source)
+        except PagedLabError as exc:
+            problem = str(exc)
+    if problem is not None:
+        session.flash("error", f"Refused {source}: {problem}. The playground is unchanged.")
+    # The status line is at the top of the page; the uploader may be far below it.
+    st.session_state[IMPORT_NOTE] = (f"Last upload, {uploaded.name}: "
+                                     + ("refused (see the message at the top)."
+                                        if problem is not None else "restored."))
+
+
+def import_panel() -> None:
+    """Upload a snapshot to restore that exact state and keep working from it."""
+    st.file_uploader(
+        "Upload a snapshot (JSON)", type=["json"], key=IMPORT_KEY, on_change=_on_import,
+        max_upload_size=MAX_SNAPSHOT_BYTES >> 20,
+        help="A snapshot downloaded here or written by `python -m backend run --out`. Its "
+             "requests, blocks, reference counts, cached hashes, tokens and events are "
+             "restored exactly, K/V recomputed from the tokens; the pool and model settings "
+             "become the snapshot's. A malformed or inconsistent file is refused and the "
+             "current state kept.")
+    note = st.session_state.get(IMPORT_NOTE)
+    if note:
+        st.caption(note)
