@@ -5,7 +5,10 @@ The trace keeps the pool about 80% full: requests arrive with prompts of
 finish; prefix caching is on and prompts share a few common prefixes, so
 hits, cached blocks and evictions all happen. Each pool size replays the same
 number of operations, so if every operation is O(1) per block touched the
-cost per operation stays flat as the pool grows.
+cost per operation stays flat as the pool grows. Wall time per operation also
+moves with the memory hierarchy (a pool of a million blocks does not fit in
+the CPU's caches), so a second pass counts Python function calls per
+operation, a measure of work that caches do not affect.
 
     python bench/allocator.py [--ops 200000] [--sizes 1000,10000,100000,1000000]
 """
@@ -13,9 +16,11 @@ cost per operation stays flat as the pool grows.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
 import json
 import platform
+import pstats
 import random
 import sys
 import time
@@ -30,7 +35,8 @@ BLOCK_SIZE = 16
 PREFIXES = [[random.Random(i).randrange(256) for _ in range(48)] for i in range(8)]
 
 
-def run(num_blocks: int, num_ops: int, allocation: str, seed: int = 0) -> dict[str, float]:
+def run(num_blocks: int, num_ops: int, allocation: str, seed: int = 0,
+        count_calls: bool = False) -> dict[str, float]:
     rng = random.Random(seed)
     m = BlockManager(num_blocks, BLOCK_SIZE, allocation=allocation,  # type: ignore[arg-type]
                      seed=seed, record_events=False)
@@ -70,6 +76,9 @@ def run(num_blocks: int, num_ops: int, allocation: str, seed: int = 0) -> dict[s
         add()
     for k in counts:
         counts[k] = 0
+    profiler = cProfile.Profile() if count_calls else None
+    if profiler is not None:
+        profiler.enable()
     t0 = time.perf_counter()
     for _ in range(num_ops):
         used = num_blocks - m.num_free_blocks
@@ -93,10 +102,14 @@ def run(num_blocks: int, num_ops: int, allocation: str, seed: int = 0) -> dict[s
         else:
             remove(rng.randrange(len(live)))
     elapsed = time.perf_counter() - t0
+    calls = 0.0
+    if profiler is not None:
+        profiler.disable()
+        calls = sum(row[1] for row in pstats.Stats(profiler).stats.values()) / num_ops
     m.check_integrity()
     return {"num_blocks": num_blocks, "allocation": allocation, "ops": num_ops,
             "seconds": elapsed, "ops_per_s": num_ops / elapsed,
-            "us_per_op": elapsed / num_ops * 1e6, **counts}
+            "us_per_op": elapsed / num_ops * 1e6, "calls_per_op": calls, **counts}
 
 
 def main() -> None:
@@ -109,16 +122,18 @@ def main() -> None:
     print(f"# block manager, {args.ops} ops per pool, block size {BLOCK_SIZE}")
     print(f"# {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"{datetime.date.today()}")
-    print(f"{'blocks':>9} {'mode':>7} {'ops/s':>10} {'us/op':>7} {'alloc':>7} {'append':>7} "
-          f"{'fork':>6} {'free':>7}")
+    print(f"{'blocks':>9} {'mode':>7} {'ops/s':>10} {'us/op':>7} {'calls/op':>9} "
+          f"{'alloc':>7} {'append':>7} {'fork':>6} {'free':>7}")
     rows = []
     for allocation in ("fifo", "random"):
         for n in sizes:
             row = run(n, args.ops, allocation)
+            row["calls_per_op"] = run(n, min(args.ops, 20_000), allocation,
+                                      count_calls=True)["calls_per_op"]
             rows.append(row)
             print(f"{n:>9} {allocation:>7} {row['ops_per_s']:>10.0f} {row['us_per_op']:>7.2f} "
-                  f"{row['allocate']:>7} {row['append']:>7} {row['fork']:>6} {row['free']:>7}",
-                  flush=True)
+                  f"{row['calls_per_op']:>9.2f} {row['allocate']:>7} {row['append']:>7} "
+                  f"{row['fork']:>6} {row['free']:>7}", flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 
