@@ -7,6 +7,7 @@ not a skip: CI must not pass without having looked at the page.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -47,19 +48,19 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
                 f"{log.read_text()}")
 
 
-@pytest.fixture(scope="module")
-def app_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh `streamlit run app.py` on a free port, stopped after the module's tests.
+@contextlib.contextmanager
+def serve(script: str, log_name: str) -> Iterator[str]:
+    """`streamlit run SCRIPT` on a free port for the duration of the block; yields its URL.
 
-    Its output goes to build/<test module>.streamlit.log (kept for a failure's post-mortem).
+    Its output goes to build/<log_name>.streamlit.log (kept for a failure's post-mortem).
     """
     port = _free_port()
-    log = ROOT / "build" / f"{request.module.__name__.rsplit('.', 1)[-1]}.streamlit.log"
+    log = ROOT / "build" / f"{log_name}.streamlit.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     streamlit = Path(sys.executable).with_name("streamlit")
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(streamlit), "run", "app.py", "--server.port", str(port),
+            [str(streamlit), "run", script, "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true",
              "--browser.gatherUsageStats", "false"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -74,6 +75,13 @@ def app_url(request: pytest.FixtureRequest) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def app_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh `streamlit run app.py`, stopped after the module's tests."""
+    with serve("app.py", request.module.__name__.rsplit(".", 1)[-1]) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

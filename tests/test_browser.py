@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS, app_url, chromium_path, screenshots
-
-__all__ = ["app_url", "chromium_path", "screenshots"]   # fixtures, used by name below
+from tests.browser_support import CHROMIUM_ARGS
 
 pytestmark = pytest.mark.browser
 

@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS, app_url, chromium_path, screenshots
+from tests.browser_support import CHROMIUM_ARGS
 from tests.test_browser import T, metric_is, shoot, shows
-
-__all__ = ["app_url", "chromium_path", "screenshots"]   # fixtures, used by name below
 
 pytestmark = pytest.mark.browser
 

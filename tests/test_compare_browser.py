@@ -8,14 +8,7 @@ without having looked at the page. Screenshots: build/screenshots/compare-*.png.
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
@@ -25,69 +18,19 @@ from backend import compare_views as views
 from backend.compare_blocks import trace_block_sweep
 from backend.sharing import sharing_experiment
 from backend.simulator import SimConfig, simulate_workload
+from tests.browser_support import CHROMIUM_ARGS, SCREENSHOTS, serve
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[1]
-SHOTS = ROOT / "build" / "screenshots"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+SHOTS = SCREENSHOTS
 TIMEOUT_MS = 30_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
 def page_url() -> Iterator[str]:
-    """`streamlit run pages/compare.py` on a free port, stopped after the module."""
-    port = _free_port()
-    log = ROOT / "build" / f"streamlit-compare-{port}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    streamlit = Path(sys.executable).with_name("streamlit")
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(streamlit), "run", "pages/compare.py", "--server.port", str(port),
-             "--server.address", "127.0.0.1", "--server.headless", "true",
-             "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"streamlit exited with {proc.returncode}:\n{log.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not become healthy in 60 s:\n{log.read_text()}")
-            time.sleep(0.3)
+    """`streamlit run pages/compare.py` by itself, stopped after the module."""
+    with serve("pages/compare.py", "test_compare_browser") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    path = shutil.which("chromium") or ("/usr/bin/chromium"
-                                         if Path("/usr/bin/chromium").exists() else None)
-    if path is None:
-        pytest.fail("Debian's chromium is not installed (apt-get install chromium, or "
-                    "scripts/ensure-chromium): the browser test needs a real browser")
-    return path
 
 
 def open_tab(page: Page, name: str, *, charts: bool = True) -> None:
@@ -105,7 +48,7 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=SHOTS / f"compare-{name}.png", full_page=True)
 
 
-def test_every_tab_in_chromium(page_url: str, chromium: str) -> None:
+def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     # What the page must show, computed here from the backend directly.
     sims = [simulate_workload("sharegpt", SimConfig(p), requests=1000, rate=4.0, seed=0)
@@ -116,7 +59,7 @@ def test_every_tab_in_chromium(page_url: str, chromium: str) -> None:
         [*sharing_experiment("parallel", (2, 4, 6), requests=100),
          *sharing_experiment("beam", (2, 4, 6), requests=100)])
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True,
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
                                      args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 3000})
