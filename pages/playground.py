@@ -25,17 +25,7 @@ snap = export_snapshot(engine)
 panels.metrics(snap)
 st.subheader("Physical block pool")
 focus = panels.pool(snap)
-st.subheader("Block tables")
-panels.block_tables(snap, focus)
-log, side = st.columns([3, 2], gap="large")
-with log:
-    st.subheader("Event log")
-    panels.events(snap)
-with side:
-    st.subheader("Kernel")
-    panels.kernel(snap, engine)
-    st.subheader("Address translator")
-    panels.translator(engine)
+panels.tables_events_kernel(snap, focus, engine)
 
 st.subheader("Export and import")
 exports.downloads(snap, stem="playground", prefix="", run=session.get_history(),

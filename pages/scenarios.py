@@ -37,21 +37,10 @@ st.subheader("Physical block pool")
 focus = panels.pool(snap, prefix="tour_")
 tour.arena(frame)
 
-st.subheader("Block tables")
-panels.block_tables(snap, focus)
-log, side = st.columns([3, 2], gap="large")
-with log:
-    st.subheader("Event log")
-    panels.events(snap)
-with side:
-    st.subheader("Kernel")
-    panels.kernel(snap, run.engine if latest else None, prefix="tour_")
-    st.subheader("Address translator")
-    if latest:
-        panels.translator(run.engine, prefix="tour_")
-    else:
-        st.caption("Reads K/V from the live tensors, which hold the newest state: view step "
-                   f"{run.taken} to translate addresses.")
+panels.tables_events_kernel(
+    snap, focus, run.engine if latest else None, prefix="tour_",
+    stale_note="Reads K/V from the live tensors, which hold the newest state: view step "
+               f"{run.taken} to translate addresses.")
 
 st.subheader("Download this step")
 exports.downloads(snap, stem=run.key if run.key != tour.UPLOAD else "scenario", prefix="tour_",

@@ -160,6 +160,32 @@ def events(snap: Snapshot) -> None:
         st.html(views.event_log_html(df))
 
 
+# ---- the lower half of a state view ----------------------------------------------
+
+def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, prefix: str = "",
+                         stale_note: str = "") -> None:
+    """Block tables, then the event log beside the kernel panel and address translator.
+
+    `engine` is the live engine when `snap` is its current state; for a past
+    state it is None and `stale_note` says why the translator is not shown
+    (it reads the live tensors).
+    """
+    st.subheader("Block tables")
+    block_tables(snap, focus)
+    log, side = st.columns([3, 2], gap="large")
+    with log:
+        st.subheader("Event log")
+        events(snap)
+    with side:
+        st.subheader("Kernel")
+        kernel(snap, engine, prefix=prefix)
+        st.subheader("Address translator")
+        if engine is not None:
+            translator(engine, prefix=prefix)
+        else:
+            st.caption(stale_note)
+
+
 # ---- kernel -----------------------------------------------------------------------
 
 def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> None:
