@@ -97,10 +97,6 @@ class BlockManager:
         return self.pool.num_blocks
 
     @property
-    def num_used_blocks(self) -> int:
-        return self.pool.num_blocks - self.pool.num_free
-
-    @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now (free and cached)."""
         return self.pool.num_free

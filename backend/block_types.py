@@ -117,10 +117,6 @@ class AllocatorMetrics:
         total = self.used_blocks * self.block_size
         return self.filled_slots / total if total else 0.0
 
-    @property
-    def block_usage(self) -> float:
-        return self.used_blocks / self.num_blocks
-
     def contract_dict(self) -> dict[str, int]:
         return {
             "used_blocks": self.used_blocks, "free_blocks": self.free_blocks,

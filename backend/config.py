@@ -7,7 +7,6 @@ settings are checked; everything downstream may trust a config.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
@@ -52,10 +51,6 @@ class EngineConfig:
         """2 (K and V) x layers x kv heads x head_dim x block_size x bytes per element."""
         return (2 * self.num_layers * self.num_kv_heads * self.head_dim * self.block_size
                 * self.dtype_bytes)
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.bytes_per_block // self.block_size
 
     @property
     def num_parameters(self) -> int:
@@ -168,7 +163,3 @@ def _check_field(key: str, v: Any, where: str) -> Any:
         case "max_new_tokens":
             return None if v is None else _int_in(key, v, 1, 1_000_000, where)
     raise AssertionError(key)
-
-
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    return math.ceil(num_tokens / block_size)

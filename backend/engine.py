@@ -192,16 +192,13 @@ class Engine:
         """
         kv_err = logit_err = 0.0
         tokens = 0
-        c = self.config
         for rid in self.running:
             req = self.requests[rid]
             ref = self.model.forward_contiguous(req.tokens)
-            slots = torch.tensor(self.manager.slots_of(rid, 0, req.num_tokens),
-                                 device=self.device)
-            for layer in range(c.num_layers):
-                for cache, want in ((self.cache.k[layer], ref.keys[layer]),
-                                    (self.cache.v[layer], ref.values[layer])):
-                    got = cache.view(-1, c.num_kv_heads, c.head_dim)[slots]
+            slots = self.manager.slots_of(rid, 0, req.num_tokens)
+            for layer in range(self.config.num_layers):
+                keys, values = self.cache.read_slots(layer, slots)
+                for got, want in ((keys, ref.keys[layer]), (values, ref.values[layer])):
                     kv_err = max(kv_err, float((got.float() - want.float()).abs().max()))
             assert req.logits is not None
             logit_err = max(logit_err, float((req.logits - ref.logits[-1].cpu()).abs().max()))
@@ -211,6 +208,13 @@ class Engine:
     def check_integrity(self) -> None:
         """Allocator invariants, plus: tables agree with the requests' tokens."""
         self.manager.check_integrity()
+        self.check_requests()
+
+    def check_requests(self) -> None:
+        """The engine's invariants on top of the allocator's (not rechecked here).
+
+        Queues agree with statuses, tables with tokens, sharers with each other.
+        """
         running = {r.id for r in self.requests.values() if r.status == "running"}
         _check(running == set(self.running) == set(self.manager.seqs)
                and len(running) == len(self.running), "running sets disagree")

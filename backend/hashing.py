@@ -38,18 +38,6 @@ class BlockHash:
     def parent_digest(self) -> str | None:
         return None if self.parent is None else self.parent.digest
 
-    def prefix_tokens(self) -> list[int]:
-        """All tokens from position 0 through the end of this block."""
-        chain: list[BlockHash] = []
-        node: BlockHash | None = self
-        while node is not None:
-            chain.append(node)
-            node = node.parent
-        out: list[int] = []
-        for link in reversed(chain):
-            out.extend(link.tokens)
-        return out
-
     def depth(self) -> int:
         """Logical index of the block this key describes (0 for the first block)."""
         n = 0

@@ -69,8 +69,15 @@ class KVCache:
             kernels.copy_blocks(cache, staging, s, idx)
             kernels.copy_blocks(staging, cache, idx, d)
 
+    def read_slots(self, layer: int,
+                   slots: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [len(slots), num_kv_heads, head_dim] stored at the slots (copies)."""
+        c = self.config
+        idx = torch.tensor(list(slots), dtype=torch.int64, device=self.device)
+        return (self.k[layer].view(-1, c.num_kv_heads, c.head_dim)[idx],
+                self.v[layer].view(-1, c.num_kv_heads, c.head_dim)[idx])
+
     def read_slot(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and value vectors [num_kv_heads, head_dim] stored at a slot."""
-        bs = self.config.block_size
-        block, offset = divmod(slot, bs)
-        return self.k[layer][block, offset], self.v[layer][block, offset]
+        k, v = self.read_slots(layer, [slot])
+        return k[0], v[0]

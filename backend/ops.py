@@ -173,36 +173,6 @@ def _parse_add(data: dict[str, Any]) -> Add:
     return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks)
 
 
-def op_to_json(op: Op) -> dict[str, Any]:
-    """The JSON object `parse_op` reads back as `op` (defaults omitted)."""
-    out: dict[str, Any] = {"op": op.op}
-    match op:
-        case Add():
-            out["request"] = op.request
-            if op.prompt is not None:
-                out["prompt"] = op.prompt
-            elif op.prompt_tokens is not None:
-                out["prompt_tokens"] = list(op.prompt_tokens)
-            else:
-                out["prompt_len"] = op.prompt_len
-            if op.max_new_tokens != INHERIT:
-                out["max_new_tokens"] = op.max_new_tokens
-            if op.blocks is not None:
-                out["blocks"] = list(op.blocks)
-        case Grow():
-            out.update(request=op.request, tokens=op.tokens)
-        case Fork():
-            out.update(request=op.request, child=op.child)
-        case Finish():
-            out["request"] = op.request
-        case Step():
-            out["count"] = op.count
-        case Shuffle():
-            if op.seed is not None:
-                out["seed"] = op.seed
-    return out
-
-
 def describe_op(op: Op) -> str:
     """A short label for logs and the UI: 'add A (11 tokens)', 'step x3'."""
     match op:

@@ -19,7 +19,6 @@ objects and lists.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +28,8 @@ from backend.config import EngineConfig
 from backend.contiguous_mirror import ContiguousMirror, ContiguousSpec
 from backend.engine import Engine, OpResult
 from backend.errors import PagedLabError
-from backend.ops import Op, describe_op, parse_op
+from backend.json_input import decode_json
+from backend.ops import Op, parse_op
 from backend.sampling import render_tokens
 
 MAX_SCENARIO_BYTES = 4 << 20
@@ -134,12 +134,10 @@ def read_json(path: Path, what: str) -> Any:
     if size > limit:
         raise PagedLabError(f"{what} {str(path)!r} is {size} bytes; the limit is {limit} bytes")
     try:
-        return json.loads(path.read_bytes())
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # ValueError covers JSONDecodeError and integers too long to convert.
-        raise PagedLabError(f"{what} {str(path)!r} is not valid JSON: {exc}") from None
+        data = path.read_bytes()
     except OSError as exc:
         raise PagedLabError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+    return decode_json(data, f"{what} {str(path)!r}")
 
 
 def check_config_matches(scenario: Scenario, config: EngineConfig) -> None:
@@ -223,7 +221,3 @@ def check_expectations(expect: dict[str, Any], snapshot: dict[str, Any], engine:
         if not ok:
             failures.append(f"{path}: expected {want!r}, got {got!r}")
     return failures
-
-
-def step_label(step: ScenarioStep) -> str:
-    return describe_op(step.op)

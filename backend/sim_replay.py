@@ -93,7 +93,6 @@ class ReplayTotals:
     """Sums over busy iterations (iterations with at least one running request)."""
 
     busy_iterations: int = 0
-    last_iteration: int = -1
     batch_sum: int = 0
     max_batch: int = 0
     preemptions: int = 0
@@ -227,7 +226,6 @@ def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.
             tot.busy_iterations += 1
             tot.batch_sum += b
             tot.max_batch = max(tot.max_batch, b)
-            tot.last_iteration = k
 
         for i in finishing:
             del running[i]

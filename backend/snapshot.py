@@ -33,6 +33,7 @@ from backend.engine import Engine, KernelReport
 from backend.errors import IntegrityError, PagedLabError
 from backend.events import Event
 from backend.hashing import BlockHash, block_digest
+from backend.json_input import decode_json
 from backend.ops import check_request_id
 from backend.request import Request
 
@@ -111,10 +112,7 @@ def parse_snapshot_text(text: str | bytes) -> dict[str, Any]:
     if len(text) > MAX_SNAPSHOT_BYTES:
         raise PagedLabError(f"snapshot is {len(text)} bytes; the limit is "
                             f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
-    try:
-        data = json.loads(text)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise PagedLabError(f"snapshot is not valid JSON: {exc}") from None
+    data = decode_json(text, "snapshot")
     if not isinstance(data, dict):
         raise PagedLabError("snapshot must be a JSON object")
     return data
@@ -169,7 +167,7 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
         _restore_into(engine, top)
         engine.manager.check_integrity()
         _recompute_kv(engine)
-        engine.check_integrity()
+        engine.check_requests()
     except (IntegrityError, AssertionError) as exc:
         raise PagedLabError(f"inconsistent snapshot: {exc}") from None
     return engine

@@ -21,7 +21,6 @@ No Streamlit here: ui/tour.py keeps one `TourRun` per browser session.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from backend.contiguous_mirror import ContiguousMirror
 from backend.engine import Engine, OpResult
 from backend.errors import PagedLabError
+from backend.json_input import decode_json
 from backend.ops import describe_op
 from backend.playground import summarize, switch_kernels
 from backend.scenario import (
@@ -77,12 +77,7 @@ def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
     if len(data) > MAX_SCENARIO_BYTES:
         raise PagedLabError(f"{filename} is {len(data):,} bytes; a scenario may be at most "
                             f"{MAX_SCENARIO_BYTES >> 20} MiB")
-    try:
-        raw = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # ValueError covers JSONDecodeError and integers too long to convert;
-        # RecursionError, arrays nested deeper than the parser goes.
-        raise PagedLabError(f"{filename} is not valid JSON: {exc}") from None
+    raw = decode_json(data, filename)
     try:
         return parse_scenario(raw)
     except PagedLabError as exc:
