@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.snapshot import export_snapshot
 from ui import controls, exports, panels, session
 
 engine = session.get_engine()
@@ -21,7 +20,7 @@ if st.session_state.get(session.PENDING):
 session.render_flash()
 controls.render()
 
-snap = export_snapshot(engine)
+snap = session.current_snapshot(engine)
 panels.metrics(snap)
 st.subheader("Physical block pool")
 focus = panels.pool(snap)

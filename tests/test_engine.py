@@ -38,13 +38,9 @@ def run(engine: Engine, ops: list[Op]) -> Engine:
 
 def kv_through_table(engine: Engine, rid: str) -> list[torch.Tensor]:
     """Every layer's K and V for the request's tokens, read through its block table."""
-    out = []
-    n = engine.request(rid).num_tokens
-    slots = torch.tensor(engine.manager.slots_of(rid, 0, n))
-    c = engine.config
-    for cache in (*engine.cache.k, *engine.cache.v):
-        out.append(cache.view(-1, c.num_kv_heads, c.head_dim)[slots].clone())
-    return out
+    slots = engine.manager.slots_of(rid, 0, engine.request(rid).num_tokens)
+    layers = [engine.cache.read_slots(layer, slots) for layer in range(engine.config.num_layers)]
+    return [k for k, _ in layers] + [v for _, v in layers]
 
 
 def tokens(engine: Engine) -> dict[str, list[int]]:

@@ -25,14 +25,13 @@ from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test as app_test_module
 
 from backend.cli import main
-from backend.engine import Engine
 from backend.export import blocks_table, events_table, snapshot_bytes, to_csv
 from backend.snapshot import MAX_SNAPSHOT_BYTES, export_snapshot, snapshot_json
 from backend.tour import TourRun
+from tests.test_app import add, engine, start
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
-PROMPT = "The cat sat on the mat."
 
 
 class Media:
@@ -75,25 +74,6 @@ def media(monkeypatch: pytest.MonkeyPatch) -> Iterator[Media]:
 
     monkeypatch.setattr(app_test_module, "MediaFileManager", Recording)
     yield found
-
-
-def start(kernel: str = "torch") -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60).run()
-    assert not at.exception
-    at.segmented_control(key="dev_kernel").set_value(kernel).run()
-    return at
-
-
-def engine(at: AppTest) -> Engine:
-    e: Engine = at.session_state["engine"]
-    return e
-
-
-def add(at: AppTest, prompt: str = PROMPT) -> AppTest:
-    at.text_area(key="add_prompt").input(prompt)
-    at.button(key="btn_add").click().run()
-    assert not at.exception
-    return at
 
 
 def upload(at: AppTest, data: bytes, name: str = "snap.json") -> AppTest:

@@ -22,6 +22,7 @@ from backend.scenario import MAX_SCENARIO_BYTES, load_scenario
 from backend.snapshot import export_snapshot
 from backend.tour import TourRun
 from backend.views.tour import format_value
+from tests.test_app import click, html, markdown, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -49,26 +50,6 @@ def open_tour(scenario: str | None = None, step: str | None = None,
 def run_of(at: AppTest) -> TourRun:
     run: TourRun = at.session_state["tour"].run
     return run
-
-
-def click(at: AppTest, key: str) -> AppTest:
-    at.button(key=key).click().run()
-    assert not at.exception
-    return at
-
-
-def markdown(at: AppTest) -> str:
-    return "\n".join(m.value for m in at.markdown)
-
-
-def html(at: AppTest, css_class: str) -> str:
-    bodies = [h.value for h in at.html if f"class='{css_class}'" in h.value]
-    assert len(bodies) == 1, f"expected one {css_class} block, found {len(bodies)}"
-    return bodies[0]
-
-
-def metrics(at: AppTest) -> dict[str, str]:
-    return dict(re.findall(r"data-label='([^']+)'>([^<]+)<", html(at, "pl-metrics")))
 
 
 def checks(at: AppTest) -> dict[str, tuple[bool, str]]:

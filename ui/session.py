@@ -128,6 +128,19 @@ def get_history() -> list[dict[str, Any]]:
     return history
 
 
+def current_snapshot(engine: Engine) -> dict[str, Any]:
+    """The engine's snapshot now, reusing the one recorded after the last operation.
+
+    That record is current while the step is the same (every change of state is an
+    operation) and the device too (a device switch restores the state elsewhere).
+    """
+    history = get_history()
+    if history and (history[-1]["step"], history[-1]["config"]["device"]) == (
+            engine.step, engine.device.type):
+        return history[-1]
+    return export_snapshot(engine)
+
+
 def _record(engine: Engine) -> None:
     history = get_history()
     history.append(export_snapshot(engine))
@@ -190,18 +203,23 @@ def _clear_request_widgets() -> None:
     ss["grid_page"] = 0
 
 
-def _replace_engine(settings: Settings, message: str) -> None:
+def _install(engine: Engine, settings: Settings, history: list[dict[str, Any]]) -> None:
+    """Make `engine` the session's engine; views of the old one's requests reset."""
     ss = st.session_state
+    ss[ENGINE] = engine
+    ss[SETTINGS] = settings
+    ss[HISTORY] = history
+    ss["tr_layer"] = 0
+    _clear_request_widgets()
+
+
+def _replace_engine(settings: Settings, message: str) -> None:
     try:
         engine = build_engine(settings)
     except PagedLabError as exc:
         flash("error", f"Refused: {exc}")
         return
-    ss[ENGINE] = engine
-    ss[SETTINGS] = settings
-    ss[HISTORY] = []
-    ss["tr_layer"] = 0
-    _clear_request_widgets()
+    _install(engine, settings, [])
     c = settings.config
     flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
                   f"{c.num_layers} layers, {c.dtype}, kernel {engine.kernels.name} on "
@@ -223,13 +241,9 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
         engine = restore_engine(data, device=s.device, kernel=s.kernel)
     except PagedLabError as exc:
         return str(exc)
-    ss[ENGINE] = engine
-    ss[SETTINGS] = Settings(engine.config, s.device, s.kernel)
-    ss[HISTORY] = [export_snapshot(engine)]
+    _install(engine, Settings(engine.config, s.device, s.kernel), [export_snapshot(engine)])
     for key, value in config_fields(engine.config).items():
         ss[key] = value
-    ss["tr_layer"] = 0
-    _clear_request_widgets()
     c = engine.config
     flash("success", f"Restored {source}: step {engine.step}, {len(engine.requests)} "
                      f"request(s), {c.num_blocks} blocks of {c.block_size} slots, K/V "
