@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from backend.core.errors import PagedLabError
 from backend.engine import Engine
-from backend.errors import PagedLabError
 from backend.scenario import (
     ScenarioError,
     check_config_matches,

@@ -37,7 +37,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from backend.block_manager import BlockManager
 from backend.contiguous import (
     CONTIGUOUS_POLICIES,
     DEFAULT_MAX_LEN,
@@ -45,7 +44,8 @@ from backend.contiguous import (
     ContiguousArena,
     SegmentKind,
 )
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
+from backend.paging.block_manager import BlockManager
 from backend.sim_paged import DEFAULT_WATERMARK
 from backend.simulator import DEFAULT_ITERATION_S, SimConfig, make_policy
 from backend.workloads import Trace, make_trace

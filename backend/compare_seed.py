@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.block_manager import BlockManager
 from backend.contiguous import (
     CONTIGUOUS_POLICIES,
     ContiguousArena,
@@ -32,7 +31,8 @@ from backend.contiguous import (
     MemoryBreakdown,
     Segment,
 )
-from backend.errors import OutOfBlocksError, PagedLabError
+from backend.core.errors import OutOfBlocksError, PagedLabError
+from backend.paging.block_manager import BlockManager
 
 # (request, prompt tokens, final length): the seed's requests of 6, 3 and 5 tokens.
 SEED_REQUESTS: tuple[tuple[str, int, int], ...] = (("A", 2, 6), ("B", 1, 3), ("C", 2, 5))

@@ -65,7 +65,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Literal
 
-from backend.errors import IntegrityError, OutOfBlocksError, PagedLabError
+from backend.core.errors import IntegrityError, OutOfBlocksError, PagedLabError
 
 ContiguousPolicy = Literal["max", "pow2", "oracle"]
 CONTIGUOUS_POLICIES: tuple[ContiguousPolicy, ...] = ("max", "pow2", "oracle")

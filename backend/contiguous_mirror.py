@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN, ContiguousArena
+from backend.core.errors import OutOfBlocksError, PagedLabError
 from backend.engine import Engine, OpResult
-from backend.errors import OutOfBlocksError, PagedLabError
 from backend.ops import Add, Fork
 
 MAX_CAPACITY = 1 << 20

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backend.block_manager import Address, AllocatorMetrics, BlockManager
-from backend.config import EngineConfig
-from backend.errors import IntegrityError, PagedLabError
-from backend.events import Event
+from backend.core.config import EngineConfig
+from backend.core.errors import IntegrityError, PagedLabError
 from backend.kernels import select_kernels
 from backend.kv_cache import KVCache
 from backend.model import ForwardBatch, TinyByteLM
 from backend.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
+from backend.paging.block_manager import Address, AllocatorMetrics, BlockManager
+from backend.paging.events import Event
 from backend.request import FinishReason, Request
 from backend.sampling import random_prompt, sample_token
 

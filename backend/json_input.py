@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 
 
 def decode_json(data: str | bytes, what: str) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
 from backend.kernels import KernelBackend
 
 TORCH_DTYPES: dict[str, torch.dtype] = {

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 
 GIB = 1 << 30
 DEFAULT_BLOCK_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
 from backend.kernels import KernelBackend, reference_paged_attention
 from backend.kv_cache import TORCH_DTYPES, KVCache
 

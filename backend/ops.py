@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 
 MAX_STEP_COUNT = 100_000
 MAX_GROW_TOKENS = 65_536

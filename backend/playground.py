@@ -14,9 +14,9 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
 from backend.engine import Engine, OpResult
-from backend.errors import PagedLabError
 from backend.kernels import KERNELS, available_devices, select_kernels
 from backend.ops import Add, Op, describe_op, parse_op
 from backend.snapshot import export_snapshot, restore_engine

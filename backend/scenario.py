@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.config import EngineConfig
 from backend.contiguous_mirror import ContiguousMirror, ContiguousSpec
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
 from backend.engine import Engine, OpResult
-from backend.errors import PagedLabError
 from backend.json_input import decode_json
 from backend.ops import Op, parse_op
 from backend.sampling import render_tokens

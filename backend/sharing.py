@@ -41,8 +41,8 @@ from typing import Literal
 
 import numpy as np
 
-from backend.block_manager import BlockManager
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
+from backend.paging.block_manager import BlockManager
 from backend.workloads import MAX_TOTAL, make_trace
 
 SharingKind = Literal["parallel", "beam"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from backend.contiguous import DEFAULT_MAX_LEN, ContiguousArena, ContiguousPolicy
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 
 
 class ContiguousPolicyMemory:

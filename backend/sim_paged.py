@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from backend.block_manager import BlockManager
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
+from backend.paging.block_manager import BlockManager
 
 DEFAULT_WATERMARK = 0.01
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.simulator import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY_TOKENS,

@@ -42,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from backend.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.sim_contiguous import ContiguousPolicyMemory
 from backend.sim_paged import DEFAULT_WATERMARK, PagedPolicy
 from backend.sim_replay import MemoryPolicy, Progress, replay

@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from backend.block_manager import SeqBlocks
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
+from backend.core.errors import IntegrityError, PagedLabError
 from backend.engine import Engine, KernelReport
-from backend.errors import IntegrityError, PagedLabError
-from backend.events import Event
-from backend.hashing import BlockHash, block_digest
 from backend.json_input import decode_json
 from backend.ops import check_request_id
+from backend.paging.block_manager import SeqBlocks
+from backend.paging.events import Event
+from backend.paging.hashing import BlockHash, block_digest
 from backend.request import Request
 
 SCHEMA_VERSION = 1

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.contiguous_mirror import ContiguousMirror
+from backend.core.errors import PagedLabError
 from backend.engine import Engine, OpResult
-from backend.errors import PagedLabError
 from backend.json_input import decode_json
 from backend.ops import describe_op
 from backend.playground import summarize, switch_kernels

@@ -33,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 
 WorkloadName = Literal["sharegpt", "alpaca"]
 MAX_TOTAL = 2048

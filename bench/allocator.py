@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.block_manager import BlockManager
-from backend.errors import OutOfBlocksError
+from backend.core.errors import OutOfBlocksError
+from backend.paging.block_manager import BlockManager
 
 BLOCK_SIZE = 16
 PREFIXES = [[random.Random(i).randrange(256) for _ in range(48)] for i in range(8)]

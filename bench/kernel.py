@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.kernels import attention, select_kernels
 from backend.kernels.reference import torch_paged_attention
 

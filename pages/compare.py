@@ -27,7 +27,7 @@ from backend.compare_blocks import SWEEP_BLOCK_SIZES, BlockSizePoint, trace_bloc
 from backend.compare_replay import replay_maps, small_trace
 from backend.compare_seed import seed_example
 from backend.contiguous import DEFAULT_MAX_LEN
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, kv_capacity
 from backend.sharing import SharingResult, sharing_experiment
 from backend.simulator import POLICIES, SimConfig, SimResult, simulate, simulate_workload

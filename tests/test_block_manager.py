@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from backend.block_manager import BlockManager
-from backend.errors import IntegrityError, OutOfBlocksError, PagedLabError
+from backend.core.errors import IntegrityError, OutOfBlocksError, PagedLabError
+from backend.paging.block_manager import BlockManager
 
 
 def kinds(m: BlockManager) -> list[tuple[str, str | None, int | None]]:

@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from backend.block_manager import BlockManager
-from backend.errors import OutOfBlocksError
+from backend.core.errors import OutOfBlocksError
+from backend.paging.block_manager import BlockManager
 
 # Two-letter alphabet so prompts often share prefixes and hit the cache.
 tokens_st = st.lists(st.sampled_from([97, 98]), min_size=1, max_size=12)

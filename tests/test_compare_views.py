@@ -15,7 +15,7 @@ from backend import compare_views as views
 from backend.compare_blocks import block_size_sweep, trace_block_sweep
 from backend.compare_replay import MapSegment, replay_maps, small_trace
 from backend.compare_seed import seed_example
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.memory_calc import kv_capacity
 from backend.sharing import SharingResult, SharingTrace
 from backend.simulator import SimConfig, simulate, simulate_workload

@@ -9,9 +9,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from backend.block_manager import BlockManager
 from backend.contiguous import ContiguousArena, FitAnswer, Hole, Region, Segment, next_pow2
-from backend.errors import OutOfBlocksError, PagedLabError
+from backend.core.errors import OutOfBlocksError, PagedLabError
+from backend.paging.block_manager import BlockManager
 
 
 def seed_example() -> ContiguousArena:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
 from backend.engine import Engine
-from backend.errors import PagedLabError
 from backend.model import ForwardBatch, ForwardOutput
 from backend.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.sampling import sample_token

@@ -10,7 +10,7 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
 from backend.engine import Engine
 from backend.export import (
     blocks_table,

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.kernels import (
     KernelBackend,
     TorchKernels,

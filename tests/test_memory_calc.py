@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.memory_calc import GIB, MODELS, get_model, kv_capacity, kv_table
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from backend.cli import main
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
 from backend.engine import Engine
 from backend.ops import Add, Grow, Shuffle
 from backend.scenario import check_expectations, load_scenario, parse_scenario, run_steps

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.sharing import (
     PAPER_SAVINGS,
     SharingTrace,

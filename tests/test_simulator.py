@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend.block_manager import BlockManager
 from backend.contiguous import ContiguousArena
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
+from backend.paging.block_manager import BlockManager
 from backend.sim_replay import ReplayTotals, replay
 from backend.simulate_cli import add_simulate_arguments, run_simulate
 from backend.simulator import (

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
 from backend.engine import Engine
-from backend.errors import PagedLabError
-from backend.hashing import hash_block
 from backend.ops import Add, Finish, Fork, Grow, Op, Step
+from backend.paging.hashing import hash_block
 from backend.scenario import load_scenario, run_steps
 from backend.snapshot import export_snapshot, parse_snapshot_text, restore_engine, snapshot_json
 

@@ -8,7 +8,7 @@ import re
 import altair as alt
 import pytest
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.scenario import parse_scenario
 from backend.snapshot import export_snapshot
 from backend.tour import TourRun, check_rows, parse_scenario_upload, shipped_scenario

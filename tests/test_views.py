@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from backend import views
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
 from backend.engine import Engine
-from backend.errors import PagedLabError
 from backend.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.playground import (
     Settings,

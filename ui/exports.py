@@ -17,7 +17,7 @@ from typing import Any
 import streamlit as st
 
 from backend import views
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.export import (
     TABLES,
     TableName,

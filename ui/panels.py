@@ -15,8 +15,8 @@ import pandas as pd
 import streamlit as st
 
 from backend import views
+from backend.core.errors import PagedLabError
 from backend.engine import Engine
-from backend.errors import PagedLabError
 from backend.views import Snapshot
 
 # Requests whose text is laid out by block; the table above lists every request.

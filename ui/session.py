@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 import streamlit as st
 
-from backend.config import EngineConfig
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
 from backend.engine import Engine, OpResult
-from backend.errors import PagedLabError
 from backend.ops import Op
 from backend.playground import (
     MODEL_FIELDS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.config import DTYPE_BYTES, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS
+from backend.core.config import DTYPE_BYTES, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS
 from backend.playground import (
     ALLOCATION_LABELS,
     KERNEL_LABELS,

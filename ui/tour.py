@@ -33,7 +33,7 @@ from typing import Literal
 
 import streamlit as st
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.scenario import MAX_SCENARIO_BYTES, Scenario
 from backend.tour import (
     Frame,

@@ -23,7 +23,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.kernels import attention, cache_ops
 from backend.kernels.reference import (
     reference_paged_attention,

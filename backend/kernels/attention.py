@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.kernels.launch import Launch, compile_for_gpu, is_interpreted, kernel_variant, sm_count
 from backend.kernels.tuning import (
     MAX_SPLITS,

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 from backend.kernels.launch import Launch, is_interpreted, kernel_variant
 from backend.kernels.validate import SUPPORTED_DTYPES, require, same_device
 

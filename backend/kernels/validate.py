@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256

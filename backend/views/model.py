@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from backend.events import Event, describe
+from backend.paging.events import Event, describe
 from backend.sampling import render_tokens
 
 Snapshot = dict[str, Any]

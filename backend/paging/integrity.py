@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from backend.errors import IntegrityError
-from backend.hashing import block_digest
+from backend.core.errors import IntegrityError
+from backend.paging.hashing import block_digest
 
 if TYPE_CHECKING:
-    from backend.block_manager import BlockManager
+    from backend.paging.block_manager import BlockManager
 
 
 def check_integrity(manager: BlockManager) -> None:

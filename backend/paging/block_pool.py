@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from backend.hashing import BlockHash
+from backend.paging.hashing import BlockHash
 
 AllocationMode = Literal["fifo", "random"]
 

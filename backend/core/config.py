@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-from backend.errors import PagedLabError
+from backend.core.errors import PagedLabError
 
 Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from backend.errors import PagedLabError
-from backend.hashing import BlockHash
+from backend.core.errors import PagedLabError
+from backend.paging.hashing import BlockHash
 
 
 @dataclass(slots=True)

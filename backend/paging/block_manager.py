@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from backend.block_pool import AllocationMode, Block, BlockPool
-from backend.block_types import (
+from backend.core.errors import OutOfBlocksError, PagedLabError
+from backend.paging.block_pool import AllocationMode, Block, BlockPool
+from backend.paging.block_types import (
     Address,
     Allocation,
     AllocatorMetrics,
@@ -37,9 +38,8 @@ from backend.block_types import (
     SeqBlocks,
     validate_tokens,
 )
-from backend.errors import OutOfBlocksError, PagedLabError
-from backend.events import Event, EventKind
-from backend.hashing import hash_block, hash_prompt_blocks
+from backend.paging.events import Event, EventKind
+from backend.paging.hashing import hash_block, hash_prompt_blocks
 
 MAX_BLOCK_SIZE = 256
 
@@ -496,7 +496,7 @@ class BlockManager:
 
     def check_integrity(self) -> None:
         """Reads only: raise IntegrityError if any invariant is broken (O(pool))."""
-        from backend.integrity import check_integrity
+        from backend.paging.integrity import check_integrity
 
         check_integrity(self)
 
