@@ -31,7 +31,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.kernels import select_kernels
 from backend.kv_cache import KVCache
-from backend.model import ForwardBatch, TinyByteLM
+from backend.models.tiny_byte import ForwardBatch, TinyByteLM
 from backend.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
 from backend.paging.block_manager import Address, AllocatorMetrics, BlockManager
 from backend.paging.events import Event

@@ -15,7 +15,7 @@ import torch
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine import Engine
-from backend.model import ForwardBatch, ForwardOutput
+from backend.models.tiny_byte import ForwardBatch, ForwardOutput
 from backend.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.sampling import sample_token
 from backend.snapshot import export_snapshot, restore_engine, snapshot_json
@@ -339,7 +339,7 @@ def test_long_prompts_are_prefilled_in_chunks(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_contiguous_pass_in_row_chunks_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    import backend.model as model_module
+    import backend.models.tiny_byte as model_module
 
     e = make(num_blocks=16, block_size=4)
     tokens = list(b"chunked attention rows")

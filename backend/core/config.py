@@ -54,7 +54,7 @@ class EngineConfig:
 
     @property
     def num_parameters(self) -> int:
-        """Weights of backend.model.TinyByteLM with these settings."""
+        """Weights of backend.models.tiny_byte.TinyByteLM with these settings."""
         d, hd = self.hidden_size, self.head_dim
         attn = d * self.num_heads * hd * 2 + d * self.num_kv_heads * hd * 2
         mlp = 3 * d * (2 * d)
