@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from backend.core.errors import PagedLabError
-from backend.engine import Engine
+from backend.engine.engine import Engine
 from backend.scenario import (
     ScenarioError,
     check_config_matches,

@@ -25,8 +25,8 @@ from typing import Any
 
 from backend.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN, ContiguousArena
 from backend.core.errors import OutOfBlocksError, PagedLabError
-from backend.engine import Engine, OpResult
-from backend.ops import Add, Fork
+from backend.engine.engine import Engine, OpResult
+from backend.engine.ops import Add, Fork
 
 MAX_CAPACITY = 1 << 20
 

@@ -4,7 +4,7 @@ The Playground holds one engine per browser session. Its settings are an
 `EngineConfig` (which fixes the pool and the model, so changing it means a new
 engine) plus a device and a kernel (which do not: the same state can run on
 another kernel). Everything a person types is turned into CONTRACT.md's
-operation JSON and parsed by `backend.ops.parse_op`, so the app accepts
+operation JSON and parsed by `backend.engine.ops.parse_op`, so the app accepts
 exactly what a scenario file accepts, with the same messages.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine import Engine, OpResult
+from backend.engine.engine import Engine, OpResult
+from backend.engine.ops import Add, Op, describe_op, parse_op
 from backend.kernels import KERNELS, available_devices, select_kernels
-from backend.ops import Add, Op, describe_op, parse_op
 from backend.snapshot import export_snapshot, restore_engine
 
 ALLOCATION_LABELS = {"fifo": "queue order", "random": "scattered"}

@@ -27,10 +27,10 @@ from typing import Any
 from backend.contiguous_mirror import ContiguousMirror, ContiguousSpec
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine import Engine, OpResult
+from backend.engine.engine import Engine, OpResult
+from backend.engine.ops import Op, parse_op
+from backend.engine.sampling import render_tokens
 from backend.json_input import decode_json
-from backend.ops import Op, parse_op
-from backend.sampling import render_tokens
 
 MAX_SCENARIO_BYTES = 4 << 20
 # A snapshot file named on the command line (uploads in the app have a smaller bound,

@@ -29,13 +29,13 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
-from backend.engine import Engine, KernelReport
+from backend.engine.engine import Engine, KernelReport
+from backend.engine.ops import check_request_id
+from backend.engine.request import Request
 from backend.json_input import decode_json
-from backend.ops import check_request_id
 from backend.paging.block_manager import SeqBlocks
 from backend.paging.events import Event
 from backend.paging.hashing import BlockHash, block_digest
-from backend.request import Request
 
 SCHEMA_VERSION = 1
 MAX_SNAPSHOT_BYTES = 32 << 20

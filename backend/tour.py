@@ -28,9 +28,9 @@ from typing import Any
 
 from backend.contiguous_mirror import ContiguousMirror
 from backend.core.errors import PagedLabError
-from backend.engine import Engine, OpResult
+from backend.engine.engine import Engine, OpResult
+from backend.engine.ops import describe_op
 from backend.json_input import decode_json
-from backend.ops import describe_op
 from backend.playground import summarize, switch_kernels
 from backend.scenario import (
     MAX_SCENARIO_BYTES,

@@ -34,8 +34,8 @@ import streamlit as st  # noqa: E402
 import torch  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from backend.engine import Engine  # noqa: E402
-from backend.ops import Add, Step  # noqa: E402
+from backend.engine.engine import Engine  # noqa: E402
+from backend.engine.ops import Add, Step  # noqa: E402
 
 APP = str(ROOT / "app.py")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend.engine import Engine
+from backend.engine.engine import Engine
 from backend.snapshot import export_snapshot
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

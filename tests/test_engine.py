@@ -14,10 +14,10 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine import Engine
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.engine.sampling import sample_token
 from backend.models.tiny_byte import ForwardBatch, ForwardOutput
-from backend.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
-from backend.sampling import sample_token
 from backend.snapshot import export_snapshot, restore_engine, snapshot_json
 
 NAN = float("nan")
@@ -316,7 +316,7 @@ def test_set_kernels_keeps_the_state() -> None:
 
 
 def test_long_prompts_are_prefilled_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import backend.engine as engine_module
+    import backend.engine.engine as engine_module
 
     # 40 tokens x 4 heads: chunks of at most 3 query tokens at a 480-score budget.
     monkeypatch.setattr(engine_module, "PREFILL_BUDGET", 480)

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from backend.core.config import EngineConfig
-from backend.engine import Engine
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Fork, Grow, Op
 from backend.export import (
     blocks_table,
     chart_png,
@@ -23,7 +24,6 @@ from backend.export import (
     to_csv,
     to_parquet,
 )
-from backend.ops import Add, Fork, Grow, Op
 from backend.snapshot import export_snapshot
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from backend.cli import main
 from backend.core.config import EngineConfig
-from backend.engine import Engine
-from backend.ops import Add, Grow, Shuffle
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Grow, Shuffle
 from backend.scenario import check_expectations, load_scenario, parse_scenario, run_steps
 from backend.snapshot import export_snapshot
 

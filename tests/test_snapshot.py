@@ -12,8 +12,8 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine import Engine
-from backend.ops import Add, Finish, Fork, Grow, Op, Step
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Finish, Fork, Grow, Op, Step
 from backend.paging.hashing import hash_block
 from backend.scenario import load_scenario, run_steps
 from backend.snapshot import export_snapshot, parse_snapshot_text, restore_engine, snapshot_json

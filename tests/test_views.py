@@ -11,8 +11,8 @@ import torch
 from backend import views
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine import Engine
-from backend.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.playground import (
     Settings,
     add_op,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.engine import Engine
-from backend.ops import Add, Fork, Op
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Fork, Op
 from backend.playground import add_op, next_child_id, op_from
 from ui import session
 

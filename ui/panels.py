@@ -16,7 +16,7 @@ import streamlit as st
 
 from backend import views
 from backend.core.errors import PagedLabError
-from backend.engine import Engine
+from backend.engine.engine import Engine
 from backend.views import Snapshot
 
 # Requests whose text is laid out by block; the table above lists every request.

@@ -27,8 +27,8 @@ import streamlit as st
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine import Engine, OpResult
-from backend.ops import Op
+from backend.engine.engine import Engine, OpResult
+from backend.engine.ops import Op
 from backend.playground import (
     MODEL_FIELDS,
     MODEL_PRESETS,

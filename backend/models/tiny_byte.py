@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.core.config import EngineConfig
+from backend.engine.kv_cache import TORCH_DTYPES, KVCache
 from backend.kernels import KernelBackend, reference_paged_attention
-from backend.kv_cache import TORCH_DTYPES, KVCache
 
 VOCAB_SIZE = 256
 ROPE_THETA = 10_000.0

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from backend.engine.sampling import render_tokens
 from backend.paging.events import Event, describe
-from backend.sampling import render_tokens
 
 Snapshot = dict[str, Any]
 

@@ -29,14 +29,14 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
+from backend.engine.kv_cache import KVCache
+from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
+from backend.engine.request import FinishReason, Request
+from backend.engine.sampling import random_prompt, sample_token
 from backend.kernels import select_kernels
-from backend.kv_cache import KVCache
 from backend.models.tiny_byte import ForwardBatch, TinyByteLM
-from backend.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
 from backend.paging.block_manager import Address, AllocatorMetrics, BlockManager
 from backend.paging.events import Event
-from backend.request import FinishReason, Request
-from backend.sampling import random_prompt, sample_token
 
 # Most attention scores (query tokens x context tokens x heads) one prefill
 # forward may hold; the plain reference materialises them all, in fp32.
