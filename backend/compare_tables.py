@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from backend.compare_blocks import BlockSizePoint
 from backend.compare_views import pct
-from backend.memory_calc import MODELS, KVCapacity
-from backend.sharing import SharingResult
-from backend.simulator import SimResult
+from backend.lab.compare.block_sizes import BlockSizePoint
+from backend.lab.memory_calc import MODELS, KVCapacity
+from backend.lab.sharing import SharingResult
+from backend.lab.sim.simulator import SimResult
 
 # ---- block size ------------------------------------------------------------------
 

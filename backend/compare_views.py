@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from backend.compare_replay import MapReplay, MapSegment
-from backend.compare_seed import SeedExample
-from backend.contiguous import SEGMENT_KINDS
-from backend.simulator import SimResult
+from backend.lab.compare.memory_maps import MapReplay, MapSegment
+from backend.lab.compare.seed_example import SeedExample
+from backend.lab.contiguous import SEGMENT_KINDS
+from backend.lab.sim.simulator import SimResult
 
 KIND_LABELS: dict[str, str] = {
     "token_states": "token states", "reservation": "reservation",

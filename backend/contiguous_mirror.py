@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN, ContiguousArena
 from backend.core.errors import OutOfBlocksError, PagedLabError
 from backend.engine.engine import Engine, OpResult
 from backend.engine.ops import Add, Fork
+from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN, ContiguousArena
 
 MAX_CAPACITY = 1 << 20
 

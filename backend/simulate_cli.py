@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.errors import PagedLabError
-from backend.simulator import (
+from backend.lab.sim.simulator import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY_TOKENS,
     DEFAULT_ITERATION_S,
@@ -27,7 +27,7 @@ from backend.simulator import (
     SimResult,
     simulate,
 )
-from backend.workloads import WORKLOADS, make_trace
+from backend.lab.workloads import WORKLOADS, make_trace
 
 DEFAULT_REQUESTS = 1000
 MAX_REQUESTS = 10_000_000

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from backend.simulator import POLICIES, SimConfig, simulate
-from backend.workloads import make_trace
+from backend.lab.sim.simulator import POLICIES, SimConfig, simulate
+from backend.lab.workloads import make_trace
 
 
 def machine() -> dict[str, Any]:

@@ -15,9 +15,9 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from backend import compare_tables as tables
 from backend import compare_views as views
-from backend.compare_blocks import trace_block_sweep
-from backend.sharing import sharing_experiment
-from backend.simulator import SimConfig, simulate_workload
+from backend.lab.compare.block_sizes import trace_block_sweep
+from backend.lab.sharing import sharing_experiment
+from backend.lab.sim.simulator import SimConfig, simulate_workload
 from tests.browser_support import CHROMIUM_ARGS, SCREENSHOTS, serve
 
 pytestmark = pytest.mark.browser

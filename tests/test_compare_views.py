@@ -12,14 +12,14 @@ import pytest
 from backend import compare_charts as charts
 from backend import compare_tables as tables
 from backend import compare_views as views
-from backend.compare_blocks import block_size_sweep, trace_block_sweep
-from backend.compare_replay import MapSegment, replay_maps, small_trace
-from backend.compare_seed import seed_example
 from backend.core.errors import PagedLabError
-from backend.memory_calc import kv_capacity
-from backend.sharing import SharingResult, SharingTrace
-from backend.simulator import SimConfig, simulate, simulate_workload
-from backend.workloads import Trace
+from backend.lab.compare.block_sizes import block_size_sweep, trace_block_sweep
+from backend.lab.compare.memory_maps import MapSegment, replay_maps, small_trace
+from backend.lab.compare.seed_example import seed_example
+from backend.lab.memory_calc import kv_capacity
+from backend.lab.sharing import SharingResult, SharingTrace
+from backend.lab.sim.simulator import SimConfig, simulate, simulate_workload
+from backend.lab.workloads import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from backend.contiguous import ContiguousArena, FitAnswer, Hole, Region, Segment, next_pow2
 from backend.core.errors import OutOfBlocksError, PagedLabError
+from backend.lab.contiguous import ContiguousArena, FitAnswer, Hole, Region, Segment, next_pow2
 from backend.paging.block_manager import BlockManager
 
 

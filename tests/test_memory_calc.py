@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.core.errors import PagedLabError
-from backend.memory_calc import GIB, MODELS, get_model, kv_capacity, kv_table
+from backend.lab.memory_calc import GIB, MODELS, get_model, kv_capacity, kv_table
 
 
 def test_opt_13b_needs_800_kb_per_token() -> None:

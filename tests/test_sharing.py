@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from backend.core.errors import PagedLabError
-from backend.sharing import (
+from backend.lab.sharing import (
     PAPER_SAVINGS,
     SharingTrace,
     beam_search,

@@ -11,12 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend.contiguous import ContiguousArena
 from backend.core.errors import PagedLabError
-from backend.paging.block_manager import BlockManager
-from backend.sim_replay import ReplayTotals, replay
-from backend.simulate_cli import add_simulate_arguments, run_simulate
-from backend.simulator import (
+from backend.lab.contiguous import ContiguousArena
+from backend.lab.sim.replay import ReplayTotals, replay
+from backend.lab.sim.simulator import (
     POLICIES,
     SimConfig,
     make_policy,
@@ -25,7 +23,9 @@ from backend.simulator import (
     sweep,
     sweep_points,
 )
-from backend.workloads import WORKLOADS, Trace, expected_means, make_trace
+from backend.lab.workloads import WORKLOADS, Trace, expected_means, make_trace
+from backend.paging.block_manager import BlockManager
+from backend.simulate_cli import add_simulate_arguments, run_simulate
 
 # ---- workloads ---------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Trace-driven replay of many requests through one KV allocation policy.
 
-`simulate(trace, config)` replays a workload trace (backend.workloads) with
-continuous batching (the iteration model is in backend.sim_replay) through
+`simulate(trace, config)` replays a workload trace (backend.lab.workloads) with
+continuous batching (the iteration model is in backend.lab.sim.replay) through
 
     paged   PagedLab's BlockManager: blocks of `block_size` slots taken as
             requests grow; preemption with recomputation when they run out
@@ -20,7 +20,7 @@ capacity in each state of the PagedAttention paper's Figure 2:
                             paged: empty slots in allocated blocks
     external_fragmentation  contiguous: free slots in holes smaller than the
                             region the next waiting request needs (see
-                            backend.contiguous); paged: 0
+                            backend.lab.contiguous); paged: 0
     free                    the rest (for paged, the capacity % block_size
                             slots no block can use are free too)
 
@@ -41,12 +41,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from backend.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
 from backend.core.errors import PagedLabError
-from backend.sim_contiguous import ContiguousPolicyMemory
-from backend.sim_paged import DEFAULT_WATERMARK, PagedPolicy
-from backend.sim_replay import MemoryPolicy, Progress, replay
-from backend.workloads import Trace, make_trace
+from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
+from backend.lab.sim.contiguous import ContiguousPolicyMemory
+from backend.lab.sim.paged import DEFAULT_WATERMARK, PagedPolicy
+from backend.lab.sim.replay import MemoryPolicy, Progress, replay
+from backend.lab.workloads import Trace, make_trace
 
 Policy = Literal["paged", "max", "pow2", "oracle"]
 POLICIES: tuple[Policy, ...] = ("paged", "max", "pow2", "oracle")

@@ -42,8 +42,8 @@ from typing import Literal
 import numpy as np
 
 from backend.core.errors import PagedLabError
+from backend.lab.workloads import MAX_TOTAL, make_trace
 from backend.paging.block_manager import BlockManager
-from backend.workloads import MAX_TOTAL, make_trace
 
 SharingKind = Literal["parallel", "beam"]
 # The paper's Figure 15 (OPT-13B, Alpaca): saved fraction for n / width 2..6.

@@ -1,10 +1,10 @@
 """A small trace replayed one iteration at a time, recording the memory map after each.
 
-The trace simulator (backend.simulator) jumps from event to event and keeps
+The trace simulator (backend.lab.sim.simulator) jumps from event to event and keeps
 token counts in closed form, which is what lets it replay 100k requests, but
 it never holds a picture of memory. For the "memory maps over time" view we
 want that picture: which slot holds what, at every iteration. So this module
-replays a *small* trace with the same iteration model (backend.sim_replay:
+replays a *small* trace with the same iteration model (backend.lab.sim.replay:
 growth, then first-come-first-served admission, then the memory sample, then
 finishing; preemption of the most recently admitted request when a paged
 request finds no free block) but one token at a time, through a real
@@ -37,18 +37,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from backend.contiguous import (
+from backend.core.errors import PagedLabError
+from backend.lab.contiguous import (
     CONTIGUOUS_POLICIES,
     DEFAULT_MAX_LEN,
     SEGMENT_KINDS,
     ContiguousArena,
     SegmentKind,
 )
-from backend.core.errors import PagedLabError
+from backend.lab.sim.paged import DEFAULT_WATERMARK
+from backend.lab.sim.simulator import DEFAULT_ITERATION_S, SimConfig, make_policy
+from backend.lab.workloads import Trace, make_trace
 from backend.paging.block_manager import BlockManager
-from backend.sim_paged import DEFAULT_WATERMARK
-from backend.simulator import DEFAULT_ITERATION_S, SimConfig, make_policy
-from backend.workloads import Trace, make_trace
 
 MAX_MAP_REQUESTS = 200
 MAX_MAP_CAPACITY = 8192

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backend.core.errors import PagedLabError
-from backend.workloads import make_trace
+from backend.lab.workloads import make_trace
 
 SWEEP_BLOCK_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

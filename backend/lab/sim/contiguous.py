@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from backend.contiguous import DEFAULT_MAX_LEN, ContiguousArena, ContiguousPolicy
 from backend.core.errors import PagedLabError
+from backend.lab.contiguous import DEFAULT_MAX_LEN, ContiguousArena, ContiguousPolicy
 
 
 class ContiguousPolicyMemory:
