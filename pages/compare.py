@@ -20,9 +20,6 @@ if _ROOT not in sys.path:
 
 import streamlit as st
 
-from backend import compare_charts as charts
-from backend import compare_tables as tables
-from backend import compare_views as views
 from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES, BlockSizePoint, trace_block_sweep
 from backend.lab.compare.memory_maps import replay_maps, small_trace
@@ -31,6 +28,8 @@ from backend.lab.contiguous import DEFAULT_MAX_LEN
 from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, kv_capacity
 from backend.lab.sharing import SharingResult, sharing_experiment
 from backend.lab.sim.simulator import POLICIES, SimConfig, SimResult, simulate, simulate_workload
+from backend.views.compare import charts, tables
+from backend.views.compare import frames as views
 
 PAGE_MAX_REQUESTS = 20_000   # the CLI handles 100k; the page stays interactive
 BLOCK_SIM_RATE = 4.0

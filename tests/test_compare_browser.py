@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from backend import compare_tables as tables
-from backend import compare_views as views
 from backend.lab.compare.block_sizes import trace_block_sweep
 from backend.lab.sharing import sharing_experiment
 from backend.lab.sim.simulator import SimConfig, simulate_workload
+from backend.views.compare import frames as views
+from backend.views.compare import tables
 from tests.browser_support import CHROMIUM_ARGS, SCREENSHOTS, serve
 
 pytestmark = pytest.mark.browser

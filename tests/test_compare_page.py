@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend import compare_tables as tables
 from backend.lab.compare.block_sizes import trace_block_sweep
 from backend.lab.compare.seed_example import seed_example
 from backend.lab.memory_calc import kv_capacity
 from backend.lab.sim.simulator import SimConfig, simulate_workload
+from backend.views.compare import tables
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "compare.py")
 

@@ -9,9 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend import compare_charts as charts
-from backend import compare_tables as tables
-from backend import compare_views as views
 from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import block_size_sweep, trace_block_sweep
 from backend.lab.compare.memory_maps import MapSegment, replay_maps, small_trace
@@ -20,6 +17,8 @@ from backend.lab.memory_calc import kv_capacity
 from backend.lab.sharing import SharingResult, SharingTrace
 from backend.lab.sim.simulator import SimConfig, simulate, simulate_workload
 from backend.lab.workloads import Trace
+from backend.views.compare import charts, tables
+from backend.views.compare import frames as views
 
 ROOT = Path(__file__).resolve().parents[1]
 

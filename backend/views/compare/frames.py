@@ -2,8 +2,8 @@
 
 Pure functions over backend results (no Streamlit): labels, the seed's example,
 the memory maps and the simulator's results here; the block-size, sharing and
-memory-calculator tables in backend.compare_tables. Charts built from these
-frames live in backend.compare_charts. Fractions stay fractions (0..1); the
+memory-calculator tables in backend.views.compare.tables. Charts built from these
+frames live in backend.views.compare.charts. Fractions stay fractions (0..1); the
 charts and the page format them as percentages.
 """
 

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from backend.compare_views import pct
 from backend.lab.compare.block_sizes import BlockSizePoint
 from backend.lab.memory_calc import MODELS, KVCapacity
 from backend.lab.sharing import SharingResult
 from backend.lab.sim.simulator import SimResult
+from backend.views.compare.frames import pct
 
 # ---- block size ------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Altair charts for the "Contiguous vs paged" page, built from backend.compare_views frames.
+"""Altair charts for the "Contiguous vs paged" page, built from the frames of backend.views.compare.frames.
 
 Every chart colours the five memory states the same way, and every chart
 that uses colour also names the states (legend, tooltip or axis), so they
@@ -12,7 +12,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from backend.compare_views import KIND_LABELS, POLICY_ORDER
+from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER
 
 KIND_DOMAIN: list[str] = list(KIND_LABELS.values())
 KIND_COLORS: list[str] = ["#1f4e8c", "#8fbce6", "#f0a04b", "#b2182b", "#e6e6e6"]
