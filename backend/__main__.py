@@ -1,5 +1,5 @@
-"""`python -m backend`: see backend/cli.py."""
+"""`python -m backend`: see backend/io/cli.py."""
 
-from backend.cli import main
+from backend.io.cli import main
 
 raise SystemExit(main())

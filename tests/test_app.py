@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend.engine.engine import Engine
-from backend.snapshot import export_snapshot
+from backend.io.snapshot import export_snapshot
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PROMPT = "The cat sat on the mat."   # 23 bytes: with block size 4, five full blocks + 3

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backend.cli import main
+from backend.io.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

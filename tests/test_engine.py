@@ -17,8 +17,8 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.engine.sampling import sample_token
+from backend.io.snapshot import export_snapshot, restore_engine, snapshot_json
 from backend.models.tiny_byte import ForwardBatch, ForwardOutput
-from backend.snapshot import export_snapshot, restore_engine, snapshot_json
 
 NAN = float("nan")
 

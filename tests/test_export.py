@@ -13,7 +13,7 @@ import pytest
 from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork, Grow, Op
-from backend.export import (
+from backend.io.export import (
     blocks_table,
     chart_png,
     chart_svg,
@@ -24,7 +24,7 @@ from backend.export import (
     to_csv,
     to_parquet,
 )
-from backend.snapshot import export_snapshot
+from backend.io.snapshot import export_snapshot
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,10 @@ from streamlit.runtime.media_file_storage import MediaFileStorage
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test as app_test_module
 
-from backend.cli import main
-from backend.export import blocks_table, events_table, snapshot_bytes, to_csv
-from backend.snapshot import MAX_SNAPSHOT_BYTES, export_snapshot, snapshot_json
-from backend.tour import TourRun
+from backend.io.cli import main
+from backend.io.export import blocks_table, events_table, snapshot_bytes, to_csv
+from backend.io.snapshot import MAX_SNAPSHOT_BYTES, export_snapshot, snapshot_json
+from backend.sessions.tour import TourRun
 from tests.test_app import add, engine, start
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
 from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Grow, Shuffle
-from backend.scenario import check_expectations, load_scenario, parse_scenario, run_steps
-from backend.snapshot import export_snapshot
+from backend.io.cli import main
+from backend.io.scenario import check_expectations, load_scenario, parse_scenario, run_steps
+from backend.io.snapshot import export_snapshot
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "assets" / "scenarios").glob("*.json"))
 NAMES = [p.stem for p in SCENARIOS]

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend.scenario import MAX_SCENARIO_BYTES, load_scenario
-from backend.snapshot import export_snapshot
-from backend.tour import TourRun
+from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
+from backend.io.snapshot import export_snapshot
+from backend.sessions.tour import TourRun
 from backend.views.tour import format_value
 from tests.test_app import click, html, markdown, metrics
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from backend.core.errors import PagedLabError
+from backend.io.simulate_cli import add_simulate_arguments, run_simulate
 from backend.lab.contiguous import ContiguousArena
 from backend.lab.sim.replay import ReplayTotals, replay
 from backend.lab.sim.simulator import (
@@ -25,7 +26,6 @@ from backend.lab.sim.simulator import (
 )
 from backend.lab.workloads import WORKLOADS, Trace, expected_means, make_trace
 from backend.paging.block_manager import BlockManager
-from backend.simulate_cli import add_simulate_arguments, run_simulate
 
 # ---- workloads ---------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""A scenario run kept for time travel (backend/tour.py) and its views, without Streamlit."""
+"""A scenario run kept for time travel (backend/sessions/tour.py) and its views."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import altair as alt
 import pytest
 
 from backend.core.errors import PagedLabError
-from backend.scenario import parse_scenario
-from backend.snapshot import export_snapshot
-from backend.tour import TourRun, check_rows, parse_scenario_upload, shipped_scenario
+from backend.io.scenario import parse_scenario
+from backend.io.snapshot import export_snapshot
+from backend.sessions.tour import TourRun, check_rows, parse_scenario_upload, shipped_scenario
 from backend.views import tour as tv
 
 

@@ -13,7 +13,8 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
-from backend.playground import (
+from backend.io.snapshot import export_snapshot
+from backend.sessions.playground import (
     Settings,
     add_op,
     build_engine,
@@ -25,7 +26,6 @@ from backend.playground import (
     summarize,
     switch_kernels,
 )
-from backend.snapshot import export_snapshot
 
 PROMPT = "The cat sat on the mat."   # 23 bytes: five full blocks of 4 and one of 3
 

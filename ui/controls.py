@@ -11,7 +11,7 @@ import streamlit as st
 
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork, Op
-from backend.playground import add_op, next_child_id, op_from
+from backend.sessions.playground import add_op, next_child_id, op_from
 from ui import session
 
 

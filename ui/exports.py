@@ -18,7 +18,7 @@ import streamlit as st
 
 from backend import views
 from backend.core.errors import PagedLabError
-from backend.export import (
+from backend.io.export import (
     TABLES,
     TableName,
     chart_png,
@@ -29,7 +29,7 @@ from backend.export import (
     to_csv,
     to_parquet,
 )
-from backend.snapshot import MAX_SNAPSHOT_BYTES, parse_snapshot_text
+from backend.io.snapshot import MAX_SNAPSHOT_BYTES, parse_snapshot_text
 from ui import session
 
 Snapshot = dict[str, Any]

@@ -29,7 +29,8 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine, OpResult
 from backend.engine.ops import Op
-from backend.playground import (
+from backend.io.snapshot import export_snapshot, restore_engine
+from backend.sessions.playground import (
     MODEL_FIELDS,
     MODEL_PRESETS,
     Settings,
@@ -40,7 +41,6 @@ from backend.playground import (
     summarize,
     switch_kernels,
 )
-from backend.snapshot import export_snapshot, restore_engine
 
 ENGINE = "engine"
 SETTINGS = "settings"

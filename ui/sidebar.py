@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.config import DTYPE_BYTES, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS
-from backend.playground import (
+from backend.sessions.playground import (
     ALLOCATION_LABELS,
     KERNEL_LABELS,
     MODEL_PRESETS,

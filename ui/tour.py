@@ -34,8 +34,8 @@ from typing import Literal
 import streamlit as st
 
 from backend.core.errors import PagedLabError
-from backend.scenario import MAX_SCENARIO_BYTES, Scenario
-from backend.tour import (
+from backend.io.scenario import MAX_SCENARIO_BYTES, Scenario
+from backend.sessions.tour import (
     Frame,
     TourRun,
     parse_scenario_upload,

@@ -136,7 +136,7 @@ class Engine:
 
         K/V tensors, tables and pending logits stay exactly as they are; the
         kernel report keeps describing the step that already ran. Moving to
-        another device is a snapshot restore (backend.snapshot), not this.
+        another device is a snapshot restore (backend.io.snapshot), not this.
         """
         kernels = select_kernels(device, kernel)
         if kernels.device != self.device:

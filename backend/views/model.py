@@ -1,7 +1,7 @@
 """View models of the engine's state: pandas frames and formatted numbers, no Streamlit.
 
 Everything here reads a snapshot dict (CONTRACT.md's format, as
-`backend.snapshot.export_snapshot` writes it), so a page can render a live
+`backend.io.snapshot.export_snapshot` writes it), so a page can render a live
 engine, a recorded scenario step or an uploaded file through the same code.
 Nothing here mutates its input.
 

@@ -1,6 +1,6 @@
 """Views for the Scenarios page: the narrated numbers, checked, and the contiguous arena's map.
 
-Pure functions of a frame's data (backend/tour.py), like the other views: the
+Pure functions of a frame's data (backend/sessions/tour.py), like the other views: the
 page renders what they return and tests read the same HTML.
 """
 
@@ -73,7 +73,7 @@ def describe_path(path: str) -> str:
 def checks_html(checks: Sequence[Any]) -> str:
     """'What you should see': each narrated number with ✓ or ✗ and the value shown.
 
-    `checks` are backend.tour.Check rows. Each row carries `data-ok` and its
+    `checks` are backend.sessions.tour.Check rows. Each row carries `data-ok` and its
     raw path (`data-path`, also the hover title) for readers of the HTML.
     """
     if not checks:

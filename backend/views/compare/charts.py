@@ -1,4 +1,4 @@
-"""Altair charts for the "Contiguous vs paged" page, built from the frames of backend.views.compare.frames.
+"""Altair charts for the "Contiguous vs paged" page, from backend.views.compare.frames.
 
 Every chart colours the five memory states the same way, and every chart
 that uses colour also names the states (legend, tooltip or axis), so they

@@ -18,8 +18,8 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine, OpResult
 from backend.engine.ops import Add, Op, describe_op, parse_op
+from backend.io.snapshot import export_snapshot, restore_engine
 from backend.kernels import KERNELS, available_devices, select_kernels
-from backend.snapshot import export_snapshot, restore_engine
 
 ALLOCATION_LABELS = {"fifo": "queue order", "random": "scattered"}
 KERNEL_LABELS = {"auto": "auto (Triton)", "triton": "Triton", "torch": "torch"}

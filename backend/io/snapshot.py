@@ -32,7 +32,7 @@ from backend.core.errors import IntegrityError, PagedLabError
 from backend.engine.engine import Engine, KernelReport
 from backend.engine.ops import check_request_id
 from backend.engine.request import Request
-from backend.json_input import decode_json
+from backend.io.json_input import decode_json
 from backend.paging.block_manager import SeqBlocks
 from backend.paging.events import Event
 from backend.paging.hashing import BlockHash, block_digest

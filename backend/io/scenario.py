@@ -13,7 +13,7 @@ the translation of a token position ({logical_block, offset, physical_block,
 slot}), `events.<kind>` the number of events of that kind so far,
 `step_events.<kind>` the number this step emitted, `text.<id>` the request's
 tokens as text, `contiguous.*` the state of the scenario's contiguous arena
-(see backend/contiguous_mirror.py); anything else walks the snapshot's
+(see backend/io/contiguous_mirror.py); anything else walks the snapshot's
 objects and lists.
 """
 
@@ -24,17 +24,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.contiguous_mirror import ContiguousMirror, ContiguousSpec
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine, OpResult
 from backend.engine.ops import Op, parse_op
 from backend.engine.sampling import render_tokens
-from backend.json_input import decode_json
+from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
+from backend.io.json_input import decode_json
 
 MAX_SCENARIO_BYTES = 4 << 20
 # A snapshot file named on the command line (uploads in the app have a smaller bound,
-# backend.snapshot.MAX_SNAPSHOT_BYTES): long runs carry many events.
+# backend.io.snapshot.MAX_SNAPSHOT_BYTES): long runs carry many events.
 MAX_SNAPSHOT_FILE_BYTES = 512 << 20
 MAX_STEPS = 10_000
 

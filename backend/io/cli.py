@@ -21,7 +21,7 @@ from pathlib import Path
 
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.scenario import (
+from backend.io.scenario import (
     ScenarioError,
     check_config_matches,
     check_expectations,
@@ -29,7 +29,7 @@ from backend.scenario import (
     read_json,
     run_steps,
 )
-from backend.snapshot import export_snapshot, restore_engine, write_snapshot
+from backend.io.snapshot import export_snapshot, restore_engine, write_snapshot
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true",
                      help="compare each step's narrated `expect` values; exit 1 on a mismatch")
     try:
-        from backend.simulate_cli import add_simulate_arguments
+        from backend.io.simulate_cli import add_simulate_arguments
     except ImportError:  # the simulator is optional for `run`
         pass
     else:
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "simulate":
-        from backend.simulate_cli import run_simulate
+        from backend.io.simulate_cli import run_simulate
 
         return run_simulate(args)
     return _run(args)

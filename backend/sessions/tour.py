@@ -26,13 +26,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from backend.contiguous_mirror import ContiguousMirror
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine, OpResult
 from backend.engine.ops import describe_op
-from backend.json_input import decode_json
-from backend.playground import summarize, switch_kernels
-from backend.scenario import (
+from backend.io.contiguous_mirror import ContiguousMirror
+from backend.io.json_input import decode_json
+from backend.io.scenario import (
     MAX_SCENARIO_BYTES,
     Scenario,
     ScenarioError,
@@ -42,9 +41,10 @@ from backend.scenario import (
     resolve,
     run_steps,
 )
-from backend.snapshot import export_snapshot
+from backend.io.snapshot import export_snapshot
+from backend.sessions.playground import summarize, switch_kernels
 
-SCENARIO_DIR = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "assets" / "scenarios"
 
 
 # ---- the shipped scenarios ------------------------------------------------------
