@@ -40,6 +40,7 @@ from backend.paging.block_types import (
 )
 from backend.paging.events import Event, EventKind
 from backend.paging.hashing import hash_block, hash_prompt_blocks
+from backend.paging.integrity import check_integrity
 
 MAX_BLOCK_SIZE = 256
 
@@ -496,9 +497,8 @@ class BlockManager:
 
     def check_integrity(self) -> None:
         """Reads only: raise IntegrityError if any invariant is broken (O(pool))."""
-        from backend.paging.integrity import check_integrity
-
-        check_integrity(self)
+        check_integrity(self.pool, self.seqs, self.metrics(), block_size=self.block_size,
+                        prefix_caching=self.prefix_caching, cache_salt=self.cache_salt)
 
     def recount(self) -> None:
         """Mutates: recompute the incremental counters from the structures.

@@ -7,17 +7,20 @@ Kept apart from the manager because it recomputes everything from scratch
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from backend.core.errors import IntegrityError
+from backend.paging.block_pool import BlockPool
+from backend.paging.block_types import AllocatorMetrics, SeqBlocks
 from backend.paging.hashing import block_digest
 
-if TYPE_CHECKING:
-    from backend.paging.block_manager import BlockManager
 
+def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: AllocatorMetrics,
+                    *, block_size: int, prefix_caching: bool, cache_salt: str) -> None:
+    """Raise IntegrityError naming the first broken invariant of a block manager's state.
 
-def check_integrity(manager: BlockManager) -> None:
-    """Raise IntegrityError naming the first broken invariant.
+    Takes the manager's parts rather than the manager, so this module sits
+    below the block manager and the two never import each other.
 
     - every block is in exactly one state (used / cached / free), and the free
       queue holds exactly the blocks with ref count 0, once each, linked both ways;
@@ -28,12 +31,11 @@ def check_integrity(manager: BlockManager) -> None:
       last, and the last holds exactly the remaining tokens;
     - the incremental counters equal a recount.
     """
-    pool = manager.pool
-    bs = manager.block_size
+    bs = block_size
     problems: list[str] = []
 
     holders: Counter[int] = Counter()
-    for seq in manager.seqs.values():
+    for seq in seqs.values():
         if len(set(seq.block_table)) != len(seq.block_table):
             problems.append(f"request {seq.seq_id!r} holds a block twice: {seq.block_table}")
         holders.update(seq.block_table)
@@ -50,7 +52,7 @@ def check_integrity(manager: BlockManager) -> None:
                                 f"has {got} filled slots, expected {want}")
             key = pool.blocks[b].hash
             full = want == bs
-            if manager.prefix_caching and full and key is None:
+            if prefix_caching and full and key is None:
                 problems.append(f"request {seq.seq_id!r}: full block {b} has no hash")
             if key is not None:
                 prev = pool.blocks[seq.block_table[i - 1]].hash if i else None
@@ -59,7 +61,7 @@ def check_integrity(manager: BlockManager) -> None:
                     origin = f"block {seq.block_table[i - 1]}" if i else "the start"
                     problems.append(f"request {seq.seq_id!r}: block {b}'s hash does not chain "
                                     f"from {origin}")
-        if manager.prefix_caching:
+        if prefix_caching:
             full_blocks = seq.num_tokens // bs
             last = pool.blocks[seq.block_table[full_blocks - 1]].hash if full_blocks else None
             if seq.last_hash is not last and (
@@ -109,11 +111,11 @@ def check_integrity(manager: BlockManager) -> None:
             shared += block.ref_count >= 2
         key = block.hash
         if key is not None:
-            if not manager.prefix_caching:
+            if not prefix_caching:
                 problems.append(f"block {block.id} holds a hash but prefix caching is off")
             if block.num_filled != bs or len(key.tokens) != bs:
                 problems.append(f"block {block.id} holds a hash but is not full")
-            if block_digest(key.parent_digest, key.tokens, manager.cache_salt) != key.digest:
+            if block_digest(key.parent_digest, key.tokens, cache_salt) != key.digest:
                 problems.append(f"block {block.id}'s hash does not match its tokens")
             if pool.cached.get(key.digest, {}).get(block.id) is not block:
                 problems.append(f"block {block.id}'s hash is missing from the cache map")
@@ -122,12 +124,12 @@ def check_integrity(manager: BlockManager) -> None:
     if mapped != hashed:
         problems.append(f"cache map holds {mapped} blocks but {hashed} blocks have a hash")
 
-    m = manager.metrics()
+    m = metrics
     for name, got, want in (
         ("free blocks", m.free_blocks, empty), ("cached blocks", m.cached_blocks, cached),
         ("filled slots", m.filled_slots, filled), ("shared blocks", m.shared_blocks, shared),
-        ("table entries", manager._table_entries, sum(holders.values())),
-        ("logical tokens", m.logical_tokens, sum(s.num_tokens for s in manager.seqs.values())),
+        ("table entries", m.used_blocks + m.blocks_saved_by_sharing, sum(holders.values())),
+        ("logical tokens", m.logical_tokens, sum(s.num_tokens for s in seqs.values())),
     ):
         if got != want:
             problems.append(f"{name}: counter says {got}, recount says {want}")
