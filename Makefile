@@ -30,11 +30,13 @@ browser-deps:
 
 test: $(VENV)/.dev browser-deps
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	@mkdir -p build
 	$(BIN)/python -m pytest --junitxml=build/junit.xml
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/mypy backend
 
 bench: $(VENV)/.runtime

@@ -18,7 +18,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.engine.sampling import sample_token
 from backend.io.snapshot import export_snapshot, restore_engine, snapshot_json
-from backend.models.tiny_byte import ForwardBatch, ForwardOutput
+from backend.models.batch import ForwardBatch, ForwardOutput
 
 NAN = float("nan")
 

@@ -34,7 +34,8 @@ from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, St
 from backend.engine.request import FinishReason, Request
 from backend.engine.sampling import random_prompt, sample_token
 from backend.kernels import select_kernels
-from backend.models.tiny_byte import ForwardBatch, TinyByteLM
+from backend.models.batch import ForwardBatch
+from backend.models.tiny_byte import TinyByteLM
 from backend.paging.block_manager import Address, AllocatorMetrics, BlockManager
 from backend.paging.events import Event
 

@@ -17,10 +17,7 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.kernels import KernelBackend
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-}
+from backend.kernels.validate import TORCH_DTYPES
 
 
 class KVCache:

@@ -10,7 +10,11 @@ import torch
 
 from backend.core.errors import PagedLabError
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The dtypes the kernels accept, by the names a config uses.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+}
+SUPPORTED_DTYPES = tuple(TORCH_DTYPES.values())
 MAX_HEAD_DIM = 256
 
 

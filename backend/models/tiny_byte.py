@@ -16,80 +16,18 @@ paging at all: the reference the engine's outputs are checked against.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from backend.core.config import EngineConfig
-from backend.engine.kv_cache import TORCH_DTYPES, KVCache
 from backend.kernels import KernelBackend, reference_paged_attention
+from backend.kernels.validate import TORCH_DTYPES
+from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
 
 VOCAB_SIZE = 256
 ROPE_THETA = 10_000.0
 RMS_EPS = 1e-6
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardBatch:
-    """A packed batch: sequence b's new tokens are rows query_start_loc[b]:[b+1].
-
-    The new tokens' slots are already allocated; their K/V is written by the
-    forward pass before attention reads it.
-    """
-
-    token_ids: torch.Tensor        # [T] int64
-    positions: torch.Tensor        # [T] int64
-    slot_mapping: torch.Tensor     # [T] int64
-    block_tables: torch.Tensor     # [B, max_blocks] int32, -1 padded
-    seq_lens: torch.Tensor         # [B] int32: context length including the new tokens
-    query_start_loc: torch.Tensor  # [B + 1] int32
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seq_lens.numel())
-
-    @staticmethod
-    def build(seqs: list[tuple[list[int], int, list[int], list[int]]],
-              device: torch.device) -> ForwardBatch:
-        """From (new token ids, position of the first one, slots, block table) per sequence."""
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        seq_lens: list[int] = []
-        width = max(len(table) for _, _, _, table in seqs)
-        tables = torch.full((len(seqs), width), -1, dtype=torch.int32)
-        for b, (new, start, seq_slots, table) in enumerate(seqs):
-            assert len(new) == len(seq_slots) >= 1
-            tokens.extend(new)
-            positions.extend(range(start, start + len(new)))
-            slots.extend(seq_slots)
-            starts.append(starts[-1] + len(new))
-            seq_lens.append(start + len(new))
-            tables[b, : len(table)] = torch.tensor(table, dtype=torch.int32)
-
-        def t(x: list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(x, dtype=dtype, device=device)
-
-        return ForwardBatch(
-            token_ids=t(tokens, torch.int64), positions=t(positions, torch.int64),
-            slot_mapping=t(slots, torch.int64), block_tables=tables.to(device),
-            seq_lens=t(seq_lens, torch.int32), query_start_loc=t(starts, torch.int32),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardOutput:
-    logits: torch.Tensor           # [B, 256] float32: at each sequence's last new token
-    max_abs_err: float | None      # largest |kernel - reference| over layers, if checked
-
-
-@dataclass(frozen=True, slots=True)
-class ContiguousOutput:
-    logits: torch.Tensor           # [L, 256] float32, at every position
-    keys: list[torch.Tensor]       # per layer [L, num_kv_heads, head_dim]
-    values: list[torch.Tensor]
 
 
 class TinyByteLM:
@@ -166,7 +104,7 @@ class TinyByteLM:
     # ---- the two forward passes --------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: KVCache, kernels: KernelBackend, *,
+    def forward(self, batch: ForwardBatch, cache: PagedKV, kernels: KernelBackend, *,
                 check: bool = True) -> ForwardOutput:
         """Write the new tokens' K/V into their slots and attend through the tables."""
         x = self.embed[batch.token_ids]
