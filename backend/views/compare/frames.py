@@ -10,14 +10,15 @@ charts and the page format them as percentages.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from backend.lab.compare.memory_maps import MapReplay, MapSegment
+from backend.lab.compare.memory_maps import MapReplay, MapSegment, replay_maps, small_trace
 from backend.lab.compare.seed_example import SeedExample
 from backend.lab.contiguous import SEGMENT_KINDS
-from backend.lab.sim.simulator import SimResult
+from backend.lab.sim.simulator import SimConfig, SimResult, simulate
 
 KIND_LABELS: dict[str, str] = {
     "token_states": "token states", "reservation": "reservation",
@@ -258,3 +259,25 @@ def finish_sentence(contiguous: MapReplay, paged: MapReplay) -> str:
                 f"{r.preemptions} preemptions)")
     return (f"The last request finished in {done(contiguous)} in contiguous memory "
             f"({contiguous.policy}) and in {done(paged)} in paged memory.")
+
+
+def two_memories(workload: str, requests: int, rate: float, seed: int, max_len: int,
+                 capacity: int, policy: str, block_size: int) -> dict[str, Any]:
+    """One small trace replayed through a contiguous arena (`policy`) and the paged pool.
+
+    Keys: domain (the iterations both maps span), finish (finish_sentence), left and
+    right (map_segments' rectangles, map_fractions' shares, the stride), and table
+    (the simulator's result for every policy on the same trace).
+    """
+    trace = small_trace(workload, requests, rate, seed, max_len)
+    left = replay_maps(trace, policy, capacity, max_len=max_len)
+    right = replay_maps(trace, "paged", capacity, block_size=block_size, max_len=max_len)
+    lo = min(left.frames[0].iteration, right.frames[0].iteration)
+    hi = max(left.frames[-1].iteration, right.frames[-1].iteration) + 1
+    out: dict[str, Any] = {"domain": (lo, hi), "finish": finish_sentence(left, right)}
+    for side, replay in (("left", left), ("right", right)):
+        segs, stride = map_segments(replay, first=lo, last=hi)
+        out[side] = (segs, map_fractions(replay, stride), stride)
+    out["table"] = [simulate(trace, SimConfig(p, capacity, block_size, max_len))  # type: ignore[arg-type]
+                    for p in POLICY_ORDER]
+    return out

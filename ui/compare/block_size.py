@@ -1,0 +1,66 @@
+"""Block size: tail waste against block-table entries over a trace, and the batch each size runs."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.core.errors import PagedLabError
+from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES, BlockSizePoint, trace_block_sweep
+from backend.lab.contiguous import DEFAULT_MAX_LEN
+from backend.lab.sim.simulator import SimResult
+from backend.views.compare import charts, tables
+from ui.compare.simulator import simulate_cached
+
+BLOCK_SIM_RATE = 4.0
+BLOCK_SIM_CAPACITY = 15360
+BLOCK_SIM_STATE = "cmp_blocks_sim_last"
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _block_sweep(workload: str, requests: int, seed: int) -> list[BlockSizePoint]:
+    return trace_block_sweep(workload, requests, seed)
+
+
+def block_size_section() -> None:
+    st.markdown(
+        "A request holding t tokens in blocks of B slots needs ceil(t / B) blocks: its last "
+        "block wastes up to B - 1 slots, and its block table has ceil(t / B) entries. "
+        "Smaller blocks waste less; larger blocks mean fewer entries to store, look up and "
+        "manage. Measured over a trace, every request at every iteration of its life:")
+    c = st.columns(3)
+    workload = c[0].selectbox("Workload", ["sharegpt", "alpaca"], key="cmp_blk_workload")
+    requests = c[1].number_input("Requests", 1, 100_000, 1000, step=500, key="cmp_blk_requests")
+    seed = c[2].number_input("Seed", 0, 1_000_000, 0, key="cmp_blk_seed")
+    try:
+        points = _block_sweep(workload, int(requests), int(seed))
+    except PagedLabError as e:
+        st.error(str(e))
+        return
+    st.markdown("**The trade-off in numbers:** " + tables.block_tradeoff_sentence(points))
+    df = tables.block_sweep_frame(points)
+    st.altair_chart(charts.block_sweep_lines(df), key="cmp_blk_chart")
+    st.dataframe(df, hide_index=True, key="cmp_blk_table", column_config={
+        "tail waste": st.column_config.NumberColumn(format="percent")})
+    st.markdown(
+        "Tail waste is memory another request could have used. To see what it costs in batch "
+        f"size, replay this trace through the paged simulator once per block size (rate "
+        f"{BLOCK_SIM_RATE:g}/s, {BLOCK_SIM_CAPACITY:,} token slots).")
+    if st.button("Simulate every block size", key="cmp_blk_sim"):
+        bar = st.progress(0.0, text="Simulating...")
+        results: list[SimResult] = []
+        try:
+            for i, bs in enumerate(SWEEP_BLOCK_SIZES):
+                results.append(simulate_cached(workload, "paged", int(requests), BLOCK_SIM_RATE,
+                                               BLOCK_SIM_CAPACITY, bs, DEFAULT_MAX_LEN,
+                                               int(seed)))
+                bar.progress((i + 1) / len(SWEEP_BLOCK_SIZES), text=f"block size {bs} done")
+        except PagedLabError as e:
+            st.error(str(e))
+        else:
+            st.session_state[BLOCK_SIM_STATE] = results
+        bar.empty()
+    done: list[SimResult] | None = st.session_state.get(BLOCK_SIM_STATE)
+    if done:
+        st.markdown(tables.block_batch_sentence(done))
+        st.altair_chart(charts.block_batch_line(tables.block_batch_frame(done)),
+                        width="stretch", key="cmp_blk_batch_chart")

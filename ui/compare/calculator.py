@@ -1,0 +1,58 @@
+"""The memory calculator: KV bytes per token, and how many tokens and requests fit on a GPU."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.core.errors import PagedLabError
+from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, kv_capacity
+from backend.views.compare import tables
+
+
+def calculator_section() -> None:
+    st.markdown(
+        "Every token keeps a key and a value vector per KV head in every layer: "
+        "**bytes per token = 2 x layers x KV heads x head dim x bytes per element**. "
+        "What is left of the GPU after the weights and a reserve holds the KV cache.")
+    names = list(MODELS)
+    c = st.columns(3)
+    name = c[0].selectbox("Model", names, index=names.index("OPT-13B"), key="cmp_calc_model")
+    gpu = c[1].number_input("GPU memory (GiB)", 1.0, 4096.0, 40.0, step=8.0,
+                            key="cmp_calc_gpu")
+    bits = c[2].selectbox("Weight precision", [16, 8, 4], key="cmp_calc_bits",
+                          format_func=lambda b: {16: "16-bit (fp16/bf16)", 8: "8-bit",
+                                                 4: "4-bit"}[b])
+    c = st.columns(3)
+    kv_bytes = c[0].selectbox("KV dtype", [2, 4, 1], key="cmp_calc_kv",
+                              format_func=lambda b: {4: "fp32 (4 bytes)",
+                                                     2: "fp16 / bf16 (2 bytes)",
+                                                     1: "fp8 (1 byte)"}[b])
+    reserve = c[1].slider("Reserve (activations, runtime)", 0.0, 0.5, 0.1, 0.01,
+                          key="cmp_calc_reserve")
+    req_len = c[2].number_input("Request length (tokens)", 1, 1_000_000, 2048,
+                                key="cmp_calc_len")
+    model = MODELS[name]
+    per_token = model.kv_bytes_per_token(int(kv_bytes))
+    st.markdown(
+        f"**{name}**: 2 x {model.num_layers} layers x {model.num_kv_heads} KV heads x "
+        f"{model.head_dim} x {kv_bytes} bytes = **{per_token:,} bytes per token "
+        f"({tables.human_bytes(per_token)})**"
+        + (" - the paper's 800 KB per token." if per_token == 819_200 else "."))
+    try:
+        cap = kv_capacity(model, float(gpu), weight_bits=int(bits), kv_dtype_bytes=int(kv_bytes),
+                          reserve_fraction=float(reserve), request_len=int(req_len),
+                          block_sizes=DEFAULT_BLOCK_SIZES)
+    except PagedLabError as e:
+        st.error(str(e))
+    else:
+        m = st.columns(4)
+        m[0].metric("Weights", tables.human_bytes(cap.weight_bytes))
+        m[1].metric("Left for KV", tables.human_bytes(cap.kv_bytes))
+        m[2].metric("KV tokens that fit", f"{cap.kv_tokens:,}")
+        m[3].metric(f"Requests of {cap.request_len:,} tokens", f"{cap.requests:,}")
+        st.dataframe(tables.capacity_blocks_frame(cap), hide_index=True, key="cmp_calc_blocks")
+    st.subheader("Model shapes")
+    st.dataframe(tables.models_frame(int(kv_bytes)), hide_index=True, key="cmp_calc_models")
+    st.caption("Shapes from each model's Hugging Face config.json. Grouped-query attention "
+               "(fewer KV heads than query heads) is why current models need far less KV "
+               "memory per token than OPT-13B.")

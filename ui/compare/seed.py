@@ -1,0 +1,57 @@
+"""The seed's example: requests A, B and C in a contiguous arena and in a paged pool of 16 slots."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.core.errors import PagedLabError
+from backend.lab.compare.seed_example import seed_example
+from backend.views.compare import charts
+from backend.views.compare import frames as views
+from ui.compare import label
+
+
+def seed_section() -> None:
+    st.markdown(
+        "The seed text's example: requests **A, B and C** will reach **6, 3 and 5** tokens "
+        "(they arrive with 2, 1 and 2 and gain one per decode step). The contiguous arena "
+        "reserves one unbroken region per request, sized for its final "
+        "length and placed first-fit; the paged pool of the same 16 slots takes blocks only "
+        "for the tokens that exist. After two decode steps B finishes, and a new request "
+        "D arrives.")
+    c1, c2, c3 = st.columns(3)
+    policy = c1.selectbox("Contiguous policy", ["oracle", "pow2", "max"], key="cmp_seed_policy",
+                          format_func=label)
+    block_size = c2.segmented_control("Paged block size", [1, 2, 4], default=1,
+                                      required=True, key="cmp_seed_block_size")
+    new_len = c3.number_input("D's final length", min_value=2, max_value=16, value=5,
+                              key="cmp_seed_new_len")
+    try:
+        ex = seed_example(str(policy), int(block_size or 1), int(new_len or 5))
+    except PagedLabError as e:
+        st.error(str(e))
+        return
+    st.subheader("Contiguous arena")
+    st.altair_chart(charts.slot_strip(views.seed_arena_slots(ex), f"{ex.capacity} slots, one "
+                                      "region per request"), key="cmp_seed_arena_chart")
+    m1, m2, msg = st.columns([1, 1, 3])
+    m1.metric("Free slots", ex.arena[1].free_total, help="After the two decode steps")
+    m2.metric("Largest hole", ex.arena[1].largest_hole, help="After the two decode steps")
+    with msg:
+        (st.success if ex.fit.fits else st.warning)(f"fits({ex.new_len}): {ex.fit.message}.")
+    st.subheader("Paged pool")
+    st.altair_chart(charts.slot_strip(views.seed_pool_slots(ex), f"{len(ex.pool[-1].blocks)} "
+                                      f"blocks of {block_size}, the same {ex.capacity} slots"),
+                    key="cmp_seed_pool_chart")
+    m1, msg = st.columns([2, 3])
+    m1.metric("Free blocks after D", ex.pool[-1].free_blocks)
+    with msg:
+        (st.success if ex.d_table is not None else st.warning)(ex.pool_message + ".")
+    st.markdown("**The arena, stage by stage**")
+    st.dataframe(views.seed_stage_table(ex), hide_index=True, key="cmp_seed_stages")
+    st.markdown("**The pool's block tables after D**")
+    st.dataframe(views.seed_block_tables(ex), hide_index=True, key="cmp_seed_tables")
+    st.caption("A block table lists a request's physical blocks in token order; they need "
+               "not be neighbours, so any free block will do.")
+    st.markdown("The arena at the last stage as text, one character per slot:")
+    st.code(ex.arena[-1].text, language=None)
