@@ -1,15 +1,8 @@
 """The paged KV block manager: block tables, sharing, copy-on-write, prefix caching.
 
-A sequence (a request, in engine terms) owns a block table: logical block i ->
-physical block id. Positions map to slots like virtual addresses to physical
-ones::
-
-    block_size = 4, table [9, 2, 14], 9 tokens
-
-    position   0 1 2 3 | 4 5 6 7 | 8 . . .
-    logical       0    |    1    |    2
-    physical      9    |    2    |   14        position 6 -> logical 1, offset 2,
-                                                physical 2, slot 2*4+2 = 10
+`BlockManager` adds the mutations (allocate, append, fork, free, remap) to
+`BlockTables` (block_tables.py), which holds the tables and answers the reads;
+the address diagram is there.
 
 Tables are append-only while a sequence runs: growth adds a block only when
 the last one is full, and nothing already written ever moves (except by an
@@ -25,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from backend.core.errors import OutOfBlocksError, PagedLabError
-from backend.paging.block_pool import AllocationMode, Block, BlockPool
+from backend.core.errors import OutOfBlocksError
+from backend.paging.block_pool import Block
+from backend.paging.block_tables import BlockTables
 from backend.paging.block_types import (
     Address,
     Allocation,
@@ -38,12 +32,10 @@ from backend.paging.block_types import (
     SeqBlocks,
     validate_tokens,
 )
+from backend.paging.checks import append_tokens, check_new_id
 from backend.paging.events import Event, EventKind
-from backend.paging.hashing import hash_block, hash_prompt_blocks
-from backend.paging.integrity import check_integrity
-
-MAX_BLOCK_SIZE = 256
-
+from backend.paging.hashing import hash_block
+from backend.paging.remap import apply_remap, plan_remap
 
 __all__ = [
     "Address", "Allocation", "AllocatorMetrics", "AppendResult", "BlockManager", "CowCopy",
@@ -51,156 +43,14 @@ __all__ = [
 ]
 
 
-class BlockManager:
+class BlockManager(BlockTables):
     """Block tables over a `BlockPool`, with sharing and prefix caching.
 
-    `step` stamps the events; the engine sets it to the number of the
+    It inherits its constructor, state and reads from `BlockTables`. `step`
+    stamps the events; the engine sets it to the number of the
     operation being applied. `cache_salt` names the model settings so that
     blocks computed under other settings never match.
     """
-
-    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True,
-                 allocation: AllocationMode = "fifo", seed: int = 0, cache_salt: str = "",
-                 record_events: bool = True) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-            raise PagedLabError(f"num_blocks must be an integer >= 1, got {num_blocks!r}")
-        if (isinstance(block_size, bool) or not isinstance(block_size, int)
-                or not 1 <= block_size <= MAX_BLOCK_SIZE):
-            raise PagedLabError(
-                f"block_size must be an integer in 1..{MAX_BLOCK_SIZE}, got {block_size!r}")
-        if allocation not in ("fifo", "random"):
-            raise PagedLabError(f"allocation must be 'fifo' or 'random', got {allocation!r}")
-        self.block_size = block_size
-        self.prefix_caching = prefix_caching
-        self.cache_salt = cache_salt
-        self.pool = BlockPool(num_blocks, allocation=allocation, seed=seed)
-        self.seqs: dict[str, SeqBlocks] = {}
-        self.events: list[Event] = []
-        self.record_events = record_events
-        self.step = 0
-        # Incremental counters, so metrics() is O(1) (checked by check_integrity).
-        self._filled_used = 0
-        self._shared = 0
-        self._table_entries = 0
-        self._logical_tokens = 0
-        # Totals so far.
-        self.cow_copies = 0
-        self.prefix_hit_blocks = 0
-        self.preemptions = 0
-        self.prefix_queries = 0
-        self.prefix_query_tokens = 0
-        self.prefix_floor_tokens = 0
-
-    # ---- reads -------------------------------------------------------------
-
-    @property
-    def num_blocks(self) -> int:
-        return self.pool.num_blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks that can be handed out now (free and cached)."""
-        return self.pool.num_free
-
-    def has(self, seq_id: str) -> bool:
-        return seq_id in self.seqs
-
-    def block_table(self, seq_id: str) -> list[int]:
-        return list(self._seq(seq_id).block_table)
-
-    def num_tokens(self, seq_id: str) -> int:
-        return self._seq(seq_id).num_tokens
-
-    def block(self, block_id: int) -> Block:
-        self._check_block_id(block_id)
-        return self.pool.blocks[block_id]
-
-    def holders(self, block_id: int) -> list[str]:
-        """Sequences whose tables hold `block_id` (O(tables); for display)."""
-        return [s.seq_id for s in self.seqs.values() if block_id in s.block_table]
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    def plan_prompt(self, tokens: Sequence[int] | int, *,
-                    pinned: Sequence[int] | None = None) -> PromptPlan:
-        """Reads only: how a prompt would be placed now. Raises on bad input.
-
-        `tokens` may be a bare count when prefix caching is off (nothing then
-        depends on the ids). Raises PagedLabError for a malformed prompt,
-        invalid pins, or a prompt that could never fit in the pool even if it
-        were empty.
-        """
-        toks = self._prompt_tokens(tokens)
-        length = toks if isinstance(toks, int) else len(toks)
-        if length < 1:
-            raise PagedLabError("a prompt needs at least one token")
-        n = self.blocks_for(length)
-        if n > self.num_blocks:
-            raise PagedLabError(
-                f"a prompt of {length} tokens needs {n} blocks of {self.block_size} "
-                f"but the pool has only {self.num_blocks} blocks; it can never fit")
-        keys = (tuple(hash_prompt_blocks(toks, self.block_size, self.cache_salt))
-                if self.prefix_caching and not isinstance(toks, int) else ())
-        if pinned is not None:
-            self._check_pins(pinned, n)
-            return PromptPlan(n, (), n, self.pool.num_free, keys)
-        hits: list[int] = []
-        # A request always computes at least its last prompt token (its logits
-        # start the generation), so only blocks wholly before it can be hits.
-        for key in keys[: (length - 1) // self.block_size]:
-            block = self.pool.lookup(key)
-            if block is None:
-                break
-            hits.append(block.id)
-        # Hit blocks still in the free queue leave it, so they are not available
-        # for the prompt's new blocks.
-        queued_hits = sum(1 for b in hits if self.pool.blocks[b].ref_count == 0)
-        return PromptPlan(n, tuple(hits), n - len(hits), self.pool.num_free - queued_hits, keys)
-
-    def blocks_needed_to_append(self, seq_id: str, num_tokens: int) -> int:
-        """Reads only: free blocks an append of `num_tokens` would take, copy-on-write included."""
-        seq = self._seq(seq_id)
-        return self._blocks_needed(seq, num_tokens)
-
-    def translate(self, seq_id: str, position: int) -> Address:
-        """Reads only: the logical block, offset, physical block and slot of a position."""
-        seq = self._seq(seq_id)
-        if isinstance(position, bool) or not isinstance(position, int):
-            raise PagedLabError(f"position must be an integer, got {position!r}")
-        if not 0 <= position < seq.num_tokens:
-            raise PagedLabError(
-                f"request {seq_id!r} holds positions 0..{seq.num_tokens - 1}; "
-                f"position {position} is outside it")
-        logical, offset = divmod(position, self.block_size)
-        physical = seq.block_table[logical]
-        return Address(position, logical, offset, physical, physical * self.block_size + offset)
-
-    def slots_of(self, seq_id: str, start: int, stop: int) -> list[int]:
-        """Reads only: slots of positions start..stop-1 (already allocated)."""
-        seq = self._seq(seq_id)
-        assert 0 <= start <= stop <= seq.num_tokens
-        bs = self.block_size
-        table = seq.block_table
-        return [table[p // bs] * bs + p % bs for p in range(start, stop)]
-
-    def metrics(self) -> AllocatorMetrics:
-        """Reads only: O(1)."""
-        pool = self.pool
-        used = pool.num_blocks - pool.num_free
-        return AllocatorMetrics(
-            used_blocks=used, free_blocks=pool.num_empty, cached_blocks=pool.num_cached_free,
-            filled_slots=self._filled_used,
-            internal_waste_slots=used * self.block_size - self._filled_used,
-            shared_blocks=self._shared, cow_copies=self.cow_copies,
-            prefix_hit_blocks=self.prefix_hit_blocks, preemptions=self.preemptions,
-            num_blocks=pool.num_blocks, block_size=self.block_size,
-            logical_tokens=self._logical_tokens,
-            blocks_saved_by_sharing=self._table_entries - used,
-            prefix_queries=self.prefix_queries, prefix_query_tokens=self.prefix_query_tokens,
-            prefix_hit_tokens=self.prefix_hit_blocks * self.block_size,
-            prefix_floor_tokens=self.prefix_floor_tokens,
-        )
 
     # ---- mutations ---------------------------------------------------------
 
@@ -215,7 +65,7 @@ class BlockManager:
         Raises PagedLabError for a duplicate id or bad input, OutOfBlocksError
         if the pool lacks room right now.
         """
-        self._check_new_id(seq_id)
+        check_new_id(seq_id, self.seqs)
         plan = self.plan_prompt(tokens, pinned=pinned)
         if not plan.fits_now:
             raise OutOfBlocksError(
@@ -278,18 +128,7 @@ class BlockManager:
         blocks do not suffice.
         """
         seq = self._seq(seq_id)
-        toks: list[int] | None = None
-        if tokens is not None:
-            toks = validate_tokens(tokens, "appended")
-            n = len(toks)
-            if num_tokens is not None and num_tokens != n:
-                raise PagedLabError("append: num_tokens disagrees with len(tokens)")
-        else:
-            if self.prefix_caching:
-                raise PagedLabError("append needs the token ids when prefix caching is on")
-            n = 1 if num_tokens is None else num_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise PagedLabError(f"append needs at least one token, got {n!r}")
+        toks, n = append_tokens(tokens, num_tokens, prefix_caching=self.prefix_caching)
         needed = self._blocks_needed(seq, n)
         if needed > self.pool.num_free:
             raise OutOfBlocksError(
@@ -337,7 +176,7 @@ class BlockManager:
     def fork(self, parent_id: str, child_id: str) -> None:
         """Mutates: the child shares every block of the parent; nothing is copied."""
         parent = self._seq(parent_id)
-        self._check_new_id(child_id)
+        check_new_id(child_id, self.seqs)
         for block_id in parent.block_table:
             block = self.pool.blocks[block_id]
             self._incref(block)
@@ -378,21 +217,7 @@ class BlockManager:
         exception). Free and cached blocks are permuted too; their place in
         the free queue is kept.
         """
-        import random
-
-        n = self.num_blocks
-        rng = random.Random(seed)
-        perm = list(range(n))
-        rng.shuffle(perm)
-        if n > 1:
-            for b in range(n):
-                if perm[b] == b and self.pool.blocks[b].ref_count > 0:
-                    # Swapping with any other index removes this fixed point
-                    # without creating another (perm is a bijection).
-                    j = rng.randrange(n - 1)
-                    j += j >= b
-                    perm[b], perm[j] = perm[j], perm[b]
-        return dict(enumerate(perm))
+        return plan_remap(self.pool, seed)
 
     def apply_remap(self, mapping: dict[int, int]) -> list[Move]:
         """Mutates: relabel every block by `mapping` and rewrite every table.
@@ -401,70 +226,12 @@ class BlockManager:
         that changed id). Raises PagedLabError if `mapping` is not a
         permutation of the pool's ids.
         """
-        n = self.num_blocks
-        if sorted(mapping) != list(range(n)) or sorted(mapping.values()) != list(range(n)):
-            raise PagedLabError(f"a remap must be a permutation of the block ids 0..{n - 1}")
-        moves = [Move(b.id, mapping[b.id]) for b in self.pool.blocks
-                 if (b.ref_count > 0 or b.hash is not None) and mapping[b.id] != b.id]
-        for seq in self.seqs.values():
-            seq.block_table[:] = [mapping[b] for b in seq.block_table]
-        self.pool.relabel(mapping)
+        moves = apply_remap(self.pool, self.seqs, mapping)
         for m in moves:
             self._emit("move", None, m.dst, src=m.src, dst=m.dst)
         return moves
 
     # ---- internals ---------------------------------------------------------
-
-    def _seq(self, seq_id: str) -> SeqBlocks:
-        seq = self.seqs.get(seq_id)
-        if seq is None:
-            raise PagedLabError(
-                f"request {seq_id!r} holds no blocks (unknown, waiting or finished)")
-        return seq
-
-    def _prompt_tokens(self, tokens: Sequence[int] | int) -> list[int] | int:
-        if isinstance(tokens, bool):
-            raise PagedLabError("a prompt is a list of token ids or a token count")
-        if isinstance(tokens, int):
-            if self.prefix_caching:
-                raise PagedLabError("a prompt needs its token ids when prefix caching is on")
-            return tokens
-        return validate_tokens(tokens)
-
-    def _check_new_id(self, seq_id: str) -> None:
-        if not isinstance(seq_id, str) or not seq_id:
-            raise PagedLabError(f"request id must be a non-empty string, got {seq_id!r}")
-        if seq_id in self.seqs:
-            raise PagedLabError(f"request {seq_id!r} already exists")
-
-    def _check_block_id(self, block_id: int) -> None:
-        if isinstance(block_id, bool) or not isinstance(block_id, int) or not (
-                0 <= block_id < self.num_blocks):
-            raise PagedLabError(
-                f"block {block_id!r} does not exist; ids run 0..{self.num_blocks - 1}")
-
-    def _check_pins(self, pinned: Sequence[int], n: int) -> None:
-        pins = list(pinned)
-        if len(pins) != n:
-            raise PagedLabError(f"the prompt needs {n} blocks but {len(pins)} were pinned")
-        for b in pins:
-            self._check_block_id(b)
-        if len(set(pins)) != len(pins):
-            raise PagedLabError(f"pinned blocks {pins} name a block twice")
-        for b in pins:
-            block = self.pool.blocks[b]
-            if block.ref_count > 0:
-                raise PagedLabError(f"pinned block {b} is not free (ref count {block.ref_count})")
-            if block.hash is not None:
-                raise PagedLabError(f"pinned block {b} is not free: it is cached (it keeps a "
-                                    "prefix for reuse); pin free blocks only")
-
-    def _blocks_needed(self, seq: SeqBlocks, n: int) -> int:
-        bs = self.block_size
-        last = self.pool.blocks[seq.block_table[-1]]
-        room = bs - last.num_filled
-        cow = 1 if (room and last.ref_count > 1) else 0
-        return cow + max(0, -(-(n - room) // bs))
 
     def _copy_on_write(self, seq: SeqBlocks, src: Block) -> CowCopy:
         dst, evicted = self.pool.pop_free()
@@ -494,11 +261,6 @@ class BlockManager:
               ref_count: int | None = None) -> None:
         if self.record_events:
             self.events.append(Event(self.step, kind, request, block, src, dst, ref_count))
-
-    def check_integrity(self) -> None:
-        """Reads only: raise IntegrityError if any invariant is broken (O(pool))."""
-        check_integrity(self.pool, self.seqs, self.metrics(), block_size=self.block_size,
-                        prefix_caching=self.prefix_caching, cache_salt=self.cache_salt)
 
     def recount(self) -> None:
         """Mutates: recompute the incremental counters from the structures.
