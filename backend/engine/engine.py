@@ -5,6 +5,8 @@ and then runs to completion, so a refused operation (PagedLabError) leaves the
 engine exactly as it was. Model work goes through `TinyByteLM.forward`: the
 allocator chooses slots, the forward pass writes the new tokens' K/V there and
 the paged kernel reads every earlier token back through the block tables.
+The scheduler (backend/engine/scheduler.py) decides what runs each step;
+this module runs it.
 
 A step of continuous batching::
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
@@ -31,12 +32,20 @@ from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.engine.kv_cache import KVCache
 from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
-from backend.engine.request import FinishReason, Request
+from backend.engine.request import Request
+from backend.engine.results import (
+    EngineMetrics,
+    KernelReport,
+    OpResult,
+    Outcome,
+    Verification,
+)
 from backend.engine.sampling import random_prompt, sample_token
+from backend.engine.scheduler import Scheduler
 from backend.kernels import select_kernels
 from backend.models.batch import ForwardBatch
 from backend.models.tiny_byte import TinyByteLM
-from backend.paging.block_manager import Address, AllocatorMetrics, BlockManager
+from backend.paging.block_manager import Address, BlockManager
 from backend.paging.events import Event
 
 # Most attention scores (query tokens x context tokens x heads) one prefill
@@ -48,64 +57,6 @@ def _check(ok: bool, message: str) -> None:
     """An invariant check that survives `python -O` (snapshot restore relies on it)."""
     if not ok:
         raise IntegrityError(message)
-
-
-@dataclass(frozen=True, slots=True)
-class KernelReport:
-    """What ran the last model step, and how far it was from the reference."""
-
-    backend: str                  # "triton", "triton-interpreter" or "torch"
-    device: str
-    max_abs_err: float | None     # None before any step, or when checking is off
-    time_ms: float | None         # wall time of the last model step, all layers
-    num_seqs: int = 0
-    num_query_tokens: int = 0
-    name: str = "paged_attention"
-
-
-@dataclass(frozen=True, slots=True)
-class OpResult:
-    """What one operation did."""
-
-    step: int
-    op: Op
-    events: tuple[Event, ...]
-    admitted: tuple[str, ...]
-    preempted: tuple[str, ...]
-    finished: tuple[str, ...]
-    generated: tuple[tuple[str, int], ...]   # (request, token) in generation order
-
-
-@dataclass(frozen=True, slots=True)
-class Verification:
-    """The paged state against a contiguous recomputation (see verify_recomputation)."""
-
-    num_requests: int
-    num_tokens: int
-    max_kv_err: float        # largest |cached K/V - recomputed K/V| over all slots, layers
-    max_logit_err: float     # largest |pending logits - recomputed logits|
-
-
-@dataclass(frozen=True, slots=True)
-class EngineMetrics:
-    allocator: AllocatorMetrics
-    running: int
-    waiting: int
-    finished: int
-    bytes_per_block: int
-    kv_bytes: int
-
-    @property
-    def bytes_saved_by_sharing(self) -> int:
-        return self.allocator.blocks_saved_by_sharing * self.bytes_per_block
-
-
-@dataclass(slots=True)
-class _Outcome:
-    admitted: list[str] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
-    generated: list[tuple[str, int]] = field(default_factory=list)
 
 
 class Engine:
@@ -125,12 +76,9 @@ class Engine:
                                     allocation=c.allocation, seed=c.seed,
                                     cache_salt=c.cache_salt())
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[str] = deque()
-        self.running: list[str] = []
+        self.scheduler = Scheduler(c, self.manager, self.requests)
         self.step = 0
-        self.admissions = 0
         self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
-        self._outcome = _Outcome()
 
     def set_kernels(self, device: str, kernel: str) -> None:
         """Mutates: run the next model steps with another kernel on the same device.
@@ -150,6 +98,16 @@ class Engine:
     @property
     def events(self) -> list[Event]:
         return self.manager.events
+
+    @property
+    def waiting(self) -> deque[str]:
+        """Request ids waiting for admission, in the order they will be considered."""
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[str]:
+        """Running request ids in admission order (the last is preempted first)."""
+        return self.scheduler.running
 
     def request(self, request_id: str) -> Request:
         req = self.requests.get(request_id)
@@ -254,7 +212,7 @@ class Engine:
         """Apply one operation; all or nothing."""
         before = len(self.manager.events)
         self.manager.step = self.step + 1
-        self._outcome = _Outcome()
+        self.scheduler.outcome = Outcome()
         try:
             match op:
                 case Add():
@@ -278,7 +236,7 @@ class Engine:
             self.manager.step = self.step
             raise
         self.step += 1
-        o = self._outcome
+        o = self.scheduler.outcome
         return OpResult(self.step, op, tuple(self.manager.events[before:]), tuple(o.admitted),
                         tuple(o.preempted), tuple(o.finished), tuple(o.generated))
 
@@ -297,19 +255,19 @@ class Engine:
         assert max_new != INHERIT
         # Raises for a prompt that can never fit and for bad pins.
         self.manager.plan_prompt(tokens, pinned=op.blocks)
-        if self._never_admissible(len(tokens)):
+        if self.scheduler.never_admissible(len(tokens)):
             raise PagedLabError(
                 f"a prompt of {len(tokens)} tokens fills all {self.config.num_blocks} blocks, "
                 "leaving no block for its first generated token; it could never run")
         req = Request(rid, len(tokens), tokens, max_new, arrival=len(self.requests))
         self.requests[rid] = req
         if op.blocks is not None:
-            self._prefill([(req, self._allocate(req, list(op.blocks)))])
+            self._prefill([(req, self.scheduler.allocate(req, list(op.blocks)))])
         else:
             self.waiting.append(rid)
             # First come, first served: a newcomer never overtakes a waiting request.
             if len(self.waiting) == 1:
-                self._admit_waiting()
+                self._prefill(self.scheduler.admit())
 
     def _grow(self, op: Grow) -> None:
         req = self._running(op.request, "grow")
@@ -326,8 +284,8 @@ class Engine:
                 f"request {req.id!r} needs {needed} free block(s) to grow by {n} token(s) but "
                 f"only {free} are free; finish a request, or use step, which preempts")
         for _ in range(n):
-            self._decode([req])
-        self._finish_if_done([req.id])
+            self._forward_decode([(req, self._take_next_token(req))])
+        self.scheduler.finish_if_done([req.id])
 
     def _fork(self, op: Fork) -> None:
         parent = self._running(op.request, "fork")
@@ -338,7 +296,7 @@ class Engine:
         self.manager.fork(parent.id, child_id)
         child = Request(child_id, parent.prompt_len, list(parent.tokens), parent.max_new_tokens,
                         arrival=len(self.requests), parent=parent.id, status="running",
-                        admitted=self._next_admission(), logits=parent.logits.clone())
+                        admitted=self.scheduler.next_admission(), logits=parent.logits.clone())
         self.requests[child_id] = child
         self.running.append(child_id)
 
@@ -346,77 +304,23 @@ class Engine:
         req = self.request(op.request)
         if req.status == "finished":
             raise PagedLabError(f"request {req.id!r} has already finished")
-        self._finish(req, "finished")
+        self.scheduler.finish(req, "finished")
 
     def _shuffle(self, op: Shuffle) -> None:
         seed = op.seed if op.seed is not None else (self.config.seed * 1_000_003 + self.step)
         moves = self.manager.apply_remap(self.manager.plan_remap(seed))
         self.cache.move_blocks(self.kernels, [m.src for m in moves], [m.dst for m in moves])
 
-    # ---- scheduling --------------------------------------------------------
+    # ---- running what the scheduler decided --------------------------------
 
     def _iteration(self) -> None:
-        self._admit_waiting()
-        batch: list[tuple[Request, int]] = []
-        for rid in list(self.running):
-            req = self.requests[rid]
-            if req.status != "running":
-                continue  # preempted earlier in this iteration
-            if self.manager.blocks_for(req.num_tokens + 1) > self.config.num_blocks:
-                # Even an empty pool could not hold one more token.
-                self._finish(req, "capacity")
-                continue
-            while self.manager.blocks_needed_to_append(rid, 1) > self.manager.num_free_blocks:
-                victim = self.requests[self.running[-1]]
-                self._preempt(victim)
-                if victim is req:
-                    break
-            if req.status == "running":
-                batch.append((req, self._take_next_token(req)))
+        """One step of continuous batching: admit and prefill, then one batched decode."""
+        self._prefill(self.scheduler.admit())
+        batch = [(req, self._take_next_token(req)) for req in self.scheduler.decode_order()
+                 if self.scheduler.make_room(req)]
         if batch:
             self._forward_decode(batch)
-            self._finish_if_done([r.id for r, _ in batch])
-
-    def _admit_waiting(self) -> None:
-        """Admit waiting requests in order while they fit; one batched prefill for all.
-
-        A request fits when its prompt's new blocks, plus a block for its own
-        first decoded token if the prompt ends on a block boundary, come out of
-        the free blocks left after reserving what the running requests' next
-        tokens need. Admitting into those reserved blocks would only force the
-        decode that follows to preempt the newcomer again.
-        """
-        bs = self.config.block_size
-        reserve = sum(self.manager.blocks_needed_to_append(rid, 1) for rid in self.running)
-        admitted: list[tuple[Request, int]] = []
-        while self.waiting:
-            req = self.requests[self.waiting[0]]
-            if self._never_admissible(req.num_tokens):
-                # A preempted request that grew to fill the whole pool.
-                self._finish(req, "capacity")
-                continue
-            plan = self.manager.plan_prompt(req.tokens)
-            own = 1 if req.num_tokens % bs == 0 else 0
-            if plan.num_new_blocks + own > plan.num_available - reserve:
-                break
-            self.waiting.popleft()
-            admitted.append((req, self._allocate(req, None)))
-            reserve += own
-        if admitted:
-            self._prefill(admitted)
-
-    def _never_admissible(self, num_tokens: int) -> bool:
-        """Whether the tokens plus a first generated one exceed even an empty pool."""
-        return self.manager.blocks_for(num_tokens + 1) > self.config.num_blocks
-
-    def _allocate(self, req: Request, pinned: list[int] | None) -> int:
-        """Give a request its blocks; returns how many leading tokens the cache supplied."""
-        alloc = self.manager.allocate(req.id, req.tokens, pinned=pinned)
-        req.status = "running"
-        req.admitted = self._next_admission()
-        self.running.append(req.id)
-        self._outcome.admitted.append(req.id)
-        return alloc.num_cached_tokens
+            self.scheduler.finish_if_done([r.id for r, _ in batch])
 
     def _prefill(self, work: list[tuple[Request, int]]) -> None:
         """Batched forwards over each request's tokens from `start` on.
@@ -459,11 +363,8 @@ class Engine:
         if result.cow is not None:
             self.cache.copy_blocks(self.kernels, [result.cow.src], [result.cow.dst])
         req.tokens.append(token)
-        self._outcome.generated.append((req.id, token))
+        self.scheduler.outcome.generated.append((req.id, token))
         return result.slots[0]
-
-    def _decode(self, reqs: list[Request]) -> None:
-        self._forward_decode([(req, self._take_next_token(req)) for req in reqs])
 
     def _forward_decode(self, work: list[tuple[Request, int]]) -> None:
         """One batched forward of each request's newest token, written at `slot`."""
@@ -484,35 +385,6 @@ class Engine:
                                           ms, len(seqs), int(batch.token_ids.numel()))
         return list(out.logits.cpu().unbind(0))
 
-    def _finish_if_done(self, ids: list[str]) -> None:
-        for rid in ids:
-            req = self.requests[rid]
-            if req.status == "running" and req.reached_limit:
-                self._finish(req, "max_new_tokens")
-
-    def _finish(self, req: Request, reason: FinishReason) -> None:
-        if req.status == "running":
-            self.manager.free(req.id)
-            self.running.remove(req.id)
-        elif req.status == "waiting":
-            self.waiting.remove(req.id)
-        req.status = "finished"
-        req.finish_reason = reason
-        req.logits = None
-        req.admitted = None
-        self._outcome.finished.append(req.id)
-
-    def _preempt(self, req: Request) -> None:
-        self.manager.free(req.id, preempted=True)
-        self.running.remove(req.id)
-        req.status = "waiting"
-        req.logits = None
-        req.admitted = None
-        req.num_preemptions += 1
-        # Back to the front of the queue: it was admitted before anything waiting.
-        self.waiting.appendleft(req.id)
-        self._outcome.preempted.append(req.id)
-
     def _running(self, request_id: str, action: str) -> Request:
         req = self.request(request_id)
         if req.status == "waiting":
@@ -521,7 +393,3 @@ class Engine:
         if req.status == "finished":
             raise PagedLabError(f"cannot {action} request {req.id!r}: it has finished")
         return req
-
-    def _next_admission(self) -> int:
-        self.admissions += 1
-        return self.admissions

@@ -92,7 +92,7 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
                    "max_abs_err": report.max_abs_err, "time_ms": report.time_ms,
                    "num_seqs": report.num_seqs, "num_query_tokens": report.num_query_tokens},
         "scheduler": {"waiting": list(engine.waiting), "running": list(engine.running),
-                      "admissions": engine.admissions},
+                      "admissions": engine.scheduler.admissions},
         "free_queue": [b.id for b in pool.free_queue],
         "prefix_cache": [
             {"hash": n.digest, "parent": n.parent_digest, "tokens": list(n.tokens)}
@@ -356,12 +356,14 @@ def _restore_into(engine: Engine, top: _Reader) -> None:
     m.events = _events(top, step, c.num_blocks, requests)
     m.step = step
 
-    engine.requests = requests
+    # The scheduler shares this dict with the engine: fill it, never replace it.
+    engine.requests.clear()
+    engine.requests.update(requests)
     engine.waiting.extend(waiting)
     for n, rid in enumerate(running, start=1):
         requests[rid].admitted = n
         engine.running.append(rid)
-    engine.admissions = admissions
+    engine.scheduler.admissions = admissions
     engine.step = step
     k = _Reader(top.get("kernel", dict), "snapshot.kernel")
     err = k.get("max_abs_err", (int, float), optional=True)

@@ -1,0 +1,69 @@
+"""The engine's typed results: what an operation did, what ran, what a check found."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backend.engine.ops import Op
+from backend.paging.block_types import AllocatorMetrics
+from backend.paging.events import Event
+
+
+@dataclass(frozen=True, slots=True)
+class KernelReport:
+    """What ran the last model step, and how far it was from the reference."""
+
+    backend: str                  # "triton", "triton-interpreter" or "torch"
+    device: str
+    max_abs_err: float | None     # None before any step, or when checking is off
+    time_ms: float | None         # wall time of the last model step, all layers
+    num_seqs: int = 0
+    num_query_tokens: int = 0
+    name: str = "paged_attention"
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    """What one operation did."""
+
+    step: int
+    op: Op
+    events: tuple[Event, ...]
+    admitted: tuple[str, ...]
+    preempted: tuple[str, ...]
+    finished: tuple[str, ...]
+    generated: tuple[tuple[str, int], ...]   # (request, token) in generation order
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """The paged state against a contiguous recomputation (see verify_recomputation)."""
+
+    num_requests: int
+    num_tokens: int
+    max_kv_err: float        # largest |cached K/V - recomputed K/V| over all slots, layers
+    max_logit_err: float     # largest |pending logits - recomputed logits|
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    allocator: AllocatorMetrics
+    running: int
+    waiting: int
+    finished: int
+    bytes_per_block: int
+    kv_bytes: int
+
+    @property
+    def bytes_saved_by_sharing(self) -> int:
+        return self.allocator.blocks_saved_by_sharing * self.bytes_per_block
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the operation being applied has done so far (becomes its OpResult)."""
+
+    admitted: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    generated: list[tuple[str, int]] = field(default_factory=list)
