@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import exports, panels, tour
+from ui import exports, panels, tour, tour_widgets
 
 tour.init()
 run, frame = tour.sync()
@@ -21,21 +21,21 @@ st.caption("Each scenario is a short story told on a real engine: every step is 
            "operation, and every number the narration promises is checked against what the "
            "engine shows. The scenario runs on its own engine with its own pool settings; it "
            "uses the sidebar's kernel.")
-tour.messages()
-tour.picker(run)
+tour_widgets.messages()
+tour_widgets.picker(run)
 st.markdown(f"#### {run.title}")
 st.markdown(run.scenario.description)
-tour.controls(run)
+tour_widgets.controls(run)
 
 story, numbers = st.columns([1, 1], gap="large")
 with story:
-    tour.narration(run, frame)
+    tour_widgets.narration(run, frame)
 with numbers:
     panels.metrics(snap)
 # The grid keeps its cells their size, so it takes the page's width rather than a column's.
 st.subheader("Physical block pool")
 focus = panels.pool(snap, prefix="tour_")
-tour.arena(frame)
+tour_widgets.arena(frame)
 
 panels.tables_events_kernel(
     snap, focus, run.engine if latest else None, prefix="tour_",

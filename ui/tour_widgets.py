@@ -1,0 +1,224 @@
+"""The Scenarios page's controls and views: the picker, Back, Next, Play, the narration, the arena.
+
+Every control is a callback on ui.tour's state, so the page drawn after it
+already shows its effect.
+
+Time travel: Next applies the next step, or only moves the view when that
+step was already computed; Back and the slider move the view over the frames
+already computed (nothing is recomputed); Reset starts the run again.
+
+Play and Pause are one button whose label changes: two buttons swapping places
+would leave the old one on screen until a run ends, which under play is never,
+and the row would jump under the pointer.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.core.errors import PagedLabError
+from backend.io.scenario import MAX_SCENARIO_BYTES
+from backend.sessions.tour import (
+    Frame,
+    TourRun,
+    parse_scenario_upload,
+    shipped_paths,
+    shipped_scenario,
+)
+from backend.views import tour as tour_views
+from ui import session
+from ui.tour import UPLOAD, load, say, state
+
+SPEEDS = (0.25, 0.5, 1.0, 2.0)
+
+
+# ---- callbacks ---------------------------------------------------------------------------
+
+def _run() -> TourRun:
+    run = state().run
+    assert run is not None
+    return run
+
+
+def _on_next() -> None:
+    t = state()
+    t.playing = False
+    run = _run()
+    if t.view < run.taken:
+        t.view += 1
+    elif run.advance() is not None:
+        t.view = run.taken
+
+
+def _on_back() -> None:
+    t = state()
+    t.playing = False
+    t.view = max(0, t.view - 1)
+
+
+def _on_play_pause(playing: bool) -> None:
+    # Sets rather than toggles: Streamlit may replay a click's callback when the run
+    # it started is cut short, and a toggle would then undo itself.
+    state().playing = playing
+
+
+def _on_reset() -> None:
+    load(_run().key)
+
+
+def _on_slider() -> None:
+    t = state()
+    t.playing = False
+    t.view = int(st.session_state["tour_slider"])
+
+
+def _on_pick() -> None:
+    load(st.session_state["tour_pick"])
+
+
+def _on_upload() -> None:
+    uploaded = st.session_state.get("tour_file")
+    if uploaded is None:   # the file was removed from the uploader
+        return
+    # The size is known before reading: an oversized file is never read into memory.
+    if uploaded.size > MAX_SCENARIO_BYTES:
+        say("error", f"Scenario file refused: {uploaded.name} is {uploaded.size:,} bytes; "
+                      f"the limit is {MAX_SCENARIO_BYTES >> 20} MiB.")
+        return
+    try:
+        scenario = parse_scenario_upload(uploaded.getvalue(), uploaded.name)
+    except PagedLabError as exc:
+        say("error", f"Scenario file refused: {exc}")
+        return
+    t = state()
+    t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
+    if load(UPLOAD):
+        say("success", f"Loaded {uploaded.name}: “{scenario.name}”, {len(scenario.steps)} "
+                        "step(s). Press Next to apply the first.")
+
+
+def _on_continue() -> None:
+    t = state()
+    t.playing = False
+    run = _run()
+    frame = run.frame(t.view)
+    problem = session.restore_snapshot(frame.snapshot,
+                                       f"“{run.title}” at step {frame.step}")
+    if problem is not None:
+        say("error", f"Could not continue from here: {problem}")
+        return
+    t.goto_playground = True
+
+
+# ---- drawing -----------------------------------------------------------------------------
+
+def messages() -> None:
+    """The outcome of the last action, once."""
+    t = state()
+    shown, t.messages = t.messages, []
+    for kind, text in shown:
+        {"error": st.error, "info": st.info, "success": st.success}[kind](text)
+
+
+def picker(run: TourRun) -> None:
+    """Choose a shipped scenario, or upload one."""
+    t = state()
+    keys = list(shipped_paths())
+    if t.uploaded is not None:
+        keys.append(UPLOAD)
+    if st.session_state.get("tour_pick") not in keys:
+        st.session_state["tour_pick"] = run.key if run.key in keys else keys[0]
+
+    def label(key: str) -> str:
+        if key == UPLOAD:
+            return t.uploaded[0] if t.uploaded else key
+        return f"{key[:2]} · {shipped_scenario(key).name}"
+
+    c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
+    c1.selectbox("Scenario", keys, key="tour_pick", format_func=label, on_change=_on_pick)
+    with c2.popover("Upload your own scenario", icon=":material/upload_file:",
+                    width="stretch", key="tour_upload_popover"):
+        st.file_uploader(
+            "Scenario file (JSON)", type=["json"], key="tour_file", on_change=_on_upload,
+            max_upload_size=MAX_SCENARIO_BYTES >> 20,
+            help="CONTRACT.md's scenario format: config, steps, and optionally a narration "
+                 "and expected numbers per step. Checked completely before anything runs.")
+
+
+def controls(run: TourRun) -> None:
+    """Back, Next, Play or Pause, speed, Reset; the slider over the steps taken."""
+    t = state()
+    can_next = t.view < run.taken or run.can_advance
+    c = st.columns([1, 1, 1, 2, 1], vertical_alignment="bottom")
+    c[0].button("Back", key="tour_back", on_click=_on_back, disabled=t.view == 0,
+                icon=":material/arrow_back:", width="stretch", help="View the previous step.")
+    c[1].button("Next", key="tour_next", on_click=_on_next, disabled=not can_next,
+                type="primary", icon=":material/arrow_forward:", width="stretch",
+                help="Apply the next step (or view it, if it was already applied).")
+    if t.playing:
+        c[2].button("Pause", key="tour_play", on_click=_on_play_pause, args=(False,),
+                    icon=":material/pause:", width="stretch", help="Stop playing at this step.")
+    else:
+        c[2].button("Play", key="tour_play", on_click=_on_play_pause, args=(True,),
+                    disabled=not can_next, icon=":material/play_arrow:", width="stretch",
+                    help="Step forward at the chosen speed until the end.")
+    c[3].select_slider("Seconds per step", SPEEDS, key="tour_speed",
+                       format_func=lambda s: f"{s:g} s")
+    c[4].button("Reset", key="tour_reset", on_click=_on_reset, icon=":material/replay:",
+                width="stretch", help="Start this scenario again from a fresh engine.")
+    if run.taken >= 1:
+        st.slider("Steps taken so far: view any of them", 0, run.taken, key="tour_slider",
+                  on_change=_on_slider, help="Step 0 is the fresh engine. Looking back "
+                  "recomputes nothing; Next continues from the newest step.")
+    st.caption(f"Viewing step **{t.view}** of {run.total} · {run.taken} applied so far · "
+               f"kernel {run.engine.kernels.name} ({run.engine.device})")
+    if run.error is not None:
+        st.error(f"The engine refused {run.error}. The run stops there: step {run.taken} "
+                 "is the state before it.")
+
+
+def narration(run: TourRun, frame: Frame) -> None:
+    """The viewed step: its operation, narration, what the engine did, the checked numbers."""
+    with st.container(border=True, key="tour_narration"):
+        if frame.step == 0:
+            st.markdown(f"**Step 0 of {run.total}: the fresh engine**")
+            st.markdown(run.scenario.description or "No description.")
+        else:
+            st.markdown(f"**Step {frame.step} of {run.total}:** `{frame.label}`")
+            if frame.narration:
+                st.markdown(frame.narration)
+            if frame.summary:
+                st.caption(frame.summary.replace("->", "→"))
+            st.markdown("**What you should see**")
+            st.html(tour_views.checks_html(frame.checks))
+            n = len(frame.checks)
+            bad = sum(1 for c in frame.checks if not c.ok)
+            if n and not bad:
+                st.caption(f"All {n} narrated number(s) match the engine at this step.")
+            elif bad:
+                st.caption(f"{bad} of {n} narrated number(s) differ from what the engine "
+                           "shows.")
+        upcoming = run.next_label(frame.step)
+        if upcoming is not None:
+            st.caption(f"Next: step {frame.step + 1}, `{upcoming}`.")
+        elif frame.step == run.total:
+            st.caption("This is the last step.")
+    st.button("Continue from here in the Playground", key="tour_continue",
+              on_click=_on_continue, icon=":material/call_split:", width="stretch",
+              help="Put this exact state into the Playground (its own engine is replaced) "
+                   "and switch there; this scenario run is kept.")
+
+
+def arena(frame: Frame) -> None:
+    """The contiguous arena beside the paged pool, for scenarios that name one."""
+    a = frame.arena
+    if a is None:
+        return
+    st.markdown(f"**The same requests in a contiguous arena of {a['capacity']} slots**")
+    df, spec = tour_views.arena_spec(a, frame.snapshot)
+    st.vega_lite_chart(df, spec, width="content", key="tour_arena")
+    st.caption(tour_views.arena_caption(a))
+    message = tour_views.arena_fit_message(a)
+    if message:
+        st.warning(message)
+    st.html(tour_views.arena_legend_html())
