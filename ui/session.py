@@ -27,8 +27,9 @@ import streamlit as st
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine.engine import Engine, OpResult
+from backend.engine.engine import Engine
 from backend.engine.ops import Op
+from backend.engine.results import OpResult
 from backend.io.snapshot import export_snapshot, restore_engine
 from backend.sessions.playground import (
     MODEL_FIELDS,

@@ -29,7 +29,8 @@ from collections import deque
 import torch
 
 from backend.core.config import EngineConfig
-from backend.core.errors import IntegrityError, PagedLabError
+from backend.core.errors import PagedLabError
+from backend.engine import checks
 from backend.engine.kv_cache import KVCache
 from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
 from backend.engine.request import Request
@@ -51,12 +52,6 @@ from backend.paging.events import Event
 # Most attention scores (query tokens x context tokens x heads) one prefill
 # forward may hold; the plain reference materialises them all, in fp32.
 PREFILL_BUDGET = 1 << 24
-
-
-def _check(ok: bool, message: str) -> None:
-    """An invariant check that survives `python -O` (snapshot restore relies on it)."""
-    if not ok:
-        raise IntegrityError(message)
 
 
 class Engine:
@@ -142,27 +137,12 @@ class Engine:
     def verify_recomputation(self) -> Verification:
         """Reads only: compare the paged state with a from-scratch contiguous pass.
 
-        For every running request the model recomputes all its tokens with
-        plain causal attention and no cache at all; the result is compared
-        with the K/V read back through the request's block table and with its
-        pending logits. Unlike `kernel_report.max_abs_err` (the kernel against
-        a reference reading the same cache), this catches a wrong block, a
-        missed copy-on-write, a bad move or a prefix hit on other tokens.
+        See backend/engine/checks.py: unlike `kernel_report.max_abs_err` this
+        catches a wrong block, a missed copy-on-write, a bad move or a prefix
+        hit on other tokens.
         """
-        kv_err = logit_err = 0.0
-        tokens = 0
-        for rid in self.running:
-            req = self.requests[rid]
-            ref = self.model.forward_contiguous(req.tokens)
-            slots = self.manager.slots_of(rid, 0, req.num_tokens)
-            for layer in range(self.config.num_layers):
-                keys, values = self.cache.read_slots(layer, slots)
-                for got, want in ((keys, ref.keys[layer]), (values, ref.values[layer])):
-                    kv_err = max(kv_err, float((got.float() - want.float()).abs().max()))
-            assert req.logits is not None
-            logit_err = max(logit_err, float((req.logits - ref.logits[-1].cpu()).abs().max()))
-            tokens += req.num_tokens
-        return Verification(len(self.running), tokens, kv_err, logit_err)
+        return checks.verify_recomputation(self.model, self.cache, self.manager,
+                                           [self.requests[rid] for rid in self.running])
 
     def check_integrity(self) -> None:
         """Allocator invariants, plus: tables agree with the requests' tokens."""
@@ -170,41 +150,8 @@ class Engine:
         self.check_requests()
 
     def check_requests(self) -> None:
-        """The engine's invariants on top of the allocator's (not rechecked here).
-
-        Queues agree with statuses, tables with tokens, sharers with each other.
-        """
-        running = {r.id for r in self.requests.values() if r.status == "running"}
-        _check(running == set(self.running) == set(self.manager.seqs)
-               and len(running) == len(self.running), "running sets disagree")
-        waiting = {r.id for r in self.requests.values() if r.status == "waiting"}
-        _check(waiting == set(self.waiting) and len(waiting) == len(self.waiting),
-               "waiting sets disagree")
-        bs = self.config.block_size
-        # A shared block's K/V depends on every token up to its end, so all of its
-        # holders must have it at the same logical index after the same tokens.
-        # Compare each pair of sharers once, over their longest shared prefix.
-        first: dict[int, tuple[str, int]] = {}
-        prefix_len: dict[tuple[str, str], int] = {}
-        for rid in self.running:
-            req = self.requests[rid]
-            _check(self.manager.num_tokens(rid) == req.num_tokens, f"{rid}: token count")
-            _check(req.logits is not None, f"{rid}: running without logits")
-            for i, b in enumerate(self.manager.block_table(rid)):
-                block = self.manager.pool.blocks[b]
-                if block.hash is not None:
-                    _check(list(block.hash.tokens) == req.tokens[i * bs:(i + 1) * bs], (
-                        f"{rid}: block {b}'s hash does not match the request's tokens"))
-                if block.ref_count < 2:
-                    continue
-                holder, j = first.setdefault(b, (rid, i))
-                _check(j == i, f"{rid} holds block {b} at logical {i}, {holder} at {j}")
-                if holder != rid:
-                    end = i * bs + block.num_filled
-                    prefix_len[(holder, rid)] = max(prefix_len.get((holder, rid), 0), end)
-        for (a, c), n in prefix_len.items():
-            _check(self.requests[a].tokens[:n] == self.requests[c].tokens[:n], (
-                f"{a} and {c} share blocks but hold different tokens in them"))
+        """The engine's invariants on top of the allocator's (not rechecked here)."""
+        checks.check_requests(self.requests, self.scheduler, self.manager)
 
     # ---- operations --------------------------------------------------------
 

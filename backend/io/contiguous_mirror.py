@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.core.errors import OutOfBlocksError, PagedLabError
-from backend.engine.engine import Engine, OpResult
+from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork
+from backend.engine.results import OpResult
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN, ContiguousArena
 
 MAX_CAPACITY = 1 << 20

@@ -26,8 +26,9 @@ from typing import Any
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine.engine import Engine, OpResult
+from backend.engine.engine import Engine
 from backend.engine.ops import Op, parse_op
+from backend.engine.results import OpResult
 from backend.engine.sampling import render_tokens
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
 from backend.io.json_input import decode_json

@@ -29,9 +29,10 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
-from backend.engine.engine import Engine, KernelReport
+from backend.engine.engine import Engine
 from backend.engine.ops import check_request_id
 from backend.engine.request import Request
+from backend.engine.results import KernelReport
 from backend.io.json_input import decode_json
 from backend.paging.block_manager import SeqBlocks
 from backend.paging.events import Event

@@ -16,8 +16,9 @@ from typing import Any
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine.engine import Engine, OpResult
+from backend.engine.engine import Engine
 from backend.engine.ops import Add, Op, describe_op, parse_op
+from backend.engine.results import OpResult
 from backend.io.snapshot import export_snapshot, restore_engine
 from backend.kernels import KERNELS, available_devices, select_kernels
 

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.errors import PagedLabError
-from backend.engine.engine import Engine, OpResult
+from backend.engine.engine import Engine
 from backend.engine.ops import describe_op
+from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror
 from backend.io.json_input import decode_json
 from backend.io.scenario import (
