@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from backend.core.errors import OutOfBlocksError, PagedLabError
-from backend.lab.contiguous import ContiguousArena, FitAnswer, Hole, Region, Segment, next_pow2
+from backend.lab.contiguous import ContiguousArena, next_pow2
+from backend.lab.contiguous_types import FitAnswer, Hole, Region, Segment
 from backend.paging.block_manager import BlockManager
 
 

@@ -15,43 +15,11 @@ longest region that could ever exist. A request whose final length is larger
 than the arena (or, under "max", than max_len) can never fit and is refused.
 
 Every slot of the arena is in exactly one of five states (the PagedAttention
-paper's Figure 2), and they always sum to `capacity`::
-
-    a pow2 arena of 24 slots; required allocation 4 (the next waiting
-    request's region size)
-
-    slot     0         1         2
-             012345678901234567890123
-    kind     ####++~~xxx###+.....####
-    owner    AAAAAAAA   BBBB     CCCC
-
-    A  slots 0-7:   reserved 8, final length 6, 4 tokens so far: 2 slots of
-                    reservation (it will fill them), 2 of internal fragmentation
-    -  slots 8-10:  a hole of 3 < 4: external fragmentation
-    B  slots 11-14: reserved 4, final length 4, 3 tokens: 1 slot of reservation
-    -  slots 15-19: a hole of 5 >= 4: free
-    C  slots 20-23: reserved 4, final length 4, 4 tokens
-
-    # token_states            slots holding a token
-    + reservation             slots reserved for tokens the request will still
-                              generate: min(final_len, reserved) - tokens
-    ~ internal_fragmentation  reserved slots the request will never use:
-                              reserved - final_len when positive
-    x external_fragmentation  free slots in a hole smaller than the required
-                              allocation
-    . free                    free slots in a hole that could hold it
-
-External fragmentation follows the seed text: "free space split into separate
-regions that cannot satisfy a required larger contiguous allocation". It is
-relative to a required size, which the caller passes: the region size the
-next waiting request needs (a question about a hypothetical request passes
-that request's size). A free slot counts as external fragmentation when the
-hole it lies in is smaller than the required size; with no required size at
-all, every free slot is simply free. So while a request waits because no
-hole is large enough, every free slot is external fragmentation, whether or
-not the free total would have been enough: none of it can serve the demand.
-`fits` separately says *why* something does not fit ("enough memory is free
-in total but no hole is large enough" is the textbook case).
+paper's Figure 2: token states, reservation, internal and external
+fragmentation, free), and they always sum to `capacity`. The value types,
+with a drawing of the five states and why external fragmentation is judged
+against a required allocation size, are in backend.lab.contiguous_types;
+the ASCII memory map is drawn by backend.lab.contiguous_render.
 
 Every mutating method validates completely before it changes anything, so a
 `PagedLabError` leaves the arena exactly as it was; `OutOfBlocksError` (a
@@ -66,140 +34,26 @@ from dataclasses import dataclass
 from typing import Literal
 
 from backend.core.errors import IntegrityError, OutOfBlocksError, PagedLabError
+from backend.lab.contiguous_render import render_segments
+from backend.lab.contiguous_types import (
+    FitAnswer,
+    FitReason,
+    Hole,
+    MemoryBreakdown,
+    Region,
+    Segment,
+    SegmentKind,
+)
 
 ContiguousPolicy = Literal["max", "pow2", "oracle"]
 CONTIGUOUS_POLICIES: tuple[ContiguousPolicy, ...] = ("max", "pow2", "oracle")
 DEFAULT_MAX_LEN = 2048
-
-SegmentKind = Literal[
-    "token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free",
-]
-SEGMENT_KINDS: tuple[SegmentKind, ...] = (
-    "token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free",
-)
-# One glyph per kind for the text rendering (legend printed with it).
-GLYPHS: dict[SegmentKind, str] = {
-    "token_states": "#", "reservation": "+", "internal_fragmentation": "~",
-    "external_fragmentation": "x", "free": ".",
-}
-
-FitReason = Literal["fits", "external_fragmentation", "not_enough_free", "never"]
 
 
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (n >= 1)."""
     assert n >= 1
     return 1 << (n - 1).bit_length()
-
-
-@dataclass(frozen=True, slots=True)
-class Region:
-    """One request's reservation: slots start .. start + reserved - 1."""
-
-    request_id: str
-    start: int
-    reserved: int
-    final_len: int
-    tokens: int
-
-    @property
-    def end(self) -> int:
-        """One past the last slot."""
-        return self.start + self.reserved
-
-    @property
-    def reservation(self) -> int:
-        """Slots the request will still fill."""
-        return min(self.final_len, self.reserved) - self.tokens
-
-    @property
-    def internal_fragmentation(self) -> int:
-        """Reserved slots the request will never fill."""
-        return max(0, self.reserved - self.final_len)
-
-
-@dataclass(frozen=True, slots=True)
-class Hole:
-    """A maximal run of free slots."""
-
-    start: int
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class FitAnswer:
-    """Whether a request of `final_len` tokens would get a region now, and if not, why.
-
-    `size` is the region the policy would reserve for it. `start` is where
-    first-fit would place it (None if it does not fit). `reason`:
-    "fits"; "external_fragmentation" (enough slots are free in total but no
-    hole is large enough); "not_enough_free" (fewer free slots than `size`);
-    "never" (larger than the arena, or than max_len under "max").
-    """
-
-    final_len: int
-    size: int
-    fits: bool
-    start: int | None
-    free_total: int
-    largest_hole: int
-    reason: FitReason
-
-    @property
-    def message(self) -> str:
-        """One plain-English sentence about the answer."""
-        what = f"a request of {self.final_len} tokens (a region of {self.size} slots)"
-        if self.reason == "fits":
-            return f"{what} fits at slot {self.start}"
-        if self.reason == "external_fragmentation":
-            return (f"{what} does not fit: {self.free_total} slots are free in total but the "
-                    f"largest hole is {self.largest_hole} (external fragmentation)")
-        if self.reason == "not_enough_free":
-            return f"{what} does not fit: only {self.free_total} slots are free"
-        return f"{what} can never fit in this arena"
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryBreakdown:
-    """The arena's slots by Figure 2 state; the five counts sum to `capacity`.
-
-    `required` is the allocation size external fragmentation was judged
-    against (None: no free slot counts as external fragmentation).
-    """
-
-    token_states: int
-    reservation: int
-    internal_fragmentation: int
-    external_fragmentation: int
-    free: int
-    required: int | None = None
-
-    @property
-    def capacity(self) -> int:
-        return (self.token_states + self.reservation + self.internal_fragmentation
-                + self.external_fragmentation + self.free)
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "token_states": self.token_states, "reservation": self.reservation,
-            "internal_fragmentation": self.internal_fragmentation,
-            "external_fragmentation": self.external_fragmentation, "free": self.free,
-        }
-
-    def fractions(self) -> dict[str, float]:
-        """Each state's share of the capacity (sums to 1)."""
-        cap = self.capacity
-        return {k: v / cap for k, v in self.as_dict().items()}
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """A run of slots in one state, for drawing memory maps. `owner` is None for holes."""
-
-    start: int
-    length: int
-    owner: str | None
-    kind: SegmentKind
 
 
 @dataclass(slots=True)
@@ -210,16 +64,6 @@ class _Slot:
     reserved: int
     final_len: int
     tokens: int
-
-
-def _dominant_kind(counts: dict[SegmentKind, int]) -> SegmentKind:
-    """The state holding most slots of a rendered cell; ties go to the one listed first."""
-    return max(SEGMENT_KINDS, key=lambda k: (counts.get(k, 0), -SEGMENT_KINDS.index(k)))
-
-
-def _dominant_owner(counts: dict[str, int]) -> str:
-    """First character of the request holding most slots of a cell, or a blank."""
-    return max(counts, key=lambda r: counts[r])[:1] if counts else " "
 
 
 def _check_int(value: object, what: str, low: int) -> int:
@@ -407,30 +251,11 @@ class ContiguousArena:
     def render(self, required: int | None = None, *, width: int = 64) -> str:
         """Reads only: an ASCII memory map, one glyph per slot (or per group of slots).
 
-        With more slots than `width`, each character stands for
-        ceil(capacity / width) slots and shows the state holding most of them.
-        The owner line shows each region's owner (first character of its id).
+        See `render_segments`: wider arenas are drawn a group of slots per
+        character, each showing the state holding most of its slots.
         """
         _check_int(width, "width", 1)
-        per = -(-self.capacity // width)
-        cells = -(-self.capacity // per)
-        kinds: list[dict[SegmentKind, int]] = [{} for _ in range(cells)]
-        owners: list[dict[str, int]] = [{} for _ in range(cells)]
-        for seg in self.segments(required):
-            pos, end = seg.start, seg.start + seg.length
-            while pos < end:
-                cell = pos // per
-                take = min(end, (cell + 1) * per) - pos
-                kinds[cell][seg.kind] = kinds[cell].get(seg.kind, 0) + take
-                if seg.owner is not None:
-                    owners[cell][seg.owner] = owners[cell].get(seg.owner, 0) + take
-                pos += take
-        kind_line = "".join(GLYPHS[_dominant_kind(c)] for c in kinds)
-        owner_line = "".join(_dominant_owner(o) for o in owners)
-        scale = "1 slot" if per == 1 else f"{per} slots"
-        legend = ("# token  + reservation  ~ internal frag.  x external frag.  . free"
-                  f"   (one character = {scale})")
-        return f"kind   {kind_line}\nowner  {owner_line.rstrip()}\n{legend}"
+        return render_segments(self.segments(required), self.capacity, width=width)
 
     def check_integrity(self) -> None:
         """Reads only: raise IntegrityError if regions overlap or totals disagree."""

@@ -38,13 +38,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from backend.core.errors import PagedLabError
-from backend.lab.contiguous import (
-    CONTIGUOUS_POLICIES,
-    DEFAULT_MAX_LEN,
-    SEGMENT_KINDS,
-    ContiguousArena,
-    SegmentKind,
-)
+from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN, ContiguousArena
+from backend.lab.contiguous_types import SEGMENT_KINDS, SegmentKind
 from backend.lab.sim.paged import DEFAULT_WATERMARK
 from backend.lab.sim.simulator import DEFAULT_ITERATION_S, SimConfig, make_policy
 from backend.lab.workloads import Trace, make_trace

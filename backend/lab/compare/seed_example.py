@@ -25,13 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.core.errors import OutOfBlocksError, PagedLabError
-from backend.lab.contiguous import (
-    CONTIGUOUS_POLICIES,
-    ContiguousArena,
-    FitAnswer,
-    MemoryBreakdown,
-    Segment,
-)
+from backend.lab.contiguous import CONTIGUOUS_POLICIES, ContiguousArena
+from backend.lab.contiguous_types import FitAnswer, MemoryBreakdown, Segment
 from backend.paging.block_manager import BlockManager
 
 # (request, prompt tokens, final length): the seed's requests of 6, 3 and 5 tokens.

@@ -17,7 +17,7 @@ import pandas as pd
 
 from backend.lab.compare.memory_maps import MapReplay, MapSegment, replay_maps, small_trace
 from backend.lab.compare.seed_example import SeedExample
-from backend.lab.contiguous import SEGMENT_KINDS
+from backend.lab.contiguous_types import SEGMENT_KINDS
 from backend.lab.sim.simulator import SimConfig, SimResult, simulate
 
 KIND_LABELS: dict[str, str] = {
