@@ -1,5 +1,10 @@
-"""Argument checks of the paged-attention wrapper: every mistake is a PagedLabError
-naming the problem, raised before anything is launched."""
+"""Argument checks of the kernel wrappers: every mistake is a PagedLabError naming
+the problem, raised before anything is launched.
+
+`validate_paged_attention` checks a paged-attention call (backend.kernels.attention);
+`validate_write_kv` and `validate_copy_blocks` check the cache maintenance ops
+(backend.kernels.cache_ops). The torch backend runs the same checks.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 SUPPORTED_DTYPES = tuple(TORCH_DTYPES.values())
 MAX_HEAD_DIM = 256
-
 
 
 class AttentionShape(NamedTuple):
@@ -183,4 +187,123 @@ def _first(flags: torch.Tensor) -> int | None:
     return int(hits[0]) if hits.numel() else None
 
 
-# ----------------------------------------------------------------------------- wrapper
+# ----------------------------------------------------------------------------- cache ops
+
+
+class CacheShape(NamedTuple):
+    """Sizes of a validated cache: [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def _check_cache(name: str, cache: torch.Tensor) -> CacheShape:
+    require(isinstance(cache, torch.Tensor), f"{name} must be a torch.Tensor")
+    require(cache.dim() == 4, f"{name} must be [num_blocks, block_size, num_kv_heads, "
+             f"head_dim], got shape {tuple(cache.shape)}")
+    require(cache.dtype in SUPPORTED_DTYPES, f"{name} dtype {cache.dtype} is not supported; "
+             "use float32, float16 or bfloat16")
+    require(cache.is_contiguous(), f"{name} must be contiguous")
+    return CacheShape(*cache.shape)
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def validate_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    check_bounds: bool = True,
+) -> CacheShape:
+    """Check a write_kv call; raise PagedLabError naming the problem. Mutates nothing.
+
+    With `check_bounds`, slot values are read (a device-to-host copy on a GPU): each must
+    lie in 0..num_blocks*block_size-1 and appear once (two writes to one slot would race).
+    """
+    shape = _check_cache("k_cache", k_cache)
+    _check_cache("v_cache", v_cache)
+    require(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype,
+             "k_cache and v_cache must have the same shape and dtype")
+    for name, t in (("key", key), ("value", value)):
+        require(isinstance(t, torch.Tensor) and t.dim() == 3, f"{name} must be a tensor "
+                 "[T, num_kv_heads, head_dim]")
+        require(tuple(t.shape[1:]) == (shape.num_kv_heads, shape.head_dim),
+                 f"{name} has shape {tuple(t.shape)}; the cache holds "
+                 f"[*, {shape.num_kv_heads}, {shape.head_dim}] per token")
+        require(t.dtype == k_cache.dtype, f"{name} dtype {t.dtype} differs from the cache "
+                 f"dtype {k_cache.dtype}")
+    require(value.shape[0] == key.shape[0], f"key has {key.shape[0]} tokens but value has "
+             f"{value.shape[0]}")
+    require(isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int64,
+             "slot_mapping must be an int64 tensor")
+    require(slot_mapping.shape == (key.shape[0],), f"slot_mapping must have shape "
+             f"({key.shape[0]},), got {tuple(slot_mapping.shape)}")
+    require(slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
+    for name, t in (("key", key), ("value", value), ("v_cache", v_cache),
+                    ("slot_mapping", slot_mapping)):
+        require(same_device(t.device, k_cache.device), f"{name} is on {t.device} but k_cache "
+                 f"is on {k_cache.device}")
+    if check_bounds and slot_mapping.numel():
+        slots = slot_mapping.cpu()
+        num_slots = shape.num_blocks * shape.block_size
+        bad = torch.nonzero((slots < 0) | (slots >= num_slots)).flatten()
+        if bad.numel():
+            i = int(bad[0])
+            raise PagedLabError(f"slot_mapping[{i}] = {int(slots[i])} is outside the cache's "
+                                f"slots 0..{num_slots - 1}")
+        require(torch.unique(slots).numel() == slots.numel(),
+                 "slot_mapping names a slot twice; each token needs its own slot")
+    return shape
+
+
+def validate_copy_blocks(
+    src_cache: torch.Tensor,
+    dst_cache: torch.Tensor,
+    src_ids: torch.Tensor,
+    dst_ids: torch.Tensor,
+    *,
+    check_bounds: bool = True,
+) -> tuple[CacheShape, CacheShape]:
+    """Check a copy_blocks call; raise PagedLabError naming the problem. Mutates nothing.
+
+    With `check_bounds`, the ids are read (a device-to-host copy on a GPU): each in range
+    of its cache, no destination twice, and, when both caches share storage, no block both
+    a source and a destination (the result would depend on the order of the copies).
+    """
+    src = _check_cache("src_cache", src_cache)
+    dst = _check_cache("dst_cache", dst_cache)
+    require(src[1:] == dst[1:] and src_cache.dtype == dst_cache.dtype,
+             f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache "
+             f"{tuple(dst_cache.shape)} {dst_cache.dtype} must have the same block shape and "
+             "dtype")
+    for name, ids in (("src_ids", src_ids), ("dst_ids", dst_ids)):
+        require(isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64)
+                 and ids.dim() == 1, f"{name} must be a 1-D int32 or int64 tensor")
+        require(ids.is_contiguous(), f"{name} must be contiguous")
+    require(src_ids.shape == dst_ids.shape, f"src_ids has {src_ids.numel()} ids but dst_ids "
+             f"has {dst_ids.numel()}")
+    for name, t in (("dst_cache", dst_cache), ("src_ids", src_ids), ("dst_ids", dst_ids)):
+        require(same_device(t.device, src_cache.device), f"{name} is on {t.device} but "
+                 f"src_cache is on {src_cache.device}")
+    if check_bounds and src_ids.numel():
+        s = src_ids.to("cpu", torch.int64)
+        d = dst_ids.to("cpu", torch.int64)
+        for name, ids, n in (("src_ids", s, src.num_blocks), ("dst_ids", d, dst.num_blocks)):
+            bad = torch.nonzero((ids < 0) | (ids >= n)).flatten()
+            if bad.numel():
+                i = int(bad[0])
+                raise PagedLabError(f"{name}[{i}] = {int(ids[i])} is not a block of its cache "
+                                    f"(0..{n - 1})")
+        require(torch.unique(d).numel() == d.numel(), "dst_ids names a block twice")
+        if _shares_storage(src_cache, dst_cache):
+            both = sorted(set(s.tolist()) & set(d.tolist()))
+            require(not both, f"block {both[0] if both else ''} is both a source and a "
+                     "destination in the same cache")
+    return src, dst
