@@ -17,7 +17,8 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.engine.sampling import sample_token
-from backend.io.snapshot import export_snapshot, restore_engine, snapshot_json
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot, snapshot_json
 from backend.models.batch import ForwardBatch, ForwardOutput
 
 NAN = float("nan")

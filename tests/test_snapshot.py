@@ -14,8 +14,9 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Step
+from backend.io.restore import restore_engine
 from backend.io.scenario import load_scenario, run_steps
-from backend.io.snapshot import export_snapshot, parse_snapshot_text, restore_engine, snapshot_json
+from backend.io.snapshot import export_snapshot, parse_snapshot_text, snapshot_json
 from backend.paging.hashing import hash_block
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "assets" / "scenarios"

@@ -30,7 +30,8 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Op
 from backend.engine.results import OpResult
-from backend.io.snapshot import export_snapshot, restore_engine
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot
 from backend.sessions.playground import (
     MODEL_FIELDS,
     MODEL_PRESETS,

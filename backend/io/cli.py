@@ -21,6 +21,7 @@ from pathlib import Path
 
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
+from backend.io.restore import restore_engine
 from backend.io.scenario import (
     ScenarioError,
     check_config_matches,
@@ -29,7 +30,7 @@ from backend.io.scenario import (
     read_json,
     run_steps,
 )
-from backend.io.snapshot import export_snapshot, restore_engine, write_snapshot
+from backend.io.snapshot import export_snapshot, write_snapshot
 
 
 class _Parser(argparse.ArgumentParser):

@@ -19,7 +19,8 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Op, describe_op, parse_op
 from backend.engine.results import OpResult
-from backend.io.snapshot import export_snapshot, restore_engine
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot
 from backend.kernels import KERNELS, available_devices, select_kernels
 
 ALLOCATION_LABELS = {"fifo": "queue order", "random": "scattered"}

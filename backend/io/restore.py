@@ -1,0 +1,353 @@
+"""Restore: a snapshot's JSON back into an engine with that exact state.
+
+`restore_engine` takes data parsed by `parse_snapshot_text` (JSON only, no
+pickle, no eval), refuses anything malformed or inconsistent with a message
+naming it, builds a fresh engine with that exact allocator state, proves it
+with `check_integrity`, and recomputes the K/V of every used and cached block
+from the tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import torch
+
+from backend.core.config import EngineConfig
+from backend.core.errors import IntegrityError, PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import check_request_id
+from backend.engine.request import Request
+from backend.engine.results import KernelReport
+from backend.io.json_input import FieldReader, non_negative
+from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
+from backend.paging.block_manager import SeqBlocks
+from backend.paging.events import Event
+from backend.paging.hashing import BlockHash, block_digest
+
+
+def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = "auto",
+                   check_reference: bool = True) -> Engine:
+    """A new engine in exactly the state `data` describes. Raises PagedLabError."""
+    top = FieldReader(data, "snapshot")
+    version = top.get("schema_version", int)
+    if version != SCHEMA_VERSION:
+        raise PagedLabError(f"snapshot schema_version is {version}; this PagedLab reads "
+                            f"version {SCHEMA_VERSION}")
+    cfg_data = dict(top.get("config", dict))
+    config = EngineConfig.from_json(cfg_data, where="snapshot.config", ignore=CONFIG_EXTRA)
+    if "bytes_per_block" in cfg_data and cfg_data["bytes_per_block"] != config.bytes_per_block:
+        raise PagedLabError(f"snapshot.config.bytes_per_block is {cfg_data['bytes_per_block']} "
+                            f"but these settings give {config.bytes_per_block}")
+    engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference)
+    try:
+        _restore_into(engine, top)
+        engine.manager.check_integrity()
+        _recompute_kv(engine)
+        engine.check_requests()
+    except (IntegrityError, AssertionError) as exc:
+        raise PagedLabError(f"inconsistent snapshot: {exc}") from None
+    return engine
+
+
+def _restore_into(engine: Engine, top: FieldReader) -> None:
+    c = engine.config
+    bs = c.block_size
+    m = engine.manager
+    pool = m.pool
+    step = top.get("step", int)
+    if step < 0:
+        raise PagedLabError("snapshot.step must be >= 0")
+
+    # Requests.
+    requests: dict[str, Request] = {}
+    tables: dict[str, list[int]] = {}
+    for i, raw in enumerate(top.get("requests", list)):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.requests[{i}] must be an object")
+        r = FieldReader(raw, f"snapshot.requests[{i}]")
+        rid = check_request_id(r.get("id", str), f"{r.where}.id")
+        if rid in requests:
+            raise PagedLabError(f"{r.where}.id {rid!r} is repeated")
+        status = r.get("status", str)
+        if status not in ("waiting", "running", "finished"):
+            raise PagedLabError(f"{r.where}.status must be waiting, running or finished")
+        tokens = r.int_list("tokens", 0, 255)
+        prompt_len = r.get("prompt_len", int)
+        if r.get("num_tokens", int) != len(tokens):
+            raise PagedLabError(f"{r.where}: num_tokens is {raw['num_tokens']} but it lists "
+                                f"{len(tokens)} tokens")
+        if not 1 <= prompt_len <= len(tokens):
+            raise PagedLabError(f"{r.where}: prompt_len {prompt_len} does not fit its "
+                                f"{len(tokens)} tokens")
+        table = r.int_list("block_table", 0, c.num_blocks - 1)
+        if status == "running":
+            if len(table) != -(-len(tokens) // bs):
+                raise PagedLabError(
+                    f"{r.where}: {len(tokens)} tokens do not fit its table of {len(table)} "
+                    f"blocks of {bs}")
+        elif table:
+            raise PagedLabError(f"{r.where}: a {status} request holds no blocks")
+        parent = r.get("parent", str, optional=True)
+        if parent is not None and parent not in requests:
+            raise PagedLabError(f"{r.where}.parent {parent!r} is not an earlier request")
+        max_new = r.get("max_new_tokens", int, optional=True)
+        if max_new is not None and max_new < 1:
+            raise PagedLabError(f"{r.where}.max_new_tokens must be >= 1 or null")
+        if (max_new is not None and status != "finished"
+                and len(tokens) - prompt_len >= max_new):
+            raise PagedLabError(f"{r.where}: it has generated its {max_new} tokens, so it "
+                                f"would have finished, but it is {status}")
+        reason = r.get("finish_reason", str, optional=True)
+        if status == "finished" and reason not in (None, "finished", "max_new_tokens",
+                                                   "capacity"):
+            raise PagedLabError(f"{r.where}.finish_reason {reason!r} is not known")
+        if status != "finished" and reason is not None:
+            raise PagedLabError(f"{r.where}: a {status} request has no finish_reason")
+        preemptions = r.get("num_preemptions", int)
+        if preemptions < 0:
+            raise PagedLabError(f"{r.where}.num_preemptions must be >= 0")
+        requests[rid] = Request(rid, prompt_len, tokens, max_new, arrival=len(requests),
+                                parent=parent, status=status, num_preemptions=preemptions,
+                                finish_reason=reason if status == "finished" else None)
+        tables[rid] = table
+
+    sched = FieldReader(top.get("scheduler", dict), "snapshot.scheduler")
+    waiting = sched.get("waiting", list)
+    running = sched.get("running", list)
+    if not all(isinstance(x, str) for x in (*waiting, *running)):
+        raise PagedLabError("snapshot.scheduler lists request ids, which are strings")
+    if sorted(waiting) != sorted(r.id for r in requests.values() if r.status == "waiting"):
+        raise PagedLabError("snapshot.scheduler.waiting does not list exactly the waiting "
+                            "requests")
+    if sorted(running) != sorted(r.id for r in requests.values() if r.status == "running"):
+        raise PagedLabError("snapshot.scheduler.running does not list exactly the running "
+                            "requests")
+    if len(set(waiting)) != len(waiting) or len(set(running)) != len(running):
+        raise PagedLabError("snapshot.scheduler lists a request twice")
+    admissions = sched.get("admissions", int)
+    if admissions < len(running):
+        raise PagedLabError("snapshot.scheduler.admissions is smaller than the running count")
+
+    # Hash nodes, parents first; each digest is re-derived from its tokens.
+    nodes: dict[str, BlockHash] = {}
+    for i, raw in enumerate(top.get("prefix_cache", list)):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.prefix_cache[{i}] must be an object")
+        r = FieldReader(raw, f"snapshot.prefix_cache[{i}]")
+        digest = r.get("hash", str)
+        parent_digest = r.get("parent", str, optional=True)
+        tokens = r.int_list("tokens", 0, 255)
+        if len(tokens) != bs:
+            raise PagedLabError(f"{r.where}: a full block holds {bs} tokens, not {len(tokens)}")
+        if parent_digest is not None and parent_digest not in nodes:
+            raise PagedLabError(f"{r.where}: parent {parent_digest} is not listed before it")
+        if block_digest(parent_digest, tokens, c.cache_salt()) != digest:
+            raise PagedLabError(f"{r.where}: hash {digest} does not match its tokens")
+        if digest in nodes:
+            raise PagedLabError(f"{r.where}: hash {digest} is listed twice")
+        nodes[digest] = BlockHash(digest, None if parent_digest is None else nodes[parent_digest],
+                                  tuple(tokens))
+
+    # Blocks.
+    raw_blocks = top.get("blocks", list)
+    if len(raw_blocks) != c.num_blocks:
+        raise PagedLabError(f"snapshot.blocks lists {len(raw_blocks)} blocks; the pool has "
+                            f"{c.num_blocks}")
+    holders = Counter(b for rid in running for b in tables[rid])
+    for i, raw in enumerate(raw_blocks):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.blocks[{i}] must be an object")
+        r = FieldReader(raw, f"snapshot.blocks[{i}]")
+        if r.get("id", int) != i:
+            raise PagedLabError(f"{r.where}.id must be {i} (blocks are listed by id)")
+        ref = r.get("ref_count", int)
+        filled = r.get("num_filled", int)
+        digest = r.get("hash", str, optional=True)
+        state = r.get("state", str)
+        if ref != holders[i]:
+            raise PagedLabError(f"inconsistent snapshot: block {i} has ref_count {ref} but "
+                                f"{holders[i]} block table(s) hold it")
+        want = "used" if ref > 0 else ("cached" if digest is not None else "free")
+        if state != want:
+            raise PagedLabError(f"inconsistent snapshot: block {i} is listed as {state!r} but "
+                                f"its ref_count and hash make it {want!r}")
+        if not 0 <= filled <= bs:
+            raise PagedLabError(f"{r.where}.num_filled must be in 0..{bs}")
+        if digest is not None and digest not in nodes:
+            raise PagedLabError(f"{r.where}.hash {digest} is missing from "
+                                "snapshot.prefix_cache")
+        block = pool.blocks[i]
+        block.ref_count = ref
+        block.num_filled = filled
+        block.hash = None if digest is None else nodes[digest]
+
+    # Every listed hash node is some block's key or an ancestor of one.
+    reachable: set[str] = set()
+    for block in pool.blocks:
+        node = block.hash
+        while node is not None and node.digest not in reachable:
+            reachable.add(node.digest)
+            node = node.parent
+    stray = sorted(set(nodes) - reachable)
+    if stray:
+        raise PagedLabError(f"snapshot.prefix_cache lists hash {stray[0]}, which no block's key "
+                            "chains through")
+
+    # The free queue, then the cache map.
+    free_ids = top.int_list("free_queue", 0, c.num_blocks - 1)
+    zero_ref = sorted(b.id for b in pool.blocks if b.ref_count == 0)
+    if sorted(free_ids) != zero_ref:
+        raise PagedLabError("inconsistent snapshot: free_queue must list every block with "
+                            "ref_count 0 exactly once")
+    for block in list(pool.free_queue):
+        pool.free_queue.remove(block)
+    for b in free_ids:
+        pool.free_queue.append(pool.blocks[b])
+    pool.cached = {}
+    for block in pool.blocks:
+        if block.hash is not None:
+            pool.cached.setdefault(block.hash.digest, {})[block.id] = block
+    alloc = FieldReader(top.get("allocator", dict), "snapshot.allocator")
+    pool.random_picks = non_negative(alloc, "random_picks")
+
+    # Sequences: tail tokens and chain parents follow from the requests' tokens.
+    for rid in running:
+        req = requests[rid]
+        table = tables[rid]
+        full = req.num_tokens // bs
+        last_hash = pool.blocks[table[full - 1]].hash if full else None
+        tail = req.tokens[full * bs:] if c.prefix_caching else []
+        m.seqs[rid] = SeqBlocks(rid, list(table), req.num_tokens, tail, last_hash)
+    mt = FieldReader(top.get("metrics", dict), "snapshot.metrics")
+    m.cow_copies = non_negative(mt, "cow_copies")
+    m.prefix_hit_blocks = non_negative(mt, "prefix_hit_blocks")
+    m.preemptions = non_negative(mt, "preemptions")
+    m.prefix_queries = non_negative(mt, "prefix_queries", optional=True)
+    m.prefix_query_tokens = non_negative(mt, "prefix_query_tokens", optional=True)
+    m.prefix_floor_tokens = non_negative(mt, "prefix_floor_tokens", optional=True)
+    if m.preemptions != sum(r.num_preemptions for r in requests.values()):
+        raise PagedLabError("inconsistent snapshot: metrics.preemptions differs from the "
+                            "requests' num_preemptions")
+    m.recount()
+    m.events = _events(top, step, c.num_blocks, requests)
+    m.step = step
+
+    # The scheduler shares this dict with the engine: fill it, never replace it.
+    engine.requests.clear()
+    engine.requests.update(requests)
+    engine.waiting.extend(waiting)
+    for n, rid in enumerate(running, start=1):
+        requests[rid].admitted = n
+        engine.running.append(rid)
+    engine.scheduler.admissions = admissions
+    engine.step = step
+    k = FieldReader(top.get("kernel", dict), "snapshot.kernel")
+    err = k.get("max_abs_err", (int, float), optional=True)
+    ms = k.get("time_ms", (int, float), optional=True)
+    if any(v is not None and not (math.isfinite(v) and v >= 0) for v in (err, ms)):
+        raise PagedLabError("snapshot.kernel: max_abs_err and time_ms must be finite and >= 0")
+    engine.kernel_report = KernelReport(
+        k.get("backend", str), k.get("device", str), None if err is None else float(err),
+        None if ms is None else float(ms), k.get("num_seqs", int, optional=True) or 0,
+        k.get("num_query_tokens", int, optional=True) or 0)
+    # Counts the blocks determine must be the ones the file claims.
+    metrics = m.metrics()
+    got = {**metrics.contract_dict(), "prefix_hit_tokens": metrics.prefix_hit_tokens,
+           "logical_tokens": metrics.logical_tokens,
+           "blocks_saved_by_sharing": metrics.blocks_saved_by_sharing}
+    derived = ("used_blocks", "free_blocks", "cached_blocks", "filled_slots",
+               "internal_waste_slots", "shared_blocks")
+    for key in (*derived, "prefix_hit_tokens", "logical_tokens", "blocks_saved_by_sharing"):
+        claimed = mt.get(key, int, optional=key not in derived)
+        if claimed is not None and claimed != got[key]:
+            raise PagedLabError(f"inconsistent snapshot: metrics.{key} is {claimed} but the "
+                                f"blocks give {got[key]}")
+
+
+def _events(top: FieldReader, step: int, num_blocks: int,
+            requests: dict[str, Request]) -> list[Event]:
+    """Events that could have happened: known kinds, blocks, requests, and past steps."""
+    out = []
+    for i, raw in enumerate(top.get("events", list)):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.events[{i}] must be an object")
+        try:
+            e = Event.from_json(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PagedLabError(f"snapshot.events[{i}]: malformed event ({exc})") from None
+        blocks = [b for b in (e.block, e.src, e.dst) if b is not None]
+        problem = None
+        if not 1 <= e.step <= step:
+            problem = f"its step {e.step} is not in 1..{step}"
+        elif any(not 0 <= b < num_blocks for b in blocks):
+            problem = "it names a block outside the pool"
+        elif e.request is not None and e.request not in requests:
+            problem = f"it names request {e.request!r}, which the snapshot does not list"
+        elif e.kind in ("cow", "move") and (e.src is None or e.dst is None):
+            problem = f"a {e.kind} event needs src and dst"
+        elif e.ref_count is not None and e.ref_count < 0:
+            problem = "its ref_count is negative"
+        if problem:
+            raise PagedLabError(f"inconsistent snapshot: events[{i}]: {problem}")
+        out.append(e)
+    return out
+
+
+def _recompute_kv(engine: Engine) -> None:
+    """Recompute every used and cached block's K/V, and running requests' logits.
+
+    K/V come from the plain contiguous forward pass over each block's full
+    token prefix, so they equal what the paged prefill wrote, up to rounding.
+    """
+    cache = engine.cache
+    bs = engine.config.block_size
+    pool = engine.manager.pool
+    done: set[int] = set()
+
+    def write(tokens: list[int], targets: list[tuple[int, int]]) -> torch.Tensor:
+        """Compute `tokens`; store logical block i's K/V at physical b for each (i, b)."""
+        out = engine.model.forward_contiguous(tokens)
+        for i, b in targets:
+            if b in done:
+                continue
+            n = min(bs, len(tokens) - i * bs)
+            for layer in range(engine.config.num_layers):
+                cache.k[layer][b, :n] = out.keys[layer][i * bs:i * bs + n]
+                cache.v[layer][b, :n] = out.values[layer][i * bs:i * bs + n]
+            done.add(b)
+        return out.logits[-1].cpu()
+
+    for rid in engine.running:
+        req = engine.requests[rid]
+        req.logits = write(req.tokens, list(enumerate(engine.manager.block_table(rid))))
+
+    # Cached blocks, grouped by hash chain: one forward per chain end recomputes
+    # every cached block on the chain. Ancestors may live elsewhere or have been
+    # evicted; their tokens are in the chain.
+    pending: dict[str, list[int]] = {}
+    keys: dict[str, BlockHash] = {}
+    for block in pool.blocks:
+        if block.ref_count == 0 and block.hash is not None and block.id not in done:
+            pending.setdefault(block.hash.digest, []).append(block.id)
+            keys[block.hash.digest] = block.hash
+    inner: set[str] = set()
+    for key in keys.values():
+        parent = key.parent
+        while parent is not None and parent.digest not in inner:
+            inner.add(parent.digest)
+            parent = parent.parent
+    for digest, leaf in keys.items():
+        if digest in inner:
+            continue
+        chain: list[BlockHash] = []
+        node: BlockHash | None = leaf
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        chain.reverse()
+        targets = [(depth, b) for depth, link in enumerate(chain)
+                   for b in pending.get(link.digest, [])]
+        write([t for link in chain for t in link.tokens], targets)
