@@ -1,1 +1,12 @@
-"""TODO."""
+"""Files and the command line: what crosses the boundary to users and other tools.
+
+    snapshot, restore    CONTRACT.md's snapshot export and exact restore
+    scenario             scenario files: parse, check, run (with `expect` checks)
+    contiguous_mirror    a scenario's optional contiguous arena that follows the run
+    json_input           one bounded JSON decoder and a typed field reader
+    export               CSV, Parquet, zip, PNG and SVG exports
+    cli, simulate_cli    `python -m backend run | simulate`
+
+May import: engine, lab and everything below them; never views or sessions.
+Entry points: `cli.main`, `snapshot.export_snapshot`, `restore.restore_engine`.
+"""

@@ -11,6 +11,9 @@ Triton's interpreter must be switched on (TRITON_INTERPRET=1) before `@triton.ji
 decorates a kernel, so this package sets it, when torch sees no GPU, before it imports
 the modules that define kernels. On a GPU machine a CPU run wraps the same kernel source
 in the interpreter instead (`attention.kernel_variant`).
+
+May import: backend.core.errors only (import contracts in pyproject.toml). Entry
+points: `select_kernels`, `reference_paged_attention`.
 """
 
 from __future__ import annotations

@@ -2,6 +2,12 @@
 
 No Streamlit here: pages render what these functions return, tests check it
 directly, and an export can turn the same chart into PNG or SVG.
+
+    model    a snapshot as typed rows and DataFrames; grid, vector: the block grid
+    html     metrics, event log and layout cards; tour: the Scenarios page's views
+    compare/ the "Contiguous vs paged" page's frames, charts and tables
+
+May import: engine, lab, paging and core (read-only use); never io or sessions.
 """
 
 from __future__ import annotations
