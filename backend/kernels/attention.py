@@ -22,7 +22,8 @@ How one program sees the work (grid = q tiles x kv heads x splits)::
                                          slot  = block * block_size + pos % block_size
 
 Every program of a split writes a partial (max, sum, acc) in fp32 and a second kernel
-combines them; without a split the program normalises and writes the output directly.
+(backend.kernels.split_reduce) combines them; without a split the program normalises and
+writes the output directly.
 Scores live in the log2 domain (scaled by log2(e)) so the kernel can use exp2.
 
 Kernels here call no other @triton.jit function, so that `kernel_variant` can wrap the
@@ -41,6 +42,7 @@ import triton.language as tl
 
 from backend.core.errors import PagedLabError
 from backend.kernels.launch import Launch, compile_for_gpu, is_interpreted, kernel_variant, sm_count
+from backend.kernels.split_reduce import plan_split_reduce, split_partials
 from backend.kernels.tuning import (
     MAX_SPLITS,
     MIN_TOKENS_PER_SPLIT,
@@ -230,54 +232,7 @@ def _paged_attention_kernel(
         )
 
 
-@triton.jit
-def _split_reduce_kernel(
-    # pointers
-    out_ptr,
-    part_acc_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    # sizes
-    num_splits,
-    # strides
-    stride_ot,
-    stride_oh,
-    stride_pt,
-    stride_ph,
-    stride_ps,
-    stride_mt,
-    stride_mh,
-    # compile-time constants
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    d_mask = offs_d < HEAD_DIM
-
-    stat = tok * stride_mt + head * stride_mh + offs_s
-    split_max = tl.load(part_max_ptr + stat, mask=s_mask, other=float("-inf"))
-    split_sum = tl.load(part_sum_ptr + stat, mask=s_mask, other=0.0)
-    # Split 0 always holds position 0, which every query sees, so m_max is finite; a split
-    # that saw no visible key has max -inf and weight exp2(-inf) = 0.
-    m_max = tl.reduce(split_max, 0, tl.standard._elementwise_max)
-    w = tl.math.exp2(split_max - m_max)
-    total = tl.reduce(split_sum * w, 0, tl.standard._sum_combine)
-
-    part = tok * stride_pt + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :]
-    acc = tl.load(part_acc_ptr + part, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-    o = tl.reduce(acc * w[:, None], 0, tl.standard._sum_combine) / total
-    tl.store(
-        out_ptr + tok * stride_ot + head * stride_oh + offs_d,
-        o.to(out_ptr.dtype.element_ty),
-        mask=d_mask,
-    )
-
-
+# ----------------------------------------------------------------------------- wrappers
 
 
 def paged_attention(
@@ -362,12 +317,8 @@ def plan_paged_attention(
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if split:
-        part_acc = torch.empty((shape.num_tokens, shape.num_heads, num_splits, shape.head_dim),
-                               dtype=torch.float32, device=query.device)
-        part_max = torch.empty((shape.num_tokens, shape.num_heads, num_splits),
-                               dtype=torch.float32, device=query.device)
-        part_sum = torch.empty_like(part_max)
-        part_strides = (*part_acc.stride()[:3], *part_max.stride()[:2])
+        part_acc, part_max, part_sum, part_strides = split_partials(shape, num_splits,
+                                                                    query.device)
     else:
         # Never dereferenced without SPLIT; Triton still wants real pointers.
         part_acc = part_max = part_sum = out
@@ -404,18 +355,7 @@ def plan_paged_attention(
         num_stages=config.num_stages,
     )]
     if split:
-        launches.append(Launch(
-            kernel=kernel_variant(_split_reduce_kernel, interpret),
-            grid=(shape.num_tokens, shape.num_heads),
-            args=(out, part_acc, part_max, part_sum,
-                  num_splits,
-                  out.stride(0), out.stride(1),
-                  *part_strides),
-            constexprs={
-                "HEAD_DIM": shape.head_dim,
-                "BLOCK_D": block_d,
-                "BLOCK_S": triton.next_power_of_2(num_splits),
-            },
-            num_warps=4,
-        ))
+        launches.append(plan_split_reduce(shape, out, part_acc, part_max, part_sum, part_strides,
+                                          num_splits=num_splits, block_d=block_d,
+                                          interpret=interpret))
     return out, launches
