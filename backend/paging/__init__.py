@@ -5,6 +5,7 @@
     block_tables   per-request block tables and the manager's read-only queries
     block_manager  allocate / append / fork / free, copy-on-write, prefix hits
     remap          moving every used block (the `shuffle` operation's plan)
+    checks         argument checks (ids, pins, sizes) raising PagedLabError
     hashing        chained block hashes; events, block_types: its typed results
     integrity      `check_integrity`, a from-scratch proof of every invariant
 
