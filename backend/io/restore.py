@@ -83,6 +83,11 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
             raise PagedLabError(f"{r.where}: prompt_len {prompt_len} does not fit its "
                                 f"{len(tokens)} tokens")
         table = r.int_list("block_table", 0, c.num_blocks - 1)
+        if len(set(table)) != len(table):
+            # Refused here with the block named, before the integrity check
+            # would quote the whole (possibly huge) table in its message.
+            twice = next(b for b, n in Counter(table).items() if n > 1)
+            raise PagedLabError(f"{r.where}: its block_table holds block {twice} twice")
         if status == "running":
             if len(table) != -(-len(tokens) // bs):
                 raise PagedLabError(
@@ -144,12 +149,23 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
             raise PagedLabError(f"{r.where}: a full block holds {bs} tokens, not {len(tokens)}")
         if parent_digest is not None and parent_digest not in nodes:
             raise PagedLabError(f"{r.where}: parent {parent_digest} is not listed before it")
+        entry = BlockHash(digest, None if parent_digest is None else nodes[parent_digest],
+                          tuple(tokens))
+        # A key at depth d described logical block d of some request, and no
+        # request holds more blocks than the pool. Evicted ancestors stay listed,
+        # but they sit above the key, so every listed depth is below num_blocks.
+        # A deeper chain is no engine's, and recomputing it would cost one
+        # quadratic forward pass over all its tokens.
+        if entry.depth() >= c.num_blocks:
+            raise PagedLabError(
+                f"{r.where}: hash {digest} is logical block {entry.depth()} of its chain, but "
+                f"a pool of {c.num_blocks} blocks never holds a request of more than "
+                f"{c.num_blocks} blocks")
         if block_digest(parent_digest, tokens, c.cache_salt()) != digest:
             raise PagedLabError(f"{r.where}: hash {digest} does not match its tokens")
         if digest in nodes:
             raise PagedLabError(f"{r.where}: hash {digest} is listed twice")
-        nodes[digest] = BlockHash(digest, None if parent_digest is None else nodes[parent_digest],
-                                  tuple(tokens))
+        nodes[digest] = entry
 
     # Blocks.
     raw_blocks = top.get("blocks", list)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DIGEST_HEX_CHARS = 16
 
@@ -33,6 +33,13 @@ class BlockHash:
     digest: str
     parent: BlockHash | None
     tokens: tuple[int, ...]
+    # Stored, not walked: a chain is built parents first, so each key's depth
+    # is its parent's plus one, and asking every node of a chain its depth
+    # (a snapshot export sorts by it) stays linear instead of quadratic.
+    _depth: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_depth", 0 if self.parent is None else self.parent._depth + 1)
 
     @property
     def parent_digest(self) -> str | None:
@@ -40,12 +47,7 @@ class BlockHash:
 
     def depth(self) -> int:
         """Logical index of the block this key describes (0 for the first block)."""
-        n = 0
-        node = self.parent
-        while node is not None:
-            n += 1
-            node = node.parent
-        return n
+        return self._depth
 
 
 def block_digest(parent_digest: str | None, tokens: Sequence[int], salt: str) -> str:

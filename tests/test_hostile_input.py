@@ -1,0 +1,140 @@
+"""Hostile input: files and snapshots built to make PagedLab slow, hang, crash or lie.
+
+Each test bounds the time it allows far above what a correct implementation
+needs, so a slow shared CPU does not make them flaky, but far below what the
+attack used to cost.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Finish, Grow
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot, parse_snapshot_text, snapshot_json
+from backend.paging.hashing import BlockHash, hash_block
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_backend(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m backend ...` in a real process (so a hang is a timeout, not a stuck suite)."""
+    return subprocess.run([sys.executable, "-m", "backend", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ---- A: prefix-cache chains deeper than any engine builds ----------------------------
+
+def deep_chain_snapshot(depth: int, *, num_blocks: int = 2, block_size: int = 256,
+                        min_bytes: int = 0) -> dict[str, Any]:
+    """A fresh pool whose block 0 is cached under a chain of `depth` ancestors.
+
+    Every digest is genuine, so only the chain's depth is wrong. With
+    `min_bytes`, the chain is lengthened until the JSON is at least that big.
+    """
+    cfg = EngineConfig.from_json({"num_blocks": num_blocks, "block_size": block_size})
+    snap = export_snapshot(Engine(cfg, kernel="torch"))
+    salt = cfg.cache_salt()
+    chain: list[BlockHash] = []
+    node: BlockHash | None = None
+    size = 0
+    while len(chain) <= depth or size < min_bytes:
+        node = hash_block(node, [(len(chain) * 7 + j) % 256 for j in range(block_size)], salt)
+        chain.append(node)
+        size += len(json.dumps({"hash": node.digest, "parent": node.parent_digest,
+                                "tokens": list(node.tokens)}))
+    assert node is not None
+    snap["prefix_cache"] = [{"hash": n.digest, "parent": n.parent_digest,
+                             "tokens": list(n.tokens)} for n in chain]
+    snap["blocks"][0].update(state="cached", num_filled=block_size, hash=node.digest)
+    snap["metrics"].update(cached_blocks=1, free_blocks=num_blocks - 1)
+    return snap
+
+
+def test_a_megabyte_chain_through_a_two_block_pool_is_refused_quickly(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(deep_chain_snapshot(256, min_bytes=1 << 20)))
+    assert path.stat().st_size >= 1 << 20
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"steps": []}')
+    out = tmp_path / "out.json"
+    # The restore used to run one forward pass over the chain's every token
+    # (quadratic attention): over 5 minutes for this file.
+    proc = run_backend("run", empty, "--from", path, "--out", out, "--kernel", "torch")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: snapshot.prefix_cache[2]: ")
+    assert "a pool of 2 blocks" in proc.stderr
+    assert not out.exists()
+    data = parse_snapshot_text(path.read_bytes())
+    started = time.monotonic()
+    with pytest.raises(PagedLabError, match=r"prefix_cache\[2\]"):
+        restore_engine(data, kernel="torch")
+    assert time.monotonic() - started < 10
+
+
+def test_a_chain_one_block_deeper_than_the_pool_is_refused() -> None:
+    with pytest.raises(PagedLabError, match=(
+            r"snapshot.prefix_cache\[4\]: hash \w+ is logical block 4 of its chain, but a "
+            r"pool of 4 blocks")):
+        restore_engine(deep_chain_snapshot(4, num_blocks=4, block_size=4), kernel="torch")
+
+
+def test_the_deepest_chain_an_engine_builds_restores_exactly() -> None:
+    # A request can fill the whole pool (its table has num_blocks entries), so a
+    # cached chain may be exactly num_blocks deep; the bound must allow it.
+    e = Engine(EngineConfig.from_json({"num_blocks": 4, "block_size": 4}), kernel="torch")
+    e.apply(Add("A", prompt="fifteen tokens!"))
+    e.apply(Grow("A", tokens=1))
+    e.apply(Finish("A"))
+    snap = export_snapshot(e)
+    assert snap["metrics"]["cached_blocks"] == 4 and len(snap["prefix_cache"]) == 4
+    assert snapshot_json(restore_engine(snap, kernel="torch")) == snapshot_json(e)
+    # A cached block whose three ancestors were evicted (and kept in prefix_cache).
+    evicted = deep_chain_snapshot(3, num_blocks=4, block_size=4)
+    assert export_snapshot(restore_engine(evicted, kernel="torch")) == evicted
+
+
+def test_exporting_a_long_chain_is_linear() -> None:
+    # Sorting the prefix cache by depth walked every chain from each node:
+    # about 10 s for 32,000 nodes.
+    n = 32_000
+    e = Engine(EngineConfig.from_json({"num_blocks": n, "block_size": 1}), kernel="torch")
+    salt = e.config.cache_salt()
+    node: BlockHash | None = None
+    for i in range(n):
+        node = hash_block(node, [i % 256], salt)
+    assert node is not None and node.depth() == n - 1
+    e.manager.pool.blocks[0].hash = node
+    started = time.monotonic()
+    snap = export_snapshot(e)
+    assert time.monotonic() - started < 5
+    assert len(snap["prefix_cache"]) == n and snap["prefix_cache"][0]["parent"] is None
+    assert snap["prefix_cache"][-1]["hash"] == node.digest
+
+
+def test_a_table_that_holds_a_block_twice_is_refused_by_name() -> None:
+    # 2,000 table entries in a 2-block pool, ref counts made to agree: the
+    # integrity check would quote the whole table in its one line.
+    e = Engine(EngineConfig.from_json({"num_blocks": 2, "block_size": 4}), kernel="torch")
+    e.apply(Add("A", prompt="abc"))
+    snap = export_snapshot(e)
+    req = snap["requests"][0]
+    req["tokens"] = [97] * 8000
+    req["num_tokens"] = 8000
+    req["block_table"] = [0, 1] * 1000
+    for b in snap["blocks"]:
+        b.update(state="used", ref_count=1000, num_filled=4)
+    with pytest.raises(PagedLabError) as exc:
+        restore_engine(snap, kernel="torch")
+    assert str(exc.value) == "snapshot.requests[0]: its block_table holds block 0 twice"
