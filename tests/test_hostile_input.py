@@ -23,6 +23,8 @@ from backend.engine.ops import Add, Finish, Grow
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, parse_snapshot_text, snapshot_json
 from backend.paging.hashing import BlockHash, hash_block
+from backend.sessions.tour import TourRun, parse_scenario_upload
+from backend.views.tour import checks_html
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,3 +140,27 @@ def test_a_table_that_holds_a_block_twice_is_refused_by_name() -> None:
     with pytest.raises(PagedLabError) as exc:
         restore_engine(snap, kernel="torch")
     assert str(exc.value) == "snapshot.requests[0]: its block_table holds block 0 twice"
+
+
+# ---- B: expectations no float can equal, on the Scenarios page ---------------------
+
+def test_a_non_numeric_expectation_is_a_cross_on_the_scenarios_page() -> None:
+    upload = ('{"contiguous": {"capacity": 16, "policy": "oracle"}, "steps": ['
+              '{"op": "add", "request": "A", "prompt": "hello", "expect": {'
+              '"kernel.max_abs_err": "abc", "kernel.time_ms": 1' + "0" * 400 + ', '
+              '"metrics.filled_slots": [1], "contiguous.capacity.x": 1, '
+              '"metrics.used_blocks": 2}}, {"op": "step"}]}').encode()
+    run = TourRun(parse_scenario_upload(upload, "mine.json"), "upload", "mine", kernel="torch")
+    frame = run.advance()  # "Next"
+    assert frame is not None and run.error is None
+    ok = {c.path: c.ok for c in frame.checks}
+    assert ok == {"kernel.max_abs_err": False, "kernel.time_ms": False,
+                  "metrics.filled_slots": False, "contiguous.capacity.x": False,
+                  "metrics.used_blocks": True}
+    by_path = {c.path: c for c in frame.checks}
+    assert by_path["kernel.max_abs_err"].got == frame.snapshot["kernel"]["max_abs_err"]
+    assert by_path["contiguous.capacity.x"].got is None
+    assert "not found" in (by_path["contiguous.capacity.x"].problem or "")
+    html = checks_html(frame.checks)
+    assert html.count("data-ok='0'") == 4 and html.count("✗") == 4
+    assert run.advance() is not None and run.taken == 2

@@ -107,3 +107,40 @@ def test_shuffle_with_nothing_used_is_harmless() -> None:
     engine.apply(Shuffle(3))
     engine.check_integrity()
     assert engine.metrics().allocator.used_blocks == 0
+
+
+# A float the engine holds, expected as something no float can equal. Each is raw
+# JSON text, so the huge integer reaches the check as a Python int.
+NOT_A_FLOAT = ['"abc"', "1" + "0" * 400, "[1]", "null", '{"x": 1}', "Infinity", "1e400"]
+
+
+@pytest.mark.parametrize("want", NOT_A_FLOAT, ids=["str", "huge-int", "list", "null", "object",
+                                                   "infinity", "overflow"])
+def test_a_non_numeric_expectation_is_a_mismatch(tmp_path: Path, want: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "scenario.json"
+    path.write_text('{"steps": [{"op": "add", "request": "A", "prompt": "hello", '
+                    '"expect": {"kernel.max_abs_err": ' + want + '}}]}')
+    out = tmp_path / "out.json"
+    code = main(["run", str(path), "--check", "--out", str(out), "--kernel", "torch"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1
+    assert err.startswith("mismatch: step 1 (add): kernel.max_abs_err: expected ")
+    assert json.loads(out.read_text())["step"] == 1
+
+
+def test_paths_that_lead_nowhere_are_mismatches_not_crashes() -> None:
+    sc = parse_scenario({"contiguous": {"capacity": 16, "policy": "oracle"}, "steps": [
+        {"op": "add", "request": "A", "prompt": "hello"}]})
+    engine = Engine(sc.config, kernel="torch")
+    mirror = sc.mirror()
+    _, _, result = next(run_steps(engine, sc.steps, mirror=mirror))
+    expect = {"contiguous.capacity.x": 1, "text.A.x": 1, "blocks.-1.id": 31,
+              "requests.A.tokens.-1": 111, "metrics.used_blocks": 2}
+    failures = check_expectations(expect, export_snapshot(engine), engine, result, mirror)
+    # Negative positions are not block ids or list positions (they used to
+    # count from the end, so "blocks.-1.id": 31 passed).
+    assert [f.split(":")[0] for f in failures] == [
+        "contiguous.capacity.x", "text.A.x", "blocks.-1.id", "requests.A.tokens.-1"]
+    assert all("not found" in f for f in failures)

@@ -19,6 +19,7 @@ objects and lists.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -177,7 +178,7 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
             raise KeyError("this scenario names no contiguous arena")
         node: Any = mirror.state()
         for part in parts[1:]:
-            node = node[int(part)] if isinstance(node, list) else node[part]
+            node = _child(node, part, path)
         return node
     if head == "address" and len(parts) == 3:
         return {k: v for k, v in asdict(engine.translate(parts[1], int(parts[2]))).items()
@@ -194,31 +195,76 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
             node = next((r for r in node if r["id"] == part), None)
             if node is None:
                 raise KeyError(f"no request {part!r}")
-        elif isinstance(node, list):
-            node = node[int(part)]
-        elif isinstance(node, dict):
-            node = node[part]
         else:
-            raise KeyError(path)
+            node = _child(node, part, path)
     return node
+
+
+def _child(node: Any, part: str, path: str) -> Any:
+    """One step of a path: a list position (>= 0) or an object key. Raises KeyError/IndexError."""
+    if isinstance(node, list):
+        index = int(part)
+        # Python would count a negative position from the end: "blocks.-1"
+        # is no block id, so it leads nowhere rather than to the last block.
+        if index < 0:
+            raise IndexError(f"position {index} is negative")
+        return node[index]
+    if isinstance(node, dict):
+        return node[part]
+    raise KeyError(path)
+
+
+# What `resolve` raises for a path that leads nowhere.
+NOT_FOUND = (KeyError, IndexError, ValueError, PagedLabError)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One expectation checked: the value shown (if the path leads somewhere) and the line."""
+
+    ok: bool
+    found: bool
+    got: Any            # None when not found
+    failure: str | None  # the readable mismatch line, None when ok
+
+
+def check_expectation(path: str, want: Any, snapshot: dict[str, Any], engine: Engine,
+                      result: OpResult | None = None,
+                      mirror: ContiguousMirror | None = None) -> Verdict:
+    """`want` against what the engine shows at `path`. Reads only; never raises for a value."""
+    try:
+        got = resolve(path, snapshot, engine, result, mirror)
+    except NOT_FOUND as exc:
+        return Verdict(False, False, None, f"{path}: not found ({exc})")
+    if _same(got, want):
+        return Verdict(True, True, got, None)
+    return Verdict(False, True, got, f"{path}: expected {want!r}, got {got!r}")
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equal, with floats equal to 1e-9 relative (absolute below 1).
+
+    The expectation comes from a file: any JSON value may meet a float the
+    engine holds, so whatever no float can equal (text, lists, null, an
+    integer beyond float range) is simply not the same.
+    """
+    if not (isinstance(want, float) or isinstance(got, float)):
+        return bool(got == want)
+    if not (isinstance(got, int | float) and isinstance(want, int | float)):
+        return False
+    try:
+        g, w = float(got), float(want)
+    except OverflowError:
+        return False
+    if not (math.isfinite(g) and math.isfinite(w)):
+        # inf - inf is nan and the tolerance below would be inf: compare exactly.
+        return g == w
+    return abs(g - w) <= 1e-9 * max(1.0, abs(w))
 
 
 def check_expectations(expect: dict[str, Any], snapshot: dict[str, Any], engine: Engine,
                        result: OpResult | None = None,
                        mirror: ContiguousMirror | None = None) -> list[str]:
     """Every mismatch between `expect` and what the engine shows, as readable lines."""
-    failures = []
-    for path, want in expect.items():
-        try:
-            got = resolve(path, snapshot, engine, result, mirror)
-        except (KeyError, IndexError, ValueError, PagedLabError) as exc:
-            failures.append(f"{path}: not found ({exc})")
-            continue
-        if isinstance(want, float) or isinstance(got, float):
-            ok = isinstance(got, int | float) and abs(float(got) - float(want)) <= 1e-9 * max(
-                1.0, abs(float(want)))
-        else:
-            ok = got == want
-        if not ok:
-            failures.append(f"{path}: expected {want!r}, got {got!r}")
-    return failures
+    return [v.failure for path, want in expect.items()
+            if (v := check_expectation(path, want, snapshot, engine, result, mirror)).failure]

@@ -36,10 +36,9 @@ from backend.io.scenario import (
     MAX_SCENARIO_BYTES,
     Scenario,
     ScenarioError,
-    check_expectations,
+    check_expectation,
     load_scenario,
     parse_scenario,
-    resolve,
     run_steps,
 )
 from backend.io.snapshot import export_snapshot
@@ -85,6 +84,23 @@ def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
         raise PagedLabError(f"{filename}: {exc}") from None
 
 
+def parse_step(text: str, total: int) -> int | None:
+    """A link's `step` value as a step of a scenario with `total` steps, or None.
+
+    Only plain ASCII digits count ("3", "03"): no sign, blanks, exponent or other
+    scripts' digits, which int() would take. The length is checked before
+    converting, so a link with thousands of digits is just not a step (int() refuses
+    strings past Python's digit limit with a ValueError).
+    """
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(total)):
+        return None
+    n = int(digits)
+    return n if n <= total else None
+
+
 # ---- narrated numbers ----------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -102,18 +118,13 @@ def check_rows(expect: dict[str, Any], snapshot: dict[str, Any], engine: Engine,
                result: OpResult | None, mirror: ContiguousMirror | None) -> tuple[Check, ...]:
     """Each expectation with the value the engine shows. Reads only.
 
-    The verdict is `check_expectations`'s (the command line's `--check`), one
-    path at a time, so the page and the CLI can never disagree.
+    The verdict is `check_expectation`'s, the one the command line's `--check`
+    prints, so the page and the CLI can never disagree.
     """
     rows = []
     for path, want in expect.items():
-        failures = check_expectations({path: want}, snapshot, engine, result, mirror)
-        try:
-            got = resolve(path, snapshot, engine, result, mirror)
-            problem = None
-        except (KeyError, IndexError, ValueError, PagedLabError):
-            got, problem = None, failures[0] if failures else None
-        rows.append(Check(path, want, got, not failures, problem))
+        v = check_expectation(path, want, snapshot, engine, result, mirror)
+        rows.append(Check(path, want, v.got, v.ok, None if v.found else v.failure))
     return tuple(rows)
 
 
