@@ -7,6 +7,8 @@ and a refusal shows as the page's error line with the state unchanged.
 
 from __future__ import annotations
 
+from functools import partial
+
 import streamlit as st
 
 from backend.engine.engine import Engine
@@ -92,6 +94,12 @@ def _on_finish() -> None:
     session.apply(lambda _: op_from({"op": "finish", "request": _picked()}))
 
 
+def _request_label(engine: Engine, rid: str) -> str:
+    """What the picker shows for a request; its value stays the id."""
+    req = engine.requests[rid]
+    return f"{rid} · {req.status} · {req.num_tokens} tokens"
+
+
 def _request_controls(engine: Engine) -> None:
     st.markdown("**One request**")
     live = [r for r in engine.requests.values() if r.status != "finished"]
@@ -100,11 +108,14 @@ def _request_controls(engine: Engine) -> None:
         return
     ids = [r.id for r in live]
     ss = st.session_state
-    if ss.get("req_pick") not in ids:
-        ss["req_pick"] = ids[-1]
-    st.selectbox("Request", ids, key="req_pick",
-                 format_func=lambda rid: f"{rid} · {engine.requests[rid].status} · "
-                                         f"{engine.requests[rid].num_tokens} tokens")
+    picked = ss.get("req_pick")
+    # Set on every run, not only when the pick is gone: the browser holds a selectbox's
+    # value as its label, and this label has the token count in it. Unless this run
+    # sends the new label, the browser keeps showing the old one and sends it back on
+    # the next click, where it names no option ("request 'A · running · 23 tokens'
+    # does not exist"). Setting the key makes Streamlit send the current label.
+    ss["req_pick"] = picked if picked in ids else ids[-1]
+    st.selectbox("Request", ids, key="req_pick", format_func=partial(_request_label, engine))
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
     c1.number_input("Grow by (tokens)", min_value=1, max_value=100_000, step=1,
                     key="req_grow_n")
