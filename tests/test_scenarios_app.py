@@ -258,7 +258,28 @@ def test_a_link_opens_a_given_step() -> None:
                          "showing step 0.", "03-growth"),
     ("03-growth", "-1", "The link's step '-1' is not a step of this scenario (0 to 4); "
                         "showing step 0.", "03-growth"),
-], ids=["unknown-scenario", "step-too-large", "step-not-a-number", "step-negative"])
+    # Past Python's int() digit limit: refused like 99, not raised.
+    ("08-fork-copy-on-write", "9" * 5000, f"The link's step '{'9' * 39}…' is not a step of "
+                                          "this scenario (0 to 6); showing step 0.",
+     "08-fork-copy-on-write"),
+    # Forms int() would take but a step number is not written in.
+    ("03-growth", "1e3", "The link's step '1e3' is not a step of this scenario (0 to 4); "
+                         "showing step 0.", "03-growth"),
+    ("03-growth", " 3", "The link's step ' 3' is not a step of this scenario (0 to 4); "
+                        "showing step 0.", "03-growth"),
+    ("03-growth", "+3", "The link's step '+3' is not a step of this scenario (0 to 4); "
+                        "showing step 0.", "03-growth"),
+    ("03-growth", "\uff13", "The link's step '\uff13' is not a step of this scenario (0 to "
+                            "4); showing step 0.", "03-growth"),
+    ("03-growth", "\u0663", "The link's step '\u0663' is not a step of this scenario (0 to "
+                            "4); showing step 0.", "03-growth"),
+    ("03-growth", "", "The link's step '' is not a step of this scenario (0 to 4); showing "
+                      "step 0.", "03-growth"),
+    ("x" * 5000, "1", f"The link names no scenario '{'x' * 39}…'; showing “The contiguous "
+                      "allocation problem” instead.", "01-contiguous-problem"),
+], ids=["unknown-scenario", "step-too-large", "step-not-a-number", "step-negative",
+        "step-of-5000-digits", "step-exponent", "step-with-a-blank", "step-with-a-sign",
+        "step-fullwidth-digit", "step-arabic-indic-digit", "step-empty", "scenario-5000-chars"])
 def test_a_bad_link_is_explained_and_falls_back(scenario: str, step: str, message: str,
                                                 want_scenario: str) -> None:
     at = open_tour(scenario, step)
@@ -266,6 +287,12 @@ def test_a_bad_link_is_explained_and_falls_back(scenario: str, step: str, messag
     assert viewed_step(at) == 0
     assert at.query_params == {"scenario": want_scenario, "step": "0"}
     assert run_of(at).key == want_scenario
+
+
+def test_a_step_with_leading_zeros_is_that_step() -> None:
+    at = open_tour("03-growth", "03")
+    assert not at.error and viewed_step(at) == 3
+    assert at.query_params == {"scenario": "03-growth", "step": "3"}
 
 
 def test_choosing_a_scenario_starts_it_and_updates_the_link() -> None:

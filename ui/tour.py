@@ -29,13 +29,14 @@ import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.io.scenario import Scenario
-from backend.sessions.tour import Frame, TourRun, shipped_paths, shipped_scenario
+from backend.sessions.tour import Frame, TourRun, parse_step, shipped_paths, shipped_scenario
 from ui import session
 
 TOUR = "tour"
 UPLOAD = "upload"            # the key of a scenario a person uploaded
 PLAYGROUND_PAGE = "pages/playground.py"
 WIDGET_DEFAULTS: dict[str, object] = {"tour_speed": 1.0}
+MAX_QUOTED = 40              # characters of a link's value that a message repeats
 
 MessageKind = Literal["error", "info", "success"]
 
@@ -142,7 +143,7 @@ def _apply_link() -> None:
         if name in stems:
             load(name)
         else:
-            say("error", f"The link names no scenario {name!r}; showing "
+            say("error", f"The link names no scenario {_quoted(name)}; showing "
                           f"“{shipped_scenario(first_stem()).name}” instead.")
             load(first_stem())
             step = None
@@ -152,13 +153,18 @@ def _apply_link() -> None:
     assert run is not None
     if step is None:
         return
-    n = int(step) if step.isascii() and step.isdigit() else None
-    if n is None or n > run.total:
-        say("error", f"The link's step {step!r} is not a step of this scenario (0 to "
+    n = parse_step(step, run.total)
+    if n is None:
+        say("error", f"The link's step {_quoted(step)} is not a step of this scenario (0 to "
                       f"{run.total}); showing step 0.")
         t.view = 0
         return
     t.view = run.run_to(n)
+
+
+def _quoted(value: str) -> str:
+    """A link's value as a message quotes it: in quotes, and short (a link may be long)."""
+    return repr(value if len(value) <= MAX_QUOTED else value[:MAX_QUOTED - 1] + "…")
 
 
 def finish(run: TourRun) -> None:
