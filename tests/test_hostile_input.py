@@ -8,6 +8,8 @@ attack used to cost.
 from __future__ import annotations
 
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Grow
+from backend.io.json_input import read_bounded
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, parse_snapshot_text, snapshot_json
 from backend.paging.hashing import BlockHash, hash_block
@@ -29,10 +32,28 @@ from backend.views.tour import checks_html
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_backend(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _bounded_memory() -> None:
+    # A reader that trusts a file's reported size reads /dev/zero until memory
+    # runs out: let it fail with MemoryError at 3 GiB instead of taking the
+    # machine down with it.
+    resource.setrlimit(resource.RLIMIT_DATA, (3 << 30, 3 << 30))
+
+
+def run_backend(*args: str | Path, timeout: float = 60,
+                stdin: Any = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
     """`python -m backend ...` in a real process (so a hang is a timeout, not a stuck suite)."""
     return subprocess.run([sys.executable, "-m", "backend", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, stdin=stdin,
+                          preexec_fn=_bounded_memory)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None:
+    """Exit 2 with exactly one `error:` line on stderr containing every part, no traceback."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    for part in parts:
+        assert part in proc.stderr, proc.stderr
 
 
 # ---- A: prefix-cache chains deeper than any engine builds ----------------------------
@@ -164,3 +185,86 @@ def test_a_non_numeric_expectation_is_a_cross_on_the_scenarios_page() -> None:
     html = checks_html(frame.checks)
     assert html.count("data-ok='0'") == 4 and html.count("✗") == 4
     assert run.advance() is not None and run.taken == 2
+
+
+# ---- C: files that are not what their size says ----------------------------------
+
+@pytest.fixture()
+def empty_scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "empty.json"
+    path.write_text('{"steps": []}')
+    return path
+
+
+def test_dev_zero_is_refused_without_reading_it(empty_scenario: Path) -> None:
+    # It reports size 0 and never ends: it used to be read until memory ran out.
+    one_error_line(run_backend("run", "/dev/zero"),
+                   "cannot read scenario '/dev/zero': it is a character device, not a "
+                   "regular file")
+    one_error_line(run_backend("run", empty_scenario, "--from", "/dev/zero"),
+                   "cannot read snapshot '/dev/zero': it is a character device")
+
+
+def test_a_fifo_without_a_writer_is_refused_without_waiting(tmp_path: Path,
+                                                            empty_scenario: Path) -> None:
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    # Opening it for reading used to wait for a writer forever.
+    one_error_line(run_backend("run", fifo), f"cannot read scenario '{fifo}': it is a FIFO")
+    one_error_line(run_backend("run", empty_scenario, "--from", fifo),
+                   f"cannot read snapshot '{fifo}': it is a FIFO")
+
+
+def test_a_piped_stdin_is_refused_and_a_redirected_one_is_read(tmp_path: Path) -> None:
+    # A pipe reports size 0, so a 5 MiB scenario (the limit is 4) was read
+    # whole and run; a 600 MiB one was read before anything was refused.
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"description": "x" * (5 << 20), "steps": []}))
+    proc = subprocess.Popen(["cat", str(big)], stdout=subprocess.PIPE)
+    try:
+        one_error_line(run_backend("run", "/dev/stdin", stdin=proc.stdout),
+                       "cannot read scenario '/dev/stdin': it is a FIFO")
+    finally:
+        assert proc.stdout is not None
+        proc.stdout.close()
+        proc.wait(timeout=60)
+    # Redirected from a regular file, /dev/stdin is that file and its size is true.
+    small = tmp_path / "small.json"
+    small.write_text('{"steps": [{"op": "add", "request": "A", "prompt": "hi"}]}')
+    with small.open("rb") as f:
+        ok = run_backend("run", "/dev/stdin", "--kernel", "torch", stdin=f)
+    assert (ok.returncode, ok.stderr) == (0, "")
+    with big.open("rb") as f:
+        one_error_line(run_backend("run", "/dev/stdin", stdin=f),
+                       "scenario '/dev/stdin' is 5242", "the limit is 4194304 bytes")
+
+
+def test_too_large_regular_files_are_refused(tmp_path: Path, empty_scenario: Path) -> None:
+    scenario = tmp_path / "huge-scenario.json"
+    with scenario.open("wb") as f:
+        f.truncate((4 << 20) + 1)
+    one_error_line(run_backend("run", scenario), f"scenario '{scenario}' is 4194305 bytes; "
+                   "the limit is 4194304 bytes")
+    snapshot = tmp_path / "huge-snapshot.json"
+    with snapshot.open("wb") as f:  # sparse: no disk or time spent on it
+        f.truncate((512 << 20) + 1)
+    one_error_line(run_backend("run", empty_scenario, "--from", snapshot),
+                   f"snapshot '{snapshot}' is 536870913 bytes; the limit is 536870912 bytes")
+
+
+def test_a_directory_is_refused(tmp_path: Path, empty_scenario: Path) -> None:
+    one_error_line(run_backend("run", tmp_path), f"cannot read scenario '{tmp_path}': it is a "
+                   "directory")
+    one_error_line(run_backend("run", empty_scenario, "--from", tmp_path),
+                   f"cannot read snapshot '{tmp_path}': it is a directory")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_a_regular_file_that_reports_size_0_is_still_read_only_to_the_limit() -> None:
+    # /proc files are regular and report size 0, whatever they hold.
+    maps = Path("/proc/self/maps")
+    assert maps.stat().st_size == 0
+    with pytest.raises(PagedLabError, match=r"^scenario '/proc/self/maps' is more than 10 "
+                                            r"bytes; the limit is 10 bytes$"):
+        read_bounded(maps, "scenario", 10)
+    assert len(read_bounded(maps, "scenario", 1 << 20)) > 10

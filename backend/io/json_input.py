@@ -1,8 +1,11 @@
-"""Decoding user-supplied JSON (scenario files, snapshots, uploads) as data only."""
+"""Reading and decoding user-supplied JSON (scenario files, snapshots, uploads) as data only."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 from backend.core.errors import PagedLabError
@@ -19,6 +22,54 @@ def decode_json(data: str | bytes, what: str) -> Any:
         return json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise PagedLabError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _special_kind(mode: int) -> str | None:
+    """What a file of this mode is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def read_bounded(path: Path, what: str, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them; anything else is a PagedLabError.
+
+    The reported size is only a first check: a device or pipe reports 0 and
+    may never end (/dev/zero), a FIFO without a writer blocks the open, and a
+    file may grow after it is measured. So only regular files are read, the
+    open never waits (O_NONBLOCK), and at most limit + 1 bytes are read.
+    `what` names the file in messages ("scenario").
+    """
+    name = f"{what} {str(path)!r}"
+
+    def refuse_special(mode: int) -> None:
+        kind = _special_kind(mode)
+        if kind is not None:
+            raise PagedLabError(f"cannot read {name}: it is {kind}, not a regular file")
+
+    try:
+        # stat first, so a device is never even opened (opening some has effects).
+        refuse_special(path.stat().st_mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PagedLabError(f"cannot read {name}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            info = os.fstat(fd)
+            refuse_special(info.st_mode)  # it may have been replaced since the stat
+            if info.st_size > limit:
+                raise PagedLabError(f"{name} is {info.st_size} bytes; the limit is {limit} bytes")
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise PagedLabError(f"cannot read {name}: {exc.strerror}") from None
+    if len(data) > limit:
+        raise PagedLabError(f"{name} is more than {limit} bytes; the limit is {limit} bytes")
+    return data
 
 
 class FieldReader:

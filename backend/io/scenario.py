@@ -32,7 +32,7 @@ from backend.engine.ops import Op, parse_op
 from backend.engine.results import OpResult
 from backend.engine.sampling import render_tokens
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
-from backend.io.json_input import decode_json
+from backend.io.json_input import decode_json, read_bounded
 
 MAX_SCENARIO_BYTES = 4 << 20
 # A snapshot file named on the command line (uploads in the app have a smaller bound,
@@ -127,19 +127,9 @@ def load_scenario(path: Path) -> Scenario:
 
 
 def read_json(path: Path, what: str) -> Any:
-    """Read a JSON file as data only, bounded in size, with one-line errors."""
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise PagedLabError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+    """Read a regular JSON file as data only, bounded in size, with one-line errors."""
     limit = MAX_SCENARIO_BYTES if what == "scenario" else MAX_SNAPSHOT_FILE_BYTES
-    if size > limit:
-        raise PagedLabError(f"{what} {str(path)!r} is {size} bytes; the limit is {limit} bytes")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise PagedLabError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
-    return decode_json(data, f"{what} {str(path)!r}")
+    return decode_json(read_bounded(path, what, limit), f"{what} {str(path)!r}")
 
 
 def check_config_matches(scenario: Scenario, config: EngineConfig) -> None:
