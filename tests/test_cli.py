@@ -227,3 +227,61 @@ def test_from_with_a_malformed_scenario_still_writes_the_snapshot_state(
     code, err = run_cli(capsys, "run", bad, "--from", first, "--out", out, "--kernel", "torch")
     assert code == 2 and err.startswith("error: step 1 (grow): tokens must be an integer")
     assert out.read_text() == first.read_text()
+
+
+# Every way a run can go wrong, each to be combined with an --out that cannot be written.
+RUN_PROBLEMS: dict[str, tuple[Any, bool]] = {   # scenario, whether it uses --from
+    "fine": ({"steps": [{"op": "add", "request": "A", "prompt": "hello"}]}, False),
+    "refused step": ({"steps": [{"op": "add", "request": "A", "prompt": "hello"},
+                                {"op": "grow", "request": "X"}]}, False),
+    "malformed step": ({"steps": [{"op": "add", "request": "A", "prompt": "hello"},
+                                  {"op": "grow"}]}, False),
+    "malformed file": ("{not json", False),
+    "bad config": ({"config": {"block_size": 999}, "steps": []}, False),
+    "bad snapshot": ({"steps": []}, True),
+    "mismatch": ({"steps": [{"op": "add", "request": "A", "prompt": "hello",
+                             "expect": {"metrics.used_blocks": 99}}]}, False),
+}
+
+
+@pytest.mark.parametrize("problem", RUN_PROBLEMS)
+@pytest.mark.parametrize("bad_out", ["a directory", "a missing directory", "a newline"])
+def test_a_bad_out_with_any_other_problem_is_one_error_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], problem: str, bad_out: str) -> None:
+    scenario, from_snapshot = RUN_PROBLEMS[problem]
+    args: list[str | Path] = ["run", write(tmp_path, scenario), "--kernel", "torch", "--check"]
+    if from_snapshot:
+        args += ["--from", write(tmp_path, {"schema_version": 1}, "snap.json")]
+    out = {"a directory": tmp_path,
+           "a missing directory": tmp_path / "missing" / "out.json",
+           "a newline": tmp_path / "two\nlines" / "out.json"}[bad_out]
+    code, err = run_cli(capsys, *args, "--out", out)
+    assert code == 2
+    lines = err.splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and err.endswith("\n"), err
+    # Besides the one error, only --check's mismatch lines.
+    assert all(line.startswith("mismatch: ") for line in lines if line not in errors), err
+    assert ("mismatch: step 1 (add): metrics.used_blocks" in err) == (problem == "mismatch")
+    if problem in ("refused step", "malformed step"):
+        assert errors[0].startswith("error: step 2 (grow): ")
+        assert "--out was not written: cannot write " in errors[0]
+    if problem in ("fine", "mismatch"):
+        assert errors[0].startswith("error: cannot write ")
+
+
+def test_an_unwritable_snapshots_dir_still_writes_out(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    (snaps / "step-0002.json").mkdir()  # the second step's snapshot cannot be written
+    out = tmp_path / "out.json"
+    code, err = run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--snapshots", snaps,
+                        "--out", out, "--kernel", "torch")
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {snaps / 'step-0002.json'}: Is a directory")
+    # --out receives the last good state, as for any other failure.
+    assert json.loads(out.read_text())["step"] == 2
+    code, err = run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--snapshots", snaps,
+                        "--out", tmp_path / "missing" / "o.json", "--kernel", "torch")
+    assert code == 2 and err.count("\n") == 1 and "--out was not written" in err

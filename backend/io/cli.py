@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors exit 2 with one `error:` line, like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"error: {message}\n")
+        _say("error", message)
         raise SystemExit(2)
 
 
@@ -74,14 +74,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args)
 
 
+def _say(kind: str, message: str) -> None:
+    """One `kind: message` line on stderr, however many lines the message held.
+
+    Messages quote what the user gave (paths, expectation paths); a line
+    break in one must not make a reader, or a script, see two reports.
+    """
+    one = message.replace("\r", "\\r").replace("\n", "\\n")
+    sys.stderr.write(f"{kind}: {one}\n")
+
+
 def _fail(message: str) -> int:
-    sys.stderr.write(f"error: {message}\n")
+    _say("error", message)
     return 2
 
 
 def _run(args: argparse.Namespace) -> int:
     engine: Engine | None = None
     failure: ScenarioError | None = None
+    problem: str | None = None
     mismatches = 0
     try:
         if args.snapshots is not None:
@@ -110,27 +121,32 @@ def _run(args: argparse.Namespace) -> int:
             if args.check and step.expect:
                 for line in check_expectations(step.expect, export_snapshot(engine), engine,
                                                result, mirror):
-                    sys.stderr.write(f"mismatch: step {result.step} ({step.op.op}): {line}\n")
+                    _say("mismatch", f"step {result.step} ({step.op.op}): {line}")
                     mismatches += 1
         if failure is not None:
             raise failure
     except PagedLabError as exc:
-        _write_out(engine, args.out)
-        return _fail(str(exc))
-    except OSError as exc:
-        return _fail(f"{exc.filename or 'output'}: {exc.strerror}")
-    if not _write_out(engine, args.out):
-        return 2
-    return 1 if mismatches else 0
+        problem = str(exc)
+    except OSError as exc:  # --snapshots could not be created or written
+        problem = f"{exc.filename or 'output'}: {exc.strerror}"
+    # --out receives the last good state whatever went wrong; when it cannot,
+    # that joins the first problem in one line rather than adding a second.
+    out_problem = _write_out(engine, args.out)
+    if problem is None and out_problem is None:
+        return 1 if mismatches else 0
+    if problem is None:
+        return _fail(f"cannot write {out_problem}")
+    if out_problem is not None:
+        problem += f"; --out was not written: cannot write {out_problem}"
+    return _fail(problem)
 
 
-def _write_out(engine: Engine | None, out: Path | None) -> bool:
-    """Write the snapshot to `out` if both exist; False (with a message) if it fails."""
+def _write_out(engine: Engine | None, out: Path | None) -> str | None:
+    """Write the snapshot to `out` if both exist; what went wrong ("PATH: reason"), if it fails."""
     if engine is None or out is None:
-        return True
+        return None
     try:
         write_snapshot(engine, out)
     except OSError as exc:
-        sys.stderr.write(f"error: cannot write {out}: {exc.strerror}\n")
-        return False
-    return True
+        return f"{out}: {exc.strerror}"
+    return None
