@@ -3,6 +3,7 @@ offline GPU compilation, and the device facts the heuristics need."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -13,6 +14,14 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 _VARIANTS: dict[int, Any] = {}
+_VARIANTS_LOCK = threading.Lock()
+
+# Triton's interpreter keeps the launch it is running in process-wide state (the
+# grid, the semantic object its patched builtins call), so two interpreted
+# launches in two threads (two browser sessions stepping at once) corrupt each
+# other: "x >= grid_dim[0]" or "Did you forget to add @triton.jit?". Every
+# interpreted launch holds this lock. Compiled launches and torch need none.
+INTERPRETER_LOCK = threading.RLock()
 
 
 def kernel_variant(kernel: Any, interpret: bool) -> Any:
@@ -27,9 +36,10 @@ def kernel_variant(kernel: Any, interpret: bool) -> Any:
     if not interpret or isinstance(kernel, InterpretedFunction):
         return kernel
     key = id(kernel)
-    if key not in _VARIANTS:
-        _VARIANTS[key] = InterpretedFunction(kernel.fn)
-    return _VARIANTS[key]
+    with _VARIANTS_LOCK:
+        if key not in _VARIANTS:
+            _VARIANTS[key] = InterpretedFunction(kernel.fn)
+        return _VARIANTS[key]
 
 
 def is_interpreted(kernel: Any) -> bool:
@@ -54,7 +64,17 @@ class Launch:
     num_stages: int = 1
 
     def run(self) -> None:
-        """Launch the kernel (the interpreter ignores num_warps / num_stages)."""
+        """Launch the kernel (the interpreter ignores num_warps / num_stages).
+
+        Interpreted launches are serialised by INTERPRETER_LOCK (see there).
+        """
+        if is_interpreted(self.kernel):
+            with INTERPRETER_LOCK:
+                self._launch()
+        else:
+            self._launch()
+
+    def _launch(self) -> None:
         self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps,
                                num_stages=self.num_stages)
 
