@@ -23,6 +23,7 @@ A step of continuous batching::
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -55,7 +56,13 @@ PREFILL_BUDGET = 1 << 24
 
 
 class Engine:
-    """A paged KV-cache serving engine in miniature. Not thread-safe."""
+    """A paged KV-cache serving engine in miniature.
+
+    One operation at a time: `apply` holds `lock`, so two threads driving one
+    engine (two clicks in one browser session) run their operations one after
+    the other. A reader in another thread that needs a consistent state (an
+    export while an operation may run) holds `lock` too.
+    """
 
     def __init__(self, config: EngineConfig | None = None, *, device: str = "auto",
                  kernel: str = "auto", check_reference: bool = True,
@@ -74,6 +81,11 @@ class Engine:
         self.scheduler = Scheduler(c, self.manager, self.requests)
         self.step = 0
         self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
+        self.lock = threading.RLock()
+        # Set when an operation failed half-way (a bug, or the process ran out of
+        # memory): the state is then inconsistent, and every later operation is
+        # refused until the caller replaces the engine (see sessions/playground.py).
+        self.broken: str | None = None
 
     def set_kernels(self, device: str, kernel: str) -> None:
         """Mutates: run the next model steps with another kernel on the same device.
@@ -156,7 +168,26 @@ class Engine:
     # ---- operations --------------------------------------------------------
 
     def apply(self, op: Op) -> OpResult:
-        """Apply one operation; all or nothing."""
+        """Mutates: apply one operation; all or nothing.
+
+        A refusal (PagedLabError) is raised before anything changes. Any other
+        exception means the operation stopped half-way: the engine marks
+        itself broken and refuses everything after, rather than run on from a
+        state no operation sequence could produce.
+        """
+        with self.lock:
+            if self.broken is not None:
+                raise PagedLabError(f"this engine stopped half-way through an operation "
+                                    f"({self.broken}); reset it or restore a snapshot")
+            try:
+                return self._apply(op)
+            except PagedLabError:
+                raise
+            except BaseException as exc:
+                self.broken = f"step {self.step + 1}: {type(exc).__name__}: {exc}"
+                raise
+
+    def _apply(self, op: Op) -> OpResult:
         before = len(self.manager.events)
         self.manager.step = self.step + 1
         self.scheduler.outcome = Outcome()
