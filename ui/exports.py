@@ -1,10 +1,11 @@
 """Download what a page shows, and upload a snapshot to continue from it.
 
 Downloads are built from the snapshot dict the page draws, so a file holds
-exactly what the person sees. The snapshot JSON is small and built at once
-(the same bytes `python -m backend run --out` writes for that state); tables,
-images and the run's zip are built only when their button is clicked, since
-rendering a chart or a Parquet file on every rerun would slow every click.
+exactly what the person sees. Every file (the snapshot JSON, the same bytes
+`python -m backend run --out` writes for that state, the tables, images and
+the run's zip) is built only when its button is clicked: a long session's
+snapshot runs to megabytes, and building it on every rerun would slow every
+click.
 No download reruns the page.
 """
 
@@ -54,7 +55,8 @@ def _svg(snap: Snapshot, page: int) -> bytes:
 
 
 def _zip(snapshots: Sequence[Snapshot]) -> bytes:
-    return run_zip(snapshots)
+    # A History rebuilds each step's snapshot as it is iterated: only on a click.
+    return run_zip(list(snapshots))
 
 
 def _button(col: Any, label: str, data: bytes | Callable[[], bytes], file_name: str, mime: str,
@@ -74,7 +76,8 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
     name = f"{stem}-step-{snap['step']:04d}"
     page = st.session_state.get(f"{prefix}grid_page") or 0
     c = st.columns(4)
-    _button(c[0], "Snapshot (JSON)", snapshot_bytes(snap), f"{name}.json", "application/json",
+    _button(c[0], "Snapshot (JSON)", partial(snapshot_bytes, snap), f"{name}.json",
+            "application/json",
             f"{prefix}dl_snapshot",
             "This state as a snapshot file (CONTRACT.md): upload it on the Playground, or "
             "pass it to `python -m backend run --from`.")
@@ -84,7 +87,7 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
             "image/svg+xml", f"{prefix}dl_svg", "The block grid as a vector drawing.")
     if run:
         first, last = run[0]["step"], run[-1]["step"]
-        _button(c[3], f"Whole run (zip, {len(run)} snapshots)", partial(_zip, list(run)),
+        _button(c[3], f"Whole run (zip, {len(run)} snapshots)", partial(_zip, run),
                 f"{stem}-run.zip", "application/zip", f"{prefix}dl_zip",
                 f"One snapshot per step, steps {first}–{last} (step-NNNN.json). {run_help}")
     else:

@@ -14,12 +14,20 @@ until the person confirms. Device and kernel changes never need asking: the
 same state continues on the other kernel.
 
 History: the snapshot after each applied operation since the engine was
-started or restored (`HISTORY`), so a whole session can be downloaded as a
-run; only the newest `MAX_HISTORY` are kept, as each holds every event so far.
+started or restored (`HISTORY`, a backend.sessions.history.History, which
+keeps them as deltas and bounded), so a whole session can be downloaded as a
+run.
+
+One operation at a time: Streamlit may run a second click's callback while
+the first is still running (fast reruns), so `apply` holds the engine's lock
+from building the operation to recording its snapshot, and the page holds it
+while it reads the state. An operation that fails half-way is undone by
+rebuilding the engine from the snapshot before it.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -30,16 +38,18 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Op
 from backend.engine.results import OpResult
-from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot
+from backend.sessions.history import MAX_STEPS, History
 from backend.sessions.playground import (
     MODEL_FIELDS,
     MODEL_PRESETS,
     Settings,
+    apply_or_recover,
     build_engine,
     config_from_fields,
     has_state,
     preset_of,
+    restore_for_session,
     summarize,
     switch_kernels,
 )
@@ -49,7 +59,8 @@ SETTINGS = "settings"
 FLASH = "flash"
 PENDING = "config_pending"
 HISTORY = "history"
-MAX_HISTORY = 100
+OWNER = "kv_owner"
+MAX_HISTORY = MAX_STEPS
 
 DEFAULT_PROMPT = "The cat sat on the mat."
 
@@ -103,12 +114,15 @@ def init() -> None:
     its widget was not drawn on the last page is simply seeded again.
     """
     ss = st.session_state
+    if OWNER not in ss:
+        # Names this session's engines in the server's K/V budget.
+        ss[OWNER] = secrets.token_hex(8)
     if SETTINGS not in ss:
         ss[SETTINGS] = Settings()
     if ENGINE not in ss:
-        ss[ENGINE] = build_engine(ss[SETTINGS])
+        ss[ENGINE] = build_engine(ss[SETTINGS], ss[OWNER], check=False)
     if HISTORY not in ss:
-        ss[HISTORY] = []
+        ss[HISTORY] = History()
     for key, value in _widget_defaults(ss[SETTINGS]).items():
         if key not in ss:
             ss[key] = value
@@ -124,10 +138,15 @@ def get_settings() -> Settings:
     return settings
 
 
-def get_history() -> list[dict[str, Any]]:
+def get_history() -> History:
     """Snapshots since the engine started or was restored, oldest first (see module doc)."""
-    history: list[dict[str, Any]] = st.session_state[HISTORY]
+    history: History = st.session_state[HISTORY]
     return history
+
+
+def get_owner() -> str:
+    owner: str = st.session_state[OWNER]
+    return owner
 
 
 def current_snapshot(engine: Engine) -> dict[str, Any]:
@@ -135,18 +154,15 @@ def current_snapshot(engine: Engine) -> dict[str, Any]:
 
     That record is current while the step is the same (every change of state is an
     operation) and the device too (a device switch restores the state elsewhere).
+    Read under the engine's lock, so an operation running in another thread is seen
+    either not at all or whole.
     """
-    history = get_history()
-    if history and (history[-1]["step"], history[-1]["config"]["device"]) == (
-            engine.step, engine.device.type):
-        return history[-1]
-    return export_snapshot(engine)
-
-
-def _record(engine: Engine) -> None:
-    history = get_history()
-    history.append(export_snapshot(engine))
-    del history[:-MAX_HISTORY]
+    with engine.lock:
+        latest = get_history().latest()
+        if latest is not None and (latest["step"], latest["config"]["device"]) == (
+                engine.step, engine.device.type):
+            return latest
+        return export_snapshot(engine)
 
 
 # ---- status line -------------------------------------------------------------
@@ -170,18 +186,26 @@ def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     """Build and apply one operation; a refusal becomes the page's error message.
 
     The engine validates before it changes anything, so after a refusal the
-    state is exactly as it was. Only PagedLabError is a refusal: anything else
-    is a bug and is left to surface.
+    state is exactly as it was. Anything else is a failure half-way: the engine
+    is rebuilt in the state before the operation and the page says so.
     """
     engine = get_engine()
-    try:
-        result = engine.apply(make_op(engine))
-    except PagedLabError as exc:
-        flash("error", f"Refused: {exc}")
-        return None
-    _record(engine)
-    flash("success", summarize(result))
-    return result
+    with engine.lock:
+        try:
+            before = current_snapshot(engine)
+            applied = apply_or_recover(engine, make_op(engine), before, get_settings(),
+                                       get_owner())
+        except PagedLabError as exc:
+            flash("error", f"Refused: {exc}")
+            return None
+        if applied.result is None:
+            st.session_state[ENGINE] = applied.engine
+            flash("error", f"The operation failed half-way ({applied.failure}); the engine "
+                           f"was put back to the state before it, step {applied.engine.step}.")
+            return None
+        get_history().record(export_snapshot(engine))
+    flash("success", summarize(applied.result))
+    return applied.result
 
 
 # ---- settings -----------------------------------------------------------------
@@ -205,7 +229,7 @@ def _clear_request_widgets() -> None:
     ss["grid_page"] = 0
 
 
-def _install(engine: Engine, settings: Settings, history: list[dict[str, Any]]) -> None:
+def _install(engine: Engine, settings: Settings, history: History) -> None:
     """Make `engine` the session's engine; views of the old one's requests reset."""
     ss = st.session_state
     ss[ENGINE] = engine
@@ -217,11 +241,11 @@ def _install(engine: Engine, settings: Settings, history: list[dict[str, Any]]) 
 
 def _replace_engine(settings: Settings, message: str) -> None:
     try:
-        engine = build_engine(settings)
+        engine = build_engine(settings, get_owner(), replacing=get_engine())
     except PagedLabError as exc:
         flash("error", f"Refused: {exc}")
         return
-    _install(engine, settings, [])
+    _install(engine, settings, History())
     c = settings.config
     flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
                   f"{c.num_layers} layers, {c.dtype}, kernel {engine.kernels.name} on "
@@ -240,10 +264,12 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
     ss = st.session_state
     s = get_settings()
     try:
-        engine = restore_engine(data, device=s.device, kernel=s.kernel)
+        engine = restore_for_session(data, s, get_owner(), replacing=get_engine())
     except PagedLabError as exc:
         return str(exc)
-    _install(engine, Settings(engine.config, s.device, s.kernel), [export_snapshot(engine)])
+    history = History()
+    history.record(export_snapshot(engine))
+    _install(engine, Settings(engine.config, s.device, s.kernel), history)
     for key, value in config_fields(engine.config).items():
         ss[key] = value
     c = engine.config

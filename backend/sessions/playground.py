@@ -20,8 +20,9 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Add, Op, describe_op, parse_op
 from backend.engine.results import OpResult
 from backend.io.restore import restore_engine
-from backend.io.snapshot import export_snapshot
+from backend.io.snapshot import CONFIG_EXTRA, export_snapshot
 from backend.kernels import KERNELS, available_devices, select_kernels
+from backend.sessions.budget import SERVER_BUDGET, KVBudget
 
 ALLOCATION_LABELS = {"fifo": "queue order", "random": "scattered"}
 KERNEL_LABELS = {"auto": "auto (Triton)", "triton": "Triton", "torch": "torch"}
@@ -62,9 +63,67 @@ class Settings:
     kernel: str = "auto"
 
 
-def build_engine(settings: Settings) -> Engine:
-    """A fresh engine. Raises PagedLabError for a device or kernel this machine lacks."""
-    return Engine(settings.config, device=settings.device, kernel=settings.kernel)
+def build_engine(settings: Settings, owner: str, *, replacing: Engine | None = None,
+                 budget: KVBudget = SERVER_BUDGET, check: bool = True) -> Engine:
+    """A fresh engine for the session `owner`, counted against the K/V budget.
+
+    Raises PagedLabError for a device or kernel this machine lacks, or a pool
+    the session's or the server's budget has no room for (nothing is built).
+    `check=False` counts the engine without refusing it: a new session's
+    default pool (64 KiB), which a full server must still give every visitor.
+    """
+    if check:
+        budget.check(settings.config, owner, replacing=replacing)
+    engine = Engine(settings.config, device=settings.device, kernel=settings.kernel)
+    return budget.track(engine, owner)
+
+
+def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
+                        replacing: Engine | None = None,
+                        budget: KVBudget = SERVER_BUDGET) -> Engine:
+    """The state a snapshot describes, on the settings' device and kernel, within budget.
+
+    The budget is checked on the snapshot's config before any tensor is
+    allocated; a malformed config is left for `restore_engine` to name.
+    """
+    cfg = data.get("config")
+    if isinstance(cfg, dict):
+        try:
+            config = EngineConfig.from_json(cfg, where="snapshot.config", ignore=CONFIG_EXTRA)
+        except PagedLabError:
+            config = None
+        if config is not None:
+            budget.check(config, owner, replacing=replacing)
+    engine = restore_engine(data, device=settings.device, kernel=settings.kernel)
+    return budget.track(engine, owner)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What `apply_or_recover` did."""
+
+    engine: Engine            # the session's engine from now on (a new one after a recovery)
+    result: OpResult | None   # None when the operation failed half-way
+    failure: str | None       # what went wrong, when the engine had to be rebuilt
+
+
+def apply_or_recover(engine: Engine, op: Op, before: dict[str, Any],
+                     settings: Settings, owner: str) -> Applied:
+    """Apply `op`; if it fails half-way, a working engine in the state before it.
+
+    `before` is the engine's snapshot now. A refusal (PagedLabError) changes
+    nothing and is raised as it is. Any other failure leaves `engine` broken
+    (see Engine.apply); the state is rebuilt from `before` (K/V recomputed
+    from the tokens) on a new engine, which the caller installs.
+    """
+    try:
+        return Applied(engine, engine.apply(op), None)
+    except PagedLabError:
+        raise
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+    restored = restore_engine(before, device=settings.device, kernel=settings.kernel)
+    return Applied(SERVER_BUDGET.track(restored, owner), None, failure)
 
 
 def has_state(engine: Engine) -> bool:
@@ -81,9 +140,12 @@ def switch_kernels(engine: Engine, device: str, kernel: str) -> Engine:
     Raises PagedLabError for a device or kernel this machine lacks.
     """
     if select_kernels(device, kernel).device == engine.device:
-        engine.set_kernels(device, kernel)
+        with engine.lock:
+            engine.set_kernels(device, kernel)
         return engine
-    return restore_engine(export_snapshot(engine), device=device, kernel=kernel)
+    with engine.lock:
+        snapshot = export_snapshot(engine)
+    return restore_engine(snapshot, device=device, kernel=kernel)
 
 
 def next_request_id(existing: set[str] | dict[str, Any]) -> str:

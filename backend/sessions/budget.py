@@ -1,0 +1,117 @@
+"""How much K/V memory the app's engines may hold: per browser session and per server.
+
+`EngineConfig` already refuses a single pool over 2 GiB (the command line's
+limit). The app serves many sessions from one process, so it also caps each
+session's engines together and all sessions together. An engine is counted
+from the moment it is admitted until it is garbage-collected (a session that
+replaces its engine, or ends, gives the bytes back), so a refused request
+says how much is in use and what would fit.
+
+The limits come from the environment, in MiB: PAGEDLAB_SESSION_KV_MIB
+(default 512) and PAGEDLAB_SERVER_KV_MIB (default 4096).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+
+MIB = 1 << 20
+DEFAULT_SESSION_MIB = 512
+DEFAULT_SERVER_MIB = 4096
+
+
+def _mib(value: int) -> str:
+    return f"{value / MIB:,.1f} MiB"
+
+
+def _env_mib(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default * MIB
+    if not raw.isdigit() or int(raw) < 1:
+        raise PagedLabError(f"{name} must be a whole number of MiB >= 1, got {raw!r}")
+    return int(raw) * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class _Holding:
+    owner: str
+    nbytes: int
+
+
+class KVBudget:
+    """Counts the K/V bytes of live engines by owner (a browser session). Thread-safe."""
+
+    def __init__(self, per_session: int, per_server: int) -> None:
+        self.per_session = per_session
+        self.per_server = per_server
+        self._lock = threading.Lock()
+        self._held: dict[int, _Holding] = {}
+        self._next = 0
+
+    @classmethod
+    def from_env(cls) -> KVBudget:
+        return cls(_env_mib("PAGEDLAB_SESSION_KV_MIB", DEFAULT_SESSION_MIB),
+                   _env_mib("PAGEDLAB_SERVER_KV_MIB", DEFAULT_SERVER_MIB))
+
+    def in_use(self, owner: str | None = None) -> int:
+        with self._lock:
+            return sum(h.nbytes for h in self._held.values() if owner in (None, h.owner))
+
+    def check(self, config: EngineConfig, owner: str, *,
+              replacing: Engine | None = None) -> None:
+        """Raise PagedLabError if an engine with `config` would exceed a limit.
+
+        `replacing` is the owner's engine that the new one replaces: its bytes
+        are given back once it is dropped, so they are not counted against it.
+        Changes nothing.
+        """
+        need = config.kv_bytes
+        if need > self.per_session:
+            raise PagedLabError(
+                f"this pool's K/V would take {_mib(need)}; a browser session may hold at most "
+                f"{_mib(self.per_session)}. Use fewer or smaller blocks, fewer layers or "
+                "heads, or a 2-byte dtype")
+        freed = replacing.cache.total_bytes if replacing is not None else 0
+        mine, total = self.in_use(owner) - freed, self.in_use() - freed
+        if mine + need > self.per_session:
+            # Engines dropped but not yet collected (reference cycles) still count: collect
+            # them before refusing, since their memory is about to come back anyway.
+            gc.collect()
+            mine, total = self.in_use(owner) - freed, self.in_use() - freed
+        if mine + need > self.per_session:
+            raise PagedLabError(
+                f"this session's engines already hold {_mib(mine)} of K/V; {_mib(need)} more "
+                f"would pass the {_mib(self.per_session)} a session may hold")
+        if total + need > self.per_server:
+            gc.collect()
+            total = self.in_use() - freed
+        if total + need > self.per_server:
+            raise PagedLabError(
+                f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} more would pass "
+                f"its limit of {_mib(self.per_server)}. Try a smaller pool, or again later")
+
+    def track(self, engine: Engine, owner: str) -> Engine:
+        """Mutates: count `engine`'s K/V against `owner` until it is garbage-collected."""
+        with self._lock:
+            key = self._next
+            self._next += 1
+            self._held[key] = _Holding(owner, engine.cache.total_bytes)
+        weakref.finalize(engine, self._release, key)
+        return engine
+
+    def _release(self, key: int) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+
+# The app's one budget, shared by every session of the process.
+SERVER_BUDGET = KVBudget.from_env()

@@ -1,0 +1,95 @@
+"""A Playground session's run: the snapshot after each operation, held as deltas.
+
+Every snapshot carries every event so far, so keeping N of them whole costs
+O(N x events): 2,500 operations held 1.3 GB. Events are append-only between
+two restores, so the history keeps one shared list of event records and,
+per step, the snapshot without its events plus how many events it had. A
+step's whole snapshot is rebuilt on demand (a shallow copy and a slice), and
+equals what `export_snapshot` returned for it.
+
+The steps kept are bounded twice: at most `max_steps` of them, and at most
+`max_cells` blocks plus tokens across them (a 65,536-block pool keeps fewer
+steps than a 32-block one). The oldest go first; the newest always stays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+MAX_STEPS = 100
+MAX_CELLS = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    body: dict[str, Any]    # the snapshot with "events" still in place but empty
+    num_events: int
+    cells: int              # blocks + tokens: what this entry costs to keep
+
+
+def _cells(snapshot: dict[str, Any]) -> int:
+    return len(snapshot["blocks"]) + sum(len(r["tokens"]) for r in snapshot["requests"])
+
+
+class History:
+    """The snapshots of one engine's run, oldest first. Not shared between sessions."""
+
+    def __init__(self, *, max_steps: int = MAX_STEPS, max_cells: int = MAX_CELLS) -> None:
+        self.max_steps = max_steps
+        self.max_cells = max_cells
+        self._events: list[dict[str, Any]] = []
+        self._entries: deque[_Entry] = deque()
+        self._cells = 0
+
+    def record(self, snapshot: dict[str, Any]) -> None:
+        """Mutates: keep `snapshot` as the newest step.
+
+        Its events must extend the previous step's (they do between two
+        restores: the engine only appends). A snapshot whose events do not is
+        the start of another run, and the history starts again from it.
+        """
+        events = snapshot["events"]
+        n = len(self._events)
+        continues = len(events) >= n and (n == 0 or events[n - 1] == self._events[-1])
+        if not continues:
+            self.clear()
+            n = 0
+        self._events.extend(events[n:])
+        # Same keys in the same order (the JSON written from it must not change).
+        body = {k: ([] if k == "events" else v) for k, v in snapshot.items()}
+        entry = _Entry(body, len(events), _cells(snapshot))
+        self._entries.append(entry)
+        self._cells += entry.cells
+        while len(self._entries) > 1 and (len(self._entries) > self.max_steps
+                                          or self._cells > self.max_cells):
+            self._cells -= self._entries.popleft().cells
+
+    def clear(self) -> None:
+        """Mutates: forget every step."""
+        self._events = []
+        self._entries.clear()
+        self._cells = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """The whole snapshot of a kept step (a new dict; its event records are shared)."""
+        entry = self._entries[index]
+        events = self._events[:entry.num_events]
+        return {k: (events if k == "events" else v) for k, v in entry.body.items()}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(len(self._entries)):
+            yield self[i]
+
+    def latest(self) -> dict[str, Any] | None:
+        return self[-1] if self._entries else None
+
+    @property
+    def num_event_records(self) -> int:
+        """Event records held (once each, however many steps refer to them)."""
+        return len(self._events)

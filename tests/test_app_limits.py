@@ -1,0 +1,36 @@
+"""The Playground within its limits, in AppTest: the K/V budget and the run history."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.sessions import budget as budget_module
+from backend.sessions.history import History
+from tests.test_app import add, click, engine, start, status
+
+
+def test_a_pool_over_the_session_budget_is_refused_and_the_engine_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(budget_module.SERVER_BUDGET, "per_session", 1 << 20)
+    at = start()
+    kept = engine(at)
+    # 1,024 blocks of 2 KiB: 2 MiB of K/V against a 1 MiB session budget.
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(1024).run()
+    assert not at.exception
+    kind, text = status(at)
+    assert kind == "error" and text.startswith(
+        "Refused: this pool's K/V would take 2.0 MiB; a browser session may hold at most "
+        "1.0 MiB")
+    assert engine(at) is kept and kept.config.num_blocks == 32
+
+
+def test_the_run_history_is_kept_as_deltas_and_downloads_whole() -> None:
+    at = start()
+    for _ in range(3):
+        add(at)
+        click(at, "btn_step")
+    history = at.session_state["history"]
+    assert isinstance(history, History)
+    e = engine(at)
+    assert len(history) == e.step and history.num_event_records == len(e.events)
+    assert history[-1]["step"] == e.step

@@ -1,0 +1,117 @@
+"""What one browser session may hold: its run history (as deltas, bounded) and its K/V."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Finish, Fork, Op, Shuffle, Step
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot, snapshot_json
+from backend.sessions.budget import MIB, KVBudget
+from backend.sessions.history import History
+from backend.sessions.playground import Settings, build_engine
+
+
+def _ops(n: int) -> list[Op]:
+    ops: list[Op] = []
+    for i in range(n):
+        rid = f"R{i}"
+        ops += [Add(rid, prompt_len=3 + i % 7, max_new_tokens=4 + i % 5), Step(2)]
+        if i % 3 == 0:
+            ops.append(Fork(rid, f"{rid}.c") if i % 2 == 0 else Shuffle(i))
+        if i % 4 == 1:
+            ops.append(Finish(rid))
+    return ops
+
+
+def test_history_holds_each_event_once_and_rebuilds_every_step_exactly() -> None:
+    e = Engine(EngineConfig(num_blocks=24, block_size=4), kernel="torch")
+    history = History(max_steps=1_000)
+    exported: list[str] = []
+    for op in _ops(40):
+        e.apply(op)
+        snap = export_snapshot(e)
+        exported.append(json.dumps(snap, indent=1) + "\n")
+        history.record(snap)
+    assert len(history) == len(exported) > 100
+    # Kept whole, the steps would hold every event once per step after it.
+    assert history.num_event_records == len(e.events)
+    assert sum(len(s["events"]) for s in history) > 20 * len(e.events)
+    # Every rebuilt step is byte for byte the snapshot exported at that step.
+    for snap, text in zip(history, exported, strict=True):
+        assert json.dumps(snap, indent=1) + "\n" == text
+    assert snapshot_json(e) == exported[-1]
+
+
+def test_history_is_bounded_by_steps_and_by_size_and_keeps_the_newest() -> None:
+    e = Engine(EngineConfig(num_blocks=64, block_size=4), kernel="torch")
+    by_steps, by_cells = History(max_steps=10), History(max_steps=1_000, max_cells=400)
+    for op in _ops(20):
+        e.apply(op)
+        by_steps.record(export_snapshot(e))
+        by_cells.record(export_snapshot(e))
+    assert len(by_steps) == 10 and by_steps[-1]["step"] == e.step
+    assert [s["step"] for s in by_steps] == list(range(e.step - 9, e.step + 1))
+    # 64 blocks plus the tokens per step: 400 cells keep only a few of them.
+    assert 1 <= len(by_cells) < 10 and by_cells[-1]["step"] == e.step
+    assert by_cells[-1] == export_snapshot(e)
+
+
+def test_history_starts_again_when_the_events_do_not_continue() -> None:
+    e = Engine(EngineConfig(num_blocks=16, block_size=4), kernel="torch")
+    history = History()
+    e.apply(Add("A", prompt="hello", max_new_tokens=3))
+    history.record(export_snapshot(e))
+    other = Engine(EngineConfig(num_blocks=16, block_size=4), kernel="torch")
+    other.apply(Add("Z", prompt="other text", max_new_tokens=3))
+    history.record(export_snapshot(other))
+    assert len(history) == 1 and history[0] == export_snapshot(other)
+
+
+def _config(num_blocks: int) -> EngineConfig:
+    # 2 x 2 layers x 2 kv heads x 16 x 4 slots x 4 bytes = 2 KiB a block.
+    return EngineConfig(num_blocks=num_blocks, block_size=4)
+
+
+def test_a_pool_over_the_session_limit_is_refused_before_anything_is_built() -> None:
+    budget = KVBudget(per_session=MIB, per_server=4 * MIB)
+    with pytest.raises(PagedLabError, match=r"2\.0 MiB; a browser session may hold at most 1\.0"):
+        build_engine(Settings(_config(1024), "cpu", "torch"), "s1", budget=budget)
+    assert budget.in_use() == 0
+
+
+def test_sessions_together_are_capped_by_the_server_limit_and_give_back_on_drop() -> None:
+    budget = KVBudget(per_session=MIB, per_server=int(1.25 * MIB))
+    half = _config(256)   # 0.5 MiB
+    first = build_engine(Settings(half, "cpu", "torch"), "s1", budget=budget)
+    second = build_engine(Settings(half, "cpu", "torch"), "s2", budget=budget)
+    assert budget.in_use() == 2 * half.kv_bytes and budget.in_use("s1") == half.kv_bytes
+    with pytest.raises(PagedLabError, match=r"server's sessions hold 1\.0 MiB"):
+        build_engine(Settings(half, "cpu", "torch"), "s3", budget=budget)
+    # One session's engines together are capped too.
+    with pytest.raises(PagedLabError, match=r"this session's engines already hold 0\.5 MiB"):
+        build_engine(Settings(_config(384), "cpu", "torch"), "s1", budget=budget)
+    # ...but replacing its own engine counts the old one as given back.
+    replaced = build_engine(Settings(_config(384), "cpu", "torch"), "s1", replacing=first,
+                            budget=budget)
+    del first
+    gc.collect()
+    assert budget.in_use("s1") == replaced.cache.total_bytes
+    del second
+    gc.collect()
+    third = build_engine(Settings(half, "cpu", "torch"), "s3", budget=budget)
+    assert budget.in_use() == replaced.cache.total_bytes + third.cache.total_bytes
+
+
+def test_restore_and_engines_on_the_budget_keep_their_state() -> None:
+    e = build_engine(Settings(_config(16), "cpu", "torch"), "s1",
+                     budget=KVBudget(per_session=MIB, per_server=MIB))
+    e.apply(Add("A", prompt="a budgeted engine", max_new_tokens=4))
+    assert export_snapshot(restore_engine(export_snapshot(e), kernel="torch")) == \
+        export_snapshot(e)
