@@ -14,6 +14,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.io.snapshot import export_snapshot
+from backend.sessions.budget import KVBudget
 from backend.sessions.playground import (
     Settings,
     add_op,
@@ -268,8 +269,14 @@ def test_switch_kernels_keeps_the_state_exactly(shared: Engine) -> None:
     assert same.kernel_report.max_abs_err is not None and same.kernel_report.max_abs_err < 1e-4
 
 
+def _budget() -> KVBudget:
+    # The test's own budget: the server's counts the app's sessions in this process.
+    return KVBudget(per_session=1 << 30, per_server=1 << 30)
+
+
 def test_settings_and_presets() -> None:
-    e = build_engine(Settings(EngineConfig(num_blocks=8), "cpu", "torch"))
+    e = build_engine(Settings(EngineConfig(num_blocks=8), "cpu", "torch"), "views",
+                     budget=_budget())
     assert e.config.num_blocks == 8 and e.kernels.name == "torch" and not has_state(e)
     e.apply(Add("A", prompt="x"))
     assert has_state(e)
@@ -280,4 +287,4 @@ def test_settings_and_presets() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_a_device_the_machine_lacks_is_refused() -> None:
     with pytest.raises(PagedLabError, match="no CUDA GPU"):
-        build_engine(Settings(EngineConfig(), "cuda", "torch"))
+        build_engine(Settings(EngineConfig(), "cuda", "torch"), "views", budget=_budget())
