@@ -6,13 +6,16 @@
 from __future__ import annotations
 
 import streamlit as st
+from PIL import Image
 
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
+from backend.views.grid import icon_pixels
 from ui import session, sidebar
 
-st.set_page_config(page_title="PagedLab", page_icon=":material/grid_view:", layout="wide")
+# The icon is drawn, not a :material/...: name: the browser would fetch that from Google.
+st.set_page_config(page_title="PagedLab", page_icon=Image.fromarray(icon_pixels()), layout="wide")
 
 # One line per page; the default one opens at "/". Each url_path differs from its
 # file's name on purpose: Streamlit's legacy pages/ handling (still consulted on a

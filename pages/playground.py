@@ -17,7 +17,7 @@ st.caption("A real paged KV-cache allocator and paged-attention kernel. Each act
 if st.session_state.get(session.PENDING):
     st.warning("The sidebar's settings differ from the running engine's: apply them there "
                "(this starts a new engine) or keep the current ones.")
-session.render_flash()
+controls.status_line()
 controls.render()
 
 snap = session.current_snapshot(engine)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from backend.views.text import plain_md
 from ui import exports, panels, tour, tour_widgets
 
 tour.init()
@@ -23,8 +24,9 @@ st.caption("Each scenario is a short story told on a real engine: every step is 
            "uses the sidebar's kernel.")
 tour_widgets.messages()
 tour_widgets.picker(run)
-st.markdown(f"#### {run.title}")
-st.markdown(run.scenario.description)
+# A scenario's name and description are a file's text, shown as written (not Markdown).
+st.markdown(f"#### {plain_md(run.title)}")
+st.markdown(plain_md(run.scenario.description))
 tour_widgets.controls(run)
 
 story, numbers = st.columns([1, 1], gap="large")

@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.engine.engine import Engine
 from backend.io.snapshot import export_snapshot
+from backend.views.text import WORD_JOINER
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PROMPT = "The cat sat on the mat."   # 23 bytes: with block size 4, five full blocks + 3
@@ -72,8 +73,15 @@ def click(at: AppTest, key: str) -> AppTest:
     return at
 
 
+def shown(source: str) -> str:
+    """The text Streamlit shows for Markdown that backend.views.text escaped."""
+    text = re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", source).replace("  \n", "\n")
+    return text.replace(WORD_JOINER, "")
+
+
 def status(at: AppTest) -> tuple[str, str]:
-    kinds = [(k, e.value) for k in ("error", "success", "info") for e in getattr(at, k)]
+    """The status line's kind and the text it shows."""
+    kinds = [(k, shown(e.value)) for k in ("error", "success", "info") for e in getattr(at, k)]
     assert kinds, "no status line"
     return kinds[0]
 

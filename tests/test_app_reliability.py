@@ -7,13 +7,19 @@ sends that back; `HeldLabel` replays exactly that for one selectbox.
 
 from __future__ import annotations
 
+import json
+import re
+from html import escape
 from typing import Any, cast
 
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import Selectbox
 
-from tests.test_app import add, engine, start, status
+from backend.io.export import snapshot_bytes
+from backend.io.snapshot import export_snapshot
+from backend.views.text import md_escape, plain_md
+from tests.test_app import add, engine, shown, start, status
 
 
 class _SendsHeldLabel(Selectbox[Any]):
@@ -61,7 +67,7 @@ class HeldLabel:
         picker = at.selectbox(key=self.key)
         assert self.label is not None
         picker.__class__ = _SendsHeldLabel
-        cast(_SendsHeldLabel, picker).held = self.label
+        cast("_SendsHeldLabel", picker).held = self.label
         at.button(key=button).click().run()
         assert not at.exception
         self.observe(at)
@@ -98,3 +104,115 @@ def test_the_request_picker_acts_on_the_picked_request_after_the_counts_change()
     assert status(at)[1].startswith("Step 8: finish A.1")
     assert [r.id for r in engine(at).requests.values() if r.status == "finished"] == ["A.1"]
     assert held.label is not None and held.label.startswith("B · running")
+
+
+# ---- user text is plain text --------------------------------------------------------
+
+IMAGE = "![x](http://example.invalid/a.png)"
+CHILD = ":red[c]![y](http://example.invalid/b.png)"   # a colour and an image, 42 characters
+SCENARIO = {
+    "name": f"Story {IMAGE}",
+    "description": f"$x$ :material/home: {IMAGE}",
+    "config": {"num_blocks": 8, "block_size": 4},
+    "steps": [
+        {"op": "add", "request": IMAGE, "prompt": "abcdef", "narration": f"**{IMAGE}** arrives.",
+         "expect": {f"requests.{IMAGE}.num_tokens": 6}},
+        {"op": "fork", "request": IMAGE, "child": CHILD, "narration": "It forks."},
+        {"op": "grow", "request": "![z](http://example.invalid/z.png)"},
+    ],
+}
+# Streamlit's elements whose text it renders as Markdown.
+MARKDOWN_ELEMENTS = ("markdown", "caption", "error", "success", "info", "warning", "title",
+                     "header", "subheader")
+
+
+def _code_span_end(source: str, i: int) -> int:
+    """Past the code span opening at `i` (a run of backticks), or past the run alone."""
+    run = len(source) - i - len(source[i:].lstrip("`"))
+    close = re.compile(rf"(?<!`)`{{{run}}}(?!`)").search(source, i + run)
+    return close.end() if close else i + run
+
+
+def unescaped_images(source: str) -> list[int]:
+    """Where Markdown `source` opens an image: a "![" with neither character escaped.
+
+    Backslash escapes and code spans are skipped, as a Markdown parser skips them.
+    """
+    hits, i = [], 0
+    while i < len(source):
+        c = source[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "`":
+            i = _code_span_end(source, i)
+            continue
+        if c == "!" and source.startswith("[", i + 1):
+            hits.append(i)
+        i += 1
+    return hits
+
+
+def markdown_sources(at: AppTest) -> list[str]:
+    return [e.value for kind in MARKDOWN_ELEMENTS for e in getattr(at, kind)]
+
+
+def assert_plain(at: AppTest, *texts: str) -> None:
+    """No Markdown element renders an image, and each of `texts` is shown as written."""
+    sources = markdown_sources(at)
+    bad = [s for s in sources if unescaped_images(s)]
+    assert not bad, bad
+    assert not [h.value for h in at.html if "<img" in h.value]
+    every = "\n".join(shown(s) for s in sources) + "\n".join(h.value for h in at.html)
+    for text in texts:
+        assert text in every or escape(text) in every, text
+
+
+def test_the_image_check_finds_what_markdown_would_render() -> None:
+    assert unescaped_images(IMAGE) == [0]
+    assert unescaped_images(f"a **{IMAGE}**") == [4]
+    assert unescaped_images(md_escape(IMAGE)) == []
+    assert unescaped_images(f"`{IMAGE}`") == []
+    assert unescaped_images(plain_md(f"Refused: request {IMAGE!r}")) == []
+
+
+def test_request_ids_and_uploaded_text_with_markdown_are_shown_as_plain_text() -> None:
+    at = start()
+    add(at, f"{IMAGE[:22]}", rid=IMAGE)
+    assert status(at)[1].startswith(f"Step 1: add {IMAGE}")
+    at.selectbox(key="focus_req").select(IMAGE).run()
+    at.text_input(key="req_child").input(CHILD)
+    at.button(key="btn_fork").click().run()
+    assert status(at)[1].startswith(f"Step 2: fork {IMAGE} -> {CHILD}")
+    add(at, rid=IMAGE)                               # refused: quotes the id
+    assert status(at) == ("error", f"Refused: request {IMAGE!r} already exists; pick "
+                                   "another id")
+    assert_plain(at, IMAGE, CHILD, f"Request **{IMAGE}** holds blocks")
+
+    # A snapshot is someone's file too: its kernel names are shown as written.
+    snap = export_snapshot(engine(at))
+    snap["kernel"]["backend"] = IMAGE
+    snap["kernel"]["device"] = CHILD
+    # (A Markdown file name is left out: ui/exports.py repeats it in a caption as it is.)
+    at.file_uploader(key="import_snapshot").set_value(
+        ("snap.json", snapshot_bytes(snap), "application/json")).run()
+    assert not at.exception
+    assert status(at)[1].startswith("Restored the snapshot in 'snap.json'")
+    assert_plain(at, f"Last step ran on **{IMAGE}** ({CHILD})")
+
+    # An uploaded scenario: name, description, narration, ids, and the refused step.
+    at.switch_page("pages/scenarios.py").run()
+    at.file_uploader(key="tour_file").set_value(
+        ("story.json", json.dumps(SCENARIO).encode(), "application/json")).run()
+    assert not at.exception
+    assert_plain(at, SCENARIO["name"], SCENARIO["description"])
+    for _ in range(3):
+        at.button(key="tour_next").click().run()
+        assert not at.exception
+        assert_plain(at)
+    at.slider(key="tour_slider").set_value(1).run()
+    assert_plain(at, f"requests.{IMAGE}.num_tokens", f"**{IMAGE}** arrives.", f"add {IMAGE}")
+    errors = [shown(e.value) for e in at.error]
+    assert errors == ["The engine refused step 3 (grow): request "
+                      "'![z](http://example.invalid/z.png)' does not exist. The run stops "
+                      "there: step 2 is the state before it."]

@@ -7,12 +7,14 @@ Screenshots go to build/screenshots/ (test artifacts).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, Request, expect, sync_playwright
 
 from tests.browser_support import CHROMIUM_ARGS
 
@@ -65,7 +67,15 @@ def open_playground(browser: Browser, url: str) -> Page:
     return page
 
 
-def status_line(page: Page, text: str) -> None:
+def as_written(text: str) -> re.Pattern[str]:
+    """`text` as the page shows it: word joiners (U+2060, invisible) may sit anywhere.
+
+    backend.views.text puts them into bare addresses so that they are not made links.
+    """
+    return re.compile("\u2060?".join(map(re.escape, text)))
+
+
+def status_line(page: Page, text: str | re.Pattern[str]) -> None:
     """Wait for the status line to say `text` (and not a refusal)."""
     shows(page.get_by_test_id("stAlert").first, text)
 
@@ -120,3 +130,82 @@ def test_grow_fork_and_finish_act_on_the_picked_request_after_a_step(
         shoot(page, screenshots / "20-picker-after-steps.png")
     finally:
         page.context.close()
+
+
+# ---- user text loads nothing -------------------------------------------------------------
+
+IMAGE = "![x](http://example.invalid/a.png)"
+CHILD = "![y](https://example.invalid/b.png)"
+SCENARIO = {
+    "name": f"Story {IMAGE}",
+    "description": f"$x$ :red[red] {IMAGE}",
+    "config": {"num_blocks": 8, "block_size": 4},
+    "steps": [
+        {"op": "add", "request": IMAGE, "prompt": "abcdef", "narration": f"**{IMAGE}** arrives."},
+        {"op": "fork", "request": IMAGE, "child": CHILD, "narration": f"It forks: {CHILD}"},
+        {"op": "grow", "request": "![z](http://example.invalid/z.png)"},
+    ],
+}
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+
+
+def test_markdown_in_user_text_makes_the_browser_fetch_nothing(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    page = open_playground(browser, app_url)
+    fetched: list[str] = []
+
+    def record(request: Request) -> None:
+        if urlsplit(request.url).scheme in ("http", "https", "ws", "wss"):
+            fetched.append(request.url)
+
+    page.context.on("request", record)
+    try:
+        main = page.get_by_test_id("stMain")
+        page.get_by_label("Request id").fill(IMAGE)
+        page.get_by_label("Prompt text").fill(f"see {CHILD}")
+        click(page, "Add request")
+        status_line(page, as_written(f"Step 1: add {IMAGE}"))
+        page.get_by_label("Child id").fill(CHILD)
+        page.get_by_label("Child id").press("Tab")
+        click(page, "Fork")
+        status_line(page, as_written(f"Step 2: fork {IMAGE} → {CHILD}"))
+        # The same id again is refused, and the refusal quotes it.
+        page.get_by_label("Request id").fill(IMAGE)
+        click(page, "Add request")
+        status_line(page, as_written(f"Refused: request '{IMAGE}' already exists"))
+        page.locator(".st-key-focus_req").get_by_role("combobox").click()
+        page.get_by_role("option", name=IMAGE, exact=True).click()
+        shows(main, as_written(f"Request {IMAGE} holds blocks"))
+        page.locator("path[aria-label^='Block 0:']").hover()     # the cell's tooltip
+        page.wait_for_timeout(500)
+        shoot(page, screenshots / "21-markdown-ids-playground.png")
+
+        page.get_by_role("link", name="Scenarios").click()
+        shows(page.get_by_role("button", name="Next"))
+        idle(page)
+        page.get_by_role("button", name="Upload your own scenario").click()
+        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[{
+            "name": "story.json", "mimeType": "application/json",
+            "buffer": json.dumps(SCENARIO).encode()}])
+        main = page.get_by_test_id("stMain")
+        shows(main, as_written(f"Story {IMAGE} (uploaded: story.json)"))
+        shows(main, as_written(SCENARIO["description"]))
+        page.keyboard.press("Escape")
+        idle(page)
+        for step in (1, 2, 3):
+            page.get_by_role("button", name="Next").click()
+            shows(page.get_by_test_id("stMain"), f"Viewing step {min(step, 2)} of 3")
+        narration = page.locator(".st-key-tour_narration")
+        shows(narration, as_written(f"It forks: {CHILD}"))
+        shows(page.get_by_test_id("stAlert"), as_written(
+            "The engine refused step 3 (grow): request '![z](http://example.invalid/z.png)' "
+            "does not exist"))
+        page.get_by_role("button", name="Back").click()
+        shows(page.get_by_test_id("stMain"), "Viewing step 1 of 3")
+        shows(narration, as_written(f"**{IMAGE}** arrives."))
+        shoot(page, screenshots / "22-markdown-scenario.png")
+    finally:
+        page.context.close()
+    outside = [u for u in fetched if urlsplit(u).hostname not in LOCAL_HOSTS]
+    assert not outside, outside
+    assert fetched, "no request was recorded at all"

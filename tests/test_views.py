@@ -27,6 +27,7 @@ from backend.sessions.playground import (
     summarize,
     switch_kernels,
 )
+from backend.views.text import WORD_JOINER, is_plain, md_code, md_escape, plain_md
 
 PROMPT = "The cat sat on the mat."   # 23 bytes: five full blocks of 4 and one of 3
 
@@ -288,3 +289,43 @@ def test_settings_and_presets() -> None:
 def test_a_device_the_machine_lacks_is_refused() -> None:
     with pytest.raises(PagedLabError, match="no CUDA GPU"):
         build_engine(Settings(EngineConfig(), "cuda", "torch"), "views", budget=_budget())
+
+
+# ---- user text as Markdown ---------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "Step 1: add A ('The cat sat on the mat.') · admitted A · events: 6 alloc",
+    "Refused the snapshot in 'bad.json': snapshot.requests[0]: 31 tokens do not fit",
+    "inconsistent snapshot: block 0 has ref_count 4 but 3 block table(s) hold it",
+    "'utf-8' codec can't decode byte 0xc3 in position 7: invalid continuation byte",
+    "",
+])
+def test_a_message_without_syntax_is_left_as_it_is(text: str) -> None:
+    assert is_plain(text) and plain_md(text) == text
+
+
+@pytest.mark.parametrize("text", [
+    "![x](http://example.invalid/a.png)", "[a](b)", "[a][b]", "[r]: http://x", "<img src=x>",
+    ":material/home:", ":red[red]", ":smile:", "$x$", "**b**", "_i_", "`c`", "~s~", "# h",
+    "- item", "1. one", "> quote", "a | b", "&#58;", "http://x", "www.x.y", "a@b.c",
+    "a\\b", " lead", "two\nlines", "___", "a == b",
+])
+def test_text_with_syntax_is_escaped_to_itself(text: str) -> None:
+    assert not is_plain(text)
+    escaped = plain_md(text)
+    assert escaped != text
+    unescaped = re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", escaped).replace(WORD_JOINER, "")
+    assert unescaped.replace("  \n", "\n") == "\n".join(line.lstrip() for line in
+                                                         text.splitlines())
+
+
+def test_bare_addresses_get_a_word_joiner_so_they_are_not_made_links() -> None:
+    out = md_escape("see http://x.y WWW.a.b me@c.d")
+    assert "http\\:" + WORD_JOINER + "\\/\\/" in out
+    assert "WWW" + WORD_JOINER + "\\." in out and "\\@" + WORD_JOINER + "c" in out
+
+
+def test_code_spans_only_for_text_streamlit_leaves_alone() -> None:
+    assert md_code("fork A -> A2") == "`fork A -> A2`"
+    assert md_code("add `x`") == md_escape("add `x`")
+    assert md_code("add :material/home:") == md_escape("add :material/home:")

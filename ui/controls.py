@@ -14,7 +14,23 @@ import streamlit as st
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork, Op
 from backend.sessions.playground import add_op, next_child_id, op_from
+from backend.views.text import plain_md
 from ui import session
+
+
+def status_line() -> None:
+    """The outcome of the last action (session.flash), as plain text.
+
+    Drawn here rather than by session.render_flash, which passes the message to
+    Streamlit as Markdown: refusals and summaries quote request ids, prompts and
+    uploaded file names, and Markdown in those would be rendered (an image in an id
+    would be fetched by the browser).
+    """
+    msg = st.session_state.get(session.FLASH)
+    if not msg:
+        return
+    kind, text = msg
+    {"error": st.error, "success": st.success, "info": st.info}[kind](plain_md(text))
 
 
 def render() -> None:

@@ -18,6 +18,7 @@ from backend import views
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.views import Snapshot
+from backend.views.text import plain_md
 
 # Requests whose text is laid out by block; the table above lists every request.
 MAX_LAYOUTS = 12
@@ -46,16 +47,19 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
     if isinstance(rid, str) and rid in ids:
         req = views.request_of(snap, rid)
         table = req["block_table"]
-        text = (f"Request **{rid}** holds blocks {', '.join(map(str, table))}." if table
-                else f"Request **{rid}** is {req['status']}: it holds no blocks.")
+        # Request ids (and, from an uploaded snapshot, every field) are someone's text.
+        name = plain_md(rid)
+        text = (f"Request **{name}** holds blocks {', '.join(map(str, table))}." if table
+                else f"Request **{name}** is {plain_md(str(req['status']))}: it holds no "
+                     "blocks.")
         return Focus(frozenset(table), frozenset({rid}), text)
     if blk is not None and 0 <= blk < len(snap["blocks"]):
         b = snap["blocks"][blk]
         holders = views.holders_by_block(snap)[blk]
-        held = f"held by {', '.join(holders)}" if holders else "held by no request"
+        held = f"held by {plain_md(', '.join(holders))}" if holders else "held by no request"
         text = (f"Block **{blk}**: {b['state']}, ref count {b['ref_count']}, "
                 f"{b['num_filled']}/{snap['config']['block_size']} slots filled, "
-                f"hash {(b['hash'] or '—')[:8]}, {held}.")
+                f"hash {plain_md((b['hash'] or '—')[:8])}, {held}.")
         return Focus(frozenset({blk}), frozenset(holders), text)
     return Focus(frozenset(), frozenset(), "")
 
@@ -198,8 +202,9 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
     if not info.ran:
         st.markdown("No model step yet: add a request.")
     else:
+        # An uploaded snapshot names the backend and device in its own words.
         st.markdown(
-            f"- Last step ran on **{info.backend}** ({info.device})\n"
+            f"- Last step ran on **{plain_md(info.backend)}** ({plain_md(info.device)})\n"
             f"- Step time: **{info.time_ms}** for {info.batch}\n"
             f"- Max \\|paged − contiguous reference\\|: **{info.max_abs_err}**")
     notes = []
@@ -248,7 +253,7 @@ def translator(engine: Engine, prefix: str = "") -> None:
     try:
         addr, key, _value = engine.read_kv(rid, int(pos), int(layer))
     except PagedLabError as exc:  # a stale position after the request changed
-        st.error(str(exc))
+        st.error(plain_md(str(exc)))
         return
     bs = engine.config.block_size
     table = engine.block_table(rid)
@@ -259,8 +264,10 @@ def translator(engine: Engine, prefix: str = "") -> None:
         f"**{addr.physical_block}**  \n"
         f"slot = {addr.physical_block} × {bs} + {addr.offset} = **{addr.slot}**")
     tok = engine.requests[rid].tokens[addr.position]
-    st.caption(f"Token {tok} ({chr(tok)!r}) · key vector read from layer {layer}'s K tensor at "
-               f"slot {addr.slot}, shape {list(key.shape)} (KV heads × head dim)"
+    # The token is any printable character, `*` or `$` included: escaped.
+    st.caption(f"Token {tok} ({plain_md(repr(chr(tok)))}) · key vector read from layer "
+               f"{layer}'s K tensor at slot {addr.slot}, shape {list(key.shape)} (KV heads × "
+               "head dim)"
                if 32 <= tok <= 126 else
                f"Token {tok} · key vector read from layer {layer}'s K tensor at slot "
                f"{addr.slot}, shape {list(key.shape)} (KV heads × head dim)")

@@ -12,6 +12,7 @@ from backend.sessions.playground import (
     device_choices,
     kernel_choices,
 )
+from backend.views.text import plain_md
 from ui import session
 
 
@@ -71,7 +72,7 @@ def _confirm_or_apply() -> None:
     config, error = session.fields_config()
     st.session_state[session.PENDING] = False
     if error is not None:
-        st.error(error)
+        st.error(plain_md(error))
         return
     assert config is not None
     if config == session.get_settings().config:

@@ -26,6 +26,7 @@ from backend.sessions.tour import (
     shipped_scenario,
 )
 from backend.views import tour as tour_views
+from backend.views.text import md_code, plain_md
 from ui import session
 from ui.tour import UPLOAD, load, say, state
 
@@ -117,7 +118,8 @@ def messages() -> None:
     t = state()
     shown, t.messages = t.messages, []
     for kind, text in shown:
-        {"error": st.error, "info": st.info, "success": st.success}[kind](text)
+        # Messages quote file names, scenario names and link values: plain text.
+        {"error": st.error, "info": st.info, "success": st.success}[kind](plain_md(text))
 
 
 def picker(run: TourRun) -> None:
@@ -173,8 +175,8 @@ def controls(run: TourRun) -> None:
     st.caption(f"Viewing step **{t.view}** of {run.total} · {run.taken} applied so far · "
                f"kernel {run.engine.kernels.name} ({run.engine.device})")
     if run.error is not None:
-        st.error(f"The engine refused {run.error}. The run stops there: step {run.taken} "
-                 "is the state before it.")
+        st.error(plain_md(f"The engine refused {run.error}. The run stops there: step "
+                          f"{run.taken} is the state before it."))
 
 
 def narration(run: TourRun, frame: Frame) -> None:
@@ -182,13 +184,15 @@ def narration(run: TourRun, frame: Frame) -> None:
     with st.container(border=True, key="tour_narration"):
         if frame.step == 0:
             st.markdown(f"**Step 0 of {run.total}: the fresh engine**")
-            st.markdown(run.scenario.description or "No description.")
+            st.markdown(plain_md(run.scenario.description or "No description."))
         else:
-            st.markdown(f"**Step {frame.step} of {run.total}:** `{frame.label}`")
+            # The step's operation, narration and summary quote the file's request
+            # ids and texts: shown as written, never as Markdown.
+            st.markdown(f"**Step {frame.step} of {run.total}:** {md_code(frame.label)}")
             if frame.narration:
-                st.markdown(frame.narration)
+                st.markdown(plain_md(frame.narration))
             if frame.summary:
-                st.caption(frame.summary.replace("->", "→"))
+                st.caption(plain_md(frame.summary.replace("->", "→")))
             st.markdown("**What you should see**")
             st.html(tour_views.checks_html(frame.checks))
             n = len(frame.checks)
@@ -200,7 +204,7 @@ def narration(run: TourRun, frame: Frame) -> None:
                            "shows.")
         upcoming = run.next_label(frame.step)
         if upcoming is not None:
-            st.caption(f"Next: step {frame.step + 1}, `{upcoming}`.")
+            st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}.")
         elif frame.step == run.total:
             st.caption("This is the last step.")
     st.button("Continue from here in the Playground", key="tour_continue",
@@ -217,8 +221,8 @@ def arena(frame: Frame) -> None:
     st.markdown(f"**The same requests in a contiguous arena of {a['capacity']} slots**")
     df, spec = tour_views.arena_spec(a, frame.snapshot)
     st.vega_lite_chart(df, spec, width="content", key="tour_arena")
-    st.caption(tour_views.arena_caption(a))
+    st.caption(plain_md(tour_views.arena_caption(a)))
     message = tour_views.arena_fit_message(a)
     if message:
-        st.warning(message)
+        st.warning(plain_md(message))
     st.html(tour_views.arena_legend_html())

@@ -5,6 +5,7 @@ directly, and an export can turn the same chart into PNG or SVG.
 
     model    a snapshot as typed rows and DataFrames; grid, vector: the block grid
     html     metrics, event log and layout cards; tour: the Scenarios page's views
+    text     user text as Markdown that Streamlit shows as written (plain_md, md_code)
     compare/ the "Contiguous vs paged" page's frames, charts and tables
 
 May import: engine, lab, paging and core (read-only use); never io or sessions.

@@ -273,3 +273,22 @@ def overview_spec(snap: Snapshot, group: int = 64) -> tuple[pd.DataFrame, dict[s
         },
     }
     return df, spec
+
+
+def icon_pixels(size: int = 32) -> np.ndarray:
+    """The app's favicon: a 3 x 3 grid of blocks in the grid's colours, as RGB pixels.
+
+    Drawn here rather than named as a `:material/...:` icon, which Streamlit's page
+    loads from fonts.gstatic.com: every viewer's browser would ask Google for it.
+    """
+    img = np.full((size, size, 3), 255, dtype=np.uint8)
+    cell = size // 3
+    fills = [PALETTE[0], PALETTE[0], CACHED_FILL, PALETTE[1], PALETTE[0], "#FFFFFF",
+             PALETTE[1], CACHED_FILL, PALETTE[2]]
+    for i, fill in enumerate(fills):
+        r, c = divmod(i, 3)
+        rgb = [int(fill[k:k + 2], 16) for k in (1, 3, 5)]
+        y, x = r * cell, c * cell
+        img[y:y + cell, x:x + cell] = (0x55, 0x55, 0x55)             # the cell's border
+        img[y + 1:y + cell - 1, x + 1:x + cell - 1] = rgb
+    return img

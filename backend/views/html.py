@@ -71,7 +71,7 @@ def request_layout_html(snap: Snapshot, request_id: str, *,
     parent = f", forked from {escape(req['parent'])}" if req["parent"] else ""
     head = (f"<div style='margin:6px 0 2px 0;font-size:14px'>"
             f"{'▶ ' if focused else ''}<b>{escape(request_id)}</b> "
-            f"<span style='color:#555'>({status}, {req['num_tokens']} tokens, prompt "
+            f"<span style='color:#555'>({escape(status)}, {req['num_tokens']} tokens, prompt "
             f"{req['prompt_len']}{parent}){escape(note)}</span></div>")
     if status != "running":
         text = "".join(escape(c.text) for c in chunks)
