@@ -17,20 +17,32 @@ from ui import session, sidebar
 # The icon is drawn, not a :material/...: name: the browser would fetch that from Google.
 st.set_page_config(page_title="PagedLab", page_icon=Image.fromarray(icon_pixels()), layout="wide")
 
-# One line per page; the default one opens at "/". Each url_path differs from its
-# file's name on purpose: Streamlit's legacy pages/ handling (still consulted on a
-# server's first run, and on every AppTest rerun) would otherwise run pages/NAME.py
-# by itself, without this script's session setup and sidebar.
+# One line per page. Each url_path differs from its file's name on purpose: Streamlit's
+# legacy pages/ handling (still consulted on a server's first run, and on every AppTest
+# rerun) would otherwise run pages/NAME.py by itself, without this script's session
+# setup and sidebar. That handling finds a page only by file name, so pages/lab.py,
+# tour.py and fragmentation.py exist for it: each just runs this script.
 PAGES = [
     st.Page("pages/playground.py", title="Playground", icon=":material/science:",
-            url_path="lab", default=True),
+            url_path="lab"),
     st.Page("pages/scenarios.py", title="Scenarios", icon=":material/auto_stories:",
             url_path="tour"),
     st.Page("pages/compare.py", title="Contiguous vs paged", icon=":material/compare:",
             url_path="fragmentation"),
 ]
 
+
+def _open_playground() -> None:
+    st.switch_page(PAGES[0])
+
+
+# Streamlit serves the default page at "/" and nowhere else: were the Playground the
+# default, its own address /lab would be "Page not found". So the default is this
+# hidden page, which opens the Playground at /lab; an unknown address lands here too.
+HOME = st.Page(_open_playground, title="PagedLab", url_path="home", default=True,
+               visibility="hidden")
+
 session.init()
-page = st.navigation(PAGES)
+page = st.navigation([HOME, *PAGES])
 sidebar.render()
 page.run()

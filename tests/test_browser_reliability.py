@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Browser, Locator, Page, Request, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS
+from tests.browser_support import CHROMIUM_ARGS, serve
 
 pytestmark = pytest.mark.browser
 
@@ -209,3 +209,41 @@ def test_markdown_in_user_text_makes_the_browser_fetch_nothing(
     outside = [u for u in fetched if urlsplit(u).hostname not in LOCAL_HOSTS]
     assert not outside, outside
     assert fetched, "no request was recorded at all"
+
+
+# ---- the pages' addresses ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("path", "heading"), [
+    ("/lab", "Playground"), ("/tour", "Scenarios"), ("/fragmentation", "Contiguous vs paged"),
+], ids=["lab", "tour", "fragmentation"])
+def test_each_address_opens_its_page_on_a_fresh_server(browser: Browser, screenshots: Path,
+                                                       path: str, heading: str) -> None:
+    # A fresh server: Streamlit resolves a server's first run differently (by file name).
+    with serve("app.py", f"test_browser_reliability{path.replace('/', '_')}") as url:
+        page = browser.new_context(viewport={"width": 1500, "height": 1400}).new_page()
+        page.set_default_timeout(T)
+        try:
+            page.goto(f"{url}{path}")
+            shows(page.get_by_role("heading", name=heading, exact=True))
+            idle(page)
+            page.wait_for_timeout(1000)     # a dialog would be open by now
+            expect(page.get_by_text("Page not found")).to_have_count(0)
+            assert urlsplit(page.url).path == path
+            expect(page.get_by_test_id("stException")).to_have_count(0)
+            if path != "/lab":
+                return
+            shows(page.get_by_role("button", name="Add request"))
+            shoot(page, screenshots / "23-lab-address.png")
+
+            # The root opens the Playground at its own address.
+            page.goto(url)
+            shows(page.get_by_role("button", name="Add request"))
+            expect(page).to_have_url(f"{url}/lab", timeout=T)
+            expect(page.get_by_text("Page not found")).to_have_count(0)
+
+            # An unknown address says so, and the Playground opens behind the notice.
+            page.goto(f"{url}/no-such-page")
+            shows(page.get_by_text("Page not found"))
+            shows(page.get_by_role("button", name="Add request"))
+        finally:
+            page.context.close()
