@@ -247,3 +247,52 @@ def test_each_address_opens_its_page_on_a_fresh_server(browser: Browser, screens
             shows(page.get_by_role("button", name="Add request"))
         finally:
             page.context.close()
+
+
+# ---- several sessions at once ---------------------------------------------------------------
+
+SESSIONS = 4
+
+
+def test_four_sessions_at_once_each_see_only_their_own_requests(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    # Half on the torch kernel, half on the default Triton one (its interpreter keeps
+    # process-wide state): every click below is sent to all four before any is awaited,
+    # so the server runs the four sessions' operations at the same time.
+    pages: list[Page] = []
+    try:
+        for i in range(SESSIONS):
+            if i % 2 == 0:
+                pages.append(open_playground(browser, app_url))
+                continue
+            page = browser.new_context(viewport={"width": 1500, "height": 2400}).new_page()
+            page.set_default_timeout(T)
+            page.goto(app_url)
+            shows(page.get_by_role("button", name="Add request"))
+            idle(page)
+            pages.append(page)
+        step = 0
+        for r in (1, 2):
+            for i, page in enumerate(pages):
+                page.get_by_label("Request id").fill(f"S{i}R{r}")
+                click(page, "Add request")
+            step += 1
+            for i, page in enumerate(pages):
+                status_line(page, f"Step {step}: add S{i}R{r}")
+            for page in pages:
+                click(page, "Step")
+            step += 1
+            for page in pages:
+                status_line(page, f"Step {step}: step")
+        for i, page in enumerate(pages):
+            idle(page)
+            expect(page.get_by_test_id("stException")).to_have_count(0)
+            layouts = page.locator(".pl-layouts")
+            shows(layouts, f"S{i}R1 (running, 25 tokens")
+            shows(layouts, f"S{i}R2 (running, 24 tokens")
+            seen = set(re.findall(r"S\d+R\d+", page.get_by_test_id("stMain").inner_text()))
+            assert seen == {f"S{i}R1", f"S{i}R2"}, (i, seen)
+        shoot(pages[-1], screenshots / "24-four-sessions.png")
+    finally:
+        for page in pages:
+            page.context.close()
