@@ -110,7 +110,7 @@ def test_the_request_picker_acts_on_the_picked_request_after_the_counts_change()
 
 IMAGE = "![x](http://example.invalid/a.png)"
 CHILD = ":red[c]![y](http://example.invalid/b.png)"   # a colour and an image, 42 characters
-SCENARIO = {
+SCENARIO: dict[str, Any] = {
     "name": f"Story {IMAGE}",
     "description": f"$x$ :material/home: {IMAGE}",
     "config": {"num_blocks": 8, "block_size": 4},

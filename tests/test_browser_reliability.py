@@ -11,10 +11,19 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Request, expect, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    FilePayload,
+    Locator,
+    Page,
+    Request,
+    expect,
+    sync_playwright,
+)
 
 from tests.browser_support import CHROMIUM_ARGS, serve
 
@@ -136,7 +145,7 @@ def test_grow_fork_and_finish_act_on_the_picked_request_after_a_step(
 
 IMAGE = "![x](http://example.invalid/a.png)"
 CHILD = "![y](https://example.invalid/b.png)"
-SCENARIO = {
+SCENARIO: dict[str, Any] = {
     "name": f"Story {IMAGE}",
     "description": f"$x$ :red[red] {IMAGE}",
     "config": {"num_blocks": 8, "block_size": 4},
@@ -184,9 +193,9 @@ def test_markdown_in_user_text_makes_the_browser_fetch_nothing(
         shows(page.get_by_role("button", name="Next"))
         idle(page)
         page.get_by_role("button", name="Upload your own scenario").click()
-        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[{
-            "name": "story.json", "mimeType": "application/json",
-            "buffer": json.dumps(SCENARIO).encode()}])
+        story: FilePayload = {"name": "story.json", "mimeType": "application/json",
+                              "buffer": json.dumps(SCENARIO).encode()}
+        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[story])
         main = page.get_by_test_id("stMain")
         shows(main, as_written(f"Story {IMAGE} (uploaded: story.json)"))
         shows(main, as_written(SCENARIO["description"]))
