@@ -3,10 +3,17 @@
 The field names and defaults are those of a scenario file's `config` object
 (CONTRACT.md). `EngineConfig.from_json` is the one place user-supplied
 settings are checked; everything downstream may trust a config.
+
+`model` names the network: "tiny-byte" (seeded random weights over bytes;
+its dimensions are settings) or a pretrained model from `REAL_MODELS`, whose
+dimensions are fixed by its weights. They are listed here, below the models
+package, so a scenario is validated without loading any weights; the loader
+checks the file against them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
@@ -20,6 +27,44 @@ MAX_BLOCK_SIZE = 256
 # Refuse pools whose K/V tensors would not fit comfortably in a laptop's memory.
 MAX_KV_BYTES = 2 << 30
 MAX_WEIGHT_BYTES = 1 << 30
+
+TINY_BYTE = "tiny-byte"
+SMOLLM2 = "smollm2-135m"
+MODELS = (TINY_BYTE, SMOLLM2)
+DIM_FIELDS = ("num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDims:
+    """The shape of a pretrained llama-style model (what its weight file must hold)."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+
+    @property
+    def hidden_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def num_parameters(self) -> int:
+        """Embedding (tied with the output head), per-layer projections and norms, final norm."""
+        d, hd, ff = self.hidden_size, self.head_dim, self.intermediate_size
+        attn = 2 * d * self.num_heads * hd + 2 * d * self.num_kv_heads * hd
+        return self.vocab_size * d + self.num_layers * (attn + 3 * d * ff + 2 * d) + d
+
+
+# SmolLM2-135M-Instruct: 30 layers, 9 query and 3 KV heads of 64, FFN 1536, 49,152 tokens.
+REAL_MODELS: dict[str, ModelDims] = {SMOLLM2: ModelDims(30, 9, 3, 64, 1536, 49_152)}
+
+
+def vocab_size_of(model: str) -> int:
+    """Token ids of `model` are 0..vocab_size_of(model) - 1."""
+    dims = REAL_MODELS.get(model)
+    return 256 if dims is None else dims.vocab_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +82,38 @@ class EngineConfig:
     head_dim: int = 16
     dtype: Dtype = "float32"
     max_new_tokens: int | None = None
+    model: str = TINY_BYTE
+    # None: the model's default sampling (tiny-byte: today's, exactly).
+    temperature: float | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        # Direct construction cannot bypass what from_json guarantees about the model.
+        if self.model not in MODELS:
+            raise PagedLabError(f"unknown model {self.model!r}; choose one of "
+                                f"{', '.join(MODELS)}")
+        dims = REAL_MODELS.get(self.model)
+        if dims is not None:
+            for key in DIM_FIELDS:
+                if getattr(self, key) != getattr(dims, key):
+                    raise PagedLabError(
+                        f"{self.model} has {key} {getattr(dims, key)}, not "
+                        f"{getattr(self, key)}; use EngineConfig.from_json or "
+                        "EngineConfig.for_model")
+
+    @staticmethod
+    def for_model(model: str, **settings: Any) -> EngineConfig:
+        """A validated config for `model` with its own dimensions and these settings."""
+        return EngineConfig.from_json({**settings, "model": model})
+
+    @property
+    def dims(self) -> ModelDims | None:
+        """The pretrained model's shape, or None for tiny-byte."""
+        return REAL_MODELS.get(self.model)
+
+    @property
+    def vocab_size(self) -> int:
+        return vocab_size_of(self.model)
 
     @property
     def hidden_size(self) -> int:
@@ -54,7 +131,9 @@ class EngineConfig:
 
     @property
     def num_parameters(self) -> int:
-        """Weights of backend.models.tiny_byte.TinyByteLM with these settings."""
+        """Weights of the model: a real one's own count, else TinyByteLM's with these settings."""
+        if self.dims is not None:
+            return self.dims.num_parameters
         d, hd = self.hidden_size, self.head_dim
         attn = d * self.num_heads * hd * 2 + d * self.num_kv_heads * hd * 2
         mlp = 3 * d * (2 * d)
@@ -72,8 +151,12 @@ class EngineConfig:
         """Names everything a block's K/V depend on besides its tokens.
 
         The weights are seeded by `seed`, so the seed is part of the key: a
-        block computed by another model must never be a prefix hit.
+        block computed by another model must never be a prefix hit. A real
+        model's weights do not depend on the seed; its name is the key. (The
+        tiny model's key is unchanged so old snapshots keep their hashes.)
         """
+        if self.dims is not None:
+            return f"pagedlab-1|model={self.model}|{self.dtype}"
         return (f"pagedlab-1|seed={self.seed}|L={self.num_layers}|H={self.num_heads}|"
                 f"KVH={self.num_kv_heads}|D={self.head_dim}|{self.dtype}")
 
@@ -81,7 +164,13 @@ class EngineConfig:
         return asdict(self)
 
     def replace(self, **changes: Any) -> EngineConfig:
-        return EngineConfig.from_json({**self.to_json(), **changes})
+        """These settings with `changes`, validated. Changing `model` drops the old model's
+        dimensions (a real model brings its own; tiny-byte goes back to its defaults)
+        unless `changes` sets them."""
+        base = self.to_json()
+        if changes.get("model", self.model) != self.model:
+            base = {k: v for k, v in base.items() if k not in DIM_FIELDS}
+        return EngineConfig.from_json({**base, **changes})
 
     @staticmethod
     def from_json(data: Any, *, where: str = "config",
@@ -97,9 +186,23 @@ class EngineConfig:
             raise PagedLabError(f"{where}: unknown field {unknown[0]!r}; known fields are "
                                 f"{', '.join(sorted(known))}")
         cfg = EngineConfig()
+        model = _check_field("model", data.get("model", TINY_BYTE), where)
+        dims = REAL_MODELS.get(model)
         values: dict[str, Any] = {}
         for key in known & set(data):
+            if dims is not None and key in DIM_FIELDS:
+                # The weights fix these: an equal value is harmless (snapshots carry
+                # them), any other is a config meant for another model.
+                have = getattr(dims, key)
+                v = data[key]
+                if isinstance(v, bool) or v != have:
+                    raise PagedLabError(f"{where}: {key} is {v!r} but {model} has {key} "
+                                        f"{have}; a real model's dimensions come from its "
+                                        "weights (leave it out)")
+                continue
             values[key] = _check_field(key, data[key], where)
+        if dims is not None:
+            values.update({key: getattr(dims, key) for key in DIM_FIELDS})
         cfg = replace(cfg, **values)
         if cfg.num_heads % cfg.num_kv_heads:
             raise PagedLabError(
@@ -162,4 +265,34 @@ def _check_field(key: str, v: Any, where: str) -> Any:
             return v
         case "max_new_tokens":
             return None if v is None else _int_in(key, v, 1, 1_000_000, where)
+        case "model":
+            if not isinstance(v, str) or v not in MODELS:
+                raise PagedLabError(f"{where}: model must be one of "
+                                    f"{', '.join(repr(m) for m in MODELS)}, got {v!r}")
+            return v
+        case "temperature":
+            t = _number(key, v, where)
+            if t is not None and t < 0:
+                raise PagedLabError(f"{where}: temperature must be >= 0 (0 is greedy), got {t}")
+            return t
+        case "top_p":
+            p = _number(key, v, where)
+            if p is not None and not 0 < p <= 1:
+                raise PagedLabError(f"{where}: top_p must be in (0, 1], got {p}")
+            return p
     raise AssertionError(key)
+
+
+def _number(key: str, v: Any, where: str) -> float | None:
+    """A finite JSON number as a float, or None for null (the model's default)."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise PagedLabError(f"{where}: {key} must be a number or null, got {v!r}")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise PagedLabError(f"{where}: {key} is out of range, got {v!r}") from None
+    if not math.isfinite(f):
+        raise PagedLabError(f"{where}: {key} must be finite, got {v!r}")
+    return f
