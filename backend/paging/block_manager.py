@@ -128,7 +128,8 @@ class BlockManager(BlockTables):
         blocks do not suffice.
         """
         seq = self._seq(seq_id)
-        toks, n = append_tokens(tokens, num_tokens, prefix_caching=self.prefix_caching)
+        toks, n = append_tokens(tokens, num_tokens, prefix_caching=self.prefix_caching,
+                                vocab_size=self.vocab_size)
         needed = self._blocks_needed(seq, n)
         if needed > self.pool.num_free:
             raise OutOfBlocksError(

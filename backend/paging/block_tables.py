@@ -47,9 +47,11 @@ class BlockTables:
 
     def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True,
                  allocation: AllocationMode = "fifo", seed: int = 0, cache_salt: str = "",
-                 record_events: bool = True) -> None:
+                 record_events: bool = True, vocab_size: int = 256) -> None:
         check_config(num_blocks, block_size, allocation)
         self.block_size = block_size
+        # Token ids are 0..vocab_size - 1: bytes for tiny-byte, a real model's ids otherwise.
+        self.vocab_size = vocab_size
         self.prefix_caching = prefix_caching
         self.cache_salt = cache_salt
         self.pool = BlockPool(num_blocks, allocation=allocation, seed=seed)
@@ -110,7 +112,8 @@ class BlockTables:
         invalid pins, or a prompt that could never fit in the pool even if it
         were empty.
         """
-        toks = prompt_tokens(tokens, prefix_caching=self.prefix_caching)
+        toks = prompt_tokens(tokens, prefix_caching=self.prefix_caching,
+                             vocab_size=self.vocab_size)
         length = toks if isinstance(toks, int) else len(toks)
         if length < 1:
             raise PagedLabError("a prompt needs at least one token")

@@ -127,13 +127,16 @@ class AllocatorMetrics:
         }
 
 
-def validate_tokens(tokens: Sequence[int], what: str = "prompt") -> list[int]:
-    """Token ids must be ints in 0..255 (bytes); returns them as a list."""
+def validate_tokens(tokens: Sequence[int], what: str = "prompt",
+                    vocab_size: int = 256) -> list[int]:
+    """Token ids must be ints in 0..vocab_size - 1 (default: bytes); returns them as a list."""
     out = list(tokens)
+    top = vocab_size - 1
     # Fast path in C (set/map/min/max); the loop below only runs to name a bad token.
-    if not out or (set(map(type, out)) == {int} and min(out) >= 0 and max(out) <= 255):
+    if not out or (set(map(type, out)) == {int} and min(out) >= 0 and max(out) <= top):
         return out
+    kind = "bytes, ints" if vocab_size == 256 else "token ids, ints"
     for i, t in enumerate(out):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= 255:
-            raise PagedLabError(f"{what} token {i} is {t!r}; tokens are bytes, ints in 0..255")
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= top:
+            raise PagedLabError(f"{what} token {i} is {t!r}; tokens are {kind} in 0..{top}")
     return out

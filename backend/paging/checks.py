@@ -29,7 +29,8 @@ def check_config(num_blocks: int, block_size: int, allocation: str) -> None:
         raise PagedLabError(f"allocation must be 'fifo' or 'random', got {allocation!r}")
 
 
-def prompt_tokens(tokens: Sequence[int] | int, *, prefix_caching: bool) -> list[int] | int:
+def prompt_tokens(tokens: Sequence[int] | int, *, prefix_caching: bool,
+                  vocab_size: int = 256) -> list[int] | int:
     """A prompt as validated token ids, or as a bare count when prefix caching is off."""
     if isinstance(tokens, bool):
         raise PagedLabError("a prompt is a list of token ids or a token count")
@@ -37,15 +38,15 @@ def prompt_tokens(tokens: Sequence[int] | int, *, prefix_caching: bool) -> list[
         if prefix_caching:
             raise PagedLabError("a prompt needs its token ids when prefix caching is on")
         return tokens
-    return validate_tokens(tokens)
+    return validate_tokens(tokens, vocab_size=vocab_size)
 
 
 def append_tokens(tokens: Sequence[int] | None, num_tokens: int | None, *,
-                  prefix_caching: bool) -> tuple[list[int] | None, int]:
+                  prefix_caching: bool, vocab_size: int = 256) -> tuple[list[int] | None, int]:
     """An append's validated token ids (None if not given) and its token count."""
     toks: list[int] | None = None
     if tokens is not None:
-        toks = validate_tokens(tokens, "appended")
+        toks = validate_tokens(tokens, "appended", vocab_size)
         n = len(toks)
         if num_tokens is not None and num_tokens != n:
             raise PagedLabError("append: num_tokens disagrees with len(tokens)")

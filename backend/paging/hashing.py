@@ -51,13 +51,22 @@ class BlockHash:
 
 
 def block_digest(parent_digest: str | None, tokens: Sequence[int], salt: str) -> str:
-    """Hex digest of (salt, parent digest, token bytes). Tokens are bytes (0..255)."""
+    """Hex digest of (salt, parent digest, token ids).
+
+    Ids that all fit a byte are hashed one byte each (tiny-byte's digests, which
+    every existing snapshot holds, stay as they were); a block holding a larger id
+    is hashed four bytes per id. The two encodings of a block differ in length,
+    so they never produce the same input.
+    """
     h = hashlib.sha256()
     h.update(salt.encode())
     h.update(b"\x00")
     h.update((parent_digest or "").encode())
     h.update(b"\x00")
-    h.update(bytes(tokens))
+    if all(0 <= t <= 255 for t in tokens):
+        h.update(bytes(tokens))
+    else:
+        h.update(b"".join(int(t).to_bytes(4, "little") for t in tokens))
     return h.hexdigest()[:DIGEST_HEX_CHARS]
 
 
