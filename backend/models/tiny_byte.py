@@ -24,6 +24,7 @@ from backend.core.config import EngineConfig
 from backend.kernels import KernelBackend, reference_paged_attention
 from backend.kernels.validate import TORCH_DTYPES
 from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
+from backend.models.tokenizer import ByteCodec
 
 VOCAB_SIZE = 256
 ROPE_THETA = 10_000.0
@@ -32,6 +33,11 @@ RMS_EPS = 1e-6
 
 class TinyByteLM:
     """The model. Weights are a pure function of (config, seed)."""
+
+    vocab_size = VOCAB_SIZE
+    eos_token_id: int | None = None   # it never stops by itself
+    codec = ByteCodec()
+    default_sampling: tuple[float | None, float | None] = (None, None)
 
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
         self.config = config
@@ -105,8 +111,12 @@ class TinyByteLM:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedKV, kernels: KernelBackend, *,
-                check: bool = True) -> ForwardOutput:
-        """Write the new tokens' K/V into their slots and attend through the tables."""
+                check: bool = True, all_positions: bool = False) -> ForwardOutput:
+        """Write the new tokens' K/V into their slots and attend through the tables.
+
+        Logits at each sequence's last new token, or at every new token with
+        `all_positions`.
+        """
         x = self.embed[batch.token_ids]
         err: float | None = 0.0 if check else None
         for i, layer in enumerate(self.layers):
@@ -120,8 +130,9 @@ class TinyByteLM:
                                                 self.scale)
                 err = max(err or 0.0, float((attn.float() - ref).abs().max()))
             x = self._finish_layer(layer, x, attn)
-        last = batch.query_start_loc[1:].long() - 1
-        return ForwardOutput(self._logits(x[last]), err)
+        if not all_positions:
+            x = x[batch.query_start_loc[1:].long() - 1]
+        return ForwardOutput(self._logits(x), err)
 
     @torch.inference_mode()
     def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
@@ -141,7 +152,7 @@ class TinyByteLM:
             qf = q.float().transpose(0, 1)
             kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
             vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-            attn = _causal_attention(qf, kf, vf, self.scale)
+            attn = causal_attention(qf, kf, vf, self.scale)
             x = self._finish_layer(layer, x, attn.transpose(0, 1).to(self.dtype))
         return ContiguousOutput(self._logits(x), keys, values)
 
@@ -150,7 +161,7 @@ class TinyByteLM:
 SCORE_BUDGET = 1 << 24
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """Plain causal attention over [heads, L, D], in row chunks so memory stays bounded."""
     heads, length, _ = q.shape

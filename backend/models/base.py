@@ -1,0 +1,54 @@
+"""What the engine needs from any model: `LanguageModel`.
+
+TinyByteLM and SmolLM2 both satisfy it; the engine, its checks and snapshot
+restore use nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from backend.kernels import KernelBackend
+from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
+from backend.models.tokenizer import TextCodec
+
+
+class LanguageModel(Protocol):
+    """A decoder over token ids 0..vocab_size - 1 that reads and writes K/V through PagedKV."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """Generation stops after sampling it; None: never."""
+        ...
+
+    @property
+    def codec(self) -> TextCodec:
+        """Text <-> ids for this model."""
+        ...
+
+    @property
+    def default_sampling(self) -> tuple[float | None, float | None]:
+        """(temperature, top_p) where the config sets none; (None, None): plain sampling."""
+        ...
+
+    def forward(self, batch: ForwardBatch, cache: PagedKV, kernels: KernelBackend, *,
+                check: bool = True, all_positions: bool = False) -> ForwardOutput:
+        """Write the batch's new K/V at its slots, attend through its block tables.
+
+        Logits [B, vocab] at each sequence's last new token ([T, vocab] at
+        every new token with `all_positions`); `max_abs_err` compares the
+        kernel with the plain reference when `check`.
+        """
+        ...
+
+    def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
+        """One sequence from scratch with no cache: logits, keys and values at every position."""
+        ...

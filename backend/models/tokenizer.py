@@ -1,0 +1,202 @@
+"""Tokenizers: the byte-level BPE of a GGUF file, and the tiny model's bytes.
+
+Both implement `TextCodec`: text to token ids, ids back to text, one display
+piece per token, and chat messages to a prompt.
+
+`BPETokenizer` is built with Hugging Face `tokenizers` from the vocabulary and
+merges stored in the GGUF file. The file names its pre-tokenizer in
+`tokenizer.ggml.pre`: for "smollm" that is llama.cpp's split into single
+digits followed by GPT-2's byte-level regex, which is what Hugging Face's own
+tokenizer.json for SmolLM2 does with `Digits(individual_digits=True)` before
+`ByteLevel`. (transformers' GGUF conversion ignores the name and uses
+ByteLevel alone; the two differ only where whitespace runs into a digit, as in
+"a  1": see tests/test_model_tokenizer.py.) Control tokens (`<|im_start|>`,
+`<|im_end|>`, ...) are special added tokens: matched whole in text, as
+transformers and llama.cpp do. The chat template is the file's own Jinja
+template, rendered in Jinja's sandbox like transformers' `apply_chat_template`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from backend.core.errors import PagedLabError
+from backend.models.gguf_loader import INSTALL_RUNTIME, GGUFVocab
+
+CONTROL = 3
+ROLES = ("system", "user", "assistant")
+Message = dict[str, str]
+
+
+class TextCodec(Protocol):
+    """Text <-> token ids for one model. Pure functions of their arguments."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def pieces(self, ids: Sequence[int]) -> list[str]: ...
+
+    def render_chat(self, messages: Sequence[Message]) -> str: ...
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for themselves,
+    the others are shifted to 256 + n so every token is a printable string."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = list(keep)
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+def show_bytes(data: bytes) -> str:
+    """Bytes as readable text: valid UTF-8 as itself, any other byte as \\xNN.
+
+    A token that holds part of a multi-byte character (emoji, an accent split
+    off a letter) shows the bytes it holds instead of a replacement mark.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(data):
+        for n in (1, 2, 3, 4):
+            try:
+                out.append(data[i:i + n].decode("utf-8"))
+            except UnicodeDecodeError:
+                continue
+            i += n
+            break
+        else:
+            out.append(f"\\x{data[i]:02x}")
+            i += 1
+    return "".join(out)
+
+
+def chatml(messages: Sequence[Message]) -> str:
+    """The ChatML text SmolLM2's template writes (without its default system prompt):
+    what models without a template of their own render messages as."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+class BPETokenizer:
+    """Byte-level BPE from a GGUF vocabulary. Immutable after construction; thread-safe."""
+
+    def __init__(self, vocab: GGUFVocab) -> None:
+        try:
+            from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        except ImportError:
+            raise PagedLabError("the smollm2-135m tokenizer needs the tokenizers package; "
+                                f"install it with `{INSTALL_RUNTIME}`") from None
+        if vocab.model != "gpt2":
+            raise PagedLabError(f"tokenizer model {vocab.model!r} is not byte-level BPE")
+        if vocab.pre != "smollm":
+            raise PagedLabError(f"pre-tokenizer {vocab.pre!r} is not supported (only smollm)")
+        ids = {tok: i for i, tok in enumerate(vocab.tokens)}
+        merges = [_pair(m) for m in vocab.merges]
+        bpe = models.BPE(ids, merges, fuse_unk=False, byte_fallback=False)
+        tok = Tokenizer(bpe)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+        tok.decoder = decoders.ByteLevel()
+        self._specials = {i: t for i, (t, kind) in enumerate(zip(vocab.tokens, vocab.token_types,
+                                                                  strict=True))
+                          if kind == CONTROL}
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t in self._specials.values()])
+        self._tok = tok
+        self._tokens = vocab.tokens
+        self._alphabet = _byte_alphabet()
+        self._vocab_size = len(vocab.tokens)
+        self._eos = vocab.eos_token_id
+        self._bos = vocab.bos_token_id
+        self._template = _compile(vocab.chat_template) if vocab.chat_template else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(self._specials)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special tokens written in it are matched whole."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a special token: its name in UTF-8)."""
+        if token_id in self._specials:
+            return self._specials[token_id].encode("utf-8")
+        return bytes(self._alphabet[c] for c in self._tokens[token_id])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids`, special tokens written out; invalid UTF-8 as U+FFFD."""
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """Each token's own text (see `show_bytes`), so token boundaries can be shown."""
+        return [show_bytes(self.token_bytes(i)) for i in ids]
+
+    def render_chat(self, messages: Sequence[Message]) -> str:
+        """The file's chat template over `messages`, ending with the assistant's turn open."""
+        if self._template is None:
+            return chatml(messages)
+        special = {"bos_token": self._tokens[self._bos] if self._bos is not None else "",
+                   "eos_token": self._tokens[self._eos] if self._eos is not None else ""}
+        try:
+            return str(self._template.render(messages=list(messages),
+                                             add_generation_prompt=True, **special))
+        except Exception as exc:  # a template error is the file's, reported as one line
+            raise PagedLabError(f"the chat template failed: {exc}") from None
+
+
+def _pair(merge: str) -> tuple[str, str]:
+    # Byte-level tokens never hold a space (it is spelled "Ġ"), so one space separates.
+    left, _, right = merge.partition(" ")
+    return left, right
+
+
+def _compile(source: str) -> Any:
+    """The template compiled as transformers does: sandboxed, trim_blocks, lstrip_blocks."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(source)
+
+
+class ByteCodec:
+    """tiny-byte's tokenizer: one token per UTF-8 byte, vocabulary 256."""
+
+    vocab_size = 256
+    eos_token_id: int | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Printable ASCII as is, any other byte as \\xNN (engine.sampling.render_tokens)."""
+        return "".join(chr(t) if 32 <= t <= 126 else f"\\x{t:02x}" for t in ids)
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.decode([t]) for t in ids]
+
+    def render_chat(self, messages: Sequence[Message]) -> str:
+        return chatml(messages)
