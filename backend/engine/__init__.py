@@ -6,7 +6,8 @@
                what can never fit (decides; the engine runs what it decided)
     kv_cache   the K/V tensors, [num_blocks, block_size, kv_heads, head_dim] per layer
     ops        the operations as typed values parsed from JSON
-    request    per-request state; sampling: seeded token choice
+    request    per-request state; sampling: seeded token choice (temperature, top_p)
+    prompts    an add's prompt as the model's token ids; the next token of a request
     results    typed results (OpResult, KernelReport, EngineMetrics, Verification)
     checks     recomputation and bookkeeping checks (never on a hot path)
 

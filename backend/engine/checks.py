@@ -11,7 +11,7 @@ from backend.engine.kv_cache import KVCache
 from backend.engine.request import Request
 from backend.engine.results import Verification
 from backend.engine.scheduler import Scheduler
-from backend.models.tiny_byte import TinyByteLM
+from backend.models.base import LanguageModel
 from backend.paging.block_manager import BlockManager
 
 
@@ -21,7 +21,7 @@ def _check(ok: bool, message: str) -> None:
         raise IntegrityError(message)
 
 
-def verify_recomputation(model: TinyByteLM, cache: KVCache, manager: BlockManager,
+def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockManager,
                           running: list[Request]) -> Verification:
     """Reads only: compare the paged state with a from-scratch contiguous pass.
 

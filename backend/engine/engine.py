@@ -2,9 +2,10 @@
 
 One engine is one KV pool with its requests. Each operation validates fully
 and then runs to completion, so a refused operation (PagedLabError) leaves the
-engine exactly as it was. Model work goes through `TinyByteLM.forward`: the
-allocator chooses slots, the forward pass writes the new tokens' K/V there and
-the paged kernel reads every earlier token back through the block tables.
+engine exactly as it was. Model work goes through the model's `forward`
+(backend.models: TinyByteLM, or SmolLM2 over weights shared by every engine):
+the allocator chooses slots, the forward pass writes the new tokens' K/V there
+and the paged kernel reads every earlier token back through the block tables.
 The scheduler (backend/engine/scheduler.py) decides what runs each step;
 this module runs it.
 
@@ -34,6 +35,7 @@ from backend.core.errors import PagedLabError
 from backend.engine import checks
 from backend.engine.kv_cache import KVCache
 from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
+from backend.engine.prompts import next_token, prompt_ids
 from backend.engine.request import Request
 from backend.engine.results import (
     EngineMetrics,
@@ -42,11 +44,10 @@ from backend.engine.results import (
     Outcome,
     Verification,
 )
-from backend.engine.sampling import random_prompt, sample_token
 from backend.engine.scheduler import Scheduler
 from backend.kernels import select_kernels
 from backend.models.batch import ForwardBatch
-from backend.models.tiny_byte import TinyByteLM
+from backend.models.registry import build_model
 from backend.paging.block_manager import Address, BlockManager
 from backend.paging.events import Event
 
@@ -71,12 +72,13 @@ class Engine:
         self.kernels = select_kernels(device, kernel)
         self.device = self.kernels.device
         self.check_reference = check_reference
-        self.model = TinyByteLM(self.config, self.device)
+        # A real model's weights load on first use (seconds) and are then shared.
+        self.model = build_model(self.config, self.device)
         self.cache = KVCache(self.config, self.device, fill=kv_fill)
         c = self.config
         self.manager = BlockManager(c.num_blocks, c.block_size, prefix_caching=c.prefix_caching,
                                     allocation=c.allocation, seed=c.seed,
-                                    cache_salt=c.cache_salt())
+                                    cache_salt=c.cache_salt(), vocab_size=c.vocab_size)
         self.requests: dict[str, Request] = {}
         self.scheduler = Scheduler(c, self.manager, self.requests)
         self.step = 0
@@ -121,6 +123,15 @@ class Engine:
         if req is None:
             raise PagedLabError(f"request {request_id!r} does not exist")
         return req
+
+    def text(self, request_id: str) -> str:
+        """A request's tokens as text: tiny-byte's bytes shown as in render_tokens, a
+        real model's tokens decoded (special tokens written out)."""
+        return self.model.codec.decode(self.request(request_id).tokens)
+
+    def token_pieces(self, tokens: list[int]) -> list[str]:
+        """Each token's own text, to show where token boundaries fall."""
+        return self.model.codec.pieces(tokens)
 
     def block_table(self, request_id: str) -> list[int]:
         req = self.request(request_id)
@@ -222,13 +233,7 @@ class Engine:
         rid = check_request_id(op.request)
         if rid in self.requests:
             raise PagedLabError(f"request {rid!r} already exists; pick another id")
-        if op.prompt is not None:
-            tokens = list(op.prompt.encode("utf-8"))
-        elif op.prompt_tokens is not None:
-            tokens = list(op.prompt_tokens)
-        else:
-            assert op.prompt_len is not None
-            tokens = random_prompt(op.prompt_len, self.config.seed, rid)
+        tokens = prompt_ids(op, self.model, self.config.seed, rid)
         max_new = self.config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
         assert max_new != INHERIT
         # Raises for a prompt that can never fit and for bad pins.
@@ -263,6 +268,8 @@ class Engine:
                 f"only {free} are free; finish a request, or use step, which preempts")
         for _ in range(n):
             self._forward_decode([(req, self._take_next_token(req))])
+            if req.stopped:
+                break
         self.scheduler.finish_if_done([req.id])
 
     def _fork(self, op: Fork) -> None:
@@ -336,11 +343,12 @@ class Engine:
     def _take_next_token(self, req: Request) -> int:
         """Sample from the pending logits and give the token a slot (may copy-on-write)."""
         assert req.logits is not None
-        token = sample_token(req.logits, self.config.seed, req.id, req.num_tokens)
+        token = next_token(req.logits, self.config, self.model, req.id, req.num_tokens)
         result = self.manager.append(req.id, [token])
         if result.cow is not None:
             self.cache.copy_blocks(self.kernels, [result.cow.src], [result.cow.dst])
         req.tokens.append(token)
+        req.stopped = token == self.model.eos_token_id
         self.scheduler.outcome.generated.append((req.id, token))
         return result.slots[0]
 

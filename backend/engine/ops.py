@@ -16,6 +16,11 @@ MAX_STEP_COUNT = 100_000
 MAX_GROW_TOKENS = 65_536
 MAX_PROMPT_TOKENS = 65_536
 MAX_ID_CHARS = 64
+MAX_MESSAGES = 256
+ROLES = ("system", "user", "assistant")
+# Every token id any model has: 0..MAX_TOKEN_ID (a model's own vocabulary is checked
+# when a scenario is parsed with it, and again by the engine).
+MAX_TOKEN_ID = 2**31 - 1
 
 # `max_new_tokens` omitted means "use the config's default"; null means "no limit".
 Inherit = Literal["inherit"]
@@ -30,6 +35,8 @@ class Add:
     prompt_len: int | None = None
     max_new_tokens: int | Inherit | None = INHERIT
     blocks: tuple[int, ...] | None = None
+    # (role, content) pairs, rendered with the model's chat template.
+    messages: tuple[tuple[str, str], ...] | None = None
     op: Literal["add"] = "add"
 
 
@@ -70,7 +77,8 @@ OP_NAMES = ("add", "grow", "fork", "finish", "step", "shuffle")
 
 _FIELDS: dict[str, tuple[set[str], set[str]]] = {
     # op: (required, optional). "op" itself, "narration" and "expect" are always allowed.
-    "add": ({"request"}, {"prompt", "prompt_tokens", "prompt_len", "max_new_tokens", "blocks"}),
+    "add": ({"request"}, {"prompt", "prompt_tokens", "prompt_len", "messages", "max_new_tokens",
+                          "blocks"}),
     "grow": ({"request"}, {"tokens"}),
     "fork": ({"request", "child"}, set()),
     "finish": ({"request"}, set()),
@@ -106,8 +114,12 @@ def _int_list(value: Any, field: str, lo: int, hi: int, max_len: int) -> tuple[i
     return tuple(_int(v, f"{field}[{i}]", lo, hi) for i, v in enumerate(value))
 
 
-def parse_op(data: Any) -> Op:
-    """One operation from its JSON object. Raises PagedLabError naming the problem."""
+def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
+    """One operation from its JSON object. Raises PagedLabError naming the problem.
+
+    `prompt_tokens` must be ids of a vocabulary of `vocab_size` (256: tiny-byte's
+    bytes); None defers that check to the engine, which knows its model.
+    """
     if not isinstance(data, dict):
         raise PagedLabError(f"an operation must be an object, got {type(data).__name__}")
     name = data.get("op")
@@ -122,7 +134,7 @@ def parse_op(data: Any) -> Op:
         raise PagedLabError(f"unknown field {extra[0]!r} for op {name!r}")
     match name:
         case "add":
-            return _parse_add(data)
+            return _parse_add(data, MAX_TOKEN_ID if vocab_size is None else vocab_size - 1)
         case "grow":
             return Grow(check_request_id(data["request"]),
                         _int(data.get("tokens", 1), "tokens", 1, MAX_GROW_TOKENS))
@@ -138,26 +150,56 @@ def parse_op(data: Any) -> Op:
     raise AssertionError(name)
 
 
-def _parse_add(data: dict[str, Any]) -> Add:
+def _utf8_size(text: str, what: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise PagedLabError(f"{what} is not valid Unicode text (it holds a lone surrogate)"
+                            ) from None
+
+
+def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise PagedLabError("messages must be a non-empty list of {role, content} objects")
+    if len(value) > MAX_MESSAGES:
+        raise PagedLabError(f"messages has {len(value)} entries; the limit is {MAX_MESSAGES}")
+    out: list[tuple[str, str]] = []
+    size = 0
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise PagedLabError(f"messages[{i}] must be an object with exactly role and content")
+        role, content = m["role"], m["content"]
+        if not isinstance(role, str) or role not in ROLES:
+            raise PagedLabError(f"messages[{i}].role must be one of {', '.join(ROLES)}, "
+                                f"got {role!r}")
+        if not isinstance(content, str):
+            raise PagedLabError(f"messages[{i}].content must be a string")
+        size += _utf8_size(content, f"messages[{i}].content")
+        out.append((role, content))
+    if size > MAX_PROMPT_TOKENS:
+        raise PagedLabError(f"messages hold {size} bytes of content; the limit is "
+                            f"{MAX_PROMPT_TOKENS}")
+    return tuple(out)
+
+
+def _parse_add(data: dict[str, Any], top_id: int) -> Add:
     request = check_request_id(data["request"])
-    given = [k for k in ("prompt", "prompt_tokens", "prompt_len") if k in data]
+    given = [k for k in ("prompt", "prompt_tokens", "prompt_len", "messages") if k in data]
     if len(given) != 1:
-        raise PagedLabError("add needs exactly one of prompt, prompt_tokens, prompt_len"
-                            + (f" (got {', '.join(given)})" if given else ""))
-    prompt = prompt_tokens = prompt_len = None
-    if "prompt" in data:
+        raise PagedLabError("add needs exactly one of prompt, prompt_tokens, prompt_len, "
+                            "messages" + (f" (got {', '.join(given)})" if given else ""))
+    prompt = prompt_tokens = prompt_len = messages = None
+    if "messages" in data:
+        messages = _parse_messages(data["messages"])
+    elif "prompt" in data:
         if not isinstance(data["prompt"], str) or not data["prompt"]:
             raise PagedLabError("prompt must be a non-empty string")
         prompt = data["prompt"]
-        try:
-            size = len(prompt.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise PagedLabError("prompt is not valid Unicode text (it holds a lone surrogate)"
-                                ) from None
+        size = _utf8_size(prompt, "prompt")
         if size > MAX_PROMPT_TOKENS:
             raise PagedLabError(f"prompt is {size} bytes; the limit is {MAX_PROMPT_TOKENS}")
     elif "prompt_tokens" in data:
-        prompt_tokens = _int_list(data["prompt_tokens"], "prompt_tokens", 0, 255,
+        prompt_tokens = _int_list(data["prompt_tokens"], "prompt_tokens", 0, top_id,
                                   MAX_PROMPT_TOKENS)
         if not prompt_tokens:
             raise PagedLabError("prompt_tokens must hold at least one token")
@@ -170,7 +212,7 @@ def _parse_add(data: dict[str, Any]) -> Add:
     blocks = None
     if "blocks" in data and data["blocks"] is not None:
         blocks = _int_list(data["blocks"], "blocks", 0, 2**31 - 1, MAX_PROMPT_TOKENS)
-    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks)
+    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages)
 
 
 def describe_op(op: Op) -> str:
@@ -181,6 +223,8 @@ def describe_op(op: Op) -> str:
                 what = repr(op.prompt if len(op.prompt) <= 24 else op.prompt[:21] + "...")
             elif op.prompt_tokens is not None:
                 what = f"{len(op.prompt_tokens)} tokens"
+            elif op.messages is not None:
+                what = f"{len(op.messages)} messages"
             else:
                 what = f"{op.prompt_len} random tokens"
             return f"add {op.request} ({what})"

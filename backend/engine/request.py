@@ -8,7 +8,9 @@ from typing import Literal
 import torch
 
 Status = Literal["waiting", "running", "finished"]
-FinishReason = Literal["finished", "max_new_tokens", "capacity"]
+# "eos": it sampled its model's end-of-sequence token.
+FinishReason = Literal["finished", "max_new_tokens", "capacity", "eos"]
+FINISH_REASONS = ("finished", "max_new_tokens", "capacity", "eos")
 
 
 @dataclass(slots=True, eq=False)
@@ -32,6 +34,8 @@ class Request:
     admitted: int | None = None
     finish_reason: FinishReason | None = None
     logits: torch.Tensor | None = None
+    # Set when it samples the end-of-sequence token; it finishes after that token's step.
+    stopped: bool = False
 
     @property
     def num_tokens(self) -> int:

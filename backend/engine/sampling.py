@@ -5,8 +5,14 @@ model step, with noise from a generator seeded by (scenario seed, request id,
 position). The draw depends on nothing else, so a run replays exactly, a
 preempted request regenerates the same tokens after recomputation, a moved
 block changes nothing, and a forked child (another id) diverges from its
-parent. Samples are restricted to printable ASCII so generated text can be
-read on screen; prompts may hold any byte.
+parent.
+
+`temperature` divides the logits (0: greedy, the largest logit, ties to the
+lowest token id, no noise drawn); `top_p` keeps the most probable tokens whose
+probabilities, taken in order (ties by token id), first reach p. For
+tiny-byte samples are restricted to printable ASCII so generated text can be
+read on screen (prompts may hold any byte); with neither setting given its
+draw is exactly the one it always was.
 """
 
 from __future__ import annotations
@@ -28,13 +34,41 @@ _NOT_PRINTABLE = torch.ones(256, dtype=torch.bool)
 _NOT_PRINTABLE[PRINTABLE_LO:PRINTABLE_HI + 1] = False
 
 
-def sample_token(logits: torch.Tensor, seed: int, request_id: str, position: int) -> int:
-    """The token at `position` of request `request_id`, from float32 logits [256]."""
+def sample_token(logits: torch.Tensor, seed: int, request_id: str, position: int, *,
+                 temperature: float | None = None, top_p: float | None = None,
+                 printable_only: bool = True) -> int:
+    """The token at `position` of request `request_id`, from float32 logits [vocab].
+
+    `printable_only` (tiny-byte) needs a vocabulary of 256 bytes.
+    """
+    scores = logits.detach().to("cpu", torch.float64)
+    banned = _NOT_PRINTABLE if printable_only else None
+    if banned is not None:
+        assert scores.numel() == 256, "printable_only is for byte vocabularies"
+    if temperature == 0:
+        if banned is not None:
+            scores = scores.masked_fill(banned, float("-inf"))
+        return int(torch.argmax(scores))  # the first of equal maxima: the lowest id
+    if temperature is not None:
+        scores = scores / temperature
+    if banned is not None:
+        scores = scores.masked_fill(banned, float("-inf"))
+    if top_p is not None and top_p < 1:
+        scores = _nucleus(scores, top_p)
     g = torch.Generator().manual_seed(_seed_of("sample", seed, request_id, position))
-    u = torch.rand(256, generator=g, dtype=torch.float64).clamp_(1e-300, 1.0)
-    scores = logits.detach().to("cpu", torch.float64) - torch.log(-torch.log(u))
-    scores[_NOT_PRINTABLE] = float("-inf")
+    u = torch.rand(scores.numel(), generator=g, dtype=torch.float64).clamp_(1e-300, 1.0)
+    scores = scores - torch.log(-torch.log(u))
     return int(torch.argmax(scores))
+
+
+def _nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`scores` with every token outside the top-p set at -inf (the first token always stays)."""
+    probs = torch.softmax(scores, dim=0)
+    # Stable: equal probabilities keep id order, so ties go to the lowest ids.
+    order = torch.sort(probs, descending=True, stable=True).indices
+    before = torch.cumsum(probs[order], dim=0) - probs[order]
+    drop = order[before >= top_p]
+    return scores.index_fill(0, drop, float("-inf"))
 
 
 def random_prompt(length: int, seed: int, request_id: str) -> list[int]:

@@ -108,9 +108,12 @@ class Scheduler:
         return alloc.num_cached_tokens
 
     def finish_if_done(self, ids: list[str]) -> None:
+        """Mutates: finish each running request that sampled end-of-sequence or hit its limit."""
         for rid in ids:
             req = self.requests[rid]
-            if req.status == "running" and req.reached_limit:
+            if req.status == "running" and req.stopped:
+                self.finish(req, "eos")
+            elif req.status == "running" and req.reached_limit:
                 self.finish(req, "max_new_tokens")
 
     def finish(self, req: Request, reason: FinishReason) -> None:
