@@ -19,7 +19,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import check_request_id
-from backend.engine.request import Request
+from backend.engine.request import FINISH_REASONS, Request
 from backend.engine.results import KernelReport
 from backend.io.json_input import FieldReader, non_negative
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
@@ -57,6 +57,8 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     bs = c.block_size
     m = engine.manager
     pool = m.pool
+    top_id = c.vocab_size - 1
+    eos = engine.model.eos_token_id
     step = top.get("step", int)
     if step < 0:
         raise PagedLabError("snapshot.step must be >= 0")
@@ -74,7 +76,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         status = r.get("status", str)
         if status not in ("waiting", "running", "finished"):
             raise PagedLabError(f"{r.where}.status must be waiting, running or finished")
-        tokens = r.int_list("tokens", 0, 255)
+        tokens = r.int_list("tokens", 0, top_id)
         prompt_len = r.get("prompt_len", int)
         if r.get("num_tokens", int) != len(tokens):
             raise PagedLabError(f"{r.where}: num_tokens is {raw['num_tokens']} but it lists "
@@ -105,9 +107,14 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
                 and len(tokens) - prompt_len >= max_new):
             raise PagedLabError(f"{r.where}: it has generated its {max_new} tokens, so it "
                                 f"would have finished, but it is {status}")
+        if status != "finished" and eos is not None and eos in tokens[prompt_len:]:
+            raise PagedLabError(f"{r.where}: it generated the end-of-sequence token, so it "
+                                f"would have finished, but it is {status}")
+        text = r.get("text", str, optional=True)
+        if text is not None and text != engine.model.codec.decode(tokens):
+            raise PagedLabError(f"{r.where}.text does not match its tokens")
         reason = r.get("finish_reason", str, optional=True)
-        if status == "finished" and reason not in (None, "finished", "max_new_tokens",
-                                                   "capacity"):
+        if status == "finished" and reason not in (None, *FINISH_REASONS):
             raise PagedLabError(f"{r.where}.finish_reason {reason!r} is not known")
         if status != "finished" and reason is not None:
             raise PagedLabError(f"{r.where}: a {status} request has no finish_reason")
@@ -144,7 +151,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         r = FieldReader(raw, f"snapshot.prefix_cache[{i}]")
         digest = r.get("hash", str)
         parent_digest = r.get("parent", str, optional=True)
-        tokens = r.int_list("tokens", 0, 255)
+        tokens = r.int_list("tokens", 0, top_id)
         if len(tokens) != bs:
             raise PagedLabError(f"{r.where}: a full block holds {bs} tokens, not {len(tokens)}")
         if parent_digest is not None and parent_digest not in nodes:

@@ -12,7 +12,8 @@ request up by id, `blocks.<n>.<field>` a block by id, `address.<id>.<pos>`
 the translation of a token position ({logical_block, offset, physical_block,
 slot}), `events.<kind>` the number of events of that kind so far,
 `step_events.<kind>` the number this step emitted, `text.<id>` the request's
-tokens as text, `contiguous.*` the state of the scenario's contiguous arena
+tokens as text (tiny-byte: printable bytes as is, others escaped; a real
+model: decoded), `contiguous.*` the state of the scenario's contiguous arena
 (see backend/io/contiguous_mirror.py); anything else walks the snapshot's
 objects and lists.
 """
@@ -30,7 +31,6 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Op, parse_op
 from backend.engine.results import OpResult
-from backend.engine.sampling import render_tokens
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
 from backend.io.json_input import decode_json, read_bounded
 
@@ -106,7 +106,7 @@ def parse_scenario(data: Any) -> Scenario:
         op_name = raw.get("op") if isinstance(raw, dict) else None
         label = op_name if isinstance(op_name, str) else None
         try:
-            op = parse_op(raw)
+            op = parse_op(raw, vocab_size=config.vocab_size)
             narration = raw.get("narration")
             if narration is not None and not isinstance(narration, str):
                 raise PagedLabError("narration must be a string")
@@ -178,7 +178,7 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
     if head == "step_events" and len(parts) == 2:
         return 0 if result is None else sum(1 for e in result.events if e.kind == parts[1])
     if head == "text" and len(parts) == 2:
-        return render_tokens(engine.request(parts[1]).tokens)
+        return engine.text(parts[1])
     node = snapshot
     for i, part in enumerate(parts):
         if i == 1 and head == "requests":

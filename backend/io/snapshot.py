@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from backend.core.config import TINY_BYTE
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.io.json_input import decode_json
@@ -45,6 +46,15 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
             node = node.parent
     metrics = m.metrics()
     report = engine.kernel_report
+    # The model and sampling settings are written only where they differ from the
+    # defaults, so a tiny-byte snapshot is the same file it always was.
+    model_fields: dict[str, Any] = {}
+    if c.model != TINY_BYTE:
+        model_fields["model"] = c.model
+    for key in ("temperature", "top_p"):
+        if getattr(c, key) is not None:
+            model_fields[key] = getattr(c, key)
+    real = c.model != TINY_BYTE
     return {
         "schema_version": SCHEMA_VERSION,
         "step": engine.step,
@@ -54,7 +64,7 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
             "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "dtype": c.dtype,
             "device": engine.device.type, "bytes_per_block": c.bytes_per_block,
             "prefix_caching": c.prefix_caching, "allocation": c.allocation, "seed": c.seed,
-            "max_new_tokens": c.max_new_tokens,
+            "max_new_tokens": c.max_new_tokens, **model_fields,
         },
         "blocks": [
             {"id": b.id, "state": b.state, "ref_count": b.ref_count, "num_filled": b.num_filled,
@@ -65,7 +75,9 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
             {"id": r.id, "status": r.status, "parent": r.parent, "prompt_len": r.prompt_len,
              "num_tokens": r.num_tokens, "block_table": engine.block_table(r.id),
              "tokens": list(r.tokens), "num_preemptions": r.num_preemptions,
-             "max_new_tokens": r.max_new_tokens, "finish_reason": r.finish_reason}
+             "max_new_tokens": r.max_new_tokens, "finish_reason": r.finish_reason,
+             # Derived from the tokens; a real model's requests carry it (CONTRACT.md).
+             **({"text": engine.text(r.id)} if real else {})}
             for r in engine.requests.values()
         ],
         "events": [e.to_json() for e in m.events],
