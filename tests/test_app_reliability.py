@@ -16,8 +16,10 @@ from streamlit.proto.WidgetStates_pb2 import WidgetState
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import Selectbox
 
+from backend.core.config import EngineConfig
 from backend.io.export import snapshot_bytes
 from backend.io.snapshot import export_snapshot
+from backend.sessions.playground import Settings
 from backend.views.text import md_escape, plain_md
 from tests.test_app import add, engine, shown, start, status
 
@@ -216,3 +218,22 @@ def test_request_ids_and_uploaded_text_with_markdown_are_shown_as_plain_text() -
     assert errors == ["The engine refused step 3 (grow): request "
                       "'![z](http://example.invalid/z.png)' does not exist. The run stops "
                       "there: step 2 is the state before it."]
+
+
+# ---- a module imported afresh ---------------------------------------------------------------
+
+def test_settings_made_by_a_module_imported_afresh_are_still_the_same_settings() -> None:
+    # Streamlit imports a changed source file's module again on the next run; the
+    # session's EngineConfig was made by the old class. A subclass stands in for it:
+    # equal fields, another class.
+    class Reloaded(EngineConfig):
+        __slots__ = ()
+
+    at = add(start())
+    settings = at.session_state["settings"]
+    old = Reloaded(**settings.config.to_json())
+    at.session_state["settings"] = Settings(old, settings.device, settings.kernel)
+    at.run()
+    assert not at.exception
+    assert not at.warning, [w.value for w in at.warning]
+    assert engine(at).requests.keys() == {"A"}

@@ -75,7 +75,10 @@ def _confirm_or_apply() -> None:
         st.error(plain_md(error))
         return
     assert config is not None
-    if config == session.get_settings().config:
+    # Compared as values: when a source file changes, Streamlit imports its module
+    # afresh, and an EngineConfig of the new class never equals one made before it
+    # (dataclass equality wants the same class), which would ask to reset for nothing.
+    if config.to_json() == session.get_settings().config.to_json():
         return
     if not session.engine_has_state():
         session.apply_config(config)
