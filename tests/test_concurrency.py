@@ -152,3 +152,24 @@ def test_an_operation_that_fails_half_way_is_rolled_back(monkeypatch: pytest.Mon
     restored.apply(Step(5))
     assert [r.tokens for r in restored.requests.values()] == \
         [r.tokens for r in clean.requests.values()]
+
+
+def test_a_step_stopped_between_iterations_is_the_step_that_ran() -> None:
+    config = EngineConfig(num_blocks=32, block_size=4)
+    e = Engine(config, kernel="torch")
+    e.apply(Add("A", prompt="stop me", max_new_tokens=50))
+    seen: list[tuple[int, int]] = []
+
+    def progress(done: int, total: int) -> bool:
+        seen.append((done, total))
+        return done < 3
+
+    result = e.apply(Step(10), progress=progress)
+    assert seen == [(1, 10), (2, 10), (3, 10)]
+    assert result.op == Step(3) and len(result.generated) == 3
+    e.check_integrity()
+    # The recorded operation replays to exactly the same state.
+    replay = Engine(config, kernel="torch")
+    for op in [Add("A", prompt="stop me", max_new_tokens=50), result.op]:
+        replay.apply(op)
+    assert _state(replay) == _state(e)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -54,6 +55,11 @@ from backend.paging.events import Event
 # Most attention scores (query tokens x context tokens x heads) one prefill
 # forward may hold; the plain reference materialises them all, in fp32.
 PREFILL_BUDGET = 1 << 24
+
+
+# Called after each iteration of a step with (iterations done, iterations asked);
+# returning False stops the step there.
+Progress = Callable[[int, int], bool]
 
 
 class Engine:
@@ -178,8 +184,14 @@ class Engine:
 
     # ---- operations --------------------------------------------------------
 
-    def apply(self, op: Op) -> OpResult:
+    def apply(self, op: Op, *, progress: Progress | None = None) -> OpResult:
         """Mutates: apply one operation; all or nothing.
+
+        `progress(done, total)` is called after each iteration of a `step`;
+        returning False stops it there, between two iterations, with the
+        engine consistent: the result's `op` is then the `step` that ran
+        (its `count` the iterations done), so replaying the results'
+        operations reproduces the state exactly.
 
         A refusal (PagedLabError) is raised before anything changes. Any other
         exception means the operation stopped half-way: the engine marks
@@ -191,14 +203,14 @@ class Engine:
                 raise PagedLabError(f"this engine stopped half-way through an operation "
                                     f"({self.broken}); reset it or restore a snapshot")
             try:
-                return self._apply(op)
+                return self._apply(op, progress)
             except PagedLabError:
                 raise
             except BaseException as exc:
                 self.broken = f"step {self.step + 1}: {type(exc).__name__}: {exc}"
                 raise
 
-    def _apply(self, op: Op) -> OpResult:
+    def _apply(self, op: Op, progress: Progress | None) -> OpResult:
         before = len(self.manager.events)
         self.manager.step = self.step + 1
         self.scheduler.outcome = Outcome()
@@ -213,8 +225,12 @@ class Engine:
                 case Finish():
                     self._finish_op(op)
                 case Step():
-                    for _ in range(op.count):
+                    for done in range(1, op.count + 1):
                         self._iteration()
+                        if progress is not None and not progress(done, op.count) \
+                                and done < op.count:
+                            op = Step(done)
+                            break
                 case Shuffle():
                     self._shuffle(op)
                 case _:
