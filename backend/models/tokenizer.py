@@ -5,12 +5,12 @@ piece per token, and chat messages to a prompt.
 
 `BPETokenizer` is built with Hugging Face `tokenizers` from the vocabulary and
 merges stored in the GGUF file. The file names its pre-tokenizer in
-`tokenizer.ggml.pre`: for "smollm" that is llama.cpp's split into single
-digits followed by GPT-2's byte-level regex, which is what Hugging Face's own
-tokenizer.json for SmolLM2 does with `Digits(individual_digits=True)` before
-`ByteLevel`. (transformers' GGUF conversion ignores the name and uses
-ByteLevel alone; the two differ only where whitespace runs into a digit, as in
-"a  1": see tests/test_model_tokenizer.py.) Control tokens (`<|im_start|>`,
+`tokenizer.ggml.pre`: "smollm" is llama.cpp's name for SmolLM2's own, which
+splits every number character off on its own and then applies GPT-2's
+byte-level regex; in `tokenizers` that is `Digits(individual_digits=True)`
+before `ByteLevel`. (transformers' GGUF conversion ignores the name and uses
+ByteLevel alone; the two differ only where whitespace meets a number
+character, as in "a  1": see tests/test_model_tokenizer.py.) Control tokens (`<|im_start|>`,
 `<|im_end|>`, ...) are special added tokens: matched whole in text, as
 transformers and llama.cpp do. The chat template is the file's own Jinja
 template, rendered in Jinja's sandbox like transformers' `apply_chat_template`.
