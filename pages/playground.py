@@ -18,13 +18,15 @@ if st.session_state.get(session.PENDING):
     st.warning("The sidebar's settings differ from the running engine's: apply them there "
                "(this starts a new engine) or keep the current ones.")
 controls.status_line()
-controls.render()
-
-snap = session.current_snapshot(engine)
-panels.metrics(snap)
-st.subheader("Physical block pool")
-focus = panels.pool(snap)
-panels.tables_events_kernel(snap, focus, engine)
+# Read the engine under its lock: a second click's callback may be applying an
+# operation in another thread, and the page must show a state from before or after it.
+with engine.lock:
+    controls.render()
+    snap = session.current_snapshot(engine)
+    panels.metrics(snap)
+    st.subheader("Physical block pool")
+    focus = panels.pool(snap)
+    panels.tables_events_kernel(snap, focus, engine)
 
 st.subheader("Export and import")
 exports.downloads(snap, stem="playground", prefix="", run=session.get_history(),

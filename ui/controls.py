@@ -21,10 +21,9 @@ from ui import session
 def status_line() -> None:
     """The outcome of the last action (session.flash), as plain text.
 
-    Drawn here rather than by session.render_flash, which passes the message to
-    Streamlit as Markdown: refusals and summaries quote request ids, prompts and
-    uploaded file names, and Markdown in those would be rendered (an image in an id
-    would be fetched by the browser).
+    Refusals and summaries quote request ids, prompts and uploaded file names;
+    Markdown in those must not be rendered (an image in an id would be fetched
+    by the browser), so the message is escaped.
     """
     msg = st.session_state.get(session.FLASH)
     if not msg:

@@ -31,6 +31,8 @@ from backend.io.export import (
     to_parquet,
 )
 from backend.io.snapshot import MAX_SNAPSHOT_BYTES, parse_snapshot_text
+from backend.sessions.history import History
+from backend.views.text import plain_md
 from ui import session
 
 Snapshot = dict[str, Any]
@@ -54,7 +56,7 @@ def _svg(snap: Snapshot, page: int) -> bytes:
     return chart_svg(views.grid_chart(snap, page=page, selectable=False)).encode()
 
 
-def _zip(snapshots: Sequence[Snapshot]) -> bytes:
+def _zip(snapshots: Sequence[Snapshot] | History) -> bytes:
     # A History rebuilds each step's snapshot as it is iterated: only on a click.
     return run_zip(list(snapshots))
 
@@ -67,7 +69,7 @@ def _button(col: Any, label: str, data: bytes | Callable[[], bytes], file_name: 
 
 
 def downloads(snap: Snapshot, *, stem: str, prefix: str,
-              run: Sequence[Snapshot] | None = None, run_help: str = "") -> None:
+              run: Sequence[Snapshot] | History | None = None, run_help: str = "") -> None:
     """Download buttons for one snapshot and, given `run`, for a whole run as a zip.
 
     `stem` starts every file name (the step number follows); `prefix` keys the
@@ -147,4 +149,5 @@ def import_panel() -> None:
              "current state kept.")
     note = st.session_state.get(IMPORT_NOTE)
     if note:
-        st.caption(note)
+        # The note quotes the uploaded file's name: plain text, never Markdown.
+        st.caption(plain_md(note))

@@ -171,15 +171,6 @@ def flash(kind: FlashKind, text: str) -> None:
     st.session_state[FLASH] = (kind, text)
 
 
-def render_flash() -> None:
-    """The outcome of the last action: an error for a refusal, else what it did."""
-    msg = st.session_state.get(FLASH)
-    if not msg:
-        return
-    kind, text = msg
-    {"error": st.error, "success": st.success, "info": st.info}[kind](text)
-
-
 # ---- operations ---------------------------------------------------------------
 
 def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:

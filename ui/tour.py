@@ -87,7 +87,8 @@ def load(key: str) -> bool:
         else:
             scenario = shipped_scenario(key)
             title = scenario.name
-        t.run = TourRun(scenario, key, title, device=s.device, kernel=s.kernel)
+        t.run = TourRun(scenario, key, title, device=s.device, kernel=s.kernel,
+                        owner=session.get_owner())
     except PagedLabError as exc:
         say("error", f"Cannot start that scenario: {exc}")
         return False

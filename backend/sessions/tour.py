@@ -42,6 +42,7 @@ from backend.io.scenario import (
     run_steps,
 )
 from backend.io.snapshot import export_snapshot
+from backend.sessions.budget import SERVER_BUDGET, KVBudget
 from backend.sessions.playground import summarize, switch_kernels
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "assets" / "scenarios"
@@ -167,14 +168,20 @@ class TourRun:
     """
 
     def __init__(self, scenario: Scenario, key: str, title: str, *, device: str = "auto",
-                 kernel: str = "auto") -> None:
+                 kernel: str = "auto", owner: str | None = None,
+                 budget: KVBudget = SERVER_BUDGET) -> None:
         self.scenario = scenario
         self.key = key
         self.title = title
         self.device = device
         self.kernel = kernel
-        # Raises PagedLabError for a device or kernel this machine lacks.
+        # Raises PagedLabError for a device or kernel this machine lacks, or (for a
+        # browser session, `owner`) a pool its K/V budget has no room for.
+        if owner is not None:
+            budget.check(scenario.config, owner)
         self.engine = Engine(scenario.config, device=device, kernel=kernel)
+        if owner is not None:
+            budget.track(self.engine, owner)
         self.mirror = scenario.mirror()
         self.frames: list[Frame] = [Frame(0, export_snapshot(self.engine), "start", None, None,
                                           (), arena_state(self.mirror))]
