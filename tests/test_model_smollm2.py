@@ -99,8 +99,9 @@ def test_logits_at_every_position_agree_with_transformers(ours: SmolLM2, hf: Any
 
 def test_paged_logits_agree_in_one_packed_batch_with_scattered_blocks(ours: SmolLM2,
                                                                       hf: Any) -> None:
-    """All prompts prefilled together through the paged kernels, then the longest one's
-    second half as a later chunk that reads the first half back from the cache."""
+    """All prompts prefilled together through the paged kernels; then, in one batch, the
+    longest one's second half as a chunk that reads the first half back from the cache
+    and a decode token for the first prompt."""
     bs = 4
     seqs = prompts(ours)
     config = real(block_size=bs, num_blocks=128)
@@ -126,10 +127,19 @@ def test_paged_logits_agree_in_one_packed_batch_with_scattered_blocks(ours: Smol
         assert (out.logits[row:row + n] - want).abs().max() <= LOGIT_TOL, i
         row += n
     ids, table = seqs[long], tables[long]
-    rest = ForwardBatch.build([(ids[half:], half, slots(table, half, len(ids)), table)],
-                              cache.device)
+    assert long != 0
+    # Prompt 0 has room for one more token in its last block or takes a new one.
+    grown = seqs[0] + [int(hf_logits(hf, seqs[0])[-1].argmax())]
+    if len(grown) > len(tables[0]) * bs:
+        tables[0].append(free.pop())
+    rest = ForwardBatch.build([
+        (ids[half:], half, slots(table, half, len(ids)), table),
+        (grown[-1:], len(grown) - 1, slots(tables[0], len(grown) - 1, len(grown)), tables[0]),
+    ], cache.device)
     later = ours.forward(rest, cache, kernels, all_positions=True)
-    assert (later.logits - hf_logits(hf, ids)[half:]).abs().max() <= LOGIT_TOL
+    chunk = len(ids) - half
+    assert (later.logits[:chunk] - hf_logits(hf, ids)[half:]).abs().max() <= LOGIT_TOL
+    assert (later.logits[chunk] - hf_logits(hf, grown)[-1]).abs().max() <= LOGIT_TOL
 
 
 def test_greedy_generation_matches_transformers_through_sharing_moves_forks_and_preemption(

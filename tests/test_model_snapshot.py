@@ -13,6 +13,7 @@ from backend.core.config import SMOLLM2, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork, Grow, Op, Shuffle, Step
+from backend.io import export
 from backend.io.cli import main
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, snapshot_json
@@ -129,3 +130,10 @@ def test_inconsistent_real_model_snapshots_are_refused(middle: dict[str, Any], c
                                                        match: str) -> None:
     with pytest.raises(PagedLabError, match=match):
         restore_engine(_tamper(middle, change), kernel="torch")
+
+
+def test_exports_of_a_real_model_snapshot(middle: dict[str, Any]) -> None:
+    for name in export.TABLES:
+        df = export.table(middle, name)
+        assert len(df) and export.to_csv(df) and export.to_parquet(df)
+    assert export.run_zip([middle, {**middle, "step": middle["step"] + 1}])
