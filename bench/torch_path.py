@@ -1,0 +1,170 @@
+"""The torch kernel path against torch's SDPA on contiguous K/V and against the reference.
+
+For each batch size and context length, one decode step (one new token per sequence)
+attends to the whole context, timed three ways in the same run:
+
+    sdpa       torch's scaled_dot_product_attention on [B, kvh, L, D] laid out
+               contiguously (enable_gqa): the floor a paged layout is measured against
+    torch      the torch backend's paged_attention (`select_kernels(device, "torch")`)
+               over the same K/V in shuffled blocks, validation included, bounds checks
+               off (the kernel path's default)
+    reference  reference_paged_attention, the per-sequence oracle
+
+Goals (issue 14): torch within 2x of sdpa at every decode shape, and never slower than
+the reference. Two shape sets: a realistic one (32 query / 8 KV heads, head_dim 128,
+block 16) and the tiny model's (4 / 2 heads, head_dim 16, block 4). Each round times
+every variant once (median of a few calls); ratios are taken within a round and the
+median over rounds is reported, so both sides of a ratio saw the same machine load.
+
+    python bench/torch_path.py [--device auto|cpu|cuda] [--quick] [--rounds 3]
+                               [--batch 1 8 32] [--context 64 256 1024 4096]
+                               [--dtype float32] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+from decode_cases import Shape, cpu_name, make_case, median_cpu, time_gpu
+
+from backend.core.errors import PagedLabError
+from backend.kernels import reference_paged_attention, select_kernels
+
+SHAPES = {"realistic": (32, 8, 128, 16), "tiny": (4, 2, 16, 4)}
+RATIO_GOAL = 2.0
+# The reference walks every sequence's blocks in Python: past this many tokens in a batch
+# a call takes seconds, so it is timed once per round instead of a few times.
+REFERENCE_SLOW_TOKENS = 32 * 1024
+
+
+def bench_case(batch: int, context: int, shape: Shape, device: torch.device, rounds: int,
+               timer: Callable[[Callable[[], object], int], float]) -> dict[str, Any]:
+    case = make_case(batch, context, shape, device, one_block=False)
+    scale = shape.head_dim ** -0.5
+    k, v, table = case.paged
+    backend = select_kernels(device.type, "torch")
+    q4 = case.query[:, :, None, :]  # [B, H, 1, D]: the new token attends to all L keys
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q4, *case.dense, scale=scale, enable_gqa=True)
+
+    out = torch.empty_like(case.query)
+
+    def torch_path() -> torch.Tensor:
+        return backend.paged_attention(case.query, k, v, table, case.seq_lens,
+                                       case.query_start_loc, scale, out=out,
+                                       check_bounds=False)
+
+    def reference() -> torch.Tensor:
+        return reference_paged_attention(case.query, k, v, table, case.seq_lens,
+                                         case.query_start_loc, scale)
+
+    err = float((torch_path().float() - sdpa()[:, :, 0].float()).abs().max())
+    reps = 5 if batch * context <= 8 * 4096 else 3
+    ref_reps = 3 if batch * context <= REFERENCE_SLOW_TOKENS else 1
+    times: dict[str, list[float]] = {"sdpa": [], "torch": [], "reference": []}
+    for _ in range(rounds):
+        times["sdpa"].append(timer(sdpa, reps))
+        times["torch"].append(timer(torch_path, reps))
+        times["reference"].append(timer(reference, ref_reps))
+    vs_sdpa = [t / s for t, s in zip(times["torch"], times["sdpa"], strict=True)]
+    vs_ref = [t / r for t, r in zip(times["torch"], times["reference"], strict=True)]
+    return {
+        "batch": batch, "context": context, "kv_mib": case.kv_bytes / 2**20,
+        **{f"{name}_us": statistics.median(ts) for name, ts in times.items()},
+        "torch_over_sdpa": statistics.median(vs_sdpa),
+        "torch_over_reference": statistics.median(vs_ref),
+        "max_abs_err_vs_sdpa": err,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--quick", action="store_true", help="a few cases only")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--context", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--out", type=Path, help="write all results as JSON here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.context = [1, 32], [64, 1024]
+    try:
+        device = select_kernels(args.device, "torch").device
+    except PagedLabError as exc:  # --device cuda on a machine without a GPU
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    gpu = device.type == "cuda"
+    dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    if not gpu:
+        # One thread: with other work on a small machine, every parallel torch op waits
+        # at a barrier for a descheduled worker; the ratios are steadier this way.
+        torch.set_num_threads(1)
+
+    def timer(fn: Callable[[], object], reps: int) -> float:
+        return time_gpu(fn) if gpu else median_cpu(fn, reps)
+
+    torch.manual_seed(0)
+    info: dict[str, Any] = {
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": str(device), "gpu": torch.cuda.get_device_name(device) if gpu else None,
+        "cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "dtype": dtype, "rounds": args.rounds, "rows": [],
+    }
+    for name in args.shapes:
+        heads, kv_heads, head_dim, block_size = SHAPES[name]
+        shape = Shape(heads, kv_heads, head_dim, block_size, dtype)
+        for batch in args.batch:
+            for context in args.context:
+                row = {"shape": name, **bench_case(batch, context, shape, device,
+                                                   args.rounds, timer)}
+                info["rows"].append(row)
+                print(f"  {name} batch {batch:>3} context {context:>5}: torch "
+                      f"{row['torch_over_sdpa']:.2f}x sdpa, "
+                      f"{row['torch_over_reference']:.2f}x reference",
+                      file=sys.stderr, flush=True)
+                if gpu:
+                    torch.cuda.empty_cache()
+                if args.out:  # after every case, so a run cut short keeps its results
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    args.out.write_text(json.dumps(info, indent=2) + "\n")
+
+    print(f"\nsummary: torch path on {info['gpu'] or info['cpu']}, torch {info['torch']} "
+          f"({info['threads']} threads), {dtype}; medians of {args.rounds} rounds "
+          f"({datetime.date.today().isoformat()})")
+    print(f"{'shape':<10}{'batch':>6}{'ctx':>6}{'KV MiB':>8}{'sdpa us':>11}{'torch us':>11}"
+          f"{'ref us':>12}{'torch/sdpa':>11}{'torch/ref':>10}{'err':>9}")
+    for r in info["rows"]:
+        print(f"{r['shape']:<10}{r['batch']:>6}{r['context']:>6}{r['kv_mib']:>8.1f}"
+              f"{r['sdpa_us']:>11.1f}{r['torch_us']:>11.1f}{r['reference_us']:>12.1f}"
+              f"{r['torch_over_sdpa']:>11.2f}{r['torch_over_reference']:>10.2f}"
+              f"{r['max_abs_err_vs_sdpa']:>9.1e}")
+    worst = max(info["rows"], key=lambda r: r["torch_over_sdpa"])
+    slowest = max(info["rows"], key=lambda r: r["torch_over_reference"])
+    print(f"goal torch <= {RATIO_GOAL:.0f}x sdpa: worst {worst['torch_over_sdpa']:.2f}x "
+          f"({worst['shape']}, batch {worst['batch']}, context {worst['context']}): "
+          f"{'met' if worst['torch_over_sdpa'] <= RATIO_GOAL else 'NOT met'}")
+    print(f"goal torch never slower than the reference: worst "
+          f"{slowest['torch_over_reference']:.2f}x ({slowest['shape']}, batch "
+          f"{slowest['batch']}, context {slowest['context']}): "
+          f"{'met' if slowest['torch_over_reference'] <= 1.0 else 'NOT met'}")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
