@@ -27,6 +27,7 @@ from backend.sessions.playground import (
     summarize,
     switch_kernels,
 )
+from backend.views import grid
 from backend.views.text import WORD_JOINER, is_plain, md_code, md_escape, plain_md
 
 PROMPT = "The cat sat on the mat."   # 23 bytes: five full blocks of 4 and one of 3
@@ -74,7 +75,7 @@ def test_grid_frame_labels_do_not_rely_on_colour(shared: Engine) -> None:
     df = views.grid_frame(export_snapshot(shared), focus_blocks={7})
     assert df.loc[0, "label"] == "A ×3"
     assert df.loc[5, "label"] == "A"
-    assert df.loc[8, "label"] == "C" and df.loc[8, "state"] == "cached"
+    assert df.loc[8, "label"] == grid.CACHED_LABEL and df.loc[8, "state"] == "cached"
     assert df.loc[11, "label"] == ""
     # The fill bar spans 3/4 of a partial block's cell and all of a full one's.
     cell = df.loc[5, "x1"] - df.loc[5, "x0"]
@@ -99,7 +100,7 @@ def test_grid_spec_is_valid_vega_lite_and_renders(shared: Engine) -> None:
     svg = vlc.vegalite_to_svg(views.grid_chart(snap).to_dict(validate=False))
     texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
     assert texts.count("A ×3") == 5
-    assert "A.1" in texts and "C" in texts
+    assert "A.1" in texts and grid.CACHED_LABEL in texts
 
 
 def test_large_pools_are_paged_with_an_overview() -> None:
@@ -329,3 +330,54 @@ def test_code_spans_only_for_text_streamlit_leaves_alone() -> None:
     assert md_code("fork A -> A2") == "`fork A -> A2`"
     assert md_code("add `x`") == md_escape("add `x`")
     assert md_code("add :material/home:") == md_escape("add :material/home:")
+
+
+# ---- cached blocks and the grid's legend -------------------------------------------------
+
+def _cached_and_tricky_ids() -> dict:
+    """Requests named like the old cached mark ("C") and like its word, beside cached blocks."""
+    e = engine()
+    ops: list[Op] = [Add("gone", prompt="Hello, paging"), Finish("gone"),
+                     Add("C", prompt="xyz"), Add("cached", prompt="abcdefgh"),
+                     Add("cache", prompt="qr"), Add("Cached!", prompt="st")]
+    for op in ops:
+        e.apply(op)
+    return export_snapshot(e)
+
+
+def test_a_cached_block_reads_unlike_any_request_id() -> None:
+    snap = _cached_and_tricky_ids()
+    df = views.grid_frame(snap)
+    cached = set(df.loc[df["state"] == "cached", "label"])
+    used = set(df.loc[df["state"] == "used", "label"])
+    assert len(cached) == 1 and (df["state"] == "cached").sum() == 3
+    assert not cached & used, (cached, used)
+    # Whatever the id, an owner's label is never the cached mark.
+    for rid in ("C", "cached", "Cached", "cache", "cached ×2", "c", "x" * 64):
+        assert grid.owner_label(rid) != grid.CACHED_LABEL
+    # The legend names the mark the grid draws.
+    assert grid.CACHED_LABEL in views.legend_html(snap)
+
+
+def test_cached_cells_are_drawn_with_a_dashed_border() -> None:
+    import vl_convert as vlc
+
+    snap = _cached_and_tricky_ids()
+    svg = vlc.vegalite_to_svg(views.grid_chart(snap).to_dict(validate=False))
+    dashed = re.findall(r'<path[^>]*stroke-dasharray="[^"]+"', svg)
+    assert len(dashed) == 3 + 1, len(dashed)        # the cells, and the legend's swatch
+    cells = vlc.vegalite_to_svg(views.grid_chart(snap, legend=False).to_dict(validate=False))
+    assert len(re.findall(r'<path[^>]*stroke-dasharray="[^"]+"', cells)) == 3
+
+
+def test_the_exported_grid_has_a_legend() -> None:
+    from backend.io.export import chart_svg
+
+    snap = _cached_and_tricky_ids()
+    svg = chart_svg(views.grid_chart(snap))
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    legend = " ".join(texts)
+    for words in ("cached = free", "free", "shared by N tables", "filled slots"):
+        assert words in legend, (words, texts)
+    for rid in ("C", "cached", "cache", "Cached!"):       # one swatch per running request
+        assert rid in texts, (rid, texts)

@@ -4,6 +4,7 @@ No Streamlit here: pages render what these functions return, tests check it
 directly, and an export can turn the same chart into PNG or SVG.
 
     model    a snapshot as typed rows and DataFrames; grid, vector: the block grid
+    legend   the grid's legend (page and exports) and grid_chart, the grid with it
     html     metrics, event log and layout cards; tour: the Scenarios page's views
     text     user text as Markdown that Streamlit shows as written (plain_md, md_code)
     compare/ the "Contiguous vs paged" page's frames, charts and tables
@@ -17,7 +18,6 @@ from backend.views.grid import (
     PAGE_SIZE,
     PALETTE,
     SELECTION,
-    grid_chart,
     grid_frame,
     grid_spec,
     grid_title,
@@ -25,6 +25,7 @@ from backend.views.grid import (
     overview_spec,
 )
 from backend.views.html import event_log_html, layouts_html, legend_html, metrics_html
+from backend.views.legend import grid_chart, legend_entries
 from backend.views.model import (
     Chunk,
     KernelInfo,
@@ -62,6 +63,7 @@ __all__ = [
     "holders_by_block",
     "kernel_info",
     "layouts_html",
+    "legend_entries",
     "legend_html",
     "metric_items",
     "metrics_html",

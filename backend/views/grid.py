@@ -3,10 +3,14 @@
 Each cell says what it holds in more than colour (colour-blind readers, and
 grey-scale prints, must lose nothing):
 
-    used     tinted in its owner's colour, the owner's id as text; a bar along
-             the bottom shows the filled slots (a full bar is a full block)
+    used     tinted in its owner's colour, the owner's id as text (at most five
+             characters: longer ids end in "…"); a bar along the bottom shows the
+             filled slots (a full bar is a full block)
     shared   the same, with "×N" (the reference count) and a heavy border
-    cached   grey, "C", dashed border: free, but its K/V is still findable
+    cached   grey, dashed border, "cached" in italics: free, but its K/V is still
+             findable. Request ids are anyone's text, so no letter or glyph is safe
+             from being an id; a six-letter word is, as no owner label is longer
+             than five characters without an ellipsis (`owner_label`)
     free     white, thin border, no text
 
 A focus (a request, or a block and its holders) fades every other cell. The
@@ -16,7 +20,9 @@ in an exported PNG/SVG.
 Pools larger than PAGE_SIZE blocks are drawn a page at a time (`page`), with
 `overview_spec` summarising the whole pool. Pages of more than 256 cells use
 small cells that carry only the non-colour marks (×N, C); ids and holders are
-in every cell's tooltip and aria-label.
+in every cell's tooltip and aria-label; cached cells keep their dashed border.
+
+`legend.grid_chart` (exports) draws the grid with its legend under it.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-import altair as alt
 import numpy as np
 import pandas as pd
 
@@ -37,6 +42,13 @@ CACHED_FILL = "#BDBDBD"
 FREE_FILL = "#FFFFFF"
 INK = "#1F1F1F"
 MUTED = "#8C8C8C"
+CACHED_STROKE = "#555555"     # darker than a free cell's border, so the dashes show
+CACHED_DASH = [3, 2]
+
+# What a cached cell says. An owner's label is its id when that has at most
+# OWNER_CHARS characters, else the first OWNER_CHARS - 1 and "…": never six letters.
+CACHED_LABEL = "cached"
+OWNER_CHARS = 5
 
 PAGE_SIZE = 1024
 SELECTION = "block_pick"   # the Altair selection a click on a cell sets
@@ -53,6 +65,13 @@ def grid_shape(num_cells: int) -> tuple[int, int, int, int]:
 
 def num_pages(num_blocks: int) -> int:
     return max(1, -(-num_blocks // PAGE_SIZE))
+
+
+def owner_label(request_id: str) -> str:
+    """What a used cell says for its owner: the id, shortened to OWNER_CHARS with "…"."""
+    if len(request_id) <= OWNER_CHARS:
+        return request_id
+    return request_id[:OWNER_CHARS - 1] + "…"
 
 
 def grid_frame(snap: Snapshot, *, page: int = 0,
@@ -88,11 +107,12 @@ def grid_frame(snap: Snapshot, *, page: int = 0,
     refs = df["ref_count"].to_numpy()
     shared = refs >= 2
     times = np.char.add("×", refs.astype(str))
-    owner = df["owner"].str.slice(0, 5).to_numpy().astype(str)
-    df["label"] = np.where(cached, "C", np.where(shared, np.char.add(np.char.add(owner, " "),
-                                                                      times), owner))
-    # Dense pages have no room for ids: only the marks that are not colour.
-    df["mark"] = np.where(shared, times, np.where(cached, "C", ""))
+    owner = np.array([owner_label(o) for o in df["owner"]], dtype=str)
+    df["label"] = np.where(cached, CACHED_LABEL,
+                           np.where(shared, np.char.add(np.char.add(owner, " "), times), owner))
+    # Dense pages have no room for ids, nor for the cached word: only ×N, and the
+    # cached cells' dashed border.
+    df["mark"] = np.where(shared, times, "")
     df["fill_text"] = df["num_filled"].astype(str) + "/" + df["block_size"].astype(str)
     # What a screen reader announces for a cell (Vega writes it as the cell's aria-label).
     held = np.where(df["holders"].to_numpy() != "", "held by " + df["holders"].astype(str),
@@ -104,8 +124,10 @@ def grid_frame(snap: Snapshot, *, page: int = 0,
                                                                                     bool)
     df["focus"] = focus
     df["alpha"] = np.where(focus, 1.0, 0.18)
-    df["stroke"] = np.where(focus & bool(focus_blocks), INK, np.where(shared, INK, MUTED))
-    df["stroke_w"] = np.where(focus & bool(focus_blocks), 3.0, np.where(shared, 2.0, 0.8))
+    focused = focus & bool(focus_blocks)
+    df["stroke"] = np.where(focused | shared, INK, np.where(cached, CACHED_STROKE, MUTED))
+    df["stroke_w"] = np.where(focused, 3.0, np.where(shared, 2.0,
+                                                     np.where(cached, 1.2, 0.8)))
     return df
 
 
@@ -126,7 +148,7 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
 
     Written as a plain spec rather than through Altair's builders because
     building and validating the Altair objects costs tens of milliseconds on
-    every render; `grid_chart` wraps the same spec as an Altair chart, and the
+    every render; `legend.grid_chart` wraps the same spec as an Altair chart, and the
     tests validate it against the Vega-Lite schema.
     """
     df = grid_frame(snap, page=page, focus_blocks=focus_blocks)[CHART_COLUMNS]
@@ -155,17 +177,23 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
     # Drawn cells, fill bars and labels are pictures only; a transparent rect per cell
     # on top of them takes the hover, the click and the screen reader's attention, so a
     # click on a label selects its block too.
-    cells = {
-        "mark": {"type": "rect", "cornerRadius": 2, "aria": False},
-        "encoding": {
-            "x": q("x0", xs), "x2": {"field": "x1"}, "y": q("y0", ys), "y2": {"field": "y1"},
-            "fill": raw("cell_color"), "fillOpacity": raw("cell_opacity", "quantitative"),
-            "stroke": raw("stroke"), "strokeWidth": raw("stroke_w", "quantitative"),
-            "strokeDash": {"condition": {"test": "datum.state == 'cached'", "value": [3, 2]},
-                           "value": [1, 0]},
-            "opacity": alpha,
-        },
-    }
+
+    def cells(dashed: bool) -> dict[str, Any]:
+        # Vega-Lite draws a rect's dash only as a mark property (an encoding is
+        # dropped with a warning), hence one layer of solid cells, one of cached ones.
+        return {
+            "transform": [{"filter": f"{'' if dashed else '!'}(datum.state == 'cached')"}],
+            "mark": {"type": "rect", "cornerRadius": 2, "aria": False,
+                     **({"strokeDash": CACHED_DASH} if dashed else {})},
+            "encoding": {
+                "x": q("x0", xs), "x2": {"field": "x1"}, "y": q("y0", ys),
+                "y2": {"field": "y1"},
+                "fill": raw("cell_color"), "fillOpacity": raw("cell_opacity", "quantitative"),
+                "stroke": raw("stroke"), "strokeWidth": raw("stroke_w", "quantitative"),
+                "opacity": alpha,
+            },
+        }
+
     bars = {
         "transform": [{"filter": "datum.num_filled > 0"}],
         "mark": {"type": "rect", "aria": False},
@@ -174,13 +202,22 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
     }
     text_field = "mark" if dense else "label"
     labels = {
-        "transform": [{"filter": f"datum.{text_field} != ''"}],
+        "transform": [{"filter": f"datum.{text_field} != '' && datum.state != 'cached'"}],
         "mark": {"type": "text", "fontSize": 9 if dense else 11, "fontWeight": "bold",
                  "color": INK, "baseline": "middle", "aria": False},
         "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
                      "text": {"field": text_field, "type": "nominal"}, "opacity": alpha},
     }
-    layers: list[dict[str, Any]] = [cells, bars, labels]
+    layers: list[dict[str, Any]] = [cells(dashed=False), cells(dashed=True), bars, labels]
+    if not dense:
+        # The cached word in italics and not bold: it reads as a note, not as an owner.
+        layers.append({
+            "transform": [{"filter": "datum.state == 'cached'"}],
+            "mark": {"type": "text", "fontSize": 10, "fontStyle": "italic", "color": INK,
+                     "baseline": "middle", "aria": False},
+            "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
+                         "text": {"field": "label", "type": "nominal"}, "opacity": alpha},
+        })
     if not dense:
         layers.append({
             "mark": {"type": "text", "fontSize": 8, "color": MUTED, "align": "left",
@@ -213,14 +250,6 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         spec["params"] = [{"name": SELECTION, "views": ["cells"], "select": {
             "type": "point", "fields": ["id"], "on": "click", "clear": "dblclick"}}]
     return df, spec
-
-
-def grid_chart(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = (),
-               selectable: bool = True) -> alt.LayerChart:
-    """`grid_spec` as an Altair chart with its data inline (for exports and notebooks)."""
-    df, spec = grid_spec(snap, page=page, focus_blocks=focus_blocks, selectable=selectable)
-    return alt.LayerChart.from_dict({**spec, "data": {"values": df.to_dict("records")}},
-                                    validate=False)
 
 
 def grid_title(snap: Snapshot, page: int = 0) -> str:

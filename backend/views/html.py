@@ -11,7 +11,8 @@ from html import escape
 
 import pandas as pd
 
-from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
+from backend.views.grid import CACHED_LABEL, INK, PALETTE
+from backend.views.legend import legend_entries
 from backend.views.model import (
     Chunk,
     MetricItem,
@@ -90,23 +91,35 @@ def layouts_html(snap: Snapshot, request_ids: list[str], *,
 
 
 def legend_html(snap: Snapshot, request_ids: list[str] | None = None) -> str:
-    """What the grid's colours and marks mean, in words next to each swatch."""
-    slots = owner_index(snap)
-    ids = [r["id"] for r in snap["requests"] if r["status"] == "running"] \
-        if request_ids is None else request_ids
+    """What the grid's colours and marks mean, in words next to each swatch.
+
+    The entries are legend.legend_entries, the ones an exported grid draws too.
+    """
     sw = ("display:inline-block;width:12px;height:12px;border-radius:2px;margin:0 4px -1px 0;"
-          "border:1px solid {b};background:{c};")
-    item = "<span style='margin-right:12px'><span style='{style}'></span>{text}</span>"
-    parts = [item.format(style=sw.format(b=MUTED, c=_color(slots[r])), text=escape(r))
-             for r in ids]
-    parts.append(item.format(style=sw.format(b=MUTED, c=CACHED_FILL) + "border-style:dashed",
-                             text="C = cached (free, prefix kept)"))
-    parts.append(item.format(style=sw.format(b=MUTED, c="#FFF"), text="free"))
-    parts.append("<span style='margin-right:12px'><b>×N</b> = shared by N tables (heavy "
-                 "border)</span>")
-    parts.append("<span>bottom bar = filled slots</span>")
-    return "<div class='pl-legend' style='font-size:12px;line-height:1.9'>" + "".join(parts) \
+          "border:{w}px {style} {b};background:{c};")
+    parts = []
+    for e in legend_entries(snap, request_ids):
+        text = escape(e.text)
+        if e.kind == "cached":
+            # The word as the grid draws it: in italics.
+            text = text.replace(CACHED_LABEL, f"<i>{CACHED_LABEL}</i>", 1)
+        elif e.kind == "shared":
+            text = text.replace("×N", "<b>×N</b>", 1)
+        swatch = ""
+        if e.swatch:
+            style = sw.format(w=max(1, round(e.stroke_w)), b=e.stroke,
+                              c=_rgba(e.fill, e.opacity),
+                              style="dashed" if e.dashed else "solid")
+            swatch = f"<span style='{style}'></span>"
+        parts.append(f"<span style='margin-right:12px;white-space:nowrap'>{swatch}{text}</span>")
+    return "<div class='pl-legend' style='font-size:12px;line-height:1.9'>" + " ".join(parts) \
         + "</div>"
+
+
+def _rgba(hex_color: str, opacity: float) -> str:
+    """A swatch's fill as the grid shows it: its colour at the cell's opacity, over white."""
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{opacity:g})"
 
 
 _KIND_BADGE = {
