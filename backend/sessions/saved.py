@@ -1,0 +1,305 @@
+"""A Playground tab and its saved session: open, resume, save after each operation, copy.
+
+The rules (ui/store.py is the Streamlit side; the store is backend/sessions/store.py):
+
+- A session gets a row, and an id in the address, once it has state: a
+  visitor who never acts leaves nothing behind.
+- Whose a row is: each browser keeps a random secret (a cookie) and a row
+  stores its SHA-256. Opening a row of the same browser resumes it; any other
+  browser's opens a *copy* (a new id, the same state), so a shared link never
+  lets two people drive one engine.
+- One tab writes a row: the last to open it (`holder`). A tab whose row was
+  opened by another tab meanwhile (a second tab on the same link) finds out on
+  its next save, and goes on as a copy under a new id, with a message.
+- A row that cannot be read back, or whose state the restore refuses, is
+  refused with the reason; nothing is changed, neither the store nor the tab.
+- After an operation only what changed is written (the row's head, one op,
+  one history step); after a start, a restore, a copy or a failed save, all.
+
+Everything here takes its objects as arguments; nothing imports Streamlit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import parse_op
+from backend.io.snapshot import CONFIG_EXTRA, export_snapshot
+from backend.sessions.budget import SERVER_BUDGET, KVBudget
+from backend.sessions.history import History
+from backend.sessions.oplog import OpLog, op_bytes
+from backend.sessions.playground import (
+    Settings,
+    device_choices,
+    kernel_choices,
+    restore_for_session,
+)
+from backend.sessions.store import (
+    Full,
+    SessionStore,
+    StoredSession,
+    StoreError,
+    StoreLimits,
+    TooLargeError,
+    Write,
+    make_full,
+    make_head,
+    make_step,
+    op_text,
+)
+
+Snapshot = dict[str, Any]
+
+
+def new_id() -> str:
+    """A fresh session id or browser secret: 192 random bits, 32 URL-safe characters."""
+    return secrets.token_urlsafe(24)
+
+
+@dataclass(slots=True)
+class Live:
+    """A tab's live session: what is saved, and what a saved row becomes again."""
+
+    engine: Engine
+    settings: Settings
+    history: History
+    oplog: OpLog
+
+
+@dataclass(slots=True)
+class Tab:
+    """One tab's link to its row. `id` is None until the session has state."""
+
+    store: SessionStore | None
+    browser: str                   # browser_key of this browser's secret
+    holder: str = field(default_factory=new_id)
+    id: str | None = None
+    synced: bool = False           # the row holds everything up to the last operation
+
+
+def settings_json(settings: Settings) -> dict[str, Any]:
+    return {"config": settings.config.to_json(), "device": settings.device,
+            "kernel": settings.kernel}
+
+
+def settings_from_json(data: dict[str, Any]) -> tuple[Settings, list[str]]:
+    """Saved settings, and what had to change: a device or kernel this machine lacks
+    becomes "auto". Raises PagedLabError for a malformed config."""
+    config = EngineConfig.from_json(data.get("config"), where="its settings' config")
+    notes = []
+    device, kernel = data.get("device"), data.get("kernel")
+    if device not in device_choices():
+        notes.append(f"it ran on device {device!r}, which this server lacks: it runs on auto")
+        device = "auto"
+    if kernel not in kernel_choices():
+        notes.append(f"its kernel {kernel!r} is unknown here: it runs on auto")
+        kernel = "auto"
+    assert isinstance(device, str) and isinstance(kernel, str)
+    return Settings(config, device, kernel), notes
+
+
+def label_of(snapshot: Snapshot) -> str:
+    """A line saying what a session holds, for a list of sessions (plain text)."""
+    c = snapshot["config"]
+    n = len(snapshot["requests"])
+    model = c.get("model", "tiny-byte")
+    return (f"{n} request{'s' if n != 1 else ''} · {c['num_blocks']} blocks of "
+            f"{c['block_size']} · {model}")
+
+
+def _full(live: Live, snapshot: Snapshot, limits: StoreLimits) -> Full:
+    head = make_head(settings_json(live.settings), snapshot, label_of(snapshot), limits)
+    log = live.oplog
+    return make_full(head, log.base, log.ops, log.complete,
+                     [make_step(s) for s in live.history])
+
+
+# ---- resuming ----------------------------------------------------------------------------
+
+def detached(snapshot: Snapshot) -> Snapshot:
+    """`snapshot` with its requests' token lists copied, for `restore_engine`.
+
+    The restore keeps each request's `tokens` list as the live request's, so
+    the engine's next tokens would be appended to the caller's snapshot (a
+    history entry, a scenario frame). Anything malformed is passed on as it
+    is, for the restore to name.
+    """
+    requests = snapshot.get("requests")
+    if not isinstance(requests, list):
+        return snapshot
+    return {**snapshot, "requests": [
+        {**r, "tokens": list(r["tokens"])}
+        if isinstance(r, dict) and isinstance(r.get("tokens"), list) else r
+        for r in requests]}
+
+
+def _history(stored: StoredSession) -> History:
+    """The history the row keeps, up to the step before its snapshot's at most."""
+    events = stored.snapshot["events"]
+    history = History()
+    try:
+        for _, body, n in stored.steps:
+            history.record({k: (events[:n] if k == "events" else v) for k, v in body.items()})
+    except (KeyError, TypeError, AttributeError):
+        raise StoreError("its history is damaged") from None
+    last = history.latest()
+    if last is not None and last["step"] == stored.snapshot.get("step") \
+            and last != stored.snapshot:
+        raise StoreError("its history's last step differs from its snapshot")
+    return history
+
+
+def _oplog(stored: StoredSession, config: EngineConfig, step: int) -> OpLog:
+    log = OpLog(stored.base, [], stored.ops_complete)
+    if stored.base is not None:
+        try:
+            base_config = EngineConfig.from_json(stored.base.get("config"), ignore=CONFIG_EXTRA)
+        except PagedLabError as exc:
+            raise StoreError(f"its base snapshot: {exc}") from None
+        if base_config.to_json() != config.to_json():
+            raise StoreError("its base snapshot has other settings than its engine")
+    if not stored.ops_complete:
+        return log
+    for i, op in enumerate(stored.ops):
+        try:
+            parse_op(op, vocab_size=config.vocab_size)
+        except PagedLabError as exc:
+            raise StoreError(f"its operation {i + 1}: {exc}") from None
+    log.ops = list(stored.ops)
+    log.nbytes = sum(op_bytes(o) for o in log.ops)
+    if log.base_step + len(log.ops) != step:
+        raise StoreError(f"its operation log ends at step {log.base_step + len(log.ops)} but "
+                         f"its snapshot is step {step}")
+    return log
+
+
+def resume(stored: StoredSession, owner: str, *, replacing: Engine | None = None,
+           budget: KVBudget = SERVER_BUDGET) -> tuple[Live, list[str]]:
+    """The live session a row describes, and notes on what differs from when it was saved.
+
+    The engine is restored exactly from the snapshot (K/V recomputed from the
+    tokens) on the saved device and kernel, counted against `owner`'s K/V
+    budget with `replacing` given back. Raises PagedLabError (StoreError for
+    a damaged row) naming the problem; then nothing was built.
+    """
+    try:
+        settings, notes = settings_from_json(stored.settings)
+    except PagedLabError as exc:
+        raise StoreError(str(exc)) from None
+    # Everything that is only data is checked before the (costly) restore.
+    history = _history(stored)
+    oplog = _oplog(stored, settings.config, int(stored.snapshot.get("step", -1)))
+    engine = restore_for_session(detached(stored.snapshot), settings, owner,
+                                 replacing=replacing, budget=budget)
+    if engine.config.to_json() != settings.config.to_json():
+        raise StoreError("its settings and its snapshot describe different engines")
+    # The engine's own export ends the history: the stored snapshot, unless it ran
+    # on another device (then the config's device differs, and so does this).
+    now = export_snapshot(engine)
+    if history.latest() != now:
+        history.record(now)
+    if stored.note:
+        notes.append(stored.note)
+    return Live(engine, settings, history, oplog), notes
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    live: Live
+    copied: bool        # another browser's session: this tab works on a copy under a new id
+    notes: list[str]
+
+
+def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = None,
+               budget: KVBudget = SERVER_BUDGET) -> Opened | None:
+    """Mutates `tab` (and the store) on success: open the saved session `sid` in this tab.
+
+    None if there is no such unexpired row. The same browser's row is
+    resumed under its id (this tab writes it from now on); another browser's
+    is copied under a new id. Raises PagedLabError naming why a row cannot be
+    opened; then neither the tab nor the store changed.
+    """
+    store = tab.store
+    if store is None:
+        return None
+    stored = store.load(sid)
+    if stored is None:
+        return None
+    live, notes = resume(stored, owner, replacing=replacing, budget=budget)
+    copied = not stored.owned_by(tab.browser)
+    if copied:
+        copy = new_id()
+        store.create(copy, tab.browser, tab.holder, _full(live, stored.snapshot, store.limits))
+        tab.id = copy
+    else:
+        store.claim(sid, tab.holder)
+        tab.id = sid
+    tab.synced = True
+    return Opened(live, copied, notes)
+
+
+# ---- saving ------------------------------------------------------------------------------
+
+COPY_NOTE = ("This session was opened in another tab, which saves it from now on; this tab "
+             "goes on as a copy under a new address.")
+
+
+def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None = None,
+         whole: bool = False) -> str | None:
+    """Mutates the store: save `live` (whose snapshot now is `snapshot`) after a change.
+
+    `op` is the operation just logged (None when the log is not kept);
+    `whole` writes everything (the engine started again, was restored or
+    switched devices). Returns a message for the person (the tab became a
+    copy, or the save failed and why), or None. Never raises: a failed save
+    leaves the live session as it is and the next save writes it whole.
+    """
+    store = tab.store
+    if store is None:
+        return None
+    try:
+        if tab.id is None:
+            sid = new_id()
+            store.create(sid, tab.browser, tab.holder, _full(live, snapshot, store.limits))
+            tab.id, tab.synced = sid, True
+            return None
+        outcome = Write.MISSING
+        if tab.synced and not whole:
+            head = make_head(settings_json(live.settings), snapshot, label_of(snapshot),
+                             store.limits)
+            log = live.oplog
+            # The row holds the log up to the operation before: this one is the last.
+            entry = None if op is None else (len(log.ops) - 1, op_text(op))
+            latest = live.history.latest()
+            step = make_step(latest) if latest is not None and latest["step"] == snapshot[
+                "step"] else None
+            keep_from = live.history[0]["step"] if len(live.history) else None
+            outcome = store.write_op(tab.id, tab.holder, head, entry, step, keep_from,
+                                     log.complete)
+        if outcome is Write.MISSING:
+            outcome = store.write_full(tab.id, tab.browser, tab.holder,
+                                       _full(live, snapshot, store.limits))
+        if outcome is Write.TAKEN:
+            copy = new_id()
+            store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
+            tab.id, tab.synced = copy, True
+            return COPY_NOTE
+        tab.synced = True
+        return None
+    except TooLargeError as exc:
+        tab.synced = False
+        note = f"Not saved after step {snapshot['step']}: {exc}. Download its snapshot to keep it."
+        if tab.id is not None:
+            # The row keeps its last good state; opening it says why it is behind.
+            with contextlib.suppress(StoreError):
+                store.set_note(tab.id, tab.holder, f"it was saved up to an earlier step: {exc}")
+        return note
+    except StoreError as exc:
+        tab.synced = False
+        return f"Not saved after step {snapshot['step']}: {exc}."

@@ -1,0 +1,510 @@
+"""Saved Playground sessions: an embedded SQLite database, one row per session.
+
+Where: `sessions.sqlite3` in the data directory, PAGEDLAB_DATA_DIR (default
+`data/` beside the code, git-ignored), created on first use. The journal is
+WAL with synchronous=NORMAL: readers never wait for the writer, and a killed
+server keeps every transaction it committed (an operating-system crash may
+lose the last few; PagedLab's sessions are worth that trade).
+
+Layout (`PRAGMA user_version` 1; each row also carries its own `format`):
+
+    sessions  id (random, in the address), browser (SHA-256 of the browser's
+              secret: whose session it is), holder (the one tab that writes
+              it), format, created, updated, label, step, settings (JSON),
+              snapshot (zlib JSON), snapshot_bytes, base (zlib JSON or NULL:
+              the snapshot the operation log starts from), ops_complete,
+              stored_bytes, note (why the row is behind the live session)
+    ops       (session, seq, op): the operation log, one JSON object a row
+    steps     (session, step, body, num_events): the history kept, each
+              snapshot without its events (they are a prefix of the row's
+              snapshot's events) and how many it had
+
+Bounds, from the environment: PAGEDLAB_SESSION_MAX_MIB (16) a session's
+snapshot JSON, PAGEDLAB_MAX_SESSIONS (200) rows kept, newest first,
+PAGEDLAB_SESSION_TTL_DAYS (14) days a row may go unused, PAGEDLAB_STORE_MAX_MIB
+(1024) all rows' stored bytes together. Older rows go first; the row being
+written never does.
+
+What is read back is data only (JSON through the bounded decoder, zlib with a
+bound on the output) and checked for shape here; whether it is a consistent
+engine state is backend/sessions/saved.py's check, through the snapshot
+restore. Every query is parameterised. Thread-safe: one connection, one lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from backend.core.errors import PagedLabError
+from backend.io.json_input import decode_json
+from backend.sessions.oplog import MAX_OP_BYTES, MAX_OPS
+
+FILE_NAME = "sessions.sqlite3"
+DB_LAYOUT = 1
+ROW_FORMAT = 1
+ID_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+MIN_ID, MAX_ID = 16, 64
+MIB = 1 << 20
+DAY = 86_400.0
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, browser TEXT NOT NULL, holder TEXT NOT NULL,
+    format INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+    label TEXT NOT NULL, step INTEGER NOT NULL, settings TEXT NOT NULL,
+    snapshot BLOB NOT NULL, snapshot_bytes INTEGER NOT NULL, base BLOB,
+    ops_complete INTEGER NOT NULL, stored_bytes INTEGER NOT NULL, note TEXT);
+CREATE INDEX IF NOT EXISTS sessions_by_browser ON sessions (browser, updated);
+CREATE INDEX IF NOT EXISTS sessions_by_updated ON sessions (updated);
+CREATE TABLE IF NOT EXISTS ops (
+    session TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL, op TEXT NOT NULL, PRIMARY KEY (session, seq));
+CREATE TABLE IF NOT EXISTS steps (
+    session TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    step INTEGER NOT NULL, body BLOB NOT NULL, num_events INTEGER NOT NULL,
+    PRIMARY KEY (session, step));
+"""
+
+
+class StoreError(PagedLabError):
+    """The store cannot be opened, or a row cannot be read back as a session."""
+
+
+class TooLargeError(StoreError):
+    """A session's state is over the size a row may hold: it is not written."""
+
+
+def valid_token(value: object) -> bool:
+    """Is `value` a session id or browser secret as `secrets.token_urlsafe` makes them?
+
+    ASCII letters, digits, "-" and "_", 16 to 64 of them: anything else in an
+    address (quotes, SQL, non-ASCII, a megabyte of text) is no id of ours.
+    """
+    return (isinstance(value, str) and MIN_ID <= len(value) <= MAX_ID
+            and all(c in ID_ALPHABET for c in value))
+
+
+def browser_key(secret: str) -> str:
+    """What a row stores of its browser's secret: its SHA-256, so the file gives no secret."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _env_int(name: str, default: int, lo: int = 1) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isascii() or not raw.isdigit() or int(raw) < lo:
+        raise StoreError(f"{name} must be a whole number >= {lo}, got {raw!r}")
+    return int(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    max_snapshot_bytes: int = 16 * MIB
+    max_sessions: int = 200
+    ttl_s: float = 14 * DAY
+    max_total_bytes: int = 1024 * MIB
+
+    @classmethod
+    def from_env(cls) -> StoreLimits:
+        return cls(_env_int("PAGEDLAB_SESSION_MAX_MIB", 16) * MIB,
+                   _env_int("PAGEDLAB_MAX_SESSIONS", 200),
+                   _env_int("PAGEDLAB_SESSION_TTL_DAYS", 14) * DAY,
+                   _env_int("PAGEDLAB_STORE_MAX_MIB", 1024) * MIB)
+
+
+def data_dir() -> Path:
+    """The data directory: PAGEDLAB_DATA_DIR, else `data/` beside the code."""
+    raw = os.environ.get("PAGEDLAB_DATA_DIR", "").strip()
+    return Path(raw).expanduser() if raw else DEFAULT_DATA_DIR
+
+
+# ---- encoding -------------------------------------------------------------------------
+
+def _json_text(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _pack(obj: Any) -> tuple[bytes, int]:
+    """zlib of `obj`'s compact JSON, and the JSON's length."""
+    text = _json_text(obj).encode()
+    return zlib.compress(text, 1), len(text)
+
+
+def _unpack(blob: Any, limit: int, what: str) -> Any:
+    """The JSON value in a zlib blob, never inflating more than `limit` bytes."""
+    if not isinstance(blob, bytes):
+        raise StoreError(f"{what} is not stored data")
+    inflater = zlib.decompressobj()
+    try:
+        text = inflater.decompress(blob, limit + 1)
+    except zlib.error as exc:
+        raise StoreError(f"{what} is damaged ({exc})") from None
+    if len(text) > limit:
+        raise StoreError(f"{what} inflates past {limit:,} bytes")
+    if not inflater.eof:
+        raise StoreError(f"{what} is cut short")
+    return decode_json(text, what)
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What every write puts in a session's row."""
+
+    label: str
+    step: int
+    settings: str
+    snapshot: bytes
+    snapshot_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    step: int
+    body: bytes
+    num_events: int
+
+
+def make_head(settings: dict[str, Any], snapshot: dict[str, Any], label: str,
+              limits: StoreLimits) -> Head:
+    """A row's head for this state. Raises TooLargeError over `limits.max_snapshot_bytes`."""
+    blob, size = _pack(snapshot)
+    if size > limits.max_snapshot_bytes:
+        raise TooLargeError(f"its snapshot is {size / MIB:,.1f} MiB of JSON; a saved session may "
+                       f"hold {limits.max_snapshot_bytes / MIB:,.0f} MiB")
+    return Head(label, int(snapshot["step"]), _json_text(settings), blob, size)
+
+
+def make_step(snapshot: dict[str, Any]) -> StepRow:
+    """A history step's row: the snapshot without its events, and their number."""
+    body = {k: ([] if k == "events" else v) for k, v in snapshot.items()}
+    return StepRow(int(snapshot["step"]), _pack(body)[0], len(snapshot["events"]))
+
+
+def op_text(op: dict[str, Any]) -> str:
+    return _json_text(op)
+
+
+@dataclass(frozen=True, slots=True)
+class Full:
+    """Everything a row holds: written whole when a session starts, is copied or restarts."""
+
+    head: Head
+    base: bytes | None
+    ops: list[str]
+    ops_complete: bool
+    steps: list[StepRow]
+
+
+def make_full(head: Head, base: dict[str, Any] | None, ops: list[dict[str, Any]],
+              ops_complete: bool, steps: list[StepRow]) -> Full:
+    return Full(head, None if base is None else _pack(base)[0], [op_text(o) for o in ops],
+                ops_complete, steps)
+
+
+# ---- what is read back -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """One line of a browser's session list: read without decoding the state."""
+
+    id: str
+    label: str
+    step: int
+    created: float
+    updated: float
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSession:
+    """A row read back and checked for shape (saved.py checks it is a real state)."""
+
+    id: str
+    browser: str
+    holder: str
+    updated: float
+    settings: dict[str, Any]
+    snapshot: dict[str, Any]
+    base: dict[str, Any] | None
+    ops: list[dict[str, Any]]
+    ops_complete: bool
+    steps: list[tuple[int, dict[str, Any], int]]   # (step, body, num_events), oldest first
+    note: str | None
+
+    def owned_by(self, browser: str) -> bool:
+        return hmac.compare_digest(self.browser, browser)
+
+
+class Write(Enum):
+    SAVED = "saved"
+    TAKEN = "taken"        # another tab holds the row now: the writer must become a copy
+    MISSING = "missing"    # the row is gone (expired, deleted): write it whole
+
+
+class SessionStore:
+    """The sessions database at `path` (see module doc). Thread-safe."""
+
+    def __init__(self, path: Path, limits: StoreLimits | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.limits = limits or StoreLimits.from_env()
+        self._clock = clock
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                       timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            layout = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if layout not in (0, DB_LAYOUT):
+                raise StoreError(f"{path} has session layout {layout}; this PagedLab reads "
+                                 f"layout {DB_LAYOUT}")
+            self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version={DB_LAYOUT}")
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the session store {str(path)!r}: {exc}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction, holding the write lock from its start (BEGIN IMMEDIATE)."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"the session store failed: {exc}") from None
+
+    # ---- writes ------------------------------------------------------------------------
+
+    def create(self, sid: str, browser: str, holder: str, full: Full) -> None:
+        """Mutates: a new row `sid` holding `full`. Raises StoreError if `sid` exists."""
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM sessions WHERE id=?", (sid,)).fetchone():
+                raise StoreError(f"session {sid} exists already")
+            self._insert(db, sid, browser, holder, full)
+            self._prune(db, sid)
+
+    def write_full(self, sid: str, browser: str, holder: str, full: Full) -> Write:
+        """Mutates: replace everything `sid` holds, if `holder` holds it (re-created if gone)."""
+        with self._tx() as db:
+            row = db.execute("SELECT holder, created FROM sessions WHERE id=?",
+                             (sid,)).fetchone()
+            if row is not None and row[0] != holder:
+                return Write.TAKEN
+            if row is not None:
+                # Its ops and steps go with it (ON DELETE CASCADE).
+                db.execute("DELETE FROM sessions WHERE id=?", (sid,))
+            self._insert(db, sid, browser, holder, full, created=None if row is None else row[1])
+            self._prune(db, sid)
+        return Write.SAVED
+
+    def write_op(self, sid: str, holder: str, head: Head, op: tuple[int, str] | None,
+                 step: StepRow | None, keep_from: int | None, ops_complete: bool) -> Write:
+        """Mutates: one more operation: the new head, the op (seq, JSON) and the history
+        step, dropping history steps before `keep_from` and, once the log is no longer
+        complete, the log."""
+        with self._tx() as db:
+            row = db.execute("SELECT holder FROM sessions WHERE id=?", (sid,)).fetchone()
+            if row is None:
+                return Write.MISSING
+            if row[0] != holder:
+                return Write.TAKEN
+            db.execute("UPDATE sessions SET updated=?, label=?, step=?, settings=?, snapshot=?, "
+                       "snapshot_bytes=?, ops_complete=?, note=NULL WHERE id=?",
+                       (self._clock(), head.label, head.step, head.settings, head.snapshot,
+                        head.snapshot_bytes, int(ops_complete), sid))
+            if not ops_complete:
+                db.execute("DELETE FROM ops WHERE session=?", (sid,))
+            elif op is not None:
+                db.execute("INSERT OR REPLACE INTO ops (session, seq, op) VALUES (?, ?, ?)",
+                           (sid, op[0], op[1]))
+            if step is not None:
+                db.execute("INSERT OR REPLACE INTO steps (session, step, body, num_events) "
+                           "VALUES (?, ?, ?, ?)", (sid, step.step, step.body, step.num_events))
+            if keep_from is not None:
+                db.execute("DELETE FROM steps WHERE session=? AND step<?", (sid, keep_from))
+            self._count_bytes(db, sid)
+            self._prune(db, sid)
+        return Write.SAVED
+
+    def claim(self, sid: str, holder: str) -> None:
+        """Mutates: `holder` (a tab that just opened the row) writes it from now on."""
+        with self._tx() as db:
+            db.execute("UPDATE sessions SET holder=?, updated=? WHERE id=?",
+                       (holder, self._clock(), sid))
+
+    def set_note(self, sid: str, holder: str, note: str) -> None:
+        """Mutates: say why the row is behind its live session (shown when it is opened)."""
+        with self._tx() as db:
+            db.execute("UPDATE sessions SET note=? WHERE id=? AND holder=?", (note, sid, holder))
+
+    def delete(self, sid: str, browser: str) -> bool:
+        """Mutates: delete `sid` if it is `browser`'s. Whether a row went."""
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM sessions WHERE id=? AND browser=?", (sid, browser))
+            return cur.rowcount > 0
+
+    def prune(self) -> None:
+        """Mutates: apply the bounds now (they are also applied on every write)."""
+        with self._tx() as db:
+            self._prune(db, None)
+
+    def _insert(self, db: sqlite3.Connection, sid: str, browser: str, holder: str,
+                full: Full, created: float | None = None) -> None:
+        now = self._clock()
+        h = full.head
+        db.execute("INSERT INTO sessions (id, browser, holder, format, created, updated, label, "
+                   "step, settings, snapshot, snapshot_bytes, base, ops_complete, stored_bytes) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                   (sid, browser, holder, ROW_FORMAT, now if created is None else created, now,
+                    h.label, h.step, h.settings, h.snapshot, h.snapshot_bytes, full.base,
+                    int(full.ops_complete)))
+        if full.ops_complete:
+            db.executemany("INSERT INTO ops (session, seq, op) VALUES (?, ?, ?)",
+                           [(sid, i, text) for i, text in enumerate(full.ops)])
+        db.executemany("INSERT INTO steps (session, step, body, num_events) VALUES (?, ?, ?, ?)",
+                       [(sid, s.step, s.body, s.num_events) for s in full.steps])
+        self._count_bytes(db, sid)
+
+    @staticmethod
+    def _count_bytes(db: sqlite3.Connection, sid: str) -> None:
+        db.execute("UPDATE sessions SET stored_bytes = length(snapshot) + ifnull(length(base), 0)"
+                   " + (SELECT ifnull(sum(length(body)), 0) FROM steps WHERE session=?1)"
+                   " + (SELECT ifnull(sum(length(op)), 0) FROM ops WHERE session=?1)"
+                   " WHERE id=?1", (sid,))
+
+    def _prune(self, db: sqlite3.Connection, keep: str | None) -> None:
+        """Expired rows, then the oldest past the count, then the oldest past the bytes."""
+        lim = self.limits
+        keep = keep or ""
+        db.execute("DELETE FROM sessions WHERE updated<? AND id<>?",
+                   (self._clock() - lim.ttl_s, keep))
+        db.execute("DELETE FROM sessions WHERE id IN (SELECT id FROM sessions WHERE id<>? "
+                   "ORDER BY updated DESC LIMIT -1 OFFSET ?)",
+                   (keep, lim.max_sessions - (1 if keep else 0)))
+        total = db.execute("SELECT ifnull(sum(stored_bytes), 0) FROM sessions").fetchone()[0]
+        if total <= lim.max_total_bytes:
+            return
+        doomed = []
+        for sid, size in db.execute("SELECT id, stored_bytes FROM sessions WHERE id<>? "
+                                    "ORDER BY updated ASC", (keep,)):
+            if total <= lim.max_total_bytes:
+                break
+            doomed.append((sid,))
+            total -= size
+        db.executemany("DELETE FROM sessions WHERE id=?", doomed)
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def _expired_before(self) -> float:
+        return self._clock() - self.limits.ttl_s
+
+    def recent(self, browser: str, limit: int = 20) -> list[SessionInfo]:
+        """`browser`'s unexpired sessions, most recently used first."""
+        with self._lock:
+            try:
+                rows = self._db.execute(
+                    "SELECT id, label, step, created, updated, note FROM sessions "
+                    "WHERE browser=? AND updated>=? ORDER BY updated DESC LIMIT ?",
+                    (browser, self._expired_before(), limit)).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"the session store failed: {exc}") from None
+        return [SessionInfo(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4]),
+                            None if r[5] is None else str(r[5])) for r in rows]
+
+    def latest(self, browser: str) -> str | None:
+        """The id of `browser`'s most recently used unexpired session, if it has one."""
+        found = self.recent(browser, limit=1)
+        return found[0].id if found else None
+
+    def load(self, sid: str) -> StoredSession | None:
+        """The unexpired row `sid`, checked for shape; None if there is none.
+
+        Raises StoreError naming what is wrong with a row that cannot be read
+        back: another format, damaged data, JSON of the wrong shape.
+        """
+        with self._lock:
+            try:
+                row = self._db.execute(
+                    "SELECT browser, holder, format, updated, settings, snapshot, base, "
+                    "ops_complete, note FROM sessions WHERE id=? AND updated>=?",
+                    (sid, self._expired_before())).fetchone()
+                if row is None:
+                    return None
+                ops = self._db.execute("SELECT seq, op FROM ops WHERE session=? ORDER BY seq",
+                                       (sid,)).fetchall()
+                steps = self._db.execute("SELECT step, body, num_events FROM steps WHERE "
+                                         "session=? ORDER BY step", (sid,)).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"the session store failed: {exc}") from None
+        return _check_row(sid, row, ops, steps, self.limits)
+
+
+def _check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
+               steps: list[tuple[Any, ...]], limits: StoreLimits) -> StoredSession:
+    browser, holder, fmt, updated, settings_text, snap_blob, base_blob, complete, note = row
+    if fmt != ROW_FORMAT:
+        raise StoreError(f"it was saved in session format {fmt!r}; this PagedLab reads "
+                         f"format {ROW_FORMAT}")
+    if not isinstance(settings_text, str):
+        raise StoreError("its settings are not text")
+    settings = decode_json(settings_text, "its settings")
+    if not isinstance(settings, dict):
+        raise StoreError("its settings are not a JSON object")
+    snapshot = _unpack(snap_blob, limits.max_snapshot_bytes, "its snapshot")
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("events"), list):
+        raise StoreError("its snapshot is not a snapshot object")
+    base = None
+    if base_blob is not None:
+        base = _unpack(base_blob, limits.max_snapshot_bytes, "its base snapshot")
+        if not isinstance(base, dict) or not isinstance(base.get("step"), int):
+            raise StoreError("its base snapshot is not a snapshot object")
+    if complete not in (0, 1):
+        raise StoreError("its operation log's flag is neither 0 nor 1")
+    if len(ops) > MAX_OPS:
+        raise StoreError(f"its operation log holds {len(ops)} operations; at most {MAX_OPS}")
+    log: list[dict[str, Any]] = []
+    for i, (seq, text) in enumerate(ops):
+        if seq != i or not isinstance(text, str) or len(text) > MAX_OP_BYTES:
+            raise StoreError(f"its operation log is damaged at entry {i}")
+        op = decode_json(text, f"its operation {i}")
+        if not isinstance(op, dict):
+            raise StoreError(f"its operation {i} is not a JSON object")
+        log.append(op)
+    history: list[tuple[int, dict[str, Any], int]] = []
+    for step, blob, num_events in steps:
+        body = _unpack(blob, limits.max_snapshot_bytes, f"its history step {step}")
+        if not (isinstance(body, dict) and isinstance(num_events, int)
+                and 0 <= num_events <= len(snapshot["events"]) and body.get("step") == step):
+            raise StoreError(f"its history step {step!r} is damaged")
+        history.append((int(step), body, num_events))
+    return StoredSession(sid, str(browser), str(holder), float(updated), settings, snapshot,
+                         base, log, bool(complete), history,
+                         None if note is None else str(note))
+

@@ -1,0 +1,420 @@
+"""The session store (backend/sessions/store.py) and a tab's saved session (saved.py).
+
+Rows round-trip exactly, are written incrementally after an operation, are
+bounded in size, number and age, and a damaged row of any kind is refused
+with a message and changes nothing. The copy rule: the same browser resumes
+a row, another browser copies it, and a tab whose row another tab opened
+becomes a copy on its next save. Many threads write at once without losing
+or mixing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Fork, Grow, Op, Step
+from backend.io.snapshot import export_snapshot
+from backend.sessions.budget import KVBudget
+from backend.sessions.history import History
+from backend.sessions.oplog import OpLog
+from backend.sessions.playground import Settings
+from backend.sessions.saved import COPY_NOTE, Live, Tab, new_id, open_saved, resume, save
+from backend.sessions.store import (
+    MIB,
+    SessionStore,
+    StoreError,
+    StoreLimits,
+    Write,
+    browser_key,
+    make_full,
+    make_head,
+    valid_token,
+)
+
+CONFIG = EngineConfig(num_blocks=24, block_size=4)
+ME, THEM = browser_key(new_id()), browser_key(new_id())
+BUDGET = KVBudget(512 * MIB, 4096 * MIB)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _store(tmp_path: Path, **limits: Any) -> SessionStore:
+    return SessionStore(tmp_path / "s.sqlite3", StoreLimits(**limits))
+
+
+def _live(ops: list[Op] = ()) -> Live:   # type: ignore[assignment]
+    engine = Engine(CONFIG, kernel="torch")
+    live = Live(engine, Settings(CONFIG, "cpu", "torch"), History(), OpLog())
+    for op in ops:
+        _apply(live, op)
+    return live
+
+
+def _apply(live: Live, op: Op, tab: Tab | None = None) -> str | None:
+    result = live.engine.apply(op)
+    logged = live.oplog.append(result.op)
+    snap = export_snapshot(live.engine)
+    live.history.record(snap)
+    return None if tab is None else save(tab, live, snap, op=logged)
+
+
+def _state(snap: dict[str, Any]) -> dict[str, Any]:
+    return {**snap, "kernel": {**snap["kernel"], "time_ms": None}}
+
+
+OPS: list[Op] = [Add("A", prompt="The cat sat on the mat."), Step(2), Fork("A", "A.1"),
+                 Grow("A.1", 2), Add("B", prompt_len=7), Step(1)]
+
+
+def _saved(tmp_path: Path, ops: list[Op] = OPS) -> tuple[SessionStore, Tab, Live]:
+    store = _store(tmp_path)
+    tab = Tab(store, ME)
+    live = _live()
+    for op in ops:
+        assert _apply(live, op, tab) is None
+    assert tab.id is not None and valid_token(tab.id)
+    return store, tab, live
+
+
+# ---- ids --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [
+    "", "short", "x" * 65, "a" * 10_000, "é" * 32, "Robert'); DROP TABLE sessions;--",
+    "abc def ghi jkl mno pqr", "../../../../etc/passwd/xx", "%27%20OR%201%3D1%20--%20aa",
+    "ａｂｃｄｅｆｇｈｉｊｋｌｍｎｏｐ", None, 12345678901234567890, ["x" * 32]])
+def test_values_that_are_not_our_ids_are_refused(value: Any) -> None:
+    assert not valid_token(value)
+
+
+def test_new_ids_are_valid_and_distinct() -> None:
+    ids = {new_id() for _ in range(200)}
+    assert len(ids) == 200 and all(valid_token(i) and len(i) == 32 for i in ids)
+
+
+# ---- round trip and incremental writes ----------------------------------------------------
+
+def test_the_file_is_created_on_first_use_in_wal_mode(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "deeper" / "dir" / "s.sqlite3", StoreLimits())
+    assert (tmp_path / "deeper" / "dir" / "s.sqlite3").exists()
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_session_resumes_exactly(tmp_path: Path) -> None:
+    store, tab, live = _saved(tmp_path)
+    stored = store.load(tab.id or "")
+    assert stored is not None and stored.owned_by(ME) and not stored.owned_by(THEM)
+    again, notes = resume(stored, "owner", budget=BUDGET)
+    assert notes == []
+    assert export_snapshot(again.engine) == export_snapshot(live.engine)
+    assert again.settings == live.settings
+    assert again.oplog.ops == live.oplog.ops and again.oplog.complete
+    assert list(again.history) == list(live.history)
+    # And it goes on as the original would.
+    _apply(again, Step(3))
+    _apply(live, Step(3))
+    assert _state(export_snapshot(again.engine)) == _state(export_snapshot(live.engine))
+
+
+def test_each_operation_adds_one_op_and_one_history_step(tmp_path: Path) -> None:
+    store, tab, _ = _saved(tmp_path)
+    with sqlite3.connect(store.path) as db:
+        ops = db.execute("SELECT seq, op FROM ops WHERE session=? ORDER BY seq",
+                         (tab.id,)).fetchall()
+        steps = [s for (s,) in db.execute("SELECT step FROM steps WHERE session=? ORDER BY "
+                                          "step", (tab.id,))]
+    assert [json.loads(o)["op"] for _, o in ops] == ["add", "step", "fork", "grow", "add",
+                                                       "step"]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_history_kept_is_the_live_one(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    tab = Tab(store, ME)
+    live = _live()
+    live.history = History(max_steps=3)
+    for op in OPS:
+        _apply(live, op, tab)
+    stored = store.load(tab.id or "")
+    assert stored is not None and [s for s, _, _ in stored.steps] == [4, 5, 6]
+    again, _ = resume(stored, "owner", budget=BUDGET)
+    assert [s["step"] for s in again.history] == [4, 5, 6]
+
+
+def test_a_restarted_log_is_written_whole(tmp_path: Path) -> None:
+    store, tab, live = _saved(tmp_path)
+    base = export_snapshot(live.engine)
+    live.oplog = OpLog(base)
+    live.history = History()
+    live.history.record(base)
+    assert save(tab, live, base, whole=True) is None
+    _apply(live, Step(1), tab)
+    stored = store.load(tab.id or "")
+    assert stored is not None and stored.base == base and stored.ops == [{"op": "step",
+                                                                          "count": 1}]
+    again, _ = resume(stored, "o", budget=BUDGET)
+    assert again.oplog.base_step == 6 and again.engine.step == 7
+
+
+# ---- the copy rule ------------------------------------------------------------------------
+
+def test_the_same_browser_resumes_another_browser_copies(tmp_path: Path) -> None:
+    store, tab, live = _saved(tmp_path)
+    sid = tab.id or ""
+    mine = Tab(store, ME)
+    opened = open_saved(mine, sid, "o2", budget=BUDGET)
+    assert opened is not None and not opened.copied and mine.id == sid
+    theirs = Tab(store, THEM)
+    copied = open_saved(theirs, sid, "o3", budget=BUDGET)
+    assert copied is not None and copied.copied and theirs.id not in (None, sid)
+    assert export_snapshot(copied.live.engine) == export_snapshot(live.engine)
+    # The copy is theirs: working on it leaves the original alone.
+    _apply(copied.live, Step(2), theirs)
+    original = store.load(sid)
+    assert original is not None and original.snapshot["step"] == 6
+    copy = store.load(theirs.id or "")
+    assert copy is not None and copy.snapshot["step"] == 7 and copy.owned_by(THEM)
+    assert [s.id for s in store.recent(THEM)] == [theirs.id]
+
+
+def test_a_tab_whose_row_another_tab_opened_goes_on_as_a_copy(tmp_path: Path) -> None:
+    store, first, live = _saved(tmp_path)
+    sid = first.id
+    second = Tab(store, ME)
+    opened = open_saved(second, sid or "", "o2", budget=BUDGET)
+    assert opened is not None
+    assert _apply(live, Step(1), first) == COPY_NOTE
+    assert first.id not in (None, sid)
+    # The row stays the second tab's, which goes on writing it.
+    assert _apply(opened.live, Grow("A", 1), second) is None
+    row = store.load(sid or "")
+    copy = store.load(first.id or "")
+    assert row is not None and copy is not None
+    assert row.ops[-1] == {"op": "grow", "request": "A", "tokens": 1}
+    assert copy.ops[-1] == {"op": "step", "count": 1} and len(copy.ops) == 7
+
+
+def test_a_deleted_row_is_written_again_by_its_tab(tmp_path: Path) -> None:
+    store, tab, live = _saved(tmp_path)
+    assert not store.delete(tab.id or "", THEM)       # only its own browser deletes it
+    assert store.delete(tab.id or "", ME)
+    assert store.load(tab.id or "") is None
+    assert _apply(live, Step(1), tab) is None
+    stored = store.load(tab.id or "")
+    assert stored is not None and len(stored.ops) == 7
+
+
+def test_a_session_without_state_writes_nothing_until_it_has_some(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    assert store.recent(ME) == [] and store.latest(ME) is None
+    tab = Tab(store, ME)
+    live = _live()
+    _apply(live, OPS[0], tab)
+    assert store.latest(ME) == tab.id
+
+
+# ---- bounds -------------------------------------------------------------------------------
+
+def test_rows_expire_and_the_oldest_go_past_the_count(tmp_path: Path) -> None:
+    clock = Clock()
+    store = SessionStore(tmp_path / "s.sqlite3", StoreLimits(max_sessions=3, ttl_s=100.0),
+                         clock=clock)
+    live = _live(OPS[:1])
+    snap = export_snapshot(live.engine)
+    full = make_full(make_head({}, snap, "x", store.limits), None, [], True, [])
+    ids = []
+    for _ in range(5):
+        clock.now += 1
+        ids.append(new_id())
+        store.create(ids[-1], ME, "h", full)
+    assert [s.id for s in store.recent(ME)] == ids[:1:-1]
+    clock.now += 99.5
+    assert [s.id for s in store.recent(ME)] == [ids[4]]      # the others are past their time
+    assert store.load(ids[3]) is None
+    store.prune()
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
+        assert db.execute("SELECT count(*) FROM ops").fetchone()[0] == 0
+
+
+def test_the_oldest_go_past_the_total_bytes(tmp_path: Path) -> None:
+    clock = Clock()
+    store = SessionStore(tmp_path / "s.sqlite3", StoreLimits(max_total_bytes=6000),
+                         clock=clock)
+    live = _live(OPS)
+    snap = export_snapshot(live.engine)
+    full = make_full(make_head({}, snap, "x", store.limits), None, [], True, [])
+    size = len(full.head.snapshot)
+    assert 1000 < size < 3000
+    ids = []
+    for _ in range(6):
+        clock.now += 1
+        ids.append(new_id())
+        store.create(ids[-1], ME, "h", full)
+    kept = [s.id for s in store.recent(ME)]
+    assert kept == ids[::-1][:len(kept)] and len(kept) == 6000 // size
+
+
+def test_a_snapshot_over_the_limit_is_not_saved_and_the_row_says_so(tmp_path: Path) -> None:
+    store = _store(tmp_path, max_snapshot_bytes=12_000)
+    tab = Tab(store, ME)
+    live = _live()
+    note = None
+    for op in [*OPS, Step(40), Step(40)]:
+        note = _apply(live, op, tab) or note
+    assert note is not None and "Not saved after step" in note and "a saved session may hold" \
+        in note
+    stored = store.load(tab.id or "")
+    assert stored is not None and stored.note is not None and "earlier step" in stored.note
+    again, notes = resume(stored, "o", budget=BUDGET)
+    assert again.engine.step < live.engine.step and any("earlier step" in n for n in notes)
+
+
+# ---- damaged rows ---------------------------------------------------------------------------
+
+def _corrupt(store: SessionStore, sql: str, *args: Any) -> None:
+    with sqlite3.connect(store.path) as db:
+        db.execute(sql, args)
+
+
+CORRUPTIONS = {
+    "format": ("UPDATE sessions SET format=7", (), "session format 7"),
+    "settings-json": ("UPDATE sessions SET settings='{not json'", (), "not valid JSON"),
+    "settings-shape": ("UPDATE sessions SET settings='[1, 2]'", (), "not a JSON object"),
+    "settings-config": ("UPDATE sessions SET settings=?",
+                        (json.dumps({"config": {"num_blocks": -3}, "device": "cpu",
+                                     "kernel": "torch"}),), "num_blocks"),
+    "snapshot-zlib": ("UPDATE sessions SET snapshot=?", (b"not zlib at all",), "damaged"),
+    "snapshot-cut": ("UPDATE sessions SET snapshot=substr(snapshot, 1, 40)", (), "cut short"),
+    "snapshot-text": ("UPDATE sessions SET snapshot='plain text'", (), "not stored data"),
+    "snapshot-json": ("UPDATE sessions SET snapshot=?", (zlib.compress(b"{]"),),
+                      "not valid JSON"),
+    "snapshot-bomb": ("UPDATE sessions SET snapshot=?", (zlib.compress(b" " * (40 * MIB)),),
+                      "inflates past"),
+    "op-json": ("UPDATE ops SET op='{\"op\": \"grow\"' WHERE seq=2", (), "not valid JSON"),
+    "op-unknown": ("UPDATE ops SET op='{\"op\": \"explode\"}' WHERE seq=2", (), "unknown op"),
+    "op-missing": ("DELETE FROM ops WHERE seq=5", (), "ends at step 5"),
+    "op-gap": ("DELETE FROM ops WHERE seq=1", (), "damaged at entry 1"),
+    "history": ("UPDATE steps SET num_events=100000 WHERE step=3", (), "history step 3"),
+    "history-last": ("UPDATE steps SET body=(SELECT body FROM steps s WHERE s.step=5) "
+                     "WHERE step=6", (), "history step 6"),
+    "flag": ("UPDATE sessions SET ops_complete=5", (), "neither 0 nor 1"),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRUPTIONS))
+def test_a_damaged_row_is_refused_with_a_message_and_left_alone(tmp_path: Path,
+                                                                name: str) -> None:
+    store, tab, _ = _saved(tmp_path)
+    sql, args, message = CORRUPTIONS[name]
+    _corrupt(store, sql, *args)
+    with sqlite3.connect(store.path) as db:
+        before = db.execute("SELECT * FROM sessions").fetchall()
+    reader = Tab(store, ME)
+    with pytest.raises(PagedLabError, match=message):
+        open_saved(reader, tab.id or "", "o", budget=BUDGET)
+    assert reader.id is None
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("SELECT * FROM sessions").fetchall() == before
+    # The list reads no state, so it still shows the row (to open or delete it).
+    assert [s.id for s in store.recent(ME)] == [tab.id]
+
+
+def test_a_state_the_restore_refuses_is_refused_and_left_alone(tmp_path: Path) -> None:
+    store, tab, live = _saved(tmp_path)
+    snap = export_snapshot(live.engine)
+    snap["blocks"][0]["ref_count"] += 5
+    _corrupt(store, "UPDATE sessions SET snapshot=?", zlib.compress(json.dumps(snap).encode()))
+    _corrupt(store, "DELETE FROM steps")
+    budget = KVBudget(512 * MIB, 4096 * MIB)
+    with pytest.raises(PagedLabError, match="block 0 has ref_count"):
+        open_saved(Tab(store, ME), tab.id or "", "o", budget=budget)
+    assert budget.in_use() == 0
+
+
+def test_a_file_that_is_no_database_is_refused_when_opened(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    path.write_bytes(b"this is not SQLite" * 100)
+    with pytest.raises(StoreError, match="cannot open the session store"):
+        SessionStore(path, StoreLimits())
+
+
+def test_a_database_of_another_layout_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version=9")
+    with pytest.raises(StoreError, match="layout 9"):
+        SessionStore(path, StoreLimits())
+
+
+def test_a_restore_the_budget_refuses_names_it_and_builds_nothing(tmp_path: Path) -> None:
+    store, tab, live = _saved(tmp_path)
+    tiny = KVBudget(CONFIG.kv_bytes // 2, 4096 * MIB)
+    reader = Tab(store, ME)
+    with pytest.raises(PagedLabError, match="a browser session may hold at most"):
+        open_saved(reader, tab.id or "", "o", budget=tiny)
+    assert tiny.in_use() == 0 and reader.id is None
+    # Replacing an engine gives its bytes back: exactly one session's worth fits.
+    fits = KVBudget(CONFIG.kv_bytes, 4096 * MIB)
+    fits.track(live.engine, "o")
+    opened = open_saved(reader, tab.id or "", "o", replacing=live.engine, budget=fits)
+    assert opened is not None
+
+
+def test_store_writes_report_a_taken_or_missing_row(tmp_path: Path) -> None:
+    store, tab, live = _saved(tmp_path)
+    snap = export_snapshot(live.engine)
+    head = make_head({}, snap, "x", store.limits)
+    assert store.write_op(tab.id or "", "someone else", head, None, None, None, True) \
+        is Write.TAKEN
+    assert store.write_op(new_id(), tab.holder, head, None, None, None, True) is Write.MISSING
+
+
+# ---- concurrency ------------------------------------------------------------------------------
+
+def test_many_threads_save_their_sessions_at_once(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    n, rounds = 6, 12
+    tabs = [Tab(store, browser_key(new_id())) for _ in range(n)]
+    lives = [_live(OPS[:1]) for _ in range(n)]
+    for tab, live in zip(tabs, lives, strict=True):
+        save(tab, live, export_snapshot(live.engine), op=live.oplog.ops[0])
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def drive(i: int) -> None:
+        barrier.wait()
+        try:
+            for r in range(rounds):
+                note = _apply(lives[i], Step(1) if r % 2 else Grow("A", 1), tabs[i])
+                assert note is None, note
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == []
+    for tab, live in zip(tabs, lives, strict=True):
+        stored = store.load(tab.id or "")
+        assert stored is not None and stored.owned_by(tab.browser)
+        assert stored.snapshot == export_snapshot(live.engine)
+        assert stored.ops == live.oplog.ops and len(stored.ops) == rounds + 1
