@@ -1,0 +1,121 @@
+"""Long operations of a session: how far they are, and a stop asked for between two steps.
+
+A `Work` is shared by every thread of one browser session. The thread that
+applies an operation reports each iteration (`update`) and asks `should_go`
+whether to go on; another thread, a second click's callback that Streamlit
+runs while the first is still stepping (its fast reruns), calls
+`request_stop` or reads `state`. None of these take the engine's lock,
+which the applying thread holds for the whole operation: they take only the
+Work's own small lock, held for a few assignments.
+
+`apply_tracked` is `playground.apply_or_recover` with the engine's progress
+callback threaded through: a `step` reports each iteration and stops between
+two once a stop is asked for, leaving a consistent engine whose result names
+the step that ran.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import Op
+from backend.io.restore import restore_engine
+from backend.sessions.budget import SERVER_BUDGET
+from backend.sessions.playground import Applied, Settings
+
+
+@dataclass(frozen=True, slots=True)
+class WorkState:
+    """What a running operation is doing: a label, iterations done of total (0 of 0: unknown)."""
+
+    label: str
+    done: int
+    total: int
+    stopping: bool
+
+
+class Work:
+    """The one long operation a browser session may be running. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: WorkState | None = None
+        self._stop = False
+
+    def begin(self, label: str, total: int = 0) -> None:
+        """Mutates: an operation starts; a stop asked for before it does not apply to it."""
+        with self._lock:
+            self._state = WorkState(label, 0, total, False)
+            self._stop = False
+
+    def update(self, done: int, total: int) -> None:
+        with self._lock:
+            if self._state is not None:
+                self._state = WorkState(self._state.label, done, total, self._stop)
+
+    def end(self) -> None:
+        with self._lock:
+            self._state = None
+            self._stop = False
+
+    def request_stop(self) -> bool:
+        """Mutates: ask the running operation to stop after its current iteration.
+
+        False when nothing is running (the click came too late: nothing to stop).
+        """
+        with self._lock:
+            if self._state is None:
+                return False
+            self._stop = True
+            self._state = WorkState(self._state.label, self._state.done, self._state.total,
+                                    True)
+            return True
+
+    def should_go(self) -> bool:
+        with self._lock:
+            return not self._stop
+
+    @property
+    def state(self) -> WorkState | None:
+        """The running operation's state, or None when none runs."""
+        with self._lock:
+            return self._state
+
+
+# What the caller's progress display is told after each iteration: (done, total).
+# Returning False stops the step too (the display found the person went away).
+Display = Callable[[int, int], bool]
+
+
+def tracker(work: Work, display: Display | None = None) -> Callable[[int, int], bool]:
+    """The engine's progress callback for `work`: record, display, and go on unless stopped."""
+
+    def progress(done: int, total: int) -> bool:
+        work.update(done, total)
+        keep = display(done, total) if display is not None else True
+        return keep and work.should_go()
+
+    return progress
+
+
+def apply_tracked(engine: Engine, op: Op, before: dict[str, Any], settings: Settings,
+                  owner: str, progress: Callable[[int, int], bool] | None) -> Applied:
+    """`apply_or_recover(engine, op, before, settings, owner)`, reporting to `progress`.
+
+    The same contract: a refusal (PagedLabError) changes nothing and is raised
+    as it is; any other failure leaves `engine` broken and returns a new
+    engine rebuilt from `before`, which the caller installs.
+    """
+    try:
+        return Applied(engine, engine.apply(op, progress=progress), None)
+    except PagedLabError:
+        raise
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+    restored = restore_engine(before, device=settings.device, kernel=settings.kernel)
+    return Applied(SERVER_BUDGET.track(restored, owner), None, failure)

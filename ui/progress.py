@@ -1,0 +1,209 @@
+"""Progress on the Playground's long operations, and a Stop button that works while they run.
+
+How a click reaches a running step: Streamlit runs a click's callback before
+the page, in the session's script thread; a second click meanwhile makes it
+stop that run and start another at once (fast reruns, Streamlit's default),
+whose callbacks run in a new thread while the first is still stepping. So the
+step's own run draws a bar and a "Stop stepping" button at the top of the
+page (what a callback draws goes there), and the Stop button's callback, in
+the new run, only sets a flag in the session's `Work`, without the engine's
+lock, which the step holds; the step reads the flag after each iteration and
+stops between two. Any run that needs the engine meanwhile (the page, another
+click) waits for the lock showing the same bar and a Stop button of its own.
+
+Streamlit stops a superseded run by raising a control exception from its next
+Streamlit call, which inside a progress callback would cross the engine. So
+every call made while the engine works goes through `Shown.call`, which keeps
+the exception and stops drawing; `Shown.finish` raises it once the operation
+and its bookkeeping are done. A rerun requested that way (fast reruns off)
+also stops the step, since the click behind it cannot run before the step ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import streamlit as st
+from streamlit.runtime.scriptrunner import RerunException, StopException
+
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Grow, Op, Shuffle, Step
+from backend.sessions.progress import Work, WorkState, tracker
+
+WORK = "work"
+POLL_S = 0.2
+# A step shows its bar once it has run this long: quicker ones would only flicker.
+SHOW_AFTER_S = 0.3
+
+
+def get_work() -> Work:
+    """This browser session's Work (created by `ui.session.init`)."""
+    work: Work = st.session_state[WORK]
+    return work
+
+
+def request_stop() -> None:
+    """Callback of every Stop button: ask the running operation to stop; no engine lock."""
+    get_work().request_stop()
+
+
+class Shown:
+    """Streamlit calls made while an operation runs: control exceptions are kept for later."""
+
+    def __init__(self) -> None:
+        self.deferred: BaseException | None = None
+
+    @property
+    def rerun_asked(self) -> bool:
+        return isinstance(self.deferred, RerunException)
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)`, unless this run was superseded (then nothing is drawn)."""
+        if self.deferred is not None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except (StopException, RerunException) as exc:
+            self.deferred = exc
+            return None
+
+    def finish(self) -> None:
+        """Raise what Streamlit raised meanwhile, now that the engine is done."""
+        if self.deferred is not None:
+            deferred, self.deferred = self.deferred, None
+            raise deferred
+
+
+def _bar_text(state: WorkState) -> str:
+    if state.stopping:
+        return f"{state.label}: stopping after iteration {state.done} of {state.total}…"
+    if state.total:
+        return f"{state.label}: iteration {state.done} of {state.total}"
+    return f"{state.label}…"
+
+
+def _stop_button(where: str) -> None:
+    st.button("Stop stepping", key=f"btn_stop_{where}", on_click=request_stop, icon="⏹",
+              help="Stop after the current iteration: the steps already taken stay, and the "
+                   "engine is consistent.")
+
+
+class Bar:
+    """A progress bar with a Stop button, drawn on first use (see SHOW_AFTER_S)."""
+
+    def __init__(self, shown: Shown, where: str, *, stoppable: bool) -> None:
+        self.shown = shown
+        self.where = where
+        self.stoppable = stoppable
+        self._slot: Any = None
+        self._bar: Any = None
+
+    def show(self, state: WorkState) -> None:
+        fraction = min(1.0, state.done / state.total) if state.total else 0.0
+        if self._slot is None:
+            self._slot = self.shown.call(st.empty)
+            if self._slot is None:
+                return
+            box = self.shown.call(self._slot.container)
+            if box is None:
+                return
+            with box:
+                self._bar = self.shown.call(st.progress, fraction, text=_bar_text(state))
+                if self.stoppable:
+                    self.shown.call(_stop_button, self.where)
+            return
+        if self._bar is not None:
+            self.shown.call(self._bar.progress, fraction, text=_bar_text(state))
+
+    def clear(self) -> None:
+        if self._slot is not None:
+            self.shown.call(self._slot.empty)
+
+
+@contextmanager
+def engine_lock(engine: Engine, where: str) -> Iterator[Shown]:
+    """Hold `engine`'s lock. While another run of this session holds it, show what that
+    run is doing, with a Stop button (keyed by `where`), until it lets go.
+
+    Yields the Shown of that display: the caller calls its `finish` once it has
+    done what it holds the lock for (a callback applies its click's operation
+    first, even when a newer run has superseded this one meanwhile).
+    """
+    shown = Shown()
+    if not engine.lock.acquire(blocking=False):
+        bar = Bar(shown, where, stoppable=True)
+        while not engine.lock.acquire(timeout=POLL_S):
+            state = get_work().state
+            if state is not None:
+                bar.show(state)
+        bar.clear()
+    try:
+        yield shown
+    finally:
+        engine.lock.release()
+
+
+def label_of(op: Op) -> str:
+    """What an operation is doing, in words, for its bar or spinner."""
+    match op:
+        case Step():
+            return f"Stepping the batch ({op.count} iterations)"
+        case Add():
+            return f"Adding request {op.request}: prefilling its prompt through the model"
+        case Grow():
+            return f"Growing {op.request} by {op.tokens} token(s), one model step each"
+        case Shuffle():
+            return "Moving every used block and its K/V"
+    return f"Applying {op.op}"
+
+
+@contextmanager
+def working(op: Op) -> Iterator[tuple[Shown, Callable[[int, int], bool]]]:
+    """While `op` runs: the engine's progress callback, and the Shown its display uses.
+
+    A `step` of several iterations gets a bar and a Stop button (once it has
+    run SHOW_AFTER_S), anything else a spinner with its label (Streamlit shows
+    it after half a second). The caller calls `shown.finish()` after its
+    bookkeeping.
+    """
+    work = get_work()
+    label = label_of(op)
+    shown = Shown()
+    total = op.count if isinstance(op, Step) else 0
+    work.begin(label, total)
+    started = time.monotonic()
+    bar = Bar(shown, "step", stoppable=True)
+
+    def display(done: int, total: int) -> bool:
+        if time.monotonic() - started >= SHOW_AFTER_S:
+            state = work.state
+            if state is not None:
+                bar.show(state)
+        # A rerun asked while stepping (fast reruns off) waits for the step: stop it.
+        return not shown.rerun_asked
+
+    spinner = None if total > 1 else st.spinner(f"{label}…")
+    if spinner is not None:
+        shown.call(spinner.__enter__)
+    try:
+        yield shown, tracker(work, display)
+    finally:
+        work.end()
+        if spinner is not None:
+            shown.call(spinner.__exit__, None, None, None)
+        bar.clear()
+
+
+@contextmanager
+def spinner(text: str) -> Iterator[Shown]:
+    """A spinner for work without iterations (a restore); the caller calls `finish`."""
+    shown = Shown()
+    sp = st.spinner(text)
+    shown.call(sp.__enter__)
+    try:
+        yield shown
+    finally:
+        shown.call(sp.__exit__, None, None, None)
