@@ -381,3 +381,11 @@ def test_the_exported_grid_has_a_legend() -> None:
         assert words in legend, (words, texts)
     for rid in ("C", "cached", "cache", "Cached!"):       # one swatch per running request
         assert rid in texts, (rid, texts)
+
+
+def test_a_full_page_of_cells_is_drawn_on_a_canvas() -> None:
+    big = Engine(EngineConfig(num_blocks=4096, block_size=16), kernel="torch")
+    _, dense = views.grid_spec(export_snapshot(big))
+    assert dense["usermeta"] == {"embedOptions": {"renderer": "canvas"}}
+    _, small = views.grid_spec(export_snapshot(engine()))
+    assert "usermeta" not in small          # SVG: each cell a path a test can click

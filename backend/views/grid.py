@@ -51,6 +51,10 @@ CACHED_LABEL = "cached"
 OWNER_CHARS = 5
 
 PAGE_SIZE = 1024
+# Above this many cells a page is drawn on a canvas: SVG's node per mark makes
+# hovering a full page slow. (Streamlit guesses the same from a spec's unfiltered
+# layers, which the grid's filtered layers hide from it, so it is said outright.)
+CANVAS_CELLS = 1000
 SELECTION = "block_pick"   # the Altair selection a click on a cell sets
 
 
@@ -242,6 +246,8 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         "autosize": {"type": "pad"},
         "layer": layers,
     }
+    if len(df) > CANVAS_CELLS:
+        spec["usermeta"] = {"embedOptions": {"renderer": "canvas"}}
     if titled:
         spec["title"] = {"text": grid_title(snap, page), "anchor": "start", "fontSize": 12,
                          "fontWeight": "normal"}
