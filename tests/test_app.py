@@ -139,6 +139,26 @@ def test_second_request_with_the_same_prompt_shares_its_prefix() -> None:
     assert hit in html(at, "pl-events")
 
 
+def test_a_random_length_wins_over_the_kept_prompt_text_once() -> None:
+    # The prompt box keeps its text after an add; typing a length is enough for a
+    # random prompt, and the next add uses the kept text again (prefix sharing).
+    at = add(start())
+    assert at.text_area(key="add_prompt").value == PROMPT
+    at.number_input(key="add_len").set_value(10)
+    click(at, "btn_add")
+    assert status(at) == ("success", "Step 2: add B (10 random tokens) · admitted B · "
+                                     "events: 3 alloc")
+    assert engine(at).requests["B"].prompt_len == 10
+    assert list(engine(at).requests["B"].tokens) != list(PROMPT.encode()[:10])
+    # The length is a one-off, like the id and the pins; the text stays.
+    assert at.number_input(key="add_len").value is None
+    assert at.text_area(key="add_prompt").value == PROMPT
+    click(at, "btn_add")
+    kind, text = status(at)
+    assert kind == "success" and text.startswith(f"Step 3: add C ('{PROMPT}')"), text
+    assert metrics(at)["Prefix-cache hits"] == "5 blocks (20 tokens)"    # C shares A's prompt
+
+
 def test_add_with_length_limit_and_pinned_blocks_reproduces_the_worked_example() -> None:
     at = add(start(), None, length=9, rid="A", max_new=5, pins="9, 2, 14")
     table = at.dataframe[0].value.set_index("request")
@@ -257,7 +277,6 @@ def test_shuffle_moves_every_used_block_and_keeps_the_tokens() -> None:
                      "has only 32"),
     ("pin-busy", "Refused: pinned block 3 is not free (ref count 2)"),
     ("duplicate-id", "Refused: request 'A' already exists; pick another id"),
-    ("prompt-and-length", "Refused: give either prompt text or a prompt length, not both"),
 ])
 def test_a_refused_action_shows_its_message_and_changes_nothing(action: str,
                                                                 message: str) -> None:
@@ -273,10 +292,8 @@ def test_a_refused_action_shows_its_message_and_changes_nothing(action: str,
         click(at, "btn_grow")
     elif action == "pin-busy":
         add(at, "abcdefgh", pins="3, 20")
-    elif action == "duplicate-id":
-        add(at, rid="A")
     else:
-        add(at, "xyz", length=4)
+        add(at, rid="A")
     assert [e.value for e in at.error] == [message]
     assert not at.exception
     assert export_snapshot(engine(at)) == before

@@ -237,9 +237,10 @@ def test_add_op_builds_what_a_scenario_would() -> None:
     op = add_op(request=" R ", prompt="", prompt_len=9, max_new_tokens=3, blocks="9,2,14",
                 existing={})
     assert op == Add("R", prompt_len=9, max_new_tokens=3, blocks=(9, 2, 14))
-    with pytest.raises(PagedLabError, match="not both"):
-        add_op(request="", prompt="hi", prompt_len=4, max_new_tokens=None, blocks=None,
-               existing={})
+    # A length given wins over text kept in the prompt box.
+    op = add_op(request="", prompt="hi", prompt_len=4, max_new_tokens=None, blocks=None,
+                existing={})
+    assert op == Add("A", prompt_len=4)
     with pytest.raises(PagedLabError, match="type a prompt"):
         add_op(request="", prompt="", prompt_len=None, max_new_tokens=None, blocks=None,
                existing={})

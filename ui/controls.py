@@ -56,9 +56,12 @@ def _on_add() -> None:
     result = session.apply(make)
     if result is not None and isinstance(result.op, Add):
         # Keep the prompt (adding it again shows prefix sharing); clear the one-offs,
-        # and put the new request in the per-request controls.
+        # the random length among them: it wins over the text while it is set, so
+        # left in place it would turn the next add of the kept text into random tokens.
+        # Then put the new request in the per-request controls.
         ss["add_id"] = ""
         ss["add_pins"] = ""
+        ss["add_len"] = None
         ss["req_pick"] = result.op.request
 
 
@@ -68,7 +71,9 @@ def _add_form() -> None:
         st.text_area("Prompt text", key="add_prompt", height=68)
         c1, c2 = st.columns(2)
         c1.number_input("…or a random prompt of N tokens", min_value=1, step=1, key="add_len",
-                        placeholder="use the text")
+                        placeholder="use the text",
+                        help="Given, this wins over the text above (which stays for the "
+                             "next add); it is cleared after the add.")
         c2.number_input("Max new tokens", min_value=1, step=1, key="add_max_new",
                         placeholder="default", help="Blank: the sidebar's default.")
         c1, c2 = st.columns(2)

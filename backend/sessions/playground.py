@@ -185,12 +185,15 @@ def parse_blocks(text: str | None) -> list[int] | None:
 def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
            max_new_tokens: int | None, blocks: str | None,
            existing: set[str] | dict[str, Any]) -> Add:
-    """The `add` operation for the Add form. Raises PagedLabError for a bad combination."""
+    """The `add` operation for the Add form. Raises PagedLabError for a bad combination.
+
+    A length given wins over the text: the form keeps its prompt text after every
+    add (adding it again shows prefix sharing), so text beside a length is almost
+    always left over, and a length is only ever typed on purpose.
+    """
     rid = (request or "").strip() or next_request_id(existing)
     data: dict[str, Any] = {"op": "add", "request": rid}
     text = prompt or ""
-    if prompt_len is not None and text.strip():
-        raise PagedLabError("give either prompt text or a prompt length, not both")
     if prompt_len is not None:
         data["prompt_len"] = int(prompt_len)
     elif text:
