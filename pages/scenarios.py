@@ -10,18 +10,21 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.views.text import plain_md
-from ui import exports, panels, tour, tour_widgets
+from ui import exports, panels, sidebar, tour, tour_widgets
 
 tour.init()
 run, frame = tour.sync()
+# The scenario's own config, not the Playground's pool fields (they would change
+# nothing here); the kernel fields, which apply to this run too.
+sidebar.scenario(run.scenario.config, run.engine)
 snap = frame.snapshot
 latest = frame.step == run.taken     # only the newest state has a live engine behind it
 
 st.title("Scenarios")
 st.caption("Each scenario is a short story told on a real engine: every step is one engine "
            "operation, and every number the narration promises is checked against what the "
-           "engine shows. The scenario runs on its own engine with its own pool settings; it "
-           "uses the sidebar's kernel.")
+           "engine shows. The scenario runs on its own engine with its own pool settings (in the "
+           "sidebar); it uses the sidebar's kernel.")
 tour_widgets.messages()
 tour_widgets.picker(run)
 # A scenario's name and description are a file's text, shown as written (not Markdown).

@@ -406,3 +406,34 @@ def test_continue_from_here_puts_that_state_into_the_playground() -> None:
     assert engine.step == 4 and not at.exception
     at.switch_page(PAGE).run()
     assert viewed_step(at) == 3 and run_of(at).taken == 4
+
+
+# ---- the sidebar on the Scenarios page ----------------------------------------------------
+
+def sidebar_config(at: AppTest) -> dict[str, str]:
+    """The scenario's settings as the sidebar lists them: label -> value."""
+    bodies = [h.value for h in at.sidebar.html if "pl-scenario-config" in h.value]
+    assert len(bodies) == 1, [h.value for h in at.sidebar.html]
+    return dict(re.findall(r"data-label='([^']+)'>([^<]+)<", bodies[0]))
+
+
+def test_the_sidebar_shows_the_scenarios_own_config_not_the_pool_settings() -> None:
+    at = open_tour("01-contiguous-problem")
+    # The Playground's pool settings would change nothing here: they are not drawn.
+    assert not at.sidebar.number_input and not at.sidebar.toggle and not at.sidebar.radio
+    assert not [b for b in at.sidebar.button if b.key == "btn_reset"]
+    config = sidebar_config(at)
+    assert config["Pool size"] == "16 blocks" and config["Block size"] == "1 slot"
+    assert config["Prefix caching"] == "off" and config["Model"].startswith("tiny-byte")
+    # The kernel does apply to the scenario's engine, and stays.
+    at.segmented_control(key="dev_kernel").set_value("auto").run()
+    assert not at.exception and run_of(at).engine.kernels.name == "triton-interpreter"
+    # Another scenario: its own config.
+    at.selectbox(key="tour_pick").select("06-prefix-sharing").run()
+    config = sidebar_config(at)
+    assert config["Pool size"] == "48 blocks" and config["Block size"] == "4 slots"
+    assert config["Prefix caching"] == "on"
+    # Back on the Playground, its own settings are there to change again.
+    at.switch_page("pages/playground.py").run()
+    assert at.sidebar.number_input(key="cfg_num_blocks").value == 32
+    assert not [h for h in at.sidebar.html if "pl-scenario-config" in h.value]

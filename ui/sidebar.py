@@ -1,10 +1,20 @@
-"""The shared sidebar: pool, model and kernel settings, with a confirm step before a reset."""
+"""The shared sidebar: pool, model and kernel settings, with a confirm step before a reset.
+
+On the Scenarios page the pool and model fields would change nothing (a
+scenario runs on its own engine with its file's config), so that page draws
+its own sidebar: the scenario's config, read-only, and the kernel fields,
+which do apply (`scenario`). `render` leaves the sidebar to it there.
+"""
 
 from __future__ import annotations
 
-import streamlit as st
+from pathlib import Path
 
-from backend.core.config import DTYPE_BYTES, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS
+import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+from backend.core.config import DTYPE_BYTES, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, EngineConfig
+from backend.engine.engine import Engine
 from backend.sessions.playground import (
     ALLOCATION_LABELS,
     KERNEL_LABELS,
@@ -12,11 +22,33 @@ from backend.sessions.playground import (
     device_choices,
     kernel_choices,
 )
+from backend.views.settings import config_html, config_items
 from backend.views.text import plain_md
 from ui import session
 
+SCENARIOS_PAGE = "scenarios.py"    # pages/scenarios.py draws its own sidebar (`scenario`)
 
-def render() -> None:
+
+def current_page_file(page: str | None = None) -> str:
+    """The file name of the page this run draws, e.g. "scenarios.py" ("" if unknown).
+
+    app.py calls `render` before the page runs and without naming it, so this
+    asks Streamlit which page st.navigation chose (its page registry, keyed by
+    the running page's hash). `page`, when given, is that answer already.
+    """
+    if page is not None:
+        return Path(page).name
+    ctx = get_script_run_ctx()
+    if ctx is None:
+        return ""
+    info = ctx.pages_manager.get_pages().get(ctx.page_script_hash)
+    return Path(str(info.get("script_path") or "")).name if info else ""
+
+
+def render(page: str | None = None) -> None:
+    """The Playground's sidebar; nothing on the Scenarios page, which calls `scenario`."""
+    if current_page_file(page) == SCENARIOS_PAGE:
+        return
     with st.sidebar:
         st.subheader("Pool and model")
         _config_fields()
@@ -94,7 +126,26 @@ def _confirm_or_apply() -> None:
               width="stretch")
 
 
-def _kernel_fields() -> None:
+def scenario(config: EngineConfig, engine: Engine) -> None:
+    """The Scenarios page's sidebar: its run's config, read-only, then the kernel fields.
+
+    Should `render` not have recognised the page (and drawn the whole sidebar),
+    only the config is added: the kernel fields are there already.
+    """
+    with st.sidebar:
+        st.subheader("This scenario's pool and model")
+        st.caption("Set by the scenario file for its own engine. The Playground keeps its "
+                   "own settings, on its page.")
+        st.html(config_html(config_items(config)))
+        if current_page_file() != SCENARIOS_PAGE:
+            return
+        st.divider()
+        st.subheader("Kernel")
+        _kernel_fields(engine)
+
+
+def _kernel_fields(engine: Engine | None = None) -> None:
+    """Device and kernel; the caption names what `engine` (the Playground's) runs on next."""
     st.selectbox("Device", device_choices(), key="dev_device", on_change=session.change_kernel,
                  help="Only devices this machine has. auto: CUDA if torch sees a GPU.")
     st.segmented_control("Kernel", kernel_choices(), key="dev_kernel", required=True,
@@ -103,5 +154,5 @@ def _kernel_fields() -> None:
                          help="auto and Triton run the Triton kernels (compiled on a GPU, "
                               "interpreted on a CPU); torch is a vectorized path, fast on "
                               "a CPU. Switching keeps every request.")
-    engine = session.get_engine()
+    engine = engine or session.get_engine()
     st.caption(f"Next step runs on **{engine.kernels.name}** ({engine.device}).")

@@ -1,0 +1,77 @@
+"""An engine's config as read-only rows: what the Scenarios page's sidebar lists.
+
+A scenario runs on its own engine with the config its file sets, so the
+Playground's pool fields would change nothing there; the sidebar shows these
+rows instead. Pure functions of an EngineConfig, like the other views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+
+from backend.core.config import TINY_BYTE, EngineConfig
+from backend.views.model import format_bytes
+
+# The Playground's words for the two allocation orders (its sidebar's radio).
+ALLOCATION_WORDS = {"fifo": "queue order", "random": "scattered"}
+
+
+@dataclass(frozen=True, slots=True)
+class SettingItem:
+    label: str
+    value: str
+    help: str
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
+
+
+def config_items(config: EngineConfig) -> list[SettingItem]:
+    """Every setting that shapes a run, formatted, each with what it means."""
+    c = config
+    model = (f"{c.model} ({c.num_layers} layers, {c.num_heads} heads, "
+             f"{c.num_kv_heads} KV heads, head dim {c.head_dim})")
+    model_help = ("The model whose K/V the blocks hold: bytes in, bytes out."
+                  if c.model == TINY_BYTE else
+                  "A real model whose K/V the blocks hold; its tokenizer makes the tokens.")
+    items = [
+        SettingItem("Pool size", _count(c.num_blocks, "block"), "Physical KV blocks in the pool."),
+        SettingItem("Block size", _count(c.block_size, "slot"), "Token positions per block."),
+        SettingItem("Allocation", ALLOCATION_WORDS.get(c.allocation, c.allocation),
+                    "Which free block a request gets: the queue's front, or a seeded random "
+                    "one."),
+        SettingItem("Prefix caching", "on" if c.prefix_caching else "off",
+                    "Whether full prompt blocks already cached are shared rather than "
+                    "recomputed."),
+        SettingItem("Model", model, model_help),
+        SettingItem("dtype", c.dtype, "The K/V tensors' element type."),
+        SettingItem("K/V per block", format_bytes(c.bytes_per_block),
+                    "2 (K and V) × layers × KV heads × head dim × block size × bytes per "
+                    "element."),
+        SettingItem("Seed", str(c.seed), "Seeds the model weights, random prompts and "
+                                         "sampling."),
+        SettingItem("Default max new tokens",
+                    "no limit" if c.max_new_tokens is None else str(c.max_new_tokens),
+                    "For requests added without their own limit."),
+    ]
+    if c.temperature is not None:
+        items.append(SettingItem("Temperature", f"{c.temperature:g}",
+                                 "0 picks the most likely token; higher spreads the choice."))
+    if c.top_p is not None:
+        items.append(SettingItem("Top-p", f"{c.top_p:g}",
+                                 "Sampling keeps the most likely tokens up to this total "
+                                 "probability."))
+    return items
+
+
+def config_html(items: list[SettingItem]) -> str:
+    """The rows as a compact list; each value carries its label (`data-label`), like metrics."""
+    rows = "".join(
+        f"<div title='{escape(i.help, quote=True)}' style='display:flex;"
+        f"justify-content:space-between;gap:8px;padding:1px 0;border-bottom:1px solid #EEE'>"
+        f"<span style='color:#555'>{escape(i.label)}</span>"
+        f"<b style='text-align:right' data-label='{escape(i.label, quote=True)}'>"
+        f"{escape(i.value)}</b></div>" for i in items)
+    return f"<div class='pl-scenario-config' style='font-size:13px'>{rows}</div>"
