@@ -5,7 +5,9 @@ over a shuffled pool (tables look like [9, 2, 14]), and poisons what must not be
 left unwritten with NaN: pool blocks no sequence owns, slots past a sequence's length,
 table padding that points at such blocks, and the output itself. On a GPU the Triton
 kernels run compiled and the shapes grow; on the CPU they run in Triton's interpreter at
-small shapes.
+small shapes. Under the interpreter every attention test runs both attention kernels: the
+batched one (the CPU default) and the GPU-shaped tiled one. Bounds checks are on for
+every test here (PAGEDLAB_KERNEL_CHECKS=1), as they are off by default in the app.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 from backend.core.errors import PagedLabError
 from backend.kernels import (
+    CHECKS_ENV,
     KernelBackend,
     TorchKernels,
     TritonKernels,
@@ -34,7 +37,7 @@ from backend.kernels import (
     reference_paged_attention,
     select_kernels,
 )
-from backend.kernels.reference import torch_paged_attention
+from backend.kernels.torch_path import torch_paged_attention
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -62,8 +65,21 @@ def _seed(request: pytest.FixtureRequest) -> None:
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-@pytest.fixture(params=["triton", "torch"])
+@pytest.fixture(autouse=True)
+def _full_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounds checks on: the rejection tests rely on them (the app runs with them off)."""
+    monkeypatch.setenv(CHECKS_ENV, "1")
+
+
+# On a GPU "triton" is the compiled tiled kernel; on a CPU the interpreter's default is the
+# batched kernel, so the tiled one is run in the interpreter as well.
+BACKENDS = ["triton", "torch"] if CUDA else ["triton", "triton-tiled", "torch"]
+
+
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> KernelBackend:
+    if request.param == "triton-tiled":
+        return TritonKernels(torch.device(DEVICE), attention_variant="tiled")
     return select_kernels(DEVICE, request.param)
 
 
@@ -295,6 +311,9 @@ def test_sampled_combinations(block_size: int, group: int, head_dim: int, dtype:
     batch = make_batch(q_lens, seq_lens, num_heads=2 * group, num_kv_heads=2,
                        head_dim=head_dim, block_size=block_size, dtype=getattr(torch, dtype))
     check_against_reference(select_kernels(DEVICE, "triton"), batch, num_splits=num_splits)
+    if not CUDA and num_splits == 1:  # the default above ran the batched kernel
+        check_against_reference(TritonKernels(torch.device(DEVICE), attention_variant="tiled"),
+                                batch, num_splits=num_splits)
 
 
 @pytest.mark.parametrize("block_n", [16, 32, 256])
@@ -328,7 +347,8 @@ def test_split_k_with_poisoned_partials(num_splits: int, scenario: str) -> None:
     out = torch.full_like(batch.query, NAN)
     out, launches = attention.plan_paged_attention(*batch.args(), out=out,
                                                    num_splits=num_splits,
-                                                   interpret=triton_kernels.interpret)
+                                                   interpret=triton_kernels.interpret,
+                                                   variant="tiled")
     assert len(launches) == (2 if num_splits > 1 else 1)
     if num_splits > 1:
         for partial in launches[0].args[7:10]:
@@ -346,37 +366,44 @@ def test_torch_backend_accepts_split_hint(num_splits: int | None) -> None:
     check_against_reference(select_kernels(DEVICE, "torch"), batch, num_splits=num_splits)
 
 
-# (batch, kv heads): on a GPU the first is far too few programs (split), the second
-# enough to fill an H200 (no split); the interpreter never splits unless asked.
-AUTO_SPLIT_CASES = [(1, 2), (80, 4)] if CUDA else [(1, 2), (6, 2)]
+@pytest.mark.parametrize("fills_gpu", [False, True])
+def test_automatic_split_choice(fills_gpu: bool) -> None:
+    """num_splits=None: the heuristic's choice is applied and the result is still right.
 
-
-@pytest.mark.parametrize("batch_size,num_kv_heads", AUTO_SPLIT_CASES)
-def test_automatic_split_choice(batch_size: int, num_kv_heads: int) -> None:
-    """num_splits=None: the heuristic's choice is applied and the result is still right."""
-    seq_lens = [LONG + 37 * b for b in range(batch_size)]
-    batch = make_batch([1] * batch_size, seq_lens, num_heads=4 * num_kv_heads,
-                       num_kv_heads=num_kv_heads, head_dim=64, block_size=16,
-                       dtype=torch.bfloat16)
+    One sequence is far too few programs for a GPU (split); on a GPU the second case has
+    as many (sequence, KV head) programs as the GPU keeps resident (no split). The
+    interpreter never splits unless asked.
+    """
+    num_kv_heads = 2
+    args = {"num_heads": 4 * num_kv_heads, "num_kv_heads": num_kv_heads, "head_dim": 64,
+            "block_size": 16, "dtype": torch.bfloat16}
     triton_kernels = select_kernels(DEVICE, "triton")
     assert isinstance(triton_kernels, TritonKernels)
+    probe = make_batch([1], [600], **args)  # only its signature matters for the capacity
+    capacity = attention.resident_capacity(attention.plan_paged_attention(
+        *probe.args(), num_splits=1, variant="tiled")[1][0], probe.query.device)
+    batch_size = 6 if capacity is None else -(-capacity // num_kv_heads)
+    batch_size = batch_size if fills_gpu else 1
+    seq_lens = [LONG + 37 * b for b in range(batch_size)] if not fills_gpu or not CUDA else \
+        [600] * batch_size
+    batch = make_batch([1] * batch_size, seq_lens, **args)
     _, launches = attention.plan_paged_attention(*batch.args(),
-                                                 interpret=triton_kernels.interpret)
+                                                 interpret=triton_kernels.interpret,
+                                                 variant="tiled")
     splits = launches[0].grid[2]
-    sms = attention.sm_count(batch.query.device)
     expected = attention.choose_num_splits(num_programs=batch_size * num_kv_heads,
                                            max_context=batch.block_tables.shape[1] * 16,
-                                           sm_count=sms)
+                                           capacity=capacity)
     assert splits == expected
-    if sms is None:
+    if capacity is None:
         assert splits == 1
-    elif sms >= 100:  # an H100/H200-class GPU
-        assert (splits > 1) == (batch_size == 1)
+    else:
+        assert (splits > 1) == (not fills_gpu)
     check_against_reference(triton_kernels, batch)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_triton_reads_only_what_sequences_own(monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("variant,num_splits", [("tiled", 1), ("tiled", 3), ("batched", 1)])
+def test_triton_reads_only_what_sequences_own(monkeypatch: pytest.MonkeyPatch, variant: str,
                                               num_splits: int) -> None:
     """Record every address the interpreted kernel loads and check each against the batch.
 
@@ -400,7 +427,7 @@ def test_triton_reads_only_what_sequences_own(monkeypatch: pytest.MonkeyPatch,
     batch = make_batch(q_lens, seq_lens, block_size=block_size, dtype=torch.float16,
                        device="cpu")
     out, launches = attention.plan_paged_attention(*batch.args(), num_splits=num_splits,
-                                                   interpret=True)
+                                                   interpret=True, variant=variant)
     for launch in launches:
         launch.run()
     torch.testing.assert_close(out.float(), reference_paged_attention(*batch.args()),
@@ -420,8 +447,10 @@ def test_triton_reads_only_what_sequences_own(monkeypatch: pytest.MonkeyPatch,
     def span(t: torch.Tensor) -> range:
         return range(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
 
-    partials = launches[0].args[7:10] if num_splits > 1 else ()
-    others = [span(t) for t in (batch.query, batch.seq_lens, batch.query_start_loc, *partials)]
+    # The split partials (tiled) and the tile map (batched) are the kernels' own inputs.
+    own = launches[0].args[7:10] if num_splits > 1 else \
+        launches[0].args[7:9] if variant == "batched" else ()
+    others = [span(t) for t in (batch.query, batch.seq_lens, batch.query_start_loc, *own)]
     for addresses in loaded:
         for a in map(int, addresses.reshape(-1)):  # type: ignore[attr-defined]
             if a in span(table):
@@ -432,7 +461,7 @@ def test_triton_reads_only_what_sequences_own(monkeypatch: pytest.MonkeyPatch,
                     f"read cache slot {(a - base) // row_bytes}"
             else:
                 assert any(a in r for r in others), f"read {a:#x}, outside every input"
-    assert len(loaded) > 10
+    assert len(loaded) > (10 if variant == "tiled" else 5)  # the batched kernel loads less
 
 
 def test_moving_blocks_changes_nothing(backend: KernelBackend) -> None:
@@ -710,12 +739,16 @@ def test_backend_refuses_tensors_on_another_device() -> None:
 def test_split_heuristic() -> None:
     choose = attention.choose_num_splits
     # No GPU: never split unless forced.
-    assert choose(num_programs=8, max_context=16384, sm_count=None) == 1
-    # H200-sized GPU: a batch of 64 x 8 KV heads fills it; one sequence does not.
-    assert choose(num_programs=512, max_context=4096, sm_count=132) == 1
-    assert choose(num_programs=8, max_context=4096, sm_count=132) == 4096 // 256
-    assert choose(num_programs=8, max_context=65536, sm_count=132) == 33
-    assert choose(num_programs=8, max_context=300, sm_count=132) == 1
+    assert choose(num_programs=8, max_context=16384, capacity=None) == 1
+    # H200 (132 SMs) with a kernel of 4 resident programs per SM: 528 slots. A batch of
+    # 64 x 8 KV heads nearly fills them, and a split would need a second wave.
+    assert choose(num_programs=512, max_context=4096, capacity=528) == 1
+    assert choose(num_programs=600, max_context=4096, capacity=528) == 1
+    # One sequence of 8 KV heads does not: splits of >= 256 positions, one wave at most.
+    assert choose(num_programs=8, max_context=4096, capacity=528) == 4096 // 256
+    assert choose(num_programs=8, max_context=65536, capacity=528) == attention.MAX_SPLITS
+    assert choose(num_programs=8, max_context=65536, capacity=264) == 33
+    assert choose(num_programs=8, max_context=300, capacity=528) == 1
 
 
 # ----------------------------------------------------------------------------- other modes
@@ -739,7 +772,8 @@ def test_interpreter_wraps_kernels_decorated_for_the_compiler() -> None:
     """
     out = _run_child("""
         import torch
-        from backend.kernels import attention, reference_paged_attention, select_kernels
+        from backend.kernels import (TritonKernels, attention, reference_paged_attention,
+                                     select_kernels)
         assert not attention.is_interpreted(attention._paged_attention_kernel)
         k = select_kernels("cpu", "triton")
         assert k.name == "triton-interpreter", k.name
@@ -749,9 +783,10 @@ def test_interpreter_wraps_kernels_decorated_for_the_compiler() -> None:
         bt = torch.tensor([[5, 1, 3], [0, 2, -1]], dtype=torch.int32)
         sl = torch.tensor([11, 6], dtype=torch.int32)
         qsl = torch.tensor([0, 3, 4], dtype=torch.int32)
-        for splits in (1, 2):
-            got = k.paged_attention(q, kc, vc, bt, sl, qsl, 0.2, num_splits=splits)
-            ref = reference_paged_attention(q, kc, vc, bt, sl, qsl, 0.2)
+        tiled = TritonKernels(torch.device("cpu"), attention_variant="tiled")
+        ref = reference_paged_attention(q, kc, vc, bt, sl, qsl, 0.2)
+        for backend, splits in ((k, 1), (k, 2), (tiled, 1)):  # batched, tiled split, tiled
+            got = backend.paged_attention(q, kc, vc, bt, sl, qsl, 0.2, num_splits=splits)
             torch.testing.assert_close(got.float(), ref, atol=1.6e-2, rtol=1.6e-2)
         k.copy_blocks(kc, kc, torch.tensor([5]), torch.tensor([4]))
         assert torch.equal(kc[4], kc[5])
@@ -766,48 +801,64 @@ def test_interpreter_wraps_kernels_decorated_for_the_compiler() -> None:
 def test_kernels_compile_for_hopper() -> None:
     """Lower every kernel to sm_90 machine code with Triton's bundled ptxas (no GPU needed).
 
-    Catches what the interpreter cannot: code the compiler rejects. For the benchmark's
-    decode shape (bf16, head_dim 128, block 16) it also checks that K/V tiles are fetched
-    as 16-byte asynchronous copies, the access pattern the bandwidth target relies on.
+    Catches what the interpreter cannot: code the compiler rejects, and resources past an
+    SM's budget: no register spills, shared memory within the 227 KiB a program may
+    have, at least one resident program per SM (two for the decode shape, so split-K has
+    room). For the benchmark's decode shape (bf16, head_dim 128, block 16) it also checks
+    that K/V tiles are fetched as 16-byte asynchronous copies, the access pattern the
+    bandwidth target relies on, and that block ids are loaded once per block.
     """
     out = _run_child("""
         import re, torch
-        from backend.kernels import attention, cache_ops
+        from backend.kernels import attention, cache_ops, launch as L
         def attn(dtype, q_lens, heads, kvh, d, bs, splits):
-            L = 4096
+            ctx = 4096
             kc = torch.empty(16, bs, kvh, d, dtype=dtype)
             q = torch.empty(sum(q_lens), heads, d, dtype=dtype)
-            bt = torch.zeros(len(q_lens), L // bs, dtype=torch.int32)
-            sl = torch.full((len(q_lens),), L, dtype=torch.int32)
+            bt = torch.zeros(len(q_lens), ctx // bs, dtype=torch.int32)
+            sl = torch.full((len(q_lens),), ctx, dtype=torch.int32)
             qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
             interp = attention.kernel_variant(attention._paged_attention_kernel, True)
             assert attention.is_interpreted(interp)
-            _, launches = attention.plan_paged_attention(
-                q, kc, kc, bt, sl, qsl, 0.1, num_splits=splits, check_bounds=False,
-                interpret=True)
-            g = heads // kvh
-            cfg = attention.choose_config(head_dim=d, num_queries_per_kv=g,
+            cfg = attention.choose_config(head_dim=d, num_queries_per_kv=heads // kvh,
                                           decode_only=len(q_lens) == sum(q_lens),
                                           interpret=False)
+            # Planned in the interpreter with the GPU's tile sizes; only the dot operands
+            # differ from what a GPU run launches.
+            _, launches = attention.plan_paged_attention(
+                q, kc, kc, bt, sl, qsl, 0.1, num_splits=splits, check_bounds=False,
+                interpret=True, config=cfg, variant="tiled")
             main = launches[0]
-            cst = dict(main.constexprs, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // g,
-                       BLOCK_N=cfg.block_n, DOT_FP32=False,
+            cst = dict(main.constexprs, DOT_FP32=False,
                        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
-            main = attention.Launch(main.kernel, main.grid, main.args, cst, cfg.num_warps,
-                                    cfg.num_stages)
+            main = attention.Launch(main.kernel, main.grid, main.args, cst, main.num_warps,
+                                    main.num_stages)
             return [main, *launches[1:]]
+        def budget(name, launch, min_programs=1):
+            res = L.offline_resources(attention.compile_for_gpu(launch), launch.num_warps)
+            per_sm = L.programs_per_sm(res)
+            print(f"{name}: {res.registers} registers, {res.spill_bytes} B spilled, "
+                  f"{res.shared_bytes} B shared, {launch.num_warps} warps: "
+                  f"{per_sm} programs per SM")
+            assert res.spill_bytes == 0 and res.shared_bytes <= 227 * 1024, res
+            assert per_sm >= min_programs, (res, per_sm)
         decode = attn(torch.bfloat16, [1] * 64, 32, 8, 128, 16, 1)
+        assert decode[0].constexprs["TABLE_LOADS"] == "per_block"
         ptx = attention.compile_for_gpu(decode[0]).asm["ptx"]
         copy16 = r"cp\\.async\\.cg\\.shared\\.global \\[[^]]*\\], \\[[^]]*\\], 0x10"
         vec = len(re.findall(copy16, ptx))
         print("decode 16-byte async copies:", vec)
         assert vec >= 16, ptx[:2000]
-        cases = [attn(torch.bfloat16, [1] * 8, 32, 8, 128, 16, 4),
-                 attn(torch.bfloat16, [1], 32, 8, 128, 4096, 1),  # one block per sequence
-                 attn(torch.float16, [100, 1, 1], 8, 8, 80, 12, 1),
-                 attn(torch.float32, [1, 37], 16, 2, 256, 64, 3)]
-        for launches in cases:
-            for launch in launches:
+        budget("decode bf16 d128 block 16", decode[0], min_programs=2)
+        cases = {"split decode": attn(torch.bfloat16, [1] * 8, 32, 8, 128, 16, 4),
+                 "one block per sequence": attn(torch.bfloat16, [1], 32, 8, 128, 4096, 1),
+                 "fp16 d80 block 12 prefill": attn(torch.float16, [100, 1, 1], 8, 8, 80, 12, 1),
+                 "fp32 d256 block 64 split": attn(torch.float32, [1, 37], 16, 2, 256, 64, 3)}
+        assert cases["one block per sequence"][0].constexprs["TABLE_LOADS"] == "per_tile"
+        assert cases["fp16 d80 block 12 prefill"][0].constexprs["TABLE_LOADS"] == "per_token"
+        for name, launches in cases.items():
+            budget(name, launches[0])
+            for launch in launches[1:]:
                 attention.compile_for_gpu(launch)
         kc = torch.empty(8, 16, 8, 128, dtype=torch.bfloat16)
         key = torch.empty(5, 8, 128, dtype=torch.bfloat16)
@@ -818,4 +869,5 @@ def test_kernels_compile_for_hopper() -> None:
             attention.compile_for_gpu(launch)
         print("ok")
     """)
+    print(out)
     assert out.strip().endswith("ok")

@@ -4,8 +4,14 @@ Three backends share one interface (`KernelBackend`):
 
     name                  device  what runs
     "triton"              cuda    the Triton kernels, compiled for the GPU
-    "triton-interpreter"  cpu     the same Triton kernels, run by Triton's interpreter
-    "torch"               either  vectorized torch (the fast CPU path)
+    "triton-interpreter"  cpu     the Triton kernels, run by Triton's interpreter; for
+                                  attention its batched variant by default (many
+                                  sequences per program, see backend.kernels.attention)
+    "torch"               either  vectorized torch (the fast CPU path, torch_path.py)
+
+Bounds checks that read tensor data (a device-to-host copy on a GPU) are off unless a
+call asks (`check_bounds=True`) or PAGEDLAB_KERNEL_CHECKS=1 is set (backend.kernels.checks);
+shape, dtype and device checks always run.
 
 Triton's interpreter must be switched on (TRITON_INTERPRET=1) before `@triton.jit`
 decorates a kernel, so this package sets it, when torch sees no GPU, before it imports
@@ -13,7 +19,7 @@ the modules that define kernels. On a GPU machine a CPU run wraps the same kerne
 in the interpreter instead (`attention.kernel_variant`).
 
 May import: backend.core.errors only (import contracts in pyproject.toml). Entry
-points: `select_kernels`, `reference_paged_attention`.
+points: `select_kernels`, `reference_paged_attention`, `ReferenceCheck`.
 """
 
 from __future__ import annotations
@@ -28,16 +34,18 @@ if not torch.cuda.is_available():
 
 from backend.core.errors import PagedLabError
 from backend.kernels import attention, cache_ops
-from backend.kernels.reference import (
-    reference_paged_attention,
-    torch_paged_attention,
-)
+from backend.kernels.checks import CHECKS_ENV, ReferenceCheck, checks_enabled, resolve_checks
+from backend.kernels.reference import reference_paged_attention
+from backend.kernels.torch_path import torch_paged_attention
 
 __all__ = [
+    "CHECKS_ENV",
     "KernelBackend",
+    "ReferenceCheck",
     "TorchKernels",
     "TritonKernels",
     "available_devices",
+    "checks_enabled",
     "reference_paged_attention",
     "select_kernels",
 ]
@@ -55,7 +63,9 @@ class KernelBackend(Protocol):
     paged_attention: causal grouped-query attention of the packed new tokens against their
         paged history; returns [T, H, D] in the query's dtype (into `out` when given).
     copy_blocks: dst_cache[dst_ids[i]] = src_cache[src_ids[i]] for every i (whole blocks).
-    Invalid arguments raise PagedLabError before anything is written.
+    Invalid arguments raise PagedLabError before anything is written; arguments only
+    their data shows to be invalid (an out-of-pool table entry, a repeated slot) are
+    caught when bounds checks are on (`check_bounds`, None: PAGEDLAB_KERNEL_CHECKS).
     """
 
     name: str
@@ -68,7 +78,7 @@ class KernelBackend(Protocol):
                         v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
                         out: torch.Tensor | None = None, num_splits: int | None = None,
-                        check_bounds: bool = True) -> torch.Tensor: ...
+                        check_bounds: bool | None = None) -> torch.Tensor: ...
 
     def copy_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
                     src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None: ...
@@ -81,21 +91,29 @@ def _check_device(backend: KernelBackend, tensor: torch.Tensor, what: str) -> No
 
 
 class TritonKernels:
-    """The Triton kernels: compiled on a GPU, interpreted on the CPU (see `name`)."""
+    """The Triton kernels: compiled on a GPU, interpreted on the CPU (see `name`).
 
-    def __init__(self, device: torch.device) -> None:
+    `attention_variant` picks the attention kernel ("auto", "tiled", "batched"; see
+    backend.kernels.attention): tests run the GPU-shaped tiled kernel in the interpreter.
+    """
+
+    def __init__(self, device: torch.device, *, attention_variant: str = "auto") -> None:
         self.device = device
         self.interpret = device.type != "cuda"
+        self.attention_variant = attention_variant
         kernel = attention.kernel_variant(attention._paged_attention_kernel, self.interpret)
+        attention.choose_variant(attention_variant, interpreted=attention.is_interpreted(kernel),
+                                 num_splits=None, config=None)
         # TRITON_INTERPRET=1 set by hand on a GPU machine also interprets: say so.
         self.name = "triton-interpreter" if attention.is_interpreted(kernel) else "triton"
 
     def __repr__(self) -> str:
-        return f"TritonKernels(name={self.name!r}, device={str(self.device)!r})"
+        return (f"TritonKernels(name={self.name!r}, device={str(self.device)!r}, "
+                f"attention_variant={self.attention_variant!r})")
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
-                 check_bounds: bool = True) -> None:
+                 check_bounds: bool | None = None) -> None:
         """See `KernelBackend`; `check_bounds` also validates the slot values."""
         _check_device(self, k_cache, "k_cache")
         cache_ops.write_kv(key, value, k_cache, v_cache, slot_mapping,
@@ -105,17 +123,18 @@ class TritonKernels:
                         v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
                         out: torch.Tensor | None = None, num_splits: int | None = None,
-                        check_bounds: bool = True) -> torch.Tensor:
+                        check_bounds: bool | None = None) -> torch.Tensor:
         """See `KernelBackend` and `attention.paged_attention`."""
         _check_device(self, query, "query")
         return attention.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                          query_start_loc, scale, out=out,
                                          num_splits=num_splits, check_bounds=check_bounds,
-                                         interpret=self.interpret)
+                                         interpret=self.interpret,
+                                         variant=self.attention_variant)
 
     def copy_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
                     src_ids: torch.Tensor, dst_ids: torch.Tensor, *,
-                    check_bounds: bool = True) -> None:
+                    check_bounds: bool | None = None) -> None:
         """See `KernelBackend`; `check_bounds` also validates the ids."""
         _check_device(self, src_cache, "src_cache")
         cache_ops.copy_blocks(src_cache, dst_cache, src_ids, dst_ids,
@@ -135,33 +154,34 @@ class TorchKernels:
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
-                 check_bounds: bool = True) -> None:
+                 check_bounds: bool | None = None) -> None:
         """See `KernelBackend`."""
         _check_device(self, k_cache, "k_cache")
         cache_ops.validate_write_kv(key, value, k_cache, v_cache, slot_mapping,
-                                    check_bounds=check_bounds)
+                                    check_bounds=resolve_checks(check_bounds))
         cache_ops.torch_write_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
                         out: torch.Tensor | None = None, num_splits: int | None = None,
-                        check_bounds: bool = True) -> torch.Tensor:
+                        check_bounds: bool | None = None) -> torch.Tensor:
         """See `KernelBackend`; `num_splits` is validated and otherwise ignored."""
         _check_device(self, query, "query")
         attention.validate_paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                            query_start_loc, scale, out=out,
-                                           num_splits=num_splits, check_bounds=check_bounds)
+                                           num_splits=num_splits,
+                                           check_bounds=resolve_checks(check_bounds))
         return torch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                      query_start_loc, scale, out=out)
 
     def copy_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
                     src_ids: torch.Tensor, dst_ids: torch.Tensor, *,
-                    check_bounds: bool = True) -> None:
+                    check_bounds: bool | None = None) -> None:
         """See `KernelBackend`."""
         _check_device(self, src_cache, "src_cache")
         cache_ops.validate_copy_blocks(src_cache, dst_cache, src_ids, dst_ids,
-                                       check_bounds=check_bounds)
+                                       check_bounds=resolve_checks(check_bounds))
         cache_ops.torch_copy_blocks(src_cache, dst_cache, src_ids, dst_ids)
 
 

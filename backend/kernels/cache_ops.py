@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from backend.core.errors import PagedLabError
+from backend.kernels.checks import resolve_checks
 from backend.kernels.launch import Launch, is_interpreted, kernel_variant
 from backend.kernels.validate import validate_copy_blocks, validate_write_kv
 
@@ -121,14 +122,16 @@ def write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     *,
-    check_bounds: bool = True,
+    check_bounds: bool | None = None,
     interpret: bool = False,
 ) -> None:
     """Scatter new K/V rows into their slots: cache.view(-1, kvh, D)[slot_mapping[t]] = key[t].
 
-    Mutates k_cache and v_cache at the named slots only. `interpret` runs Triton's
-    interpreter (required for CPU tensors). Raises PagedLabError for invalid arguments
-    (see `validate_write_kv`) before writing anything.
+    Mutates k_cache and v_cache at the named slots only, K and V in one launch.
+    `check_bounds` reads the slots to check them (None: the PAGEDLAB_KERNEL_CHECKS
+    setting, off by default); `interpret` runs Triton's interpreter (required for CPU
+    tensors). Raises PagedLabError for invalid arguments (see `validate_write_kv`) before
+    writing anything.
     """
     launch = plan_write_kv(key, value, k_cache, v_cache, slot_mapping,
                            check_bounds=check_bounds, interpret=interpret)
@@ -143,12 +146,12 @@ def plan_write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     *,
-    check_bounds: bool = True,
+    check_bounds: bool | None = None,
     interpret: bool = False,
 ) -> Launch | None:
     """Validate a write_kv call and return its launch unrun (None when there are no tokens)."""
     shape = validate_write_kv(key, value, k_cache, v_cache, slot_mapping,
-                              check_bounds=check_bounds)
+                              check_bounds=resolve_checks(check_bounds))
     num_tokens = key.shape[0]
     if num_tokens == 0:
         return None
@@ -178,7 +181,7 @@ def copy_blocks(
     src_ids: torch.Tensor,
     dst_ids: torch.Tensor,
     *,
-    check_bounds: bool = True,
+    check_bounds: bool | None = None,
     interpret: bool = False,
 ) -> None:
     """Copy whole blocks: dst_cache[dst_ids[i]] = src_cache[src_ids[i]] for every i.
@@ -199,12 +202,12 @@ def plan_copy_blocks(
     src_ids: torch.Tensor,
     dst_ids: torch.Tensor,
     *,
-    check_bounds: bool = True,
+    check_bounds: bool | None = None,
     interpret: bool = False,
 ) -> Launch | None:
     """Validate a copy_blocks call and return its launch unrun (None when there is no pair)."""
     src, _ = validate_copy_blocks(src_cache, dst_cache, src_ids, dst_ids,
-                                  check_bounds=check_bounds)
+                                  check_bounds=resolve_checks(check_bounds))
     num_pairs = src_ids.numel()
     if num_pairs == 0:
         return None

@@ -1,11 +1,16 @@
 """Launch plumbing shared by the kernels: interpreted variants, resolved launches,
-offline GPU compilation, and the device facts the heuristics need."""
+offline GPU compilation, and the device facts the heuristics need (SM count, and how
+many programs of a compiled kernel an SM keeps resident)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -141,3 +146,95 @@ def sm_count(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# ----------------------------------------------------------------------------- occupancy
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What one program of a compiled kernel holds on an SM."""
+
+    registers: int      # per thread
+    spill_bytes: int    # local memory per thread (register spills)
+    shared_bytes: int   # per program, static and dynamic
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class SMLimits:
+    """Per-SM limits; the defaults are Hopper's (H100 / H200, compute capability 9.0)."""
+
+    registers: int = 65536
+    shared_bytes: int = 228 * 1024
+    threads: int = 2048
+    programs: int = 32
+
+
+def programs_per_sm(res: KernelResources, limits: SMLimits = SMLimits()) -> int:
+    """Programs of a kernel one SM keeps resident: the tightest of threads, registers and
+    shared memory (registers are allocated per warp in units of 256, i.e. 8 per thread;
+    every resident program also takes 1 KiB of shared memory for the system)."""
+    threads = 32 * res.num_warps
+    regs = -(-max(res.registers, 1) // 8) * 8
+    return max(0, min(limits.threads // threads,
+                      limits.registers // (regs * threads),
+                      limits.shared_bytes // (res.shared_bytes + 1024),
+                      limits.programs))
+
+
+def offline_resources(compiled: Any, num_warps: int) -> KernelResources:
+    """Registers, spills and shared memory of a `compile_for_gpu` result, read from its
+    cubin with the cuobjdump Triton ships (no GPU needed)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)],
+                               capture_output=True, text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump's output: {usage!r}")
+    regs, _, static_shared, local = (int(x) for x in found.groups())
+    return KernelResources(regs, local, static_shared + int(compiled.metadata.shared),
+                           num_warps)
+
+
+_CAPACITY: dict[tuple[Any, ...], int] = {}
+
+
+def resident_capacity(launch: Launch, device: torch.device) -> int | None:
+    """Programs of `launch`'s kernel the whole GPU keeps resident (programs per SM x SMs).
+
+    Compiles the launch through Triton's own cache (the run that follows reuses it) and
+    reads the compiled kernel's registers and shared memory; cached per signature. None
+    for a device other than CUDA. Should the compiled kernel not say, falls back to two
+    programs per SM.
+    """
+    sms = sm_count(device)
+    if sms is None:
+        return None
+    key = (id(launch.kernel), device.index, launch.num_warps, launch.num_stages,
+           tuple(sorted(launch.constexprs.items())),
+           tuple(str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__
+                 for a in launch.args))
+    if key not in _CAPACITY:
+        per_sm = 2
+        try:
+            compiled = launch.kernel.warmup(*launch.args, grid=launch.grid,
+                                            **launch.constexprs, num_warps=launch.num_warps,
+                                            num_stages=launch.num_stages)
+            getattr(compiled, "_init_handles", lambda: None)()
+            props = torch.cuda.get_device_properties(device)
+            limits = SMLimits(
+                registers=getattr(props, "regs_per_multiprocessor", SMLimits.registers),
+                shared_bytes=getattr(props, "shared_memory_per_multiprocessor",
+                                     SMLimits.shared_bytes),
+                threads=getattr(props, "max_threads_per_multi_processor", SMLimits.threads))
+            res = KernelResources(int(compiled.n_regs), int(compiled.n_spills),
+                                  int(compiled.metadata.shared), launch.num_warps)
+            per_sm = max(1, programs_per_sm(res, limits))
+        except Exception:
+            pass
+        _CAPACITY[key] = per_sm * sms
+    return _CAPACITY[key]

@@ -57,21 +57,74 @@ def choose_config(
                            num_stages=num_stages)
 
 
-def choose_num_splits(*, num_programs: int, max_context: int, sm_count: int | None) -> int:
+@dataclass(frozen=True)
+class BatchedConfig:
+    """Tile sizes of one launch of the interpreter's batched kernel (attention_batched).
+
+    block_m: rows per unit (BLOCK_Q query tokens x the G heads of one KV group).
+    block_n: context positions per inner-loop tile.
+    block_u: (q tile, KV head) units per program.
+    """
+
+    block_m: int
+    block_n: int
+    block_u: int
+
+
+# Elements of the largest tile a batched program holds ([units, rows or head_dim,
+# positions]): large enough that a 32-sequence decode of the tiny model is one program,
+# small enough that one tile stays a few MiB of numpy arrays.
+BATCHED_TILE_ELEMENTS = 1 << 18
+BATCHED_MAX_BLOCK_N = 4096
+
+
+def choose_batched_config(*, num_tokens: int, num_seqs: int, num_kv_heads: int,
+                          num_queries_per_kv: int, block_d: int,
+                          max_context: int) -> BatchedConfig:
+    """Tile sizes for the interpreter's batched kernel (a pure function of the shape).
+
+    The interpreter pays per operation (tens of microseconds) and little per element, so
+    a launch should be as few programs and loop iterations as memory allows: a tile
+    covers the whole context (`max_context`, the block-table capacity) when it fits,
+    and a program as many units as fit beside it. Decode rows are the group's heads
+    alone (no padding to 16: the interpreter's tl.dot takes any size); with prefill
+    chunks 64 rows let one unit's K/V tile serve 64 / G query tokens.
+    """
+    group = triton.next_power_of_2(num_queries_per_kv)
+    block_m = group if num_tokens == num_seqs else max(64, group)
+    num_units = (num_tokens // (block_m // num_queries_per_kv) + num_seqs) * num_kv_heads
+    if num_tokens == num_seqs:
+        num_units = num_seqs * num_kv_heads
+    block_n = max(16, min(triton.next_power_of_2(max_context), BATCHED_MAX_BLOCK_N))
+    block_u = triton.next_power_of_2(num_units)
+    width = max(block_m, block_d)
+    # Shrink the tile first while it is long (more loop iterations cost less than more
+    # programs, each of which reloads its units' queries), then the units.
+    while block_u * width * block_n > BATCHED_TILE_ELEMENTS:
+        if block_n > 256 or block_u == 1:
+            if block_n == 16:
+                break
+            block_n //= 2
+        else:
+            block_u //= 2
+    return BatchedConfig(block_m=block_m, block_n=block_n, block_u=block_u)
+
+
+def choose_num_splits(*, num_programs: int, max_context: int, capacity: int | None) -> int:
     """Split-K heuristic: how many programs share one q tile's context.
 
     A decode batch of B sequences and kvh KV heads gives only B x kvh programs; when that
-    is well under what the GPU keeps resident (about two per SM), long contexts are cut
-    into splits of at least MIN_TOKENS_PER_SPLIT positions, so that every SM streams K/V.
+    is under what the GPU keeps resident at once (`capacity`: programs per SM, from the
+    compiled kernel's registers and shared memory, times SMs; see
+    `launch.resident_capacity`), long contexts are cut into splits of at least
+    MIN_TOKENS_PER_SPLIT positions so that every resident slot streams K/V, in a single
+    wave. A batch that fills the GPU is not split: partials and a reduce only add work.
     `max_context` is the block-table capacity (known without a device sync). With no GPU
-    (`sm_count` None) the interpreter runs programs one after another, so splitting only
+    (`capacity` None) the interpreter runs programs one after another, so splitting only
     adds work: it stays at 1 unless forced.
     """
-    if sm_count is None:
+    if capacity is None or num_programs >= capacity:
         return 1
-    target = 2 * sm_count
-    if num_programs >= target:
-        return 1
-    splits = min(triton.cdiv(target, num_programs), max_context // MIN_TOKENS_PER_SPLIT,
-                 MAX_SPLITS)
+    # Rounded down: a split that needs a second wave of programs only adds a reduce.
+    splits = min(capacity // num_programs, max_context // MIN_TOKENS_PER_SPLIT, MAX_SPLITS)
     return max(1, splits)
