@@ -71,6 +71,8 @@ class Trace:
     arrival_s: np.ndarray   # float64, non-decreasing
     prompt_len: np.ndarray  # int64, >= 1
     output_len: np.ndarray  # int64, >= 1
+    # The gaps between arrivals were divided by this (recorded traces; 1 for synthetic).
+    time_scale: float = 1.0
 
     def __len__(self) -> int:
         return len(self.arrival_s)

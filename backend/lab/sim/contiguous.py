@@ -71,3 +71,6 @@ class ContiguousPolicyMemory:
             self._ext_key = key
             self._ext = self.arena.external_slots(required)
         return self._ext
+
+    def block_counts(self) -> None:
+        return None

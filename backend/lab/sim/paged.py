@@ -7,10 +7,10 @@ the manager's block counts, which are all the memory accounting needs, are
 exact at every iteration. Calling it once per token would make a 100k-request
 ShareGPT replay (about 34M tokens) far too slow.
 
-Admission keeps a watermark of free blocks (vLLM's default: 1% of the pool):
-a request is admitted only if that many blocks stay free after its prompt,
-so that the requests already running have room to grow and a newcomer is not
-preempted again at once.
+Admission keeps a watermark of free blocks (vLLM v0's default: 1% of the
+pool, or `watermark_blocks` exactly): a request is admitted only if that many
+blocks stay free after its prompt, so that the requests already running have
+room to grow and a newcomer is not preempted again at once.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from backend.core.errors import PagedLabError
+from backend.lab.sim.budgets import fits_with_watermark
 from backend.paging.block_manager import BlockManager
 
 DEFAULT_WATERMARK = 0.01
@@ -30,7 +31,8 @@ class PagedPolicy:
     reserves_ahead = False
 
     def __init__(self, capacity: int, block_size: int, *,
-                 watermark: float = DEFAULT_WATERMARK) -> None:
+                 watermark: float = DEFAULT_WATERMARK,
+                 watermark_blocks: int | None = None) -> None:
         num_blocks = capacity // block_size
         if num_blocks < 1:
             raise PagedLabError(
@@ -40,7 +42,9 @@ class PagedPolicy:
         self.growth_period = block_size
         self.manager = BlockManager(num_blocks, block_size, prefix_caching=False,
                                     record_events=False)
-        self.watermark_blocks = int(watermark * num_blocks)
+        # vLLM v0: watermark_blocks = int(watermark * num_gpu_blocks).
+        self.watermark_blocks = (int(watermark * num_blocks) if watermark_blocks is None
+                                 else watermark_blocks)
         self._ids: list[str] = []
         self._synced: list[int] = []   # tokens the manager holds, per request
 
@@ -74,10 +78,11 @@ class PagedPolicy:
 
     def try_admit(self, i: int, tokens: int, final_len: int) -> bool:
         m = self.manager
-        if -(-tokens // self.block_size) + self.watermark_blocks > m.num_free_blocks:
+        if not fits_with_watermark(m.num_free_blocks, -(-tokens // self.block_size),
+                                   self.watermark_blocks):
             return False
-        # Token ids only matter to prefix caching, which is off.
-        m.allocate(self._ids[i], [0] * tokens)
+        # Token ids only matter to prefix caching, which is off: a count will do.
+        m.allocate(self._ids[i], tokens)
         self._synced[i] = tokens
         return True
 
@@ -95,3 +100,7 @@ class PagedPolicy:
 
     def external_slots(self, head_final_len: int | None) -> int:
         return 0
+
+    def block_counts(self) -> tuple[int, int, int]:
+        pool = self.manager.pool
+        return pool.num_blocks - pool.num_free, pool.num_cached_free, pool.num_empty

@@ -15,7 +15,9 @@ capacity in each state of the PagedAttention paper's Figure 2:
 
     token_states            slots holding a token
     reservation             contiguous: slots reserved for tokens the request
-                            will still generate; paged: 0 (nothing is reserved ahead)
+                            will still generate; paged: 0 (nothing is reserved
+                            ahead) but, with a token budget, the slots of a
+                            prompt's blocks whose chunks are not computed yet
     internal_fragmentation  contiguous: reserved slots beyond the final length;
                             paged: empty slots in allocated blocks
     external_fragmentation  contiguous: free slots in holes smaller than the
@@ -27,6 +29,10 @@ capacity in each state of the PagedAttention paper's Figure 2:
 Averages are over busy iterations (those with at least one running request):
 an idle engine runs no iterations. `sweep` runs a grid of configurations on
 every core; results depend only on the configurations, never on the workers.
+`simulate_run` also returns the per-iteration timeline and each request's
+preemptions. The scheduler budgets (max_num_seqs, max_num_batched_tokens,
+watermark_blocks) have vLLM's meanings (backend.lab.sim.budgets); unset, the
+replay is exactly the one without them.
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ import numpy as np
 
 from backend.core.errors import PagedLabError
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
+from backend.lab.sim.budgets import SchedulerBudgets
 from backend.lab.sim.contiguous import ContiguousPolicyMemory
 from backend.lab.sim.paged import DEFAULT_WATERMARK, PagedPolicy
-from backend.lab.sim.replay import MemoryPolicy, Progress, replay
+from backend.lab.sim.replay import MemoryPolicy, Progress, ReplayTotals, replay
+from backend.lab.sim.timeline import Timeline, TimelineRecorder
 from backend.lab.workloads import Trace, make_trace
 
 Policy = Literal["paged", "max", "pow2", "oracle"]
@@ -78,6 +86,15 @@ class SimConfig:
     max_len: int = DEFAULT_MAX_LEN         # the max policy's reservation
     iteration_s: float = DEFAULT_ITERATION_S
     watermark: float = DEFAULT_WATERMARK   # paged only: fraction of blocks kept free
+    # Scheduler budgets (None: no limit); watermark_blocks, if set, replaces `watermark`.
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    watermark_blocks: int | None = None    # paged only
+
+    @property
+    def budgets(self) -> SchedulerBudgets:
+        return SchedulerBudgets(self.max_num_seqs, self.max_num_batched_tokens,
+                                self.watermark_blocks)
 
     def validate(self) -> None:
         """Raise PagedLabError naming the first bad field."""
@@ -93,6 +110,7 @@ class SimConfig:
                                 f"got {self.iteration_s!r}")
         if not (isinstance(self.watermark, (int, float)) and 0 <= self.watermark < 1):
             raise PagedLabError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
+        self.budgets.check()
         if self.policy == "paged":
             blocks = self.capacity_tokens // self.block_size
             if blocks < 1:
@@ -127,10 +145,17 @@ class SimResult:
     prompt_tokens: int
     output_tokens: int
     recomputed_tokens: int        # prompt work repeated after preemptions
+    preempted_requests: int       # requests preempted at least once
+    max_preemptions_per_request: int
     throughput_requests_per_s: float
     throughput_tokens_per_s: float  # output tokens
     mean_latency_s: float
     mean_normalized_latency_s: float  # mean of latency / output length (the paper's metric)
+    time_scale: float             # the trace's gaps between arrivals were divided by this
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    watermark_blocks: int | None  # paged: the free blocks admission kept back; else None
+    max_batched_tokens: int       # the most tokens (prefill + decode) one iteration ran
     wall_s: float = field(default=0.0, compare=False)  # real seconds the replay took
 
     def to_json(self) -> dict[str, Any]:
@@ -148,10 +173,22 @@ def make_policy(config: SimConfig) -> MemoryPolicy:
     config.validate()
     if config.policy == "paged":
         return PagedPolicy(config.capacity_tokens, config.block_size,
-                           watermark=config.watermark)
+                           watermark=config.watermark, watermark_blocks=config.watermark_blocks)
     assert config.policy in CONTIGUOUS_POLICIES
     return ContiguousPolicyMemory(config.capacity_tokens, config.policy,
                                   max_len=config.max_len)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SimRun:
+    """A result with what produced it over time: the timeline and each request's preemptions.
+
+    Compared and hashed by identity (its arrays are not hashable); compare `result`s."""
+
+    result: SimResult
+    timeline: Timeline | None
+    preemptions_per_request: np.ndarray   # int64, one entry per request of the trace
+    victim_ages: np.ndarray               # per preemption: iterations since the victim's admission
 
 
 def simulate(trace: Trace, config: SimConfig = SimConfig(), *,
@@ -161,6 +198,12 @@ def simulate(trace: Trace, config: SimConfig = SimConfig(), *,
     Raises PagedLabError for a bad config, or a capacity in which the trace's
     longest request could never run.
     """
+    return simulate_run(trace, config, progress=progress, timeline=False).result
+
+
+def simulate_run(trace: Trace, config: SimConfig = SimConfig(), *,
+                 progress: Progress | None = None, timeline: bool = True) -> SimRun:
+    """`simulate`, keeping the per-iteration timeline (if asked) and per-request figures."""
     start = time.perf_counter()
     policy = make_policy(config)
     dt = float(config.iteration_s)
@@ -169,17 +212,32 @@ def simulate(trace: Trace, config: SimConfig = SimConfig(), *,
     if not float(trace.arrival_s[-1]) / dt < 2.0 ** 60:
         raise PagedLabError("the trace's arrivals lie too far in the future; raise the rate")
     arrival_it = np.ceil(trace.arrival_s / dt).astype(np.int64)
-    final = trace.final_len
-    tot = replay(arrival_it, trace.prompt_len, final, policy, progress)
-    assert tot.finish_iteration is not None
+    recorder = TimelineRecorder() if timeline else None
+    tot = replay(arrival_it, trace.prompt_len, trace.final_len, policy, progress,
+                 budgets=config.budgets, timeline=recorder)
     if isinstance(policy, PagedPolicy):
         # The manager counts preemptions independently: a cross-check.
         assert policy.manager.preemptions == tot.preemptions
+    tl = None
+    if recorder is not None:
+        tl = recorder.build(arrival_it, iteration_s=dt, capacity_tokens=config.capacity_tokens,
+                            block_size=config.block_size if config.policy == "paged" else None)
+    result = _result(trace, config, policy, tot, time.perf_counter() - start)
+    assert tot.preemptions_per_request is not None
+    return SimRun(result, tl, tot.preemptions_per_request,
+                  np.asarray(tot.victim_ages, dtype=np.int64))
 
+
+def _result(trace: Trace, config: SimConfig, policy: MemoryPolicy, tot: ReplayTotals,
+            wall_s: float) -> SimResult:
+    assert tot.finish_iteration is not None and tot.preemptions_per_request is not None
+    dt = float(config.iteration_s)
     cap = config.capacity_tokens
     slot_its = tot.busy_iterations * cap
     if config.policy == "paged":
-        parts = [tot.token_sum, 0, tot.allocated_sum - tot.token_sum, 0]
+        # Blocks taken for prompt chunks not computed yet are reserved, not wasted.
+        pending = tot.pending_prefill_sum
+        parts = [tot.token_sum, pending, tot.allocated_sum - tot.token_sum - pending, 0]
     else:
         parts = [tot.token_sum, tot.committed_sum - tot.token_sum,
                  tot.allocated_sum - tot.committed_sum, tot.external_sum]
@@ -192,6 +250,7 @@ def simulate(trace: Trace, config: SimConfig = SimConfig(), *,
     latency = finish_s - trace.arrival_s
     duration = float(finish_s.max())
     out_tokens = int(trace.output_len.sum())
+    per_request = tot.preemptions_per_request
     return SimResult(
         policy=config.policy, workload=trace.workload, requests=n, rate=trace.rate,
         seed=trace.seed, capacity_tokens=cap,
@@ -202,10 +261,17 @@ def simulate(trace: Trace, config: SimConfig = SimConfig(), *,
         iterations=tot.busy_iterations, iteration_s=dt, duration_s=duration,
         prompt_tokens=int(trace.prompt_len.sum()), output_tokens=out_tokens,
         recomputed_tokens=tot.recomputed_tokens,
+        preempted_requests=int((per_request > 0).sum()),
+        max_preemptions_per_request=int(per_request.max()),
         throughput_requests_per_s=n / duration, throughput_tokens_per_s=out_tokens / duration,
         mean_latency_s=float(latency.mean()),
         mean_normalized_latency_s=float((latency / trace.output_len).mean()),
-        wall_s=time.perf_counter() - start,
+        time_scale=float(trace.time_scale), max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        watermark_blocks=(policy.watermark_blocks if isinstance(policy, PagedPolicy)
+                          else None),
+        max_batched_tokens=tot.max_batched_tokens,
+        wall_s=wall_s,
     )
 
 
