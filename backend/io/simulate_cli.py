@@ -1,8 +1,12 @@
-"""`python -m backend simulate`: replay a synthetic trace through one allocation policy.
+"""`python -m backend simulate`: replay a trace through one allocation policy.
 
-The flags and the RESULT.json fields are public (CONTRACT.md). Every value is
-parsed and range-checked here rather than by argparse, so that bad input
-always ends in exactly one line, `error: ...`, on stderr and exit status 2.
+The trace is synthetic (sharegpt, alpaca), recorded (azure-code, azure-conv: the
+Azure LLM inference trace 2023 in assets/traces/) or a CSV file of one's own
+(backend.lab.traces says its format). The flags and the RESULT.json fields are
+public (CONTRACT.md). Every value is parsed and range-checked here rather than
+by argparse, so that bad input always ends in exactly one line, `error: ...`,
+on stderr and exit status 2; a trace file is read whole (at most
+MAX_TRACE_BYTES) and checked before anything is replayed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.errors import PagedLabError
+from backend.io.json_input import read_bounded
+from backend.lab.sim.budgets import MAX_BUDGET
 from backend.lab.sim.simulator import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY_TOKENS,
@@ -27,9 +33,19 @@ from backend.lab.sim.simulator import (
     SimResult,
     simulate,
 )
-from backend.lab.workloads import WORKLOADS, make_trace
+from backend.lab.traces import (
+    DEFAULT_REQUESTS,
+    MAX_TIME_SCALE,
+    MAX_TRACE_BYTES,
+    RECORDED,
+    WORKLOAD_NAMES,
+    parse_trace_csv,
+    recorded_trace,
+    replay_trace,
+    workload_trace,
+)
+from backend.lab.workloads import Trace
 
-DEFAULT_REQUESTS = 1000
 MAX_REQUESTS = 10_000_000
 MIN_RATE = 1e-6
 MAX_RATE = 1e6
@@ -39,9 +55,12 @@ MAX_SEED = 2**63 - 1
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `simulate` flags to `parser` (values are validated by `run_simulate`)."""
     parser.add_argument(
-        "--workload", metavar="{sharegpt,alpaca}",
-        help="length distribution: sharegpt (mean 161 prompt + 338 output tokens) or "
-             "alpaca (19 + 58); required")
+        "--workload", metavar="{sharegpt,alpaca,azure-code,azure-conv,TRACE.csv}",
+        help="sharegpt (mean 161 prompt + 338 output tokens) or alpaca (19 + 58): synthetic, "
+             "Poisson arrivals; azure-code (8,819 requests, 2,048 + 28) or azure-conv "
+             "(19,366, 1,155 + 211): the Azure LLM inference trace 2023, arrivals and "
+             "lengths as recorded; or a CSV file with columns TIMESTAMP,ContextTokens,"
+             f"GeneratedTokens (at most {MAX_TRACE_BYTES >> 20} MiB); required")
     parser.add_argument(
         "--policy", metavar="{paged,max,pow2,oracle}",
         help="paged: PagedLab's block manager (preempts and recomputes when full); "
@@ -49,12 +68,18 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
              "next power of two of its final length / exactly its final length; required")
     parser.add_argument(
         "--requests", metavar="N",
-        help=f"requests in the trace, 1..{MAX_REQUESTS} (default {DEFAULT_REQUESTS})")
+        help=f"synthetic: requests in the trace, 1..{MAX_REQUESTS} (default "
+             f"{DEFAULT_REQUESTS}); recorded or CSV: replay only the first N (default all)")
     parser.add_argument(
         "--rate", metavar="R",
-        help=f"Poisson arrival rate in requests per second (default {DEFAULT_RATE:g}: with "
-             "sharegpt and the default capacity, enough to fill memory under every policy; "
-             "alpaca's short requests need about 80)")
+        help=f"synthetic: Poisson arrival rate in requests per second (default "
+             f"{DEFAULT_RATE:g}: with sharegpt and the default capacity, enough to fill "
+             "memory under every policy; alpaca's short requests need about 80); recorded "
+             "or CSV: rescale the arrivals so that their mean rate is R (default as recorded)")
+    parser.add_argument(
+        "--time-scale", metavar="F",
+        help="divide the gaps between arrivals by F (F > 1 compresses time, default 1); "
+             "not with --rate")
     parser.add_argument(
         "--capacity-tokens", metavar="T",
         help=f"KV capacity in token slots, 1..{MAX_CAPACITY_TOKENS} (default "
@@ -63,7 +88,20 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         "--block-size", metavar="B",
         help=f"tokens per block for the paged policy, 1..256 (default {DEFAULT_BLOCK_SIZE}; "
              "ignored by the contiguous policies)")
-    parser.add_argument("--seed", metavar="S", help="trace seed, an integer >= 0 (default 0)")
+    parser.add_argument("--seed", metavar="S",
+                        help="synthetic trace seed, an integer >= 0 (default 0)")
+    parser.add_argument(
+        "--max-num-seqs", "--max_num_seqs", dest="max_num_seqs", metavar="N",
+        help="scheduler: at most N requests run in one iteration (default: no limit)")
+    parser.add_argument(
+        "--max-num-batched-tokens", "--max_num_batched_tokens", dest="max_num_batched_tokens",
+        metavar="T",
+        help="scheduler: at most T tokens (prefill + decode) per iteration; decodes go "
+             "first and longer prompts are prefilled in chunks (default: no limit)")
+    parser.add_argument(
+        "--watermark-blocks", "--watermark_blocks", dest="watermark_blocks", metavar="W",
+        help="paged: admit a request only if W blocks stay free after it (default: 1%% of "
+             "the pool, vLLM's default)")
     parser.add_argument(
         "--out", metavar="RESULT.json",
         help="write the result there (and a summary to stdout); without it the result "
@@ -71,7 +109,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         f"Continuous batching at a fixed {DEFAULT_ITERATION_S * 1000:g} ms per iteration: "
         "every running request gains one token per iteration; arrivals are admitted first "
-        "come, first served when memory allows. Progress goes to stderr.")
+        "come, first served when memory and the scheduler budgets allow. Progress goes to "
+        "stderr.")
 
 
 class _BadInputError(Exception):
@@ -90,19 +129,50 @@ def _int(value: str | None, flag: str, default: int, low: int, high: int) -> int
     return out
 
 
-def _rate(value: str | None) -> float:
+def _float(value: str | None, flag: str, what: str, low: float, high: float) -> float | None:
     if value is None:
-        return DEFAULT_RATE
+        return None
     try:
         out = float(value)
     except ValueError:
-        raise _BadInputError(
-            f"--rate must be a number of requests per second, got {value!r}") from None
-    if not (math.isfinite(out) and MIN_RATE <= out <= MAX_RATE):
-        raise _BadInputError(
-            f"--rate must be between {MIN_RATE:g} and {MAX_RATE:g} requests per second, "
-            f"got {value}")
+        raise _BadInputError(f"{flag} must be {what}, got {value!r}") from None
+    if not (math.isfinite(out) and low <= out <= high):
+        raise _BadInputError(f"{flag} must be between {low:g} and {high:g}, got {value}")
     return out
+
+
+def _optional_int(value: str | None, flag: str, low: int) -> int | None:
+    return None if value is None else _int(value, flag, 0, low, MAX_BUDGET)
+
+
+def _trace(args: argparse.Namespace) -> Trace:
+    """The trace `--workload` names, prefixed and rescaled by the flags."""
+    workload = args.workload
+    rate = _float(args.rate, "--rate", "a number of requests per second", MIN_RATE, MAX_RATE)
+    scale = _float(args.time_scale, "--time-scale", "a number", 1e-6, MAX_TIME_SCALE)
+    if rate is not None and scale is not None:
+        raise _BadInputError("--rate and --time-scale both set the arrival rate: give one")
+    seed = _int(args.seed, "--seed", 0, 0, MAX_SEED)
+    if workload in WORKLOAD_NAMES and workload not in RECORDED:
+        requests = _int(args.requests, "--requests", DEFAULT_REQUESTS, 1, MAX_REQUESTS)
+        return workload_trace(workload, requests=requests, rate=rate, seed=seed,
+                              time_scale=scale)
+    if workload in RECORDED:
+        recorded = recorded_trace(workload)
+    elif workload.lower().endswith(".csv") or "/" in workload or Path(workload).is_file():
+        data = read_bounded(Path(workload), "trace", MAX_TRACE_BYTES)
+        recorded = parse_trace_csv(data, workload)
+    else:
+        raise _BadInputError(f"--workload must be one of {', '.join(WORKLOAD_NAMES)} or a "
+                             f"path to a CSV trace, got {workload!r}")
+    n = len(recorded)
+    prefix = None
+    if args.requests is not None:
+        prefix = _int(args.requests, "--requests", 0, 1, MAX_REQUESTS)
+        if prefix > n:
+            raise _BadInputError(f"--requests must be at most {n}, the requests "
+                                 f"{recorded.workload} holds, got {prefix}")
+    return replay_trace(recorded, requests=prefix, rate=rate, time_scale=scale)
 
 
 def _choice(value: str | None, flag: str, choices: tuple[str, ...]) -> str:
@@ -117,10 +187,12 @@ def summary(result: SimResult) -> str:
     """A few human-readable lines about a result."""
     mem = "  ".join(f"{k} {v:.1%}" for k, v in result.memory.items())
     bs = f", block size {result.block_size}" if result.block_size is not None else ""
+    scaled = f" (time / {result.time_scale:g})" if result.time_scale != 1 else ""
     return (f"{result.policy} on {result.requests} {result.workload} requests at "
-            f"{result.rate:g}/s, {result.capacity_tokens} token slots{bs}\n"
+            f"{result.rate:g}/s{scaled}, {result.capacity_tokens} token slots{bs}\n"
             f"batch: mean {result.mean_batch_size:.2f}, max {result.max_batch_size}; "
-            f"preemptions {result.preemptions}; throughput "
+            f"preemptions {result.preemptions} ({result.preempted_requests} requests, at most "
+            f"{result.max_preemptions_per_request} each); throughput "
             f"{result.throughput_requests_per_s:.3f} requests/s\n"
             f"memory: {mem}")
 
@@ -128,18 +200,22 @@ def summary(result: SimResult) -> str:
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the command for parsed `args`; returns the exit status (0, or 2 for bad input)."""
     try:
-        workload = _choice(args.workload, "--workload", tuple(WORKLOADS))
+        if args.workload is None:
+            raise _BadInputError(f"--workload is required: one of "
+                                 f"{', '.join(WORKLOAD_NAMES)} or a path to a CSV trace")
         policy = _choice(args.policy, "--policy", POLICIES)
-        requests = _int(args.requests, "--requests", DEFAULT_REQUESTS, 1, MAX_REQUESTS)
-        rate = _rate(args.rate)
         capacity = _int(args.capacity_tokens, "--capacity-tokens", DEFAULT_CAPACITY_TOKENS,
                         1, MAX_CAPACITY_TOKENS)
         block_size = _int(args.block_size, "--block-size", DEFAULT_BLOCK_SIZE, 1, 256)
-        seed = _int(args.seed, "--seed", 0, 0, MAX_SEED)
         config = SimConfig(policy=policy, capacity_tokens=capacity,  # type: ignore[arg-type]
-                           block_size=block_size)
+                           block_size=block_size,
+                           max_num_seqs=_optional_int(args.max_num_seqs, "--max-num-seqs", 1),
+                           max_num_batched_tokens=_optional_int(
+                               args.max_num_batched_tokens, "--max-num-batched-tokens", 1),
+                           watermark_blocks=_optional_int(args.watermark_blocks,
+                                                          "--watermark-blocks", 0))
         config.validate()
-        trace = make_trace(workload, requests, rate, seed)
+        trace = _trace(args)
 
         if args.out is not None and not Path(args.out).parent.is_dir():
             raise _BadInputError(f"cannot write {args.out}: its folder does not exist")

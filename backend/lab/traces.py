@@ -1,0 +1,255 @@
+"""Recorded request traces: the Azure LLM inference trace 2023, and CSV traces of one's own.
+
+A trace file is CSV with a header naming the columns TIMESTAMP, ContextTokens and
+GeneratedTokens (in any order) and one row per request:
+
+    TIMESTAMP        the arrival: a date and time, 2023-11-16 18:17:03.9799600
+                     (a space or T between them, up to 9 decimals of a second,
+                     no time zone), or a number of seconds; every row the
+                     same kind, in arrival order (equal times are fine)
+    ContextTokens    the prompt's length in tokens, an integer >= 1
+    GeneratedTokens  the output's length in tokens, an integer >= 1
+
+The whole file is checked before anything is replayed: the first bad row is
+refused with its number (data rows count from 1; the header is line 1, so row
+r is line r + 1) and nothing is half-loaded. Arrivals are replayed relative to
+the first row's time, lengths as recorded.
+
+`azure-code` and `azure-conv` are the two files of the Azure LLM inference
+trace 2023 in assets/traces/ (CC BY 4.0; credit and license beside them).
+`replay_trace` takes a prefix of a trace and rescales its time, as
+`python -m backend simulate` does with --requests, --rate and --time-scale.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import functools
+import io
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from backend.core.errors import PagedLabError
+from backend.lab.sim.simulator import DEFAULT_RATE
+from backend.lab.workloads import WORKLOADS, Trace, make_trace
+
+TRACE_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
+RECORDED: dict[str, str] = {
+    "azure-code": "AzureLLMInferenceTrace_code.csv",
+    "azure-conv": "AzureLLMInferenceTrace_conv.csv",
+}
+COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+# A trace file is read whole: 64 MiB is some 1.7 million rows of the Azure format.
+MAX_TRACE_BYTES = 64 << 20
+MAX_TOKENS = 1 << 24       # per request, prompt or output (the simulator's largest capacity)
+MAX_SECONDS = 1e12         # a numeric TIMESTAMP (about 31,700 years)
+MAX_TIME_SCALE = 1e6
+DEFAULT_REQUESTS = 1000    # synthetic traces
+WORKLOAD_NAMES: tuple[str, ...] = (*WORKLOADS, *RECORDED)
+_DATETIME = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(Z|[+-]\d{2}:\d{2})?")
+_INT = re.compile(r"[0-9]{1,9}")
+
+
+def _row_error(name: str, row: int, line: int, message: str) -> PagedLabError:
+    return PagedLabError(f"{name}: row {row} (line {line}): {message}")
+
+
+def _nanoseconds(text: str) -> int | None:
+    """A date and time as integer nanoseconds since 0001-01-01, or None if it is not one."""
+    found = _DATETIME.fullmatch(text)
+    if found is None:
+        return None
+    y, mo, d, h, mi, s, frac, zone = found.groups()
+    try:
+        day = datetime.date(int(y), int(mo), int(d)).toordinal()
+        datetime.time(int(h), int(mi), int(s))
+    except ValueError:
+        return None
+    seconds = ((day * 24 + int(h)) * 60 + int(mi)) * 60 + int(s)
+    if zone and zone != "Z":
+        # 18:00+02:00 is 16:00 UTC.
+        sign = 1 if zone[0] == "+" else -1
+        seconds -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    return seconds * 1_000_000_000 + int((frac or "").ljust(9, "0"))
+
+
+def _seconds(text: str) -> float | None:
+    """A plain number of seconds (finite, >= 0), or None."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", text):
+        return None
+    value = float(text)
+    return value if value <= MAX_SECONDS else None
+
+
+def _tokens(text: str) -> int | None:
+    """A token count in 1..MAX_TOKENS, or None."""
+    if _INT.fullmatch(text) is None or not 1 <= int(text) <= MAX_TOKENS:
+        return None
+    return int(text)
+
+
+def parse_trace_csv(data: bytes, name: str) -> Trace:
+    """Reads only: the trace in `data` (a CSV file's bytes); `name` names it in messages and
+    becomes the trace's workload. Raises PagedLabError naming the first bad row."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise PagedLabError(f"{name}: not UTF-8 text (byte {e.start})") from None
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise PagedLabError(f"{name}: the file is empty; the first line must be the "
+                                f"header {','.join(COLUMNS)}")
+        names = [h.strip() for h in header]
+        if sorted(names) != sorted(COLUMNS):
+            raise PagedLabError(f"{name}: the header must name the columns "
+                                f"{', '.join(COLUMNS)}, got {','.join(names)!r}")
+        at = [names.index(c) for c in COLUMNS]
+        times: list[int | float] = []   # nanoseconds (dates) or seconds
+        prompts: list[int] = []
+        outputs: list[int] = []
+        dated: bool | None = None
+        row = 0
+        for fields in reader:
+            line = reader.line_num
+            if not fields or fields == [""]:
+                continue   # a blank line holds no request
+            row += 1
+
+            def fail(message: str, row: int = row, line: int = line) -> PagedLabError:
+                return _row_error(name, row, line, message)
+
+            if len(fields) != 3:
+                raise fail(f"expected 3 fields ({','.join(names)}), got {len(fields)}")
+            stamp, ctx, gen = (fields[i].strip() for i in at)
+            ns = _nanoseconds(stamp)
+            sec = None if ns is not None else _seconds(stamp)
+            if ns is None and sec is None:
+                raise fail(f"TIMESTAMP must be a date and time (2023-11-16 18:17:03.97) or "
+                           f"a number of seconds, got {stamp!r}")
+            if dated is None:
+                dated = ns is not None
+            elif dated != (ns is not None):
+                kind = "a date and time" if dated else "a number of seconds"
+                raise fail(f"TIMESTAMP {stamp!r} is not {kind} like row 1's")
+            value = ns if ns is not None else sec
+            assert value is not None
+            if times and value < times[-1]:
+                raise fail(f"TIMESTAMP {stamp!r} is earlier than the row before it; "
+                           "the rows must be in arrival order")
+            for what, raw, into in (("ContextTokens", ctx, prompts),
+                                     ("GeneratedTokens", gen, outputs)):
+                count = _tokens(raw)
+                if count is None:
+                    raise fail(f"{what} must be an integer in 1..{MAX_TOKENS}, got {raw!r}")
+                into.append(count)
+            times.append(value)
+    except csv.Error as e:
+        raise PagedLabError(f"{name}: line {reader.line_num}: not valid CSV ({e})") from None
+    if not times:
+        raise PagedLabError(f"{name}: the trace holds no request (only a header)")
+    if dated:
+        first = times[0]
+        arrival = np.array([(t - first) / 1e9 for t in times], dtype=np.float64)
+    else:
+        arrival = np.asarray(times, dtype=np.float64) - float(times[0])
+    return _frozen(Trace(name, mean_rate(arrival), 0, arrival,
+                         np.asarray(prompts, dtype=np.int64),
+                         np.asarray(outputs, dtype=np.int64)))
+
+
+def _frozen(trace: Trace) -> Trace:
+    """The trace with read-only arrays: shipped traces are cached and shared."""
+    for a in (trace.arrival_s, trace.prompt_len, trace.output_len):
+        a.flags.writeable = False
+    return trace
+
+
+def mean_rate(arrival_s: np.ndarray) -> float:
+    """Requests per second between the first and the last arrival (0 if they coincide)."""
+    span = float(arrival_s[-1] - arrival_s[0]) if len(arrival_s) else 0.0
+    return (len(arrival_s) - 1) / span if span > 0 else 0.0
+
+
+@functools.cache
+def recorded_trace(workload: str) -> Trace:
+    """Reads only (cached): the shipped trace `azure-code` or `azure-conv`."""
+    file = RECORDED.get(workload)
+    if file is None:
+        raise PagedLabError(f"unknown recorded trace {workload!r}; choose one of "
+                            f"{', '.join(RECORDED)}")
+    return parse_trace_csv((TRACE_DIR / file).read_bytes(), workload)
+
+
+def checked_time_scale(value: object) -> float:
+    """`value` as a time scale, or PagedLabError."""
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and 0 < value <= MAX_TIME_SCALE):
+        raise PagedLabError(f"time scale must be a number in (0, {MAX_TIME_SCALE:g}], "
+                            f"got {value!r}")
+    return float(value)
+
+
+def replay_trace(trace: Trace, *, requests: int | None = None, rate: float | None = None,
+                 time_scale: float | None = None) -> Trace:
+    """Reads only: the first `requests` requests (all if None), with the gaps between
+    arrivals divided by `time_scale`, or rescaled so that the mean rate is `rate`
+    (at most one of the two). Raises PagedLabError for a value out of range."""
+    n = len(trace)
+    if requests is not None:
+        if isinstance(requests, bool) or not isinstance(requests, int) or not 1 <= requests <= n:
+            raise PagedLabError(f"requests must be an integer in 1..{n} for {trace.workload} "
+                                f"({n:,} requests recorded), got {requests!r}")
+        n = requests
+    if rate is not None and time_scale is not None:
+        raise PagedLabError("give a rate or a time scale, not both: each sets the other")
+    arrival = np.array(trace.arrival_s[:n], dtype=np.float64)
+    recorded = mean_rate(arrival)
+    scale = 1.0
+    if time_scale is not None:
+        scale = checked_time_scale(time_scale)
+    elif rate is not None:
+        if not (isinstance(rate, (int, float)) and not isinstance(rate, bool)
+                and math.isfinite(rate) and rate > 0):
+            raise PagedLabError(f"rate must be a positive number of requests per second, "
+                                f"got {rate!r}")
+        if recorded == 0:
+            raise PagedLabError(f"a rate needs at least two requests at different times; "
+                                f"the first {n} of {trace.workload} arrive at once")
+        scale = float(rate) / recorded
+    if scale != 1.0:
+        # The first arrival is at 0 (times are relative to the first row).
+        arrival = arrival / scale
+    return Trace(trace.workload, recorded * scale, trace.seed, arrival,
+                 trace.prompt_len[:n].copy(), trace.output_len[:n].copy(),
+                 trace.time_scale * scale)
+
+
+def workload_trace(workload: str, *, requests: int | None = None, rate: float | None = None,
+                   seed: int = 0, time_scale: float | None = None) -> Trace:
+    """Reads only: a named workload's trace, as `simulate --workload NAME` replays it.
+
+    Synthetic (sharegpt, alpaca): `requests` Poisson arrivals at `rate` (defaults
+    1000 and DEFAULT_RATE), gaps then divided by `time_scale`. Recorded
+    (azure-code, azure-conv): `replay_trace` of the shipped file, whole by default.
+    """
+    if workload in RECORDED:
+        return replay_trace(recorded_trace(workload), requests=requests, rate=rate,
+                            time_scale=time_scale)
+    if rate is not None and time_scale is not None:
+        raise PagedLabError("give a rate or a time scale, not both: each sets the other")
+    trace = make_trace(workload, DEFAULT_REQUESTS if requests is None else requests,
+                       DEFAULT_RATE if rate is None else rate, seed)
+    if time_scale is None:
+        return trace
+    # Poisson arrivals at rate R with gaps divided by F are Poisson arrivals at R x F.
+    f = checked_time_scale(time_scale)
+    return Trace(trace.workload, trace.rate * f, seed, trace.arrival_s / f, trace.prompt_len,
+                 trace.output_len, f)

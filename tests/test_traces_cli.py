@@ -1,0 +1,185 @@
+"""`python -m backend simulate`: synthetic, recorded and CSV traces, budgets, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from backend.io import simulate_cli
+from backend.io.simulate_cli import add_simulate_arguments, run_simulate
+from backend.lab.traces import recorded_trace, replay_trace
+
+# ---- the command line --------------------------------------------------------------
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m backend simulate")
+    add_simulate_arguments(parser)
+    return run_simulate(parser.parse_args(argv))
+
+
+def test_cli_writes_result_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "RESULT.json"
+    rc = run_cli(["--workload", "alpaca", "--policy", "paged", "--requests", "200",
+                  "--rate", "10", "--capacity-tokens", "4096", "--block-size", "8",
+                  "--seed", "3", "--out", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    for key in ("policy", "workload", "requests", "mean_batch_size", "max_batch_size",
+                "preemptions", "memory"):
+        assert key in data
+    assert (data["policy"], data["workload"], data["requests"]) == ("paged", "alpaca", 200)
+    assert (data["block_size"], data["capacity_tokens"], data["seed"]) == (8, 4096, 3)
+    assert set(data["memory"]) == {"token_states", "reservation", "internal_fragmentation",
+                                   "external_fragmentation", "free"}
+    assert sum(data["memory"].values()) == pytest.approx(1.0)
+    assert "batch: mean" in capsys.readouterr().out
+    # Without --out the JSON goes to stdout.
+    assert run_cli(["--workload", "alpaca", "--policy", "oracle", "--requests", "50"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "oracle"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "error: --workload is required: one of sharegpt, alpaca, azure-code, azure-conv or "
+         "a path to a CSV trace"),
+    (["--workload", "alpaca"], "error: --policy is required"),
+    (["--workload", "lmsys", "--policy", "paged"], "error: --workload must be one of"),
+    (["--workload", "alpaca", "--policy", "lru"], "error: --policy must be one of"),
+    (["--workload", "alpaca", "--policy", "paged", "--requests", "0"],
+     "error: --requests must be in 1.."),
+    (["--workload", "alpaca", "--policy", "paged", "--requests", "ten"],
+     "error: --requests must be an integer, got 'ten'"),
+    (["--workload", "alpaca", "--policy", "paged", "--rate", "0"], "error: --rate must be"),
+    (["--workload", "alpaca", "--policy", "paged", "--rate", "inf"], "error: --rate must be"),
+    (["--workload", "alpaca", "--policy", "paged", "--block-size", "257"],
+     "error: --block-size must be in 1..256"),
+    (["--workload", "alpaca", "--policy", "paged", "--seed", "-1"], "error: --seed must be"),
+    (["--workload", "alpaca", "--policy", "paged", "--capacity-tokens", "64"],
+     "error: the longest request needs"),
+    (["--workload", "alpaca", "--policy", "paged", "--out", "/no/such/dir/R.json"],
+     "error: cannot write /no/such/dir/R.json"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(argv: list[str], message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message)
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_cli_replays_an_azure_trace_prefix(tmp_path: Path) -> None:
+    out = tmp_path / "R.json"
+    rc = run_cli(["--workload", "azure-code", "--policy", "paged", "--requests", "300",
+                  "--time-scale", "20", "--capacity-tokens", "200000", "--out", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert (data["workload"], data["requests"], data["time_scale"]) == ("azure-code", 300, 20.0)
+    # The recorded lengths, exactly.
+    full = recorded_trace("azure-code")
+    assert data["prompt_tokens"] == int(full.prompt_len[:300].sum())
+    assert data["output_tokens"] == int(full.output_len[:300].sum())
+    # --rate R instead: the same prefix rescaled to a mean rate of R.
+    rc = run_cli(["--workload", "azure-code", "--policy", "oracle", "--requests", "300",
+                  "--rate", "50", "--capacity-tokens", "200000", "--out", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["rate"] == pytest.approx(50.0)
+    # The prefix's own mean rate, not the whole trace's, is what is rescaled.
+    prefix = replay_trace(full, requests=300)
+    assert data["time_scale"] == pytest.approx(50.0 / prefix.rate)
+
+
+def test_cli_takes_the_scheduler_budgets_by_either_spelling(tmp_path: Path) -> None:
+    out = tmp_path / "R.json"
+    rc = run_cli(["--workload", "azure-conv", "--policy", "paged", "--requests", "400",
+                  "--time-scale", "10", "--capacity-tokens", "60000",
+                  "--max-num-seqs", "32", "--max_num_batched_tokens", "2048",
+                  "--watermark-blocks", "40", "--out", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert (data["max_num_seqs"], data["max_num_batched_tokens"], data["watermark_blocks"]) == (
+        32, 2048, 40)
+    assert data["max_batch_size"] <= 32
+    assert data["max_batched_tokens"] <= 2048
+
+
+def test_cli_replays_a_csv_of_ones_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                       ) -> None:
+    trace = tmp_path / "mine.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2024-01-01 00:00:00.5,100,20\n2024-01-01 00:00:01,50,10\n"
+                     "2024-01-01 00:00:01,30,5\n")
+    assert run_cli(["--workload", str(trace), "--policy", "paged"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["workload"], data["requests"]) == (str(trace), 3)
+    assert (data["prompt_tokens"], data["output_tokens"]) == (180, 35)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n1.5,x,3\n",
+     "row 2 (line 3): ContextTokens must be an integer in 1..16777216, got 'x'"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n1,10,0\n",
+     "row 2 (line 3): GeneratedTokens must be an integer in 1..16777216, got '0'"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n5,10,5\n1,10,3\n",
+     "row 2 (line 3): TIMESTAMP '1' is earlier than the row before it"),
+    ("Time,Prompt,Output\n0,1,1\n", "the header must name the columns TIMESTAMP"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "the trace holds no request"),
+])
+def test_cli_refuses_a_bad_csv_naming_the_row(tmp_path: Path, body: str, message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(body)
+    out = tmp_path / "R.json"
+    assert run_cli(["--workload", str(bad), "--policy", "paged", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}: ")
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()   # nothing half-done
+
+
+def test_cli_reads_a_trace_file_only_up_to_its_limit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    big = tmp_path / "big.csv"
+    big.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "0,10,5\n" * 100)
+    monkeypatch.setattr(simulate_cli, "MAX_TRACE_BYTES", 200)
+    assert run_cli(["--workload", str(big), "--policy", "paged"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: trace '{big}' is ") and "the limit is 200 bytes" in err
+    assert run_cli(["--workload", str(tmp_path), "--policy", "paged"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert run_cli(["--workload", str(tmp_path / "none.csv"), "--policy", "paged"]) == 2
+    assert "No such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--workload", "azure-code", "--policy", "paged", "--requests", "9000"],
+     "error: --requests must be at most 8819, the requests azure-code holds, got 9000"),
+    (["--workload", "azure-code", "--policy", "paged", "--rate", "5", "--time-scale", "2"],
+     "error: --rate and --time-scale both set the arrival rate: give one"),
+    (["--workload", "azure-conv", "--policy", "paged", "--time-scale", "0"],
+     "error: --time-scale must be between"),
+    (["--workload", "azure-conv", "--policy", "paged", "--time-scale", "fast"],
+     "error: --time-scale must be a number, got 'fast'"),
+    (["--workload", "alpaca", "--policy", "paged", "--max-num-seqs", "0"],
+     "error: --max-num-seqs must be in 1.."),
+    (["--workload", "alpaca", "--policy", "paged", "--max-num-batched-tokens", "-4"],
+     "error: --max-num-batched-tokens must be in 1.."),
+    (["--workload", "alpaca", "--policy", "paged", "--watermark-blocks", "many"],
+     "error: --watermark-blocks must be an integer, got 'many'"),
+    (["--workload", "alpaca", "--policy", "paged", "--watermark-blocks", "960"],
+     "error: the longest request needs"),
+    (["--workload", "azure-conv", "--policy", "max"],
+     "error: the longest request cannot run"),
+])
+def test_cli_trace_and_budget_flags_are_checked(argv: list[str], message: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message), err
+    assert err.count("\n") == 1 and "Traceback" not in err
