@@ -63,6 +63,9 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     ModelShape("Llama-2-7B", 32, 32, 32, 128, 6_738_415_616, "meta-llama/Llama-2-7b-hf"),
     # hidden_size 2048, head_dim 64, num_key_value_heads 8.
     ModelShape("Llama-3.2-1B", 16, 32, 8, 64, 1_235_814_400, "meta-llama/Llama-3.2-1B"),
+    # hidden_size 4096 / 32 heads = 128, num_key_value_heads 8; max_position_embeddings 8192.
+    ModelShape("Llama-3-8B", 32, 32, 8, 128, 8_030_261_248, "meta-llama/Meta-Llama-3-8B",
+               "the simulator's deployment preset (8,192-token context)"),
     # hidden_size 4096, head_dim 128, num_key_value_heads 8.
     ModelShape("Llama-3.1-8B", 32, 32, 8, 128, 8_030_261_248, "meta-llama/Llama-3.1-8B"),
     # hidden_size 8192, head_dim 128, num_key_value_heads 8.

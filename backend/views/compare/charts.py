@@ -107,7 +107,9 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
     """One bar per policy for `field`, labelled with its value; optional paper ticks."""
     policies = [p for p in POLICY_ORDER if p in set(df["policy"])]
     fmt = ".1%" if percent else ",.0f" if integer else ".1f"
-    axis = alt.Axis(format="%") if percent else alt.Axis()
+    # Whole counts get whole ticks (all zeros would otherwise read 0.000000).
+    axis = (alt.Axis(format="%") if percent else
+            alt.Axis(format=",d", tickMinStep=1) if integer else alt.Axis())
     base = alt.Chart(df).encode(x=alt.X("policy:N", sort=policies, title=None,
                                         axis=alt.Axis(labelAngle=0)))
     bars = base.mark_bar(color="#1f4e8c").encode(

@@ -1,0 +1,115 @@
+"""The simulator's per-iteration timeline as a table and an Altair chart.
+
+`timeline_frame` has one row per busy iteration (backend.lab.sim.timeline says
+what each column counts); the chart draws at most `max_points` points per series,
+each the mean of a run of consecutive iterations (preemptions: their sum), so
+that a 100k-iteration run stays light in a browser while the CSV keeps every
+iteration.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from backend.lab.sim.timeline import Timeline
+
+# Panels: title, the series in it (column, label), and whether they are summed per bin.
+_REQUESTS = (("running", "running"), ("waiting", "waiting"))
+_BLOCKS = (("used_blocks", "used"), ("cached_blocks", "cached"), ("free_blocks", "free"))
+_SLOTS = (("token_slots", "holding tokens"), ("allocated_slots", "held by the policy"),
+          ("free_slots", "free"))
+_TOKENS = (("prefill_tokens", "prefill"), ("decode_tokens", "decode"))
+
+
+def timeline_frame(tl: Timeline) -> pd.DataFrame:
+    """One row per busy iteration: time, requests, tokens, preemptions, slots and blocks
+    (the block columns are empty for the contiguous policies)."""
+    c = tl.columns
+    df = pd.DataFrame({
+        "iteration": c["iteration"], "time_s": c["iteration"] * tl.iteration_s,
+        "running": c["running"], "prefilling": c["prefilling"], "waiting": c["waiting"],
+        "admitted": c["admitted"],
+        "prefill_tokens": c["prefill_tokens"], "decode_tokens": c["decode_tokens"],
+        "preemptions": c["preemptions"], "finished": c["finished"],
+        "token_slots": c["token_slots"], "allocated_slots": c["allocated_slots"],
+        "free_slots": tl.capacity_tokens - c["allocated_slots"].astype(np.int64),
+    })
+    for col in ("used_blocks", "cached_blocks", "free_blocks"):
+        values = pd.array(c[col], dtype="Int64")
+        df[col] = values if tl.block_size is not None else pd.array([pd.NA] * len(df),
+                                                                    dtype="Int64")
+    return df
+
+
+def binned(df: pd.DataFrame, max_points: int = 600) -> tuple[pd.DataFrame, int]:
+    """Runs of `per` consecutive rows averaged (preemptions, admissions, finishes summed), at most
+    `max_points` rows; returns the frame and `per`."""
+    per = max(1, -(-len(df) // max_points))
+    if per == 1:
+        return df, 1
+    group = np.arange(len(df)) // per
+    numeric = df.drop(columns=["used_blocks", "cached_blocks", "free_blocks"])
+    out = numeric.groupby(group).mean()
+    for col in ("preemptions", "finished", "admitted"):
+        out[col] = df[col].groupby(group).sum()
+    out["iteration"] = df["iteration"].groupby(group).first()
+    for col in ("used_blocks", "cached_blocks", "free_blocks"):
+        out[col] = df[col].astype("Float64").groupby(group).mean()
+    return out.reset_index(drop=True), per
+
+
+def _long(df: pd.DataFrame, series: tuple[tuple[str, str], ...]) -> pd.DataFrame:
+    parts = [pd.DataFrame({"iteration": df["iteration"], "time_s": df["time_s"],
+                           "series": label, "value": df[col].astype("Float64")})
+             for col, label in series]
+    return pd.concat(parts, ignore_index=True).dropna(subset=["value"])
+
+
+# Told apart in lightness as well as hue, and by dash (the legend names them too).
+_SERIES_COLORS = ["#1f4e8c", "#e08214", "#b2182b"]
+
+
+def _panel(data: pd.DataFrame, title: str, y_title: str, x: alt.X, *, width: int
+           ) -> alt.Chart:
+    labels = list(dict.fromkeys(data["series"]))
+    return alt.Chart(data).mark_line(interpolate="step-after").encode(
+        x=x, y=alt.Y("value:Q", title=y_title),
+        color=alt.Color("series:N", title=None, sort=labels,
+                        scale=alt.Scale(domain=labels, range=_SERIES_COLORS[:len(labels)]),
+                        legend=alt.Legend(orient="right", labelLimit=200)),
+        strokeDash=alt.StrokeDash("series:N", sort=labels, legend=None),
+        tooltip=["iteration:Q", alt.Tooltip("time_s:Q", format=".2f", title="time (s)"),
+                 "series:N", alt.Tooltip("value:Q", format=",.1f")],
+    ).properties(title=title, width=width, height=130)
+
+
+def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
+                   max_points: int = 600) -> alt.VConcatChart:
+    """Four panels over the same iterations: requests, memory, tokens, preemptions.
+
+    Each series is named in its panel's legend and told apart by its dash as well
+    as its colour."""
+    shown, per = binned(df, max_points)
+    lo, hi = int(df["iteration"].iloc[0]), int(df["iteration"].iloc[-1])
+    x = alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=[lo, hi], nice=False))
+    note = f" (mean of {per} iterations per point)" if per > 1 else ""
+    memory = (_panel(_long(shown, _BLOCKS), "Blocks" + note, "blocks", x, width=width)
+              if paged else
+              _panel(_long(shown, _SLOTS), "Token slots" + note, "slots", x, width=width))
+    top = max(1, int(shown["preemptions"].max()))
+    pre = alt.Chart(shown).mark_bar(color="#b2182b").encode(
+        x=x, y=alt.Y("preemptions:Q", title="preemptions",
+                     scale=alt.Scale(domain=[0, top]),
+                     axis=alt.Axis(format=",d", tickMinStep=1)),
+        tooltip=["iteration:Q", alt.Tooltip("preemptions:Q", format=",.0f")],
+    ).properties(title="Preemptions" + (f" (per {per} iterations)" if per > 1 else ""),
+                 width=width, height=90)
+    return alt.vconcat(
+        _panel(_long(shown, _REQUESTS), "Requests" + note, "requests", x, width=width),
+        memory,
+        _panel(_long(shown, _TOKENS), "Tokens per iteration" + note, "tokens", x,
+               width=width),
+        pre,
+    ).resolve_scale(color="independent", strokeDash="independent")

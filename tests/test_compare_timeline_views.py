@@ -1,0 +1,105 @@
+"""View models of the simulator's timeline, its preemption explanation and the deployment
+preset: frames, binning, charts and sentences, on hand-checked runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from backend.lab import deployment as dep
+from backend.lab.sim.simulator import SimConfig, simulate_run
+from backend.lab.workloads import Trace, make_trace
+from backend.views.compare import deployment as dep_views
+from backend.views.compare import preemptions
+from backend.views.compare.timeline import binned, timeline_chart, timeline_frame
+
+
+def hand_trace(prompts: list[int], outputs: list[int]) -> Trace:
+    n = len(prompts)
+    return Trace("hand", 1.0, 0, np.zeros(n), np.asarray(prompts, dtype=np.int64),
+                 np.asarray(outputs, dtype=np.int64))
+
+
+def test_timeline_frame_by_hand() -> None:
+    # The hand-worked preemption of test_simulator: 4 blocks of 2, r1 preempted in it2.
+    run = simulate_run(hand_trace([2, 2], [4, 3]),
+                       SimConfig("paged", 8, 2, watermark=0.0, iteration_s=1.0))
+    assert run.timeline is not None
+    df = timeline_frame(run.timeline)
+    assert df["iteration"].tolist() == [0, 1, 2, 3, 4]
+    assert df["running"].tolist() == [2, 2, 1, 1, 1]
+    assert df["waiting"].tolist() == [0, 0, 1, 1, 0]
+    assert df["admitted"].tolist() == [2, 0, 0, 0, 1]
+    assert df["prefill_tokens"].tolist() == [4, 0, 0, 0, 4]
+    assert df["decode_tokens"].tolist() == [0, 2, 1, 1, 0]
+    assert df["preemptions"].tolist() == [0, 0, 1, 0, 0]
+    assert df["used_blocks"].tolist() == [4, 4, 3, 3, 3]
+    assert df["free_blocks"].tolist() == [0, 0, 1, 1, 1]
+    assert df["token_slots"].tolist() == [6, 8, 5, 6, 5]
+    assert df["time_s"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert (df["free_slots"] == 8 - df["allocated_slots"]).all()
+    # A contiguous run has no blocks: empty cells, not -1.
+    oracle = simulate_run(hand_trace([2, 2], [4, 3]), SimConfig("oracle", 16, iteration_s=1.0))
+    assert oracle.timeline is not None
+    assert timeline_frame(oracle.timeline)["used_blocks"].isna().all()
+
+
+def test_binned_keeps_sums_and_means() -> None:
+    run = simulate_run(make_trace("sharegpt", 300, 4.0), SimConfig("paged"))
+    assert run.timeline is not None
+    df = timeline_frame(run.timeline)
+    small, per = binned(df, max_points=100)
+    assert len(small) <= 100 and per == -(-len(df) // 100)
+    assert small["preemptions"].sum() == df["preemptions"].sum() == run.result.preemptions
+    assert small["finished"].sum() == 300
+    assert small["running"].mean() == pytest.approx(df["running"].mean(), rel=0.02)
+    chart = timeline_chart(df, paged=True).to_dict()
+    titles = [p["title"] for p in chart["vconcat"]]
+    assert titles[0].startswith("Requests") and titles[1].startswith("Blocks")
+    assert titles[3].startswith("Preemptions")
+    # At most 600 points per series reach the browser.
+    assert all(len(d) <= 3 * 600 for d in chart["datasets"].values())
+    json.dumps(chart)
+
+
+def test_preemption_story_uses_the_runs_own_figures() -> None:
+    run = simulate_run(make_trace("sharegpt", 1000, 4.0), SimConfig("paged"))
+    story = preemptions.preemption_story(run)
+    assert story.startswith("**Why 937 preemptions for 1,000 requests.**")
+    for words in ("the victim is the most recently admitted request",
+                  "running requests are served before waiting ones",
+                  "9 of 960 blocks kept free", "482 were never preempted",
+                  "518 at least once, one 6 times", "at most 13 iterations before",
+                  "0.94 preemptions per finished request"):
+        assert words in story
+    counts = preemptions.preemption_counts(run)
+    assert counts["requests"].tolist() == [482, 252, 158, 78, 18, 9, 3]
+    assert preemptions.preemption_histogram(counts).to_dict()["layer"]
+    calm = simulate_run(make_trace("sharegpt", 200, 0.5), SimConfig("paged"))
+    assert preemptions.preemption_story(calm).startswith("**No preemption.**")
+    oracle = simulate_run(make_trace("sharegpt", 50, 4.0), SimConfig("oracle"))
+    assert preemptions.preemption_story(oracle).startswith("Contiguous memory never preempts")
+    table = preemptions.watermark_frame([run.result])
+    assert table.iloc[0]["preemptions"] == 937 and table.iloc[0]["watermark blocks"] == 9
+
+
+def test_deployment_words() -> None:
+    d = dep.deployment("azure-conv", requests=300)
+    words = dep_views.preset_sentence(d)
+    assert "**Llama-3-8B on one H200.** 131,072 bytes of KV per token" in words
+    assert "909,659 token slots, 56,853 blocks of 16" in words
+    assert "compressed 50 times" in words
+    note = dep_views.length_note(d)
+    assert "fits 111 requests at most" in note
+    fake = [simulate_run(make_trace("alpaca", 50, 4.0), SimConfig(p)).result
+            for p in ("max", "pow2", "oracle", "paged")]
+    df = dep_views.figure13_frame(fake)
+    assert df["system"].tolist() == ["Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM"]
+    assert isinstance(df, pd.DataFrame)
+    sentence = dep_views.figure13_sentence(fake)
+    assert sentence.startswith("Mean batched requests: Orca (Max) ")
+    assert dep_views.figure13_holds(fake) == ("NOT" not in sentence)
+    assert dep_views.figure13_chart(df).to_dict()
