@@ -20,6 +20,7 @@ import streamlit as st
 
 from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
+from ui.compare.deployment import deployment_section
 from ui.compare.maps import maps_section
 from ui.compare.seed import seed_section
 from ui.compare.sharing import sharing_section
@@ -34,7 +35,7 @@ st.caption(
     "paging keeps 96.3%, so 2 to 4 times more requests fit. Here is that effect on the same "
     "workloads, small and large.")
 tabs = st.tabs(["The seed's example", "One workload, two memories", "Trace simulator",
-                "Block size", "Sharing", "Memory calculator"])
+                "Real deployment", "Block size", "Sharing", "Memory calculator"])
 with tabs[0]:
     seed_section()
 with tabs[1]:
@@ -42,8 +43,10 @@ with tabs[1]:
 with tabs[2]:
     simulator_section()
 with tabs[3]:
-    block_size_section()
+    deployment_section()
 with tabs[4]:
-    sharing_section()
+    block_size_section()
 with tabs[5]:
+    sharing_section()
+with tabs[6]:
     calculator_section()

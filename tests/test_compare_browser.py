@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Locator, Page, expect, sync_playwright
 
 from backend.lab.compare.block_sizes import trace_block_sweep
 from backend.lab.sharing import sharing_experiment
@@ -48,12 +48,20 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=SHOTS / f"compare-{name}.png", full_page=True)
 
 
+def shot_of(locator: Locator, name: str) -> None:
+    """One element, scrolled into view (the page is taller than the viewport)."""
+    locator.scroll_into_view_if_needed()
+    locator.page.wait_for_timeout(800)
+    locator.screenshot(path=SHOTS / f"compare-{name}.png")
+
+
 def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     # What the page must show, computed here from the backend directly.
     sims = [simulate_workload("sharegpt", SimConfig(p), requests=1000, rate=4.0, seed=0)
             for p in ("max", "pow2", "oracle", "paged")]
     gain = views.batch_gain_sentence(sims)
+    paged = sims[-1]
     tradeoff = tables.block_tradeoff_sentence(trace_block_sweep("sharegpt", 1000, 0))
     sharing = tables.sharing_sentence(
         [*sharing_experiment("parallel", (2, 4, 6), requests=100),
@@ -88,12 +96,33 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             expect(page.get_by_text(gain)).to_be_visible()
             expect(page.get_by_text("Last run: sharegpt, 1,000 requests")).to_be_visible()
             panel = page.get_by_role("tabpanel", name="Trace simulator")
-            expect(panel.locator(".vega-embed")).to_have_count(4)
+            expect(page.get_by_text(f"Why {paged.preemptions:,} preemptions for 1,000 "
+                                    "requests.")).to_be_visible()
+            # Policy bars (3), breakdown, the preemption histogram and the timeline.
+            expect(panel.locator(".vega-embed")).to_have_count(6)
+            expect(panel.get_by_text("Timeline (CSV)")).to_be_visible()
             shot(page, "3-simulator")
+            shot_of(panel.locator(".vega-embed").last, "3b-simulator-timeline")
 
+            # Issue 13: with the run above cached, this button crashed every session.
             open_tab(page, "Block size")
             expect(page.get_by_text(tradeoff)).to_be_visible()
+            page.get_by_role("button", name="Simulate every block size").click()
+            expect(page.get_by_text("In the simulator, block size 1:")).to_be_visible()
+            expect(page.locator(".stException")).to_have_count(0)
             shot(page, "4-block-size")
+
+            open_tab(page, "Real deployment", charts=False)
+            panel = page.get_by_role("tabpanel", name="Real deployment")
+            panel.get_by_role("combobox").first.click()
+            page.get_by_role("option", name="azure-code").click()
+            expect(panel.get_by_text("Llama-3-8B on one H200.")).to_be_visible()
+            panel.get_by_role("button", name="Replay the whole trace").click()
+            expect(panel.get_by_text("the direction of the paper's Figure 13")).to_be_visible(
+                timeout=120_000)
+            expect(panel.get_by_text("NOT the direction")).to_have_count(0)
+            shot(page, "4b-deployment")
+            shot_of(panel.locator(".vega-embed").last, "4c-deployment-timeline")
 
             open_tab(page, "Sharing")
             expect(page.get_by_text(sharing)).to_be_visible()

@@ -53,8 +53,8 @@ def test_default_render_shows_every_section(page: AppTest) -> None:
     at = page
     assert not at.error
     assert [t.label for t in at.tabs] == [
-        "The seed's example", "One workload, two memories", "Trace simulator", "Block size",
-        "Sharing", "Memory calculator"]
+        "The seed's example", "One workload, two memories", "Trace simulator",
+        "Real deployment", "Block size", "Sharing", "Memory calculator"]
     # The seed's example: B's release leaves 5 free slots in holes of 3 and 2.
     assert metric(at, "Free slots") == "5"
     assert metric(at, "Largest hole") == "3"

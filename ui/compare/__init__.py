@@ -1,15 +1,18 @@
 """The "Contiguous vs paged" page's sections, one module each (pages/compare.py lays them out).
 
 Each section keeps its widget state under the `cmp_` prefix; the frames, charts and
-tables they draw come from backend.views.compare. What two sections share lives here.
+tables they draw come from backend.views.compare. What two sections share lives here;
+the simulator's parts are sim_inputs (the trace), sim_runs (running with one progress bar,
+a server-wide cache) and sim_results (what a run shows), used by simulator and deployment.
 """
 
 from __future__ import annotations
 
 from backend.views.compare import frames as views
 
-SYNTHETIC_NOTE = ("Our numbers come from PagedLab's synthetic traces and simulator, not from "
-                  "the paper's testbed (a real model serving real request datasets on a real "
+SYNTHETIC_NOTE = ("Our numbers come from PagedLab's simulator on synthetic or recorded traces "
+                  "(arrivals and lengths only, a fixed time per iteration), not from the "
+                  "paper's testbed (a real model serving real request datasets on a real "
                   "GPU): compare the ordering and the size of the gaps, not the digits.")
 
 

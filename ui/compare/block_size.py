@@ -7,9 +7,10 @@ import streamlit as st
 from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES, BlockSizePoint, trace_block_sweep
 from backend.lab.contiguous import DEFAULT_MAX_LEN
-from backend.lab.sim.simulator import SimResult
+from backend.lab.sim.simulator import SimConfig, SimResult
+from backend.lab.workloads import make_trace
 from backend.views.compare import charts, tables
-from ui.compare.simulator import simulate_cached
+from ui.compare.sim_runs import run_with_bar
 
 BLOCK_SIM_RATE = 4.0
 BLOCK_SIM_CAPACITY = 15360
@@ -46,19 +47,17 @@ def block_size_section() -> None:
         f"size, replay this trace through the paged simulator once per block size (rate "
         f"{BLOCK_SIM_RATE:g}/s, {BLOCK_SIM_CAPACITY:,} token slots).")
     if st.button("Simulate every block size", key="cmp_blk_sim"):
-        bar = st.progress(0.0, text="Simulating...")
-        results: list[SimResult] = []
+        # The same cache key as the trace simulator's, so a run made there is reused.
+        key = ("synthetic", workload, int(requests), BLOCK_SIM_RATE, int(seed))
+        configs = [SimConfig("paged", BLOCK_SIM_CAPACITY, bs, DEFAULT_MAX_LEN)
+                   for bs in SWEEP_BLOCK_SIZES]
         try:
-            for i, bs in enumerate(SWEEP_BLOCK_SIZES):
-                results.append(simulate_cached(workload, "paged", int(requests), BLOCK_SIM_RATE,
-                                               BLOCK_SIM_CAPACITY, bs, DEFAULT_MAX_LEN,
-                                               int(seed)))
-                bar.progress((i + 1) / len(SWEEP_BLOCK_SIZES), text=f"block size {bs} done")
+            runs = run_with_bar(key, make_trace(workload, int(requests), BLOCK_SIM_RATE,
+                                                int(seed)), configs)
         except PagedLabError as e:
             st.error(str(e))
         else:
-            st.session_state[BLOCK_SIM_STATE] = results
-        bar.empty()
+            st.session_state[BLOCK_SIM_STATE] = [r.result for r in runs]
     done: list[SimResult] | None = st.session_state.get(BLOCK_SIM_STATE)
     if done:
         st.markdown(tables.block_batch_sentence(done))

@@ -1,121 +1,150 @@
 """The trace simulator: `python -m backend simulate` on the page, every policy on one trace.
 
-`simulate_cached` is shared with the block-size section, which replays one trace per
-block size.
+The workload is synthetic, one of the Azure traces, or an uploaded CSV (ui.compare.sim_inputs);
+the scheduler budgets are vLLM's; runs are cached server-wide (ui.compare.sim_runs), shared
+with the block-size section.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
-from backend.lab.contiguous import DEFAULT_MAX_LEN
-from backend.lab.sim.simulator import POLICIES, SimConfig, SimResult, simulate_workload
-from backend.views.compare import charts
+from backend.lab.contiguous import DEFAULT_MAX_LEN, next_pow2
+from backend.lab.sim.simulator import POLICIES, SimConfig, SimRun
 from backend.views.compare import frames as views
+from backend.views.compare import preemptions
 from ui.compare import SYNTHETIC_NOTE, label
+from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, trace_inputs
+from ui.compare.sim_results import comparison, preemption_section, timeline_section
+from ui.compare.sim_runs import run_with_bar
 
-PAGE_MAX_REQUESTS = 20_000   # the CLI handles 100k; the page stays interactive
-SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and results
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def simulate_cached(workload: str, policy: str, requests: int, rate: float, capacity: int,
-                    block_size: int, max_len: int, seed: int, _progress: Any = None
-                    ) -> SimResult:
-    config = SimConfig(policy, capacity, block_size, max_len)  # type: ignore[arg-type]
-    return simulate_workload(workload, config, requests=requests, rate=rate, seed=seed,
-                             progress=_progress)
+SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
+TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023 (Microsoft Azure, CC BY "
+              "4.0; Patel et al., \"Splitwise: Efficient generative LLM inference using phase "
+              "splitting\", ISCA 2024), replayed with arrivals and lengths as recorded; see "
+              "assets/traces/README.md.")
 
 
-def _run_policies(workload: str, policies: Sequence[str], params: dict[str, Any]
-                  ) -> list[SimResult]:
-    """Simulate each policy in turn, feeding one progress bar across all of them.
+def _budget_inputs() -> dict[str, int | None]:
+    """vLLM's scheduler knobs; an empty field is no limit (the watermark: 1% of the pool)."""
+    with st.expander("Scheduler budgets (vLLM's max_num_seqs, max_num_batched_tokens, "
+                     "watermark)"):
+        c = st.columns(3)
+        seqs = c[0].number_input(
+            "max_num_seqs", 1, 1 << 20, None, key="cmp_sim_max_num_seqs",
+            placeholder="no limit", help="At most this many requests run in one iteration.")
+        tokens = c[1].number_input(
+            "max_num_batched_tokens", 1, 1 << 24, None, key="cmp_sim_max_num_batched_tokens",
+            placeholder="no limit",
+            help="At most this many tokens per iteration, prefill and decode together. "
+                 "Decodes go first; a longer prompt is prefilled in chunks over several "
+                 "iterations.")
+        watermark = c[2].number_input(
+            "watermark_blocks (paged)", 0, 1 << 20, None, key="cmp_sim_watermark_blocks",
+            placeholder="1% of the pool",
+            help="A request is admitted only if this many blocks stay free after its "
+                 "prompt's blocks are taken (vLLM v0's default: 1% of the blocks).")
+    return {"max_num_seqs": None if seqs is None else int(seqs),
+            "max_num_batched_tokens": None if tokens is None else int(tokens),
+            "watermark_blocks": None if watermark is None else int(watermark)}
 
-    In turn rather than with `sweep`'s process pool: the bar then moves with every
-    request, each policy's result is cached on its own, and on a small machine the
-    pool's start-up (every worker imports the backend afresh) eats most of its gain.
-    """
-    bar = st.progress(0.0, text="Simulating...")
-    results: list[SimResult] = []
-    for idx, policy in enumerate(policies):
-        def tick(done: int, total: int, idx: int = idx, policy: str = policy) -> None:
-            bar.progress(min(1.0, (idx + done / total) / len(policies)),
-                         text=f"{policy}: {done:,} of {total:,} requests finished")
-        results.append(simulate_cached(workload, policy, _progress=tick, **params))
-    bar.empty()
-    return results
+
+def _watermarks(last: dict[str, Any]) -> None:
+    """The paged run again with larger watermarks: what fewer preemptions cost in batch."""
+    paged = [c for c in last["configs"] if c.policy == "paged"]
+    if not paged or not any(r.result.preemptions for r in last["runs"]):
+        return
+    cfg = paged[0]
+    blocks = cfg.capacity_tokens // cfg.block_size
+    marks = sorted({int(f * blocks) for f in (0.01, 0.02, 0.05, 0.1)}
+                   | {cfg.watermark_blocks if cfg.watermark_blocks is not None
+                      else int(cfg.watermark * blocks)})
+    if st.button(f"Replay paged memory with watermarks of {', '.join(map(str, marks))} blocks",
+                 key="cmp_sim_watermarks"):
+        configs = [replace(cfg, watermark_blocks=w) for w in marks]
+        try:
+            runs = run_with_bar(last["trace_key"], last["trace"], configs)
+        except PagedLabError as e:
+            st.error(str(e))
+        else:
+            last["watermarks"] = [r.result for r in runs]
+    if last.get("watermarks"):
+        st.dataframe(preemptions.watermark_frame(last["watermarks"]), hide_index=True,
+                     key="cmp_sim_watermark_table")
+        st.caption("The same trace through paged memory, keeping more blocks free at "
+                   "admission: fewer preemptions and less recomputation, for a slightly "
+                   "smaller batch.")
 
 
 def simulator_section() -> None:
     st.markdown(
-        "`python -m backend simulate` on this page: a seeded trace with Poisson arrivals "
-        "replayed through each allocation policy with continuous batching. The page runs "
-        f"up to {PAGE_MAX_REQUESTS:,} requests; the command line handles 100k.")
+        "`python -m backend simulate` on this page: a trace replayed through each "
+        "allocation policy with continuous batching. Synthetic traces have Poisson arrivals "
+        "and lengths shaped like ShareGPT or Alpaca; the Azure traces and a CSV of your own "
+        f"replay recorded arrivals and lengths. The page runs up to {PAGE_MAX_REQUESTS:,} "
+        "requests; the command line handles 100k.")
+    choice = trace_inputs("cmp_sim")
+    # A recorded trace's requests run to 14k tokens: its own defaults (and widget keys), so
+    # that every policy can hold its longest request and the max policy reserves enough.
+    longest = choice.longest if choice is not None else None
+    cap0, len0, suffix = 15360, DEFAULT_MAX_LEN, ""
+    if longest is not None:
+        len0 = max(DEFAULT_MAX_LEN, next_pow2(longest))
+        cap0, suffix = 4 * len0, f"_{len0}"
     c = st.columns(4)
-    workload = c[0].selectbox("Workload", ["sharegpt", "alpaca"], key="cmp_sim_workload")
-    requests = c[1].number_input("Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
-                                 key="cmp_sim_requests")
-    rate = c[2].number_input("Rate (requests/s)", 0.01, 10_000.0, 4.0, key="cmp_sim_rate")
-    seed = c[3].number_input("Seed", 0, 1_000_000, 0, key="cmp_sim_seed")
-    c = st.columns(4)
-    capacity = c[0].number_input("Capacity (token slots)", 1, 1 << 24, 15360, step=1024,
-                                 key="cmp_sim_capacity")
+    capacity = c[0].number_input("Capacity (token slots)", 1, 1 << 24, cap0, step=1024,
+                                 key=f"cmp_sim_capacity{suffix}")
     block_size = c[1].selectbox("Block size (paged)", SWEEP_BLOCK_SIZES, index=4,
                                 key="cmp_sim_block_size")
-    max_len = c[2].number_input("Max reservation (max policy)", 1, 1 << 24, DEFAULT_MAX_LEN,
-                                key="cmp_sim_max_len")
+    max_len = c[2].number_input("Max reservation (max policy)", 1, 1 << 24, len0,
+                                key=f"cmp_sim_max_len{suffix}",
+                                help="The slots the max policy reserves per request (the "
+                                     "model's context length).")
+    budgets = _budget_inputs()
     policies = st.multiselect("Policies", list(POLICIES), default=list(POLICIES),
                               key="cmp_sim_policies", format_func=label)
     if st.button("Run simulation", type="primary", key="cmp_sim_run"):
         if not policies:
             st.error("Choose at least one policy.")
+        elif choice is None:
+            st.error("Upload a trace first.")
         else:
-            params = {"requests": int(requests), "rate": float(rate),
-                      "capacity": int(capacity), "block_size": int(block_size),
-                      "max_len": int(max_len), "seed": int(seed)}
             ordered = [p for p in views.POLICY_ORDER if p in policies]
             try:
-                ran = _run_policies(str(workload), ordered, params)
+                configs = [SimConfig(p, int(capacity), int(block_size),  # type: ignore[arg-type]
+                                     int(max_len), max_num_seqs=budgets["max_num_seqs"],
+                                     max_num_batched_tokens=budgets["max_num_batched_tokens"],
+                                     watermark_blocks=budgets["watermark_blocks"])
+                           for p in ordered]
+                for cfg in configs:
+                    cfg.validate()
+                trace = choice.build()
+                ran = run_with_bar(choice.key, trace, configs)
             except PagedLabError as e:
                 # Never leave an earlier run on screen as if it answered these parameters.
                 st.session_state.pop(SIM_STATE, None)
                 st.error(str(e))
             else:
-                st.session_state[SIM_STATE] = {"workload": workload, **params, "results": ran}
-    last = st.session_state.get(SIM_STATE)
+                st.session_state[SIM_STATE] = {
+                    "label": choice.label, "capacity": int(capacity), "budgets": budgets,
+                    "runs": ran, "trace_key": choice.key, "trace": trace,
+                    "configs": configs}
+    last: dict[str, Any] | None = st.session_state.get(SIM_STATE)
     if last is None:
         st.caption("Choose the parameters and press Run simulation.")
         return
-    results: list[SimResult] = last["results"]
-    st.caption(f"Last run: {last['workload']}, {last['requests']:,} requests at "
-               f"{last['rate']:g}/s, {last['capacity']:,} token slots, seed {last['seed']}.")
-    metrics = views.policy_metrics(results)
-    st.markdown(views.batch_gain_sentence(results))
-    a, b = st.columns(2)
-    a.altair_chart(charts.policy_bars(metrics, "mean batch size", "Mean batch size"),
-                   width="stretch", key="cmp_sim_batch_chart")
-    b.altair_chart(charts.policy_bars(metrics, "token states", "Token-state share",
-                                      percent=True, paper_field="paper token states"),
-                   width="stretch", key="cmp_sim_token_chart")
-    a, b = st.columns(2)
-    a.altair_chart(charts.policy_bars(metrics, "preemptions", "Preemptions", integer=True),
-                   width="stretch", key="cmp_sim_preempt_chart")
-    b.caption("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
-              "system. Only paged memory preempts: a contiguous region is sized for the final "
-              "length up front, so it never runs out while growing; paged memory grows "
-              "block by block and, when it runs out, sends the newest request back to be "
-              "recomputed.")
-    st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
-                    key="cmp_sim_breakdown_chart")
-    st.dataframe(views.breakdown_table(results), hide_index=True, key="cmp_sim_table")
-    st.dataframe(metrics, hide_index=True, key="cmp_sim_metrics", column_order=[
-        "policy", "requests/s", "normalized latency (s/token)", "iterations", "preemptions"],
-        column_config={"requests/s": st.column_config.NumberColumn(format="%.3f"),
-                       "normalized latency (s/token)":
-                           st.column_config.NumberColumn(format="%.4f")})
+    runs: list[SimRun] = last["runs"]
+    set_budgets = ", ".join(f"{k} {v:,}" for k, v in last["budgets"].items() if v is not None)
+    st.caption(f"Last run: {last['label']}, {last['capacity']:,} token slots"
+               + (f", {set_budgets}" if set_budgets else "") + ".")
+    comparison(runs, "cmp_sim")
+    preemption_section(runs, "cmp_sim")
+    _watermarks(last)
+    timeline_section(runs, "cmp_sim", "simulate")
     st.info(SYNTHETIC_NOTE)
+    st.caption(TRACE_NOTE)

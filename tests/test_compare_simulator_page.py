@@ -1,0 +1,156 @@
+"""The page's trace simulator and real-deployment tab through AppTest: Azure traces, uploads,
+budgets, the preemption explanation, timelines, and issue 13's crash and progress text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from backend.lab import deployment as dep
+from backend.lab.sim.simulator import SimConfig, simulate, simulate_workload
+from backend.lab.traces import recorded_trace, replay_trace
+from backend.lab.workloads import make_trace
+from backend.views.compare import deployment as dep_views
+from backend.views.compare import tables
+from ui.compare import sim_runs
+from ui.compare.sim_runs import RUNS
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "compare.py")
+
+
+def start() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def text(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "caption", "success", "warning", "info", "code")
+             for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def test_simulate_every_block_size_after_a_run_does_not_crash() -> None:
+    # Issue 13: the simulator's cached function drew its progress bar; once cached, the
+    # block-size button replayed that drawing and crashed every session on the server.
+    RUNS.clear()
+    at = start()
+    at.number_input(key="cmp_sim_requests").set_value(200)
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    at.number_input(key="cmp_blk_requests").set_value(200)
+    at.button(key="cmp_blk_sim").click().run()
+    assert not at.exception and not at.error
+    ends = [simulate_workload("sharegpt", SimConfig("paged", block_size=b), requests=200,
+                              rate=4.0) for b in (1, 256)]
+    assert tables.block_batch_sentence(ends) in text(at)
+    # A fresh session on the same server, with everything cached.
+    fresh = start()
+    fresh.number_input(key="cmp_blk_requests").set_value(200)
+    fresh.button(key="cmp_blk_sim").click().run()
+    assert not fresh.exception and not fresh.error
+    assert tables.block_batch_sentence(ends) in text(fresh)
+
+
+class _Bar:
+    def __init__(self, value: float, text: str) -> None:
+        self.shown: list[tuple[float, str]] = [(value, text)]
+
+    def progress(self, value: float, text: str) -> None:
+        self.shown.append((value, text))
+
+    def empty(self) -> None:
+        pass
+
+
+def test_the_progress_text_agrees_with_its_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 13: "paged: 800 of 20,000 requests finished" under a bar counting all policies.
+    bars: list[_Bar] = []
+
+    def progress(value: float, text: str) -> _Bar:
+        bars.append(_Bar(value, text))
+        return bars[-1]
+
+    monkeypatch.setattr(sim_runs.st, "progress", progress)
+    RUNS.clear()
+    trace = make_trace("sharegpt", 500, 4.0)
+    configs = [SimConfig(p) for p in ("max", "pow2", "oracle", "paged")]  # type: ignore[arg-type]
+    sim_runs.run_with_bar(("test", 500), trace, configs)
+    [bar] = bars
+    updates = bar.shown[1:]
+    assert len(updates) > 40 and updates[-1][0] == 1.0
+    for value, words in updates:
+        # The text opens with the bar's own percentage and the count it stands for.
+        assert words.startswith(f"{value:.0%}: ")
+        done, total = words.split(": ", 1)[1].split(" requests")[0].split(" of ")
+        assert int(done.replace(",", "")) / int(total.replace(",", "")) == pytest.approx(value)
+    assert any(w.startswith("80%") and "(paged, policy 4 of 4: 100 of 500)" in w
+               for _, w in updates)
+
+
+def test_an_azure_trace_with_budgets_on_the_page() -> None:
+    at = start()
+    at.selectbox(key="cmp_sim_workload").set_value("azure-conv").run()
+    at.number_input(key="cmp_sim_trace_requests_azure-conv").set_value(400)
+    at.number_input(key="cmp_sim_time_scale").set_value(10.0)
+    # The trace's own defaults: room for its longest request (14,089 tokens) in every policy.
+    assert at.number_input(key="cmp_sim_capacity_16384").value == 65_536
+    assert at.number_input(key="cmp_sim_max_len_16384").value == 16_384
+    at.number_input(key="cmp_sim_capacity_16384").set_value(60_000)
+    at.number_input(key="cmp_sim_max_num_batched_tokens").set_value(2048)
+    at.number_input(key="cmp_sim_max_num_seqs").set_value(64)
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    says = text(at)
+    assert "Last run: azure-conv, the first 400 of 19,366 requests" in says
+    assert "max_num_seqs 64, max_num_batched_tokens 2,048" in says
+    trace = replay_trace(recorded_trace("azure-conv"), requests=400, time_scale=10.0)
+    direct = simulate(trace, SimConfig("paged", 60_000, 16, 16_384, max_num_seqs=64,
+                                       max_num_batched_tokens=2048))
+    assert f"Why {direct.preemptions:,} preemptions for 400 requests." in says or (
+        direct.preemptions == 0 and "**No preemption.**" in says)
+    assert "Splitwise" in says and "CC BY" in says
+    # The timeline's downloads are there; the policy picker switches it.
+    labels = [b.label for b in at.get("download_button")]
+    assert "Timeline (CSV)" in labels and "Timeline (Parquet)" in labels
+    at.selectbox(key="cmp_sim_tl_policy").set_value("oracle").run()
+    assert not at.exception
+
+
+def test_an_uploaded_trace_is_checked_whole() -> None:
+    at = start()
+    at.selectbox(key="cmp_sim_workload").set_value("upload").run()
+    at.button(key="cmp_sim_run").click().run()
+    assert any(e.value == "Upload a trace first." for e in at.error)
+    bad = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n1,100,-3\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("mine.csv", bad, "text/csv")).run()
+    assert not at.exception
+    assert any(e.value == "mine.csv: row 2 (line 3): GeneratedTokens must be an integer in "
+               "1..16777216, got '-3'" for e in at.error)
+    good = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,300,40\n2,50,10\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("mine.csv", good, "text/csv")).run()
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    assert "Last run: mine.csv, the first 3 of 3 requests" in text(at)
+
+
+def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> None:
+    at = start()
+    at.selectbox(key="cmp_dep_trace").set_value("azure-code").run()
+    d = dep.deployment("azure-code")
+    assert dep_views.preset_sentence(d) in text(at)
+    at.button(key="cmp_dep_run").click().run()
+    assert not at.exception and not at.error
+    # (tests/test_traces.py checks the same replays against the backend directly.)
+    last: dict[str, Any] = at.session_state["cmp_dep_last"]
+    results = [r.result for r in last["runs"]]
+    assert [r.policy for r in results] == ["paged", "max", "pow2", "oracle"]
+    assert all(r.requests == len(d.trace) and r.capacity_tokens == 909_659 for r in results)
+    says = text(at)
+    assert dep_views.figure13_sentence(results) in says
+    assert "the direction of the paper's Figure 13" in says
+    assert dep_views.length_note(d) in says

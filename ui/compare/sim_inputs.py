@@ -1,0 +1,115 @@
+"""The trace simulator's workload choice: a synthetic trace, an Azure trace, or an upload.
+
+An uploaded trace (CSV: TIMESTAMP,ContextTokens,GeneratedTokens) is read up to
+MAX_UPLOAD_BYTES + 1 bytes and checked whole before it is used: a bad row is
+reported with its number and nothing of the file is replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import streamlit as st
+
+from backend.core.errors import PagedLabError
+from backend.lab.sim.simulator import DEFAULT_RATE
+from backend.lab.traces import (
+    MAX_TIME_SCALE,
+    RECORDED,
+    parse_trace_csv,
+    recorded_trace,
+    replay_trace,
+)
+from backend.lab.workloads import WORKLOADS, Trace, make_trace
+
+PAGE_MAX_REQUESTS = 20_000   # the CLI handles 100k; the page stays interactive
+MAX_UPLOAD_BYTES = 8 << 20   # some 220,000 rows of the Azure format
+UPLOAD = "upload"
+SOURCES: tuple[str, ...] = (*WORKLOADS, *RECORDED, UPLOAD)
+SOURCE_LABELS = {
+    "sharegpt": "sharegpt (synthetic)", "alpaca": "alpaca (synthetic)",
+    "azure-code": "azure-code (Azure trace, code)",
+    "azure-conv": "azure-conv (Azure trace, conversation)", UPLOAD: "a CSV trace of my own",
+}
+_UPLOAD_STATE = "cmp_sim_upload_trace"   # (digest, Trace) of the last upload parsed
+
+
+@dataclass(frozen=True, slots=True)
+class TraceChoice:
+    """A trace to replay: `key` names it in caches, `build` makes it, `label` describes it."""
+
+    key: Hashable
+    build: Callable[[], Trace]
+    label: str
+    longest: int | None = None   # a recorded trace's longest request (final length)
+
+
+def _uploaded(prefix: str) -> tuple[str, Trace] | None:
+    """The uploaded trace, parsed whole (once per file), or None after saying why."""
+    f = st.file_uploader(
+        "Trace (CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens)", type=["csv"],
+        key=f"{prefix}_upload",
+        help=f"At most {MAX_UPLOAD_BYTES >> 20} MiB. TIMESTAMP is a date and time "
+             "(2023-11-16 18:17:03.98) or seconds; rows in arrival order.")
+    if f is None:
+        st.caption("Upload a trace to replay it, one row per request.")
+        return None
+    data = f.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        st.error(f"{f.name} is larger than {MAX_UPLOAD_BYTES >> 20} MiB; the page replays "
+                 "smaller traces (the command line takes up to 64 MiB).")
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    kept = st.session_state.get(_UPLOAD_STATE)
+    if kept is not None and kept[0] == digest:
+        return digest, kept[1]
+    try:
+        trace = parse_trace_csv(data, f.name)
+    except PagedLabError as e:
+        st.session_state.pop(_UPLOAD_STATE, None)
+        st.error(str(e))
+        return None
+    st.session_state[_UPLOAD_STATE] = (digest, trace)
+    return digest, trace
+
+
+def trace_inputs(prefix: str) -> TraceChoice | None:
+    """Draw the workload inputs; the chosen trace, or None (with a message) if there is none."""
+    c = st.columns(4)
+    source = c[0].selectbox("Workload", SOURCES, key=f"{prefix}_workload",
+                            format_func=SOURCE_LABELS.__getitem__)
+    if source in WORKLOADS:
+        requests = int(c[1].number_input("Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
+                                         key=f"{prefix}_requests"))
+        rate = float(c[2].number_input("Rate (requests/s)", 0.01, 10_000.0, DEFAULT_RATE,
+                                       key=f"{prefix}_rate"))
+        seed = int(c[3].number_input("Seed", 0, 1_000_000, 0, key=f"{prefix}_seed"))
+        return TraceChoice(("synthetic", source, requests, rate, seed),
+                           lambda: make_trace(source, requests, rate, seed),
+                           f"{source}, {requests:,} requests at {rate:g}/s, seed {seed}")
+    if source == UPLOAD:
+        with c[1]:
+            got = _uploaded(prefix)
+        if got is None:
+            return None
+        digest, full = got
+        name = full.workload
+    else:
+        full = recorded_trace(source)
+        digest, name = source, source
+    most = min(len(full), PAGE_MAX_REQUESTS)
+    requests = int(c[2].number_input(
+        "Requests (the first N)", 1, most, most, key=f"{prefix}_trace_requests_{digest[:12]}",
+        help=f"The trace holds {len(full):,} requests; the page replays up to "
+             f"{PAGE_MAX_REQUESTS:,}."))
+    scale = float(c[3].number_input(
+        "Time scale", 0.01, MAX_TIME_SCALE, 1.0, key=f"{prefix}_time_scale",
+        help="The gaps between arrivals are divided by this: 10 replays the trace ten "
+             "times faster."))
+    built = replay_trace(full, requests=requests, time_scale=scale)
+    scaled = f", time / {scale:g}" if scale != 1 else ""
+    return TraceChoice(("recorded", digest, requests, scale), lambda: built,
+                       f"{name}, the first {requests:,} of {len(full):,} requests "
+                       f"(mean {built.rate:.2f}/s{scaled})", int(full.final_len.max()))

@@ -1,0 +1,110 @@
+"""What a simulator run shows: the policy comparison, why paged memory preempted, and the
+timeline per iteration with its CSV and Parquet downloads. Shared by the trace simulator and
+the real-deployment preset (each passes its own key prefix)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import pandas as pd
+import streamlit as st
+
+from backend.io.export import to_csv, to_parquet
+from backend.lab.sim.simulator import SimRun
+from backend.views.compare import charts, preemptions
+from backend.views.compare import frames as views
+from backend.views.compare.timeline import timeline_chart, timeline_frame
+from ui.compare import label
+
+
+def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True) -> None:
+    """Batch sizes, token shares, preemptions, the memory breakdown and the metrics table."""
+    results = [r.result for r in runs]
+    metrics = views.policy_metrics(results)
+    st.markdown(views.batch_gain_sentence(results))
+    a, b = st.columns(2)
+    a.altair_chart(charts.policy_bars(metrics, "mean batch size", "Mean batch size"),
+                   width="stretch", key=f"{prefix}_batch_chart")
+    b.altair_chart(charts.policy_bars(metrics, "token states", "Token-state share",
+                                      percent=True,
+                                      paper_field="paper token states" if paper_ticks else None),
+                   width="stretch", key=f"{prefix}_token_chart")
+    a, b = st.columns(2)
+    a.altair_chart(charts.policy_bars(metrics, "preemptions", "Preemptions", integer=True),
+                   width="stretch", key=f"{prefix}_preempt_chart")
+    b.caption(("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
+               "system. " if paper_ticks else "")
+              + "Only paged memory preempts: a contiguous region is sized for the final "
+              "length up front, so it never runs out while growing; paged memory grows "
+              "block by block and, when it runs out, sends the newest request back to be "
+              "recomputed (why so often: below).")
+    st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
+                    key=f"{prefix}_breakdown_chart")
+    st.dataframe(views.breakdown_table(results), hide_index=True, key=f"{prefix}_table")
+    st.dataframe(metrics, hide_index=True, key=f"{prefix}_metrics", column_order=[
+        "policy", "requests/s", "normalized latency (s/token)", "iterations", "preemptions"],
+        column_config={"requests/s": st.column_config.NumberColumn(format="%.3f"),
+                       "normalized latency (s/token)":
+                           st.column_config.NumberColumn(format="%.4f")})
+
+
+def preemption_section(runs: Sequence[SimRun], prefix: str) -> None:
+    """The paged run's preemptions: what triggers them and how they spread over requests."""
+    paged = [r for r in runs if r.result.policy == "paged"]
+    if not paged:
+        return
+    run = paged[0]
+    st.subheader("Paged memory's preemptions")
+    st.markdown(preemptions.preemption_story(run))
+    if run.result.preemptions:
+        df = preemptions.preemption_counts(run)
+        a, b = st.columns([3, 2])
+        a.altair_chart(preemptions.preemption_histogram(df), width="stretch",
+                       key=f"{prefix}_preempt_hist")
+        b.dataframe(df, hide_index=True, key=f"{prefix}_preempt_counts")
+
+
+@functools.lru_cache(maxsize=4)
+def _frame(run: SimRun) -> pd.DataFrame:
+    # Runs are immutable and cached server-wide: identity is a fine key.
+    assert run.timeline is not None
+    return timeline_frame(run.timeline)
+
+
+def _csv(run: SimRun) -> bytes:
+    return to_csv(_frame(run))
+
+
+def _parquet(run: SimRun) -> bytes:
+    return to_parquet(_frame(run))
+
+
+def timeline_section(runs: Sequence[SimRun], prefix: str, stem: str) -> None:
+    """One policy's timeline (chosen here) and its downloads, every iteration in them."""
+    with_tl = [r for r in runs if r.timeline is not None and len(r.timeline)]
+    if not with_tl:
+        return
+    st.subheader("Timeline, iteration by iteration")
+    names = [r.result.policy for r in with_tl]
+    policy = st.selectbox("Policy", names, index=names.index("paged") if "paged" in names
+                          else 0, key=f"{prefix}_tl_policy", format_func=label)
+    run = with_tl[names.index(policy)]
+    df = _frame(run)
+    st.altair_chart(timeline_chart(df, paged=run.result.block_size is not None),
+                    key=f"{prefix}_tl_chart")
+    st.caption(
+        f"{len(df):,} busy iterations of {run.result.iteration_s * 1000:g} ms. Requests "
+        "running and waiting; the memory (used, cached and free blocks for paged memory, "
+        "cached is 0 as the traces carry no token ids to share; slots for contiguous "
+        "memory); prompt and decode tokens processed; preemptions. The downloads hold "
+        "every iteration.")
+    a, b = st.columns(2)
+    file = f"{stem}-{policy}-timeline"
+    a.download_button("Timeline (CSV)", data=functools.partial(_csv, run),
+                      file_name=f"{file}.csv", mime="text/csv", on_click="ignore",
+                      key=f"{prefix}_tl_csv", icon=":material/download:", width="stretch")
+    b.download_button("Timeline (Parquet)", data=functools.partial(_parquet, run),
+                      file_name=f"{file}.parquet", mime="application/vnd.apache.parquet",
+                      on_click="ignore", key=f"{prefix}_tl_parquet",
+                      icon=":material/download:", width="stretch")
