@@ -79,7 +79,7 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
 
             # Download the viewed step's snapshot.
             with page.expect_download() as info:
-                page.get_by_role("button", name="Snapshot (JSON)").click()
+                page.get_by_role("button", name="Snapshot", exact=True).click()
             download = info.value
             assert download.suggested_filename == "08-fork-copy-on-write-step-0002.json"
             path = tmp_path / download.suggested_filename

@@ -215,7 +215,10 @@ def test_vector_spec_has_one_bar_per_component() -> None:
     vec = torch.arange(32, dtype=torch.float32).reshape(2, 16).numpy()
     df, spec = views.vector_spec(vec)
     assert len(df) == 32 and df["value"].iloc[17] == 17.0
-    alt.Chart.from_dict({**spec, "data": {"values": df.to_dict("records")}})
+    alt.VConcatChart.from_dict({**spec, "data": {"values": df.to_dict("records")}})
+    # One chart per head, each titled with its range (there is no y axis to read it from).
+    assert [c["title"]["text"] for c in spec["vconcat"]] == [
+        "K head 0: 0.00 to 15.00", "K head 1: 16.00 to 31.00"]
 
 
 # ---- the Playground's helpers ------------------------------------------------------

@@ -77,30 +77,36 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
     """
     name = f"{stem}-step-{snap['step']:04d}"
     page = st.session_state.get(f"{prefix}grid_page") or 0
+    # A label in a column is cut short with "…" where it does not fit, and at 1024 px
+    # with the sidebar open a column of four holds about ten characters: short labels,
+    # the details in each button's help.
     c = st.columns(4)
-    _button(c[0], "Snapshot (JSON)", partial(snapshot_bytes, snap), f"{name}.json",
+    _button(c[0], "Snapshot", partial(snapshot_bytes, snap), f"{name}.json",
             "application/json",
             f"{prefix}dl_snapshot",
-            "This state as a snapshot file (CONTRACT.md): upload it on the Playground, or "
-            "pass it to `python -m backend run --from`.")
-    _button(c[1], "Block grid (PNG)", partial(_png, snap, page), f"{name}-grid.png",
-            "image/png", f"{prefix}dl_png", "The block grid as a picture, for slides.")
-    _button(c[2], "Block grid (SVG)", partial(_svg, snap, page), f"{name}-grid.svg",
-            "image/svg+xml", f"{prefix}dl_svg", "The block grid as a vector drawing.")
+            "This state as a snapshot file, JSON (CONTRACT.md): upload it on the Playground, "
+            "or pass it to `python -m backend run --from`.")
+    _button(c[1], "Grid (PNG)", partial(_png, snap, page), f"{name}-grid.png",
+            "image/png", f"{prefix}dl_png", "The block grid and its legend as a picture, for "
+                                            "slides.")
+    _button(c[2], "Grid (SVG)", partial(_svg, snap, page), f"{name}-grid.svg",
+            "image/svg+xml", f"{prefix}dl_svg", "The block grid and its legend as a vector "
+                                                "drawing.")
     if run:
         first, last = run[0]["step"], run[-1]["step"]
-        _button(c[3], f"Whole run (zip, {len(run)} snapshots)", partial(_zip, run),
+        _button(c[3], "Run (zip)", partial(_zip, run),
                 f"{stem}-run.zip", "application/zip", f"{prefix}dl_zip",
-                f"One snapshot per step, steps {first}–{last} (step-NNNN.json). {run_help}")
+                f"The whole run: {len(run)} snapshot(s), one per step, steps {first}–{last} "
+                f"(step-NNNN.json). {run_help}")
     else:
         c[3].caption("No steps yet: the run's zip appears after the first step.")
-    row = st.columns(len(TABLES) * 2)
+    # The tables three to a row, a row per format: six to a row cut every label short.
+    csv_row, parquet_row = st.columns(len(TABLES)), st.columns(len(TABLES))
     for i, t in enumerate(TABLES):
-        # Six to a row: no icons, so "Requests Parquet" fits a narrow window.
-        _button(row[i], f"{t.capitalize()} CSV", partial(_csv, snap, t), f"{name}-{t}.csv",
-                "text/csv", f"{prefix}dl_{t}_csv", f"The {t} table of this step as CSV.",
-                icon=False)
-        _button(row[len(TABLES) + i], f"{t.capitalize()} Parquet", partial(_parquet, snap, t),
+        _button(csv_row[i], f"{t.capitalize()} (CSV)", partial(_csv, snap, t),
+                f"{name}-{t}.csv", "text/csv", f"{prefix}dl_{t}_csv",
+                f"The {t} table of this step as CSV.", icon=False)
+        _button(parquet_row[i], f"{t.capitalize()} (Parquet)", partial(_parquet, snap, t),
                 f"{name}-{t}.parquet", "application/vnd.apache.parquet",
                 f"{prefix}dl_{t}_parquet", f"The {t} table of this step as Parquet.",
                 icon=False)

@@ -10,9 +10,11 @@ keys `session.init` seeds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from backend import views
 from backend.core.errors import PagedLabError
@@ -83,6 +85,17 @@ def _on_grid_select(prefix: str) -> None:
 
 # ---- the block pool ---------------------------------------------------------------
 
+def fitted(spec: dict[str, Any], key: str) -> DeltaGenerator:
+    """A container as wide as the chart `spec` asks for, or the column if that is narrower.
+
+    A chart drawn inside it at width="stretch" keeps its own size in a wide
+    window and narrows with a narrow one (its cells squeeze, its text shrinks:
+    see views.grid), rather than overflowing the column and scrolling the whole
+    page sideways.
+    """
+    return st.container(width=int(spec["width"]), key=key)
+
+
 def pool(snap: Snapshot, prefix: str = "") -> Focus:
     """The grid with its focus controls and legend; returns the focus for other panels."""
     ss = st.session_state
@@ -110,11 +123,14 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
     focus = _focus(snap, prefix)
     if pages > 1:
         odf, ospec = views.overview_spec(snap)
-        st.vega_lite_chart(odf, ospec, width="content", key=f"{prefix}overview")
+        with fitted(ospec, f"{prefix}overview_box"):
+            st.vega_lite_chart(odf, ospec, width="stretch", key=f"{prefix}overview")
     st.markdown(f"**{views.grid_title(snap, page)}**")
     df, spec = views.grid_spec(snap, page=page, focus_blocks=focus.blocks, titled=False)
-    st.vega_lite_chart(df, spec, key=f"{prefix}grid", on_select=lambda: _on_grid_select(prefix),
-                       selection_mode=views.SELECTION, width="content")
+    with fitted(spec, f"{prefix}grid_box"):
+        st.vega_lite_chart(df, spec, key=f"{prefix}grid",
+                           on_select=lambda: _on_grid_select(prefix),
+                           selection_mode=views.SELECTION, width="stretch")
     st.caption("Click a block to see who holds it (double-click clears); hover for details.")
     if focus.caption:
         st.markdown(focus.caption)

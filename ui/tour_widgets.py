@@ -28,6 +28,7 @@ from backend.sessions.tour import (
 from backend.views import tour as tour_views
 from backend.views.text import md_code, plain_md
 from ui import session
+from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0)
@@ -220,7 +221,9 @@ def arena(frame: Frame) -> None:
         return
     st.markdown(f"**The same requests in a contiguous arena of {a['capacity']} slots**")
     df, spec = tour_views.arena_spec(a, frame.snapshot)
-    st.vega_lite_chart(df, spec, width="content", key="tour_arena")
+    # As wide as the grid above it at any window width, so the slots line up.
+    with fitted(spec, "tour_arena_box"):
+        st.vega_lite_chart(df, spec, width="stretch", key="tour_arena")
     st.caption(plain_md(tour_views.arena_caption(a)))
     message = tour_views.arena_fit_message(a)
     if message:

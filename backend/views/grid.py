@@ -205,9 +205,16 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
                      "y2": {"field": "y1"}, "fill": raw("bar_color"), "opacity": alpha},
     }
     text_field = "mark" if dense else "label"
+
+    def font(size: float, least: float) -> dict[str, str]:
+        # The page may draw the grid narrower than `width` asks (a narrow window):
+        # text shrinks with the cells, `size` at full width, never under `least`.
+        return {"expr": f"clamp({size} * width / {cols * cw}, {least}, {size})"}
+
     labels = {
         "transform": [{"filter": f"datum.{text_field} != '' && datum.state != 'cached'"}],
-        "mark": {"type": "text", "fontSize": 9 if dense else 11, "fontWeight": "bold",
+        "mark": {"type": "text", "fontSize": font(9, 7) if dense else font(11, 8),
+                 "fontWeight": "bold",
                  "color": INK, "baseline": "middle", "aria": False},
         "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
                      "text": {"field": text_field, "type": "nominal"}, "opacity": alpha},
@@ -217,7 +224,8 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         # The cached word in italics and not bold: it reads as a note, not as an owner.
         layers.append({
             "transform": [{"filter": "datum.state == 'cached'"}],
-            "mark": {"type": "text", "fontSize": 10, "fontStyle": "italic", "color": INK,
+            "mark": {"type": "text", "fontSize": font(10, 7.5), "fontStyle": "italic",
+                     "color": INK,
                      "baseline": "middle", "aria": False},
             "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
                          "text": {"field": "label", "type": "nominal"}, "opacity": alpha},

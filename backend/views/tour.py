@@ -156,8 +156,10 @@ def arena_spec(arena: dict[str, Any], snap: Snapshot) -> tuple[pd.DataFrame, dic
     cap = arena["capacity"]
     xs = {"domain": [0, cap], "nice": False, "zero": False}
     x = {"field": "x0", "type": "quantitative", "scale": xs,
+         # Flush labels: the first and last do not stick out past the ends, so the
+         # arena is exactly as wide as the grid above it, at any width.
          "axis": {"title": "slot", "values": _ticks(cap), "grid": False, "labelFontSize": 10,
-                  "titleFontSize": 10, "titleFontWeight": "normal"}}
+                  "labelFlush": True, "titleFontSize": 10, "titleFontWeight": "normal"}}
     y = {"value": 2}
 
     def runs(dashed: bool) -> dict[str, Any]:

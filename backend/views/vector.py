@@ -11,29 +11,50 @@ from backend.views.grid import INK, PALETTE
 
 
 def vector_spec(vector: np.ndarray, name: str = "K") -> tuple[pd.DataFrame, dict[str, Any]]:
-    """`vector` [num_kv_heads, head_dim] -> (data, Vega-Lite spec): one bar per component."""
+    """`vector` [num_kv_heads, head_dim] -> (data, Vega-Lite spec): one bar per component.
+
+    One small bar chart per KV head, stacked (a vconcat, not a row facet: Streamlit
+    sizes a facet to its content, 20 px a component, which overflows a narrow
+    column and scrolls the page sideways; each chart of a vconcat it makes as wide
+    as the column). Nothing sits beside the bars for the same reason: each head
+    is titled above them with its range of values, there is no y axis, and the
+    numbers themselves are in the table under the chart and in each bar's tooltip.
+    """
     heads, dim = vector.shape
+    labels = [f"{name} head {h}: {vector[h].min():.2f} to {vector[h].max():.2f}"
+              for h in range(heads)]
     df = pd.DataFrame({
-        "head": np.repeat([f"{name} head {h}" for h in range(heads)], dim),
+        "head": np.repeat(labels, dim),
         "component": np.tile(np.arange(dim), heads),
         "value": vector.reshape(-1).astype(float),
     })
+
+    def head_chart(h: int) -> dict[str, Any]:
+        last = h == heads - 1      # the component axis once, under the last head
+        return {
+            "transform": [{"filter": {"field": "head", "equal": labels[h]}}],
+            "title": {"text": labels[h], "anchor": "start", "fontSize": 11,
+                      "fontWeight": "normal", "offset": 2},
+            "height": 46,
+            "mark": {"type": "bar"},
+            "encoding": {
+                "x": {"field": "component", "type": "ordinal",
+                      "title": "component" if last else None,
+                      "axis": {"labels": last and dim <= 32, "ticks": False,
+                               "labelFlush": True}},
+                "y": {"field": "value", "type": "quantitative", "title": None,
+                      "axis": None},
+                "color": {"condition": {"test": "datum.value < 0", "value": INK},
+                          "value": PALETTE[0]},
+                "tooltip": [{"field": "head", "type": "nominal"},
+                            {"field": "component", "type": "ordinal"},
+                            {"field": "value", "type": "quantitative", "format": ".4f"}],
+            },
+        }
+
     spec = {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
-        "height": 46,
-        "mark": {"type": "bar"},
-        "encoding": {
-            "x": {"field": "component", "type": "ordinal", "title": "component",
-                  "axis": {"labels": dim <= 32, "ticks": False}},
-            "y": {"field": "value", "type": "quantitative", "title": None,
-                  "axis": {"tickCount": 3}},
-            "row": {"field": "head", "type": "nominal", "title": None,
-                    "header": {"labelAngle": 0, "labelAlign": "left"}},
-            "color": {"condition": {"test": "datum.value < 0", "value": INK},
-                      "value": PALETTE[0]},
-            "tooltip": [{"field": "head", "type": "nominal"},
-                        {"field": "component", "type": "ordinal"},
-                        {"field": "value", "type": "quantitative", "format": ".4f"}],
-        },
+        "spacing": 6,
+        "vconcat": [head_chart(h) for h in range(heads)],
     }
     return df, spec

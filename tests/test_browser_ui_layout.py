@@ -1,0 +1,91 @@
+"""The pages at 1024 x 768 in a real Chromium: nothing scrolls sideways, every download label fits.
+
+A laptop window of 1024 px with the sidebar open leaves the main column about
+560 px. Streamlit scrolls its main section (`stMain`), not the document, so both
+are checked. Screenshots go to build/screenshots/ui-1024-*.png.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from tests.browser_support import CHROMIUM_ARGS
+from tests.test_browser import T, metric_is, shoot, shows
+
+pytestmark = pytest.mark.browser
+
+VIEWPORT = {"width": 1024, "height": 768}
+
+SIDEWAYS = """() => {
+    const doc = document.scrollingElement;
+    const main = document.querySelector('[data-testid=stMain]');
+    return {doc: [doc.scrollWidth, doc.clientWidth], main: [main.scrollWidth, main.clientWidth]};
+}"""
+
+# Each download button's label: its text, and whether it is cut short (an ellipsis).
+LABELS = """() => [...document.querySelectorAll('[data-testid=stDownloadButton] button')]
+    .filter(b => b.offsetParent !== null)
+    .map(b => {
+        const box = b.querySelector('[data-testid=stMarkdownContainer]');
+        return {text: b.innerText.trim(), cut: box.scrollWidth > box.clientWidth + 1};
+    })"""
+
+
+def no_sideways_scroll(page: Page) -> None:
+    # Charts size themselves after they are drawn: give them a moment.
+    page.wait_for_timeout(1500)
+    widths = page.evaluate(SIDEWAYS)
+    assert widths["doc"][0] <= widths["doc"][1], widths
+    assert widths["main"][0] <= widths["main"][1], widths
+
+
+def labels_fit(page: Page, count: int) -> None:
+    expect(page.get_by_test_id("stDownloadButton")).to_have_count(count, timeout=T)
+    labels = page.evaluate(LABELS)
+    assert [lab for lab in labels if lab["cut"]] == [], labels
+    texts = [lab["text"] for lab in labels]
+    assert len(set(texts)) == len(texts) == count, texts
+
+
+def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
+        app_url: str, chromium_path: str, screenshots: Path) -> None:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
+                                     args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(T)
+            page.goto(f"{app_url}/lab")
+            add = page.get_by_role("button", name="Add request")
+            expect(add).to_be_visible(timeout=60_000)
+            sidebar = page.get_by_test_id("stSidebar")
+            expect(sidebar).to_be_visible(timeout=T)         # open: the narrow case
+            sidebar.get_by_text("torch", exact=True).click()
+            shows(sidebar, "Next step runs on torch")
+            # Two requests: the grid, tables, layouts, translator and its K chart all drawn.
+            add.click()
+            shows(page.get_by_text("Step 1: add A"))
+            add.click()
+            shows(page.get_by_text("Step 2: add B"))
+            metric_is(page, "Shared blocks", "5")
+            expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2, timeout=T)
+            no_sideways_scroll(page)
+            labels_fit(page, 10)
+            shoot(page, screenshots / "ui-1024-playground.png")
+
+            # The Scenarios page, with the contiguous arena under the grid.
+            sidebar.get_by_role("link", name="Scenarios").click()
+            shows(page.get_by_role("heading", name="The contiguous allocation problem"))
+            nxt = page.get_by_role("button", name="Next", exact=True)
+            for n in range(1, 6):
+                nxt.click()
+                shows(page.locator(".st-key-tour_narration"), f"Step {n} of 5:")
+            shows(page.get_by_text("D waits: a request of 5 tokens"))
+            no_sideways_scroll(page)
+            labels_fit(page, 10)
+            shoot(page, screenshots / "ui-1024-scenarios.png")
+        finally:
+            browser.close()
