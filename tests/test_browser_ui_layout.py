@@ -25,12 +25,17 @@ SIDEWAYS = """() => {
     return {doc: [doc.scrollWidth, doc.clientWidth], main: [main.scrollWidth, main.clientWidth]};
 }"""
 
+# The page's downloads of what it shows (ui/exports.downloads), by key.
+DOWNLOADS = ["dl_snapshot", "dl_png", "dl_svg", "dl_zip",
+             *(f"dl_{t}_{f}" for t in ("blocks", "requests", "events") for f in ("csv", "parquet"))]
+
 # Each download button's label: its text, and whether it is cut short (an ellipsis).
-LABELS = """() => [...document.querySelectorAll('[data-testid=stDownloadButton] button')]
-    .filter(b => b.offsetParent !== null)
+# (Streamlit draws a second, hidden copy of each button: the visible one is taken.)
+LABELS = """keys => keys.map(k => [...document.querySelectorAll(`.st-key-${k} button`)]
+                             .find(b => b.offsetParent !== null))
     .map(b => {
         const box = b.querySelector('[data-testid=stMarkdownContainer]');
-        return {text: b.innerText.trim(), cut: box.scrollWidth > box.clientWidth + 1};
+        return {text: box.innerText.trim(), cut: box.scrollWidth > box.clientWidth + 1};
     })"""
 
 
@@ -42,12 +47,14 @@ def no_sideways_scroll(page: Page) -> None:
     assert widths["main"][0] <= widths["main"][1], widths
 
 
-def labels_fit(page: Page, count: int) -> None:
-    expect(page.get_by_test_id("stDownloadButton")).to_have_count(count, timeout=T)
-    labels = page.evaluate(LABELS)
+def labels_fit(page: Page, prefix: str) -> None:
+    keys = [prefix + k for k in DOWNLOADS]
+    for key in keys:
+        expect(page.locator(f".st-key-{key} button").first).to_be_visible(timeout=T)
+    labels = page.evaluate(LABELS, keys)
     assert [lab for lab in labels if lab["cut"]] == [], labels
     texts = [lab["text"] for lab in labels]
-    assert len(set(texts)) == len(texts) == count, texts
+    assert len(set(texts)) == len(texts) == len(DOWNLOADS), texts
 
 
 def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
@@ -73,7 +80,7 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             metric_is(page, "Shared blocks", "5")
             expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2, timeout=T)
             no_sideways_scroll(page)
-            labels_fit(page, 10)
+            labels_fit(page, "")
             shoot(page, screenshots / "ui-1024-playground.png")
 
             # The Scenarios page, with the contiguous arena under the grid.
@@ -85,7 +92,7 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
                 shows(page.locator(".st-key-tour_narration"), f"Step {n} of 5:")
             shows(page.get_by_text("D waits: a request of 5 tokens"))
             no_sideways_scroll(page)
-            labels_fit(page, 10)
+            labels_fit(page, "tour_")
             shoot(page, screenshots / "ui-1024-scenarios.png")
         finally:
             browser.close()
