@@ -1,5 +1,8 @@
 """PagedLab: navigation over the pages, the shared sidebar, one engine per browser session.
 
+Each browser session's Playground is saved after every operation and reopened by
+its address on a reload or a restarted server (ui/store.py, ui/resume.py).
+
     streamlit run app.py
 """
 
@@ -12,7 +15,7 @@ from PIL import Image
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
 from backend.views.grid import icon_pixels
-from ui import session, sidebar
+from ui import resume, session, sidebar, store
 
 # The icon is drawn, not a :material/...: name: the browser would fetch that from Google.
 st.set_page_config(page_title="PagedLab", page_icon=Image.fromarray(icon_pixels()), layout="wide")
@@ -43,6 +46,9 @@ HOME = st.Page(_open_playground, title="PagedLab", url_path="home", default=True
                visibility="hidden")
 
 session.init()
+# Before the sidebar is drawn: reopening a session sets the sidebar's fields.
+resume.at_start()
 page = st.navigation([HOME, *PAGES])
 sidebar.render()
+store.write_cookie()
 page.run()

@@ -18,6 +18,7 @@ from typing import Any
 import streamlit as st
 
 from backend import views
+from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.io.export import (
     TABLES,
@@ -30,8 +31,10 @@ from backend.io.export import (
     to_csv,
     to_parquet,
 )
+from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import MAX_SNAPSHOT_BYTES, parse_snapshot_text
 from backend.sessions.history import History
+from backend.sessions.oplog import OpLog
 from backend.views.text import plain_md
 from ui import session
 
@@ -157,3 +160,52 @@ def import_panel() -> None:
     if note:
         # The note quotes the uploaded file's name: plain text, never Markdown.
         st.caption(plain_md(note))
+
+
+# ---- the session as a scenario -------------------------------------------------------------
+
+def _scenario_bytes(config: EngineConfig, base: Snapshot | None, ops: tuple[dict[str, Any], ...],
+                    final: Snapshot, history: History) -> bytes:
+    """The scenario file, built on click. The history's snapshots give earlier steps'
+    `expect` values when it is still the run that ended at `final`."""
+    latest = history.latest()
+    known = ([s for s in history if s["step"] <= final["step"]]
+             if latest is not None and latest["step"] == final["step"] else [])
+    n = len(final["requests"])
+    scenario = OpLog(base, list(ops)).scenario(
+        config, final, known, name=f"playground-session-step-{final['step']}",
+        description=f"A PagedLab Playground session exported at step {final['step']} with "
+                    f"{n} request(s); each step's expect values are what the session showed.")
+    return scenario_json(scenario).encode()
+
+
+def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
+                      history: History) -> None:
+    """Download this Playground session as a scenario file (and its base snapshot, if any).
+
+    Call with the engine's lock held, so the log and `snap` describe the same state.
+    """
+    problem = oplog.why_not_exportable()
+    if problem is None and oplog.base_step + len(oplog.ops) != snap["step"]:
+        problem = "its operation log does not reach this step"
+    if problem is not None:
+        st.caption(plain_md(f"Scenario file: not available, {problem}."))
+        return
+    name = f"playground-scenario-step-{snap['step']:04d}.json"
+    c = st.columns(4)
+    _button(c[0], "Session as a scenario", partial(_scenario_bytes, config, oplog.base,
+                                                   tuple(oplog.ops), snap, history),
+            name, "application/json", "dl_scenario",
+            "Every operation since the engine started or was restored, as a scenario file "
+            "(CONTRACT.md) whose last step expects exactly this state.")
+    if oplog.base is None:
+        # File names are ours (a step number), so the command may be shown as code.
+        st.caption(f"Replay and check it: `python -m backend run {name} --check` rebuilds "
+                   "this state and compares it with the file's expect values.")
+        return
+    base_name = f"playground-base-step-{oplog.base_step:04d}.json"
+    _button(c[1], "Its starting snapshot", partial(snapshot_bytes, oplog.base), base_name,
+            "application/json", "dl_scenario_base",
+            "The restored snapshot this session started from: the scenario replays from it.")
+    st.caption(f"This session started from a restored snapshot, so its scenario replays "
+               f"from that: `python -m backend run {name} --from {base_name} --check`.")

@@ -21,6 +21,7 @@ also stops the step, since the click behind it cannot run before the step ends.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -77,6 +78,41 @@ class Shown:
             raise deferred
 
 
+class Queued:
+    """Session-state writes that must land even if Streamlit stops this run.
+
+    A superseded run's next `st.session_state` access raises (its safe state
+    yields to the runner), so after an operation has changed the engine its
+    bookkeeping must not write there directly: a stopped step would leave the
+    session's keys describing the state before it. Such writes are queued
+    here (a plain object, reached without session state) and `apply`
+    performs them; what an interrupted `apply` did not write stays queued for
+    the next run's, which `ui.session` calls before anything reads those keys.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._writes: dict[str, Any] = {}
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            # Re-inserted, so writes land in the order they were last made.
+            self._writes.pop(key, None)
+            self._writes[key] = value
+
+    def apply(self, state: Any) -> None:
+        """Write everything queued into `state` (st.session_state), oldest first."""
+        while True:
+            with self._lock:
+                if not self._writes:
+                    return
+                key, value = next(iter(self._writes.items()))
+            state[key] = value      # may raise: then it stays queued
+            with self._lock:
+                if key in self._writes and self._writes[key] is value:
+                    del self._writes[key]
+
+
 def _bar_text(state: WorkState) -> str:
     if state.stopping:
         return f"{state.label}: stopping after iteration {state.done} of {state.total}…"
@@ -86,7 +122,7 @@ def _bar_text(state: WorkState) -> str:
 
 
 def _stop_button(where: str) -> None:
-    st.button("Stop stepping", key=f"btn_stop_{where}", on_click=request_stop, icon="⏹",
+    st.button("Stop stepping", key=f"btn_stop_{where}", on_click=request_stop,
               help="Stop after the current iteration: the steps already taken stay, and the "
                    "engine is consistent.")
 
@@ -124,7 +160,7 @@ class Bar:
 
 
 @contextmanager
-def engine_lock(engine: Engine, where: str) -> Iterator[Shown]:
+def engine_lock(engine: Engine, where: str, work: Work) -> Iterator[Shown]:
     """Hold `engine`'s lock. While another run of this session holds it, show what that
     run is doing, with a Stop button (keyed by `where`), until it lets go.
 
@@ -136,7 +172,7 @@ def engine_lock(engine: Engine, where: str) -> Iterator[Shown]:
     if not engine.lock.acquire(blocking=False):
         bar = Bar(shown, where, stoppable=True)
         while not engine.lock.acquire(timeout=POLL_S):
-            state = get_work().state
+            state = work.state
             if state is not None:
                 bar.show(state)
         bar.clear()
@@ -161,7 +197,7 @@ def label_of(op: Op) -> str:
 
 
 @contextmanager
-def working(op: Op) -> Iterator[tuple[Shown, Callable[[int, int], bool]]]:
+def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bool]]]:
     """While `op` runs: the engine's progress callback, and the Shown its display uses.
 
     A `step` of several iterations gets a bar and a Stop button (once it has
@@ -169,7 +205,6 @@ def working(op: Op) -> Iterator[tuple[Shown, Callable[[int, int], bool]]]:
     it after half a second). The caller calls `shown.finish()` after its
     bookkeeping.
     """
-    work = get_work()
     label = label_of(op)
     shown = Shown()
     total = op.count if isinstance(op, Step) else 0

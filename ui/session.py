@@ -20,15 +20,29 @@ run.
 
 One operation at a time: Streamlit may run a second click's callback while
 the first is still running (fast reruns), so `apply` holds the engine's lock
-from building the operation to recording its snapshot, and the page holds it
-while it reads the state. An operation that fails half-way is undone by
-rebuilding the engine from the snapshot before it.
+from building the operation to saving its result, and the page holds it
+while it reads the state; so does anything that replaces the engine. Whoever
+waits for the lock shows what the holder is doing (ui/progress.py). An
+operation that fails half-way is undone by rebuilding the engine from the
+snapshot before it.
+
+Progress: a `step` of several iterations shows a bar and a "Stop stepping"
+button while it runs, and stops between two iterations when asked; other
+operations and restores show a spinner saying what they do.
+
+Saved sessions: the operation log (`OPLOG`, a backend.sessions.oplog.OpLog)
+records every applied operation, and after every change the session is saved
+in the store (ui/store.py, backend/sessions/saved.py): its snapshot, settings,
+history and log. The first run of a browser session reopens the session the
+address names (or a copy, if it is another browser's), or else this
+browser's latest one.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import streamlit as st
@@ -36,15 +50,16 @@ import streamlit as st
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import Op
+from backend.engine.ops import Op, Step
 from backend.engine.results import OpResult
 from backend.io.snapshot import export_snapshot
+from backend.sessions import saved
 from backend.sessions.history import MAX_STEPS, History
+from backend.sessions.oplog import OpLog
 from backend.sessions.playground import (
     MODEL_FIELDS,
     MODEL_PRESETS,
     Settings,
-    apply_or_recover,
     build_engine,
     config_from_fields,
     has_state,
@@ -53,12 +68,17 @@ from backend.sessions.playground import (
     summarize,
     switch_kernels,
 )
+from backend.sessions.progress import Work, apply_tracked
+from ui import progress, store
+from ui.progress import Shown
 
 ENGINE = "engine"
 SETTINGS = "settings"
 FLASH = "flash"
 PENDING = "config_pending"
 HISTORY = "history"
+OPLOG = "oplog"
+QUEUED = "queued_writes"
 OWNER = "kv_owner"
 MAX_HISTORY = MAX_STEPS
 
@@ -111,21 +131,43 @@ def init() -> None:
 
     Widget keys are seeded here rather than through `value=` so that callbacks
     may set them (a widget given both warns); a key Streamlit dropped because
-    its widget was not drawn on the last page is simply seeded again.
+    its widget was not drawn on the last page is simply seeded again. Writes
+    an interrupted run queued land here first (see progress.Queued).
     """
     ss = st.session_state
+    if QUEUED not in ss:
+        ss[QUEUED] = progress.Queued()
+    collect()
     if OWNER not in ss:
         # Names this session's engines in the server's K/V budget.
         ss[OWNER] = secrets.token_hex(8)
+    if progress.WORK not in ss:
+        ss[progress.WORK] = Work()
+    if store.TAB not in ss:
+        store.start_tab()
     if SETTINGS not in ss:
         ss[SETTINGS] = Settings()
     if ENGINE not in ss:
         ss[ENGINE] = build_engine(ss[SETTINGS], ss[OWNER], check=False)
     if HISTORY not in ss:
         ss[HISTORY] = History()
+    if OPLOG not in ss:
+        # The log starts where the engine is now (fresh, or some state: then that).
+        engine = ss[ENGINE]
+        ss[OPLOG] = OpLog(export_snapshot(engine) if has_state(engine) else None)
     for key, value in _widget_defaults(ss[SETTINGS]).items():
         if key not in ss:
             ss[key] = value
+
+
+def queued() -> progress.Queued:
+    q: progress.Queued = st.session_state[QUEUED]
+    return q
+
+
+def collect() -> None:
+    """Perform the session-state writes queued by operations (see progress.Queued)."""
+    queued().apply(st.session_state)
 
 
 def get_engine() -> Engine:
@@ -149,6 +191,21 @@ def get_owner() -> str:
     return owner
 
 
+def get_oplog() -> OpLog:
+    """The operations since the engine started or was restored (see module doc)."""
+    oplog: OpLog = st.session_state[OPLOG]
+    return oplog
+
+
+def _snapshot_now(engine: Engine, history: History) -> dict[str, Any]:
+    with engine.lock:
+        latest = history.latest()
+        if latest is not None and (latest["step"], latest["config"]["device"]) == (
+                engine.step, engine.device.type):
+            return latest
+        return export_snapshot(engine)
+
+
 def current_snapshot(engine: Engine) -> dict[str, Any]:
     """The engine's snapshot now, reusing the one recorded after the last operation.
 
@@ -157,12 +214,7 @@ def current_snapshot(engine: Engine) -> dict[str, Any]:
     Read under the engine's lock, so an operation running in another thread is seen
     either not at all or whole.
     """
-    with engine.lock:
-        latest = get_history().latest()
-        if latest is not None and (latest["step"], latest["config"]["device"]) == (
-                engine.step, engine.device.type):
-            return latest
-        return export_snapshot(engine)
+    return _snapshot_now(engine, get_history())
 
 
 # ---- status line -------------------------------------------------------------
@@ -173,30 +225,102 @@ def flash(kind: FlashKind, text: str) -> None:
 
 # ---- operations ---------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class _Session:
+    """What an operation works with, read from session state before it changes anything:
+    afterwards this run may no longer read there (see progress.Queued)."""
+
+    engine: Engine
+    settings: Settings
+    history: History
+    oplog: OpLog
+    owner: str
+    tab: saved.Tab
+    queued: progress.Queued
+
+    @staticmethod
+    def read() -> _Session:
+        return _Session(get_engine(), get_settings(), get_history(), get_oplog(),
+                        get_owner(), store.get_tab(), queued())
+
+    def save(self, live: saved.Live, snapshot: dict[str, Any], *,
+             op: dict[str, Any] | None = None, whole: bool = False) -> None:
+        """Save `live` after a change; what the save says is queued for store.NOTE.
+
+        A session that never had state has no row yet and gets none for this.
+        """
+        if self.tab.id is None and not has_state(live.engine):
+            return
+        self.queued.put(store.NOTE, saved.save(self.tab, live, snapshot, op=op, whole=whole))
+
+    def flash(self, kind: FlashKind, text: str) -> None:
+        self.queued.put(FLASH, (kind, text))
+
+
 def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     """Build and apply one operation; a refusal becomes the page's error message.
 
     The engine validates before it changes anything, so after a refusal the
     state is exactly as it was. Anything else is a failure half-way: the engine
-    is rebuilt in the state before the operation and the page says so.
+    is rebuilt in the state before the operation and the page says so. A
+    `step` of several iterations shows its progress and may be stopped
+    between two (then the result's op is the step that ran). After an applied
+    operation the session is saved.
     """
-    engine = get_engine()
-    with engine.lock:
+    shown: list[Shown] = []
+    work = progress.get_work()
+    result = None
+    for attempt in range(8):
+        engine = get_engine()
+        with progress.engine_lock(engine, f"wait{attempt}", work) as waited:
+            shown.append(waited)
+            collect()
+            # Another run may have replaced the engine while this one waited.
+            if get_engine() is not engine:
+                continue
+            result = _apply_held(_Session.read(), work, make_op, shown)
+            break
+    else:
+        flash("error", "The engine kept being replaced while this operation waited; try again.")
+    collect()
+    # Only now that the operation and its bookkeeping are done: see ui/progress.py.
+    for s in shown:
+        s.finish()
+    return result
+
+
+def _apply_held(sess: _Session, work: Work, make_op: Callable[[Engine], Op],
+                shown: list[Shown]) -> OpResult | None:
+    """`apply` with the engine's lock held. After the engine has run, no session state."""
+    engine = sess.engine
+    try:
+        before = _snapshot_now(engine, sess.history)
+        op = make_op(engine)
+    except PagedLabError as exc:
+        flash("error", f"Refused: {exc}")
+        return None
+    with progress.working(op, work) as (working, callback):
+        shown.append(working)
         try:
-            before = current_snapshot(engine)
-            applied = apply_or_recover(engine, make_op(engine), before, get_settings(),
-                                       get_owner())
+            applied = apply_tracked(engine, op, before, sess.settings, sess.owner, callback)
         except PagedLabError as exc:
-            flash("error", f"Refused: {exc}")
+            sess.flash("error", f"Refused: {exc}")
             return None
-        if applied.result is None:
-            st.session_state[ENGINE] = applied.engine
-            flash("error", f"The operation failed half-way ({applied.failure}); the engine "
-                           f"was put back to the state before it, step {applied.engine.step}.")
-            return None
-        get_history().record(export_snapshot(engine))
-    flash("success", summarize(applied.result))
-    return applied.result
+    if applied.result is None:
+        sess.queued.put(ENGINE, applied.engine)
+        sess.flash("error", f"The operation failed half-way ({applied.failure}); the engine "
+                            f"was put back to the state before it, step {applied.engine.step}.")
+        return None
+    result = applied.result
+    logged = sess.oplog.append(result.op)
+    snapshot = export_snapshot(engine)
+    sess.history.record(snapshot)
+    sess.save(saved.Live(engine, sess.settings, sess.history, sess.oplog), snapshot, op=logged)
+    line = summarize(result)
+    if isinstance(op, Step) and isinstance(result.op, Step) and result.op.count < op.count:
+        line = f"Stopped after {result.op.count} of {op.count} iterations. {line}"
+    sess.flash("success", line)
+    return result
 
 
 # ---- settings -----------------------------------------------------------------
@@ -211,36 +335,54 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
         return None, str(exc)
 
 
-def _clear_request_widgets() -> None:
-    ss = st.session_state
-    for key in ("req_pick", "focus_req", "focus_block", "tr_req"):
-        ss[key] = None
-    ss["req_child"] = ""
-    ss["tr_pos"] = 0
-    ss["grid_page"] = 0
+REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "focus_req": None, "focus_block": None,
+                                   "tr_req": None, "req_child": "", "tr_pos": 0,
+                                   "grid_page": 0, "tr_layer": 0}
 
 
-def _install(engine: Engine, settings: Settings, history: History) -> None:
-    """Make `engine` the session's engine; views of the old one's requests reset."""
-    ss = st.session_state
-    ss[ENGINE] = engine
-    ss[SETTINGS] = settings
-    ss[HISTORY] = history
-    ss["tr_layer"] = 0
-    _clear_request_widgets()
+def install(live: saved.Live, q: progress.Queued) -> None:
+    """Queue `live` as the session's (its engine, settings, history, log); views of the
+    old engine's requests reset. The caller performs the writes (`collect`)."""
+    q.put(ENGINE, live.engine)
+    q.put(SETTINGS, live.settings)
+    q.put(HISTORY, live.history)
+    q.put(OPLOG, live.oplog)
+    for key, value in REQUEST_WIDGETS.items():
+        q.put(key, value)
 
 
-def _replace_engine(settings: Settings, message: str) -> None:
-    try:
-        engine = build_engine(settings, get_owner(), replacing=get_engine())
-    except PagedLabError as exc:
-        flash("error", f"Refused: {exc}")
-        return
-    _install(engine, settings, History())
-    c = settings.config
-    flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
-                  f"{c.num_layers} layers, {c.dtype}, kernel {engine.kernels.name} on "
-                  f"{engine.device}.")
+def set_fields(settings: Settings, q: progress.Queued) -> None:
+    """Queue the sidebar's fields to show `settings` (written before the sidebar is drawn)."""
+    for key, value in config_fields(settings.config).items():
+        q.put(key, value)
+    q.put("dev_device", settings.device)
+    q.put("dev_kernel", settings.kernel)
+
+
+def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -> None:
+    """A fresh engine with `settings`; `detach`: under a new session id (the old row stays)."""
+    # Under the old engine's lock: an operation still running on it finishes (and is
+    # saved) first, and none starts on it once it is replaced.
+    sess = _Session.read()
+    old = sess.engine
+    with progress.engine_lock(old, "replace", progress.get_work()) as waited:
+        try:
+            engine = build_engine(settings, sess.owner, replacing=old)
+        except PagedLabError as exc:
+            flash("error", f"Refused: {exc}")
+        else:
+            if detach:
+                sess.tab.id, sess.tab.synced = None, False
+                sess.queued.put(store.NOTE, None)
+            live = saved.Live(engine, settings, History(), OpLog())
+            install(live, sess.queued)
+            sess.save(live, export_snapshot(engine), whole=True)
+            c = settings.config
+            sess.flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
+                               f"{c.num_layers} layers, {c.dtype}, kernel {engine.kernels.name} "
+                               f"on {engine.device}.")
+    collect()
+    waited.finish()
 
 
 def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
@@ -252,22 +394,35 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
     Streamlit allows only before the sidebar is drawn. The device and kernel
     stay the sidebar's. `source` names where the snapshot came from.
     """
-    ss = st.session_state
-    s = get_settings()
-    try:
-        engine = restore_for_session(data, s, get_owner(), replacing=get_engine())
-    except PagedLabError as exc:
-        return str(exc)
-    history = History()
-    history.record(export_snapshot(engine))
-    _install(engine, Settings(engine.config, s.device, s.kernel), history)
-    for key, value in config_fields(engine.config).items():
-        ss[key] = value
-    c = engine.config
-    flash("success", f"Restored {source}: step {engine.step}, {len(engine.requests)} "
-                     f"request(s), {c.num_blocks} blocks of {c.block_size} slots, K/V "
-                     f"recomputed from the tokens. Keep working from here.")
-    return None
+    sess = _Session.read()
+    s, old = sess.settings, sess.engine
+    problem: str | None = None
+    with progress.engine_lock(old, "replace", progress.get_work()) as waited, \
+            progress.spinner(f"Restoring {source}: K/V recomputed from the tokens") as shown:
+        try:
+            # Detached: the caller's snapshot (a scenario's frame) must not grow with
+            # this engine's tokens.
+            engine = restore_for_session(saved.detached(data), s, sess.owner, replacing=old)
+        except PagedLabError as exc:
+            problem = str(exc)
+        else:
+            snapshot = export_snapshot(engine)
+            history = History()
+            history.record(snapshot)
+            live = saved.Live(engine, Settings(engine.config, s.device, s.kernel), history,
+                              OpLog(snapshot))
+            install(live, sess.queued)
+            set_fields(live.settings, sess.queued)
+            sess.save(live, snapshot, whole=True)
+            c = engine.config
+            sess.flash("success", f"Restored {source}: step {engine.step}, "
+                                  f"{len(engine.requests)} request(s), {c.num_blocks} blocks "
+                                  f"of {c.block_size} slots, K/V recomputed from the tokens. "
+                                  "Keep working from here.")
+    collect()
+    shown.finish()
+    waited.finish()
+    return problem
 
 
 def apply_config(config: EngineConfig) -> None:
@@ -294,21 +449,35 @@ def reset() -> None:
     _replace_engine(get_settings(), "Engine reset")
 
 
+def new_session() -> None:
+    """Callback of "New session": an empty engine under a new address once it has state;
+    the session it replaces stays saved, in the list."""
+    _replace_engine(get_settings(), "New session", detach=True)
+
+
 def change_kernel() -> None:
     """Callback of the device and kernel fields: the same state on another kernel."""
     ss = st.session_state
-    s = get_settings()
+    sess = _Session.read()
+    s = sess.settings
     device, kernel = ss["dev_device"], ss["dev_kernel"] or s.kernel
-    try:
-        ss[ENGINE] = switch_kernels(get_engine(), device, kernel)
-    except PagedLabError as exc:
-        ss["dev_device"], ss["dev_kernel"] = s.device, s.kernel
-        flash("error", f"Refused: {exc}")
-        return
-    ss[SETTINGS] = Settings(s.config, device, kernel)
-    engine = get_engine()
-    flash("info", f"Kernel switched: the next model step runs on {engine.kernels.name} "
-                  f"({engine.device}); requests and blocks are unchanged.")
+    with progress.engine_lock(sess.engine, "replace", progress.get_work()) as waited:
+        try:
+            engine = switch_kernels(sess.engine, device, kernel)
+        except PagedLabError as exc:
+            ss["dev_device"], ss["dev_kernel"] = s.device, s.kernel
+            flash("error", f"Refused: {exc}")
+        else:
+            settings = Settings(s.config, device, kernel)
+            sess.queued.put(ENGINE, engine)
+            sess.queued.put(SETTINGS, settings)
+            live = saved.Live(engine, settings, sess.history, sess.oplog)
+            sess.save(live, _snapshot_now(engine, sess.history), whole=True)
+            sess.flash("info", f"Kernel switched: the next model step runs on "
+                               f"{engine.kernels.name} ({engine.device}); requests and blocks "
+                               "are unchanged.")
+    collect()
+    waited.finish()
 
 
 def model_preset_changed() -> None:

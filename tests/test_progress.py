@@ -1,0 +1,132 @@
+"""Progress and Stop for long operations (backend/sessions/progress.py, ui/progress.py).
+
+A stop asked for from another thread, without the engine's lock (which the
+stepping thread holds), ends a step between two iterations with a consistent
+engine whose result is the step that ran; replaying it gives the same state.
+Streamlit's control exceptions raised by a display are kept out of the
+engine and raised after. In the app, a stopped Step N says so, and what the
+log and the saved session hold is the step that ran.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.runtime.scriptrunner import RerunException, StopException
+from streamlit.testing.v1 import AppTest
+
+from backend.core.config import EngineConfig
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Step
+from backend.io.snapshot import export_snapshot
+from backend.sessions.playground import Settings
+from backend.sessions.progress import Work, apply_tracked, tracker
+from ui.progress import Shown
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+def test_a_stop_with_nothing_running_does_nothing() -> None:
+    work = Work()
+    assert not work.request_stop() and work.state is None and work.should_go()
+    work.begin("Stepping", 10)
+    work.update(4, 10)
+    assert work.request_stop() and not work.should_go()
+    state = work.state
+    assert state is not None and (state.done, state.total, state.stopping) == (4, 10, True)
+    work.end()
+    assert work.state is None and work.should_go()
+    # A stop asked before an operation begins does not stop the next one.
+    work.request_stop()
+    work.begin("Stepping", 3)
+    assert work.should_go()
+
+
+def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
+    config = EngineConfig(num_blocks=32, block_size=4)
+    engine = Engine(config, kernel="torch")
+    setup = [Add("A", prompt="The cat sat on the mat."), Add("B", prompt_len=9)]
+    for op in setup:
+        engine.apply(op)
+    before = export_snapshot(engine)
+    work = Work()
+    work.begin("Stepping", 200)
+    third = threading.Event()
+    stopped = threading.Event()
+
+    def stopper() -> None:
+        third.wait(timeout=60)
+        # Only the Work's lock: the engine's is held by the stepping thread meanwhile.
+        assert not engine.lock.acquire(blocking=False)
+        work.request_stop()
+        stopped.set()
+
+    def display(done: int, total: int) -> bool:
+        if done == 3:
+            third.set()
+            # Wait for the stop here, so the test knows which iteration it lands after.
+            assert stopped.wait(timeout=60), "request_stop blocked: it took the engine lock?"
+        return True
+
+    thread = threading.Thread(target=stopper)
+    thread.start()
+    applied = apply_tracked(engine, Step(200), before, Settings(config, "cpu", "torch"), "o",
+                            tracker(work, display))
+    thread.join(timeout=60)
+    assert applied.result is not None and applied.engine is engine
+    assert applied.result.op == Step(3) and engine.step == 3
+    engine.check_integrity()
+    replay = Engine(config, kernel="torch")
+    for op in [*setup, applied.result.op]:
+        replay.apply(op)
+
+    def state(e: Engine) -> dict[str, Any]:
+        s = export_snapshot(e)
+        return {**s, "kernel": {**s["kernel"], "time_ms": None}}
+
+    assert state(replay) == state(engine)
+
+
+@pytest.mark.parametrize("exc", [StopException(), RerunException(None)],
+                         ids=["stop", "rerun"])
+def test_control_exceptions_are_kept_from_the_engine_and_raised_after(
+        exc: BaseException) -> None:
+    shown = Shown()
+    calls = []
+
+    def draw() -> None:
+        calls.append(1)
+        raise exc
+
+    assert shown.call(draw) is None
+    assert shown.call(draw) is None          # superseded: nothing more is drawn
+    assert calls == [1]
+    assert shown.rerun_asked is isinstance(exc, RerunException)
+    with pytest.raises(type(exc)):
+        shown.finish()
+    shown.finish()                           # raised once
+
+
+def test_a_stopped_step_n_says_so_and_is_what_the_log_and_store_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDLAB_DATA_DIR", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    at.button(key="btn_add").click().run()
+    work: Work = at.session_state["work"]
+    # As if Stop were pressed during the third iteration.
+    monkeypatch.setattr(work, "should_go", lambda: (work.state is None
+                                                    or work.state.done < 3))
+    at.number_input(key="batch_n").set_value(10).run()
+    at.button(key="btn_step_n").click().run()
+    assert not at.exception
+    assert next(s.value for s in at.success).startswith(
+        "Stopped after 3 of 10 iterations. Step 2: step x3")
+    assert at.session_state["oplog"].ops[-1] == {"op": "step", "count": 3}
+    engine: Engine = at.session_state["engine"]
+    assert engine.requests["A"].num_tokens == 23 + 3
+    assert work.state is None          # the work is over, the flag reset

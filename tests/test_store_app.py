@@ -1,0 +1,240 @@
+"""Saved sessions in the app, through AppTest (in Chromium: tests/test_browser_sessions.py).
+
+A new AppTest is a new browser session on the same server, as after a reload;
+its browser is the cookie it presents (patched here: AppTest has none). The
+Playground's address names its session once it has state; the same browser
+reopens it exactly, another gets a copy; bad ids, unknown ids and damaged
+rows are reported and change nothing; the Sessions list opens and deletes;
+the session exports as a scenario that replays checked.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from backend.engine.engine import Engine
+from backend.io.cli import main
+from backend.io.snapshot import export_snapshot
+from backend.sessions.saved import COPY_NOTE, new_id
+from backend.sessions.store import FILE_NAME
+from ui import exports, store
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+MINE, THEIRS = new_id(), new_id()
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("PAGEDLAB_DATA_DIR", str(tmp_path))
+    yield tmp_path
+
+
+@pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> dict[str, str | None]:
+    """The cookie the next AppTest's browser presents: set `["cookie"]`."""
+    jar: dict[str, str | None] = {"cookie": MINE}
+    monkeypatch.setattr(store, "_cookie", lambda: jar["cookie"])
+    return jar
+
+
+def open_app(session: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    if session is not None:
+        at.query_params["session"] = session
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def worked(at: AppTest) -> str:
+    """Some operations on the torch kernel; the session's id from the address."""
+    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    at.button(key="btn_add").click().run()
+    at.number_input(key="batch_n").set_value(3).run()
+    at.button(key="btn_step_n").click().run()
+    at.selectbox(key="req_pick").set_value("A").run()
+    at.button(key="btn_fork").click().run()
+    at.number_input(key="req_grow_n").set_value(2).run()
+    at.button(key="btn_grow").click().run()
+    assert not at.exception
+    return sid(at)
+
+
+def sid(at: AppTest) -> str:
+    value = at.query_params["session"]
+    return value[0] if isinstance(value, list) else value
+
+
+def engine(at: AppTest) -> Engine:
+    e: Engine = at.session_state["engine"]
+    return e
+
+
+def state(at: AppTest) -> dict[str, Any]:
+    s = export_snapshot(engine(at))
+    return {**s, "kernel": {**s["kernel"], "time_ms": None}}
+
+
+def texts(elements: Any) -> str:
+    return "\n".join(e.value for e in elements)
+
+
+def rows(data_dir: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(data_dir / FILE_NAME) as db:
+        return db.execute("SELECT * FROM sessions ORDER BY id").fetchall()
+
+
+def test_a_fresh_session_has_no_address_and_no_row(browser: dict[str, str | None],
+                                                   data_dir: Path) -> None:
+    at = open_app()
+    assert "session" not in at.query_params
+    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    assert "session" not in at.query_params and rows(data_dir) == []
+
+
+def test_a_reload_reopens_the_session_exactly(browser: dict[str, str | None]) -> None:
+    first = open_app()
+    session_id = worked(first)
+    again = open_app(session_id)
+    assert sid(again) == session_id
+    assert "Reopened this session: step 4" in texts(again.success)
+    assert state(again) == state(first)
+    assert list(again.session_state["history"]) == list(first.session_state["history"])
+    assert again.session_state["oplog"].ops == first.session_state["oplog"].ops
+    assert again.session_state["settings"] == first.session_state["settings"]
+    assert again.segmented_control(key="dev_kernel").value == "torch"
+    # It goes on from there, under the same address.
+    again.button(key="btn_step").click().run()
+    assert sid(again) == session_id and engine(again).step == 5
+
+
+def test_a_bare_address_reopens_the_browsers_latest_session(
+        browser: dict[str, str | None]) -> None:
+    session_id = worked(open_app())
+    again = open_app()
+    assert sid(again) == session_id
+    assert "Reopened your latest session" in texts(again.success)
+
+
+def test_another_browser_gets_a_copy(browser: dict[str, str | None], data_dir: Path) -> None:
+    first = open_app()
+    session_id = worked(first)
+    browser["cookie"] = THEIRS
+    other = open_app(session_id)
+    assert "another browser's session: you are working on a copy" in texts(other.info)
+    copy_id = sid(other)
+    assert copy_id != session_id and state(other) == state(first)
+    other.button(key="btn_step").click().run()
+    # The original is untouched; the copy is saved under its own id.
+    browser["cookie"] = MINE
+    mine = open_app(session_id)
+    assert engine(mine).step == 4 and state(mine) == state(first)
+    browser["cookie"] = THEIRS
+    theirs = open_app(copy_id)
+    assert sid(theirs) == copy_id and engine(theirs).step == 5
+    # A browser without the cookie yet is another browser too.
+    browser["cookie"] = None
+    assert sid(open_app(session_id)) not in (session_id, copy_id)
+
+
+def test_a_second_tab_takes_the_session_and_the_first_goes_on_as_a_copy(
+        browser: dict[str, str | None]) -> None:
+    first = open_app()
+    session_id = worked(first)
+    second = open_app(session_id)
+    first.button(key="btn_step").click().run()
+    assert COPY_NOTE in texts(first.info)
+    assert sid(first) != session_id
+    second.button(key="btn_step").click().run()
+    assert sid(second) == session_id and not any(COPY_NOTE in i.value for i in second.info)
+
+
+@pytest.mark.parametrize("bad", [
+    "x" * 5000, "ünïcödé-ünïcödé-ünïcödé", "'; DROP TABLE sessions; --aaaaaaaa",
+    "\" OR 1=1 OR \"aaaaaaaaaaaaaaaa", "short", "<script>alert(1)</script>aaaaaaa",
+    "a\nb\u0000cccccccccccccccccccc"], ids=["long", "unicode", "sql", "sql2", "short",
+                                           "html", "control"])
+def test_a_bad_id_in_the_address_is_reported_and_changes_nothing(
+        browser: dict[str, str | None], data_dir: Path, bad: str) -> None:
+    session_id = worked(open_app())
+    before = rows(data_dir)
+    at = open_app(bad)
+    assert "PagedLab would never make" in texts(at.error)
+    assert engine(at).step == 0 and "session" not in at.query_params
+    assert rows(data_dir) == before
+    assert bad not in texts(at.error)        # never echoed
+    assert session_id != ""
+
+
+def test_an_unknown_id_is_reported(browser: dict[str, str | None]) -> None:
+    at = open_app(new_id())
+    assert "No saved session" in texts(at.error) and engine(at).step == 0
+    assert "session" not in at.query_params
+
+
+def test_a_damaged_row_is_refused_and_the_page_still_works(
+        browser: dict[str, str | None], data_dir: Path) -> None:
+    session_id = worked(open_app())
+    with sqlite3.connect(data_dir / FILE_NAME) as db:
+        db.execute("UPDATE sessions SET snapshot=? WHERE id=?", (b"garbage", session_id))
+    before = rows(data_dir)
+    at = open_app(session_id)
+    assert "could not be opened: its snapshot is damaged" in texts(at.error)
+    assert engine(at).step == 0 and rows(data_dir) == before
+    at.button(key="btn_add").click().run()
+    assert not at.exception and sid(at) != session_id
+
+
+def test_the_sessions_list_opens_and_deletes(browser: dict[str, str | None],
+                                             data_dir: Path) -> None:
+    at = open_app()
+    first_id = worked(at)
+    at.button(key="btn_new_session").click().run()
+    assert engine(at).step == 0 and "session" not in at.query_params
+    at.button(key="btn_add").click().run()
+    second_id = sid(at)
+    assert second_id != first_id
+    at.button(key=f"btn_open_{first_id}").click().run()
+    assert sid(at) == first_id and engine(at).step == 4
+    assert "Opened session" in texts(at.success)
+    assert at.segmented_control(key="dev_kernel").value == "torch"
+    at.button(key=f"btn_delete_{second_id}").click().run()
+    assert "Deleted saved session" in texts(at.info)
+    assert [r[0] for r in rows(data_dir)] == [first_id]
+    assert not [b for b in at.button if b.key == f"btn_open_{second_id}"]
+
+
+def test_the_session_exports_as_a_scenario_that_replays_checked(
+        browser: dict[str, str | None], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    at = open_app()
+    worked(at)
+    ss = at.session_state
+    final = export_snapshot(engine(at))
+    data = exports._scenario_bytes(engine(at).config, None, tuple(ss["oplog"].ops), final,
+                                   ss["history"])
+    path = tmp_path / "exported.json"
+    path.write_bytes(data)
+    out = tmp_path / "out.json"
+    assert main(["run", str(path), "--check", "--kernel", "torch", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == ""
+    replayed = json.loads(out.read_text())
+    assert {**replayed, "kernel": None} == {**final, "kernel": None}
+
+
+def test_a_store_that_cannot_be_opened_leaves_the_app_working_unsaved(
+        browser: dict[str, str | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the data directory should be")
+    monkeypatch.setenv("PAGEDLAB_DATA_DIR", str(blocker))
+    at = open_app()
+    assert "Sessions are not saved on this server" in texts(at.warning)
+    at.button(key="btn_add").click().run()
+    assert not at.exception and engine(at).step == 1 and "session" not in at.query_params

@@ -1,0 +1,112 @@
+"""Opening saved sessions in this tab: on a browser session's first run, from the list, anew.
+
+The first run of every browser session (a reload, a link, a restarted server)
+calls `at_start`: the session the address names is reopened (or copied, if it
+is another browser's: backend/sessions/saved.py has the rules); an address
+that names none reopens this browser's latest session; a bad or unknown id is
+reported and changes nothing. The list's Open buttons call `open_other`.
+Each replaces the engine under the old one's lock, as every replacement
+does (ui/session.py).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.sessions import saved
+from ui import progress, session, store
+
+STARTED = "store_started"   # set once the first run's reopening was tried
+
+
+def _describe(engine: Engine) -> str:
+    c = engine.config
+    return (f"step {engine.step}, {len(engine.requests)} request(s), {c.num_blocks} blocks "
+            f"of {c.block_size} slots")
+
+
+def _open(sid: str) -> saved.Opened | str:
+    """Open saved session `sid` in this tab (installed), or the message saying why not.
+
+    Call with the current engine's lock held. On success the sidebar's fields
+    show the opened session's settings (so: before the sidebar is drawn).
+    Session state is read before the restore and written through the queue
+    after it (see progress.Queued).
+    """
+    tab, owner, old, q = (store.get_tab(), session.get_owner(), session.get_engine(),
+                          session.queued())
+    with progress.spinner(f"Opening saved session {store.short(sid)}: restoring its state, "
+                          "K/V recomputed from the tokens") as shown:
+        try:
+            opened = saved.open_saved(tab, sid, owner, replacing=old)
+        except PagedLabError as exc:
+            opened = None
+            problem = (f"Saved session {store.short(sid)} could not be opened: {exc}. It is "
+                       "left as it was.")
+        else:
+            problem = (f"No saved session {store.short(sid)}: it may have expired or been "
+                       "deleted." if opened is None else "")
+        if opened is not None:
+            session.install(opened.live, q)
+            session.set_fields(opened.live.settings, q)
+            q.put(store.NOTE, None)
+    session.collect()
+    shown.finish()
+    return opened if opened is not None else problem
+
+
+def _say_opened(opened: saved.Opened, how: str) -> None:
+    engine = opened.live.engine
+    notes = "".join(f" Note: {n}." for n in opened.notes)
+    if opened.copied:
+        session.flash("info", f"This link is another browser's session: you are working on a "
+                              f"copy of it ({_describe(engine)}) under a new address; the "
+                              f"original is unchanged.{notes}")
+    else:
+        session.flash("success", f"{how}: {_describe(engine)}, K/V recomputed from the "
+                                 f"tokens.{notes}")
+
+
+def at_start() -> None:
+    """Once per browser session, after `session.init`: reopen what the address names."""
+    ss = st.session_state
+    if ss.get(STARTED):
+        return
+    ss[STARTED] = True
+    tab = store.get_tab()
+    sid, problem = store.requested_id()
+    if problem is not None:
+        session.flash("error", problem)
+        return
+    how = "Reopened this session"
+    if sid is None:
+        if tab.store is None:
+            return
+        try:
+            sid = tab.store.latest(tab.browser)
+        except PagedLabError:
+            return
+        if sid is None:
+            return
+        how = "Reopened your latest session (New session, under Sessions, starts afresh)"
+    with progress.engine_lock(session.get_engine(), "start", progress.get_work()) as waited:
+        outcome = _open(sid)
+    waited.finish()
+    if isinstance(outcome, str):
+        session.flash("error", f"{outcome} This is a new session.")
+    else:
+        _say_opened(outcome, how)
+
+
+def open_other(sid: str) -> None:
+    """Callback of a Recent sessions entry's Open: that session replaces this one here."""
+    with progress.engine_lock(session.get_engine(), "replace", progress.get_work()) as waited:
+        outcome = _open(sid)
+    waited.finish()
+    if isinstance(outcome, str):
+        session.flash("error", f"{outcome} This session is unchanged.")
+    else:
+        _say_opened(outcome, f"Opened session {store.short(sid)}")
+

@@ -1,0 +1,204 @@
+"""The Streamlit side of saved sessions: the store, this browser's secret, the address, the list.
+
+The rules are backend/sessions/saved.py's; this module supplies what only
+the browser knows:
+
+- The browser's secret lives in a cookie (`pagedlab_browser`). Streamlit can
+  read cookies (st.context.cookies) but not set them, so a first visit gets a
+  new secret and a line of JavaScript that sets the cookie; every later
+  Streamlit session of that browser (a reload, a new tab, a restarted server)
+  presents it. A link opened in another browser has no such cookie.
+- The session's id is the Playground's address: `/lab?session=ID`, written
+  by the page once the session has state. Other pages keep their own
+  parameters; a reload there resumes the browser's latest session.
+- The store is one per process and data directory. If it cannot be opened
+  (a read-only disk, a damaged file) the app works as before, unsaved, and the
+  Playground says why.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import streamlit as st
+
+from backend.sessions.saved import Tab, new_id
+from backend.sessions.store import (
+    FILE_NAME,
+    SessionInfo,
+    SessionStore,
+    StoreError,
+    browser_key,
+    data_dir,
+    valid_token,
+)
+from backend.views.text import plain_md
+
+COOKIE = "pagedlab_browser"
+PARAM = "session"
+TAB = "store_tab"              # this tab's backend.sessions.saved.Tab
+SECRET = "store_secret"        # this browser's secret: its cookie's, or a new one
+PROBLEM = "store_problem"      # why sessions are not saved (the store cannot be opened)
+NOTE = "store_note"            # what the last save had to say (a copy, a failure), or None
+COOKIE_DAYS = 400              # browsers cap a cookie's life at about 400 days
+
+_stores: dict[Path, SessionStore] = {}
+_stores_lock = threading.Lock()
+
+
+def get_store() -> tuple[SessionStore | None, str | None]:
+    """The process's store for the data directory, or None and why it cannot be opened."""
+    path = (data_dir() / FILE_NAME).resolve()
+    with _stores_lock:
+        store = _stores.get(path)
+        if store is None:
+            try:
+                store = SessionStore(path)
+            except StoreError as exc:
+                return None, str(exc)
+            _stores[path] = store
+    return store, None
+
+
+def _cookie() -> str | None:
+    try:
+        value = st.context.cookies.get(COOKIE)
+    except Exception:   # no browser behind this run (a script run without a server)
+        return None
+    return value if isinstance(value, str) else None
+
+
+def start_tab() -> Tab:
+    """This Streamlit session's Tab: the browser's secret, a holder of its own."""
+    ss = st.session_state
+    cookie = _cookie()
+    ss[SECRET] = cookie if valid_token(cookie) else new_id()
+    store, problem = get_store()
+    ss[PROBLEM] = problem
+    ss[NOTE] = None
+    tab = Tab(store, browser_key(ss[SECRET]))
+    ss[TAB] = tab
+    return tab
+
+
+def get_tab() -> Tab:
+    tab: Tab = st.session_state[TAB]
+    return tab
+
+
+def write_cookie() -> None:
+    """If the browser has not presented this secret, have it store it (see module doc).
+
+    Drawn in the sidebar, where the empty element it makes takes no visible room.
+    """
+    secret = st.session_state.get(SECRET)
+    if not isinstance(secret, str) or _cookie() == secret:
+        return
+    # The secret is URL-safe base64 (checked or made by us): nothing in it needs quoting.
+    assert valid_token(secret)
+    script = (f"<script>document.cookie = '{COOKIE}={secret}; path=/; "
+              f"max-age={COOKIE_DAYS * 86400}; SameSite=Lax';</script>")
+    with st.sidebar:
+        st.html(script, unsafe_allow_javascript=True)
+
+
+def requested_id() -> tuple[str | None, str | None]:
+    """The session id in the address, if any, or why the address's value is none."""
+    raw = st.query_params.get(PARAM)
+    if raw is None:
+        return None, None
+    if valid_token(raw):
+        return raw, None
+    return None, ("The address names a session id that PagedLab would never make (ids are "
+                  "16 to 64 letters, digits, '-' and '_'), so it was ignored: this is a new "
+                  "session.")
+
+
+def short(sid: str) -> str:
+    """An id as messages show it: enough to tell sessions apart, not enough to open one."""
+    return sid[:8] + "…"
+
+
+def write_address() -> None:
+    """The Playground's address names this tab's session, once it has one."""
+    tab = get_tab()
+    params = st.query_params
+    if tab.id is not None:
+        if params.get(PARAM) != tab.id:
+            params[PARAM] = tab.id
+    elif PARAM in params:
+        # A refused or unknown id: the address must not go on naming it.
+        del params[PARAM]
+
+
+def _ago(then: float) -> str:
+    s = max(0.0, time.time() - then)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if s >= size:
+            n = int(s // size)
+            return f"{n} {unit}{'s' if n != 1 else ''} ago"
+    return "just now"
+
+
+def delete_saved(sid: str) -> None:
+    """Callback of a list entry's Delete: remove one of this browser's saved sessions."""
+    tab = get_tab()
+    ss = st.session_state
+    if tab.store is None or sid == tab.id:
+        return
+    try:
+        gone = tab.store.delete(sid, tab.browser)
+    except StoreError as exc:
+        ss[NOTE] = f"Could not delete session {short(sid)}: {exc}"
+        return
+    ss[NOTE] = (f"Deleted saved session {short(sid)}." if gone
+                else f"Session {short(sid)} was already gone.")
+
+
+def notes() -> None:
+    """Why sessions are not saved, and what the last save said (plain text)."""
+    ss = st.session_state
+    if ss.get(PROBLEM):
+        st.warning(plain_md(f"Sessions are not saved on this server: {ss[PROBLEM]}"))
+    if ss.get(NOTE):
+        st.info(plain_md(ss[NOTE]))
+
+
+def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], None],
+                   limit: int = 12) -> None:
+    """This session's address and this browser's recent sessions: open, delete, start anew."""
+    tab = get_tab()
+    if tab.store is None:
+        st.caption("Sessions are not saved on this server (see the note at the top).")
+        return
+    try:
+        recent: list[SessionInfo] = tab.store.recent(tab.browser, limit)
+    except StoreError as exc:
+        st.warning(plain_md(f"The saved sessions cannot be listed: {exc}"))
+        return
+    if tab.id is None:
+        st.caption("This session is saved from its first operation on; its address then "
+                   "names it, so a reload, a restart of the server or the link brings it "
+                   "back. A link opened in another browser opens a copy.")
+    else:
+        st.caption(plain_md(f"Saved after every operation as session {short(tab.id)}: the "
+                            "address names it. Opened in another browser, the link gives a "
+                            "copy; this one stays yours."))
+    st.button("New session", key="btn_new_session", on_click=new_session,
+              help="Start an empty engine under a new address; this one stays in the list.")
+    others = [s for s in recent if s.id != tab.id]
+    if not others:
+        return
+    st.markdown("**Recent sessions in this browser**")
+    for info in others:
+        c_text, c_open, c_del = st.columns([6, 1, 1], vertical_alignment="center")
+        note = " · behind: see when opened" if info.note else ""
+        c_text.markdown(plain_md(f"{short(info.id)} · step {info.step} · {info.label} · "
+                                 f"used {_ago(info.updated)}{note}"))
+        c_open.button("Open", key=f"btn_open_{info.id}", on_click=open_saved, args=(info.id,),
+                      width="stretch")
+        c_del.button("Delete", key=f"btn_delete_{info.id}", on_click=delete_saved,
+                     args=(info.id,), width="stretch")
