@@ -38,7 +38,7 @@ with story:
 with numbers:
     panels.metrics(snap)
 # The grid keeps its cells their size, so it takes the page's width rather than a column's.
-st.subheader("Physical block pool")
+st.subheader("Physical block pool", help=panels.HELP["pool"])
 focus = panels.pool(snap, prefix="tour_")
 tour_widgets.arena(frame)
 

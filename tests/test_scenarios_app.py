@@ -21,7 +21,7 @@ from streamlit.testing.v1 import AppTest
 from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
 from backend.io.snapshot import export_snapshot
 from backend.sessions.tour import TourRun
-from backend.views.tour import format_value
+from backend.views.tour import value_text
 from tests.test_app import click, html, markdown, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_every_scenario_steps_through_with_its_numbers_checked(path: Path) -> No
             ok, body = rows[key]
             assert ok, f"step {i}: {key} shows ✗: {body}"
             # The number shown beside the ✓ is the narrated one.
-            assert f"<b>{escape(format_value(want))}</b>" in body, (key, body)
+            assert f"<b>{escape(value_text(key, want))}</b>" in body, (key, body)
             visible += assert_visible_in_panels(at, key, want, n)
         assert f"All {len(step.expect)} narrated number(s) match" in markdown(at) or \
             any(f"All {len(step.expect)} narrated number(s) match" in c.value
@@ -170,7 +170,7 @@ def test_back_and_the_slider_show_earlier_states_without_recomputing() -> None:
     m = metrics(at)
     assert (m["Copy-on-write copies"], m["Shared blocks"], m["Used blocks"]) == \
         ("1", "2", "4 / 32")
-    assert escape("A2's block table: ") + "<b>[0, 1, 3]</b>" in html(at, "pl-checks")
+    assert escape("A2's block table") + "</span>: <b>[0, 1, 3]</b>" in html(at, "pl-checks")
     engine = run_of(at).engine
     # Back: the fork, before the copy. Nothing is recomputed: the engine stays at step 3.
     click(at, "tour_back")

@@ -25,6 +25,25 @@ from backend.views.text import plain_md
 # Requests whose text is laid out by block; the table above lists every request.
 MAX_LAYOUTS = 12
 
+# What each section shows, as its heading's tooltip (the "?" beside it).
+HELP = {
+    "pool": "Every physical KV block of the pool, one cell each: tinted in its holder's colour "
+            "with the holder's id, ×N when N block tables share it, a bar for its filled "
+            "slots. A cached block is free but keeps its K/V for a prefix hit.",
+    "tables": "Each request's block table maps its logical blocks (0, 1, 2, ...) to physical "
+              "blocks anywhere in the pool: the indirection that lets KV memory be allocated a "
+              "block at a time. Hover a column's name for what it counts.",
+    "events": "What the allocator did, newest first: alloc, free, share (fork), cow "
+              "(copy-on-write), prefix_hit, evict (a cached block reused), preempt, move. "
+              "Hover a kind for what it means.",
+    "kernel": "Which attention kernel ran the last model step, where, how long it took, and the "
+              "largest difference between its output and a plain torch reference computed "
+              "over the same paged cache (max |paged − contiguous reference|).",
+    "translator": "How a token's position becomes an address in the pool: logical block and "
+                  "offset, the block table's entry, the physical block and slot, and the key "
+                  "vector stored there.",
+}
+
 
 # ---- metrics ------------------------------------------------------------------
 
@@ -147,7 +166,9 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
         st.caption("No requests yet.")
         return
     st.dataframe(df, hide_index=True, width="stretch",
-                 height=min(35 * (len(df) + 1) + 3, 320))
+                 height=min(35 * (len(df) + 1) + 3, 320),
+                 column_config={c: st.column_config.Column(help=h)
+                                for c, h in views.REQUEST_COLUMN_HELP.items()})
     live = [r["id"] for r in snap["requests"] if r["status"] != "finished"]
     order = [r for r in live if r in focus.requests] + [r for r in live
                                                          if r not in focus.requests]
@@ -190,16 +211,16 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
     state it is None and `stale_note` says why the translator is not shown
     (it reads the live tensors).
     """
-    st.subheader("Block tables")
+    st.subheader("Block tables", help=HELP["tables"])
     block_tables(snap, focus)
     log, side = st.columns([3, 2], gap="large")
     with log:
-        st.subheader("Event log")
+        st.subheader("Event log", help=HELP["events"])
         events(snap)
     with side:
-        st.subheader("Kernel")
+        st.subheader("Kernel", help=HELP["kernel"])
         kernel(snap, engine, prefix=prefix)
-        st.subheader("Address translator")
+        st.subheader("Address translator", help=HELP["translator"])
         if engine is not None:
             translator(engine, prefix=prefix)
         else:

@@ -194,7 +194,10 @@ def narration(run: TourRun, frame: Frame) -> None:
                 st.markdown(plain_md(frame.narration))
             if frame.summary:
                 st.caption(plain_md(frame.summary.replace("->", "→")))
-            st.markdown("**What you should see**")
+            st.markdown("**What you should see**",
+                        help="The numbers this step's narration promises, each checked against "
+                             "the engine right after the step: ✓ it shows that value, ✗ it "
+                             "shows another. Hover a line's name for what it means.")
             st.html(tour_views.checks_html(frame.checks))
             n = len(frame.checks)
             bad = sum(1 for c in frame.checks if not c.ok)

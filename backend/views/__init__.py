@@ -5,6 +5,7 @@ directly, and an export can turn the same chart into PNG or SVG.
 
     model    a snapshot as typed rows and DataFrames; grid, vector: the block grid
     legend   the grid's legend (page and exports) and grid_chart, the grid with it
+    glossary what the pages' terms mean (tooltips); settings: a config as rows
     html     metrics, event log and layout cards; tour: the Scenarios page's views
     text     user text as Markdown that Streamlit shows as written (plain_md, md_code)
     compare/ the "Contiguous vs paged" page's frames, charts and tables
@@ -27,6 +28,7 @@ from backend.views.grid import (
 from backend.views.html import event_log_html, layouts_html, legend_html, metrics_html
 from backend.views.legend import grid_chart, legend_entries
 from backend.views.model import (
+    REQUEST_COLUMN_HELP,
     Chunk,
     KernelInfo,
     MetricItem,
@@ -47,6 +49,7 @@ from backend.views.vector import vector_spec
 __all__ = [
     "PAGE_SIZE",
     "PALETTE",
+    "REQUEST_COLUMN_HELP",
     "SELECTION",
     "Chunk",
     "KernelInfo",

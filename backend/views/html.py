@@ -11,6 +11,7 @@ from html import escape
 
 import pandas as pd
 
+from backend.views.glossary import EVENTS
 from backend.views.grid import CACHED_LABEL, INK, PALETTE
 from backend.views.legend import legend_entries
 from backend.views.model import (
@@ -31,6 +32,16 @@ _LABEL = "display:block;font-size:11px;color:#555;line-height:1.3;"
 _TEXT = ("display:block;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;"
          "font-size:13px;white-space:pre-wrap;word-break:break-all;max-width:36ch;"
          "color:#1F1F1F;line-height:1.35;")
+
+
+# A term that explains itself on hover: dotted underline, a help cursor, the title.
+_TERM = "text-decoration:underline dotted #9A9A9A;text-underline-offset:3px;cursor:help;"
+
+
+def term_html(text: str, tip: str) -> str:
+    """`text` (escaped) with `tip` as its tooltip, marked as having one."""
+    return (f"<span class='pl-term' title='{escape(tip, quote=True)}' style='{_TERM}'>"
+            f"{escape(text)}</span>")
 
 
 def _color(slot: int) -> str:
@@ -137,7 +148,8 @@ def event_log_html(events: pd.DataFrame) -> str:
                                 strict=True):
         badge = (f"<span style='display:inline-block;min-width:74px;font-size:11px;"
                  f"font-weight:600;color:#fff;background:{_KIND_BADGE[kind]};border-radius:3px;"
-                 f"padding:0 5px;margin-right:6px;text-align:center'>{escape(kind)}</span>")
+                 f"padding:0 5px;margin-right:6px;text-align:center;cursor:help' "
+                 f"title='{escape(EVENTS.get(kind, ''), quote=True)}'>{escape(kind)}</span>")
         rows.append(f"<div style='padding:1px 0;border-bottom:1px solid #EEE'>"
                     f"<span style='display:inline-block;width:58px;color:#555'>step {step}</span>"
                     f"{badge}{escape(text)}</div>")
@@ -148,7 +160,7 @@ def metrics_html(items: list[MetricItem]) -> str:
     """The metrics as compact cards, one per group; each value carries its label.
 
     `data-label` lets a reader of the page's HTML (a test, a scraper) find a
-    number by its name; the `title` is the explanation shown on hover.
+    number by its name; each label is a term whose tooltip explains it.
     """
     groups: dict[str, list[MetricItem]] = {}
     for m in items:
@@ -156,9 +168,8 @@ def metrics_html(items: list[MetricItem]) -> str:
     cards = []
     for group, ms in groups.items():
         rows = "".join(
-            f"<div title='{escape(m.help, quote=True)}' style='display:flex;"
-            f"justify-content:space-between;gap:10px;padding:1px 0'>"
-            f"<span style='color:#555'>{escape(m.label)}</span>"
+            f"<div style='display:flex;justify-content:space-between;gap:10px;padding:1px 0'>"
+            f"<span style='color:#555'>{term_html(m.label, m.help)}</span>"
             f"<b class='pl-metric' data-label='{escape(m.label, quote=True)}'>"
             f"{escape(m.value)}</b></div>" for m in ms)
         cards.append(f"<div style='flex:1 1 210px;border:1px solid #E3E6EA;border-radius:6px;"

@@ -20,6 +20,7 @@ import pandas as pd
 
 from backend.engine.sampling import render_tokens
 from backend.paging.events import Event, describe
+from backend.views.glossary import METRICS, REQUEST_FIELDS
 
 Snapshot = dict[str, Any]
 
@@ -130,6 +131,23 @@ def table_text(table: list[int], num_tokens: int, block_size: int) -> str:
     return " · ".join(parts)
 
 
+# What each column of `requests_frame` means: the block tables' header tooltips.
+REQUEST_COLUMN_HELP: dict[str, str] = {
+    "request": "The request's id.",
+    "status": REQUEST_FIELDS["status"] + " A finished one says why, in brackets.",
+    "parent": REQUEST_FIELDS["parent"],
+    "prompt": REQUEST_FIELDS["prompt_len"],
+    "generated": "Tokens generated so far.",
+    "tokens": REQUEST_FIELDS["num_tokens"],
+    "blocks": "Entries in its block table: the physical blocks it holds.",
+    "block table (logical→physical)": "Each logical block → the physical block that holds it; "
+                                      "(n/size) marks a partly filled last block. The layouts "
+                                      "below show every entry with its text.",
+    "preempted": "Times this request was preempted (its blocks taken back when the pool ran "
+                 "out) and later recomputed.",
+}
+
+
 def requests_frame(snap: Snapshot) -> pd.DataFrame:
     """One row per request in arrival order: status, sizes and its block table."""
     bs = int(snap["config"]["block_size"])
@@ -216,36 +234,35 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
         MetricItem("Requests", "Finished requests", str(status.count("finished")),
                    "Requests that finished and released their blocks."),
         MetricItem("Requests", "Preemptions", str(m["preemptions"]),
-                   "Requests whose blocks were taken back when the pool ran out."),
+                   METRICS["preemptions"]),
         MetricItem("Blocks", "Used blocks", f"{used} / {n}",
-                   "Blocks held by at least one block table (ref count ≥ 1)."),
+                   METRICS["used_blocks"]),
         MetricItem("Blocks", "Cached blocks", str(m["cached_blocks"]),
-                   "Free blocks that still hold a full block's K/V, reusable by a prefix hit."),
-        MetricItem("Blocks", "Free blocks", str(m["free_blocks"]), "Empty blocks (ref count 0)."),
+                   METRICS["cached_blocks"]),
+        MetricItem("Blocks", "Free blocks", str(m["free_blocks"]), METRICS["free_blocks"]),
         MetricItem("Blocks", "Block usage", pct(used / n if n else 0.0),
                    "Used blocks over all blocks."),
         MetricItem("Slots", "Slot occupancy", pct(occupancy),
                    "Filled token slots over the slots of used blocks: the rest is tail waste."),
         MetricItem("Slots", "Filled slots", f"{m['filled_slots']} / {slots_in_used}",
-                   "Token slots written in used blocks, each physical block counted once."),
+                   METRICS["filled_slots"]),
         MetricItem("Slots", "Internal waste", f"{m['internal_waste_slots']} slots",
                    f"Empty slots inside used blocks: at most {bs - 1} per unshared request."),
         MetricItem("Sharing", "Shared blocks", str(m["shared_blocks"]),
-                   "Used blocks with ref count ≥ 2 (forks and prefix hits)."),
+                   METRICS["shared_blocks"]),
         MetricItem("Sharing", "Blocks saved by sharing", str(saved),
-                   "Block-table entries minus distinct used blocks: what sharing avoided."),
+                   METRICS["blocks_saved_by_sharing"]),
         MetricItem("Sharing", "Bytes saved by sharing", format_bytes(saved * bpb),
                    "Blocks saved by sharing × bytes per block."),
         MetricItem("Sharing", "Copy-on-write copies", str(m["cow_copies"]),
-                   "Private copies made before writing into a shared, partly filled block."),
+                   METRICS["cow_copies"]),
         MetricItem("Prefix cache", "Prefix-cache queries", f"{queries} ({q_tokens} tokens)",
                    "Prompts looked up in the prefix cache, and their tokens."),
         MetricItem("Prefix cache", "Prefix-cache hits",
                    f"{m['prefix_hit_blocks']} blocks ({hit_tokens} tokens)",
-                   "Prompt blocks served from the cache instead of recomputed."),
+                   METRICS["prefix_hit_blocks"]),
         MetricItem("Prefix cache", "Lost to the block floor", f"{floor} tokens",
-                   "Prompt tokens a block-granular cache can never serve: the partial last "
-                   "block, and the last token, which is always computed."),
+                   METRICS["prefix_floor_tokens"]),
         MetricItem("Memory", "Bytes per block", format_bytes(bpb),
                    "2 (K and V) × layers × KV heads × head dim × block size × bytes per "
                    "element."),

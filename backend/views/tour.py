@@ -13,7 +13,9 @@ from typing import Any
 
 import pandas as pd
 
+from backend.views.glossary import path_help
 from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
+from backend.views.html import term_html
 from backend.views.model import Snapshot, owner_index
 
 MAX_VALUE_CHARS = 120
@@ -35,10 +37,72 @@ ARENA_KINDS = {
 EXTERNAL_FILL = "#FBE3D6"
 
 
-def format_value(value: Any) -> str:
-    """A JSON value as a reader sees it, shortened if long."""
-    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+def _short(text: str) -> str:
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 1] + "…"
+
+
+def _plain(value: Any) -> str:
+    """Any JSON value in words: no braces, no quoted keys; lists of numbers in brackets."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int | str):
+        return str(value)
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+            return "[" + ", ".join(_plain(v) for v in value) + "]"    # a table, a token list
+        return ", ".join(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{str(k).replace('_', ' ')} {_plain(v)}" for k, v in value.items())
+    return json.dumps(value, ensure_ascii=False)
+
+
+def format_value(value: Any) -> str:
+    """A JSON value as a reader says it, shortened if long (see `value_text` for a path's)."""
+    return _short(_plain(value))
+
+
+def _slots(start: int, length: int) -> str:
+    return f"slot {start}" if length == 1 else f"slots {start}–{start + length - 1}"
+
+
+def value_text(path: str, value: Any) -> str:
+    """The value at an expectation's `path`, in the words of what it is.
+
+    A contiguous region, an address and the arena's holes are spelled out; text
+    is quoted (its spaces matter) and shows its line breaks as ↵; a keyword such
+    as a finish reason loses its underscores. Anything else is `format_value`.
+    """
+    parts = path.split(".")
+    head = parts[0]
+    try:
+        if head == "contiguous" and parts[1:2] == ["regions"] and isinstance(value, dict):
+            return _short(f"{_slots(value['start'], value['reserved'])} ({value['reserved']} "
+                          f"reserved), {value['tokens']} hold tokens, final length "
+                          f"{value['final_len']}")
+        if head == "contiguous" and parts[1:] == ["holes"] and isinstance(value, list):
+            return _short(", ".join(f"{_slots(start, length)} ({length})"
+                                    for start, length in value) or "none")
+        if head == "address" and isinstance(value, dict):
+            return (f"logical block {value['logical_block']}, offset {value['offset']} → "
+                    f"physical block {value['physical_block']}, slot {value['slot']}")
+    except (KeyError, TypeError, ValueError):
+        pass    # an uploaded scenario's odd value: shown plainly below
+    if isinstance(value, str):
+        if head == "text":
+            # Quoted, as its spaces matter; a line break as ↵ (HTML would fold it into a
+            # space), any other control character as its code.
+            shown = "".join("↵" if ch == "\n" else ch if ch.isprintable() else
+                            f"\\x{ord(ch):02x}" for ch in value)
+            return _short(f"“{shown}”")
+        if value.replace("_", "").isalpha() and value.islower():
+            return value.replace("_", " ")
+    return format_value(value)
 
 
 def describe_path(path: str) -> str:
@@ -74,7 +138,8 @@ def checks_html(checks: Sequence[Any]) -> str:
     """'What you should see': each narrated number with ✓ or ✗ and the value shown.
 
     `checks` are backend.sessions.tour.Check rows. Each row carries `data-ok` and its
-    raw path (`data-path`, also the hover title) for readers of the HTML.
+    raw path (`data-path`) for readers of the HTML; the term's tooltip says what it
+    means (glossary) and names the path, as the scenario file writes it.
     """
     if not checks:
         return "<div class='pl-checks' style='color:#666'>No numbers to check at this step.</div>"
@@ -82,19 +147,20 @@ def checks_html(checks: Sequence[Any]) -> str:
     for c in checks:
         mark, color = ("✓", "#1A7F37") if c.ok else ("✗", "#B2182B")
         if c.ok:
-            value = f"<b>{escape(format_value(c.got))}</b>"
+            value = f"<b>{escape(value_text(c.path, c.got))}</b>"
         elif c.problem is not None and c.got is None:
-            value = (f"expected <b>{escape(format_value(c.expected))}</b>, "
+            value = (f"expected <b>{escape(value_text(c.path, c.expected))}</b>, "
                      f"{escape(c.problem)}")
         else:
-            value = (f"expected <b>{escape(format_value(c.expected))}</b>, the engine shows "
-                     f"<b>{escape(format_value(c.got))}</b>")
+            value = (f"expected <b>{escape(value_text(c.path, c.expected))}</b>, the engine "
+                     f"shows <b>{escape(value_text(c.path, c.got))}</b>")
+        meaning = path_help(c.path)
+        tip = f"{meaning} ({c.path})" if meaning else c.path
         rows.append(
             f"<div class='pl-check' data-ok='{int(c.ok)}' data-path='{escape(c.path, quote=True)}'"
-            f" title='{escape(c.path, quote=True)}' style='padding:2px 0;"
-            f"border-bottom:1px solid #EEE'>"
+            f" style='padding:2px 0;border-bottom:1px solid #EEE'>"
             f"<span style='display:inline-block;width:1.4em;font-weight:700;color:{color}'>"
-            f"{mark}</span>{escape(describe_path(c.path))}: {value}</div>")
+            f"{mark}</span>{term_html(describe_path(c.path), tip)}: {value}</div>")
     return "<div class='pl-checks' style='font-size:14px'>" + "".join(rows) + "</div>"
 
 

@@ -1,0 +1,121 @@
+"""What the pages' terms mean, a sentence each: the tooltips on metrics, checks, columns, events.
+
+One place for the words, so a metric's tooltip on the Playground and the same
+number's tooltip in a scenario's checks say the same thing. Keys are the
+snapshot's own names (CONTRACT.md): `metrics.<key>`, `requests.<id>.<key>`, ...
+"""
+
+from __future__ import annotations
+
+EVENTS: dict[str, str] = {
+    "alloc": "A request took a free block (the free queue's front, or a seeded random one).",
+    "free": "A request let go of a block: its reference count fell by one. At 0 the block is "
+            "free, or cached if it holds a full block of a prompt.",
+    "share": "A block got one more holder (a fork): nothing is copied, its reference count "
+             "rises.",
+    "cow": "Copy-on-write: a request was about to write into a block other tables share, so "
+           "it got a private copy first.",
+    "prefix_hit": "A prompt's full block was found in the prefix cache: shared, not "
+                  "recomputed.",
+    "evict": "A cached block was handed out again, so the K/V it kept for a prefix hit is "
+             "gone.",
+    "preempt": "The pool ran out: the most recently admitted request gave back its blocks; it "
+               "waits and is recomputed later.",
+    "move": "A block's K/V was copied to another physical block and the tables rewritten "
+            "(shuffle).",
+}
+
+METRICS: dict[str, str] = {
+    "used_blocks": "Blocks held by at least one block table (ref count ≥ 1).",
+    "free_blocks": "Empty blocks (ref count 0), not counting cached ones.",
+    "cached_blocks": "Free blocks that still hold a full block's K/V, reusable by a prefix hit "
+                     "until handed out again.",
+    "filled_slots": "Token slots written in used blocks, each physical block counted once.",
+    "internal_waste_slots": "Empty slots inside used blocks: the unfilled tail of each last "
+                            "block (tail waste).",
+    "shared_blocks": "Used blocks with ref count ≥ 2: forks and prefix hits.",
+    "blocks_saved_by_sharing": "Block-table entries minus distinct used blocks: the blocks "
+                               "sharing avoided.",
+    "cow_copies": "Copy-on-write copies: private copies made before writing into a shared, "
+                  "partly filled block.",
+    "prefix_hit_blocks": "Prompt blocks served from the prefix cache instead of recomputed.",
+    "prefix_hit_tokens": "The tokens in those blocks.",
+    "prefix_queries": "Prompts looked up in the prefix cache.",
+    "prefix_floor_tokens": "Lost to the block floor: prompt tokens a block-granular cache can "
+                           "never serve, the partial last block and the last token, which is "
+                           "always computed.",
+    "preemptions": "Times a request's blocks were taken back because the pool ran out.",
+}
+
+REQUEST_FIELDS: dict[str, str] = {
+    "status": "running (holds blocks), waiting (queued, holds none) or finished (released "
+              "them).",
+    "block_table": "The request's block table: entry i is the physical block that holds its "
+                   "logical block i.",
+    "num_tokens": "Prompt and generated tokens so far.",
+    "prompt_len": "Tokens in the prompt.",
+    "num_preemptions": "Times this request was preempted and later recomputed.",
+    "finish_reason": "Why it finished: asked to, reached its max new tokens, or end of "
+                     "sequence.",
+    "tokens": "Token ids: bytes for the tiny-byte model, vocabulary ids for a real one.",
+    "parent": "The request it was forked from: it shares all the parent's blocks at first.",
+}
+
+BLOCK_FIELDS: dict[str, str] = {
+    "state": "used (in a table), cached (free, its K/V kept for a prefix hit) or free.",
+    "ref_count": "How many block tables hold this block.",
+    "num_filled": "Token slots written in this block.",
+    "hash": "The prefix hash of a full block: the key a later prompt's prefix is found by.",
+}
+
+KERNEL_FIELDS: dict[str, str] = {
+    "num_seqs": "Sequences in the last model step's batch.",
+    "num_query_tokens": "Tokens the last model step computed (prefill and decode together).",
+    "max_abs_err": "Largest difference between the kernel's output and a plain torch "
+                   "reference over the same paged cache.",
+    "time_ms": "How long the last model step took.",
+}
+
+CONTIGUOUS: dict[str, str] = {
+    "token_states": "Slots of the contiguous arena holding tokens.",
+    "reservation": "Slots reserved for a request's future tokens, not written yet.",
+    "internal_fragmentation": "Slots reserved beyond a request's final length: never used.",
+    "external_fragmentation": "Free holes too small for the request that waits.",
+    "free": "Free slots in holes big enough to use.",
+    "holes": "The free runs of the arena: where they start and how long they are.",
+    "regions": "A request's one contiguous region: where it starts, how much is reserved, "
+               "how much holds tokens.",
+    "waiting": "Requests waiting because no hole is big enough.",
+    "free_total": "All free slots of the arena, in any hole.",
+    "largest_hole": "The longest free run: the largest request the arena can place now.",
+    "next_fit": "Whether the first waiting request fits, and why not.",
+}
+
+ADDRESS = ("Where a token's K/V lives: position ÷ block size gives the logical block and "
+           "offset; the block table maps it to a physical block; slot = physical block × "
+           "block size + offset.")
+TEXT = "The request's tokens decoded as text."
+
+
+def path_help(path: str) -> str:
+    """What the value at an expectation's `path` means, or "" for a path we have no words for."""
+    parts = path.split(".")
+    head, rest = parts[0], parts[1:]
+    if head == "metrics" and rest:
+        return METRICS.get(rest[0], "")
+    if head == "requests" and len(rest) >= 2:
+        # Ids may hold dots ("A.1"): the field is the last part that names one.
+        return next((REQUEST_FIELDS[p] for p in reversed(rest[1:]) if p in REQUEST_FIELDS), "")
+    if head == "blocks" and len(rest) == 2:
+        return BLOCK_FIELDS.get(rest[1], "")
+    if head == "kernel" and rest:
+        return KERNEL_FIELDS.get(rest[0], "")
+    if head in ("events", "step_events") and rest:
+        return EVENTS.get(rest[0], "")
+    if head == "address":
+        return ADDRESS
+    if head == "text":
+        return TEXT
+    if head == "contiguous" and rest:
+        return CONTIGUOUS.get(rest[-1], "") or CONTIGUOUS.get(rest[0], "")
+    return ""

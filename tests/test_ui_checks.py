@@ -1,0 +1,93 @@
+"""The Scenarios page's checks read as words, and terms across the pages explain themselves.
+
+A check's value is shown as a reader would say it ("slots 0–5 reserved, 2 hold
+tokens", not `{"start": 0, "reserved": 6, ...}`), and each metric, check, event
+kind and table column carries a tooltip saying what it means.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html import unescape
+from pathlib import Path
+
+import pytest
+
+from backend import views
+from backend.core.config import EngineConfig
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Fork, Grow
+from backend.io.snapshot import export_snapshot
+from backend.views import tour as tour_views
+from tests.test_app import add, html, start
+from tests.test_scenarios_app import checks, open_tour
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
+# JSON's marks: braces, and a quoted key before a colon.
+RAW_JSON = re.compile(r"[{}]|\"\w+\":")
+
+
+@pytest.mark.parametrize(("path", "value", "shown"), [
+    ("contiguous.regions.A", {"start": 0, "reserved": 6, "tokens": 2, "final_len": 6},
+     "slots 0–5 (6 reserved), 2 hold tokens, final length 6"),
+    ("address.A.6", {"logical_block": 1, "offset": 2, "physical_block": 2, "slot": 10},
+     "logical block 1, offset 2 → physical block 2, slot 10"),
+    ("contiguous.holes", [[6, 3], [14, 2]], "slots 6–8 (3), slots 14–15 (2)"),
+    ("contiguous.waiting", ["D"], "D"),
+    ("contiguous.waiting", [], "none"),
+    ("requests.D.block_table", [11, 12, 13, 14], "[11, 12, 13, 14]"),
+    ("requests.C.status", "finished", "finished"),
+    ("text.C", " mkvibs", "“ mkvibs”"),
+    ("text.S1", "<|im_start|>system\nHi\x07", "“<|im_start|>system↵Hi\\x07”"),
+    ("metrics.used_blocks", 7, "7"),
+    ("blocks.3.hash", None, "none"),
+    ("contiguous.next_fit.reason", "external_fragmentation", "external fragmentation"),
+])
+def test_a_checked_value_reads_as_words(path: str, value: object, shown: str) -> None:
+    assert tour_views.value_text(path, value) == shown
+
+
+@pytest.mark.parametrize("stem", ["01-contiguous-problem", "02-block-table"])
+def test_no_check_on_the_page_shows_raw_json(stem: str) -> None:
+    at = open_tour(stem)
+    steps = json.loads((SCENARIOS / f"{stem}.json").read_text())["steps"]
+    for _ in steps:
+        at.button(key="tour_next").click().run()
+        assert not at.exception
+        for path, (ok, body) in checks(at).items():
+            value = unescape(re.sub(r"<[^>]+>", "", body.split("</span>", 1)[-1]))
+            assert ok and not RAW_JSON.search(value), (path, value)
+
+
+def test_metrics_carry_their_meaning_as_a_visible_tooltip() -> None:
+    e = Engine(EngineConfig(num_blocks=16, block_size=4), kernel="torch")
+    e.apply(Add("A", prompt="The cat sat on the mat."))
+    page = views.metrics_html(views.metric_items(export_snapshot(e)))
+    terms = dict(re.findall(r"<span class='pl-term' title='([^']+)'[^>]*>([^<]+)</span>", page))
+    by_label = {label: unescape(tip) for tip, label in terms.items()}
+    assert "block-granular cache" in by_label["Lost to the block floor"]
+    assert len(by_label) == len(views.metric_items(export_snapshot(e)))
+
+
+def test_checks_event_kinds_and_columns_say_what_they_mean() -> None:
+    # A check's term: the glossary's sentence, with the raw path for readers of the file.
+    at = open_tour("08-fork-copy-on-write")
+    for _ in range(3):
+        at.button(key="tour_next").click().run()
+    body = checks(at)["step_events.cow"][1]
+    tip = re.search(r"<span class='pl-term' title='([^']+)'", body)
+    assert tip is not None and "Copy-on-write" in unescape(tip.group(1)), body
+    assert "step_events.cow" in unescape(tip.group(1))
+    # Event kinds in the log.
+    e = Engine(EngineConfig(num_blocks=16, block_size=4), kernel="torch")
+    for op in (Add("A", prompt="The cat sat"), Fork("A", "B"), Grow("B", 2)):
+        e.apply(op)
+    log = views.event_log_html(views.events_frame(export_snapshot(e)))
+    assert re.search(r"title='Copy-on-write: [^']+'>cow<", log), log
+    # The block tables' columns (st.dataframe column help).
+    at = add(start())
+    columns = json.loads(at.dataframe[0].proto.columns)
+    assert "preempted" in columns["preempted"]["help"]
+    assert "physical block" in columns["block table (logical→physical)"]["help"]
+    assert "pl-term" in html(at, "pl-metrics")
