@@ -16,9 +16,18 @@ from typing import Any, Literal
 
 import altair as alt
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from backend.core.config import TINY_BYTE
+from backend.engine.sampling import render_tokens
 
 TableName = Literal["blocks", "requests", "events"]
 TABLES: tuple[TableName, ...] = ("blocks", "requests", "events")
+# Columns of int lists (a block table, a request's tokens): Python lists in the frame,
+# list<int64> in Parquet, space-separated numbers in CSV. (Not pandas' ArrowDtype: a
+# frame that has one writes pandas metadata that pd.read_parquet cannot read back.)
+INT_LIST_COLUMNS = frozenset({"block_table", "tokens"})
 
 
 def blocks_table(snapshot: dict[str, Any]) -> pd.DataFrame:
@@ -33,8 +42,23 @@ def blocks_table(snapshot: dict[str, Any]) -> pd.DataFrame:
                       "state": "string", "hash": "string", "holders": "string"})
 
 
+def request_text(snapshot: dict[str, Any], request: dict[str, Any]) -> str | None:
+    """A request's tokens as text: the snapshot's decoded `text` where it has one (a real
+    model's requests do), else, for the tiny byte model, its bytes as the pages show them
+    (printable ASCII as is, other bytes as \\xNN). None for a model without either."""
+    text = request.get("text")
+    if isinstance(text, str):
+        return text
+    if snapshot["config"].get("model", TINY_BYTE) == TINY_BYTE:
+        return render_tokens(request["tokens"])
+    return None
+
+
 def requests_table(snapshot: dict[str, Any]) -> pd.DataFrame:
-    """One row per request; the table and tokens as space-separated numbers."""
+    """One row per request; its block table and tokens as lists of ints, and its text.
+
+    `to_parquet` writes the lists as list<int64>, `to_csv` as space-separated numbers.
+    """
     rows = []
     for r in snapshot["requests"]:
         rows.append({
@@ -43,16 +67,17 @@ def requests_table(snapshot: dict[str, Any]) -> pd.DataFrame:
             "num_preemptions": r["num_preemptions"],
             "max_new_tokens": r.get("max_new_tokens"),
             "finish_reason": r.get("finish_reason"),
-            "block_table": " ".join(map(str, r["block_table"])),
-            "tokens": " ".join(map(str, r["tokens"])),
+            "block_table": list(r["block_table"]),
+            "tokens": list(r["tokens"]),
+            "text": request_text(snapshot, r),
         })
     cols = ["id", "status", "parent", "prompt_len", "num_tokens", "num_preemptions",
-            "max_new_tokens", "finish_reason", "block_table", "tokens"]
+            "max_new_tokens", "finish_reason", "block_table", "tokens", "text"]
     df = pd.DataFrame(rows, columns=cols)
     return df.astype({"id": "string", "status": "string", "parent": "string",
                       "prompt_len": "int64", "num_tokens": "int64", "num_preemptions": "int64",
                       "max_new_tokens": "Int64", "finish_reason": "string",
-                      "block_table": "string", "tokens": "string"})
+                      "text": "string"})
 
 
 def events_table(snapshot: dict[str, Any]) -> pd.DataFrame:
@@ -75,12 +100,23 @@ def table(snapshot: dict[str, Any], name: TableName) -> pd.DataFrame:
 
 
 def to_csv(df: pd.DataFrame) -> bytes:
-    return df.to_csv(index=False).encode()
+    """CSV has no lists: a list column is written as its numbers, space-separated."""
+    out = df.copy()
+    for col in INT_LIST_COLUMNS.intersection(out.columns):
+        out[col] = pd.Series([" ".join(map(str, v)) for v in out[col]], index=out.index,
+                             dtype="string")
+    return out.to_csv(index=False).encode()
 
 
 def to_parquet(df: pd.DataFrame) -> bytes:
+    """Parquet, with the int-list columns typed list<int64> (also when there are no rows)."""
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    for col in INT_LIST_COLUMNS.intersection(df.columns):
+        i = table.schema.get_field_index(col)
+        table = table.set_column(i, col, pa.array([list(v) for v in df[col]],
+                                                  type=pa.list_(pa.int64())))
     buf = io.BytesIO()
-    df.to_parquet(buf, index=False, engine="pyarrow")
+    pq.write_table(table, buf)
     return buf.getvalue()
 
 
