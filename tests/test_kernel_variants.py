@@ -150,17 +150,32 @@ def test_tiled_table_loads_in_the_interpreter(block_size: int, block_n: int) -> 
 # ----------------------------------------------------------------------------- torch path
 
 
-@pytest.mark.parametrize("gather_bytes", [1, 4096, 1 << 30])
-def test_torch_path_groups_of_sequences(monkeypatch: pytest.MonkeyPatch,
-                                        gather_bytes: int) -> None:
-    """One sequence per group, a few, all at once: the same result, NaN tails unread."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gather_bytes", [
+    1,           # slices of 16 positions; short sequences end before most slices
+    6 << 10,     # fp32 (9 KiB a sequence): slices; bf16: one sequence per group
+    20 << 10,    # groups of two (fp32) or four (bf16) whole sequences
+    1 << 30,     # everything at once
+])
+def test_torch_path_groups_and_slices(monkeypatch: pytest.MonkeyPatch, gather_bytes: int,
+                                      dtype: torch.dtype) -> None:
+    """However the gathers are cut, the same result; NaN tails and padding unread."""
     monkeypatch.setattr(torch_path, "GATHER_BYTES", gather_bytes)
-    seq_lens = [1, 5, 17, 64, 3, 40, 2]
-    batch = make_batch([1] * 7, seq_lens, num_heads=6, num_kv_heads=2, head_dim=8,
-                       block_size=4)
+    calls: list[int] = []
+    original = torch_path._decode_slices
+    monkeypatch.setattr(torch_path, "_decode_slices",
+                        lambda *a: calls.append(a[-1]) or original(*a))
+    seq_lens = [1, 5, 17, 64, 3, 40, 2, 30]
+    batch = make_batch([1] * 8, seq_lens, num_heads=6, num_kv_heads=2, head_dim=8,
+                       block_size=4, dtype=dtype)
     out = torch.full_like(batch.query, NAN)
     torch_path.torch_paged_attention(*batch.args(), out=out)
-    _check(batch.args(), out, torch.float32)
+    per_position = 2 * 2 * 8 * batch.k_cache.element_size()  # K and V, 2 heads of 8
+    length = batch.block_tables.shape[1] * 4
+    assert bool(calls) == (length * per_position > gather_bytes)
+    if calls:
+        assert calls[0] == max(16, gather_bytes // (8 * per_position))
+    _check(batch.args(), out, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

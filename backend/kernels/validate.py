@@ -9,6 +9,7 @@ the problem, raised before anything is launched.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
@@ -47,9 +48,23 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return ia == ib
 
 
-def require(cond: bool, message: str) -> None:
+def require(cond: bool, message: str | Callable[[], str]) -> None:
+    """Raise PagedLabError(message) unless `cond`.
+
+    Messages that format shapes, dtypes or devices are lambdas: formatting them costs
+    more than all the checks together, and a valid call (every call of a model step)
+    needs none of them.
+    """
     if not cond:
-        raise PagedLabError(message)
+        raise PagedLabError(message() if callable(message) else message)
+
+
+def _on_device_of(ref_name: str, ref: torch.device,
+                  tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Every tensor is on `ref` (formatting devices only for the error)."""
+    for name, t in tensors:
+        if not same_device(t.device, ref):
+            raise PagedLabError(f"{name} is on {t.device} but {ref_name} is on {ref}")
 
 
 def validate_paged_attention(
@@ -78,66 +93,67 @@ def validate_paged_attention(
                "block_tables": block_tables, "seq_lens": seq_lens,
                "query_start_loc": query_start_loc}
     for name, t in tensors.items():
-        require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t)!r}")
-    require(query.dim() == 3, f"query must be [T, num_heads, head_dim], got shape "
-             f"{tuple(query.shape)}")
-    require(k_cache.dim() == 4, "k_cache must be [num_blocks, block_size, num_kv_heads, "
-             f"head_dim], got shape {tuple(k_cache.shape)}")
-    require(v_cache.shape == k_cache.shape, f"v_cache shape {tuple(v_cache.shape)} differs "
-             f"from k_cache shape {tuple(k_cache.shape)}")
+        if not isinstance(t, torch.Tensor):
+            raise PagedLabError(f"{name} must be a torch.Tensor, got {type(t)!r}")
+    require(query.dim() == 3, lambda: "query must be [T, num_heads, head_dim], got shape "
+            f"{tuple(query.shape)}")
+    require(k_cache.dim() == 4, lambda: "k_cache must be [num_blocks, block_size, "
+            f"num_kv_heads, head_dim], got shape {tuple(k_cache.shape)}")
+    require(v_cache.shape == k_cache.shape, lambda: f"v_cache shape {tuple(v_cache.shape)} "
+            f"differs from k_cache shape {tuple(k_cache.shape)}")
     num_tokens, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
-    require(query.dtype in SUPPORTED_DTYPES, f"query dtype {query.dtype} is not supported; "
-             "use float32, float16 or bfloat16")
+    require(query.dtype in SUPPORTED_DTYPES, lambda: f"query dtype {query.dtype} is not "
+            "supported; use float32, float16 or bfloat16")
     require(k_cache.dtype == query.dtype and v_cache.dtype == query.dtype,
-             f"cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must match the query dtype "
-             f"{query.dtype}")
+            lambda: f"cache dtypes ({k_cache.dtype}, {v_cache.dtype}) must match the query "
+            f"dtype {query.dtype}")
     require(num_tokens >= 1, "query has no tokens: every sequence needs at least one")
-    require(1 <= head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} is outside 1..{MAX_HEAD_DIM}")
-    require(cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} differs from the "
-             f"query head_dim {head_dim}")
+    require(1 <= head_dim <= MAX_HEAD_DIM,
+            lambda: f"head_dim {head_dim} is outside 1..{MAX_HEAD_DIM}")
+    require(cache_head_dim == head_dim, lambda: f"cache head_dim {cache_head_dim} differs "
+            f"from the query head_dim {head_dim}")
     require(num_kv_heads >= 1 and num_heads % num_kv_heads == 0,
-             f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    require(num_blocks >= 1 and block_size >= 1, f"the cache has shape {tuple(k_cache.shape)}: "
-             "it needs at least one block of at least one slot")
+            lambda: f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    require(num_blocks >= 1 and block_size >= 1, lambda: "the cache has shape "
+            f"{tuple(k_cache.shape)}: it needs at least one block of at least one slot")
     require(k_cache.is_contiguous() and v_cache.is_contiguous(),
-             "k_cache and v_cache must be contiguous")
+            "k_cache and v_cache must be contiguous")
     require(query.stride(2) == 1, "query's last dimension (head_dim) must be contiguous")
-    require(block_tables.dtype == torch.int32, f"block_tables must be int32, got "
-             f"{block_tables.dtype}")
-    require(seq_lens.dtype == torch.int32, f"seq_lens must be int32, got {seq_lens.dtype}")
+    require(block_tables.dtype == torch.int32,
+            lambda: f"block_tables must be int32, got {block_tables.dtype}")
+    require(seq_lens.dtype == torch.int32, lambda: f"seq_lens must be int32, got "
+            f"{seq_lens.dtype}")
     require(query_start_loc.dtype == torch.int32,
-             f"query_start_loc must be int32, got {query_start_loc.dtype}")
-    require(block_tables.dim() == 2, f"block_tables must be [batch, max_blocks_per_seq], got "
-             f"shape {tuple(block_tables.shape)}")
+            lambda: f"query_start_loc must be int32, got {query_start_loc.dtype}")
+    require(block_tables.dim() == 2, lambda: "block_tables must be [batch, "
+            f"max_blocks_per_seq], got shape {tuple(block_tables.shape)}")
     num_seqs = block_tables.shape[0]
     require(num_seqs >= 1, "the batch is empty (block_tables has no rows)")
     require(block_tables.shape[1] >= 1, "block_tables has no columns")
     require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
-    require(seq_lens.shape == (num_seqs,), f"seq_lens must have shape ({num_seqs},), got "
-             f"{tuple(seq_lens.shape)}")
-    require(query_start_loc.shape == (num_seqs + 1,), f"query_start_loc must have shape "
-             f"({num_seqs + 1},), got {tuple(query_start_loc.shape)}")
+    require(seq_lens.shape == (num_seqs,), lambda: f"seq_lens must have shape ({num_seqs},), "
+            f"got {tuple(seq_lens.shape)}")
+    require(query_start_loc.shape == (num_seqs + 1,), lambda: "query_start_loc must have "
+            f"shape ({num_seqs + 1},), got {tuple(query_start_loc.shape)}")
     require(seq_lens.is_contiguous() and query_start_loc.is_contiguous(),
-             "seq_lens and query_start_loc must be contiguous")
-    require(num_tokens >= num_seqs, f"{num_tokens} query tokens cannot cover {num_seqs} "
-             "sequences of at least one token each")
-    for name, t in tensors.items():
-        require(same_device(t.device, query.device), f"{name} is on {t.device} but query is "
-                 f"on {query.device}")
+            "seq_lens and query_start_loc must be contiguous")
+    require(num_tokens >= num_seqs, lambda: f"{num_tokens} query tokens cannot cover "
+            f"{num_seqs} sequences of at least one token each")
+    _on_device_of("query", query.device, tensors.items())
     require(isinstance(scale, (int, float)) and math.isfinite(scale),
-             f"scale must be a finite number, got {scale!r}")
+            lambda: f"scale must be a finite number, got {scale!r}")
     if out is not None:
         require(isinstance(out, torch.Tensor) and out.shape == query.shape,
-                 f"out must have the query's shape {tuple(query.shape)}")
-        require(out.dtype == query.dtype, f"out dtype {out.dtype} differs from query dtype "
-                 f"{query.dtype}")
-        require(same_device(out.device, query.device), f"out is on {out.device} but query is "
-                 f"on {query.device}")
+                lambda: f"out must have the query's shape {tuple(query.shape)}")
+        require(out.dtype == query.dtype,
+                lambda: f"out dtype {out.dtype} differs from query dtype {query.dtype}")
+        require(same_device(out.device, query.device),
+                lambda: f"out is on {out.device} but query is on {query.device}")
         require(out.stride(2) == 1, "out's last dimension must be contiguous")
     if num_splits is not None:
         require(isinstance(num_splits, int) and 1 <= num_splits <= 256,
-                 f"num_splits must be an int in 1..256, got {num_splits!r}")
+                lambda: f"num_splits must be an int in 1..256, got {num_splits!r}")
 
     shape = AttentionShape(num_tokens, num_seqs, num_heads, num_kv_heads, head_dim, block_size,
                            num_blocks, block_tables.shape[1])
@@ -200,12 +216,12 @@ class CacheShape(NamedTuple):
 
 
 def _check_cache(name: str, cache: torch.Tensor) -> CacheShape:
-    require(isinstance(cache, torch.Tensor), f"{name} must be a torch.Tensor")
-    require(cache.dim() == 4, f"{name} must be [num_blocks, block_size, num_kv_heads, "
-             f"head_dim], got shape {tuple(cache.shape)}")
-    require(cache.dtype in SUPPORTED_DTYPES, f"{name} dtype {cache.dtype} is not supported; "
-             "use float32, float16 or bfloat16")
-    require(cache.is_contiguous(), f"{name} must be contiguous")
+    require(isinstance(cache, torch.Tensor), lambda: f"{name} must be a torch.Tensor")
+    require(cache.dim() == 4, lambda: f"{name} must be [num_blocks, block_size, "
+            f"num_kv_heads, head_dim], got shape {tuple(cache.shape)}")
+    require(cache.dtype in SUPPORTED_DTYPES, lambda: f"{name} dtype {cache.dtype} is not "
+            "supported; use float32, float16 or bfloat16")
+    require(cache.is_contiguous(), lambda: f"{name} must be contiguous")
     return CacheShape(*cache.shape)
 
 
@@ -230,26 +246,26 @@ def validate_write_kv(
     shape = _check_cache("k_cache", k_cache)
     _check_cache("v_cache", v_cache)
     require(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype,
-             "k_cache and v_cache must have the same shape and dtype")
+            "k_cache and v_cache must have the same shape and dtype")
     for name, t in (("key", key), ("value", value)):
-        require(isinstance(t, torch.Tensor) and t.dim() == 3, f"{name} must be a tensor "
-                 "[T, num_kv_heads, head_dim]")
-        require(tuple(t.shape[1:]) == (shape.num_kv_heads, shape.head_dim),
-                 f"{name} has shape {tuple(t.shape)}; the cache holds "
-                 f"[*, {shape.num_kv_heads}, {shape.head_dim}] per token")
-        require(t.dtype == k_cache.dtype, f"{name} dtype {t.dtype} differs from the cache "
-                 f"dtype {k_cache.dtype}")
-    require(value.shape[0] == key.shape[0], f"key has {key.shape[0]} tokens but value has "
-             f"{value.shape[0]}")
+        if not (isinstance(t, torch.Tensor) and t.dim() == 3):
+            raise PagedLabError(f"{name} must be a tensor [T, num_kv_heads, head_dim]")
+        if tuple(t.shape[1:]) != (shape.num_kv_heads, shape.head_dim):
+            raise PagedLabError(f"{name} has shape {tuple(t.shape)}; the cache holds "
+                                f"[*, {shape.num_kv_heads}, {shape.head_dim}] per token")
+        if t.dtype != k_cache.dtype:
+            raise PagedLabError(f"{name} dtype {t.dtype} differs from the cache dtype "
+                                f"{k_cache.dtype}")
+    require(value.shape[0] == key.shape[0], lambda: f"key has {key.shape[0]} tokens but value "
+            f"has {value.shape[0]}")
     require(isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int64,
-             "slot_mapping must be an int64 tensor")
-    require(slot_mapping.shape == (key.shape[0],), f"slot_mapping must have shape "
-             f"({key.shape[0]},), got {tuple(slot_mapping.shape)}")
+            "slot_mapping must be an int64 tensor")
+    require(slot_mapping.shape == (key.shape[0],), lambda: "slot_mapping must have shape "
+            f"({key.shape[0]},), got {tuple(slot_mapping.shape)}")
     require(slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
-    for name, t in (("key", key), ("value", value), ("v_cache", v_cache),
-                    ("slot_mapping", slot_mapping)):
-        require(same_device(t.device, k_cache.device), f"{name} is on {t.device} but k_cache "
-                 f"is on {k_cache.device}")
+    _on_device_of("k_cache", k_cache.device, (("key", key), ("value", value),
+                                              ("v_cache", v_cache),
+                                              ("slot_mapping", slot_mapping)))
     if check_bounds and slot_mapping.numel():
         slots = slot_mapping.cpu()
         num_slots = shape.num_blocks * shape.block_size
@@ -280,18 +296,18 @@ def validate_copy_blocks(
     src = _check_cache("src_cache", src_cache)
     dst = _check_cache("dst_cache", dst_cache)
     require(src[1:] == dst[1:] and src_cache.dtype == dst_cache.dtype,
-             f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache "
-             f"{tuple(dst_cache.shape)} {dst_cache.dtype} must have the same block shape and "
-             "dtype")
+            lambda: f"src_cache {tuple(src_cache.shape)} {src_cache.dtype} and dst_cache "
+            f"{tuple(dst_cache.shape)} {dst_cache.dtype} must have the same block shape and "
+            "dtype")
     for name, ids in (("src_ids", src_ids), ("dst_ids", dst_ids)):
-        require(isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64)
-                 and ids.dim() == 1, f"{name} must be a 1-D int32 or int64 tensor")
+        if not (isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64)
+                and ids.dim() == 1):
+            raise PagedLabError(f"{name} must be a 1-D int32 or int64 tensor")
         require(ids.is_contiguous(), f"{name} must be contiguous")
-    require(src_ids.shape == dst_ids.shape, f"src_ids has {src_ids.numel()} ids but dst_ids "
-             f"has {dst_ids.numel()}")
-    for name, t in (("dst_cache", dst_cache), ("src_ids", src_ids), ("dst_ids", dst_ids)):
-        require(same_device(t.device, src_cache.device), f"{name} is on {t.device} but "
-                 f"src_cache is on {src_cache.device}")
+    require(src_ids.shape == dst_ids.shape, lambda: f"src_ids has {src_ids.numel()} ids but "
+            f"dst_ids has {dst_ids.numel()}")
+    _on_device_of("src_cache", src_cache.device, (("dst_cache", dst_cache),
+                                                  ("src_ids", src_ids), ("dst_ids", dst_ids)))
     if check_bounds and src_ids.numel():
         s = src_ids.to("cpu", torch.int64)
         d = dst_ids.to("cpu", torch.int64)
