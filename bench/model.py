@@ -13,7 +13,12 @@ per-step check of the kernel against the plain reference on (as the app runs) an
 off; Triton (compiled on a GPU, the interpreter on a CPU) with the check on, and
 on a CPU with fewer runs: the interpreter takes seconds per step.
 
-    python bench/model.py [--device auto|cpu|cuda] [--reps 5] [--out results.json]
+    python bench/model.py [--device auto|cpu|cuda] [--reps 5] [--threads N]
+                          [--out results.json]
+
+`--threads` sets torch's CPU threads. On a CPU that other processes keep busy, two
+threads that spin-wait on each other can be ten times slower than one; the load
+average printed before and after tells whether the figures are the machine's.
 """
 
 from __future__ import annotations
@@ -92,8 +97,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     device = "cpu" if device == "auto" else device
 
