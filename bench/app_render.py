@@ -2,7 +2,9 @@
 
 Drives the real app through Streamlit's AppTest (the script runs exactly as
 under `streamlit run`, and its output is serialized to protobuf), with the
-torch kernel on the CPU:
+torch kernel on the CPU (`--kernel triton`: the Triton kernel in Triton's
+interpreter, the Playground's CPU default; bench/interpreter_step.py times its
+engine step alone, split into kernel, reference check and model):
 
     step+render  click "Step" and re-run the page: one batched decode of every
                  running request, then every view redrawn
@@ -13,7 +15,7 @@ Two pools: 32 running requests over 256 blocks of 16 (the goal: a step
 re-renders in at most 150 ms of server time), and 64 requests over 4,096 blocks
 (the grid drawn a page of 1,024 blocks at a time).
 
-    python bench/app_render.py [--runs 15]
+    python bench/app_render.py [--runs 15] [--kernel torch|triton]
 """
 
 from __future__ import annotations
@@ -50,14 +52,16 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def setup(num_blocks: int, block_size: int, requests: int, prompt_len: int) -> AppTest:
-    """The app with the torch kernel, the given pool, and `requests` running requests."""
+def setup(num_blocks: int, block_size: int, requests: int, prompt_len: int,
+          kernel: str = "torch") -> AppTest:
+    """The app with `kernel`, the given pool, and `requests` running requests."""
     at = AppTest.from_file(APP, default_timeout=120).run()
-    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    at.segmented_control(key="dev_kernel").set_value(kernel).run()
     at.sidebar.number_input(key="cfg_num_blocks").set_value(num_blocks).run()
     at.sidebar.number_input(key="cfg_block_size").set_value(block_size).run()
     engine: Engine = at.session_state["engine"]
-    assert engine.config.num_blocks == num_blocks and engine.kernels.name == "torch"
+    expected = "torch" if kernel == "torch" else "triton-interpreter"
+    assert engine.config.num_blocks == num_blocks and engine.kernels.name == expected
     for i in range(requests):
         engine.apply(Add(f"r{i}", prompt_len=prompt_len))
     assert len(engine.running) == requests, "the pool is too small for the requests"
@@ -95,6 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--kernel", choices=["torch", "triton"], default="torch")
     args = parser.parse_args()
     st.set_option("client.showErrorDetails", "full")
     rows = []
@@ -102,14 +107,16 @@ def main() -> None:
     # for every timed step, so no preemption muddles the figures.
     steps = 2 + 2 * args.runs
     prompt_len = min(100, 128 - steps)
-    rows += measure("32 requests / 256 blocks", setup(256, 16, 32, prompt_len), args.runs)
-    rows += measure("64 requests / 4096 blocks", setup(4096, 16, 64, 500), args.runs)
+    rows += measure("32 requests / 256 blocks", setup(256, 16, 32, prompt_len, args.kernel),
+                    args.runs)
+    rows += measure("64 requests / 4096 blocks", setup(4096, 16, 64, 500, args.kernel),
+                    args.runs)
 
     print(f"# Playground re-render, server side ({datetime.date.today().isoformat()})")
     print(f"# {cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} "
           f"{platform.release()}, Python {platform.python_version()}, torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads), streamlit "
-          f"{st.__version__}, kernel torch on cpu, {args.runs} runs each")
+          f"{st.__version__}, kernel {args.kernel} on cpu, {args.runs} runs each")
     print(f"{'pool':<28}{'what':<56}{'median ms':>10}{'p90 ms':>9}")
     for label, what, ms in rows:
         p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) >= 2 else ms[0]

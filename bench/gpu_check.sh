@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Kernel checks for a machine with an NVIDIA GPU (written for an H200): the decode
-# benchmark with a tile sweep, then the kernel tests compiled for the GPU. Installs
+# benchmark with a tile sweep (the Triton kernel against SDPA on contiguous K/V), the
+# torch path against SDPA and the reference, then the kernel tests compiled for the GPU. Installs
 # nothing: it uses the machine's own python3, torch and triton. Full results go under
 # $OUT (default build/gpu-check); a short summary is printed last.
 #
 #   OUT=/path/to/results bench/gpu_check.sh [--quick]
 #
-# Budget: about 4 minutes on an H200 (benchmark ~2, tests ~2); each stage has its own
-# timeout so that a slow stage cannot take the other's results with it.
+# Budget: about 5 minutes on an H200 (benchmark ~2, torch path ~1, tests ~2); each stage
+# has its own timeout so that a slow stage cannot take the others' results with it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-build/gpu-check}"
@@ -32,8 +33,13 @@ timeout 270 "$PY" bench/kernel.py --device cuda --sweep "${QUICK[@]}" \
   --out "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 bench_rc=$?
 
+timeout 120 "$PY" bench/torch_path.py --device cuda --quick --shapes realistic \
+  --out "$OUT/torch_path.json" > "$OUT/torch_path.txt" 2>&1
+torch_rc=$?
+
 # Tests: CUDA shapes run compiled; the interpreter tests use CPU tensors on the same machine.
-timeout 300 "$PY" -m pytest tests/test_kernels.py -q -p no:cacheprovider --durations=10 \
+timeout 300 "$PY" -m pytest tests/test_kernels.py tests/test_kernel_checks.py \
+  tests/test_kernel_syncs.py tests/test_kernel_variants.py -q -p no:cacheprovider --durations=10 \
   --junitxml="$OUT/junit.xml" > "$OUT/tests.txt" 2>&1
 tests_rc=$?
 
@@ -42,10 +48,12 @@ grep -E "^(versions|gpu):" "$OUT/env.txt"
 echo "== kernel tests (exit $tests_rc; 124 = timed out): $OUT/tests.txt"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.txt" | head -20
 tail -n 1 "$OUT/tests.txt"
+echo "== torch path (exit $torch_rc; 124 = timed out): $OUT/torch_path.txt"
+sed -n '/^summary:/,$p' "$OUT/torch_path.txt" | tail -n 12
 echo "== benchmark (exit $bench_rc; 124 = timed out): $OUT/bench.txt, $OUT/bench.json"
 if grep -q "^summary:" "$OUT/bench.txt"; then
   sed -n '/^summary:/,$p' "$OUT/bench.txt"
 else
   tail -n 30 "$OUT/bench.txt"
 fi
-exit $(( bench_rc != 0 || tests_rc != 0 ))
+exit $(( bench_rc != 0 || tests_rc != 0 || torch_rc != 0 ))

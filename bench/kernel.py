@@ -18,8 +18,9 @@ device-to-device copy (bytes read + bytes written per second, the usual conventi
                            [--block-size 16] [--heads 32] [--kv-heads 8] [--head-dim 128]
                            [--dtype bfloat16]
 
-On a CPU the Triton kernel runs in Triton's interpreter: the figures then measure Python,
-not the kernel, and the run says so.
+On a CPU the Triton kernel runs in Triton's interpreter (its batched variant): the figures
+then measure Python, not the kernel, and the run says so. bench/torch_path.py compares
+the torch path with SDPA and the reference; bench/interpreter_step.py times a model step.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import datetime
 import json
 import platform
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,14 +37,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import decode_cases
 import torch
 import torch.nn.functional as F
+from decode_cases import DTYPES, Case, Shape, time_cpu, time_gpu
 
 from backend.core.errors import PagedLabError
 from backend.kernels import attention, select_kernels
-from backend.kernels.reference import torch_paged_attention
+from backend.kernels.torch_path import torch_paged_attention
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_WARNING = """\
 !!! CPU run: the Triton kernel runs in Triton's INTERPRETER (Python, one program at a time).
 !!! These numbers measure the interpreter and torch on this CPU, NOT kernel performance.
@@ -72,24 +73,6 @@ class Row:
     torch_path_us: float | None = None
 
 
-def time_gpu(fn: Callable[[], object]) -> float:
-    """Median microseconds of `fn` on the GPU, L2 flushed before each run (cold K/V)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
-
-
-def time_cpu(fn: Callable[[], object], reps: int = 5) -> float:
-    """Fastest of a few runs in microseconds (the least disturbed by other work)."""
-    fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return min(samples) * 1e6
-
-
 def copy_bandwidth(device: torch.device, timer: Callable[[Callable[[], object]], float]) -> float:
     """Device-to-device copy, GB/s counting bytes read plus bytes written."""
     nbytes = (1 << 30) if device.type == "cuda" else (64 << 20)
@@ -99,50 +82,11 @@ def copy_bandwidth(device: torch.device, timer: Callable[[Callable[[], object]],
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
-@dataclass
-class Case:
-    """One decode step's tensors in all three layouts."""
-
-    query: torch.Tensor
-    paged: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # k, v, block tables
-    one_block: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    dense: tuple[torch.Tensor, torch.Tensor]  # [B, kvh, L, D]
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-
-
 def make_case(batch: int, context: int, args: argparse.Namespace,
               device: torch.device) -> Case:
-    dtype = DTYPES[args.dtype]
-    bs, kvh, d = args.block_size, args.kv_heads, args.head_dim
-    per_seq = -(-context // bs)
-    # Sequence-major contiguous K/V ([B, L, kvh, D]) is both the one-block layout and the
-    # source of the other two; the tail of a partial last block stays zero.
-    k1 = torch.zeros(batch, per_seq * bs, kvh, d, dtype=dtype, device=device)
-    v1 = torch.zeros_like(k1)
-    k1[:, :context].normal_()
-    v1[:, :context].normal_()
-    num_blocks = batch * per_seq
-    perm = torch.randperm(num_blocks, device=device)
-    kp = torch.empty(num_blocks, bs, kvh, d, dtype=dtype, device=device)
-    vp = torch.empty_like(kp)
-    kp[perm] = k1.view(num_blocks, bs, kvh, d)
-    vp[perm] = v1.view(num_blocks, bs, kvh, d)
-    table = perm.view(batch, per_seq).to(torch.int32)
-    one_table = torch.arange(batch, dtype=torch.int32, device=device)[:, None]
-    k_one = k1[:, :context].contiguous()
-    v_one = v1[:, :context].contiguous()
-    dense = (k_one.transpose(1, 2).contiguous(), v_one.transpose(1, 2).contiguous())
-    del k1, v1
-    query = torch.randn(batch, args.heads, d, dtype=dtype, device=device)
-    return Case(
-        query=query,
-        paged=(kp, vp, table),
-        one_block=(k_one, v_one, one_table),
-        dense=dense,
-        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
-        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
-    )
+    return decode_cases.make_case(batch, context, Shape(args.heads, args.kv_heads,
+                                                        args.head_dim, args.block_size,
+                                                        args.dtype), device)
 
 
 def planned(case: Case, layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor], scale: float,
@@ -154,7 +98,8 @@ def planned(case: Case, layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     out, launches = attention.plan_paged_attention(
         case.query, k, v, table, case.seq_lens, case.query_start_loc, scale,
         num_splits=num_splits, interpret=interpret, config=config)
-    splits = launches[0].grid[2]
+    grid = launches[0].grid
+    splits = grid[2] if len(grid) == 3 else 1  # the interpreter's batched kernel: 1-D grid
 
     def run() -> None:
         for launch in launches:
@@ -175,6 +120,7 @@ def bench_case(batch: int, context: int, args: argparse.Namespace, device: torch
     unsplit_us = None
     if splits > 1:
         unsplit_us = timer(planned(case, case.paged, scale, interpret, num_splits=1)[1])
+    assert case.one_block is not None
     out_one, run_one, _ = planned(case, case.one_block, scale, interpret)
     one_us = timer(run_one)
 

@@ -14,11 +14,13 @@ Goals (issue 14): torch within 2x of sdpa at every decode shape, and never slowe
 the reference. Two shape sets: a realistic one (32 query / 8 KV heads, head_dim 128,
 block 16) and the tiny model's (4 / 2 heads, head_dim 16, block 4). Each round times
 every variant once (median of a few calls); ratios are taken within a round and the
-median over rounds is reported, so both sides of a ratio saw the same machine load.
+median over rounds is reported, so both sides of a ratio saw the same machine load. On a
+CPU the clock is the thread's CPU time by default (`--clock wall` for elapsed time):
+on a small machine shared with other work, elapsed time mostly measures the others.
 
     python bench/torch_path.py [--device auto|cpu|cuda] [--quick] [--rounds 3]
                                [--batch 1 8 32] [--context 64 256 1024 4096]
-                               [--dtype float32] [--out results.json]
+                               [--dtype float32] [--clock cpu|wall] [--out results.json]
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--context", type=int, nargs="+", default=[64, 256, 1024, 4096])
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                        help="CPU runs: thread CPU time (default) or elapsed time")
     parser.add_argument("--out", type=Path, help="write all results as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -115,14 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
 
     def timer(fn: Callable[[], object], reps: int) -> float:
-        return time_gpu(fn) if gpu else median_cpu(fn, reps)
+        return time_gpu(fn) if gpu else median_cpu(fn, reps, clock=args.clock)
 
     torch.manual_seed(0)
     info: dict[str, Any] = {
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": str(device), "gpu": torch.cuda.get_device_name(device) if gpu else None,
         "cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "dtype": dtype, "rounds": args.rounds, "rows": [],
+        "dtype": dtype, "rounds": args.rounds, "clock": "gpu" if gpu else args.clock,
+        "rows": [],
     }
     for name in args.shapes:
         heads, kv_heads, head_dim, block_size = SHAPES[name]
@@ -143,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                     args.out.write_text(json.dumps(info, indent=2) + "\n")
 
     print(f"\nsummary: torch path on {info['gpu'] or info['cpu']}, torch {info['torch']} "
-          f"({info['threads']} threads), {dtype}; medians of {args.rounds} rounds "
+          f"({info['threads']} threads), {dtype}, {info['clock']} clock; medians of "
+          f"{args.rounds} rounds "
           f"({datetime.date.today().isoformat()})")
     print(f"{'shape':<10}{'batch':>6}{'ctx':>6}{'KV MiB':>8}{'sdpa us':>11}{'torch us':>11}"
           f"{'ref us':>12}{'torch/sdpa':>11}{'torch/ref':>10}{'err':>9}")
