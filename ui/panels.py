@@ -165,9 +165,11 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
     if df.empty:
         st.caption("No requests yet.")
         return
-    st.dataframe(df, hide_index=True, width="stretch",
-                 height=min(35 * (len(df) + 1) + 3, 320),
-                 column_config={c: st.column_config.Column(help=h)
+    widths, row_height = views.requests_layout(df)
+    rows = (row_height or 35) * len(df)
+    st.dataframe(df, hide_index=True, width="stretch", row_height=row_height,
+                 height=min(35 + rows + 3, 320 if row_height is None else 420),
+                 column_config={c: st.column_config.Column(help=h, width=widths.get(c))
                                 for c, h in views.REQUEST_COLUMN_HELP.items()})
     live = [r["id"] for r in snap["requests"] if r["status"] != "finished"]
     order = [r for r in live if r in focus.requests] + [r for r in live

@@ -41,6 +41,7 @@ from backend.views.model import (
     metric_items,
     request_of,
     requests_frame,
+    requests_layout,
     table_text,
     text_by_block,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "overview_spec",
     "request_of",
     "requests_frame",
+    "requests_layout",
     "table_text",
     "text_by_block",
     "vector_spec",

@@ -131,6 +131,19 @@ def table_text(table: list[int], num_tokens: int, block_size: int) -> str:
     return " · ".join(parts)
 
 
+BLOCK_TABLE_COLUMN = "block table (logical→physical)"
+# The block tables' columns: widths (px) their headers and values fit in ("finished
+# (max new tokens)", "generated").
+# Together about the 980 px a 1440 px window gives the table beside the sidebar; the
+# block table has the most, and a wider table grows every column in proportion.
+REQUEST_COLUMN_WIDTHS: dict[str, int] = {
+    "request": 76, "status": 166, "parent": 60, "prompt": 62, "generated": 82,
+    "tokens": 60, "blocks": 58, "preempted": 82, BLOCK_TABLE_COLUMN: 330,
+}
+TABLE_LINE_CHARS = 48     # characters of a block table one line of its column surely holds
+LINE_PX = 20
+MAX_TABLE_LINES = 4
+
 # What each column of `requests_frame` means: the block tables' header tooltips.
 REQUEST_COLUMN_HELP: dict[str, str] = {
     "request": "The request's id.",
@@ -140,7 +153,7 @@ REQUEST_COLUMN_HELP: dict[str, str] = {
     "generated": "Tokens generated so far.",
     "tokens": REQUEST_FIELDS["num_tokens"],
     "blocks": "Entries in its block table: the physical blocks it holds.",
-    "block table (logical→physical)": "Each logical block → the physical block that holds it; "
+    BLOCK_TABLE_COLUMN: "Each logical block → the physical block that holds it; "
                                       "(n/size) marks a partly filled last block. The layouts "
                                       "below show every entry with its text.",
     "preempted": "Times this request was preempted (its blocks taken back when the pool ran "
@@ -164,13 +177,28 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
             "generated": req["num_tokens"] - req["prompt_len"],
             "tokens": req["num_tokens"],
             "blocks": len(req["block_table"]),
-            "block table (logical→physical)": table_text(req["block_table"], req["num_tokens"],
-                                                          bs),
             "preempted": req["num_preemptions"],
+            BLOCK_TABLE_COLUMN: table_text(req["block_table"], req["num_tokens"], bs),
         })
+    # The block table last: it is the one that grows, and it takes the rest of the row.
     cols = ["request", "status", "parent", "prompt", "generated", "tokens", "blocks",
-            "block table (logical→physical)", "preempted"]
+            "preempted", BLOCK_TABLE_COLUMN]
     return pd.DataFrame(rows, columns=cols)
+
+
+def requests_layout(df: pd.DataFrame) -> tuple[dict[str, int], int | None]:
+    """The block tables' column widths (px) and row height (None: one line) for `df`.
+
+    Every column gets a width its header and values fit in, the block table
+    most of the row. A table longer than a line of it gets rows of three or four
+    lines, which Streamlit wraps the text in (rows over 64 px); longer still, the
+    layouts under the table show every entry.
+    """
+    longest = int(df[BLOCK_TABLE_COLUMN].str.len().max()) if len(df) else 0
+    lines = -(-longest // TABLE_LINE_CHARS)
+    if lines <= 1:
+        return REQUEST_COLUMN_WIDTHS, None
+    return REQUEST_COLUMN_WIDTHS, LINE_PX * min(MAX_TABLE_LINES, max(3, lines)) + 8
 
 
 def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
