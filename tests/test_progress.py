@@ -23,7 +23,8 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Add, Step
 from backend.io.snapshot import export_snapshot
 from backend.sessions.playground import Settings
-from backend.sessions.progress import Work, apply_tracked, tracker
+from backend.sessions.progress import Work, WorkState, apply_tracked, tracker
+from ui import progress as ui_progress
 from ui.progress import Shown
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -130,3 +131,29 @@ def test_a_stopped_step_n_says_so_and_is_what_the_log_and_store_hold(
     engine: Engine = at.session_state["engine"]
     assert engine.requests["A"].num_tokens == 23 + 3
     assert work.state is None          # the work is over, the flag reset
+
+
+def test_progress_texts_show_request_ids_as_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A spinner or bar renders Markdown: an id that is an image would make the browser fetch.
+    image = "![a](http://example.invalid/a.png)"
+    shown: list[str] = []
+
+    class FakeSpinner:
+        def __init__(self, text: str) -> None:
+            shown.append(text)
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(ui_progress.st, "spinner", FakeSpinner)
+    with ui_progress.working(Add(image, prompt="x"), Work()):
+        pass
+    with ui_progress.spinner(f"Restoring the snapshot in {image!r}"):
+        pass
+    bar = ui_progress._bar_text(WorkState(f"Growing {image}", 1, 2, False))
+    assert len(shown) == 2
+    for text in [*shown, bar]:
+        assert "](" not in text and "\\]\\(" in text, text

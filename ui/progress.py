@@ -17,6 +17,11 @@ every call made while the engine works goes through `Shown.call`, which keeps
 the exception and stops drawing; `Shown.finish` raises it once the operation
 and its bookkeeping are done. A rerun requested that way (fast reruns off)
 also stops the step, since the click behind it cannot run before the step ends.
+
+A superseded run also cannot touch `st.session_state` any more (each access
+raises the same exception), so what an operation writes there once the engine
+has changed goes through `Queued`, performed by whichever run gets there
+first: the operation's own, or the next.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from streamlit.runtime.scriptrunner import RerunException, StopException
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Grow, Op, Shuffle, Step
 from backend.sessions.progress import Work, WorkState, tracker
+from backend.views.text import plain_md
 
 WORK = "work"
 POLL_S = 0.2
@@ -114,11 +120,14 @@ class Queued:
 
 
 def _bar_text(state: WorkState) -> str:
+    """The bar's text, as plain text: labels quote request ids, which may hold Markdown."""
     if state.stopping:
-        return f"{state.label}: stopping after iteration {state.done} of {state.total}…"
-    if state.total:
-        return f"{state.label}: iteration {state.done} of {state.total}"
-    return f"{state.label}…"
+        text = f"{state.label}: stopping after iteration {state.done} of {state.total}…"
+    elif state.total:
+        text = f"{state.label}: iteration {state.done} of {state.total}"
+    else:
+        text = f"{state.label}…"
+    return plain_md(text)
 
 
 def _stop_button(where: str) -> None:
@@ -220,7 +229,8 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
         # A rerun asked while stepping (fast reruns off) waits for the step: stop it.
         return not shown.rerun_asked
 
-    spinner = None if total > 1 else st.spinner(f"{label}…")
+    # Plain text: an id such as ![x](http://...) must not make the browser fetch anything.
+    spinner = None if total > 1 else st.spinner(plain_md(f"{label}…"))
     if spinner is not None:
         shown.call(spinner.__enter__)
     try:
@@ -234,9 +244,11 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
 
 @contextmanager
 def spinner(text: str) -> Iterator[Shown]:
-    """A spinner for work without iterations (a restore); the caller calls `finish`."""
+    """A spinner for work without iterations (a restore); the caller calls `finish`.
+
+    `text` is shown as plain text (it may quote a file name)."""
     shown = Shown()
-    sp = st.spinner(text)
+    sp = st.spinner(plain_md(text))
     shown.call(sp.__enter__)
     try:
         yield shown
