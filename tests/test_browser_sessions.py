@@ -1,0 +1,247 @@
+"""Saved sessions and progress in a real Chromium, against a real `streamlit run`.
+
+A reload reopens the session its address names; a link opened in another
+browser (a context without the cookie) opens a copy under a new id; the
+server is killed with SIGKILL and restarted on the same port and data
+directory, and a reload brings the same state back. The Sessions list
+reopens an earlier session. Step N shows a progress bar whose Stop button
+ends it between two iterations, and what ran is what a reload, and the
+exported scenario replayed with --check, shows.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from backend.io.cli import main
+from tests.browser_support import CHROMIUM_ARGS, ROOT, _free_port, _wait_healthy
+
+pytestmark = pytest.mark.browser
+
+T = 120_000
+ID = r"[A-Za-z0-9_-]{32}"
+
+
+class Server:
+    """`streamlit run app.py` on a fixed port and data directory, killable and restartable."""
+
+    def __init__(self, data: Path, log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data = data
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        streamlit = Path(sys.executable).with_name("streamlit")
+        env = {**os.environ, "PAGEDLAB_DATA_DIR": str(self.data)}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(streamlit), "run", "app.py", "--server.port", str(self.port),
+                 "--server.address", "127.0.0.1", "--server.headless", "true",
+                 "--browser.gatherUsageStats", "false"],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _wait_healthy(self.url, self.proc, self.log)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown handler runs, nothing is flushed but what was committed."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    log = ROOT / "build" / "test_browser_sessions.streamlit.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    s = Server(tmp_path / "data", log)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def browser(chromium_path: str) -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def new_page(browser: Browser) -> Page:
+    """A page in a context of its own: another browser, with its own cookies."""
+    page = browser.new_context(viewport={"width": 1440, "height": 1400},
+                               accept_downloads=True).new_page()
+    page.set_default_timeout(T)
+    return page
+
+
+def status(page: Page, text: str | re.Pattern[str]) -> None:
+    expect(page.get_by_text(text).first).to_be_visible(timeout=T)
+
+
+def settled(page: Page) -> None:
+    """No run in progress (Streamlit's status widget gone) and no error on the page."""
+    expect(page.get_by_test_id("stStatusWidget")).to_have_count(0, timeout=T)
+    expect(page.get_by_test_id("stException")).to_have_count(0)
+    expect(page.get_by_text("This app has encountered an error")).to_have_count(0)
+
+
+def session_id(page: Page) -> str:
+    expect(page).to_have_url(re.compile(rf"/lab\?session={ID}$"), timeout=T)
+    found = re.search(rf"session=({ID})", page.url)
+    assert found is not None
+    return found.group(1)
+
+
+def filled(page: Page) -> str:
+    return page.locator(".pl-metric[data-label='Filled slots']").inner_text()
+
+
+def shoot(page: Page, screenshots: Path, name: str) -> None:
+    page.screenshot(path=screenshots / f"sessions-{name}.png", full_page=True)
+
+
+def test_reload_link_copy_and_a_killed_server_keep_the_session(
+        server: Server, browser: Browser, screenshots: Path) -> None:
+    page = new_page(browser)
+    try:
+        page.goto(server.url)
+        page.get_by_role("button", name="Add request").click()
+        status(page, "Step 1: add A")
+        steps = page.get_by_label("Steps")
+        steps.fill("3")
+        steps.press("Tab")
+        page.get_by_role("button", name="Step N").click()
+        status(page, "Step 2: step x3")
+        settled(page)
+        sid = session_id(page)
+        before = filled(page)
+        assert before == "26 / 28"
+
+        # A reload: the same session, under the same address.
+        page.reload()
+        status(page, "Reopened this session: step 2")
+        settled(page)
+        assert session_id(page) == sid and filled(page) == before
+        shoot(page, screenshots, "01-reloaded")
+
+        # The link in another browser: a copy, with a new id, the same state.
+        other = new_page(browser)
+        other.goto(page.url)
+        status(other, "This link is another browser's session")
+        settled(other)
+        copy_id = session_id(other)
+        assert copy_id != sid and filled(other) == before
+        other.get_by_role("button", name="Step", exact=True).click()
+        status(other, "Step 3: step")
+        settled(other)
+        shoot(other, screenshots, "02-copy-in-another-browser")
+
+        # Killed and restarted: a reload brings the same state back.
+        server.kill()
+        server.start()
+        page.reload()
+        status(page, "Reopened this session: step 2")
+        settled(page)
+        assert session_id(page) == sid and filled(page) == before
+        page.get_by_role("button", name="Step", exact=True).click()
+        status(page, "Step 3: step")
+        settled(page)
+        after = filled(page)
+        server.kill()
+        server.start()
+        page.reload()
+        status(page, "Reopened this session: step 3")
+        assert filled(page) == after
+        shoot(page, screenshots, "03-after-a-killed-server")
+
+        # A new session, then the list brings the first one back.
+        page.get_by_role("button", name="New session").click()
+        status(page, "New session:")
+        settled(page)
+        expect(page).to_have_url(re.compile(r"/lab$"), timeout=T)
+        page.get_by_role("button", name="Add request").click()
+        status(page, "Step 1: add A")
+        settled(page)
+        assert session_id(page) != sid
+        listed = page.get_by_text(re.compile(rf"^{re.escape(sid[:8])}… · step 3 ·"))
+        expect(listed).to_be_visible(timeout=T)
+        listed.scroll_into_view_if_needed()
+        shoot(page, screenshots, "04-sessions-list")
+        page.locator(f".st-key-btn_open_{sid} button").click()
+        status(page, f"Opened session {sid[:8]}…: step 3")
+        settled(page)
+        assert session_id(page) == sid and filled(page) == after
+    except BaseException:
+        shoot(page, screenshots, "failed")
+        raise
+
+
+def test_step_n_shows_progress_and_stops_between_iterations(
+        server: Server, browser: Browser, screenshots: Path, tmp_path: Path) -> None:
+    page = new_page(browser)
+    try:
+        page.goto(server.url)
+        page.get_by_role("button", name="Add request").click()
+        status(page, "Step 1: add A")
+        settled(page)
+        steps = page.get_by_label("Steps")
+        steps.fill("2000")
+        steps.press("Tab")
+        page.get_by_role("button", name="Step N").click()
+        bar = page.get_by_text(re.compile(r"Stepping the batch \(2000 iterations\): iteration "
+                                          r"\d+ of 2000"))
+        expect(bar).to_be_visible(timeout=T)
+        shoot(page, screenshots, "05-step-n-progress")
+        page.get_by_role("button", name="Stop stepping").first.click()
+        done = page.get_by_text(re.compile(r"Stopped after \d+ of 2000 iterations\. Step 2: "
+                                           r"step x\d+"))
+        expect(done).to_be_visible(timeout=T)
+        settled(page)
+        found = re.search(r"Stopped after (\d+) of", done.inner_text())
+        assert found is not None
+        ran = int(found.group(1))
+        assert 1 <= ran < 2000
+        # The engine holds exactly the iterations that ran: one token each.
+        tokens = 23 + ran
+        slots = -(-tokens // 4) * 4
+        assert filled(page) == f"{tokens} / {slots}"
+        expect(page.get_by_role("button", name="Stop stepping")).to_have_count(0)
+        shoot(page, screenshots, "06-stopped")
+
+        # What ran is what was saved, and what the scenario replays.
+        page.reload()
+        status(page, "Reopened this session: step 2")
+        settled(page)
+        assert filled(page) == f"{tokens} / {slots}"
+        with page.expect_download() as info:
+            page.get_by_role("button", name="Session as a scenario").click()
+        path = tmp_path / info.value.suggested_filename
+        info.value.save_as(path)
+        assert main(["run", str(path), "--check"]) == 0
+    except BaseException:
+        shoot(page, screenshots, "progress-failed")
+        raise
