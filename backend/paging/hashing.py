@@ -20,15 +20,23 @@ a snapshot restore recompute a cached block's K/V.
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 DIGEST_HEX_CHARS = 16
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class BlockHash:
-    """The prefix-cache key of one full block, linked to its parent's key."""
+    """The prefix-cache key of one full block, linked to its parent's key.
+
+    Immutable by contract: nothing assigns a field after construction. It
+    is not a frozen dataclass because a frozen __init__ sets every field
+    through object.__setattr__ and costs about three times as much, and a
+    key is built for every block that fills. Equality is identity.
+    """
 
     digest: str
     parent: BlockHash | None
@@ -36,10 +44,13 @@ class BlockHash:
     # Stored, not walked: a chain is built parents first, so each key's depth
     # is its parent's plus one, and asking every node of a chain its depth
     # (a snapshot export sorts by it) stays linear instead of quadratic.
-    _depth: int = field(init=False, repr=False, compare=False)
+    _depth: int = field(repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_depth", 0 if self.parent is None else self.parent._depth + 1)
+    def __init__(self, digest: str, parent: BlockHash | None, tokens: tuple[int, ...]) -> None:
+        self.digest = digest
+        self.parent = parent
+        self.tokens = tokens
+        self._depth = 0 if parent is None else parent._depth + 1
 
     @property
     def parent_digest(self) -> str | None:
@@ -55,32 +66,81 @@ def block_digest(parent_digest: str | None, tokens: Sequence[int], salt: str) ->
 
     Ids that all fit a byte are hashed one byte each (tiny-byte's digests, which
     every existing snapshot holds, stay as they were); a block holding a larger id
-    is hashed four bytes per id. The two encodings of a block differ in length,
-    so they never produce the same input.
+    is hashed four bytes per id, little-endian. The two encodings of a block
+    differ in length, so they never produce the same input. The digest is
+    SHA-256 of ``salt 0x00 parent 0x00 token-bytes`` (parent empty for a first
+    block), truncated to DIGEST_HEX_CHARS hex characters.
     """
-    h = hashlib.sha256()
-    h.update(salt.encode())
-    h.update(b"\x00")
-    h.update((parent_digest or "").encode())
-    h.update(b"\x00")
-    if all(0 <= t <= 255 for t in tokens):
-        h.update(bytes(tokens))
-    else:
-        h.update(b"".join(int(t).to_bytes(4, "little") for t in tokens))
+    h = _salted(salt).copy()
+    h.update(parent_digest.encode() + b"\x00" if parent_digest else b"\x00")
+    h.update(token_bytes(tokens))
     return h.hexdigest()[:DIGEST_HEX_CHARS]
 
 
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """The bytes a block's ids are hashed as: one byte each if all fit, else four each."""
+    # The first id decides most wide blocks without a scan; max() runs in C.
+    # bytes() checks the range again (a negative id, which no valid block
+    # holds, raises ValueError there).
+    if not tokens or (tokens[0] <= 255 and max(tokens) <= 255):
+        return bytes(tokens)
+    return _wide(len(tokens)).pack(*tokens)
+
+
 def hash_block(parent: BlockHash | None, tokens: Sequence[int], salt: str) -> BlockHash:
+    """The key of one full block of `tokens` after `parent` (None for a first block)."""
     toks = tuple(tokens)
-    parent_digest = None if parent is None else parent.digest
-    return BlockHash(block_digest(parent_digest, toks, salt), parent, toks)
+    return BlockHash(block_digest(None if parent is None else parent.digest, toks, salt),
+                     parent, toks)
 
 
 def hash_prompt_blocks(tokens: Sequence[int], block_size: int, salt: str,
                        parent: BlockHash | None = None) -> list[BlockHash]:
-    """Keys of every full block of `tokens`, chained from `parent`."""
+    """Keys of every full block of `tokens`, chained from `parent`.
+
+    The same keys as `hash_block` block by block, in one loop (a prompt's
+    blocks are all hashed when it is admitted): `block_digest` and
+    `token_bytes` are inlined.
+    """
     out: list[BlockHash] = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash_block(parent, tokens[start:start + block_size], salt)
+    n = len(tokens) - block_size + 1
+    if n <= 0:
+        return out
+    base = _salted(salt)
+    wide = _wide(block_size)
+    prefix = parent.digest.encode() + b"\x00" if parent is not None and parent.digest else b"\x00"
+    for start in range(0, n, block_size):
+        toks = tuple(tokens[start:start + block_size])
+        h = base.copy()
+        h.update(prefix)
+        h.update(bytes(toks) if toks[0] <= 255 and max(toks) <= 255 else wide.pack(*toks))
+        digest = h.hexdigest()[:DIGEST_HEX_CHARS]
+        parent = BlockHash(digest, parent, toks)
         out.append(parent)
+        prefix = digest.encode() + b"\x00"
     return out
+
+
+# SHA-256 states that have absorbed a salt and its separator, so each block
+# copies one instead of hashing the salt again. Few salts exist per process
+# (one per model setting); the cap only bounds a pathological caller.
+_SALTED: dict[str, Any] = {}
+_MAX_SALTS = 64
+# struct formats packing n ids four bytes each, by n (n is a block size: <= 256).
+_WIDE: dict[int, struct.Struct] = {}
+
+
+def _salted(salt: str) -> Any:
+    h = _SALTED.get(salt)
+    if h is None:
+        if len(_SALTED) >= _MAX_SALTS:
+            _SALTED.clear()
+        h = _SALTED[salt] = hashlib.sha256(salt.encode() + b"\x00")
+    return h
+
+
+def _wide(n: int) -> struct.Struct:
+    wide = _WIDE.get(n)
+    if wide is None:
+        wide = _WIDE[n] = struct.Struct(f"<{n}I")
+    return wide
