@@ -1,4 +1,4 @@
-"""A hypothesis state machine over allocate / append / fork / free / remap.
+"""A hypothesis state machine over allocate / append / append_one / fork / free / remap.
 
 Besides `check_integrity()` after every rule, the machine keeps a simple model
 of what the pool holds: a token for every physical slot, written only where
@@ -91,6 +91,25 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for slot, t in zip(r.slots, tokens, strict=True):
             self.memory[slot] = t
         self.tokens[sid].extend(tokens)
+
+    @rule(sid=seqs, token=st.sampled_from([97, 98]))
+    def append_one(self, sid: str, token: int) -> None:
+        """The decode step's call: one token, its slot and any copy-on-write."""
+        if sid not in self.tokens:
+            return
+        m = self.m
+        needed = m.blocks_needed_to_append(sid, 1)
+        try:
+            slot, cow = m.append_one(sid, token)
+        except OutOfBlocksError:
+            assert needed > m.num_free_blocks
+            return
+        if cow is not None:
+            bs = m.block_size
+            for o in range(cow.num_filled):
+                self.memory[cow.dst * bs + o] = self.memory[cow.src * bs + o]
+        self.memory[slot] = token
+        self.tokens[sid].append(token)
 
     @rule(target=seqs, sid=seqs)
     def fork(self, sid: str) -> str:

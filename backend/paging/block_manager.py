@@ -33,7 +33,7 @@ from backend.paging.block_types import (
     validate_tokens,
 )
 from backend.paging.checks import append_tokens, check_new_id
-from backend.paging.events import Event, EventKind
+from backend.paging.events import EventKind, new_event
 from backend.paging.hashing import hash_block
 from backend.paging.remap import apply_remap, plan_remap
 
@@ -66,53 +66,71 @@ class BlockManager(BlockTables):
         if the pool lacks room right now.
         """
         check_new_id(seq_id, self.seqs)
-        plan = self.plan_prompt(tokens, pinned=pinned)
+        plan, toks = self._plan(tokens, pinned)
         if not plan.fits_now:
             raise OutOfBlocksError(
                 f"request {seq_id!r} needs {plan.num_new_blocks} free blocks but only "
                 f"{plan.num_available} are free")
-        toks = [] if isinstance(tokens, int) else list(tokens)
-        length = tokens if isinstance(tokens, int) else len(toks)
+        length = toks if isinstance(toks, int) else len(toks)
         bs = self.block_size
-        if self.prefix_caching and pinned is None:
+        pool = self.pool
+        blocks = pool.blocks
+        caching = self.prefix_caching
+        record = self.events.append if self.record_events else None
+        step = self.step
+        if caching and pinned is None:
             self.prefix_queries += 1
             self.prefix_query_tokens += length
             self.prefix_floor_tokens += length - (length - 1) // bs * bs
         table: list[int] = []
+        filled_total = 0
+        shared = 0
         for block_id in plan.hit_blocks:
-            block = self.pool.blocks[block_id]
-            if block.ref_count == 0:
-                self.pool.take(block)
-                self._filled_used += block.num_filled
-            self._incref(block)
+            block = blocks[block_id]
+            rc = block.ref_count
+            if rc == 0:
+                pool.take(block)
+                filled_total += block.num_filled
+            elif rc == 1:
+                shared += 1
+            block.ref_count = rc = rc + 1
             table.append(block_id)
-            self.prefix_hit_blocks += 1
-            self._emit("prefix_hit", seq_id, block_id, ref_count=block.ref_count)
+            if record is not None:
+                record(new_event(step, "prefix_hit", seq_id, block_id, None, None, rc))
+        self.prefix_hit_blocks += len(plan.hit_blocks)
+        self._shared += shared
         new: list[int] = []
+        keys = plan.keys
+        num_keys = len(keys) if caching else 0
+        last = plan.num_blocks - 1
         for i in range(len(plan.hit_blocks), plan.num_blocks):
             if pinned is not None:
-                block = self.pool.blocks[pinned[i]]
-                self.pool.take(block)
+                block = blocks[pinned[i]]
+                pool.take(block)
                 block.ref_count = 1
-                block.num_filled = 0
             else:
-                block, evicted = self.pool.pop_free()
-                if evicted is not None:
-                    self._emit("evict", seq_id, block.id)
-            block.num_filled = min(bs, length - i * bs)
-            self._filled_used += block.num_filled
-            if self.prefix_caching and i < len(plan.keys):
-                self.pool.register(block, plan.keys[i])
+                block, evicted = pool.pop_free()
+                if evicted is not None and record is not None:
+                    record(new_event(step, "evict", seq_id, block.id, None, None, None))
+            # Every block but the last is full.
+            filled = bs if i < last else length - i * bs
+            block.num_filled = filled
+            filled_total += filled
+            if i < num_keys:
+                pool.register(block, keys[i])
             table.append(block.id)
             new.append(block.id)
-            self._emit("alloc", seq_id, block.id, ref_count=1)
+            if record is not None:
+                record(new_event(step, "alloc", seq_id, block.id, None, None, 1))
+        self._filled_used += filled_total
         self._table_entries += len(table)
         self._logical_tokens += length
         tail = length % bs
         self.seqs[seq_id] = SeqBlocks(
             seq_id, table, length,
-            tail_tokens=toks[length - tail:] if (tail and self.prefix_caching) else [],
-            last_hash=plan.keys[-1] if plan.keys else None,
+            tail_tokens=(toks[length - tail:] if tail and caching and not isinstance(toks, int)
+                         else []),
+            last_hash=keys[-1] if keys else None,
         )
         return Allocation(tuple(table), len(plan.hit_blocks) * bs, plan.hit_blocks, tuple(new))
 
@@ -174,6 +192,63 @@ class BlockManager(BlockTables):
         self._logical_tokens += n
         return AppendResult(tuple(slots), tuple(new), cow)
 
+    def append_one(self, seq_id: str, token: int) -> tuple[int, CowCopy | None]:
+        """Mutates: append one token; returns its slot and the copy-on-write made first.
+
+        The decode step's call. Exactly `append(seq_id, [token])` (the same
+        state, events, metrics and errors; `slot` and `cow` are that result's
+        `slots[0]` and `cow`) without building the result: a token written into
+        an unshared tail block with room touches no list and builds no object,
+        a token that fills a block keys it for the prefix cache, and one that
+        finds the tail full takes the next free block. A copy-on-write and
+        every refusal (unknown id, bad token, no free block) take `append`'s
+        path. O(1).
+        """
+        try:
+            seq = self.seqs[seq_id]
+        except KeyError:
+            return self._append_general(seq_id, token)
+        # `__class__ is int` passes exactly the ints (not bools, not subclasses);
+        # anything else is checked, and refused, by the general path.
+        if token.__class__ is not int or not 0 <= token < self.vocab_size:
+            return self._append_general(seq_id, token)
+        pool = self.pool
+        table = seq.block_table
+        block = pool.blocks[table[-1]]
+        bs = self.block_size
+        offset = block.num_filled  # where the token goes
+        if offset == bs:
+            if not pool.free_queue._len:
+                return self._append_general(seq_id, token)
+            block, evicted = pool.pop_free()
+            if self.record_events:
+                if evicted is not None:
+                    self.events.append(new_event(self.step, "evict", seq_id, block.id,
+                                                 None, None, None))
+                self.events.append(new_event(self.step, "alloc", seq_id, block.id,
+                                             None, None, 1))
+            table.append(block.id)
+            self._table_entries += 1
+            offset = 0
+        elif block.ref_count > 1:
+            return self._append_general(seq_id, token)
+        block.num_filled = filled = offset + 1
+        if self.prefix_caching:
+            seq.tail_tokens.append(token)
+            if filled == bs:
+                key = hash_block(seq.last_hash, seq.tail_tokens, self.cache_salt)
+                pool.register(block, key)
+                seq.last_hash = key
+                seq.tail_tokens = []
+        self._filled_used += 1
+        self._logical_tokens += 1
+        seq.num_tokens += 1
+        return block.id * bs + offset, None
+
+    def _append_general(self, seq_id: str, token: int) -> tuple[int, CowCopy | None]:
+        result = self.append(seq_id, [token])
+        return result.slots[0], result.cow
+
     def fork(self, parent_id: str, child_id: str) -> None:
         """Mutates: the child shares every block of the parent; nothing is copied."""
         parent = self._seq(parent_id)
@@ -194,22 +269,34 @@ class BlockManager(BlockTables):
         be reused) sit nearest the back of the queue and are evicted last.
         """
         seq = self._seq(seq_id)
+        record = self.events.append if self.record_events else None
+        step = self.step
         if preempted:
             self.preemptions += 1
-            self._emit("preempt", seq_id, None)
-        released: list[int] = []
+            if record is not None:
+                record(new_event(step, "preempt", seq_id, None, None, None, None))
+        released: list[Block] = []
+        blocks = self.pool.blocks
+        filled = shared = 0
         for block_id in reversed(seq.block_table):
-            block = self.pool.blocks[block_id]
-            self._decref(block)
-            if block.ref_count == 0:
-                self._filled_used -= block.num_filled
-                self.pool.release(block)
-                released.append(block_id)
-            self._emit("free", seq_id, block_id, ref_count=block.ref_count)
+            block = blocks[block_id]
+            rc = block.ref_count
+            assert rc > 0
+            if rc == 2:
+                shared += 1
+            block.ref_count = rc = rc - 1
+            if rc == 0:
+                filled += block.num_filled
+                released.append(block)
+            if record is not None:
+                record(new_event(step, "free", seq_id, block_id, None, None, rc))
+        self.pool.release_all(released)
+        self._filled_used -= filled
+        self._shared -= shared
         self._table_entries -= len(seq.block_table)
         self._logical_tokens -= seq.num_tokens
         del self.seqs[seq_id]
-        return released
+        return [b.id for b in released]
 
     def plan_remap(self, seed: int) -> dict[int, int]:
         """Reads only: a permutation of all block ids that moves every used block.
@@ -261,7 +348,7 @@ class BlockManager(BlockTables):
               src: int | None = None, dst: int | None = None,
               ref_count: int | None = None) -> None:
         if self.record_events:
-            self.events.append(Event(self.step, kind, request, block, src, dst, ref_count))
+            self.events.append(new_event(self.step, kind, request, block, src, dst, ref_count))
 
     def recount(self) -> None:
         """Mutates: recompute the incremental counters from the structures.

@@ -131,6 +131,14 @@ class BlockPool:
         # digest -> {block id: block}. Several blocks can hold the same digest
         # (two forks that sampled the same token fill identical blocks).
         self.cached: dict[str, dict[int, Block]] = {}
+        # (parent digest, tokens) -> digest, for every key in `cached`: what a
+        # digest commits to, so that a prompt's leading blocks are found by
+        # their tokens without hashing them (`find`). Every key in a pool is
+        # made with the manager's one salt (a restore checks each digest
+        # against it), so the content names the digest. Rebuilt when `cached`
+        # is replaced (a restore writes a new map directly).
+        self.by_content: dict[tuple[str | None, tuple[int, ...]], str] = {}
+        self._indexed = self.cached
         self.num_cached_free = 0
         for block in self.blocks:
             self.free_queue.append(block)
@@ -152,12 +160,36 @@ class BlockPool:
         holders = self.cached.get(key.digest)
         if not holders:
             return None
+        parent = key.parent
+        want_parent = None if parent is None else parent.digest
         for block in holders.values():
             held = block.hash
             assert held is not None
             # Never trust a digest alone: re-check the tokens and the parent link.
-            if held.tokens == key.tokens and held.parent_digest == key.parent_digest:
-                return block
+            if held.tokens == key.tokens:
+                held_parent = held.parent
+                if (None if held_parent is None else held_parent.digest) == want_parent:
+                    return block
+        return None
+
+    def find(self, parent_digest: str | None, tokens: tuple[int, ...]) -> Block | None:
+        """A cached block holding exactly `tokens` after a block keyed `parent_digest`, or None.
+
+        `lookup` without the key: the content index names the digest, and the
+        holders are checked exactly as `lookup` checks them. O(1).
+        """
+        if self._indexed is not self.cached:
+            self.reindex()
+        digest = self.by_content.get((parent_digest, tokens))
+        if digest is None:
+            return None
+        for block in self.cached.get(digest, {}).values():
+            held = block.hash
+            assert held is not None
+            if held.tokens == tokens:
+                held_parent = held.parent
+                if (None if held_parent is None else held_parent.digest) == parent_digest:
+                    return block
         return None
 
     def peek_next(self) -> Block | None:
@@ -180,16 +212,35 @@ class BlockPool:
     # ---- mutations ---------------------------------------------------------
 
     def pop_free(self) -> tuple[Block, BlockHash | None]:
-        """Mutates: hand out one block with ref_count 0 (now 1).
+        """Mutates: hand out one block with ref_count 0 (now 1, with no slot filled).
 
         Returns the block and the hash it lost, if it was cached (the caller
         records the eviction). The caller must have checked `num_free`.
+        Picks the block `peek_next` names.
         """
-        block = self.peek_next()
-        assert block is not None, "pop_free on an empty pool"
         if self.allocation == "random" and self.num_empty:
+            block = self._random_empty_block()
+            assert block is not None, "pop_free on an empty pool"
             self.random_picks += 1
-        self.take(block)
+            self.take(block)
+        else:
+            # Fifo (or a random pool with no empty block): the front of the
+            # queue, unlinked here (FreeBlockQueue.popleft, inlined).
+            queue = self.free_queue
+            head = queue._head
+            block = head.next  # type: ignore[assignment]
+            assert block is not None and block is not queue._tail, "pop_free on an empty pool"
+            nxt = block.next
+            assert nxt is not None and block.ref_count == 0
+            head.next = nxt
+            nxt.prev = head
+            block.prev = block.next = None
+            block.in_queue = False
+            queue._len -= 1
+            if block.hash is None:
+                self.num_empty -= 1
+            else:
+                self.num_cached_free -= 1
         evicted = block.hash
         if evicted is not None:
             self.uncache(block)
@@ -200,7 +251,15 @@ class BlockPool:
     def take(self, block: Block) -> None:
         """Mutates: unlink a ref_count-0 block from the free queue (O(1))."""
         assert block.ref_count == 0
-        self.free_queue.remove(block)
+        # FreeBlockQueue.remove, inlined: every hit on a cached block passes here.
+        assert block.in_queue, f"block {block.id} is not in the free queue"
+        prev, nxt = block.prev, block.next
+        assert prev is not None and nxt is not None
+        prev.next = nxt
+        nxt.prev = prev
+        block.prev = block.next = None
+        block.in_queue = False
+        self.free_queue._len -= 1
         if block.hash is None:
             self.num_empty -= 1
         else:
@@ -209,18 +268,62 @@ class BlockPool:
     def release(self, block: Block) -> None:
         """Mutates: a block whose ref_count just reached 0 joins the back of the queue."""
         assert block.ref_count == 0
-        self.free_queue.append(block)
+        # FreeBlockQueue.append, inlined: every released block passes here.
+        queue = self.free_queue
+        assert not block.in_queue, f"block {block.id} is already in the free queue"
+        tail = queue._tail
+        last = tail.prev
+        assert last is not None
+        last.next = block
+        block.prev = last
+        block.next = tail
+        tail.prev = block
+        block.in_queue = True
+        queue._len += 1
         if block.hash is None:
             self.num_empty += 1
             block.num_filled = 0
         else:
             self.num_cached_free += 1
 
+    def release_all(self, released: list[Block]) -> None:
+        """Mutates: blocks whose ref_count just reached 0 join the back of the queue, in order.
+
+        `release` for each, in one pass over the links.
+        """
+        if not released:
+            return
+        queue = self.free_queue
+        tail = queue._tail
+        last = tail.prev
+        assert last is not None
+        empty = 0
+        for block in released:
+            assert block.ref_count == 0 and not block.in_queue, block.id
+            last.next = block
+            block.prev = last
+            block.in_queue = True
+            last = block
+            if block.hash is None:
+                empty += 1
+                block.num_filled = 0
+        last.next = tail
+        tail.prev = last
+        queue._len += len(released)
+        self.num_empty += empty
+        self.num_cached_free += len(released) - empty
+
     def register(self, block: Block, key: BlockHash) -> None:
         """Mutates: give a used, full block its prefix-cache key."""
         assert block.hash is None and block.ref_count > 0
         block.hash = key
-        self.cached.setdefault(key.digest, {})[block.id] = block
+        holders = self.cached.get(key.digest)
+        if holders is None:
+            self.cached[key.digest] = {block.id: block}
+        else:
+            holders[block.id] = block
+        parent = key.parent
+        self.by_content[(None if parent is None else parent.digest, key.tokens)] = key.digest
 
     def uncache(self, block: Block) -> None:
         """Mutates: drop a block's key from the cache map (eviction)."""
@@ -230,7 +333,22 @@ class BlockPool:
         del holders[block.id]
         if not holders:
             del self.cached[key.digest]
+            # The content named only this digest (no other block holds it).
+            parent = key.parent
+            content = (None if parent is None else parent.digest, key.tokens)
+            if self.by_content.get(content) == key.digest:
+                del self.by_content[content]
         block.hash = None
+
+    def reindex(self) -> None:
+        """Mutates: rebuild `by_content` from `cached` (O(cached blocks))."""
+        self.by_content = {}
+        for holders in self.cached.values():
+            for block in holders.values():
+                key = block.hash
+                assert key is not None
+                self.by_content[(key.parent_digest, key.tokens)] = key.digest
+        self._indexed = self.cached
 
     def relabel(self, mapping: dict[int, int]) -> None:
         """Mutates: block `old` becomes block `mapping[old]`; a permutation of all ids.
@@ -248,3 +366,4 @@ class BlockPool:
         for block in self.blocks:
             if block.hash is not None:
                 self.cached.setdefault(block.hash.digest, {})[block.id] = block
+        self.reindex()

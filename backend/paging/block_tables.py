@@ -19,11 +19,19 @@ adds the mutations; this module never imports that one.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 from backend.core.errors import PagedLabError
 from backend.paging.block_pool import AllocationMode, Block, BlockPool
-from backend.paging.block_types import Address, AllocatorMetrics, PromptPlan, SeqBlocks
+from backend.paging.block_types import (
+    Address,
+    AllocatorMetrics,
+    PromptPlan,
+    SeqBlocks,
+    exact_ints,
+    validate_tokens,
+)
 from backend.paging.checks import (
     check_block_id,
     check_config,
@@ -32,7 +40,7 @@ from backend.paging.checks import (
     prompt_tokens,
 )
 from backend.paging.events import Event
-from backend.paging.hashing import hash_prompt_blocks
+from backend.paging.hashing import BlockHash, hash_prompt_blocks
 from backend.paging.integrity import check_integrity
 
 __all__ = ["BlockTables"]
@@ -112,33 +120,76 @@ class BlockTables:
         invalid pins, or a prompt that could never fit in the pool even if it
         were empty.
         """
-        toks = prompt_tokens(tokens, prefix_caching=self.prefix_caching,
-                             vocab_size=self.vocab_size)
+        return self._plan(tokens, pinned)[0]
+
+    def _plan(self, tokens: Sequence[int] | int, pinned: Sequence[int] | None
+              ) -> tuple[PromptPlan, list[int] | int]:
+        """`plan_prompt`, and the validated tokens (a new list) or the bare count."""
+        bs = self.block_size
+        pool = self.pool
+        # With prefix caching and no pins, the range of the ids is checked last
+        # and only past the prefix-cache hits: a hit block's ids equal, one for
+        # one, the ids of a cached block, which were checked when it was cached
+        # (the types are checked first, so equal means the same ints).
+        ints = (exact_ints(tokens) if self.prefix_caching and pinned is None
+                and not isinstance(tokens, int) else None)
+        lazy = ints is not None
+        toks: list[int] | int = ints if ints is not None else prompt_tokens(
+            tokens, prefix_caching=self.prefix_caching, vocab_size=self.vocab_size)
         length = toks if isinstance(toks, int) else len(toks)
         if length < 1:
             raise PagedLabError("a prompt needs at least one token")
         n = self.blocks_for(length)
-        if n > self.num_blocks:
-            raise PagedLabError(
-                f"a prompt of {length} tokens needs {n} blocks of {self.block_size} "
-                f"but the pool has only {self.num_blocks} blocks; it can never fit")
-        keys = (tuple(hash_prompt_blocks(toks, self.block_size, self.cache_salt))
-                if self.prefix_caching and not isinstance(toks, int) else ())
-        if pinned is not None:
-            check_pins(self.pool, pinned, n)
-            return PromptPlan(n, (), n, self.pool.num_free, keys)
+        if n > self.num_blocks and not lazy:
+            self._never_fits(length, n)
+        keys: list[BlockHash] = []
         hits: list[int] = []
-        # A request always computes at least its last prompt token (its logits
-        # start the generation), so only blocks wholly before it can be hits.
-        for key in keys[: (length - 1) // self.block_size]:
-            block = self.pool.lookup(key)
-            if block is None:
-                break
-            hits.append(block.id)
-        # Hit blocks still in the free queue leave it, so they are not available
-        # for the prompt's new blocks.
-        queued_hits = sum(1 for b in hits if self.pool.blocks[b].ref_count == 0)
-        return PromptPlan(n, tuple(hits), n - len(hits), self.pool.num_free - queued_hits, keys)
+        queued_hits = 0
+        if self.prefix_caching and not isinstance(toks, int):
+            parent: BlockHash | None = None
+            if pinned is None:
+                # A request always computes at least its last prompt token (its
+                # logits start the generation), so only blocks wholly before it
+                # can be hits. A hit block's key is the cached block's own: it is
+                # found by (parent digest, tokens), the inputs of its digest.
+                find = pool.find
+                parent_digest = None
+                for start in range(0, (length - 1) // bs * bs, bs):
+                    block = find(parent_digest, tuple(toks[start:start + bs]))
+                    if block is None:
+                        break
+                    parent = block.hash
+                    assert parent is not None
+                    parent_digest = parent.digest
+                    keys.append(parent)
+                    hits.append(block.id)
+                    # Hit blocks still in the free queue leave it, so they are
+                    # not available for the prompt's new blocks.
+                    queued_hits += block.ref_count == 0
+            try:
+                keys += hash_prompt_blocks(toks[len(hits) * bs:], bs, self.cache_salt, parent)
+            except (ValueError, struct.error):
+                # A negative id, or one past 32 bits: let the full check name it.
+                validate_tokens(toks, vocab_size=self.vocab_size)
+                raise
+        if pinned is not None:
+            check_pins(pool, pinned, n)
+            return PromptPlan(n, (), n, pool.num_free, tuple(keys)), toks
+        if lazy:
+            assert not isinstance(toks, int)
+            rest = toks[len(hits) * bs:]
+            if rest and (min(rest) < 0 or max(rest) >= self.vocab_size):
+                validate_tokens(toks, vocab_size=self.vocab_size)  # raises, naming the id
+                raise AssertionError("validate_tokens passed an out-of-range id")
+            if n > self.num_blocks:
+                self._never_fits(length, n)
+        return (PromptPlan(n, tuple(hits), n - len(hits), pool.num_free - queued_hits,
+                           tuple(keys)), toks)
+
+    def _never_fits(self, length: int, n: int) -> None:
+        raise PagedLabError(
+            f"a prompt of {length} tokens needs {n} blocks of {self.block_size} "
+            f"but the pool has only {self.num_blocks} blocks; it can never fit")
 
     def blocks_needed_to_append(self, seq_id: str, num_tokens: int) -> int:
         """Reads only: free blocks an append of `num_tokens` would take, copy-on-write included."""

@@ -127,6 +127,12 @@ class AllocatorMetrics:
         }
 
 
+def exact_ints(tokens: Sequence[int]) -> list[int] | None:
+    """`tokens` as a new list if every one is exactly an int, else None (ranges unchecked)."""
+    out = list(tokens)
+    return out if not out or set(map(type, out)) == {int} else None
+
+
 def validate_tokens(tokens: Sequence[int], what: str = "prompt",
                     vocab_size: int = 256) -> list[int]:
     """Token ids must be ints in 0..vocab_size - 1 (default: bytes); returns them as a list."""

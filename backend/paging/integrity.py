@@ -25,8 +25,8 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
     - every block is in exactly one state (used / cached / free), and the free
       queue holds exactly the blocks with ref count 0, once each, linked both ways;
     - every ref count equals the number of tables holding the block;
-    - the cache map and the blocks' hashes agree, and every hash matches its
-      tokens and its parent;
+    - the cache map and the blocks' hashes agree, every hash matches its
+      tokens and its parent, and the content index lists the cache map's blocks;
     - every table has ceil(num_tokens / block_size) entries, all full but the
       last, and the last holds exactly the remaining tokens;
     - the incremental counters equal a recount.
@@ -119,6 +119,12 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
                 problems.append(f"block {block.id}'s hash does not match its tokens")
             if pool.cached.get(key.digest, {}).get(block.id) is not block:
                 problems.append(f"block {block.id}'s hash is missing from the cache map")
+    if pool._indexed is pool.cached:
+        index = {(b.hash.parent_digest, b.hash.tokens): b.hash.digest
+                 for same_digest in pool.cached.values() for b in same_digest.values()
+                 if b.hash is not None}
+        if index != pool.by_content:
+            problems.append("the content index disagrees with the cache map")
     mapped = sum(len(h) for h in pool.cached.values())
     hashed = sum(1 for b in pool.blocks if b.hash is not None)
     if mapped != hashed:
