@@ -26,6 +26,12 @@ waits for the lock shows what the holder is doing (ui/progress.py). An
 operation that fails half-way is undone by rebuilding the engine from the
 snapshot before it.
 
+Stopped runs: a run Streamlit has superseded raises from its next session-state
+access, which after a step would lose its bookkeeping. So an operation reads
+what it needs first (`_Session.read`), and what it writes once the engine has
+changed is queued (`QUEUED`, a ui.progress.Queued) and written by `collect`:
+at once, or by the next run (`init`, the page after the engine's lock).
+
 Progress: a `step` of several iterations shows a bar and a "Stop stepping"
 button while it runs, and stops between two iterations when asked; other
 operations and restores show a spinner saying what they do.
@@ -35,7 +41,7 @@ records every applied operation, and after every change the session is saved
 in the store (ui/store.py, backend/sessions/saved.py): its snapshot, settings,
 history and log. The first run of a browser session reopens the session the
 address names (or a copy, if it is another browser's), or else this
-browser's latest one.
+browser's latest one (ui/resume.py).
 """
 
 from __future__ import annotations
