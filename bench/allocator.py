@@ -40,6 +40,7 @@ def run(num_blocks: int, num_ops: int, allocation: str, seed: int = 0,
     rng = random.Random(seed)
     m = BlockManager(num_blocks, BLOCK_SIZE, allocation=allocation,  # type: ignore[arg-type]
                      seed=seed, record_events=False)
+    append_one = getattr(m, "append_one", None)
     live: list[str] = []
     pos: dict[str, int] = {}
     counts = {"allocate": 0, "append": 0, "fork": 0, "free": 0}
@@ -86,7 +87,11 @@ def run(num_blocks: int, num_ops: int, allocation: str, seed: int = 0,
         if r < 0.70 and live:
             sid = live[rng.randrange(len(live))]
             try:
-                m.append(sid, [rng.randrange(256)])
+                # The engine's decode call (append_one); append for an older manager.
+                if append_one is not None:
+                    append_one(sid, rng.randrange(256))
+                else:
+                    m.append(sid, [rng.randrange(256)])
                 counts["append"] += 1
             except OutOfBlocksError:
                 remove(pos[sid])
