@@ -182,3 +182,15 @@ def test_restore_recomputes_used_and_cached_blocks_exactly() -> None:
         eng.apply(Add("E", prompt="Once upon a time, a fox ran", max_new_tokens=4))
         eng.apply(Step(4))
     assert e.request("E").tokens == r.request("E").tokens
+
+
+def test_stepping_a_restored_engine_leaves_its_snapshot_alone() -> None:
+    # A History frame or a saved session's row is the snapshot dict itself; an
+    # engine restored from it must not write its decoded tokens back into it.
+    snap = export_snapshot(engine_after([Add("A", prompt="abcdefgh"), Add("B", prompt="abcdxyz"),
+                                         Fork("A", "A2"), Step()]))
+    before = copy.deepcopy(snap)
+    e = restore_engine(snap, kernel="torch")
+    e.apply(Step(3))
+    e.apply(Grow("B", 2))
+    assert snap == before

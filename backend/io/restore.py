@@ -121,7 +121,9 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         preemptions = r.get("num_preemptions", int)
         if preemptions < 0:
             raise PagedLabError(f"{r.where}.num_preemptions must be >= 0")
-        requests[rid] = Request(rid, prompt_len, tokens, max_new, arrival=len(requests),
+        # A copy: the engine appends to its requests' tokens, and `data` may be
+        # a History frame or a saved session's row that must stay as it was.
+        requests[rid] = Request(rid, prompt_len, list(tokens), max_new, arrival=len(requests),
                                 parent=parent, status=status, num_preemptions=preemptions,
                                 finish_reason=reason if status == "finished" else None)
         tables[rid] = table
