@@ -8,6 +8,7 @@ not a skip: CI must not pass without having looked at the page.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -53,7 +54,14 @@ def serve(script: str, log_name: str) -> Iterator[str]:
     """`streamlit run SCRIPT` on a free port for the duration of the block; yields its URL.
 
     Its output goes to build/<log_name>.streamlit.log (kept for a failure's post-mortem).
+    The server saves sessions in this run's PAGEDLAB_DATA_DIR (tests/conftest.py's
+    temporary directory), never in the repository's data/.
     """
+    env = dict(os.environ)
+    data = env.get("PAGEDLAB_DATA_DIR", "").strip()
+    if not data or Path(data).resolve().is_relative_to(ROOT):
+        pytest.fail(f"PAGEDLAB_DATA_DIR is {data!r}: a test server must save its sessions "
+                    "outside the repository (tests/conftest.py sets a temporary directory)")
     port = _free_port()
     log = ROOT / "build" / f"{log_name}.streamlit.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +71,7 @@ def serve(script: str, log_name: str) -> Iterator[str]:
             [str(streamlit), "run", script, "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true",
              "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, log)

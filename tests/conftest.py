@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import torch
 
 # The models and kernels under test are tiny: on a small shared CPU, torch's
 # thread pool costs far more in contention than it gains in parallelism.
 torch.set_num_threads(1)
+
+# Saved sessions go to this run's own directory, never the repository's data/.
+# Set at import, before any test opens the store (ui/store.py reads it whenever
+# it opens one); the browser tests' streamlit servers inherit it. Removed at exit.
+_DATA_DIR = tempfile.TemporaryDirectory(prefix="pagedlab-test-data-")
+os.environ["PAGEDLAB_DATA_DIR"] = _DATA_DIR.name
 
 # Browser fixtures (a live streamlit server, Debian's chromium) for the browser tests.
 pytest_plugins = ["tests.browser_support"]

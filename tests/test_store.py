@@ -31,12 +31,14 @@ from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Settings
 from backend.sessions.saved import COPY_NOTE, Live, Tab, new_id, open_saved, resume, save
 from backend.sessions.store import (
+    DEFAULT_DATA_DIR,
     MIB,
     SessionStore,
     StoreError,
     StoreLimits,
     Write,
     browser_key,
+    data_dir,
     make_full,
     make_head,
     valid_token,
@@ -109,6 +111,14 @@ def test_values_that_are_not_our_ids_are_refused(value: Any) -> None:
 def test_new_ids_are_valid_and_distinct() -> None:
     ids = {new_id() for _ in range(200)}
     assert len(ids) == 200 and all(valid_token(i) and len(i) == 32 for i in ids)
+
+
+def test_the_test_run_saves_sessions_outside_the_repository() -> None:
+    # tests/conftest.py points the store at a temporary directory for the run, so
+    # AppTests and the browser tests' servers never fill the repository's data/.
+    root = Path(__file__).resolve().parents[1]
+    assert data_dir() != DEFAULT_DATA_DIR
+    assert not data_dir().resolve().is_relative_to(root)
 
 
 # ---- round trip and incremental writes ----------------------------------------------------
