@@ -285,3 +285,12 @@ def test_an_unwritable_snapshots_dir_still_writes_out(tmp_path: Path,
     code, err = run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--snapshots", snaps,
                         "--out", tmp_path / "missing" / "o.json", "--kernel", "torch")
     assert code == 2 and err.count("\n") == 1 and "--out was not written" in err
+
+
+def test_the_help_says_what_simulate_replays(capsys: pytest.CaptureFixture[str]) -> None:
+    # simulate replays recorded Azure traces and CSVs as well as synthetic ones.
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "replay a trace (synthetic, a recorded Azure trace or a CSV) through one" in out
+    assert "replay a synthetic trace" not in out

@@ -1,4 +1,4 @@
-"""`python -m backend`: run scenarios headless, and replay workloads (CONTRACT.md).
+"""`python -m backend`: run scenarios headless, and replay traces (CONTRACT.md).
 
     python -m backend run SCENARIO.json [--out SNAPSHOT.json] [--snapshots DIR]
                                         [--device auto|cpu|cuda] [--kernel auto|triton|torch]
@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_simulate_arguments(sub.add_parser(
-            "simulate", help="replay a synthetic trace through one allocation policy"))
+            "simulate", help="replay a trace (synthetic, a recorded Azure trace or a CSV) "
+                             "through one allocation policy"))
     return parser
 
 
