@@ -27,8 +27,8 @@ than max_num_batched_tokens, and the decodes (one token each) go first.
 
 This module decides and mutates nothing outside itself and imports nothing of
 the backend but its errors (no torch, no allocator), so the live engine's
-scheduler can apply the same rules: it would move below both, to
-backend/core, when the engine adopts it.
+scheduler (backend/engine/scheduler.py) and the paged simulator
+(backend/lab/sim/replay.py) apply the same rules from the same code.
 """
 
 from __future__ import annotations

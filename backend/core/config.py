@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
+from backend.core.budgets import MAX_BUDGET, SchedulerBudgets
 from backend.core.errors import PagedLabError
 
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -86,6 +87,10 @@ class EngineConfig:
     # None: the model's default sampling (tiny-byte: today's, exactly).
     temperature: float | None = None
     top_p: float | None = None
+    # vLLM's scheduler knobs (backend.core.budgets); None: no limit (watermark: 0 blocks).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    watermark_blocks: int | None = None
 
     def __post_init__(self) -> None:
         # Direct construction cannot bypass what from_json guarantees about the model.
@@ -114,6 +119,12 @@ class EngineConfig:
     @property
     def vocab_size(self) -> int:
         return vocab_size_of(self.model)
+
+    @property
+    def budgets(self) -> SchedulerBudgets:
+        """The scheduler's per-iteration limits, as the simulator takes them too."""
+        return SchedulerBudgets(self.max_num_seqs, self.max_num_batched_tokens,
+                                self.watermark_blocks)
 
     @property
     def hidden_size(self) -> int:
@@ -208,6 +219,11 @@ class EngineConfig:
             raise PagedLabError(
                 f"{where}: num_heads ({cfg.num_heads}) must be a multiple of num_kv_heads "
                 f"({cfg.num_kv_heads}) for grouped-query attention")
+        if cfg.watermark_blocks is not None and cfg.watermark_blocks >= cfg.num_blocks:
+            raise PagedLabError(
+                f"{where}: watermark_blocks ({cfg.watermark_blocks}) must be less than "
+                f"num_blocks ({cfg.num_blocks}): admission keeps that many blocks free, so no "
+                "request could ever start")
         if cfg.weight_bytes > MAX_WEIGHT_BYTES:
             raise PagedLabError(
                 f"{where}: the model's weights would take {cfg.weight_bytes / 2**20:.0f} MiB; "
@@ -280,6 +296,10 @@ def _check_field(key: str, v: Any, where: str) -> Any:
             if p is not None and not 0 < p <= 1:
                 raise PagedLabError(f"{where}: top_p must be in (0, 1], got {p}")
             return p
+        case "max_num_seqs" | "max_num_batched_tokens":
+            return None if v is None else _int_in(key, v, 1, MAX_BUDGET, where)
+        case "watermark_blocks":
+            return None if v is None else _int_in(key, v, 0, MAX_NUM_BLOCKS, where)
     raise AssertionError(key)
 
 

@@ -35,15 +35,17 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
     kv_err = logit_err = 0.0
     tokens = 0
     for req in running:
-        ref = model.forward_contiguous(req.tokens)
-        slots = manager.slots_of(req.id, 0, req.num_tokens)
+        # A prompt still being prefilled is compared over the tokens computed so far.
+        ref = model.forward_contiguous(req.tokens[:req.num_computed])
+        slots = manager.slots_of(req.id, 0, req.num_computed)
         for layer in range(len(cache.k)):
             keys, values = cache.read_slots(layer, slots)
             for got, want in ((keys, ref.keys[layer]), (values, ref.values[layer])):
                 kv_err = max(kv_err, float((got.float() - want.float()).abs().max()))
-        assert req.logits is not None
-        logit_err = max(logit_err, float((req.logits - ref.logits[-1].cpu()).abs().max()))
-        tokens += req.num_tokens
+        if not req.prefilling:
+            assert req.logits is not None
+            logit_err = max(logit_err, float((req.logits - ref.logits[-1].cpu()).abs().max()))
+        tokens += req.num_computed
     return Verification(len(running), tokens, kv_err, logit_err)
 
 
@@ -67,8 +69,11 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
     prefix_len: dict[tuple[str, str], int] = {}
     for rid in scheduler.running:
         req = requests[rid]
-        _check(manager.num_tokens(rid) == req.num_tokens, f"{rid}: token count")
-        _check(req.logits is not None, f"{rid}: running without logits")
+        _check(0 <= req.uncomputed < req.num_tokens
+               and (req.uncomputed == 0 or req.num_generated == 0), f"{rid}: prefill state")
+        _check(manager.num_tokens(rid) == req.num_computed, f"{rid}: token count")
+        _check((req.logits is None) == req.prefilling, f"{rid}: logits while prefilling "
+               "or none to sample from")
         for i, b in enumerate(manager.block_table(rid)):
             block = manager.pool.blocks[b]
             if block.hash is not None:

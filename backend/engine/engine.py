@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -45,7 +45,7 @@ from backend.engine.results import (
     Outcome,
     Verification,
 )
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduler import Chunk, Scheduler
 from backend.kernels import select_kernels
 from backend.models.batch import ForwardBatch
 from backend.models.registry import build_model
@@ -111,7 +111,7 @@ class Engine:
     # ---- reads -------------------------------------------------------------
 
     @property
-    def events(self) -> list[Event]:
+    def events(self) -> Sequence[Event]:
         return self.manager.events
 
     @property
@@ -258,10 +258,13 @@ class Engine:
             raise PagedLabError(
                 f"a prompt of {len(tokens)} tokens fills all {self.config.num_blocks} blocks, "
                 "leaving no block for its first generated token; it could never run")
+        if op.blocks is not None:
+            self._check_seq_slot(f"add {rid!r} on pinned blocks (admitted at once)")
         req = Request(rid, len(tokens), tokens, max_new, arrival=len(self.requests))
         self.requests[rid] = req
         if op.blocks is not None:
-            self._prefill([(req, self.scheduler.allocate(req, list(op.blocks)))])
+            start = self.scheduler.allocate(req, list(op.blocks))
+            self._prefill([(req, start, req.num_tokens)])
         else:
             self.waiting.append(rid)
             # First come, first served: a newcomer never overtakes a waiting request.
@@ -293,6 +296,7 @@ class Engine:
         child_id = check_request_id(op.child, "child")
         if child_id in self.requests:
             raise PagedLabError(f"request {child_id!r} already exists; pick another child id")
+        self._check_seq_slot(f"fork {parent.id!r}")
         assert parent.logits is not None
         self.manager.fork(parent.id, child_id)
         child = Request(child_id, parent.prompt_len, list(parent.tokens), parent.max_new_tokens,
@@ -315,46 +319,48 @@ class Engine:
     # ---- running what the scheduler decided --------------------------------
 
     def _iteration(self) -> None:
-        """One step of continuous batching: admit and prefill, then one batched decode."""
-        self._prefill(self.scheduler.admit())
-        batch = [(req, self._take_next_token(req)) for req in self.scheduler.decode_order()
+        """One step of continuous batching: the scheduler's plan (prefill chunks within
+        its budgets), then one batched decode of the requests it lets decode."""
+        plan = self.scheduler.plan()
+        self._prefill(plan.prefills)
+        batch = [(req, self._take_next_token(req)) for req in self.scheduler.decoders(plan)
                  if self.scheduler.make_room(req)]
         if batch:
             self._forward_decode(batch)
             self.scheduler.finish_if_done([r.id for r, _ in batch])
 
-    def _prefill(self, work: list[tuple[Request, int]]) -> None:
-        """Batched forwards over each request's tokens from `start` on.
+    def _prefill(self, work: list[Chunk]) -> None:
+        """Batched forwards over each request's tokens [start, stop).
 
-        Tokens before `start` are prefix-cache hits: their K/V is already in
-        the shared blocks, and the new tokens attend to it through the table.
-        Long prompts are prefilled in chunks (chunked prefill): each chunk
-        attends to the K/V the chunks before it wrote, and one forward holds
-        at most PREFILL_BUDGET query x context x head scores, so a long
-        prompt costs more forwards, never unbounded memory.
+        Tokens before `start` are prefix-cache hits or earlier chunks: their
+        K/V is already in the blocks, and the new tokens attend to it through
+        the table. A request whose prompt is complete at `stop` gets its logits.
+        Within one call, long ranges go in pieces: each attends to the K/V the
+        pieces before it wrote, and one forward holds at most PREFILL_BUDGET
+        query x context x head scores, so a long prompt costs more forwards,
+        never unbounded memory.
         """
         heads = self.config.num_heads
-        pending = [(req, start) for req, start in work]
+        pending = [(req, start, stop) for req, start, stop in work if start < stop]
         while pending:
             seqs: list[tuple[list[int], int, list[int], list[int]]] = []
-            chunk_of: list[tuple[Request, int]] = []
-            for req, start in pending:
-                ctx = req.num_tokens
-                take = max(1, min(req.num_tokens - start, PREFILL_BUDGET // (ctx * heads)))
-                if seqs and (len(seqs) + 1) * take * ctx * heads > PREFILL_BUDGET:
+            piece_of: list[tuple[Request, int]] = []
+            for req, start, end in pending:
+                take = max(1, min(end - start, PREFILL_BUDGET // (end * heads)))
+                if seqs and (len(seqs) + 1) * take * end * heads > PREFILL_BUDGET:
                     break
                 stop = start + take
                 seqs.append((req.tokens[start:stop], start,
                              self.manager.slots_of(req.id, start, stop),
                              self.manager.block_table(req.id)))
-                chunk_of.append((req, stop))
+                piece_of.append((req, stop))
             logits = self._forward(seqs)
-            done = {id(req): stop for req, stop in chunk_of}
-            for (req, stop), row in zip(chunk_of, logits, strict=True):
+            done = {id(req): stop for req, stop in piece_of}
+            for (req, stop), row in zip(piece_of, logits, strict=True):
                 if stop == req.num_tokens:
                     req.logits = row
-            pending = [(req, done.get(id(req), start)) for req, start in pending
-                       if done.get(id(req), start) < req.num_tokens]
+            pending = [(req, done.get(id(req), start), end) for req, start, end in pending
+                       if done.get(id(req), start) < end]
 
     def _take_next_token(self, req: Request) -> int:
         """Sample from the pending logits and give the token a slot (may copy-on-write)."""
@@ -394,4 +400,17 @@ class Engine:
                                 "the pool (step the batch to admit it)")
         if req.status == "finished":
             raise PagedLabError(f"cannot {action} request {req.id!r}: it has finished")
+        if req.prefilling:
+            raise PagedLabError(
+                f"cannot {action} request {req.id!r}: its prompt is still being prefilled "
+                f"({req.num_computed} of {req.prompt_len} tokens computed; the token budget "
+                f"max_num_batched_tokens={self.config.max_num_batched_tokens} spreads it over "
+                "steps); step the batch first")
         return req
+
+    def _check_seq_slot(self, action: str) -> None:
+        """Refuse a request that would run beside max_num_seqs others."""
+        limit = self.config.max_num_seqs
+        if limit is not None and len(self.running) >= limit:
+            raise PagedLabError(f"cannot {action}: {len(self.running)} requests are running "
+                                f"and max_num_seqs is {limit}; finish one first")

@@ -17,9 +17,10 @@ FINISH_REASONS = ("finished", "max_new_tokens", "capacity", "eos")
 class Request:
     """One request. Its block table lives in the BlockManager while it runs.
 
-    Invariant while running: every token in `tokens` has its K/V in the cache
-    (num_tokens == cached slots), and `logits` holds the model's output at the
-    last token, from which the next token will be sampled.
+    Invariant while running: every token in `tokens` has a slot (num_tokens ==
+    slots in its table); the first num_computed of them have their K/V in the
+    cache; once all have (uncomputed == 0), `logits` holds the model's output at
+    the last token, from which the next token will be sampled.
     """
 
     id: str
@@ -36,10 +37,24 @@ class Request:
     logits: torch.Tensor | None = None
     # Set when it samples the end-of-sequence token; it finishes after that token's step.
     stopped: bool = False
+    # Trailing prompt tokens whose K/V is not written yet: a token budget
+    # (max_num_batched_tokens) prefills a long prompt in chunks over several
+    # steps. Nonzero only while running; such a request has no logits yet.
+    uncomputed: int = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def num_computed(self) -> int:
+        """Leading tokens whose K/V is in the cache."""
+        return len(self.tokens) - self.uncomputed
+
+    @property
+    def prefilling(self) -> bool:
+        """Running with part of its prompt still to prefill (no logits to sample yet)."""
+        return self.uncomputed > 0
 
     @property
     def num_generated(self) -> int:

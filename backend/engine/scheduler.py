@@ -10,17 +10,49 @@ decided: prefill forwards, sampling, K/V writes, copy-on-write copies.
     waiting ──admit──▶ running ──finish──▶ finished
        ▲                  │
        └────preempt───────┘   (blocks released; recomputed when readmitted)
+
+With vLLM's budgets in the config (backend.core.budgets, the rules the
+simulator applies too) an iteration is planned in vLLM's order: running
+requests first, each decode one token, then the prompts still being
+prefilled, then admissions while a sequence slot, a token and the blocks
+(with `watermark_blocks` kept free) are left. A prompt longer than the
+tokens left is prefilled in chunks over several iterations, and, as in vLLM
+v1, a chunk takes its blocks when it is scheduled: a full block enters the
+prefix cache only in the iteration that computes its K/V, so no request can
+hit a block whose K/V is not there. Admission still asks for room for the
+whole prompt. Without budgets the plan is exactly the unbudgeted one: every
+admitted prompt is prefilled whole and every running request decodes.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
+from backend.core.budgets import IterationBudget, fits_with_watermark
 from backend.core.config import EngineConfig
 from backend.engine.request import FinishReason, Request
 from backend.engine.results import Outcome
 from backend.paging.block_manager import BlockManager
+
+# A prefill chunk: the request, and the token range [start, stop) to compute now.
+Chunk = tuple[Request, int, int]
+
+
+@dataclass(slots=True)
+class IterationPlan:
+    """What one iteration runs: prefill chunks, then decodes within `budget`.
+
+    `reserved` holds the requests whose decode token the budget already
+    counted (those with their prompt computed when the iteration began); a
+    request that completes its prompt in this iteration decodes too, while
+    the budget has a token left.
+    """
+
+    budget: IterationBudget
+    prefills: list[Chunk] = field(default_factory=list)
+    reserved: set[str] = field(default_factory=set)
 
 
 class Scheduler:
@@ -42,22 +74,60 @@ class Scheduler:
         """Whether the tokens plus a first generated one exceed even an empty pool."""
         return self.manager.blocks_for(num_tokens + 1) > self.config.num_blocks
 
-    def admit(self) -> list[tuple[Request, int]]:
+    def plan(self) -> IterationPlan:
+        """Mutates (admissions): one iteration's prefill chunks and decode budget.
+
+        Decodes are counted first, in admission order (with a token budget
+        smaller than the running batch, the newest wait), then the running
+        requests' remaining prompt chunks, then admissions (`admit`).
+        """
+        plan = IterationPlan(IterationBudget(self.config.budgets, len(self.running)))
+        budget = plan.budget
+        for rid in self.running:
+            req = self.requests[rid]
+            if not req.prefilling and (budget.tokens_left is None or budget.tokens_left > 0):
+                budget.decode()
+                plan.reserved.add(rid)
+        # Blocks the decodes' next tokens may need: a prefill chunk must leave them.
+        spare = self.manager.num_free_blocks - sum(
+            self.manager.blocks_needed_to_append(rid, 1) for rid in plan.reserved)
+        for rid in self.running:
+            req = self.requests[rid]
+            if req.prefilling:
+                take = budget.prefill_chunk(min(req.uncomputed, self._room(rid, spare)))
+                if take:
+                    spare -= self.manager.blocks_needed_to_append(rid, take)
+                    start = req.num_computed
+                    self.manager.append(rid, req.tokens[start:start + take])
+                    req.uncomputed -= take
+                    plan.prefills.append((req, start, start + take))
+        plan.prefills += self.admit(budget)
+        return plan
+
+    def admit(self, budget: IterationBudget | None = None) -> list[Chunk]:
         """Mutates: admit waiting requests in order while they fit.
 
-        Returns the admitted requests with how many leading tokens the prefix
-        cache supplied; the engine prefills the rest in one batch.
+        Returns each admitted request's first prefill chunk: from the tokens
+        the prefix cache supplied to the end of the prompt, or as far as
+        `budget`'s tokens go (a fresh iteration's budget if None, as when an
+        `add` admits at once).
 
         A request fits when its prompt's new blocks, plus a block for its own
         first decoded token if the prompt ends on a block boundary, come out of
         the free blocks left after reserving what the running requests' next
-        tokens need. Admitting into those reserved blocks would only force the
-        decode that follows to preempt the newcomer again.
+        tokens need, with `watermark_blocks` still free. Admitting into those
+        reserved blocks would only force the decode that follows to preempt
+        the newcomer again. A request whose prefix hits blocks that another
+        request has not finished computing waits for them (their K/V is not
+        there to share yet).
         """
+        if budget is None:
+            budget = IterationBudget(self.config.budgets, len(self.running))
         bs = self.config.block_size
+        watermark = self.config.watermark_blocks or 0
         reserve = sum(self.manager.blocks_needed_to_append(rid, 1) for rid in self.running)
-        admitted: list[tuple[Request, int]] = []
-        while self.waiting:
+        admitted: list[Chunk] = []
+        while self.waiting and budget.may_start():
             req = self.requests[self.waiting[0]]
             if self.never_admissible(req.num_tokens):
                 # A preempted request that grew to fill the whole pool.
@@ -65,12 +135,44 @@ class Scheduler:
                 continue
             plan = self.manager.plan_prompt(req.tokens)
             own = 1 if req.num_tokens % bs == 0 else 0
-            if plan.num_new_blocks + own > plan.num_available - reserve:
+            if not fits_with_watermark(plan.num_available - reserve, plan.num_new_blocks + own,
+                                       watermark):
                 break
             self.waiting.popleft()
-            admitted.append((req, self.allocate(req, None)))
+            cached = len(plan.hit_blocks) * bs
+            stop = cached + budget.prefill_chunk(req.num_tokens - cached)
+            # The first chunk's tokens only: the prefix floor keeps the same hits.
+            start = self.allocate(req, None, stop)
+            assert start == cached
+            budget.admitted()
+            admitted.append((req, start, stop))
             reserve += own
         return admitted
+
+    def _room(self, rid: str, spare_blocks: int) -> int:
+        """How many tokens `rid` could take now: its last block's free slots plus
+        `spare_blocks` whole blocks."""
+        if spare_blocks < 0:
+            spare_blocks = 0
+        bs = self.config.block_size
+        tail = self.manager.num_tokens(rid) % bs
+        return (bs - tail if tail else 0) + spare_blocks * bs
+
+    def decoders(self, plan: IterationPlan) -> Iterator[Request]:
+        """The running requests that decode this iteration, in admission order.
+
+        Those counted in `plan.reserved`, and those that completed their
+        prompt in this iteration while the budget has a token for them.
+        """
+        for req in self.decode_order():
+            if req.prefilling:
+                continue
+            if req.id not in plan.reserved:
+                left = plan.budget.tokens_left
+                if left is not None and left <= 0:
+                    continue
+                plan.budget.decode()
+            yield req
 
     def decode_order(self) -> Iterator[Request]:
         """The running requests in admission order, skipping any preempted on the way."""
@@ -98,9 +200,13 @@ class Scheduler:
 
     # ---- transitions -------------------------------------------------------
 
-    def allocate(self, req: Request, pinned: list[int] | None) -> int:
-        """Mutates: give a request its blocks and run it; returns the cached token count."""
-        alloc = self.manager.allocate(req.id, req.tokens, pinned=pinned)
+    def allocate(self, req: Request, pinned: list[int] | None, stop: int | None = None) -> int:
+        """Mutates: give a request blocks for its first `stop` tokens (all if None) and run
+        it; the rest of its prompt is prefilled later (`uncomputed`). Returns the cached
+        token count."""
+        tokens = req.tokens if stop is None or stop == req.num_tokens else req.tokens[:stop]
+        alloc = self.manager.allocate(req.id, tokens, pinned=pinned)
+        req.uncomputed = req.num_tokens - len(tokens)
         req.status = "running"
         req.admitted = self.next_admission()
         self.running.append(req.id)
@@ -121,6 +227,7 @@ class Scheduler:
         if req.status == "running":
             self.manager.free(req.id)
             self.running.remove(req.id)
+            req.uncomputed = 0
         elif req.status == "waiting":
             self.waiting.remove(req.id)
         req.status = "finished"
@@ -136,6 +243,7 @@ class Scheduler:
         req.status = "waiting"
         req.logits = None
         req.admitted = None
+        req.uncomputed = 0
         req.num_preemptions += 1
         # Back to the front of the queue: it was admitted before anything waiting.
         self.waiting.appendleft(req.id)

@@ -90,10 +90,19 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
             # would quote the whole (possibly huge) table in its message.
             twice = next(b for b, n in Counter(table).items() if n > 1)
             raise PagedLabError(f"{r.where}: its block_table holds block {twice} twice")
+        # A prompt that a token budget spreads over steps has K/V (and blocks) for
+        # its leading num_computed_tokens only; absent, all of them.
+        computed = r.get("num_computed_tokens", int, optional=True)
+        if computed is not None and (status != "running" or len(tokens) != prompt_len
+                                     or not 1 <= computed < len(tokens)):
+            raise PagedLabError(f"{r.where}.num_computed_tokens belongs to a running "
+                                "request whose prompt is partly prefilled: 1 <= it < "
+                                "prompt_len = num_tokens")
+        held = len(tokens) if computed is None else computed
         if status == "running":
-            if len(table) != -(-len(tokens) // bs):
+            if len(table) != -(-held // bs):
                 raise PagedLabError(
-                    f"{r.where}: {len(tokens)} tokens do not fit its table of {len(table)} "
+                    f"{r.where}: {held} tokens do not fit its table of {len(table)} "
                     f"blocks of {bs}")
         elif table:
             raise PagedLabError(f"{r.where}: a {status} request holds no blocks")
@@ -125,7 +134,8 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         # a History frame or a saved session's row that must stay as it was.
         requests[rid] = Request(rid, prompt_len, list(tokens), max_new, arrival=len(requests),
                                 parent=parent, status=status, num_preemptions=preemptions,
-                                finish_reason=reason if status == "finished" else None)
+                                finish_reason=reason if status == "finished" else None,
+                                uncomputed=len(tokens) - held)
         tables[rid] = table
 
     sched = FieldReader(top.get("scheduler", dict), "snapshot.scheduler")
@@ -242,10 +252,11 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     for rid in running:
         req = requests[rid]
         table = tables[rid]
-        full = req.num_tokens // bs
+        held = req.num_computed
+        full = held // bs
         last_hash = pool.blocks[table[full - 1]].hash if full else None
-        tail = req.tokens[full * bs:] if c.prefix_caching else []
-        m.seqs[rid] = SeqBlocks(rid, list(table), req.num_tokens, tail, last_hash)
+        tail = req.tokens[full * bs:held] if c.prefix_caching else []
+        m.seqs[rid] = SeqBlocks(rid, list(table), held, tail, last_hash)
     mt = FieldReader(top.get("metrics", dict), "snapshot.metrics")
     m.cow_copies = non_negative(mt, "cow_copies")
     m.prefix_hit_blocks = non_negative(mt, "prefix_hit_blocks")
@@ -347,7 +358,9 @@ def _recompute_kv(engine: Engine) -> None:
 
     for rid in engine.running:
         req = engine.requests[rid]
-        req.logits = write(req.tokens, list(enumerate(engine.manager.block_table(rid))))
+        logits = write(req.tokens[:req.num_computed],
+                       list(enumerate(engine.manager.block_table(rid))))
+        req.logits = None if req.prefilling else logits
 
     # Cached blocks, grouped by hash chain: one forward per chain end recomputes
     # every cached block on the chain. Ancestors may live elsewhere or have been

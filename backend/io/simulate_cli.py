@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from backend.core.budgets import MAX_BUDGET
 from backend.core.errors import PagedLabError
 from backend.io.json_input import read_bounded
-from backend.lab.sim.budgets import MAX_BUDGET
 from backend.lab.sim.simulator import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY_TOKENS,

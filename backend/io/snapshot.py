@@ -46,12 +46,13 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
             node = node.parent
     metrics = m.metrics()
     report = engine.kernel_report
-    # The model and sampling settings are written only where they differ from the
-    # defaults, so a tiny-byte snapshot is the same file it always was.
+    # The model, sampling and scheduler settings are written only where they differ
+    # from the defaults, so a tiny-byte snapshot is the same file it always was.
     model_fields: dict[str, Any] = {}
     if c.model != TINY_BYTE:
         model_fields["model"] = c.model
-    for key in ("temperature", "top_p"):
+    for key in ("temperature", "top_p", "max_num_seqs", "max_num_batched_tokens",
+                "watermark_blocks"):
         if getattr(c, key) is not None:
             model_fields[key] = getattr(c, key)
     real = c.model != TINY_BYTE
@@ -77,7 +78,10 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
              "tokens": list(r.tokens), "num_preemptions": r.num_preemptions,
              "max_new_tokens": r.max_new_tokens, "finish_reason": r.finish_reason,
              # Derived from the tokens; a real model's requests carry it (CONTRACT.md).
-             **({"text": engine.text(r.id)} if real else {})}
+             **({"text": engine.text(r.id)} if real else {}),
+             # Only while a token budget spreads its prompt over steps: the block
+             # table then covers these leading tokens, not all of them.
+             **({"num_computed_tokens": r.num_computed} if r.prefilling else {})}
             for r in engine.requests.values()
         ],
         "events": [e.to_json() for e in m.events],

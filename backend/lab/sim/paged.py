@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from backend.core.budgets import fits_with_watermark
 from backend.core.errors import PagedLabError
-from backend.lab.sim.budgets import fits_with_watermark
 from backend.paging.block_manager import BlockManager
 
 DEFAULT_WATERMARK = 0.01

@@ -16,7 +16,7 @@ requests go first and waiting ones after (vLLM's order):
    whose prompt did not fit in one iteration's tokens take their next chunk.
 3. Admission. Requests that have arrived (arrival time <= k * iteration_s)
    are admitted first come, first served while the policy has room for them
-   and the budgets allow (backend.lab.sim.budgets); the head of the queue
+   and the budgets allow (backend.core.budgets); the head of the queue
    blocks the ones behind it, and nothing is admitted in an iteration that
    preempted (vLLM's rule; here the victim heads the queue and could not fit
    anyway). An admitted request's memory is taken for its whole prompt plus
@@ -56,7 +56,7 @@ from typing import Protocol
 
 import numpy as np
 
-from backend.lab.sim.budgets import IterationBudget, SchedulerBudgets
+from backend.core.budgets import IterationBudget, SchedulerBudgets
 from backend.lab.sim.timeline import TimelineRecorder
 
 Progress = Callable[[int, int], None]

@@ -31,7 +31,7 @@ an idle engine runs no iterations. `sweep` runs a grid of configurations on
 every core; results depend only on the configurations, never on the workers.
 `simulate_run` also returns the per-iteration timeline and each request's
 preemptions. The scheduler budgets (max_num_seqs, max_num_batched_tokens,
-watermark_blocks) have vLLM's meanings (backend.lab.sim.budgets); unset, the
+watermark_blocks) have vLLM's meanings (backend.core.budgets); unset, the
 replay is exactly the one without them.
 """
 
@@ -47,9 +47,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from backend.core.budgets import SchedulerBudgets
 from backend.core.errors import PagedLabError
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
-from backend.lab.sim.budgets import SchedulerBudgets
 from backend.lab.sim.contiguous import ContiguousPolicyMemory
 from backend.lab.sim.paged import DEFAULT_WATERMARK, PagedPolicy
 from backend.lab.sim.replay import MemoryPolicy, Progress, ReplayTotals, replay

@@ -1,0 +1,219 @@
+"""The live scheduler's budgets: max_num_seqs, max_num_batched_tokens, watermark_blocks.
+
+Each budget is checked where it bites (the tokens one step processes, the
+requests running, the blocks left free at admission), and a budgeted run is
+checked against what paging must not change: the generated tokens of an
+unbudgeted run, the K/V of a contiguous recomputation, and a snapshot
+restored half-way through a chunked prefill.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import parse_op
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot
+from bench.soak import soak_configs, soak_sequence
+
+
+def engine(**config: Any) -> Engine:
+    return Engine(EngineConfig.from_json({"num_blocks": 48, "block_size": 4, **config}),
+                  kernel="torch")
+
+
+def apply(e: Engine, *ops: dict[str, Any]) -> None:
+    for op in ops:
+        e.apply(parse_op(op))
+        e.check_integrity()
+        e.check_requests()
+
+
+def count_tokens(e: Engine) -> list[int]:
+    """Spy on the model: the query tokens of every forward, appended per call."""
+    calls: list[int] = []
+    forward = e._forward
+
+    def counted(seqs: list[tuple[list[int], int, list[int], list[int]]]) -> Any:
+        calls.append(sum(len(s[0]) for s in seqs))
+        return forward(seqs)
+
+    e._forward = counted  # type: ignore[method-assign]
+    return calls
+
+
+def state(e: Engine) -> dict[str, Any]:
+    snap = export_snapshot(e)
+    snap.pop("kernel")
+    return snap
+
+
+PROMPTS = [
+    {"op": "add", "request": "A", "prompt_len": 23, "max_new_tokens": 5},
+    {"op": "add", "request": "B", "prompt_len": 9, "max_new_tokens": 7},
+    {"op": "add", "request": "C", "prompt": "the same long prompt, shared", "max_new_tokens": 4},
+    {"op": "add", "request": "D", "prompt": "the same long prompt, shared", "max_new_tokens": 4},
+]
+
+
+def run_out(e: Engine, steps: int = 40) -> None:
+    for _ in range(steps):
+        if not e.running and not e.waiting:
+            return
+        apply(e, {"op": "step"})
+    raise AssertionError("requests still running")
+
+
+def test_generous_budgets_change_nothing() -> None:
+    """Limits that never bind give the unbudgeted run's snapshots, step by step."""
+    free, roomy = engine(), engine(max_num_seqs=64, max_num_batched_tokens=4096,
+                                   watermark_blocks=0)
+    for op in [*PROMPTS, *[{"op": "step"}] * 12]:
+        apply(free, op)
+        apply(roomy, op)
+        a, b = state(free), state(roomy)
+        for key in ("max_num_seqs", "max_num_batched_tokens", "watermark_blocks"):
+            b["config"].pop(key)
+        assert a == b
+
+
+@pytest.mark.parametrize("budget", [1, 3, 5, 8])
+def test_token_budget_caps_every_step_and_keeps_the_tokens(budget: int) -> None:
+    e = engine(max_num_batched_tokens=budget)
+    calls = count_tokens(e)
+    apply(e, *PROMPTS)
+    for _ in range(200):
+        if not e.running and not e.waiting:
+            break
+        calls.clear()
+        apply(e, {"op": "step"})
+        assert sum(calls) <= budget, calls
+        # Every step makes progress: a prefill chunk or a decode.
+        assert sum(calls) >= 1 or not e.running
+        assert e.verify_recomputation().max_kv_err < 1e-4
+    assert not e.running and not e.waiting
+    free = engine()
+    apply(free, *PROMPTS)
+    run_out(free)
+    # Chunking changes when tokens are computed, never which: the samples are
+    # seeded by (seed, request, position) and the logits agree to rounding.
+    for rid, req in free.requests.items():
+        assert e.requests[rid].tokens == req.tokens, rid
+        assert e.requests[rid].finish_reason == req.finish_reason
+
+
+def test_long_prompt_is_prefilled_in_chunks_over_steps() -> None:
+    e = engine(max_num_batched_tokens=6)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 23, "max_new_tokens": 3})
+    a = e.requests["A"]
+    seen = [a.num_computed]
+    while a.prefilling:
+        with pytest.raises(PagedLabError, match="still being prefilled"):
+            e.apply(parse_op({"op": "grow", "request": "A", "tokens": 1}))
+        with pytest.raises(PagedLabError, match="still being prefilled"):
+            e.apply(parse_op({"op": "fork", "request": "A", "child": "A2"}))
+        # Blocks come with their chunk: the table covers the computed tokens only.
+        assert len(e.block_table("A")) == -(-a.num_computed // 4)
+        apply(e, {"op": "step"})
+        seen.append(a.num_computed)
+    # 6 tokens a step: 6, 12, 18, then the last 5 plus the first decode.
+    assert seen == [6, 12, 18, 24]
+    assert a.num_generated == 1
+
+
+def test_snapshot_mid_prefill_restores_and_continues_exactly() -> None:
+    e = engine(max_num_batched_tokens=5, max_num_seqs=2, watermark_blocks=2)
+    apply(e, *PROMPTS, {"op": "step", "count": 2})
+    snap = export_snapshot(e)
+    partial = [r for r in snap["requests"] if "num_computed_tokens" in r]
+    assert partial, "the scenario should stop half-way through a prompt"
+    for r in partial:
+        assert len(r["block_table"]) == -(-r["num_computed_tokens"] // 4)
+    twin = restore_engine(json.loads(json.dumps(snap)), kernel="torch")
+    assert state(twin) == state(e)
+    run_out(e)
+    run_out(twin)
+    assert state(twin) == state(e)
+
+
+def test_bad_num_computed_tokens_is_refused() -> None:
+    e = engine(max_num_batched_tokens=5)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 23})
+    snap = export_snapshot(e)
+    for value in (0, 23, 40, "5"):
+        bad = json.loads(json.dumps(snap))
+        bad["requests"][0]["num_computed_tokens"] = value
+        with pytest.raises(PagedLabError, match="num_computed_tokens"):
+            restore_engine(bad, kernel="torch")
+    bad = json.loads(json.dumps(snap))
+    # 9 tokens need 3 blocks of 4; the table holds the 2 that 5 tokens need.
+    bad["requests"][0]["num_computed_tokens"] = 9
+    with pytest.raises(PagedLabError):
+        restore_engine(bad, kernel="torch")
+
+
+def test_max_num_seqs_caps_the_running_batch() -> None:
+    e = engine(max_num_seqs=2)
+    apply(e, *PROMPTS)
+    assert len(e.running) == 2 and list(e.waiting) == ["C", "D"]
+    before = state(e)
+    with pytest.raises(PagedLabError, match="max_num_seqs is 2"):
+        e.apply(parse_op({"op": "fork", "request": "A", "child": "A2"}))
+    with pytest.raises(PagedLabError, match="max_num_seqs is 2"):
+        e.apply(parse_op({"op": "add", "request": "P", "prompt_len": 3, "blocks": [40]}))
+    assert state(e) == before
+    while e.running or e.waiting:
+        apply(e, {"op": "step"})
+        assert len(e.running) <= 2
+
+
+def test_watermark_keeps_blocks_free_at_admission() -> None:
+    # 12 blocks of 4: A's 23 tokens take 6 (its next token fits in the 6th), leaving 6;
+    # B's 9 take 3, which leaves 3 free: enough for a watermark of 3, not of 4.
+    for watermark, admitted in ((0, ["A", "B"]), (3, ["A", "B"]), (4, ["A"])):
+        e = Engine(EngineConfig.from_json({"num_blocks": 12, "block_size": 4,
+                                           "watermark_blocks": watermark}), kernel="torch")
+        apply(e, PROMPTS[0], PROMPTS[1])
+        assert e.running == admitted, watermark
+        if watermark:
+            assert e.manager.num_free_blocks >= watermark
+
+
+def test_watermark_must_leave_a_block() -> None:
+    with pytest.raises(PagedLabError, match="watermark_blocks"):
+        EngineConfig.from_json({"num_blocks": 8, "watermark_blocks": 8})
+    with pytest.raises(PagedLabError, match="max_num_batched_tokens"):
+        EngineConfig.from_json({"max_num_batched_tokens": 0})
+
+
+def test_prefix_hits_only_on_computed_blocks() -> None:
+    """Two requests with one long prompt under a small budget: the second may only
+    share blocks whose K/V the first has written; a hit on a block still to be
+    prefilled would attend to garbage, which the contiguous recomputation catches."""
+    e = engine(max_num_batched_tokens=7)
+    prompt = {"prompt": "a long shared system prompt, then a question"}
+    apply(e, {"op": "add", "request": "A", **prompt, "max_new_tokens": 3},
+          {"op": "add", "request": "B", **prompt, "max_new_tokens": 3})
+    hits = 0
+    while e.running or e.waiting:
+        apply(e, {"op": "step"})
+        assert e.verify_recomputation().max_kv_err < 1e-4
+        hits = e.manager.prefix_hit_blocks
+    assert hits > 0
+
+
+@pytest.mark.parametrize("budgets", [
+    {"max_num_batched_tokens": 3},
+    {"max_num_batched_tokens": 8, "max_num_seqs": 2},
+    {"max_num_seqs": 1, "watermark_blocks": 2},
+])
+def test_random_operations_under_budgets_keep_every_invariant(budgets: dict[str, Any]) -> None:
+    for seed, config in enumerate(soak_configs(14)[:4]):
+        # Raises SoakError naming the config, seed and operation that broke.
+        soak_sequence({**config, **budgets}, seed=seed, num_ops=30)
