@@ -235,18 +235,32 @@ def test_parse_blocks() -> None:
 
 def test_add_op_builds_what_a_scenario_would() -> None:
     op = add_op(request="", prompt="hi", prompt_len=None, max_new_tokens=None, blocks="",
-                existing={"A": 1})
+                existing={"A": 1}, vocab_size=256)
     assert op == Add("B", prompt="hi")
     op = add_op(request=" R ", prompt="", prompt_len=9, max_new_tokens=3, blocks="9,2,14",
-                existing={})
+                existing={}, vocab_size=256)
     assert op == Add("R", prompt_len=9, max_new_tokens=3, blocks=(9, 2, 14))
     # A length given wins over text kept in the prompt box.
     op = add_op(request="", prompt="hi", prompt_len=4, max_new_tokens=None, blocks=None,
-                existing={})
+                existing={}, vocab_size=256)
     assert op == Add("A", prompt_len=4)
     with pytest.raises(PagedLabError, match="type a prompt"):
         add_op(request="", prompt="", prompt_len=None, max_new_tokens=None, blocks=None,
-               existing={})
+               existing={}, vocab_size=256)
+
+
+def test_add_op_checks_token_ids_against_the_engines_vocabulary() -> None:
+    ids = [504, 2830, 49_151]
+    op = add_op(request="", prompt="kept text", prompt_len=None, max_new_tokens=None,
+                blocks=None, existing={}, vocab_size=49_152, prompt_tokens=ids)
+    assert op == Add("A", prompt_tokens=tuple(ids))
+    # The same ids are no bytes: tiny-byte's vocabulary refuses them, as a scenario would.
+    with pytest.raises(PagedLabError, match=r"prompt_tokens\[0\]"):
+        add_op(request="", prompt=None, prompt_len=None, max_new_tokens=None, blocks=None,
+               existing={}, vocab_size=256, prompt_tokens=ids)
+    with pytest.raises(PagedLabError, match=r"prompt_tokens\[0\]"):
+        add_op(request="", prompt=None, prompt_len=None, max_new_tokens=None, blocks=None,
+               existing={}, vocab_size=49_152, prompt_tokens=[49_152])
 
 
 def test_generated_ids() -> None:
@@ -393,3 +407,4 @@ def test_a_full_page_of_cells_is_drawn_on_a_canvas() -> None:
     assert dense["usermeta"] == {"embedOptions": {"renderer": "canvas"}}
     _, small = views.grid_spec(export_snapshot(engine()))
     assert "usermeta" not in small          # SVG: each cell a path a test can click
+

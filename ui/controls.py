@@ -51,7 +51,7 @@ def _on_add() -> None:
     def make(engine: Engine) -> Op:
         return add_op(request=ss["add_id"], prompt=ss["add_prompt"], prompt_len=ss["add_len"],
                       max_new_tokens=ss["add_max_new"], blocks=ss["add_pins"],
-                      existing=engine.requests)
+                      existing=engine.requests, vocab_size=engine.config.vocab_size)
 
     result = session.apply(make)
     if result is not None and isinstance(result.op, Add):

@@ -69,12 +69,17 @@ from backend.sessions.playground import (
     build_engine,
     config_from_fields,
     has_state,
+    load_model,
+    model_cards,
+    model_loaded,
     preset_of,
     restore_for_session,
+    snapshot_config,
     summarize,
     switch_kernels,
 )
 from backend.sessions.progress import Work, apply_tracked
+from backend.views.text import plain_md
 from ui import progress, store
 from ui.progress import Shown
 
@@ -90,14 +95,17 @@ MAX_HISTORY = MAX_STEPS
 
 DEFAULT_PROMPT = "The cat sat on the mat."
 
-# Sidebar field -> EngineConfig field.
+# Sidebar field -> EngineConfig field. ("cfg_model" is tiny-byte's size preset, which
+# only fills in the four dimension fields; "cfg_model_name" picks the model.)
 CONFIG_KEYS = {
+    "cfg_model_name": "model",
     "cfg_num_blocks": "num_blocks", "cfg_block_size": "block_size",
     "cfg_allocation": "allocation", "cfg_prefix_caching": "prefix_caching",
     "cfg_num_layers": "num_layers", "cfg_num_heads": "num_heads",
     "cfg_num_kv_heads": "num_kv_heads", "cfg_head_dim": "head_dim", "cfg_dtype": "dtype",
     "cfg_seed": "seed", "cfg_max_new": "max_new_tokens",
 }
+DIM_KEYS = frozenset(f"cfg_{name}" for name in MODEL_FIELDS)
 
 # The panels' own widgets (highlight, page, translator), keyed by a per-page prefix so
 # that each page drawing the views keeps its own selection. "" is the Playground's.
@@ -111,14 +119,23 @@ FlashKind = Literal["error", "success", "info"]
 
 
 def config_fields(config: EngineConfig) -> dict[str, Any]:
-    """The sidebar's field values that show `config`."""
+    """The sidebar's field values that show `config`.
+
+    The size preset and the four dimension fields are tiny-byte's: for a real
+    model they are not set (its dimensions would not even fit their ranges),
+    so they keep, or `init` seeds them with, tiny-byte's sizes.
+    """
     out: dict[str, Any] = {key: getattr(config, name) for key, name in CONFIG_KEYS.items()}
+    if config.dims is not None:
+        return {k: v for k, v in out.items() if k not in DIM_KEYS}
     out["cfg_model"] = preset_of(config)
     return out
 
 
 def _widget_defaults(settings: Settings) -> dict[str, Any]:
     return {
+        # tiny-byte's sizes, for a session whose model brings its own (see config_fields).
+        **config_fields(EngineConfig()),
         **config_fields(settings.config),
         "dev_device": settings.device, "dev_kernel": settings.kernel,
         # Add form.
@@ -365,12 +382,46 @@ def set_fields(settings: Settings, q: progress.Queued) -> None:
     q.put("dev_kernel", settings.kernel)
 
 
+def _load_weights(settings: Settings) -> Shown:
+    """Load the weights `settings`' model needs, with a progress bar: a real model's first
+    use in this process reads and dequantizes its file (seconds); later ones share it.
+
+    Raises PagedLabError (a missing package names its install command in one line).
+    The caller calls the result's `finish` once its bookkeeping is done.
+    """
+    shown = Shown()
+    if model_loaded(settings):
+        return shown
+    label = model_cards(settings.config)[settings.config.model].label
+    # Plain text, as every progress text (see ui/progress.py).
+    bar = shown.call(st.progress, 0.0, text=plain_md(f"Loading {label}…"))
+
+    def report(fraction: float, message: str) -> None:
+        if bar is not None:
+            shown.call(bar.progress, min(1.0, max(0.0, fraction)),
+                       text=plain_md(f"Loading {label}: {message}"))
+
+    try:
+        load_model(settings, report)
+    finally:
+        if bar is not None:
+            shown.call(bar.empty)
+    return shown
+
+
 def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -> None:
     """A fresh engine with `settings`; `detach`: under a new session id (the old row stays)."""
-    # Under the old engine's lock: an operation still running on it finishes (and is
-    # saved) first, and none starts on it once it is replaced.
     sess = _Session.read()
     old = sess.engine
+    # Before taking the engine's lock: loading weights touches no engine, and the
+    # current one keeps answering the page meanwhile.
+    try:
+        loaded = _load_weights(settings)
+    except PagedLabError as exc:
+        flash("error", f"Refused: {exc}")
+        return
+    # Under the old engine's lock: an operation still running on it finishes (and is
+    # saved) first, and none starts on it once it is replaced.
     with progress.engine_lock(old, "replace", progress.get_work()) as waited:
         try:
             engine = build_engine(settings, sess.owner, replacing=old)
@@ -384,10 +435,12 @@ def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -
             install(live, sess.queued)
             sess.save(live, export_snapshot(engine), whole=True)
             c = settings.config
+            model = "" if c.dims is None else f" on {c.model}"
             sess.flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
-                               f"{c.num_layers} layers, {c.dtype}, kernel {engine.kernels.name} "
-                               f"on {engine.device}.")
+                               f"{c.num_layers} layers{model}, {c.dtype}, kernel "
+                               f"{engine.kernels.name} on {engine.device}.")
     collect()
+    loaded.finish()
     waited.finish()
 
 
@@ -403,6 +456,13 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
     sess = _Session.read()
     s, old = sess.settings, sess.engine
     problem: str | None = None
+    config = snapshot_config(data)
+    loaded = Shown()
+    if config is not None:
+        try:
+            loaded = _load_weights(Settings(config, s.device, s.kernel))
+        except PagedLabError as exc:
+            return str(exc)
     with progress.engine_lock(old, "replace", progress.get_work()) as waited, \
             progress.spinner(f"Restoring {source}: K/V recomputed from the tokens") as shown:
         try:
@@ -426,6 +486,7 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
                                   f"of {c.block_size} slots, K/V recomputed from the tokens. "
                                   "Keep working from here.")
     collect()
+    loaded.finish()
     shown.finish()
     waited.finish()
     return problem

@@ -13,16 +13,27 @@ from pathlib import Path
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from backend.core.config import DTYPE_BYTES, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, EngineConfig
+from backend.core.config import (
+    DTYPE_BYTES,
+    MAX_BLOCK_SIZE,
+    MAX_NUM_BLOCKS,
+    REAL_MODELS,
+    EngineConfig,
+)
 from backend.engine.engine import Engine
 from backend.sessions.playground import (
     ALLOCATION_LABELS,
     KERNEL_LABELS,
     MODEL_PRESETS,
+    Settings,
     device_choices,
     kernel_choices,
+    model_cards,
+    model_choices,
+    model_loaded,
+    model_problem,
 )
-from backend.views.settings import config_html, config_items
+from backend.views.settings import config_html, config_items, fixed_dims_text, model_cost_text
 from backend.views.text import plain_md
 from ui import session
 
@@ -75,6 +86,46 @@ def _config_fields() -> None:
     st.toggle("Prefix caching", key="cfg_prefix_caching",
               help="Full prompt blocks whose tokens are already cached are shared, not "
                    "recomputed.")
+    model = _model_field()
+    dims = REAL_MODELS.get(model)
+    if dims is not None:
+        # Its weights fix its shape (EngineConfig refuses other dimensions), so tiny-byte's
+        # size fields are not drawn; a switch back draws them with tiny-byte's sizes.
+        st.caption(fixed_dims_text(model, dims))
+    else:
+        _tiny_dims_fields()
+    st.selectbox("dtype", list(DTYPE_BYTES), key="cfg_dtype")
+    with st.expander("More settings"):
+        st.number_input("Seed", min_value=0, step=1, key="cfg_seed",
+                        help="Seeds tiny-byte's weights, random prompts and sampling.")
+        st.number_input("Default max new tokens", min_value=1, step=1, key="cfg_max_new",
+                        placeholder="no limit",
+                        help="For requests added without their own limit; blank: none.")
+
+
+def _model_field() -> str:
+    """The model picker, with what the picked model costs here; returns the pick."""
+    settings = session.get_settings()
+    # The fields' config, when they describe one: tiny-byte's cost follows its size fields.
+    config = session.fields_config()[0] or settings.config
+    cards = model_cards(config)
+    st.selectbox("Model", model_choices(), key="cfg_model_name",
+                 format_func=lambda m: cards[m].label,
+                 help=" ".join(f"{cards[m].label}: {cards[m].description}"
+                               for m in model_choices()))
+    model: str = st.session_state["cfg_model_name"]
+    problem = model_problem(model)
+    if problem is not None:
+        # One line naming the fix: the engine cannot start on this model here.
+        st.error(plain_md(problem))
+        return model
+    pick = Settings(EngineConfig.for_model(model, dtype=config.dtype), settings.device,
+                    settings.kernel)
+    st.caption(model_cost_text(cards[model], loaded=model_loaded(pick)))
+    return model
+
+
+def _tiny_dims_fields() -> None:
     st.selectbox("Model size", [*MODEL_PRESETS, "custom"], key="cfg_model",
                  on_change=session.model_preset_changed,
                  format_func=lambda v: v if v == "custom" else
@@ -90,13 +141,6 @@ def _config_fields() -> None:
     c2.number_input("KV heads", min_value=1, max_value=32, step=1, key="cfg_num_kv_heads",
                     on_change=session.model_dims_changed,
                     help="Grouped-query attention: heads share K/V in groups.")
-    st.selectbox("dtype", list(DTYPE_BYTES), key="cfg_dtype")
-    with st.expander("More settings"):
-        st.number_input("Seed", min_value=0, step=1, key="cfg_seed",
-                        help="Seeds the model weights, random prompts and sampling.")
-        st.number_input("Default max new tokens", min_value=1, step=1, key="cfg_max_new",
-                        placeholder="no limit",
-                        help="For requests added without their own limit; blank: none.")
 
 
 def _confirm_or_apply() -> None:

@@ -11,10 +11,11 @@ exactly what a scenario file accepts, with the same messages.
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.core.config import EngineConfig
+from backend.core.config import DIM_FIELDS, MODELS, REAL_MODELS, TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Op, describe_op, parse_op
@@ -22,6 +23,8 @@ from backend.engine.results import OpResult
 from backend.io.restore import restore_engine
 from backend.io.snapshot import CONFIG_EXTRA, export_snapshot
 from backend.kernels import KERNELS, available_devices, select_kernels
+from backend.models.gguf_loader import Progress, find_gguf
+from backend.models.registry import ModelCard, is_loaded, model_card, preload
 from backend.sessions.budget import SERVER_BUDGET, KVBudget
 
 ALLOCATION_LABELS = {"fifo": "queue order", "random": "scattered"}
@@ -43,6 +46,49 @@ def preset_of(config: EngineConfig) -> str:
         if preset == dims:
             return name
     return "custom"
+
+
+def model_choices() -> list[str]:
+    """The models the sidebar offers: tiny-byte first (the fast default), then real ones."""
+    return list(MODELS)
+
+
+def model_cards(config: EngineConfig) -> dict[str, ModelCard]:
+    """Every model's card in `config`'s dtype; tiny-byte's sizes follow `config`'s dims
+    when it is tiny-byte (its cost is what the fields say)."""
+    return {m: model_card(m, config.dtype, config) for m in MODELS}
+
+
+def model_problem(model: str) -> str | None:
+    """Why `model` cannot load here (its package is missing), or None. Cheap: no weights
+    are read, only the file is looked for."""
+    if model not in REAL_MODELS:
+        return None
+    try:
+        find_gguf()
+    except PagedLabError as exc:
+        return str(exc)
+    return None
+
+
+def model_loaded(settings: Settings) -> bool:
+    """Whether an engine with `settings` starts at once: no weights to load first."""
+    c = settings.config
+    return is_loaded(c.model, c.dtype, _device_of(settings))
+
+
+def load_model(settings: Settings, progress: Progress | None = None) -> None:
+    """Load the weights an engine with `settings` needs, reporting `progress`; nothing for
+    tiny-byte or weights this process has. Raises PagedLabError (a missing package, in
+    one line) before any engine is built."""
+    c = settings.config
+    if c.model in REAL_MODELS:
+        preload(c.model, c.dtype, _device_of(settings), progress)
+
+
+def _device_of(settings: Settings) -> str:
+    # The weights are cached per device; "auto" is whichever the kernels would pick.
+    return str(select_kernels(settings.device, settings.kernel).device)
 
 
 def device_choices() -> list[str]:
@@ -86,16 +132,23 @@ def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
     The budget is checked on the snapshot's config before any tensor is
     allocated; a malformed config is left for `restore_engine` to name.
     """
-    cfg = data.get("config")
-    if isinstance(cfg, dict):
-        try:
-            config = EngineConfig.from_json(cfg, where="snapshot.config", ignore=CONFIG_EXTRA)
-        except PagedLabError:
-            config = None
-        if config is not None:
-            budget.check(config, owner, replacing=replacing)
+    config = snapshot_config(data)
+    if config is not None:
+        budget.check(config, owner, replacing=replacing)
     engine = restore_engine(data, device=settings.device, kernel=settings.kernel)
     return budget.track(engine, owner)
+
+
+def snapshot_config(data: dict[str, Any]) -> EngineConfig | None:
+    """The config a snapshot names, or None if it names none that is valid (then
+    `restore_engine` says what is wrong with it)."""
+    cfg = data.get("config")
+    if not isinstance(cfg, dict):
+        return None
+    try:
+        return EngineConfig.from_json(cfg, where="snapshot.config", ignore=CONFIG_EXTRA)
+    except PagedLabError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,18 +237,26 @@ def parse_blocks(text: str | None) -> list[int] | None:
 
 def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
            max_new_tokens: int | None, blocks: str | None,
-           existing: set[str] | dict[str, Any]) -> Add:
+           existing: set[str] | dict[str, Any], vocab_size: int,
+           prompt_tokens: Sequence[int] | None = None) -> Add:
     """The `add` operation for the Add form. Raises PagedLabError for a bad combination.
+
+    `vocab_size` is the engine's model's (256 for tiny-byte's bytes, 49,152 for
+    SmolLM2): the op is parsed as a scenario on that model would be, so
+    `prompt_tokens` ids outside its vocabulary are refused with the same message.
 
     A length given wins over the text: the form keeps its prompt text after every
     add (adding it again shows prefix sharing), so text beside a length is almost
-    always left over, and a length is only ever typed on purpose.
+    always left over, and a length is only ever typed on purpose. Token ids win
+    over the text for the same reason.
     """
     rid = (request or "").strip() or next_request_id(existing)
     data: dict[str, Any] = {"op": "add", "request": rid}
     text = prompt or ""
     if prompt_len is not None:
         data["prompt_len"] = int(prompt_len)
+    elif prompt_tokens is not None:
+        data["prompt_tokens"] = list(prompt_tokens)
     elif text:
         data["prompt"] = text
     else:
@@ -205,7 +266,7 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
     pins = parse_blocks(blocks)
     if pins is not None:
         data["blocks"] = pins
-    op = parse_op(data)
+    op = parse_op(data, vocab_size=vocab_size)
     assert isinstance(op, Add)
     return op
 
@@ -235,6 +296,19 @@ def summarize(result: OpResult) -> str:
 
 
 def config_from_fields(fields: dict[str, Any], base: EngineConfig) -> EngineConfig:
-    """`base` with the sidebar's fields applied, validated. Raises PagedLabError."""
-    return EngineConfig.from_json({**base.to_json(), **fields}, where="settings")
+    """`base` with the sidebar's fields applied, validated. Raises PagedLabError.
+
+    The four dimension fields describe tiny-byte only: a real model's dimensions
+    come from its weights (EngineConfig refuses others), so for one they are
+    left out, and a switch back to tiny-byte from a real model takes the
+    fields' dimensions, or tiny-byte's defaults without them, never the real
+    model's.
+    """
+    model = fields.get("model", base.model)
+    data = {**base.to_json(), **fields}
+    if model in REAL_MODELS:
+        data = {k: v for k, v in data.items() if k not in DIM_FIELDS}
+    elif model == TINY_BYTE and base.model != TINY_BYTE:
+        data = {k: v for k, v in data.items() if k not in DIM_FIELDS or k in fields}
+    return EngineConfig.from_json(data, where="settings")
 

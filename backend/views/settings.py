@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
-from backend.core.config import TINY_BYTE, EngineConfig
+from backend.core.config import TINY_BYTE, EngineConfig, ModelDims
+from backend.models.registry import ModelCard
 from backend.views.model import format_bytes
 
 # The Playground's words for the two allocation orders (its sidebar's radio).
@@ -64,6 +65,36 @@ def config_items(config: EngineConfig) -> list[SettingItem]:
                                  "Sampling keeps the most likely tokens up to this total "
                                  "probability."))
     return items
+
+
+def format_count(n: int) -> str:
+    """134515008 -> '134.5M', 61504 -> '61.5k': a parameter count at a glance."""
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1_000:
+        return f"{n / 1e3:.1f}k"
+    return str(n)
+
+
+def model_cost_text(card: ModelCard, *, loaded: bool) -> str:
+    """What a model costs in this process, as one line for the model picker's caption:
+    parameters, K/V bytes per token, its weights and whether they are loaded."""
+    weights = format_bytes(card.weight_bytes)
+    if card.shared_weights:
+        where = (f"{weights} of weights, shared by every session; "
+                 + ("loaded in this process" if loaded else
+                    "not loaded yet: the first engine loads them (seconds)"))
+    else:
+        where = f"{weights} of seeded weights, built per engine in milliseconds"
+    return (f"{format_count(card.num_parameters)} parameters, {card.num_layers} layers · "
+            f"K/V {format_bytes(card.kv_bytes_per_token)} per token · {where}.")
+
+
+def fixed_dims_text(model: str, dims: ModelDims) -> str:
+    """Why a real model has no size fields: its weights fix them."""
+    return (f"{model}'s weights fix its shape: {dims.num_layers} layers, {dims.num_heads} "
+            f"heads sharing {dims.num_kv_heads} KV heads, head dim {dims.head_dim}, "
+            f"{dims.vocab_size:,} tokens.")
 
 
 def config_html(items: list[SettingItem]) -> str:
