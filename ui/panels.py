@@ -268,6 +268,21 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
 
 # ---- address translator ----------------------------------------------------------------
 
+def _quoted(piece: str) -> str:
+    # Quoted so a leading space shows; a line break as ↵ keeps the caption one line.
+    return "'" + piece.replace("\n", "↵") + "'"
+
+
+def _block_pieces(engine: Engine, rid: str, logical: int) -> str:
+    """The tokens of a request's logical block, each quoted: where the block's token
+    boundaries fall (the first views.tokens.TOOLTIP_TOKENS of a large block)."""
+    bs = engine.config.block_size
+    tokens = list(engine.requests[rid].tokens[logical * bs:(logical + 1) * bs])
+    shown = engine.token_pieces(tokens[:views.TOOLTIP_TOKENS])
+    more = " …" if len(tokens) > len(shown) else ""
+    return " ".join(_quoted(p) for p in shown) + more
+
+
 def translator(engine: Engine, prefix: str = "") -> None:
     """Request + position -> logical block, offset, physical block, slot, and the stored K."""
     ss = st.session_state
@@ -303,13 +318,13 @@ def translator(engine: Engine, prefix: str = "") -> None:
         f"**{addr.physical_block}**  \n"
         f"slot = {addr.physical_block} × {bs} + {addr.offset} = **{addr.slot}**")
     tok = engine.requests[rid].tokens[addr.position]
-    # The token is any printable character, `*` or `$` included: escaped.
-    st.caption(f"Token {tok} ({plain_md(repr(chr(tok)))}) · key vector read from layer "
-               f"{layer}'s K tensor at slot {addr.slot}, shape {list(key.shape)} (KV heads × "
-               "head dim)"
-               if 32 <= tok <= 126 else
-               f"Token {tok} · key vector read from layer {layer}'s K tensor at slot "
-               f"{addr.slot}, shape {list(key.shape)} (KV heads × head dim)")
+    # The token's own text under the engine's model (a byte, or a BPE piece such as
+    # " cat"), quoted so its spaces show; any character may be in it: escaped.
+    piece = engine.token_pieces([tok])[0]
+    st.caption(f"Token {tok} ({plain_md(_quoted(piece))}) · block {addr.physical_block} holds "
+               f"{plain_md(_block_pieces(engine, rid, addr.logical_block))} · key vector read "
+               f"from layer {layer}'s K tensor at slot {addr.slot}, shape {list(key.shape)} "
+               "(KV heads × head dim)")
     vdf, vspec = views.vector_spec(key.numpy())
     st.vega_lite_chart(vdf, vspec, width="stretch", key=f"{prefix}tr_chart")
     kdf = pd.DataFrame(key.numpy(), index=[f"K head {h}" for h in range(key.shape[0])])

@@ -20,7 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from backend.core.config import TINY_BYTE
+from backend.core.errors import PagedLabError
 from backend.engine.sampling import render_tokens
+from backend.models.registry import codec_for
 
 TableName = Literal["blocks", "requests", "events"]
 TABLES: tuple[TableName, ...] = ("blocks", "requests", "events")
@@ -45,13 +47,18 @@ def blocks_table(snapshot: dict[str, Any]) -> pd.DataFrame:
 def request_text(snapshot: dict[str, Any], request: dict[str, Any]) -> str | None:
     """A request's tokens as text: the snapshot's decoded `text` where it has one (a real
     model's requests do), else, for the tiny byte model, its bytes as the pages show them
-    (printable ASCII as is, other bytes as \\xNN). None for a model without either."""
+    (printable ASCII as is, other bytes as \\xNN), and for a real model its tokens
+    decoded by its tokenizer. None if that tokenizer is not installed here."""
     text = request.get("text")
     if isinstance(text, str):
         return text
-    if snapshot["config"].get("model", TINY_BYTE) == TINY_BYTE:
+    model = snapshot["config"].get("model", TINY_BYTE)
+    if model == TINY_BYTE:
         return render_tokens(request["tokens"])
-    return None
+    try:
+        return codec_for(str(model)).decode(request["tokens"])
+    except PagedLabError:
+        return None
 
 
 def requests_table(snapshot: dict[str, Any]) -> pd.DataFrame:

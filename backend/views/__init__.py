@@ -4,13 +4,15 @@ No Streamlit here: pages render what these functions return, tests check it
 directly, and an export can turn the same chart into PNG or SVG.
 
     model    a snapshot as typed rows and DataFrames; grid, vector: the block grid
+    tokens   a snapshot's tokens as their model's pieces (bytes, or BPE tokens)
     legend   the grid's legend (page and exports) and grid_chart, the grid with it
     glossary what the pages' terms mean (tooltips); settings: a config as rows
     html     metrics, event log and layout cards; tour: the Scenarios page's views
     text     user text as Markdown that Streamlit shows as written (plain_md, md_code)
     compare/ the "Contiguous vs paged" page's frames, charts and tables
 
-May import: engine, lab, paging and core (read-only use); never io or sessions.
+May import: engine, lab, models (a tokenizer, never weights), paging and core
+(read-only use); never io or sessions.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from backend.views.model import (
     table_text,
     text_by_block,
 )
+from backend.views.tokens import TOOLTIP_TOKENS, block_tokens, token_pieces
 from backend.views.vector import vector_spec
 
 __all__ = [
@@ -52,10 +55,12 @@ __all__ = [
     "PALETTE",
     "REQUEST_COLUMN_HELP",
     "SELECTION",
+    "TOOLTIP_TOKENS",
     "Chunk",
     "KernelInfo",
     "MetricItem",
     "Snapshot",
+    "block_tokens",
     "blocks_frame",
     "event_log_html",
     "events_frame",
@@ -78,5 +83,6 @@ __all__ = [
     "requests_layout",
     "table_text",
     "text_by_block",
+    "token_pieces",
     "vector_spec",
 ]

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from backend.views.model import Snapshot, blocks_frame
+from backend.views.tokens import block_tokens
 
 # Okabe-Ito: distinguishable under the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
@@ -118,6 +119,8 @@ def grid_frame(snap: Snapshot, *, page: int = 0,
     # cached cells' dashed border.
     df["mark"] = np.where(shared, times, "")
     df["fill_text"] = df["num_filled"].astype(str) + "/" + df["block_size"].astype(str)
+    texts = block_tokens(snap, df["id"].tolist())
+    df["tokens"] = [texts.get(int(b), "") for b in df["id"]]
     # What a screen reader announces for a cell (Vega writes it as the cell's aria-label).
     held = np.where(df["holders"].to_numpy() != "", "held by " + df["holders"].astype(str),
                     "held by no request")
@@ -136,7 +139,8 @@ def grid_frame(snap: Snapshot, *, page: int = 0,
 
 
 # The columns the chart reads; the rest of grid_frame stays server-side.
-CHART_COLUMNS = ["id", "state", "ref_count", "fill_text", "hash8", "holders", "num_filled",
+CHART_COLUMNS = ["id", "state", "ref_count", "fill_text", "hash8", "holders", "tokens",
+                 "num_filled",
                  "x0", "x1", "y0", "y1", "xc", "y_label", "x_id", "y_id", "bar_x1", "bar_y0",
                  "cell_color", "cell_opacity", "bar_color", "label", "mark", "alpha", "stroke",
                  "stroke_w", "aria"]
@@ -176,6 +180,7 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         {"field": "fill_text", "type": "nominal", "title": "filled slots"},
         {"field": "hash8", "type": "nominal", "title": "hash prefix"},
         {"field": "holders", "type": "nominal"},
+        {"field": "tokens", "type": "nominal"},
     ]
     alpha = raw("alpha", "quantitative")
     # Drawn cells, fill bars and labels are pictures only; a transparent rect per cell

@@ -48,6 +48,25 @@ def _color(slot: int) -> str:
     return PALETTE[slot % len(PALETTE)]
 
 
+# A real model's tokens on alternating tints, so each token's extent shows (where a
+# word splits, which token a leading space belongs to); a line break as ↵.
+_TOKEN_TINTS = ("rgba(0,114,178,0.10)", "rgba(230,159,0,0.16)")
+
+
+def pieces_html(chunk: Chunk) -> str:
+    """The chunk's tokens, escaped: tiny-byte's bytes as one string, a real model's
+    pieces each in its own tinted span (`pl-tok`, its text as the title)."""
+    if not chunk.subword:
+        return escape(chunk.text)
+    # Tinted by position in the request, so the tints alternate across chunks too.
+    first = chunk.logical * chunk.block_size
+    return "".join(
+        f"<span class='pl-tok' title='{escape(p, quote=True)}' style='background:"
+        f"{_TOKEN_TINTS[(first + i) % 2]};border-radius:2px'>"
+        f"{escape(p.replace(chr(10), '↵'))}</span>"
+        for i, p in enumerate(chunk.pieces))
+
+
 def chip_html(chunk: Chunk, color: str, *, highlight: bool = False) -> str:
     """One logical block of a request: 'L1 → P2 ×2 (3/4)' over the characters it holds."""
     where = "no block" if chunk.physical is None else f"P{chunk.physical}"
@@ -57,7 +76,7 @@ def chip_html(chunk: Chunk, color: str, *, highlight: bool = False) -> str:
     if chunk.partial:
         label += f" ({chunk.num_filled}/{chunk.block_size}, partial)"
     # Show the empty slots of a partial block as dots: the tail waste, in place.
-    text = escape(chunk.text) + "<span style='color:#BBB'>" + "·" * (
+    text = pieces_html(chunk) + "<span style='color:#BBB'>" + "·" * (
         chunk.block_size - chunk.num_filled) + "</span>"
     border = INK if highlight else "#D0D0D0"
     bg = "#FFF8DC" if highlight else "#FAFAFA"
@@ -86,7 +105,7 @@ def request_layout_html(snap: Snapshot, request_id: str, *,
             f"<span style='color:#555'>({escape(status)}, {req['num_tokens']} tokens, prompt "
             f"{req['prompt_len']}{parent}){escape(note)}</span></div>")
     if status != "running":
-        text = "".join(escape(c.text) for c in chunks)
+        text = "".join(pieces_html(c) for c in chunks)
         return head + f"<div style='{_TEXT}color:#666;white-space:pre-wrap'>{text}</div>"
     body = "".join(chip_html(c, color, highlight=c.physical in highlight_blocks)
                    for c in chunks)

@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from backend.engine.sampling import render_tokens
+from backend.core.config import TINY_BYTE
 from backend.paging.events import Event, describe
 from backend.views.glossary import METRICS, REQUEST_FIELDS
-
-Snapshot = dict[str, Any]
+from backend.views.tokens import Snapshot, model_of, token_pieces
 
 # How many of the newest events the log shows; the snapshot keeps them all.
 EVENT_LOG_LIMIT = 200
@@ -82,10 +81,18 @@ class Chunk:
 
     logical: int
     physical: int | None     # None for a request that holds no blocks
-    text: str                # the block's tokens, rendered for display
+    pieces: tuple[str, ...]  # each token's text (`token_pieces`)
     num_filled: int
     block_size: int
     ref_count: int
+    # Whether a token may be more than one character (a real model's BPE pieces):
+    # then a view marks each token's extent; tiny-byte's tokens are single bytes.
+    subword: bool = False
+
+    @property
+    def text(self) -> str:
+        """The block's tokens as one string, for display."""
+        return "".join(self.pieces)
 
     @property
     def partial(self) -> bool:
@@ -96,20 +103,23 @@ def text_by_block(snap: Snapshot, request_id: str) -> list[Chunk]:
     """A request's tokens split at block boundaries, each chunk labelled by its block.
 
     A running request's chunk i lives in physical block table[i]; a waiting or
-    finished request holds no blocks, so its chunks have `physical` None.
+    finished request holds no blocks, so its chunks have `physical` None. Each
+    chunk holds its tokens' pieces under the snapshot's model (`token_pieces`).
     """
     req = request_of(snap, request_id)
     bs = int(snap["config"]["block_size"])
     tokens: list[int] = req["tokens"]
     table: list[int] = req["block_table"]
     blocks = snap["blocks"]
+    pieces = token_pieces(snap, tokens)
+    subword = model_of(snap) != TINY_BYTE
     out = []
     for i in range(0, len(tokens), bs):
         logical = i // bs
-        part = tokens[i:i + bs]
+        part = tuple(pieces[i:i + bs])
         phys = table[logical] if logical < len(table) else None
         ref = blocks[phys]["ref_count"] if phys is not None else 0
-        out.append(Chunk(logical, phys, render_tokens(part), len(part), bs, ref))
+        out.append(Chunk(logical, phys, part, len(part), bs, ref, subword))
     return out
 
 

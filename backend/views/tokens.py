@@ -1,0 +1,77 @@
+"""A snapshot's tokens as text: each token's piece under the snapshot's model.
+
+tiny-byte's tokens are bytes (shown as `engine.sampling.render_tokens` shows
+them); a real model's are BPE tokens, shown as the text each stands for, so
+the block layouts, the grid's tooltips and the address translator show where
+token boundaries fall. The tokenizer comes from the models package
+(`registry.codec_for`, read once per process); no weights are loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from backend.core.config import TINY_BYTE
+from backend.core.errors import PagedLabError
+from backend.models.registry import codec_for
+
+Snapshot = dict[str, Any]
+
+
+def model_of(snap: Snapshot) -> str:
+    """The model a snapshot's tokens belong to (older snapshots: tiny-byte's bytes)."""
+    model = snap["config"].get("model", TINY_BYTE)
+    return model if isinstance(model, str) else TINY_BYTE
+
+
+def token_pieces(snap: Snapshot, tokens: list[int]) -> list[str]:
+    """Each token's own text under the snapshot's model: a byte of tiny-byte as
+    `engine.sampling.render_tokens` shows it, a BPE token as the bytes it stands for
+    (" cat", "ing", "<|im_start|>"), so a reader sees where token boundaries fall.
+
+    A real model's tokenizer comes from its file (read once per process); where
+    that is not installed, each token shows as its id, ⟨id⟩, instead of failing.
+    """
+    try:
+        return codec_for(model_of(snap)).pieces(tokens)
+    except PagedLabError:
+        return [f"⟨{t}⟩" for t in tokens]
+
+
+# A cell's tooltip shows at most this many of its block's tokens (a 256-slot block's
+# text would not fit a tooltip, and a page of 1024 cells must stay quick to build).
+TOOLTIP_TOKENS = 16
+
+
+def block_tokens(snap: Snapshot, block_ids: Collection[int]) -> dict[int, str]:
+    """The tokens each of `block_ids` holds, as text for its tooltip ("" if none known).
+
+    A used block's come from the first table that holds it, a cached block's
+    from its prefix-cache entry. A real model's tokens are separated by "|" so
+    their boundaries show; tiny-byte's bytes read as text.
+    """
+    wanted = set(block_ids)
+    bs = int(snap["config"]["block_size"])
+    found: dict[int, list[int]] = {}
+    for req in snap["requests"]:
+        tokens = req["tokens"]
+        for i, b in enumerate(req["block_table"]):
+            if b in wanted and b not in found:
+                found[b] = tokens[i * bs:(i + 1) * bs]
+    by_hash = {n["hash"]: n["tokens"] for n in snap.get("prefix_cache", [])}
+    for b in snap["blocks"]:
+        if b["id"] in wanted and b["id"] not in found and b["hash"] in by_hash:
+            found[b["id"]] = by_hash[b["hash"]]
+    order = list(found)
+    flat = [t for b in order for t in found[b][:TOOLTIP_TOKENS]]
+    pieces = token_pieces(snap, flat)
+    sep = "" if model_of(snap) == TINY_BYTE else "|"
+    out: dict[int, str] = {}
+    at = 0
+    for b in order:
+        n = min(len(found[b]), TOOLTIP_TOKENS)
+        text = sep.join(pieces[at:at + n]).replace("\n", "↵")
+        out[b] = text + ("…" if len(found[b]) > n else "")
+        at += n
+    return out
