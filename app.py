@@ -9,6 +9,7 @@ its address on a reload or a restarted server (ui/store.py, ui/resume.py).
 from __future__ import annotations
 
 import streamlit as st
+import torch
 from PIL import Image
 
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
@@ -16,6 +17,12 @@ from PIL import Image
 import backend.kernels  # noqa: F401
 from backend.views.grid import icon_pixels
 from ui import resume, session, sidebar, store
+
+# One thread per torch op: the server runs many sessions' steps side by side on a small
+# CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
+# makes a step ten or more times slower (docs/BENCHMARKS.md, SmolLM2). Sessions already
+# run in parallel threads; the pool would only contend with them.
+torch.set_num_threads(1)
 
 # The icon is drawn, not a :material/...: name: the browser would fetch that from Google.
 st.set_page_config(page_title="PagedLab", page_icon=Image.fromarray(icon_pixels()), layout="wide")
