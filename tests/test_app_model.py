@@ -72,6 +72,8 @@ def test_smollm2_in_the_sidebar_adds_steps_and_shows_its_token_pieces() -> None:
             at.sidebar.selectbox(key=key) if key == "cfg_model" else \
                 at.sidebar.number_input(key=key)
     add(at, PROMPT, max_new=3)
+    # The fields describe the applied config: no reset is pending.
+    assert not at.session_state["config_pending"]
     req = engine(at).requests["A"]
     ids = registry.codec_for(SMOLLM2).encode(PROMPT)
     assert list(req.tokens) == ids and len(ids) < len(PROMPT.encode())   # BPE, not bytes
