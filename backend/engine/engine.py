@@ -46,6 +46,7 @@ from backend.engine.results import (
     Verification,
 )
 from backend.engine.scheduler import Chunk, Scheduler
+from backend.engine.timeline import EngineTimeline
 from backend.kernels import select_kernels
 from backend.models.batch import ForwardBatch
 from backend.models.registry import build_model
@@ -88,6 +89,10 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.scheduler = Scheduler(c, self.manager, self.requests)
         self.step = 0
+        # What each iteration did, for timelines (not part of a snapshot).
+        self.timeline = EngineTimeline()
+        self._mark = (0, 0, 0, 0, 0, 0, 0)
+        self._prefill_tokens = 0
         self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
         self.lock = threading.RLock()
         # Set when an operation failed half-way (a bug, or the process ran out of
@@ -214,6 +219,9 @@ class Engine:
         before = len(self.manager.events)
         self.manager.step = self.step + 1
         self.scheduler.outcome = Outcome()
+        self._mark = (0, 0, 0, 0, self._prefill_tokens, self.manager.prefix_query_tokens,
+                      self.manager.prefix_hit_blocks)
+        self.timeline.begin()
         try:
             match op:
                 case Add():
@@ -226,7 +234,9 @@ class Engine:
                     self._finish_op(op)
                 case Step():
                     for done in range(1, op.count + 1):
+                        self.timeline.iteration_started()
                         self._iteration()
+                        self._record_row()
                         if progress is not None and not progress(done, op.count) \
                                 and done < op.count:
                             op = Step(done)
@@ -235,15 +245,41 @@ class Engine:
                     self._shuffle(op)
                 case _:
                     raise PagedLabError(f"unknown operation {op!r}")
+            if not isinstance(op, Step):
+                self._record_row()
         except PagedLabError:
             # Validation happens before any change, so nothing needs undoing.
             assert len(self.manager.events) == before, "a refused operation changed state"
             self.manager.step = self.step
+            self.timeline.end(counted=False)
             raise
+        self.timeline.end()
         self.step += 1
         o = self.scheduler.outcome
         return OpResult(self.step, op, tuple(self.manager.events[before:]), tuple(o.admitted),
                         tuple(o.preempted), tuple(o.finished), tuple(o.generated))
+
+    def _record_row(self) -> None:
+        """Mutates the timeline: a row for what ran since the last one in this operation."""
+        o = self.scheduler.outcome
+        admitted, preempted, finished, generated, prefill, queried, hits = self._mark
+        m = self.manager
+        tl = self.timeline
+        for rid in o.finished[finished:]:
+            tl.finished(rid)
+        metrics = m.metrics()
+        bs = self.config.block_size
+        running = self.running
+        tl.record(self.step + 1, (
+            len(running),
+            sum(1 for rid in running if self.requests[rid].prefilling), len(self.waiting),
+            len(o.admitted) - admitted, self._prefill_tokens - prefill,
+            len(o.generated) - generated, len(o.preempted) - preempted,
+            len(o.finished) - finished, metrics.filled_slots, metrics.used_blocks * bs,
+            metrics.used_blocks, metrics.cached_blocks, metrics.free_blocks,
+            m.prefix_query_tokens - queried, (m.prefix_hit_blocks - hits) * bs))
+        self._mark = (len(o.admitted), len(o.preempted), len(o.finished), len(o.generated),
+                      self._prefill_tokens, m.prefix_query_tokens, m.prefix_hit_blocks)
 
     def _add(self, op: Add) -> None:
         rid = check_request_id(op.request)
@@ -262,6 +298,7 @@ class Engine:
             self._check_seq_slot(f"add {rid!r} on pinned blocks (admitted at once)")
         req = Request(rid, len(tokens), tokens, max_new, arrival=len(self.requests))
         self.requests[rid] = req
+        self.timeline.arrived(rid)
         if op.blocks is not None:
             start = self.scheduler.allocate(req, list(op.blocks))
             self._prefill([(req, start, req.num_tokens)])
@@ -304,6 +341,7 @@ class Engine:
                         admitted=self.scheduler.next_admission(), logits=parent.logits.clone())
         self.requests[child_id] = child
         self.running.append(child_id)
+        self.timeline.arrived(child_id)
 
     def _finish_op(self, op: Finish) -> None:
         req = self.request(op.request)
@@ -355,6 +393,7 @@ class Engine:
                              self.manager.block_table(req.id)))
                 piece_of.append((req, stop))
             logits = self._forward(seqs)
+            self._prefill_tokens += sum(len(s[0]) for s in seqs)
             done = {id(req): stop for req, stop in piece_of}
             for (req, stop), row in zip(piece_of, logits, strict=True):
                 if stop == req.num_tokens:
@@ -372,6 +411,7 @@ class Engine:
         req.tokens.append(token)
         req.stopped = token == self.model.eos_token_id
         self.scheduler.outcome.generated.append((req.id, token))
+        self.timeline.generated(req.id)
         return result.slots[0]
 
     def _forward_decode(self, work: list[tuple[Request, int]]) -> None:

@@ -1,0 +1,61 @@
+"""The live engine's timeline as tables and a chart (backend.engine.timeline records it).
+
+`timeline_frame` has one row per iteration the engine ran, in the simulator's
+columns (so `backend.views.compare.timeline.timeline_chart` draws both) plus
+`step` (the operation, whose state the Playground keeps), the prefix-hit rate
+and the measured wall time. `latency_frame` has one row per request: time to
+first token and time per output token, in iterations and in milliseconds of
+the engine's work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from backend.engine.timeline import COLUMNS, EngineTimeline
+
+LATENCY_COLUMNS = ("request", "arrived", "first_token", "finished", "generated",
+                   "ttft_iterations", "tpot_iterations", "ttft_ms", "tpot_ms")
+
+
+def timeline_frame(tl: EngineTimeline, num_blocks: int, block_size: int) -> pd.DataFrame:
+    """One row per recorded iteration; empty (with the columns) before the first."""
+    data = np.asarray(tl.rows, dtype=np.int64).reshape(-1, len(COLUMNS))
+    df = pd.DataFrame(data, columns=list(COLUMNS))
+    ms = np.asarray(tl.row_ms, dtype=np.float64)
+    df["wall_ms"] = ms
+    df["time_s"] = np.cumsum(ms) / 1e3
+    df["free_slots"] = num_blocks * block_size - df["allocated_slots"]
+    queried = df["prefix_query_tokens"].astype("Float64")
+    df["prefix_hit_rate"] = (df["prefix_hit_tokens"] / queried.where(queried > 0)).astype(
+        "Float64")
+    return df
+
+
+def latency_frame(tl: EngineTimeline) -> pd.DataFrame:
+    """One row per request the timeline saw arrive, in arrival order.
+
+    TTFT counts from the `add` to the first token; TPOT is the time from the
+    first token to the last over the tokens after the first (empty until a
+    request has two). Iterations are the scheduler's; milliseconds are the
+    engine's work time, not time spent between clicks.
+    """
+    rows = []
+    for rid, t in tl.requests.items():
+        ttft = None if t.first_token is None else t.first_token - t.arrived
+        ttft_ms = None if t.first_token_s is None else (t.first_token_s - t.arrived_s) * 1e3
+        tpot = tpot_ms = None
+        if t.num_generated > 1:
+            assert t.first_token is not None and t.last_token is not None
+            assert t.first_token_s is not None and t.last_token_s is not None
+            tpot = (t.last_token - t.first_token) / (t.num_generated - 1)
+            tpot_ms = (t.last_token_s - t.first_token_s) * 1e3 / (t.num_generated - 1)
+        rows.append((rid, t.arrived, t.first_token, t.finished, t.num_generated, ttft, tpot,
+                     ttft_ms, tpot_ms))
+    df = pd.DataFrame(rows, columns=list(LATENCY_COLUMNS))
+    for col in ("arrived", "first_token", "finished", "generated", "ttft_iterations"):
+        df[col] = df[col].astype("Int64")
+    for col in ("tpot_iterations", "ttft_ms", "tpot_ms"):
+        df[col] = df[col].astype("Float64")
+    return df

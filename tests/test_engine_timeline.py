@@ -1,0 +1,105 @@
+"""The live engine's timeline: every row against the engine's own state and totals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import parse_op
+from backend.views.compare.timeline import timeline_chart
+from backend.views.timeline import latency_frame, timeline_frame
+
+OPS: list[dict[str, Any]] = [
+    {"op": "add", "request": "A", "prompt": "a shared system prompt, then A", "max_new_tokens": 9},
+    {"op": "add", "request": "B", "prompt": "a shared system prompt, then B", "max_new_tokens": 12},
+    {"op": "step", "count": 3},
+    {"op": "fork", "request": "A", "child": "A1"},
+    {"op": "add", "request": "C", "prompt_len": 30, "max_new_tokens": 8},
+    {"op": "step", "count": 6},
+    {"op": "finish", "request": "B"},
+    {"op": "step", "count": 20},
+]
+
+
+def run(config: dict[str, Any]) -> tuple[Engine, list[tuple[int, dict[str, Any]]]]:
+    """The engine after OPS, and after each operation (its step, its state, and what
+    its result says it generated, admitted and preempted)."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 24, "block_size": 4, **config}),
+               kernel="torch")
+    states = []
+    for op in OPS:
+        result = e.apply(parse_op(op))
+        m = e.manager.metrics()
+        states.append((e.step, {"decode_tokens": len(result.generated),
+                                "admitted": len(result.admitted),
+                                "preemptions": len(result.preempted),
+                                "finished": len(result.finished),
+                                "running": len(e.running), "waiting": len(e.waiting),
+                                "used_blocks": m.used_blocks, "cached_blocks": m.cached_blocks,
+                                "free_blocks": m.free_blocks, "token_slots": m.filled_slots}))
+    return e, states
+
+
+@pytest.mark.parametrize("config", [{}, {"max_num_batched_tokens": 16},
+                                    {"num_blocks": 14}])
+def test_rows_agree_with_the_engine(config: dict[str, Any]) -> None:
+    e, states = run(config)
+    df = timeline_frame(e.timeline, e.config.num_blocks, e.config.block_size)
+    assert list(df["iteration"]) == list(range(len(df)))
+    # One row per iteration of a step, one per other operation.
+    assert len(df) == sum(op.get("count", 1) for op in OPS)
+    counted = ("decode_tokens", "admitted", "preemptions", "finished")
+    for step, state in states:
+        rows = df[df["step"] == step]
+        # An operation's rows add up to what its result reports ...
+        for key in counted:
+            assert rows[key].sum() == state[key], (step, key)
+        # ... and its last row is the state after it.
+        for key, value in state.items():
+            if key not in counted:
+                assert rows.iloc[-1][key] == value, (step, key)
+    assert df["preemptions"].sum() == e.manager.preemptions
+    assert df["finished"].sum() == sum(r.status == "finished" for r in e.requests.values())
+    assert df["prefix_hit_tokens"].sum() == e.manager.prefix_hit_blocks * e.config.block_size
+    assert df["prefix_query_tokens"].sum() == e.manager.prefix_query_tokens
+    if e.config.max_num_batched_tokens is not None:
+        steps = df[df["step"].isin([s for s, _ in states if OPS[s - 1]["op"] == "step"])]
+        assert (steps["prefill_tokens"] + steps["decode_tokens"]
+                <= e.config.max_num_batched_tokens).all()
+    if config.get("num_blocks") == 14:
+        assert df["preemptions"].sum() > 0, "the small pool should preempt"
+    # The simulator's chart draws the live timeline too.
+    assert timeline_chart(df, paged=True).to_dict()
+
+
+def test_latencies_in_iterations() -> None:
+    e = Engine(EngineConfig(num_blocks=32, block_size=4), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt_len": 6, "max_new_tokens": 5}))
+    e.apply(parse_op({"op": "step", "count": 2}))
+    e.apply(parse_op({"op": "add", "request": "B", "prompt_len": 3, "max_new_tokens": 2}))
+    e.apply(parse_op({"op": "step", "count": 5}))
+    lat = latency_frame(e.timeline).set_index("request")
+    # A: added in row 0, first token in row 1 (the first step), one token per step.
+    assert lat.loc["A", "arrived"] == 0 and lat.loc["A", "first_token"] == 1
+    assert lat.loc["A", "ttft_iterations"] == 1
+    assert lat.loc["A", "tpot_iterations"] == 1.0
+    assert lat.loc["A", "generated"] == 5 and lat.loc["A", "finished"] == 5
+    # B: added in row 3, first token in row 4.
+    assert lat.loc["B", "ttft_iterations"] == 1 and lat.loc["B", "generated"] == 2
+    assert (lat["ttft_ms"] >= 0).all() and (lat["tpot_ms"].dropna() >= 0).all()
+
+
+def test_a_refused_operation_records_nothing() -> None:
+    e = Engine(EngineConfig(num_blocks=8, block_size=4), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt_len": 6}))
+    rows, clock = list(e.timeline.rows), e.timeline.clock_s
+    with pytest.raises(PagedLabError):
+        e.apply(parse_op({"op": "grow", "request": "A", "tokens": 100}))
+    with pytest.raises(PagedLabError):
+        e.apply(parse_op({"op": "add", "request": "A", "prompt_len": 2}))
+    assert e.timeline.rows == rows and e.timeline.clock_s == clock
+    assert list(e.timeline.requests) == ["A"]
