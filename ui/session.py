@@ -104,6 +104,8 @@ CONFIG_KEYS = {
     "cfg_num_layers": "num_layers", "cfg_num_heads": "num_heads",
     "cfg_num_kv_heads": "num_kv_heads", "cfg_head_dim": "head_dim", "cfg_dtype": "dtype",
     "cfg_seed": "seed", "cfg_max_new": "max_new_tokens",
+    "cfg_max_num_seqs": "max_num_seqs", "cfg_max_num_batched_tokens": "max_num_batched_tokens",
+    "cfg_watermark_blocks": "watermark_blocks",
 }
 DIM_KEYS = frozenset(f"cfg_{name}" for name in MODEL_FIELDS)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
+from backend.core.budgets import MAX_BUDGET
 from backend.core.config import (
     DTYPE_BYTES,
     MAX_BLOCK_SIZE,
@@ -33,7 +34,13 @@ from backend.sessions.playground import (
     model_loaded,
     model_problem,
 )
-from backend.views.settings import config_html, config_items, fixed_dims_text, model_cost_text
+from backend.views.settings import (
+    BUDGET_HELP,
+    config_html,
+    config_items,
+    fixed_dims_text,
+    model_cost_text,
+)
 from backend.views.text import plain_md
 from ui import session
 
@@ -101,6 +108,25 @@ def _config_fields() -> None:
         st.number_input("Default max new tokens", min_value=1, step=1, key="cfg_max_new",
                         placeholder="no limit",
                         help="For requests added without their own limit; blank: none.")
+    _scheduler_fields()
+
+
+def _scheduler_fields() -> None:
+    """vLLM's scheduler budgets; blank is no limit. Part of the config: a change on an
+    engine with state asks before resetting, like the pool's fields."""
+    # A fixed label: one naming the budgets would make a new expander (collapsed) on
+    # every change.
+    with st.expander("Scheduler"):
+        st.caption("vLLM's scheduler budgets, applied at every step. Blank: no limit.")
+        st.number_input("Max running requests", min_value=1, max_value=MAX_BUDGET, step=1,
+                        key="cfg_max_num_seqs", placeholder="no limit",
+                        help=BUDGET_HELP["max_num_seqs"])
+        st.number_input("Token budget per step", min_value=1, max_value=MAX_BUDGET, step=1,
+                        key="cfg_max_num_batched_tokens", placeholder="no limit",
+                        help=BUDGET_HELP["max_num_batched_tokens"])
+        st.number_input("Watermark (blocks)", min_value=0, max_value=MAX_NUM_BLOCKS, step=1,
+                        key="cfg_watermark_blocks", placeholder="0",
+                        help=BUDGET_HELP["watermark_blocks"])
 
 
 def _model_field() -> str:

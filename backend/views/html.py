@@ -53,31 +53,42 @@ def _color(slot: int) -> str:
 _TOKEN_TINTS = ("rgba(0,114,178,0.10)", "rgba(230,159,0,0.16)")
 
 
-def pieces_html(chunk: Chunk) -> str:
-    """The chunk's tokens, escaped: tiny-byte's bytes as one string, a real model's
-    pieces each in its own tinted span (`pl-tok`, its text as the title)."""
+def pieces_html(chunk: Chunk, start: int = 0, stop: int | None = None) -> str:
+    """The chunk's tokens [start, stop), escaped: tiny-byte's bytes as one string, a
+    real model's pieces each in its own tinted span (`pl-tok`, its text as the title)."""
+    pieces = chunk.pieces[start:stop]
     if not chunk.subword:
-        return escape(chunk.text)
+        return escape("".join(pieces))
     # Tinted by position in the request, so the tints alternate across chunks too.
-    first = chunk.logical * chunk.block_size
+    first = chunk.logical * chunk.block_size + start
     return "".join(
         f"<span class='pl-tok' title='{escape(p, quote=True)}' style='background:"
         f"{_TOKEN_TINTS[(first + i) % 2]};border-radius:2px'>"
         f"{escape(p.replace(chr(10), '↵'))}</span>"
-        for i, p in enumerate(chunk.pieces))
+        for i, p in enumerate(pieces))
 
 
 def chip_html(chunk: Chunk, color: str, *, highlight: bool = False) -> str:
     """One logical block of a request: 'L1 → P2 ×2 (3/4)' over the characters it holds."""
     where = "no block" if chunk.physical is None else f"P{chunk.physical}"
+    if chunk.physical is None and chunk.pending:
+        where = "no block yet"
     label = f"L{chunk.logical} → {where}"
     if chunk.ref_count >= 2:
         label += f" ×{chunk.ref_count}"
-    if chunk.partial:
+    if chunk.partial and chunk.physical is not None:
         label += f" ({chunk.num_filled}/{chunk.block_size}, partial)"
-    # Show the empty slots of a partial block as dots: the tail waste, in place.
-    text = pieces_html(chunk) + "<span style='color:#BBB'>" + "·" * (
-        chunk.block_size - chunk.num_filled) + "</span>"
+    if chunk.pending:
+        label += f", {chunk.pending} to prefill"
+    # Tokens still to prefill are greyed and struck through: their K/V is not in the
+    # block yet. The empty slots of a partial block show as dots: the tail waste, in place.
+    done = len(chunk.pieces) - chunk.pending
+    text = pieces_html(chunk, 0, done)
+    if chunk.pending:
+        text += ("<span style='color:#999;text-decoration:line-through'>"
+                 f"{pieces_html(chunk, done)}</span>")
+    text += "<span style='color:#BBB'>" + "·" * (
+        chunk.block_size - len(chunk.pieces)) + "</span>"
     border = INK if highlight else "#D0D0D0"
     bg = "#FFF8DC" if highlight else "#FAFAFA"
     return (f"<span class='pl-chip' style='{_CHIP.format(border=border, color=color, bg=bg)}'>"
@@ -98,7 +109,11 @@ def request_layout_html(snap: Snapshot, request_id: str, *,
         "running": "",
         "waiting": " — waiting: holds no blocks until a step admits it",
         "finished": " — finished: its blocks were released",
-    }[status]
+    }.get(status, "")
+    computed = req.get("num_computed_tokens")
+    if status == "running" and computed is not None:
+        note = (f" — prefilling: {computed} of {req['num_tokens']} tokens computed; the rest "
+                "take their blocks as the token budget schedules them")
     parent = f", forked from {escape(req['parent'])}" if req["parent"] else ""
     head = (f"<div style='margin:6px 0 2px 0;font-size:14px'>"
             f"{'▶ ' if focused else ''}<b>{escape(request_id)}</b> "

@@ -88,6 +88,10 @@ class Chunk:
     # Whether a token may be more than one character (a real model's BPE pieces):
     # then a view marks each token's extent; tiny-byte's tokens are single bytes.
     subword: bool = False
+    # Trailing tokens of `pieces` whose K/V is not written yet: a token budget
+    # prefills a long prompt over several steps, and a block holds only the
+    # tokens computed so far (`num_filled` counts those).
+    pending: int = 0
 
     @property
     def text(self) -> str:
@@ -105,6 +109,9 @@ def text_by_block(snap: Snapshot, request_id: str) -> list[Chunk]:
     A running request's chunk i lives in physical block table[i]; a waiting or
     finished request holds no blocks, so its chunks have `physical` None. Each
     chunk holds its tokens' pieces under the snapshot's model (`token_pieces`).
+    A request still prefilling (`num_computed_tokens` in the snapshot) holds
+    blocks for its computed tokens only: the rest of each chunk is `pending`,
+    and chunks past its table have no block yet.
     """
     req = request_of(snap, request_id)
     bs = int(snap["config"]["block_size"])
@@ -113,14 +120,34 @@ def text_by_block(snap: Snapshot, request_id: str) -> list[Chunk]:
     blocks = snap["blocks"]
     pieces = token_pieces(snap, tokens)
     subword = model_of(snap) != TINY_BYTE
+    computed = computed_tokens(req)
     out = []
     for i in range(0, len(tokens), bs):
         logical = i // bs
         part = tuple(pieces[i:i + bs])
         phys = table[logical] if logical < len(table) else None
         ref = blocks[phys]["ref_count"] if phys is not None else 0
-        out.append(Chunk(logical, phys, part, len(part), bs, ref, subword))
+        pending = len(part) - min(len(part), max(0, computed - i))
+        out.append(Chunk(logical, phys, part, len(part) - pending, bs, ref, subword, pending))
     return out
+
+
+def computed_tokens(req: dict[str, Any]) -> int:
+    """Leading tokens of a request whose K/V is in the cache: all of them, unless a token
+    budget is still prefilling its prompt over several steps."""
+    computed = req.get("num_computed_tokens")
+    return int(req["num_tokens"]) if computed is None else int(computed)
+
+
+def status_text(req: dict[str, Any]) -> str:
+    """'running', 'running (prefill 12/30)', 'finished (max new tokens)', ...: the status
+    with what a request is waiting for or why it ended."""
+    status = str(req["status"])
+    if status == "finished" and req.get("finish_reason") not in (None, "finished"):
+        return f"finished ({req['finish_reason'].replace('_', ' ')})"
+    if status == "running" and req.get("num_computed_tokens") is not None:
+        return f"running (prefill {computed_tokens(req)}/{req['num_tokens']})"
+    return status
 
 
 def request_of(snap: Snapshot, request_id: str) -> dict[str, Any]:
@@ -157,7 +184,9 @@ MAX_TABLE_LINES = 4
 # What each column of `requests_frame` means: the block tables' header tooltips.
 REQUEST_COLUMN_HELP: dict[str, str] = {
     "request": "The request's id.",
-    "status": REQUEST_FIELDS["status"] + " A finished one says why, in brackets.",
+    "status": REQUEST_FIELDS["status"] + " A finished one says why, in brackets; "
+              "'running (prefill n/N)' is a prompt a token budget (max_num_batched_tokens) "
+              "prefills over several steps: n of its N tokens have their K/V in the cache.",
     "parent": REQUEST_FIELDS["parent"],
     "prompt": REQUEST_FIELDS["prompt_len"],
     "generated": "Tokens generated so far.",
@@ -176,19 +205,17 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
     bs = int(snap["config"]["block_size"])
     rows = []
     for req in snap["requests"]:
-        status = req["status"]
-        if status == "finished" and req.get("finish_reason") not in (None, "finished"):
-            status = f"finished ({req['finish_reason'].replace('_', ' ')})"
         rows.append({
             "request": req["id"],
-            "status": status,
+            "status": status_text(req),
             "parent": req["parent"] or "",
             "prompt": req["prompt_len"],
             "generated": req["num_tokens"] - req["prompt_len"],
             "tokens": req["num_tokens"],
             "blocks": len(req["block_table"]),
             "preempted": req["num_preemptions"],
-            BLOCK_TABLE_COLUMN: table_text(req["block_table"], req["num_tokens"], bs),
+            # The table covers the computed tokens (all, unless still prefilling).
+            BLOCK_TABLE_COLUMN: table_text(req["block_table"], computed_tokens(req), bs),
         })
     # The block table last: it is the one that grows, and it takes the rest of the row.
     cols = ["request", "status", "parent", "prompt", "generated", "tokens", "blocks",

@@ -18,6 +18,24 @@ from backend.views.model import format_bytes
 ALLOCATION_WORDS = {"fifo": "queue order", "random": "scattered"}
 
 
+# The scheduler budgets in vLLM's terms: the sidebar's help and the read-only rows.
+BUDGET_HELP = {
+    "max_num_seqs": "vLLM's max_num_seqs: at most this many requests run in one scheduler "
+                    "iteration, decoding and prefilling together; the rest wait. Blank: no "
+                    "limit.",
+    "max_num_batched_tokens": "vLLM's max_num_batched_tokens: at most this many tokens are "
+                              "processed in one iteration, prefill and decode together. "
+                              "Running requests decode first (one token each), then prompts "
+                              "still prefilling, then admissions; a longer prompt is prefilled "
+                              "in chunks over several steps (chunked prefill). Blank: no "
+                              "limit.",
+    "watermark_blocks": "vLLM's watermark: a waiting request is admitted only if this many "
+                        "blocks stay free after it takes its own, so running requests keep "
+                        "room to grow instead of being preempted. Less than the pool size. "
+                        "Blank: 0.",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class SettingItem:
     label: str
@@ -64,6 +82,17 @@ def config_items(config: EngineConfig) -> list[SettingItem]:
         items.append(SettingItem("Top-p", f"{c.top_p:g}",
                                  "Sampling keeps the most likely tokens up to this total "
                                  "probability."))
+    # vLLM's scheduler budgets, only when set: a scenario without them has no limits.
+    if c.max_num_seqs is not None:
+        items.append(SettingItem("Max running requests", str(c.max_num_seqs),
+                                 BUDGET_HELP["max_num_seqs"]))
+    if c.max_num_batched_tokens is not None:
+        items.append(SettingItem("Token budget per step",
+                                 _count(c.max_num_batched_tokens, "token"),
+                                 BUDGET_HELP["max_num_batched_tokens"]))
+    if c.watermark_blocks is not None:
+        items.append(SettingItem("Watermark", _count(c.watermark_blocks, "block"),
+                                 BUDGET_HELP["watermark_blocks"]))
     return items
 
 
