@@ -33,7 +33,17 @@ from backend.paging.block_types import (
     validate_tokens,
 )
 from backend.paging.checks import append_tokens, check_new_id
-from backend.paging.events import EventKind, new_event
+from backend.paging.events import (
+    ALLOC,
+    COW,
+    EVICT,
+    FREE,
+    KIND_BITS,
+    MOVE,
+    PREEMPT,
+    PREFIX_HIT,
+    SHARE,
+)
 from backend.paging.hashing import hash_block
 from backend.paging.remap import apply_remap, plan_remap
 
@@ -76,8 +86,11 @@ class BlockManager(BlockTables):
         pool = self.pool
         blocks = pool.blocks
         caching = self.prefix_caching
-        record = self.events.append if self.record_events else None
-        step = self.step
+        # Events go to the log as flat records (events.EventLog), their codes
+        # made once per call.
+        record = self._log.record if self.record_events else None
+        step = self.step << KIND_BITS
+        hit_code, alloc_code, evict_code = step | PREFIX_HIT, step | ALLOC, step | EVICT
         if caching and pinned is None:
             self.prefix_queries += 1
             self.prefix_query_tokens += length
@@ -96,7 +109,7 @@ class BlockManager(BlockTables):
             block.ref_count = rc = rc + 1
             table.append(block_id)
             if record is not None:
-                record(new_event(step, "prefix_hit", seq_id, block_id, None, None, rc))
+                record((hit_code, seq_id, block_id, rc))
         self.prefix_hit_blocks += len(plan.hit_blocks)
         self._shared += shared
         new: list[int] = []
@@ -111,7 +124,7 @@ class BlockManager(BlockTables):
             else:
                 block, evicted = pool.pop_free()
                 if evicted is not None and record is not None:
-                    record(new_event(step, "evict", seq_id, block.id, None, None, None))
+                    record((evict_code, seq_id, block.id, None))
             # Every block but the last is full.
             filled = bs if i < last else length - i * bs
             block.num_filled = filled
@@ -121,7 +134,7 @@ class BlockManager(BlockTables):
             table.append(block.id)
             new.append(block.id)
             if record is not None:
-                record(new_event(step, "alloc", seq_id, block.id, None, None, 1))
+                record((alloc_code, seq_id, block.id, 1))
         self._filled_used += filled_total
         self._table_entries += len(table)
         self._logical_tokens += length
@@ -169,11 +182,11 @@ class BlockManager(BlockTables):
             if last.num_filled == bs:
                 last, evicted = self.pool.pop_free()
                 if evicted is not None:
-                    self._emit("evict", seq_id, last.id)
+                    self._emit(EVICT, seq_id, last.id)
                 table.append(last.id)
                 new.append(last.id)
                 self._table_entries += 1
-                self._emit("alloc", seq_id, last.id, ref_count=1)
+                self._emit(ALLOC, seq_id, last.id, ref_count=1)
             take = min(bs - last.num_filled, n - done)
             first = last.id * bs + last.num_filled
             slots.extend(range(first, first + take))
@@ -222,11 +235,11 @@ class BlockManager(BlockTables):
                 return self._append_general(seq_id, token)
             block, evicted = pool.pop_free()
             if self.record_events:
+                record = self._log.record
+                code = self.step << KIND_BITS
                 if evicted is not None:
-                    self.events.append(new_event(self.step, "evict", seq_id, block.id,
-                                                 None, None, None))
-                self.events.append(new_event(self.step, "alloc", seq_id, block.id,
-                                             None, None, 1))
+                    record((code | EVICT, seq_id, block.id, None))
+                record((code | ALLOC, seq_id, block.id, 1))
             table.append(block.id)
             self._table_entries += 1
             offset = 0
@@ -256,7 +269,7 @@ class BlockManager(BlockTables):
         for block_id in parent.block_table:
             block = self.pool.blocks[block_id]
             self._incref(block)
-            self._emit("share", child_id, block_id, ref_count=block.ref_count)
+            self._emit(SHARE, child_id, block_id, ref_count=block.ref_count)
         self._table_entries += len(parent.block_table)
         self._logical_tokens += parent.num_tokens
         self.seqs[child_id] = SeqBlocks(child_id, list(parent.block_table), parent.num_tokens,
@@ -269,12 +282,13 @@ class BlockManager(BlockTables):
         be reused) sit nearest the back of the queue and are evicted last.
         """
         seq = self._seq(seq_id)
-        record = self.events.append if self.record_events else None
-        step = self.step
+        record = self._log.record if self.record_events else None
+        code = self.step << KIND_BITS
+        free_code = code | FREE
         if preempted:
             self.preemptions += 1
             if record is not None:
-                record(new_event(step, "preempt", seq_id, None, None, None, None))
+                record((code | PREEMPT, seq_id, None, None))
         released: list[Block] = []
         blocks = self.pool.blocks
         filled = shared = 0
@@ -289,7 +303,7 @@ class BlockManager(BlockTables):
                 filled += block.num_filled
                 released.append(block)
             if record is not None:
-                record(new_event(step, "free", seq_id, block_id, None, None, rc))
+                record((free_code, seq_id, block_id, rc))
         self.pool.release_all(released)
         self._filled_used -= filled
         self._shared -= shared
@@ -316,7 +330,7 @@ class BlockManager(BlockTables):
         """
         moves = apply_remap(self.pool, self.seqs, mapping)
         for m in moves:
-            self._emit("move", None, m.dst, src=m.src, dst=m.dst)
+            self._emit(MOVE, None, m.dst, src=m.src, dst=m.dst)
         return moves
 
     # ---- internals ---------------------------------------------------------
@@ -324,13 +338,13 @@ class BlockManager(BlockTables):
     def _copy_on_write(self, seq: SeqBlocks, src: Block) -> CowCopy:
         dst, evicted = self.pool.pop_free()
         if evicted is not None:
-            self._emit("evict", seq.seq_id, dst.id)
+            self._emit(EVICT, seq.seq_id, dst.id)
         dst.num_filled = src.num_filled
         self._filled_used += dst.num_filled
         self._decref(src)
         seq.block_table[-1] = dst.id
         self.cow_copies += 1
-        self._emit("cow", seq.seq_id, dst.id, src=src.id, dst=dst.id, ref_count=1)
+        self._emit(COW, seq.seq_id, dst.id, src=src.id, dst=dst.id, ref_count=1)
         return CowCopy(src.id, dst.id, src.num_filled)
 
     def _incref(self, block: Block) -> None:
@@ -344,11 +358,12 @@ class BlockManager(BlockTables):
             self._shared -= 1
         block.ref_count -= 1
 
-    def _emit(self, kind: EventKind, request: str | None, block: int | None, *,
+    def _emit(self, kind: int, request: str | None, block: int | None, *,
               src: int | None = None, dst: int | None = None,
               ref_count: int | None = None) -> None:
+        """Record one event of kind code `kind` (events.KIND_CODES), if events are on."""
         if self.record_events:
-            self.events.append(new_event(self.step, kind, request, block, src, dst, ref_count))
+            self._log.add(self.step, kind, request, block, src, dst, ref_count)
 
     def recount(self) -> None:
         """Mutates: recompute the incremental counters from the structures.

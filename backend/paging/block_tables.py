@@ -20,7 +20,7 @@ adds the mutations; this module never imports that one.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from backend.core.errors import PagedLabError
 from backend.paging.block_pool import AllocationMode, Block, BlockPool
@@ -39,7 +39,7 @@ from backend.paging.checks import (
     check_position,
     prompt_tokens,
 )
-from backend.paging.events import Event
+from backend.paging.events import Event, EventLog
 from backend.paging.hashing import BlockHash, hash_prompt_blocks
 from backend.paging.integrity import check_integrity
 
@@ -64,7 +64,7 @@ class BlockTables:
         self.cache_salt = cache_salt
         self.pool = BlockPool(num_blocks, allocation=allocation, seed=seed)
         self.seqs: dict[str, SeqBlocks] = {}
-        self.events: list[Event] = []
+        self._log = EventLog()
         self.record_events = record_events
         self.step = 0
         # Incremental counters, so metrics() is O(1) (checked by check_integrity).
@@ -81,6 +81,17 @@ class BlockTables:
         self.prefix_floor_tokens = 0
 
     # ---- reads -------------------------------------------------------------
+
+    @property
+    def events(self) -> EventLog:
+        """Every event recorded so far, in order (a sequence of `Event`; empty when
+        `record_events` is off). Assigning a sequence of events replaces the log
+        (a snapshot restore does)."""
+        return self._log
+
+    @events.setter
+    def events(self, events: Iterable[Event]) -> None:
+        self._log = EventLog(events)
 
     @property
     def num_blocks(self) -> int:

@@ -1,13 +1,23 @@
-"""Allocator events: one record for every change a user can watch happen."""
+"""Allocator events: one record for every change a user can watch happen.
+
+`Event` is what readers see; `EventLog` is how the block manager keeps them:
+flat records, turned into `Event`s only when read.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, NamedTuple, overload
 
 EventKind = Literal["alloc", "free", "share", "cow", "prefix_hit", "evict", "preempt", "move"]
 EVENT_KINDS: tuple[EventKind, ...] = (
     "alloc", "free", "share", "cow", "prefix_hit", "evict", "preempt", "move",
 )
+# A kind's code is its index in EVENT_KINDS; a record packs it below the step.
+ALLOC, FREE, SHARE, COW, PREFIX_HIT, EVICT, PREEMPT, MOVE = range(len(EVENT_KINDS))
+KIND_BITS = 3
+KIND_MASK = (1 << KIND_BITS) - 1
+KIND_CODES: dict[str, int] = {kind: code for code, kind in enumerate(EVENT_KINDS)}
 
 
 class Event(NamedTuple):
@@ -20,12 +30,11 @@ class Event(NamedTuple):
     applies: a `free` with `ref_count` 1 means the request let go of a block
     that another request still holds.
 
-    A named tuple rather than a dataclass: the allocator records one for
-    every block it hands out, shares or releases, and a tuple is built in C
-    (several times faster than a frozen dataclass, which sets each field
-    from Python) and, holding only ints, strings and None, is dropped from
-    the garbage collector's tracking, so a long event log costs collections
-    nothing.
+    A named tuple rather than a dataclass: readers build many (a snapshot
+    builds the whole log), and a tuple is built in C, several times faster
+    than a frozen dataclass, which sets each field from Python. The
+    allocator itself records events in an `EventLog`, which builds them
+    only when they are read.
     """
 
     step: int
@@ -120,3 +129,106 @@ def new_event(step: int, kind: EventKind, request: str | None, block: int | None
     builds the tuple directly: the same object.
     """
     return _new_tuple(Event, (step, kind, request, block, src, dst, ref_count))
+
+
+class EventLog(Sequence[Event]):
+    """Every event recorded so far, in order: a sequence of `Event`, kept as flat records.
+
+    Reads are those of a sequence of `Event` (len, an index, a slice as a new
+    list, iteration, `==` against any sequence of events); each `Event` is
+    built when it is read, so the log itself holds no object per event. The
+    allocator records one event for every block it hands out, shares or
+    releases, and an object per event is what made recording cost: building
+    it, and the garbage collections that every new container counts towards.
+
+    Layout: `items` holds four entries per event, ``step << KIND_BITS | kind
+    code``, request, block and ref_count (None where the event has none);
+    `extra` maps an event's index to its (src, dst) when either is set
+    (copies and moves, a few per operation). `record` is the writers' call:
+    `items.extend` with the four entries of an event without src and dst,
+    a C call with no object kept. Steps are ints (the engine's operation
+    numbers); any other field value an `Event` may hold is kept as it is.
+    """
+
+    __slots__ = ("extra", "items", "record")
+
+    def __init__(self, events: Iterable[Event] = ()) -> None:
+        self.items: list[Any] = []
+        self.extra: dict[int, tuple[int | None, int | None]] = {}
+        # Writers bind this once per call: record((code, request, block, ref_count)).
+        self.record = self.items.extend
+        for event in events:
+            self.append(event)
+
+    def add(self, step: int, kind: int, request: str | None, block: int | None,
+            src: int | None = None, dst: int | None = None,
+            ref_count: int | None = None) -> None:
+        """Mutates: record one event by its fields (`kind` is a code from KIND_CODES)."""
+        if src is not None or dst is not None:
+            self.extra[len(self.items) >> 2] = (src, dst)
+        self.items.extend((step << KIND_BITS | kind, request, block, ref_count))
+
+    def append(self, event: Event) -> None:
+        """Mutates: record an `Event` (a restored snapshot's log is rebuilt this way)."""
+        step, kind, request, block, src, dst, ref_count = event
+        self.add(step, KIND_CODES[kind], request, block, src, dst, ref_count)
+
+    def __len__(self) -> int:
+        return len(self.items) >> 2
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Event]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | list[Event]:
+        n = len(self)
+        if isinstance(index, slice):
+            start, stop, stride = index.indices(n)
+            if stride == 1:
+                return list(self._events(start, max(start, stop)))
+            return [self._event(i) for i in range(start, stop, stride)]
+        i = index.__index__()
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("event index out of range")
+        return self._event(i)
+
+    def __iter__(self) -> Iterator[Event]:
+        return self._events(0, len(self))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EventLog):
+            return self.items == other.items and self.extra == other.extra
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(other) == len(self) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"EventLog({list(self)!r})"
+
+    def _event(self, i: int) -> Event:
+        j = i << 2
+        code, request, block, ref_count = self.items[j:j + 4]
+        src, dst = self.extra.get(i, _NO_EXTRA)
+        return _new_tuple(Event, (code >> KIND_BITS, EVENT_KINDS[code & KIND_MASK], request,
+                                  block, src, dst, ref_count))
+
+    def _events(self, start: int, stop: int) -> Iterator[Event]:
+        """Events start..stop-1 (0 <= start <= stop <= len), built one by one."""
+        flat = iter(self.items[start << 2:stop << 2])
+        extra = self.extra
+        kinds = EVENT_KINDS
+        i = start
+        for code, request, block, ref_count in zip(flat, flat, flat, flat, strict=True):
+            src, dst = extra.get(i, _NO_EXTRA) if extra else _NO_EXTRA
+            yield _new_tuple(Event, (code >> KIND_BITS, kinds[code & KIND_MASK], request,
+                                     block, src, dst, ref_count))
+            i += 1
+
+
+_NO_EXTRA: tuple[None, None] = (None, None)
