@@ -1,15 +1,17 @@
 """Playground: drive the live engine. Configure, add, grow, fork, finish, step, shuffle.
 
-Export what is shown (also as a scenario file), upload a snapshot to continue
-from its exact state, and reopen or delete this browser's saved sessions. The
-address names this session once it has state (ui/store.py).
+Its timeline (ui/timeline.py) charts the run row by row and can show the
+state after a past step in the views. Export what is shown (also as a scenario
+file), upload a snapshot to continue from its exact state, and reopen or delete
+this browser's saved sessions. The address names this session once it has
+state (ui/store.py).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from ui import controls, exports, panels, progress, resume, session, store
+from ui import controls, exports, panels, progress, resume, session, store, timeline
 
 st.title("Playground")
 st.caption("A real paged KV-cache allocator and paged-attention kernel. Each action below is "
@@ -32,10 +34,17 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
         store.notes()
         controls.render()
         snap = session.current_snapshot(engine)
-        panels.metrics(snap)
+        # A row picked on the timeline shows its step's kept state; the engine is only read.
+        past = timeline.banner(timeline.picked(engine, session.get_history()),
+                               session.get_history())
+        shown, prefix = (snap, "") if past is None else (past, timeline.PAST_PREFIX)
+        panels.metrics(shown)
         st.subheader("Physical block pool")
-        focus = panels.pool(snap)
-        panels.tables_events_kernel(snap, focus, engine)
+        focus = panels.pool(shown, prefix)
+        panels.tables_events_kernel(shown, focus, engine if past is None else None, prefix,
+                                    stale_note=timeline.STALE_NOTE)
+        st.subheader("Timeline", help=timeline.HELP)
+        timeline.section(engine, session.get_history())
         st.subheader("Export and import")
         exports.downloads(snap, stem="playground", prefix="", run=session.get_history(),
                           run_help=f"The newest {session.MAX_HISTORY} operations at most, "

@@ -115,7 +115,10 @@ VIEW_DEFAULTS: dict[str, Any] = {
     "focus_req": None, "focus_block": None, "grid_page": 0,
     "tr_req": None, "tr_pos": 0, "tr_layer": 0,
 }
-VIEW_PREFIXES = ("", "tour_")
+# "past_" is the Playground's view of a past step picked on its timeline (ui/timeline.py).
+VIEW_PREFIXES = ("", "tour_", "past_")
+# The timeline row whose step the Playground shows (its iteration); None: the live state.
+TIMELINE_PICK = "tl_iteration"
 
 FlashKind = Literal["error", "success", "info"]
 
@@ -145,6 +148,7 @@ def _widget_defaults(settings: Settings) -> dict[str, Any]:
         "add_pins": "",
         # Per-request and batch controls.
         "req_pick": None, "req_grow_n": 1, "req_child": "", "batch_n": 4,
+        TIMELINE_PICK: None,
         # Views, once per page that draws them (see VIEW_PREFIXES).
         **{f"{prefix}{key}": value for prefix in VIEW_PREFIXES
            for key, value in VIEW_DEFAULTS.items()},
@@ -345,6 +349,8 @@ def _apply_held(sess: _Session, work: Work, make_op: Callable[[Engine], Op],
     if isinstance(op, Step) and isinstance(result.op, Step) and result.op.count < op.count:
         line = f"Stopped after {result.op.count} of {op.count} iterations. {line}"
     sess.flash("success", line)
+    # Back to the live state: what the operation did is what the person wants to see.
+    sess.queued.put(TIMELINE_PICK, None)
     return result
 
 
@@ -362,7 +368,7 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
 
 REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "focus_req": None, "focus_block": None,
                                    "tr_req": None, "req_child": "", "tr_pos": 0,
-                                   "grid_page": 0, "tr_layer": 0}
+                                   "grid_page": 0, "tr_layer": 0, TIMELINE_PICK: None}
 
 
 def install(live: saved.Live, q: progress.Queued) -> None:

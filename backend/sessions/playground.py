@@ -26,6 +26,7 @@ from backend.kernels import KERNELS, available_devices, select_kernels
 from backend.models.gguf_loader import Progress, find_gguf
 from backend.models.registry import ModelCard, is_loaded, model_card, preload
 from backend.sessions.budget import SERVER_BUDGET, KVBudget
+from backend.sessions.history import History
 
 ALLOCATION_LABELS = {"fifo": "queue order", "random": "scattered"}
 KERNEL_LABELS = {"auto": "auto (Triton)", "triton": "Triton", "torch": "torch"}
@@ -312,3 +313,30 @@ def config_from_fields(fields: dict[str, Any], base: EngineConfig) -> EngineConf
         data = {k: v for k, v in data.items() if k not in DIM_FIELDS or k in fields}
     return EngineConfig.from_json(data, where="settings")
 
+
+
+def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:
+    """The snapshot the history holds for the state after operation `step`, or None when
+    it is no longer kept (the history keeps the newest operations only).
+
+    A binary search on the steps, which ascend: rebuilding a kept snapshot slices the
+    shared event list, so each probe costs what the run's events do.
+    """
+    lo, hi = 0, len(history) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        snap = history[mid]
+        if snap["step"] == step:
+            return snap
+        if snap["step"] < step:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return None
+
+
+def kept_steps(history: History) -> tuple[int, int] | None:
+    """The first and last step whose state the history holds, or None while it holds none."""
+    if not len(history):
+        return None
+    return int(history[0]["step"]), int(history[-1]["step"])

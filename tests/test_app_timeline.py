@@ -1,0 +1,220 @@
+"""The Playground's timeline and scheduler budgets through AppTest.
+
+The timeline section counts the engine's rows, charts them and downloads them
+with the latency table; picking a row shows its step's kept state in the views
+while the engine stays as it is. The sidebar's Scheduler fields set vLLM's
+budgets through the same confirm step as every config field.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+from streamlit.testing.v1 import AppTest
+
+from backend.io.snapshot import export_snapshot
+from backend.sessions.history import History
+from backend.sessions.playground import config_from_fields
+from tests.test_app import add, click, engine, metrics, start, status
+from tests.test_exports_app import Media, media  # noqa: F401  (the fixture)
+from ui.session import CONFIG_KEYS, config_fields
+
+
+def caption(at: AppTest, text: str) -> str:
+    found = [c.value for c in at.caption if text in c.value]
+    assert len(found) == 1, [c.value for c in at.caption]
+    return found[0]
+
+
+def step_n(at: AppTest, n: int) -> AppTest:
+    at.number_input(key="batch_n").set_value(n)
+    return click(at, "btn_step_n")
+
+
+def open_details(at: AppTest) -> AppTest:
+    # The expander runs its content only while open (on_change="rerun"): open it.
+    at.session_state["tl_open"] = True
+    at.run()
+    assert not at.exception
+    return at
+
+
+def charts(at: AppTest) -> list[str]:
+    return [str(getattr(c, "key", "")) for c in at.get("vega_lite_chart")]
+
+
+def pick(at: AppTest, iteration: int | None) -> AppTest:
+    at.number_input(key="tl_iteration").set_value(iteration).run()
+    assert not at.exception
+    return at
+
+
+def requests_table(at: AppTest) -> pd.DataFrame:
+    df: pd.DataFrame = at.dataframe[0].value
+    return df.set_index("request")
+
+
+# ---- the timeline ---------------------------------------------------------------------
+
+def test_an_empty_timeline_is_a_caption_without_a_chart() -> None:
+    at = open_details(start())
+    assert "Nothing run yet" in caption(at, "Nothing run yet")
+    assert "not saved with the session" in caption(at, "Nothing run yet")
+    assert len(at.get("vega_lite_chart")) == 1                   # the grid only
+    assert not [b for b in at.get("download_button") if b.key.startswith("tl_")]
+
+
+def test_the_timeline_counts_its_rows_and_downloads_them_with_the_latencies(
+        media: Media) -> None:  # noqa: F811
+    at = add(add(start()), "abcdefgh", max_new=2)
+    step_n(at, 3)
+    # Two adds (one row each) and a step of 3 iterations; B finished after two tokens.
+    assert engine(at).step == 3
+    text = caption(at, "rows, iterations")
+    assert text.startswith("5 rows, iterations 0–4: 3 scheduler iteration(s) and 2 other "
+                           "operation(s).")
+    assert "not saved with the session" in text
+    open_details(at)
+    assert len(at.get("vega_lite_chart")) == 4      # grid, translator, timeline, picker strip
+    keys = {b.key for b in at.get("download_button")}
+    assert {"tl_dl_timeline_csv", "tl_dl_timeline_parquet", "tl_dl_latency_csv",
+            "tl_dl_latency_parquet"} <= keys
+    tl = pd.read_csv(io.BytesIO(media.download(at, "tl_dl_timeline_csv")))
+    assert list(tl["iteration"]) == [0, 1, 2, 3, 4]
+    assert list(tl["step"]) == [1, 2, 3, 3, 3]
+    assert list(tl["scheduled"]) == [0, 0, 1, 1, 1]
+    # The last row is the engine's state now.
+    assert f"{tl['used_blocks'].iloc[-1]} / 32" == metrics(at)["Used blocks"]
+    parquet = pd.read_parquet(io.BytesIO(media.download(at, "tl_dl_timeline_parquet")))
+    assert len(parquet) == 5 and "prefix_hit_rate" in parquet.columns
+    lat = pd.read_parquet(io.BytesIO(media.download(at, "tl_dl_latency_parquet")))
+    assert list(lat["request"]) == ["A", "B"]
+    b = lat.set_index("request").loc["B"]
+    assert (b["generated"], b["ttft_iterations"], b["tpot_iterations"]) == (2, 1, 1.0)
+    assert b["ttft_ms"] > 0
+    csv = pd.read_csv(io.BytesIO(media.download(at, "tl_dl_latency_csv")))
+    assert list(csv["request"]) == ["A", "B"]
+    shown = [d.value for d in at.dataframe if "ttft_iterations" in d.value.columns]
+    assert len(shown) == 1 and list(shown[0]["request"]) == ["A", "B"]
+
+
+def test_picking_an_earlier_iteration_shows_that_steps_state_and_leaves_the_engine() -> None:
+    at = add(add(start()), "abcdefgh-ijklmnop")
+    e = engine(at)
+    live = export_snapshot(e)
+    history: History = at.session_state["history"]
+    first = history[0]["metrics"]["used_blocks"]
+    assert first < live["metrics"]["used_blocks"]
+    assert metrics(at)["Used blocks"] == f"{live['metrics']['used_blocks']} / 32"
+    pick(at, 0)
+    # The views show the state after step 1: A alone, fewer used blocks.
+    assert metrics(at)["Used blocks"] == f"{first} / 32"
+    assert list(requests_table(at).index) == ["A"]
+    assert any("the state after step 1" in i.value for i in at.info)
+    assert any("no longer kept" not in i.value for i in at.info)
+    # The engine was only read.
+    assert engine(at) is e and export_snapshot(e) == live
+    click(at, "tl_live_top")
+    assert at.number_input(key="tl_iteration").value is None
+    assert metrics(at)["Used blocks"] == f"{live['metrics']['used_blocks']} / 32"
+    assert list(requests_table(at).index) == ["A", "B"]
+    assert not at.info
+
+
+def test_the_latest_iteration_is_the_live_state_and_an_operation_returns_to_it() -> None:
+    at = add(add(start()), "abcdefgh")
+    pick(at, 1)
+    assert any("this is the live state" in i.value for i in at.info)
+    pick(at, 0)
+    assert any("the state after step 1" in i.value for i in at.info)
+    add(at, "zzzz")
+    # What the operation did is shown: the pick is cleared.
+    assert at.number_input(key="tl_iteration").value is None
+    assert list(requests_table(at).index) == ["A", "B", "C"]
+    assert status(at)[1].startswith("Step 3: add C")
+
+
+def test_a_step_the_history_no_longer_keeps_is_named_and_the_views_stay_live() -> None:
+    at = start()
+    # A history of two operations stands for the newest MAX_HISTORY ones.
+    at.session_state["history"] = History(max_steps=2)
+    at = add(add(add(at), "abcdefgh"), "ijklmnop")
+    pick(at, 0)
+    warned = [w.value for w in at.warning if "no longer kept" in w.value]
+    assert len(warned) == 1 and "(steps 2–3)" in warned[0]
+    assert list(requests_table(at).index) == ["A", "B", "C"]       # live
+    click(at, "tl_live_top")
+    assert not at.warning and at.number_input(key="tl_iteration").value is None
+
+
+def test_a_multi_iteration_step_shows_the_state_after_the_whole_step() -> None:
+    at = add(start(), max_new=8)
+    step_n(at, 3)
+    pick(at, 1)         # the first of step 2's three iterations: its state is the step's end
+    assert any("step 2 (a step of 3 iterations)" in i.value for i in at.info)
+    assert requests_table(at).loc["A", "generated"] == 3
+
+
+# ---- scheduler budgets ---------------------------------------------------------------
+
+def test_a_token_budget_prefills_a_long_prompt_over_steps_and_the_table_says_so() -> None:
+    at = start()
+    at.sidebar.number_input(key="cfg_max_num_batched_tokens").set_value(10).run()
+    assert engine(at).config.max_num_batched_tokens == 10      # empty engine: applied at once
+    add(at)                                                    # PROMPT: 23 tokens
+    assert requests_table(at).loc["A", "status"] == "running (prefill 10/23)"
+    click(at, "btn_step")
+    assert requests_table(at).loc["A", "status"] == "running (prefill 20/23)"
+    click(at, "btn_step")
+    row = requests_table(at).loc["A"]
+    assert (row["status"], row["generated"]) == ("running", 1)
+    open_details(at)
+    lat = next(d.value for d in at.dataframe if "ttft_iterations" in d.value.columns)
+    # The add prefilled the first chunk but is no scheduler iteration; the two steps are.
+    assert lat.set_index("request").loc["A", "ttft_iterations"] == 2
+
+
+def test_max_num_seqs_keeps_requests_waiting_and_a_change_asks_before_resetting() -> None:
+    at = start()
+    at.sidebar.number_input(key="cfg_max_num_seqs").set_value(1).run()
+    add(add(at), "abcdefgh")
+    table = requests_table(at)
+    assert (table.loc["A", "status"], table.loc["B", "status"]) == ("running", "waiting")
+    kept = engine(at)
+    at.sidebar.number_input(key="cfg_watermark_blocks").set_value(4).run()
+    assert any("will be discarded" in w.value for w in at.warning)
+    assert engine(at) is kept and kept.config.watermark_blocks is None
+    click(at, "btn_apply_config")
+    new = engine(at)
+    assert new is not kept and (new.config.max_num_seqs, new.config.watermark_blocks) == (1, 4)
+    # A blank field is no limit (AppTest cannot blank a number field: its set_value(None)
+    # sends no value, so the fields' mapping is checked directly).
+    fields = config_fields(new.config)
+    assert fields["cfg_max_num_seqs"] == 1 and fields["cfg_max_num_batched_tokens"] is None
+    blank = {CONFIG_KEYS["cfg_max_num_seqs"]: None}
+    assert config_from_fields(blank, new.config).max_num_seqs is None
+
+
+def test_a_bad_budget_is_refused_with_its_reason_and_nothing_changes() -> None:
+    at = add(start())
+    kept = engine(at)
+    before = export_snapshot(kept)
+    at.sidebar.number_input(key="cfg_watermark_blocks").set_value(32).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "settings: watermark_blocks (32) must be less than num_blocks (32): admission keeps "
+        "that many blocks free, so no request could ever start"]
+    assert not at.session_state["config_pending"]
+    assert engine(at) is kept and export_snapshot(kept) == before
+    assert kept.config.watermark_blocks is None
+    assert not [w for w in at.warning if "discarded" in w.value]
+
+
+def test_the_scheduler_fields_say_what_vllm_means() -> None:
+    at = start()
+    helps = {k: at.sidebar.number_input(key=k).help for k in
+             ("cfg_max_num_seqs", "cfg_max_num_batched_tokens", "cfg_watermark_blocks")}
+    assert "max_num_seqs" in helps["cfg_max_num_seqs"]
+    assert "chunked prefill" in helps["cfg_max_num_batched_tokens"]
+    assert "admitted only if" in helps["cfg_watermark_blocks"]
+    assert all("Blank" in h for h in helps.values())

@@ -1,0 +1,242 @@
+"""The Playground's timeline: the live engine's run, row by row, linked to the grid.
+
+The engine records a row after every scheduler iteration and after every other
+operation (backend/engine/timeline.py); each row names the operation (`step`)
+it belongs to. Picking a row (a bar of the strip chart, or the number field)
+shows the state after that operation where the Playground's History still
+holds it: the page draws that kept snapshot instead of the live one, and the
+engine is only read. History keeps a state per operation, not per iteration,
+and only the newest operations (session.MAX_HISTORY): an older pick says so
+and the page stays live.
+
+The section's charts, tables and downloads are in an expander that runs only
+while open: a long run's frames are built on no rerun that does not show them.
+The timeline is the engine's, not the session's: a reload, a restore or a new
+engine starts a new one.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from backend.engine.engine import Engine
+from backend.engine.timeline import COLUMNS
+from backend.io.export import to_csv, to_parquet
+from backend.sessions.history import History
+from backend.sessions.playground import kept_snapshot, kept_steps
+from backend.views.compare.timeline import binned, timeline_chart
+from backend.views.timeline import latency_frame, timeline_frame
+from ui import session
+
+PICK = session.TIMELINE_PICK
+PAST_PREFIX = "past_"           # the past state's view widgets (session.VIEW_PREFIXES)
+STRIP = "tl_strip"
+SELECTION = "pick"
+STEP_COLUMN = COLUMNS.index("step")
+SCHEDULED_COLUMN = COLUMNS.index("scheduled")
+
+NOT_SAVED = ("The timeline belongs to this engine and is not saved with the session: a "
+             "reload, a restored snapshot or a new engine starts a new one.")
+STALE_NOTE = ("The translator reads the live K/V tensors: go back to the live state to use "
+              "it.")
+
+HELP = ("The engine's run, one row per scheduler iteration and per other operation: "
+        "requests, blocks, tokens, preemptions, and each request's time to first token and "
+        "per output token. Pick a row to see the state after its step.")
+
+LATENCY_HELP: dict[str, str] = {
+    "request": "The request's id.",
+    "arrived": "Scheduler iterations run before its add.",
+    "first_token": "The scheduler iteration that produced its first token.",
+    "finished": "The scheduler iteration in which it finished.",
+    "generated": "Tokens it generated.",
+    "ttft_iterations": "Time to first token, in scheduler iterations from its add.",
+    "tpot_iterations": "Time per output token after the first, in scheduler iterations.",
+    "ttft_ms": "Time to first token, in ms of the engine's work (not time between clicks).",
+    "tpot_ms": "Time per output token after the first, in ms of the engine's work.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """The timeline row a person picked, and what the page shows for it."""
+
+    iteration: int
+    step: int
+    rows: int                               # rows of that step (its iterations)
+    snapshot: dict[str, Any] | None         # its kept state; None: live (or not kept)
+    live: bool                              # the step is the engine's current state
+
+
+def _rows(engine: Engine) -> list[tuple[int, ...]]:
+    return engine.timeline.rows
+
+
+def picked(engine: Engine, history: History) -> Picked | None:
+    """The row picked on the timeline and its step's kept state; None: nothing picked.
+
+    A pick outside the timeline (a new engine has a new one) is cleared. Call it
+    with the engine's lock held, before the timeline's widgets are drawn.
+    """
+    ss = st.session_state
+    it = ss.get(PICK)
+    rows = _rows(engine)
+    if it is None:
+        return None
+    first = rows[0][0] if rows else 0
+    if not rows or not first <= it < first + len(rows):
+        ss[PICK] = None
+        return None
+    step = rows[it - first][STEP_COLUMN]
+    n = sum(1 for r in rows if r[STEP_COLUMN] == step)
+    if step == engine.step:
+        return Picked(it, step, n, None, True)
+    return Picked(it, step, n, kept_snapshot(history, step), False)
+
+
+def _back_to_live() -> None:
+    st.session_state[PICK] = None
+
+
+def _of_step(p: Picked) -> str:
+    many = f" (a step of {p.rows} iterations)" if p.rows > 1 else ""
+    return f"Iteration {p.iteration} belongs to step {p.step}{many}"
+
+
+def banner(p: Picked | None, history: History) -> dict[str, Any] | None:
+    """Above the state views: what a pick shows, with a way back; returns the past
+    snapshot to draw (None: draw the live state)."""
+    if p is None:
+        return None
+    if p.live:
+        st.info(f"{_of_step(p)}, the latest: this is the live state.")
+        return None
+    if p.snapshot is None:
+        kept = kept_steps(history)
+        held = f" (steps {kept[0]}–{kept[1]})" if kept is not None else ""
+        st.warning(f"{_of_step(p)}, whose state is no longer kept: the history holds the "
+                   f"newest {session.MAX_HISTORY} operations at most{held}. Showing the "
+                   "live state.")
+        st.button("Back to live", key="tl_live_top", on_click=_back_to_live)
+        return None
+    st.info(f"Showing the past: the state after step {p.step}. {_of_step(p)}; the history "
+            "keeps the state after each operation, not each iteration. The live engine "
+            "is unchanged, and the controls above act on it.")
+    st.button("Back to live", key="tl_live_top", type="primary", on_click=_back_to_live)
+    snap: dict[str, Any] = p.snapshot
+    return snap
+
+
+def section(engine: Engine, history: History) -> None:
+    """The timeline: a summary, the row picker, and (when opened) the charts, the
+    latency table and the downloads."""
+    rows = _rows(engine)
+    if not rows:
+        st.caption("Nothing run yet: each operation adds a row, each scheduler iteration "
+                   "of a step one more. " + NOT_SAVED)
+        return
+    tl = engine.timeline
+    scheduled = sum(r[SCHEDULED_COLUMN] for r in rows)
+    first, last = rows[0][0], rows[-1][0]
+    dropped = f" (the oldest {tl.dropped:,} dropped)" if tl.dropped else ""
+    st.caption(f"{len(rows):,} rows, iterations {first}–{last}{dropped}: {scheduled:,} "
+               f"scheduler iteration(s) and {len(rows) - scheduled:,} other operation(s). "
+               + NOT_SAVED)
+    _picker(first, last)
+    with st.expander("Chart, latencies and downloads", key="tl_open",
+                     on_change="rerun") as box:
+        if box.open:
+            _details(engine, history)
+
+
+def _picker(first: int, last: int) -> None:
+    ss = st.session_state
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+    c1.number_input("Show the state after iteration", min_value=first, max_value=last,
+                    step=1, key=PICK, placeholder="the live state",
+                    help="The grid, metrics and tables above show the state after this "
+                         "row's operation, while the history keeps it. Blank: live.")
+    c2.button("Back to live", key="tl_live", on_click=_back_to_live,
+              disabled=ss.get(PICK) is None, width="stretch")
+
+
+def _details(engine: Engine, history: History) -> None:
+    c = engine.config
+    df = timeline_frame(engine.timeline, c.num_blocks, c.block_size)
+    lat = latency_frame(engine.timeline)
+    st.altair_chart(timeline_chart(df, paged=True), key="tl_chart")
+    st.caption("Requests running and waiting; used, cached and free blocks; prompt and "
+               "decode tokens per row; preemptions. Rows with `scheduled` 0 are operations "
+               "other than a step's iterations.")
+    st.markdown("**Pick a moment**")
+    st.altair_chart(strip_chart(df, history), key=STRIP, on_select=_on_strip,
+                    selection_mode=SELECTION)
+    st.caption("Click a bar: the views above show the state after its step (grey: that "
+               "state is no longer kept).")
+    st.markdown("**Latency per request**")
+    if lat.empty:
+        st.caption("No request has arrived on this timeline yet.")
+    else:
+        st.dataframe(lat, hide_index=True, width="stretch",
+                     column_config={k: st.column_config.Column(help=h)
+                                    for k, h in LATENCY_HELP.items()})
+        st.caption("TTFT counts from a request's add to its first token, TPOT from its "
+                   "first token to its last over the tokens after the first: in scheduler "
+                   "iterations, and in ms of the engine's own work.")
+    _downloads(df, lat)
+
+
+def strip_chart(df: pd.DataFrame, history: History) -> alt.Chart:
+    """Used blocks per row as bars to click, each row's iteration the selection; a row
+    whose step's state the history no longer keeps is grey."""
+    shown, _ = binned(df.drop(columns=["prefix_hit_rate"]))
+    kept = kept_steps(history)
+    steps = df.set_index("iteration")["step"]
+    data = pd.DataFrame({
+        "iteration": shown["iteration"].astype(int),
+        "used_blocks": shown["used_blocks"].astype(float),
+    })
+    data["step"] = steps.reindex(data["iteration"]).to_numpy()
+    data["kept"] = ["kept" if kept is not None and kept[0] <= s <= kept[1] else "not kept"
+                    for s in data["step"]]
+    pick = alt.selection_point(name=SELECTION, fields=["iteration"], on="click")
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X("iteration:O", title="iteration",
+                axis=alt.Axis(labelOverlap=True, labelAngle=0)),
+        y=alt.Y("used_blocks:Q", title="used blocks"),
+        color=alt.Color("kept:N", title=None,
+                        scale=alt.Scale(domain=["kept", "not kept"],
+                                        range=["#1f4e8c", "#BBBBBB"])),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.45)),
+        tooltip=["iteration:Q", "step:Q", alt.Tooltip("used_blocks:Q", format=",.1f"),
+                 "kept:N"],
+    ).add_params(pick).properties(height=90)
+
+
+def _on_strip() -> None:
+    """A click on a bar picks its row (a click beside the bars clears the pick)."""
+    ss = st.session_state
+    points = (ss.get(STRIP) or {}).get("selection", {}).get(SELECTION, [])
+    ss[PICK] = int(points[0]["iteration"]) if points else None
+
+
+def _downloads(df: pd.DataFrame, lat: pd.DataFrame) -> None:
+    # The frames are built under the engine's lock now; the files only on a click.
+    cols = st.columns(4)
+    files = (("timeline", df), ("latency", lat))
+    i = 0
+    for name, frame in files:
+        for fmt, build, mime in (("csv", to_csv, "text/csv"),
+                                 ("parquet", to_parquet, "application/vnd.apache.parquet")):
+            cols[i].download_button(
+                f"{name.capitalize()} ({'CSV' if fmt == 'csv' else 'Parquet'})",
+                data=functools.partial(build, frame), file_name=f"playground-{name}.{fmt}",
+                mime=mime, on_click="ignore", key=f"tl_dl_{name}_{fmt}",
+                icon=":material/download:", width="stretch")
+            i += 1
