@@ -95,21 +95,32 @@ class BlockManager(BlockTables):
             self.prefix_queries += 1
             self.prefix_query_tokens += length
             self.prefix_floor_tokens += length - (length - 1) // bs * bs
-        table: list[int] = []
+        table = list(plan.hit_blocks)
         filled_total = 0
         shared = 0
+        cached_hits = 0
         for block_id in plan.hit_blocks:
             block = blocks[block_id]
             rc = block.ref_count
             if rc == 0:
-                pool.take(block)
+                # A cached free block leaves the queue: BlockPool.take, inlined
+                # (a returning conversation takes most of its prompt this way).
+                assert block.in_queue and block.hash is not None
+                prev, nxt = block.prev, block.next
+                assert prev is not None and nxt is not None
+                prev.next = nxt
+                nxt.prev = prev
+                block.prev = block.next = None
+                block.in_queue = False
+                cached_hits += 1
                 filled_total += block.num_filled
             elif rc == 1:
                 shared += 1
             block.ref_count = rc = rc + 1
-            table.append(block_id)
             if record is not None:
                 record((hit_code, seq_id, block_id, rc))
+        pool.free_queue._len -= cached_hits
+        pool.num_cached_free -= cached_hits
         self.prefix_hit_blocks += len(plan.hit_blocks)
         self._shared += shared
         new: list[int] = []
@@ -253,8 +264,7 @@ class BlockManager(BlockTables):
                 pool.register(block, key)
                 seq.last_hash = key
                 seq.tail_tokens = []
-        self._filled_used += 1
-        self._logical_tokens += 1
+        self._decoded += 1  # a filled slot and a logical token (metrics)
         seq.num_tokens += 1
         return block.id * bs + offset, None
 
@@ -377,5 +387,6 @@ class BlockManager(BlockTables):
         self._shared = sum(1 for b in used if b.ref_count >= 2)
         self._table_entries = sum(len(s.block_table) for s in self.seqs.values())
         self._logical_tokens = sum(s.num_tokens for s in self.seqs.values())
+        self._decoded = 0
         pool.num_empty = sum(1 for b in pool.free_queue if b.hash is None)
         pool.num_cached_free = len(pool.free_queue) - pool.num_empty

@@ -69,6 +69,10 @@ class BlockTables:
         self.step = 0
         # Incremental counters, so metrics() is O(1) (checked by check_integrity).
         self._filled_used = 0
+        # Tokens `append_one` wrote into a block only its sequence holds: each adds
+        # one filled slot and one logical token, so one counter serves both
+        # (metrics adds it to each).
+        self._decoded = 0
         self._shared = 0
         self._table_entries = 0
         self._logical_tokens = 0
@@ -163,16 +167,32 @@ class BlockTables:
                 # logits start the generation), so only blocks wholly before it
                 # can be hits. A hit block's key is the cached block's own: it is
                 # found by (parent digest, tokens), the inputs of its digest.
-                find = pool.find
+                # BlockPool.find, inlined (one per full block of every prompt).
+                if pool._indexed is not pool.cached:
+                    pool.reindex()
+                by_content = pool.by_content.get
+                cached = pool.cached
                 parent_digest = None
                 for start in range(0, (length - 1) // bs * bs, bs):
-                    block = find(parent_digest, tuple(toks[start:start + bs]))
-                    if block is None:
+                    tokens = tuple(toks[start:start + bs])
+                    digest = by_content((parent_digest, tokens))
+                    # No holder: a digest two contents share lost its last block.
+                    holders = None if digest is None else cached.get(digest)
+                    if holders is None:
                         break
-                    parent = block.hash
-                    assert parent is not None
-                    parent_digest = parent.digest
-                    keys.append(parent)
+                    for block in holders.values():
+                        held = block.hash
+                        assert held is not None
+                        # Never trust a digest alone: the tokens and the parent too.
+                        if held.tokens == tokens and (
+                                None if held.parent is None else held.parent.digest
+                        ) == parent_digest:
+                            break
+                    else:
+                        break
+                    parent = held
+                    parent_digest = held.digest
+                    keys.append(held)
                     hits.append(block.id)
                     # Hit blocks still in the free queue leave it, so they are
                     # not available for the prompt's new blocks.
@@ -227,14 +247,14 @@ class BlockTables:
         """Reads only: O(1)."""
         pool = self.pool
         used = pool.num_blocks - pool.num_free
+        filled = self._filled_used + self._decoded
         return AllocatorMetrics(
             used_blocks=used, free_blocks=pool.num_empty, cached_blocks=pool.num_cached_free,
-            filled_slots=self._filled_used,
-            internal_waste_slots=used * self.block_size - self._filled_used,
+            filled_slots=filled, internal_waste_slots=used * self.block_size - filled,
             shared_blocks=self._shared, cow_copies=self.cow_copies,
             prefix_hit_blocks=self.prefix_hit_blocks, preemptions=self.preemptions,
             num_blocks=pool.num_blocks, block_size=self.block_size,
-            logical_tokens=self._logical_tokens,
+            logical_tokens=self._logical_tokens + self._decoded,
             blocks_saved_by_sharing=self._table_entries - used,
             prefix_queries=self.prefix_queries, prefix_query_tokens=self.prefix_query_tokens,
             prefix_hit_tokens=self.prefix_hit_blocks * self.block_size,

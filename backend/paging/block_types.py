@@ -22,9 +22,15 @@ class SeqBlocks:
     last_hash: BlockHash | None = None
 
 
-@dataclass(frozen=True, slots=True)
+# PromptPlan and Allocation are built on every admission (and a plan on every
+# admission check): immutable by contract, with a plain __init__, because a
+# frozen dataclass's sets each field through object.__setattr__ and costs three
+# times as much. Equality and hashing are by fields, as frozen ones had.
+
+
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class PromptPlan:
-    """What `allocate` would do for a prompt. Computing it changes nothing."""
+    """What `allocate` would do for a prompt. Computing it changes nothing. Immutable."""
 
     num_blocks: int            # blocks the prompt occupies
     hit_blocks: tuple[int, ...]  # physical ids reused from the prefix cache, in order
@@ -32,19 +38,34 @@ class PromptPlan:
     num_available: int         # free blocks the new ones can come from right now
     keys: tuple[BlockHash, ...]  # keys of the prompt's full blocks (empty if caching is off)
 
+    def __init__(self, num_blocks: int, hit_blocks: tuple[int, ...], num_new_blocks: int,
+                 num_available: int, keys: tuple[BlockHash, ...]) -> None:
+        self.num_blocks = num_blocks
+        self.hit_blocks = hit_blocks
+        self.num_new_blocks = num_new_blocks
+        self.num_available = num_available
+        self.keys = keys
+
     @property
     def fits_now(self) -> bool:
         return self.num_new_blocks <= self.num_available
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Allocation:
-    """Result of admitting a prompt."""
+    """Result of admitting a prompt. Immutable."""
 
     block_table: tuple[int, ...]
     num_cached_tokens: int     # leading prompt tokens whose K/V came from the cache
     hit_blocks: tuple[int, ...]
     new_blocks: tuple[int, ...]
+
+    def __init__(self, block_table: tuple[int, ...], num_cached_tokens: int,
+                 hit_blocks: tuple[int, ...], new_blocks: tuple[int, ...]) -> None:
+        self.block_table = block_table
+        self.num_cached_tokens = num_cached_tokens
+        self.hit_blocks = hit_blocks
+        self.new_blocks = new_blocks
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,10 +88,18 @@ def token_bytes(tokens: Sequence[int]) -> bytes:
 
 
 def hash_block(parent: BlockHash | None, tokens: Sequence[int], salt: str) -> BlockHash:
-    """The key of one full block of `tokens` after `parent` (None for a first block)."""
+    """The key of one full block of `tokens` after `parent` (None for a first block).
+
+    `block_digest` with `token_bytes`, `_salted` and `_wide` inlined: a decode
+    keys a block every block_size tokens.
+    """
     toks = tuple(tokens)
-    return BlockHash(block_digest(None if parent is None else parent.digest, toks, salt),
-                     parent, toks)
+    h = (_SALTED.get(salt) or _salted(salt)).copy()
+    h.update(parent.digest.encode() + b"\x00" if parent is not None and parent.digest
+             else b"\x00")
+    h.update(bytes(toks) if not toks or (toks[0] <= 255 and max(toks) <= 255)
+             else (_WIDE.get(len(toks)) or _wide(len(toks))).pack(*toks))
+    return BlockHash(h.hexdigest()[:DIGEST_HEX_CHARS], parent, toks)
 
 
 def hash_prompt_blocks(tokens: Sequence[int], block_size: int, salt: str,
