@@ -91,6 +91,11 @@ class EngineConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     watermark_blocks: int | None = None
+    # How a preempted request gives its blocks back: "recompute" frees them (its
+    # K/V is recomputed on readmission); "swap" copies them to a host pool of
+    # num_cpu_blocks blocks and back when it resumes.
+    preemption: Literal["recompute", "swap"] = "recompute"
+    num_cpu_blocks: int = 0
 
     def __post_init__(self) -> None:
         # Direct construction cannot bypass what from_json guarantees about the model.
@@ -224,6 +229,15 @@ class EngineConfig:
                 f"{where}: watermark_blocks ({cfg.watermark_blocks}) must be less than "
                 f"num_blocks ({cfg.num_blocks}): admission keeps that many blocks free, so no "
                 "request could ever start")
+        if cfg.preemption == "swap" and cfg.num_cpu_blocks < 1:
+            raise PagedLabError(f"{where}: preemption \"swap\" needs a host pool: set "
+                                "num_cpu_blocks to 1 or more")
+        if cfg.num_cpu_blocks * cfg.bytes_per_block > MAX_KV_BYTES:
+            raise PagedLabError(
+                f"{where}: the host pool would take "
+                f"{cfg.num_cpu_blocks * cfg.bytes_per_block / 2**20:.0f} MiB "
+                f"({cfg.num_cpu_blocks} blocks x {cfg.bytes_per_block} bytes); the limit is "
+                f"{MAX_KV_BYTES >> 20} MiB")
         if cfg.weight_bytes > MAX_WEIGHT_BYTES:
             raise PagedLabError(
                 f"{where}: the model's weights would take {cfg.weight_bytes / 2**20:.0f} MiB; "
@@ -300,6 +314,13 @@ def _check_field(key: str, v: Any, where: str) -> Any:
             return None if v is None else _int_in(key, v, 1, MAX_BUDGET, where)
         case "watermark_blocks":
             return None if v is None else _int_in(key, v, 0, MAX_NUM_BLOCKS, where)
+        case "preemption":
+            if not isinstance(v, str) or v not in ("recompute", "swap"):
+                raise PagedLabError(f"{where}: preemption must be \"recompute\" or \"swap\", "
+                                    f"got {v!r}")
+            return v
+        case "num_cpu_blocks":
+            return _int_in(key, v, 0, MAX_NUM_BLOCKS, where)
     raise AssertionError(key)
 
 

@@ -11,6 +11,7 @@ from backend.engine.kv_cache import KVCache
 from backend.engine.request import Request
 from backend.engine.results import Verification
 from backend.engine.scheduler import Scheduler
+from backend.engine.swap import HostPool
 from backend.models.base import LanguageModel
 from backend.paging.block_manager import BlockManager
 
@@ -22,7 +23,8 @@ def _check(ok: bool, message: str) -> None:
 
 
 def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockManager,
-                          running: list[Request]) -> Verification:
+                          running: list[Request], host: HostPool | None = None,
+                          swapped: list[Request] | None = None) -> Verification:
     """Reads only: compare the paged state with a from-scratch contiguous pass.
 
     For every running request the model recomputes all its tokens with
@@ -34,19 +36,25 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
     """
     kv_err = logit_err = 0.0
     tokens = 0
-    for req in running:
+    bs = manager.block_size
+    held = [(req, cache, manager.slots_of(req.id, 0, req.num_computed)) for req in running]
+    if host is not None:
+        # A swapped request's K/V lives in its host blocks, in table order.
+        held += [(req, host.cache, [host.tables[req.id][i // bs] * bs + i % bs
+                                    for i in range(req.num_computed)])
+                 for req in swapped or []]
+    for req, where, slots in held:
         # A prompt still being prefilled is compared over the tokens computed so far.
         ref = model.forward_contiguous(req.tokens[:req.num_computed])
-        slots = manager.slots_of(req.id, 0, req.num_computed)
-        for layer in range(len(cache.k)):
-            keys, values = cache.read_slots(layer, slots)
+        for layer in range(len(where.k)):
+            keys, values = where.read_slots(layer, slots)
             for got, want in ((keys, ref.keys[layer]), (values, ref.values[layer])):
                 kv_err = max(kv_err, float((got.float() - want.float()).abs().max()))
         if not req.prefilling:
             assert req.logits is not None
             logit_err = max(logit_err, float((req.logits - ref.logits[-1].cpu()).abs().max()))
         tokens += req.num_computed
-    return Verification(len(running), tokens, kv_err, logit_err)
+    return Verification(len(held), tokens, kv_err, logit_err)
 
 
 def check_requests(requests: dict[str, Request], scheduler: Scheduler,
@@ -62,6 +70,30 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
     _check(waiting == set(scheduler.waiting) and len(waiting) == len(scheduler.waiting),
            "waiting sets disagree")
     bs = manager.block_size
+    swapped = {r.id for r in requests.values() if r.status == "swapped"}
+    _check(swapped == set(scheduler.swapped) and len(swapped) == len(scheduler.swapped),
+           "swapped sets disagree")
+    host = scheduler.host
+    if host is None:
+        _check(not swapped, "swapped requests without a host pool")
+    else:
+        _check(set(host.tables) == swapped, "host tables are not the swapped requests'")
+        seen = [b for table in host.tables.values() for b in table]
+        _check(len(seen) == len(set(seen)), "a host block is in two tables")
+        free = set(host.free_ids)
+        _check(len(free) == len(host.free_ids), "a host block is free twice")
+        for block in host.blocks:
+            _check((block.ref_count == 0) == (block.id in free)
+                   and block.ref_count in (0, 1), f"host block {block.id}: ref count")
+        _check(free.isdisjoint(seen) and len(free) + len(seen) == host.num_blocks,
+               "host blocks are neither free nor held")
+        for rid in swapped:
+            req = requests[rid]
+            table = host.tables[rid]
+            _check(len(table) == -(-req.num_computed // bs), f"{rid}: host table length")
+            _check(sum(host.blocks[b].num_filled for b in table) == req.num_computed,
+                   f"{rid}: host slots filled")
+            _check((req.logits is None) == req.prefilling, f"{rid}: swapped logits")
     # A shared block's K/V depends on every token up to its end, so all of its
     # holders must have it at the same logical index after the same tokens.
     # Compare each pair of sharers once, over their longest shared prefix.

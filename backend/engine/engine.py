@@ -46,6 +46,7 @@ from backend.engine.results import (
     Verification,
 )
 from backend.engine.scheduler import Chunk, Scheduler
+from backend.engine.swap import HostPool
 from backend.engine.timeline import EngineTimeline
 from backend.kernels import select_kernels
 from backend.models.batch import ForwardBatch
@@ -87,7 +88,9 @@ class Engine:
                                     allocation=c.allocation, seed=c.seed,
                                     cache_salt=c.cache_salt(), vocab_size=c.vocab_size)
         self.requests: dict[str, Request] = {}
-        self.scheduler = Scheduler(c, self.manager, self.requests)
+        # The host pool that swap preemption copies K/V to (None: recompute).
+        self.host = HostPool(c) if c.preemption == "swap" else None
+        self.scheduler = Scheduler(c, self.manager, self.requests, self.host, self)
         self.step = 0
         # What each iteration did, for timelines (not part of a snapshot).
         self.timeline = EngineTimeline()
@@ -123,6 +126,11 @@ class Engine:
     def waiting(self) -> deque[str]:
         """Request ids waiting for admission, in the order they will be considered."""
         return self.scheduler.waiting
+
+    @property
+    def swapped(self) -> deque[str]:
+        """Request ids swapped out to the host pool, in the order they come back."""
+        return self.scheduler.swapped
 
     @property
     def running(self) -> list[str]:
@@ -175,8 +183,9 @@ class Engine:
         catches a wrong block, a missed copy-on-write, a bad move or a prefix
         hit on other tokens.
         """
-        return checks.verify_recomputation(self.model, self.cache, self.manager,
-                                           [self.requests[rid] for rid in self.running])
+        return checks.verify_recomputation(
+            self.model, self.cache, self.manager, [self.requests[rid] for rid in self.running],
+            self.host, [self.requests[rid] for rid in self.swapped])
 
     def check_integrity(self) -> None:
         """Allocator invariants, plus: tables agree with the requests' tokens."""
@@ -440,6 +449,9 @@ class Engine:
                                 "the pool (step the batch to admit it)")
         if req.status == "finished":
             raise PagedLabError(f"cannot {action} request {req.id!r}: it has finished")
+        if req.status == "swapped":
+            raise PagedLabError(f"cannot {action} request {req.id!r}: it is swapped out to the "
+                                "host pool (step the batch to bring it back)")
         if req.prefilling:
             raise PagedLabError(
                 f"cannot {action} request {req.id!r}: its prompt is still being prefilled "
@@ -447,6 +459,16 @@ class Engine:
                 f"max_num_batched_tokens={self.config.max_num_batched_tokens} spreads it over "
                 "steps); step the batch first")
         return req
+
+    # ---- K/V between the device and the host pool (the scheduler's KVMover) ----
+
+    def swap_out(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
+        assert self.host is not None
+        self.host.copy_out(self.kernels, self.cache, device_blocks, host_blocks)
+
+    def swap_in(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
+        assert self.host is not None
+        self.host.copy_in(self.kernels, self.cache, host_blocks, device_blocks)
 
     def _check_seq_slot(self, action: str) -> None:
         """Refuse a request that would run beside max_num_seqs others."""

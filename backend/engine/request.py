@@ -7,7 +7,8 @@ from typing import Literal
 
 import torch
 
-Status = Literal["waiting", "running", "finished"]
+# "swapped": preempted to the host pool (preemption "swap"), K/V and logits kept there.
+Status = Literal["waiting", "running", "swapped", "finished"]
 # "eos": it sampled its model's end-of-sequence token.
 FinishReason = Literal["finished", "max_new_tokens", "capacity", "eos"]
 FINISH_REASONS = ("finished", "max_new_tokens", "capacity", "eos")

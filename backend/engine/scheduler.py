@@ -8,8 +8,16 @@ admission, free on finish and preemption); the engine then runs what was
 decided: prefill forwards, sampling, K/V writes, copy-on-write copies.
 
     waiting ──admit──▶ running ──finish──▶ finished
-       ▲                  │
-       └────preempt───────┘   (blocks released; recomputed when readmitted)
+       ▲                 │  ▲
+       └───preempt───────┘  │          (recompute: blocks released; recomputed
+                 swap out   │ swap in   when readmitted)
+                    ▼       │
+                    swapped ┘          (swap: K/V copied to the host pool and back)
+
+`preemption: "swap"` (backend/engine/swap.py) sends a victim to the host pool
+when its blocks fit there, and to the waiting queue otherwise. As in vLLM
+v0, swapped requests come back before any waiting request is admitted, the
+longest-waiting first, when their blocks fit with the watermark kept free.
 
 With vLLM's budgets in the config (backend.core.budgets, the rules the
 simulator applies too) an iteration is planned in vLLM's order: running
@@ -27,14 +35,17 @@ admitted prompt is prefilled whole and every running request decodes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from backend.core.budgets import IterationBudget, fits_with_watermark
 from backend.core.config import EngineConfig
 from backend.engine.request import FinishReason, Request
 from backend.engine.results import Outcome
+from backend.engine.swap import HostPool
 from backend.paging.block_manager import BlockManager
+from backend.paging.events import SWAP_IN, SWAP_OUT
 
 # A prefill chunk: the request, and the token range [start, stop) to compute now.
 Chunk = tuple[Request, int, int]
@@ -55,16 +66,29 @@ class IterationPlan:
     reserved: set[str] = field(default_factory=set)
 
 
+class KVMover(Protocol):
+    """Copies K/V between the device pool and the host pool (the engine does it)."""
+
+    def swap_out(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None: ...
+
+    def swap_in(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None: ...
+
+
 class Scheduler:
     """Queues and policies over one block manager. Not thread-safe."""
 
     def __init__(self, config: EngineConfig, manager: BlockManager,
-                 requests: dict[str, Request]) -> None:
+                 requests: dict[str, Request], host: HostPool | None = None,
+                 mover: KVMover | None = None) -> None:
         self.config = config
         self.manager = manager
         self.requests = requests
+        self.host = host
+        self.mover = mover
         self.waiting: deque[str] = deque()
         self.running: list[str] = []
+        # Swapped out to the host pool, in the order they come back.
+        self.swapped: deque[str] = deque()
         self.admissions = 0
         self.outcome = Outcome()
 
@@ -101,8 +125,51 @@ class Scheduler:
                     self.manager.append(rid, req.tokens[start:start + take])
                     req.uncomputed -= take
                     plan.prefills.append((req, start, start + take))
+        self.swap_in(budget)
         plan.prefills += self.admit(budget)
         return plan
+
+    def _reserve(self) -> int:
+        """Free blocks the running requests' next tokens may need."""
+        return sum(self.manager.blocks_needed_to_append(rid, 1) for rid in self.running)
+
+    def swap_in(self, budget: IterationBudget) -> None:
+        """Mutates: bring swapped requests back, in order, while their blocks fit.
+
+        A request gets device blocks for its computed tokens (leading blocks
+        still in the prefix cache are hits and need no copy), its host copies
+        go into the new ones, and its host blocks are freed. It resumes with
+        the logits it had, so it decodes in this iteration if the budget lets it.
+        """
+        if not self.swapped:
+            return
+        assert self.host is not None and self.mover is not None
+        bs = self.config.block_size
+        watermark = self.config.watermark_blocks or 0
+        reserve = self._reserve()
+        while self.swapped and budget.may_start():
+            req = self.requests[self.swapped[0]]
+            tokens = req.tokens[:req.num_computed]
+            plan = self.manager.plan_prompt(tokens)
+            own = 1 if len(tokens) % bs == 0 and not req.prefilling else 0
+            if not fits_with_watermark(plan.num_available - reserve, plan.num_new_blocks + own,
+                                       watermark):
+                break
+            self.swapped.popleft()
+            alloc = self.manager.allocate(req.id, tokens)
+            host = self.host.tables[req.id]
+            first = len(alloc.hit_blocks)
+            src, dst = host[first:], list(alloc.block_table[first:])
+            self.mover.swap_in(src, dst)
+            self._record_swap(SWAP_IN, req.id, src, dst)
+            self.host.release(req.id)
+            self.host.swap_ins += 1
+            req.status = "running"
+            req.admitted = self.next_admission()
+            self.running.append(req.id)
+            self.outcome.admitted.append(req.id)
+            budget.admitted()
+            reserve += own
 
     def admit(self, budget: IterationBudget | None = None) -> list[Chunk]:
         """Mutates: admit waiting requests in order while they fit.
@@ -125,9 +192,10 @@ class Scheduler:
             budget = IterationBudget(self.config.budgets, len(self.running))
         bs = self.config.block_size
         watermark = self.config.watermark_blocks or 0
-        reserve = sum(self.manager.blocks_needed_to_append(rid, 1) for rid in self.running)
+        reserve = self._reserve()
         admitted: list[Chunk] = []
-        while self.waiting and budget.may_start():
+        # First come, first served: nothing new starts while a swapped request waits.
+        while self.waiting and not self.swapped and budget.may_start():
             req = self.requests[self.waiting[0]]
             if self.never_admissible(req.num_tokens):
                 # A preempted request that grew to fill the whole pool.
@@ -230,6 +298,11 @@ class Scheduler:
             req.uncomputed = 0
         elif req.status == "waiting":
             self.waiting.remove(req.id)
+        elif req.status == "swapped":
+            assert self.host is not None
+            self.host.release(req.id)
+            self.swapped.remove(req.id)
+            req.uncomputed = 0
         req.status = "finished"
         req.finish_reason = reason
         req.logits = None
@@ -237,7 +310,11 @@ class Scheduler:
         self.outcome.finished.append(req.id)
 
     def preempt(self, req: Request) -> None:
-        """Mutates: release a running request's blocks; it waits to be recomputed."""
+        """Mutates: release a running request's blocks: to the host pool if preemption is
+        "swap" and they fit there, else it waits to be recomputed."""
+        if self.host is not None and len(self.manager.block_table(req.id)) <= self.host.num_free:
+            self._swap_out(req)
+            return
         self.manager.free(req.id, preempted=True)
         self.running.remove(req.id)
         req.status = "waiting"
@@ -248,6 +325,36 @@ class Scheduler:
         # Back to the front of the queue: it was admitted before anything waiting.
         self.waiting.appendleft(req.id)
         self.outcome.preempted.append(req.id)
+
+    def _swap_out(self, req: Request) -> None:
+        """Mutates: copy a running request's blocks to the host pool and release them."""
+        assert self.host is not None and self.mover is not None
+        table = self.manager.block_table(req.id)
+        blocks = self.manager.pool.blocks
+        host = self.host.take(req.id, [blocks[b].num_filled for b in table])
+        # The copies read the device blocks, so they run before the blocks are released.
+        self.mover.swap_out(table, host)
+        self._record_swap(SWAP_OUT, req.id, table, host)
+        self.manager.free(req.id, preempted=True)
+        self.host.swap_outs += 1
+        self.running.remove(req.id)
+        req.status = "swapped"
+        req.admitted = None
+        req.num_preemptions += 1
+        # Back first among the swapped: it was admitted before any of them was.
+        self.swapped.appendleft(req.id)
+        self.outcome.preempted.append(req.id)
+
+    def _record_swap(self, code: int, rid: str, src: Sequence[int], dst: Sequence[int]) -> None:
+        """One event per block copied, in the allocator's log beside its frees and allocs.
+
+        `block` is the device block: the source of a swap-out, the target of a swap-in.
+        """
+        m = self.manager
+        if not m.record_events:
+            return
+        for s, d in zip(src, dst, strict=True):
+            m.events.add(m.step, code, rid, s if code == SWAP_OUT else d, s, d, None)
 
     def next_admission(self) -> int:
         self.admissions += 1

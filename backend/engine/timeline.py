@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 # One row per iteration. `prefix_query_tokens` / `prefix_hit_tokens` are the
 # prompt tokens looked up in (and served by) the prefix cache in that row.
 COLUMNS: tuple[str, ...] = (
-    "iteration", "step", "scheduled", "running", "prefilling", "waiting", "admitted", "prefill_tokens",
-    "decode_tokens", "preemptions", "finished", "token_slots", "allocated_slots",
+    "iteration", "step", "scheduled", "running", "prefilling", "waiting", "admitted",
+    "prefill_tokens", "decode_tokens", "preemptions", "finished", "token_slots", "allocated_slots",
     "used_blocks", "cached_blocks", "free_blocks", "prefix_query_tokens",
     "prefix_hit_tokens")
 # Rows kept per engine; older ones are dropped first (a long Step N stays bounded).

@@ -21,6 +21,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import check_request_id
 from backend.engine.request import FINISH_REASONS, Request
 from backend.engine.results import KernelReport
+from backend.engine.swap import HostPool
 from backend.io.json_input import FieldReader, non_negative
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
@@ -59,6 +60,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     pool = m.pool
     top_id = c.vocab_size - 1
     eos = engine.model.eos_token_id
+    host = engine.host
     step = top.get("step", int)
     if step < 0:
         raise PagedLabError("snapshot.step must be >= 0")
@@ -74,8 +76,12 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         if rid in requests:
             raise PagedLabError(f"{r.where}.id {rid!r} is repeated")
         status = r.get("status", str)
-        if status not in ("waiting", "running", "finished"):
-            raise PagedLabError(f"{r.where}.status must be waiting, running or finished")
+        if status not in ("waiting", "running", "finished", "swapped"):
+            raise PagedLabError(f"{r.where}.status must be waiting, running, swapped or "
+                                "finished")
+        if status == "swapped" and host is None:
+            raise PagedLabError(f"{r.where}: a swapped request needs preemption \"swap\" "
+                                "and a host pool (config.num_cpu_blocks)")
         tokens = r.int_list("tokens", 0, top_id)
         prompt_len = r.get("prompt_len", int)
         if r.get("num_tokens", int) != len(tokens):
@@ -84,7 +90,9 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         if not 1 <= prompt_len <= len(tokens):
             raise PagedLabError(f"{r.where}: prompt_len {prompt_len} does not fit its "
                                 f"{len(tokens)} tokens")
-        table = r.int_list("block_table", 0, c.num_blocks - 1)
+        # A swapped request's table names host blocks.
+        table = r.int_list("block_table", 0, (c.num_cpu_blocks if status == "swapped"
+                                              else c.num_blocks) - 1)
         if len(set(table)) != len(table):
             # Refused here with the block named, before the integrity check
             # would quote the whole (possibly huge) table in its message.
@@ -93,13 +101,14 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         # A prompt that a token budget spreads over steps has K/V (and blocks) for
         # its leading num_computed_tokens only; absent, all of them.
         computed = r.get("num_computed_tokens", int, optional=True)
-        if computed is not None and (status != "running" or len(tokens) != prompt_len
+        if computed is not None and (status not in ("running", "swapped")
+                                     or len(tokens) != prompt_len
                                      or not 1 <= computed < len(tokens)):
             raise PagedLabError(f"{r.where}.num_computed_tokens belongs to a running "
                                 "request whose prompt is partly prefilled: 1 <= it < "
                                 "prompt_len = num_tokens")
         held = len(tokens) if computed is None else computed
-        if status == "running":
+        if status in ("running", "swapped"):
             if len(table) != -(-held // bs):
                 raise PagedLabError(
                     f"{r.where}: {held} tokens do not fit its table of {len(table)} "
@@ -149,7 +158,14 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     if sorted(running) != sorted(r.id for r in requests.values() if r.status == "running"):
         raise PagedLabError("snapshot.scheduler.running does not list exactly the running "
                             "requests")
-    if len(set(waiting)) != len(waiting) or len(set(running)) != len(running):
+    swapped = sched.get("swapped", list, optional=True) or []
+    if not all(isinstance(x, str) for x in swapped):
+        raise PagedLabError("snapshot.scheduler lists request ids, which are strings")
+    if sorted(swapped) != sorted(r.id for r in requests.values() if r.status == "swapped"):
+        raise PagedLabError("snapshot.scheduler.swapped does not list exactly the swapped "
+                            "requests")
+    if (len(set(waiting)) != len(waiting) or len(set(running)) != len(running)
+            or len(set(swapped)) != len(swapped)):
         raise PagedLabError("snapshot.scheduler lists a request twice")
     admissions = sched.get("admissions", int)
     if admissions < len(running):
@@ -270,11 +286,14 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     m.recount()
     m.events = _events(top, step, c.num_blocks, requests)
     m.step = step
+    if host is not None:
+        _restore_host(top, mt, host, {rid: tables[rid] for rid in swapped}, requests, bs)
 
     # The scheduler shares this dict with the engine: fill it, never replace it.
     engine.requests.clear()
     engine.requests.update(requests)
     engine.waiting.extend(waiting)
+    engine.swapped.extend(swapped)
     for n, rid in enumerate(running, start=1):
         requests[rid].admitted = n
         engine.running.append(rid)
@@ -301,6 +320,49 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         if claimed is not None and claimed != got[key]:
             raise PagedLabError(f"inconsistent snapshot: metrics.{key} is {claimed} but the "
                                 f"blocks give {got[key]}")
+
+
+def _restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
+                  tables: dict[str, list[int]], requests: dict[str, Request], bs: int) -> None:
+    """The host pool from `cpu_blocks` and the swapped requests' tables, cross-checked."""
+    raw_blocks = top.get("cpu_blocks", list)
+    if len(raw_blocks) != host.num_blocks:
+        raise PagedLabError(f"snapshot.cpu_blocks lists {len(raw_blocks)} blocks; the host "
+                            f"pool has {host.num_blocks} (config.num_cpu_blocks)")
+    holder: dict[int, tuple[str, int]] = {}
+    for rid, table in tables.items():
+        for i, b in enumerate(table):
+            if b in holder:
+                raise PagedLabError(f"inconsistent snapshot: host block {b} is in the tables "
+                                    f"of {holder[b][0]} and {rid}")
+            holder[b] = (rid, i)
+    filled: dict[int, int] = {}
+    for i, raw in enumerate(raw_blocks):
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"snapshot.cpu_blocks[{i}] must be an object")
+        r = FieldReader(raw, f"snapshot.cpu_blocks[{i}]")
+        if r.get("id", int) != i:
+            raise PagedLabError(f"{r.where}.id must be {i} (blocks are listed by id)")
+        ref = r.get("ref_count", int)
+        state = r.get("state", str)
+        n = r.get("num_filled", int)
+        if r.get("hash", str, optional=True) is not None:
+            raise PagedLabError(f"{r.where}: host blocks are not in the prefix cache (no hash)")
+        want_ref, want_filled = 0, 0
+        if i in holder:
+            rid, logical = holder[i]
+            want_ref = 1
+            want_filled = min(bs, requests[rid].num_computed - logical * bs)
+        if ref != want_ref or state != ("used" if want_ref else "free") or n != want_filled:
+            raise PagedLabError(
+                f"inconsistent snapshot: host block {i} is listed as {state} with ref_count "
+                f"{ref} and {n} slots filled, but the swapped requests' tables make it "
+                f"{'used' if want_ref else 'free'} with ref_count {want_ref} and "
+                f"{want_filled} filled")
+        filled[i] = n
+    host.restore(tables, filled)
+    host.swap_outs = non_negative(mt, "swap_outs", optional=True)
+    host.swap_ins = non_negative(mt, "swap_ins", optional=True)
 
 
 def _events(top: FieldReader, step: int, num_blocks: int,
@@ -361,6 +423,18 @@ def _recompute_kv(engine: Engine) -> None:
         logits = write(req.tokens[:req.num_computed],
                        list(enumerate(engine.manager.block_table(rid))))
         req.logits = None if req.prefilling else logits
+    host = engine.host
+    for rid in engine.swapped:
+        assert host is not None
+        req = engine.requests[rid]
+        out = engine.model.forward_contiguous(req.tokens[:req.num_computed])
+        for i, b in enumerate(host.tables[rid]):
+            n = min(bs, req.num_computed - i * bs)
+            rows = slice(i * bs, i * bs + n)
+            for layer in range(engine.config.num_layers):
+                host.cache.k[layer][b, :n] = out.keys[layer][rows].to(host.cache.device)
+                host.cache.v[layer][b, :n] = out.values[layer][rows].to(host.cache.device)
+        req.logits = None if req.prefilling else out.logits[-1].cpu()
 
     # Cached blocks, grouped by hash chain: one forward per chain end recomputes
     # every cached block on the chain. Ancestors may live elsewhere or have been

@@ -9,6 +9,9 @@ restore needs and the contract leaves open (fields may be added):
                    parent digest, the block's own tokens (evicted ancestors
                    included, so a cached block's full prefix is recoverable)
     allocator      totals and the random-allocation pick counter
+    cpu_blocks     with preemption "swap": the host pool's blocks (a swapped
+                   request's block_table names these), and the scheduler's
+                   `swapped` queue
 
 `parse_snapshot_text` reads such a file as JSON data only (no pickle, no
 eval); backend/io/restore.py turns it back into an engine. Export, restore,
@@ -24,6 +27,7 @@ from typing import Any
 from backend.core.config import TINY_BYTE
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
+from backend.engine.request import Request
 from backend.io.json_input import decode_json
 from backend.paging.hashing import BlockHash
 
@@ -55,8 +59,21 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
                 "watermark_blocks"):
         if getattr(c, key) is not None:
             model_fields[key] = getattr(c, key)
+    if c.preemption != "recompute":
+        model_fields["preemption"] = c.preemption
+    if c.num_cpu_blocks:
+        model_fields["num_cpu_blocks"] = c.num_cpu_blocks
     real = c.model != TINY_BYTE
-    return {
+    host = engine.host
+
+    def table(r: Request) -> list[int]:
+        """Device blocks while running; host blocks while swapped out."""
+        if r.status == "swapped":
+            assert host is not None
+            return list(host.tables[r.id])
+        return engine.block_table(r.id)
+
+    snap: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "step": engine.step,
         "config": {
@@ -74,7 +91,7 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
         ],
         "requests": [
             {"id": r.id, "status": r.status, "parent": r.parent, "prompt_len": r.prompt_len,
-             "num_tokens": r.num_tokens, "block_table": engine.block_table(r.id),
+             "num_tokens": r.num_tokens, "block_table": table(r),
              "tokens": list(r.tokens), "num_preemptions": r.num_preemptions,
              "max_new_tokens": r.max_new_tokens, "finish_reason": r.finish_reason,
              # Derived from the tokens; a real model's requests carry it (CONTRACT.md).
@@ -106,6 +123,16 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
         ],
         "allocator": {"random_picks": pool.random_picks},
     }
+    if host is not None:
+        # Only with a host pool, so that every other snapshot is the file it always was.
+        snap["cpu_blocks"] = [{"id": b.id, "state": b.state, "ref_count": b.ref_count,
+                               "num_filled": b.num_filled, "hash": None} for b in host.blocks]
+        snap["scheduler"]["swapped"] = list(engine.swapped)
+        snap["metrics"]["swapped_requests"] = len(engine.swapped)
+        snap["metrics"]["cpu_used_blocks"] = host.num_used
+        snap["metrics"]["swap_outs"] = host.swap_outs
+        snap["metrics"]["swap_ins"] = host.swap_ins
+    return snap
 
 
 def snapshot_json(engine: Engine) -> str:

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
-EventKind = Literal["alloc", "free", "share", "cow", "prefix_hit", "evict", "preempt", "move"]
+EventKind = Literal["alloc", "free", "share", "cow", "prefix_hit", "evict", "preempt", "move",
+                    "swap_out", "swap_in"]
 EVENT_KINDS: tuple[EventKind, ...] = (
     "alloc", "free", "share", "cow", "prefix_hit", "evict", "preempt", "move",
+    "swap_out", "swap_in",
 )
 # A kind's code is its index in EVENT_KINDS; a record packs it below the step.
-ALLOC, FREE, SHARE, COW, PREFIX_HIT, EVICT, PREEMPT, MOVE = range(len(EVENT_KINDS))
-KIND_BITS = 3
+(ALLOC, FREE, SHARE, COW, PREFIX_HIT, EVICT, PREEMPT, MOVE,
+ SWAP_OUT, SWAP_IN) = range(len(EVENT_KINDS))
+KIND_BITS = 4
 KIND_MASK = (1 << KIND_BITS) - 1
 KIND_CODES: dict[str, int] = {kind: code for code, kind in enumerate(EVENT_KINDS)}
 
@@ -25,7 +28,10 @@ class Event(NamedTuple):
 
     `step` is the number of the operation that caused it (1-based). `request`
     and `block` may be None (a move of a cached block has no request; a
-    preemption names no single block). `cow` and `move` carry `src` and `dst`.
+    preemption names no single block). `cow` and `move` carry `src` and `dst`;
+    so do `swap_out` (device block `src` copied to host block `dst`) and
+    `swap_in` (host block `src` copied to device block `dst`), whose `block`
+    is the device block.
     `ref_count` is the block's reference count after the event, where one
     applies: a `free` with `ref_count` 1 means the request let go of a block
     that another request still holds.
@@ -49,7 +55,7 @@ class Event(NamedTuple):
         out: dict[str, Any] = {
             "step": self.step, "kind": self.kind, "request": self.request, "block": self.block,
         }
-        if self.kind in ("cow", "move"):
+        if self.kind in ("cow", "move", "swap_out", "swap_in"):
             out["src"] = self.src
             out["dst"] = self.dst
         if self.ref_count is not None:
@@ -114,6 +120,12 @@ def describe(event: Event) -> str:
             return f"{who} was preempted: its blocks are released and it will be recomputed"
         case "move":
             return f"block data moved from physical block {event.src} to {event.dst}"
+        case "swap_out":
+            return (f"{who} was swapped out: block {event.src}'s K/V copied to host block "
+                    f"{event.dst}")
+        case "swap_in":
+            return (f"{who} was swapped in: host block {event.src}'s K/V copied to block "
+                    f"{event.dst}")
     raise AssertionError(event.kind)
 
 

@@ -1,0 +1,129 @@
+"""The host block pool that `preemption: "swap"` copies preempted requests' K/V into.
+
+vLLM v0's swap preemption, in miniature: when the scheduler must free device
+blocks and the victim's blocks fit in the host pool, each of its blocks is
+copied to a host block (real tensors in host memory) and the device blocks
+are released; when there is room again the request gets device blocks back
+(its cached leading blocks may be prefix hits), the host copies are copied
+into the new ones and the host blocks are freed. Nothing is recomputed: the
+request resumes from the same K/V and the same pending logits, so it
+generates what it would have with room to spare.
+
+Host blocks are private to one swapped request (reference count 1): a device
+block that other requests still share stays on the device for them, and the
+swapped request takes its own copy, as vLLM does for a block shared across
+sequence groups. On a CPU the copies go through the kernels' block-copy path
+(the one copy-on-write uses); from a GPU the blocks are gathered by index on
+the device and cross to the host in one transfer per layer and tensor.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from backend.core.config import EngineConfig
+from backend.engine.kv_cache import KVCache
+from backend.kernels import KernelBackend
+
+HOST = torch.device("cpu")
+
+
+@dataclass(slots=True)
+class HostBlock:
+    """One block of the host pool: held by one swapped request, or free."""
+
+    id: int
+    ref_count: int = 0
+    num_filled: int = 0
+
+    @property
+    def state(self) -> str:
+        return "used" if self.ref_count else "free"
+
+
+class HostPool:
+    """Host blocks, their K/V tensors and the swapped requests' host tables.
+
+    Invariants: a block is in `free_ids` exactly when its ref count is 0;
+    every used block is in exactly one table. A swap-out takes the lowest free
+    ids (a heap), so the pool's state follows from its tables alone and a
+    snapshot restores it exactly without a queue order.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.num_blocks = config.num_cpu_blocks
+        self.block_size = config.block_size
+        self.blocks = [HostBlock(i) for i in range(self.num_blocks)]
+        self.free_ids: list[int] = list(range(self.num_blocks))   # a heap
+        self.tables: dict[str, list[int]] = {}
+        self.cache = KVCache(replace(config, num_blocks=max(1, self.num_blocks)), HOST)
+        self.swap_outs = 0
+        self.swap_ins = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free_ids)
+
+    def take(self, request_id: str, filled: Sequence[int]) -> list[int]:
+        """Mutates: host blocks for a request whose device blocks hold `filled` tokens each."""
+        assert request_id not in self.tables and len(filled) <= self.num_free
+        table = [heapq.heappop(self.free_ids) for _ in filled]
+        for b, n in zip(table, filled, strict=True):
+            block = self.blocks[b]
+            block.ref_count, block.num_filled = 1, n
+        self.tables[request_id] = table
+        return table
+
+    def release(self, request_id: str) -> list[int]:
+        """Mutates: free a swapped request's host blocks; returns them in table order."""
+        table = self.tables.pop(request_id)
+        for b in table:
+            block = self.blocks[b]
+            block.ref_count, block.num_filled = 0, 0
+            heapq.heappush(self.free_ids, b)
+        return table
+
+    def restore(self, tables: dict[str, list[int]], filled: dict[int, int]) -> None:
+        """Mutates: the state with these tables (checked by the caller) and fill counts."""
+        self.tables = {rid: list(t) for rid, t in tables.items()}
+        held = {b for t in tables.values() for b in t}
+        for block in self.blocks:
+            block.ref_count = 1 if block.id in held else 0
+            block.num_filled = filled.get(block.id, 0)
+        self.free_ids = sorted(set(range(self.num_blocks)) - held)
+
+    def copy_out(self, kernels: KernelBackend, device_cache: KVCache, src: Sequence[int],
+                 dst: Sequence[int]) -> None:
+        """Copy device blocks src[i] into host blocks dst[i], every layer."""
+        self._copy(kernels, device_cache, self.cache, src, dst)
+
+    def copy_in(self, kernels: KernelBackend, device_cache: KVCache, src: Sequence[int],
+                dst: Sequence[int]) -> None:
+        """Copy host blocks src[i] into device blocks dst[i], every layer."""
+        self._copy(kernels, self.cache, device_cache, src, dst)
+
+    @staticmethod
+    def _copy(kernels: KernelBackend, source: KVCache, target: KVCache, src: Sequence[int],
+              dst: Sequence[int]) -> None:
+        if not src:
+            return
+        if source.device == target.device:
+            # One device: the same block-copy kernel copy-on-write uses.
+            s = torch.tensor(list(src), dtype=torch.int64, device=source.device)
+            d = torch.tensor(list(dst), dtype=torch.int64, device=target.device)
+            for a, b in zip((*source.k, *source.v), (*target.k, *target.v), strict=True):
+                kernels.copy_blocks(a, b, s, d)
+            return
+        # Across devices: gather on the source side, one transfer, scatter on the target.
+        s = torch.tensor(list(src), dtype=torch.int64, device=source.device)
+        d = torch.tensor(list(dst), dtype=torch.int64, device=target.device)
+        for a, b in zip((*source.k, *source.v), (*target.k, *target.v), strict=True):
+            b[d] = a[s].to(target.device)
