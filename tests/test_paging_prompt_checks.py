@@ -15,6 +15,7 @@ import pytest
 
 from backend.core.errors import PagedLabError
 from backend.paging.block_manager import BlockManager, validate_tokens
+from backend.paging.block_types import all_exact_ints
 
 CACHED = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # two full blocks of 4, cached after a free
 
@@ -69,3 +70,21 @@ def test_the_pinned_and_uncached_paths_check_every_id() -> None:
     off = BlockManager(8, 4, prefix_caching=False, vocab_size=300)
     with pytest.raises(PagedLabError, match="prompt token 1 is -1"):
         off.allocate("p", [1, -1])
+
+
+class Id(int):
+    """An int subclass: equal to an int, but not exactly one."""
+
+
+@pytest.mark.parametrize("odd", [True, False, Id(3), 3.0, "3", None], ids=repr)
+def test_exact_ints_means_exactly_int(odd: Any) -> None:
+    assert all_exact_ints([]) and all_exact_ints([0, 5, 2**70])
+    for where in range(3):
+        values = [1, 2, 3]
+        values[where] = odd
+        assert not all_exact_ints(values)
+        if isinstance(odd, Id):
+            assert validate_tokens(values) == values  # its slow check takes int subclasses
+        else:
+            with pytest.raises(PagedLabError):
+                validate_tokens(values)
