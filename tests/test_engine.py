@@ -317,10 +317,10 @@ def test_set_kernels_keeps_the_state() -> None:
 
 
 def test_long_prompts_are_prefilled_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import backend.engine.engine as engine_module
+    import backend.engine.runner as runner_module
 
     # 40 tokens x 4 heads: chunks of at most 3 query tokens at a 480-score budget.
-    monkeypatch.setattr(engine_module, "PREFILL_BUDGET", 480)
+    monkeypatch.setattr(runner_module, "PREFILL_BUDGET", 480)
     e = make(num_blocks=32, block_size=4)
     forward = e.model.forward
     query_lens: list[int] = []

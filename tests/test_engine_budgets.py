@@ -38,13 +38,13 @@ def apply(e: Engine, *ops: dict[str, Any]) -> None:
 def count_tokens(e: Engine) -> list[int]:
     """Spy on the model: the query tokens of every forward, appended per call."""
     calls: list[int] = []
-    forward = e._forward
+    forward = e.runner.forward
 
     def counted(seqs: list[tuple[list[int], int, list[int], list[int]]]) -> Any:
         calls.append(sum(len(s[0]) for s in seqs))
         return forward(seqs)
 
-    e._forward = counted  # type: ignore[method-assign]
+    e.runner.forward = counted  # type: ignore[method-assign]
     return calls
 
 

@@ -1,9 +1,14 @@
 """The live engine: CONTRACT.md's six operations over paging, a model and the kernels.
 
     engine     `Engine`: validates an operation, then runs it (prefill, decode,
-               fork, finish, shuffle) on the K/V tensors through the kernels
-    scheduler  which requests run: FCFS admission, the preemption victim,
-               what can never fit (decides; the engine runs what it decided)
+               fork, finish, shuffle) through the scheduler and the runner
+    scheduler  which requests run: FCFS admission within vLLM's budgets
+               (backend.core.budgets), chunked prefill, the preemption victim,
+               swap or recompute, what can never fit (decides, never computes)
+    runner     `ModelRunner`: the model, kernels and K/V pools; runs prefill
+               chunks, decode batches and block copies (computes, never decides)
+    swap       the host block pool that swap preemption copies K/V to and back
+    timeline   one row per iteration and each request's latencies, for charts
     kv_cache   the K/V tensors, [num_blocks, block_size, kv_heads, head_dim] per layer
     ops        the operations as typed values parsed from JSON
     request    per-request state; sampling: seeded token choice (temperature, top_p)

@@ -82,9 +82,9 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
         _check(len(seen) == len(set(seen)), "a host block is in two tables")
         free = set(host.free_ids)
         _check(len(free) == len(host.free_ids), "a host block is free twice")
-        for block in host.blocks:
-            _check((block.ref_count == 0) == (block.id in free)
-                   and block.ref_count in (0, 1), f"host block {block.id}: ref count")
+        for hb in host.blocks:
+            _check((hb.ref_count == 0) == (hb.id in free)
+                   and hb.ref_count in (0, 1), f"host block {hb.id}: ref count")
         _check(free.isdisjoint(seen) and len(free) + len(seen) == host.num_blocks,
                "host blocks are neither free nor held")
         for rid in swapped:

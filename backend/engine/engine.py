@@ -6,18 +6,21 @@ engine exactly as it was. Model work goes through the model's `forward`
 (backend.models: TinyByteLM, or SmolLM2 over weights shared by every engine):
 the allocator chooses slots, the forward pass writes the new tokens' K/V there
 and the paged kernel reads every earlier token back through the block tables.
-The scheduler (backend/engine/scheduler.py) decides what runs each step;
-this module runs it.
+The scheduler (backend/engine/scheduler.py) decides what runs each step,
+the model runner (backend/engine/runner.py) computes it, and this module
+validates each operation and has them carry it out.
 
 A step of continuous batching::
 
-    1. admit   waiting requests, first come first served, while their prompts
-               fit beside the blocks the running requests' next tokens need;
+    1. admit   swapped requests first, then waiting ones, first come first
+               served, while their prompts fit beside the blocks the running
+               requests' next tokens need (and within the scheduler's budgets);
                one batched prefill computes what the prefix cache lacks
     2. decode  every running request samples one token from its last logits
                and takes a slot for it (copy-on-write, new block); when no
                block is free the most recently admitted request is preempted:
-               its blocks are released and it waits to be recomputed
+               its blocks are released and it waits to be recomputed, or
+               (preemption "swap") its K/V goes to the host pool
     3. forward one batched model step writes the new K/V and yields the next
                logits; requests that reach max_new_tokens finish
 """
@@ -25,7 +28,6 @@ A step of continuous batching::
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -45,19 +47,14 @@ from backend.engine.results import (
     Outcome,
     Verification,
 )
-from backend.engine.scheduler import Chunk, Scheduler
+from backend.engine.runner import ModelRunner
+from backend.engine.scheduler import Scheduler
 from backend.engine.swap import HostPool
 from backend.engine.timeline import EngineTimeline
-from backend.kernels import select_kernels
-from backend.models.batch import ForwardBatch
-from backend.models.registry import build_model
+from backend.kernels import KernelBackend
+from backend.models.base import LanguageModel
 from backend.paging.block_manager import Address, BlockManager
 from backend.paging.events import Event
-
-# Most attention scores (query tokens x context tokens x heads) one prefill
-# forward may hold; the plain reference materialises them all, in fp32.
-PREFILL_BUDGET = 1 << 24
-
 
 # Called after each iteration of a step with (iterations done, iterations asked);
 # returning False stops the step there.
@@ -77,26 +74,18 @@ class Engine:
                  kernel: str = "auto", check_reference: bool = True,
                  kv_fill: float | None = 0.0) -> None:
         self.config = config or EngineConfig()
-        self.kernels = select_kernels(device, kernel)
-        self.device = self.kernels.device
-        self.check_reference = check_reference
-        # A real model's weights load on first use (seconds) and are then shared.
-        self.model = build_model(self.config, self.device)
-        self.cache = KVCache(self.config, self.device, fill=kv_fill)
+        # The model, kernels and K/V pools; the engine decides, the runner computes.
+        self.runner = ModelRunner(self.config, device=device, kernel=kernel,
+                                  check_reference=check_reference, kv_fill=kv_fill)
         c = self.config
         self.manager = BlockManager(c.num_blocks, c.block_size, prefix_caching=c.prefix_caching,
                                     allocation=c.allocation, seed=c.seed,
                                     cache_salt=c.cache_salt(), vocab_size=c.vocab_size)
         self.requests: dict[str, Request] = {}
-        # The host pool that swap preemption copies K/V to (None: recompute).
-        self.host = HostPool(c) if c.preemption == "swap" else None
-        self.scheduler = Scheduler(c, self.manager, self.requests, self.host, self)
+        self.scheduler = Scheduler(c, self.manager, self.requests, self.runner.host, self.runner)
         self.step = 0
         # What each iteration did, for timelines (not part of a snapshot).
         self.timeline = EngineTimeline()
-        self._mark = (0, 0, 0, 0, 0, 0, 0)
-        self._prefill_tokens = 0
-        self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
         self.lock = threading.RLock()
         # Set when an operation failed half-way (a bug, or the process ran out of
         # memory): the state is then inconsistent, and every later operation is
@@ -110,13 +99,43 @@ class Engine:
         kernel report keeps describing the step that already ran. Moving to
         another device is a snapshot restore (backend.io.snapshot), not this.
         """
-        kernels = select_kernels(device, kernel)
-        if kernels.device != self.device:
-            raise PagedLabError(f"this engine's tensors live on {self.device}; moving them to "
-                                f"{kernels.device} needs a snapshot restore")
-        self.kernels = kernels
+        self.runner.set_kernels(device, kernel)
 
     # ---- reads -------------------------------------------------------------
+
+    @property
+    def model(self) -> LanguageModel:
+        return self.runner.model
+
+    @property
+    def cache(self) -> KVCache:
+        return self.runner.cache
+
+    @property
+    def host(self) -> HostPool | None:
+        """The host pool of swap preemption (None with recompute)."""
+        return self.runner.host
+
+    @property
+    def kernels(self) -> KernelBackend:
+        return self.runner.kernels
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def check_reference(self) -> bool:
+        return self.runner.check_reference
+
+    @property
+    def kernel_report(self) -> KernelReport:
+        """What ran the last model step (a restore sets the snapshot's)."""
+        return self.runner.kernel_report
+
+    @kernel_report.setter
+    def kernel_report(self, report: KernelReport) -> None:
+        self.runner.kernel_report = report
 
     @property
     def events(self) -> Sequence[Event]:
@@ -228,9 +247,7 @@ class Engine:
         before = len(self.manager.events)
         self.manager.step = self.step + 1
         self.scheduler.outcome = Outcome()
-        self._mark = (0, 0, 0, 0, self._prefill_tokens, self.manager.prefix_query_tokens,
-                      self.manager.prefix_hit_blocks)
-        self.timeline.begin()
+        self.timeline.begin(self.scheduler, self.runner.prefill_tokens)
         try:
             match op:
                 case Add():
@@ -270,25 +287,7 @@ class Engine:
 
     def _record_row(self) -> None:
         """Mutates the timeline: a row for what ran since the last one in this operation."""
-        o = self.scheduler.outcome
-        admitted, preempted, finished, generated, prefill, queried, hits = self._mark
-        m = self.manager
-        tl = self.timeline
-        for rid in o.finished[finished:]:
-            tl.finished(rid)
-        metrics = m.metrics()
-        bs = self.config.block_size
-        running = self.running
-        tl.record(self.step + 1, (
-            len(running),
-            sum(1 for rid in running if self.requests[rid].prefilling), len(self.waiting),
-            len(o.admitted) - admitted, self._prefill_tokens - prefill,
-            len(o.generated) - generated, len(o.preempted) - preempted,
-            len(o.finished) - finished, metrics.filled_slots, metrics.used_blocks * bs,
-            metrics.used_blocks, metrics.cached_blocks, metrics.free_blocks,
-            m.prefix_query_tokens - queried, (m.prefix_hit_blocks - hits) * bs))
-        self._mark = (len(o.admitted), len(o.preempted), len(o.finished), len(o.generated),
-                      self._prefill_tokens, m.prefix_query_tokens, m.prefix_hit_blocks)
+        self.timeline.record_state(self.step + 1, self.scheduler, self.runner.prefill_tokens)
 
     def _add(self, op: Add) -> None:
         rid = check_request_id(op.request)
@@ -310,12 +309,12 @@ class Engine:
         self.timeline.arrived(rid)
         if op.blocks is not None:
             start = self.scheduler.allocate(req, list(op.blocks))
-            self._prefill([(req, start, req.num_tokens)])
+            self.runner.prefill([(req, start, req.num_tokens)], self.manager)
         else:
             self.waiting.append(rid)
             # First come, first served: a newcomer never overtakes a waiting request.
             if len(self.waiting) == 1:
-                self._prefill(self.scheduler.admit())
+                self.runner.prefill(self.scheduler.admit(), self.manager)
 
     def _grow(self, op: Grow) -> None:
         req = self._running(op.request, "grow")
@@ -332,7 +331,7 @@ class Engine:
                 f"request {req.id!r} needs {needed} free block(s) to grow by {n} token(s) but "
                 f"only {free} are free; finish a request, or use step, which preempts")
         for _ in range(n):
-            self._forward_decode([(req, self._take_next_token(req))])
+            self._decode([(req, self._take_next_token(req))])
             if req.stopped:
                 break
         self.scheduler.finish_if_done([req.id])
@@ -361,7 +360,7 @@ class Engine:
     def _shuffle(self, op: Shuffle) -> None:
         seed = op.seed if op.seed is not None else (self.config.seed * 1_000_003 + self.step)
         moves = self.manager.apply_remap(self.manager.plan_remap(seed))
-        self.cache.move_blocks(self.kernels, [m.src for m in moves], [m.dst for m in moves])
+        self.runner.move_blocks([m.src for m in moves], [m.dst for m in moves])
 
     # ---- running what the scheduler decided --------------------------------
 
@@ -369,78 +368,28 @@ class Engine:
         """One step of continuous batching: the scheduler's plan (prefill chunks within
         its budgets), then one batched decode of the requests it lets decode."""
         plan = self.scheduler.plan()
-        self._prefill(plan.prefills)
+        self.runner.prefill(plan.prefills, self.manager)
         batch = [(req, self._take_next_token(req)) for req in self.scheduler.decoders(plan)
                  if self.scheduler.make_room(req)]
         if batch:
-            self._forward_decode(batch)
+            self._decode(batch)
             self.scheduler.finish_if_done([r.id for r, _ in batch])
-
-    def _prefill(self, work: list[Chunk]) -> None:
-        """Batched forwards over each request's tokens [start, stop).
-
-        Tokens before `start` are prefix-cache hits or earlier chunks: their
-        K/V is already in the blocks, and the new tokens attend to it through
-        the table. A request whose prompt is complete at `stop` gets its logits.
-        Within one call, long ranges go in pieces: each attends to the K/V the
-        pieces before it wrote, and one forward holds at most PREFILL_BUDGET
-        query x context x head scores, so a long prompt costs more forwards,
-        never unbounded memory.
-        """
-        heads = self.config.num_heads
-        pending = [(req, start, stop) for req, start, stop in work if start < stop]
-        while pending:
-            seqs: list[tuple[list[int], int, list[int], list[int]]] = []
-            piece_of: list[tuple[Request, int]] = []
-            for req, start, end in pending:
-                take = max(1, min(end - start, PREFILL_BUDGET // (end * heads)))
-                if seqs and (len(seqs) + 1) * take * end * heads > PREFILL_BUDGET:
-                    break
-                stop = start + take
-                seqs.append((req.tokens[start:stop], start,
-                             self.manager.slots_of(req.id, start, stop),
-                             self.manager.block_table(req.id)))
-                piece_of.append((req, stop))
-            logits = self._forward(seqs)
-            self._prefill_tokens += sum(len(s[0]) for s in seqs)
-            done = {id(req): stop for req, stop in piece_of}
-            for (req, stop), row in zip(piece_of, logits, strict=True):
-                if stop == req.num_tokens:
-                    req.logits = row
-            pending = [(req, done.get(id(req), start), end) for req, start, end in pending
-                       if done.get(id(req), start) < end]
 
     def _take_next_token(self, req: Request) -> int:
         """Sample from the pending logits and give the token a slot (may copy-on-write)."""
         assert req.logits is not None
         token = next_token(req.logits, self.config, self.model, req.id, req.num_tokens)
-        result = self.manager.append(req.id, [token])
-        if result.cow is not None:
-            self.cache.copy_blocks(self.kernels, [result.cow.src], [result.cow.dst])
+        slot, cow = self.manager.append_one(req.id, token)
+        if cow is not None:
+            self.runner.copy_blocks([cow.src], [cow.dst])
         req.tokens.append(token)
         req.stopped = token == self.model.eos_token_id
         self.scheduler.outcome.generated.append((req.id, token))
         self.timeline.generated(req.id)
-        return result.slots[0]
+        return slot
 
-    def _forward_decode(self, work: list[tuple[Request, int]]) -> None:
-        """One batched forward of each request's newest token, written at `slot`."""
-        seqs = [([r.tokens[-1]], r.num_tokens - 1, [slot], self.manager.block_table(r.id))
-                for r, slot in work]
-        for (req, _), row in zip(work, self._forward(seqs), strict=True):
-            req.logits = row
-
-    def _forward(self, seqs: list[tuple[list[int], int, list[int], list[int]]]
-                 ) -> list[torch.Tensor]:
-        batch = ForwardBatch.build(seqs, self.device)
-        t0 = time.perf_counter()
-        out = self.model.forward(batch, self.cache, self.kernels, check=self.check_reference)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        ms = (time.perf_counter() - t0) * 1e3
-        self.kernel_report = KernelReport(self.kernels.name, str(self.device), out.max_abs_err,
-                                          ms, len(seqs), int(batch.token_ids.numel()))
-        return list(out.logits.cpu().unbind(0))
+    def _decode(self, work: list[tuple[Request, int]]) -> None:
+        self.runner.decode(work, self.manager)
 
     def _running(self, request_id: str, action: str) -> Request:
         req = self.request(request_id)
@@ -459,16 +408,6 @@ class Engine:
                 f"max_num_batched_tokens={self.config.max_num_batched_tokens} spreads it over "
                 "steps); step the batch first")
         return req
-
-    # ---- K/V between the device and the host pool (the scheduler's KVMover) ----
-
-    def swap_out(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
-        assert self.host is not None
-        self.host.copy_out(self.kernels, self.cache, device_blocks, host_blocks)
-
-    def swap_in(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
-        assert self.host is not None
-        self.host.copy_in(self.kernels, self.cache, host_blocks, device_blocks)
 
     def _check_seq_slot(self, action: str) -> None:
         """Refuse a request that would run beside max_num_seqs others."""

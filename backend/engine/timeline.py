@@ -24,6 +24,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backend.engine.scheduler import Scheduler
 
 # One row per iteration. `prefix_query_tokens` / `prefix_hit_tokens` are the
 # prompt tokens looked up in (and served by) the prefix cache in that row.
@@ -70,10 +74,36 @@ class EngineTimeline:
     _started: float | None = None
     _last_row_s: float = 0.0    # the clock when the previous row was recorded
     _in_iteration: bool = False
+    # Counts at the previous row of this operation: admitted, preempted, finished,
+    # generated (the outcome's lengths), prefill tokens, prefix query and hit totals.
+    _mark: tuple[int, ...] = (0, 0, 0, 0, 0, 0, 0)
 
-    def begin(self) -> None:
-        """Mutates: an operation starts running."""
+    def begin(self, scheduler: Scheduler, prefill_tokens: int) -> None:
+        """Mutates: an operation starts running (its outcome is still empty)."""
         self._started = time.perf_counter()
+        m = scheduler.manager
+        self._mark = (0, 0, 0, 0, prefill_tokens, m.prefix_query_tokens, m.prefix_hit_blocks)
+
+    def record_state(self, step: int, scheduler: Scheduler, prefill_tokens: int) -> None:
+        """Mutates: a row for what ran since the previous row of operation `step`, and
+        the state it left (`prefill_tokens`: the runner's total so far)."""
+        o = scheduler.outcome
+        admitted, preempted, finished, generated, prefill, queried, hits = self._mark
+        m = scheduler.manager
+        for rid in o.finished[finished:]:
+            self.finished(rid)
+        metrics = m.metrics()
+        bs = m.block_size
+        running = scheduler.running
+        self.record(step, (
+            len(running), sum(1 for rid in running if scheduler.requests[rid].prefilling),
+            len(scheduler.waiting), len(o.admitted) - admitted, prefill_tokens - prefill,
+            len(o.generated) - generated, len(o.preempted) - preempted,
+            len(o.finished) - finished, metrics.filled_slots, metrics.used_blocks * bs,
+            metrics.used_blocks, metrics.cached_blocks, metrics.free_blocks,
+            m.prefix_query_tokens - queried, (m.prefix_hit_blocks - hits) * bs))
+        self._mark = (len(o.admitted), len(o.preempted), len(o.finished), len(o.generated),
+                      prefill_tokens, m.prefix_query_tokens, m.prefix_hit_blocks)
 
     def now(self) -> float:
         """The engine's work clock: seconds of operations so far, this one's included."""
