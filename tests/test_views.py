@@ -17,11 +17,15 @@ from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.io.export import requests_table
 from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import KVBudget
+from backend.sessions.history import History
 from backend.sessions.playground import (
     Settings,
     add_op,
     build_engine,
+    config_from_fields,
     has_state,
+    kept_snapshot,
+    kept_steps,
     next_child_id,
     next_request_id,
     parse_blocks,
@@ -30,6 +34,9 @@ from backend.sessions.playground import (
     switch_kernels,
 )
 from backend.views import grid
+from backend.views.html import request_layout_html
+from backend.views.model import BLOCK_TABLE_COLUMN, status_text
+from backend.views.settings import config_items
 from backend.views.text import WORD_JOINER, is_plain, md_code, md_escape, plain_md
 
 PROMPT = "The cat sat on the mat."   # 23 bytes: five full blocks of 4 and one of 3
@@ -478,3 +485,67 @@ def test_exports_decode_a_real_models_tokens_without_their_text(
                                  for r in snap["requests"]]}
     reqs = requests_table(bare).set_index("id")
     assert reqs.loc["A", "text"] == smollm2_shared.text("A") == PROMPT
+
+
+# ---- scheduler budgets and prefilling requests ------------------------------------------
+
+def test_a_prefilling_request_shows_its_computed_tokens_in_the_table_and_layout() -> None:
+    e = engine(max_num_batched_tokens=10)
+    e.apply(Add("A", prompt=PROMPT))
+    snap = export_snapshot(e)
+    req = views.request_of(snap, "A")
+    assert status_text(req) == "running (prefill 10/23)"
+    row = views.requests_frame(snap).iloc[0]
+    # Three blocks hold the ten computed tokens: the last one 2 of its 4 slots.
+    assert row["status"] == "running (prefill 10/23)" and row["blocks"] == 3
+    assert row[BLOCK_TABLE_COLUMN] == "0→0 · 1→1 · 2→2 (2/4)"
+    chunks = views.text_by_block(snap, "A")
+    assert [(c.physical, c.num_filled, c.pending) for c in chunks] == [
+        (0, 4, 0), (1, 4, 0), (2, 2, 2), (None, 0, 4), (None, 0, 4), (None, 0, 3)]
+    page = request_layout_html(snap, "A")
+    assert "prefilling: 10 of 23 tokens computed" in page
+    assert "L2 → P2 (2/4, partial), 2 to prefill" in page
+    assert "L3 → no block yet, 4 to prefill" in page
+    e.apply(Step(2))
+    done = export_snapshot(e)
+    assert status_text(views.request_of(done, "A")) == "running"
+    assert all(c.pending == 0 for c in views.text_by_block(done, "A"))
+
+
+def test_config_items_list_the_budgets_only_when_set() -> None:
+    labels = [i.label for i in config_items(EngineConfig())]
+    assert not {"Max running requests", "Token budget per step", "Watermark"} & set(labels)
+    items = {i.label: i for i in config_items(EngineConfig(
+        max_num_seqs=2, max_num_batched_tokens=64, watermark_blocks=1))}
+    assert items["Max running requests"].value == "2"
+    assert items["Token budget per step"].value == "64 tokens"
+    assert items["Watermark"].value == "1 block"
+    assert "max_num_batched_tokens" in items["Token budget per step"].help
+
+
+def test_config_from_fields_sets_and_clears_the_budgets() -> None:
+    on = config_from_fields({"max_num_seqs": 3, "max_num_batched_tokens": 16,
+                             "watermark_blocks": 2}, EngineConfig())
+    assert (on.max_num_seqs, on.max_num_batched_tokens, on.watermark_blocks) == (3, 16, 2)
+    off = config_from_fields({"max_num_seqs": None, "max_num_batched_tokens": None,
+                              "watermark_blocks": None}, on)
+    assert (off.max_num_seqs, off.max_num_batched_tokens, off.watermark_blocks) == \
+        (None, None, None)
+    with pytest.raises(PagedLabError, match="must be less than num_blocks"):
+        config_from_fields({"watermark_blocks": 32}, EngineConfig(num_blocks=32))
+
+
+def test_kept_snapshot_finds_a_step_the_history_holds() -> None:
+    e = engine()
+    history = History(max_steps=3)
+    assert kept_steps(history) is None and kept_snapshot(history, 1) is None
+    for op in (Add("A", prompt=PROMPT), Add("B", prompt="abcdefgh"), Step(1), Grow("A", 2)):
+        e.apply(op)
+        history.record(export_snapshot(e))
+    assert kept_steps(history) == (2, 4)
+    assert kept_snapshot(history, 1) is None                  # dropped: the oldest
+    for step in (2, 3, 4):
+        snap = kept_snapshot(history, step)
+        assert snap is not None and snap["step"] == step
+    assert kept_snapshot(history, 4) == export_snapshot(e)
+    assert kept_snapshot(history, 5) is None

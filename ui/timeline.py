@@ -170,7 +170,8 @@ def _details(engine: Engine, history: History) -> None:
     c = engine.config
     df = timeline_frame(engine.timeline, c.num_blocks, c.block_size)
     lat = latency_frame(engine.timeline)
-    st.altair_chart(timeline_chart(df, paged=True), key="tl_chart")
+    # Narrow enough for the main column beside an open sidebar on a 1024 px laptop.
+    st.altair_chart(timeline_chart(df, paged=True, width=420), key="tl_chart")
     st.caption("Requests running and waiting; used, cached and free blocks; prompt and "
                "decode tokens per row; preemptions. Rows with `scheduled` 0 are operations "
                "other than a step's iterations.")
@@ -209,14 +210,14 @@ def strip_chart(df: pd.DataFrame, history: History) -> alt.Chart:
     return alt.Chart(data).mark_bar().encode(
         x=alt.X("iteration:O", title="iteration",
                 axis=alt.Axis(labelOverlap=True, labelAngle=0)),
-        y=alt.Y("used_blocks:Q", title="used blocks"),
+        y=alt.Y("used_blocks:Q", title="blocks used"),
         color=alt.Color("kept:N", title=None,
                         scale=alt.Scale(domain=["kept", "not kept"],
                                         range=["#1f4e8c", "#BBBBBB"])),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.45)),
         tooltip=["iteration:Q", "step:Q", alt.Tooltip("used_blocks:Q", format=",.1f"),
                  "kept:N"],
-    ).add_params(pick).properties(height=90)
+    ).add_params(pick).properties(height=170)
 
 
 def _on_strip() -> None:
