@@ -51,6 +51,11 @@ class ModelRunner:
         self.host = HostPool(config) if config.preemption == "swap" else None
         self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
         self.prefill_tokens = 0      # prompt tokens computed so far, for the timeline
+        # Recomputation after preemption: the prefill tokens of requests preempted
+        # before, and their share of each prefill forward's wall time.
+        self.recompute_tokens = 0
+        self.recompute_s = 0.0
+        self.swap_s = 0.0            # wall time spent copying K/V to and from the host pool
 
     def set_kernels(self, device: str, kernel: str) -> None:
         """Mutates: run the next model steps with another kernel on the same device."""
@@ -84,8 +89,16 @@ class ModelRunner:
                 seqs.append((req.tokens[start:stop], start, manager.slots_of(req.id, start, stop),
                              manager.block_table(req.id)))
                 piece_of.append((req, stop))
+            t0 = time.perf_counter()
             logits = self.forward(seqs)
-            self.prefill_tokens += sum(len(s[0]) for s in seqs)
+            dt = time.perf_counter() - t0
+            tokens = sum(len(s[0]) for s in seqs)
+            again = sum(len(s[0]) for s, (req, _) in zip(seqs, piece_of, strict=True)
+                        if req.num_preemptions)
+            self.prefill_tokens += tokens
+            if again:
+                self.recompute_tokens += again
+                self.recompute_s += dt * again / tokens
             done = {id(req): stop for req, stop in piece_of}
             for (req, stop), row in zip(piece_of, logits, strict=True):
                 if stop == req.num_tokens:
@@ -125,9 +138,19 @@ class ModelRunner:
     def swap_out(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
         """The scheduler's KVMover: device blocks into the host pool."""
         assert self.host is not None
+        t0 = time.perf_counter()
         self.host.copy_out(self.kernels, self.cache, device_blocks, host_blocks)
+        self._synced(t0)
 
     def swap_in(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
         """The scheduler's KVMover: host blocks back into device blocks."""
         assert self.host is not None
+        t0 = time.perf_counter()
         self.host.copy_in(self.kernels, self.cache, host_blocks, device_blocks)
+        self._synced(t0)
+
+    def _synced(self, t0: float) -> None:
+        """Count a swap copy's time (on a GPU, once the copy has finished)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.swap_s += time.perf_counter() - t0

@@ -1,0 +1,129 @@
+"""Measurements of the live engine: swap against recompute, by block size (the paper's §7.3).
+
+The paper compares vLLM's two ways of handling preemption across block sizes
+(its Figure 19): swapping copies a preempted request's blocks to CPU memory
+and back, and small blocks mean many small PCIe transfers, so swapping is
+slow for them; recomputation re-runs the prompt and the tokens generated so
+far as one prefill, whose cost does not depend on the block size, and which
+the paper finds faster for small blocks and comparable for medium ones.
+
+`swap_vs_recompute` runs one overloaded workload through real engines at
+each block size: once in a pool roomy enough never to preempt (the
+reference), once with `preemption: "recompute"` and once with `"swap"`, the
+device pool holding the same number of tokens at every block size. It
+reports what each run did and what it cost: wall time, preemptions, tokens
+recomputed, blocks copied and the time spent copying, and whether every
+request generated exactly the reference's tokens. Where the host pool is
+ordinary memory on the same CPU (no GPU), a swap is a memory copy, not a
+PCIe transfer: what this shows there is the per-block overhead, not the
+bus.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from backend.core.config import EngineConfig
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Step
+
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MODES = ("recompute", "swap")
+
+# Called after each run with (runs done, runs in all); False stops before the next.
+Progress = Callable[[int, int], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionRun:
+    """One engine run of the workload."""
+
+    block_size: int
+    mode: str                 # "roomy" (never preempts), "recompute" or "swap"
+    num_blocks: int
+    steps: int
+    wall_ms: float            # the whole run: every add and step
+    preemptions: int
+    recomputed_tokens: int    # prefill tokens of requests preempted before
+    recompute_ms: float       # their share of the prefill forwards' wall time
+    swapped_blocks: int       # blocks copied out and in
+    swap_ms: float            # wall time inside those copies
+    same_tokens: bool         # every request generated the roomy run's tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Requests all added at once: (prompt length, tokens to generate) each."""
+
+    requests: tuple[tuple[int, int], ...]
+
+    @staticmethod
+    def overloaded(num_requests: int = 16, seed: int = 0) -> Workload:
+        rng = random.Random(seed)
+        return Workload(tuple((rng.randint(24, 64), rng.randint(32, 64))
+                              for _ in range(num_requests)))
+
+    @property
+    def peak_tokens(self) -> int:
+        return sum(p + n for p, n in self.requests)
+
+
+def run_workload(workload: Workload, config: EngineConfig, *, kernel: str = "torch",
+                 device: str = "auto", max_steps: int = 100_000) -> tuple[Engine, float]:
+    """A fresh engine with every request added, stepped until all finish; its wall ms."""
+    t0 = time.perf_counter()
+    e = Engine(config, device=device, kernel=kernel, check_reference=False)
+    for i, (prompt, new) in enumerate(workload.requests):
+        e.apply(Add(f"r{i}", prompt_len=prompt, max_new_tokens=new))
+    for _ in range(max_steps):
+        if not (e.running or e.waiting or e.swapped):
+            break
+        e.apply(Step(1))
+    return e, (time.perf_counter() - t0) * 1e3
+
+
+def swap_vs_recompute(block_sizes: Sequence[int] = BLOCK_SIZES, *,
+                      workload: Workload | None = None, capacity_tokens: int = 512,
+                      kernel: str = "torch", device: str = "auto",
+                      progress: Progress | None = None) -> list[PreemptionRun]:
+    """Roomy, recompute and swap runs at each block size (a device pool of about
+    `capacity_tokens` token slots; a host pool as large as the workload's peak)."""
+    workload = workload or Workload.overloaded()
+    longest = max(p + n for p, n in workload.requests)
+    out: list[PreemptionRun] = []
+    total, done = len(block_sizes) * 3, 0
+    # The first forwards of a process pay for torch's start-up; keep that out.
+    run_workload(Workload(((8, 4),)), EngineConfig(block_size=4), kernel=kernel, device=device)
+    for bs in block_sizes:
+        # The same slots at every block size, and room for the longest request.
+        num_blocks = max(-(-capacity_tokens // bs), -(-longest // bs) + 1)
+        roomy_blocks = -(-workload.peak_tokens // bs) + len(workload.requests)
+        base = {"block_size": bs, "seed": 0}
+        ref, ref_ms = run_workload(workload, EngineConfig.from_json(
+            {**base, "num_blocks": roomy_blocks}), kernel=kernel, device=device)
+        runs = [(ref, ref_ms, "roomy", roomy_blocks)]
+        done += 1
+        if progress is not None and not progress(done, total):
+            return out
+        for mode in MODES:
+            cfg = {**base, "num_blocks": num_blocks, "preemption": mode,
+                   "num_cpu_blocks": roomy_blocks if mode == "swap" else 0}
+            e, ms = run_workload(workload, EngineConfig.from_json(cfg), kernel=kernel,
+                                 device=device)
+            runs.append((e, ms, mode, num_blocks))
+            done += 1
+            if progress is not None and not progress(done, total):
+                break
+        for e, ms, mode, blocks in runs:
+            out.append(PreemptionRun(
+                bs, mode, blocks, e.step, ms, e.manager.preemptions,
+                e.runner.recompute_tokens, e.runner.recompute_s * 1e3,
+                sum(1 for ev in e.events if ev.kind in ("swap_out", "swap_in")),
+                e.runner.swap_s * 1e3,
+                all(e.requests[r].tokens == q.tokens for r, q in ref.requests.items())))
+        if len(runs) < 3:
+            break
+    return out
