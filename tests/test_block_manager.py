@@ -356,6 +356,28 @@ def test_check_integrity_catches_a_tampered_hash() -> None:
         m.check_integrity()
 
 
+def test_each_sequence_keeps_its_last_block_through_cow_fork_and_remap() -> None:
+    m = BlockManager(12, 4)
+    m.allocate("A", list(b"The cat s"))
+    m.fork("A", "B")
+    m.append_one("B", 1)  # copy-on-write of the shared tail
+    for _ in range(4):
+        m.append_one("A", 2)  # fills the tail, then takes a new block
+    m.apply_remap(m.plan_remap(seed=5))
+    m.append("B", [3, 4, 5, 6])
+    for seq in m.seqs.values():
+        assert seq.tail_block is m.pool.blocks[seq.block_table[-1]]
+    m.check_integrity()
+    # A table written directly (as a restore does) keeps no tail until recount.
+    m.seqs["A"].tail_block = None
+    m.check_integrity()
+    m.recount()
+    assert m.seqs["A"].tail_block is m.pool.blocks[m.seqs["A"].block_table[-1]]
+    m.seqs["B"].tail_block = m.pool.blocks[m.seqs["A"].block_table[-1]]
+    with pytest.raises(IntegrityError, match=r"keeps block \d+ as its last block"):
+        m.check_integrity()
+
+
 def test_metrics_on_a_mixed_pool() -> None:
     m = BlockManager(10, 4)
     m.allocate("A", list(b"The cat sat"))    # 3 blocks, 11 tokens

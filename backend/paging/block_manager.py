@@ -154,7 +154,7 @@ class BlockManager(BlockTables):
             seq_id, table, length,
             tail_tokens=(toks[length - tail:] if tail and caching and not isinstance(toks, int)
                          else []),
-            last_hash=keys[-1] if keys else None,
+            last_hash=keys[-1] if keys else None, tail_block=blocks[table[-1]],
         )
         return Allocation(tuple(table), len(plan.hit_blocks) * bs, plan.hit_blocks, tuple(new))
 
@@ -214,6 +214,7 @@ class BlockManager(BlockTables):
         self._filled_used += n
         seq.num_tokens += n
         self._logical_tokens += n
+        seq.tail_block = self.pool.blocks[table[-1]]
         return AppendResult(tuple(slots), tuple(new), cow)
 
     def append_one(self, seq_id: str, token: int) -> tuple[int, CowCopy | None]:
@@ -236,12 +237,13 @@ class BlockManager(BlockTables):
         # anything else is checked, and refused, by the general path.
         if token.__class__ is not int or not 0 <= token < self.vocab_size:
             return self._append_general(seq_id, token)
-        pool = self.pool
-        table = seq.block_table
-        block = pool.blocks[table[-1]]
+        block = seq.tail_block
+        if block is None:
+            block = seq.tail_block = self.pool.blocks[seq.block_table[-1]]
         bs = self.block_size
         offset = block.num_filled  # where the token goes
         if offset == bs:
+            pool = self.pool
             if not pool.free_queue._len:
                 return self._append_general(seq_id, token)
             block, evicted = pool.pop_free()
@@ -251,7 +253,8 @@ class BlockManager(BlockTables):
                 if evicted is not None:
                     record((code | EVICT, seq_id, block.id, None))
                 record((code | ALLOC, seq_id, block.id, 1))
-            table.append(block.id)
+            seq.block_table.append(block.id)
+            seq.tail_block = block
             self._table_entries += 1
             offset = 0
         elif block.ref_count > 1:
@@ -261,7 +264,7 @@ class BlockManager(BlockTables):
             seq.tail_tokens.append(token)
             if filled == bs:
                 key = hash_block(seq.last_hash, seq.tail_tokens, self.cache_salt)
-                pool.register(block, key)
+                self.pool.register(block, key)
                 seq.last_hash = key
                 seq.tail_tokens = []
         self._decoded += 1  # a filled slot and a logical token (metrics)
@@ -283,7 +286,8 @@ class BlockManager(BlockTables):
         self._table_entries += len(parent.block_table)
         self._logical_tokens += parent.num_tokens
         self.seqs[child_id] = SeqBlocks(child_id, list(parent.block_table), parent.num_tokens,
-                                        list(parent.tail_tokens), parent.last_hash)
+                                        list(parent.tail_tokens), parent.last_hash,
+                                        parent.tail_block)
 
     def free(self, seq_id: str, *, preempted: bool = False) -> list[int]:
         """Mutates: release a sequence's blocks; returns those whose count reached 0.
@@ -353,6 +357,7 @@ class BlockManager(BlockTables):
         self._filled_used += dst.num_filled
         self._decref(src)
         seq.block_table[-1] = dst.id
+        seq.tail_block = dst
         self.cow_copies += 1
         self._emit(COW, seq.seq_id, dst.id, src=src.id, dst=dst.id, ref_count=1)
         return CowCopy(src.id, dst.id, src.num_filled)
@@ -388,5 +393,7 @@ class BlockManager(BlockTables):
         self._table_entries = sum(len(s.block_table) for s in self.seqs.values())
         self._logical_tokens = sum(s.num_tokens for s in self.seqs.values())
         self._decoded = 0
+        for seq in self.seqs.values():
+            seq.tail_block = pool.blocks[seq.block_table[-1]]
         pool.num_empty = sum(1 for b in pool.free_queue if b.hash is None)
         pool.num_cached_free = len(pool.free_queue) - pool.num_empty

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backend.core.errors import PagedLabError
+from backend.paging.block_pool import Block
 from backend.paging.hashing import BlockHash
 
 
@@ -20,6 +21,11 @@ class SeqBlocks:
     tail_tokens: list[int] = field(default_factory=list)
     # Key of the last full block: the parent of the next block's key.
     last_hash: BlockHash | None = None
+    # The Block of block_table[-1], so a decode token reaches it without two
+    # lookups. Kept by the block manager (a relabel keeps Block objects, so a
+    # remap leaves it right); None where a table was written directly (a
+    # restore), until `recount` sets it.
+    tail_block: Block | None = None
 
 
 # PromptPlan and Allocation are built on every admission (and a plan on every

@@ -28,7 +28,8 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
     - the cache map and the blocks' hashes agree, every hash matches its
       tokens and its parent, and the content index lists the cache map's blocks;
     - every table has ceil(num_tokens / block_size) entries, all full but the
-      last, and the last holds exactly the remaining tokens;
+      last, and the last holds exactly the remaining tokens (and is the Block
+      the sequence keeps as its tail, where it keeps one);
     - the incremental counters equal a recount.
     """
     bs = block_size
@@ -44,6 +45,10 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
             problems.append(f"request {seq.seq_id!r} has {seq.num_tokens} tokens but "
                             f"{len(seq.block_table)} blocks (expected {expect})")
             continue
+        tail = seq.tail_block
+        if tail is not None and tail is not pool.blocks[seq.block_table[-1]]:
+            problems.append(f"request {seq.seq_id!r} keeps block {tail.id} as its last block "
+                            f"but its table ends with {seq.block_table[-1]}")
         for i, b in enumerate(seq.block_table):
             want = bs if i < expect - 1 else seq.num_tokens - (expect - 1) * bs
             got = pool.blocks[b].num_filled
