@@ -13,6 +13,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
@@ -64,7 +66,7 @@ PROMPTS = [
 
 def run_out(e: Engine, steps: int = 40) -> None:
     for _ in range(steps):
-        if not e.running and not e.waiting:
+        if not (e.running or e.waiting or e.swapped):
             return
         apply(e, {"op": "step"})
     raise AssertionError("requests still running")
@@ -217,3 +219,51 @@ def test_random_operations_under_budgets_keep_every_invariant(budgets: dict[str,
     for seed, config in enumerate(soak_configs(14)[:4]):
         # Raises SoakError naming the config, seed and operation that broke.
         soak_sequence({**config, **budgets}, seed=seed, num_ops=30)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=hst.data())
+def test_budgets_hold_at_every_step(data: hst.DataObject) -> None:
+    """A property over random workloads and budgets: at every step the tokens
+    processed stay within max_num_batched_tokens, the running batch within
+    max_num_seqs, every admission leaves watermark_blocks free, and chunked
+    prefill (with swap or recompute) generates the unbudgeted run's tokens."""
+    block_size = data.draw(hst.sampled_from([1, 2, 4, 8]), "block_size")
+    tokens = data.draw(hst.none() | hst.integers(1, 24), "max_num_batched_tokens")
+    seqs = data.draw(hst.none() | hst.integers(1, 4), "max_num_seqs")
+    watermark = data.draw(hst.integers(0, 3), "watermark_blocks")
+    swap = data.draw(hst.booleans(), "swap")
+    requests = data.draw(hst.lists(hst.tuples(hst.integers(1, 30), hst.integers(1, 12)),
+                                   min_size=1, max_size=6), "requests")
+    longest = max(p + n for p, n in requests)
+    num_blocks = -(-longest // block_size) + watermark + 2
+    config = {"num_blocks": num_blocks, "block_size": block_size,
+              "max_num_batched_tokens": tokens, "max_num_seqs": seqs,
+              "watermark_blocks": watermark,
+              **({"preemption": "swap", "num_cpu_blocks": 3 * num_blocks} if swap else {})}
+    e = Engine(EngineConfig.from_json(config), kernel="torch")
+    free = Engine(EngineConfig(num_blocks=4 * num_blocks * len(requests),
+                               block_size=block_size), kernel="torch")
+    calls = count_tokens(e)
+    ops = [{"op": "add", "request": f"r{i}", "prompt_len": p, "max_new_tokens": n}
+           for i, (p, n) in enumerate(requests)]
+    for op in ops:
+        apply(free, op)
+        running = set(e.running)
+        apply(e, op)
+        if set(e.running) - running:
+            assert e.manager.num_free_blocks >= watermark
+    run_out(free, steps=400)
+    for _ in range(400):
+        if not (e.running or e.waiting or e.swapped):
+            break
+        calls.clear()
+        running = set(e.running)
+        apply(e, {"op": "step"})
+        if tokens is not None:
+            assert sum(calls) <= tokens, calls
+        if seqs is not None:
+            assert len(e.running) <= seqs
+    assert not (e.running or e.waiting or e.swapped)
+    for rid, req in free.requests.items():
+        assert e.requests[rid].tokens == req.tokens, rid

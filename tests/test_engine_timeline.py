@@ -39,13 +39,16 @@ def run(config: dict[str, Any]) -> tuple[Engine, list[tuple[int, dict[str, Any]]
                                 "preemptions": len(result.preempted),
                                 "finished": len(result.finished),
                                 "running": len(e.running), "waiting": len(e.waiting),
+                                "swapped": len(e.swapped),
                                 "used_blocks": m.used_blocks, "cached_blocks": m.cached_blocks,
                                 "free_blocks": m.free_blocks, "token_slots": m.filled_slots}))
     return e, states
 
 
 @pytest.mark.parametrize("config", [{}, {"max_num_batched_tokens": 16},
-                                    {"num_blocks": 14}])
+                                    {"num_blocks": 14},
+                                    {"num_blocks": 14, "preemption": "swap",
+                                     "num_cpu_blocks": 24}])
 def test_rows_agree_with_the_engine(config: dict[str, Any]) -> None:
     e, states = run(config)
     df = timeline_frame(e.timeline, e.config.num_blocks, e.config.block_size)
@@ -72,6 +75,8 @@ def test_rows_agree_with_the_engine(config: dict[str, Any]) -> None:
                 <= e.config.max_num_batched_tokens).all()
     if config.get("num_blocks") == 14:
         assert df["preemptions"].sum() > 0, "the small pool should preempt"
+    if "preemption" in config:
+        assert df["swapped"].max() > 0, "the small pool should swap"
     # The simulator's chart draws the live timeline too.
     assert timeline_chart(df, paged=True).to_dict()
 

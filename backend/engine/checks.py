@@ -101,8 +101,7 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
     prefix_len: dict[tuple[str, str], int] = {}
     for rid in scheduler.running:
         req = requests[rid]
-        _check(0 <= req.uncomputed < req.num_tokens
-               and (req.uncomputed == 0 or req.num_generated == 0), f"{rid}: prefill state")
+        _check(0 <= req.uncomputed < req.num_tokens, f"{rid}: prefill state")
         _check(manager.num_tokens(rid) == req.num_computed, f"{rid}: token count")
         _check((req.logits is None) == req.prefilling, f"{rid}: logits while prefilling "
                "or none to sample from")

@@ -403,8 +403,8 @@ class Engine:
                                 "host pool (step the batch to bring it back)")
         if req.prefilling:
             raise PagedLabError(
-                f"cannot {action} request {req.id!r}: its prompt is still being prefilled "
-                f"({req.num_computed} of {req.prompt_len} tokens computed; the token budget "
+                f"cannot {action} request {req.id!r}: it is still being prefilled "
+                f"({req.num_computed} of {req.num_tokens} tokens computed; the token budget "
                 f"max_num_batched_tokens={self.config.max_num_batched_tokens} spreads it over "
                 "steps); step the batch first")
         return req

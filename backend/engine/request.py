@@ -38,9 +38,10 @@ class Request:
     logits: torch.Tensor | None = None
     # Set when it samples the end-of-sequence token; it finishes after that token's step.
     stopped: bool = False
-    # Trailing prompt tokens whose K/V is not written yet: a token budget
-    # (max_num_batched_tokens) prefills a long prompt in chunks over several
-    # steps. Nonzero only while running; such a request has no logits yet.
+    # Trailing tokens whose K/V is not written yet: a token budget
+    # (max_num_batched_tokens) prefills a long prompt, or a preempted request's
+    # whole history when it is recomputed, in chunks over several steps.
+    # Nonzero only while running (or swapped mid-prefill); no logits until 0.
     uncomputed: int = 0
 
     @property

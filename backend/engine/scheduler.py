@@ -112,7 +112,23 @@ class Scheduler:
             if not req.prefilling and (budget.tokens_left is None or budget.tokens_left > 0):
                 budget.decode()
                 plan.reserved.add(rid)
-        # Blocks the decodes' next tokens may need: a prefill chunk must leave them.
+        self._continue_prefills(plan)
+        while (not plan.prefills and not plan.reserved and len(self.running) > 1
+               and budget.tokens_left != 0):
+            # Every running request is mid-prefill and none has room for its next
+            # chunk (decodes took the blocks they were counting on): the newest
+            # gives its blocks back, as a decode would have made it, so the oldest
+            # can go on.
+            self.preempt(self.requests[self.running[-1]])
+            self._continue_prefills(plan)
+        self.swap_in(budget)
+        plan.prefills += self.admit(budget)
+        return plan
+
+    def _continue_prefills(self, plan: IterationPlan) -> None:
+        """Mutates: the next chunk of each request mid-prefill, as far as the budget's
+        tokens and the free blocks go (leaving the decodes' next blocks free)."""
+        budget = plan.budget
         spare = self.manager.num_free_blocks - sum(
             self.manager.blocks_needed_to_append(rid, 1) for rid in plan.reserved)
         for rid in self.running:
@@ -125,13 +141,13 @@ class Scheduler:
                     self.manager.append(rid, req.tokens[start:start + take])
                     req.uncomputed -= take
                     plan.prefills.append((req, start, start + take))
-        self.swap_in(budget)
-        plan.prefills += self.admit(budget)
-        return plan
 
     def _reserve(self) -> int:
-        """Free blocks the running requests' next tokens may need."""
-        return sum(self.manager.blocks_needed_to_append(rid, 1) for rid in self.running)
+        """Free blocks the running requests still need: the rest of a prefill, and
+        the next token's block. Admission leaves them, so an admitted request never
+        takes the blocks a request mid-prefill was admitted with."""
+        return sum(self.manager.blocks_needed_to_append(rid, self.requests[rid].uncomputed + 1)
+                   for rid in self.running)
 
     def swap_in(self, budget: IterationBudget) -> None:
         """Mutates: bring swapped requests back, in order, while their blocks fit.

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # One row per iteration. `prefix_query_tokens` / `prefix_hit_tokens` are the
 # prompt tokens looked up in (and served by) the prefix cache in that row.
 COLUMNS: tuple[str, ...] = (
-    "iteration", "step", "scheduled", "running", "prefilling", "waiting", "admitted",
+    "iteration", "step", "scheduled", "running", "prefilling", "waiting", "swapped", "admitted",
     "prefill_tokens", "decode_tokens", "preemptions", "finished", "token_slots", "allocated_slots",
     "used_blocks", "cached_blocks", "free_blocks", "prefix_query_tokens",
     "prefix_hit_tokens")
@@ -97,7 +97,8 @@ class EngineTimeline:
         running = scheduler.running
         self.record(step, (
             len(running), sum(1 for rid in running if scheduler.requests[rid].prefilling),
-            len(scheduler.waiting), len(o.admitted) - admitted, prefill_tokens - prefill,
+            len(scheduler.waiting), len(scheduler.swapped), len(o.admitted) - admitted,
+            prefill_tokens - prefill,
             len(o.generated) - generated, len(o.preempted) - preempted,
             len(o.finished) - finished, metrics.filled_slots, metrics.used_blocks * bs,
             metrics.used_blocks, metrics.cached_blocks, metrics.free_blocks,

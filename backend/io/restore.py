@@ -102,11 +102,10 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         # its leading num_computed_tokens only; absent, all of them.
         computed = r.get("num_computed_tokens", int, optional=True)
         if computed is not None and (status not in ("running", "swapped")
-                                     or len(tokens) != prompt_len
                                      or not 1 <= computed < len(tokens)):
-            raise PagedLabError(f"{r.where}.num_computed_tokens belongs to a running "
-                                "request whose prompt is partly prefilled: 1 <= it < "
-                                "prompt_len = num_tokens")
+            raise PagedLabError(f"{r.where}.num_computed_tokens belongs to a running or "
+                                "swapped request whose tokens are partly prefilled: "
+                                "1 <= it < num_tokens")
         held = len(tokens) if computed is None else computed
         if status in ("running", "swapped"):
             if len(table) != -(-held // bs):
