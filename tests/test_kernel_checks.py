@@ -117,3 +117,22 @@ def test_reference_check_on_a_gpu_is_sampled(monkeypatch: pytest.MonkeyPatch) ->
     skipped = [ReferenceCheck(True, cuda) for _ in range(kernel_checks.reference_every())]
     assert sum(c.active for c in skipped) == 1
     assert [c.max_abs_err() for c in skipped if not c.active] == [None] * (len(skipped) - 1)
+
+
+def test_reference_check_counts_a_nan_layer_as_zero() -> None:
+    """As the models' own per-layer maximum did: the report stays finite (a snapshot's
+    kernel report must be, to restore)."""
+    batch = make_batch([1, 4], [7, 10])
+    out = attention.paged_attention(*batch.args(), interpret=True)
+    check = ReferenceCheck(True, torch.device("cpu"))
+    wrong = out.clone()
+    wrong[0, 0, 0] += 0.25
+    check.layer(wrong, *batch.args())
+    poisoned = out.clone()
+    poisoned[0, 0, 0] = float("nan")
+    check.layer(poisoned, *batch.args())
+    err = check.max_abs_err()
+    assert err is not None and 0.24 < err < 0.26
+    only_nan = ReferenceCheck(True, torch.device("cpu"))
+    only_nan.layer(poisoned, *batch.args())
+    assert only_nan.max_abs_err() == 0.0

@@ -22,6 +22,7 @@ of the error at the end of the step.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -100,8 +101,9 @@ class ReferenceCheck:
     """One forward's comparison of every layer's attention with the reference.
 
     `layer` is called after each layer's paged_attention; `max_abs_err` ends the forward:
-    the largest |kernel - reference| over the checked layers, None when checking is off
-    or this forward was not sampled (a GPU checks one forward in `reference_every()`).
+    the largest |kernel - reference| over the checked layers (a layer whose difference
+    holds a NaN counts as 0), None when checking is off or this forward was not sampled
+    (a GPU checks one forward in `reference_every()`).
     The error stays on the device until then, so a checked forward reads the host once.
     """
 
@@ -118,7 +120,10 @@ class ReferenceCheck:
             return
         ref = reference_paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                         query_start_loc, scale)
-        err = (attn.float() - ref).abs().amax()
+        # A layer whose error is NaN adds nothing, as the models' per-layer
+        # `max(err, float(...))` did before this class: the figure stays finite,
+        # which a snapshot's kernel report must be to restore.
+        err = torch.nan_to_num((attn.float() - ref).abs().amax(), nan=0.0, posinf=math.inf)
         self._err = err if self._err is None else torch.maximum(self._err, err)
 
     def max_abs_err(self) -> float | None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.core.config import EngineConfig
-from backend.kernels import KernelBackend, reference_paged_attention
+from backend.kernels import KernelBackend, ReferenceCheck
 from backend.kernels.validate import TORCH_DTYPES
 from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
 from backend.models.tokenizer import ByteCodec
@@ -118,21 +118,18 @@ class TinyByteLM:
         `all_positions`.
         """
         x = self.embed[batch.token_ids]
-        err: float | None = 0.0 if check else None
+        checker = ReferenceCheck(check, self.device)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, batch.positions)
             kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
             attn = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_tables,
                                            batch.seq_lens, batch.query_start_loc, self.scale)
-            if check:
-                ref = reference_paged_attention(q, cache.k[i], cache.v[i], batch.block_tables,
-                                                batch.seq_lens, batch.query_start_loc,
-                                                self.scale)
-                err = max(err or 0.0, float((attn.float() - ref).abs().max()))
+            checker.layer(attn, q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_lens,
+                          batch.query_start_loc, self.scale)
             x = self._finish_layer(layer, x, attn)
         if not all_positions:
             x = x[batch.query_start_loc[1:].long() - 1]
-        return ForwardOutput(self._logits(x), err)
+        return ForwardOutput(self._logits(x), checker.max_abs_err())
 
     @torch.inference_mode()
     def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
