@@ -171,3 +171,19 @@ def test_random_operations_with_swap_keep_every_invariant(extra: dict[str, Any])
                               num_ops=35)
         swaps += stats.events["swap_out"]
     assert swaps > 0, "the fuzz should swap"
+
+
+def test_swap_events_are_checked_against_the_host_pool() -> None:
+    e = engine(13, preemption="swap", num_cpu_blocks=16)
+    for op in PROMPTS:
+        apply(e, op)
+    while not e.swapped:
+        apply(e, {"op": "step"})
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    at = next(i for i, ev in enumerate(snap["events"]) if ev["kind"] == "swap_out")
+    # A host block id past the device pool is a host block like any other.
+    snap["events"][at]["dst"] = 15
+    restore_engine(snap, kernel="torch")
+    snap["events"][at]["dst"] = 16
+    with pytest.raises(PagedLabError, match="outside the host pool"):
+        restore_engine(snap, kernel="torch")

@@ -20,6 +20,7 @@ from backend import views
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.views import Snapshot
+from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
 
 # Requests whose text is laid out by block; the table above lists every request.
@@ -67,9 +68,14 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
     ids = {r["id"] for r in snap["requests"]}
     if isinstance(rid, str) and rid in ids:
         req = views.request_of(snap, rid)
-        table = req["block_table"]
         # Request ids (and, from an uploaded snapshot, every field) are someone's text.
         name = plain_md(rid)
+        if req["status"] == "swapped":
+            host = ", ".join(map(str, req["block_table"]))
+            return Focus(frozenset(), frozenset({rid}),
+                         f"Request **{name}** is swapped out: its K/V is in host blocks "
+                         f"{host} (the host pool below), and it holds no device blocks.")
+        table = req["block_table"]
         text = (f"Request **{name}** holds blocks {', '.join(map(str, table))}." if table
                 else f"Request **{name}** is {plain_md(str(req['status']))}: it holds no "
                      "blocks.")
@@ -154,7 +160,21 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
     if focus.caption:
         st.markdown(focus.caption)
     st.html(views.legend_html(snap))
+    if has_host_pool(snap):
+        _host_pool(snap, focus, prefix)
     return focus
+
+
+def _host_pool(snap: Snapshot, focus: Focus, prefix: str) -> None:
+    """The host pool of swap preemption, drawn like the device pool (read-only)."""
+    host = host_view(snap)
+    st.markdown("**Host pool (swap space)**")
+    st.caption(plain_md(host_summary(snap)))
+    blocks = frozenset(b for r in host["requests"] if r["id"] in focus.requests
+                       and r["status"] == "swapped" for b in r["block_table"])
+    df, spec = views.grid_spec(host, focus_blocks=blocks, selectable=False, titled=False)
+    with fitted(spec, f"{prefix}host_grid_box"):
+        st.vega_lite_chart(df, spec, key=f"{prefix}host_grid", width="stretch")
 
 
 # ---- block tables -------------------------------------------------------------------

@@ -106,6 +106,7 @@ CONFIG_KEYS = {
     "cfg_seed": "seed", "cfg_max_new": "max_new_tokens",
     "cfg_max_num_seqs": "max_num_seqs", "cfg_max_num_batched_tokens": "max_num_batched_tokens",
     "cfg_watermark_blocks": "watermark_blocks",
+    "cfg_preemption": "preemption", "cfg_num_cpu_blocks": "num_cpu_blocks",
 }
 DIM_KEYS = frozenset(f"cfg_{name}" for name in MODEL_FIELDS)
 

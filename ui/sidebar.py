@@ -127,6 +127,18 @@ def _scheduler_fields() -> None:
         st.number_input("Watermark (blocks)", min_value=0, max_value=MAX_NUM_BLOCKS, step=1,
                         key="cfg_watermark_blocks", placeholder="0",
                         help=BUDGET_HELP["watermark_blocks"])
+        st.radio("Preemption", ["recompute", "swap"], key="cfg_preemption", horizontal=True,
+                 help=BUDGET_HELP["preemption"], on_change=_preemption_changed)
+        st.number_input("Host pool (blocks)", min_value=0, max_value=MAX_NUM_BLOCKS, step=1,
+                        key="cfg_num_cpu_blocks", help=BUDGET_HELP["num_cpu_blocks"],
+                        disabled=st.session_state.get("cfg_preemption") != "swap")
+
+
+def _preemption_changed() -> None:
+    """Swap needs a host pool: picking it with none gives one as large as the device pool."""
+    ss = st.session_state
+    if ss.get("cfg_preemption") == "swap" and not ss.get("cfg_num_cpu_blocks"):
+        ss["cfg_num_cpu_blocks"] = ss.get("cfg_num_blocks") or 1
 
 
 def _model_field() -> str:

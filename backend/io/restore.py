@@ -283,7 +283,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         raise PagedLabError("inconsistent snapshot: metrics.preemptions differs from the "
                             "requests' num_preemptions")
     m.recount()
-    m.events = _events(top, step, c.num_blocks, requests)
+    m.events = _events(top, step, c.num_blocks, c.num_cpu_blocks, requests)
     m.step = step
     if host is not None:
         _restore_host(top, mt, host, {rid: tables[rid] for rid in swapped}, requests, bs)
@@ -364,7 +364,7 @@ def _restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
     host.swap_ins = non_negative(mt, "swap_ins", optional=True)
 
 
-def _events(top: FieldReader, step: int, num_blocks: int,
+def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
             requests: dict[str, Request]) -> list[Event]:
     """Events that could have happened: known kinds, blocks, requests, and past steps."""
     out = []
@@ -375,15 +375,22 @@ def _events(top: FieldReader, step: int, num_blocks: int,
             e = Event.from_json(raw)
         except (KeyError, TypeError, ValueError) as exc:
             raise PagedLabError(f"snapshot.events[{i}]: malformed event ({exc})") from None
+        # A swap's host side names a block of the host pool.
+        host = e.dst if e.kind == "swap_out" else e.src if e.kind == "swap_in" else None
         blocks = [b for b in (e.block, e.src, e.dst) if b is not None]
+        if host is not None:
+            blocks.remove(host)
         problem = None
         if not 1 <= e.step <= step:
             problem = f"its step {e.step} is not in 1..{step}"
         elif any(not 0 <= b < num_blocks for b in blocks):
             problem = "it names a block outside the pool"
+        elif host is not None and not 0 <= host < num_cpu_blocks:
+            problem = "it names a block outside the host pool"
         elif e.request is not None and e.request not in requests:
             problem = f"it names request {e.request!r}, which the snapshot does not list"
-        elif e.kind in ("cow", "move") and (e.src is None or e.dst is None):
+        elif (e.kind in ("cow", "move", "swap_out", "swap_in")
+              and (e.src is None or e.dst is None)):
             problem = f"a {e.kind} event needs src and dst"
         elif e.ref_count is not None and e.ref_count < 0:
             problem = "its ref_count is negative"

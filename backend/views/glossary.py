@@ -20,9 +20,14 @@ EVENTS: dict[str, str] = {
     "evict": "A cached block was handed out again, so the K/V it kept for a prefix hit is "
              "gone.",
     "preempt": "The pool ran out: the most recently admitted request gave back its blocks; it "
-               "waits and is recomputed later.",
+               "waits and is recomputed later (or, with swap preemption, its K/V waits in "
+               "the host pool).",
     "move": "A block's K/V was copied to another physical block and the tables rewritten "
             "(shuffle).",
+    "swap_out": "Swap preemption: a block's K/V was copied to a block of the host pool, and "
+                "the device block given back; the request waits there, nothing recomputed.",
+    "swap_in": "A swapped request came back: its K/V was copied from the host pool into a "
+               "device block it took again.",
 }
 
 METRICS: dict[str, str] = {

@@ -21,6 +21,7 @@ import pandas as pd
 from backend.core.config import TINY_BYTE
 from backend.paging.events import Event, describe
 from backend.views.glossary import METRICS, REQUEST_FIELDS
+from backend.views.host_pool import on_device
 from backend.views.tokens import Snapshot, model_of, token_pieces
 
 # How many of the newest events the log shows; the snapshot keeps them all.
@@ -31,6 +32,8 @@ def holders_by_block(snap: Snapshot) -> list[list[str]]:
     """For every physical block, the running requests whose tables hold it (arrival order)."""
     out: list[list[str]] = [[] for _ in range(snap["config"]["num_blocks"])]
     for req in snap["requests"]:
+        if not on_device(snap, req):    # a swapped request's table names host blocks
+            continue
         for b in dict.fromkeys(req["block_table"]):  # a table never repeats a block; be safe
             out[b].append(req["id"])
     return out
@@ -116,7 +119,8 @@ def text_by_block(snap: Snapshot, request_id: str) -> list[Chunk]:
     req = request_of(snap, request_id)
     bs = int(snap["config"]["block_size"])
     tokens: list[int] = req["tokens"]
-    table: list[int] = req["block_table"]
+    # A swapped request's blocks are the host pool's (backend.views.host_pool).
+    table: list[int] = req["block_table"] if on_device(snap, req) else []
     blocks = snap["blocks"]
     pieces = token_pieces(snap, tokens)
     subword = model_of(snap) != TINY_BYTE
@@ -147,6 +151,8 @@ def status_text(req: dict[str, Any]) -> str:
         return f"finished ({req['finish_reason'].replace('_', ' ')})"
     if status == "running" and req.get("num_computed_tokens") is not None:
         return f"running (prefill {computed_tokens(req)}/{req['num_tokens']})"
+    if status == "swapped":
+        return "swapped to host"
     return status
 
 
@@ -215,7 +221,8 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
             "blocks": len(req["block_table"]),
             "preempted": req["num_preemptions"],
             # The table covers the computed tokens (all, unless still prefilling).
-            BLOCK_TABLE_COLUMN: table_text(req["block_table"], computed_tokens(req), bs),
+            BLOCK_TABLE_COLUMN: ("host " if req["status"] == "swapped" else "")
+            + table_text(req["block_table"], computed_tokens(req), bs),
         })
     # The block table last: it is the one that grows, and it takes the rest of the row.
     cols = ["request", "status", "parent", "prompt", "generated", "tokens", "blocks",

@@ -33,6 +33,12 @@ BUDGET_HELP = {
                         "blocks stay free after it takes its own, so running requests keep "
                         "room to grow instead of being preempted. Less than the pool size. "
                         "Blank: 0.",
+    "preemption": "What a preempted request does with its blocks. Recompute: they are "
+                  "released, and its tokens are prefilled again when it is readmitted. Swap: "
+                  "its K/V is copied to a host block pool and back when there is room "
+                  "(vLLM v0's swap space); a victim that does not fit there is recomputed.",
+    "num_cpu_blocks": "Blocks of the host pool that swap copies K/V to (vLLM's swap space), "
+                      "drawn beside the device pool.",
 }
 
 
@@ -93,6 +99,9 @@ def config_items(config: EngineConfig) -> list[SettingItem]:
     if c.watermark_blocks is not None:
         items.append(SettingItem("Watermark", _count(c.watermark_blocks, "block"),
                                  BUDGET_HELP["watermark_blocks"]))
+    if c.preemption == "swap":
+        items.append(SettingItem("Preemption", f"swap to {_count(c.num_cpu_blocks, 'host block')}",
+                                 BUDGET_HELP["preemption"]))
     return items
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from backend.core.config import TINY_BYTE
 from backend.core.errors import PagedLabError
 from backend.models.registry import codec_for
+from backend.views.host_pool import on_device
 
 Snapshot = dict[str, Any]
 
@@ -55,6 +56,8 @@ def block_tokens(snap: Snapshot, block_ids: Collection[int]) -> dict[int, str]:
     bs = int(snap["config"]["block_size"])
     found: dict[int, list[int]] = {}
     for req in snap["requests"]:
+        if not on_device(snap, req):
+            continue
         tokens = req["tokens"]
         for i, b in enumerate(req["block_table"]):
             if b in wanted and b not in found:

@@ -1,0 +1,62 @@
+"""Swap preemption in the Playground through AppTest: the sidebar, the host pool's grid,
+the request table and the focus caption."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+from tests.test_app import add, click, engine, start
+from tests.test_app_timeline import requests_table
+
+
+def host_caption(at: AppTest) -> str | None:
+    found = [c.value for c in at.caption if c.value.startswith("Host pool:")]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def swap_engine() -> AppTest:
+    at = start(num_blocks=12)
+    at.sidebar.radio(key="cfg_preemption").set_value("swap").run()
+    assert not at.exception
+    # Picking swap with no host pool gives one as large as the device pool.
+    assert at.sidebar.number_input(key="cfg_num_cpu_blocks").value == 12
+    e = engine(at)
+    assert e.config.preemption == "swap" and e.config.num_cpu_blocks == 12
+    return at
+
+
+def test_a_swapped_request_shows_in_the_host_pool_and_its_table() -> None:
+    at = swap_engine()
+    for rid in "ABC":
+        add(at, f"request {rid} asks something", rid=rid, max_new=30)
+    # The device grid, the host pool's grid and the translator's vector.
+    assert len(at.get("vega_lite_chart")) == 3
+    assert host_caption(at) == ("Host pool: 0 of 12 blocks hold swapped-out K/V (no "
+                                "request); 0 swap-out(s), 0 swap-in(s) so far.")
+    for _ in range(20):
+        if engine(at).swapped:
+            break
+        click(at, "btn_step")
+    e = engine(at)
+    assert e.swapped, "the 12-block pool should swap a request out"
+    rid = e.swapped[0]
+    row = requests_table(at).loc[rid]
+    assert row["status"] == "swapped to host"
+    assert str(row.iloc[-1]).startswith("host 0→")      # the block table, host blocks
+    caption = host_caption(at)
+    assert caption is not None and f"K/V ({rid})" in caption
+    # The device grid no longer counts it as a holder; the focus says where it is.
+    at.selectbox(key="focus_req").set_value(rid).run()
+    assert any("swapped out" in m.value for m in at.markdown)
+    for _ in range(40):
+        if not (e.running or e.waiting or e.swapped):
+            break
+        click(at, "btn_step")
+    assert e.host is not None and e.host.swap_ins > 0
+
+
+def test_without_swap_there_is_no_host_pool() -> None:
+    at = add(start())
+    assert host_caption(at) is None and len(at.get("vega_lite_chart")) == 2
+    assert at.sidebar.number_input(key="cfg_num_cpu_blocks").disabled
