@@ -45,9 +45,14 @@ lint: $(VENV)/.dev
 	$(BIN)/lint-imports
 	$(BIN)/mypy backend
 
+# allocator_vs_peers.py needs copies of vLLM and nano-vllm (PAGEDLAB_VLLM_SRC,
+# PAGEDLAB_NANOVLLM_SRC; docs/BENCHMARKS.md) and says "skipped" without them.
 bench: $(VENV)/.model
 	$(BIN)/python bench/allocator.py
+	$(BIN)/python bench/allocator_vs_peers.py
 	$(BIN)/python bench/kernel.py
+	$(BIN)/python bench/torch_path.py
+	$(BIN)/python bench/interpreter_step.py
 	$(BIN)/python bench/simulator.py
 	$(BIN)/python bench/app_render.py
 
