@@ -22,6 +22,7 @@ from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
 from ui.compare.deployment import deployment_section
 from ui.compare.maps import maps_section
+from ui.compare.preemption import preemption_section
 from ui.compare.seed import seed_section
 from ui.compare.sharing import sharing_section
 from ui.compare.simulator import simulator_section
@@ -35,7 +36,8 @@ st.caption(
     "paging keeps 96.3%, so 2 to 4 times more requests fit. Here is that effect on the same "
     "workloads, small and large.")
 tabs = st.tabs(["The seed's example", "One workload, two memories", "Trace simulator",
-                "Real deployment", "Block size", "Sharing", "Memory calculator"])
+                "Real deployment", "Block size", "Swap or recompute", "Sharing",
+                "Memory calculator"])
 with tabs[0]:
     seed_section()
 with tabs[1]:
@@ -47,6 +49,8 @@ with tabs[3]:
 with tabs[4]:
     block_size_section()
 with tabs[5]:
-    sharing_section()
+    preemption_section()
 with tabs[6]:
+    sharing_section()
+with tabs[7]:
     calculator_section()

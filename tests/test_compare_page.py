@@ -54,7 +54,7 @@ def test_default_render_shows_every_section(page: AppTest) -> None:
     assert not at.error
     assert [t.label for t in at.tabs] == [
         "The seed's example", "One workload, two memories", "Trace simulator",
-        "Real deployment", "Block size", "Sharing", "Memory calculator"]
+        "Real deployment", "Block size", "Swap or recompute", "Sharing", "Memory calculator"]
     # The seed's example: B's release leaves 5 free slots in holes of 3 and 2.
     assert metric(at, "Free slots") == "5"
     assert metric(at, "Largest hole") == "3"
@@ -154,3 +154,21 @@ def test_bad_input_gets_a_message_not_a_traceback() -> None:
     at.selectbox(key="cmp_calc_model").set_value("Llama-3.1-70B").run()
     assert not at.exception
     assert any("do not leave room for KV in 40 GiB" in e.value for e in at.error)
+
+
+def test_swap_or_recompute_runs_the_engines_and_says_what_they_did() -> None:
+    at = start()
+    assert any("Press Run" in c.value for c in at.caption)
+    at.multiselect(key="cmp_swap_sizes").set_value([2, 8])
+    at.number_input(key="cmp_swap_requests").set_value(8)
+    at.number_input(key="cmp_swap_slots").set_value(192)
+    at.button(key="cmp_swap_run").click().run()
+    assert not at.exception and not at.error
+    df = frame_with(at, "swapped blocks")
+    assert list(df["mode"]) == ["roomy", "recompute", "swap"] * 2
+    assert df["same tokens"].all()
+    swap = df[df["mode"] == "swap"]
+    assert (swap["swapped blocks"] > 0).all() and (swap["recomputed tokens"] == 0).all()
+    says = text(at)
+    assert "every request generated exactly the tokens of the run that never preempted" in says
+    assert "in the same steps" in says

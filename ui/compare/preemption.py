@@ -1,0 +1,60 @@
+"""Swap or recompute: the paper's section 7.3 comparison, run on the live engine."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.core.errors import PagedLabError
+from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs_recompute
+from backend.kernels import select_kernels
+from backend.views.compare import swap_recompute as views
+
+STATE = "cmp_swap_last"
+
+
+def preemption_section() -> None:
+    st.markdown(
+        "When the pool runs out, vLLM preempts a request and either **swaps** its blocks to "
+        "CPU memory and back, or **recomputes** them: it frees the blocks and later prefills "
+        "the prompt and the tokens generated so far again. The paper (section 7.3, "
+        "Figure 19) finds swapping slow at small block sizes, where it becomes many small "
+        "transfers, and recomputation's cost flat in the block size. Here one overloaded "
+        "workload runs through real engines at each block size: in a pool large enough "
+        "never to preempt (the reference), then with each method in a pool of the same "
+        "token slots at every block size.")
+    c = st.columns(3)
+    sizes = c[0].multiselect("Block sizes", list(BLOCK_SIZES), default=[1, 4, 16, 64],
+                             key="cmp_swap_sizes")
+    requests = c[1].number_input("Requests", 2, 64, 16, key="cmp_swap_requests",
+                                 help="Added at once; prompts of 24-64 tokens, 32-64 new "
+                                      "tokens each (seeded).")
+    slots = c[2].number_input("Device pool (token slots)", 64, 8192, 512, step=64,
+                              key="cmp_swap_slots")
+    if st.button("Run on the engine", key="cmp_swap_run", disabled=not sizes):
+        bar = st.progress(0.0, text="Running the engines...")
+
+        def show(done: int, total: int) -> bool:
+            bar.progress(done / total, text=f"Engine run {done} of {total} finished")
+            return True
+
+        try:
+            runs = swap_vs_recompute(sorted(sizes), workload=Workload.overloaded(int(requests)),
+                                     capacity_tokens=int(slots), progress=show)
+        except PagedLabError as exc:
+            st.error(str(exc))
+        else:
+            st.session_state[STATE] = runs
+        finally:
+            bar.empty()
+    runs: list[PreemptionRun] | None = st.session_state.get(STATE)
+    if not runs:
+        st.caption("Press Run: a few seconds for four block sizes on a CPU.")
+        return
+    device = select_kernels("auto", "torch").device.type
+    st.markdown(views.summary(runs, device))
+    st.altair_chart(views.overhead_chart(runs), key="cmp_swap_chart")
+    st.dataframe(views.runs_frame(runs), hide_index=True, key="cmp_swap_table")
+    st.caption("recompute ms: the share of each prefill forward's wall time spent on tokens "
+               "of requests that were preempted before; swap ms: the time inside the block "
+               "copies to and from the host pool. Wall ms covers the whole run, decode "
+               "steps included.")
