@@ -6,6 +6,7 @@ flat records, turned into `Event`s only when read.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
@@ -156,17 +157,21 @@ class EventLog(Sequence[Event]):
     Layout: `items` holds four entries per event, ``step << KIND_BITS | kind
     code``, request, block and ref_count (None where the event has none);
     `extra` maps an event's index to its (src, dst) when either is set
-    (copies and moves, a few per operation). `record` is the writers' call:
+    (copies and moves, a few per operation), and `extra_at` lists those
+    indices in order. `record` is the writers' call:
     `items.extend` with the four entries of an event without src and dst,
     a C call with no object kept. Steps are ints (the engine's operation
     numbers); any other field value an `Event` may hold is kept as it is.
     """
 
-    __slots__ = ("extra", "items", "record")
+    __slots__ = ("extra", "extra_at", "items", "record")
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
         self.items: list[Any] = []
         self.extra: dict[int, tuple[int | None, int | None]] = {}
+        # The keys of `extra` in increasing order (events are only ever
+        # appended), so a slice finds its own by bisection.
+        self.extra_at: list[int] = []
         # Writers bind this once per call: record((code, request, block, ref_count)).
         self.record = self.items.extend
         for event in events:
@@ -177,7 +182,9 @@ class EventLog(Sequence[Event]):
             ref_count: int | None = None) -> None:
         """Mutates: record one event by its fields (`kind` is a code from KIND_CODES)."""
         if src is not None or dst is not None:
-            self.extra[len(self.items) >> 2] = (src, dst)
+            i = len(self.items) >> 2
+            self.extra[i] = (src, dst)
+            self.extra_at.append(i)
         self.items.extend((step << KIND_BITS | kind, request, block, ref_count))
 
     def append(self, event: Event) -> None:
@@ -199,7 +206,7 @@ class EventLog(Sequence[Event]):
         if isinstance(index, slice):
             start, stop, stride = index.indices(n)
             if stride == 1:
-                return list(self._events(start, max(start, stop)))
+                return self._build(start, max(start, stop))
             return [self._event(i) for i in range(start, stop, stride)]
         i = index.__index__()
         if i < 0:
@@ -230,17 +237,31 @@ class EventLog(Sequence[Event]):
         return _new_tuple(Event, (code >> KIND_BITS, EVENT_KINDS[code & KIND_MASK], request,
                                   block, src, dst, ref_count))
 
-    def _events(self, start: int, stop: int) -> Iterator[Event]:
-        """Events start..stop-1 (0 <= start <= stop <= len), built one by one."""
+    def _build(self, start: int, stop: int) -> list[Event]:
+        """Events start..stop-1 (0 <= start <= stop <= len) as a new list.
+
+        One comprehension over the flat records (the engine builds its
+        operation's events after every operation, a snapshot all of them),
+        then the few events with a src or dst, found by bisection, are put
+        right: O(events built + log of the copies and moves recorded).
+        """
         flat = iter(self.items[start << 2:stop << 2])
-        extra = self.extra
-        kinds = EVENT_KINDS
-        i = start
-        for code, request, block, ref_count in zip(flat, flat, flat, flat, strict=True):
-            src, dst = extra.get(i, _NO_EXTRA) if extra else _NO_EXTRA
-            yield _new_tuple(Event, (code >> KIND_BITS, kinds[code & KIND_MASK], request,
-                                     block, src, dst, ref_count))
-            i += 1
+        out = [_new_tuple(Event, (code >> KIND_BITS, EVENT_KINDS[code & KIND_MASK], request,
+                                  block, None, None, ref_count))
+               for code, request, block, ref_count in zip(flat, flat, flat, flat, strict=True)]
+        at = self.extra_at
+        for k in range(bisect_left(at, start), bisect_left(at, stop)):
+            i = at[k]
+            src, dst = self.extra[i]
+            out[i - start] = out[i - start]._replace(src=src, dst=dst)
+        return out
+
+    def _events(self, start: int, stop: int) -> Iterator[Event]:
+        """Events start..stop-1, built a chunk at a time (a long log is not built at once)."""
+        for first in range(start, stop, _CHUNK):
+            yield from self._build(first, min(stop, first + _CHUNK))
 
 
+# Events built at a time while a log is iterated.
+_CHUNK = 4096
 _NO_EXTRA: tuple[None, None] = (None, None)
