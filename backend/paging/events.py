@@ -206,7 +206,8 @@ class EventLog(Sequence[Event]):
         if isinstance(index, slice):
             start, stop, stride = index.indices(n)
             if stride == 1:
-                return self._build(start, max(start, stop))
+                # An operation that recorded nothing reads an empty slice.
+                return self._build(start, stop) if start < stop else []
             return [self._event(i) for i in range(start, stop, stride)]
         i = index.__index__()
         if i < 0:
