@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import controls, exports, panels, progress, resume, session, store, timeline
+from ui import (
+    controls,
+    engine_actions,
+    exports,
+    panels,
+    progress,
+    resume,
+    session,
+    store,
+    timeline,
+)
 
 st.title("Playground")
 st.caption("A real paged KV-cache allocator and paged-attention kernel. Each action below is "
@@ -54,4 +64,4 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
 
 exports.import_panel()
 st.subheader("Sessions")
-store.sessions_panel(resume.open_other, session.new_session)
+store.sessions_panel(resume.open_other, engine_actions.new_session)

@@ -36,7 +36,7 @@ from backend.io.snapshot import MAX_SNAPSHOT_BYTES, parse_snapshot_text
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.views.text import plain_md
-from ui import session
+from ui import engine_actions, session
 
 Snapshot = dict[str, Any]
 
@@ -134,7 +134,7 @@ def _on_import() -> None:
                    f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
     else:
         try:
-            problem = session.restore_snapshot(parse_snapshot_text(uploaded.getvalue()),
+            problem = engine_actions.restore_snapshot(parse_snapshot_text(uploaded.getvalue()),
                                                source)
         except PagedLabError as exc:
             problem = str(exc)

@@ -16,7 +16,7 @@ import streamlit as st
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.sessions import saved
-from ui import progress, session, store
+from ui import engine_actions, progress, session, store
 
 STARTED = "store_started"   # set once the first run's reopening was tried
 
@@ -49,8 +49,8 @@ def _open(sid: str) -> saved.Opened | str:
             problem = (f"No saved session {store.short(sid)}: it may have expired or been "
                        "deleted." if opened is None else "")
         if opened is not None:
-            session.install(opened.live, q)
-            session.set_fields(opened.live.settings, q)
+            engine_actions.install(opened.live, q)
+            engine_actions.set_fields(opened.live.settings, q)
             q.put(store.NOTE, None)
     session.collect()
     shown.finish()

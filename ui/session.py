@@ -12,6 +12,8 @@ When the fields describe another config than the applied one, the change is
 sidebar asks ("Apply and reset" / "Keep current") and nothing is lost
 until the person confirms. Device and kernel changes never need asking: the
 same state continues on the other kernel.
+The callbacks that apply settings and replace the engine (a new config, a
+reset, a restore, another kernel) are in ui/engine_actions.py.
 
 History: the snapshot after each applied operation since the engine was
 started or restored (`HISTORY`, a backend.sessions.history.History, which
@@ -28,7 +30,7 @@ snapshot before it.
 
 Stopped runs: a run Streamlit has superseded raises from its next session-state
 access, which after a step would lose its bookkeeping. So an operation reads
-what it needs first (`_Session.read`), and what it writes once the engine has
+what it needs first (`OpSession.read`), and what it writes once the engine has
 changed is queued (`QUEUED`, a ui.progress.Queued) and written by `collect`:
 at once, or by the next run (`init`, the page after the engine's lock).
 
@@ -64,22 +66,13 @@ from backend.sessions.history import MAX_STEPS, History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import (
     MODEL_FIELDS,
-    MODEL_PRESETS,
     Settings,
     build_engine,
-    config_from_fields,
     has_state,
-    load_model,
-    model_cards,
-    model_loaded,
     preset_of,
-    restore_for_session,
-    snapshot_config,
     summarize,
-    switch_kernels,
 )
 from backend.sessions.progress import Work, apply_tracked
-from backend.views.text import plain_md
 from ui import progress, store
 from ui.progress import Shown
 
@@ -227,7 +220,7 @@ def get_oplog() -> OpLog:
     return oplog
 
 
-def _snapshot_now(engine: Engine, history: History) -> dict[str, Any]:
+def snapshot_now(engine: Engine, history: History) -> dict[str, Any]:
     with engine.lock:
         latest = history.latest()
         if latest is not None and (latest["step"], latest["config"]["device"]) == (
@@ -244,7 +237,7 @@ def current_snapshot(engine: Engine) -> dict[str, Any]:
     Read under the engine's lock, so an operation running in another thread is seen
     either not at all or whole.
     """
-    return _snapshot_now(engine, get_history())
+    return snapshot_now(engine, get_history())
 
 
 # ---- status line -------------------------------------------------------------
@@ -256,7 +249,7 @@ def flash(kind: FlashKind, text: str) -> None:
 # ---- operations ---------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class _Session:
+class OpSession:
     """What an operation works with, read from session state before it changes anything:
     afterwards this run may no longer read there (see progress.Queued)."""
 
@@ -269,8 +262,8 @@ class _Session:
     queued: progress.Queued
 
     @staticmethod
-    def read() -> _Session:
-        return _Session(get_engine(), get_settings(), get_history(), get_oplog(),
+    def read() -> OpSession:
+        return OpSession(get_engine(), get_settings(), get_history(), get_oplog(),
                         get_owner(), store.get_tab(), queued())
 
     def save(self, live: saved.Live, snapshot: dict[str, Any], *,
@@ -308,7 +301,7 @@ def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
             # Another run may have replaced the engine while this one waited.
             if get_engine() is not engine:
                 continue
-            result = _apply_held(_Session.read(), work, make_op, shown)
+            result = _apply_held(OpSession.read(), work, make_op, shown)
             break
     else:
         flash("error", "The engine kept being replaced while this operation waited; try again.")
@@ -319,12 +312,12 @@ def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     return result
 
 
-def _apply_held(sess: _Session, work: Work, make_op: Callable[[Engine], Op],
+def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
                 shown: list[Shown]) -> OpResult | None:
     """`apply` with the engine's lock held. After the engine has run, no session state."""
     engine = sess.engine
     try:
-        before = _snapshot_now(engine, sess.history)
+        before = snapshot_now(engine, sess.history)
         op = make_op(engine)
     except PagedLabError as exc:
         flash("error", f"Refused: {exc}")
@@ -353,224 +346,3 @@ def _apply_held(sess: _Session, work: Work, make_op: Callable[[Engine], Op],
     # Back to the live state: what the operation did is what the person wants to see.
     sess.queued.put(TIMELINE_PICK, None)
     return result
-
-
-# ---- settings -----------------------------------------------------------------
-
-def fields_config() -> tuple[EngineConfig | None, str | None]:
-    """The config the sidebar's fields describe, or the reason they describe none."""
-    ss = st.session_state
-    fields = {name: ss[key] for key, name in CONFIG_KEYS.items() if key in ss}
-    try:
-        return config_from_fields(fields, get_settings().config), None
-    except PagedLabError as exc:
-        return None, str(exc)
-
-
-REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "focus_req": None, "focus_block": None,
-                                   "tr_req": None, "req_child": "", "tr_pos": 0,
-                                   "grid_page": 0, "tr_layer": 0, TIMELINE_PICK: None}
-
-
-def install(live: saved.Live, q: progress.Queued) -> None:
-    """Queue `live` as the session's (its engine, settings, history, log); views of the
-    old engine's requests reset. The caller performs the writes (`collect`)."""
-    q.put(ENGINE, live.engine)
-    q.put(SETTINGS, live.settings)
-    q.put(HISTORY, live.history)
-    q.put(OPLOG, live.oplog)
-    for key, value in REQUEST_WIDGETS.items():
-        q.put(key, value)
-
-
-def set_fields(settings: Settings, q: progress.Queued) -> None:
-    """Queue the sidebar's fields to show `settings` (written before the sidebar is drawn)."""
-    for key, value in config_fields(settings.config).items():
-        q.put(key, value)
-    q.put("dev_device", settings.device)
-    q.put("dev_kernel", settings.kernel)
-
-
-def _load_weights(settings: Settings) -> Shown:
-    """Load the weights `settings`' model needs, with a progress bar: a real model's first
-    use in this process reads and dequantizes its file (seconds); later ones share it.
-
-    Raises PagedLabError (a missing package names its install command in one line).
-    The caller calls the result's `finish` once its bookkeeping is done.
-    """
-    shown = Shown()
-    if model_loaded(settings):
-        return shown
-    label = model_cards(settings.config)[settings.config.model].label
-    # Plain text, as every progress text (see ui/progress.py).
-    bar = shown.call(st.progress, 0.0, text=plain_md(f"Loading {label}…"))
-
-    def report(fraction: float, message: str) -> None:
-        if bar is not None:
-            shown.call(bar.progress, min(1.0, max(0.0, fraction)),
-                       text=plain_md(f"Loading {label}: {message}"))
-
-    try:
-        load_model(settings, report)
-    finally:
-        if bar is not None:
-            shown.call(bar.empty)
-    return shown
-
-
-def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -> None:
-    """A fresh engine with `settings`; `detach`: under a new session id (the old row stays)."""
-    sess = _Session.read()
-    old = sess.engine
-    # Before taking the engine's lock: loading weights touches no engine, and the
-    # current one keeps answering the page meanwhile.
-    try:
-        loaded = _load_weights(settings)
-    except PagedLabError as exc:
-        flash("error", f"Refused: {exc}")
-        return
-    # Under the old engine's lock: an operation still running on it finishes (and is
-    # saved) first, and none starts on it once it is replaced.
-    with progress.engine_lock(old, "replace", progress.get_work()) as waited:
-        try:
-            engine = build_engine(settings, sess.owner, replacing=old)
-        except PagedLabError as exc:
-            flash("error", f"Refused: {exc}")
-        else:
-            if detach:
-                sess.tab.id, sess.tab.synced = None, False
-                sess.queued.put(store.NOTE, None)
-            live = saved.Live(engine, settings, History(), OpLog())
-            install(live, sess.queued)
-            sess.save(live, export_snapshot(engine), whole=True)
-            c = settings.config
-            model = "" if c.dims is None else f" on {c.model}"
-            sess.flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
-                               f"{c.num_layers} layers{model}, {c.dtype}, kernel "
-                               f"{engine.kernels.name} on {engine.device}.")
-    collect()
-    loaded.finish()
-    waited.finish()
-
-
-def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
-    """Replace the engine by the exact state a snapshot describes.
-
-    Returns None on success (the status line says what was restored), else
-    the reason it was refused, with the current engine kept. For callbacks
-    only: it also sets the sidebar's fields to the snapshot's config, which
-    Streamlit allows only before the sidebar is drawn. The device and kernel
-    stay the sidebar's. `source` names where the snapshot came from.
-    """
-    sess = _Session.read()
-    s, old = sess.settings, sess.engine
-    problem: str | None = None
-    config = snapshot_config(data)
-    loaded = Shown()
-    if config is not None:
-        try:
-            loaded = _load_weights(Settings(config, s.device, s.kernel))
-        except PagedLabError as exc:
-            return str(exc)
-    with progress.engine_lock(old, "replace", progress.get_work()) as waited, \
-            progress.spinner(f"Restoring {source}: K/V recomputed from the tokens") as shown:
-        try:
-            # Detached: the caller's snapshot (a scenario's frame) must not grow with
-            # this engine's tokens.
-            engine = restore_for_session(saved.detached(data), s, sess.owner, replacing=old)
-        except PagedLabError as exc:
-            problem = str(exc)
-        else:
-            snapshot = export_snapshot(engine)
-            history = History()
-            history.record(snapshot)
-            live = saved.Live(engine, Settings(engine.config, s.device, s.kernel), history,
-                              OpLog(snapshot))
-            install(live, sess.queued)
-            set_fields(live.settings, sess.queued)
-            sess.save(live, snapshot, whole=True)
-            c = engine.config
-            sess.flash("success", f"Restored {source}: step {engine.step}, "
-                                  f"{len(engine.requests)} request(s), {c.num_blocks} blocks "
-                                  f"of {c.block_size} slots, K/V recomputed from the tokens. "
-                                  "Keep working from here.")
-    collect()
-    loaded.finish()
-    shown.finish()
-    waited.finish()
-    return problem
-
-
-def apply_config(config: EngineConfig) -> None:
-    """Start a new engine with `config` (the current state is discarded)."""
-    s = get_settings()
-    _replace_engine(Settings(config, s.device, s.kernel), "New engine")
-
-
-def apply_pending() -> None:
-    """Callback of "Apply and reset": the confirmation."""
-    config, _ = fields_config()
-    if config is not None:
-        apply_config(config)
-
-
-def keep_current() -> None:
-    """Callback of "Keep current": put the fields back to the applied config."""
-    for key, value in config_fields(get_settings().config).items():
-        st.session_state[key] = value
-
-
-def reset() -> None:
-    """Callback of "Reset engine": a fresh engine with the applied settings."""
-    _replace_engine(get_settings(), "Engine reset")
-
-
-def new_session() -> None:
-    """Callback of "New session": an empty engine under a new address once it has state;
-    the session it replaces stays saved, in the list."""
-    _replace_engine(get_settings(), "New session", detach=True)
-
-
-def change_kernel() -> None:
-    """Callback of the device and kernel fields: the same state on another kernel."""
-    ss = st.session_state
-    sess = _Session.read()
-    s = sess.settings
-    device, kernel = ss["dev_device"], ss["dev_kernel"] or s.kernel
-    with progress.engine_lock(sess.engine, "replace", progress.get_work()) as waited:
-        try:
-            engine = switch_kernels(sess.engine, device, kernel)
-        except PagedLabError as exc:
-            ss["dev_device"], ss["dev_kernel"] = s.device, s.kernel
-            flash("error", f"Refused: {exc}")
-        else:
-            settings = Settings(s.config, device, kernel)
-            sess.queued.put(ENGINE, engine)
-            sess.queued.put(SETTINGS, settings)
-            live = saved.Live(engine, settings, sess.history, sess.oplog)
-            sess.save(live, _snapshot_now(engine, sess.history), whole=True)
-            sess.flash("info", f"Kernel switched: the next model step runs on "
-                               f"{engine.kernels.name} ({engine.device}); requests and blocks "
-                               "are unchanged.")
-    collect()
-    waited.finish()
-
-
-def model_preset_changed() -> None:
-    """Callback of the model-size field: fill in that preset's dimensions."""
-    ss = st.session_state
-    preset = MODEL_PRESETS.get(ss["cfg_model"])
-    if preset is not None:
-        for name in MODEL_FIELDS:
-            ss[f"cfg_{name}"] = preset[name]
-
-
-def model_dims_changed() -> None:
-    """Callback of the four dimension fields: name the preset they match, if any."""
-    ss = st.session_state
-    dims = {name: ss[f"cfg_{name}"] for name in MODEL_FIELDS}
-    ss["cfg_model"] = next((n for n, p in MODEL_PRESETS.items() if p == dims), "custom")
-
-
-def engine_has_state() -> bool:
-    return has_state(get_engine())

@@ -42,7 +42,7 @@ from backend.views.settings import (
     model_cost_text,
 )
 from backend.views.text import plain_md
-from ui import session
+from ui import engine_actions, session
 
 SCENARIOS_PAGE = "scenarios.py"    # pages/scenarios.py draws its own sidebar (`scenario`)
 
@@ -75,7 +75,7 @@ def render(page: str | None = None) -> None:
         st.subheader("Kernel")
         _kernel_fields()
         st.divider()
-        st.button("Reset engine", key="btn_reset", on_click=session.reset,
+        st.button("Reset engine", key="btn_reset", on_click=engine_actions.reset,
                   help="Discard every request and start an empty engine with the applied "
                        "settings.", width="stretch")
 
@@ -145,7 +145,7 @@ def _model_field() -> str:
     """The model picker, with what the picked model costs here; returns the pick."""
     settings = session.get_settings()
     # The fields' config, when they describe one: tiny-byte's cost follows its size fields.
-    config = session.fields_config()[0] or settings.config
+    config = engine_actions.fields_config()[0] or settings.config
     cards = model_cards(config)
     st.selectbox("Model", model_choices(), key="cfg_model_name",
                  format_func=lambda m: cards[m].label,
@@ -165,25 +165,25 @@ def _model_field() -> str:
 
 def _tiny_dims_fields() -> None:
     st.selectbox("Model size", [*MODEL_PRESETS, "custom"], key="cfg_model",
-                 on_change=session.model_preset_changed,
+                 on_change=engine_actions.model_preset_changed,
                  format_func=lambda v: v if v == "custom" else
                  f"{v} ({MODEL_PRESETS[v]['num_layers']} layers, "
                  f"{MODEL_PRESETS[v]['num_heads']} heads)")
     c1, c2 = st.columns(2)
     c1.number_input("Layers", min_value=1, max_value=8, step=1, key="cfg_num_layers",
-                    on_change=session.model_dims_changed)
+                    on_change=engine_actions.model_dims_changed)
     c2.number_input("Head dim", min_value=16, max_value=256, step=2, key="cfg_head_dim",
-                    on_change=session.model_dims_changed)
+                    on_change=engine_actions.model_dims_changed)
     c1.number_input("Heads", min_value=1, max_value=32, step=1, key="cfg_num_heads",
-                    on_change=session.model_dims_changed)
+                    on_change=engine_actions.model_dims_changed)
     c2.number_input("KV heads", min_value=1, max_value=32, step=1, key="cfg_num_kv_heads",
-                    on_change=session.model_dims_changed,
+                    on_change=engine_actions.model_dims_changed,
                     help="Grouped-query attention: heads share K/V in groups.")
 
 
 def _confirm_or_apply() -> None:
     """Apply changed fields at once if nothing would be lost; otherwise ask first."""
-    config, error = session.fields_config()
+    config, error = engine_actions.fields_config()
     st.session_state[session.PENDING] = False
     if error is not None:
         st.error(plain_md(error))
@@ -194,8 +194,8 @@ def _confirm_or_apply() -> None:
     # (dataclass equality wants the same class), which would ask to reset for nothing.
     if config.to_json() == session.get_settings().config.to_json():
         return
-    if not session.engine_has_state():
-        session.apply_config(config)
+    if not engine_actions.engine_has_state():
+        engine_actions.apply_config(config)
         return
     st.session_state[session.PENDING] = True
     engine = session.get_engine()
@@ -203,8 +203,8 @@ def _confirm_or_apply() -> None:
                f"request(s) and {engine.step} step(s) will be discarded.")
     c1, c2 = st.columns(2)
     c1.button("Apply and reset", key="btn_apply_config", type="primary",
-              on_click=session.apply_pending, width="stretch")
-    c2.button("Keep current", key="btn_keep_config", on_click=session.keep_current,
+              on_click=engine_actions.apply_pending, width="stretch")
+    c2.button("Keep current", key="btn_keep_config", on_click=engine_actions.keep_current,
               width="stretch")
 
 
@@ -228,11 +228,12 @@ def scenario(config: EngineConfig, engine: Engine) -> None:
 
 def _kernel_fields(engine: Engine | None = None) -> None:
     """Device and kernel; the caption names what `engine` (the Playground's) runs on next."""
-    st.selectbox("Device", device_choices(), key="dev_device", on_change=session.change_kernel,
+    st.selectbox("Device", device_choices(), key="dev_device",
+                 on_change=engine_actions.change_kernel,
                  help="Only devices this machine has. auto: CUDA if torch sees a GPU.")
     st.segmented_control("Kernel", kernel_choices(), key="dev_kernel", required=True,
                          format_func=lambda v: KERNEL_LABELS[v],
-                         on_change=session.change_kernel,
+                         on_change=engine_actions.change_kernel,
                          help="auto and Triton run the Triton kernels (compiled on a GPU, "
                               "interpreted on a CPU); torch is a vectorized path, fast on "
                               "a CPU. Switching keeps every request.")

@@ -27,7 +27,7 @@ from backend.sessions.tour import (
 )
 from backend.views import tour as tour_views
 from backend.views.text import md_code, plain_md
-from ui import session
+from ui import engine_actions
 from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
 
@@ -104,7 +104,7 @@ def _on_continue() -> None:
     t.playing = False
     run = _run()
     frame = run.frame(t.view)
-    problem = session.restore_snapshot(frame.snapshot,
+    problem = engine_actions.restore_snapshot(frame.snapshot,
                                        f"“{run.title}” at step {frame.step}")
     if problem is not None:
         say("error", f"Could not continue from here: {problem}")

@@ -1,0 +1,273 @@
+"""The sidebar's settings and everything that replaces the session's engine.
+
+The fields describe an `EngineConfig` (`fields_config`); applying one, a reset,
+a new session or a restored snapshot builds a new engine (`_replace_engine`,
+`restore_snapshot`) under the old engine's lock, loading a real model's
+weights first with a progress bar, and installs it with its settings, history
+and log (`install`); a device or kernel change keeps the state on another
+kernel (`change_kernel`). The per-session state itself lives in ui/session.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.io.snapshot import export_snapshot
+from backend.sessions import saved
+from backend.sessions.history import History
+from backend.sessions.oplog import OpLog
+from backend.sessions.playground import (
+    MODEL_FIELDS,
+    MODEL_PRESETS,
+    Settings,
+    build_engine,
+    config_from_fields,
+    has_state,
+    load_model,
+    model_cards,
+    model_loaded,
+    restore_for_session,
+    snapshot_config,
+    switch_kernels,
+)
+from backend.views.text import plain_md
+from ui import progress, store
+from ui.progress import Shown
+from ui.session import (
+    CONFIG_KEYS,
+    ENGINE,
+    HISTORY,
+    OPLOG,
+    SETTINGS,
+    TIMELINE_PICK,
+    OpSession,
+    collect,
+    config_fields,
+    flash,
+    get_engine,
+    get_settings,
+    snapshot_now,
+)
+
+
+def fields_config() -> tuple[EngineConfig | None, str | None]:
+    """The config the sidebar's fields describe, or the reason they describe none."""
+    ss = st.session_state
+    fields = {name: ss[key] for key, name in CONFIG_KEYS.items() if key in ss}
+    try:
+        return config_from_fields(fields, get_settings().config), None
+    except PagedLabError as exc:
+        return None, str(exc)
+
+
+REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "focus_req": None, "focus_block": None,
+                                   "tr_req": None, "req_child": "", "tr_pos": 0,
+                                   "grid_page": 0, "tr_layer": 0, TIMELINE_PICK: None}
+
+
+def install(live: saved.Live, q: progress.Queued) -> None:
+    """Queue `live` as the session's (its engine, settings, history, log); views of the
+    old engine's requests reset. The caller performs the writes (`collect`)."""
+    q.put(ENGINE, live.engine)
+    q.put(SETTINGS, live.settings)
+    q.put(HISTORY, live.history)
+    q.put(OPLOG, live.oplog)
+    for key, value in REQUEST_WIDGETS.items():
+        q.put(key, value)
+
+
+def set_fields(settings: Settings, q: progress.Queued) -> None:
+    """Queue the sidebar's fields to show `settings` (written before the sidebar is drawn)."""
+    for key, value in config_fields(settings.config).items():
+        q.put(key, value)
+    q.put("dev_device", settings.device)
+    q.put("dev_kernel", settings.kernel)
+
+
+def _load_weights(settings: Settings) -> Shown:
+    """Load the weights `settings`' model needs, with a progress bar: a real model's first
+    use in this process reads and dequantizes its file (seconds); later ones share it.
+
+    Raises PagedLabError (a missing package names its install command in one line).
+    The caller calls the result's `finish` once its bookkeeping is done.
+    """
+    shown = Shown()
+    if model_loaded(settings):
+        return shown
+    label = model_cards(settings.config)[settings.config.model].label
+    # Plain text, as every progress text (see ui/progress.py).
+    bar = shown.call(st.progress, 0.0, text=plain_md(f"Loading {label}…"))
+
+    def report(fraction: float, message: str) -> None:
+        if bar is not None:
+            shown.call(bar.progress, min(1.0, max(0.0, fraction)),
+                       text=plain_md(f"Loading {label}: {message}"))
+
+    try:
+        load_model(settings, report)
+    finally:
+        if bar is not None:
+            shown.call(bar.empty)
+    return shown
+
+
+def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -> None:
+    """A fresh engine with `settings`; `detach`: under a new session id (the old row stays)."""
+    sess = OpSession.read()
+    old = sess.engine
+    # Before taking the engine's lock: loading weights touches no engine, and the
+    # current one keeps answering the page meanwhile.
+    try:
+        loaded = _load_weights(settings)
+    except PagedLabError as exc:
+        flash("error", f"Refused: {exc}")
+        return
+    # Under the old engine's lock: an operation still running on it finishes (and is
+    # saved) first, and none starts on it once it is replaced.
+    with progress.engine_lock(old, "replace", progress.get_work()) as waited:
+        try:
+            engine = build_engine(settings, sess.owner, replacing=old)
+        except PagedLabError as exc:
+            flash("error", f"Refused: {exc}")
+        else:
+            if detach:
+                sess.tab.id, sess.tab.synced = None, False
+                sess.queued.put(store.NOTE, None)
+            live = saved.Live(engine, settings, History(), OpLog())
+            install(live, sess.queued)
+            sess.save(live, export_snapshot(engine), whole=True)
+            c = settings.config
+            model = "" if c.dims is None else f" on {c.model}"
+            sess.flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
+                               f"{c.num_layers} layers{model}, {c.dtype}, kernel "
+                               f"{engine.kernels.name} on {engine.device}.")
+    collect()
+    loaded.finish()
+    waited.finish()
+
+
+def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
+    """Replace the engine by the exact state a snapshot describes.
+
+    Returns None on success (the status line says what was restored), else
+    the reason it was refused, with the current engine kept. For callbacks
+    only: it also sets the sidebar's fields to the snapshot's config, which
+    Streamlit allows only before the sidebar is drawn. The device and kernel
+    stay the sidebar's. `source` names where the snapshot came from.
+    """
+    sess = OpSession.read()
+    s, old = sess.settings, sess.engine
+    problem: str | None = None
+    config = snapshot_config(data)
+    loaded = Shown()
+    if config is not None:
+        try:
+            loaded = _load_weights(Settings(config, s.device, s.kernel))
+        except PagedLabError as exc:
+            return str(exc)
+    with progress.engine_lock(old, "replace", progress.get_work()) as waited, \
+            progress.spinner(f"Restoring {source}: K/V recomputed from the tokens") as shown:
+        try:
+            # Detached: the caller's snapshot (a scenario's frame) must not grow with
+            # this engine's tokens.
+            engine = restore_for_session(saved.detached(data), s, sess.owner, replacing=old)
+        except PagedLabError as exc:
+            problem = str(exc)
+        else:
+            snapshot = export_snapshot(engine)
+            history = History()
+            history.record(snapshot)
+            live = saved.Live(engine, Settings(engine.config, s.device, s.kernel), history,
+                              OpLog(snapshot))
+            install(live, sess.queued)
+            set_fields(live.settings, sess.queued)
+            sess.save(live, snapshot, whole=True)
+            c = engine.config
+            sess.flash("success", f"Restored {source}: step {engine.step}, "
+                                  f"{len(engine.requests)} request(s), {c.num_blocks} blocks "
+                                  f"of {c.block_size} slots, K/V recomputed from the tokens. "
+                                  "Keep working from here.")
+    collect()
+    loaded.finish()
+    shown.finish()
+    waited.finish()
+    return problem
+
+
+def apply_config(config: EngineConfig) -> None:
+    """Start a new engine with `config` (the current state is discarded)."""
+    s = get_settings()
+    _replace_engine(Settings(config, s.device, s.kernel), "New engine")
+
+
+def apply_pending() -> None:
+    """Callback of "Apply and reset": the confirmation."""
+    config, _ = fields_config()
+    if config is not None:
+        apply_config(config)
+
+
+def keep_current() -> None:
+    """Callback of "Keep current": put the fields back to the applied config."""
+    for key, value in config_fields(get_settings().config).items():
+        st.session_state[key] = value
+
+
+def reset() -> None:
+    """Callback of "Reset engine": a fresh engine with the applied settings."""
+    _replace_engine(get_settings(), "Engine reset")
+
+
+def new_session() -> None:
+    """Callback of "New session": an empty engine under a new address once it has state;
+    the session it replaces stays saved, in the list."""
+    _replace_engine(get_settings(), "New session", detach=True)
+
+
+def change_kernel() -> None:
+    """Callback of the device and kernel fields: the same state on another kernel."""
+    ss = st.session_state
+    sess = OpSession.read()
+    s = sess.settings
+    device, kernel = ss["dev_device"], ss["dev_kernel"] or s.kernel
+    with progress.engine_lock(sess.engine, "replace", progress.get_work()) as waited:
+        try:
+            engine = switch_kernels(sess.engine, device, kernel)
+        except PagedLabError as exc:
+            ss["dev_device"], ss["dev_kernel"] = s.device, s.kernel
+            flash("error", f"Refused: {exc}")
+        else:
+            settings = Settings(s.config, device, kernel)
+            sess.queued.put(ENGINE, engine)
+            sess.queued.put(SETTINGS, settings)
+            live = saved.Live(engine, settings, sess.history, sess.oplog)
+            sess.save(live, snapshot_now(engine, sess.history), whole=True)
+            sess.flash("info", f"Kernel switched: the next model step runs on "
+                               f"{engine.kernels.name} ({engine.device}); requests and blocks "
+                               "are unchanged.")
+    collect()
+    waited.finish()
+
+
+def model_preset_changed() -> None:
+    """Callback of the model-size field: fill in that preset's dimensions."""
+    ss = st.session_state
+    preset = MODEL_PRESETS.get(ss["cfg_model"])
+    if preset is not None:
+        for name in MODEL_FIELDS:
+            ss[f"cfg_{name}"] = preset[name]
+
+
+def model_dims_changed() -> None:
+    """Callback of the four dimension fields: name the preset they match, if any."""
+    ss = st.session_state
+    dims = {name: ss[f"cfg_{name}"] for name in MODEL_FIELDS}
+    ss["cfg_model"] = next((n for n, p in MODEL_PRESETS.items() if p == dims), "custom")
+
+
+def engine_has_state() -> bool:
+    return has_state(get_engine())
