@@ -172,3 +172,37 @@ def test_swap_or_recompute_runs_the_engines_and_says_what_they_did() -> None:
     says = text(at)
     assert "every request generated exactly the tokens of the run that never preempted" in says
     assert "in the same steps" in says
+
+
+def test_sharing_shows_a_bar_while_it_measures_and_none_once_measured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1,000 requests take some 10 s per kind on a small CPU: the page must say what
+    # it is doing meanwhile, and a rerun that finds both kinds measured draws nothing.
+    from backend.lab.sharing import sharing_experiment
+    from ui.compare import sharing
+
+    shown: list[tuple[float, str] | str] = []
+
+    class Bar:
+        def progress(self, value: float, text: str) -> None:
+            shown.append((value, text))
+
+        def empty(self) -> None:
+            shown.append("empty")
+
+    def progress(value: float, text: str) -> Bar:
+        shown.append((value, text))
+        return Bar()
+
+    monkeypatch.setattr(sharing, "_DONE", type(sharing._DONE)())
+    monkeypatch.setattr(sharing.st, "progress", progress)
+    got = sharing._sharing(7, 16)
+    assert shown == [
+        (0.0, "Measuring parallel sampling (n = 2, 4, 6) over 7 requests in blocks of 16: "
+              "1 of 2"),
+        (0.5, "Measuring beam search (n = 2, 4, 6) over 7 requests in blocks of 16: 2 of 2"),
+        "empty"]
+    assert got == [*sharing_experiment("parallel", (2, 4, 6), requests=7, block_size=16),
+                   *sharing_experiment("beam", (2, 4, 6), requests=7, block_size=16)]
+    shown.clear()
+    assert sharing._sharing(7, 16) == got and shown == []

@@ -2,19 +2,70 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
-from backend.lab.sharing import SharingResult, sharing_experiment
+from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
 
+WIDTHS = (2, 4, 6)
+KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
+                                              ("beam", "beam search"))
+MAX_ENTRIES = 32
 
-@st.cache_data(show_spinner=False, max_entries=16)
+# Finished experiments, shared by every session. A plain bounded cache, not
+# st.cache_data: the page must know before computing whether anything is left
+# to do, so that it draws its progress bar only then (1,000 requests take some
+# 10 s per kind on a small CPU; a bar drawn on every rerun would only flicker),
+# and no cached function may draw a bar (CacheReplayClosureError, issue 13).
+_DONE: OrderedDict[tuple[str, int, int], list[SharingResult]] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _cached(key: tuple[str, int, int]) -> list[SharingResult] | None:
+    with _LOCK:
+        found = _DONE.get(key)
+        if found is not None:
+            _DONE.move_to_end(key)
+        return found
+
+
+def _keep(key: tuple[str, int, int], results: list[SharingResult]) -> None:
+    with _LOCK:
+        _DONE[key] = results
+        _DONE.move_to_end(key)
+        while len(_DONE) > MAX_ENTRIES:
+            _DONE.popitem(last=False)
+
+
 def _sharing(requests: int, block_size: int) -> list[SharingResult]:
-    return [*sharing_experiment("parallel", (2, 4, 6), requests=requests,
-                                block_size=block_size),
-            *sharing_experiment("beam", (2, 4, 6), requests=requests, block_size=block_size)]
+    """Both kinds' results for n = 2, 4, 6; a bar says which kind is being measured."""
+    bar = None
+    out: list[SharingResult] = []
+    try:
+        for i, (kind, words) in enumerate(KINDS):
+            key = (kind, requests, block_size)
+            results = _cached(key)
+            if results is None:
+                text = (f"Measuring {words} (n = 2, 4, 6) over {requests:,} requests in "
+                        f"blocks of {block_size}: {i + 1} of {len(KINDS)}")
+                if bar is None:
+                    bar = st.progress(i / len(KINDS), text=text)
+                else:
+                    bar.progress(i / len(KINDS), text=text)
+                # One call per kind, all widths at once: the widths share their draws.
+                results = sharing_experiment(kind, WIDTHS, requests=requests,
+                                             block_size=block_size)
+                _keep(key, results)
+            out.extend(results)
+    finally:
+        if bar is not None:
+            bar.empty()
+    return out
 
 
 def sharing_section() -> None:
