@@ -125,10 +125,10 @@ def _full(live: Live, snapshot: Snapshot, limits: StoreLimits) -> Full:
 def detached(snapshot: Snapshot) -> Snapshot:
     """`snapshot` with its requests' token lists copied, for `restore_engine`.
 
-    The restore keeps each request's `tokens` list as the live request's, so
-    the engine's next tokens would be appended to the caller's snapshot (a
-    history entry, a scenario frame). Anything malformed is passed on as it
-    is, for the restore to name.
+    `restore_engine` now copies each request's tokens itself (a restored
+    engine's decoding never reaches the caller's snapshot), so this copy is
+    only a second guard, kept while callers (ui/session.py) still use it.
+    Anything malformed is passed on as it is, for the restore to name.
     """
     requests = snapshot.get("requests")
     if not isinstance(requests, list):
