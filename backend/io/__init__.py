@@ -1,6 +1,7 @@
 """Files and the command line: what crosses the boundary to users and other tools.
 
-    snapshot, restore    CONTRACT.md's snapshot export and exact restore
+    snapshot, restore    CONTRACT.md's snapshot export and exact restore (restore_host:
+                         the swap host pool; recompute: K/V and logits from the tokens)
     scenario             scenario files: parse, check, run (with `expect` checks)
     contiguous_mirror    a scenario's optional contiguous arena that follows the run
     json_input           one bounded JSON decoder and a typed field reader

@@ -13,16 +13,15 @@ import math
 from collections import Counter
 from typing import Any
 
-import torch
-
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import check_request_id
 from backend.engine.request import FINISH_REASONS, Request
 from backend.engine.results import KernelReport
-from backend.engine.swap import HostPool
 from backend.io.json_input import FieldReader, non_negative
+from backend.io.recompute import recompute_kv
+from backend.io.restore_host import restore_host
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
 from backend.paging.events import Event
@@ -46,7 +45,7 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     try:
         _restore_into(engine, top)
         engine.manager.check_integrity()
-        _recompute_kv(engine)
+        recompute_kv(engine)
         engine.check_requests()
     except (IntegrityError, AssertionError) as exc:
         raise PagedLabError(f"inconsistent snapshot: {exc}") from None
@@ -286,7 +285,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     m.events = _events(top, step, c.num_blocks, c.num_cpu_blocks, requests)
     m.step = step
     if host is not None:
-        _restore_host(top, mt, host, {rid: tables[rid] for rid in swapped}, requests, bs)
+        restore_host(top, mt, host, {rid: tables[rid] for rid in swapped}, requests, bs)
 
     # The scheduler shares this dict with the engine: fill it, never replace it.
     engine.requests.clear()
@@ -319,49 +318,6 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         if claimed is not None and claimed != got[key]:
             raise PagedLabError(f"inconsistent snapshot: metrics.{key} is {claimed} but the "
                                 f"blocks give {got[key]}")
-
-
-def _restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
-                  tables: dict[str, list[int]], requests: dict[str, Request], bs: int) -> None:
-    """The host pool from `cpu_blocks` and the swapped requests' tables, cross-checked."""
-    raw_blocks = top.get("cpu_blocks", list)
-    if len(raw_blocks) != host.num_blocks:
-        raise PagedLabError(f"snapshot.cpu_blocks lists {len(raw_blocks)} blocks; the host "
-                            f"pool has {host.num_blocks} (config.num_cpu_blocks)")
-    holder: dict[int, tuple[str, int]] = {}
-    for rid, table in tables.items():
-        for i, b in enumerate(table):
-            if b in holder:
-                raise PagedLabError(f"inconsistent snapshot: host block {b} is in the tables "
-                                    f"of {holder[b][0]} and {rid}")
-            holder[b] = (rid, i)
-    filled: dict[int, int] = {}
-    for i, raw in enumerate(raw_blocks):
-        if not isinstance(raw, dict):
-            raise PagedLabError(f"snapshot.cpu_blocks[{i}] must be an object")
-        r = FieldReader(raw, f"snapshot.cpu_blocks[{i}]")
-        if r.get("id", int) != i:
-            raise PagedLabError(f"{r.where}.id must be {i} (blocks are listed by id)")
-        ref = r.get("ref_count", int)
-        state = r.get("state", str)
-        n = r.get("num_filled", int)
-        if r.get("hash", str, optional=True) is not None:
-            raise PagedLabError(f"{r.where}: host blocks are not in the prefix cache (no hash)")
-        want_ref, want_filled = 0, 0
-        if i in holder:
-            rid, logical = holder[i]
-            want_ref = 1
-            want_filled = min(bs, requests[rid].num_computed - logical * bs)
-        if ref != want_ref or state != ("used" if want_ref else "free") or n != want_filled:
-            raise PagedLabError(
-                f"inconsistent snapshot: host block {i} is listed as {state} with ref_count "
-                f"{ref} and {n} slots filled, but the swapped requests' tables make it "
-                f"{'used' if want_ref else 'free'} with ref_count {want_ref} and "
-                f"{want_filled} filled")
-        filled[i] = n
-    host.restore(tables, filled)
-    host.swap_outs = non_negative(mt, "swap_outs", optional=True)
-    host.swap_ins = non_negative(mt, "swap_ins", optional=True)
 
 
 def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
@@ -398,74 +354,3 @@ def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
             raise PagedLabError(f"inconsistent snapshot: events[{i}]: {problem}")
         out.append(e)
     return out
-
-
-def _recompute_kv(engine: Engine) -> None:
-    """Recompute every used and cached block's K/V, and running requests' logits.
-
-    K/V come from the plain contiguous forward pass over each block's full
-    token prefix, so they equal what the paged prefill wrote, up to rounding.
-    """
-    cache = engine.cache
-    bs = engine.config.block_size
-    pool = engine.manager.pool
-    done: set[int] = set()
-
-    def write(tokens: list[int], targets: list[tuple[int, int]]) -> torch.Tensor:
-        """Compute `tokens`; store logical block i's K/V at physical b for each (i, b)."""
-        out = engine.model.forward_contiguous(tokens)
-        for i, b in targets:
-            if b in done:
-                continue
-            n = min(bs, len(tokens) - i * bs)
-            for layer in range(engine.config.num_layers):
-                cache.k[layer][b, :n] = out.keys[layer][i * bs:i * bs + n]
-                cache.v[layer][b, :n] = out.values[layer][i * bs:i * bs + n]
-            done.add(b)
-        return out.logits[-1].cpu()
-
-    for rid in engine.running:
-        req = engine.requests[rid]
-        logits = write(req.tokens[:req.num_computed],
-                       list(enumerate(engine.manager.block_table(rid))))
-        req.logits = None if req.prefilling else logits
-    host = engine.host
-    for rid in engine.swapped:
-        assert host is not None
-        req = engine.requests[rid]
-        out = engine.model.forward_contiguous(req.tokens[:req.num_computed])
-        for i, b in enumerate(host.tables[rid]):
-            n = min(bs, req.num_computed - i * bs)
-            rows = slice(i * bs, i * bs + n)
-            for layer in range(engine.config.num_layers):
-                host.cache.k[layer][b, :n] = out.keys[layer][rows].to(host.cache.device)
-                host.cache.v[layer][b, :n] = out.values[layer][rows].to(host.cache.device)
-        req.logits = None if req.prefilling else out.logits[-1].cpu()
-
-    # Cached blocks, grouped by hash chain: one forward per chain end recomputes
-    # every cached block on the chain. Ancestors may live elsewhere or have been
-    # evicted; their tokens are in the chain.
-    pending: dict[str, list[int]] = {}
-    keys: dict[str, BlockHash] = {}
-    for block in pool.blocks:
-        if block.ref_count == 0 and block.hash is not None and block.id not in done:
-            pending.setdefault(block.hash.digest, []).append(block.id)
-            keys[block.hash.digest] = block.hash
-    inner: set[str] = set()
-    for key in keys.values():
-        parent = key.parent
-        while parent is not None and parent.digest not in inner:
-            inner.add(parent.digest)
-            parent = parent.parent
-    for digest, leaf in keys.items():
-        if digest in inner:
-            continue
-        chain: list[BlockHash] = []
-        node: BlockHash | None = leaf
-        while node is not None:
-            chain.append(node)
-            node = node.parent
-        chain.reverse()
-        targets = [(depth, b) for depth, link in enumerate(chain)
-                   for b in pending.get(link.digest, [])]
-        write([t for link in chain for t in link.tokens], targets)

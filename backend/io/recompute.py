@@ -1,0 +1,85 @@
+"""A restored engine's K/V and logits, recomputed from its tokens.
+
+A snapshot holds tokens, not tensors: restore rebuilds every block table
+first (backend/io/restore.py), then `recompute_kv` writes each used, cached
+and swapped-out block's K/V from a plain contiguous forward over the tokens
+that lead to it, and gives every running request its pending logits back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backend.engine.engine import Engine
+from backend.paging.hashing import BlockHash
+
+
+def recompute_kv(engine: Engine) -> None:
+    """Recompute every used and cached block's K/V, and running requests' logits.
+
+    K/V come from the plain contiguous forward pass over each block's full
+    token prefix, so they equal what the paged prefill wrote, up to rounding.
+    """
+    cache = engine.cache
+    bs = engine.config.block_size
+    pool = engine.manager.pool
+    done: set[int] = set()
+
+    def write(tokens: list[int], targets: list[tuple[int, int]]) -> torch.Tensor:
+        """Compute `tokens`; store logical block i's K/V at physical b for each (i, b)."""
+        out = engine.model.forward_contiguous(tokens)
+        for i, b in targets:
+            if b in done:
+                continue
+            n = min(bs, len(tokens) - i * bs)
+            for layer in range(engine.config.num_layers):
+                cache.k[layer][b, :n] = out.keys[layer][i * bs:i * bs + n]
+                cache.v[layer][b, :n] = out.values[layer][i * bs:i * bs + n]
+            done.add(b)
+        return out.logits[-1].cpu()
+
+    for rid in engine.running:
+        req = engine.requests[rid]
+        logits = write(req.tokens[:req.num_computed],
+                       list(enumerate(engine.manager.block_table(rid))))
+        req.logits = None if req.prefilling else logits
+    host = engine.host
+    for rid in engine.swapped:
+        assert host is not None
+        req = engine.requests[rid]
+        out = engine.model.forward_contiguous(req.tokens[:req.num_computed])
+        for i, b in enumerate(host.tables[rid]):
+            n = min(bs, req.num_computed - i * bs)
+            rows = slice(i * bs, i * bs + n)
+            for layer in range(engine.config.num_layers):
+                host.cache.k[layer][b, :n] = out.keys[layer][rows].to(host.cache.device)
+                host.cache.v[layer][b, :n] = out.values[layer][rows].to(host.cache.device)
+        req.logits = None if req.prefilling else out.logits[-1].cpu()
+
+    # Cached blocks, grouped by hash chain: one forward per chain end recomputes
+    # every cached block on the chain. Ancestors may live elsewhere or have been
+    # evicted; their tokens are in the chain.
+    pending: dict[str, list[int]] = {}
+    keys: dict[str, BlockHash] = {}
+    for block in pool.blocks:
+        if block.ref_count == 0 and block.hash is not None and block.id not in done:
+            pending.setdefault(block.hash.digest, []).append(block.id)
+            keys[block.hash.digest] = block.hash
+    inner: set[str] = set()
+    for key in keys.values():
+        parent = key.parent
+        while parent is not None and parent.digest not in inner:
+            inner.add(parent.digest)
+            parent = parent.parent
+    for digest, leaf in keys.items():
+        if digest in inner:
+            continue
+        chain: list[BlockHash] = []
+        node: BlockHash | None = leaf
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        chain.reverse()
+        targets = [(depth, b) for depth, link in enumerate(chain)
+                   for b in pending.get(link.digest, [])]
+        write([t for link in chain for t in link.tokens], targets)
