@@ -203,6 +203,10 @@ def click_to_settled(page: Page, key: str) -> tuple[float, str]:
             sys.exit(f"{key}: the page did not settle in {ACTION_TIMEOUT_S:.0f} s ({log})")
 
 
+class AbandonedError(Exception):
+    """An action did not do what it should: the round stops, its figures so far stay."""
+
+
 def one_round(browser: Browser, url: str, cycles: int,
               samples: dict[str, list[float]]) -> None:
     """A new session on the Playground; the five actions `cycles` times."""
@@ -227,8 +231,8 @@ def one_round(browser: Browser, url: str, cycles: int,
                 n += 1
                 text = status_text(page)
                 if not re.match(line.format(n=n), text):
-                    sys.exit(f"{action}: the status line is {text!r}, not {line.format(n=n)!r}"
-                             " (refused, or not this action's)")
+                    raise AbandonedError(f"{action}: the status line is {text!r}, not "
+                                    f"{line.format(n=n)!r} (refused, or not this action's)")
                 samples[action].append(ms)
                 print(f"  {action:<9} {ms:7.0f} ms   {marks:<28} {text.splitlines()[0][:44]}",
                       flush=True)
@@ -267,11 +271,15 @@ def main() -> None:
         try:
             # A first session warms the server (imports, Triton's interpreter, caches);
             # it is not counted.
-            print("warm-up:", flush=True)
-            one_round(browser, url, 1, {a: [] for a in ACTIONS})
-            for r in range(args.rounds):
-                print(f"round {r + 1}:", flush=True)
-                one_round(browser, url, args.cycles, samples)
+            abandoned: list[str] = []
+            for r in range(args.rounds + 1):
+                print("warm-up:" if r == 0 else f"round {r}:", flush=True)
+                try:
+                    one_round(browser, url, 1 if r == 0 else args.cycles,
+                              samples if r else {a: [] for a in ACTIONS})
+                except AbandonedError as exc:
+                    print(f"  abandoned: {exc}", flush=True)
+                    abandoned.append(f"{'warm-up' if r == 0 else f'round {r}'}: {exc}")
             version = browser.version
         finally:
             browser.close()
@@ -286,9 +294,14 @@ def main() -> None:
         print(f"# Streamlit settings: {', '.join(args.set)}")
     print(f"# {args.rounds} sessions x {args.cycles} cycles; settled = last run finished "
           f"and painted, no new run for {QUIET_S:g} s")
+    for line in abandoned:
+        print(f"# abandoned {line}")
     print(f"{'action':<12}{'n':>4}{'median ms':>11}{'p90 ms':>9}{'max ms':>9}")
     for action in ACTIONS:
         ms = samples[action]
+        if not ms:
+            print(f"{action:<12}{0:>4}")
+            continue
         print(f"{action:<12}{len(ms):>4}{statistics.median(ms):>11.0f}{p90(ms):>9.0f}"
               f"{max(ms):>9.0f}")
 
