@@ -60,3 +60,20 @@ def test_without_swap_there_is_no_host_pool() -> None:
     at = add(start())
     assert host_caption(at) is None and len(at.get("vega_lite_chart")) == 2
     assert at.sidebar.number_input(key="cfg_num_cpu_blocks").disabled
+
+
+def test_the_add_form_adds_parallel_samples_that_share_the_prompt() -> None:
+    at = start()
+    at.number_input(key="add_n").set_value(3)
+    add(at, "Tell me a story about a cat")
+    e = engine(at)
+    assert list(e.running) == ["A.0", "A.1", "A.2"]
+    table = requests_table(at)
+    assert list(table.loc[["A.1", "A.2"], "parent"]) == ["A.0", "A.0"]
+    assert at.selectbox(key="req_pick").value == "A.0"
+    # The next free id skips A, whose samples exist; n stays set, as max new tokens does.
+    add(at, "another prompt")
+    assert {"B.0", "B.1", "B.2"} <= set(e.requests)
+    at.number_input(key="add_n").set_value(1)
+    add(at, "one more")
+    assert "C" in e.requests

@@ -12,7 +12,7 @@ from functools import partial
 import streamlit as st
 
 from backend.engine.engine import Engine
-from backend.engine.ops import Add, Fork, Op
+from backend.engine.ops import MAX_SAMPLES, Add, Fork, Op
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
 from ui import session
@@ -51,7 +51,8 @@ def _on_add() -> None:
     def make(engine: Engine) -> Op:
         return add_op(request=ss["add_id"], prompt=ss["add_prompt"], prompt_len=ss["add_len"],
                       max_new_tokens=ss["add_max_new"], blocks=ss["add_pins"],
-                      existing=engine.requests, vocab_size=engine.config.vocab_size)
+                      existing=engine.requests, vocab_size=engine.config.vocab_size,
+                      n=ss["add_n"])
 
     result = session.apply(make)
     if result is not None and isinstance(result.op, Add):
@@ -62,7 +63,8 @@ def _on_add() -> None:
         ss["add_id"] = ""
         ss["add_pins"] = ""
         ss["add_len"] = None
-        ss["req_pick"] = result.op.request
+        # With n samples the requests are ID.0 .. ID.{n-1}; pick the first.
+        ss["req_pick"] = result.op.request + ("" if result.op.n is None else ".0")
 
 
 def _add_form() -> None:
@@ -80,6 +82,12 @@ def _add_form() -> None:
         c1.text_input("Request id", key="add_id", placeholder="next free letter", max_chars=64)
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
                       help="Physical blocks to hold the prompt, in order; each must be free.")
+        st.number_input("Parallel samples (n)", min_value=1, max_value=MAX_SAMPLES, step=1,
+                        key="add_n", placeholder="1",
+                        help="n > 1: the engine prefills the prompt once as ID.0 and forks "
+                             "ID.1 .. ID.{n-1} from it, every block shared; each sample then "
+                             "draws its own tokens, and copy-on-write gives it its own last "
+                             "block at its first token.")
         st.form_submit_button("Add request", key="btn_add", type="primary", on_click=_on_add)
 
 

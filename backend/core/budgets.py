@@ -105,17 +105,18 @@ class IterationBudget:
         self.prefill_tokens += take
         return take
 
-    def may_start(self) -> bool:
-        """Whether the waiting head may start now as far as the budgets go: a sequence
-        slot and at least one token left. (Its blocks: `fits_with_watermark`.)"""
-        if self._seqs is not None and self._seqs <= 0:
+    def may_start(self, seqs: int = 1) -> bool:
+        """Whether the waiting head may start now as far as the budgets go: `seqs`
+        sequence slots (a request with n parallel samples needs n, as in vLLM) and at
+        least one token left. (Its blocks: `fits_with_watermark`.)"""
+        if self._seqs is not None and self._seqs < seqs:
             return False
         return self._tokens is None or self._tokens > 0
 
-    def admitted(self) -> None:
-        """Count one admission against max_num_seqs."""
+    def admitted(self, seqs: int = 1) -> None:
+        """Count one admission of `seqs` sequences against max_num_seqs."""
         if self._seqs is not None:
-            self._seqs -= 1
+            self._seqs -= seqs
 
 
 def fits_with_watermark(free_blocks: int, need_blocks: int, watermark_blocks: int) -> bool:

@@ -102,6 +102,8 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
     for rid in scheduler.running:
         req = requests[rid]
         _check(0 <= req.uncomputed < req.num_tokens, f"{rid}: prefill state")
+        _check(req.pending_samples == 0 or (req.group is not None and req.prefilling),
+               f"{rid}: samples still to fork, but its prompt is computed")
         _check(manager.num_tokens(rid) == req.num_computed, f"{rid}: token count")
         _check((req.logits is None) == req.prefilling, f"{rid}: logits while prefilling "
                "or none to sample from")

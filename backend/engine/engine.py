@@ -48,7 +48,7 @@ from backend.engine.results import (
     Verification,
 )
 from backend.engine.runner import ModelRunner
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduler import Chunk, Scheduler
 from backend.engine.swap import HostPool
 from backend.engine.timeline import EngineTimeline
 from backend.kernels import KernelBackend
@@ -290,10 +290,16 @@ class Engine:
         self.timeline.record_state(self.step + 1, self.scheduler, self.runner.prefill_tokens)
 
     def _add(self, op: Add) -> None:
-        rid = check_request_id(op.request)
-        if rid in self.requests:
-            raise PagedLabError(f"request {rid!r} already exists; pick another id")
-        tokens = prompt_ids(op, self.model, self.config.seed, rid)
+        group = check_request_id(op.request)
+        # n parallel samples: ID.0 is admitted and prefilled like any request, and the
+        # others are forked from it once its prompt is computed (`_spawn_samples`).
+        ids = [group] if op.n is None else [f"{group}.{k}" for k in range(op.n)]
+        for rid in ids:
+            if rid in self.requests:
+                raise PagedLabError(f"request {rid!r} already exists; pick another id")
+        rid = ids[0]
+        # The prompt of `add ID` whatever n is (a random prompt is seeded by the id).
+        tokens = prompt_ids(op, self.model, self.config.seed, group)
         max_new = self.config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
         assert max_new != INHERIT
         # Raises for a prompt that can never fit and for bad pins.
@@ -304,7 +310,12 @@ class Engine:
                 "leaving no block for its first generated token; it could never run")
         if op.blocks is not None:
             self._check_seq_slot(f"add {rid!r} on pinned blocks (admitted at once)")
-        req = Request(rid, len(tokens), tokens, max_new, arrival=len(self.requests))
+        limit = self.config.max_num_seqs
+        if limit is not None and len(ids) > limit:
+            raise PagedLabError(f"{len(ids)} parallel samples run as {len(ids)} sequences, but "
+                                f"max_num_seqs is {limit}: they could never start")
+        req = Request(rid, len(tokens), tokens, max_new, arrival=len(self.requests),
+                      group=None if op.n is None else group, pending_samples=len(ids) - 1)
         self.requests[rid] = req
         self.timeline.arrived(rid)
         if op.blocks is not None:
@@ -314,7 +325,33 @@ class Engine:
             self.waiting.append(rid)
             # First come, first served: a newcomer never overtakes a waiting request.
             if len(self.waiting) == 1:
-                self.runner.prefill(self.scheduler.admit(), self.manager)
+                self._prefill(self.scheduler.admit())
+
+    def _prefill(self, work: list[Chunk]) -> None:
+        """Run prefill chunks, then fork the parallel samples of prompts now complete."""
+        self.runner.prefill(work, self.manager)
+        for req, _, _ in work:
+            if req.pending_samples and req.status == "running" and not req.prefilling:
+                self._spawn_samples(req)
+
+    def _spawn_samples(self, first: Request) -> None:
+        """Mutates: fork samples 1 .. n-1 of `first`'s group from it, sharing every block.
+
+        Their logits are `first`'s, and each samples its own tokens (sampling is seeded
+        by the request id), so the samples diverge from their first token on.
+        """
+        assert first.group is not None and first.logits is not None
+        for k in range(1, first.pending_samples + 1):
+            child_id = f"{first.group}.{k}"
+            self.manager.fork(first.id, child_id)
+            child = Request(child_id, first.prompt_len, list(first.tokens),
+                            first.max_new_tokens, arrival=len(self.requests), parent=first.id,
+                            status="running", admitted=self.scheduler.next_admission(),
+                            logits=first.logits.clone(), group=first.group)
+            self.requests[child_id] = child
+            self.running.append(child_id)
+            self.timeline.forked(first.id, child_id)
+        first.pending_samples = 0
 
     def _grow(self, op: Grow) -> None:
         req = self._running(op.request, "grow")
@@ -368,7 +405,7 @@ class Engine:
         """One step of continuous batching: the scheduler's plan (prefill chunks within
         its budgets), then one batched decode of the requests it lets decode."""
         plan = self.scheduler.plan()
-        self.runner.prefill(plan.prefills, self.manager)
+        self._prefill(plan.prefills)
         batch = [(req, self._take_next_token(req)) for req in self.scheduler.decoders(plan)
                  if self.scheduler.make_room(req)]
         if batch:

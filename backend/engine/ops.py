@@ -17,6 +17,7 @@ MAX_GROW_TOKENS = 65_536
 MAX_PROMPT_TOKENS = 65_536
 MAX_ID_CHARS = 64
 MAX_MESSAGES = 256
+MAX_SAMPLES = 64          # n: parallel samples of one add
 ROLES = ("system", "user", "assistant")
 # Every token id any model has: 0..MAX_TOKEN_ID (a model's own vocabulary is checked
 # when a scenario is parsed with it, and again by the engine).
@@ -37,6 +38,9 @@ class Add:
     blocks: tuple[int, ...] | None = None
     # (role, content) pairs, rendered with the model's chat template.
     messages: tuple[tuple[str, str], ...] | None = None
+    # Parallel samples of one prompt (ids REQUEST.0 .. REQUEST.{n-1}); None: one request
+    # named REQUEST, as before `n` existed.
+    n: int | None = None
     op: Literal["add"] = "add"
 
 
@@ -78,7 +82,7 @@ OP_NAMES = ("add", "grow", "fork", "finish", "step", "shuffle")
 _FIELDS: dict[str, tuple[set[str], set[str]]] = {
     # op: (required, optional). "op" itself, "narration" and "expect" are always allowed.
     "add": ({"request"}, {"prompt", "prompt_tokens", "prompt_len", "messages", "max_new_tokens",
-                          "blocks"}),
+                          "blocks", "n", "beam_width"}),
     "grow": ({"request"}, {"tokens"}),
     "fork": ({"request", "child"}, set()),
     "finish": ({"request"}, set()),
@@ -212,7 +216,17 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
     blocks = None
     if "blocks" in data and data["blocks"] is not None:
         blocks = _int_list(data["blocks"], "blocks", 0, 2**31 - 1, MAX_PROMPT_TOKENS)
-    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages)
+    if "beam_width" in data:
+        raise PagedLabError("beam_width (beam search run by the engine) is not supported yet; "
+                            "n gives parallel samples of one prompt")
+    n = None
+    if "n" in data:
+        n = _int(data["n"], "n", 1, MAX_SAMPLES)
+        if blocks is not None:
+            raise PagedLabError("n and blocks do not go together: pinned blocks are for one "
+                                "request")
+        check_request_id(f"{request}.{n - 1}")
+    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages, n)
 
 
 def describe_op(op: Op) -> str:
@@ -227,7 +241,8 @@ def describe_op(op: Op) -> str:
                 what = f"{len(op.messages)} messages"
             else:
                 what = f"{op.prompt_len} random tokens"
-            return f"add {op.request} ({what})"
+            samples = "" if op.n is None else f" x{op.n} samples"
+            return f"add {op.request} ({what}){samples}"
         case Grow():
             return f"grow {op.request} +{op.tokens}"
         case Fork():

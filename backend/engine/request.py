@@ -43,6 +43,10 @@ class Request:
     # whole history when it is recomputed, in chunks over several steps.
     # Nonzero only while running (or swapped mid-prefill); no logits until 0.
     uncomputed: int = 0
+    # Parallel sampling: the `add` it came from (requests ID.0 .. ID.{n-1}), and, on
+    # ID.0 until its prompt is prefilled, how many samples are still to be forked from it.
+    group: str | None = None
+    pending_samples: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -165,6 +165,9 @@ class Scheduler:
         reserve = self._reserve()
         while self.swapped and budget.may_start():
             req = self.requests[self.swapped[0]]
+            seqs = 1 + req.pending_samples
+            if not budget.may_start(seqs):
+                break
             tokens = req.tokens[:req.num_computed]
             plan = self.manager.plan_prompt(tokens)
             own = 1 if len(tokens) % bs == 0 and not req.prefilling else 0
@@ -184,7 +187,7 @@ class Scheduler:
             req.admitted = self.next_admission()
             self.running.append(req.id)
             self.outcome.admitted.append(req.id)
-            budget.admitted()
+            budget.admitted(seqs)
             reserve += own
 
     def admit(self, budget: IterationBudget | None = None) -> list[Chunk]:
@@ -217,8 +220,14 @@ class Scheduler:
                 # A preempted request that grew to fill the whole pool.
                 self.finish(req, "capacity")
                 continue
+            # n parallel samples run as n sequences (vLLM counts them so too).
+            seqs = 1 + req.pending_samples
+            if not budget.may_start(seqs):
+                break
             plan = self.manager.plan_prompt(req.tokens)
-            own = 1 if req.num_tokens % bs == 0 else 0
+            # Its own first token's block if the prompt ends on a boundary, and one per
+            # sample to be forked (a copy of the shared last block, or a new one).
+            own = (1 if req.num_tokens % bs == 0 else 0) + req.pending_samples
             if not fits_with_watermark(plan.num_available - reserve, plan.num_new_blocks + own,
                                        watermark):
                 break
@@ -228,7 +237,7 @@ class Scheduler:
             # The first chunk's tokens only: the prefix floor keeps the same hits.
             start = self.allocate(req, None, stop)
             assert start == cached
-            budget.admitted()
+            budget.admitted(seqs)
             admitted.append((req, start, stop))
             reserve += own
         return admitted

@@ -123,6 +123,13 @@ class EngineTimeline:
         """Mutates: `request_id` was added (it arrives with the iteration to come)."""
         self.requests[request_id] = RequestTimes(self.iterations_run, self.now())
 
+    def forked(self, parent: str, child: str) -> None:
+        """Mutates: `child` was forked from `parent` for parallel sampling: it arrived
+        with its parent's `add`."""
+        t = self.requests.get(parent)
+        self.requests[child] = (RequestTimes(self.iterations_run, self.now()) if t is None
+                                else RequestTimes(t.arrived, t.arrived_s))
+
     def generated(self, request_id: str) -> None:
         """Mutates: `request_id` produced a token in the iteration being recorded."""
         t = self.requests.get(request_id)

@@ -137,12 +137,22 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         preemptions = r.get("num_preemptions", int)
         if preemptions < 0:
             raise PagedLabError(f"{r.where}.num_preemptions must be >= 0")
+        group = r.get("group", str, optional=True)
+        if group is not None and not rid.startswith(f"{group}."):
+            raise PagedLabError(f"{r.where}: a sample of group {group!r} is named "
+                                f"{group}.<k>, not {rid!r}")
+        pending = r.get("pending_samples", int, optional=True) or 0
+        if pending and (group is None or rid != f"{group}.0" or status == "finished"
+                        or (status != "waiting" and computed is None) or pending < 0):
+            raise PagedLabError(f"{r.where}.pending_samples belongs to the first sample of a "
+                                "group whose prompt is not computed yet")
         # A copy: the engine appends to its requests' tokens, and `data` may be
         # a History frame or a saved session's row that must stay as it was.
         requests[rid] = Request(rid, prompt_len, list(tokens), max_new, arrival=len(requests),
                                 parent=parent, status=status, num_preemptions=preemptions,
                                 finish_reason=reason if status == "finished" else None,
-                                uncomputed=len(tokens) - held)
+                                uncomputed=len(tokens) - held, group=group,
+                                pending_samples=pending)
         tables[rid] = table
 
     sched = FieldReader(top.get("scheduler", dict), "snapshot.scheduler")

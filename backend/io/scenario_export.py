@@ -69,6 +69,8 @@ def op_to_json(op: Op) -> dict[str, Any]:
                 out["max_new_tokens"] = op.max_new_tokens
             if op.blocks is not None:
                 out["blocks"] = list(op.blocks)
+            if op.n is not None:
+                out["n"] = op.n
             return out
         case Grow():
             return {"op": "grow", "request": op.request, "tokens": op.tokens}

@@ -98,7 +98,11 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
              **({"text": engine.text(r.id)} if real else {}),
              # Only while a token budget spreads its prompt over steps: the block
              # table then covers these leading tokens, not all of them.
-             **({"num_computed_tokens": r.num_computed} if r.prefilling else {})}
+             **({"num_computed_tokens": r.num_computed} if r.prefilling else {}),
+             # Parallel sampling (`add` with n): the add's id, and on its first sample
+             # until its prompt is computed, the samples still to be forked from it.
+             **({"group": r.group} if r.group is not None else {}),
+             **({"pending_samples": r.pending_samples} if r.pending_samples else {})}
             for r in engine.requests.values()
         ],
         "events": [e.to_json() for e in m.events],

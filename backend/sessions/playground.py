@@ -203,12 +203,14 @@ def switch_kernels(engine: Engine, device: str, kernel: str) -> Engine:
 
 
 def next_request_id(existing: set[str] | dict[str, Any]) -> str:
-    """The first free id of A, B, ..., Z, then R27, R28, ..."""
+    """The first free id of A, B, ..., Z, then R27, R28, ...; an id whose samples or
+    forks (ID.0, ID.1, ...) exist is not free."""
+    taken = set(existing) | {rid.split(".", 1)[0] for rid in existing}
     for letter in string.ascii_uppercase:
-        if letter not in existing:
+        if letter not in taken:
             return letter
     n = 27
-    while f"R{n}" in existing:
+    while f"R{n}" in taken:
         n += 1
     return f"R{n}"
 
@@ -239,7 +241,7 @@ def parse_blocks(text: str | None) -> list[int] | None:
 def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
            max_new_tokens: int | None, blocks: str | None,
            existing: set[str] | dict[str, Any], vocab_size: int,
-           prompt_tokens: Sequence[int] | None = None) -> Add:
+           prompt_tokens: Sequence[int] | None = None, n: int | None = None) -> Add:
     """The `add` operation for the Add form. Raises PagedLabError for a bad combination.
 
     `vocab_size` is the engine's model's (256 for tiny-byte's bytes, 49,152 for
@@ -267,6 +269,8 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
     pins = parse_blocks(blocks)
     if pins is not None:
         data["blocks"] = pins
+    if n is not None and n > 1:
+        data["n"] = int(n)
     op = parse_op(data, vocab_size=vocab_size)
     assert isinstance(op, Add)
     return op

@@ -1,0 +1,138 @@
+"""Parallel sampling run by the engine: `add` with n forks the prompt's blocks for the samples.
+
+Each sample is checked against what paging must not change: the tokens a
+request of the same id and prompt generates alone (sampling is seeded by
+request and position, so a shared prompt block and a private one must give
+the same logits), a contiguous recomputation, and a snapshot restored while
+the samples are still to be forked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import parse_op
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot
+
+PROMPT = "Tell me a story about a cat"      # 27 bytes: the last block is partial
+
+
+def engine(**config: Any) -> Engine:
+    return Engine(EngineConfig.from_json({"num_blocks": 64, "block_size": 4, **config}),
+                  kernel="torch")
+
+
+def apply(e: Engine, *ops: dict[str, Any]) -> None:
+    for op in ops:
+        e.apply(parse_op(op))
+        e.check_integrity()
+
+
+def run_out(e: Engine) -> None:
+    for _ in range(300):
+        if not (e.running or e.waiting or e.swapped):
+            return
+        apply(e, {"op": "step"})
+    raise AssertionError("requests never finished")
+
+
+def state(e: Engine) -> dict[str, Any]:
+    snap = export_snapshot(e)
+    snap.pop("kernel")
+    return snap
+
+
+def test_samples_share_the_prompt_and_generate_what_they_would_alone() -> None:
+    e = engine()
+    apply(e, {"op": "add", "request": "Q", "prompt": PROMPT, "n": 4, "max_new_tokens": 10})
+    ids = ["Q.0", "Q.1", "Q.2", "Q.3"]
+    assert list(e.running) == ids
+    assert all(e.requests[r].group == "Q" for r in ids)
+    # Forked after the prefill: one prompt's blocks, each held four times.
+    tables = [e.block_table(r) for r in ids]
+    assert all(t == tables[0] for t in tables)
+    assert all(e.manager.pool.blocks[b].ref_count == 4 for b in tables[0])
+    apply(e, {"op": "step", "count": 4})
+    v = e.verify_recomputation()
+    assert v.num_requests == 4 and v.max_kv_err < 1e-4 and v.max_logit_err < 1e-3
+    run_out(e)
+    outs = {r: e.requests[r].tokens for r in ids}
+    assert len({tuple(t) for t in outs.values()}) == 4, "the samples should differ"
+    for rid in ids:
+        alone = engine()
+        apply(alone, {"op": "add", "request": rid, "prompt": PROMPT, "max_new_tokens": 10})
+        run_out(alone)
+        assert alone.requests[rid].tokens == outs[rid], rid
+    # The first write into the shared partial block copied it for three samples.
+    assert sum(1 for ev in e.events if ev.kind == "cow") == 3
+
+
+def test_sharing_saves_blocks_while_the_samples_run() -> None:
+    shared = engine()
+    apply(shared, {"op": "add", "request": "Q", "prompt": PROMPT, "n": 4, "max_new_tokens": 6},
+          {"op": "step", "count": 3})
+    apart = engine()
+    for k in range(4):
+        apply(apart, {"op": "add", "request": f"Q.{k}", "prompt": PROMPT, "max_new_tokens": 6})
+    # Prefix caching shares the full prompt blocks either way; the fork also shares the
+    # partial one until each sample writes into it, and the allocation happens once.
+    apply(apart, {"op": "step", "count": 3})
+    used = shared.manager.metrics().used_blocks
+    assert used <= apart.manager.metrics().used_blocks
+    off = engine(prefix_caching=False)
+    for k in range(4):
+        apply(off, {"op": "add", "request": f"Q.{k}", "prompt": PROMPT, "max_new_tokens": 6})
+    apply(off, {"op": "step", "count": 3})
+    assert used < off.manager.metrics().used_blocks
+
+
+def test_samples_waiting_for_room_are_forked_when_admitted_and_restore_exactly() -> None:
+    e = engine(num_blocks=14, max_num_seqs=4)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 30, "max_new_tokens": 8},
+          {"op": "add", "request": "Q", "prompt": PROMPT, "n": 3, "max_new_tokens": 8})
+    assert list(e.waiting) == ["Q.0"] and e.requests["Q.0"].pending_samples == 2
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    row = next(r for r in snap["requests"] if r["id"] == "Q.0")
+    assert row["group"] == "Q" and row["pending_samples"] == 2
+    twin = restore_engine(snap, kernel="torch")
+    assert state(twin) == state(e)
+    run_out(e)
+    run_out(twin)
+    assert state(twin) == state(e)
+    assert {r for r in e.requests if r.startswith("Q.")} == {"Q.0", "Q.1", "Q.2"}
+    assert all(e.requests[r].num_generated == 8 for r in ("Q.0", "Q.1", "Q.2"))
+
+
+def test_samples_preempted_generate_what_they_would_with_room() -> None:
+    roomy, tight = engine(), engine(num_blocks=16)
+    for e in (roomy, tight):
+        apply(e, {"op": "add", "request": "Q", "prompt": PROMPT, "n": 3, "max_new_tokens": 24},
+              {"op": "add", "request": "B", "prompt_len": 20, "max_new_tokens": 24})
+        run_out(e)
+    assert tight.manager.preemptions > 0
+    for rid, req in roomy.requests.items():
+        assert tight.requests[rid].tokens == req.tokens, rid
+
+
+@pytest.mark.parametrize("op, message", [
+    ({"n": 0}, "n must be in 1..64"),
+    ({"n": 2, "blocks": [0, 1, 2, 3, 4, 5, 6]}, "n and blocks"),
+    ({"beam_width": 2}, "beam_width"),
+    ({"n": 5}, "max_num_seqs is 4"),
+])
+def test_bad_sampling_requests_are_refused(op: dict[str, Any], message: str) -> None:
+    e = engine(max_num_seqs=4)
+    before = state(e)
+    with pytest.raises(PagedLabError, match=message):
+        e.apply(parse_op({"op": "add", "request": "Q", "prompt": PROMPT, **op}))
+    assert state(e) == before
+    apply(e, {"op": "add", "request": "Q.1", "prompt": "taken"})
+    with pytest.raises(PagedLabError, match=r"'Q\.1' already exists"):
+        e.apply(parse_op({"op": "add", "request": "Q", "prompt": PROMPT, "n": 2}))
