@@ -55,6 +55,8 @@ bench: $(VENV)/.model
 	$(BIN)/python bench/interpreter_step.py
 	$(BIN)/python bench/simulator.py
 	$(BIN)/python bench/app_render.py
+	$(BIN)/python bench/live_step.py
+	$(BIN)/python bench/swap_recompute.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .mypy_cache .hypothesis
