@@ -199,13 +199,14 @@ class Scheduler:
         `add` admits at once).
 
         A request fits when its prompt's new blocks, plus a block for its own
-        first decoded token if the prompt ends on a block boundary, come out of
-        the free blocks left after reserving what the running requests' next
-        tokens need, with `watermark_blocks` still free. Admitting into those
-        reserved blocks would only force the decode that follows to preempt
-        the newcomer again. A request whose prefix hits blocks that another
-        request has not finished computing waits for them (their K/V is not
-        there to share yet).
+        first decoded token if the prompt ends on a block boundary (and one per
+        parallel sample still to fork), come out of the free blocks left after
+        reserving what the running requests still need (their next token, the
+        rest of a prefill), with `watermark_blocks` still free. Admitting into
+        those reserved blocks would only force the decode that follows to
+        preempt the newcomer again. A prompt's blocks are taken only as far as
+        its first chunk: a full block enters the prefix cache in the iteration
+        that computes it, so no request can hit a block whose K/V is not there.
         """
         if budget is None:
             budget = IterationBudget(self.config.budgets, len(self.running))
