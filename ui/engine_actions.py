@@ -88,7 +88,7 @@ def set_fields(settings: Settings, q: progress.Queued) -> None:
     q.put("dev_kernel", settings.kernel)
 
 
-def _load_weights(settings: Settings) -> Shown:
+def load_weights(settings: Settings) -> Shown:
     """Load the weights `settings`' model needs, with a progress bar: a real model's first
     use in this process reads and dequantizes its file (seconds); later ones share it.
 
@@ -122,7 +122,7 @@ def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -
     # Before taking the engine's lock: loading weights touches no engine, and the
     # current one keeps answering the page meanwhile.
     try:
-        loaded = _load_weights(settings)
+        loaded = load_weights(settings)
     except PagedLabError as exc:
         flash("error", f"Refused: {exc}")
         return
@@ -166,7 +166,7 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
     loaded = Shown()
     if config is not None:
         try:
-            loaded = _load_weights(Settings(config, s.device, s.kernel))
+            loaded = load_weights(Settings(config, s.device, s.kernel))
         except PagedLabError as exc:
             return str(exc)
     with progress.engine_lock(old, "replace", progress.get_work()) as waited, \

@@ -17,6 +17,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.sessions import saved
 from ui import engine_actions, progress, session, store
+from ui.progress import Shown
 
 STARTED = "store_started"   # set once the first run's reopening was tried
 
@@ -25,6 +26,21 @@ def _describe(engine: Engine) -> str:
     c = engine.config
     return (f"step {engine.step}, {len(engine.requests)} request(s), {c.num_blocks} blocks "
             f"of {c.block_size} slots")
+
+
+def _load_model_of(sid: str) -> Shown:
+    """Load the weights saved session `sid`'s model needs, with the progress bar a
+    first load shows (before any engine's lock: it touches none). A row that cannot be
+    read is left to `_open` to report."""
+    tab = store.get_tab()
+    try:
+        stored = tab.store.load(sid) if tab.store is not None else None
+        if stored is None:
+            return Shown()
+        settings, _ = saved.settings_from_json(stored.settings)
+        return engine_actions.load_weights(settings)
+    except PagedLabError:
+        return Shown()
 
 
 def _open(sid: str) -> saved.Opened | str:
@@ -91,8 +107,10 @@ def at_start() -> None:
         if sid is None:
             return
         how = "Reopened your latest session (New session, under Sessions, starts afresh)"
+    loaded = _load_model_of(sid)
     with progress.engine_lock(session.get_engine(), "start", progress.get_work()) as waited:
         outcome = _open(sid)
+    loaded.finish()
     waited.finish()
     if isinstance(outcome, str):
         session.flash("error", f"{outcome} This is a new session.")
@@ -102,8 +120,10 @@ def at_start() -> None:
 
 def open_other(sid: str) -> None:
     """Callback of a Recent sessions entry's Open: that session replaces this one here."""
+    loaded = _load_model_of(sid)
     with progress.engine_lock(session.get_engine(), "replace", progress.get_work()) as waited:
         outcome = _open(sid)
+    loaded.finish()
     waited.finish()
     if isinstance(outcome, str):
         session.flash("error", f"{outcome} This session is unchanged.")
