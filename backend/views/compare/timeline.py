@@ -93,7 +93,9 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
     as its colour."""
     shown, per = binned(df, max_points)
     lo, hi = int(df["iteration"].iloc[0]), int(df["iteration"].iloc[-1])
-    x = alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=[lo, hi], nice=False))
+    # Iterations are whole numbers: no 0.5 ticks on a short run.
+    x = alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=[lo, hi], nice=False),
+              axis=alt.Axis(format="d", tickMinStep=1))
     note = f" (mean of {per} iterations per point)" if per > 1 else ""
     memory = (_panel(_long(shown, _BLOCKS), "Blocks" + note, "blocks", x, width=width)
               if paged else
