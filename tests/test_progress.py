@@ -148,12 +148,23 @@ def test_progress_texts_show_request_ids_as_plain_text(monkeypatch: pytest.Monke
         def __exit__(self, *exc: object) -> None:
             return None
 
+    class FakeBar:
+        def __init__(self, value: float, text: str) -> None:
+            shown.append(text)
+
+        def progress(self, value: float, text: str) -> None:
+            shown.append(text)
+
+        def empty(self) -> None:
+            return None
+
     monkeypatch.setattr(ui_progress.st, "spinner", FakeSpinner)
+    monkeypatch.setattr(ui_progress.st, "progress", FakeBar)
     with ui_progress.working(Add(image, prompt="x"), Work()):
         pass
-    with ui_progress.spinner(f"Restoring the snapshot in {image!r}"):
-        pass
+    with ui_progress.restoring(f"Restoring the snapshot in {image!r}") as (_, moved):
+        moved(1, 2)
     bar = ui_progress._bar_text(WorkState(f"Growing {image}", 1, 2, False))
-    assert len(shown) == 2
+    assert len(shown) == 3
     for text in [*shown, bar]:
         assert "](" not in text and "\\]\\(" in text, text

@@ -194,3 +194,22 @@ def test_stepping_a_restored_engine_leaves_its_snapshot_alone() -> None:
     e.apply(Step(3))
     e.apply(Grow("B", 2))
     assert snap == before
+
+
+def test_restore_reports_each_forward_of_the_recomputation() -> None:
+    """Restore's progress: one call per forward (a running request, a swapped one, a
+    cached chain), counting up to the total, so a page can draw a bar."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 13, "block_size": 4,
+                                       "preemption": "swap", "num_cpu_blocks": 16}),
+               kernel="torch")
+    for rid in "ABCD":
+        e.apply(Add(rid, prompt=f"request {rid} asks a question", max_new_tokens=14))
+    while not e.swapped:
+        e.apply(Step(1))
+    e.apply(Finish(e.running[0]))         # its full blocks stay cached
+    calls: list[tuple[int, int]] = []
+    restore_engine(export_snapshot(e), kernel="torch",
+                   progress=lambda done, total: calls.append((done, total)))
+    total = calls[-1][1]
+    assert calls == [(i, total) for i in range(1, total + 1)]
+    assert total >= len(e.running) + len(e.swapped) + 1

@@ -170,11 +170,13 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
         except PagedLabError as exc:
             return str(exc)
     with progress.engine_lock(old, "replace", progress.get_work()) as waited, \
-            progress.spinner(f"Restoring {source}: K/V recomputed from the tokens") as shown:
+            progress.restoring(f"Restoring {source}: K/V recomputed from the tokens") as (
+                shown, moved):
         try:
             # Detached: the caller's snapshot (a scenario's frame) must not grow with
             # this engine's tokens.
-            engine = restore_for_session(saved.detached(data), s, sess.owner, replacing=old)
+            engine = restore_for_session(saved.detached(data), s, sess.owner, replacing=old,
+                                         progress=moved)
         except PagedLabError as exc:
             problem = str(exc)
         else:

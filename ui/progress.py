@@ -243,14 +243,22 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
 
 
 @contextmanager
-def spinner(text: str) -> Iterator[Shown]:
-    """A spinner for work without iterations (a restore); the caller calls `finish`.
+def restoring(text: str) -> Iterator[tuple[Shown, Callable[[int, int], None]]]:
+    """A bar for a restore (K/V recomputed from the tokens, one forward at a time) and
+    the callback that moves it; the caller calls the Shown's `finish`.
 
-    `text` is shown as plain text (it may quote a file name)."""
+    `text` says what is restored (plain text: it may quote a file name)."""
     shown = Shown()
-    sp = st.spinner(plain_md(text))
-    shown.call(sp.__enter__)
+    label = plain_md(text)
+    bar = shown.call(st.progress, 0.0, text=label)
+
+    def moved(done: int, total: int) -> None:
+        if bar is not None and total:
+            shown.call(bar.progress, done / total,
+                       text=plain_md(f"{text}: forward {done:,} of {total:,}"))
+
     try:
-        yield shown
+        yield shown, moved
     finally:
-        shown.call(sp.__exit__, None, None, None)
+        if bar is not None:
+            shown.call(bar.empty)

@@ -53,10 +53,10 @@ def _open(sid: str) -> saved.Opened | str:
     """
     tab, owner, old, q = (store.get_tab(), session.get_owner(), session.get_engine(),
                           session.queued())
-    with progress.spinner(f"Opening saved session {store.short(sid)}: restoring its state, "
-                          "K/V recomputed from the tokens") as shown:
+    with progress.restoring(f"Opening saved session {store.short(sid)}: restoring its "
+                            "state, K/V recomputed from the tokens") as (shown, moved):
         try:
-            opened = saved.open_saved(tab, sid, owner, replacing=old)
+            opened = saved.open_saved(tab, sid, owner, replacing=old, progress=moved)
         except PagedLabError as exc:
             opened = None
             problem = (f"Saved session {store.short(sid)} could not be opened: {exc}. It is "

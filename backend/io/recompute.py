@@ -8,21 +8,27 @@ that lead to it, and gives every running request its pending logits back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from backend.engine.engine import Engine
 from backend.paging.hashing import BlockHash
 
+# Called after each forward with (forwards done, forwards in all).
+Progress = Callable[[int, int], None]
 
-def recompute_kv(engine: Engine) -> None:
-    """Recompute every used and cached block's K/V, and running requests' logits.
+
+def recompute_kv(engine: Engine, progress: Progress | None = None) -> None:
+    """Recompute every used, cached and swapped-out block's K/V, and the logits.
 
     K/V come from the plain contiguous forward pass over each block's full
     token prefix, so they equal what the paged prefill wrote, up to rounding.
+    One forward per running or swapped request and one per cached chain;
+    `progress` hears of each.
     """
     cache = engine.cache
     bs = engine.config.block_size
-    pool = engine.manager.pool
     done: set[int] = set()
 
     def write(tokens: list[int], targets: list[tuple[int, int]]) -> torch.Tensor:
@@ -38,11 +44,22 @@ def recompute_kv(engine: Engine) -> None:
             done.add(b)
         return out.logits[-1].cpu()
 
+    chains = _cached_chains(engine, done)
+    total = len(engine.running) + len(engine.swapped) + len(chains)
+    finished = 0
+
+    def tick() -> None:
+        nonlocal finished
+        finished += 1
+        if progress is not None:
+            progress(finished, total)
+
     for rid in engine.running:
         req = engine.requests[rid]
         logits = write(req.tokens[:req.num_computed],
                        list(enumerate(engine.manager.block_table(rid))))
         req.logits = None if req.prefilling else logits
+        tick()
     host = engine.host
     for rid in engine.swapped:
         assert host is not None
@@ -55,6 +72,19 @@ def recompute_kv(engine: Engine) -> None:
                 host.cache.k[layer][b, :n] = out.keys[layer][rows].to(host.cache.device)
                 host.cache.v[layer][b, :n] = out.values[layer][rows].to(host.cache.device)
         req.logits = None if req.prefilling else out.logits[-1].cpu()
+        tick()
+    # Blocks the tables share with a chain were written above; `write` skips them.
+    for tokens, targets in chains:
+        write(tokens, targets)
+        tick()
+
+
+def _cached_chains(engine: Engine, held: set[int]
+                   ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """The cached blocks to recompute, grouped by hash chain: per chain end, its tokens
+    and (depth, block) targets. Blocks in `held` (filled as the tables are written)
+    are skipped when written, so the chains may be listed before."""
+    pool = engine.manager.pool
 
     # Cached blocks, grouped by hash chain: one forward per chain end recomputes
     # every cached block on the chain. Ancestors may live elsewhere or have been
@@ -62,7 +92,7 @@ def recompute_kv(engine: Engine) -> None:
     pending: dict[str, list[int]] = {}
     keys: dict[str, BlockHash] = {}
     for block in pool.blocks:
-        if block.ref_count == 0 and block.hash is not None and block.id not in done:
+        if block.ref_count == 0 and block.hash is not None and block.id not in held:
             pending.setdefault(block.hash.digest, []).append(block.id)
             keys[block.hash.digest] = block.hash
     inner: set[str] = set()
@@ -71,6 +101,7 @@ def recompute_kv(engine: Engine) -> None:
         while parent is not None and parent.digest not in inner:
             inner.add(parent.digest)
             parent = parent.parent
+    out: list[tuple[list[int], list[tuple[int, int]]]] = []
     for digest, leaf in keys.items():
         if digest in inner:
             continue
@@ -82,4 +113,5 @@ def recompute_kv(engine: Engine) -> None:
         chain.reverse()
         targets = [(depth, b) for depth, link in enumerate(chain)
                    for b in pending.get(link.digest, [])]
-        write([t for link in chain for t in link.tokens], targets)
+        out.append(([t for link in chain for t in link.tokens], targets))
+    return out

@@ -20,7 +20,7 @@ from backend.engine.ops import check_request_id
 from backend.engine.request import FINISH_REASONS, Request
 from backend.engine.results import KernelReport
 from backend.io.json_input import FieldReader, non_negative
-from backend.io.recompute import recompute_kv
+from backend.io.recompute import Progress, recompute_kv
 from backend.io.restore_host import restore_host
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
@@ -29,8 +29,11 @@ from backend.paging.hashing import BlockHash, block_digest
 
 
 def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = "auto",
-                   check_reference: bool = True) -> Engine:
-    """A new engine in exactly the state `data` describes. Raises PagedLabError."""
+                   check_reference: bool = True, progress: Progress | None = None) -> Engine:
+    """A new engine in exactly the state `data` describes. Raises PagedLabError.
+
+    `progress(done, total)` hears of each forward of the K/V recomputation (the
+    part that takes time: one forward per request and per cached chain)."""
     top = FieldReader(data, "snapshot")
     version = top.get("schema_version", int)
     if version != SCHEMA_VERSION:
@@ -45,7 +48,7 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     try:
         _restore_into(engine, top)
         engine.manager.check_integrity()
-        recompute_kv(engine)
+        recompute_kv(engine, progress)
         engine.check_requests()
     except (IntegrityError, AssertionError) as exc:
         raise PagedLabError(f"inconsistent snapshot: {exc}") from None

@@ -20,6 +20,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Op, describe_op, parse_op
 from backend.engine.results import OpResult
+from backend.io.recompute import Progress as RestoreProgress
 from backend.io.restore import restore_engine
 from backend.io.snapshot import CONFIG_EXTRA, export_snapshot
 from backend.kernels import KERNELS, available_devices, select_kernels
@@ -126,8 +127,8 @@ def build_engine(settings: Settings, owner: str, *, replacing: Engine | None = N
 
 
 def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
-                        replacing: Engine | None = None,
-                        budget: KVBudget = SERVER_BUDGET) -> Engine:
+                        replacing: Engine | None = None, budget: KVBudget = SERVER_BUDGET,
+                        progress: RestoreProgress | None = None) -> Engine:
     """The state a snapshot describes, on the settings' device and kernel, within budget.
 
     The budget is checked on the snapshot's config before any tensor is
@@ -136,7 +137,8 @@ def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
     config = snapshot_config(data)
     if config is not None:
         budget.check(config, owner, replacing=replacing)
-    engine = restore_engine(data, device=settings.device, kernel=settings.kernel)
+    engine = restore_engine(data, device=settings.device, kernel=settings.kernel,
+                            progress=progress)
     return budget.track(engine, owner)
 
 

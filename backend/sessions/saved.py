@@ -30,6 +30,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
+from backend.io.recompute import Progress as RestoreProgress
 from backend.io.snapshot import CONFIG_EXTRA, export_snapshot
 from backend.sessions.budget import SERVER_BUDGET, KVBudget
 from backend.sessions.history import History
@@ -180,7 +181,8 @@ def _oplog(stored: StoredSession, config: EngineConfig, step: int) -> OpLog:
 
 
 def resume(stored: StoredSession, owner: str, *, replacing: Engine | None = None,
-           budget: KVBudget = SERVER_BUDGET) -> tuple[Live, list[str]]:
+           budget: KVBudget = SERVER_BUDGET,
+           progress: RestoreProgress | None = None) -> tuple[Live, list[str]]:
     """The live session a row describes, and notes on what differs from when it was saved.
 
     The engine is restored exactly from the snapshot (K/V recomputed from the
@@ -196,7 +198,7 @@ def resume(stored: StoredSession, owner: str, *, replacing: Engine | None = None
     history = _history(stored)
     oplog = _oplog(stored, settings.config, int(stored.snapshot.get("step", -1)))
     engine = restore_for_session(detached(stored.snapshot), settings, owner,
-                                 replacing=replacing, budget=budget)
+                                 replacing=replacing, budget=budget, progress=progress)
     if engine.config.to_json() != settings.config.to_json():
         raise StoreError("its settings and its snapshot describe different engines")
     # The engine's own export ends the history: the stored snapshot, unless it ran
@@ -217,7 +219,8 @@ class Opened:
 
 
 def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = None,
-               budget: KVBudget = SERVER_BUDGET) -> Opened | None:
+               budget: KVBudget = SERVER_BUDGET,
+               progress: RestoreProgress | None = None) -> Opened | None:
     """Mutates `tab` (and the store) on success: open the saved session `sid` in this tab.
 
     None if there is no such unexpired row. The same browser's row is
@@ -231,7 +234,7 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
     stored = store.load(sid)
     if stored is None:
         return None
-    live, notes = resume(stored, owner, replacing=replacing, budget=budget)
+    live, notes = resume(stored, owner, replacing=replacing, budget=budget, progress=progress)
     copied = not stored.owned_by(tab.browser)
     if copied:
         copy = new_id()
