@@ -51,6 +51,16 @@ def run_out(e: Engine, *, verify: bool = False) -> int:
     raise AssertionError("requests never finished")
 
 
+def swapped_engine() -> Engine:
+    """The four requests in a 13-block pool with swap, stepped until one is swapped out."""
+    e = engine(13, preemption="swap", num_cpu_blocks=16)
+    for op in PROMPTS:
+        apply(e, op)
+    while not e.swapped:
+        apply(e, {"op": "step"})
+    return e
+
+
 def state(e: Engine) -> dict[str, Any]:
     snap = export_snapshot(e)
     snap.pop("kernel")
@@ -76,11 +86,7 @@ def test_swapped_requests_generate_what_they_would_with_room() -> None:
 
 
 def test_swap_events_name_device_and_host_blocks() -> None:
-    e = engine(13, preemption="swap", num_cpu_blocks=16)
-    for op in PROMPTS:
-        apply(e, op)
-    while not e.swapped:
-        apply(e, {"op": "step"})
+    e = swapped_engine()
     rid = e.swapped[0]
     outs = [ev for ev in e.events if ev.kind == "swap_out" and ev.request == rid]
     assert e.host is not None
@@ -109,11 +115,7 @@ def test_swap_events_name_device_and_host_blocks() -> None:
 
 
 def test_snapshot_of_a_swapped_state_restores_exactly() -> None:
-    e = engine(13, preemption="swap", num_cpu_blocks=16)
-    for op in PROMPTS:
-        apply(e, op)
-    while not e.swapped:
-        apply(e, {"op": "step"})
+    e = swapped_engine()
     snap = json.loads(json.dumps(export_snapshot(e)))
     twin = restore_engine(snap, kernel="torch")
     assert state(twin) == state(e)
@@ -130,11 +132,7 @@ def test_snapshot_of_a_swapped_state_restores_exactly() -> None:
     (lambda s: s["config"].update(preemption="recompute"), "swapped request needs"),
 ])
 def test_bad_host_state_is_refused(mutate: Any, message: str) -> None:
-    e = engine(13, preemption="swap", num_cpu_blocks=16)
-    for op in PROMPTS:
-        apply(e, op)
-    while not e.swapped:
-        apply(e, {"op": "step"})
+    e = swapped_engine()
     snap = json.loads(json.dumps(export_snapshot(e)))
     mutate(snap)
     with pytest.raises(PagedLabError, match=message):
@@ -174,11 +172,7 @@ def test_random_operations_with_swap_keep_every_invariant(extra: dict[str, Any])
 
 
 def test_swap_events_are_checked_against_the_host_pool() -> None:
-    e = engine(13, preemption="swap", num_cpu_blocks=16)
-    for op in PROMPTS:
-        apply(e, op)
-    while not e.swapped:
-        apply(e, {"op": "step"})
+    e = swapped_engine()
     snap = json.loads(json.dumps(export_snapshot(e)))
     at = next(i for i, ev in enumerate(snap["events"]) if ev["kind"] == "swap_out")
     # A host block id past the device pool is a host block like any other.
