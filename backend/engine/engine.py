@@ -35,10 +35,10 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine import checks
+from backend.engine import checks, operations
 from backend.engine.kv_cache import KVCache
-from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Op, Shuffle, Step, check_request_id
-from backend.engine.prompts import next_token, prompt_ids
+from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.engine.prompts import next_token
 from backend.engine.request import Request
 from backend.engine.results import (
     EngineMetrics,
@@ -251,13 +251,13 @@ class Engine:
         try:
             match op:
                 case Add():
-                    self._add(op)
+                    operations.add(self, op)
                 case Grow():
-                    self._grow(op)
+                    operations.grow(self, op)
                 case Fork():
-                    self._fork(op)
+                    operations.fork(self, op)
                 case Finish():
-                    self._finish_op(op)
+                    operations.finish(self, op)
                 case Step():
                     for done in range(1, op.count + 1):
                         self.timeline.iteration_started()
@@ -268,7 +268,7 @@ class Engine:
                             op = Step(done)
                             break
                 case Shuffle():
-                    self._shuffle(op)
+                    operations.shuffle(self, op)
                 case _:
                     raise PagedLabError(f"unknown operation {op!r}")
             if not isinstance(op, Step):
@@ -289,130 +289,27 @@ class Engine:
         """Mutates the timeline: a row for what ran since the last one in this operation."""
         self.timeline.record_state(self.step + 1, self.scheduler, self.runner.prefill_tokens)
 
-    def _add(self, op: Add) -> None:
-        group = check_request_id(op.request)
-        # n parallel samples: ID.0 is admitted and prefilled like any request, and the
-        # others are forked from it once its prompt is computed (`_spawn_samples`).
-        ids = [group] if op.n is None else [f"{group}.{k}" for k in range(op.n)]
-        for rid in ids:
-            if rid in self.requests:
-                raise PagedLabError(f"request {rid!r} already exists; pick another id")
-        rid = ids[0]
-        # The prompt of `add ID` whatever n is (a random prompt is seeded by the id).
-        tokens = prompt_ids(op, self.model, self.config.seed, group)
-        max_new = self.config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
-        assert max_new != INHERIT
-        # Raises for a prompt that can never fit and for bad pins.
-        self.manager.plan_prompt(tokens, pinned=op.blocks)
-        if self.scheduler.never_admissible(len(tokens)):
-            raise PagedLabError(
-                f"a prompt of {len(tokens)} tokens fills all {self.config.num_blocks} blocks, "
-                "leaving no block for its first generated token; it could never run")
-        if op.blocks is not None:
-            self._check_seq_slot(f"add {rid!r} on pinned blocks (admitted at once)")
-        limit = self.config.max_num_seqs
-        if limit is not None and len(ids) > limit:
-            raise PagedLabError(f"{len(ids)} parallel samples run as {len(ids)} sequences, but "
-                                f"max_num_seqs is {limit}: they could never start")
-        req = Request(rid, len(tokens), tokens, max_new, arrival=len(self.requests),
-                      group=None if op.n is None else group, pending_samples=len(ids) - 1)
-        self.requests[rid] = req
-        self.timeline.arrived(rid)
-        if op.blocks is not None:
-            start = self.scheduler.allocate(req, list(op.blocks))
-            self.runner.prefill([(req, start, req.num_tokens)], self.manager)
-        else:
-            self.waiting.append(rid)
-            # First come, first served: a newcomer never overtakes a waiting request.
-            if len(self.waiting) == 1:
-                self._prefill(self.scheduler.admit())
+    # ---- running what the scheduler decided (operations.py calls these too) ----
 
-    def _prefill(self, work: list[Chunk]) -> None:
+    def prefill(self, work: list[Chunk]) -> None:
         """Run prefill chunks, then fork the parallel samples of prompts now complete."""
         self.runner.prefill(work, self.manager)
         for req, _, _ in work:
             if req.pending_samples and req.status == "running" and not req.prefilling:
-                self._spawn_samples(req)
-
-    def _spawn_samples(self, first: Request) -> None:
-        """Mutates: fork samples 1 .. n-1 of `first`'s group from it, sharing every block.
-
-        Their logits are `first`'s, and each samples its own tokens (sampling is seeded
-        by the request id), so the samples diverge from their first token on.
-        """
-        assert first.group is not None and first.logits is not None
-        for k in range(1, first.pending_samples + 1):
-            child_id = f"{first.group}.{k}"
-            self.manager.fork(first.id, child_id)
-            child = Request(child_id, first.prompt_len, list(first.tokens),
-                            first.max_new_tokens, arrival=len(self.requests), parent=first.id,
-                            status="running", admitted=self.scheduler.next_admission(),
-                            logits=first.logits.clone(), group=first.group)
-            self.requests[child_id] = child
-            self.running.append(child_id)
-            self.timeline.forked(first.id, child_id)
-        first.pending_samples = 0
-
-    def _grow(self, op: Grow) -> None:
-        req = self._running(op.request, "grow")
-        n = op.tokens if req.remaining is None else min(op.tokens, req.remaining)
-        total = self.manager.blocks_for(req.num_tokens + n)
-        if total > self.config.num_blocks:
-            raise PagedLabError(
-                f"request {req.id!r} would need {total} blocks for {req.num_tokens + n} tokens "
-                f"but the pool has only {self.config.num_blocks}")
-        needed = self.manager.blocks_needed_to_append(req.id, n)
-        free = self.manager.num_free_blocks
-        if needed > free:
-            raise PagedLabError(
-                f"request {req.id!r} needs {needed} free block(s) to grow by {n} token(s) but "
-                f"only {free} are free; finish a request, or use step, which preempts")
-        for _ in range(n):
-            self._decode([(req, self._take_next_token(req))])
-            if req.stopped:
-                break
-        self.scheduler.finish_if_done([req.id])
-
-    def _fork(self, op: Fork) -> None:
-        parent = self._running(op.request, "fork")
-        child_id = check_request_id(op.child, "child")
-        if child_id in self.requests:
-            raise PagedLabError(f"request {child_id!r} already exists; pick another child id")
-        self._check_seq_slot(f"fork {parent.id!r}")
-        assert parent.logits is not None
-        self.manager.fork(parent.id, child_id)
-        child = Request(child_id, parent.prompt_len, list(parent.tokens), parent.max_new_tokens,
-                        arrival=len(self.requests), parent=parent.id, status="running",
-                        admitted=self.scheduler.next_admission(), logits=parent.logits.clone())
-        self.requests[child_id] = child
-        self.running.append(child_id)
-        self.timeline.arrived(child_id)
-
-    def _finish_op(self, op: Finish) -> None:
-        req = self.request(op.request)
-        if req.status == "finished":
-            raise PagedLabError(f"request {req.id!r} has already finished")
-        self.scheduler.finish(req, "finished")
-
-    def _shuffle(self, op: Shuffle) -> None:
-        seed = op.seed if op.seed is not None else (self.config.seed * 1_000_003 + self.step)
-        moves = self.manager.apply_remap(self.manager.plan_remap(seed))
-        self.runner.move_blocks([m.src for m in moves], [m.dst for m in moves])
-
-    # ---- running what the scheduler decided --------------------------------
+                operations.spawn_samples(self, req)
 
     def _iteration(self) -> None:
         """One step of continuous batching: the scheduler's plan (prefill chunks within
         its budgets), then one batched decode of the requests it lets decode."""
         plan = self.scheduler.plan()
-        self._prefill(plan.prefills)
-        batch = [(req, self._take_next_token(req)) for req in self.scheduler.decoders(plan)
+        self.prefill(plan.prefills)
+        batch = [(req, self.take_next_token(req)) for req in self.scheduler.decoders(plan)
                  if self.scheduler.make_room(req)]
         if batch:
-            self._decode(batch)
+            self.decode(batch)
             self.scheduler.finish_if_done([r.id for r, _ in batch])
 
-    def _take_next_token(self, req: Request) -> int:
+    def take_next_token(self, req: Request) -> int:
         """Sample from the pending logits and give the token a slot (may copy-on-write)."""
         assert req.logits is not None
         token = next_token(req.logits, self.config, self.model, req.id, req.num_tokens)
@@ -425,30 +322,6 @@ class Engine:
         self.timeline.generated(req.id)
         return slot
 
-    def _decode(self, work: list[tuple[Request, int]]) -> None:
+    def decode(self, work: list[tuple[Request, int]]) -> None:
+        """One batched forward of each request's newest token, written at its slot."""
         self.runner.decode(work, self.manager)
-
-    def _running(self, request_id: str, action: str) -> Request:
-        req = self.request(request_id)
-        if req.status == "waiting":
-            raise PagedLabError(f"cannot {action} request {req.id!r}: it is waiting for room in "
-                                "the pool (step the batch to admit it)")
-        if req.status == "finished":
-            raise PagedLabError(f"cannot {action} request {req.id!r}: it has finished")
-        if req.status == "swapped":
-            raise PagedLabError(f"cannot {action} request {req.id!r}: it is swapped out to the "
-                                "host pool (step the batch to bring it back)")
-        if req.prefilling:
-            raise PagedLabError(
-                f"cannot {action} request {req.id!r}: it is still being prefilled "
-                f"({req.num_computed} of {req.num_tokens} tokens computed; the token budget "
-                f"max_num_batched_tokens={self.config.max_num_batched_tokens} spreads it over "
-                "steps); step the batch first")
-        return req
-
-    def _check_seq_slot(self, action: str) -> None:
-        """Refuse a request that would run beside max_num_seqs others."""
-        limit = self.config.max_num_seqs
-        if limit is not None and len(self.running) >= limit:
-            raise PagedLabError(f"cannot {action}: {len(self.running)} requests are running "
-                                f"and max_num_seqs is {limit}; finish one first")

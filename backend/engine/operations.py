@@ -1,0 +1,165 @@
+"""The engine's operations other than `step`: add, grow, fork, finish, shuffle.
+
+Each validates fully before it changes anything (a refusal leaves the engine
+exactly as it was), then changes the tables through the scheduler and the
+block manager and has the engine run the model work (`Engine.prefill`,
+`Engine.decode`, `Engine.take_next_token`). `Engine.apply` calls them under the
+engine's lock; nothing else should.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from backend.core.errors import PagedLabError
+from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Shuffle, check_request_id
+from backend.engine.prompts import prompt_ids
+from backend.engine.request import Request
+
+if TYPE_CHECKING:
+    from backend.engine.engine import Engine
+
+
+def add(engine: Engine, op: Add) -> None:
+    """Mutates: a new request, admitted at once (and prefilled) if nothing waits ahead.
+
+    With `n` parallel samples, ID.0 is admitted and prefilled like any request,
+    and the others are forked from it once its prompt is computed (`spawn_samples`).
+    """
+    group = check_request_id(op.request)
+    ids = [group] if op.n is None else [f"{group}.{k}" for k in range(op.n)]
+    for rid in ids:
+        if rid in engine.requests:
+            raise PagedLabError(f"request {rid!r} already exists; pick another id")
+    rid = ids[0]
+    # The prompt of `add ID` whatever n is (a random prompt is seeded by the id).
+    tokens = prompt_ids(op, engine.model, engine.config.seed, group)
+    max_new = engine.config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
+    assert max_new != INHERIT
+    # Raises for a prompt that can never fit and for bad pins.
+    engine.manager.plan_prompt(tokens, pinned=op.blocks)
+    if engine.scheduler.never_admissible(len(tokens)):
+        raise PagedLabError(
+            f"a prompt of {len(tokens)} tokens fills all {engine.config.num_blocks} blocks, "
+            "leaving no block for its first generated token; it could never run")
+    if op.blocks is not None:
+        check_seq_slot(engine, f"add {rid!r} on pinned blocks (admitted at once)")
+    limit = engine.config.max_num_seqs
+    if limit is not None and len(ids) > limit:
+        raise PagedLabError(f"{len(ids)} parallel samples run as {len(ids)} sequences, but "
+                            f"max_num_seqs is {limit}: they could never start")
+    req = Request(rid, len(tokens), tokens, max_new, arrival=len(engine.requests),
+                  group=None if op.n is None else group, pending_samples=len(ids) - 1)
+    engine.requests[rid] = req
+    engine.timeline.arrived(rid)
+    if op.blocks is not None:
+        start = engine.scheduler.allocate(req, list(op.blocks))
+        engine.runner.prefill([(req, start, req.num_tokens)], engine.manager)
+    else:
+        engine.waiting.append(rid)
+        # First come, first served: a newcomer never overtakes a waiting request.
+        if len(engine.waiting) == 1:
+            engine.prefill(engine.scheduler.admit())
+
+
+def spawn_samples(engine: Engine, first: Request) -> None:
+    """Mutates: fork samples 1 .. n-1 of `first`'s group from it, sharing every block.
+
+    Their logits are `first`'s, and each samples its own tokens (sampling is seeded
+    by the request id), so the samples diverge from their first token on.
+    """
+    assert first.group is not None and first.logits is not None
+    for k in range(1, first.pending_samples + 1):
+        child_id = f"{first.group}.{k}"
+        engine.manager.fork(first.id, child_id)
+        child = Request(child_id, first.prompt_len, list(first.tokens),
+                        first.max_new_tokens, arrival=len(engine.requests), parent=first.id,
+                        status="running", admitted=engine.scheduler.next_admission(),
+                        logits=first.logits.clone(), group=first.group)
+        engine.requests[child_id] = child
+        engine.running.append(child_id)
+        engine.timeline.forked(first.id, child_id)
+    first.pending_samples = 0
+
+
+def grow(engine: Engine, op: Grow) -> None:
+    """Mutates: decode `op.tokens` tokens of one running request now (no preemption:
+    refused unless the free blocks suffice)."""
+    req = running_request(engine, op.request, "grow")
+    n = op.tokens if req.remaining is None else min(op.tokens, req.remaining)
+    total = engine.manager.blocks_for(req.num_tokens + n)
+    if total > engine.config.num_blocks:
+        raise PagedLabError(
+            f"request {req.id!r} would need {total} blocks for {req.num_tokens + n} tokens "
+            f"but the pool has only {engine.config.num_blocks}")
+    needed = engine.manager.blocks_needed_to_append(req.id, n)
+    free = engine.manager.num_free_blocks
+    if needed > free:
+        raise PagedLabError(
+            f"request {req.id!r} needs {needed} free block(s) to grow by {n} token(s) but "
+            f"only {free} are free; finish a request, or use step, which preempts")
+    for _ in range(n):
+        engine.decode([(req, engine.take_next_token(req))])
+        if req.stopped:
+            break
+    engine.scheduler.finish_if_done([req.id])
+
+
+def fork(engine: Engine, op: Fork) -> None:
+    """Mutates: a child sharing every block of a running request, its logits copied."""
+    parent = running_request(engine, op.request, "fork")
+    child_id = check_request_id(op.child, "child")
+    if child_id in engine.requests:
+        raise PagedLabError(f"request {child_id!r} already exists; pick another child id")
+    check_seq_slot(engine, f"fork {parent.id!r}")
+    assert parent.logits is not None
+    engine.manager.fork(parent.id, child_id)
+    child = Request(child_id, parent.prompt_len, list(parent.tokens), parent.max_new_tokens,
+                    arrival=len(engine.requests), parent=parent.id, status="running",
+                    admitted=engine.scheduler.next_admission(), logits=parent.logits.clone())
+    engine.requests[child_id] = child
+    engine.running.append(child_id)
+    engine.timeline.arrived(child_id)
+
+
+def finish(engine: Engine, op: Finish) -> None:
+    """Mutates: retire a request in any state but finished, releasing what it holds."""
+    req = engine.request(op.request)
+    if req.status == "finished":
+        raise PagedLabError(f"request {req.id!r} has already finished")
+    engine.scheduler.finish(req, "finished")
+
+
+def shuffle(engine: Engine, op: Shuffle) -> None:
+    """Mutates: move every used block to another physical block, tables rewritten."""
+    seed = op.seed if op.seed is not None else (engine.config.seed * 1_000_003 + engine.step)
+    moves = engine.manager.apply_remap(engine.manager.plan_remap(seed))
+    engine.runner.move_blocks([m.src for m in moves], [m.dst for m in moves])
+
+
+def running_request(engine: Engine, request_id: str, action: str) -> Request:
+    """The request `action` may act on now, or a refusal saying why it may not."""
+    req = engine.request(request_id)
+    if req.status == "waiting":
+        raise PagedLabError(f"cannot {action} request {req.id!r}: it is waiting for room in "
+                            "the pool (step the batch to admit it)")
+    if req.status == "finished":
+        raise PagedLabError(f"cannot {action} request {req.id!r}: it has finished")
+    if req.status == "swapped":
+        raise PagedLabError(f"cannot {action} request {req.id!r}: it is swapped out to the "
+                            "host pool (step the batch to bring it back)")
+    if req.prefilling:
+        raise PagedLabError(
+            f"cannot {action} request {req.id!r}: it is still being prefilled "
+            f"({req.num_computed} of {req.num_tokens} tokens computed; the token budget "
+            f"max_num_batched_tokens={engine.config.max_num_batched_tokens} spreads it over "
+            "steps); step the batch first")
+    return req
+
+
+def check_seq_slot(engine: Engine, action: str) -> None:
+    """Refuse a request that would run beside max_num_seqs others."""
+    limit = engine.config.max_num_seqs
+    if limit is not None and len(engine.running) >= limit:
+        raise PagedLabError(f"cannot {action}: {len(engine.running)} requests are running "
+                            f"and max_num_seqs is {limit}; finish one first")
