@@ -1,7 +1,9 @@
 """The live engine: CONTRACT.md's six operations over paging, a model and the kernels.
 
-    engine     `Engine`: validates an operation, then runs it (prefill, decode,
-               fork, finish, shuffle) through the scheduler and the runner
+    engine     `Engine`: applies an operation under its lock, all or nothing, and
+               runs a step's iterations through the scheduler and the runner
+    operations add, grow, fork, finish, shuffle: each validated before it
+               changes anything (parallel samples forked here)
     scheduler  which requests run: FCFS admission within vLLM's budgets
                (backend.core.budgets), chunked prefill, the preemption victim,
                swap or recompute, what can never fit (decides, never computes)
