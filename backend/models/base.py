@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from backend.kernels import KernelBackend
+from backend.kernels import KernelBackend, ReferenceCheck
 from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
 from backend.models.tokenizer import TextCodec
 
@@ -52,3 +52,17 @@ class LanguageModel(Protocol):
     def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
         """One sequence from scratch with no cache: logits, keys and values at every position."""
         ...
+
+
+def paged_attention_layer(kernels: KernelBackend, checker: ReferenceCheck, cache: PagedKV,
+                          layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          batch: ForwardBatch, scale: float) -> torch.Tensor:
+    """One layer's paged step, the same for every model: write the new tokens' K/V at
+    their slots, attend through the block tables, and let `checker` compare the result
+    with the plain reference."""
+    kernels.write_kv(k, v, cache.k[layer], cache.v[layer], batch.slot_mapping)
+    attn = kernels.paged_attention(q, cache.k[layer], cache.v[layer], batch.block_tables,
+                                   batch.seq_lens, batch.query_start_loc, scale)
+    checker.layer(attn, q, cache.k[layer], cache.v[layer], batch.block_tables, batch.seq_lens,
+                  batch.query_start_loc, scale)
+    return attn

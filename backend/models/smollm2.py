@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from backend.core.config import EngineConfig, ModelDims
 from backend.kernels import KernelBackend, ReferenceCheck
 from backend.kernels.validate import TORCH_DTYPES
+from backend.models.base import paged_attention_layer
 from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
 from backend.models.gguf_loader import GGUFModel
 from backend.models.tiny_byte import causal_attention
@@ -171,11 +172,7 @@ class SmolLM2:
         checker = ReferenceCheck(check, self.device)
         for i, layer in enumerate(w.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
-            kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
-            attn = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_tables,
-                                           batch.seq_lens, batch.query_start_loc, self.scale)
-            checker.layer(attn, q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_lens,
-                          batch.query_start_loc, self.scale)
+            attn = paged_attention_layer(kernels, checker, cache, i, q, k, v, batch, self.scale)
             x = self._finish_layer(layer, x, attn)
         if not all_positions:
             x = x[batch.query_start_loc[1:].long() - 1]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from backend.core.config import EngineConfig
 from backend.kernels import KernelBackend, ReferenceCheck
 from backend.kernels.validate import TORCH_DTYPES
+from backend.models.base import paged_attention_layer
 from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
 from backend.models.tokenizer import ByteCodec
 
@@ -121,11 +122,7 @@ class TinyByteLM:
         checker = ReferenceCheck(check, self.device)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, batch.positions)
-            kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
-            attn = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_tables,
-                                           batch.seq_lens, batch.query_start_loc, self.scale)
-            checker.layer(attn, q, cache.k[i], cache.v[i], batch.block_tables, batch.seq_lens,
-                          batch.query_start_loc, self.scale)
+            attn = paged_attention_layer(kernels, checker, cache, i, q, k, v, batch, self.scale)
             x = self._finish_layer(layer, x, attn)
         if not all_positions:
             x = x[batch.query_start_loc[1:].long() - 1]
