@@ -114,3 +114,21 @@ def non_negative(r: FieldReader, key: str, *, optional: bool = False) -> int:
     if v < 0:
         raise PagedLabError(f"{r.where}.{key} must be >= 0, got {v}")
     return int(v)
+
+
+def listed_by_id(top: FieldReader, key: str, count: int, pool: str) -> list[FieldReader]:
+    """A snapshot's list of blocks under `key`: exactly `count` objects, the i-th with id
+    i, each as a FieldReader named for its place. `pool` names what holds them in the
+    message ("the pool has 32")."""
+    raw = top.get(key, list)
+    if len(raw) != count:
+        raise PagedLabError(f"snapshot.{key} lists {len(raw)} blocks; the {pool} has {count}")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise PagedLabError(f"snapshot.{key}[{i}] must be an object")
+        r = FieldReader(item, f"snapshot.{key}[{i}]")
+        if r.get("id", int) != i:
+            raise PagedLabError(f"{r.where}.id must be {i} (blocks are listed by id)")
+        out.append(r)
+    return out

@@ -19,7 +19,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import check_request_id
 from backend.engine.request import FINISH_REASONS, Request
 from backend.engine.results import KernelReport
-from backend.io.json_input import FieldReader, non_negative
+from backend.io.json_input import FieldReader, listed_by_id, non_negative
 from backend.io.recompute import Progress, recompute_kv
 from backend.io.restore_host import restore_host
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
@@ -214,17 +214,8 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         nodes[digest] = entry
 
     # Blocks.
-    raw_blocks = top.get("blocks", list)
-    if len(raw_blocks) != c.num_blocks:
-        raise PagedLabError(f"snapshot.blocks lists {len(raw_blocks)} blocks; the pool has "
-                            f"{c.num_blocks}")
     holders = Counter(b for rid in running for b in tables[rid])
-    for i, raw in enumerate(raw_blocks):
-        if not isinstance(raw, dict):
-            raise PagedLabError(f"snapshot.blocks[{i}] must be an object")
-        r = FieldReader(raw, f"snapshot.blocks[{i}]")
-        if r.get("id", int) != i:
-            raise PagedLabError(f"{r.where}.id must be {i} (blocks are listed by id)")
+    for i, r in enumerate(listed_by_id(top, "blocks", c.num_blocks, "pool")):
         ref = r.get("ref_count", int)
         filled = r.get("num_filled", int)
         digest = r.get("hash", str, optional=True)

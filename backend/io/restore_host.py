@@ -11,16 +11,14 @@ from __future__ import annotations
 from backend.core.errors import PagedLabError
 from backend.engine.request import Request
 from backend.engine.swap import HostPool
-from backend.io.json_input import FieldReader, non_negative
+from backend.io.json_input import FieldReader, listed_by_id, non_negative
 
 
 def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
                   tables: dict[str, list[int]], requests: dict[str, Request], bs: int) -> None:
     """The host pool from `cpu_blocks` and the swapped requests' tables, cross-checked."""
-    raw_blocks = top.get("cpu_blocks", list)
-    if len(raw_blocks) != host.num_blocks:
-        raise PagedLabError(f"snapshot.cpu_blocks lists {len(raw_blocks)} blocks; the host "
-                            f"pool has {host.num_blocks} (config.num_cpu_blocks)")
+    readers = listed_by_id(top, "cpu_blocks", host.num_blocks,
+                           "host pool (config.num_cpu_blocks)")
     holder: dict[int, tuple[str, int]] = {}
     for rid, table in tables.items():
         for i, b in enumerate(table):
@@ -29,12 +27,7 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
                                     f"of {holder[b][0]} and {rid}")
             holder[b] = (rid, i)
     filled: dict[int, int] = {}
-    for i, raw in enumerate(raw_blocks):
-        if not isinstance(raw, dict):
-            raise PagedLabError(f"snapshot.cpu_blocks[{i}] must be an object")
-        r = FieldReader(raw, f"snapshot.cpu_blocks[{i}]")
-        if r.get("id", int) != i:
-            raise PagedLabError(f"{r.where}.id must be {i} (blocks are listed by id)")
+    for i, r in enumerate(readers):
         ref = r.get("ref_count", int)
         state = r.get("state", str)
         n = r.get("num_filled", int)
