@@ -45,6 +45,7 @@ from backend.engine.request import FinishReason, Request
 from backend.engine.results import Outcome
 from backend.engine.swap import HostPool
 from backend.paging.block_manager import BlockManager
+from backend.paging.block_types import PromptPlan
 from backend.paging.events import SWAP_IN, SWAP_OUT
 
 # A prefill chunk: the request, and the token range [start, stop) to compute now.
@@ -142,6 +143,12 @@ class Scheduler:
                     req.uncomputed -= take
                     plan.prefills.append((req, start, start + take))
 
+    def _fits(self, plan: PromptPlan, own: int, reserve: int) -> bool:
+        """Whether a prompt's new blocks and `own` more fit in the free blocks beyond the
+        `reserve` the running requests still need, with the watermark kept free."""
+        return fits_with_watermark(plan.num_available - reserve, plan.num_new_blocks + own,
+                                   self.config.watermark_blocks or 0)
+
     def _reserve(self) -> int:
         """Free blocks the running requests still need: the rest of a prefill, and
         the next token's block. Admission leaves them, so an admitted request never
@@ -161,7 +168,6 @@ class Scheduler:
             return
         assert self.host is not None and self.mover is not None
         bs = self.config.block_size
-        watermark = self.config.watermark_blocks or 0
         reserve = self._reserve()
         while self.swapped and budget.may_start():
             req = self.requests[self.swapped[0]]
@@ -171,8 +177,7 @@ class Scheduler:
             tokens = req.tokens[:req.num_computed]
             plan = self.manager.plan_prompt(tokens)
             own = 1 if len(tokens) % bs == 0 and not req.prefilling else 0
-            if not fits_with_watermark(plan.num_available - reserve, plan.num_new_blocks + own,
-                                       watermark):
+            if not self._fits(plan, own, reserve):
                 break
             self.swapped.popleft()
             alloc = self.manager.allocate(req.id, tokens)
@@ -211,7 +216,6 @@ class Scheduler:
         if budget is None:
             budget = IterationBudget(self.config.budgets, len(self.running))
         bs = self.config.block_size
-        watermark = self.config.watermark_blocks or 0
         reserve = self._reserve()
         admitted: list[Chunk] = []
         # First come, first served: nothing new starts while a swapped request waits.
@@ -229,8 +233,7 @@ class Scheduler:
             # Its own first token's block if the prompt ends on a boundary, and one per
             # sample to be forked (a copy of the shared last block, or a new one).
             own = (1 if req.num_tokens % bs == 0 else 0) + req.pending_samples
-            if not fits_with_watermark(plan.num_available - reserve, plan.num_new_blocks + own,
-                                       watermark):
+            if not self._fits(plan, own, reserve):
                 break
             self.waiting.popleft()
             cached = len(plan.hit_blocks) * bs
