@@ -108,3 +108,12 @@ def test_a_refused_operation_records_nothing() -> None:
         e.apply(parse_op({"op": "add", "request": "A", "prompt_len": 2}))
     assert e.timeline.rows == rows and e.timeline.clock_s == clock
     assert list(e.timeline.requests) == ["A"]
+
+
+def test_the_chart_draws_swapped_requests_when_some_were() -> None:
+    swapping, _ = run({"num_blocks": 14, "preemption": "swap", "num_cpu_blocks": 24})
+    df = timeline_frame(swapping.timeline, 14, 4)
+    assert "swapped out" in str(timeline_chart(df, paged=True).to_dict()["datasets"])
+    plain, _ = run({})
+    df = timeline_frame(plain.timeline, 24, 4)
+    assert "swapped out" not in str(timeline_chart(df, paged=True).to_dict()["datasets"])

@@ -17,6 +17,8 @@ from backend.lab.sim.timeline import Timeline
 
 # Panels: title, the series in it (column, label), and whether they are summed per bin.
 _REQUESTS = (("running", "running"), ("waiting", "waiting"))
+# The live engine's timeline also counts requests swapped out to the host pool.
+_SWAPPED = ("swapped", "swapped out")
 _BLOCKS = (("used_blocks", "used"), ("cached_blocks", "cached"), ("free_blocks", "free"))
 _SLOTS = (("token_slots", "holding tokens"), ("allocated_slots", "held by the policy"),
           ("free_slots", "free"))
@@ -58,6 +60,13 @@ def binned(df: pd.DataFrame, max_points: int = 600) -> tuple[pd.DataFrame, int]:
     for col in ("used_blocks", "cached_blocks", "free_blocks"):
         out[col] = df[col].astype("Float64").groupby(group).mean()
     return out.reset_index(drop=True), per
+
+
+def _requests(df: pd.DataFrame) -> tuple[tuple[str, str], ...]:
+    """The Requests panel's series: running and waiting, and swapped when any was."""
+    if _SWAPPED[0] in df and bool((df[_SWAPPED[0]] > 0).any()):
+        return (*_REQUESTS, _SWAPPED)
+    return _REQUESTS
 
 
 def _long(df: pd.DataFrame, series: tuple[tuple[str, str], ...]) -> pd.DataFrame:
@@ -109,7 +118,7 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
     ).properties(title="Preemptions" + (f" (per {per} iterations)" if per > 1 else ""),
                  width=width, height=90)
     return alt.vconcat(
-        _panel(_long(shown, _REQUESTS), "Requests" + note, "requests", x, width=width),
+        _panel(_long(shown, _requests(df)), "Requests" + note, "requests", x, width=width),
         memory,
         _panel(_long(shown, _TOKENS), "Tokens per iteration" + note, "tokens", x,
                width=width),
