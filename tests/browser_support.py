@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Locator
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "build" / "screenshots"
@@ -109,3 +111,21 @@ def chromium_path() -> str:
 def screenshots() -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     return SCREENSHOTS
+
+
+def scroll_to(locator: Locator, timeout_s: float = 120.0) -> None:
+    """Scroll `locator` into view, again if Streamlit redraws it under the scroll.
+
+    A rerun replaces elements: one resolved a moment ago can be detached before
+    Playwright's stability wait ends, which is an error there rather than a retry.
+    Re-resolving the locator is what a user's eye does; anything else still fails.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            locator.scroll_into_view_if_needed(timeout=10_000)
+            return
+        except PlaywrightError as exc:
+            if "not attached" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

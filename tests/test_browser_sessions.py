@@ -23,7 +23,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from backend.io.cli import main
-from tests.browser_support import CHROMIUM_ARGS, ROOT, _free_port, _wait_healthy
+from tests.browser_support import CHROMIUM_ARGS, ROOT, _free_port, _wait_healthy, scroll_to
 
 pytestmark = pytest.mark.browser
 
@@ -189,7 +189,7 @@ def test_reload_link_copy_and_a_killed_server_keep_the_session(
         assert session_id(page) != sid
         listed = page.get_by_text(re.compile(rf"^{re.escape(sid[:8])}… · step 3 ·"))
         expect(listed).to_be_visible(timeout=T)
-        listed.scroll_into_view_if_needed()
+        scroll_to(listed)
         shoot(page, screenshots, "04-sessions-list")
         page.locator(f".st-key-btn_open_{sid} button").click()
         status(page, f"Opened session {sid[:8]}…: step 3")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import ConsoleMessage, Locator, Page, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS
+from tests.browser_support import CHROMIUM_ARGS, scroll_to
 from tests.test_browser import T, metric_is, shoot, shows
 
 pytestmark = pytest.mark.browser
@@ -158,7 +158,7 @@ def test_swap_preemption_draws_the_host_pool_and_the_timeline_shows_a_past_state
 
             # The request table (a data grid on a canvas, with an accessible table).
             table = page.get_by_test_id("stDataFrame").first
-            table.scroll_into_view_if_needed()
+            scroll_to(table)
             shows(table, "swapped to host")
             shows(page.locator(".pl-events"), "swap_out")
             page.wait_for_timeout(1000)           # charts size themselves once drawn

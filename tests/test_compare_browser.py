@@ -18,7 +18,7 @@ from backend.lab.sharing import sharing_experiment
 from backend.lab.sim.simulator import SimConfig, simulate_workload
 from backend.views.compare import frames as views
 from backend.views.compare import tables
-from tests.browser_support import CHROMIUM_ARGS, SCREENSHOTS, serve
+from tests.browser_support import CHROMIUM_ARGS, SCREENSHOTS, scroll_to, serve
 
 pytestmark = pytest.mark.browser
 
@@ -50,7 +50,7 @@ def shot(page: Page, name: str) -> None:
 
 def shot_of(locator: Locator, name: str) -> None:
     """One element, scrolled into view (the page is taller than the viewport)."""
-    locator.scroll_into_view_if_needed()
+    scroll_to(locator)
     locator.page.wait_for_timeout(800)
     locator.screenshot(path=SHOTS / f"compare-{name}.png")
 
