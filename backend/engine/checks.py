@@ -94,6 +94,12 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
             _check(sum(host.blocks[b].num_filled for b in table) == req.num_computed,
                    f"{rid}: host slots filled")
             _check((req.logits is None) == req.prefilling, f"{rid}: swapped logits")
+    # A beam group runs as one unit: its running beams stand side by side.
+    groups = [requests[rid].group if requests[rid].beam_width is not None else None
+              for rid in scheduler.running]
+    runs = [g for i, g in enumerate(groups)
+            if g is not None and (i == 0 or groups[i - 1] != g)]
+    _check(len(runs) == len(set(runs)), "a beam group's running beams are not side by side")
     # A shared block's K/V depends on every token up to its end, so all of its
     # holders must have it at the same logical index after the same tokens.
     # Compare each pair of sharers once, over their longest shared prefix.

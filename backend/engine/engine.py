@@ -35,7 +35,7 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine import checks, operations
+from backend.engine import beams, checks, operations
 from backend.engine.kv_cache import KVCache
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
 from backend.engine.prompts import next_token
@@ -303,16 +303,24 @@ class Engine:
         its budgets), then one batched decode of the requests it lets decode."""
         plan = self.scheduler.plan()
         self.prefill(plan.prefills)
-        batch = [(req, self.take_next_token(req)) for req in self.scheduler.decoders(plan)
-                 if self.scheduler.make_room(req)]
+        batch: list[tuple[Request, int]] = []
+        for unit in self.scheduler.decoders(plan):
+            if unit[0].beam_width is not None:
+                # A beam group's round: its beams' tokens are chosen together.
+                batch += [(beam, self.take_next_token(beam, token))
+                          for beam, token in beams.run_round(self, unit)]
+            elif self.scheduler.make_room(unit[0]):
+                batch.append((unit[0], self.take_next_token(unit[0])))
         if batch:
             self.decode(batch)
             self.scheduler.finish_if_done([r.id for r, _ in batch])
 
-    def take_next_token(self, req: Request) -> int:
-        """Sample from the pending logits and give the token a slot (may copy-on-write)."""
-        assert req.logits is not None
-        token = next_token(req.logits, self.config, self.model, req.id, req.num_tokens)
+    def take_next_token(self, req: Request, token: int | None = None) -> int:
+        """Sample from the pending logits (or take `token`, a beam search's choice) and
+        give the token a slot (may copy-on-write)."""
+        if token is None:
+            assert req.logits is not None
+            token = next_token(req.logits, self.config, self.model, req.id, req.num_tokens)
         slot, cow = self.manager.append_one(req.id, token)
         if cow is not None:
             self.runner.copy_blocks([cow.src], [cow.dst])

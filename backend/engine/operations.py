@@ -27,10 +27,14 @@ def add(engine: Engine, op: Add) -> None:
     and the others are forked from it once its prompt is computed (`spawn_samples`).
     """
     group = check_request_id(op.request)
-    ids = [group] if op.n is None else [f"{group}.{k}" for k in range(op.n)]
+    width = op.beam_width
+    ids = ([group] if op.n is None and width is None
+           else [f"{group}.{k}" for k in range(op.n or width or 1)])
     for rid in ids:
         if rid in engine.requests:
             raise PagedLabError(f"request {rid!r} already exists; pick another id")
+    if width is not None and any(r.group == group for r in engine.requests.values()):
+        raise PagedLabError(f"group {group!r} already exists; pick another id")
     rid = ids[0]
     # The prompt of `add ID` whatever n is (a random prompt is seeded by the id).
     tokens = prompt_ids(op, engine.model, engine.config.seed, group)
@@ -44,12 +48,17 @@ def add(engine: Engine, op: Add) -> None:
             "leaving no block for its first generated token; it could never run")
     if op.blocks is not None:
         check_seq_slot(engine, f"add {rid!r} on pinned blocks (admitted at once)")
+    what = "beams" if width is not None else "parallel samples"
     limit = engine.config.max_num_seqs
     if limit is not None and len(ids) > limit:
-        raise PagedLabError(f"{len(ids)} parallel samples run as {len(ids)} sequences, but "
+        raise PagedLabError(f"{len(ids)} {what} run as {len(ids)} sequences, but "
                             f"max_num_seqs is {limit}: they could never start")
+    if width is not None:
+        _check_beam_search(engine, width, len(tokens), max_new)
     req = Request(rid, len(tokens), tokens, max_new, arrival=len(engine.requests),
-                  group=None if op.n is None else group, pending_samples=len(ids) - 1)
+                  group=None if op.n is None and width is None else group,
+                  pending_samples=len(ids) - 1 if width is None else 0,
+                  beam_width=width, cum_logprob=None if width is None else 0.0)
     engine.requests[rid] = req
     engine.timeline.arrived(rid)
     if op.blocks is not None:
@@ -60,6 +69,26 @@ def add(engine: Engine, op: Add) -> None:
         # First come, first served: a newcomer never overtakes a waiting request.
         if len(engine.waiting) == 1:
             engine.prefill(engine.scheduler.admit())
+
+
+def _check_beam_search(engine: Engine, width: int, prompt_len: int,
+                       max_new: int | None) -> None:
+    """Refuse a beam search that could never run its first round."""
+    if max_new is None:
+        raise PagedLabError("beam search needs a max_new_tokens limit: its beams all grow "
+                            "until they end or reach it")
+    tokens = engine.config.max_num_batched_tokens
+    if tokens is not None and width > tokens:
+        raise PagedLabError(f"a beam width of {width} decodes {width} tokens in one step, but "
+                            f"max_num_batched_tokens is {tokens}: it could never run a round")
+    # The prompt's blocks, then for the W first tokens: a copy of the shared last block
+    # for every writer but the last, or, if it is full, a new block for each.
+    first = engine.manager.blocks_for(prompt_len + 1) + width - 1
+    if first > engine.config.num_blocks:
+        raise PagedLabError(
+            f"{width} beams of a {prompt_len}-token prompt need {first} blocks for their "
+            f"first tokens, but the pool has {engine.config.num_blocks}: they could never "
+            "start")
 
 
 def spawn_samples(engine: Engine, first: Request) -> None:
@@ -86,6 +115,7 @@ def grow(engine: Engine, op: Grow) -> None:
     """Mutates: decode `op.tokens` tokens of one running request now (no preemption:
     refused unless the free blocks suffice)."""
     req = running_request(engine, op.request, "grow")
+    _not_a_beam(req, "grow")
     n = op.tokens if req.remaining is None else min(op.tokens, req.remaining)
     total = engine.manager.blocks_for(req.num_tokens + n)
     if total > engine.config.num_blocks:
@@ -108,6 +138,7 @@ def grow(engine: Engine, op: Grow) -> None:
 def fork(engine: Engine, op: Fork) -> None:
     """Mutates: a child sharing every block of a running request, its logits copied."""
     parent = running_request(engine, op.request, "fork")
+    _not_a_beam(parent, "fork")
     child_id = check_request_id(op.child, "child")
     if child_id in engine.requests:
         raise PagedLabError(f"request {child_id!r} already exists; pick another child id")
@@ -155,6 +186,13 @@ def running_request(engine: Engine, request_id: str, action: str) -> Request:
             f"max_num_batched_tokens={engine.config.max_num_batched_tokens} spreads it over "
             "steps); step the batch first")
     return req
+
+
+def _not_a_beam(req: Request, action: str) -> None:
+    if req.beam_width is not None:
+        raise PagedLabError(f"cannot {action} request {req.id!r}: it is a beam of group "
+                            f"{req.group!r}, which the beam search extends and forks itself; "
+                            "step the batch to run its next round")
 
 
 def check_seq_slot(engine: Engine, action: str) -> None:

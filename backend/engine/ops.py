@@ -17,7 +17,8 @@ MAX_GROW_TOKENS = 65_536
 MAX_PROMPT_TOKENS = 65_536
 MAX_ID_CHARS = 64
 MAX_MESSAGES = 256
-MAX_SAMPLES = 64          # n: parallel samples of one add
+MAX_SAMPLES = 64          # n: parallel samples of one add; beam_width likewise
+MAX_BEAM_ID = 9_999_999   # beam ids (ID.k) a search may reach; ids must leave room for them
 ROLES = ("system", "user", "assistant")
 # Every token id any model has: 0..MAX_TOKEN_ID (a model's own vocabulary is checked
 # when a scenario is parsed with it, and again by the engine).
@@ -41,6 +42,8 @@ class Add:
     # Parallel samples of one prompt (ids REQUEST.0 .. REQUEST.{n-1}); None: one request
     # named REQUEST, as before `n` existed.
     n: int | None = None
+    # Beam search of this width (beams REQUEST.0, REQUEST.1, ...; backend/engine/beams.py).
+    beam_width: int | None = None
     op: Literal["add"] = "add"
 
 
@@ -216,17 +219,26 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
     blocks = None
     if "blocks" in data and data["blocks"] is not None:
         blocks = _int_list(data["blocks"], "blocks", 0, 2**31 - 1, MAX_PROMPT_TOKENS)
-    if "beam_width" in data:
-        raise PagedLabError("beam_width (beam search run by the engine) is not supported yet; "
-                            "n gives parallel samples of one prompt")
-    n = None
+    n = width = None
+    if "n" in data and "beam_width" in data:
+        raise PagedLabError("give n (parallel samples) or beam_width (beam search), not both")
     if "n" in data:
         n = _int(data["n"], "n", 1, MAX_SAMPLES)
         if blocks is not None:
             raise PagedLabError("n and blocks do not go together: pinned blocks are for one "
                                 "request")
         check_request_id(f"{request}.{n - 1}")
-    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages, n)
+    if "beam_width" in data:
+        width = _int(data["beam_width"], "beam_width", 1, MAX_SAMPLES)
+        if blocks is not None:
+            raise PagedLabError("beam_width and blocks do not go together: pinned blocks are "
+                                "for one request")
+        if max_new is None:
+            raise PagedLabError("beam search needs a max_new_tokens limit: its beams all "
+                                "grow until they end or reach it")
+        # Beams forked later take the next numbers; the id must leave room for them.
+        check_request_id(f"{request}.{MAX_BEAM_ID}")
+    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages, n, width)
 
 
 def describe_op(op: Op) -> str:
@@ -242,6 +254,8 @@ def describe_op(op: Op) -> str:
             else:
                 what = f"{op.prompt_len} random tokens"
             samples = "" if op.n is None else f" x{op.n} samples"
+            if op.beam_width is not None:
+                samples = f" beam width {op.beam_width}"
             return f"add {op.request} ({what}){samples}"
         case Grow():
             return f"grow {op.request} +{op.tokens}"

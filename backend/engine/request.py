@@ -9,9 +9,10 @@ import torch
 
 # "swapped": preempted to the host pool (preemption "swap"), K/V and logits kept there.
 Status = Literal["waiting", "running", "swapped", "finished"]
-# "eos": it sampled its model's end-of-sequence token.
-FinishReason = Literal["finished", "max_new_tokens", "capacity", "eos"]
-FINISH_REASONS = ("finished", "max_new_tokens", "capacity", "eos")
+# "eos": it sampled its model's end-of-sequence token; "dropped": a beam none of whose
+# extensions was among its group's best in a round of beam search.
+FinishReason = Literal["finished", "max_new_tokens", "capacity", "eos", "dropped"]
+FINISH_REASONS = ("finished", "max_new_tokens", "capacity", "eos", "dropped")
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +48,10 @@ class Request:
     # ID.0 until its prompt is prefilled, how many samples are still to be forked from it.
     group: str | None = None
     pending_samples: int = 0
+    # Beam search (`add` with beam_width): the group's width, on every beam, and the
+    # beam's cumulative log-probability over its generated tokens (backend/engine/beams.py).
+    beam_width: int | None = None
+    cum_logprob: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +66,14 @@ class Request:
     def prefilling(self) -> bool:
         """Running with part of its prompt still to prefill (no logits to sample yet)."""
         return self.uncomputed > 0
+
+    @property
+    def forks_to_come(self) -> int:
+        """Sequences still to be forked from this one: its parallel samples not yet
+        forked, or, for a beam group's first beam before its first round, W - 1."""
+        if self.beam_width is not None and self.num_generated == 0:
+            return self.beam_width - 1
+        return self.pending_samples
 
     @property
     def num_generated(self) -> int:

@@ -108,19 +108,22 @@ class Scheduler:
         """
         plan = IterationPlan(IterationBudget(self.config.budgets, len(self.running)))
         budget = plan.budget
-        for rid in self.running:
-            req = self.requests[rid]
-            if not req.prefilling and (budget.tokens_left is None or budget.tokens_left > 0):
-                budget.decode()
-                plan.reserved.add(rid)
+        for unit in self.units(self.requests[rid] for rid in self.running):
+            # A beam group decodes all its beams in one iteration, or none of them.
+            left = budget.tokens_left
+            if (not any(r.prefilling for r in unit)
+                    and (left is None or left >= len(unit))):
+                budget.decode(len(unit))
+                plan.reserved.update(r.id for r in unit)
         self._continue_prefills(plan)
-        while (not plan.prefills and not plan.reserved and len(self.running) > 1
-               and budget.tokens_left != 0):
+        while (not plan.prefills and not plan.reserved and budget.tokens_left != 0
+               and len(self.running) > 1
+               and len(self.running) > len(self.unit_of(self.requests[self.running[-1]]))):
             # Every running request is mid-prefill and none has room for its next
             # chunk (decodes took the blocks they were counting on): the newest
             # gives its blocks back, as a decode would have made it, so the oldest
             # can go on.
-            self.preempt(self.requests[self.running[-1]])
+            self.preempt_unit(self.requests[self.running[-1]])
             self._continue_prefills(plan)
         self.swap_in(budget)
         plan.prefills += self.admit(budget)
@@ -163,6 +166,7 @@ class Scheduler:
         still in the prefix cache are hits and need no copy), its host copies
         go into the new ones, and its host blocks are freed. It resumes with
         the logits it had, so it decodes in this iteration if the budget lets it.
+        A beam group comes back whole or waits.
         """
         if not self.swapped:
             return
@@ -170,28 +174,29 @@ class Scheduler:
         bs = self.config.block_size
         reserve = self._reserve()
         while self.swapped and budget.may_start():
-            req = self.requests[self.swapped[0]]
-            seqs = 1 + req.pending_samples
+            unit = self._queued_unit(self.swapped)
+            seqs = sum(1 + r.forks_to_come for r in unit)
             if not budget.may_start(seqs):
                 break
-            tokens = req.tokens[:req.num_computed]
-            plan = self.manager.plan_prompt(tokens)
-            own = 1 if len(tokens) % bs == 0 and not req.prefilling else 0
-            if not self._fits(plan, own, reserve):
+            plans = [self.manager.plan_prompt(r.tokens[:r.num_computed]) for r in unit]
+            own = sum((1 if r.num_computed % bs == 0 and not r.prefilling else 0)
+                      + r.forks_to_come for r in unit)
+            if not self._fits_all(plans, own, reserve):
                 break
-            self.swapped.popleft()
-            alloc = self.manager.allocate(req.id, tokens)
-            host = self.host.tables[req.id]
-            first = len(alloc.hit_blocks)
-            src, dst = host[first:], list(alloc.block_table[first:])
-            self.mover.swap_in(src, dst)
-            self._record_swap(SWAP_IN, req.id, src, dst)
-            self.host.release(req.id)
-            self.host.swap_ins += 1
-            req.status = "running"
-            req.admitted = self.next_admission()
-            self.running.append(req.id)
-            self.outcome.admitted.append(req.id)
+            for req in unit:
+                self.swapped.popleft()
+                alloc = self.manager.allocate(req.id, req.tokens[:req.num_computed])
+                host = self.host.tables[req.id]
+                first = len(alloc.hit_blocks)
+                src, dst = host[first:], list(alloc.block_table[first:])
+                self.mover.swap_in(src, dst)
+                self._record_swap(SWAP_IN, req.id, src, dst)
+                self.host.release(req.id)
+                self.host.swap_ins += 1
+                req.status = "running"
+                req.admitted = self.next_admission()
+                self.running.append(req.id)
+                self.outcome.admitted.append(req.id)
             budget.admitted(seqs)
             reserve += own
 
@@ -220,31 +225,62 @@ class Scheduler:
         admitted: list[Chunk] = []
         # First come, first served: nothing new starts while a swapped request waits.
         while self.waiting and not self.swapped and budget.may_start():
-            req = self.requests[self.waiting[0]]
-            if self.never_admissible(req.num_tokens):
-                # A preempted request that grew to fill the whole pool.
-                self.finish(req, "capacity")
+            unit = self._queued_unit(self.waiting)
+            if sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit) > (
+                    self.config.num_blocks):
+                # A preempted request that grew to fill the whole pool (or a beam
+                # group that, recomputed beam by beam, no longer fits in it).
+                for req in unit:
+                    self.finish(req, "capacity")
                 continue
-            # n parallel samples run as n sequences (vLLM counts them so too).
-            seqs = 1 + req.pending_samples
-            if not budget.may_start(seqs):
+            # n parallel samples, or a beam group's W beams, run as n (W) sequences
+            # (vLLM counts them so too); each beam takes at least one token now.
+            seqs = sum(1 + r.forks_to_come for r in unit)
+            left = budget.tokens_left
+            if not budget.may_start(seqs) or (left is not None and left < len(unit)):
                 break
-            plan = self.manager.plan_prompt(req.tokens)
+            plans = [self.manager.plan_prompt(r.tokens) for r in unit]
             # Its own first token's block if the prompt ends on a boundary, and one per
-            # sample to be forked (a copy of the shared last block, or a new one).
-            own = (1 if req.num_tokens % bs == 0 else 0) + req.pending_samples
-            if not self._fits(plan, own, reserve):
+            # sequence to be forked (a copy of the shared last block, or a new one).
+            own = sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
+            if not self._fits_all(plans, own, reserve):
                 break
-            self.waiting.popleft()
-            cached = len(plan.hit_blocks) * bs
-            stop = cached + budget.prefill_chunk(req.num_tokens - cached)
-            # The first chunk's tokens only: the prefix floor keeps the same hits.
-            start = self.allocate(req, None, stop)
-            assert start == cached
+            for req, plan in zip(unit, plans, strict=True):
+                self.waiting.popleft()
+                cached = len(plan.hit_blocks) * bs
+                stop = cached + budget.prefill_chunk(req.num_tokens - cached)
+                # The first chunk's tokens only: the prefix floor keeps the same hits.
+                start = self.allocate(req, None, stop)
+                assert start == cached
+                admitted.append((req, start, stop))
             budget.admitted(seqs)
-            admitted.append((req, start, stop))
             reserve += own
         return admitted
+
+    def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int) -> bool:
+        """`_fits` for requests admitted together (a beam group): their new blocks summed,
+        and each one's prefix hits counted as taken from the evictable blocks, since
+        another's plan may have counted the same cached block as available."""
+        if len(plans) == 1:
+            return self._fits(plans[0], own, reserve)
+        need = sum(p.num_new_blocks for p in plans) + own
+        hits = sum(len(p.hit_blocks) for p in plans)
+        return fits_with_watermark(plans[0].num_available - reserve - hits, need,
+                                   self.config.watermark_blocks or 0)
+
+    def _queued_unit(self, queue: deque[str]) -> list[Request]:
+        """The requests at the head of `queue` that start together: a beam group's
+        beams (queued side by side, as they were preempted), or the head alone."""
+        head = self.requests[queue[0]]
+        if head.beam_width is None:
+            return [head]
+        unit = [head]
+        for rid in list(queue)[1:]:
+            req = self.requests[rid]
+            if req.group != head.group or req.beam_width is None:
+                break
+            unit.append(req)
+        return unit
 
     def _room(self, rid: str, spare_blocks: int) -> int:
         """How many tokens `rid` could take now: its last block's free slots plus
@@ -255,21 +291,24 @@ class Scheduler:
         tail = self.manager.num_tokens(rid) % bs
         return (bs - tail if tail else 0) + spare_blocks * bs
 
-    def decoders(self, plan: IterationPlan) -> Iterator[Request]:
-        """The running requests that decode this iteration, in admission order.
+    def decoders(self, plan: IterationPlan) -> Iterator[list[Request]]:
+        """The running requests that decode this iteration, in admission order, as units:
+        one request, or every live beam of a beam group (which decode together or not
+        at all).
 
         Those counted in `plan.reserved`, and those that completed their
         prompt in this iteration while the budget has a token for them.
         """
-        for req in self.decode_order():
-            if req.prefilling:
+        for unit in self.units(self.decode_order()):
+            if any(r.prefilling for r in unit):
                 continue
-            if req.id not in plan.reserved:
+            fresh = [r for r in unit if r.id not in plan.reserved]
+            if fresh:
                 left = plan.budget.tokens_left
-                if left is not None and left <= 0:
+                if left is not None and left < len(fresh):
                     continue
-                plan.budget.decode()
-            yield req
+                plan.budget.decode(len(fresh))
+            yield unit
 
     def decode_order(self) -> Iterator[Request]:
         """The running requests in admission order, skipping any preempted on the way."""
@@ -277,6 +316,30 @@ class Scheduler:
             req = self.requests[rid]
             if req.status == "running":
                 yield req
+
+    def units(self, reqs: Iterator[Request]) -> Iterator[list[Request]]:
+        """`reqs` (running, in running order) as scheduling units: a request alone, or
+        a beam group's running beams together, at the place of its first."""
+        seen: set[str] = set()
+        for req in reqs:
+            if req.beam_width is None:
+                yield [req]
+            elif req.group not in seen and req.status == "running":
+                assert req.group is not None
+                seen.add(req.group)
+                yield self.unit_of(req)
+
+    def unit_of(self, req: Request) -> list[Request]:
+        """`req` and the beams of its group in the same state, in their queue's order."""
+        if req.beam_width is None:
+            return [req]
+        queue = {"running": self.running, "waiting": self.waiting,
+                 "swapped": self.swapped}.get(req.status)
+        if queue is None:
+            return [req]
+        return [self.requests[rid] for rid in queue
+                if self.requests[rid].group == req.group
+                and self.requests[rid].beam_width is not None]
 
     def make_room(self, req: Request) -> bool:
         """Mutates: free what `req`'s next token needs; False if `req` cannot decode now.
@@ -288,12 +351,28 @@ class Scheduler:
         if self.manager.blocks_for(req.num_tokens + 1) > self.config.num_blocks:
             self.finish(req, "capacity")
             return False
-        while self.manager.blocks_needed_to_append(req.id, 1) > self.manager.num_free_blocks:
+        return self.make_room_for([req], self.manager.blocks_needed_to_append(req.id, 1))
+
+    def make_room_for(self, unit: list[Request], need: int) -> bool:
+        """Mutates: preempt the most recently admitted units until `need` blocks are
+        free for `unit`; False (and `unit` preempted) if it came to `unit` itself."""
+        mine = {r.id for r in unit}
+        while need > self.manager.num_free_blocks:
             victim = self.requests[self.running[-1]]
-            self.preempt(victim)
-            if victim is req:
-                break
-        return req.status == "running"
+            self.preempt_unit(victim)
+            if victim.id in mine:
+                return False
+        return True
+
+    def insert_fork(self, parent: Request, child: Request) -> None:
+        """Mutates: run `child`, a beam forked from `parent`, beside its group: it joins
+        the running list after the group's last beam, not at the end, so the group
+        stays one unit there and is preempted when its turn as a unit comes."""
+        last = max(i for i, rid in enumerate(self.running)
+                   if self.requests[rid].group == parent.group)
+        child.status = "running"
+        child.admitted = self.next_admission()
+        self.running.insert(last + 1, child.id)
 
     # ---- transitions -------------------------------------------------------
 
@@ -338,10 +417,26 @@ class Scheduler:
         req.admitted = None
         self.outcome.finished.append(req.id)
 
-    def preempt(self, req: Request) -> None:
+    def preempt_unit(self, req: Request) -> None:
+        """Mutates: preempt `req`, or, if it is a beam, every running beam of its group:
+        all to the host pool if they fit there together, else all recomputed, queued
+        side by side in running order so they come back together."""
+        unit = self.unit_of(req)
+        if len(unit) == 1:
+            self.preempt(req)
+            return
+        swap = self.host is not None and sum(
+            len(self.manager.block_table(r.id)) for r in unit) <= self.host.num_free
+        for member in reversed(unit):
+            self.preempt(member, swap=swap)
+
+    def preempt(self, req: Request, *, swap: bool | None = None) -> None:
         """Mutates: release a running request's blocks: to the host pool if preemption is
-        "swap" and they fit there, else it waits to be recomputed."""
-        if self.host is not None and len(self.manager.block_table(req.id)) <= self.host.num_free:
+        "swap" and they fit there (or as `swap` says), else it waits to be recomputed."""
+        if swap is None:
+            swap = (self.host is not None
+                    and len(self.manager.block_table(req.id)) <= self.host.num_free)
+        if swap:
             self._swap_out(req)
             return
         self.manager.free(req.id, preempted=True)

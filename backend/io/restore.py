@@ -21,6 +21,7 @@ from backend.engine.request import FINISH_REASONS, Request
 from backend.engine.results import KernelReport
 from backend.io.json_input import FieldReader, listed_by_id, non_negative
 from backend.io.recompute import Progress, recompute_kv
+from backend.io.restore_beams import beam_fields, check_beam_groups
 from backend.io.restore_host import restore_host
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
@@ -149,13 +150,14 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
                         or (status != "waiting" and computed is None) or pending < 0):
             raise PagedLabError(f"{r.where}.pending_samples belongs to the first sample of a "
                                 "group whose prompt is not computed yet")
+        width, cum = beam_fields(r, group, max_new, reason)
         # A copy: the engine appends to its requests' tokens, and `data` may be
         # a History frame or a saved session's row that must stay as it was.
         requests[rid] = Request(rid, prompt_len, list(tokens), max_new, arrival=len(requests),
                                 parent=parent, status=status, num_preemptions=preemptions,
                                 finish_reason=reason if status == "finished" else None,
                                 uncomputed=len(tokens) - held, group=group,
-                                pending_samples=pending)
+                                pending_samples=pending, beam_width=width, cum_logprob=cum)
         tables[rid] = table
 
     sched = FieldReader(top.get("scheduler", dict), "snapshot.scheduler")
@@ -178,6 +180,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     if (len(set(waiting)) != len(waiting) or len(set(running)) != len(running)
             or len(set(swapped)) != len(swapped)):
         raise PagedLabError("snapshot.scheduler lists a request twice")
+    check_beam_groups(requests, {"waiting": waiting, "running": running, "swapped": swapped})
     admissions = sched.get("admissions", int)
     if admissions < len(running):
         raise PagedLabError("snapshot.scheduler.admissions is smaller than the running count")

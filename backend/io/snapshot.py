@@ -102,7 +102,10 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
              # Parallel sampling (`add` with n): the add's id, and on its first sample
              # until its prompt is computed, the samples still to be forked from it.
              **({"group": r.group} if r.group is not None else {}),
-             **({"pending_samples": r.pending_samples} if r.pending_samples else {})}
+             **({"pending_samples": r.pending_samples} if r.pending_samples else {}),
+             # Beam search: the group's width, and the beam's cumulative log-probability.
+             **({"beam_width": r.beam_width, "cum_logprob": r.cum_logprob}
+                if r.beam_width is not None else {})}
             for r in engine.requests.values()
         ],
         "events": [e.to_json() for e in m.events],

@@ -1,0 +1,233 @@
+"""Beam search run by the engine on shared blocks, against a search with no paging.
+
+`beams.reference_search` recomputes every beam from its whole token list with
+the model's contiguous pass each round; the engine's search forks, copies on
+write and frees blocks, batches the beams with other requests, preempts and
+restores. Both must keep the same beams with the same scores, round by round.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine import beams
+from backend.engine.engine import Engine
+from backend.engine.ops import parse_op
+from backend.engine.request import Request
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot
+
+PROMPT = "The cat sat"      # 11 bytes: a full block and a partial one of 4
+SCORE_TOL = 1e-4            # float32 paged kernel against the contiguous pass
+
+
+def engine(**config: Any) -> Engine:
+    return Engine(EngineConfig.from_json({"num_blocks": 96, "block_size": 4, **config}),
+                  kernel="torch")
+
+
+def apply(e: Engine, *ops: dict[str, Any]) -> None:
+    for op in ops:
+        e.apply(parse_op(op))
+        e.check_integrity()
+
+
+def run_out(e: Engine, rounds: list[list[tuple[list[int], float]]] | None = None,
+            group: str = "B") -> None:
+    """Step until nothing runs, noting the group's live beams (best first) after each step."""
+    for _ in range(500):
+        if not (e.running or e.waiting or e.swapped):
+            return
+        apply(e, {"op": "step"})
+        if rounds is not None:
+            rounds.append(live(e, group))
+    raise AssertionError("requests never finished")
+
+
+def live(e: Engine, group: str) -> list[tuple[list[int], float]]:
+    beams_now = [r for r in e.requests.values()
+                 if r.group == group and r.status != "finished" and r.beam_width]
+    return sorted(((list(r.tokens), r.cum_logprob or 0.0) for r in beams_now),
+                  key=lambda b: -b[1])
+
+
+def finished(e: Engine, group: str) -> list[Request]:
+    return [r for r in beams.group_members(e.requests, group)
+            if r.finish_reason in ("max_new_tokens", "eos")]
+
+
+def assert_same_beams(got: list[tuple[list[int], float]], want: list[beams.Hypothesis]) -> None:
+    assert [t for t, _ in got] == [h.tokens for h in want]
+    for (_, score), h in zip(got, want, strict=True):
+        assert score == pytest.approx(h.cum_logprob, abs=SCORE_TOL)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 6])
+def test_the_engine_keeps_the_reference_searchs_beams_round_by_round(width: int) -> None:
+    e = engine()
+    apply(e, {"op": "add", "request": "B", "prompt": PROMPT, "beam_width": width,
+              "max_new_tokens": 7})
+    prompt = list(e.requests["B.0"].tokens)
+    rounds: list[list[tuple[list[int], float]]] = []
+    run_out(e, rounds)
+    final, ref_rounds = beams.reference_search(e.model, prompt, width, 7)
+    # Every round but the last (whose beams finish at max_new_tokens at once).
+    for got, want in zip(rounds, ref_rounds[:-1], strict=False):
+        assert_same_beams(got, want)
+    done = sorted(finished(e, "B"), key=lambda r: -(r.cum_logprob or 0.0))
+    assert_same_beams([(r.tokens, r.cum_logprob or 0.0) for r in done], final)
+    assert len(done) == width
+    # The first W beams are ID.0 .. ID.{W-1} in score order.
+    assert e.requests["B.0"].cum_logprob is not None
+    firsts = [e.requests[f"B.{k}"] for k in range(width)]
+    assert all(r.num_generated >= 1 for r in firsts)
+    assert [r.tokens[len(prompt)] for r in firsts] == [
+        h.tokens[len(prompt)] for h in ref_rounds[0]]
+    assert not e.running and e.manager.metrics().used_blocks == 0
+
+
+def test_a_width_4_round_shares_copies_and_frees_as_worked_out_by_hand() -> None:
+    # Pool of 12 blocks of 4; the prompt "The cat sat" takes blocks 0 and 1 (full) and
+    # block 2 (3 of 4 slots).
+    e = engine(num_blocks=12, prefix_caching=False)
+    apply(e, {"op": "add", "request": "B", "prompt": PROMPT, "beam_width": 4,
+              "max_new_tokens": 3})
+    assert e.block_table("B.0") == [0, 1, 2]
+    apply(e, {"op": "step"})
+    # Round 1: B.0 forks B.1, B.2, B.3 (every block held 4 times), then each writes its
+    # token into block 2: the first three writers copy it (to blocks 3, 4, 5), the last
+    # writes in place, so block 2 ends with one holder and blocks 0 and 1 with four.
+    blocks = e.manager.pool.blocks
+    tables = {f"B.{k}": e.block_table(f"B.{k}") for k in range(4)}
+    assert tables == {"B.0": [0, 1, 3], "B.1": [0, 1, 4], "B.2": [0, 1, 5],
+                      "B.3": [0, 1, 2]}
+    assert blocks[0].ref_count == blocks[1].ref_count == 4
+    assert [blocks[b].ref_count for b in (2, 3, 4, 5)] == [1, 1, 1, 1]
+    assert [blocks[b].num_filled for b in (2, 3, 4, 5)] == [4, 4, 4, 4]
+    kinds = [ev.kind for ev in e.events if ev.step == 2]
+    assert kinds.count("share") == 9 and kinds.count("cow") == 3
+    assert e.manager.metrics().cow_copies == 3
+    assert e.manager.metrics().used_blocks == 6
+    # Round 2: every last block is full, so each surviving beam takes a new block; a
+    # beam with no survivor frees its private third block at once. Counted by hand
+    # from the survivors the round chose:
+    before = {rid: e.block_table(rid) for rid in tables}
+    apply(e, {"op": "step"})
+    members = beams.group_members(e.requests, "B")
+    alive = [r for r in members if r.status == "running"]
+    dropped = [r for r in members if r.finish_reason == "dropped"]
+    assert len(alive) == 4 and len(alive) + len(dropped) == len(members)
+    for r in dropped:
+        assert blocks[before[r.id][2]].ref_count == 0     # freed: no one else held it
+    for r in alive:
+        table = e.block_table(r.id)
+        parent = r.id if r.id in before else r.parent
+        assert parent is not None
+        assert table[:3] == before[parent] and len(table) == 4
+        assert blocks[table[3]].ref_count == 1 and blocks[table[3]].num_filled == 1
+    assert blocks[0].ref_count == blocks[1].ref_count == 4
+    # Each third block is held by the beams that descend from its holder.
+    for rid, table in before.items():
+        holders = sum(1 for r in alive if e.block_table(r.id)[2] == table[2])
+        assert blocks[table[2]].ref_count == holders, rid
+    kept = {e.block_table(r.id)[2] for r in alive}
+    assert len(kept) < 4, "with these weights two beams descend from one parent"
+    assert e.manager.metrics().cow_copies == 3       # nothing was copied in round 2
+    assert e.manager.metrics().used_blocks == 2 + len(kept) + 4
+
+
+def test_beams_run_beside_other_requests_and_through_preemption_as_with_room() -> None:
+    roomy = engine()
+    tight = engine(num_blocks=20)
+    swap = engine(num_blocks=20, preemption="swap", num_cpu_blocks=64)
+    for e in (roomy, tight, swap):
+        apply(e, {"op": "add", "request": "A", "prompt_len": 18, "max_new_tokens": 30},
+              {"op": "add", "request": "B", "prompt": PROMPT, "beam_width": 4,
+               "max_new_tokens": 12},
+              {"op": "add", "request": "C", "prompt_len": 9, "max_new_tokens": 30})
+        run_out(e)
+    assert tight.manager.preemptions > 0 and swap.manager.preemptions > 0
+    assert swap.host is not None and swap.host.swap_outs > 0
+    want = {r.id: (r.tokens, r.finish_reason) for r in roomy.requests.values()}
+    for e in (tight, swap):
+        got = {r.id: (r.tokens, r.finish_reason) for r in e.requests.values()}
+        # The same hypotheses and the same other requests (ids of dropped beams may
+        # differ: a recomputed round can run at another step, but not choose otherwise).
+        for rid in ("A", "C"):
+            assert got[rid] == want[rid]
+        assert sorted(r.tokens for r in finished(e, "B")) == sorted(
+            r.tokens for r in finished(roomy, "B"))
+
+
+def test_a_snapshot_mid_search_restores_and_continues_exactly() -> None:
+    e = engine(num_blocks=24)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 14, "max_new_tokens": 20},
+          {"op": "add", "request": "B", "prompt": PROMPT, "beam_width": 3,
+           "max_new_tokens": 10},
+          {"op": "step", "count": 4})
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    rows = [r for r in snap["requests"] if r.get("group") == "B"]
+    assert rows and all(r["beam_width"] == 3 and r["cum_logprob"] <= 0 for r in rows)
+    twin = restore_engine(snap, kernel="torch")
+    assert export_snapshot(twin)["requests"] == snap["requests"]
+    run_out(e)
+    run_out(twin)
+    a, b = export_snapshot(e), export_snapshot(twin)
+    # Restore recomputes the pending logits in another batch, so the scores added
+    # after it agree to float32 rounding; every token, block and event is the same.
+    scores = [[r.pop("cum_logprob", 0.0) for r in s["requests"]] for s in (a, b)]
+    assert scores[0] == pytest.approx(scores[1], abs=SCORE_TOL)
+    for s in (a, b):
+        s.pop("kernel")
+    assert a == b
+
+
+def test_restore_refuses_inconsistent_beams() -> None:
+    e = engine()
+    apply(e, {"op": "add", "request": "B", "prompt": PROMPT, "beam_width": 3,
+              "max_new_tokens": 6}, {"op": "step", "count": 2})
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    for change, message in [
+        (lambda r: r.update(beam_width=4), "different beam_width"),
+        (lambda r: r.update(cum_logprob=0.5), "cum_logprob must be a finite"),
+        (lambda r: r.pop("group"), "carries the group"),
+    ]:
+        bad = json.loads(json.dumps(snap))
+        change(next(r for r in bad["requests"] if r["id"] == "B.1"))
+        with pytest.raises(PagedLabError, match=message):
+            restore_engine(bad, kernel="torch")
+
+
+@pytest.mark.parametrize("op, message", [
+    ({"beam_width": 0}, "beam_width must be in 1..64"),
+    ({"beam_width": 2, "n": 2}, "not both"),
+    ({"beam_width": 2, "max_new_tokens": None}, "needs a max_new_tokens limit"),
+    ({"beam_width": 5}, "max_num_seqs is 4"),
+    ({"beam_width": 2, "blocks": [0, 1, 2]}, "beam_width and blocks"),
+])
+def test_bad_beam_searches_are_refused(op: dict[str, Any], message: str) -> None:
+    e = engine(max_num_seqs=4, max_new_tokens=8)
+    before = export_snapshot(e)
+    with pytest.raises(PagedLabError, match=message):
+        e.apply(parse_op({"op": "add", "request": "B", "prompt": PROMPT, **op}))
+    assert export_snapshot(e) == before
+
+
+def test_a_beam_is_not_grown_or_forked_by_hand_and_a_full_pool_is_refused() -> None:
+    e = engine(max_new_tokens=8)
+    apply(e, {"op": "add", "request": "B", "prompt": PROMPT, "beam_width": 2},
+          {"op": "step"})
+    before = export_snapshot(e)
+    for op in ({"op": "grow", "request": "B.0"}, {"op": "fork", "request": "B.1", "child": "X"}):
+        with pytest.raises(PagedLabError, match="the beam search extends and forks"):
+            e.apply(parse_op(op))
+    assert export_snapshot(e) == before
+    small = engine(num_blocks=4, max_new_tokens=8)
+    with pytest.raises(PagedLabError, match="need 7 blocks for their first tokens"):
+        small.apply(parse_op({"op": "add", "request": "B", "prompt": PROMPT,
+                              "beam_width": 5}))
