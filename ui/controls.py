@@ -52,7 +52,7 @@ def _on_add() -> None:
         return add_op(request=ss["add_id"], prompt=ss["add_prompt"], prompt_len=ss["add_len"],
                       max_new_tokens=ss["add_max_new"], blocks=ss["add_pins"],
                       existing=engine.requests, vocab_size=engine.config.vocab_size,
-                      n=ss["add_n"])
+                      n=ss["add_n"], beam_width=ss["add_beam"])
 
     result = session.apply(make)
     if result is not None and isinstance(result.op, Add):
@@ -63,8 +63,9 @@ def _on_add() -> None:
         ss["add_id"] = ""
         ss["add_pins"] = ""
         ss["add_len"] = None
-        # With n samples the requests are ID.0 .. ID.{n-1}; pick the first.
-        ss["req_pick"] = result.op.request + ("" if result.op.n is None else ".0")
+        # With n samples or beams the requests are ID.0, ID.1, ...; pick the first.
+        grouped = result.op.n is not None or result.op.beam_width is not None
+        ss["req_pick"] = result.op.request + (".0" if grouped else "")
 
 
 def _add_form() -> None:
@@ -82,12 +83,21 @@ def _add_form() -> None:
         c1.text_input("Request id", key="add_id", placeholder="next free letter", max_chars=64)
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
                       help="Physical blocks to hold the prompt, in order; each must be free.")
-        st.number_input("Parallel samples (n)", min_value=1, max_value=MAX_SAMPLES, step=1,
+        c1, c2 = st.columns(2)
+        c1.number_input("Parallel samples (n)", min_value=1, max_value=MAX_SAMPLES, step=1,
                         key="add_n", placeholder="1",
                         help="n > 1: the engine prefills the prompt once as ID.0 and forks "
                              "ID.1 .. ID.{n-1} from it, every block shared; each sample then "
                              "draws its own tokens, and copy-on-write gives it its own last "
                              "block at its first token.")
+        c2.number_input("Beam width", min_value=1, max_value=MAX_SAMPLES, step=1,
+                        key="add_beam", placeholder="no beam search",
+                        help="Beam search run by the engine: each step keeps the W best "
+                             "one-token extensions of the live beams by cumulative "
+                             "log-probability. A beam extended twice forks (blocks shared, "
+                             "copy-on-write at the next write); one with no survivor is "
+                             "dropped and frees its blocks. Needs Max new tokens (or the "
+                             "sidebar's default).")
         st.form_submit_button("Add request", key="btn_add", type="primary", on_click=_on_add)
 
 

@@ -191,6 +191,8 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
                  height=min(35 + rows + 3, 320 if row_height is None else 420),
                  column_config={c: st.column_config.Column(help=h, width=widths.get(c))
                                 for c, h in views.REQUEST_COLUMN_HELP.items()})
+    for group in views.beam_groups(snap):
+        _beam_group(snap, group)
     live = [r["id"] for r in snap["requests"] if r["status"] != "finished"]
     order = [r for r in live if r in focus.requests] + [r for r in live
                                                          if r not in focus.requests]
@@ -210,6 +212,18 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
         notes.append(f"{finished} finished request(s) hold no blocks")
     if notes:
         st.caption("; ".join(notes) + ".")
+
+
+def _beam_group(snap: Snapshot, group: views.BeamGroup) -> None:
+    """A beam search's beams with their text and score, best first."""
+    with st.expander(f"Beam search {group.summary}", expanded=group.live > 0):
+        st.caption("Each step keeps the best one-token extensions of the live beams by "
+                   "cumulative log-probability (log p). A beam extended twice forked (its "
+                   "blocks shared, copied on the next write); one with no survivor was "
+                   "dropped and its blocks released.")
+        df = views.beams_frame(snap, group.group)
+        st.dataframe(df, hide_index=True, width="stretch",
+                     height=min(35 + 35 * len(df) + 3, 320))
 
 
 # ---- events -----------------------------------------------------------------------

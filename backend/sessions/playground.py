@@ -243,7 +243,8 @@ def parse_blocks(text: str | None) -> list[int] | None:
 def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
            max_new_tokens: int | None, blocks: str | None,
            existing: set[str] | dict[str, Any], vocab_size: int,
-           prompt_tokens: Sequence[int] | None = None, n: int | None = None) -> Add:
+           prompt_tokens: Sequence[int] | None = None, n: int | None = None,
+           beam_width: int | None = None) -> Add:
     """The `add` operation for the Add form. Raises PagedLabError for a bad combination.
 
     `vocab_size` is the engine's model's (256 for tiny-byte's bytes, 49,152 for
@@ -273,6 +274,8 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
         data["blocks"] = pins
     if n is not None and n > 1:
         data["n"] = int(n)
+    if beam_width is not None:
+        data["beam_width"] = int(beam_width)
     op = parse_op(data, vocab_size=vocab_size)
     assert isinstance(op, Add)
     return op

@@ -17,6 +17,7 @@ May import: engine, lab, models (a tokenizer, never weights), paging and core
 
 from __future__ import annotations
 
+from backend.views.beams import BeamGroup, beam_groups, beams_frame
 from backend.views.grid import (
     PAGE_SIZE,
     PALETTE,
@@ -56,10 +57,13 @@ __all__ = [
     "REQUEST_COLUMN_HELP",
     "SELECTION",
     "TOOLTIP_TOKENS",
+    "BeamGroup",
     "Chunk",
     "KernelInfo",
     "MetricItem",
     "Snapshot",
+    "beam_groups",
+    "beams_frame",
     "block_tokens",
     "blocks_frame",
     "event_log_html",

@@ -60,8 +60,9 @@ REQUEST_FIELDS: dict[str, str] = {
     "num_tokens": "Prompt and generated tokens so far.",
     "prompt_len": "Tokens in the prompt.",
     "num_preemptions": "Times this request was preempted and later recomputed.",
-    "finish_reason": "Why it finished: asked to, reached its max new tokens, or end of "
-                     "sequence.",
+    "finish_reason": "Why it finished: asked to, reached its max new tokens, end of "
+                     "sequence, or dropped (a beam none of whose extensions a round of beam "
+                     "search kept).",
     "tokens": "Token ids: bytes for the tiny-byte model, vocabulary ids for a real one.",
     "parent": "The request it was forked from: it shares all the parent's blocks at first.",
 }

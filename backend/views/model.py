@@ -181,7 +181,7 @@ BLOCK_TABLE_COLUMN = "block table (logical→physical)"
 # block table has the most, and a wider table grows every column in proportion.
 REQUEST_COLUMN_WIDTHS: dict[str, int] = {
     "request": 76, "status": 166, "parent": 60, "prompt": 62, "generated": 82,
-    "tokens": 60, "blocks": 58, "preempted": 82, BLOCK_TABLE_COLUMN: 330,
+    "tokens": 60, "blocks": 58, "preempted": 82, BLOCK_TABLE_COLUMN: 330, "log p": 70,
 }
 TABLE_LINE_CHARS = 48     # characters of a block table one line of its column surely holds
 LINE_PX = 20
@@ -203,6 +203,9 @@ REQUEST_COLUMN_HELP: dict[str, str] = {
                                       "below show every entry with its text.",
     "preempted": "Times this request was preempted (its blocks taken back when the pool ran "
                  "out) and later recomputed.",
+    "log p": "A beam's cumulative log-probability: the sum of its generated tokens' "
+             "log-probabilities under the model. Each round keeps the extensions with the "
+             "highest; shown only while there are beams.",
 }
 
 
@@ -210,11 +213,14 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
     """One row per request in arrival order: status, sizes and its block table."""
     bs = int(snap["config"]["block_size"])
     rows = []
+    beams = any("beam_width" in req for req in snap["requests"])
     for req in snap["requests"]:
+        cum = req.get("cum_logprob")
         rows.append({
             "request": req["id"],
             "status": status_text(req),
             "parent": req["parent"] or "",
+            "log p": "" if cum is None else f"{cum:.3f}",
             "prompt": req["prompt_len"],
             "generated": req["num_tokens"] - req["prompt_len"],
             "tokens": req["num_tokens"],
@@ -225,8 +231,8 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
             + table_text(req["block_table"], computed_tokens(req), bs),
         })
     # The block table last: it is the one that grows, and it takes the rest of the row.
-    cols = ["request", "status", "parent", "prompt", "generated", "tokens", "blocks",
-            "preempted", BLOCK_TABLE_COLUMN]
+    cols = ["request", "status", "parent", *(["log p"] if beams else []), "prompt",
+            "generated", "tokens", "blocks", "preempted", BLOCK_TABLE_COLUMN]
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -38,12 +38,13 @@ def preemption_section() -> None:
             return True
 
         try:
-            runs = swap_vs_recompute(sorted(sizes), workload=Workload.overloaded(int(requests)),
-                                     capacity_tokens=int(slots), progress=show)
+            measured = swap_vs_recompute(sorted(sizes),
+                                         workload=Workload.overloaded(int(requests)),
+                                         capacity_tokens=int(slots), progress=show)
         except PagedLabError as exc:
             st.error(str(exc))
         else:
-            st.session_state[STATE] = runs
+            st.session_state[STATE] = measured
         finally:
             bar.empty()
     runs: list[PreemptionRun] | None = st.session_state.get(STATE)

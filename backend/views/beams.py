@@ -1,0 +1,81 @@
+"""Beam search groups in a snapshot: each beam's text and score, and what sharing saved.
+
+A beam carries `group`, `beam_width` and `cum_logprob` (CONTRACT.md); the
+rows here are what the Playground shows beside the block tables, so a user
+reads which beams are alive, which ended and why, and how many blocks the
+live beams hold against the copies they would hold each on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from backend.views.tokens import Snapshot, token_pieces
+
+BEAM_COLUMNS = ["beam", "status", "log p", "generated text", "blocks"]
+
+_ORDER = {"running": 0, "waiting": 1, "swapped": 1, "finished": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class BeamGroup:
+    """One search: its width, its beams by state, and the blocks its live beams hold."""
+
+    group: str
+    width: int
+    live: int
+    complete: int        # finished by end-of-sequence, max_new_tokens or a finish
+    dropped: int
+    held_blocks: int     # distinct device blocks the live beams hold
+    unshared_blocks: int  # the sum of their table lengths: each holding its own copy
+
+    @property
+    def summary(self) -> str:
+        saved = ""
+        if self.unshared_blocks:
+            pct = 100 * (1 - self.held_blocks / self.unshared_blocks)
+            saved = (f"; the live beams hold {self.held_blocks} blocks, "
+                     f"{self.unshared_blocks} without sharing ({pct:.0f}% saved)")
+        return (f"{self.group}: width {self.width} · {self.live} live, {self.complete} "
+                f"complete, {self.dropped} dropped{saved}")
+
+
+def beam_groups(snap: Snapshot) -> list[BeamGroup]:
+    """Every beam search in the snapshot, in the order the groups were added."""
+    by_group: dict[str, list[dict]] = {}
+    for req in snap["requests"]:
+        if "beam_width" in req:
+            by_group.setdefault(req["group"], []).append(req)
+    out = []
+    for group, beams in by_group.items():
+        live = [r for r in beams if r["status"] != "finished"]
+        reasons = [r.get("finish_reason") for r in beams if r["status"] == "finished"]
+        held = {b for r in live if r["status"] == "running" for b in r["block_table"]}
+        unshared = sum(len(r["block_table"]) for r in live if r["status"] == "running")
+        out.append(BeamGroup(group, int(beams[0]["beam_width"]), len(live),
+                             sum(1 for x in reasons if x != "dropped"),
+                             reasons.count("dropped"), len(held), unshared))
+    return out
+
+
+def beams_frame(snap: Snapshot, group: str) -> pd.DataFrame:
+    """One row per beam of `group`: live beams best first, then complete hypotheses
+    best first, then dropped ones; with the text each generated."""
+    rows = []
+    for req in snap["requests"]:
+        if "beam_width" not in req or req["group"] != group:
+            continue
+        reason = req.get("finish_reason")
+        status = req["status"] if req["status"] != "finished" else f"finished ({reason})"
+        rank = 3 if reason == "dropped" else _ORDER.get(req["status"], 1)
+        generated = req["tokens"][req["prompt_len"]:]
+        rows.append((rank, -float(req["cum_logprob"]), {
+            "beam": req["id"], "status": status.replace("_", " "),
+            "log p": round(float(req["cum_logprob"]), 3),
+            "generated text": "".join(token_pieces(snap, generated)),
+            "blocks": len(req["block_table"]),
+        }))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return pd.DataFrame([r[2] for r in rows], columns=BEAM_COLUMNS)

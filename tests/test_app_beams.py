@@ -1,0 +1,47 @@
+"""Beam search from the Playground's Add form, through AppTest: the engine runs it, the
+request table shows each beam's score, and the beam panel its text, best first."""
+
+from __future__ import annotations
+
+from backend.engine import beams
+from tests.test_app import add, click, engine, start
+from tests.test_app_timeline import requests_table
+
+
+def test_the_add_form_runs_a_beam_search_and_shows_each_beams_score_and_text() -> None:
+    at = start()
+    at.number_input(key="add_beam").set_value(3)
+    add(at, "Once upon a time", max_new=6)
+    assert at.selectbox(key="req_pick").value == "A.0"
+    for _ in range(2):
+        click(at, "btn_step")
+    e = engine(at)
+    members = beams.group_members(e.requests, "A")
+    alive = sorted((r for r in members if r.status == "running"),
+                   key=lambda r: -(r.cum_logprob or 0.0))
+    assert len(alive) == 3
+    table = requests_table(at)
+    for r in members:
+        assert table.loc[r.id, "log p"] == f"{r.cum_logprob:.3f}"
+    panel = [x for x in at.expander if x.label.startswith("Beam search A: width 3")]
+    assert len(panel) == 1 and "3 live" in panel[0].label
+    df = panel[0].dataframe[0].value
+    assert list(df["beam"][:3]) == [r.id for r in alive]
+    assert list(df["generated text"][:3]) == [
+        e.model.codec.decode(r.tokens[r.prompt_len:]) for r in alive]
+    # Growing a beam by hand is refused with the reason, and nothing changes.
+    at.selectbox(key="req_pick").set_value(alive[-1].id).run()
+    before = [r.tokens[:] for r in members]
+    click(at, "btn_grow")
+    assert any("the beam search extends and forks" in x.value for x in at.error)
+    assert [r.tokens for r in members] == before
+
+
+def test_beam_width_without_a_token_limit_is_refused_by_name() -> None:
+    at = start()
+    at.sidebar.number_input(key="cfg_max_new").set_value(None).run()
+    # Set after the sidebar's rerun: a form's fields count only when it is submitted.
+    at.number_input(key="add_beam").set_value(2)
+    add(at, "Once upon a time")
+    assert any("needs a max_new_tokens limit" in x.value for x in at.error)
+    assert not engine(at).requests
