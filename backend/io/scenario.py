@@ -8,7 +8,7 @@ each step may carry two annotations that the engine ignores:
 
 `expect` maps a path into the snapshot taken after the step to the value a
 reader should see there. Paths are dotted: `requests.<id>.<field>` looks a
-request up by id, `blocks.<n>.<field>` a block by id, `address.<id>.<pos>`
+request up by id (an id may hold dots, as samples' and beams' `ID.k` do), `blocks.<n>.<field>` a block by id, `address.<id>.<pos>`
 the translation of a token position ({logical_block, offset, physical_block,
 slot}), `events.<kind>` the number of events of that kind so far,
 `step_events.<kind>` the number this step emitted, `text.<id>` the request's
@@ -170,23 +170,30 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
         for part in parts[1:]:
             node = _child(node, part, path)
         return node
-    if head == "address" and len(parts) == 3:
-        return {k: v for k, v in asdict(engine.translate(parts[1], int(parts[2]))).items()
+    # Request ids may hold dots (samples and beams are ID.k): an id runs to the field
+    # after it, or to the end of the path.
+    if head == "address" and len(parts) >= 3:
+        rid = ".".join(parts[1:-1])
+        return {k: v for k, v in asdict(engine.translate(rid, int(parts[-1]))).items()
                 if k != "position"}
     if head == "events" and len(parts) == 2:
         return sum(1 for e in snapshot["events"] if e["kind"] == parts[1])
     if head == "step_events" and len(parts) == 2:
         return 0 if result is None else sum(1 for e in result.events if e.kind == parts[1])
-    if head == "text" and len(parts) == 2:
-        return engine.text(parts[1])
+    if head == "text" and len(parts) >= 2:
+        return engine.text(".".join(parts[1:]))
+    if head == "requests" and len(parts) >= 2:
+        ids = {r["id"]: r for r in snapshot["requests"]}
+        for end in range(len(parts), 1, -1):
+            node = ids.get(".".join(parts[1:end]))
+            if node is not None:
+                for part in parts[end:]:
+                    node = _child(node, part, path)
+                return node
+        raise KeyError(f"no request {parts[1]!r}")
     node = snapshot
-    for i, part in enumerate(parts):
-        if i == 1 and head == "requests":
-            node = next((r for r in node if r["id"] == part), None)
-            if node is None:
-                raise KeyError(f"no request {part!r}")
-        else:
-            node = _child(node, part, path)
+    for part in parts:
+        node = _child(node, part, path)
     return node
 
 
