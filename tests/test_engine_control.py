@@ -1,0 +1,85 @@
+"""Control runs: the same operations without shuffle, preemption or prefix cache.
+
+The claims of scenarios 06, 11, 12 and 13 (a prefix hit, a move, a
+preemption, a revived cached block change no token) are checked against a
+live control engine; a wrong block-table entry injected into the user's
+engine must show up as a difference, or the comparison proves nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.control import ControlRun, compare_with_control, control_config
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Shuffle, Step, parse_op
+from backend.io.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
+LOGIT_TOL = 1e-4
+
+
+@pytest.mark.parametrize("name", ["06-prefix-sharing", "11-moving-blocks", "12-preemption",
+                                  "13-cache-revival"])
+def test_the_scenarios_perturbations_change_no_token(name: str) -> None:
+    sc = load_scenario(SCENARIOS / f"{name}.json")
+    ops = [s.op for s in sc.steps]
+    report = compare_with_control(sc.config, ops)
+    assert report.agrees, [r for r in report.requests if not r.same]
+    assert report.positions_compared > 0
+    assert report.max_logit_diff < LOGIT_TOL
+    c = report.control_config
+    assert not c.prefix_caching and c.preemption == "recompute"
+    for r in report.requests:
+        # Every token the user's run generated was compared with the control's.
+        assert r.compared_tokens == len(r.tokens), r.request
+    if name == "11-moving-blocks":
+        assert report.not_replayed == ("step 4: shuffle (no block moves in the control)",)
+    if name == "12-preemption":
+        # C was preempted and recomputed: compared once its recomputation caught up.
+        c_row = next(r for r in report.requests if r.request == "C")
+        assert c_row.positions_compared >= 1
+
+
+def test_a_wrong_table_entry_shows_as_a_difference() -> None:
+    # Greedy, so that a changed logit soon changes a token too.
+    config = EngineConfig.from_json({"num_blocks": 32, "block_size": 4, "temperature": 0})
+    ops = [parse_op({"op": "add", "request": "A", "prompt": "Paging moves nothing:",
+                     "max_new_tokens": 12}),
+           parse_op({"op": "add", "request": "B", "prompt": "Blocks of another text",
+                     "max_new_tokens": 12}),
+           Step(2), Step(4)]
+    clean = compare_with_control(config, ops)
+    assert clean.agrees and clean.max_logit_diff < LOGIT_TOL
+    engine = Engine(config, kernel="torch", check_reference=False)
+    run = ControlRun(config, ops)
+    for op in ops[:3]:
+        run.apply(op, engine)
+    # A's first logical block now points at B's first block: A attends to B's tokens.
+    a, b = engine.manager.seqs["A"], engine.manager.seqs["B"]
+    a.block_table[0] = b.block_table[0]
+    run.apply(ops[3], engine)
+    report = run.report(engine)
+    row = next(r for r in report.requests if r.request == "A")
+    assert row.max_logit_diff > 1e-2 and not report.agrees
+    assert not row.same and not report.same
+    assert row.first_mismatch is not None and row.first_mismatch >= 21
+    assert next(r for r in report.requests if r.request == "B").same
+
+
+def test_the_control_leaves_out_pins_and_moves_and_is_bounded() -> None:
+    config = EngineConfig.from_json({"num_blocks": 16, "block_size": 4})
+    ops = [Add("A", prompt="hello world", blocks=(9, 2, 14), max_new_tokens=5), Shuffle(3),
+           Step(3)]
+    report = compare_with_control(config, ops)
+    assert report.same and report.not_replayed == (
+        "step 2: shuffle (no block moves in the control)",)
+    assert control_config(config, ops).num_blocks >= 16
+    huge = EngineConfig.for_model("smollm2-135m", num_blocks=64, block_size=16)
+    with pytest.raises(PagedLabError, match="control run of these operations needs a pool"):
+        control_config(huge, [Add("A", prompt_len=60_000, max_new_tokens=None),
+                              Step(60_000)])
