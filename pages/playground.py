@@ -12,6 +12,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui import (
+    control_run,
     controls,
     engine_actions,
     exports,
@@ -53,6 +54,7 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
         focus = panels.pool(shown, prefix)
         panels.tables_events_kernel(shown, focus, engine if past is None else None, prefix,
                                     stale_note=timeline.STALE_NOTE)
+        control_run.playground_panel(engine, session.get_oplog(), snap)
         st.subheader("Timeline", help=timeline.HELP)
         timeline.section(engine, session.get_history())
         st.subheader("Export and import")

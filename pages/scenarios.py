@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.views.text import plain_md
-from ui import exports, panels, sidebar, tour, tour_widgets
+from ui import control_run, exports, panels, sidebar, tour, tour_widgets
 
 tour.init()
 run, frame = tour.sync()
@@ -35,6 +35,7 @@ tour_widgets.controls(run)
 story, numbers = st.columns([1, 1], gap="large")
 with story:
     tour_widgets.narration(run, frame)
+    control_run.scenario_panel(frame.control, run.control_problem, snap)
 with numbers:
     panels.metrics(snap)
 # The grid keeps its cells their size, so it takes the page's width rather than a column's.

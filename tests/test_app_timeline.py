@@ -51,7 +51,9 @@ def pick(at: AppTest, iteration: int | None) -> AppTest:
 
 
 def requests_table(at: AppTest) -> pd.DataFrame:
-    df: pd.DataFrame = at.dataframe[0].value
+    """The block tables (the page has other tables with a request column)."""
+    df: pd.DataFrame = next(d.value for d in at.dataframe
+                            if "block table (logical→physical)" in d.value.columns)
     return df.set_index("request")
 
 

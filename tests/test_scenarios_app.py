@@ -66,7 +66,9 @@ def viewed_step(at: AppTest) -> int:
 
 
 def requests_table(at: AppTest) -> Any:
-    return at.dataframe[0].value.set_index("request")
+    """The block tables (the control run's table also has a request column)."""
+    return next(d.value for d in at.dataframe
+                if "block table (logical→physical)" in d.value.columns).set_index("request")
 
 
 # Metric paths and the label (and format) the metrics panel shows them with.

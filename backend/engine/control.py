@@ -24,7 +24,7 @@ a bad move shows there as differing logits, and soon as differing tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -226,10 +226,17 @@ class ControlRun:
 
 
 def compare_with_control(config: EngineConfig, ops: Sequence[Op], *, kernel: str = "torch",
-                         device: str = "auto") -> ControlReport:
-    """Replay `ops` from a fresh engine of `config` and on its control; the comparison."""
+                         device: str = "auto",
+                         progress: Callable[[int, int], bool] | None = None) -> ControlReport:
+    """Replay `ops` from a fresh engine of `config` and on its control; the comparison.
+
+    `progress(done, total)` after each operation; False stops there (the report
+    then covers the operations replayed).
+    """
     engine = Engine(config, device=device, kernel=kernel, check_reference=False)
     run = ControlRun(config, ops, device=engine.device.type, kernel=kernel)
-    for op in ops:
+    for i, op in enumerate(ops, start=1):
         run.apply(op, engine)
+        if progress is not None and not progress(i, len(ops)):
+            break
     return run.report(engine)

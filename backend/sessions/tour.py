@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.errors import PagedLabError
+from backend.engine.control import ControlReport, ControlRun, control_config
 from backend.engine.engine import Engine
 from backend.engine.ops import describe_op
 from backend.engine.results import OpResult
@@ -142,6 +143,9 @@ class Frame:
     summary: str | None             # what the engine did, one line; None at the start
     checks: tuple[Check, ...]
     arena: dict[str, Any] | None    # the contiguous arena (ContiguousMirror.state + segments)
+    # The same steps so far in a control run without the perturbations (None at the
+    # start, or when the scenario's control does not fit; see `TourRun.control`).
+    control: ControlReport | None = None
 
     @property
     def all_ok(self) -> bool:
@@ -183,6 +187,19 @@ class TourRun:
         if owner is not None:
             budget.track(self.engine, owner)
         self.mirror = scenario.mirror()
+        # The control run beside it (backend/engine/control.py): its own engine, sized
+        # for the whole scenario and counted against the same K/V budget.
+        self.control: ControlRun | None = None
+        self.control_problem: str | None = None
+        ops = [s.op for s in scenario.steps]
+        try:
+            if owner is not None:
+                budget.check(control_config(scenario.config, ops), owner)
+            self.control = ControlRun(scenario.config, ops, device=self.engine.device.type)
+            if owner is not None:
+                budget.track(self.control.control, owner)
+        except PagedLabError as exc:
+            self.control_problem = str(exc)
         self.frames: list[Frame] = [Frame(0, export_snapshot(self.engine), "start", None, None,
                                           (), arena_state(self.mirror))]
         self.error: str | None = None
@@ -225,8 +242,12 @@ class TourRun:
         snap = export_snapshot(self.engine)
         checks = () if not step.expect else check_rows(step.expect, snap, self.engine, result,
                                                        self.mirror)
+        report = None
+        if self.control is not None:
+            self.control.follow(step.op, self.engine)
+            report = self.control.report(self.engine)
         frame = Frame(i, snap, describe_op(step.op), step.narration, summarize(result), checks,
-                      arena_state(self.mirror))
+                      arena_state(self.mirror), report)
         self.frames.append(frame)
         return frame
 

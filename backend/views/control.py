@@ -1,0 +1,51 @@
+"""A control run's comparison as the pages show it: one sentence and a row per request.
+
+See backend/engine/control.py for what the control leaves out and how the
+two runs are compared.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from backend.engine.control import ControlReport
+
+CONTROL_COLUMNS = ["request", "tokens compared", "same tokens", "first difference",
+                   "logits compared", "largest |Δ logit|"]
+
+WITHOUT = "no shuffle, no preemption (a pool with room for everything) and no prefix cache"
+
+
+def control_sentence(report: ControlReport) -> str:
+    """What the comparison found, with its numbers."""
+    tokens = sum(r.compared_tokens for r in report.requests)
+    diff = f"{report.max_logit_diff:.1e}"
+    where = (f"compared at {report.positions_compared:,} positions" if
+             report.positions_compared else "not compared at any position yet")
+    if report.agrees:
+        return (f"Same: all {tokens:,} tokens that both runs reached are identical in a "
+                f"control run with {WITHOUT}. The next-token logits, {where}, differ by at "
+                f"most {diff}: float arithmetic in another order (tolerance "
+                f"{report.tolerance:.0e}).")
+    bad = [r for r in report.requests if not r.same]
+    if bad:
+        first = bad[0]
+        return (f"Different: request {first.request}'s token {first.first_mismatch} is not "
+                f"the control's ({len(bad)} request(s) differ), and the next-token logits "
+                f"differ by up to {diff}. Something in this run read K/V the control did "
+                "not.")
+    return (f"Different: every token is the same, but the next-token logits, {where}, "
+            f"differ by up to {diff}, beyond the {report.tolerance:.0e} that arithmetic in "
+            "another order explains: this run read K/V the control did not.")
+
+
+def control_frame(report: ControlReport) -> pd.DataFrame:
+    """One row per request: what was compared and the largest difference."""
+    return pd.DataFrame([{
+        "request": r.request,
+        "tokens compared": r.compared_tokens,
+        "same tokens": "yes" if r.same else "no",
+        "first difference": "" if r.first_mismatch is None else r.first_mismatch,
+        "logits compared": r.positions_compared,
+        "largest |Δ logit|": f"{r.max_logit_diff:.1e}" if r.positions_compared else "",
+    } for r in report.requests], columns=CONTROL_COLUMNS)

@@ -1,0 +1,55 @@
+"""Control runs in the app (AppTest): the Scenarios page's panel follows the scenario step by
+step, and the Playground replays its operations on demand; both show what the backend's
+comparison computes, and a session without a fresh start says why it has none."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+from backend.engine.control import compare_with_control
+from backend.engine.ops import parse_op
+from backend.views.control import control_sentence
+from tests.test_app import add, click, engine, start
+from tests.test_scenarios_app import open_tour, run_of
+
+
+def panel(at: AppTest) -> list[str]:
+    return [x.label for x in at.expander if x.label.startswith("Control run")]
+
+
+def test_the_scenarios_control_run_follows_each_step_and_agrees() -> None:
+    at = open_tour("12-preemption", step="8")
+    run = run_of(at)
+    assert run.taken == 8 and len(panel(at)) == 1
+    report = run.frame(8).control
+    assert report is not None and report.agrees
+    ops = [s.op for s in run.scenario.steps]
+    assert report == compare_with_control(run.scenario.config, ops)
+    assert [s.value for s in at.success if s.value.startswith("Same:")] == [
+        control_sentence(report)]
+    table = next(d.value for d in at.dataframe if "logits compared" in d.value.columns)
+    assert list(table["request"]) == ["A", "B", "C"]
+    assert list(table["same tokens"]) == ["yes", "yes", "yes"]
+    # The panel opens by itself once the run has preempted a request.
+    assert next(x for x in at.expander if x.label.startswith("Control run")).proto.expanded
+
+
+def test_the_playground_replays_its_operations_beside_a_control() -> None:
+    at = start()
+    add(at, "Paging moves nothing:", max_new=12)
+    add(at, "Blocks of another text", max_new=12)
+    click(at, "btn_shuffle")
+    click(at, "btn_step")
+    assert len(panel(at)) == 1
+    click(at, "btn_control")
+    e = engine(at)
+    ops = [parse_op(op) for op in at.session_state["oplog"].ops]
+    want = compare_with_control(e.config, ops)
+    assert want.agrees and want.not_replayed
+    assert [s.value for s in at.success if s.value.startswith("Same:")] == [
+        control_sentence(want)]
+    assert any("shuffle (no block moves in the control)" in c.value for c in at.caption)
+    # Another operation: the shown comparison says it is older than the session.
+    click(at, "btn_step")
+    assert any(c.value.startswith("As of 4 operation(s); the session has 5 now")
+               for c in at.caption)

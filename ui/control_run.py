@@ -1,0 +1,92 @@
+"""The control-run panel: the same operations without shuffle, preemption or prefix cache.
+
+The Scenarios page shows the control run that follows its scenario step by
+step; the Playground replays its operation log on two fresh engines when
+asked (backend/engine/control.py says what is compared).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from backend.core.errors import PagedLabError
+from backend.engine.control import ControlReport, compare_with_control
+from backend.engine.engine import Engine
+from backend.engine.ops import parse_op
+from backend.sessions.oplog import OpLog
+from backend.views import Snapshot
+from backend.views.control import WITHOUT, control_frame, control_sentence
+
+TITLE = "Control run: the same operations without the perturbations"
+# What a control run is for: its panel opens by itself once one of these happened.
+PERTURBATIONS = frozenset({"move", "preempt", "prefix_hit", "swap_out"})
+PLAYGROUND = "control_report"
+
+
+def perturbed(snap: Snapshot) -> bool:
+    """Whether blocks moved, a request was preempted or a prefix hit happened so far."""
+    return any(e["kind"] in PERTURBATIONS for e in snap["events"])
+
+
+def show(report: ControlReport) -> None:
+    """The sentence (green when the runs agree), the table, and what was left out."""
+    (st.success if report.agrees else st.error)(control_sentence(report))
+    st.dataframe(control_frame(report), hide_index=True, width="stretch",
+                 height=min(35 + 35 * len(report.requests) + 3, 280))
+    if report.not_replayed:
+        st.caption("Left out of the control: " + "; ".join(report.not_replayed) + ".")
+
+
+def scenario_panel(report: ControlReport | None, problem: str | None, snap: Snapshot) -> None:
+    with st.expander(TITLE, expanded=perturbed(snap)):
+        st.caption(f"A second engine runs this scenario's steps with {WITHOUT}, step by "
+                   "step beside this one, and the two are compared token by token.")
+        if report is not None:
+            show(report)
+        else:
+            st.caption(problem or "Take a step: the control follows every step.")
+
+
+def _on_run(engine: Engine, oplog: OpLog) -> None:
+    ops = [parse_op(op, vocab_size=engine.config.vocab_size) for op in oplog.ops]
+    bar = st.progress(0.0, text="Replaying the operations on both engines...")
+
+    def step(done: int, total: int) -> bool:
+        bar.progress(done / total, text=f"Replayed {done} of {total} operations")
+        return True
+
+    try:
+        report = compare_with_control(engine.config, ops, device=engine.device.type,
+                                      progress=step)
+    except PagedLabError as exc:
+        st.session_state[PLAYGROUND] = (len(oplog.ops), str(exc))
+    else:
+        st.session_state[PLAYGROUND] = (len(oplog.ops), report)
+    finally:
+        bar.empty()
+
+
+def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
+    with st.expander(TITLE, expanded=perturbed(snap)):
+        st.caption(f"Replays this session's operations on two fresh engines, as you ran them "
+                   f"and with {WITHOUT}, and compares them token by token.")
+        problem = oplog.why_not_exportable()
+        if oplog.base is not None:
+            problem = ("this engine started from a restored snapshot, so there is no "
+                       "fresh start to replay from")
+        if problem is not None:
+            st.caption(f"No control run: {problem}.")
+            return
+        if st.button("Run the control", key="btn_control"):
+            _on_run(engine, oplog)
+        kept = st.session_state.get(PLAYGROUND)
+        if kept is None:
+            return
+        count, result = kept
+        if count != len(oplog.ops):
+            st.caption(f"As of {count} operation(s); the session has {len(oplog.ops)} now: "
+                       "run it again to include them.")
+        if isinstance(result, str):
+            st.error(result)
+        else:
+            show(result)
