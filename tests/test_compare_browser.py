@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
+from backend.engine.sharing import recorded_results
 from backend.lab.compare.block_sizes import trace_block_sweep
-from backend.lab.sharing import sharing_experiment
 from backend.lab.sim.simulator import SimConfig, simulate_workload
 from backend.views.compare import frames as views
 from backend.views.compare import tables
@@ -63,9 +63,7 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
     gain = views.batch_gain_sentence(sims)
     paged = sims[-1]
     tradeoff = tables.block_tradeoff_sentence(trace_block_sweep("sharegpt", 1000, 0))
-    sharing = tables.sharing_sentence(
-        [*sharing_experiment("parallel", (2, 4, 6), requests=100),
-         *sharing_experiment("beam", (2, 4, 6), requests=100)])
+    sharing = tables.sharing_sentence(recorded_results()[1])
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
                                      args=CHROMIUM_ARGS)

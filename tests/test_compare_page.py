@@ -87,11 +87,42 @@ def test_block_size_and_sharing_sections_show_backend_numbers(page: AppTest) -> 
     expected = tables.block_tradeoff_sentence(trace_block_sweep("sharegpt", 1000, 0))
     assert "block size 16:" in expected
     assert expected in text(page)
-    shares = frame_with(page, "copy-on-write copies")
-    assert shares["n"].tolist() == [2, 4, 6, 2, 4, 6]
+    from backend.engine.sharing import recorded_results
+    from backend.lab.sharing import sharing_experiment
+
+    frames = [d.value for d in page.dataframe if "copy-on-write copies" in d.value.columns]
+    _, recorded = recorded_results()
+    estimate = [*sharing_experiment("parallel", (2, 4, 6), requests=100, block_size=16),
+                *sharing_experiment("beam", (2, 4, 6), requests=100, block_size=16)]
+    # The engine's recorded measurement first, then the labelled estimate.
+    assert len(frames) == 2
+    for df, results in zip(frames, (recorded, estimate), strict=True):
+        assert df["n"].tolist() == [2, 4, 6, 2, 4, 6]
+        assert df["saved"].round(9).tolist() == [round(r.saved_fraction, 9) for r in results]
+    assert tables.sharing_sentence(recorded) in text(page)
     assert "(paper: 6.1% to 9.8%)" in text(page)
     assert "(paper: 37.6% to 55.2%)" in text(page)
-    assert "beam choices are modelled stochastically" in text(page)
+    assert "What differs from the paper, and why" in text(page)
+    assert "An estimate, not a run: beam choices are modelled stochastically" in text(page)
+
+
+def test_sharing_measures_on_the_live_engine_when_asked() -> None:
+    from backend.engine.sharing import instruction_prompts, measure_sharing
+
+    at = start()
+    at.selectbox(key="cmp_share_model").set_value("tiny-byte")
+    at.number_input(key="cmp_share_prompts").set_value(2)
+    at.number_input(key="cmp_share_new").set_value(8).run()
+    before = len([d for d in at.dataframe if "copy-on-write copies" in d.value.columns])
+    at.button(key="cmp_share_run").click().run()
+    assert not at.exception and not at.error
+    frames = [d.value for d in at.dataframe if "copy-on-write copies" in d.value.columns]
+    assert len(frames) == before + 1
+    want = [*measure_sharing("parallel", (2, 4, 6), instruction_prompts()[:2], max_new_tokens=8),
+            *measure_sharing("beam", (2, 4, 6), instruction_prompts()[:2], max_new_tokens=8)]
+    live = frames[1]
+    assert live["saved"].round(9).tolist() == [round(r.saved_fraction, 9) for r in want]
+    assert live["copy-on-write copies"].tolist() == [r.trace.cow_copies for r in want]
 
 
 def test_block_size_simulation_button() -> None:

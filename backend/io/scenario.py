@@ -8,9 +8,10 @@ each step may carry two annotations that the engine ignores:
 
 `expect` maps a path into the snapshot taken after the step to the value a
 reader should see there. Paths are dotted: `requests.<id>.<field>` looks a
-request up by id (an id may hold dots, as samples' and beams' `ID.k` do), `blocks.<n>.<field>` a block by id, `address.<id>.<pos>`
-the translation of a token position ({logical_block, offset, physical_block,
-slot}), `events.<kind>` the number of events of that kind so far,
+request up by id (an id may hold dots, as samples' and beams' `ID.k` do),
+`blocks.<n>.<field>` a block by id, `address.<id>.<pos>` the translation of
+a token position ({logical_block, offset, physical_block, slot}),
+`events.<kind>` the number of events of that kind so far,
 `step_events.<kind>` the number this step emitted, `text.<id>` the request's
 tokens as text (tiny-byte: printable bytes as is, others escaped; a real
 model: decoded), `contiguous.*` the state of the scenario's contiguous arena

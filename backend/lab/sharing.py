@@ -36,47 +36,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from backend.core.errors import PagedLabError
+from backend.core.sharing import PAPER_SAVINGS, SharingKind, SharingResult, SharingTrace
 from backend.lab.workloads import MAX_TOTAL, make_trace
 from backend.paging.block_manager import BlockManager
 
-SharingKind = Literal["parallel", "beam"]
-# The paper's Figure 15 (OPT-13B, Alpaca): saved fraction for n / width 2..6.
-PAPER_SAVINGS: dict[str, tuple[float, float]] = {
-    "parallel": (0.061, 0.098), "beam": (0.376, 0.552),
-}
 # (step, width, rng) -> the parent index (0..width-1) of each of the width new beams.
 ParentChooser = Callable[[int, int, np.random.Generator], Sequence[int]]
-
-
-@dataclass(frozen=True, slots=True)
-class SharingTrace:
-    """Block counts summed over the decode steps of one or more requests."""
-
-    steps: int
-    used_block_steps: int
-    unshared_block_steps: int
-    cow_copies: int
-    peak_used_blocks: int
-    peak_unshared_blocks: int
-
-    @property
-    def saved_fraction(self) -> float:
-        """1 - used / unshared: the share of block memory sharing saves."""
-        return 1.0 - self.used_block_steps / self.unshared_block_steps
-
-    def __add__(self, other: SharingTrace) -> SharingTrace:
-        return SharingTrace(
-            self.steps + other.steps, self.used_block_steps + other.used_block_steps,
-            self.unshared_block_steps + other.unshared_block_steps,
-            self.cow_copies + other.cow_copies,
-            max(self.peak_used_blocks, other.peak_used_blocks),
-            max(self.peak_unshared_blocks, other.peak_unshared_blocks))
 
 
 def uniform_parents(step: int, width: int, rng: np.random.Generator) -> list[int]:
@@ -186,20 +155,6 @@ def beam_search(prompt_len: int, output_len: int, width: int, block_size: int = 
         beams = new
         count.sample([prompt_len + step] * width)
     return count.result()
-
-
-@dataclass(frozen=True, slots=True)
-class SharingResult:
-    """Saved fraction for one n / width over many requests, beside the paper's range."""
-
-    kind: str
-    n: int
-    block_size: int
-    requests: int
-    saved_fraction: float
-    trace: SharingTrace
-    paper_low: float
-    paper_high: float
 
 
 def sharing_experiment(kind: SharingKind, ns: Sequence[int] = (2, 4, 6), *,

@@ -7,7 +7,14 @@ from collections import OrderedDict
 
 import streamlit as st
 
+from backend.core.config import SMOLLM2, TINY_BYTE
 from backend.core.errors import PagedLabError
+from backend.engine.sharing import (
+    instruction_prompts,
+    mean_prompt_tokens,
+    measure_sharing,
+    recorded_results,
+)
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
@@ -16,6 +23,7 @@ WIDTHS = (2, 4, 6)
 KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
                                               ("beam", "beam search"))
 MAX_ENTRIES = 32
+LIVE = "cmp_share_live_results"
 
 # Finished experiments, shared by every session. A plain bounded cache, not
 # st.cache_data: the page must know before computing whether anything is left
@@ -68,13 +76,102 @@ def _sharing(requests: int, block_size: int) -> list[SharingResult]:
     return out
 
 
+def _show(results: list[SharingResult], key: str) -> None:
+    """Sentence, bars against the paper's band, and the table of block counts."""
+    df = tables.sharing_frame(results)
+    st.markdown(tables.sharing_sentence(results))
+    st.altair_chart(charts.sharing_bars(df), key=f"{key}_chart")
+    st.dataframe(df, hide_index=True, key=f"{key}_table", column_config={
+        "saved": st.column_config.NumberColumn(format="percent"),
+        "paper low": None, "paper high": None})
+
+
 def sharing_section() -> None:
     st.markdown(
         "Paging lets sequences share blocks: the samples of one prompt share the prompt's "
         "blocks, and beam candidates share their common ancestors' blocks; a shared, partly "
         "filled block is copied only when one of them writes into it (copy-on-write). Below, "
-        "the block memory sharing saves, time-averaged over every decode step, on "
-        "Alpaca-like prompts and outputs, beside the paper's Figure 15 (OPT-13B on Alpaca).")
+        "the block memory sharing saves, time-averaged over every step, beside the paper's "
+        "Figure 15 (OPT-13B on Alpaca): measured on PagedLab's engine, which forks, copies "
+        "and drops the sequences itself (`add` with `n`, or with `beam_width`: beam search "
+        "on the model's log-probabilities).")
+    _recorded()
+    _live()
+    with st.expander("Estimate for a whole Alpaca-like workload (modelled, not run)"):
+        _estimate()
+
+
+def _recorded() -> None:
+    st.markdown("**SmolLM2-135M on the engine** (recorded by `bench/sharing_engine.py`)")
+    try:
+        meta, results = recorded_results()
+    except (OSError, ValueError, KeyError) as exc:
+        st.warning(f"No recorded measurement to show ({type(exc).__name__}); run "
+                   "bench/sharing_engine.py --out assets/measured/sharing-smollm2.json.")
+        return
+    st.caption(f"{meta.get('model')}, {results[0].requests} instruction prompts, block size "
+               f"{results[0].block_size}, up to {meta.get('max_new_tokens')} new tokens, "
+               f"prefix caching off; measured {meta.get('date')} on {meta.get('machine')} "
+               f"in {meta.get('seconds')} s.")
+    _show(results, "cmp_share_recorded")
+    model = str(meta.get("model"))
+    prompt = mean_prompt_tokens(model)
+    parallel = [r for r in results if r.kind == "parallel"]
+    steps = max(r.trace.steps for r in parallel) / parallel[0].requests if parallel else 0
+    st.info(
+        "What differs from the paper, and why: the saving is the shared blocks' share of "
+        "all blocks, so it depends on how long outputs are beside prompts. Here the chat "
+        f"template (its system prompt included) makes a prompt {prompt:.0f} tokens on "
+        f"average and a group of samples runs {steps:.0f} steps (outputs of at most "
+        f"{meta.get('max_new_tokens')} tokens), so the shared prompt is a larger part of "
+        "every sample than in the paper's runs (OPT-13B on Alpaca, shorter prompts and "
+        "longer outputs), and parallel sampling saves more than it did. Beam search "
+        "shares most of each beam's history, prompt or not, so it lands near the paper's "
+        "range.")
+
+
+def _live() -> None:
+    st.markdown("**Run it here**: the same measurement on this server's engine")
+    c = st.columns(4)
+    model = c[0].selectbox("Model", (TINY_BYTE, SMOLLM2), key="cmp_share_model",
+                           help="tiny-byte takes seconds; SmolLM2 about a second per "
+                                "sequence step on a CPU, so several minutes for all prompts.")
+    prompts = c[1].number_input("Prompts", 1, len(instruction_prompts()), 4,
+                                key="cmp_share_prompts")
+    new = c[2].number_input("Max new tokens", 4, 256, 32, key="cmp_share_new")
+    block = c[3].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4, key="cmp_share_block")
+    if st.button("Measure on the engine", key="cmp_share_run"):
+        bar = st.progress(0.0, text="Starting the engines...")
+        kinds = len(KINDS)
+
+        try:
+            results: list[SharingResult] = []
+            for i, (kind, words) in enumerate(KINDS):
+                def show(done: int, total: int, i: int = i, words: str = words) -> bool:
+                    bar.progress((i + done / total) / kinds,
+                                 text=f"{words}: run {done} of {total} finished")
+                    return True
+
+                results += measure_sharing(kind, WIDTHS,
+                                           instruction_prompts()[:int(prompts)], model=model,
+                                           block_size=int(block), max_new_tokens=int(new),
+                                           progress=show)
+        except PagedLabError as exc:
+            st.error(str(exc))
+        else:
+            st.session_state[LIVE] = results
+        finally:
+            bar.empty()
+    measured: list[SharingResult] | None = st.session_state.get(LIVE)
+    if measured:
+        _show(measured, "cmp_share_live")
+    else:
+        st.caption("Press the button: tiny-byte over 4 prompts takes a few seconds.")
+
+
+def _estimate() -> None:
+    st.caption("For sizes the engine cannot run here: a stochastic model on PagedLab's "
+               "block manager, over Alpaca-like prompt and output lengths.")
     c = st.columns(2)
     requests = c[0].number_input("Requests", 1, 1000, 100, step=50, key="cmp_share_requests")
     block_size = c[1].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4,
@@ -84,16 +181,8 @@ def sharing_section() -> None:
     except PagedLabError as e:
         st.error(str(e))
         return
-    df = tables.sharing_frame(results)
-    st.markdown(tables.sharing_sentence(results))
-    st.altair_chart(charts.sharing_bars(df), key="cmp_share_chart")
-    st.caption("Bars: PagedLab; shaded band: the paper's range (parallel sampling 6.1%-9.8%, "
-               "beam search 37.6%-55.2%).")
-    st.dataframe(df, hide_index=True, key="cmp_share_table", column_config={
-        "saved": st.column_config.NumberColumn(format="percent"),
-        "paper low": None, "paper high": None})
-    st.info("There is no trained model here, so beam choices are modelled stochastically: "
-            "at every step each new beam picks its parent uniformly at random among the "
-            "current beams. Real beam search picks by score; the model reproduces the "
-            "mechanism and the order of magnitude, not the paper's exact numbers. "
-            "Parallel samples draw their own output lengths from the workload.")
+    _show(results, "cmp_share")
+    st.info("An estimate, not a run: beam choices are modelled stochastically (at every "
+            "step each new beam picks its parent uniformly at random among the current "
+            "beams); real beam search, as measured above, picks by score. Parallel samples "
+            "draw their own output lengths from the workload.")
