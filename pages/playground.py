@@ -22,6 +22,7 @@ from ui import (
     session,
     store,
     timeline,
+    whatif,
 )
 
 st.title("Playground")
@@ -55,6 +56,7 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
         panels.tables_events_kernel(shown, focus, engine if past is None else None, prefix,
                                     stale_note=timeline.STALE_NOTE)
         control_run.playground_panel(engine, session.get_oplog(), snap)
+        whatif.panel(engine)
         st.subheader("Timeline", help=timeline.HELP)
         timeline.section(engine, session.get_history())
         st.subheader("Export and import")

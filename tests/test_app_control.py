@@ -53,3 +53,24 @@ def test_the_playground_replays_its_operations_beside_a_control() -> None:
     click(at, "btn_step")
     assert any(c.value.startswith("As of 4 operation(s); the session has 5 now")
                for c in at.caption)
+
+
+def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
+    from backend.engine.whatif import physical_order
+
+    at = start()
+    add(at, "Paging moves nothing:", max_new=12)
+    add(at, "Blocks of another text", max_new=12)
+    click(at, "btn_step")
+    click(at, "btn_shuffle")
+    e = engine(at)
+    before = [r.tokens[:] for r in e.requests.values()]
+    at.selectbox(key="whatif_pick").set_value("A").run()
+    click(at, "btn_whatif")
+    want = physical_order(e, "A")
+    shown = "\n".join(m.value for m in at.markdown)
+    assert f"Table order**: table {want.table_order.table}" in shown
+    assert f"Physical order**: table {want.physical_order.table}" in shown
+    assert f"moved by at most {max(want.attention_diff):.3g}" in shown
+    # A copy of the pool: the engine generated nothing and moved nothing.
+    assert [r.tokens for r in e.requests.values()] == before

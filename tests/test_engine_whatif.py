@@ -1,0 +1,72 @@
+"""The physical-order what-if: a request's blocks read sorted by physical id, on a copy.
+
+Table order must give the engine's pending logits back; physical order must
+change what attention reads when the sorted table puts the partly filled
+block elsewhere; and the engine itself must be left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import parse_op
+from backend.engine.whatif import physical_order
+from backend.io.snapshot import export_snapshot
+
+
+def shuffled(**config: object) -> Engine:
+    e = Engine(EngineConfig.from_json({"num_blocks": 32, "block_size": 4, **config}),
+               kernel="torch")
+    for op in ({"op": "add", "request": "A", "prompt": "Paging moves nothing:"},
+               {"op": "add", "request": "B", "prompt": "Another one here"},
+               {"op": "step", "count": 3}, {"op": "shuffle", "seed": 3}):
+        e.apply(parse_op(op))
+    return e
+
+
+def test_table_order_gives_the_logits_back_and_physical_order_changes_them() -> None:
+    e = shuffled()
+    before = export_snapshot(e)
+    keys = [t.clone() for t in e.cache.k]
+    w = physical_order(e, "A")
+    table = e.block_table("A")
+    assert w.table_order.table == table and w.physical_order.table == sorted(table)
+    assert not w.sorted_already
+    # A has 24 tokens: 6 blocks, the last full; sorted, its first logical block
+    # is elsewhere, and the last token's K/V lands in another block.
+    assert w.table_order.logits_diff < 1e-4
+    assert w.physical_order.logits_diff > 1e-2
+    assert min(w.attention_diff) > 1e-3
+    assert len(w.attention_diff) == e.config.num_layers
+    # What the sorted table reads, block by block: the same blocks, another order.
+    as_read = w.blocks_as_read(w.physical_order.table)
+    assert sorted(map(tuple, as_read)) == sorted(map(tuple, w.blocks_as_read(table)))
+    assert as_read != w.blocks_as_read(table)
+    assert [t for block in as_read for t in block] != e.requests["A"].tokens
+    # The engine is untouched: its state and its pool's tensors.
+    assert export_snapshot(e) == before
+    assert all(torch_equal(a, b) for a, b in zip(keys, e.cache.k, strict=True))
+
+
+def torch_equal(a: object, b: object) -> bool:
+    import torch
+
+    assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    return bool(torch.equal(a, b))
+
+
+def test_a_sorted_table_reads_the_same_and_a_waiting_request_is_refused() -> None:
+    e = Engine(EngineConfig.from_json({"num_blocks": 32, "block_size": 4}), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt": "Paging moves nothing:"}))
+    w = physical_order(e, "A")
+    assert w.sorted_already
+    assert w.physical_order.logits_diff < 1e-4
+    assert w.physical_order.next_token == w.table_order.next_token
+    small = Engine(EngineConfig.from_json({"num_blocks": 8, "block_size": 4}), kernel="torch")
+    small.apply(parse_op({"op": "add", "request": "A", "prompt_len": 28}))
+    small.apply(parse_op({"op": "add", "request": "W", "prompt_len": 12}))
+    with pytest.raises(PagedLabError, match="must be running"):
+        physical_order(small, "W")
