@@ -146,6 +146,13 @@ def random_op(rng: random.Random, engine: Engine, snapshot: dict[str, Any],
             free = [b["id"] for b in snapshot["blocks"] if b["state"] == "free"]
             need = -(-_prompt_len(op) // c.block_size)
             op["blocks"] = rng.sample(free, need) if need <= len(free) else free
+        elif rng.random() < 0.2:
+            # Parallel samples or a beam search (which needs a token limit).
+            if rng.random() < 0.5:
+                op["n"] = rng.randint(2, 3)
+            else:
+                op["beam_width"] = rng.randint(2, 3)
+                op["max_new_tokens"] = rng.randint(2, 8)
         return _bad_add(rng, op, ids, c.num_blocks, capacity) if bad else op
     if kind == "grow":
         if not bad:
