@@ -136,3 +136,19 @@ def test_bad_sampling_requests_are_refused(op: dict[str, Any], message: str) -> 
     apply(e, {"op": "add", "request": "Q.1", "prompt": "taken"})
     with pytest.raises(PagedLabError, match=r"'Q\.1' already exists"):
         e.apply(parse_op({"op": "add", "request": "Q", "prompt": PROMPT, "n": 2}))
+
+
+def test_a_first_sample_finished_before_its_prompt_ran_forks_nothing_and_restores() -> None:
+    e = engine(num_blocks=10)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 30, "max_new_tokens": 4},
+          {"op": "add", "request": "Q", "prompt": PROMPT, "n": 3, "max_new_tokens": 4},
+          {"op": "finish", "request": "Q.0"})
+    q = e.requests["Q.0"]
+    assert q.status == "finished" and q.pending_samples == 0
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    assert "pending_samples" not in next(r for r in snap["requests"] if r["id"] == "Q.0")
+    twin = restore_engine(snap, kernel="torch")
+    run_out(e)
+    run_out(twin)
+    assert state(twin) == state(e)
+    assert not any(r.startswith("Q.") and r != "Q.0" for r in e.requests)

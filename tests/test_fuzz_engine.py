@@ -30,3 +30,11 @@ def test_random_operations_keep_every_invariant() -> None:
         assert totals.events[kind] > 0, (kind, dict(totals.events))
     for op in ("add", "grow", "fork", "finish", "step", "shuffle"):
         assert totals.applied[op] > 0 and totals.refused[op] > 0, (op, totals)
+
+
+def test_a_beam_group_readmitted_beside_its_own_prefix_hits() -> None:
+    # Found by bench/soak.py: a beam group preempted by recomputation came back with
+    # plans made before any of its beams took blocks, so a later beam hit blocks the
+    # earlier one had just taken and admission's bookkeeping disagreed with the pool.
+    stats = soak_sequence(soak_configs(16)[0], seed=100, num_ops=250)
+    assert stats.events["preempt"] > 0

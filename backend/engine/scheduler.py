@@ -245,8 +245,12 @@ class Scheduler:
             own = sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
             if not self._fits_all(plans, own, reserve):
                 break
-            for req, plan in zip(unit, plans, strict=True):
+            for i, req in enumerate(unit):
                 self.waiting.popleft()
+                # A beam's allocation can revive or evict blocks the next beam's plan
+                # counted on: plan each again right before it takes its blocks (the fit
+                # test above held for any outcome).
+                plan = plans[0] if i == 0 else self.manager.plan_prompt(req.tokens)
                 cached = len(plan.hit_blocks) * bs
                 stop = cached + budget.prefill_chunk(req.num_tokens - cached)
                 # The first chunk's tokens only: the prefix floor keeps the same hits.
@@ -415,6 +419,8 @@ class Scheduler:
         req.finish_reason = reason
         req.logits = None
         req.admitted = None
+        # Samples still to fork from it never will be.
+        req.pending_samples = 0
         self.outcome.finished.append(req.id)
 
     def preempt_unit(self, req: Request) -> None:
