@@ -35,7 +35,7 @@ tour_widgets.controls(run)
 story, numbers = st.columns([1, 1], gap="large")
 with story:
     tour_widgets.narration(run, frame)
-    control_run.scenario_panel(frame.control, run.control_problem, snap)
+    control_run.scenario_panel(frame.control, run.control_problem, snap, run.engine)
 with numbers:
     panels.metrics(snap)
 # The grid keeps its cells their size, so it takes the page's width rather than a column's.

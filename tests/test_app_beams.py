@@ -45,3 +45,17 @@ def test_beam_width_without_a_token_limit_is_refused_by_name() -> None:
     add(at, "Once upon a time")
     assert any("needs a max_new_tokens limit" in x.value for x in at.error)
     assert not engine(at).requests
+
+
+def test_a_beam_groups_id_is_shown_as_written_not_as_markdown() -> None:
+    from backend.views.text import plain_md
+
+    rid = "![z](http://example.invalid/z.png)"
+    at = start()
+    at.number_input(key="add_beam").set_value(2)
+    add(at, "Once upon a time", rid=rid, max_new=4)
+    click(at, "btn_step")
+    labels = [x.label for x in at.expander if "Beam search" in x.label]
+    assert len(labels) == 1
+    assert labels[0].startswith(plain_md(f"Beam search {rid}: width 2"))
+    assert "](" not in labels[0].replace("\\](", "")

@@ -30,6 +30,10 @@ def test_the_scenarios_control_run_follows_each_step_and_agrees() -> None:
     table = next(d.value for d in at.dataframe if "logits compared" in d.value.columns)
     assert list(table["request"]) == ["A", "B", "C"]
     assert list(table["same tokens"]) == ["yes", "yes", "yes"]
+    # Both runs' text over the tokens compared, side by side.
+    e = run.engine
+    assert list(table["text"]) == [e.text(r) for r in "ABC"]
+    assert list(table["control's text"]) == list(table["text"])
     # The panel opens by itself once the run has preempted a request.
     assert next(x for x in at.expander if x.label.startswith("Control run")).proto.expanded
 

@@ -16,6 +16,7 @@ from backend.engine.ops import parse_op
 from backend.sessions.oplog import OpLog
 from backend.views import Snapshot
 from backend.views.control import WITHOUT, control_frame, control_sentence
+from backend.views.text import plain_md
 
 TITLE = "Control run: the same operations without the perturbations"
 # What a control run is for: its panel opens by itself once one of these happened.
@@ -28,21 +29,24 @@ def perturbed(snap: Snapshot) -> bool:
     return any(e["kind"] in PERTURBATIONS for e in snap["events"])
 
 
-def show(report: ControlReport) -> None:
+def show(report: ControlReport, engine: Engine) -> None:
     """The sentence (green when the runs agree), the table, and what was left out."""
-    (st.success if report.agrees else st.error)(control_sentence(report))
-    st.dataframe(control_frame(report), hide_index=True, width="stretch",
+    # Plain text: the sentence may name a request, whose id is the user's text.
+    (st.success if report.agrees else st.error)(plain_md(control_sentence(report)))
+    st.dataframe(control_frame(report, engine.model.codec.decode), hide_index=True,
+                 width="stretch",
                  height=min(35 + 35 * len(report.requests) + 3, 280))
     if report.not_replayed:
-        st.caption("Left out of the control: " + "; ".join(report.not_replayed) + ".")
+        st.caption(plain_md("Left out of the control: " + "; ".join(report.not_replayed) + "."))
 
 
-def scenario_panel(report: ControlReport | None, problem: str | None, snap: Snapshot) -> None:
+def scenario_panel(report: ControlReport | None, problem: str | None, snap: Snapshot,
+                   engine: Engine) -> None:
     with st.expander(TITLE, expanded=perturbed(snap)):
         st.caption(f"A second engine runs this scenario's steps with {WITHOUT}, step by "
                    "step beside this one, and the two are compared token by token.")
         if report is not None:
-            show(report)
+            show(report, engine)
         else:
             st.caption(problem or "Take a step: the control follows every step.")
 
@@ -87,6 +91,6 @@ def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
             st.caption(f"As of {count} operation(s); the session has {len(oplog.ops)} now: "
                        "run it again to include them.")
         if isinstance(result, str):
-            st.error(result)
+            st.error(plain_md(result))
         else:
-            show(result)
+            show(result, engine)

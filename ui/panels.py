@@ -216,7 +216,8 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
 
 def _beam_group(snap: Snapshot, group: views.BeamGroup) -> None:
     """A beam search's beams with their text and score, best first."""
-    with st.expander(f"Beam search {group.summary}", expanded=group.live > 0):
+    # The group's id is the user's text: shown as written, not as Markdown.
+    with st.expander(plain_md(f"Beam search {group.summary}"), expanded=group.live > 0):
         st.caption("Each step keeps the best one-token extensions of the live beams by "
                    "cumulative log-probability (log p). A beam extended twice forked (its "
                    "blocks shared, copied on the next write); one with no survivor was "

@@ -54,7 +54,7 @@ def panel(engine: Engine) -> None:
             try:
                 st.session_state[KEY] = (engine.step, physical_order(engine, rid))
             except PagedLabError as exc:
-                st.error(str(exc))
+                st.error(plain_md(str(exc)))
         kept = st.session_state.get(KEY)
         if kept is None:
             return

@@ -6,12 +6,14 @@ two runs are compared.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 
 from backend.engine.control import ControlReport
 
 CONTROL_COLUMNS = ["request", "tokens compared", "same tokens", "first difference",
-                   "logits compared", "largest |Δ logit|"]
+                   "logits compared", "largest |Δ logit|", "text", "control's text"]
 
 WITHOUT = "no shuffle, no preemption (a pool with room for everything) and no prefix cache"
 
@@ -39,8 +41,10 @@ def control_sentence(report: ControlReport) -> str:
             "another order explains: this run read K/V the control did not.")
 
 
-def control_frame(report: ControlReport) -> pd.DataFrame:
-    """One row per request: what was compared and the largest difference."""
+def control_frame(report: ControlReport,
+                  decode: Callable[[list[int]], str] = str) -> pd.DataFrame:
+    """One row per request: what was compared, the largest difference, and both runs' text
+    over the tokens compared (`decode`: the model's tokens to text)."""
     return pd.DataFrame([{
         "request": r.request,
         "tokens compared": r.compared_tokens,
@@ -48,4 +52,6 @@ def control_frame(report: ControlReport) -> pd.DataFrame:
         "first difference": "" if r.first_mismatch is None else r.first_mismatch,
         "logits compared": r.positions_compared,
         "largest |Δ logit|": f"{r.max_logit_diff:.1e}" if r.positions_compared else "",
+        "text": decode(r.tokens[:r.compared_tokens]),
+        "control's text": decode(r.control_tokens[:r.compared_tokens]),
     } for r in report.requests], columns=CONTROL_COLUMNS)
