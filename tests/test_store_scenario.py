@@ -44,7 +44,10 @@ OPS: list[Op] = [
 
 
 @pytest.mark.parametrize("op", [*OPS, Add("M", messages=(("system", "be brief"),
-                                                         ("user", "hi")))],
+                                                         ("user", "hi"))),
+                                Add("S", prompt="samples", n=3),
+                                Add("G", prompt="Once upon a time", beam_width=3,
+                                    max_new_tokens=5)],
                          ids=lambda op: repr(op)[:40])
 def test_op_to_json_is_what_parse_op_reads_back(op: Op) -> None:
     data = op_to_json(op)

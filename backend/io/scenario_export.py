@@ -71,6 +71,8 @@ def op_to_json(op: Op) -> dict[str, Any]:
                 out["blocks"] = list(op.blocks)
             if op.n is not None:
                 out["n"] = op.n
+            if op.beam_width is not None:
+                out["beam_width"] = op.beam_width
             return out
         case Grow():
             return {"op": "grow", "request": op.request, "tokens": op.tokens}
