@@ -1,8 +1,9 @@
 """The scheduler: which requests run, in what order, and who makes room.
 
 It owns the waiting queue and the running list and decides, never computes:
-admission (first come, first served, while prompts fit), the preemption
-victim (the most recently admitted request), and what can never fit. Its
+admission (first come, first served, while prompts fit; its rules are in
+backend/engine/admission.py, the Scheduler's base), the preemption victim
+(the most recently admitted request, or beam group), and what can never fit. Its
 decisions change block tables through the block manager (allocate on
 admission, free on finish and preemption); the engine then runs what was
 decided: prefill forwards, sampling, K/V writes, copy-on-write copies.
@@ -37,19 +38,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from backend.core.budgets import IterationBudget, fits_with_watermark
+from backend.core.budgets import IterationBudget
 from backend.core.config import EngineConfig
+from backend.engine.admission import Admission, Chunk, KVMover
 from backend.engine.request import FinishReason, Request
 from backend.engine.results import Outcome
 from backend.engine.swap import HostPool
 from backend.paging.block_manager import BlockManager
-from backend.paging.block_types import PromptPlan
-from backend.paging.events import SWAP_IN, SWAP_OUT
-
-# A prefill chunk: the request, and the token range [start, stop) to compute now.
-Chunk = tuple[Request, int, int]
+from backend.paging.events import SWAP_OUT
 
 
 @dataclass(slots=True)
@@ -67,15 +64,7 @@ class IterationPlan:
     reserved: set[str] = field(default_factory=set)
 
 
-class KVMover(Protocol):
-    """Copies K/V between the device pool and the host pool (the engine does it)."""
-
-    def swap_out(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None: ...
-
-    def swap_in(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None: ...
-
-
-class Scheduler:
+class Scheduler(Admission):
     """Queues and policies over one block manager. Not thread-safe."""
 
     def __init__(self, config: EngineConfig, manager: BlockManager,
@@ -94,10 +83,6 @@ class Scheduler:
         self.outcome = Outcome()
 
     # ---- decisions ---------------------------------------------------------
-
-    def never_admissible(self, num_tokens: int) -> bool:
-        """Whether the tokens plus a first generated one exceed even an empty pool."""
-        return self.manager.blocks_for(num_tokens + 1) > self.config.num_blocks
 
     def plan(self) -> IterationPlan:
         """Mutates (admissions): one iteration's prefill chunks and decode budget.
@@ -145,146 +130,6 @@ class Scheduler:
                     self.manager.append(rid, req.tokens[start:start + take])
                     req.uncomputed -= take
                     plan.prefills.append((req, start, start + take))
-
-    def _fits(self, plan: PromptPlan, own: int, reserve: int) -> bool:
-        """Whether a prompt's new blocks and `own` more fit in the free blocks beyond the
-        `reserve` the running requests still need, with the watermark kept free."""
-        return fits_with_watermark(plan.num_available - reserve, plan.num_new_blocks + own,
-                                   self.config.watermark_blocks or 0)
-
-    def _reserve(self) -> int:
-        """Free blocks the running requests still need: the rest of a prefill, and
-        the next token's block. Admission leaves them, so an admitted request never
-        takes the blocks a request mid-prefill was admitted with."""
-        return sum(self.manager.blocks_needed_to_append(rid, self.requests[rid].uncomputed + 1)
-                   for rid in self.running)
-
-    def swap_in(self, budget: IterationBudget) -> None:
-        """Mutates: bring swapped requests back, in order, while their blocks fit.
-
-        A request gets device blocks for its computed tokens (leading blocks
-        still in the prefix cache are hits and need no copy), its host copies
-        go into the new ones, and its host blocks are freed. It resumes with
-        the logits it had, so it decodes in this iteration if the budget lets it.
-        A beam group comes back whole or waits.
-        """
-        if not self.swapped:
-            return
-        assert self.host is not None and self.mover is not None
-        bs = self.config.block_size
-        reserve = self._reserve()
-        while self.swapped and budget.may_start():
-            unit = self._queued_unit(self.swapped)
-            seqs = sum(1 + r.forks_to_come for r in unit)
-            if not budget.may_start(seqs):
-                break
-            plans = [self.manager.plan_prompt(r.tokens[:r.num_computed]) for r in unit]
-            own = sum((1 if r.num_computed % bs == 0 and not r.prefilling else 0)
-                      + r.forks_to_come for r in unit)
-            if not self._fits_all(plans, own, reserve):
-                break
-            for req in unit:
-                self.swapped.popleft()
-                alloc = self.manager.allocate(req.id, req.tokens[:req.num_computed])
-                host = self.host.tables[req.id]
-                first = len(alloc.hit_blocks)
-                src, dst = host[first:], list(alloc.block_table[first:])
-                self.mover.swap_in(src, dst)
-                self._record_swap(SWAP_IN, req.id, src, dst)
-                self.host.release(req.id)
-                self.host.swap_ins += 1
-                req.status = "running"
-                req.admitted = self.next_admission()
-                self.running.append(req.id)
-                self.outcome.admitted.append(req.id)
-            budget.admitted(seqs)
-            reserve += own
-
-    def admit(self, budget: IterationBudget | None = None) -> list[Chunk]:
-        """Mutates: admit waiting requests in order while they fit.
-
-        Returns each admitted request's first prefill chunk: from the tokens
-        the prefix cache supplied to the end of the prompt, or as far as
-        `budget`'s tokens go (a fresh iteration's budget if None, as when an
-        `add` admits at once).
-
-        A request fits when its prompt's new blocks, plus a block for its own
-        first decoded token if the prompt ends on a block boundary (and one per
-        parallel sample still to fork), come out of the free blocks left after
-        reserving what the running requests still need (their next token, the
-        rest of a prefill), with `watermark_blocks` still free. Admitting into
-        those reserved blocks would only force the decode that follows to
-        preempt the newcomer again. A prompt's blocks are taken only as far as
-        its first chunk: a full block enters the prefix cache in the iteration
-        that computes it, so no request can hit a block whose K/V is not there.
-        """
-        if budget is None:
-            budget = IterationBudget(self.config.budgets, len(self.running))
-        bs = self.config.block_size
-        reserve = self._reserve()
-        admitted: list[Chunk] = []
-        # First come, first served: nothing new starts while a swapped request waits.
-        while self.waiting and not self.swapped and budget.may_start():
-            unit = self._queued_unit(self.waiting)
-            if sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit) > (
-                    self.config.num_blocks):
-                # A preempted request that grew to fill the whole pool (or a beam
-                # group that, recomputed beam by beam, no longer fits in it).
-                for req in unit:
-                    self.finish(req, "capacity")
-                continue
-            # n parallel samples, or a beam group's W beams, run as n (W) sequences
-            # (vLLM counts them so too); each beam takes at least one token now.
-            seqs = sum(1 + r.forks_to_come for r in unit)
-            left = budget.tokens_left
-            if not budget.may_start(seqs) or (left is not None and left < len(unit)):
-                break
-            plans = [self.manager.plan_prompt(r.tokens) for r in unit]
-            # Its own first token's block if the prompt ends on a boundary, and one per
-            # sequence to be forked (a copy of the shared last block, or a new one).
-            own = sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
-            if not self._fits_all(plans, own, reserve):
-                break
-            for i, req in enumerate(unit):
-                self.waiting.popleft()
-                # A beam's allocation can revive or evict blocks the next beam's plan
-                # counted on: plan each again right before it takes its blocks (the fit
-                # test above held for any outcome).
-                plan = plans[0] if i == 0 else self.manager.plan_prompt(req.tokens)
-                cached = len(plan.hit_blocks) * bs
-                stop = cached + budget.prefill_chunk(req.num_tokens - cached)
-                # The first chunk's tokens only: the prefix floor keeps the same hits.
-                start = self.allocate(req, None, stop)
-                assert start == cached
-                admitted.append((req, start, stop))
-            budget.admitted(seqs)
-            reserve += own
-        return admitted
-
-    def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int) -> bool:
-        """`_fits` for requests admitted together (a beam group): their new blocks summed,
-        and each one's prefix hits counted as taken from the evictable blocks, since
-        another's plan may have counted the same cached block as available."""
-        if len(plans) == 1:
-            return self._fits(plans[0], own, reserve)
-        need = sum(p.num_new_blocks for p in plans) + own
-        hits = sum(len(p.hit_blocks) for p in plans)
-        return fits_with_watermark(plans[0].num_available - reserve - hits, need,
-                                   self.config.watermark_blocks or 0)
-
-    def _queued_unit(self, queue: deque[str]) -> list[Request]:
-        """The requests at the head of `queue` that start together: a beam group's
-        beams (queued side by side, as they were preempted), or the head alone."""
-        head = self.requests[queue[0]]
-        if head.beam_width is None:
-            return [head]
-        unit = [head]
-        for rid in list(queue)[1:]:
-            req = self.requests[rid]
-            if req.group != head.group or req.beam_width is None:
-                break
-            unit.append(req)
-        return unit
 
     def _room(self, rid: str, spare_blocks: int) -> int:
         """How many tokens `rid` could take now: its last block's free slots plus
