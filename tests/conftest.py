@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
+import pytest
 import torch
 
 # The models and kernels under test are tiny: on a small shared CPU, torch's
@@ -19,3 +21,18 @@ os.environ["PAGEDLAB_DATA_DIR"] = _DATA_DIR.name
 
 # Browser fixtures (a live streamlit server, Debian's chromium) for the browser tests.
 pytest_plugins = ["tests.browser_support"]
+
+
+@pytest.fixture(scope="module")
+def hf() -> Any:
+    """transformers' LlamaForCausalLM in float32 from SmolLM2's GGUF: the oracle the
+    real-model tests hold our forward, greedy runs and beam search to."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import LlamaForCausalLM
+
+    from backend.models.gguf_loader import find_gguf
+
+    path = find_gguf()
+    model = LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                             dtype=torch.float32)
+    return model.eval()

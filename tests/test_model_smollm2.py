@@ -12,7 +12,6 @@ shares it with every engine).
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -26,7 +25,6 @@ from backend.engine.ops import Add, Finish, Fork, Grow, Shuffle, Step
 from backend.kernels import select_kernels
 from backend.models import registry
 from backend.models.batch import ForwardBatch
-from backend.models.gguf_loader import find_gguf
 from backend.models.smollm2 import SmolLM2
 
 pytestmark = pytest.mark.slow
@@ -45,17 +43,6 @@ def ours() -> SmolLM2:
     model = registry.build_model(real(), torch.device("cpu"))
     assert isinstance(model, SmolLM2)
     return model
-
-
-@pytest.fixture(scope="module")
-def hf() -> Any:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import LlamaForCausalLM
-
-    path = find_gguf()
-    model = LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                             dtype=torch.float32)
-    return model.eval()
 
 
 def hf_logits(hf: Any, ids: list[int]) -> torch.Tensor:

@@ -8,7 +8,6 @@ returns with `num_beams` set, sampling off and end-of-sequence suppressed.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from backend.core.config import SMOLLM2, EngineConfig
 from backend.engine import beams
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
-from backend.models.gguf_loader import find_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -28,17 +26,6 @@ SCORE_TOL = 2e-3     # fp32 logits of ~40 through 30 layers: ~1e-4 apart, summed
 # oracle tells a beam search from a greedy one.
 PROMPT = "Once upon a time"
 NEW = 6
-
-
-@pytest.fixture(scope="module")
-def hf() -> Any:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import LlamaForCausalLM
-
-    path = find_gguf()
-    model = LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                             dtype=torch.float32)
-    return model.eval()
 
 
 def search(width: int) -> Engine:
