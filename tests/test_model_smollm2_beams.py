@@ -72,3 +72,28 @@ def test_the_best_beam_is_transformers_num_beams_result(width: int, hf: Any) -> 
     assert got[0][0] == [int(t) for t in out[0]]
     if width <= 4:
         assert got[0][0] != ranked(search(width // 2))[0][0], "the width should matter here"
+
+
+@pytest.mark.parametrize("question", [
+    "Say yes.",               # a beam whose only survivor is <|im_end|> ends with it
+    "What is 2+2? Answer:",   # <|im_end|> survives beside the same beam's other tokens
+])
+def test_end_of_sequence_hypotheses_finish_without_blocks_as_in_the_reference(
+        question: str) -> None:
+    width, new = 3, 8
+    e = Engine(EngineConfig.for_model(SMOLLM2, num_blocks=96, block_size=4), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "B", "beam_width": width, "max_new_tokens": new,
+                      "messages": [{"role": "user", "content": question}]}))
+    while e.running:
+        e.apply(parse_op({"op": "step"}))
+        e.check_integrity()
+    first = e.requests["B.0"]
+    want, _ = beams.reference_search(e.model, first.tokens[:first.prompt_len], width, new)
+    done = [r for r in beams.group_members(e.requests, "B")
+            if r.finish_reason in ("max_new_tokens", "eos")]
+    assert sum(1 for r in done if r.finish_reason == "eos") >= 1
+    assert sorted((r.tokens, r.finish_reason) for r in done) == sorted(
+        (h.tokens, h.reason) for h in want)
+    # A complete hypothesis counts against the width: never more than W of them.
+    assert len(done) == width
+    assert e.manager.metrics().used_blocks == 0

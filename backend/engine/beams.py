@@ -132,11 +132,12 @@ def run_round(engine: Engine, live: list[Request]) -> list[tuple[Request, int]]:
             goes.setdefault(ext.beam, []).append(ext)
     ends = {ext.beam: ext for ext in chosen if ext.token == eos}
     # Beams with no survivor go first: their blocks are what the others may need.
+    # One whose only survivor is the end-of-sequence token ends with it itself.
     for b, req in enumerate(order):
         if b in goes:
             continue
         if b in ends:
-            _complete(engine, req, ends.pop(b))
+            _complete(engine, req, ends[b])
         else:
             sched.finish(req, "dropped")
     going = [(order[b], exts) for b, exts in sorted(goes.items())]
@@ -160,6 +161,8 @@ def run_round(engine: Engine, live: list[Request]) -> list[tuple[Request, int]]:
     first = {exts[0] for _, exts in going}
     for ext in chosen:
         parent = order[ext.beam]
+        if ext.beam not in goes:
+            continue                     # its beam ended with it above
         if ext in first:
             parent.cum_logprob = ext.score
             out.append((parent, ext.token))
