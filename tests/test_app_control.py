@@ -69,6 +69,10 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     click(at, "btn_shuffle")
     e = engine(at)
     before = [r.tokens[:] for r in e.requests.values()]
+    # The panel runs its content only while open.
+    assert "whatif_pick" not in [s.key for s in at.selectbox]
+    at.session_state["whatif_open"] = True
+    at.run()
     at.selectbox(key="whatif_pick").set_value("A").run()
     click(at, "btn_whatif")
     want = physical_order(e, "A")

@@ -34,7 +34,11 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
 
 
 def panel(engine: Engine) -> None:
-    with st.expander("What if a request's blocks were read in physical order?"):
+    # Its content runs only while it is open (on_change="rerun"), as the control run's.
+    with st.expander("What if a request's blocks were read in physical order?",
+                     key="whatif_open", on_change="rerun") as box:
+        if not box.open:
+            return
         st.caption(
             "Recomputes one request's next-token prediction on a copy of the pool, through "
             "its block table and through the same blocks sorted by physical id. Each key "
