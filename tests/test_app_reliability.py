@@ -237,3 +237,14 @@ def test_settings_made_by_a_module_imported_afresh_are_still_the_same_settings()
     assert not at.exception
     assert not at.warning, [w.value for w in at.warning]
     assert engine(at).requests.keys() == {"A"}
+
+
+def test_the_prompt_box_carries_its_default_for_a_browser_that_rebuilds_the_form() -> None:
+    # Under load a superseded rerun can make the browser rebuild the Add form; a widget
+    # rebuilt there starts from its own default, which used to be empty, so the next Add
+    # was refused with "type a prompt" (bench/app_latency.py, 4 of 5 loaded runs).
+    from ui.session import DEFAULT_PROMPT
+
+    at = start()
+    box = at.text_area(key="add_prompt")
+    assert box.value == DEFAULT_PROMPT and box.proto.default == DEFAULT_PROMPT

@@ -71,7 +71,10 @@ def _on_add() -> None:
 def _add_form() -> None:
     st.markdown("**Add a request**")
     with st.form("add_form", border=False, enter_to_submit=False):
-        st.text_area("Prompt text", key="add_prompt", height=68)
+        # The default as the widget's own, not only seeded in session state: a browser
+        # that rebuilds the form after a superseded rerun takes a widget's default, and
+        # with none it would submit an empty prompt.
+        st.text_area("Prompt text", value=session.DEFAULT_PROMPT, key="add_prompt", height=68)
         c1, c2 = st.columns(2)
         c1.number_input("…or a random prompt of N tokens", min_value=1, step=1, key="add_len",
                         placeholder="use the text",

@@ -138,7 +138,8 @@ def _widget_defaults(settings: Settings) -> dict[str, Any]:
         **config_fields(settings.config),
         "dev_device": settings.device, "dev_kernel": settings.kernel,
         # Add form.
-        "add_id": "", "add_prompt": DEFAULT_PROMPT, "add_len": None, "add_max_new": None,
+        # (The prompt's default is its widget's: ui/controls.py.)
+        "add_id": "", "add_len": None, "add_max_new": None,
         "add_pins": "", "add_n": None, "add_beam": None,
         # Per-request and batch controls.
         "req_pick": None, "req_grow_n": 1, "req_child": "", "batch_n": 4,
