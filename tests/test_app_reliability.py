@@ -248,3 +248,19 @@ def test_the_prompt_box_carries_its_default_for_a_browser_that_rebuilds_the_form
     at = start()
     box = at.text_area(key="add_prompt")
     assert box.value == DEFAULT_PROMPT and box.proto.default == DEFAULT_PROMPT
+
+
+def test_sidebar_fields_carry_the_applied_settings_as_their_defaults() -> None:
+    # The same rebuild in the sidebar: a field rebuilt at its minimum or first option
+    # read as an edit and asked to reset the engine ("These settings need a new engine").
+    at = start(num_blocks=12, block_size=8)
+    at.sidebar.radio(key="cfg_preemption").set_value("swap").run()
+    e = engine(at)
+    assert (e.config.num_blocks, e.config.block_size, e.config.preemption) == (12, 8, "swap")
+    # The run that applies a change draws its fields first: the next one has them.
+    at.run()
+    assert at.sidebar.number_input(key="cfg_num_blocks").proto.default == 12
+    assert at.sidebar.number_input(key="cfg_block_size").proto.default == 8
+    assert at.sidebar.number_input(key="cfg_num_cpu_blocks").proto.default == 12
+    preemption = at.sidebar.radio(key="cfg_preemption")
+    assert preemption.proto.options[preemption.proto.default] == "swap"

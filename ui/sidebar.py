@@ -9,6 +9,7 @@ which do apply (`scenario`). `render` leaves the sidebar to it there.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
@@ -63,6 +64,30 @@ def current_page_file(page: str | None = None) -> str:
     return Path(str(info.get("script_path") or "")).name if info else ""
 
 
+ALLOCATIONS = ["fifo", "random"]
+PREEMPTIONS = ["recompute", "swap"]
+SIZES = [*MODEL_PRESETS, "custom"]
+
+
+def _applied(key: str) -> Any:
+    """Field `key`'s value for the applied settings: its widget's own default.
+
+    What a field shows is session state (seeded, and written when settings are
+    applied); the widget's default matters when a browser rebuilds the sidebar
+    after a superseded rerun under load: a rebuilt field starts from it and
+    sends it back as the field's value. With the widget's minimum or first
+    option there, that read as an edit and asked to reset the engine.
+    """
+    settings = session.get_settings()
+    fields = {**session.config_fields(EngineConfig()), **session.config_fields(settings.config)}
+    return fields.get(key)
+
+
+def _index(key: str, options: list[str]) -> int:
+    value = _applied(key)
+    return options.index(value) if value in options else 0
+
+
 def render(page: str | None = None) -> None:
     """The Playground's sidebar; nothing on the Scenarios page, which calls `scenario`."""
     if current_page_file(page) == SCENARIOS_PAGE:
@@ -83,14 +108,17 @@ def render(page: str | None = None) -> None:
 def _config_fields() -> None:
     c1, c2 = st.columns(2)
     c1.number_input("Pool size (blocks)", min_value=1, max_value=MAX_NUM_BLOCKS, step=1,
-                    key="cfg_num_blocks", help="Physical KV blocks in the pool.")
+                    value=_applied("cfg_num_blocks"), key="cfg_num_blocks",
+                    help="Physical KV blocks in the pool.")
     c2.number_input("Block size (slots)", min_value=1, max_value=MAX_BLOCK_SIZE, step=1,
-                    key="cfg_block_size", help="Token positions per block.")
-    st.radio("Allocation", ["fifo", "random"], key="cfg_allocation", horizontal=True,
+                    value=_applied("cfg_block_size"), key="cfg_block_size",
+                    help="Token positions per block.")
+    st.radio("Allocation", ALLOCATIONS, index=_index("cfg_allocation", ALLOCATIONS),
+             key="cfg_allocation", horizontal=True,
              format_func=lambda v: ALLOCATION_LABELS[v],
              help="Queue order hands out free blocks 0, 1, 2, ... and reuses freed ones "
                   "last; scattered picks a seeded random free block.")
-    st.toggle("Prefix caching", key="cfg_prefix_caching",
+    st.toggle("Prefix caching", value=_applied("cfg_prefix_caching"), key="cfg_prefix_caching",
               help="Full prompt blocks whose tokens are already cached are shared, not "
                    "recomputed.")
     model = _model_field()
@@ -101,12 +129,13 @@ def _config_fields() -> None:
         st.caption(fixed_dims_text(model, dims))
     else:
         _tiny_dims_fields()
-    st.selectbox("dtype", list(DTYPE_BYTES), key="cfg_dtype")
+    dtypes = list(DTYPE_BYTES)
+    st.selectbox("dtype", dtypes, index=_index("cfg_dtype", dtypes), key="cfg_dtype")
     with st.expander("More settings"):
-        st.number_input("Seed", min_value=0, step=1, key="cfg_seed",
+        st.number_input("Seed", min_value=0, step=1, value=_applied("cfg_seed"), key="cfg_seed",
                         help="Seeds tiny-byte's weights, random prompts and sampling.")
-        st.number_input("Default max new tokens", min_value=1, step=1, key="cfg_max_new",
-                        placeholder="no limit",
+        st.number_input("Default max new tokens", min_value=1, step=1,
+                        value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
                         help="For requests added without their own limit; blank: none.")
     _scheduler_fields()
 
@@ -119,18 +148,23 @@ def _scheduler_fields() -> None:
     with st.expander("Scheduler"):
         st.caption("vLLM's scheduler budgets, applied at every step. Blank: no limit.")
         st.number_input("Max running requests", min_value=1, max_value=MAX_BUDGET, step=1,
-                        key="cfg_max_num_seqs", placeholder="no limit",
+                        value=_applied("cfg_max_num_seqs"), key="cfg_max_num_seqs",
+                        placeholder="no limit",
                         help=BUDGET_HELP["max_num_seqs"])
         st.number_input("Token budget per step", min_value=1, max_value=MAX_BUDGET, step=1,
+                        value=_applied("cfg_max_num_batched_tokens"),
                         key="cfg_max_num_batched_tokens", placeholder="no limit",
                         help=BUDGET_HELP["max_num_batched_tokens"])
         st.number_input("Watermark (blocks)", min_value=0, max_value=MAX_NUM_BLOCKS, step=1,
-                        key="cfg_watermark_blocks", placeholder="0",
+                        value=_applied("cfg_watermark_blocks"), key="cfg_watermark_blocks",
+                        placeholder="0",
                         help=BUDGET_HELP["watermark_blocks"])
-        st.radio("Preemption", ["recompute", "swap"], key="cfg_preemption", horizontal=True,
+        st.radio("Preemption", PREEMPTIONS, index=_index("cfg_preemption", PREEMPTIONS),
+                 key="cfg_preemption", horizontal=True,
                  help=BUDGET_HELP["preemption"], on_change=_preemption_changed)
         st.number_input("Host pool (blocks)", min_value=0, max_value=MAX_NUM_BLOCKS, step=1,
-                        key="cfg_num_cpu_blocks", help=BUDGET_HELP["num_cpu_blocks"],
+                        value=_applied("cfg_num_cpu_blocks"), key="cfg_num_cpu_blocks",
+                        help=BUDGET_HELP["num_cpu_blocks"],
                         disabled=st.session_state.get("cfg_preemption") != "swap")
 
 
@@ -147,7 +181,8 @@ def _model_field() -> str:
     # The fields' config, when they describe one: tiny-byte's cost follows its size fields.
     config = engine_actions.fields_config()[0] or settings.config
     cards = model_cards(config)
-    st.selectbox("Model", model_choices(), key="cfg_model_name",
+    choices = model_choices()
+    st.selectbox("Model", choices, index=_index("cfg_model_name", choices), key="cfg_model_name",
                  format_func=lambda m: cards[m].label,
                  help=" ".join(f"{cards[m].label}: {cards[m].description}"
                                for m in model_choices()))
@@ -164,19 +199,23 @@ def _model_field() -> str:
 
 
 def _tiny_dims_fields() -> None:
-    st.selectbox("Model size", [*MODEL_PRESETS, "custom"], key="cfg_model",
+    st.selectbox("Model size", SIZES, index=_index("cfg_model", SIZES), key="cfg_model",
                  on_change=engine_actions.model_preset_changed,
                  format_func=lambda v: v if v == "custom" else
                  f"{v} ({MODEL_PRESETS[v]['num_layers']} layers, "
                  f"{MODEL_PRESETS[v]['num_heads']} heads)")
     c1, c2 = st.columns(2)
-    c1.number_input("Layers", min_value=1, max_value=8, step=1, key="cfg_num_layers",
+    c1.number_input("Layers", min_value=1, max_value=8, step=1,
+                    value=_applied("cfg_num_layers"), key="cfg_num_layers",
                     on_change=engine_actions.model_dims_changed)
-    c2.number_input("Head dim", min_value=16, max_value=256, step=2, key="cfg_head_dim",
+    c2.number_input("Head dim", min_value=16, max_value=256, step=2,
+                    value=_applied("cfg_head_dim"), key="cfg_head_dim",
                     on_change=engine_actions.model_dims_changed)
-    c1.number_input("Heads", min_value=1, max_value=32, step=1, key="cfg_num_heads",
+    c1.number_input("Heads", min_value=1, max_value=32, step=1,
+                    value=_applied("cfg_num_heads"), key="cfg_num_heads",
                     on_change=engine_actions.model_dims_changed)
-    c2.number_input("KV heads", min_value=1, max_value=32, step=1, key="cfg_num_kv_heads",
+    c2.number_input("KV heads", min_value=1, max_value=32, step=1,
+                    value=_applied("cfg_num_kv_heads"), key="cfg_num_kv_heads",
                     on_change=engine_actions.model_dims_changed,
                     help="Grouped-query attention: heads share K/V in groups.")
 
