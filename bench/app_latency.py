@@ -47,6 +47,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from machine import cpu_name
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,16 +97,6 @@ _WATCH_AND_CLICK = """(selector) => {
   button.click();
   return t0;
 }"""
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def load_average() -> str:

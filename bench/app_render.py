@@ -34,22 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
 import torch  # noqa: E402
+from machine import cpu_name  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from backend.engine.engine import Engine  # noqa: E402
 from backend.engine.ops import Add, Step  # noqa: E402
 
 APP = str(ROOT / "app.py")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def setup(num_blocks: int, block_size: int, requests: int, prompt_len: int,

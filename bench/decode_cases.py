@@ -11,12 +11,10 @@ their sys.path, next to them).
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -124,12 +122,3 @@ def median_cpu(fn: Callable[[], object], reps: int = 5, *, clock: str = "wall") 
     return statistics.median(samples) * 1e6
 
 
-def cpu_name() -> str:
-    """The CPU's model name as /proc/cpuinfo (lscpu's source) gives it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

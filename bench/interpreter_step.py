@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from machine import cpu_name
 
 from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
@@ -43,16 +44,6 @@ from backend.engine.ops import Add, Step
 
 GOAL_MS = 200.0
 POOLS = {"block 4": (1024, 4), "block 16": (256, 16)}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 @contextmanager

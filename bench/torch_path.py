@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
-from decode_cases import Shape, cpu_name, make_case, median_cpu, time_gpu
+from decode_cases import Shape, make_case, median_cpu, time_gpu
+from machine import cpu_name
 
 from backend.core.errors import PagedLabError
 from backend.kernels import reference_paged_attention, select_kernels
