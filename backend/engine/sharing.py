@@ -58,18 +58,17 @@ def run_sharing(kind: SharingKind, width: int, prompt: str, *, model: str = TINY
         raise PagedLabError(f"kind must be 'parallel' or 'beam', got {kind!r}")
     settings = {"block_size": block_size, "prefix_caching": False, "seed": seed,
                 "max_new_tokens": max_new_tokens}
-    probe = EngineConfig.for_model(model, **settings, num_blocks=1)
-    real = probe.model != TINY_BYTE
-    add = Add("Q", messages=(("user", prompt),), n=width if kind == "parallel" else None,
-              beam_width=width if kind == "beam" else None) if real else Add(
-        "Q", prompt=prompt, n=width if kind == "parallel" else None,
-        beam_width=width if kind == "beam" else None)
     # Room for every sequence's own copy, so that nothing is ever preempted: a
     # preemption would change what is shared, not only when.
     tokens = 4 * len(prompt.encode()) + 64 + max_new_tokens
     blocks = width * (-(-tokens // block_size) + 1) + 1
-    engine = Engine(EngineConfig.for_model(model, **settings, num_blocks=blocks),
-                    kernel=kernel, check_reference=False)
+    config = EngineConfig.for_model(model, **settings, num_blocks=blocks)
+    # A real model is given the instruction through its chat template.
+    text: dict[str, Any] = ({"prompt": prompt} if config.model == TINY_BYTE
+                            else {"messages": (("user", prompt),)})
+    add = Add("Q", **text, n=width if kind == "parallel" else None,
+              beam_width=width if kind == "beam" else None)
+    engine = Engine(config, kernel=kernel, check_reference=False)
     engine.apply(add)
     m = engine.manager
     steps = used = unshared = peak_used = peak_unshared = 0
