@@ -214,8 +214,10 @@ def test_finish_releases_blocks_and_keeps_full_ones_cached() -> None:
     assert (m["Running requests"], m["Finished requests"]) == ("0", "1")
     assert (m["Used blocks"], m["Cached blocks"], m["Free blocks"]) == ("0 / 32", "5", "27")
     assert "released block 0; it is free again" in html(at, "pl-events")
-    # A finished request has nothing to act on: the per-request controls are gone.
-    assert not [b for b in at.button if b.key == "btn_grow"]
+    # A finished request has nothing to act on: the per-request controls are disabled.
+    assert all(at.button(key=k).disabled for k in ("btn_grow", "btn_fork", "btn_finish"))
+    assert at.selectbox(key="req_pick").disabled
+    assert at.selectbox(key="req_pick").value is None
 
 
 def test_step_runs_the_batch_and_finishes_at_max_new_tokens() -> None:

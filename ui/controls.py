@@ -143,31 +143,38 @@ def _request_label(engine: Engine, rid: str) -> str:
 
 def _request_controls(engine: Engine) -> None:
     st.markdown("**One request**")
-    live = [r for r in engine.requests.values() if r.status != "finished"]
-    if not live:
-        st.caption("No running or waiting requests: add one.")
-        return
-    ids = [r.id for r in live]
+    ids = [r.id for r in engine.requests.values() if r.status != "finished"]
     ss = st.session_state
-    picked = ss.get("req_pick")
-    # Set on every run, not only when the pick is gone: the browser holds a selectbox's
-    # value as its label, and this label has the token count in it. Unless this run
-    # sends the new label, the browser keeps showing the old one and sends it back on
-    # the next click, where it names no option ("request 'A · running · 23 tokens'
-    # does not exist"). Setting the key makes Streamlit send the current label.
-    ss["req_pick"] = picked if picked in ids else ids[-1]
-    st.selectbox("Request", ids, key="req_pick", format_func=partial(_request_label, engine))
+    if ids:
+        picked = ss.get("req_pick")
+        # Set on every run, not only when the pick is gone: the browser holds a
+        # selectbox's value as its label, and this label has the token count in it.
+        # Unless this run sends the new label, the browser keeps showing the old one and
+        # sends it back on the next click, where it names no option ("request 'A ·
+        # running · 23 tokens' does not exist"). Setting the key makes Streamlit send the
+        # current label.
+        ss["req_pick"] = picked if picked in ids else ids[-1]
+    else:
+        ss["req_pick"] = None
+        st.caption("No running or waiting requests: add one.")
+    # With no request the same widgets are drawn, disabled, rather than left out: the
+    # browser then builds them with the page, not during the first Add (where mounting
+    # them for the first time made that click the slowest of a session).
+    none = not ids
+    st.selectbox("Request", ids, key="req_pick", format_func=partial(_request_label, engine),
+                 disabled=none, placeholder="no request yet")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
     c1.number_input("Grow by (tokens)", min_value=1, max_value=100_000, step=1,
-                    key="req_grow_n")
-    c2.button("Grow", key="btn_grow", on_click=_on_grow, width="stretch",
+                    key="req_grow_n", disabled=none)
+    c2.button("Grow", key="btn_grow", on_click=_on_grow, width="stretch", disabled=none,
               help="Decode tokens for this request alone, one model step each.")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
-    c1.text_input("Child id", key="req_child", placeholder="auto (e.g. A.1)", max_chars=64)
-    c2.button("Fork", key="btn_fork", on_click=_on_fork, width="stretch",
+    c1.text_input("Child id", key="req_child", placeholder="auto (e.g. A.1)", max_chars=64,
+                  disabled=none)
+    c2.button("Fork", key="btn_fork", on_click=_on_fork, width="stretch", disabled=none,
               help="The child shares every block of the parent; nothing is copied.")
     st.button("Finish", key="btn_finish", on_click=_on_finish, width="stretch",
-              help="Release its blocks: each reference count falls by one.")
+              disabled=none, help="Release its blocks: each reference count falls by one.")
 
 
 # ---- the batch ----------------------------------------------------------------

@@ -183,10 +183,12 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
     focus = focus or Focus(frozenset(), frozenset(), "")
     df = views.requests_frame(snap)
     if df.empty:
-        st.caption("No requests yet.")
-        return
+        # The empty table is drawn even so: the browser then builds its grid with the
+        # page rather than during the first Add (the costliest part of that click).
+        st.caption("No requests yet: each one added gets a row here.")
     widths, row_height = views.requests_layout(df)
-    rows = (row_height or 35) * len(df)
+    # An empty table still has one row's height, for its "empty" line.
+    rows = (row_height or 35) * max(len(df), 1)
     st.dataframe(df, hide_index=True, width="stretch", row_height=row_height,
                  height=min(35 + rows + 3, 320 if row_height is None else 420),
                  column_config={c: st.column_config.Column(help=h, width=widths.get(c))
