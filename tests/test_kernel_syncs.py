@@ -22,7 +22,7 @@ import torch
 from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork, Op, Shuffle, Step
-from backend.kernels import CHECKS_ENV
+from backend.kernels import CHECKS_ENV, StepPlan, reference_paged_attention, select_kernels
 
 # What reads a tensor's data back to the host (on a GPU: what waits for the device).
 TENSOR_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__",
@@ -114,15 +114,41 @@ def test_no_host_reads_in_the_kernel_path_with_checks_off(
     assert counter.backend_calls["copy_blocks"] > 0 and counter.backend_calls["write_kv"] > 0
     counter.backend_calls = prefill_calls
     assert steady == Counter(), f"{kernel}: host reads in decode / copy steps: {steady}"
-    if kernel == "torch":
-        # The torch path reads a batch's offsets and lengths once per attention call that
-        # has prefill chunks, to run them one by one (documented in torch_path.py);
-        # decode-only calls read nothing.
-        assert set(prefill) == {"paged_attention: Tensor.tolist"}, prefill
-        assert 2 <= prefill["paged_attention: Tensor.tolist"] <= \
-            counter.backend_calls["paged_attention"]
-    else:
-        assert prefill == Counter(), f"{kernel}: host reads in a prefill step: {prefill}"
+    # The torch path runs prefill chunks one by one, with their offsets and lengths from
+    # the step's plan (the host lists the batch was built from), not read back.
+    assert prefill == Counter(), f"{kernel}: host reads in a prefill step: {prefill}"
+
+
+def test_torch_path_reads_offsets_once_per_plan_and_per_call_without_one(
+        counter: SyncCounter) -> None:
+    """A mixed batch: with no plan every call reads the offsets; a plan without host
+    lists reads them on its first call only; one with host lists never does."""
+    backend = select_kernels("cpu", "torch")
+    bs, lens = 4, [9, 5, 7]  # q_lens 9 (a whole prompt), 1 (a decode), 3 (a chunk)
+    tables = torch.tensor([[0, 1, 2], [3, 4, -1], [5, 6, -1]], dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    starts = [0, 9, 10, 13]
+    qsl = torch.tensor(starts, dtype=torch.int32)
+    query = torch.randn(13, 4, 16)
+    k, v = torch.randn(2, 8, bs, 2, 16).unbind(0)
+    bare = StepPlan(tables, seq_lens, qsl)
+    hosted = StepPlan(tables, seq_lens, qsl, seq_lens_host=lens, query_starts_host=starts)
+    outs = {}
+    for name, plan in (("none", None), ("bare", bare), ("hosted", hosted)):
+        counter.calls.clear()
+        counter.depth = 1  # count as if inside a backend method
+        counter.current = name
+        try:
+            outs[name] = [backend.paged_attention(query, k, v, tables, seq_lens, qsl, 0.25,
+                                                  plan=plan) for _ in range(3)]
+        finally:
+            counter.depth = 0
+        reads = sum(counter.calls.values())
+        assert reads == {"none": 3, "bare": 1, "hosted": 0}[name], (name, counter.calls)
+    ref = reference_paged_attention(query, k, v, tables, seq_lens, qsl, 0.25)
+    for name, results in outs.items():
+        for out in results:
+            torch.testing.assert_close(out, ref, msg=name)
 
 
 def test_checks_on_do_read_the_host(monkeypatch: pytest.MonkeyPatch,

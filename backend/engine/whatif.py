@@ -31,7 +31,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.beams import log_probs
 from backend.engine.engine import Engine
 from backend.engine.prompts import next_token
-from backend.kernels import KernelBackend
+from backend.kernels import KernelBackend, StepPlan
 from backend.models.batch import ForwardBatch
 
 TOP_K = 5
@@ -62,10 +62,12 @@ class _Recording:
                         v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
                         out: torch.Tensor | None = None, num_splits: int | None = None,
-                        check_bounds: bool | None = None) -> torch.Tensor:
+                        check_bounds: bool | None = None,
+                        plan: StepPlan | None = None) -> torch.Tensor:
         result = self.inner.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                             query_start_loc, scale, out=out,
-                                            num_splits=num_splits, check_bounds=check_bounds)
+                                            num_splits=num_splits, check_bounds=check_bounds,
+                                            plan=plan)
         self.outputs.append(result[-1].detach().float().cpu().clone())
         return result
 

@@ -35,13 +35,16 @@ if not torch.cuda.is_available():
 from backend.core.errors import PagedLabError
 from backend.kernels import attention, cache_ops
 from backend.kernels.checks import CHECKS_ENV, ReferenceCheck, checks_enabled, resolve_checks
+from backend.kernels.plan import StepPlan, usable
 from backend.kernels.reference import reference_paged_attention
 from backend.kernels.torch_path import torch_paged_attention
+from backend.kernels.validate import call_signature
 
 __all__ = [
     "CHECKS_ENV",
     "KernelBackend",
     "ReferenceCheck",
+    "StepPlan",
     "TorchKernels",
     "TritonKernels",
     "available_devices",
@@ -62,6 +65,8 @@ class KernelBackend(Protocol):
         two caches at those slots only.
     paged_attention: causal grouped-query attention of the packed new tokens against their
         paged history; returns [T, H, D] in the query's dtype (into `out` when given).
+        `plan` is the step's StepPlan over these tables and lengths (backend.kernels.plan):
+        what a backend derives from them is then computed once for every layer.
     copy_blocks: dst_cache[dst_ids[i]] = src_cache[src_ids[i]] for every i (whole blocks).
     Invalid arguments raise PagedLabError before anything is written; arguments only
     their data shows to be invalid (an out-of-pool table entry, a repeated slot) are
@@ -78,7 +83,8 @@ class KernelBackend(Protocol):
                         v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
                         out: torch.Tensor | None = None, num_splits: int | None = None,
-                        check_bounds: bool | None = None) -> torch.Tensor: ...
+                        check_bounds: bool | None = None,
+                        plan: StepPlan | None = None) -> torch.Tensor: ...
 
     def copy_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
                     src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None: ...
@@ -123,8 +129,10 @@ class TritonKernels:
                         v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
                         out: torch.Tensor | None = None, num_splits: int | None = None,
-                        check_bounds: bool | None = None) -> torch.Tensor:
-        """See `KernelBackend` and `attention.paged_attention`."""
+                        check_bounds: bool | None = None,
+                        plan: StepPlan | None = None) -> torch.Tensor:
+        """See `KernelBackend` and `attention.paged_attention`; `plan` is not used (a
+        launch's tile map is cheap next to the interpreted or compiled kernel)."""
         _check_device(self, query, "query")
         return attention.paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                          query_start_loc, scale, out=out,
@@ -165,15 +173,34 @@ class TorchKernels:
                         v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
                         out: torch.Tensor | None = None, num_splits: int | None = None,
-                        check_bounds: bool | None = None) -> torch.Tensor:
-        """See `KernelBackend`; `num_splits` is validated and otherwise ignored."""
+                        check_bounds: bool | None = None,
+                        plan: StepPlan | None = None) -> torch.Tensor:
+        """See `KernelBackend`; `num_splits` is validated and otherwise ignored.
+
+        With a `plan` and no bounds checks, a call shaped like one the plan has seen
+        (validate.call_signature) reuses its verdict: a step's layers after the first
+        skip the argument checks, which otherwise cost about as much as a small decode.
+        """
         _check_device(self, query, "query")
-        attention.validate_paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
-                                           query_start_loc, scale, out=out,
-                                           num_splits=num_splits,
-                                           check_bounds=resolve_checks(check_bounds))
+        checks = resolve_checks(check_bounds)
+
+        def validate() -> bool:
+            attention.validate_paged_attention(query, k_cache, v_cache, block_tables,
+                                               seq_lens, query_start_loc, scale, out=out,
+                                               num_splits=num_splits, check_bounds=checks)
+            return True
+
+        plan = usable(plan, block_tables, seq_lens, query_start_loc)
+        signature = None if plan is None or checks else \
+            call_signature(query, k_cache, v_cache, out, scale, num_splits)
+        if signature is None:
+            validate()
+        else:
+            assert plan is not None
+            # A failed validation raises before the memo keeps anything.
+            plan.memo(("valid", signature), validate)
         return torch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
-                                     query_start_loc, scale, out=out)
+                                     query_start_loc, scale, out=out, plan=plan)
 
     def copy_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
                     src_ids: torch.Tensor, dst_ids: torch.Tensor, *,

@@ -13,23 +13,37 @@ the softmax by the attention mask, and what they read is that sequence's own fin
 K/V, never a stale or NaN slot (0 * NaN would leak through the P @ V product).
 
 A decode-only batch (every q_len 1, which T == batch proves from the shapes alone) is
-computed without reading anything back to the host. A batch with prefill chunks reads
-the query start offsets and lengths once, then runs its decodes batched like the above
-and each prefill chunk on its own with a bottom-right causal mask. Decodes gather about
+computed without reading anything back to the host. A batch with prefill chunks needs
+the query start offsets and lengths as Python ints: from its plan's host lists where the
+batch was built on the host (the engine's always is), else read once per plan (or per
+call without a plan). It then runs its decodes batched like the above and each prefill
+chunk on its own with a bottom-right causal mask. Decodes gather about
 GATHER_BYTES of K/V at a time, so long contexts stay in bounded memory and the buffer
 SDPA reads is still warm in the CPU's caches: groups of whole sequences while one fits,
 else slices of positions of every sequence, merged exactly by their log-sum-exp. On a CPU the
 gather buffers are kept per thread and reused: a fresh multi-MiB tensor on every call
 costs page faults that take longer than the gather itself (10x for 32 MiB here).
+
+Given the step's `StepPlan` (backend.kernels.plan), what depends only on the tables and
+lengths (the slots, the mask, which rows are decodes, the host's offsets) is computed on
+the first layer and reused by the others: per layer, a decode is then the two gathers,
+SDPA and the copy into `out`. The gathers stay per layer, since each layer has its own
+K/V: they are what paging costs over a contiguous cache. With the lengths on the host,
+a decode gathers up to the longest sequence rather than the tables' capacity, and a
+batch of equal lengths needs no mask.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from backend.kernels.plan import StepPlan, usable
 
 GATHER_BYTES = 16 << 20
 # Larger gathers (one very long sequence) get a fresh buffer rather than pinning its
@@ -87,47 +101,84 @@ def _buffer(which: int, numel: int, like: torch.Tensor) -> torch.Tensor | None:
     return buf[:numel]
 
 
-def _gather(cache: torch.Tensor, slots: torch.Tensor, which: int) -> torch.Tensor:
-    """Rows `slots` [n, L] of the cache as [n, kvh, L, D] (a view of one contiguous copy)."""
+def _gather(cache: torch.Tensor, flat_slots: torch.Tensor, n: int, which: int) -> torch.Tensor:
+    """Rows `flat_slots` ([n * L], sequence-major) of the cache as [n, kvh, L, D] (a view
+    of one contiguous copy)."""
     _, _, kvh, d = cache.shape
-    n, length = slots.shape
     rows = cache.view(-1, kvh * d)
-    buf = _buffer(which, n * length * kvh * d, cache)
+    buf = _buffer(which, flat_slots.numel() * kvh * d, cache)
     if buf is None:
-        gathered = rows.index_select(0, slots.reshape(-1))
+        gathered = rows.index_select(0, flat_slots)
     else:
-        gathered = torch.index_select(rows, 0, slots.reshape(-1),
-                                      out=buf.view(n * length, kvh * d))
-    return gathered.view(n, length, kvh, d).transpose(1, 2)
+        gathered = torch.index_select(rows, 0, flat_slots,
+                                      out=buf.view(flat_slots.numel(), kvh * d))
+    return gathered.view(n, -1, kvh, d).transpose(1, 2)
+
+
+class _Gather(NamedTuple):
+    """Where a batch's decode reads: slots [n, L] (flat: [n * L]) and the mask [n, L]
+    (as [n, 1, 1, L]: SDPA's shape; None when every sequence is L long) of each
+    sequence's positions 0..L-1."""
+
+    slots: torch.Tensor
+    flat: torch.Tensor
+    visible: torch.Tensor
+    mask: torch.Tensor | None
+
+
+def _gather_plan(tables: torch.Tensor, lens: torch.Tensor, block_size: int, num_slots: int,
+                 host_lens: Sequence[int] | None = None) -> _Gather:
+    """The slots and mask of a decode batch. With the lengths on the host, L is the
+    longest of them and equal lengths need no mask; without, L is the tables' capacity
+    (reading the lengths would be a device-to-host copy on a GPU)."""
+    length = max(host_lens) if host_lens else tables.shape[1] * block_size
+    slots, visible = _slots(tables, lens, length, block_size, num_slots)
+    uniform = bool(host_lens) and min(host_lens or [0]) == length
+    return _Gather(slots, slots.view(-1), visible,
+                   None if uniform else visible[:, None, None, :])
 
 
 def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+            tables: torch.Tensor, lens: torch.Tensor, scale: float,
+            plan: StepPlan | None = None, rows_key: str = "all",
+            host_lens: Sequence[int] | None = None) -> torch.Tensor:
     """One new token per sequence: query [n, H, D] -> [n, H, D].
 
     Gathers at most about GATHER_BYTES at a time: whole sequences in groups while one
     sequence fits, else (on a CPU) slices of positions of every sequence, merged by
-    their log-sum-exp.
+    their log-sum-exp. With `plan`, the slots and mask are the plan's for `rows_key`
+    (which of its sequences `tables` holds; `host_lens`, their lengths if known).
     """
     n, num_heads, _ = query.shape
     num_blocks, block_size, kvh, d = k_cache.shape
-    length = tables.shape[1] * block_size  # capacity: no host read of the lengths
+    num_slots = num_blocks * block_size
+    g = _gather_plan(tables, lens, block_size, num_slots) if plan is None else plan.memo(
+        ("decode", rows_key, block_size, num_slots),
+        lambda: _gather_plan(tables, lens, block_size, num_slots, host_lens))
+    length = g.slots.shape[1]
     per_position = 2 * kvh * d * k_cache.element_size()
-    slots, visible = _slots(tables, lens, length, block_size, num_blocks * block_size)
+    gqa = num_heads != kvh
     if length * per_position > GATHER_BYTES and _FLASH_WITH_LSE is not None and \
             query.device.type == "cpu":
-        return _decode_slices(query, k_cache, v_cache, slots, visible, lens, scale,
+        return _decode_slices(query, k_cache, v_cache, g.slots, g.visible, lens, scale,
                               max(16, GATHER_BYTES // (n * per_position)))
     group = max(1, GATHER_BYTES // (length * per_position))
+    if n <= group:  # the common case: the whole batch in one gather, no slicing
+        o = F.scaled_dot_product_attention(
+            query.unsqueeze(2), _gather(k_cache, g.flat, n, 0), _gather(v_cache, g.flat, n, 1),
+            attn_mask=g.mask, scale=scale, enable_gqa=gqa)  # [n, H, 1, D]
+        return o.squeeze(2)
     outs = []
     for b0 in range(0, n, group):
         rows = slice(b0, b0 + group)
+        part = g.slots[rows]
         o = F.scaled_dot_product_attention(
-            query[rows, :, None, :], _gather(k_cache, slots[rows], 0),
-            _gather(v_cache, slots[rows], 1), attn_mask=visible[rows, None, None, :],
-            scale=scale, enable_gqa=num_heads != kvh)  # [g, H, 1, D]
+            query[rows, :, None, :], _gather(k_cache, part.reshape(-1), part.shape[0], 0),
+            _gather(v_cache, part.reshape(-1), part.shape[0], 1),
+            attn_mask=None if g.mask is None else g.mask[rows],
+            scale=scale, enable_gqa=gqa)  # [g, H, 1, D]
         outs.append(o[:, :, 0])
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+    return torch.cat(outs)
 
 
 def _decode_slices(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -146,7 +197,9 @@ def _decode_slices(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     for p0 in range(0, length, width):
         cols = slice(p0, p0 + width)
         part = slots[:, cols]
-        o, lse = _FLASH_WITH_LSE(q, _gather(k_cache, part, 0), _gather(v_cache, part, 1),
+        flat = part.reshape(-1)
+        o, lse = _FLASH_WITH_LSE(q, _gather(k_cache, flat, len(part), 0),
+                                 _gather(v_cache, flat, len(part), 1),
                                  0.0, False, attn_mask=mask[:, None, None, cols],
                                  scale=scale)  # [n, H, 1, D], [n, H, 1]
         if acc is None:  # position 0 is in the first slice: every row has a finite lse
@@ -164,18 +217,29 @@ def _decode_slices(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 
 
 def _prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
-    """One sequence's chunk of q_len tokens, query [q_len, H, D], against seq_len keys."""
+             table: torch.Tensor, seq_len: int, scale: float,
+             plan: StepPlan | None = None, seq: int = 0) -> torch.Tensor:
+    """One sequence's chunk of q_len tokens, query [q_len, H, D], against seq_len keys.
+
+    With `plan`, the slots and mask are kept there for sequence `seq` of the batch.
+    """
     q_len, num_heads, _ = query.shape
     num_blocks, block_size, kvh, _ = k_cache.shape
-    lens = torch.full((1,), seq_len, dtype=torch.int64, device=query.device)
-    slots, _ = _slots(table[None], lens, seq_len, block_size, num_blocks * block_size)
-    # Bottom-right causal: query i sits at position seq_len - q_len + i.
-    pos = _positions(seq_len, block_size, False, query.device)[0]
-    q_pos = pos[seq_len - q_len:]
-    visible = pos[None, :] <= q_pos[:, None]  # [q_len, seq_len]
+    num_slots = num_blocks * block_size
+
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        lens = torch.full((1,), seq_len, dtype=torch.int64, device=query.device)
+        slots, _ = _slots(table[None], lens, seq_len, block_size, num_slots)
+        # Bottom-right causal: query i sits at position seq_len - q_len + i.
+        pos = _positions(seq_len, block_size, False, query.device)[0]
+        q_pos = pos[seq_len - q_len:]
+        return slots, pos[None, :] <= q_pos[:, None]  # [1, seq_len], [q_len, seq_len]
+
+    slots, visible = build() if plan is None else \
+        plan.memo(("prefill", seq, block_size, num_slots), build)
     o = F.scaled_dot_product_attention(
-        query.transpose(0, 1)[None], _gather(k_cache, slots, 0), _gather(v_cache, slots, 1),
+        query.transpose(0, 1)[None], _gather(k_cache, slots.view(-1), 1, 0),
+        _gather(v_cache, slots.view(-1), 1, 1),
         attn_mask=visible, scale=scale, enable_gqa=num_heads != kvh)  # [1, H, q_len, D]
     return o[0].transpose(0, 1)
 
@@ -190,30 +254,63 @@ def torch_paged_attention(
     scale: float,
     *,
     out: torch.Tensor | None = None,
+    plan: StepPlan | None = None,
 ) -> torch.Tensor:
     """Causal grouped-query paged attention, vectorized; returns `out` in the query's dtype.
 
-    Inputs as for the kernels (backend.kernels.attention), assumed valid. Reads the host
-    only for a batch with prefill chunks (once). Writes only `out`.
+    Inputs as for the kernels (backend.kernels.attention), assumed valid. `plan` is the
+    step's StepPlan over these tables and lengths, or None. Reads the host only for a
+    batch with prefill chunks whose plan has no host offsets (once per plan, or per call
+    without one). Writes only `out`.
     """
+    plan = usable(plan, block_tables, seq_lens, query_start_loc)
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     num_tokens, num_seqs = query.shape[0], block_tables.shape[0]
     if num_tokens == num_seqs:  # q_len >= 1 each, so all are 1: token b is sequence b
-        out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale))
+        out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, plan,
+                          host_lens=None if plan is None else plan.seq_lens_host))
         return out
-    host = torch.cat([query_start_loc, seq_lens]).tolist()  # the one host read
-    starts, lens = host[:num_seqs + 1], host[num_seqs + 1:]
-    decodes = [b for b in range(num_seqs) if starts[b + 1] - starts[b] == 1]
-    if decodes:
-        seqs = torch.tensor(decodes, device=query.device)
-        toks = torch.tensor([starts[b] for b in decodes], device=query.device)
-        o = _decode(query.index_select(0, toks), k_cache, v_cache,
-                    block_tables.index_select(0, seqs), seq_lens.index_select(0, seqs), scale)
-        out.index_copy_(0, toks, o.to(out.dtype))
-    for b in range(num_seqs):
-        start, end = starts[b], starts[b + 1]
-        if end - start > 1:
-            out[start:end] = _prefill(query[start:end], k_cache, v_cache, block_tables[b],
-                                      lens[b], scale)
+    mixed = _mixed(block_tables, seq_lens, query_start_loc, plan) if plan is None else \
+        plan.memo("mixed", lambda: _mixed(block_tables, seq_lens, query_start_loc, plan))
+    if mixed.decode_tokens is not None:
+        assert mixed.decode_tables is not None and mixed.decode_lens is not None
+        o = _decode(query.index_select(0, mixed.decode_tokens), k_cache, v_cache,
+                    mixed.decode_tables, mixed.decode_lens, scale, plan, "decodes",
+                    mixed.decode_host_lens)
+        out.index_copy_(0, mixed.decode_tokens, o.to(out.dtype))
+    for b, start, end, seq_len in mixed.prefills:
+        out[start:end] = _prefill(query[start:end], k_cache, v_cache, block_tables[b],
+                                  seq_len, scale, plan, b)
     return out
+
+
+class _Mixed(NamedTuple):
+    """How a batch with prefill chunks splits: its decode rows, and each chunk's rows."""
+
+    decode_tokens: torch.Tensor | None  # the decodes' token rows (None: no decode)
+    decode_tables: torch.Tensor | None
+    decode_lens: torch.Tensor | None
+    decode_host_lens: list[int] | None
+    prefills: list[tuple[int, int, int, int]]  # (sequence, first row, end row, seq_len)
+
+
+def _mixed(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+           plan: StepPlan | None) -> _Mixed:
+    num_seqs = block_tables.shape[0]
+    if plan is not None and plan.query_starts_host is not None and \
+            plan.seq_lens_host is not None:
+        starts, lens = list(plan.query_starts_host), list(plan.seq_lens_host)
+    else:
+        host = torch.cat([query_start_loc, seq_lens]).tolist()  # the one host read
+        starts, lens = host[:num_seqs + 1], host[num_seqs + 1:]
+    decodes = [b for b in range(num_seqs) if starts[b + 1] - starts[b] == 1]
+    prefills = [(b, starts[b], starts[b + 1], lens[b]) for b in range(num_seqs)
+                if starts[b + 1] - starts[b] > 1]
+    if not decodes:
+        return _Mixed(None, None, None, None, prefills)
+    device = block_tables.device
+    seqs = torch.tensor(decodes, device=device)
+    return _Mixed(torch.tensor([starts[b] for b in decodes], device=device),
+                  block_tables.index_select(0, seqs), seq_lens.index_select(0, seqs),
+                  [lens[b] for b in decodes], prefills)

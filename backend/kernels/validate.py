@@ -39,6 +39,8 @@ class AttentionShape(NamedTuple):
 
 def same_device(a: torch.device, b: torch.device) -> bool:
     """Device equality that treats 'cuda' and 'cuda:<current>' as the same GPU."""
+    if a == b:  # the usual answer, and the cheapest
+        return True
     if a.type != b.type:
         return False
     if a.type != "cuda":
@@ -65,6 +67,28 @@ def _on_device_of(ref_name: str, ref: torch.device,
     for name, t in tensors:
         if not same_device(t.device, ref):
             raise PagedLabError(f"{name} is on {t.device} but {ref_name} is on {ref}")
+
+
+def call_signature(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   out: torch.Tensor | None, scale: float,
+                   num_splits: int | None) -> tuple[object, ...] | None:
+    """Everything `validate_paged_attention` reads of a call besides its metadata tensors:
+    each tensor's type, shape, dtype, strides and device, and the scalars.
+
+    Two calls with the same signature over the same (unmodified) metadata tensors get
+    the same verdict without bounds checks, so a StepPlan keeps the verdict of its
+    first layer for the others. None when an argument is not a tensor (validate that
+    call in full: it gets the message).
+    """
+    parts: list[object] = [scale, type(scale), num_splits]
+    for t in (query, k_cache, v_cache, out):
+        if t is None:
+            parts.append(None)
+            continue
+        if not isinstance(t, torch.Tensor):
+            return None
+        parts += (t.shape, t.dtype, t.stride(), t.device)
+    return tuple(parts)
 
 
 def validate_paged_attention(

@@ -62,7 +62,8 @@ def paged_attention_layer(kernels: KernelBackend, checker: ReferenceCheck, cache
     with the plain reference."""
     kernels.write_kv(k, v, cache.k[layer], cache.v[layer], batch.slot_mapping)
     attn = kernels.paged_attention(q, cache.k[layer], cache.v[layer], batch.block_tables,
-                                   batch.seq_lens, batch.query_start_loc, scale)
+                                   batch.seq_lens, batch.query_start_loc, scale,
+                                   plan=batch.plan)
     checker.layer(attn, q, cache.k[layer], cache.v[layer], batch.block_tables, batch.seq_lens,
                   batch.query_start_loc, scale)
     return attn

@@ -12,6 +12,8 @@ from typing import Protocol
 
 import torch
 
+from backend.kernels.plan import StepPlan
+
 
 class PagedKV(Protocol):
     """Per layer, K and V over all physical blocks: [num_blocks, block_size, kv_heads, D]."""
@@ -37,6 +39,9 @@ class ForwardBatch:
     block_tables: torch.Tensor     # [B, max_blocks] int32, -1 padded
     seq_lens: torch.Tensor         # [B] int32: context length including the new tokens
     query_start_loc: torch.Tensor  # [B + 1] int32
+    # The same metadata for the kernels, with the host's lists: built once, read by every
+    # layer's attention call (backend.kernels.plan).
+    plan: StepPlan | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -65,10 +70,14 @@ class ForwardBatch:
         def t(x: list[int], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(x, dtype=dtype, device=device)
 
+        block_tables, lens, offsets = (tables.to(device), t(seq_lens, torch.int32),
+                                       t(starts, torch.int32))
         return ForwardBatch(
             token_ids=t(tokens, torch.int64), positions=t(positions, torch.int64),
-            slot_mapping=t(slots, torch.int64), block_tables=tables.to(device),
-            seq_lens=t(seq_lens, torch.int32), query_start_loc=t(starts, torch.int32),
+            slot_mapping=t(slots, torch.int64), block_tables=block_tables,
+            seq_lens=lens, query_start_loc=offsets,
+            plan=StepPlan(block_tables, lens, offsets, seq_lens_host=seq_lens,
+                          query_starts_host=starts),
         )
 
 

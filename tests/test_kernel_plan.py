@@ -1,0 +1,149 @@
+"""A step's plan shared by every layer: the same answers as without it, on fresh inputs.
+
+The torch path keeps in a StepPlan what it derives from the tables and lengths (gather
+slots, mask, decode rows, host offsets) and the verdict of its argument checks. These
+tests run several "layers" (fresh random K/V and queries over the same metadata) through
+one plan and compare each with the per-sequence reference; they also show that a plan
+over other tensors is ignored, that a differently shaped call is still checked, and that
+a model step through the engine matches a contiguous recomputation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Step
+from backend.kernels import StepPlan, reference_paged_attention, select_kernels
+from backend.kernels import torch_path as tp
+from tests.test_kernels import NAN, Batch, make_batch
+
+TORCH = select_kernels("cpu", "torch")
+
+
+def host_plan(batch: Batch, q_lens: Sequence[int], seq_lens: Sequence[int]) -> StepPlan:
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    return StepPlan(batch.block_tables, batch.seq_lens, batch.query_start_loc,
+                    seq_lens_host=seq_lens, query_starts_host=starts)
+
+
+def layers(batch: Batch, count: int) -> list[Batch]:
+    """`count` batches over the same metadata tensors with their own K/V and queries,
+    poisoned where the original is (NaN outside what sequences own)."""
+    out = []
+    for _ in range(count):
+        k = torch.where(batch.k_cache.isnan(), NAN, torch.randn_like(batch.k_cache))
+        v = torch.where(batch.v_cache.isnan(), NAN, torch.randn_like(batch.v_cache))
+        out.append(Batch(torch.randn_like(batch.query), k, v, batch.block_tables,
+                         batch.seq_lens, batch.query_start_loc, batch.scale))
+    return out
+
+
+def run_layers(batch: Batch, plan: StepPlan | None, count: int = 3) -> None:
+    for layer in layers(batch, count):
+        ref = reference_paged_attention(*layer.args())
+        out = torch.full_like(layer.query, NAN)
+        got = TORCH.paged_attention(*layer.args(), out=out, plan=plan)
+        assert got is out
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["decode ragged", "decode equal", "mixed", "prefill only"])
+@pytest.mark.parametrize("hosted", [False, True])
+def test_layers_through_one_plan_match_the_reference(kind: str, hosted: bool) -> None:
+    for _ in range(6):
+        n = int(torch.randint(1, 6, ()))
+        bs = int(torch.randint(1, 17, ()))
+        if kind == "decode equal":
+            seq_lens = [int(torch.randint(1, 80, ()))] * n
+        else:
+            seq_lens = torch.randint(1, 80, (n,)).tolist()
+        if kind.startswith("decode"):
+            q_lens = [1] * n
+        elif kind == "prefill only":
+            q_lens = [int(torch.randint(2, s + 1, ())) if s > 1 else 1 for s in seq_lens]
+        else:
+            q_lens = [1 if b % 2 else int(torch.randint(1, s + 1, ()))
+                      for b, s in enumerate(seq_lens)]
+        kvh = int(torch.randint(1, 3, ()))
+        batch = make_batch(q_lens, seq_lens, num_heads=kvh * int(torch.randint(1, 4, ())),
+                           num_kv_heads=kvh, head_dim=int(torch.randint(1, 33, ())),
+                           block_size=bs)
+        plan = host_plan(batch, q_lens, seq_lens) if hosted else \
+            StepPlan(batch.block_tables, batch.seq_lens, batch.query_start_loc)
+        run_layers(batch, plan)
+
+
+def test_equal_lengths_with_host_lists_drop_the_mask_and_the_tail() -> None:
+    """Equal lengths known on the host: gather exactly L positions, no mask; the slots
+    past each length (NaN here) are never read."""
+    seq_lens, q_lens = [10, 10, 10], [1, 1, 1]
+    batch = make_batch(q_lens, seq_lens, block_size=4)
+    plan = host_plan(batch, q_lens, seq_lens)
+    run_layers(batch, plan)
+    (g,) = (v for k, v in plan._memo.items() if k[0] == "decode")
+    assert g.mask is None and g.slots.shape == (3, 10)
+    # Without the host lists: the tables' capacity, masked.
+    bare = StepPlan(batch.block_tables, batch.seq_lens, batch.query_start_loc)
+    run_layers(batch, bare)
+    (g,) = (v for k, v in bare._memo.items() if k[0] == "decode")
+    assert g.mask is not None and g.slots.shape[1] == batch.block_tables.shape[1] * 4
+
+
+def test_long_context_slices_and_groups_with_a_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bounded-memory paths (slices merged by log-sum-exp, groups of sequences) take
+    the plan's slots too."""
+    monkeypatch.setattr(tp, "GATHER_BYTES", 2048)
+    for seq_lens in ([300, 7, 120], [40, 41, 39, 40]):
+        q_lens = [1] * len(seq_lens)
+        batch = make_batch(q_lens, seq_lens, block_size=8)
+        for plan in (None, host_plan(batch, q_lens, seq_lens)):
+            run_layers(batch, plan, count=2)
+
+
+def test_a_plan_over_other_tensors_is_not_used() -> None:
+    """Same values, other tensor objects: the plan does not cover the call, so nothing of
+    it is read, and the answer comes from the call's own tables."""
+    seq_lens, q_lens = [9, 14], [1, 1]
+    batch = make_batch(q_lens, seq_lens, block_size=4)
+    other = make_batch(q_lens, [5, 3], block_size=4)
+    plan = host_plan(other, q_lens, [5, 3])
+    assert not plan.covers(batch.block_tables, batch.seq_lens, batch.query_start_loc)
+    run_layers(batch, plan)
+    assert not plan._memo  # nothing was computed into it
+
+
+def test_a_plan_still_checks_a_differently_shaped_call() -> None:
+    """The kept verdict is for one call signature: another dtype or shape is validated."""
+    seq_lens, q_lens = [9, 14], [1, 1]
+    batch = make_batch(q_lens, seq_lens, block_size=4)
+    plan = host_plan(batch, q_lens, seq_lens)
+    TORCH.paged_attention(*batch.args(), plan=plan)
+    with pytest.raises(PagedLabError, match="dtype"):
+        TORCH.paged_attention(batch.query.half(), *batch.args()[1:], plan=plan)
+    with pytest.raises(PagedLabError, match="head_dim"):
+        TORCH.paged_attention(batch.query[..., :8], *batch.args()[1:], plan=plan)
+    with pytest.raises(PagedLabError, match="out"):
+        TORCH.paged_attention(*batch.args(), out=torch.empty(3, 4, 16), plan=plan)
+
+
+def test_engine_steps_with_plans_match_a_contiguous_recomputation() -> None:
+    """Prefill, chunked prefill beside decodes, and decodes: every layer's attention goes
+    through the step's plan, and the cache and logits equal a from-scratch recompute."""
+    engine = Engine(EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=12),
+                    device="cpu", kernel="torch")
+    engine.apply(Add("a", prompt_len=9))
+    engine.apply(Step(1))
+    engine.apply(Add("b", prompt_len=20))
+    engine.apply(Add("c", prompt_len=3))
+    engine.apply(Step(4))
+    v = engine.verify_recomputation()
+    assert v.num_requests == 3
+    assert v.max_kv_err < 1e-5 and v.max_logit_err < 1e-4
