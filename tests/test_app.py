@@ -97,6 +97,12 @@ def test_opens_on_the_playground_with_an_empty_pool() -> None:
     assert at.sidebar.number_input(key="cfg_num_blocks").value == 32
     assert at.segmented_control(key="dev_kernel").value == "auto"
     assert "No events yet" in html(at, "pl-events")
+    # Drawn before the first request, empty or disabled, so that the first Add only
+    # updates them (mounting them then made it the slowest click of a session).
+    table = at.dataframe[0].value
+    assert table.empty and list(table.columns)[:2] == ["request", "status"]
+    assert all(at.button(key=k).disabled for k in ("btn_grow", "btn_fork", "btn_finish"))
+    assert at.selectbox(key="req_pick").disabled
 
 
 def test_default_kernel_is_triton() -> None:
