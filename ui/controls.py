@@ -11,6 +11,7 @@ from functools import partial
 
 import streamlit as st
 
+from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import MAX_SAMPLES, Add, Fork, Op
 from backend.sessions.playground import add_op, next_child_id, op_from
@@ -107,7 +108,11 @@ def _add_form() -> None:
 # ---- one request --------------------------------------------------------------
 
 def _picked() -> str:
-    rid: str = st.session_state["req_pick"]
+    """The picked request; refused when there is none (a click that raced the last
+    request's Finish, while its buttons were still enabled in the browser)."""
+    rid: str | None = st.session_state.get("req_pick")
+    if rid is None:
+        raise PagedLabError("no running or waiting request is picked: add one first")
     return rid
 
 
@@ -118,9 +123,9 @@ def _on_grow() -> None:
 
 def _on_fork() -> None:
     ss = st.session_state
-    parent = _picked()
 
     def make(engine: Engine) -> Op:
+        parent = _picked()
         child = ss["req_child"].strip() or next_child_id(parent, engine.requests)
         return op_from({"op": "fork", "request": parent, "child": child})
 
