@@ -2,11 +2,13 @@
 
 A forward pass calls paged attention once per layer with the same block tables,
 lengths and query offsets. What a kernel derives from them alone (the torch path's
-gather slots and visibility mask, the index of its decode rows, a launch's tile map)
-is the same on every layer, so a `StepPlan` keeps it: layer 1 computes it and layers
-2..N read it back. The plan also carries the host's copy of the lengths and offsets
-where the batch was built on the host, so a kernel that needs them as Python ints
-(the torch path's prefill chunks) never reads the device.
+gather slots and visibility mask, the index of its decode rows, its argument-check
+verdict) is the same on every layer, so a `StepPlan` keeps it: layer 1 computes it
+and layers 2..N read it back. The Triton backend takes the plan and has no use for
+it yet: its per-launch tile map is cheap next to the kernel. The plan also carries
+the host's copy of the lengths and offsets where the batch was built on the host, so
+a kernel that needs them as Python ints (the torch path's prefill chunks) never reads
+the device.
 
 Contract: the three tensors are not modified while the plan is in use (a
 ForwardBatch builds them for one step and only reads them). A call passes its plan
