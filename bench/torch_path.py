@@ -79,9 +79,6 @@ def bench_case(batch: int, context: int, shape: Shape, layers: int, device: torc
                                        case.query_start_loc, scale, out=out,
                                        check_bounds=False, plan=plan)
 
-    def torch_first() -> None:
-        call(new_plan())
-
     def reference() -> torch.Tensor:
         return reference_paged_attention(case.query, k, v, table, case.seq_lens,
                                          case.query_start_loc, scale)
@@ -99,20 +96,20 @@ def bench_case(batch: int, context: int, shape: Shape, layers: int, device: torc
         times["sdpa"].append(timer(sdpa_n(per_sample, q4, case.dense, scale), reps) /
                              per_sample)
         times["torch"].append(timer(step_n(per_sample, new_plan, call), reps) / per_sample)
-        times["torch_first"].append(timer(torch_first, reps))
+        times["torch_first"].append(timer(step_n(1, new_plan, call), reps))
         times["reference"].append(timer(reference, ref_reps))
-    vs_sdpa = [t / s for t, s in zip(times["torch"], times["sdpa"], strict=True)]
-    first_vs_sdpa = [t / s for t, s in zip(times["torch_first"], times["sdpa"], strict=True)]
-    vs_ref = [t / r for t, r in zip(times["torch"], times["reference"], strict=True)]
-    first_vs_ref = [t / r for t, r in zip(times["torch_first"], times["reference"],
-                                          strict=True)]
+
+    def ratio(a: str, b: str) -> float:
+        """Median over rounds of a's time over b's in the same round."""
+        return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
     return {
         "batch": batch, "context": context, "layers": layers, "kv_mib": case.kv_bytes / 2**20,
         **{f"{name}_us": statistics.median(ts) for name, ts in times.items()},
-        "torch_over_sdpa": statistics.median(vs_sdpa),
-        "torch_first_over_sdpa": statistics.median(first_vs_sdpa),
-        "torch_over_reference": statistics.median(vs_ref),
-        "torch_first_over_reference": statistics.median(first_vs_ref),
+        "torch_over_sdpa": ratio("torch", "sdpa"),
+        "torch_first_over_sdpa": ratio("torch_first", "sdpa"),
+        "torch_over_reference": ratio("torch", "reference"),
+        "torch_first_over_reference": ratio("torch_first", "reference"),
         "max_abs_err_vs_sdpa": err,
     }
 

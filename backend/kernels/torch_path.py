@@ -131,9 +131,12 @@ def _gather_plan(tables: torch.Tensor, lens: torch.Tensor, block_size: int, num_
     """The slots and mask of a decode batch. With the lengths on the host, L is the
     longest of them and equal lengths need no mask; without, L is the tables' capacity
     (reading the lengths would be a device-to-host copy on a GPU)."""
-    length = max(host_lens) if host_lens else tables.shape[1] * block_size
+    if host_lens:
+        length = max(host_lens)
+        uniform = min(host_lens) == length
+    else:
+        length, uniform = tables.shape[1] * block_size, False
     slots, visible = _slots(tables, lens, length, block_size, num_slots)
-    uniform = bool(host_lens) and min(host_lens or [0]) == length
     return _Gather(slots, slots.view(-1), visible,
                    None if uniform else visible[:, None, None, :])
 
