@@ -90,6 +90,12 @@ def test_equal_lengths_with_host_lists_drop_the_mask_and_the_tail() -> None:
     run_layers(batch, plan)
     (g,) = (v for k, v in plan._memo.items() if k[0] == "decode")
     assert g.mask is None and g.slots.shape == (3, 10)
+    # Every layer gathered into the same two buffers, of exactly 3 x 10 token rows.
+    (ready,) = (v for k, v in plan._memo.items() if k[0] == "ready")
+    kvh, d = batch.k_cache.shape[2:]
+    assert ready.k_rows.shape == ready.v_rows.shape == (30, kvh * d)
+    assert ready.k.shape == (3, kvh, 10, d)
+    assert ready.k_rows.data_ptr() != ready.v_rows.data_ptr()
     # Without the host lists: the tables' capacity, masked.
     bare = StepPlan(batch.block_tables, batch.seq_lens, batch.query_start_loc)
     run_layers(batch, bare)

@@ -26,11 +26,12 @@ costs page faults that take longer than the gather itself (10x for 32 MiB here).
 
 Given the step's `StepPlan` (backend.kernels.plan), what depends only on the tables and
 lengths (the slots, the mask, which rows are decodes, the host's offsets) is computed on
-the first layer and reused by the others: per layer, a decode is then the two gathers,
-SDPA and the copy into `out`. The gathers stay per layer, since each layer has its own
-K/V: they are what paging costs over a contiguous cache. With the lengths on the host,
-a decode gathers up to the longest sequence rather than the tables' capacity, and a
-batch of equal lengths needs no mask.
+the first layer and reused by the others, on a CPU with the gather buffers and the views
+of them SDPA reads: per layer, a decode is then the two gathers, SDPA and the copy into
+`out` (four torch calls besides SDPA where there were twelve). The gathers
+stay per layer, since each layer has its own K/V: they are what paging costs over a
+contiguous cache. With the lengths on the host, a decode gathers up to the longest
+sequence rather than the tables' capacity, and a batch of equal lengths needs no mask.
 """
 
 from __future__ import annotations
@@ -126,6 +127,46 @@ class _Gather(NamedTuple):
     mask: torch.Tensor | None
 
 
+class _Ready(NamedTuple):
+    """A CPU decode batch that one gather covers, made ready once per plan for every
+    layer: where it reads and its mask (as in _Gather), the two buffers it gathers into
+    ([n * L, kvh * D]) and the [n, kvh, L, D] views of them that SDPA reads."""
+
+    flat: torch.Tensor
+    mask: torch.Tensor | None
+    row: int  # kvh * D: one token's K (or V) across its heads
+    gqa: bool
+    k_rows: torch.Tensor
+    v_rows: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def _ready(g: _Gather, num_heads: int, k_cache: torch.Tensor) -> _Ready | None:
+    """`g` made ready for a CPU step's layers, or None if it needs more than one gather."""
+    n, length = g.slots.shape
+    _, _, kvh, d = k_cache.shape
+    if _gathers(n, length, 2 * kvh * d * k_cache.element_size()) != 1:
+        return None
+    rows = []
+    for which in (0, 1):
+        buf = _buffer(which, n * length * kvh * d, k_cache)
+        assert buf is not None  # on a CPU
+        rows.append(buf.view(n * length, kvh * d))
+    k_rows, v_rows = rows
+    return _Ready(g.flat, g.mask, kvh * d, num_heads != kvh, k_rows, v_rows,
+                  k_rows.view(n, length, kvh, d).transpose(1, 2),
+                  v_rows.view(n, length, kvh, d).transpose(1, 2))
+
+
+def _gathers(n: int, length: int, per_position: int) -> int:
+    """How many gathers a decode of n sequences of `length` positions takes on a CPU:
+    1, or more (groups of sequences), or 0 for slices of positions (see _decode)."""
+    if length * per_position > GATHER_BYTES and _FLASH_WITH_LSE is not None:
+        return 0
+    return -(-n // max(1, GATHER_BYTES // (length * per_position)))
+
+
 def _gather_plan(tables: torch.Tensor, lens: torch.Tensor, block_size: int, num_slots: int,
                  host_lens: Sequence[int] | None = None) -> _Gather:
     """The slots and mask of a decode batch. With the lengths on the host, L is the
@@ -155,14 +196,30 @@ def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     n, num_heads, _ = query.shape
     num_blocks, block_size, kvh, d = k_cache.shape
     num_slots = num_blocks * block_size
-    g = _gather_plan(tables, lens, block_size, num_slots) if plan is None else plan.memo(
-        ("decode", rows_key, block_size, num_slots),
-        lambda: _gather_plan(tables, lens, block_size, num_slots, host_lens))
+    cpu = query.device.type == "cpu"
+
+    def where() -> _Gather:
+        return _gather_plan(tables, lens, block_size, num_slots, host_lens)
+
+    if plan is None:
+        g = where()
+    else:
+        g = plan.memo(("decode", rows_key, block_size, num_slots), where)
+        # The common CPU case, with what every layer shares made once: two gathers into
+        # the plan's buffers and SDPA on their views.
+        ready = plan.memo(("ready", rows_key, k_cache.shape, k_cache.dtype, num_heads,
+                           torch.is_inference_mode_enabled()),
+                          lambda: _ready(g, num_heads, k_cache) if cpu else None)
+        if ready is not None:
+            torch.index_select(k_cache.view(-1, ready.row), 0, ready.flat, out=ready.k_rows)
+            torch.index_select(v_cache.view(-1, ready.row), 0, ready.flat, out=ready.v_rows)
+            return F.scaled_dot_product_attention(
+                query.unsqueeze(2), ready.k, ready.v, attn_mask=ready.mask, scale=scale,
+                enable_gqa=ready.gqa).squeeze(2)  # [n, H, 1, D] -> [n, H, D]
     length = g.slots.shape[1]
     per_position = 2 * kvh * d * k_cache.element_size()
     gqa = num_heads != kvh
-    if length * per_position > GATHER_BYTES and _FLASH_WITH_LSE is not None and \
-            query.device.type == "cpu":
+    if cpu and _gathers(n, length, per_position) == 0:
         return _decode_slices(query, k_cache, v_cache, g.slots, g.visible, lens, scale,
                               max(16, GATHER_BYTES // (n * per_position)))
     group = max(1, GATHER_BYTES // (length * per_position))
