@@ -138,6 +138,11 @@ def test_a_plan_still_checks_a_differently_shaped_call() -> None:
         TORCH.paged_attention(batch.query[..., :8], *batch.args()[1:], plan=plan)
     with pytest.raises(PagedLabError, match="out"):
         TORCH.paged_attention(*batch.args(), out=torch.empty(3, 4, 16), plan=plan)
+    # Not tensors at all: no signature, so the full checks name the argument.
+    with pytest.raises(PagedLabError, match="out must have"):
+        TORCH.paged_attention(*batch.args(), out=[1.0], plan=plan)  # type: ignore[arg-type]
+    with pytest.raises(PagedLabError, match=r"query must be a torch\.Tensor, got list"):
+        TORCH.paged_attention(batch.query.tolist(), *batch.args()[1:], plan=plan)  # type: ignore[arg-type]
 
 
 def test_engine_steps_with_plans_match_a_contiguous_recomputation() -> None:

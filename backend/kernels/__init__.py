@@ -91,6 +91,8 @@ class KernelBackend(Protocol):
 
 
 def _check_device(backend: KernelBackend, tensor: torch.Tensor, what: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise PagedLabError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if not attention.same_device(tensor.device, backend.device):
         raise PagedLabError(f"{what} is on {tensor.device} but the {backend.name} backend runs "
                             f"on {backend.device}")

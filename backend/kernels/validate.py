@@ -80,15 +80,17 @@ def call_signature(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     first layer for the others. None when an argument is not a tensor (validate that
     call in full: it gets the message).
     """
-    parts: list[object] = [scale, type(scale), num_splits]
-    for t in (query, k_cache, v_cache, out):
-        if t is None:
-            parts.append(None)
-            continue
-        if not isinstance(t, torch.Tensor):
-            return None
-        parts += (t.shape, t.dtype, t.stride(), t.device)
-    return tuple(parts)
+    if not (isinstance(query, torch.Tensor) and isinstance(k_cache, torch.Tensor)
+            and isinstance(v_cache, torch.Tensor)
+            and (out is None or isinstance(out, torch.Tensor))):
+        return None
+    # One flat tuple, written out: it is built on every layer of a step.
+    return (scale, type(scale), num_splits,
+            query.shape, query.dtype, query.stride(), query.device,
+            k_cache.shape, k_cache.dtype, k_cache.stride(), k_cache.device,
+            v_cache.shape, v_cache.dtype, v_cache.stride(), v_cache.device,
+            None if out is None else
+            (out.shape, out.dtype, out.stride(), out.device))
 
 
 def validate_paged_attention(
