@@ -356,6 +356,33 @@ def test_check_integrity_catches_a_tampered_hash() -> None:
         m.check_integrity()
 
 
+def test_content_index_keeps_a_surviving_holder_of_duplicate_content() -> None:
+    """Two forks fill identical blocks (one digest, two holders); evicting the one the
+    content index names leaves it naming the other, so the content still hits."""
+    m = BlockManager(6, 2)
+    m.allocate("A", [1])
+    m.fork("A", "B")
+    m.append_one("A", 2)  # A's shared tail is copied first, then filled: [1, 2]
+    m.append_one("B", 2)  # B's original block, now its own, fills the same: [1, 2]
+    a, b = m.block_table("A")[0], m.block_table("B")[0]
+    assert a != b and m.pool.blocks[a].hash.digest == m.pool.blocks[b].hash.digest
+    named = m.pool.find(None, (1, 2))
+    assert named is not None and named.id in (a, b)
+    survivor = a if named.id == b else b
+    loser = "A" if named.id == a else "B"
+    m.free(loser)
+    m.allocate("C", list(range(10, 20)))  # every free block, the cached one last: evicted
+    assert named.id in m.block_table("C")
+    m.check_integrity()
+    found = m.pool.find(None, (1, 2))
+    assert found is not None and found.id == survivor
+    assert m.plan_prompt([1, 2, 3]).hit_blocks == (survivor,)
+    # A tampered index is caught.
+    m.pool.by_content[(None, (1, 2))] = m.pool.blocks[m.block_table("C")[0]]
+    with pytest.raises(IntegrityError, match="content index"):
+        m.check_integrity()
+
+
 def test_each_sequence_keeps_its_last_block_through_cow_fork_and_remap() -> None:
     m = BlockManager(12, 4)
     m.allocate("A", list(b"The cat s"))

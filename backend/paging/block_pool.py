@@ -131,13 +131,14 @@ class BlockPool:
         # digest -> {block id: block}. Several blocks can hold the same digest
         # (two forks that sampled the same token fill identical blocks).
         self.cached: dict[str, dict[int, Block]] = {}
-        # (parent digest, tokens) -> digest, for every key in `cached`: what a
-        # digest commits to, so that a prompt's leading blocks are found by
-        # their tokens without hashing them (`find`). Every key in a pool is
-        # made with the manager's one salt (a restore checks each digest
-        # against it), so the content names the digest. Rebuilt when `cached`
-        # is replaced (a restore writes a new map directly).
-        self.by_content: dict[tuple[str | None, tuple[int, ...]], str] = {}
+        # (parent digest, tokens) -> a cached block whose key holds exactly
+        # that content, for every content in `cached`: what a digest commits
+        # to, so that a prompt's leading blocks are found by their tokens
+        # without hashing them (`find`), and the dict's own key comparison is
+        # the exact check of tokens and parent (no digest is trusted alone).
+        # Where several blocks hold one content, any one of them. Rebuilt when
+        # `cached` is replaced (a restore writes a new map directly).
+        self.by_content: dict[tuple[str | None, tuple[int, ...]], Block] = {}
         self._indexed = self.cached
         self.num_cached_free = 0
         for block in self.blocks:
@@ -175,22 +176,12 @@ class BlockPool:
     def find(self, parent_digest: str | None, tokens: tuple[int, ...]) -> Block | None:
         """A cached block holding exactly `tokens` after a block keyed `parent_digest`, or None.
 
-        `lookup` without the key: the content index names the digest, and the
-        holders are checked exactly as `lookup` checks them. O(1).
+        `lookup` without the key: the content index holds the block, found by
+        comparing the content itself. O(1).
         """
         if self._indexed is not self.cached:
             self.reindex()
-        digest = self.by_content.get((parent_digest, tokens))
-        if digest is None:
-            return None
-        for block in self.cached.get(digest, {}).values():
-            held = block.hash
-            assert held is not None
-            if held.tokens == tokens:
-                held_parent = held.parent
-                if (None if held_parent is None else held_parent.digest) == parent_digest:
-                    return block
-        return None
+        return self.by_content.get((parent_digest, tokens))
 
     def peek_next(self) -> Block | None:
         """The block `pop_free` would hand out next, without taking it."""
@@ -323,7 +314,7 @@ class BlockPool:
         else:
             holders[block.id] = block
         parent = key.parent
-        self.by_content[(None if parent is None else parent.digest, key.tokens)] = key.digest
+        self.by_content[(None if parent is None else parent.digest, key.tokens)] = block
 
     def uncache(self, block: Block) -> None:
         """Mutates: drop a block's key from the cache map (eviction)."""
@@ -333,11 +324,19 @@ class BlockPool:
         del holders[block.id]
         if not holders:
             del self.cached[key.digest]
-            # The content named only this digest (no other block holds it).
-            parent = key.parent
-            content = (None if parent is None else parent.digest, key.tokens)
-            if self.by_content.get(content) == key.digest:
-                del self.by_content[content]
+        parent = key.parent
+        content = (None if parent is None else parent.digest, key.tokens)
+        named = self.by_content.pop(content, None)
+        if named is not block:  # another block of this content stays its entry
+            if named is not None:
+                self.by_content[content] = named
+        else:  # another holder of the same content (forks fill identical blocks)
+            for other in holders.values():
+                held = other.hash
+                assert held is not None
+                if held.tokens == key.tokens and held.parent_digest == content[0]:
+                    self.by_content[content] = other
+                    break
         block.hash = None
 
     def reindex(self) -> None:
@@ -347,7 +346,7 @@ class BlockPool:
             for block in holders.values():
                 key = block.hash
                 assert key is not None
-                self.by_content[(key.parent_digest, key.tokens)] = key.digest
+                self.by_content[(key.parent_digest, key.tokens)] = block
         self._indexed = self.cached
 
     def relabel(self, mapping: dict[int, int]) -> None:

@@ -165,31 +165,21 @@ class BlockTables:
             if pinned is None:
                 # A request always computes at least its last prompt token (its
                 # logits start the generation), so only blocks wholly before it
-                # can be hits. A hit block's key is the cached block's own: it is
-                # found by (parent digest, tokens), the inputs of its digest.
-                # BlockPool.find, inlined (one per full block of every prompt).
+                # can be hits. A hit block is found by (parent digest, tokens),
+                # the inputs of its digest, compared exactly by the content
+                # index; its key is the cached block's own. BlockPool.find,
+                # inlined (one per full block of every prompt).
                 if pool._indexed is not pool.cached:
                     pool.reindex()
                 by_content = pool.by_content.get
-                cached = pool.cached
                 parent_digest = None
+                frozen = tuple(toks)  # its slices are the blocks' tuples, made once each
                 for start in range(0, (length - 1) // bs * bs, bs):
-                    tokens = tuple(toks[start:start + bs])
-                    digest = by_content((parent_digest, tokens))
-                    # No holder: a digest two contents share lost its last block.
-                    holders = None if digest is None else cached.get(digest)
-                    if holders is None:
+                    block = by_content((parent_digest, frozen[start:start + bs]))
+                    if block is None:
                         break
-                    for block in holders.values():
-                        held = block.hash
-                        assert held is not None
-                        # Never trust a digest alone: the tokens and the parent too.
-                        if held.tokens == tokens and (
-                                None if held.parent is None else held.parent.digest
-                        ) == parent_digest:
-                            break
-                    else:
-                        break
+                    held = block.hash
+                    assert held is not None
                     parent = held
                     parent_digest = held.digest
                     keys.append(held)

@@ -125,10 +125,14 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
             if pool.cached.get(key.digest, {}).get(block.id) is not block:
                 problems.append(f"block {block.id}'s hash is missing from the cache map")
     if pool._indexed is pool.cached:
-        index = {(b.hash.parent_digest, b.hash.tokens): b.hash.digest
-                 for same_digest in pool.cached.values() for b in same_digest.values()
-                 if b.hash is not None}
-        if index != pool.by_content:
+        # Every cached content is indexed, by a cached block that holds exactly it.
+        contents = {(b.hash.parent_digest, b.hash.tokens)
+                    for same_digest in pool.cached.values() for b in same_digest.values()
+                    if b.hash is not None}
+        if contents != pool.by_content.keys() or any(
+                b.hash is None or (b.hash.parent_digest, b.hash.tokens) != content
+                or pool.cached.get(b.hash.digest, {}).get(b.id) is not b
+                for content, b in pool.by_content.items()):
             problems.append("the content index disagrees with the cache map")
     mapped = sum(len(h) for h in pool.cached.values())
     hashed = sum(1 for b in pool.blocks if b.hash is not None)
