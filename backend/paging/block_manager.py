@@ -303,28 +303,47 @@ class BlockManager(BlockTables):
             self.preemptions += 1
             if record is not None:
                 record((code | PREEMPT, seq_id, None, None))
-        released: list[Block] = []
-        blocks = self.pool.blocks
-        filled = shared = 0
+        # Each block whose count reaches 0 joins the back of the free queue as it
+        # is met (BlockPool.release, inlined: the queue is linked in one pass).
+        pool = self.pool
+        blocks = pool.blocks
+        queue = pool.free_queue
+        tail = queue._tail
+        last = tail.prev
+        assert last is not None
+        released: list[int] = []
+        filled = shared = empty = 0
         for block_id in reversed(seq.block_table):
             block = blocks[block_id]
-            rc = block.ref_count
-            assert rc > 0
-            if rc == 2:
-                shared += 1
-            block.ref_count = rc = rc - 1
+            block.ref_count = rc = block.ref_count - 1
             if rc == 0:
+                assert not block.in_queue, block_id
                 filled += block.num_filled
-                released.append(block)
+                last.next = block
+                block.prev = last
+                block.in_queue = True
+                last = block
+                if block.hash is None:
+                    empty += 1
+                    block.num_filled = 0
+                released.append(block_id)
+            else:
+                assert rc > 0, block_id
+                shared += rc == 1
             if record is not None:
                 record((free_code, seq_id, block_id, rc))
-        self.pool.release_all(released)
+        if released:
+            last.next = tail
+            tail.prev = last
+            queue._len += len(released)
+            pool.num_empty += empty
+            pool.num_cached_free += len(released) - empty
         self._filled_used -= filled
         self._shared -= shared
         self._table_entries -= len(seq.block_table)
         self._logical_tokens -= seq.num_tokens
         del self.seqs[seq_id]
-        return [b.id for b in released]
+        return released
 
     def plan_remap(self, seed: int) -> dict[int, int]:
         """Reads only: a permutation of all block ids that moves every used block.

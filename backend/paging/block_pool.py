@@ -277,33 +277,6 @@ class BlockPool:
         else:
             self.num_cached_free += 1
 
-    def release_all(self, released: list[Block]) -> None:
-        """Mutates: blocks whose ref_count just reached 0 join the back of the queue, in order.
-
-        `release` for each, in one pass over the links.
-        """
-        if not released:
-            return
-        queue = self.free_queue
-        tail = queue._tail
-        last = tail.prev
-        assert last is not None
-        empty = 0
-        for block in released:
-            assert block.ref_count == 0 and not block.in_queue, block.id
-            last.next = block
-            block.prev = last
-            block.in_queue = True
-            last = block
-            if block.hash is None:
-                empty += 1
-                block.num_filled = 0
-        last.next = tail
-        tail.prev = last
-        queue._len += len(released)
-        self.num_empty += empty
-        self.num_cached_free += len(released) - empty
-
     def register(self, block: Block, key: BlockHash) -> None:
         """Mutates: give a used, full block its prefix-cache key."""
         assert block.hash is None and block.ref_count > 0
