@@ -150,11 +150,10 @@ class BlockManager(BlockTables):
         self._table_entries += len(table)
         self._logical_tokens += length
         tail = length % bs
-        self.seqs[seq_id] = SeqBlocks(
+        self.seqs[seq_id] = SeqBlocks(  # tail tokens, last hash, tail block
             seq_id, table, length,
-            tail_tokens=(toks[length - tail:] if tail and caching and not isinstance(toks, int)
-                         else []),
-            last_hash=keys[-1] if keys else None, tail_block=blocks[table[-1]],
+            toks[length - tail:] if tail and caching and not isinstance(toks, int) else [],
+            keys[-1] if keys else None, blocks[table[-1]],
         )
         return Allocation(tuple(table), len(plan.hit_blocks) * bs, plan.hit_blocks, tuple(new))
 
