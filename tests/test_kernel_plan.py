@@ -112,6 +112,14 @@ def test_long_context_slices_and_groups_with_a_plan(monkeypatch: pytest.MonkeyPa
         batch = make_batch(q_lens, seq_lens, block_size=8)
         for plan in (None, host_plan(batch, q_lens, seq_lens)):
             run_layers(batch, plan, count=2)
+    # The 300-token batch is cut into slices once for both layers: one slot tensor per
+    # SLICE_MIN_POSITIONS positions, the last one ending past the longest sequence.
+    batch = make_batch([1] * 3, [300, 7, 120], block_size=8)
+    plan = host_plan(batch, [1] * 3, [300, 7, 120])
+    run_layers(batch, plan, count=2)
+    (cut,) = (v for k, v in plan._memo.items() if k[0] == "slices")
+    assert cut.width == tp.SLICE_MIN_POSITIONS
+    assert len(cut.flats) == -(-300 // cut.width)
 
 
 def test_a_plan_over_other_tensors_is_not_used() -> None:

@@ -161,10 +161,12 @@ def test_torch_path_groups_and_slices(monkeypatch: pytest.MonkeyPatch, gather_by
                                       dtype: torch.dtype) -> None:
     """However the gathers are cut, the same result; NaN tails and padding unread."""
     monkeypatch.setattr(torch_path, "GATHER_BYTES", gather_bytes)
+    # Slices of 16 positions at least, so that a 64-position table is cut into several.
+    monkeypatch.setattr(torch_path, "SLICE_MIN_POSITIONS", 16)
     calls: list[int] = []
     original = torch_path._decode_slices
     monkeypatch.setattr(torch_path, "_decode_slices",
-                        lambda *a: calls.append(a[-1]) or original(*a))
+                        lambda *a: calls.append(a[3].width) or original(*a))
     seq_lens = [1, 5, 17, 64, 3, 40, 2, 30]
     batch = make_batch([1] * 8, seq_lens, num_heads=6, num_kv_heads=2, head_dim=8,
                        block_size=4, dtype=dtype)

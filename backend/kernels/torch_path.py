@@ -20,9 +20,10 @@ call without a plan). It then runs its decodes batched like the above and each p
 chunk on its own with a bottom-right causal mask. Decodes gather about
 GATHER_BYTES of K/V at a time, so long contexts stay in bounded memory and the buffer
 SDPA reads is still warm in the CPU's caches: groups of whole sequences while one fits,
-else slices of positions of every sequence, merged exactly by their log-sum-exp. On a CPU the
-gather buffers are kept per thread and reused: a fresh multi-MiB tensor on every call
-costs page faults that take longer than the gather itself (10x for 32 MiB here).
+else slices of positions of every sequence, each attended with its log-sum-exp and all
+merged exactly at the end. On a CPU the gather buffers are kept per thread and reused: a
+fresh multi-MiB tensor on every call costs page faults that take longer than the gather
+itself (10x for 32 MiB here), and the same few MiB gathered into again stay in cache.
 
 Given the step's `StepPlan` (backend.kernels.plan), what depends only on the tables and
 lengths (the slots, the mask, which rows are decodes, the host's offsets) is computed on
@@ -46,7 +47,14 @@ import torch.nn.functional as F
 
 from backend.kernels.plan import StepPlan, usable
 
-GATHER_BYTES = 16 << 20
+# K and V gathered per group or slice. Measured on a 2-core EPYC with 1 MiB of L2 a
+# core (docs/BENCHMARKS.md): 4 MiB ran SmolLM2's and the 8B shape's batched decodes
+# 1.3-1.9x faster than 16 MiB, whose buffers SDPA had to read back from memory, while
+# much smaller slices cost more in per-slice calls than they saved.
+GATHER_BYTES = 4 << 20
+# A slice of positions covers at least this many: below it, a batch of many long
+# sequences pays more in per-slice calls than the smaller buffers save.
+SLICE_MIN_POSITIONS = 64
 # Larger gathers (one very long sequence) get a fresh buffer rather than pinning its
 # memory to the thread.
 SCRATCH_MAX_BYTES = 64 << 20
@@ -220,8 +228,11 @@ def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     per_position = 2 * kvh * d * k_cache.element_size()
     gqa = num_heads != kvh
     if cpu and _gathers(n, length, per_position) == 0:
-        return _decode_slices(query, k_cache, v_cache, g.slots, g.visible, lens, scale,
-                              max(16, GATHER_BYTES // (n * per_position)))
+        width = max(SLICE_MIN_POSITIONS, GATHER_BYTES // (n * per_position))
+        cut = _slices(g, lens, width, query.dtype) if plan is None else plan.memo(
+            ("slices", rows_key, block_size, num_slots, width, query.dtype),
+            lambda: _slices(g, lens, width, query.dtype))
+        return _decode_slices(query, k_cache, v_cache, cut, scale)
     group = max(1, GATHER_BYTES // (length * per_position))
     if n <= group:  # the common case: the whole batch in one gather, no slicing
         o = F.scaled_dot_product_attention(
@@ -241,39 +252,50 @@ def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return torch.cat(outs)
 
 
-def _decode_slices(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   slots: torch.Tensor, visible: torch.Tensor, lens: torch.Tensor,
-                   scale: float, width: int) -> torch.Tensor:
-    """Attention over `width` positions of every sequence at a time, merged exactly:
-    out = sum_c w_c o_c / sum_c w_c with w_c = exp(lse_c), kept normalised as it goes."""
-    assert _FLASH_WITH_LSE is not None
+class _Slices(NamedTuple):
+    """A decode cut into slices of `width` positions of every sequence: each slice's
+    slots (flat, [n * width]), the additive mask [n, L] in the query's dtype, and which
+    sequences end before each slice ([C, n, 1, 1])."""
+
+    width: int
+    flats: list[torch.Tensor]
+    mask: torch.Tensor
+    ended: torch.Tensor
+
+
+def _slices(g: _Gather, lens: torch.Tensor, width: int, dtype: torch.dtype) -> _Slices:
+    slots = g.slots
     length = slots.shape[1]
-    q = query[:, :, None, :]
     # The kernel takes an additive mask in the query's dtype.
-    mask = torch.zeros(visible.shape, dtype=query.dtype, device=query.device)
-    mask.masked_fill_(~visible, float("-inf"))
-    acc: torch.Tensor | None = None
-    run = torch.empty(0)
-    for p0 in range(0, length, width):
-        cols = slice(p0, p0 + width)
-        part = slots[:, cols]
-        flat = part.reshape(-1)
-        o, lse = _FLASH_WITH_LSE(q, _gather(k_cache, flat, len(part), 0),
-                                 _gather(v_cache, flat, len(part), 1),
-                                 0.0, False, attn_mask=mask[:, None, None, cols],
+    mask = torch.zeros(g.visible.shape, dtype=dtype, device=slots.device)
+    mask.masked_fill_(~g.visible, float("-inf"))
+    starts = torch.arange(0, length, width, device=slots.device)
+    return _Slices(width, [slots[:, p0:p0 + width].reshape(-1) for p0 in range(0, length, width)],
+                   mask, (starts[:, None] >= lens[None, :])[:, :, None, None])
+
+
+def _decode_slices(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   cut: _Slices, scale: float) -> torch.Tensor:
+    """Attention over `cut.width` positions of every sequence at a time, merged exactly
+    once all are done: out = sum_c w_c o_c / sum_c w_c with w_c = exp(lse_c), a softmax
+    over the slices' log-sum-exps."""
+    assert _FLASH_WITH_LSE is not None
+    n = query.shape[0]
+    q = query[:, :, None, :]
+    outs, lses = [], []
+    for c, flat in enumerate(cut.flats):
+        cols = slice(c * cut.width, (c + 1) * cut.width)
+        o, lse = _FLASH_WITH_LSE(q, _gather(k_cache, flat, n, 0), _gather(v_cache, flat, n, 1),
+                                 0.0, False, attn_mask=cut.mask[:, None, None, cols],
                                  scale=scale)  # [n, H, 1, D], [n, H, 1]
-        if acc is None:  # position 0 is in the first slice: every row has a finite lse
-            acc, run = o.float(), lse
-            continue
-        # A sequence that ends before this slice has every position masked; the kernel
-        # then reports lse 0 (and o 0), so its weight is forced to zero.
-        lse = torch.where((p0 < lens)[:, None, None], lse, float("-inf"))
-        top = torch.maximum(run, lse)
-        a, b = torch.exp(run - top), torch.exp(lse - top)
-        acc = (acc * a[..., None] + o.float() * b[..., None]) / (a + b)[..., None]
-        run = top + torch.log(a + b)
-    assert acc is not None
-    return acc[:, :, 0].to(query.dtype)
+        outs.append(o)
+        lses.append(lse)
+    # A sequence that ends before a slice has all its positions there masked; the kernel
+    # then reports lse 0 (and o 0), so that slice's weight is forced to zero. Position 0
+    # is in the first slice, so every row keeps one finite weight.
+    weights = torch.softmax(torch.stack(lses).float().masked_fill(cut.ended, float("-inf")), 0)
+    merged = (torch.stack(outs).float() * weights[..., None]).sum(0)  # [n, H, 1, D]
+    return merged[:, :, 0].to(query.dtype)
 
 
 def _prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
