@@ -48,9 +48,9 @@ import torch.nn.functional as F
 from backend.kernels.plan import StepPlan, usable
 
 # K and V gathered per group or slice. Measured on a 2-core EPYC with 1 MiB of L2 a
-# core (docs/BENCHMARKS.md): 4 MiB ran SmolLM2's and the 8B shape's batched decodes
-# 1.3-1.9x faster than 16 MiB, whose buffers SDPA had to read back from memory, while
-# much smaller slices cost more in per-slice calls than they saved.
+# core (docs/BENCHMARKS.md): 4 MiB ran batched decodes of SmolLM2's and the 8B shape
+# up to 1.9x faster than 16 MiB, whose buffers SDPA read back from memory, while much
+# smaller slices cost more in per-slice calls than they saved.
 GATHER_BYTES = 4 << 20
 # A slice of positions covers at least this many: below it, a batch of many long
 # sequences pays more in per-slice calls than the smaller buffers save.
