@@ -172,7 +172,12 @@ def _gathers(n: int, length: int, per_position: int) -> int:
     1, or more (groups of sequences), or 0 for slices of positions (see _decode)."""
     if length * per_position > GATHER_BYTES and _FLASH_WITH_LSE is not None:
         return 0
-    return -(-n // max(1, GATHER_BYTES // (length * per_position)))
+    return -(-n // _group_size(length, per_position))
+
+
+def _group_size(length: int, per_position: int) -> int:
+    """Whole sequences of `length` positions one gather takes (at least one)."""
+    return max(1, GATHER_BYTES // (length * per_position))
 
 
 def _gather_plan(tables: torch.Tensor, lens: torch.Tensor, block_size: int, num_slots: int,
@@ -233,7 +238,7 @@ def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             ("slices", rows_key, block_size, num_slots, width, query.dtype),
             lambda: _slices(g, lens, width, query.dtype))
         return _decode_slices(query, k_cache, v_cache, cut, scale)
-    group = max(1, GATHER_BYTES // (length * per_position))
+    group = _group_size(length, per_position)
     if n <= group:  # the common case: the whole batch in one gather, no slicing
         o = F.scaled_dot_product_attention(
             query.unsqueeze(2), _gather(k_cache, g.flat, n, 0), _gather(v_cache, g.flat, n, 1),
@@ -243,9 +248,10 @@ def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     for b0 in range(0, n, group):
         rows = slice(b0, b0 + group)
         part = g.slots[rows]
+        flat = part.reshape(-1)
         o = F.scaled_dot_product_attention(
-            query[rows, :, None, :], _gather(k_cache, part.reshape(-1), part.shape[0], 0),
-            _gather(v_cache, part.reshape(-1), part.shape[0], 1),
+            query[rows, :, None, :], _gather(k_cache, flat, part.shape[0], 0),
+            _gather(v_cache, flat, part.shape[0], 1),
             attn_mask=None if g.mask is None else g.mask[rows],
             scale=scale, enable_gqa=gqa)  # [g, H, 1, D]
         outs.append(o[:, :, 0])
