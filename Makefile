@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8501
 
-.PHONY: run test lint bench browser-deps clean
+.PHONY: run test lint bench browser-deps native clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,14 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.model
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	touch $@
 
+# The compiled CPU decode operator (backend/kernels/native, about 15 s to build).
+# `make run` works without it (a failed build is a warning: the torch kernel then
+# gathers, slower); `make test` needs it, since its tests check it.
+native: $(VENV)/.runtime
+	$(BIN)/python -m backend.kernels.native
+
 run: $(VENV)/.model
+	-@$(BIN)/python -m backend.kernels.native --optional
 	$(BIN)/streamlit run app.py --server.port $(PORT)
 
 # The browser tests need Debian's chromium; scripts/ensure-chromium installs it
@@ -34,7 +41,7 @@ run: $(VENV)/.model
 browser-deps:
 	@scripts/ensure-chromium
 
-test: $(VENV)/.dev browser-deps
+test: $(VENV)/.dev browser-deps native
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	@mkdir -p build
@@ -47,7 +54,7 @@ lint: $(VENV)/.dev
 
 # allocator_vs_peers.py needs copies of vLLM and nano-vllm (PAGEDLAB_VLLM_SRC,
 # PAGEDLAB_NANOVLLM_SRC; docs/BENCHMARKS.md) and says "skipped" without them.
-bench: $(VENV)/.model
+bench: $(VENV)/.model native
 	$(BIN)/python bench/allocator.py
 	$(BIN)/python bench/allocator_vs_peers.py
 	$(BIN)/python bench/kernel.py

@@ -11,7 +11,11 @@ attends to the whole context, timed three ways in the same run:
                per step, built as ForwardBatch.build builds it, shared by the step's
                layers; the figure is a step's time over its layers (the shape's layer
                count). `torch 1st` is one call with a fresh plan: a step's first layer,
-               or a call with no plan.
+               or a call with no plan. On a CPU with the compiled operator built
+               (backend.kernels.native), its decodes run that operator.
+    gather     the same calls with the operator turned off (native.turned_off): each
+               layer gathers its K/V into contiguous buffers for SDPA, as on a CPU
+               without a compiler (on a GPU, the same as torch)
     reference  reference_paged_attention, the per-sequence oracle
 
 Goals (issue 14): torch within 2x of sdpa at every decode shape, and never slower than
@@ -47,7 +51,7 @@ from decode_cases import Shape, make_case, median_cpu, time_gpu
 from machine import cpu_name
 
 from backend.core.errors import PagedLabError
-from backend.kernels import StepPlan, reference_paged_attention, select_kernels
+from backend.kernels import StepPlan, native, reference_paged_attention, select_kernels
 
 # (heads, KV heads, head_dim, block size, layers): an 8B Llama-shaped layer, the
 # pretrained model PagedLab ships (SmolLM2-135M-Instruct) and the Playground's tiny model.
@@ -93,12 +97,15 @@ def bench_case(batch: int, context: int, shape: Shape, layers: int, device: torc
     # is its first layer and one more (its per-layer work hardly depends on the plan).
     per_sample = layers if batch * context <= 8 * 1024 else 2
     times: dict[str, list[float]] = {"sdpa": [], "torch": [], "torch_first": [],
-                                     "reference": []}
+                                     "gather": [], "reference": []}
     for _ in range(rounds):
         times["sdpa"].append(timer(sdpa_n(per_sample, q4, case.dense, scale), reps) /
                              per_sample)
         times["torch"].append(timer(step_n(per_sample, new_plan, call), reps) / per_sample)
         times["torch_first"].append(timer(step_n(1, new_plan, call), reps))
+        with native.turned_off():
+            times["gather"].append(timer(step_n(per_sample, new_plan, call), reps) /
+                                   per_sample)
         times["reference"].append(timer(reference, ref_reps))
 
     def ratio(a: str, b: str) -> float:
@@ -110,6 +117,7 @@ def bench_case(batch: int, context: int, shape: Shape, layers: int, device: torc
         **{f"{name}_us": statistics.median(ts) for name, ts in times.items()},
         "torch_over_sdpa": ratio("torch", "sdpa"),
         "torch_first_over_sdpa": ratio("torch_first", "sdpa"),
+        "gather_over_sdpa": ratio("gather", "sdpa"),
         "torch_over_reference": ratio("torch", "reference"),
         "torch_first_over_reference": ratio("torch_first", "reference"),
         "max_abs_err_vs_sdpa": err,
@@ -171,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device), "gpu": torch.cuda.get_device_name(device) if gpu else None,
         "cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "dtype": dtype, "rounds": args.rounds, "clock": "gpu" if gpu else args.clock,
+        "native_operator": None if gpu else native.status().reason,
         "rows": [],
     }
     for name in args.shapes:
@@ -198,14 +207,18 @@ def main(argv: list[str] | None = None) -> int:
           f"({info['threads']} threads), {dtype}, {info['clock']} clock; medians of "
           f"{args.rounds} rounds "
           f"({datetime.date.today().isoformat()})")
+    if not gpu:
+        print(f"native decode operator: {info['native_operator']}")
     print(f"{'shape':<10}{'batch':>6}{'ctx':>6}{'KV MiB':>8}{'sdpa us':>10}{'torch us':>10}"
-          f"{'1st us':>9}{'ref us':>11}{'torch/sdpa':>11}{'1st/sdpa':>9}{'torch/ref':>10}"
+          f"{'1st us':>9}{'gath us':>9}{'ref us':>11}{'torch/sdpa':>11}{'1st/sdpa':>9}"
+          f"{'gath/sdpa':>10}{'torch/ref':>10}"
           f"{'1st/ref':>8}{'err':>9}")
     for r in info["rows"]:
         print(f"{r['shape']:<10}{r['batch']:>6}{r['context']:>6}{r['kv_mib']:>8.1f}"
               f"{r['sdpa_us']:>10.1f}{r['torch_us']:>10.1f}{r['torch_first_us']:>9.1f}"
-              f"{r['reference_us']:>11.1f}{r['torch_over_sdpa']:>11.2f}"
-              f"{r['torch_first_over_sdpa']:>9.2f}{r['torch_over_reference']:>10.2f}"
+              f"{r['gather_us']:>9.1f}{r['reference_us']:>11.1f}{r['torch_over_sdpa']:>11.2f}"
+              f"{r['torch_first_over_sdpa']:>9.2f}{r['gather_over_sdpa']:>10.2f}"
+              f"{r['torch_over_reference']:>10.2f}"
               f"{r['torch_first_over_reference']:>8.2f}{r['max_abs_err_vs_sdpa']:>9.1e}")
     for name in args.shapes:
         rows = [r for r in info["rows"] if r["shape"] == name]

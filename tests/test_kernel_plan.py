@@ -10,7 +10,7 @@ a model step through the engine matches a contiguous recomputation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -19,11 +19,23 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Step
-from backend.kernels import StepPlan, reference_paged_attention, select_kernels
+from backend.kernels import StepPlan, native, reference_paged_attention, select_kernels
 from backend.kernels import torch_path as tp
 from tests.test_kernels import NAN, Batch, make_batch
 
 TORCH = select_kernels("cpu", "torch")
+
+
+@pytest.fixture(autouse=True)
+def _gather(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What a plan keeps is the gather path's (the compiled decode operator needs none of
+    it), so the operator is off here unless a test's `path` parameter asks for it."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("path") == "native":
+        yield
+    else:
+        with native.turned_off():
+            yield
 
 
 def host_plan(batch: Batch, q_lens: Sequence[int], seq_lens: Sequence[int]) -> StepPlan:
@@ -55,9 +67,11 @@ def run_layers(batch: Batch, plan: StepPlan | None, count: int = 3) -> None:
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["gather", "native"])
 @pytest.mark.parametrize("kind", ["decode ragged", "decode equal", "mixed", "prefill only"])
 @pytest.mark.parametrize("hosted", [False, True])
-def test_layers_through_one_plan_match_the_reference(kind: str, hosted: bool) -> None:
+def test_layers_through_one_plan_match_the_reference(kind: str, hosted: bool,
+                                                     path: str) -> None:
     for _ in range(6):
         n = int(torch.randint(1, 6, ()))
         bs = int(torch.randint(1, 17, ()))
@@ -151,6 +165,44 @@ def test_a_plan_still_checks_a_differently_shaped_call() -> None:
         TORCH.paged_attention(*batch.args(), out=[1.0], plan=plan)  # type: ignore[arg-type]
     with pytest.raises(PagedLabError, match=r"query must be a torch\.Tensor, got list"):
         TORCH.paged_attention(batch.query.tolist(), *batch.args()[1:], plan=plan)  # type: ignore[arg-type]
+
+
+def test_passed_checks_are_kept_for_the_process_and_refusals_never(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's first layer skips the argument checks for a call shaped like one that
+    passed before, in any plan or none; another shape is checked; a bad call is refused
+    every time, since only passes are kept."""
+    import backend.kernels as kernels
+    from backend.kernels import attention
+    from backend.kernels.validate import Verdicts
+
+    checked: list[int] = []
+    real = attention.validate_paged_attention
+
+    def counting(*args: object, **kwargs: object) -> object:
+        checked.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention, "validate_paged_attention", counting)
+    monkeypatch.setattr(kernels, "_VERDICTS", Verdicts(limit=2))
+    batch = make_batch([1, 1], [9, 14], block_size=4)
+    for plan in (None, host_plan(batch, [1, 1], [9, 14]), host_plan(batch, [1, 1], [9, 14])):
+        TORCH.paged_attention(*batch.args(), plan=plan, check_bounds=False)
+    assert len(checked) == 1
+    other = make_batch([1, 1, 1], [3, 4, 5], block_size=4)
+    TORCH.paged_attention(*other.args(), check_bounds=False)
+    assert len(checked) == 2
+    for _ in range(2):
+        with pytest.raises(PagedLabError, match="scale must be a finite number"):
+            TORCH.paged_attention(*batch.args()[:6], float("nan"), check_bounds=False)
+    assert len(checked) == 4 and len(kernels._VERDICTS) == 2
+    # Bounds checks asked for: always checked in full.
+    TORCH.paged_attention(*batch.args(), check_bounds=True)
+    assert len(checked) == 5
+    # Past its limit the cache starts again rather than growing.
+    third = make_batch([1], [7], block_size=4)
+    TORCH.paged_attention(*third.args(), check_bounds=False)
+    assert len(kernels._VERDICTS) == 1
 
 
 def test_engine_steps_with_plans_match_a_contiguous_recomputation() -> None:

@@ -9,13 +9,15 @@ and table loads.
 
 from __future__ import annotations
 
+import contextlib
 import zlib
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from backend.core.errors import PagedLabError
-from backend.kernels import attention, reference_paged_attention, torch_path
+from backend.kernels import attention, native, reference_paged_attention, torch_path
 from backend.kernels.attention_batched import tile_map
 from backend.kernels.attention_tiled import table_loads
 from backend.kernels.tuning import BATCHED_TILE_ELEMENTS, BatchedConfig, choose_batched_config
@@ -28,6 +30,14 @@ pytestmark = pytest.mark.skipif(CUDA, reason="the batched kernel is for CPU tens
 @pytest.fixture(autouse=True)
 def _seed(request: pytest.FixtureRequest) -> None:
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def _gather() -> Iterator[None]:
+    """The torch path with the compiled decode operator turned off: what is tested here
+    is how it gathers (test_native_decode covers the operator)."""
+    with native.turned_off():
+        yield
 
 
 def _check(batch_args: tuple, out: torch.Tensor, dtype: torch.dtype) -> None:
@@ -157,6 +167,7 @@ def test_tiled_table_loads_in_the_interpreter(block_size: int, block_n: int) -> 
     20 << 10,    # groups of two (fp32) or four (bf16) whole sequences
     1 << 30,     # everything at once
 ])
+@pytest.mark.usefixtures("_gather")
 def test_torch_path_groups_and_slices(monkeypatch: pytest.MonkeyPatch, gather_bytes: int,
                                       dtype: torch.dtype) -> None:
     """However the gathers are cut, the same result; NaN tails and padding unread."""
@@ -180,25 +191,29 @@ def test_torch_path_groups_and_slices(monkeypatch: pytest.MonkeyPatch, gather_by
     _check(batch.args(), out, dtype)
 
 
+@pytest.mark.parametrize("gather", [False, True], ids=["native", "gather"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_torch_path_mixed_batch_into_a_strided_out(dtype: torch.dtype) -> None:
+def test_torch_path_mixed_batch_into_a_strided_out(dtype: torch.dtype, gather: bool) -> None:
     """Decodes batched and chunks one by one, written into a view of a wider buffer."""
     batch = make_batch([1, 9, 1, 1, 30], [50, 9, 1, 33, 70], num_heads=8, num_kv_heads=2,
                        head_dim=32, block_size=8, dtype=dtype)
     wide = torch.full((batch.query.shape[0], 8, 48), NAN, dtype=dtype)
     out = wide[:, :, 8:40]
-    got = torch_path.torch_paged_attention(*batch.args(), out=out)
+    with native.turned_off() if gather else contextlib.nullcontext():
+        got = torch_path.torch_paged_attention(*batch.args(), out=out)
     assert got is out
     _check(batch.args(), out, dtype)
     assert torch.isnan(wide[:, :, :8]).all() and torch.isnan(wide[:, :, 40:]).all()
 
 
-def test_torch_path_ignores_wide_padded_tables() -> None:
+@pytest.mark.parametrize("gather", [False, True], ids=["native", "gather"])
+def test_torch_path_ignores_wide_padded_tables(gather: bool) -> None:
     """Tables far wider than the lengths (padding -1 or a NaN block) change nothing."""
     batch = make_batch([1, 1, 1], [3, 7, 2], block_size=2)
     pad = torch.full((3, 40), -1, dtype=torch.int32)
     table = torch.cat([batch.block_tables, pad], dim=1)
     args = list(batch.args())
     args[3] = table
-    out = torch_path.torch_paged_attention(*args)
+    with native.turned_off() if gather else contextlib.nullcontext():
+        out = torch_path.torch_paged_attention(*args)
     _check(batch.args(), out, torch.float32)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from backend.kernels import (
     TritonKernels,
     attention,
     available_devices,
+    native,
     reference_paged_attention,
     select_kernels,
 )
@@ -72,15 +73,21 @@ def _full_checks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # On a GPU "triton" is the compiled tiled kernel; on a CPU the interpreter's default is the
-# batched kernel, so the tiled one is run in the interpreter as well.
-BACKENDS = ["triton", "torch"] if CUDA else ["triton", "triton-tiled", "torch"]
+# batched kernel, so the tiled one is run in the interpreter as well. On a CPU "torch"
+# runs its decodes through the compiled operator (backend.kernels.native) and
+# "torch-gather" runs the same backend with it turned off, gathering for SDPA.
+BACKENDS = ["triton", "torch"] if CUDA else ["triton", "triton-tiled", "torch", "torch-gather"]
 
 
 @pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> KernelBackend:
+def backend(request: pytest.FixtureRequest) -> Iterator[KernelBackend]:
     if request.param == "triton-tiled":
-        return TritonKernels(torch.device(DEVICE), attention_variant="tiled")
-    return select_kernels(DEVICE, request.param)
+        yield TritonKernels(torch.device(DEVICE), attention_variant="tiled")
+    elif request.param == "torch-gather":
+        with native.turned_off():
+            yield select_kernels(DEVICE, "torch")
+    else:
+        yield select_kernels(DEVICE, request.param)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -216,8 +223,18 @@ def test_reference_sees_the_worked_example() -> None:
     torch.testing.assert_close(out[0, 0], probs @ values[:, 0])
 
 
-def test_torch_fast_path_matches_reference_on_random_batches() -> None:
-    """The vectorized path over many random shapes (cheap: no interpreter involved)."""
+@pytest.mark.parametrize("gather", [False, True], ids=["native", "gather"])
+def test_torch_fast_path_matches_reference_on_random_batches(gather: bool) -> None:
+    """The vectorized path over many random shapes (cheap: no interpreter involved), its
+    decodes by the compiled operator and, turned off, by gathers for SDPA."""
+    if gather:
+        with native.turned_off():
+            _random_torch_batches()
+    else:
+        _random_torch_batches()
+
+
+def _random_torch_batches() -> None:
     for _ in range(25):
         batch_size = int(torch.randint(1, 6, ()))
         block_size = int(torch.randint(1, 20, ()))

@@ -17,6 +17,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from backend import views
 from backend.engine.engine import Engine
+from backend.kernels import TorchKernels
 from backend.views import Snapshot
 from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
@@ -285,6 +286,8 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
     notes = []
     if engine is not None and engine.kernels.name != info.backend:
         notes.append(f"The next step runs on **{engine.kernels.name}** ({engine.device}).")
+    if engine is not None and isinstance(engine.kernels, TorchKernels):
+        notes.append(f"On {engine.device}, {engine.kernels.decode_path()}.")
     if "triton-interpreter" in (info.backend, engine.kernels.name if engine else ""):
         notes.append("On this CPU the Triton kernel runs under Triton's interpreter: slow, but "
                      "the real kernel. Pick *torch* in the sidebar for speed.")

@@ -33,12 +33,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from backend.core.errors import PagedLabError
-from backend.kernels import attention, cache_ops
+from backend.kernels import attention, cache_ops, native
 from backend.kernels.checks import CHECKS_ENV, ReferenceCheck, checks_enabled, resolve_checks
 from backend.kernels.plan import StepPlan, usable
 from backend.kernels.reference import reference_paged_attention
 from backend.kernels.torch_path import torch_paged_attention
-from backend.kernels.validate import call_signature
+from backend.kernels.validate import Verdicts, call_signature, metadata_signature
 
 __all__ = [
     "CHECKS_ENV",
@@ -55,6 +55,8 @@ __all__ = [
 
 DEVICES = ("auto", "cpu", "cuda")
 KERNELS = ("auto", "triton", "torch")
+# The torch backend's passed argument checks, shared by every engine in the process.
+_VERDICTS = Verdicts()
 
 
 @runtime_checkable
@@ -162,6 +164,17 @@ class TorchKernels:
     def __repr__(self) -> str:
         return f"TorchKernels(device={str(self.device)!r})"
 
+    def decode_path(self) -> str:
+        """In words, how this backend computes decode rows (one new token each)."""
+        if self.device.type != "cpu":
+            return "decodes gather each sequence's blocks for torch's SDPA"
+        loaded = native.status()
+        if loaded.loaded:
+            return ("decodes run PagedLab's compiled CPU operator, reading K/V through "
+                    "the block tables (no gather)")
+        return (f"the compiled decode operator is {loaded.reason}: decodes gather each "
+                "sequence's blocks for torch's SDPA")
+
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
                  check_bounds: bool | None = None) -> None:
@@ -179,9 +192,11 @@ class TorchKernels:
                         plan: StepPlan | None = None) -> torch.Tensor:
         """See `KernelBackend`; `num_splits` is validated and otherwise ignored.
 
-        With a `plan` and no bounds checks, a call shaped like one the plan has seen
-        (validate.call_signature) reuses its verdict: a step's layers after the first
-        skip the argument checks, which otherwise cost about as much as a small decode.
+        Without bounds checks, a call shaped like one that passed before (its tensors'
+        shapes, dtypes, strides and devices and its scalars: validate.call_signature and
+        metadata_signature) skips the argument checks, which otherwise cost about as
+        much as a small decode: with a `plan`, a step's layers after the first look only
+        at the plan's memo; a step's first layer looks in the process's passed verdicts.
         """
         _check_device(self, query, "query")
         checks = resolve_checks(check_bounds)
@@ -193,14 +208,24 @@ class TorchKernels:
             return True
 
         plan = usable(plan, block_tables, seq_lens, query_start_loc)
-        signature = None if plan is None or checks else \
+        signature = None if checks else \
             call_signature(query, k_cache, v_cache, out, scale, num_splits)
+
+        def validate_once() -> None:
+            assert signature is not None
+            meta = metadata_signature(block_tables, seq_lens, query_start_loc)
+            if meta is None:
+                validate()  # it names the argument that is not a tensor
+            else:
+                _VERDICTS.check(signature + meta, validate)
+
         if signature is None:
             validate()
+        elif plan is None:
+            validate_once()
         else:
-            assert plan is not None
             # A failed validation raises before the memo keeps anything.
-            plan.memo(("valid", signature), validate)
+            plan.memo(("valid", signature), validate_once)
         return torch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens,
                                      query_start_loc, scale, out=out, plan=plan)
 

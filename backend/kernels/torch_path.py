@@ -38,13 +38,15 @@ sequence rather than the tables' capacity, and a batch of equal lengths needs no
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from backend.core.errors import PagedLabError
+from backend.kernels import native
 from backend.kernels.plan import StepPlan, usable
 
 # K and V gathered per group or slice. Measured on a 2-core EPYC with 1 MiB of L2 a
@@ -355,22 +357,46 @@ def torch_paged_attention(
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     num_tokens, num_seqs = query.shape[0], block_tables.shape[0]
+    op = native.decode_op() if query.device.type == "cpu" else None
     if num_tokens == num_seqs:  # q_len >= 1 each, so all are 1: token b is sequence b
-        out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, plan,
-                          host_lens=None if plan is None else plan.seq_lens_host))
+        if op is not None:
+            _native_decode(op, query, k_cache, v_cache, block_tables, seq_lens, scale, out)
+        else:
+            out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, plan,
+                              host_lens=None if plan is None else plan.seq_lens_host))
         return out
     mixed = _mixed(block_tables, seq_lens, query_start_loc, plan) if plan is None else \
         plan.memo("mixed", lambda: _mixed(block_tables, seq_lens, query_start_loc, plan))
     if mixed.decode_tokens is not None:
         assert mixed.decode_tables is not None and mixed.decode_lens is not None
-        o = _decode(query.index_select(0, mixed.decode_tokens), k_cache, v_cache,
-                    mixed.decode_tables, mixed.decode_lens, scale, plan, "decodes",
-                    mixed.decode_host_lens)
+        q = query.index_select(0, mixed.decode_tokens)
+        if op is not None:
+            o = torch.empty_like(q)
+            _native_decode(op, q, k_cache, v_cache, mixed.decode_tables, mixed.decode_lens,
+                           scale, o)
+        else:
+            o = _decode(q, k_cache, v_cache, mixed.decode_tables, mixed.decode_lens, scale,
+                        plan, "decodes", mixed.decode_host_lens)
         out.index_copy_(0, mixed.decode_tokens, o.to(out.dtype))
     for b, start, end, seq_len in mixed.prefills:
         out[start:end] = _prefill(query[start:end], k_cache, v_cache, block_tables[b],
                                   seq_len, scale, plan, b)
     return out
+
+
+def _native_decode(op: Callable[..., None], query: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                   scale: float, out: torch.Tensor) -> None:
+    """A decode batch (query [n, H, D]) by the compiled operator, written into `out`.
+
+    The operator checks every length and block id it uses before it reads through
+    them, so a table the caller did not bounds-check can make it refuse, never read
+    outside the caches; its refusal is a PagedLabError like the validators'.
+    """
+    try:
+        op(query, k_cache, v_cache, tables, lens, float(scale), out)
+    except RuntimeError as exc:
+        raise PagedLabError(str(exc).split("\n")[0]) from None
 
 
 class _Mixed(NamedTuple):

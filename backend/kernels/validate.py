@@ -93,6 +93,46 @@ def call_signature(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
             (out.shape, out.dtype, out.stride(), out.device))
 
 
+def metadata_signature(block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                       query_start_loc: torch.Tensor) -> tuple[object, ...] | None:
+    """What `validate_paged_attention` reads of the metadata tensors without bounds
+    checks (their shape, dtype, strides and device, never their values); None when one
+    is not a tensor. With `call_signature`, the whole of what such a verdict depends on.
+    """
+    if not (isinstance(block_tables, torch.Tensor) and isinstance(seq_lens, torch.Tensor)
+            and isinstance(query_start_loc, torch.Tensor)):
+        return None
+    return (block_tables.shape, block_tables.dtype, block_tables.stride(), block_tables.device,
+            seq_lens.shape, seq_lens.dtype, seq_lens.stride(), seq_lens.device,
+            query_start_loc.shape, query_start_loc.dtype, query_start_loc.stride(),
+            query_start_loc.device)
+
+
+class Verdicts:
+    """The signatures of calls that passed validation without bounds checks, kept for
+    the process: a step's first layer with a batch shaped like one seen before skips
+    the checks (they cost about as much as a small decode). Only passes are kept, so a
+    bad call is refused every time, with its message. Bounded: past `limit` entries it
+    starts again. Safe under concurrent sessions: one dict read or write at a time.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._passed: dict[tuple[object, ...], bool] = {}
+
+    def check(self, signature: tuple[object, ...], validate: Callable[[], object]) -> None:
+        """Run `validate` unless `signature` passed before; remember it if it passes."""
+        if signature in self._passed:
+            return
+        validate()  # raises on a bad call: nothing is kept
+        if len(self._passed) >= self.limit:
+            self._passed.clear()
+        self._passed[signature] = True
+
+    def __len__(self) -> int:
+        return len(self._passed)
+
+
 def validate_paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
