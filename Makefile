@@ -33,7 +33,7 @@ native: $(VENV)/.runtime
 	$(BIN)/python -m backend.kernels.native
 
 run: $(VENV)/.model
-	-@$(BIN)/python -m backend.kernels.native --optional
+	@$(BIN)/python -m backend.kernels.native --optional
 	$(BIN)/streamlit run app.py --server.port $(PORT)
 
 # The browser tests need Debian's chromium; scripts/ensure-chromium installs it
