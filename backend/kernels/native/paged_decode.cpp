@@ -121,6 +121,27 @@ inline void prefetch_block(const T* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
 }
 
+// Calls f(rows, h, p0, tn) for each of a sequence's blocks in order and each query head
+// h (counted from the item's first) of KV heads [g0, g1): `rows` is the block's first
+// row of h's KV head in `cache`, p0 the block's first position, tn its positions used.
+// Prefetches kAhead blocks ahead, the first few before the loop.
+template <typename T, typename F>
+inline void for_each_block(const Shape& s, const T* cache, const int32_t* row, int64_t blocks,
+                           int64_t len, int64_t g0, int64_t g1, int64_t span, F&& f) {
+  for (int64_t j = 1; j < std::min(kAhead, blocks); ++j)
+    prefetch_block(cache + row[j] * s.c_block + g0 * s.c_head, span);
+  for (int64_t j = 0; j < blocks; ++j) {
+    if (j + kAhead < blocks)
+      prefetch_block(cache + row[j + kAhead] * s.c_block + g0 * s.c_head, span);
+    const int64_t p0 = j * s.block_size, tn = std::min(s.block_size, len - p0);
+    for (int64_t g = g0; g < g1; ++g) {
+      const T* rows = cache + row[j] * s.c_block + g * s.c_head;
+      const int64_t hg = (g - g0) * s.group;
+      for (int64_t h = hg; h < hg + s.group; ++h) f(rows, h, p0, tn);
+    }
+  }
+}
+
 // Per-thread scratch: reused across a thread's items, sized by the longest.
 struct Scratch {
   std::vector<float> scores, q, acc, inv;
@@ -159,19 +180,11 @@ bool decode_item(const Shape& s, int64_t item, const T* q, const T* kc, const T*
   float* scores = w.scores.data();
   // Pass 1: every score. A block's rows of one KV head are read from memory once and
   // stay in L1 for its group's G query heads.
-  for (int64_t j = 1; j < std::min(kAhead, blocks); ++j)
-    prefetch_block(kc + row[j] * s.c_block + g0 * s.c_head, span);
-  for (int64_t j = 0; j < blocks; ++j) {
-    if (j + kAhead < blocks)
-      prefetch_block(kc + row[j + kAhead] * s.c_block + g0 * s.c_head, span);
-    const int64_t p0 = j * s.block_size, tn = std::min(s.block_size, len - p0);
-    for (int64_t g = g0; g < g1; ++g) {
-      const T* rows = kc + row[j] * s.c_block + g * s.c_head;
-      const int64_t hg = (g - g0) * s.group;
-      for (int64_t h = hg; h < hg + s.group; ++h)
-        block_scores<T, kD>(&w.q[h * D], rows, s.c_slot, tn, D, scores + h * len + p0);
-    }
-  }
+  for_each_block(s, kc, row, blocks, len, g0, g1, span,
+                 [&](const T* rows, int64_t h, int64_t p0, int64_t tn) {
+                   block_scores<T, kD>(&w.q[h * D], rows, s.c_slot, tn, D,
+                                       scores + h * len + p0);
+                 });
   // The softmax per head: the scores become unnormalized weights exp(s - max).
   for (int64_t h = 0; h < heads; ++h) {
     float* sh = scores + h * len;
@@ -184,19 +197,11 @@ bool decode_item(const Shape& s, int64_t item, const T* q, const T* kc, const T*
     w.inv[h] = 1.f / sum;
   }
   // Pass 2: P @ V, a block's V rows likewise read once for the group.
-  for (int64_t j = 1; j < std::min(kAhead, blocks); ++j)
-    prefetch_block(vc + row[j] * s.c_block + g0 * s.c_head, span);
-  for (int64_t j = 0; j < blocks; ++j) {
-    if (j + kAhead < blocks)
-      prefetch_block(vc + row[j + kAhead] * s.c_block + g0 * s.c_head, span);
-    const int64_t p0 = j * s.block_size, tn = std::min(s.block_size, len - p0);
-    for (int64_t g = g0; g < g1; ++g) {
-      const T* rows = vc + row[j] * s.c_block + g * s.c_head;
-      const int64_t hg = (g - g0) * s.group;
-      for (int64_t h = hg; h < hg + s.group; ++h)
-        block_weighted_sum<T, kD>(&w.acc[h * D], scores + h * len + p0, rows, s.c_slot, tn, D);
-    }
-  }
+  for_each_block(s, vc, row, blocks, len, g0, g1, span,
+                 [&](const T* rows, int64_t h, int64_t p0, int64_t tn) {
+                   block_weighted_sum<T, kD>(&w.acc[h * D], scores + h * len + p0, rows,
+                                             s.c_slot, tn, D);
+                 });
   for (int64_t h = 0; h < heads; ++h) {
     T* oh = out + b * s.o_seq + (h0 + h) * s.o_head;
     for (int64_t i = 0; i < D; ++i) oh[i] = static_cast<T>(w.acc[h * D + i] * w.inv[h]);
