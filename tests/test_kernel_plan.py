@@ -196,13 +196,17 @@ def test_passed_checks_are_kept_for_the_process_and_refusals_never(
         with pytest.raises(PagedLabError, match="scale must be a finite number"):
             TORCH.paged_attention(*batch.args()[:6], float("nan"), check_bounds=False)
     assert len(checked) == 4 and len(kernels._VERDICTS) == 2
+    # A third passing shape: past the limit of 2 the cache starts again, not grows.
+    TORCH.paged_attention(*batch.args(), num_splits=2, check_bounds=False)
+    assert len(kernels._VERDICTS) == 1
+    # Equal but of another type (2 == 2.0, one hash): still checked, still refused.
+    with pytest.raises(PagedLabError, match="num_splits must be an int"):
+        TORCH.paged_attention(*batch.args(), num_splits=2.0,  # type: ignore[arg-type]
+                              check_bounds=False)
+    assert len(checked) == 6
     # Bounds checks asked for: always checked in full.
     TORCH.paged_attention(*batch.args(), check_bounds=True)
-    assert len(checked) == 5
-    # Past its limit the cache starts again rather than growing.
-    third = make_batch([1], [7], block_size=4)
-    TORCH.paged_attention(*third.args(), check_bounds=False)
-    assert len(kernels._VERDICTS) == 1
+    assert len(checked) == 7
 
 
 def test_engine_steps_with_plans_match_a_contiguous_recomputation() -> None:

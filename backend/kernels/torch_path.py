@@ -1,5 +1,11 @@
 """Paged attention in vectorized torch: the torch backend's path, fast on a CPU.
 
+On a CPU with PagedLab's compiled operator loaded (backend.kernels.native), every
+decode row (a decode-only batch, or the decode rows of a mixed batch) goes to it: one
+call reads K/V through the tables with no gather. What follows is the route for
+everything else: prefill chunks, GPUs, and decodes where the operator is not built or
+is turned off.
+
 Each sequence's K/V is gathered once, token rows through the block tables, into a
 contiguous buffer that torch's scaled_dot_product_attention reads as [n, kvh, L, D]
 (a transposed view, no second copy; grouped-query attention natively)::

@@ -85,7 +85,7 @@ def call_signature(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
             and (out is None or isinstance(out, torch.Tensor))):
         return None
     # One flat tuple, written out: it is built on every layer of a step.
-    return (scale, type(scale), num_splits,
+    return (scale, type(scale), num_splits, type(num_splits),
             query.shape, query.dtype, query.stride(), query.device,
             k_cache.shape, k_cache.dtype, k_cache.stride(), k_cache.device,
             v_cache.shape, v_cache.dtype, v_cache.stride(), v_cache.device,
