@@ -219,9 +219,17 @@ def test_the_loader_refuses_what_does_not_match(monkeypatch: pytest.MonkeyPatch,
     assert native._load().reason == "not built (run `make native`)"
     (tmp_path / "lib.so").write_bytes(b"not a library")
     (tmp_path / "stamp.txt").write_text("0" * 64 + "\n")
-    assert native._load().reason == "built from another source or torch (run `make native`)"
+    assert native._load().reason == "built from another source, torch or CPU (run `make native`)"
     (tmp_path / "stamp.txt").write_text(native.fingerprint() + "\n")
     refused = native._load()
     assert not refused.loaded and refused.reason.startswith("could not be loaded")
     monkeypatch.setenv(native.ENV_SWITCH, "0")
     assert native._load().reason == f"turned off ({native.ENV_SWITCH}=0)"
+
+
+def test_the_stamp_names_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build is for the CPU it was made on (-march=native): other features, another
+    fingerprint, so a build directory copied to another machine is not loaded there."""
+    here = native.fingerprint()
+    monkeypatch.setattr(native, "_cpu_features", lambda: "sse2")
+    assert native.fingerprint() != here

@@ -9,8 +9,9 @@ it for every decode row on a CPU when it is built, and gathers otherwise.
 
 It is compiled ahead of time, never at run time: `make run` and `make test` build it
 (`python -m backend.kernels.native`, torch's C++ extension builder with ninja, about
-15 s) into build/native/, with a stamp naming the source, flags and torch it was built
-from. Loading checks the stamp, so a library from another source or torch is not used.
+15 s) into build/native/, with a stamp naming the source, flags, torch and CPU features
+it was built for. Loading checks the stamp, so a library from another source, torch or
+kind of CPU is not used.
 Without a C++ compiler, or with PAGEDLAB_NATIVE=0 set, nothing is loaded and the torch
 path gathers as before; `status()` says which and why.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -58,11 +60,26 @@ _thread = threading.local()  # .off: turned_off() is active on this thread
 
 
 def fingerprint() -> str:
-    """What a build must match to be loaded: the source, the flags and torch's version."""
+    """What a build must match to be loaded: the source, the flags, torch's version and
+    this CPU's instruction sets (-march=native code run on a CPU without them would
+    die of an illegal instruction, so a build copied from another machine is refused)."""
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(" ".join(FLAGS).encode())
     h.update(torch.__version__.encode())
+    h.update(_cpu_features().encode())
     return h.hexdigest()
+
+
+def _cpu_features() -> str:
+    """The CPU's feature flags as Linux lists them, else the platform's processor name."""
+    try:
+        with Path("/proc/cpuinfo").open(encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine() + " " + platform.processor()
 
 
 def status() -> NativeStatus:
@@ -104,7 +121,7 @@ def _load() -> NativeStatus:
     if not LIBRARY.exists() or not STAMP.exists():
         return NativeStatus(False, "not built (run `make native`)")
     if STAMP.read_text().strip() != fingerprint():
-        return NativeStatus(False, "built from another source or torch (run `make native`)")
+        return NativeStatus(False, "built from another source, torch or CPU (run `make native`)")
     try:
         torch.ops.load_library(str(LIBRARY))
     except (OSError, RuntimeError) as exc:  # a library this process cannot load
