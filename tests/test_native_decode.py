@@ -148,6 +148,29 @@ def test_bad_tables_and_lengths_are_refused(what: str, value: int) -> None:
                                 batch.query_start_loc, batch.scale, check_bounds=False)
 
 
+def test_the_operator_checks_its_own_arguments() -> None:
+    """Called directly, past the backend's validation, a malformed call is refused by
+    the operator's own checks (it never guesses at a layout)."""
+    batch = make_batch([1, 1], [9, 6], block_size=4)
+    op = _op()
+    out = torch.empty_like(batch.query)
+    args = [batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+            batch.scale, out]
+    bad = {
+        3: (batch.block_tables.long(), "must be int32"),
+        4: (batch.seq_lens[:1], "one table row and one length per query row"),
+        1: (batch.k_cache.double(), "share one dtype"),
+        6: (out[:, :, :8], r"query and out must both be \[n, H, D\]"),
+        0: (batch.query.transpose(1, 2).contiguous().transpose(1, 2),
+            "rows must be contiguous in D"),
+    }
+    for index, (value, message) in bad.items():
+        call = list(args)
+        call[index] = value
+        with pytest.raises(RuntimeError, match=message):
+            op(*call)  # type: ignore[operator]
+
+
 def test_concurrent_calls_from_threads() -> None:
     """Sessions share the operator: calls from several threads at once stay correct."""
     batches = [make_batch([1] * 3, torch.randint(1, 400, (3,)).tolist(), num_heads=4,

@@ -277,7 +277,8 @@ void paged_decode(const at::Tensor& query, const at::Tensor& k_cache,
               "paged_decode: one table row and one length per query row");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1 && k_cache.stride(3) == 1,
               "paged_decode: rows must be contiguous in D");
-  TORCH_CHECK(query.device().is_cpu() && k_cache.device().is_cpu() && out.device().is_cpu() &&
+  TORCH_CHECK(query.device().is_cpu() && k_cache.device().is_cpu() &&
+                  v_cache.device().is_cpu() && out.device().is_cpu() &&
                   block_tables.device().is_cpu() && seq_lens.device().is_cpu(),
               "paged_decode: CPU tensors only");
   s.group = s.heads / s.kv_heads;
