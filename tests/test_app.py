@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from streamlit.testing.v1 import AppTest
 
 from backend.engine.engine import Engine
@@ -132,6 +133,12 @@ def test_add_shows_blocks_table_layout_and_events() -> None:
     events = html(at, "pl-events")
     assert events.count("took free block") == 6 and "step 1" in events
     assert "Last step ran on **torch**" in markdown(at)
+    # The kernel panel says which route the torch backend's decodes take here: on a CPU
+    # the compiled operator (make test builds it), on a GPU gathers for SDPA.
+    route = "decodes gather each sequence's blocks" if torch.cuda.is_available() else \
+        "decodes run PagedLab's compiled CPU operator"
+    notes = [c.value for c in at.caption]
+    assert any(route in n for n in notes), notes
 
 
 def test_second_request_with_the_same_prompt_shares_its_prefix() -> None:
