@@ -7,7 +7,9 @@ Three backends share one interface (`KernelBackend`):
     "triton-interpreter"  cpu     the Triton kernels, run by Triton's interpreter; for
                                   attention its batched variant by default (many
                                   sequences per program, see backend.kernels.attention)
-    "torch"               either  vectorized torch (the fast CPU path, torch_path.py)
+    "torch"               either  vectorized torch (the fast CPU path, torch_path.py);
+                                  on a CPU its decode rows run PagedLab's compiled
+                                  operator when it is built (backend.kernels.native)
 
 Bounds checks that read tensor data (a device-to-host copy on a GPU) are off unless a
 call asks (`check_bounds=True`) or PAGEDLAB_KERNEL_CHECKS=1 is set (backend.kernels.checks);
