@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import zlib
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def _seed(request: pytest.FixtureRequest) -> None:
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
-def _op() -> object:
+def _op() -> Callable[..., None]:
     op = native.decode_op()
     assert op is not None, f"the native operator is not loaded: {native.status().reason}"
     return op
@@ -47,8 +48,8 @@ def _op() -> object:
 
 def _decode(batch: Batch, out: torch.Tensor | None = None) -> torch.Tensor:
     out = torch.full_like(batch.query, NAN) if out is None else out
-    _op()(batch.query, batch.k_cache, batch.v_cache, batch.block_tables,  # type: ignore[operator]
-          batch.seq_lens, batch.scale, out)
+    _op()(batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+          batch.scale, out)
     return out
 
 
@@ -168,7 +169,7 @@ def test_the_operator_checks_its_own_arguments() -> None:
         call = list(args)
         call[index] = value
         with pytest.raises(RuntimeError, match=message):
-            op(*call)  # type: ignore[operator]
+            op(*call)
 
 
 def test_concurrent_calls_from_threads() -> None:
@@ -203,7 +204,7 @@ def test_the_torch_path_uses_it_for_decode_rows(monkeypatch: pytest.MonkeyPatch)
 
     def counting(*args: object) -> None:
         calls.append(int(args[0].shape[0]))  # type: ignore[attr-defined]
-        op(*args)  # type: ignore[operator]
+        op(*args)
 
     monkeypatch.setattr(native, "_op", counting)
     decode = make_batch([1, 1, 1], [20, 3, 9])
