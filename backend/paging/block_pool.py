@@ -297,13 +297,11 @@ class BlockPool:
         del holders[block.id]
         if not holders:
             del self.cached[key.digest]
-        parent = key.parent
-        content = (None if parent is None else parent.digest, key.tokens)
-        named = self.by_content.pop(content, None)
-        if named is not block:  # another block of this content stays its entry
-            if named is not None:
-                self.by_content[content] = named
-        else:  # another holder of the same content (forks fill identical blocks)
+        content = (key.parent_digest, key.tokens)
+        # Only when the index names this block does its entry change: to another holder
+        # of the same content (forks fill identical blocks), or away if there is none.
+        if self.by_content.get(content) is block:
+            del self.by_content[content]
             for other in holders.values():
                 held = other.hash
                 assert held is not None
