@@ -115,12 +115,21 @@ def turned_off() -> Iterator[None]:
         _thread.off = before
 
 
+def built() -> bool | None:
+    """Whether the library in BUILD_DIR was built from this source, flags, torch and CPU:
+    True, False (built from others), or None (not built, or not stamped)."""
+    if not LIBRARY.exists() or not STAMP.exists():
+        return None
+    return STAMP.read_text().strip() == fingerprint()
+
+
 def _load() -> NativeStatus:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return NativeStatus(False, f"turned off ({ENV_SWITCH}=0)")
-    if not LIBRARY.exists() or not STAMP.exists():
+    current = built()
+    if current is None:
         return NativeStatus(False, "not built (run `make native`)")
-    if STAMP.read_text().strip() != fingerprint():
+    if not current:
         return NativeStatus(False, "built from another source, torch or CPU (run `make native`)")
     try:
         torch.ops.load_library(str(LIBRARY))

@@ -20,8 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optional", action="store_true",
                         help="a failed build is a warning, not an error")
     args = parser.parse_args(argv)
-    if (native.LIBRARY.exists() and native.STAMP.exists()
-            and native.STAMP.read_text().strip() == native.fingerprint()):
+    if native.built():
         print(f"native operator up to date: {native.LIBRARY}")
         return 0
     print("building the native CPU decode operator (about 15 s) ...", flush=True)
