@@ -1,7 +1,7 @@
 """The torch kernel path against torch's SDPA on contiguous K/V and against the reference.
 
 For each batch size and context length, one decode step (one new token per sequence)
-attends to the whole context, timed three ways in the same run:
+attends to the whole context, timed four ways in the same run:
 
     sdpa       torch's scaled_dot_product_attention on [B, kvh, L, D] laid out
                contiguously (enable_gqa): the floor a paged layout is measured against
