@@ -25,7 +25,7 @@ def fingerprint(m: BlockManager) -> object:
     return copy.deepcopy((
         [(b.id, b.ref_count, b.num_filled, b.hash and b.hash.digest) for b in pool.blocks],
         queue(m),
-        {k: sorted(v) for k, v in pool.cached.items()},
+        {k: sorted(v) for k, v in pool.cache_map().items()},
         {s: (q.block_table, q.num_tokens, q.tail_tokens) for s, q in m.seqs.items()},
         len(m.events), m.metrics(), pool.random_picks,
     ))
@@ -379,6 +379,39 @@ def test_content_index_keeps_a_surviving_holder_of_duplicate_content() -> None:
     assert m.plan_prompt([1, 2, 3]).hit_blocks == (survivor,)
     # A tampered index is caught.
     m.pool.by_content[(None, (1, 2))] = m.pool.blocks[m.block_table("C")[0]]
+    with pytest.raises(IntegrityError, match="content index"):
+        m.check_integrity()
+
+
+def test_content_index_names_the_lowest_id_holder_whatever_the_order() -> None:
+    """Three forks fill identical blocks; whichever registers first, the index names
+    the holder with the lowest id (a rebuilt index names the same), and evicting it
+    promotes the next lowest."""
+    m = BlockManager(8, 2)
+    m.allocate("A", [1])
+    m.fork("A", "B")
+    m.fork("A", "C")
+    for seq in ("C", "B", "A"):  # C and B copy the shared tail first; A fills its own
+        m.append_one(seq, 2)
+        m.check_integrity()
+    holders = sorted(m.block_table(s)[0] for s in "ABC")
+    pool = m.pool
+    content = pool.blocks[holders[0]].hash.content
+    assert pool.find(None, (1, 2)) is pool.blocks[holders[0]]
+    assert sorted(pool.twins[content]) == holders[1:]
+    named, twins = dict(pool.by_content), {c: dict(t) for c, t in pool.twins.items()}
+    pool.reindex()
+    assert pool.by_content == named and pool.twins == twins
+    # Free the named holder's sequence, then take every free block: it is evicted.
+    owner = next(s for s in "ABC" if m.block_table(s)[0] == holders[0])
+    m.free(owner)
+    m.allocate("D", list(range(10, 10 + 2 * m.num_free_blocks)))
+    assert holders[0] in m.block_table("D")
+    assert pool.find(None, (1, 2)) is pool.blocks[holders[1]]
+    assert sorted(pool.twins[content]) == holders[2:]
+    m.check_integrity()
+    # A twin the index forgot is caught.
+    del pool.twins[content]
     with pytest.raises(IntegrityError, match="content index"):
         m.check_integrity()
 

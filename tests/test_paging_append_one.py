@@ -26,7 +26,7 @@ def state(m: BlockManager) -> Any:
         [(b.id, b.ref_count, b.num_filled, b.hash and b.hash.digest, b.in_queue)
          for b in pool.blocks],
         [b.id for b in pool.free_queue],
-        {d: sorted(h) for d, h in pool.cached.items()},
+        {d: sorted(h) for d, h in pool.cache_map().items()},
         {s: (q.block_table, q.num_tokens, q.tail_tokens, q.last_hash and q.last_hash.digest)
          for s, q in m.seqs.items()},
         m.metrics(), pool.random_picks, pool.num_empty, pool.num_cached_free,

@@ -252,7 +252,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         raise PagedLabError(f"snapshot.prefix_cache lists hash {stray[0]}, which no block's key "
                             "chains through")
 
-    # The free queue, then the cache map.
+    # The free queue, then the prefix cache's index.
     free_ids = top.int_list("free_queue", 0, c.num_blocks - 1)
     zero_ref = sorted(b.id for b in pool.blocks if b.ref_count == 0)
     if sorted(free_ids) != zero_ref:
@@ -262,10 +262,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         pool.free_queue.remove(block)
     for b in free_ids:
         pool.free_queue.append(pool.blocks[b])
-    pool.cached = {}
-    for block in pool.blocks:
-        if block.hash is not None:
-            pool.cached.setdefault(block.hash.digest, {})[block.id] = block
+    pool.reindex()
     alloc = FieldReader(top.get("allocator", dict), "snapshot.allocator")
     pool.random_picks = non_negative(alloc, "random_picks")
 

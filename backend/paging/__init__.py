@@ -1,7 +1,7 @@
 """The paged KV-cache allocator: bookkeeping only, no tensors.
 
     block_pool     blocks, reference counts, the free queue (also the LRU eviction
-                   order of cached blocks) and the prefix-cache map
+                   order of cached blocks) and the prefix cache's content index
     block_tables   per-request block tables and the manager's read-only queries
     block_manager  allocate / append / fork / free, copy-on-write, prefix hits
     remap          moving every used block (the `shuffle` operation's plan)

@@ -1,4 +1,4 @@
-"""The physical block pool: blocks, the free queue, and the prefix-cache map.
+"""The physical block pool: blocks, the free queue, and the prefix cache's content index.
 
 Every block is in exactly one of three states::
 
@@ -113,7 +113,7 @@ def _mix64(seed: int, counter: int) -> int:
 
 
 class BlockPool:
-    """Owns the blocks, the free queue and the digest -> blocks cache map.
+    """Owns the blocks, the free queue and the prefix cache's content index.
 
     Mutating methods say so; every other method only reads.
     """
@@ -128,18 +128,19 @@ class BlockPool:
         self.random_picks = 0
         # Free blocks without a hash: the candidates of a random pick.
         self.num_empty = 0
-        # digest -> {block id: block}. Several blocks can hold the same digest
-        # (two forks that sampled the same token fill identical blocks).
-        self.cached: dict[str, dict[int, Block]] = {}
-        # (parent digest, tokens) -> a cached block whose key holds exactly
-        # that content, for every content in `cached`: what a digest commits
-        # to, so that a prompt's leading blocks are found by their tokens
-        # without hashing them (`find`), and the dict's own key comparison is
-        # the exact check of tokens and parent (no digest is trusted alone).
-        # Where several blocks hold one content, any one of them. Rebuilt when
-        # `cached` is replaced (a restore writes a new map directly).
+        # The prefix cache: (parent digest, tokens) -> a block whose key holds
+        # exactly that content (`BlockHash.content`), for every content some
+        # block's key holds. That content is what a digest commits to, so a
+        # prompt's leading blocks are found by their tokens without hashing
+        # them (`find`), and the dict's own key comparison is the exact check
+        # of tokens and parent (no digest is trusted alone). Where several
+        # blocks hold one content (two forks that sampled the same token fill
+        # identical blocks), the index names the one with the lowest id and
+        # `twins` keeps the others, so the choice depends only on the blocks'
+        # state (a restored pool names the same one) and an eviction of the
+        # named block promotes a twin in O(twins).
         self.by_content: dict[tuple[str | None, tuple[int, ...]], Block] = {}
-        self._indexed = self.cached
+        self.twins: dict[tuple[str | None, tuple[int, ...]], dict[int, Block]] = {}
         self.num_cached_free = 0
         for block in self.blocks:
             self.free_queue.append(block)
@@ -156,32 +157,24 @@ class BlockPool:
 
     # ---- reads -------------------------------------------------------------
 
-    def lookup(self, key: BlockHash) -> Block | None:
-        """A block holding exactly `key`'s tokens after exactly its parent, or None."""
-        holders = self.cached.get(key.digest)
-        if not holders:
-            return None
-        parent = key.parent
-        want_parent = None if parent is None else parent.digest
-        for block in holders.values():
-            held = block.hash
-            assert held is not None
-            # Never trust a digest alone: re-check the tokens and the parent link.
-            if held.tokens == key.tokens:
-                held_parent = held.parent
-                if (None if held_parent is None else held_parent.digest) == want_parent:
-                    return block
-        return None
-
     def find(self, parent_digest: str | None, tokens: tuple[int, ...]) -> Block | None:
         """A cached block holding exactly `tokens` after a block keyed `parent_digest`, or None.
 
-        `lookup` without the key: the content index holds the block, found by
-        comparing the content itself. O(1).
+        One dict lookup whose key comparison checks the content itself. O(1).
         """
-        if self._indexed is not self.cached:
-            self.reindex()
         return self.by_content.get((parent_digest, tokens))
+
+    def cache_map(self) -> dict[str, dict[int, Block]]:
+        """Reads only: digest -> {block id: block} for every block with a key (O(pool)).
+
+        The view by digest, for checks and display; nothing on the hot path
+        keeps it.
+        """
+        out: dict[str, dict[int, Block]] = {}
+        for block in self.blocks:
+            if block.hash is not None:
+                out.setdefault(block.hash.digest, {})[block.id] = block
+        return out
 
     def peek_next(self) -> Block | None:
         """The block `pop_free` would hand out next, without taking it."""
@@ -281,44 +274,49 @@ class BlockPool:
         """Mutates: give a used, full block its prefix-cache key."""
         assert block.hash is None and block.ref_count > 0
         block.hash = key
-        holders = self.cached.get(key.digest)
-        if holders is None:
-            self.cached[key.digest] = {block.id: block}
-        else:
-            holders[block.id] = block
-        parent = key.parent
-        self.by_content[(None if parent is None else parent.digest, key.tokens)] = block
+        content = key.content
+        named = self.by_content.setdefault(content, block)
+        if named is not block:
+            # A second holder of one content: the lower id is the one named.
+            twins = self.twins.setdefault(content, {})
+            if block.id < named.id:
+                self.by_content[content] = block
+                block = named
+            twins[block.id] = block
 
     def uncache(self, block: Block) -> None:
-        """Mutates: drop a block's key from the cache map (eviction)."""
+        """Mutates: drop a block's key from the prefix cache (eviction)."""
         key = block.hash
         assert key is not None
-        holders = self.cached[key.digest]
-        del holders[block.id]
-        if not holders:
-            del self.cached[key.digest]
-        content = (key.parent_digest, key.tokens)
-        # Only when the index names this block does its entry change: to another holder
-        # of the same content (forks fill identical blocks), or away if there is none.
-        if self.by_content.get(content) is block:
+        content = key.content
+        twins = self.twins.get(content) if self.twins else None
+        if twins is None:
+            assert self.by_content[content] is block
             del self.by_content[content]
-            for other in holders.values():
-                held = other.hash
-                assert held is not None
-                if held.tokens == key.tokens and held.parent_digest == content[0]:
-                    self.by_content[content] = other
-                    break
+        elif self.by_content[content] is block:
+            heir = twins.pop(min(twins))
+            self.by_content[content] = heir
+            if not twins:
+                del self.twins[content]
+        else:
+            del twins[block.id]
+            if not twins:
+                del self.twins[content]
         block.hash = None
 
     def reindex(self) -> None:
-        """Mutates: rebuild `by_content` from `cached` (O(cached blocks))."""
+        """Mutates: rebuild the prefix cache from the blocks' keys (O(pool)).
+
+        For a restore, which writes the blocks directly, and a relabel.
+        """
         self.by_content = {}
-        for holders in self.cached.values():
-            for block in holders.values():
-                key = block.hash
-                assert key is not None
-                self.by_content[(key.parent_digest, key.tokens)] = block
-        self._indexed = self.cached
+        self.twins = {}
+        for block in self.blocks:  # in id order, so the first holder met is the lowest
+            key = block.hash
+            if key is not None:
+                named = self.by_content.setdefault(key.content, block)
+                if named is not block:
+                    self.twins.setdefault(key.content, {})[block.id] = block
 
     def relabel(self, mapping: dict[int, int]) -> None:
         """Mutates: block `old` becomes block `mapping[old]`; a permutation of all ids.
@@ -332,8 +330,4 @@ class BlockPool:
             block.id = mapping[block.id]
             new_blocks[block.id] = block
         self.blocks = [b for b in new_blocks if b is not None]
-        self.cached = {}
-        for block in self.blocks:
-            if block.hash is not None:
-                self.cached.setdefault(block.hash.digest, {})[block.id] = block
         self.reindex()

@@ -169,8 +169,6 @@ class BlockTables:
                 # the inputs of its digest, compared exactly by the content
                 # index; its key is the cached block's own. BlockPool.find,
                 # inlined (one per full block of every prompt).
-                if pool._indexed is not pool.cached:
-                    pool.reindex()
                 by_content = pool.by_content.get
                 parent_digest = None
                 frozen = tuple(toks)  # its slices are the blocks' tuples, made once each

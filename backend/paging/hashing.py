@@ -45,16 +45,25 @@ class BlockHash:
     # is its parent's plus one, and asking every node of a chain its depth
     # (a snapshot export sorts by it) stays linear instead of quadratic.
     _depth: int = field(repr=False, compare=False)
+    # (parent digest, tokens): what the digest commits to, and the prefix
+    # cache's key for it (BlockPool.by_content). Built once with the key, so
+    # caching and evicting a block build no tuple.
+    content: tuple[str | None, tuple[int, ...]] = field(repr=False, compare=False)
 
     def __init__(self, digest: str, parent: BlockHash | None, tokens: tuple[int, ...]) -> None:
         self.digest = digest
         self.parent = parent
         self.tokens = tokens
-        self._depth = 0 if parent is None else parent._depth + 1
+        if parent is None:
+            self._depth = 0
+            self.content = (None, tokens)
+        else:
+            self._depth = parent._depth + 1
+            self.content = (parent.digest, tokens)
 
     @property
     def parent_digest(self) -> str | None:
-        return None if self.parent is None else self.parent.digest
+        return self.content[0]
 
     def depth(self) -> int:
         """Logical index of the block this key describes (0 for the first block)."""

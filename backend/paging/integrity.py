@@ -25,8 +25,9 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
     - every block is in exactly one state (used / cached / free), and the free
       queue holds exactly the blocks with ref count 0, once each, linked both ways;
     - every ref count equals the number of tables holding the block;
-    - the cache map and the blocks' hashes agree, every hash matches its
-      tokens and its parent, and the content index lists the cache map's blocks;
+    - every hash matches its tokens and its parent, and the content index
+      names, for each content some key holds, its lowest-id holder (the
+      others as its twins) and nothing else;
     - every table has ceil(num_tokens / block_size) entries, all full but the
       last, and the last holds exactly the remaining tokens (and is the Block
       the sequence keeps as its tail, where it keeps one);
@@ -120,24 +121,22 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
                 problems.append(f"block {block.id} holds a hash but prefix caching is off")
             if block.num_filled != bs or len(key.tokens) != bs:
                 problems.append(f"block {block.id} holds a hash but is not full")
-            if block_digest(key.parent_digest, key.tokens, cache_salt) != key.digest:
+            if (block_digest(key.parent_digest, key.tokens, cache_salt) != key.digest
+                    or key.content[1] != key.tokens):
                 problems.append(f"block {block.id}'s hash does not match its tokens")
-            if pool.cached.get(key.digest, {}).get(block.id) is not block:
-                problems.append(f"block {block.id}'s hash is missing from the cache map")
-    if pool._indexed is pool.cached:
-        # Every cached content is indexed, by a cached block that holds exactly it.
-        contents = {(b.hash.parent_digest, b.hash.tokens)
-                    for same_digest in pool.cached.values() for b in same_digest.values()
-                    if b.hash is not None}
-        if contents != pool.by_content.keys() or any(
-                b.hash is None or (b.hash.parent_digest, b.hash.tokens) != content
-                or pool.cached.get(b.hash.digest, {}).get(b.id) is not b
-                for content, b in pool.by_content.items()):
-            problems.append("the content index disagrees with the cache map")
-    mapped = sum(len(h) for h in pool.cached.values())
-    hashed = sum(1 for b in pool.blocks if b.hash is not None)
-    if mapped != hashed:
-        problems.append(f"cache map holds {mapped} blocks but {hashed} blocks have a hash")
+    # The prefix cache: every key's content is indexed, by the lowest-id block
+    # holding it, with the other holders as its twins, and nothing else.
+    holders_of: dict[tuple[str | None, tuple[int, ...]], list[int]] = {}
+    for block in pool.blocks:
+        if block.hash is not None:
+            holders_of.setdefault(block.hash.content, []).append(block.id)
+    index = {content: b.id for content, b in pool.by_content.items()}
+    twins = {content: sorted(t) for content, t in pool.twins.items()}
+    if (index != {content: ids[0] for content, ids in holders_of.items()}
+            or twins != {content: ids[1:] for content, ids in holders_of.items() if ids[1:]}
+            or any(pool.blocks[i] is not b for t in pool.twins.values() for i, b in t.items())
+            or any(pool.blocks[b.id] is not b for b in pool.by_content.values())):
+        problems.append("the content index disagrees with the blocks' keys")
 
     m = metrics
     for name, got, want in (
