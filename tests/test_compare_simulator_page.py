@@ -15,6 +15,7 @@ from backend.lab.traces import recorded_trace, replay_trace
 from backend.lab.workloads import make_trace
 from backend.views.compare import deployment as dep_views
 from backend.views.compare import tables
+from ui import bars as ui_bars
 from ui.compare import sim_runs
 from ui.compare.sim_runs import RUNS
 
@@ -75,7 +76,7 @@ def test_the_progress_text_agrees_with_its_bar(monkeypatch: pytest.MonkeyPatch) 
         bars.append(_Bar(value, text))
         return bars[-1]
 
-    monkeypatch.setattr(sim_runs.st, "progress", progress)
+    monkeypatch.setattr(ui_bars.st, "progress", progress)
     RUNS.clear()
     trace = make_trace("sharegpt", 500, 4.0)
     configs = [SimConfig(p) for p in ("max", "pow2", "oracle", "paged")]  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from backend.sessions.oplog import OpLog
 from backend.views import Snapshot
 from backend.views.control import WITHOUT, control_frame, control_sentence
 from backend.views.text import plain_md
+from ui.bars import progress_bar
 
 TITLE = "Control run: the same operations without the perturbations"
 # What a control run is for: its panel opens by itself once one of these happened.
@@ -53,21 +54,18 @@ def scenario_panel(report: ControlReport | None, problem: str | None, snap: Snap
 
 def _on_run(engine: Engine, oplog: OpLog) -> None:
     ops = [parse_op(op, vocab_size=engine.config.vocab_size) for op in oplog.ops]
-    bar = st.progress(0.0, text="Replaying the operations on both engines...")
+    with progress_bar("Replaying the operations on both engines...") as advance:
+        def step(done: int, total: int) -> bool:
+            advance(done / total, f"Replayed {done} of {total} operations")
+            return True
 
-    def step(done: int, total: int) -> bool:
-        bar.progress(done / total, text=f"Replayed {done} of {total} operations")
-        return True
-
-    try:
-        report = compare_with_control(engine.config, ops, device=engine.device.type,
-                                      progress=step)
-    except PagedLabError as exc:
-        st.session_state[PLAYGROUND] = (len(oplog.ops), str(exc))
-    else:
-        st.session_state[PLAYGROUND] = (len(oplog.ops), report)
-    finally:
-        bar.empty()
+        try:
+            report = compare_with_control(engine.config, ops, device=engine.device.type,
+                                          progress=step)
+        except PagedLabError as exc:
+            st.session_state[PLAYGROUND] = (len(oplog.ops), str(exc))
+        else:
+            st.session_state[PLAYGROUND] = (len(oplog.ops), report)
 
 
 def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:

@@ -8,6 +8,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs_recompute
 from backend.kernels import select_kernels
 from backend.views.compare import swap_recompute as views
+from ui.bars import progress_bar
 
 STATE = "cmp_swap_last"
 
@@ -31,22 +32,19 @@ def preemption_section() -> None:
     slots = c[2].number_input("Device pool (token slots)", 64, 8192, 512, step=64,
                               key="cmp_swap_slots")
     if st.button("Run on the engine", key="cmp_swap_run", disabled=not sizes):
-        bar = st.progress(0.0, text="Running the engines...")
+        with progress_bar("Running the engines...") as advance:
+            def show(done: int, total: int) -> bool:
+                advance(done / total, f"Engine run {done} of {total} finished")
+                return True
 
-        def show(done: int, total: int) -> bool:
-            bar.progress(done / total, text=f"Engine run {done} of {total} finished")
-            return True
-
-        try:
-            measured = swap_vs_recompute(sorted(sizes),
-                                         workload=Workload.overloaded(int(requests)),
-                                         capacity_tokens=int(slots), progress=show)
-        except PagedLabError as exc:
-            st.error(str(exc))
-        else:
-            st.session_state[STATE] = measured
-        finally:
-            bar.empty()
+            try:
+                measured = swap_vs_recompute(sorted(sizes),
+                                             workload=Workload.overloaded(int(requests)),
+                                             capacity_tokens=int(slots), progress=show)
+            except PagedLabError as exc:
+                st.error(str(exc))
+            else:
+                st.session_state[STATE] = measured
     runs: list[PreemptionRun] | None = st.session_state.get(STATE)
     if not runs:
         st.caption("Press Run: a few seconds for four block sizes on a CPU.")

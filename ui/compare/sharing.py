@@ -18,6 +18,7 @@ from backend.engine.sharing import (
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
+from ui.bars import progress_bar
 
 WIDTHS = (2, 4, 6)
 KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
@@ -52,27 +53,20 @@ def _keep(key: tuple[str, int, int], results: list[SharingResult]) -> None:
 
 def _sharing(requests: int, block_size: int) -> list[SharingResult]:
     """Both kinds' results for n = 2, 4, 6; a bar says which kind is being measured."""
-    bar = None
     out: list[SharingResult] = []
-    try:
+    with progress_bar("", lazy=True) as advance:
         for i, (kind, words) in enumerate(KINDS):
             key = (kind, requests, block_size)
             results = _cached(key)
             if results is None:
-                text = (f"Measuring {words} (n = 2, 4, 6) over {requests:,} requests in "
+                advance(i / len(KINDS),
+                        f"Measuring {words} (n = 2, 4, 6) over {requests:,} requests in "
                         f"blocks of {block_size}: {i + 1} of {len(KINDS)}")
-                if bar is None:
-                    bar = st.progress(i / len(KINDS), text=text)
-                else:
-                    bar.progress(i / len(KINDS), text=text)
                 # One call per kind, all widths at once: the widths share their draws.
                 results = sharing_experiment(kind, WIDTHS, requests=requests,
                                              block_size=block_size)
                 _keep(key, results)
             out.extend(results)
-    finally:
-        if bar is not None:
-            bar.empty()
     return out
 
 
@@ -141,27 +135,24 @@ def _live() -> None:
     new = c[2].number_input("Max new tokens", 4, 256, 32, key="cmp_share_new")
     block = c[3].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4, key="cmp_share_block")
     if st.button("Measure on the engine", key="cmp_share_run"):
-        bar = st.progress(0.0, text="Starting the engines...")
         kinds = len(KINDS)
+        with progress_bar("Starting the engines...") as advance:
+            try:
+                results: list[SharingResult] = []
+                for i, (kind, words) in enumerate(KINDS):
+                    def show(done: int, total: int, i: int = i, words: str = words) -> bool:
+                        advance((i + done / total) / kinds,
+                                f"{words}: run {done} of {total} finished")
+                        return True
 
-        try:
-            results: list[SharingResult] = []
-            for i, (kind, words) in enumerate(KINDS):
-                def show(done: int, total: int, i: int = i, words: str = words) -> bool:
-                    bar.progress((i + done / total) / kinds,
-                                 text=f"{words}: run {done} of {total} finished")
-                    return True
-
-                results += measure_sharing(kind, WIDTHS,
-                                           instruction_prompts()[:int(prompts)], model=model,
-                                           block_size=int(block), max_new_tokens=int(new),
-                                           progress=show)
-        except PagedLabError as exc:
-            st.error(str(exc))
-        else:
-            st.session_state[LIVE] = results
-        finally:
-            bar.empty()
+                    results += measure_sharing(kind, WIDTHS,
+                                               instruction_prompts()[:int(prompts)],
+                                               model=model, block_size=int(block),
+                                               max_new_tokens=int(new), progress=show)
+            except PagedLabError as exc:
+                st.error(str(exc))
+            else:
+                st.session_state[LIVE] = results
     measured: list[SharingResult] | None = st.session_state.get(LIVE)
     if measured:
         _show(measured, "cmp_share_live")

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-import streamlit as st
-
-from backend.lab.sim.runs import RunCache, RunProgress, run_policies
+from backend.lab.sim.runs import RunCache, run_policies
 from backend.lab.sim.simulator import SimConfig, SimRun
 from backend.lab.workloads import Trace
+from ui.bars import progress_bar
 
 # A 20k-request run with timelines for four policies is some 50 MB.
 RUNS = RunCache(max_entries=48, max_bytes=384 << 20)
@@ -26,14 +25,7 @@ def run_with_bar(trace_key: Hashable, trace: Trace, configs: Sequence[SimConfig]
                  ) -> list[SimRun]:
     """Each config's run of `trace` (from the cache when it is there), with one bar whose
     text and fill come from the same `RunProgress`. Raises PagedLabError."""
-    bar = st.progress(0.0, text="Simulating...")
-
-    def show(p: RunProgress) -> None:
-        bar.progress(p.fraction, text=p.text)
-
-    try:
-        return run_policies(trace, configs, progress=show,
+    with progress_bar("Simulating...") as advance:
+        return run_policies(trace, configs, progress=lambda p: advance(p.fraction, p.text),
                             cached=lambda cfg: RUNS.get((trace_key, cfg)),
                             done=lambda cfg, run: RUNS.put((trace_key, cfg), run))
-    finally:
-        bar.empty()
