@@ -47,6 +47,20 @@ def test_a_bad_id_anywhere_is_refused_as_the_full_check_refuses(bad: Any, where:
     m.check_integrity()
 
 
+@pytest.mark.parametrize("where", [1, 5, 8, 9])
+def test_a_negative_id_is_named_in_a_wide_block_a_narrow_one_or_the_tail(where: int) -> None:
+    """Past the hits, the hashing of full blocks is what refuses a negative id (in
+    blocks hashed four bytes per id and one byte per id alike); the partial last
+    block is checked on its own."""
+    m = BlockManager(8, 4, vocab_size=32_000)
+    prompt = [31_999, 7, 8, 9, 1, 2, 3, 4, 5, 6]  # a wide block, a narrow one, a tail
+    prompt[where] = -1
+    with pytest.raises(PagedLabError, match=f"prompt token {where} is -1"):
+        m.allocate("p", prompt)
+    assert not m.seqs and len(m.events) == 0 and m.num_free_blocks == 8
+    m.check_integrity()
+
+
 def test_a_bool_equal_to_a_cached_id_is_not_a_hit() -> None:
     m = manager()
     with pytest.raises(PagedLabError, match="prompt token 0 is True"):

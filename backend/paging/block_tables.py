@@ -197,7 +197,11 @@ class BlockTables:
         if lazy:
             assert not isinstance(toks, int)
             rest = toks[len(hits) * bs:]
-            if rest and (min(rest) < 0 or max(rest) >= self.vocab_size):
+            # The full blocks past the hits were just hashed, which refuses a
+            # negative id (bytes() and the unsigned struct both raise), so only
+            # the ids past the last full block need their lower bound checked.
+            if rest and (max(rest) >= self.vocab_size
+                         or min(toks[length // bs * bs:], default=0) < 0):
                 validate_tokens(toks, vocab_size=self.vocab_size)  # raises, naming the id
                 raise AssertionError("validate_tokens passed an out-of-range id")
             if n > self.num_blocks:
