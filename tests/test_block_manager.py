@@ -410,10 +410,16 @@ def test_content_index_names_the_lowest_id_holder_whatever_the_order() -> None:
     assert pool.find(None, (1, 2)) is pool.blocks[holders[1]]
     assert sorted(pool.twins[content]) == holders[2:]
     m.check_integrity()
-    # A twin the index forgot is caught.
+    # A twin the index forgot, or one filed under another id, is caught.
+    kept = dict(pool.twins[content])
     del pool.twins[content]
     with pytest.raises(IntegrityError, match="content index"):
         m.check_integrity()
+    pool.twins[content] = {99: kept[holders[2]]}
+    with pytest.raises(IntegrityError, match="content index"):
+        m.check_integrity()
+    pool.twins[content] = kept
+    m.check_integrity()
 
 
 def test_each_sequence_keeps_its_last_block_through_cow_fork_and_remap() -> None:

@@ -132,10 +132,13 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
             holders_of.setdefault(block.hash.content, []).append(block.id)
     index = {content: b.id for content, b in pool.by_content.items()}
     twins = {content: sorted(t) for content, t in pool.twins.items()}
+    # Each entry must be the pool's own Block of that id (not a stale object).
+    entries = [(b.id, b) for b in pool.by_content.values()]
+    entries += [(i, b) for t in pool.twins.values() for i, b in t.items()]
     if (index != {content: ids[0] for content, ids in holders_of.items()}
             or twins != {content: ids[1:] for content, ids in holders_of.items() if ids[1:]}
-            or any(pool.blocks[i] is not b for t in pool.twins.values() for i, b in t.items())
-            or any(pool.blocks[b.id] is not b for b in pool.by_content.values())):
+            or any(not 0 <= i < len(pool.blocks) or pool.blocks[i] is not b
+                   for i, b in entries)):
         problems.append("the content index disagrees with the blocks' keys")
 
     m = metrics
