@@ -21,7 +21,10 @@ the front of the queue, as fifo mode would. The choice is a pure function of
 snapshot records, so a restored run continues identically.
 
 The pool knows nothing about requests; `BlockManager` owns block tables and
-records events. Every method is O(1).
+records events. Every method on the allocation path is O(1), save one rare
+case: evicting the block the content index names for a content that other
+blocks also hold promotes the lowest-id of those twins, O(twins). `reindex`,
+`relabel` and `cache_map` are O(pool).
 """
 
 from __future__ import annotations
