@@ -213,3 +213,27 @@ def test_restore_reports_each_forward_of_the_recomputation() -> None:
     total = calls[-1][1]
     assert calls == [(i, total) for i in range(1, total + 1)]
     assert total >= len(e.running) + len(e.swapped) + 1
+
+
+def test_a_restored_pool_names_the_same_holder_of_content_that_forks_share() -> None:
+    """Greedy forks fill identical blocks (one content, three holders): the content
+    index names the lowest id and keeps the others as twins, a restore rebuilds the
+    same, and a later prompt with that content hits the same block in both engines."""
+    e = engine_after([Add("A", prompt="abcdef", max_new_tokens=12), Fork("A", "A2"),
+                      Fork("A", "A3"), Step(4)], temperature=0)
+    assert len({tuple(e.request(r).tokens) for r in ("A", "A2", "A3")}) == 1
+    pool = e.manager.pool
+    [(content, named)] = [(c, b) for c, b in pool.by_content.items() if c in pool.twins]
+    holders = sorted([named.id, *pool.twins[content]])
+    assert named.id == holders[0] and len(holders) == 3
+    r = restore_engine(export_snapshot(e), kernel="torch")
+    rpool = r.manager.pool
+    assert {c: b.id for c, b in rpool.by_content.items()} == {
+        c: b.id for c, b in pool.by_content.items()}
+    assert {c: sorted(t) for c, t in rpool.twins.items()} == {
+        c: sorted(t) for c, t in pool.twins.items()}
+    prompt = e.request("A").tokens[:12]
+    for eng in (e, r):
+        eng.apply(Add("B", prompt_tokens=tuple(prompt), max_new_tokens=1))
+    assert e.manager.block_table("B")[:3] == r.manager.block_table("B")[:3]
+    assert e.manager.block_table("B")[1] == holders[0]
