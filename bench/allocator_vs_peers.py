@@ -16,11 +16,14 @@ bench/peers.py; nothing of theirs is kept in this repository):
 
     python bench/allocator_vs_peers.py --vllm PATH --nano-vllm PATH
         [--sizes 1000,10000,100000,1000000] [--ops 200000] [--rounds 20]
+        [--repeat N]
 
 PATH is a git mirror, a source tree or a wheel; PAGEDLAB_VLLM_SRC and
 PAGEDLAB_NANOVLLM_SRC name them too. Without both, the benchmark says so and
 exits 0. All three hash blocks with SHA-256 (nano-vllm's xxhash is stubbed
-by SHA-256).
+by SHA-256). `--repeat N` measures each size N times over (fresh systems,
+the same trace) and ends with each ratio's median and lowest over the N runs:
+on a shared machine one run's ratio moves by about 0.1.
 """
 
 from __future__ import annotations
@@ -382,6 +385,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--vocab", type=int, default=VOCAB, help="token ids are 0..vocab-1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="measure each size this many times; ends with medians and lows")
     parser.add_argument("--out", type=Path, help="also write the results here as JSON")
     args = parser.parse_args()
     missing = [name for name, path in (("vLLM", args.vllm), ("nano-vllm", args.nano_vllm))
@@ -401,17 +406,30 @@ def main() -> None:
     print(f"{'blocks':>9} {'pagedlab':>9} {'no events':>9} {'vllm':>9} {'nano-vllm':>9} "
           f"{'/vllm':>6} {'/nano':>6} {'ne/vllm':>7} {'ne/nano':>7}  (ops/s, medians; "
           "ne = no events)")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     rows = []
-    for size in (int(s) for s in args.sizes.split(",")):
-        row = measure(size, args.ops, args.rounds, args.seed, args.vocab)
-        rows.append(row)
-        o, r = row["ops_per_s"], row["ratios"]
-        print(f"{size:>9} {o['pagedlab']:>9.0f} {o['pagedlab-no-events']:>9.0f} "
-              f"{o['vllm']:>9.0f} {o['nano-vllm']:>9.0f} {r['pagedlab/vllm']:>6.2f} "
-              f"{r['pagedlab/nano-vllm']:>6.2f} {r['pagedlab-no-events/vllm']:>7.2f} "
-              f"{r['pagedlab-no-events/nano-vllm']:>7.2f}", flush=True)
-        print(f"{'':>9} ops {row['counts']}; hit blocks {row['hit_blocks']}; "
-              f"used at end {row['used_blocks_at_end']}", flush=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for size in sizes:
+        for rep in range(args.repeat):
+            row = measure(size, args.ops, args.rounds, args.seed, args.vocab)
+            row["repeat"] = rep
+            rows.append(row)
+            o, r = row["ops_per_s"], row["ratios"]
+            print(f"{size:>9} {o['pagedlab']:>9.0f} {o['pagedlab-no-events']:>9.0f} "
+                  f"{o['vllm']:>9.0f} {o['nano-vllm']:>9.0f} {r['pagedlab/vllm']:>6.2f} "
+                  f"{r['pagedlab/nano-vllm']:>6.2f} {r['pagedlab-no-events/vllm']:>7.2f} "
+                  f"{r['pagedlab-no-events/nano-vllm']:>7.2f}", flush=True)
+            if rep == 0:
+                print(f"{'':>9} ops {row['counts']}; hit blocks {row['hit_blocks']}; "
+                      f"used at end {row['used_blocks_at_end']}", flush=True)
+    if args.repeat > 1:
+        print(f"# over {args.repeat} runs per size: median (lowest) of each ratio")
+        for size in sizes:
+            runs = [row["ratios"] for row in rows if row["num_blocks"] == size]
+            print(f"{size:>9} " + "  ".join(
+                f"{name} {statistics.median(r[name] for r in runs):.2f} "
+                f"({min(r[name] for r in runs):.2f})" for name in runs[0]))
     if args.out:
         args.out.write_text(json.dumps({"versions": versions, "rows": rows}, indent=1))
 
