@@ -389,6 +389,8 @@ def main() -> None:
                         help="measure each size this many times; ends with medians and lows")
     parser.add_argument("--out", type=Path, help="also write the results here as JSON")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     missing = [name for name, path in (("vLLM", args.vllm), ("nano-vllm", args.nano_vllm))
                if path is None or not Path(path).exists()]
     if missing:
@@ -406,8 +408,6 @@ def main() -> None:
     print(f"{'blocks':>9} {'pagedlab':>9} {'no events':>9} {'vllm':>9} {'nano-vllm':>9} "
           f"{'/vllm':>6} {'/nano':>6} {'ne/vllm':>7} {'ne/nano':>7}  (ops/s, medians; "
           "ne = no events)")
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
     rows = []
     sizes = [int(s) for s in args.sizes.split(",")]
     for size in sizes:
