@@ -95,6 +95,8 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
     in_queue = set(queued_ids)
 
     empty = cached = filled = shared = 0
+    # Each content some key holds -> the ids holding it, lowest first (blocks in id order).
+    holders_of: dict[tuple[str | None, tuple[int, ...]], list[int]] = {}
     for block in pool.blocks:
         state = block.state
         if block.ref_count != holders[block.id]:
@@ -124,12 +126,9 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
             if (block_digest(key.parent_digest, key.tokens, cache_salt) != key.digest
                     or key.content[1] != key.tokens):
                 problems.append(f"block {block.id}'s hash does not match its tokens")
+            holders_of.setdefault(key.content, []).append(block.id)
     # The prefix cache: every key's content is indexed, by the lowest-id block
     # holding it, with the other holders as its twins, and nothing else.
-    holders_of: dict[tuple[str | None, tuple[int, ...]], list[int]] = {}
-    for block in pool.blocks:
-        if block.hash is not None:
-            holders_of.setdefault(block.hash.content, []).append(block.id)
     index = {content: b.id for content, b in pool.by_content.items()}
     twins = {content: sorted(t) for content, t in pool.twins.items()}
     # Each entry must be the pool's own Block of that id (not a stale object).
