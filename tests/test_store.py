@@ -1,4 +1,5 @@
-"""The session store (backend/sessions/store.py) and a tab's saved session (saved.py).
+"""The session store (backend/sessions/store.py, its rows in rows.py) and a tab's saved
+session (saved.py).
 
 Rows round-trip exactly, are written incrementally after an operation, are
 bounded in size, number and age, and a damaged row of any kind is refused
@@ -29,18 +30,14 @@ from backend.sessions.budget import KVBudget
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Settings
+from backend.sessions.rows import MIB, StoreError, StoreLimits, make_full, make_head
 from backend.sessions.saved import COPY_NOTE, Live, Tab, new_id, open_saved, resume, save
 from backend.sessions.store import (
     DEFAULT_DATA_DIR,
-    MIB,
     SessionStore,
-    StoreError,
-    StoreLimits,
     Write,
     browser_key,
     data_dir,
-    make_full,
-    make_head,
     valid_token,
 )
 

@@ -25,12 +25,11 @@ from pathlib import Path
 
 import streamlit as st
 
+from backend.sessions.rows import SessionInfo, StoreError
 from backend.sessions.saved import Tab, new_id
 from backend.sessions.store import (
     FILE_NAME,
-    SessionInfo,
     SessionStore,
-    StoreError,
     browser_key,
     data_dir,
     valid_token,

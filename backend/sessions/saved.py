@@ -41,19 +41,18 @@ from backend.sessions.playground import (
     kernel_choices,
     restore_for_session,
 )
-from backend.sessions.store import (
+from backend.sessions.rows import (
     Full,
-    SessionStore,
     StoredSession,
     StoreError,
     StoreLimits,
     TooLargeError,
-    Write,
     make_full,
     make_head,
     make_step,
     op_text,
 )
+from backend.sessions.store import SessionStore, Write
 
 Snapshot = dict[str, Any]
 

@@ -25,40 +25,39 @@ PAGEDLAB_SESSION_TTL_DAYS (14) days a row may go unused, PAGEDLAB_STORE_MAX_MIB
 (1024) all rows' stored bytes together. Older rows go first; the row being
 written never does.
 
-What is read back is data only (JSON through the bounded decoder, zlib with a
-bound on the output) and checked for shape here; whether it is a consistent
-engine state is backend/sessions/saved.py's check, through the snapshot
-restore. Every query is parameterised. Thread-safe: one connection, one lock.
+What a row holds, and the shape check of what is read back, are
+backend/sessions/rows.py's. Every query is parameterised. Thread-safe: one
+connection, one lock.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
-import json
 import os
 import sqlite3
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
-from backend.core.errors import PagedLabError
-from backend.io.json_input import decode_json
-from backend.sessions.oplog import MAX_OP_BYTES, MAX_OPS
+from backend.sessions.rows import (
+    ROW_FORMAT,
+    Full,
+    Head,
+    SessionInfo,
+    StepRow,
+    StoredSession,
+    StoreError,
+    StoreLimits,
+    check_row,
+)
 
 FILE_NAME = "sessions.sqlite3"
 DB_LAYOUT = 1
-ROW_FORMAT = 1
 ID_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 MIN_ID, MAX_ID = 16, 64
-MIB = 1 << 20
-DAY = 86_400.0
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
 _SCHEMA = """
@@ -80,14 +79,6 @@ CREATE TABLE IF NOT EXISTS steps (
 """
 
 
-class StoreError(PagedLabError):
-    """The store cannot be opened, or a row cannot be read back as a session."""
-
-
-class TooLargeError(StoreError):
-    """A session's state is over the size a row may hold: it is not written."""
-
-
 def valid_token(value: object) -> bool:
     """Is `value` a session id or browser secret as `secrets.token_urlsafe` makes them?
 
@@ -103,151 +94,10 @@ def browser_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _env_int(name: str, default: int, lo: int = 1) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isascii() or not raw.isdigit() or int(raw) < lo:
-        raise StoreError(f"{name} must be a whole number >= {lo}, got {raw!r}")
-    return int(raw)
-
-
-@dataclass(frozen=True, slots=True)
-class StoreLimits:
-    max_snapshot_bytes: int = 16 * MIB
-    max_sessions: int = 200
-    ttl_s: float = 14 * DAY
-    max_total_bytes: int = 1024 * MIB
-
-    @classmethod
-    def from_env(cls) -> StoreLimits:
-        return cls(_env_int("PAGEDLAB_SESSION_MAX_MIB", 16) * MIB,
-                   _env_int("PAGEDLAB_MAX_SESSIONS", 200),
-                   _env_int("PAGEDLAB_SESSION_TTL_DAYS", 14) * DAY,
-                   _env_int("PAGEDLAB_STORE_MAX_MIB", 1024) * MIB)
-
-
 def data_dir() -> Path:
     """The data directory: PAGEDLAB_DATA_DIR, else `data/` beside the code."""
     raw = os.environ.get("PAGEDLAB_DATA_DIR", "").strip()
     return Path(raw).expanduser() if raw else DEFAULT_DATA_DIR
-
-
-# ---- encoding -------------------------------------------------------------------------
-
-def _json_text(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
-
-
-def _pack(obj: Any) -> tuple[bytes, int]:
-    """zlib of `obj`'s compact JSON, and the JSON's length."""
-    text = _json_text(obj).encode()
-    return zlib.compress(text, 1), len(text)
-
-
-def _unpack(blob: Any, limit: int, what: str) -> Any:
-    """The JSON value in a zlib blob, never inflating more than `limit` bytes."""
-    if not isinstance(blob, bytes):
-        raise StoreError(f"{what} is not stored data")
-    inflater = zlib.decompressobj()
-    try:
-        text = inflater.decompress(blob, limit + 1)
-    except zlib.error as exc:
-        raise StoreError(f"{what} is damaged ({exc})") from None
-    if len(text) > limit:
-        raise StoreError(f"{what} inflates past {limit:,} bytes")
-    if not inflater.eof:
-        raise StoreError(f"{what} is cut short")
-    return decode_json(text, what)
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    """What every write puts in a session's row."""
-
-    label: str
-    step: int
-    settings: str
-    snapshot: bytes
-    snapshot_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class StepRow:
-    step: int
-    body: bytes
-    num_events: int
-
-
-def make_head(settings: dict[str, Any], snapshot: dict[str, Any], label: str,
-              limits: StoreLimits) -> Head:
-    """A row's head for this state. Raises TooLargeError over `limits.max_snapshot_bytes`."""
-    blob, size = _pack(snapshot)
-    if size > limits.max_snapshot_bytes:
-        raise TooLargeError(f"its snapshot is {size / MIB:,.1f} MiB of JSON; a saved session may "
-                       f"hold {limits.max_snapshot_bytes / MIB:,.0f} MiB")
-    return Head(label, int(snapshot["step"]), _json_text(settings), blob, size)
-
-
-def make_step(snapshot: dict[str, Any]) -> StepRow:
-    """A history step's row: the snapshot without its events, and their number."""
-    body = {k: ([] if k == "events" else v) for k, v in snapshot.items()}
-    return StepRow(int(snapshot["step"]), _pack(body)[0], len(snapshot["events"]))
-
-
-def op_text(op: dict[str, Any]) -> str:
-    return _json_text(op)
-
-
-@dataclass(frozen=True, slots=True)
-class Full:
-    """Everything a row holds: written whole when a session starts, is copied or restarts."""
-
-    head: Head
-    base: bytes | None
-    ops: list[str]
-    ops_complete: bool
-    steps: list[StepRow]
-
-
-def make_full(head: Head, base: dict[str, Any] | None, ops: list[dict[str, Any]],
-              ops_complete: bool, steps: list[StepRow]) -> Full:
-    return Full(head, None if base is None else _pack(base)[0], [op_text(o) for o in ops],
-                ops_complete, steps)
-
-
-# ---- what is read back -------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """One line of a browser's session list: read without decoding the state."""
-
-    id: str
-    label: str
-    step: int
-    created: float
-    updated: float
-    note: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSession:
-    """A row read back and checked for shape (saved.py checks it is a real state)."""
-
-    id: str
-    browser: str
-    holder: str
-    updated: float
-    settings: dict[str, Any]
-    snapshot: dict[str, Any]
-    base: dict[str, Any] | None
-    ops: list[dict[str, Any]]
-    ops_complete: bool
-    steps: list[tuple[int, dict[str, Any], int]]   # (step, body, num_events), oldest first
-    note: str | None
-
-    def owned_by(self, browser: str) -> bool:
-        return hmac.compare_digest(self.browser, browser)
 
 
 class Write(Enum):
@@ -463,48 +313,4 @@ class SessionStore:
                                          "session=? ORDER BY step", (sid,)).fetchall()
             except sqlite3.Error as exc:
                 raise StoreError(f"the session store failed: {exc}") from None
-        return _check_row(sid, row, ops, steps, self.limits)
-
-
-def _check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
-               steps: list[tuple[Any, ...]], limits: StoreLimits) -> StoredSession:
-    browser, holder, fmt, updated, settings_text, snap_blob, base_blob, complete, note = row
-    if fmt != ROW_FORMAT:
-        raise StoreError(f"it was saved in session format {fmt!r}; this PagedLab reads "
-                         f"format {ROW_FORMAT}")
-    if not isinstance(settings_text, str):
-        raise StoreError("its settings are not text")
-    settings = decode_json(settings_text, "its settings")
-    if not isinstance(settings, dict):
-        raise StoreError("its settings are not a JSON object")
-    snapshot = _unpack(snap_blob, limits.max_snapshot_bytes, "its snapshot")
-    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("events"), list):
-        raise StoreError("its snapshot is not a snapshot object")
-    base = None
-    if base_blob is not None:
-        base = _unpack(base_blob, limits.max_snapshot_bytes, "its base snapshot")
-        if not isinstance(base, dict) or not isinstance(base.get("step"), int):
-            raise StoreError("its base snapshot is not a snapshot object")
-    if complete not in (0, 1):
-        raise StoreError("its operation log's flag is neither 0 nor 1")
-    if len(ops) > MAX_OPS:
-        raise StoreError(f"its operation log holds {len(ops)} operations; at most {MAX_OPS}")
-    log: list[dict[str, Any]] = []
-    for i, (seq, text) in enumerate(ops):
-        if seq != i or not isinstance(text, str) or len(text) > MAX_OP_BYTES:
-            raise StoreError(f"its operation log is damaged at entry {i}")
-        op = decode_json(text, f"its operation {i}")
-        if not isinstance(op, dict):
-            raise StoreError(f"its operation {i} is not a JSON object")
-        log.append(op)
-    history: list[tuple[int, dict[str, Any], int]] = []
-    for step, blob, num_events in steps:
-        body = _unpack(blob, limits.max_snapshot_bytes, f"its history step {step}")
-        if not (isinstance(body, dict) and isinstance(num_events, int)
-                and 0 <= num_events <= len(snapshot["events"]) and body.get("step") == step):
-            raise StoreError(f"its history step {step!r} is damaged")
-        history.append((int(step), body, num_events))
-    return StoredSession(sid, str(browser), str(holder), float(updated), settings, snapshot,
-                         base, log, bool(complete), history,
-                         None if note is None else str(note))
-
+        return check_row(sid, row, ops, steps, self.limits)
