@@ -5,6 +5,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8501
+# pytest's worker processes (pytest-xdist); each test file runs on one worker, so a
+# file's app server is started once. 0 runs the suite in this process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint bench browser-deps native clean
 
@@ -45,7 +48,7 @@ test: $(VENV)/.dev browser-deps native
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	@mkdir -p build
-	$(BIN)/python -m pytest --junitxml=build/junit.xml
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --junitxml=build/junit.xml
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
