@@ -11,6 +11,7 @@ import pytest
 from backend.core.errors import PagedLabError
 from backend.io.scenario import parse_scenario
 from backend.io.snapshot import export_snapshot
+from backend.sessions.budget import MIB, KVBudget
 from backend.sessions.tour import TourRun, check_rows, parse_scenario_upload, shipped_scenario
 from backend.views import tour as tv
 
@@ -143,3 +144,21 @@ def test_a_uploaded_narration_is_escaped_in_the_checks() -> None:
     html = tv.checks_html(run.frame(1).checks)
     assert "<b>'s" not in html and "&lt;b&gt;&#x27;s status" in html
     assert re.search(r"data-ok='1'", html)
+
+
+def test_a_control_run_over_the_session_budget_is_left_out_and_named() -> None:
+    scenario = shipped_scenario("08-fork-copy-on-write")
+    size = scenario.config.kv_bytes
+    ample = KVBudget(per_session=64 * MIB, per_server=64 * MIB)
+    run = TourRun(scenario, "08", "t", kernel="torch", owner="s1", budget=ample)
+    assert run.control is not None and run.control_problem is None
+    control_bytes = run.control.control.cache.total_bytes
+    assert control_bytes >= size and ample.in_use("s1") == size + control_bytes
+    # Room for the scenario's engine but not for its control beside it: the run goes
+    # ahead without a control, says why, and counts only the engine it built.
+    tight = KVBudget(per_session=size + control_bytes - 1, per_server=64 * MIB)
+    run = TourRun(scenario, "08", "t", kernel="torch", owner="s2", budget=tight)
+    assert run.control is None and run.control_problem is not None
+    assert "this session's engines already hold" in run.control_problem
+    assert tight.in_use("s2") == size
+    assert run.run_to(6) == 6 and run.frame(6).all_ok

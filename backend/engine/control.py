@@ -160,9 +160,14 @@ class ControlRun:
     """
 
     def __init__(self, config: EngineConfig, ops: Sequence[Op], *, device: str = "auto",
-                 kernel: str = "torch") -> None:
-        self.control = Engine(control_config(config, ops), device=device, kernel=kernel,
-                              check_reference=False)
+                 kernel: str = "torch",
+                 admit: Callable[[EngineConfig], None] | None = None) -> None:
+        """`admit`, if given, sees the control's config before its pool is allocated and
+        may refuse it by raising PagedLabError (a browser session's K/V budget)."""
+        sized = control_config(config, ops)
+        if admit is not None:
+            admit(sized)
+        self.control = Engine(sized, device=device, kernel=kernel, check_reference=False)
         # (request, num_tokens) -> next-token logits one side held there, not yet
         # matched by the other side's: [0] the user's run, [1] the control's.
         self._pending: tuple[dict[tuple[str, int], torch.Tensor], ...] = ({}, {})

@@ -22,12 +22,12 @@ No Streamlit here: ui/tour.py keeps one `TourRun` per browser session.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
 from backend.core.errors import PagedLabError
-from backend.engine.control import ControlReport, ControlRun, control_config
+from backend.engine.control import ControlReport, ControlRun
 from backend.engine.engine import Engine
 from backend.engine.ops import describe_op
 from backend.engine.results import OpResult
@@ -193,9 +193,9 @@ class TourRun:
         self.control_problem: str | None = None
         ops = [s.op for s in scenario.steps]
         try:
-            if owner is not None:
-                budget.check(control_config(scenario.config, ops), owner)
-            self.control = ControlRun(scenario.config, ops, device=self.engine.device.type)
+            admit = None if owner is None else partial(budget.check, owner=owner)
+            self.control = ControlRun(scenario.config, ops, device=self.engine.device.type,
+                                      admit=admit)
             if owner is not None:
                 budget.track(self.control.control, owner)
         except PagedLabError as exc:
