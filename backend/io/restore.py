@@ -16,13 +16,12 @@ from typing import Any
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import check_request_id
-from backend.engine.request import FINISH_REASONS, Request
+from backend.engine.request import Request
 from backend.engine.results import KernelReport
 from backend.io.json_input import FieldReader, listed_by_id, non_negative
 from backend.io.recompute import Progress, recompute_kv
-from backend.io.restore_beams import beam_fields, check_beam_groups
 from backend.io.restore_host import restore_host
+from backend.io.restore_requests import read_requests, read_scheduler
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
 from backend.paging.events import Event
@@ -62,128 +61,14 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     m = engine.manager
     pool = m.pool
     top_id = c.vocab_size - 1
-    eos = engine.model.eos_token_id
     host = engine.host
     step = top.get("step", int)
     if step < 0:
         raise PagedLabError("snapshot.step must be >= 0")
 
-    # Requests.
-    requests: dict[str, Request] = {}
-    tables: dict[str, list[int]] = {}
-    for i, raw in enumerate(top.get("requests", list)):
-        if not isinstance(raw, dict):
-            raise PagedLabError(f"snapshot.requests[{i}] must be an object")
-        r = FieldReader(raw, f"snapshot.requests[{i}]")
-        rid = check_request_id(r.get("id", str), f"{r.where}.id")
-        if rid in requests:
-            raise PagedLabError(f"{r.where}.id {rid!r} is repeated")
-        status = r.get("status", str)
-        if status not in ("waiting", "running", "finished", "swapped"):
-            raise PagedLabError(f"{r.where}.status must be waiting, running, swapped or "
-                                "finished")
-        if status == "swapped" and host is None:
-            raise PagedLabError(f"{r.where}: a swapped request needs preemption \"swap\" "
-                                "and a host pool (config.num_cpu_blocks)")
-        tokens = r.int_list("tokens", 0, top_id)
-        prompt_len = r.get("prompt_len", int)
-        if r.get("num_tokens", int) != len(tokens):
-            raise PagedLabError(f"{r.where}: num_tokens is {raw['num_tokens']} but it lists "
-                                f"{len(tokens)} tokens")
-        if not 1 <= prompt_len <= len(tokens):
-            raise PagedLabError(f"{r.where}: prompt_len {prompt_len} does not fit its "
-                                f"{len(tokens)} tokens")
-        # A swapped request's table names host blocks.
-        table = r.int_list("block_table", 0, (c.num_cpu_blocks if status == "swapped"
-                                              else c.num_blocks) - 1)
-        if len(set(table)) != len(table):
-            # Refused here with the block named, before the integrity check
-            # would quote the whole (possibly huge) table in its message.
-            twice = next(b for b, n in Counter(table).items() if n > 1)
-            raise PagedLabError(f"{r.where}: its block_table holds block {twice} twice")
-        # A prompt that a token budget spreads over steps has K/V (and blocks) for
-        # its leading num_computed_tokens only; absent, all of them.
-        computed = r.get("num_computed_tokens", int, optional=True)
-        if computed is not None and (status not in ("running", "swapped")
-                                     or not 1 <= computed < len(tokens)):
-            raise PagedLabError(f"{r.where}.num_computed_tokens belongs to a running or "
-                                "swapped request whose tokens are partly prefilled: "
-                                "1 <= it < num_tokens")
-        held = len(tokens) if computed is None else computed
-        if status in ("running", "swapped"):
-            if len(table) != -(-held // bs):
-                raise PagedLabError(
-                    f"{r.where}: {held} tokens do not fit its table of {len(table)} "
-                    f"blocks of {bs}")
-        elif table:
-            raise PagedLabError(f"{r.where}: a {status} request holds no blocks")
-        parent = r.get("parent", str, optional=True)
-        if parent is not None and parent not in requests:
-            raise PagedLabError(f"{r.where}.parent {parent!r} is not an earlier request")
-        max_new = r.get("max_new_tokens", int, optional=True)
-        if max_new is not None and max_new < 1:
-            raise PagedLabError(f"{r.where}.max_new_tokens must be >= 1 or null")
-        if (max_new is not None and status != "finished"
-                and len(tokens) - prompt_len >= max_new):
-            raise PagedLabError(f"{r.where}: it has generated its {max_new} tokens, so it "
-                                f"would have finished, but it is {status}")
-        if status != "finished" and eos is not None and eos in tokens[prompt_len:]:
-            raise PagedLabError(f"{r.where}: it generated the end-of-sequence token, so it "
-                                f"would have finished, but it is {status}")
-        text = r.get("text", str, optional=True)
-        if text is not None and text != engine.model.codec.decode(tokens):
-            raise PagedLabError(f"{r.where}.text does not match its tokens")
-        reason = r.get("finish_reason", str, optional=True)
-        if status == "finished" and reason not in (None, *FINISH_REASONS):
-            raise PagedLabError(f"{r.where}.finish_reason {reason!r} is not known")
-        if status != "finished" and reason is not None:
-            raise PagedLabError(f"{r.where}: a {status} request has no finish_reason")
-        preemptions = r.get("num_preemptions", int)
-        if preemptions < 0:
-            raise PagedLabError(f"{r.where}.num_preemptions must be >= 0")
-        group = r.get("group", str, optional=True)
-        if group is not None and not rid.startswith(f"{group}."):
-            raise PagedLabError(f"{r.where}: a sample of group {group!r} is named "
-                                f"{group}.<k>, not {rid!r}")
-        pending = r.get("pending_samples", int, optional=True) or 0
-        if pending and (group is None or rid != f"{group}.0" or status == "finished"
-                        or (status != "waiting" and computed is None) or pending < 0):
-            raise PagedLabError(f"{r.where}.pending_samples belongs to the first sample of a "
-                                "group whose prompt is not computed yet")
-        width, cum = beam_fields(r, group, max_new, reason)
-        # A copy: the engine appends to its requests' tokens, and `data` may be
-        # a History frame or a saved session's row that must stay as it was.
-        requests[rid] = Request(rid, prompt_len, list(tokens), max_new, arrival=len(requests),
-                                parent=parent, status=status, num_preemptions=preemptions,
-                                finish_reason=reason if status == "finished" else None,
-                                uncomputed=len(tokens) - held, group=group,
-                                pending_samples=pending, beam_width=width, cum_logprob=cum)
-        tables[rid] = table
-
-    sched = FieldReader(top.get("scheduler", dict), "snapshot.scheduler")
-    waiting = sched.get("waiting", list)
-    running = sched.get("running", list)
-    if not all(isinstance(x, str) for x in (*waiting, *running)):
-        raise PagedLabError("snapshot.scheduler lists request ids, which are strings")
-    if sorted(waiting) != sorted(r.id for r in requests.values() if r.status == "waiting"):
-        raise PagedLabError("snapshot.scheduler.waiting does not list exactly the waiting "
-                            "requests")
-    if sorted(running) != sorted(r.id for r in requests.values() if r.status == "running"):
-        raise PagedLabError("snapshot.scheduler.running does not list exactly the running "
-                            "requests")
-    swapped = sched.get("swapped", list, optional=True) or []
-    if not all(isinstance(x, str) for x in swapped):
-        raise PagedLabError("snapshot.scheduler lists request ids, which are strings")
-    if sorted(swapped) != sorted(r.id for r in requests.values() if r.status == "swapped"):
-        raise PagedLabError("snapshot.scheduler.swapped does not list exactly the swapped "
-                            "requests")
-    if (len(set(waiting)) != len(waiting) or len(set(running)) != len(running)
-            or len(set(swapped)) != len(swapped)):
-        raise PagedLabError("snapshot.scheduler lists a request twice")
-    check_beam_groups(requests, {"waiting": waiting, "running": running, "swapped": swapped})
-    admissions = sched.get("admissions", int)
-    if admissions < len(running):
-        raise PagedLabError("snapshot.scheduler.admissions is smaller than the running count")
+    requests, tables = read_requests(top, engine)
+    queues = read_scheduler(top, requests)
+    waiting, running, swapped = queues.waiting, queues.running, queues.swapped
 
     # Hash nodes, parents first; each digest is re-derived from its tokens.
     nodes: dict[str, BlockHash] = {}
@@ -299,7 +184,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     for n, rid in enumerate(running, start=1):
         requests[rid].admitted = n
         engine.running.append(rid)
-    engine.scheduler.admissions = admissions
+    engine.scheduler.admissions = queues.admissions
     engine.step = step
     k = FieldReader(top.get("kernel", dict), "snapshot.kernel")
     err = k.get("max_abs_err", (int, float), optional=True)
