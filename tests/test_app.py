@@ -354,9 +354,36 @@ def test_invalid_settings_are_explained_and_not_applied() -> None:
     kept = engine(at)
     at.sidebar.number_input(key="cfg_num_kv_heads").set_value(3).run()
     assert [e.value for e in at.sidebar.error] == [
-        "settings: num_heads (4) must be a multiple of num_kv_heads (3) for grouped-query "
-        "attention"]
+        "Heads (4) must be a multiple of KV heads (3) for grouped-query attention"]
     assert engine(at) is kept and not at.exception
+    # A number past a field's range arrives (the fields carry no bounds, so the browser
+    # never keeps one to itself) and is refused by the field's name.
+    at.sidebar.number_input(key="cfg_num_kv_heads").set_value(2).run()
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(10**9).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Pool size must be in 1..65536, got 1000000000"]
+    assert engine(at) is kept and not at.exception
+
+
+def test_a_number_past_a_controls_range_is_refused_by_name_and_changes_nothing() -> None:
+    at = add(start())
+    before = export_snapshot(engine(at))
+    for key, value, message in [
+            ("batch_n", 20_000, "Steps must be 1 to 10,000; got 20,000"),
+            ("batch_n", 0, "Steps must be 1 to 10,000; got 0"),
+            ("req_grow_n", -3, "Grow by (tokens) must be 1 to 65,536; got -3"),
+            ("add_len", -5, "Random prompt length must be 1 to 65,536; got -5"),
+            ("add_max_new", 100_000, "Max new tokens must be 1 to 65,536; got 100,000"),
+            ("add_n", 1_000, "Parallel samples (n) must be 1 to 64; got 1,000"),
+            ("add_beam", 0, "Beam width must be 1 to 64; got 0")]:
+        at.number_input(key=key).set_value(value)
+        button = {"batch_n": "btn_step_n", "req_grow_n": "btn_grow"}.get(key, "btn_add")
+        click(at, button)
+        assert status(at) == ("error", f"Refused: {message}"), key
+        assert export_snapshot(engine(at)) == before, key
+        at.number_input(key=key).set_value(None if key.startswith("add_") else 1)
+    click(at, "btn_step_n")
+    assert status(at)[0] == "success" and engine(at).step == before["step"] + 1
 
 
 def test_switching_the_kernel_keeps_every_request() -> None:

@@ -204,8 +204,8 @@ def test_a_bad_budget_is_refused_with_its_reason_and_nothing_changes() -> None:
     before = export_snapshot(kept)
     at.sidebar.number_input(key="cfg_watermark_blocks").set_value(32).run()
     assert [e.value for e in at.sidebar.error] == [
-        "settings: watermark_blocks (32) must be less than num_blocks (32): admission keeps "
-        "that many blocks free, so no request could ever start"]
+        "Watermark (32) must be less than Pool size (32): admission keeps that many blocks "
+        "free, so no request could ever start"]
     assert not at.session_state["config_pending"]
     assert engine(at) is kept and export_snapshot(kept) == before
     assert kept.config.watermark_blocks is None

@@ -13,7 +13,14 @@ import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import MAX_SAMPLES, Add, Fork, Op
+from backend.engine.ops import (
+    MAX_GROW_TOKENS,
+    MAX_PROMPT_TOKENS,
+    MAX_SAMPLES,
+    Add,
+    Fork,
+    Op,
+)
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
 from ui import session
@@ -33,6 +40,34 @@ def status_line() -> None:
     {"error": st.error, "success": st.success, "info": st.info}[kind](plain_md(text))
 
 
+# One click of Step N runs at most this many iterations (the engine takes up to
+# MAX_STEP_COUNT in one operation; a click past ten thousand is almost always a typo).
+MAX_STEP_N = 10_000
+
+
+def whole_number(key: str, label: str, lo: int, hi: int) -> int | None:
+    """Field `key`'s number (None when blank); outside lo..hi it is refused by `label`.
+
+    The number fields carry no bounds of their own on purpose: a browser keeps a
+    number outside a field's bounds to itself (the field turns red, with a tooltip)
+    and sends the last one inside them, so a click would act on a number the field
+    no longer shows. Unbounded, every number typed arrives and is refused here.
+    """
+    value = st.session_state.get(key)
+    if value is None:
+        return None
+    if not lo <= value <= hi:
+        raise PagedLabError(f"{label} must be {lo:,} to {hi:,}; got {value:,}")
+    return int(value)
+
+
+def _required(key: str, label: str, lo: int, hi: int) -> int:
+    value = whole_number(key, label, lo, hi)
+    if value is None:
+        raise PagedLabError(f"{label}: enter a number from {lo:,} to {hi:,}")
+    return value
+
+
 def render() -> None:
     engine = session.get_engine()
     c_add, c_req, c_batch = st.columns([5, 5, 3], gap="medium")
@@ -50,10 +85,14 @@ def _on_add() -> None:
     ss = st.session_state
 
     def make(engine: Engine) -> Op:
-        return add_op(request=ss["add_id"], prompt=ss["add_prompt"], prompt_len=ss["add_len"],
-                      max_new_tokens=ss["add_max_new"], blocks=ss["add_pins"],
-                      existing=engine.requests, vocab_size=engine.config.vocab_size,
-                      n=ss["add_n"], beam_width=ss["add_beam"])
+        return add_op(
+            request=ss["add_id"], prompt=ss["add_prompt"],
+            prompt_len=whole_number("add_len", "Random prompt length", 1, MAX_PROMPT_TOKENS),
+            max_new_tokens=whole_number("add_max_new", "Max new tokens", 1, MAX_PROMPT_TOKENS),
+            blocks=ss["add_pins"], existing=engine.requests,
+            vocab_size=engine.config.vocab_size,
+            n=whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
+            beam_width=whole_number("add_beam", "Beam width", 1, MAX_SAMPLES))
 
     result = session.apply(make)
     if result is not None and isinstance(result.op, Add):
@@ -77,31 +116,31 @@ def _add_form() -> None:
         # with none it would submit an empty prompt.
         st.text_area("Prompt text", value=session.DEFAULT_PROMPT, key="add_prompt", height=68)
         c1, c2 = st.columns(2)
-        c1.number_input("…or a random prompt of N tokens", min_value=1, step=1, key="add_len",
-                        placeholder="use the text",
-                        help="Given, this wins over the text above (which stays for the "
-                             "next add); it is cleared after the add.")
-        c2.number_input("Max new tokens", min_value=1, step=1, key="add_max_new",
-                        placeholder="default", help="Blank: the sidebar's default.")
+        c1.number_input("…or a random prompt of N tokens", value=None, step=1, key="add_len",
+                        placeholder="the text",
+                        help=f"1 to {MAX_PROMPT_TOKENS:,}. Given, this wins over the text "
+                             "above (which stays for the next add); it is cleared after "
+                             "the add.")
+        c2.number_input("Max new tokens", value=None, step=1, key="add_max_new",
+                        placeholder="default",
+                        help=f"1 to {MAX_PROMPT_TOKENS:,}. Blank: the sidebar's default.")
         c1, c2 = st.columns(2)
         c1.text_input("Request id", key="add_id", placeholder="next free letter", max_chars=64)
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
                       help="Physical blocks to hold the prompt, in order; each must be free.")
         c1, c2 = st.columns(2)
-        c1.number_input("Parallel samples (n)", min_value=1, max_value=MAX_SAMPLES, step=1,
-                        key="add_n", placeholder="1",
-                        help="n > 1: the engine prefills the prompt once as ID.0 and forks "
-                             "ID.1 .. ID.{n-1} from it, every block shared; each sample then "
-                             "draws its own tokens, and copy-on-write gives it its own last "
-                             "block at its first token.")
-        c2.number_input("Beam width", min_value=1, max_value=MAX_SAMPLES, step=1,
-                        key="add_beam", placeholder="no beam search",
-                        help="Beam search run by the engine: each step keeps the W best "
-                             "one-token extensions of the live beams by cumulative "
-                             "log-probability. A beam extended twice forks (blocks shared, "
-                             "copy-on-write at the next write); one with no survivor is "
-                             "dropped and frees its blocks. Needs Max new tokens (or the "
-                             "sidebar's default).")
+        c1.number_input("Parallel samples (n)", value=None, step=1, key="add_n", placeholder="1",
+                        help=f"1 to {MAX_SAMPLES}. n > 1: the engine prefills the prompt "
+                             "once as ID.0 and forks ID.1 .. ID.{n-1} from it, every block "
+                             "shared; each sample then draws its own tokens, and "
+                             "copy-on-write gives it its own last block at its first token.")
+        c2.number_input("Beam width", value=None, step=1, key="add_beam", placeholder="none",
+                        help=f"1 to {MAX_SAMPLES}; blank: no beam search. Beam search run "
+                             "by the engine: each step keeps the W best one-token "
+                             "extensions of the live beams by cumulative log-probability. "
+                             "A beam extended twice forks (blocks shared, copy-on-write at "
+                             "the next write); one with no survivor is dropped and frees "
+                             "its blocks. Needs Max new tokens (or the sidebar's default).")
         st.form_submit_button("Add request", key="btn_add", type="primary", on_click=_on_add)
 
 
@@ -117,8 +156,9 @@ def _picked() -> str:
 
 
 def _on_grow() -> None:
-    n = st.session_state["req_grow_n"]
-    session.apply(lambda _: op_from({"op": "grow", "request": _picked(), "tokens": n}))
+    session.apply(lambda _: op_from({
+        "op": "grow", "request": _picked(),
+        "tokens": _required("req_grow_n", "Grow by (tokens)", 1, MAX_GROW_TOKENS)}))
 
 
 def _on_fork() -> None:
@@ -169,8 +209,9 @@ def _request_controls(engine: Engine) -> None:
     st.selectbox("Request", ids, key="req_pick", format_func=partial(_request_label, engine),
                  disabled=none, placeholder="no request yet")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
-    c1.number_input("Grow by (tokens)", min_value=1, max_value=100_000, step=1,
-                    key="req_grow_n", disabled=none)
+    c1.number_input("Grow by (tokens)", value=session.DEFAULT_GROW, step=1,
+                    key="req_grow_n", disabled=none,
+                    help=f"1 to {MAX_GROW_TOKENS:,}.")
     c2.button("Grow", key="btn_grow", on_click=_on_grow, width="stretch", disabled=none,
               help="Decode tokens for this request alone, one model step each.")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
@@ -185,8 +226,9 @@ def _request_controls(engine: Engine) -> None:
 # ---- the batch ----------------------------------------------------------------
 
 def _on_step(count: int | None = None) -> None:
-    n = st.session_state["batch_n"] if count is None else count
-    session.apply(lambda _: op_from({"op": "step", "count": n}))
+    session.apply(lambda _: op_from({
+        "op": "step",
+        "count": _required("batch_n", "Steps", 1, MAX_STEP_N) if count is None else count}))
 
 
 def _on_shuffle() -> None:
@@ -200,7 +242,8 @@ def _batch_controls() -> None:
               help="One continuous-batching iteration: admit waiting requests that fit, "
                    "then decode one token for every running request.")
     c1, c2 = st.columns([1, 1], vertical_alignment="bottom")
-    c1.number_input("Steps", min_value=1, max_value=10_000, step=1, key="batch_n")
+    c1.number_input("Steps", value=session.DEFAULT_STEP_N, step=1, key="batch_n",
+                    help=f"1 to {MAX_STEP_N:,}.")
     c2.button("Step N", key="btn_step_n", on_click=_on_step, width="stretch")
     st.button("Shuffle blocks", key="btn_shuffle", on_click=_on_shuffle, width="stretch",
               help="Move every used block to another physical place (copying its K/V) "

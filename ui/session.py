@@ -87,6 +87,8 @@ OWNER = "kv_owner"
 MAX_HISTORY = MAX_STEPS
 
 DEFAULT_PROMPT = "The cat sat on the mat."
+DEFAULT_STEP_N = 4     # the Steps field before any edit
+DEFAULT_GROW = 1       # the "Grow by" field before any edit
 
 # Sidebar field -> EngineConfig field. ("cfg_model" is tiny-byte's size preset, which
 # only fills in the four dimension fields; "cfg_model_name" picks the model.)
@@ -142,7 +144,8 @@ def _widget_defaults(settings: Settings) -> dict[str, Any]:
         "add_id": "", "add_len": None, "add_max_new": None,
         "add_pins": "", "add_n": None, "add_beam": None,
         # Per-request and batch controls.
-        "req_pick": None, "req_grow_n": 1, "req_child": "", "batch_n": 4,
+        "req_pick": None, "req_grow_n": DEFAULT_GROW, "req_child": "",
+        "batch_n": DEFAULT_STEP_N,
         TIMELINE_PICK: None,
         # Views, once per page that draws them (see VIEW_PREFIXES).
         **{f"{prefix}{key}": value for prefix in VIEW_PREFIXES

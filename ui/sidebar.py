@@ -8,13 +8,13 @@ which do apply (`scenario`). `render` leaves the sidebar to it there.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from backend.core.budgets import MAX_BUDGET
 from backend.core.config import (
     DTYPE_BYTES,
     MAX_BLOCK_SIZE,
@@ -64,6 +64,26 @@ def current_page_file(page: str | None = None) -> str:
     return Path(str(info.get("script_path") or "")).name if info else ""
 
 
+# What each config field is called on screen (without its unit, which a refusal's
+# numbers follow): a refusal of the fields' config names them as the sidebar does,
+# not by their names in the scenario format.
+FIELD_LABELS = {
+    "num_blocks": "Pool size", "block_size": "Block size",
+    "num_layers": "Layers", "head_dim": "Head dim", "num_heads": "Heads",
+    "num_kv_heads": "KV heads", "seed": "Seed", "max_new_tokens": "Default max new tokens",
+    "max_num_seqs": "Max running requests", "max_num_batched_tokens": "Token budget per step",
+    "watermark_blocks": "Watermark", "num_cpu_blocks": "Host pool",
+}
+_FIELD_NAME = re.compile(r"\b(" + "|".join(FIELD_LABELS) + r")\b")
+
+
+def labelled(problem: str) -> str:
+    """A refusal of the sidebar's config in the sidebar's words: "settings: num_blocks
+    must be in 1..65536" reads "Pool size must be in 1..65536"."""
+    text = problem.removeprefix("settings: ")
+    return _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
+
+
 ALLOCATIONS = ["fifo", "random"]
 PREEMPTIONS = ["recompute", "swap"]
 SIZES = [*MODEL_PRESETS, "custom"]
@@ -107,12 +127,12 @@ def render(page: str | None = None) -> None:
 
 def _config_fields() -> None:
     c1, c2 = st.columns(2)
-    c1.number_input("Pool size (blocks)", min_value=1, max_value=MAX_NUM_BLOCKS, step=1,
+    c1.number_input("Pool size (blocks)", step=1,
                     value=_applied("cfg_num_blocks"), key="cfg_num_blocks",
-                    help="Physical KV blocks in the pool.")
-    c2.number_input("Block size (slots)", min_value=1, max_value=MAX_BLOCK_SIZE, step=1,
+                    help=f"Physical KV blocks in the pool: 1 to {MAX_NUM_BLOCKS:,}.")
+    c2.number_input("Block size (slots)", step=1,
                     value=_applied("cfg_block_size"), key="cfg_block_size",
-                    help="Token positions per block.")
+                    help=f"Token positions per block: 1 to {MAX_BLOCK_SIZE}.")
     st.radio("Allocation", ALLOCATIONS, index=_index("cfg_allocation", ALLOCATIONS),
              key="cfg_allocation", horizontal=True,
              format_func=lambda v: ALLOCATION_LABELS[v],
@@ -132,9 +152,9 @@ def _config_fields() -> None:
     dtypes = list(DTYPE_BYTES)
     st.selectbox("dtype", dtypes, index=_index("cfg_dtype", dtypes), key="cfg_dtype")
     with st.expander("More settings"):
-        st.number_input("Seed", min_value=0, step=1, value=_applied("cfg_seed"), key="cfg_seed",
+        st.number_input("Seed", step=1, value=_applied("cfg_seed"), key="cfg_seed",
                         help="Seeds tiny-byte's weights, random prompts and sampling.")
-        st.number_input("Default max new tokens", min_value=1, step=1,
+        st.number_input("Default max new tokens", step=1,
                         value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
                         help="For requests added without their own limit; blank: none.")
     _scheduler_fields()
@@ -147,22 +167,22 @@ def _scheduler_fields() -> None:
     # every change.
     with st.expander("Scheduler"):
         st.caption("vLLM's scheduler budgets, applied at every step. Blank: no limit.")
-        st.number_input("Max running requests", min_value=1, max_value=MAX_BUDGET, step=1,
+        st.number_input("Max running requests", step=1,
                         value=_applied("cfg_max_num_seqs"), key="cfg_max_num_seqs",
                         placeholder="no limit",
                         help=BUDGET_HELP["max_num_seqs"])
-        st.number_input("Token budget per step", min_value=1, max_value=MAX_BUDGET, step=1,
+        st.number_input("Token budget per step", step=1,
                         value=_applied("cfg_max_num_batched_tokens"),
                         key="cfg_max_num_batched_tokens", placeholder="no limit",
                         help=BUDGET_HELP["max_num_batched_tokens"])
-        st.number_input("Watermark (blocks)", min_value=0, max_value=MAX_NUM_BLOCKS, step=1,
+        st.number_input("Watermark (blocks)", step=1,
                         value=_applied("cfg_watermark_blocks"), key="cfg_watermark_blocks",
                         placeholder="0",
                         help=BUDGET_HELP["watermark_blocks"])
         st.radio("Preemption", PREEMPTIONS, index=_index("cfg_preemption", PREEMPTIONS),
                  key="cfg_preemption", horizontal=True,
                  help=BUDGET_HELP["preemption"], on_change=_preemption_changed)
-        st.number_input("Host pool (blocks)", min_value=0, max_value=MAX_NUM_BLOCKS, step=1,
+        st.number_input("Host pool (blocks)", step=1,
                         value=_applied("cfg_num_cpu_blocks"), key="cfg_num_cpu_blocks",
                         help=BUDGET_HELP["num_cpu_blocks"],
                         disabled=st.session_state.get("cfg_preemption") != "swap")
@@ -205,19 +225,20 @@ def _tiny_dims_fields() -> None:
                  f"{v} ({MODEL_PRESETS[v]['num_layers']} layers, "
                  f"{MODEL_PRESETS[v]['num_heads']} heads)")
     c1, c2 = st.columns(2)
-    c1.number_input("Layers", min_value=1, max_value=8, step=1,
+    c1.number_input("Layers", step=1, help="1 to 8.",
                     value=_applied("cfg_num_layers"), key="cfg_num_layers",
                     on_change=engine_actions.model_dims_changed)
-    c2.number_input("Head dim", min_value=16, max_value=256, step=2,
+    c2.number_input("Head dim", step=2, help="16 to 256, even (RoPE rotates pairs).",
                     value=_applied("cfg_head_dim"), key="cfg_head_dim",
                     on_change=engine_actions.model_dims_changed)
-    c1.number_input("Heads", min_value=1, max_value=32, step=1,
+    c1.number_input("Heads", step=1, help="1 to 32.",
                     value=_applied("cfg_num_heads"), key="cfg_num_heads",
                     on_change=engine_actions.model_dims_changed)
-    c2.number_input("KV heads", min_value=1, max_value=32, step=1,
+    c2.number_input("KV heads", step=1,
                     value=_applied("cfg_num_kv_heads"), key="cfg_num_kv_heads",
                     on_change=engine_actions.model_dims_changed,
-                    help="Grouped-query attention: heads share K/V in groups.")
+                    help="1 to 32, dividing Heads. Grouped-query attention: heads share "
+                         "K/V in groups.")
 
 
 def _confirm_or_apply() -> None:
@@ -225,7 +246,7 @@ def _confirm_or_apply() -> None:
     config, error = engine_actions.fields_config()
     st.session_state[session.PENDING] = False
     if error is not None:
-        st.error(plain_md(error))
+        st.error(plain_md(labelled(error)))
         return
     assert config is not None
     # Compared as values: when a source file changes, Streamlit imports its module
