@@ -211,6 +211,28 @@ def test_the_sessions_list_opens_and_deletes(browser: dict[str, str | None],
     assert not [b for b in at.button if b.key == f"btn_open_{second_id}"]
 
 
+def test_continuing_a_scenario_keeps_the_playgrounds_saved_state(
+        browser: dict[str, str | None], data_dir: Path) -> None:
+    at = open_app()
+    first_id = worked(at)
+    before = state(at)
+    at.switch_page("pages/scenarios.py").run()
+    for _ in range(2):
+        at.button(key="tour_next").click().run()
+    at.button(key="tour_continue").click().run()
+    assert not at.exception and at.title[0].value == "Playground"
+    # The scenario's state is a new session; the one it replaced is untouched in the list.
+    second_id = sid(at)
+    assert second_id != first_id and engine(at).step == 2
+    assert (f"The state it replaced stays saved as session {store.short(first_id)}, under "
+            "Recent sessions.") in texts(at.success)
+    assert sorted(r[0] for r in rows(data_dir)) == sorted([first_id, second_id])
+    # (AppTest runs the page it was last sent to, not the one the app switched to.)
+    at.switch_page("pages/playground.py").run()
+    at.button(key=f"btn_open_{first_id}").click().run()
+    assert sid(at) == first_id and state(at) == before
+
+
 def test_the_session_exports_as_a_scenario_that_replays_checked(
         browser: dict[str, str | None], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -158,9 +158,13 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
     only: it also sets the sidebar's fields to the snapshot's config, which
     Streamlit allows only before the sidebar is drawn. The device and kernel
     stay the sidebar's. `source` names where the snapshot came from.
+
+    An engine with state that was saved is not overwritten: the restored state
+    goes under a new session id, and the one it replaces stays in the list.
     """
     sess = OpSession.read()
     s, old = sess.settings, sess.engine
+    kept = sess.tab.id if sess.tab.store is not None and has_state(old) else None
     problem: str | None = None
     config = snapshot_config(data)
     loaded = Shown()
@@ -185,14 +189,19 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
             history.record(snapshot)
             live = saved.Live(engine, Settings(engine.config, s.device, s.kernel), history,
                               OpLog(snapshot))
+            if kept is not None:
+                sess.tab.id, sess.tab.synced = None, False
+                sess.queued.put(store.NOTE, None)
             install(live, sess.queued)
             set_fields(live.settings, sess.queued)
             sess.save(live, snapshot, whole=True)
             c = engine.config
+            before = ("" if kept is None else f" The state it replaced stays saved as session "
+                      f"{store.short(kept)}, under Recent sessions.")
             sess.flash("success", f"Restored {source}: step {engine.step}, "
                                   f"{len(engine.requests)} request(s), {c.num_blocks} blocks "
                                   f"of {c.block_size} slots, K/V recomputed from the tokens. "
-                                  "Keep working from here.")
+                                  f"Keep working from here.{before}")
     collect()
     loaded.finish()
     shown.finish()

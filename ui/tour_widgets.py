@@ -213,8 +213,9 @@ def narration(run: TourRun, frame: Frame) -> None:
             st.caption("This is the last step.")
     st.button("Continue from here in the Playground", key="tour_continue",
               on_click=_on_continue, icon=":material/call_split:", width="stretch",
-              help="Put this exact state into the Playground (its own engine is replaced) "
-                   "and switch there; this scenario run is kept.")
+              help="Put this exact state into the Playground and switch there. What the "
+                   "Playground held stays saved as a session of its own (Recent sessions), "
+                   "and this scenario run is kept.")
 
 
 def arena(frame: Frame) -> None:
