@@ -74,7 +74,7 @@ def test_share_fork_and_copy_on_write_in_the_browser(app_url: str, chromium_path
             shows(layouts, "L5 → P6 ×2")                 # the shared, partly filled tail
             shoot(page, screenshots / "02-forked.png")
 
-            page.get_by_role("button", name="Grow").click()
+            page.get_by_role("button", name="Grow", exact=True).click()
             shows(page.get_by_text("Step 4: grow B2 +1"))
             shows(page.locator(".pl-events"), "request B2 wrote into shared block 6: copied it "
                                               "to block 7 first (copy-on-write)")

@@ -35,7 +35,7 @@ def test_step_n_twice_then_step_applies_three_whole_operations(
             expect(add).to_be_visible(timeout=T)
             add.click()
             expect(page.get_by_text("Step 1: add A")).to_be_visible(timeout=T)
-            steps = page.get_by_label("Steps")
+            steps = page.get_by_role("spinbutton", name="Steps")
             steps.fill("8")
             steps.press("Tab")
             step_n = page.get_by_role("button", name="Step N")

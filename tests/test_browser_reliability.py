@@ -1,7 +1,8 @@
 """The app in a real Chromium where AppTest cannot tell: what the browser holds and loads.
 
-The request picker after the counts change, user text that must not load anything,
-the Playground's own address, and several sessions at once on one server.
+The request picker after the counts change, numbers typed past a field's range, user
+text that must not load anything, the Playground's own address, and several sessions at
+once on one server.
 Screenshots go to build/screenshots/ (test artifacts).
 """
 
@@ -137,6 +138,42 @@ def test_grow_fork_and_finish_act_on_the_picked_request_after_a_step(
         shows(table, "finished")
         expect(page.get_by_text("Refused")).to_have_count(0)
         shoot(page, screenshots / "20-picker-after-steps.png")
+    finally:
+        page.context.close()
+
+
+# ---- numbers past a field's range -------------------------------------------------------
+
+def test_a_number_past_a_fields_range_is_refused_as_typed_and_a_cleared_one_stays_blank(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    page = open_playground(browser, app_url)
+    try:
+        click(page, "Add request")
+        status_line(page, "Step 1: add A")
+        # The browser sends the number as typed (a bounded field would keep it to itself
+        # and send its last one in range), so the click is refused by the field's name.
+        steps = page.get_by_role("spinbutton", name="Steps")
+        steps.fill("20000")
+        steps.press("Tab")
+        idle(page)
+        click(page, "Step N")
+        shows(page.get_by_test_id("stAlert").first,
+              "Refused: Steps must be 1 to 10,000; got 20,000")
+        expect(page.locator(".pl-metric[data-label='Filled slots']")).to_have_text("23 / 24")
+        max_new = page.get_by_role("spinbutton", name="Max new tokens")
+        max_new.fill("100000")
+        max_new.press("Tab")
+        click(page, "Add request")
+        shows(page.get_by_test_id("stAlert").first,
+              "Refused: Max new tokens must be 1 to 65,536; got 100,000")
+        # Emptied, the field is blank again (the sidebar's default), not a number.
+        max_new.fill("")
+        max_new.press("Tab")
+        idle(page)
+        expect(max_new).to_have_value("")
+        click(page, "Add request")
+        status_line(page, "Step 2: add B")
+        shoot(page, screenshots / "21-numbers-past-range.png")
     finally:
         page.context.close()
 

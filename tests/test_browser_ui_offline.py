@@ -59,7 +59,7 @@ def _use_lab(page: Page) -> None:
     add.click()
     shows(page.get_by_text("Step 1: add A"))
     page.locator("path[aria-label^='Block 0:']").hover()           # a cell's tooltip
-    page.get_by_role("button", name="Grow").hover()                # a button's help
+    page.get_by_role("button", name="Grow", exact=True).hover()                # a button's help
     page.wait_for_timeout(1000)
 
 
