@@ -46,13 +46,15 @@ def overhead_frame(runs: Sequence[PreemptionRun]) -> pd.DataFrame:
 
 def overhead_chart(runs: Sequence[PreemptionRun], *, width: int = 520) -> alt.Chart:
     df = overhead_frame(runs)
+    # Streamlit's theme fits title, legend and axes into the height: with the x labels
+    # upright and 300 px, the plot keeps room for its y scale.
     return alt.Chart(df).mark_line(point=True).encode(
-        x=alt.X("block size:O", title="block size (tokens)"),
+        x=alt.X("block size:O", title="block size (tokens)", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("ms:Q", title="time spent on preemptions (ms)"),
         color=alt.Color("method:N", title=None, legend=alt.Legend(orient="top")),
         strokeDash=alt.StrokeDash("method:N", legend=None),
         tooltip=["block size:O", "method:N", alt.Tooltip("ms:Q", format=",.2f")],
-    ).properties(width=width, height=220,
+    ).properties(width=width, height=300,
                  title="Preemption overhead by block size, measured on this engine")
 
 
