@@ -124,7 +124,7 @@ def test_add_shows_blocks_table_layout_and_events() -> None:
     assert kind == "success" and text.startswith("Step 1: add A")
     m = metrics(at)
     assert (m["Running requests"], m["Used blocks"], m["Internal waste"]) == \
-        ("1", "6 / 32", "1 slots")
+        ("1", "6 / 32", "1 slot")
     table = at.dataframe[0].value.set_index("request")
     assert table.loc["A", "block table (logical→physical)"] == \
         "0→0 · 1→1 · 2→2 · 3→3 · 4→4 · 5→5 (3/4)"
@@ -226,7 +226,7 @@ def test_finish_releases_blocks_and_keeps_full_ones_cached() -> None:
     m = metrics(at)
     assert (m["Running requests"], m["Finished requests"]) == ("0", "1")
     assert (m["Used blocks"], m["Cached blocks"], m["Free blocks"]) == ("0 / 32", "5", "27")
-    assert "released block 0; it is free again" in html(at, "pl-events")
+    assert "released block 0; no one holds it (ref count 0)" in html(at, "pl-events")
     # A finished request has nothing to act on: the per-request controls are disabled.
     assert all(at.button(key=k).disabled for k in ("btn_grow", "btn_fork", "btn_finish"))
     assert at.selectbox(key="req_pick").disabled

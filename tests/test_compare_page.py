@@ -59,7 +59,7 @@ def test_default_render_shows_every_section(page: AppTest) -> None:
     assert metric(at, "Free slots") == "5"
     assert metric(at, "Largest hole") == "3"
     says = text(at)
-    assert ("a request of 5 tokens (a region of 5 slots) does not fit: 5 slots are free in "
+    assert ("A request of 5 tokens (a region of 5 slots) does not fit: 5 slots are free in "
             "total but the largest hole is 3 (external fragmentation)") in says
     assert "block table [11, 12, 13, 14]" in says
     assert metric(at, "Free blocks after D") == "4"
@@ -143,7 +143,7 @@ def test_seed_example_follows_its_controls() -> None:
     assert "block table [6, 7]" in text(at)
     at.selectbox(key="cmp_seed_policy").set_value("pow2").run()
     ex = seed_example("pow2", 2, 5)
-    assert ex.fit.message in text(at)
+    assert ex.fit.message[:1].upper() + ex.fit.message[1:] in text(at)
     assert "only 0 slots are free" in ex.fit.message
 
 

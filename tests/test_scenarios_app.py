@@ -107,7 +107,7 @@ def assert_visible_in_panels(at: AppTest, path: str, want: Any, num_blocks: int)
         return True
     if parts[0] == "contiguous" and parts[1] == "breakdown":
         caption = "\n".join(c.value for c in at.caption)
-        label = {"token_states": "hold tokens", "reservation": "reserved for future tokens",
+        label = {"token_states": "holding tokens", "reservation": "reserved for future tokens",
                  "internal_fragmentation": "internal fragmentation",
                  "external_fragmentation": "external fragmentation", "free": "free"}[parts[2]]
         assert f"{want} {label}" in caption, (path, caption)
@@ -398,7 +398,7 @@ def test_continue_from_here_puts_that_state_into_the_playground() -> None:
     assert export_snapshot(engine) == frame.snapshot
     assert [s.value for s in at.success] == [
         "Restored “The contiguous allocation problem” at step 3: step 3, 3 request(s), 16 "
-        "blocks of 1 slots, K/V recomputed from the tokens. Keep working from here."]
+        "blocks of 1 slot, K/V recomputed from the tokens. Keep working from here."]
     # The sidebar shows the scenario's pool, so nothing asks to apply other settings.
     assert at.sidebar.number_input(key="cfg_num_blocks").value == 16
     assert at.sidebar.number_input(key="cfg_block_size").value == 1

@@ -16,6 +16,7 @@ import streamlit as st
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
 from backend.sessions.history import History
@@ -142,9 +143,9 @@ def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -
             sess.save(live, export_snapshot(engine), whole=True)
             c = settings.config
             model = "" if c.dims is None else f" on {c.model}"
-            sess.flash("info", f"{message}: {c.num_blocks} blocks of {c.block_size} slots, "
-                               f"{c.num_layers} layers{model}, {c.dtype}, kernel "
-                               f"{engine.kernels.name} on {engine.device}.")
+            sess.flash("info", f"{message}: {c.num_blocks} blocks of "
+                               f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
+                               f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}.")
     collect()
     loaded.finish()
     waited.finish()
@@ -200,8 +201,8 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
                       f"{store.short(kept)}, under Recent sessions.")
             sess.flash("success", f"Restored {source}: step {engine.step}, "
                                   f"{len(engine.requests)} request(s), {c.num_blocks} blocks "
-                                  f"of {c.block_size} slots, K/V recomputed from the tokens. "
-                                  f"Keep working from here.{before}")
+                                  f"of {counted(c.block_size, 'slot')}, K/V recomputed from the "
+                                  f"tokens. Keep working from here.{before}")
     collect()
     loaded.finish()
     shown.finish()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.sessions import saved
 from ui import engine_actions, progress, session, store
@@ -25,7 +26,7 @@ STARTED = "store_started"   # set once the first run's reopening was tried
 def _describe(engine: Engine) -> str:
     c = engine.config
     return (f"step {engine.step}, {len(engine.requests)} request(s), {c.num_blocks} blocks "
-            f"of {c.block_size} slots")
+            f"of {counted(c.block_size, 'slot')}")
 
 
 def _load_model_of(sid: str) -> Shown:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 
 MAX_STEP_COUNT = 100_000
 MAX_GROW_TOKENS = 65_536
@@ -248,11 +249,11 @@ def describe_op(op: Op) -> str:
             if op.prompt is not None:
                 what = repr(op.prompt if len(op.prompt) <= 24 else op.prompt[:21] + "...")
             elif op.prompt_tokens is not None:
-                what = f"{len(op.prompt_tokens)} tokens"
+                what = counted(len(op.prompt_tokens), "token")
             elif op.messages is not None:
-                what = f"{len(op.messages)} messages"
+                what = counted(len(op.messages), "message")
             else:
-                what = f"{op.prompt_len} random tokens"
+                what = counted(op.prompt_len or 0, "random token")
             samples = "" if op.n is None else f" x{op.n} samples"
             if op.beam_width is not None:
                 samples = f" beam width {op.beam_width}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.paging.block_pool import BlockPool
 from backend.paging.block_types import SeqBlocks, validate_tokens
 
@@ -89,7 +90,8 @@ def check_pins(pool: BlockPool, pinned: Sequence[int], n: int) -> None:
     """`n` distinct pinned block ids, each of a block in state "free" (not cached)."""
     pins = list(pinned)
     if len(pins) != n:
-        raise PagedLabError(f"the prompt needs {n} blocks but {len(pins)} were pinned")
+        raise PagedLabError(f"the prompt needs {counted(n, 'block')} but "
+                             f"{counted(len(pins), 'block was', 'blocks were')} pinned")
     for b in pins:
         check_block_id(b, pool.num_blocks)
     if len(set(pins)) != len(pins):

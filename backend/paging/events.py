@@ -106,7 +106,10 @@ def describe(event: Event) -> str:
         case "free":
             if rc:
                 return f"{who} released block {b}; still held by {rc} other holder(s)"
-            return f"{who} released block {b}; it is free again (ref count 0)"
+            # The event does not say whether the block keeps a prefix-cache key: a full
+            # block of a prefix-caching pool stays "cached" (a hit) until it is reused.
+            return (f"{who} released block {b}; no one holds it (ref count 0), so it is back "
+                    "in the free queue, keeping its cached prefix if it has one")
         case "share":
             return f"{who} shares block {b} (ref count now {rc})"
         case "cow":

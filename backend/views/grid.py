@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from backend.core.words import counted
 from backend.views.model import Snapshot, blocks_frame
 from backend.views.tokens import block_tokens
 
@@ -274,11 +275,12 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
 def grid_title(snap: Snapshot, page: int = 0) -> str:
     """What the grid (or this page of it) shows."""
     total = len(snap["blocks"])
+    each = counted(snap["config"]["block_size"], "slot")
     if num_pages(total) == 1:
-        return f"Physical blocks 0–{total - 1} ({snap['config']['block_size']} slots each)"
+        return f"Physical blocks 0–{total - 1} ({each} each)"
     lo = page * PAGE_SIZE
     hi = min(total, lo + PAGE_SIZE) - 1
-    return f"Physical blocks {lo}–{hi} of {total} ({snap['config']['block_size']} slots each)"
+    return f"Physical blocks {lo}–{hi} of {total} ({each} each)"
 
 
 def overview_frame(snap: Snapshot, group: int = 64) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from backend.core.config import TINY_BYTE
+from backend.core.words import counted
 from backend.paging.events import Event, describe
 from backend.views.glossary import METRICS, REQUEST_FIELDS
 from backend.views.host_pool import on_device
@@ -324,7 +325,7 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
                    "Filled token slots over the slots of used blocks: the rest is tail waste."),
         MetricItem("Slots", "Filled slots", f"{m['filled_slots']} / {slots_in_used}",
                    METRICS["filled_slots"]),
-        MetricItem("Slots", "Internal waste", f"{m['internal_waste_slots']} slots",
+        MetricItem("Slots", "Internal waste", counted(m['internal_waste_slots'], 'slot'),
                    f"Empty slots inside used blocks: at most {bs - 1} per unshared request."),
         MetricItem("Sharing", "Shared blocks", str(m["shared_blocks"]),
                    METRICS["shared_blocks"]),

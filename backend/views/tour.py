@@ -83,7 +83,7 @@ def value_text(path: str, value: Any) -> str:
     try:
         if head == "contiguous" and parts[1:2] == ["regions"] and isinstance(value, dict):
             return _short(f"{_slots(value['start'], value['reserved'])} ({value['reserved']} "
-                          f"reserved), {value['tokens']} hold tokens, final length "
+                          f"reserved), {value['tokens']} holding tokens, final length "
                           f"{value['final_len']}")
         if head == "contiguous" and parts[1:] == ["holes"] and isinstance(value, list):
             return _short(", ".join(f"{_slots(start, length)} ({length})"
@@ -279,7 +279,7 @@ def arena_caption(arena: dict[str, Any]) -> str:
     """The arena's slots by state (the paper's Figure 2 categories), in one line."""
     b = arena["breakdown"]
     return (f"{arena['capacity']} slots ({arena['policy']} reservations, first fit): "
-            f"{b['token_states']} hold tokens · {b['reservation']} reserved for future tokens · "
+            f"{b['token_states']} holding tokens · {b['reservation']} reserved for future tokens · "
             f"{b['internal_fragmentation']} internal fragmentation · "
             f"{b['external_fragmentation']} external fragmentation · {b['free']} free")
 

@@ -38,7 +38,8 @@ def seed_section() -> None:
     m1.metric("Free slots", ex.arena[1].free_total, help="After the two decode steps")
     m2.metric("Largest hole", ex.arena[1].largest_hole, help="After the two decode steps")
     with msg:
-        (st.success if ex.fit.fits else st.warning)(f"fits({ex.new_len}): {ex.fit.message}.")
+        said = ex.fit.message
+        (st.success if ex.fit.fits else st.warning)(f"{said[:1].upper()}{said[1:]}.")
     st.subheader("Paged pool")
     st.altair_chart(charts.slot_strip(views.seed_pool_slots(ex), f"{len(ex.pool[-1].blocks)} "
                                       f"blocks of {block_size}, the same {ex.capacity} slots"),
