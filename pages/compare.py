@@ -18,6 +18,7 @@ if _ROOT not in sys.path:
 
 import streamlit as st
 
+from backend.views.text import plain_md
 from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
 from ui.compare.deployment import deployment_section
@@ -26,6 +27,7 @@ from ui.compare.preemption import preemption_section
 from ui.compare.seed import seed_section
 from ui.compare.sharing import sharing_section
 from ui.compare.simulator import simulator_section
+from ui.numbers import OutOfRangeError
 
 # ---- the page ---------------------------------------------------------------------------
 
@@ -38,19 +40,13 @@ st.caption(
 tabs = st.tabs(["The seed's example", "One workload, two memories", "Trace simulator",
                 "Real deployment", "Block size", "Swap or recompute", "Sharing",
                 "Memory calculator"])
-with tabs[0]:
-    seed_section()
-with tabs[1]:
-    maps_section()
-with tabs[2]:
-    simulator_section()
-with tabs[3]:
-    deployment_section()
-with tabs[4]:
-    block_size_section()
-with tabs[5]:
-    preemption_section()
-with tabs[6]:
-    sharing_section()
-with tabs[7]:
-    calculator_section()
+sections = [seed_section, maps_section, simulator_section, deployment_section,
+            block_size_section, preemption_section, sharing_section, calculator_section]
+for tab, section in zip(tabs, sections, strict=True):
+    with tab:
+        try:
+            section()
+        except OutOfRangeError as exc:
+            # A field of the section holds a number outside its range: the section stops
+            # under its fields, saying which, and the other tabs are drawn as usual.
+            st.error(plain_md(str(exc)))

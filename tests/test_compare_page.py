@@ -187,6 +187,27 @@ def test_bad_input_gets_a_message_not_a_traceback() -> None:
     assert any("do not leave room for KV in 40 GiB" in e.value for e in at.error)
 
 
+def test_a_number_past_a_fields_range_stops_its_section_with_the_fields_name() -> None:
+    at = start()
+    runs = len([b for b in at.button if b.key == "cmp_swap_run"])
+    assert runs == 1
+    # The browser sends the number as typed (the fields carry no bounds), so the section
+    # refuses it by name instead of running on the last number in range.
+    at.number_input(key="cmp_swap_requests").set_value(100).run()
+    assert not at.exception
+    assert "Requests must be 2 to 64; got 100" in [e.value for e in at.error]
+    assert not [b for b in at.button if b.key == "cmp_swap_run"]
+    at.number_input(key="cmp_seed_new_len").set_value(40).run()
+    assert "D's final length must be 2 to 16; got 40" in [e.value for e in at.error]
+    at.number_input(key="cmp_calc_gpu").set_value(0.5).run()
+    assert "GPU memory (GiB) must be 1 to 4,096; got 0.5" in [e.value for e in at.error]
+    # The other sections are drawn as before, and a number in range brings the section back.
+    assert [b for b in at.button if b.key == "cmp_sim_run"]
+    at.number_input(key="cmp_swap_requests").set_value(8).run()
+    assert [b for b in at.button if b.key == "cmp_swap_run"]
+    assert "Requests must be 2 to 64; got 100" not in [e.value for e in at.error]
+
+
 def test_swap_or_recompute_runs_the_engines_and_says_what_they_did() -> None:
     at = start()
     assert any("Press Run" in c.value for c in at.caption)

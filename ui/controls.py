@@ -24,6 +24,7 @@ from backend.engine.ops import (
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
 from ui import session
+from ui.numbers import out_of_range
 
 
 def status_line() -> None:
@@ -48,16 +49,14 @@ MAX_STEP_N = 10_000
 def whole_number(key: str, label: str, lo: int, hi: int) -> int | None:
     """Field `key`'s number (None when blank); outside lo..hi it is refused by `label`.
 
-    The number fields carry no bounds of their own on purpose: a browser keeps a
-    number outside a field's bounds to itself (the field turns red, with a tooltip)
-    and sends the last one inside them, so a click would act on a number the field
-    no longer shows. Unbounded, every number typed arrives and is refused here.
+    The number fields carry no bounds of their own, for the reason ui/numbers.py
+    gives; a refusal here is the operation's, on the page's status line.
     """
     value = st.session_state.get(key)
     if value is None:
         return None
     if not lo <= value <= hi:
-        raise PagedLabError(f"{label} must be {lo:,} to {hi:,}; got {value:,}")
+        raise PagedLabError(out_of_range(label, lo, hi, value))
     return int(value)
 
 

@@ -7,6 +7,7 @@ import streamlit as st
 from backend.core.errors import PagedLabError
 from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, kv_capacity
 from backend.views.compare import tables
+from ui.numbers import number_field
 
 
 def calculator_section() -> None:
@@ -17,7 +18,7 @@ def calculator_section() -> None:
     names = list(MODELS)
     c = st.columns(3)
     name = c[0].selectbox("Model", names, index=names.index("OPT-13B"), key="cmp_calc_model")
-    gpu = c[1].number_input("GPU memory (GiB)", 1.0, 4096.0, 40.0, step=8.0,
+    gpu = number_field(c[1], "GPU memory (GiB)", 1.0, 4096.0, 40.0, step=8.0,
                             key="cmp_calc_gpu")
     bits = c[2].selectbox("Weight precision", [16, 8, 4], key="cmp_calc_bits",
                           format_func=lambda b: {16: "16-bit (fp16/bf16)", 8: "8-bit",
@@ -29,7 +30,7 @@ def calculator_section() -> None:
                                                      1: "fp8 (1 byte)"}[b])
     reserve = c[1].slider("Reserve (activations, runtime)", 0.0, 0.5, 0.1, 0.01,
                           key="cmp_calc_reserve")
-    req_len = c[2].number_input("Request length (tokens)", 1, 1_000_000, 2048,
+    req_len = number_field(c[2], "Request length (tokens)", 1, 1_000_000, 2048,
                                 key="cmp_calc_len")
     model = MODELS[name]
     per_token = model.kv_bytes_per_token(int(kv_bytes))

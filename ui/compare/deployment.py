@@ -13,6 +13,7 @@ from backend.views.compare import deployment as views
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_with_bar
 from ui.compare.simulator import TRACE_NOTE
+from ui.numbers import number_field
 
 DEPLOY_STATE = "cmp_dep_last"
 
@@ -27,8 +28,8 @@ def deployment_section() -> None:
         "of the paper's Figure 13.")
     c = st.columns(3)
     workload = c[0].selectbox("Trace", list(dep.TIME_SCALES), index=1, key="cmp_dep_trace")
-    scale = float(c[1].number_input(
-        "Time scale", 0.01, MAX_TIME_SCALE, dep.TIME_SCALES[workload], step=10.0,
+    scale = float(number_field(
+        c[1], "Time scale", 0.01, MAX_TIME_SCALE, dep.TIME_SCALES[workload], step=10.0,
         key=f"cmp_dep_scale_{workload}",
         help="The gaps between arrivals are divided by this. The preset's own: "
              + ", ".join(f"{w} {s:g}" for w, s in dep.TIME_SCALES.items()) + "."))

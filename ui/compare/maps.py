@@ -11,6 +11,7 @@ from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.views.compare import charts
 from backend.views.compare import frames as views
 from ui.compare import SYNTHETIC_NOTE, label
+from ui.numbers import number_field
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -33,13 +34,13 @@ def maps_section() -> None:
     with st.expander("Workload and memory", expanded=False):
         c = st.columns(4)
         workload = c[0].selectbox("Workload", ["alpaca", "sharegpt"], key="cmp_map_workload")
-        requests = c[1].number_input("Requests", 1, 200, 40, key="cmp_map_requests")
-        rate = c[2].number_input("Rate (requests/s)", 0.1, 1000.0, 20.0, key="cmp_map_rate")
-        seed = c[3].number_input("Seed", 0, 1_000_000, 0, key="cmp_map_seed")
+        requests = number_field(c[1], "Requests", 1, 200, 40, key="cmp_map_requests")
+        rate = number_field(c[2], "Rate (requests/s)", 0.1, 1000.0, 20.0, key="cmp_map_rate")
+        seed = number_field(c[3], "Seed", 0, 1_000_000, 0, key="cmp_map_seed")
         m = st.columns(3)
-        capacity = m[0].number_input("Capacity (token slots)", 16, 8192, 768, step=16,
+        capacity = number_field(m[0], "Capacity (token slots)", 16, 8192, 768, step=16,
                                      key="cmp_map_capacity")
-        max_len = m[1].number_input("Maximum sequence length", 2, 8192, 256, step=16,
+        max_len = number_field(m[1], "Maximum sequence length", 2, 8192, 256, step=16,
                                     key="cmp_map_max_len")
         block_size = m[2].selectbox("Paged block size", SWEEP_BLOCK_SIZES, index=4,
                                     key="cmp_map_block_size")

@@ -9,6 +9,7 @@ from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs
 from backend.kernels import select_kernels
 from backend.views.compare import swap_recompute as views
 from ui.bars import progress_bar
+from ui.numbers import number_field
 
 STATE = "cmp_swap_last"
 
@@ -26,10 +27,10 @@ def preemption_section() -> None:
     c = st.columns(3)
     sizes = c[0].multiselect("Block sizes", list(BLOCK_SIZES), default=[1, 4, 16, 64],
                              key="cmp_swap_sizes")
-    requests = c[1].number_input("Requests", 2, 64, 16, key="cmp_swap_requests",
+    requests = number_field(c[1], "Requests", 2, 64, 16, key="cmp_swap_requests",
                                  help="Added at once; prompts of 24-64 tokens, 32-64 new "
                                       "tokens each (seeded).")
-    slots = c[2].number_input("Device pool (token slots)", 64, 8192, 512, step=64,
+    slots = number_field(c[2], "Device pool (token slots)", 64, 8192, 512, step=64,
                               key="cmp_swap_slots")
     if st.button("Run on the engine", key="cmp_swap_run", disabled=not sizes):
         with progress_bar("Running the engines...") as advance:

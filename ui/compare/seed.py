@@ -9,6 +9,7 @@ from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import charts
 from backend.views.compare import frames as views
 from ui.compare import label
+from ui.numbers import number_field
 
 
 def seed_section() -> None:
@@ -24,8 +25,7 @@ def seed_section() -> None:
                           format_func=label)
     block_size = c2.segmented_control("Paged block size", [1, 2, 4], default=1,
                                       required=True, key="cmp_seed_block_size")
-    new_len = c3.number_input("D's final length", min_value=2, max_value=16, value=5,
-                              key="cmp_seed_new_len")
+    new_len = number_field(c3, "D's final length", 2, 16, 5, key="cmp_seed_new_len")
     try:
         ex = seed_example(str(policy), int(block_size or 1), int(new_len or 5))
     except PagedLabError as e:

@@ -19,6 +19,7 @@ from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
 from ui.bars import progress_bar
+from ui.numbers import number_field
 
 WIDTHS = (2, 4, 6)
 KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
@@ -130,9 +131,9 @@ def _live() -> None:
     model = c[0].selectbox("Model", (TINY_BYTE, SMOLLM2), key="cmp_share_model",
                            help="tiny-byte takes seconds; SmolLM2 about a second per "
                                 "sequence step on a CPU, so several minutes for all prompts.")
-    prompts = c[1].number_input("Prompts", 1, len(instruction_prompts()), 4,
+    prompts = number_field(c[1], "Prompts", 1, len(instruction_prompts()), 4,
                                 key="cmp_share_prompts")
-    new = c[2].number_input("Max new tokens", 4, 256, 32, key="cmp_share_new")
+    new = number_field(c[2], "Max new tokens", 4, 256, 32, key="cmp_share_new")
     block = c[3].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4, key="cmp_share_block")
     if st.button("Measure on the engine", key="cmp_share_run"):
         kinds = len(KINDS)
@@ -164,7 +165,7 @@ def _estimate() -> None:
     st.caption("For sizes the engine cannot run here: a stochastic model on PagedLab's "
                "block manager, over Alpaca-like prompt and output lengths.")
     c = st.columns(2)
-    requests = c[0].number_input("Requests", 1, 1000, 100, step=50, key="cmp_share_requests")
+    requests = number_field(c[0], "Requests", 1, 1000, 100, step=50, key="cmp_share_requests")
     block_size = c[1].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4,
                                 key="cmp_share_block_size")
     try:

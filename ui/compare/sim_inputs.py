@@ -23,6 +23,7 @@ from backend.lab.traces import (
     replay_trace,
 )
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
+from ui.numbers import number_field
 
 PAGE_MAX_REQUESTS = 20_000   # the CLI handles 100k; the page stays interactive
 MAX_UPLOAD_BYTES = 8 << 20   # some 220,000 rows of the Azure format
@@ -81,11 +82,11 @@ def trace_inputs(prefix: str) -> TraceChoice | None:
     source = c[0].selectbox("Workload", SOURCES, key=f"{prefix}_workload",
                             format_func=SOURCE_LABELS.__getitem__)
     if source in WORKLOADS:
-        requests = int(c[1].number_input("Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
+        requests = int(number_field(c[1], "Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
                                          key=f"{prefix}_requests"))
-        rate = float(c[2].number_input("Rate (requests/s)", 0.01, 10_000.0, DEFAULT_RATE,
+        rate = float(number_field(c[2], "Rate (requests/s)", 0.01, 10_000.0, DEFAULT_RATE,
                                        key=f"{prefix}_rate"))
-        seed = int(c[3].number_input("Seed", 0, 1_000_000, 0, key=f"{prefix}_seed"))
+        seed = int(number_field(c[3], "Seed", 0, 1_000_000, 0, key=f"{prefix}_seed"))
         return TraceChoice(("synthetic", source, requests, rate, seed),
                            lambda: make_trace(source, requests, rate, seed),
                            f"{source}, {requests:,} requests at {rate:g}/s, seed {seed}")
@@ -100,12 +101,13 @@ def trace_inputs(prefix: str) -> TraceChoice | None:
         full = recorded_trace(source)
         digest, name = source, source
     most = min(len(full), PAGE_MAX_REQUESTS)
-    requests = int(c[2].number_input(
-        "Requests (the first N)", 1, most, most, key=f"{prefix}_trace_requests_{digest[:12]}",
+    requests = int(number_field(
+        c[2], "Requests (the first N)", 1, most, most,
+        key=f"{prefix}_trace_requests_{digest[:12]}",
         help=f"The trace holds {len(full):,} requests; the page replays up to "
              f"{PAGE_MAX_REQUESTS:,}."))
-    scale = float(c[3].number_input(
-        "Time scale", 0.01, MAX_TIME_SCALE, 1.0, key=f"{prefix}_time_scale",
+    scale = float(number_field(
+        c[3], "Time scale", 0.01, MAX_TIME_SCALE, 1.0, key=f"{prefix}_time_scale",
         help="The gaps between arrivals are divided by this: 10 replays the trace ten "
              "times faster."))
     built = replay_trace(full, requests=requests, time_scale=scale)

@@ -22,6 +22,7 @@ from ui.compare import SYNTHETIC_NOTE, label
 from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, trace_inputs
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_with_bar
+from ui.numbers import number_field
 
 SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
 TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023 (Microsoft Azure, CC BY "
@@ -35,17 +36,17 @@ def _budget_inputs() -> dict[str, int | None]:
     with st.expander("Scheduler budgets (vLLM's max_num_seqs, max_num_batched_tokens, "
                      "watermark)"):
         c = st.columns(3)
-        seqs = c[0].number_input(
-            "max_num_seqs", 1, 1 << 20, None, key="cmp_sim_max_num_seqs",
+        seqs = number_field(
+            c[0], "max_num_seqs", 1, 1 << 20, None, key="cmp_sim_max_num_seqs",
             placeholder="no limit", help="At most this many requests run in one iteration.")
-        tokens = c[1].number_input(
-            "max_num_batched_tokens", 1, 1 << 24, None, key="cmp_sim_max_num_batched_tokens",
-            placeholder="no limit",
+        tokens = number_field(
+            c[1], "max_num_batched_tokens", 1, 1 << 24, None,
+            key="cmp_sim_max_num_batched_tokens", placeholder="no limit",
             help="At most this many tokens per iteration, prefill and decode together. "
                  "Decodes go first; a longer prompt is prefilled in chunks over several "
                  "iterations.")
-        watermark = c[2].number_input(
-            "watermark_blocks (paged)", 0, 1 << 20, None, key="cmp_sim_watermark_blocks",
+        watermark = number_field(
+            c[2], "watermark_blocks (paged)", 0, 1 << 20, None, key="cmp_sim_watermark_blocks",
             placeholder="1% of the pool",
             help="A request is admitted only if this many blocks stay free after its "
                  "prompt's blocks are taken (vLLM v0's default: 1% of the blocks).")
@@ -97,11 +98,11 @@ def simulator_section() -> None:
         len0 = max(DEFAULT_MAX_LEN, next_pow2(longest))
         cap0, suffix = 4 * len0, f"_{len0}"
     c = st.columns(4)
-    capacity = c[0].number_input("Capacity (token slots)", 1, 1 << 24, cap0, step=1024,
+    capacity = number_field(c[0], "Capacity (token slots)", 1, 1 << 24, cap0, step=1024,
                                  key=f"cmp_sim_capacity{suffix}")
     block_size = c[1].selectbox("Block size (paged)", SWEEP_BLOCK_SIZES, index=4,
                                 key="cmp_sim_block_size")
-    max_len = c[2].number_input("Max reservation (max policy)", 1, 1 << 24, len0,
+    max_len = number_field(c[2], "Max reservation (max policy)", 1, 1 << 24, len0,
                                 key=f"cmp_sim_max_len{suffix}",
                                 help="The slots the max policy reserves per request (the "
                                      "model's context length).")
