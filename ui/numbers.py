@@ -33,7 +33,7 @@ def number_field(where: Any, label: str, min_value: Number, max_value: Number,
     """`where.number_input(label, value=value, **kwargs)` checked against its range.
 
     Returns the field's number (None when blank). Raises OutOfRangeError for one outside
-    min_value..max_value; the page catches it for the section (`section`).
+    min_value..max_value, which pages/compare.py catches around each section.
     """
     got = where.number_input(label, value=value, **kwargs)
     if got is not None and not min_value <= got <= max_value:
