@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from backend.views.text import plain_md
 from ui import (
     control_run,
     controls,
@@ -31,6 +32,11 @@ st.caption("A real paged KV-cache allocator and paged-attention kernel. Each act
 if st.session_state.get(session.PENDING):
     st.warning("The sidebar's settings differ from the running engine's: apply them there "
                "(this starts a new engine) or keep the current ones.")
+if st.session_state.get(session.FIELDS_PROBLEM):
+    # Said here too: the sidebar says it under its last field, often out of sight.
+    st.warning(plain_md(f"The sidebar's settings are not applied: "
+                        f"{st.session_state[session.FIELDS_PROBLEM]}. The engine keeps its "
+                        "current ones."))
 engine = session.get_engine()
 # Read the engine under its lock: a second click's callback may be applying an
 # operation in another thread, and the page must show a state from before or after

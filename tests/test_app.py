@@ -363,6 +363,12 @@ def test_invalid_settings_are_explained_and_not_applied() -> None:
     assert [e.value for e in at.sidebar.error] == [
         "Pool size must be in 1..65536, got 1000000000"]
     assert engine(at) is kept and not at.exception
+    # The page says so too, at its top: the sidebar's line may be out of sight.
+    assert [w.value for w in at.main.warning] == [
+        "The sidebar's settings are not applied: Pool size must be in 1..65536, got "
+        "1000000000. The engine keeps its current ones."]
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(32).run()
+    assert not at.sidebar.error and not at.main.warning and engine(at) is kept
 
 
 def test_a_number_past_a_controls_range_is_refused_by_name_and_changes_nothing() -> None:

@@ -80,6 +80,7 @@ ENGINE = "engine"
 SETTINGS = "settings"
 FLASH = "flash"
 PENDING = "config_pending"
+FIELDS_PROBLEM = "config_problem"   # why the sidebar's fields describe no config, or None
 HISTORY = "history"
 OPLOG = "oplog"
 QUEUED = "queued_writes"

@@ -245,6 +245,7 @@ def _confirm_or_apply() -> None:
     """Apply changed fields at once if nothing would be lost; otherwise ask first."""
     config, error = engine_actions.fields_config()
     st.session_state[session.PENDING] = False
+    st.session_state[session.FIELDS_PROBLEM] = None if error is None else labelled(error)
     if error is not None:
         st.error(plain_md(labelled(error)))
         return
