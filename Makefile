@@ -5,8 +5,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8501
-# pytest's worker processes (pytest-xdist); each test file runs on one worker, so a
-# file's app server is started once. 0 runs the suite in this process.
+# pytest's worker processes (pytest-xdist) for the tests that need no browser; each
+# file runs on one worker. 0 runs them in this process. The browser tests run after
+# them in one process: a page driven while another process takes the CPU answers late.
 TEST_WORKERS ?= 2
 
 .PHONY: run test lint bench browser-deps native clean
@@ -48,7 +49,10 @@ test: $(VENV)/.dev browser-deps native
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	@mkdir -p build
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --junitxml=build/junit.xml
+	@rm -f build/junit*.xml
+	$(BIN)/python -m pytest -m "not browser" -n $(TEST_WORKERS) --dist loadfile \
+		--junitxml=build/junit-unit.xml
+	$(BIN)/python -m pytest -m browser --junitxml=build/junit-browser.xml
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .

@@ -56,6 +56,9 @@ def _use_lab(page: Page) -> None:
     add = page.get_by_role("button", name="Add request")
     expect(add).to_be_visible(timeout=60_000)
     page.get_by_test_id("stSidebar").get_by_text("torch", exact=True).click()
+    # The switch's rerun rebuilds the form; Add is clicked once it is done.
+    shows(page.get_by_test_id("stSidebar").get_by_text("Next step runs on torch"))
+    page.locator("[data-testid='stApp'][data-test-script-state='notRunning']").wait_for()
     add.click()
     shows(page.get_by_text("Step 1: add A"))
     page.locator("path[aria-label^='Block 0:']").hover()           # a cell's tooltip
