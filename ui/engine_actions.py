@@ -136,8 +136,7 @@ def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -
             flash("error", f"Refused: {exc}")
         else:
             if detach:
-                sess.tab.id, sess.tab.synced = None, False
-                sess.queued.put(store.NOTE, None)
+                sess.detach()
             live = saved.Live(engine, settings, History(), OpLog())
             install(live, sess.queued)
             sess.save(live, export_snapshot(engine), whole=True)
@@ -191,8 +190,7 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
             live = saved.Live(engine, Settings(engine.config, s.device, s.kernel), history,
                               OpLog(snapshot))
             if kept is not None:
-                sess.tab.id, sess.tab.synced = None, False
-                sess.queued.put(store.NOTE, None)
+                sess.detach()
             install(live, sess.queued)
             set_fields(live.settings, sess.queued)
             sess.save(live, snapshot, whole=True)

@@ -281,6 +281,11 @@ class OpSession:
             return
         self.queued.put(store.NOTE, saved.save(self.tab, live, snapshot, op=op, whole=whole))
 
+    def detach(self) -> None:
+        """The next save starts a new row under a new id; the current row stays, listed."""
+        self.tab.id, self.tab.synced = None, False
+        self.queued.put(store.NOTE, None)
+
     def flash(self, kind: FlashKind, text: str) -> None:
         self.queued.put(FLASH, (kind, text))
 
