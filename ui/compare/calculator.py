@@ -19,7 +19,7 @@ def calculator_section() -> None:
     c = st.columns(3)
     name = c[0].selectbox("Model", names, index=names.index("OPT-13B"), key="cmp_calc_model")
     gpu = number_field(c[1], "GPU memory (GiB)", 1.0, 4096.0, 40.0, step=8.0,
-                            key="cmp_calc_gpu")
+                       key="cmp_calc_gpu")
     bits = c[2].selectbox("Weight precision", [16, 8, 4], key="cmp_calc_bits",
                           format_func=lambda b: {16: "16-bit (fp16/bf16)", 8: "8-bit",
                                                  4: "4-bit"}[b])
@@ -31,7 +31,7 @@ def calculator_section() -> None:
     reserve = c[1].slider("Reserve (activations, runtime)", 0.0, 0.5, 0.1, 0.01,
                           key="cmp_calc_reserve")
     req_len = number_field(c[2], "Request length (tokens)", 1, 1_000_000, 2048,
-                                key="cmp_calc_len")
+                           key="cmp_calc_len")
     model = MODELS[name]
     per_token = model.kv_bytes_per_token(int(kv_bytes))
     st.markdown(

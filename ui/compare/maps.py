@@ -39,9 +39,9 @@ def maps_section() -> None:
         seed = number_field(c[3], "Seed", 0, 1_000_000, 0, key="cmp_map_seed")
         m = st.columns(3)
         capacity = number_field(m[0], "Capacity (token slots)", 16, 8192, 768, step=16,
-                                     key="cmp_map_capacity")
+                                key="cmp_map_capacity")
         max_len = number_field(m[1], "Maximum sequence length", 2, 8192, 256, step=16,
-                                    key="cmp_map_max_len")
+                               key="cmp_map_max_len")
         block_size = m[2].selectbox("Paged block size", SWEEP_BLOCK_SIZES, index=4,
                                     key="cmp_map_block_size")
     try:

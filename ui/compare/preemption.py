@@ -28,10 +28,10 @@ def preemption_section() -> None:
     sizes = c[0].multiselect("Block sizes", list(BLOCK_SIZES), default=[1, 4, 16, 64],
                              key="cmp_swap_sizes")
     requests = number_field(c[1], "Requests", 2, 64, 16, key="cmp_swap_requests",
-                                 help="Added at once; prompts of 24-64 tokens, 32-64 new "
-                                      "tokens each (seeded).")
+                            help="Added at once; prompts of 24-64 tokens, 32-64 new "
+                                 "tokens each (seeded).")
     slots = number_field(c[2], "Device pool (token slots)", 64, 8192, 512, step=64,
-                              key="cmp_swap_slots")
+                         key="cmp_swap_slots")
     if st.button("Run on the engine", key="cmp_swap_run", disabled=not sizes):
         with progress_bar("Running the engines...") as advance:
             def show(done: int, total: int) -> bool:

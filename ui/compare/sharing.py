@@ -132,7 +132,7 @@ def _live() -> None:
                            help="tiny-byte takes seconds; SmolLM2 about a second per "
                                 "sequence step on a CPU, so several minutes for all prompts.")
     prompts = number_field(c[1], "Prompts", 1, len(instruction_prompts()), 4,
-                                key="cmp_share_prompts")
+                           key="cmp_share_prompts")
     new = number_field(c[2], "Max new tokens", 4, 256, 32, key="cmp_share_new")
     block = c[3].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4, key="cmp_share_block")
     if st.button("Measure on the engine", key="cmp_share_run"):

@@ -83,9 +83,9 @@ def trace_inputs(prefix: str) -> TraceChoice | None:
                             format_func=SOURCE_LABELS.__getitem__)
     if source in WORKLOADS:
         requests = int(number_field(c[1], "Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
-                                         key=f"{prefix}_requests"))
+                                    key=f"{prefix}_requests"))
         rate = float(number_field(c[2], "Rate (requests/s)", 0.01, 10_000.0, DEFAULT_RATE,
-                                       key=f"{prefix}_rate"))
+                                  key=f"{prefix}_rate"))
         seed = int(number_field(c[3], "Seed", 0, 1_000_000, 0, key=f"{prefix}_seed"))
         return TraceChoice(("synthetic", source, requests, rate, seed),
                            lambda: make_trace(source, requests, rate, seed),

@@ -99,13 +99,13 @@ def simulator_section() -> None:
         cap0, suffix = 4 * len0, f"_{len0}"
     c = st.columns(4)
     capacity = number_field(c[0], "Capacity (token slots)", 1, 1 << 24, cap0, step=1024,
-                                 key=f"cmp_sim_capacity{suffix}")
+                            key=f"cmp_sim_capacity{suffix}")
     block_size = c[1].selectbox("Block size (paged)", SWEEP_BLOCK_SIZES, index=4,
                                 key="cmp_sim_block_size")
     max_len = number_field(c[2], "Max reservation (max policy)", 1, 1 << 24, len0,
-                                key=f"cmp_sim_max_len{suffix}",
-                                help="The slots the max policy reserves per request (the "
-                                     "model's context length).")
+                           key=f"cmp_sim_max_len{suffix}",
+                           help="The slots the max policy reserves per request (the "
+                                "model's context length).")
     budgets = _budget_inputs()
     policies = st.multiselect("Policies", list(POLICIES), default=list(POLICIES),
                               key="cmp_sim_policies", format_func=label)
