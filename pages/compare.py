@@ -18,7 +18,6 @@ if _ROOT not in sys.path:
 
 import streamlit as st
 
-from backend.views.text import plain_md
 from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
 from ui.compare.deployment import deployment_section
@@ -27,7 +26,7 @@ from ui.compare.preemption import preemption_section
 from ui.compare.seed import seed_section
 from ui.compare.sharing import sharing_section
 from ui.compare.simulator import simulator_section
-from ui.numbers import OutOfRangeError
+from ui.numbers import section
 
 # ---- the page ---------------------------------------------------------------------------
 
@@ -42,11 +41,8 @@ tabs = st.tabs(["The seed's example", "One workload, two memories", "Trace simul
                 "Memory calculator"])
 sections = [seed_section, maps_section, simulator_section, deployment_section,
             block_size_section, preemption_section, sharing_section, calculator_section]
-for tab, section in zip(tabs, sections, strict=True):
+for tab, draw in zip(tabs, sections, strict=True):
     with tab:
-        try:
-            section()
-        except OutOfRangeError as exc:
-            # A field of the section holds a number outside its range: the section stops
-            # under its fields, saying which, and the other tabs are drawn as usual.
-            st.error(plain_md(str(exc)))
+        # A number out of its field's range stops that section under its fields, saying
+        # which; the other tabs are drawn as usual.
+        section(draw)

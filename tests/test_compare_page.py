@@ -187,6 +187,11 @@ def test_bad_input_gets_a_message_not_a_traceback() -> None:
     assert any("do not leave room for KV in 40 GiB" in e.value for e in at.error)
 
 
+def refusals(at: AppTest) -> list[list[str]]:
+    """Each error box's lines (a box names every refused field of its section)."""
+    return [e.value.split("  \n") for e in at.error]
+
+
 def test_a_number_past_a_fields_range_stops_its_section_with_the_fields_name() -> None:
     at = start()
     runs = len([b for b in at.button if b.key == "cmp_swap_run"])
@@ -195,17 +200,38 @@ def test_a_number_past_a_fields_range_stops_its_section_with_the_fields_name() -
     # refuses it by name instead of running on the last number in range.
     at.number_input(key="cmp_swap_requests").set_value(100).run()
     assert not at.exception
-    assert "Requests must be 2 to 64; got 100" in [e.value for e in at.error]
+    assert ["Requests must be 2 to 64; got 100"] in refusals(at)
     assert not [b for b in at.button if b.key == "cmp_swap_run"]
+    # The fields after the refused one stay on screen, and a second refusal joins the first.
+    at.number_input(key="cmp_swap_slots").set_value(10).run()
+    assert ["Requests must be 2 to 64; got 100",
+            "Device pool (token slots) must be 64 to 8,192; got 10"] in refusals(at)
     at.number_input(key="cmp_seed_new_len").set_value(40).run()
-    assert "D's final length must be 2 to 16; got 40" in [e.value for e in at.error]
+    assert ["D's final length must be 2 to 16; got 40"] in refusals(at)
     at.number_input(key="cmp_calc_gpu").set_value(0.5).run()
-    assert "GPU memory (GiB) must be 1 to 4,096; got 0.5" in [e.value for e in at.error]
-    # The other sections are drawn as before, and a number in range brings the section back.
+    assert ["GPU memory (GiB) must be 1 to 4,096; got 0.5"] in refusals(at)
+    # The calculator's request length, drawn after the GPU field, is still there to fix.
+    at.number_input(key="cmp_calc_len").set_value(0).run()
+    assert ["GPU memory (GiB) must be 1 to 4,096; got 0.5",
+            "Request length (tokens) must be 1 to 1,000,000; got 0"] in refusals(at)
+    # The other sections are drawn as before, and numbers in range bring the section back.
     assert [b for b in at.button if b.key == "cmp_sim_run"]
     at.number_input(key="cmp_swap_requests").set_value(8).run()
+    assert ["Device pool (token slots) must be 64 to 8,192; got 10"] in refusals(at)
+    assert not [b for b in at.button if b.key == "cmp_swap_run"]
+    at.number_input(key="cmp_swap_slots").set_value(512).run()
     assert [b for b in at.button if b.key == "cmp_swap_run"]
-    assert "Requests must be 2 to 64; got 100" not in [e.value for e in at.error]
+    assert not [r for r in refusals(at) if any("Device pool" in line for line in r)]
+
+
+def test_each_part_of_the_sharing_tab_stops_on_its_own_numbers() -> None:
+    at = start()
+    at.number_input(key="cmp_share_new").set_value(1000).run()
+    assert ["Max new tokens must be 4 to 256; got 1,000"] in refusals(at)
+    assert not [b for b in at.button if b.key == "cmp_share_run"]
+    # The modelled estimate below it is drawn as usual.
+    assert at.number_input(key="cmp_share_requests").value == 100
+    assert any(i.value.startswith("An estimate, not a run") for i in at.info)
 
 
 def test_swap_or_recompute_runs_the_engines_and_says_what_they_did() -> None:
@@ -258,3 +284,4 @@ def test_sharing_shows_a_bar_while_it_measures_and_none_once_measured(
                    *sharing_experiment("beam", (2, 4, 6), requests=7, block_size=16)]
     shown.clear()
     assert sharing._sharing(7, 16) == got and shown == []
+

@@ -10,8 +10,8 @@ from backend.lab.contiguous import DEFAULT_MAX_LEN
 from backend.lab.sim.simulator import SimConfig, SimResult
 from backend.lab.workloads import make_trace
 from backend.views.compare import charts, tables
+from ui import numbers
 from ui.compare.sim_runs import run_with_bar
-from ui.numbers import number_field
 
 BLOCK_SIM_RATE = 4.0
 BLOCK_SIM_CAPACITY = 15360
@@ -30,9 +30,11 @@ def block_size_section() -> None:
         "Smaller blocks waste less; larger blocks mean fewer entries to store, look up and "
         "manage. Measured over a trace, every request at every iteration of its life:")
     c = st.columns(3)
-    workload = c[0].selectbox("Workload", ["sharegpt", "alpaca"], key="cmp_blk_workload")
-    requests = number_field(c[1], "Requests", 1, 100_000, 1000, step=500, key="cmp_blk_requests")
-    seed = number_field(c[2], "Seed", 0, 1_000_000, 0, key="cmp_blk_seed")
+    with numbers.fields() as f:
+        workload = c[0].selectbox("Workload", ["sharegpt", "alpaca"], key="cmp_blk_workload")
+        requests = f.number(c[1], "Requests", 1, 100_000, 1000, step=500,
+                            key="cmp_blk_requests")
+        seed = f.number(c[2], "Seed", 0, 1_000_000, 0, key="cmp_blk_seed")
     try:
         points = _block_sweep(workload, int(requests), int(seed))
     except PagedLabError as e:

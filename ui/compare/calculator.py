@@ -7,7 +7,7 @@ import streamlit as st
 from backend.core.errors import PagedLabError
 from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, kv_capacity
 from backend.views.compare import tables
-from ui.numbers import number_field
+from ui import numbers
 
 
 def calculator_section() -> None:
@@ -16,21 +16,23 @@ def calculator_section() -> None:
         "**bytes per token = 2 x layers x KV heads x head dim x bytes per element**. "
         "What is left of the GPU after the weights and a reserve holds the KV cache.")
     names = list(MODELS)
-    c = st.columns(3)
-    name = c[0].selectbox("Model", names, index=names.index("OPT-13B"), key="cmp_calc_model")
-    gpu = number_field(c[1], "GPU memory (GiB)", 1.0, 4096.0, 40.0, step=8.0,
+    with numbers.fields() as f:
+        c = st.columns(3)
+        name = c[0].selectbox("Model", names, index=names.index("OPT-13B"),
+                              key="cmp_calc_model")
+        gpu = f.number(c[1], "GPU memory (GiB)", 1.0, 4096.0, 40.0, step=8.0,
                        key="cmp_calc_gpu")
-    bits = c[2].selectbox("Weight precision", [16, 8, 4], key="cmp_calc_bits",
-                          format_func=lambda b: {16: "16-bit (fp16/bf16)", 8: "8-bit",
-                                                 4: "4-bit"}[b])
-    c = st.columns(3)
-    kv_bytes = c[0].selectbox("KV dtype", [2, 4, 1], key="cmp_calc_kv",
-                              format_func=lambda b: {4: "fp32 (4 bytes)",
-                                                     2: "fp16 / bf16 (2 bytes)",
-                                                     1: "fp8 (1 byte)"}[b])
-    reserve = c[1].slider("Reserve (activations, runtime)", 0.0, 0.5, 0.1, 0.01,
-                          key="cmp_calc_reserve")
-    req_len = number_field(c[2], "Request length (tokens)", 1, 1_000_000, 2048,
+        bits = c[2].selectbox("Weight precision", [16, 8, 4], key="cmp_calc_bits",
+                              format_func=lambda b: {16: "16-bit (fp16/bf16)", 8: "8-bit",
+                                                     4: "4-bit"}[b])
+        c = st.columns(3)
+        kv_bytes = c[0].selectbox("KV dtype", [2, 4, 1], key="cmp_calc_kv",
+                                  format_func=lambda b: {4: "fp32 (4 bytes)",
+                                                         2: "fp16 / bf16 (2 bytes)",
+                                                         1: "fp8 (1 byte)"}[b])
+        reserve = c[1].slider("Reserve (activations, runtime)", 0.0, 0.5, 0.1, 0.01,
+                              key="cmp_calc_reserve")
+        req_len = f.number(c[2], "Request length (tokens)", 1, 1_000_000, 2048,
                            key="cmp_calc_len")
     model = MODELS[name]
     per_token = model.kv_bytes_per_token(int(kv_bytes))

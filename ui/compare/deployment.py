@@ -10,10 +10,10 @@ from backend.core.errors import PagedLabError
 from backend.lab import deployment as dep
 from backend.lab.traces import MAX_TIME_SCALE
 from backend.views.compare import deployment as views
+from ui import numbers
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_with_bar
 from ui.compare.simulator import TRACE_NOTE
-from ui.numbers import number_field
 
 DEPLOY_STATE = "cmp_dep_last"
 
@@ -27,12 +27,13 @@ def deployment_section() -> None:
         "every policy batches the same; compressing time makes memory the limit, the regime "
         "of the paper's Figure 13.")
     c = st.columns(3)
-    workload = c[0].selectbox("Trace", list(dep.TIME_SCALES), index=1, key="cmp_dep_trace")
-    scale = float(number_field(
-        c[1], "Time scale", 0.01, MAX_TIME_SCALE, dep.TIME_SCALES[workload], step=10.0,
-        key=f"cmp_dep_scale_{workload}",
-        help="The gaps between arrivals are divided by this. The preset's own: "
-             + ", ".join(f"{w} {s:g}" for w, s in dep.TIME_SCALES.items()) + "."))
+    with numbers.fields() as f:
+        workload = c[0].selectbox("Trace", list(dep.TIME_SCALES), index=1, key="cmp_dep_trace")
+        scale = float(f.number(
+            c[1], "Time scale", 0.01, MAX_TIME_SCALE, dep.TIME_SCALES[workload], step=10.0,
+            key=f"cmp_dep_scale_{workload}",
+            help="The gaps between arrivals are divided by this. The preset's own: "
+                 + ", ".join(f"{w} {s:g}" for w, s in dep.TIME_SCALES.items()) + "."))
     try:
         d = dep.deployment(workload, time_scale=scale)
     except PagedLabError as e:

@@ -10,8 +10,8 @@ from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.views.compare import charts
 from backend.views.compare import frames as views
+from ui import numbers
 from ui.compare import SYNTHETIC_NOTE, label
-from ui.numbers import number_field
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -31,17 +31,17 @@ def maps_section() -> None:
     policy = str(st.segmented_control("Contiguous policy", ["max", "pow2", "oracle"],
                                       default="max", required=True, key="cmp_map_policy",
                                       format_func=label))
-    with st.expander("Workload and memory", expanded=False):
+    with st.expander("Workload and memory", expanded=False), numbers.fields() as f:
         c = st.columns(4)
         workload = c[0].selectbox("Workload", ["alpaca", "sharegpt"], key="cmp_map_workload")
-        requests = number_field(c[1], "Requests", 1, 200, 40, key="cmp_map_requests")
-        rate = number_field(c[2], "Rate (requests/s)", 0.1, 1000.0, 20.0, key="cmp_map_rate")
-        seed = number_field(c[3], "Seed", 0, 1_000_000, 0, key="cmp_map_seed")
+        requests = f.number(c[1], "Requests", 1, 200, 40, key="cmp_map_requests")
+        rate = f.number(c[2], "Rate (requests/s)", 0.1, 1000.0, 20.0, key="cmp_map_rate")
+        seed = f.number(c[3], "Seed", 0, 1_000_000, 0, key="cmp_map_seed")
         m = st.columns(3)
-        capacity = number_field(m[0], "Capacity (token slots)", 16, 8192, 768, step=16,
-                                key="cmp_map_capacity")
-        max_len = number_field(m[1], "Maximum sequence length", 2, 8192, 256, step=16,
-                               key="cmp_map_max_len")
+        capacity = f.number(m[0], "Capacity (token slots)", 16, 8192, 768, step=16,
+                            key="cmp_map_capacity")
+        max_len = f.number(m[1], "Maximum sequence length", 2, 8192, 256, step=16,
+                           key="cmp_map_max_len")
         block_size = m[2].selectbox("Paged block size", SWEEP_BLOCK_SIZES, index=4,
                                     key="cmp_map_block_size")
     try:

@@ -8,8 +8,8 @@ from backend.core.errors import PagedLabError
 from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs_recompute
 from backend.kernels import select_kernels
 from backend.views.compare import swap_recompute as views
+from ui import numbers
 from ui.bars import progress_bar
-from ui.numbers import number_field
 
 STATE = "cmp_swap_last"
 
@@ -25,12 +25,13 @@ def preemption_section() -> None:
         "never to preempt (the reference), then with each method in a pool of the same "
         "token slots at every block size.")
     c = st.columns(3)
-    sizes = c[0].multiselect("Block sizes", list(BLOCK_SIZES), default=[1, 4, 16, 64],
-                             key="cmp_swap_sizes")
-    requests = number_field(c[1], "Requests", 2, 64, 16, key="cmp_swap_requests",
+    with numbers.fields() as f:
+        sizes = c[0].multiselect("Block sizes", list(BLOCK_SIZES), default=[1, 4, 16, 64],
+                                 key="cmp_swap_sizes")
+        requests = f.number(c[1], "Requests", 2, 64, 16, key="cmp_swap_requests",
                             help="Added at once; prompts of 24-64 tokens, 32-64 new "
                                  "tokens each (seeded).")
-    slots = number_field(c[2], "Device pool (token slots)", 64, 8192, 512, step=64,
+        slots = f.number(c[2], "Device pool (token slots)", 64, 8192, 512, step=64,
                          key="cmp_swap_slots")
     if st.button("Run on the engine", key="cmp_swap_run", disabled=not sizes):
         with progress_bar("Running the engines...") as advance:

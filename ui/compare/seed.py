@@ -8,8 +8,8 @@ from backend.core.errors import PagedLabError
 from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import charts
 from backend.views.compare import frames as views
+from ui import numbers
 from ui.compare import label
-from ui.numbers import number_field
 
 
 def seed_section() -> None:
@@ -21,11 +21,12 @@ def seed_section() -> None:
         "for the tokens that exist. After two decode steps B finishes, and a new request "
         "D arrives.")
     c1, c2, c3 = st.columns(3)
-    policy = c1.selectbox("Contiguous policy", ["oracle", "pow2", "max"], key="cmp_seed_policy",
-                          format_func=label)
-    block_size = c2.segmented_control("Paged block size", [1, 2, 4], default=1,
-                                      required=True, key="cmp_seed_block_size")
-    new_len = number_field(c3, "D's final length", 2, 16, 5, key="cmp_seed_new_len")
+    with numbers.fields() as f:
+        policy = c1.selectbox("Contiguous policy", ["oracle", "pow2", "max"],
+                              key="cmp_seed_policy", format_func=label)
+        block_size = c2.segmented_control("Paged block size", [1, 2, 4], default=1,
+                                          required=True, key="cmp_seed_block_size")
+        new_len = f.number(c3, "D's final length", 2, 16, 5, key="cmp_seed_new_len")
     try:
         ex = seed_example(str(policy), int(block_size or 1), int(new_len or 5))
     except PagedLabError as e:

@@ -18,8 +18,8 @@ from backend.engine.sharing import (
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
+from ui import numbers
 from ui.bars import progress_bar
-from ui.numbers import number_field
 
 WIDTHS = (2, 4, 6)
 KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
@@ -91,9 +91,10 @@ def sharing_section() -> None:
         "and drops the sequences itself (`add` with `n`, or with `beam_width`: beam search "
         "on the model's log-probabilities).")
     _recorded()
-    _live()
+    # Each part stops on its own numbers: the other is drawn as usual.
+    numbers.section(_live)
     with st.expander("Estimate for a whole Alpaca-like workload (modelled, not run)"):
-        _estimate()
+        numbers.section(_estimate)
 
 
 def _recorded() -> None:
@@ -128,13 +129,16 @@ def _recorded() -> None:
 def _live() -> None:
     st.markdown("**Run it here**: the same measurement on this server's engine")
     c = st.columns(4)
-    model = c[0].selectbox("Model", (TINY_BYTE, SMOLLM2), key="cmp_share_model",
-                           help="tiny-byte takes seconds; SmolLM2 about a second per "
-                                "sequence step on a CPU, so several minutes for all prompts.")
-    prompts = number_field(c[1], "Prompts", 1, len(instruction_prompts()), 4,
+    with numbers.fields() as f:
+        model = c[0].selectbox("Model", (TINY_BYTE, SMOLLM2), key="cmp_share_model",
+                               help="tiny-byte takes seconds; SmolLM2 about a second per "
+                                    "sequence step on a CPU, so several minutes for all "
+                                    "prompts.")
+        prompts = f.number(c[1], "Prompts", 1, len(instruction_prompts()), 4,
                            key="cmp_share_prompts")
-    new = number_field(c[2], "Max new tokens", 4, 256, 32, key="cmp_share_new")
-    block = c[3].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4, key="cmp_share_block")
+        new = f.number(c[2], "Max new tokens", 4, 256, 32, key="cmp_share_new")
+        block = c[3].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4,
+                               key="cmp_share_block")
     if st.button("Measure on the engine", key="cmp_share_run"):
         kinds = len(KINDS)
         with progress_bar("Starting the engines...") as advance:
@@ -165,9 +169,11 @@ def _estimate() -> None:
     st.caption("For sizes the engine cannot run here: a stochastic model on PagedLab's "
                "block manager, over Alpaca-like prompt and output lengths.")
     c = st.columns(2)
-    requests = number_field(c[0], "Requests", 1, 1000, 100, step=50, key="cmp_share_requests")
-    block_size = c[1].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4,
-                                key="cmp_share_block_size")
+    with numbers.fields() as f:
+        requests = f.number(c[0], "Requests", 1, 1000, 100, step=50,
+                            key="cmp_share_requests")
+        block_size = c[1].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4,
+                                    key="cmp_share_block_size")
     try:
         results = _sharing(int(requests), int(block_size))
     except PagedLabError as e:

@@ -23,7 +23,7 @@ from backend.lab.traces import (
     replay_trace,
 )
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
-from ui.numbers import number_field
+from ui.numbers import Fields
 
 PAGE_MAX_REQUESTS = 20_000   # the CLI handles 100k; the page stays interactive
 MAX_UPLOAD_BYTES = 8 << 20   # some 220,000 rows of the Azure format
@@ -76,17 +76,18 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
     return digest, trace
 
 
-def trace_inputs(prefix: str) -> TraceChoice | None:
-    """Draw the workload inputs; the chosen trace, or None (with a message) if there is none."""
+def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
+    """Draw the workload inputs in `f`'s group; the chosen trace, or None (with a message)
+    if there is none."""
     c = st.columns(4)
     source = c[0].selectbox("Workload", SOURCES, key=f"{prefix}_workload",
                             format_func=SOURCE_LABELS.__getitem__)
     if source in WORKLOADS:
-        requests = int(number_field(c[1], "Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
-                                    key=f"{prefix}_requests"))
-        rate = float(number_field(c[2], "Rate (requests/s)", 0.01, 10_000.0, DEFAULT_RATE,
-                                  key=f"{prefix}_rate"))
-        seed = int(number_field(c[3], "Seed", 0, 1_000_000, 0, key=f"{prefix}_seed"))
+        requests = int(f.number(c[1], "Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
+                                key=f"{prefix}_requests"))
+        rate = float(f.number(c[2], "Rate (requests/s)", 0.01, 10_000.0, DEFAULT_RATE,
+                              key=f"{prefix}_rate"))
+        seed = int(f.number(c[3], "Seed", 0, 1_000_000, 0, key=f"{prefix}_seed"))
         return TraceChoice(("synthetic", source, requests, rate, seed),
                            lambda: make_trace(source, requests, rate, seed),
                            f"{source}, {requests:,} requests at {rate:g}/s, seed {seed}")
@@ -101,12 +102,12 @@ def trace_inputs(prefix: str) -> TraceChoice | None:
         full = recorded_trace(source)
         digest, name = source, source
     most = min(len(full), PAGE_MAX_REQUESTS)
-    requests = int(number_field(
+    requests = int(f.number(
         c[2], "Requests (the first N)", 1, most, most,
         key=f"{prefix}_trace_requests_{digest[:12]}",
         help=f"The trace holds {len(full):,} requests; the page replays up to "
              f"{PAGE_MAX_REQUESTS:,}."))
-    scale = float(number_field(
+    scale = float(f.number(
         c[3], "Time scale", 0.01, MAX_TIME_SCALE, 1.0, key=f"{prefix}_time_scale",
         help="The gaps between arrivals are divided by this: 10 replays the trace ten "
              "times faster."))

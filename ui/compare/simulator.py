@@ -18,11 +18,12 @@ from backend.lab.contiguous import DEFAULT_MAX_LEN, next_pow2
 from backend.lab.sim.simulator import POLICIES, SimConfig, SimRun
 from backend.views.compare import frames as views
 from backend.views.compare import preemptions
+from ui import numbers
 from ui.compare import SYNTHETIC_NOTE, label
 from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, trace_inputs
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_with_bar
-from ui.numbers import number_field
+from ui.numbers import Fields
 
 SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
 TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023 (Microsoft Azure, CC BY "
@@ -31,21 +32,22 @@ TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023 (Microsof
               "assets/traces/README.md.")
 
 
-def _budget_inputs() -> dict[str, int | None]:
-    """vLLM's scheduler knobs; an empty field is no limit (the watermark: 1% of the pool)."""
+def _budget_inputs(f: Fields) -> dict[str, int | None]:
+    """vLLM's scheduler knobs in `f`'s group; an empty field is no limit (the watermark:
+    1% of the pool)."""
     with st.expander("Scheduler budgets (vLLM's max_num_seqs, max_num_batched_tokens, "
                      "watermark)"):
         c = st.columns(3)
-        seqs = number_field(
+        seqs = f.number(
             c[0], "max_num_seqs", 1, 1 << 20, None, key="cmp_sim_max_num_seqs",
             placeholder="no limit", help="At most this many requests run in one iteration.")
-        tokens = number_field(
+        tokens = f.number(
             c[1], "max_num_batched_tokens", 1, 1 << 24, None,
             key="cmp_sim_max_num_batched_tokens", placeholder="no limit",
             help="At most this many tokens per iteration, prefill and decode together. "
                  "Decodes go first; a longer prompt is prefilled in chunks over several "
                  "iterations.")
-        watermark = number_field(
+        watermark = f.number(
             c[2], "watermark_blocks (paged)", 0, 1 << 20, None, key="cmp_sim_watermark_blocks",
             placeholder="1% of the pool",
             help="A request is admitted only if this many blocks stay free after its "
@@ -89,26 +91,28 @@ def simulator_section() -> None:
         "and lengths shaped like ShareGPT or Alpaca; the Azure traces and a CSV of your own "
         f"replay recorded arrivals and lengths. The page runs up to {PAGE_MAX_REQUESTS:,} "
         "requests; the command line handles 100k.")
-    choice = trace_inputs("cmp_sim")
-    # A recorded trace's requests run to 14k tokens: its own defaults (and widget keys), so
-    # that every policy can hold its longest request and the max policy reserves enough.
-    longest = choice.longest if choice is not None else None
-    cap0, len0, suffix = 15360, DEFAULT_MAX_LEN, ""
-    if longest is not None:
-        len0 = max(DEFAULT_MAX_LEN, next_pow2(longest))
-        cap0, suffix = 4 * len0, f"_{len0}"
-    c = st.columns(4)
-    capacity = number_field(c[0], "Capacity (token slots)", 1, 1 << 24, cap0, step=1024,
+    with numbers.fields() as f:
+        choice = trace_inputs("cmp_sim", f)
+        # A recorded trace's requests run to 14k tokens: its own defaults (and widget keys),
+        # so that every policy can hold its longest request and the max policy reserves
+        # enough.
+        longest = choice.longest if choice is not None else None
+        cap0, len0, suffix = 15360, DEFAULT_MAX_LEN, ""
+        if longest is not None:
+            len0 = max(DEFAULT_MAX_LEN, next_pow2(longest))
+            cap0, suffix = 4 * len0, f"_{len0}"
+        c = st.columns(4)
+        capacity = f.number(c[0], "Capacity (token slots)", 1, 1 << 24, cap0, step=1024,
                             key=f"cmp_sim_capacity{suffix}")
-    block_size = c[1].selectbox("Block size (paged)", SWEEP_BLOCK_SIZES, index=4,
-                                key="cmp_sim_block_size")
-    max_len = number_field(c[2], "Max reservation (max policy)", 1, 1 << 24, len0,
+        block_size = c[1].selectbox("Block size (paged)", SWEEP_BLOCK_SIZES, index=4,
+                                    key="cmp_sim_block_size")
+        max_len = f.number(c[2], "Max reservation (max policy)", 1, 1 << 24, len0,
                            key=f"cmp_sim_max_len{suffix}",
                            help="The slots the max policy reserves per request (the "
                                 "model's context length).")
-    budgets = _budget_inputs()
-    policies = st.multiselect("Policies", list(POLICIES), default=list(POLICIES),
-                              key="cmp_sim_policies", format_func=label)
+        budgets = _budget_inputs(f)
+        policies = st.multiselect("Policies", list(POLICIES), default=list(POLICIES),
+                                  key="cmp_sim_policies", format_func=label)
     if st.button("Run simulation", type="primary", key="cmp_sim_run"):
         if not policies:
             st.error("Choose at least one policy.")
