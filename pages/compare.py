@@ -18,6 +18,7 @@ if _ROOT not in sys.path:
 
 import streamlit as st
 
+from ui import sidebar
 from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
 from ui.compare.deployment import deployment_section
@@ -30,6 +31,8 @@ from ui.numbers import section
 
 # ---- the page ---------------------------------------------------------------------------
 
+# What the tabs run on; the Playground's pool and kernel fields would change nothing here.
+sidebar.compare()
 st.title("Contiguous vs paged")
 st.caption(
     "Why paging? Systems that reserve one contiguous region per request keep only 20.4% to "

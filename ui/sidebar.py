@@ -3,7 +3,9 @@
 On the Scenarios page the pool and model fields would change nothing (a
 scenario runs on its own engine with its file's config), so that page draws
 its own sidebar: the scenario's config, read-only, and the kernel fields,
-which do apply (`scenario`). `render` leaves the sidebar to it there.
+which do apply (`scenario`). Nor do any of them apply on Contiguous vs paged,
+whose tabs replay traces or start engines of their own: its sidebar says what
+they run on (`compare`). `render` leaves the sidebar to those pages.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from backend.core.config import (
     EngineConfig,
 )
 from backend.engine.engine import Engine
+from backend.kernels import select_kernels
 from backend.sessions.playground import (
     ALLOCATION_LABELS,
     KERNEL_LABELS,
@@ -46,6 +49,7 @@ from backend.views.text import plain_md
 from ui import engine_actions, session
 
 SCENARIOS_PAGE = "scenarios.py"    # pages/scenarios.py draws its own sidebar (`scenario`)
+COMPARE_PAGE = "compare.py"        # and pages/compare.py its own (`compare`)
 
 
 def current_page_file(page: str | None = None) -> str:
@@ -109,8 +113,8 @@ def _index(key: str, options: list[str]) -> int:
 
 
 def render(page: str | None = None) -> None:
-    """The Playground's sidebar; nothing on the Scenarios page, which calls `scenario`."""
-    if current_page_file(page) == SCENARIOS_PAGE:
+    """The Playground's sidebar; nothing on the pages that draw their own."""
+    if current_page_file(page) in (SCENARIOS_PAGE, COMPARE_PAGE):
         return
     with st.sidebar:
         st.subheader("Pool and model")
@@ -285,6 +289,23 @@ def scenario(config: EngineConfig, engine: Engine) -> None:
         st.divider()
         st.subheader("Kernel")
         _kernel_fields(engine)
+
+
+def compare() -> None:
+    """The Contiguous vs paged page's sidebar: what its tabs run on, and that the
+    Playground's settings are not among it."""
+    device = select_kernels("auto", "torch").device.type
+    with st.sidebar:
+        st.subheader("What this page runs")
+        st.markdown(
+            "- **Replays**: the seed's example, *One workload, two memories*, the trace "
+            "simulator, *Real deployment* and *Block size* run PagedLab's block manager "
+            "beside a contiguous arena, bookkeeping only (no K/V tensors).\n"
+            "- **Engines**: *Swap or recompute* and *Sharing*'s *Run it here* start real "
+            "engines of their own (tiny-byte, or the model *Sharing* names), sized in "
+            f"their tab, with the torch kernel on {device}.")
+        st.caption("The Playground's pool, model and kernel are set on its page; nothing "
+                   "here reads or changes them.")
 
 
 def _kernel_fields(engine: Engine | None = None) -> None:
