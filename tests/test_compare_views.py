@@ -360,7 +360,8 @@ def test_every_chart_builds() -> None:
     m = views.policy_metrics(results)
     spec = charts.policy_bars(m, "token states", "Token-state share", percent=True,
                               paper_field="paper token states").to_dict()
-    assert len(spec["layer"]) == 3       # bars, labels and the paper's ticks
+    # Bars, labels at the foot of the bars that hold one, above the others, the paper's ticks.
+    assert len(spec["layer"]) == 4
     charts.block_batch_line(tables.block_batch_frame(results[1:])).to_dict()
     sharing = [SharingResult("beam", 2, 16, 1, 0.5, SharingTrace(1, 1, 2, 0, 1, 2), 0.376,
                              0.552)]

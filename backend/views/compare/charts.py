@@ -75,9 +75,13 @@ def memory_map(df: pd.DataFrame, title: str, capacity: int, x_domain: tuple[int,
     ).properties(title=title, height=height)
 
 
-def fractions_area(df: pd.DataFrame, x_domain: tuple[int, int], *, height: int = 160
+def fractions_area(df: pd.DataFrame, x_domain: tuple[int, int], *, height: int = 210
                    ) -> alt.Chart:
-    """The five shares stacked over time, in a fixed order (token states at the bottom)."""
+    """The five shares stacked over time, in a fixed order (token states at the bottom).
+
+    The height holds the x axis and its title too: below about 200 px the plot is
+    shorter than its y title, which the chart then cuts off.
+    """
     return alt.Chart(df).mark_area().encode(
         x=alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=list(x_domain))),
         y=alt.Y("fraction:Q", stack="normalize", title="share of memory",
@@ -119,14 +123,21 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
         labels = base.mark_text(baseline="bottom", dy=-3).encode(
             y=f"{field}:Q", text=alt.Text(f"{field}:Q", format=fmt))
         return (bars + labels).properties(title=title, height=240)
-    # Inside the bar's top, so that the paper's tick just above or below stays readable.
-    labels = base.mark_text(baseline="top", dy=4, color="white", fontWeight="bold").encode(
-        y=f"{field}:Q", text=alt.Text(f"{field}:Q", format=fmt))
+    # At the bar's foot, in white: the paper's tick can fall anywhere near the bar's top
+    # (just above it, inside it), where a label would sit under it. A bar too short to
+    # hold its label has it above its top instead.
+    tall = f"datum[{field!r}] >= {0.12 * float(max(df[field].max(), df[paper_field].max())):.6g}"
+    text = alt.Text(f"{field}:Q", format=fmt)
+    inside = base.transform_filter(tall).mark_text(
+        baseline="bottom", dy=-4, color="white", fontWeight="bold").encode(
+        y=alt.datum(0), text=text)
+    above = base.transform_filter(f"!({tall})").mark_text(baseline="bottom", dy=-3).encode(
+        y=f"{field}:Q", text=text)
     ticks = base.mark_tick(color="#b2182b", thickness=3, size=36).encode(
         y=f"{paper_field}:Q",
         tooltip=["policy:N", alt.Tooltip(f"{paper_field}:Q", format=fmt,
                                          title="paper (Figure 2)")])
-    return (bars + labels + ticks).properties(title=title, height=240)
+    return (bars + inside + above + ticks).properties(title=title, height=240)
 
 
 def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
