@@ -292,6 +292,10 @@ def test_shuffle_moves_every_used_block_and_keeps_the_tokens() -> None:
                      "has only 32"),
     ("pin-busy", "Refused: pinned block 3 is not free (ref count 2)"),
     ("duplicate-id", "Refused: request 'A' already exists; pick another id"),
+    # The id fields carry no length limit in the browser, which would drop a long paste
+    # without a word: the server refuses it by the field's name.
+    ("long-id", "Refused: Request id must be at most 64 characters; got 80"),
+    ("long-child", "Refused: Child id must be at most 64 characters; got 65"),
 ])
 def test_a_refused_action_shows_its_message_and_changes_nothing(action: str,
                                                                 message: str) -> None:
@@ -307,6 +311,12 @@ def test_a_refused_action_shows_its_message_and_changes_nothing(action: str,
         click(at, "btn_grow")
     elif action == "pin-busy":
         add(at, "abcdefgh", pins="3, 20")
+    elif action == "long-id":
+        add(at, rid="x" * 80)
+    elif action == "long-child":
+        pick(at, "A")
+        at.text_input(key="req_child").input("c" * 65)
+        click(at, "btn_fork")
     else:
         add(at, rid="A")
     assert [e.value for e in at.error] == [message]

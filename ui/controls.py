@@ -15,6 +15,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import (
     MAX_GROW_TOKENS,
+    MAX_ID_CHARS,
     MAX_PROMPT_TOKENS,
     MAX_SAMPLES,
     Add,
@@ -60,6 +61,19 @@ def whole_number(key: str, label: str, lo: int, hi: int) -> int | None:
     return int(value)
 
 
+def request_id(key: str, label: str) -> str:
+    """Field `key`'s id as typed; one over MAX_ID_CHARS is refused by `label`.
+
+    The id fields carry no browser-side length limit: a browser given one ignores a
+    paste that would pass it, leaving the field as it was without a word.
+    """
+    value: str = st.session_state.get(key) or ""
+    if len(value) > MAX_ID_CHARS:
+        raise PagedLabError(f"{label} must be at most {MAX_ID_CHARS} characters; got "
+                            f"{len(value):,}")
+    return value
+
+
 def _required(key: str, label: str, lo: int, hi: int) -> int:
     value = whole_number(key, label, lo, hi)
     if value is None:
@@ -85,7 +99,7 @@ def _on_add() -> None:
 
     def make(engine: Engine) -> Op:
         return add_op(
-            request=ss["add_id"], prompt=ss["add_prompt"],
+            request=request_id("add_id", "Request id"), prompt=ss["add_prompt"],
             prompt_len=whole_number("add_len", "Random prompt length", 1, MAX_PROMPT_TOKENS),
             max_new_tokens=whole_number("add_max_new", "Max new tokens", 1, MAX_PROMPT_TOKENS),
             blocks=ss["add_pins"], existing=engine.requests,
@@ -124,7 +138,8 @@ def _add_form() -> None:
                         placeholder="default",
                         help=f"1 to {MAX_PROMPT_TOKENS:,}. Blank: the sidebar's default.")
         c1, c2 = st.columns(2)
-        c1.text_input("Request id", key="add_id", placeholder="next free letter", max_chars=64)
+        c1.text_input("Request id", key="add_id", placeholder="next free letter",
+                      help=f"At most {MAX_ID_CHARS} characters.")
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
                       help="Physical blocks to hold the prompt, in order; each must be free.")
         c1, c2 = st.columns(2)
@@ -165,7 +180,8 @@ def _on_fork() -> None:
 
     def make(engine: Engine) -> Op:
         parent = _picked()
-        child = ss["req_child"].strip() or next_child_id(parent, engine.requests)
+        child = request_id("req_child", "Child id").strip() or next_child_id(
+            parent, engine.requests)
         return op_from({"op": "fork", "request": parent, "child": child})
 
     result = session.apply(make)
@@ -214,8 +230,8 @@ def _request_controls(engine: Engine) -> None:
     c2.button("Grow", key="btn_grow", on_click=_on_grow, width="stretch", disabled=none,
               help="Decode tokens for this request alone, one model step each.")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
-    c1.text_input("Child id", key="req_child", placeholder="auto (e.g. A.1)", max_chars=64,
-                  disabled=none)
+    c1.text_input("Child id", key="req_child", placeholder="auto (e.g. A.1)", disabled=none,
+                  help=f"At most {MAX_ID_CHARS} characters.")
     c2.button("Fork", key="btn_fork", on_click=_on_fork, width="stretch", disabled=none,
               help="The child shares every block of the parent; nothing is copied.")
     st.button("Finish", key="btn_finish", on_click=_on_finish, width="stretch",
