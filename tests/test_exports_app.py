@@ -28,7 +28,7 @@ from backend.io.cli import main
 from backend.io.export import blocks_table, events_table, snapshot_bytes, to_csv
 from backend.io.snapshot import MAX_SNAPSHOT_BYTES, export_snapshot, snapshot_json
 from backend.sessions.tour import TourRun
-from tests.test_app import add, engine, start
+from tests.test_app import add, click, engine, start
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -280,8 +280,13 @@ def test_a_snapshot_of_another_schema_version_is_refused() -> None:
         "Refused the snapshot in 'future.json': snapshot schema_version is 2; this PagedLab "
         "reads version 1. The playground is unchanged."]
     assert playground_state(at) == before
-    assert "Last upload, future.json: refused (see the message at the top)." in [
-        c.value for c in at.caption]
+    note = ("Last upload, future.json: refused: snapshot schema_version is 2; this PagedLab "
+            "reads version 1. The playground was left as it was.")
+    assert note in [c.value for c in at.caption]
+    # The next operation replaces the status line at the top; the note beside the file
+    # still says why it was refused, not where to look.
+    click(at, "btn_step")
+    assert not at.error and note in [c.value for c in at.caption]
 
 
 def test_an_oversized_snapshot_is_refused_unread() -> None:

@@ -124,7 +124,8 @@ IMPORT_NOTE = "import_note"    # the last upload's outcome, repeated beside the 
 def _on_import() -> None:
     """Uploader callback: restore the file's state into the Playground, or say why not."""
     uploaded = st.session_state.get(IMPORT_KEY)
-    if uploaded is None:   # the file was removed from the uploader
+    if uploaded is None:   # the file was removed from the uploader, and its note with it
+        st.session_state.pop(IMPORT_NOTE, None)
         return
     source = f"the snapshot in {uploaded.name!r}"
     problem = None
@@ -140,10 +141,11 @@ def _on_import() -> None:
             problem = str(exc)
     if problem is not None:
         session.flash("error", f"Refused {source}: {problem}. The playground is unchanged.")
-    # The status line is at the top of the page; the uploader may be far below it.
+    # The status line is at the top of the page, and the next operation replaces it; the
+    # uploader may be far below it. So the note beside the file says the outcome itself.
     st.session_state[IMPORT_NOTE] = (f"Last upload, {uploaded.name}: "
-                                     + ("refused (see the message at the top)."
-                                        if problem is not None else "restored."))
+                                     + (f"refused: {problem}. The playground was left as it "
+                                        "was." if problem is not None else "restored."))
 
 
 def import_panel() -> None:
