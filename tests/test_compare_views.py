@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from backend.core.errors import PagedLabError
+from backend.engine.measure import PreemptionRun
 from backend.lab.compare.block_sizes import block_size_sweep, trace_block_sweep
 from backend.lab.compare.memory_maps import MapSegment, replay_maps, small_trace
 from backend.lab.compare.seed_example import seed_example
@@ -17,7 +18,7 @@ from backend.lab.memory_calc import kv_capacity
 from backend.lab.sharing import SharingResult, SharingTrace
 from backend.lab.sim.simulator import SimConfig, simulate, simulate_workload
 from backend.lab.workloads import Trace
-from backend.views.compare import charts, tables
+from backend.views.compare import charts, preemptions, swap_recompute, tables
 from backend.views.compare import frames as views
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -371,3 +372,43 @@ def test_every_chart_builds() -> None:
         "m", 256, (0, 10)).to_dict()["encoding"]["color"]
     assert color["scale"]["domain"] == ["token states", "reservation", "internal fragmentation",
                                         "external fragmentation", "free"]
+
+
+def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
+    def run(bs: int, mode: str, swapped: int = 0, swap_ms: float = 0.0,
+            rec_ms: float = 0.0) -> PreemptionRun:
+        return PreemptionRun(bs, mode, 64, 20, 10.0, 0 if mode == "roomy" else 3,
+                             40 if mode == "recompute" else 0, rec_ms, swapped, swap_ms, True)
+
+    runs = [run(1, "roomy"), run(1, "recompute", rec_ms=5.0),
+            run(1, "swap", swapped=100, swap_ms=0.5), run(4, "roomy"),
+            run(4, "recompute", rec_ms=5.0), run(4, "swap", swapped=25, swap_ms=9.0)]
+    df = swap_recompute.runs_frame(runs)
+    per = df["µs per swapped block"]
+    # Only a run that swapped has a cost per block; the others are empty cells, not "None".
+    assert per.dtype == float and per.isna().tolist() == [True, True, False, True, True, False]
+    assert per[2] == 5.0 and per[5] == 360.0
+    said = swap_recompute.summary(runs, "cpu")
+    assert "Swapping copied 100 blocks at block size 1 and 25 at 4: 5.0 µs per block " in said
+    assert "Swapping took less time than recomputing at block size 1. " in said
+    said = swap_recompute.summary([*runs[:3], run(4, "recompute", rec_ms=50.0), runs[5]], "cpu")
+    assert "Swapping took less time than recomputing at block sizes 1, 4. " in said
+
+
+def test_the_preemption_note_says_whether_this_paged_run_preempted() -> None:
+    roomy = simulate_workload("alpaca", SimConfig("paged", capacity_tokens=1 << 16),
+                              requests=30)
+    tight = simulate_workload("sharegpt", SimConfig("paged", capacity_tokens=2048),
+                              requests=60, rate=50.0)
+    assert roomy.preemptions == 0 and tight.preemptions > 0
+    assert preemptions.preemption_note([roomy]).endswith(
+        "recomputed. In this run it never ran out (below: why).")
+    assert preemptions.preemption_note([tight]).endswith(
+        "recomputed (below: what sets each preemption off, and whom they hit).")
+    contiguous = simulate_workload("alpaca", SimConfig("max"), requests=30)
+    assert preemptions.preemption_note([contiguous]).endswith("to be recomputed.")
+    # With no preemption anywhere, the bars' scale still starts at the plot's foot.
+    m = views.policy_metrics([contiguous, roomy])
+    y = charts.policy_bars(m, "preemptions", "Preemptions", integer=True).to_dict()
+    y = y["layer"][0]["encoding"]["y"]
+    assert y["scale"] == {"domain": [0, 1]} and y["axis"]["values"] == [0, 1]

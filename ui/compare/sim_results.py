@@ -34,11 +34,7 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True)
     a.altair_chart(charts.policy_bars(metrics, "preemptions", "Preemptions", integer=True),
                    width="stretch", key=f"{prefix}_preempt_chart")
     b.caption(("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
-               "system. " if paper_ticks else "")
-              + "Only paged memory preempts: a contiguous region is sized for the final "
-              "length up front, so it never runs out while growing; paged memory grows "
-              "block by block and, when it runs out, sends the newest request back to be "
-              "recomputed (why so often: below).")
+               "system. " if paper_ticks else "") + preemptions.preemption_note(results))
     st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
                     key=f"{prefix}_breakdown_chart")
     st.dataframe(views.breakdown_table(results), hide_index=True, key=f"{prefix}_table")

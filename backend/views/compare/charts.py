@@ -111,13 +111,18 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
     """One bar per policy for `field`, labelled with its value; optional paper ticks."""
     policies = [p for p in POLICY_ORDER if p in set(df["policy"])]
     fmt = ".1%" if percent else ",.0f" if integer else ".1f"
-    # Whole counts get whole ticks (all zeros would otherwise read 0.000000).
+    # Whole counts get whole ticks (all zeros would otherwise read 0.000000), and all
+    # zeros a scale from 0 to 1, which keeps the zero line at the foot of the plot (a
+    # one-value scale puts it in the middle).
+    zeros = integer and not df[field].max() > 0
     axis = (alt.Axis(format="%") if percent else
+            alt.Axis(format=",d", values=[0, 1]) if zeros else
             alt.Axis(format=",d", tickMinStep=1) if integer else alt.Axis())
+    scale = alt.Scale(domain=[0, 1]) if zeros else alt.Undefined
     base = alt.Chart(df).encode(x=alt.X("policy:N", sort=policies, title=None,
                                         axis=alt.Axis(labelAngle=0)))
     bars = base.mark_bar(color="#1f4e8c").encode(
-        y=alt.Y(f"{field}:Q", title=title, axis=axis),
+        y=alt.Y(f"{field}:Q", title=title, axis=axis, scale=scale),
         tooltip=["policy:N", alt.Tooltip(f"{field}:Q", format=fmt)])
     if paper_field is None:
         labels = base.mark_text(baseline="bottom", dy=-3).encode(

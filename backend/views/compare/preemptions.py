@@ -22,6 +22,20 @@ import pandas as pd
 from backend.lab.sim.simulator import SimResult, SimRun
 
 
+def preemption_note(results: Sequence[SimResult]) -> str:
+    """What the preemption bars show, said for these runs: why only paged memory
+    preempts, and whether this paged run did."""
+    said = ("Only paged memory preempts: a contiguous region is sized for the final length "
+            "up front, so it never runs out while growing; paged memory grows block by "
+            "block and, when it runs out, sends the newest request back to be recomputed")
+    paged = next((r for r in results if r.policy == "paged"), None)
+    if paged is None:
+        return said + "."
+    if not paged.preemptions:
+        return said + ". In this run it never ran out (below: why)."
+    return said + " (below: what sets each preemption off, and whom they hit)."
+
+
 def preemption_counts(run: SimRun) -> pd.DataFrame:
     """How many requests were preempted 0, 1, 2, ... times."""
     counts = np.bincount(run.preemptions_per_request)

@@ -25,8 +25,9 @@ def runs_frame(runs: Sequence[PreemptionRun]) -> pd.DataFrame:
         "wall ms": round(r.wall_ms, 1), "preemptions": r.preemptions,
         "recomputed tokens": r.recomputed_tokens, "recompute ms": round(r.recompute_ms, 2),
         "swapped blocks": r.swapped_blocks, "swap ms": round(r.swap_ms, 2),
+        # NaN, not None: a table shows a missing number as an empty cell, None as "None".
         "µs per swapped block": (round(r.swap_ms * 1e3 / r.swapped_blocks, 1)
-                                 if r.swapped_blocks else None),
+                                 if r.swapped_blocks else float("nan")),
         "same tokens": r.same_tokens,
     } for r in runs])
 
@@ -85,7 +86,7 @@ def summary(runs: Sequence[PreemptionRun], device: str) -> str:
         "point. ",
         f"Recomputation re-prefilled {rec[lo.block_size].recomputed_tokens:,} tokens at "
         f"block size {lo.block_size}, a cost that does not depend on the block size. ",
-        ("Swapping took less time than recomputing at block size(s) "
+        (f"Swapping took less time than recomputing at block size{'s' * (len(faster) > 1)} "
          f"{', '.join(map(str, faster))}. " if faster else
          "Recomputing took less time than swapping at every block size here. "),
     ]
