@@ -21,6 +21,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot
+from backend.views.model import events_frame
 from bench.soak import soak_configs, soak_sequence
 
 PROMPTS = [{"op": "add", "request": rid, "prompt": f"request {rid} asks a question",
@@ -181,3 +182,30 @@ def test_swap_events_are_checked_against_the_host_pool() -> None:
     snap["events"][at]["dst"] = 16
     with pytest.raises(PagedLabError, match="outside the host pool"):
         restore_engine(snap, kernel="torch")
+
+
+def test_the_event_log_says_where_a_preempted_requests_k_v_went() -> None:
+    swapped = swapped_engine()
+    rid = swapped.swapped[0]
+    log = events_frame(export_snapshot(swapped))
+    said = log[(log["kind"] == "preempt") & (log["request"] == rid)]["what happened"]
+    assert list(said)[:1] == [
+        f"request {rid} was preempted: its K/V went to the host pool (swap_out) and its "
+        "device blocks are released; it resumes from there, nothing recomputed"]
+    # The oldest event shown, its swap_outs cut off by the log's limit: still told apart.
+    snap = export_snapshot(swapped)
+    at = max(i for i, ev in enumerate(snap["events"])
+             if ev["kind"] == "preempt" and ev["request"] == rid)
+    oldest = events_frame(snap, limit=len(snap["events"]) - at).iloc[-1]
+    assert oldest["kind"] == "preempt" and "its K/V went to the host pool" in oldest[
+        "what happened"]
+    # No room in the host pool: the victim is recomputed, and the log says so.
+    recomputed = engine(13, preemption="swap", num_cpu_blocks=1)
+    for op in PROMPTS:
+        apply(recomputed, op)
+    while not recomputed.manager.preemptions:
+        apply(recomputed, {"op": "step"})
+    log = events_frame(export_snapshot(recomputed))
+    said = set(log[log["kind"] == "preempt"]["what happened"])
+    assert len(said) == 1 and said.pop().endswith(
+        "was preempted: its blocks are released and it will be recomputed")

@@ -95,8 +95,13 @@ def _opt_str(v: Any) -> str | None:
     return v
 
 
-def describe(event: Event) -> str:
-    """One plain-English line for the event log."""
+def describe(event: Event, swapped: bool = False) -> str:
+    """One plain-English line for the event log.
+
+    `swapped`: for a preempt event, whether the request's blocks went to the host
+    pool (swap preemption writes a swap_out event per block just before it), not
+    released to be recomputed; the event itself does not say.
+    """
     who = f"request {event.request}" if event.request is not None else "the engine"
     b = event.block
     rc = event.ref_count
@@ -121,6 +126,10 @@ def describe(event: Event) -> str:
         case "evict":
             return f"block {b} lost its cached prefix to make room for {who}"
         case "preempt":
+            if swapped:
+                return (f"{who} was preempted: its K/V went to the host pool (swap_out) and "
+                        "its device blocks are released; it resumes from there, nothing "
+                        "recomputed")
             return f"{who} was preempted: its blocks are released and it will be recomputed"
         case "move":
             return f"block data moved from physical block {event.src} to {event.dst}"

@@ -254,14 +254,20 @@ def requests_layout(df: pd.DataFrame) -> tuple[dict[str, int], int | None]:
 
 def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
     """The newest `limit` events, newest first, each with its plain-English line."""
-    raw = snap["events"][-limit:][::-1] if limit else []
-    events = [Event.from_json(e) for e in raw]
+    every = snap["events"]
+    first = max(len(every) - limit, 0) if limit else len(every)
+    events = [Event.from_json(e) for e in every[first:][::-1]]
+    # A swap preemption logs the request's swap_out events right before its preempt, so
+    # the event before a preempt tells which kind it was, even when it is not shown.
+    before = [every[i - 1] if i > 0 else None for i in range(len(every) - 1, first - 1, -1)]
     return pd.DataFrame({
         "step": [e.step for e in events],
         "kind": [e.kind for e in events],
         "request": [e.request or "" for e in events],
         "block": [e.block for e in events],
-        "what happened": [describe(e) for e in events],
+        "what happened": [describe(e, swapped=prev is not None and prev["kind"] == "swap_out"
+                                   and prev["request"] == e.request)
+                          for e, prev in zip(events, before, strict=True)],
     }, columns=["step", "kind", "request", "block", "what happened"])
 
 
