@@ -427,6 +427,9 @@ def test_the_sidebar_shows_the_scenarios_own_config_not_the_pool_settings() -> N
     config = sidebar_config(at)
     assert config["Pool size"] == "16 blocks" and config["Block size"] == "1 slot"
     assert config["Prefix caching"] == "off" and config["Model"].startswith("tiny-byte")
+    # The kernel picked on the Playground is shown picked here too (it runs this engine).
+    assert at.segmented_control(key="dev_kernel").value == "torch"
+    assert run_of(at).engine.kernels.name == "torch"
     # The kernel does apply to the scenario's engine, and stays.
     at.segmented_control(key="dev_kernel").set_value("auto").run()
     assert not at.exception and run_of(at).engine.kernels.name == "triton-interpreter"
@@ -438,4 +441,5 @@ def test_the_sidebar_shows_the_scenarios_own_config_not_the_pool_settings() -> N
     # Back on the Playground, its own settings are there to change again.
     at.switch_page("pages/playground.py").run()
     assert at.sidebar.number_input(key="cfg_num_blocks").value == 32
+    assert at.segmented_control(key="dev_kernel").value == "auto"
     assert not [h for h in at.sidebar.html if "pl-scenario-config" in h.value]

@@ -309,11 +309,20 @@ def compare() -> None:
 
 
 def _kernel_fields(engine: Engine | None = None) -> None:
-    """Device and kernel; the caption names what `engine` (the Playground's) runs on next."""
-    st.selectbox("Device", device_choices(), key="dev_device",
+    """Device and kernel; the caption names what `engine` (the Playground's) runs on next.
+
+    The applied settings are the widgets' own defaults, as for the pool's fields
+    (`_applied`): drawn by the Scenarios page's script rather than app.py's, these are
+    other widgets to Streamlit, which would start them empty and show no kernel picked.
+    """
+    settings = session.get_settings()
+    devices = device_choices()
+    st.selectbox("Device", devices, key="dev_device",
+                 index=devices.index(settings.device) if settings.device in devices else 0,
                  on_change=engine_actions.change_kernel,
                  help="Only devices this machine has. auto: CUDA if torch sees a GPU.")
     st.segmented_control("Kernel", kernel_choices(), key="dev_kernel", required=True,
+                         default=settings.kernel,
                          format_func=lambda v: KERNEL_LABELS[v],
                          on_change=engine_actions.change_kernel,
                          help="auto and Triton run the Triton kernels (compiled on a GPU, "
