@@ -130,6 +130,12 @@ def test_paths_read_as_words() -> None:
     assert tv.describe_path("blocks.2.ref_count") == "block 2: ref count"
     assert tv.describe_path("metrics.cow_copies") == "cow copies"
     assert tv.describe_path("address.A.6") == "address of A's token 6"
+    # Sample and beam ids hold dots: the id runs to the field after it.
+    assert tv.describe_path("requests.B.13.finish_reason") == "B.13's finish reason"
+    assert tv.describe_path("requests.S.3.block_table.0") == "S.3's block table [0]"
+    assert tv.describe_path("text.B.13") == "B.13's text"
+    assert tv.describe_path("address.S.0.6") == "address of S.0's token 6"
+    assert tv.describe_path("requests.7") == "requests.7"
     assert tv.describe_path("step_events.cow") == "cow events in this step"
     assert tv.describe_path("contiguous.breakdown.free") == "contiguous arena: breakdown free"
     assert tv.describe_path("odd") == "odd"

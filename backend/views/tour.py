@@ -113,22 +113,26 @@ def describe_path(path: str) -> str:
     def words(s: str) -> str:
         return s.replace("_", " ")
 
-    if head == "requests" and len(rest) == 2:
-        return f"{rest[0]}'s {words(rest[1])}"
+    # An id may hold dots (samples and beams are ID.k); in a request's path it runs to
+    # the field, the last part that is not a list position ("requests.B.13.block_table.0").
+    field = max((i for i, p in enumerate(rest) if not p.isdigit()), default=0)
+    if head == "requests" and field >= 1:
+        return (f"{'.'.join(rest[:field])}'s {words(rest[field])}"
+                + "".join(f" [{i}]" for i in rest[field + 1:]))
     if head == "blocks" and len(rest) == 2:
         return f"block {rest[0]}: {words(rest[1])}"
     if head == "metrics" and len(rest) == 1:
         return words(rest[0])
     if head == "kernel" and len(rest) == 1:
         return f"kernel {words(rest[0])}"
-    if head == "address" and len(rest) == 2:
-        return f"address of {rest[0]}'s token {rest[1]}"
+    if head == "address" and len(rest) >= 2:
+        return f"address of {'.'.join(rest[:-1])}'s token {rest[-1]}"
     if head == "events" and len(rest) == 1:
         return f"{rest[0]} events so far"
     if head == "step_events" and len(rest) == 1:
         return f"{rest[0]} events in this step"
-    if head == "text" and len(rest) == 1:
-        return f"{rest[0]}'s text"
+    if head == "text" and rest:
+        return f"{'.'.join(rest)}'s text"
     if head == "contiguous":
         return "contiguous arena: " + " ".join(words(p) for p in rest)
     return path
