@@ -133,6 +133,27 @@ def test_a_stopped_step_n_says_so_and_is_what_the_log_and_store_hold(
     assert work.state is None          # the work is over, the flag reset
 
 
+def test_step_n_ends_when_nothing_is_left_to_run(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDLAB_DATA_DIR", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    at.number_input(key="add_max_new").set_value(4)
+    at.button(key="btn_add").click().run()
+    at.number_input(key="batch_n").set_value(50).run()
+    at.button(key="btn_step_n").click().run()
+    assert not at.exception
+    # Four iterations generate A's four tokens, and the step ends there.
+    assert next(s.value for s in at.success).startswith(
+        "Stopped after 4 of 50 iterations: nothing was left to run. Step 2: step x4 · "
+        "generated 4 tokens · finished A")
+    assert at.session_state["oplog"].ops[-1] == {"op": "step", "count": 4}
+    engine: Engine = at.session_state["engine"]
+    assert engine.requests["A"].status == "finished" and not engine.running
+    assert len(engine.timeline.rows) == 1 + 4     # the add's row and four iterations
+
+
 def test_progress_texts_show_request_ids_as_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
     # A spinner or bar renders Markdown: an id that is an image would make the browser fetch.
     image = "![a](http://example.invalid/a.png)"

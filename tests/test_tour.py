@@ -25,7 +25,7 @@ def test_frames_keep_every_state_and_the_engine_only_moves_forward() -> None:
     assert (f2.label, f3.label) == ("fork A -> A2", "grow A2 +1")
     assert f2.snapshot["metrics"]["shared_blocks"] == 3
     assert f3.snapshot["metrics"]["cow_copies"] == 1
-    assert f3.summary == "Step 3: grow A2 +1 · generated 1 token(s) · events: 1 cow"
+    assert f3.summary == "Step 3: grow A2 +1 · generated 1 token · events: 1 cow"
     assert f3.all_ok and len(f3.checks) == 6
     # A frame is what the engine showed then: later steps do not change it.
     before = json.dumps(f2.snapshot)
@@ -36,6 +36,23 @@ def test_frames_keep_every_state_and_the_engine_only_moves_forward() -> None:
     assert [s["step"] for s in run.snapshots()] == [1, 2, 3, 4, 5, 6]
     # Out-of-range views are clamped to what exists.
     assert run.frame(99).step == 6 and run.frame(-1).step == 0
+
+
+def test_the_status_line_tells_dropped_beams_from_finished_ones() -> None:
+    run = TourRun(shipped_scenario("10-beam-search"), "10", "t", kernel="torch")
+    run.run_to(run.total)
+    dropped = finished = 0
+    for frame in (run.frame(i) for i in range(1, run.total + 1)):
+        reasons = {r["id"]: r["finish_reason"] for r in frame.snapshot["requests"]}
+        for part in frame.summary.split(" · "):
+            verb, _, ids = part.partition(" ")
+            if verb == "dropped":
+                dropped += 1
+                assert {reasons[i] for i in ids.split(", ")} == {"dropped"}, frame.summary
+            elif verb == "finished":
+                finished += 1
+                assert "dropped" not in {reasons[i] for i in ids.split(", ")}, frame.summary
+    assert dropped and finished
 
 
 def test_checks_show_what_the_engine_shows_and_flag_mismatches() -> None:

@@ -192,7 +192,7 @@ def test_kernel_info_before_and_after_a_step() -> None:
     after = views.kernel_info(export_snapshot(e))
     assert after.ran and after.backend == "torch" and after.device == "cpu"
     assert float(after.max_abs_err) < 1e-4
-    assert after.batch == "1 sequence(s), 23 query token(s)"
+    assert after.batch == "1 sequence, 23 query tokens"
 
 
 def test_html_escapes_user_text() -> None:
@@ -280,11 +280,11 @@ def test_generated_ids() -> None:
 
 
 def test_summarize_names_what_happened(shared: Engine) -> None:
-    text = summarize(shared.apply(Shuffle(seed=3)))
+    text = summarize(shared.apply(Shuffle(seed=3)), export_snapshot(shared))
     assert text.startswith("Step 7: shuffle (seed 3)")
     assert "move" in text
-    text = summarize(shared.apply(Grow("B", 2)))
-    assert "generated 2 token(s)" in text
+    text = summarize(shared.apply(Grow("B", 2)), export_snapshot(shared))
+    assert "generated 2 tokens" in text
 
 
 def test_switch_kernels_keeps_the_state_exactly(shared: Engine) -> None:
@@ -324,7 +324,7 @@ def test_a_device_the_machine_lacks_is_refused() -> None:
 @pytest.mark.parametrize("text", [
     "Step 1: add A ('The cat sat on the mat.') · admitted A · events: 6 alloc",
     "Refused the snapshot in 'bad.json': snapshot.requests[0]: 31 tokens do not fit",
-    "inconsistent snapshot: block 0 has ref_count 4 but 3 block table(s) hold it",
+    "inconsistent snapshot: block 0 has ref_count 4 but 3 block tables hold it",
     "'utf-8' codec can't decode byte 0xc3 in position 7: invalid continuation byte",
     "",
 ])

@@ -322,6 +322,11 @@ def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     return result
 
 
+def _busy(engine: Engine) -> bool:
+    """Whether a step would do anything: a request runs, waits or is swapped out."""
+    return bool(engine.running or engine.waiting or engine.swapped)
+
+
 def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
                 shown: list[Shown]) -> OpResult | None:
     """`apply` with the engine's lock held. After the engine has run, no session state."""
@@ -334,8 +339,14 @@ def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
         return None
     with progress.working(op, work) as (working, callback):
         shown.append(working)
+
+        def until_idle(done: int, total: int) -> bool:
+            # A Step N ends once nothing runs, waits or is swapped out: the iterations
+            # left would only add empty rows to the timeline.
+            return callback(done, total) and _busy(engine)
+
         try:
-            applied = apply_tracked(engine, op, before, sess.settings, sess.owner, callback)
+            applied = apply_tracked(engine, op, before, sess.settings, sess.owner, until_idle)
         except PagedLabError as exc:
             sess.flash("error", f"Refused: {exc}")
             return None
@@ -349,9 +360,10 @@ def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
     snapshot = export_snapshot(engine)
     sess.history.record(snapshot)
     sess.save(saved.Live(engine, sess.settings, sess.history, sess.oplog), snapshot, op=logged)
-    line = summarize(result)
+    line = summarize(result, snapshot)
     if isinstance(op, Step) and isinstance(result.op, Step) and result.op.count < op.count:
-        line = f"Stopped after {result.op.count} of {op.count} iterations. {line}"
+        why = "" if _busy(engine) else ": nothing was left to run"
+        line = f"Stopped after {result.op.count} of {op.count} iterations{why}. {line}"
     sess.flash("success", line)
     # Back to the live state: what the operation did is what the person wants to see.
     sess.queued.put(TIMELINE_PICK, None)

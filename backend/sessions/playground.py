@@ -17,6 +17,7 @@ from typing import Any
 
 from backend.core.config import DIM_FIELDS, MODELS, REAL_MODELS, TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Op, describe_op, parse_op
 from backend.engine.results import OpResult
@@ -286,17 +287,26 @@ def op_from(data: dict[str, Any]) -> Op:
     return parse_op(data)
 
 
-def summarize(result: OpResult) -> str:
-    """One line saying what an applied operation did, for the page's status line."""
+def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
+    """One line saying what an applied operation did, for the page's status line.
+
+    `snapshot` is the state it left: a beam search's finished beams are told apart
+    by their finish reason, those it dropped from those that finished.
+    """
     parts = [f"Step {result.step}: {describe_op(result.op)}"]
     if result.admitted:
         parts.append("admitted " + ", ".join(result.admitted))
     if result.generated:
-        parts.append(f"generated {len(result.generated)} token(s)")
+        parts.append(f"generated {counted(len(result.generated), 'token')}")
     if result.preempted:
         parts.append("preempted " + ", ".join(result.preempted))
-    if result.finished:
-        parts.append("finished " + ", ".join(result.finished))
+    reasons = {r["id"]: r["finish_reason"] for r in snapshot["requests"]}
+    dropped = [rid for rid in result.finished if reasons.get(rid) == "dropped"]
+    finished = [rid for rid in result.finished if reasons.get(rid) != "dropped"]
+    if finished:
+        parts.append("finished " + ", ".join(finished))
+    if dropped:
+        parts.append("dropped " + ", ".join(dropped))
     kinds: dict[str, int] = {}
     for e in result.events:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1

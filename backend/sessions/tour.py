@@ -246,8 +246,8 @@ class TourRun:
         if self.control is not None:
             self.control.follow(step.op, self.engine)
             report = self.control.report(self.engine)
-        frame = Frame(i, snap, describe_op(step.op), step.narration, summarize(result), checks,
-                      arena_state(self.mirror), report)
+        frame = Frame(i, snap, describe_op(step.op), step.narration, summarize(result, snap),
+                      checks, arena_state(self.mirror), report)
         self.frames.append(frame)
         return frame
 
