@@ -59,3 +59,25 @@ def test_a_beam_groups_id_is_shown_as_written_not_as_markdown() -> None:
     assert len(labels) == 1
     assert labels[0].startswith(plain_md(f"Beam search {rid}: width 2"))
     assert "](" not in labels[0].replace("\\](", "")
+
+
+def test_a_beam_finished_by_hand_is_no_complete_hypothesis() -> None:
+    at = start()
+    at.number_input(key="add_beam").set_value(2)
+    add(at, "Once upon a time", max_new=3)
+    click(at, "btn_step")
+    at.selectbox(key="req_pick").set_value("A.1").run()
+    click(at, "btn_finish")
+    panel = [x for x in at.expander if x.label.startswith("Beam search A: width 2")]
+    assert len(panel) == 1
+    assert "1 live, 0 complete, 0 dropped, 1 finished by hand" in panel[0].label
+    df = panel[0].dataframe[0].value.set_index("beam")
+    # Said as the block tables say it, not "finished (finished)".
+    assert df.loc["A.1", "status"] == "finished" and df.loc["A.0", "status"] == "running"
+    # Run to its end: the survivor is a complete hypothesis, ended by its token limit.
+    click(at, "btn_step")
+    click(at, "btn_step")
+    panel = [x for x in at.expander if x.label.startswith("Beam search A: width 2")]
+    assert "0 live, 1 complete, 0 dropped, 1 finished by hand" in panel[0].label
+    df = panel[0].dataframe[0].value.set_index("beam")
+    assert df.loc["A.0", "status"] == "finished (max new tokens)"

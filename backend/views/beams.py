@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from backend.views.model import status_text
 from backend.views.tokens import Snapshot, token_pieces
 
 BEAM_COLUMNS = ["beam", "status", "log p", "generated text", "blocks"]
@@ -26,8 +27,9 @@ class BeamGroup:
     group: str
     width: int
     live: int
-    complete: int        # finished by end-of-sequence, max_new_tokens or a finish
+    complete: int        # complete hypotheses: ended by end-of-sequence or max_new_tokens
     dropped: int
+    stopped: int         # ended by a Finish: no hypothesis, the search cut short
     held_blocks: int     # distinct device blocks the live beams hold
     unshared_blocks: int  # the sum of their table lengths: each holding its own copy
 
@@ -38,8 +40,9 @@ class BeamGroup:
             pct = 100 * (1 - self.held_blocks / self.unshared_blocks)
             saved = (f"; the live beams hold {self.held_blocks} blocks, "
                      f"{self.unshared_blocks} without sharing ({pct:.0f}% saved)")
+        stopped = f", {self.stopped} finished by hand" if self.stopped else ""
         return (f"{self.group}: width {self.width} · {self.live} live, {self.complete} "
-                f"complete, {self.dropped} dropped{saved}")
+                f"complete, {self.dropped} dropped{stopped}{saved}")
 
 
 def beam_groups(snap: Snapshot) -> list[BeamGroup]:
@@ -55,8 +58,9 @@ def beam_groups(snap: Snapshot) -> list[BeamGroup]:
         held = {b for r in live if r["status"] == "running" for b in r["block_table"]}
         unshared = sum(len(r["block_table"]) for r in live if r["status"] == "running")
         out.append(BeamGroup(group, int(beams[0]["beam_width"]), len(live),
-                             sum(1 for x in reasons if x != "dropped"),
-                             reasons.count("dropped"), len(held), unshared))
+                             sum(1 for x in reasons if x not in ("dropped", "finished")),
+                             reasons.count("dropped"), reasons.count("finished"), len(held),
+                             unshared))
     return out
 
 
@@ -68,11 +72,11 @@ def beams_frame(snap: Snapshot, group: str) -> pd.DataFrame:
         if "beam_width" not in req or req["group"] != group:
             continue
         reason = req.get("finish_reason")
-        status = req["status"] if req["status"] != "finished" else f"finished ({reason})"
         rank = 3 if reason == "dropped" else _ORDER.get(req["status"], 1)
         generated = req["tokens"][req["prompt_len"]:]
         rows.append((rank, -float(req["cum_logprob"]), {
-            "beam": req["id"], "status": status.replace("_", " "),
+            # As the block tables say it: "finished (eos)"; one finished by hand, "finished".
+            "beam": req["id"], "status": status_text(req),
             "log p": round(float(req["cum_logprob"]), 3),
             "generated text": "".join(token_pieces(snap, generated)),
             "blocks": len(req["block_table"]),
