@@ -117,7 +117,7 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             # Continue from here: the Playground takes this state and keeps working.
             page.get_by_role("button", name="Continue from here in the Playground").click()
             shows(page.get_by_role("heading", name="Playground"))
-            shows(page.get_by_text("Restored “The contiguous allocation problem” at step 5"))
+            shows(page.get_by_text("Restored “The contiguous allocation problem”: step 5"))
             metric_is(page, "Used blocks", "12 / 16")
             shows(page.get_by_role("heading", name="Export and import"))
             page.get_by_role("button", name="Step", exact=True).click()

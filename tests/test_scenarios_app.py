@@ -141,9 +141,9 @@ def test_every_scenario_steps_through_with_its_numbers_checked(path: Path) -> No
             # The number shown beside the ✓ is the narrated one.
             assert f"<b>{escape(value_text(key, want))}</b>" in body, (key, body)
             visible += assert_visible_in_panels(at, key, want, n)
-        assert f"All {len(step.expect)} narrated number(s) match" in markdown(at) or \
-            any(f"All {len(step.expect)} narrated number(s) match" in c.value
-                for c in at.caption)
+        said = ("The narrated number matches" if len(step.expect) == 1
+                else f"All {len(step.expect)} narrated numbers match")
+        assert said in markdown(at) or any(said in c.value for c in at.caption)
     assert visible >= 1, "no narrated number was found in the ordinary panels"
     assert at.button(key="tour_next").disabled
     assert at.query_params == {"scenario": path.stem, "step": str(len(scenario.steps))}
@@ -363,7 +363,7 @@ def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
     at = open_tour("03-growth")
     upload(at, "mine.json", json.dumps(mine).encode())
     assert [s.value for s in at.success] == [
-        "Loaded mine.json: “My story”, 4 step(s). Press Next to apply the first."]
+        "Loaded mine.json: “My story”, 4 steps. Press Next to apply the first."]
     assert "#### My story" in markdown(at)
     assert at.selectbox(key="tour_pick").value == "upload"
     # An uploaded file has no address: the link carries no scenario.
@@ -397,7 +397,7 @@ def test_continue_from_here_puts_that_state_into_the_playground() -> None:
     engine = at.session_state["engine"]
     assert export_snapshot(engine) == frame.snapshot
     assert [s.value for s in at.success] == [
-        "Restored “The contiguous allocation problem” at step 3: step 3, 3 request(s), 16 "
+        "Restored “The contiguous allocation problem”: step 3, 3 requests, 16 "
         "blocks of 1 slot, K/V recomputed from the tokens. Keep working from here."]
     # The sidebar shows the scenario's pool, so nothing asks to apply other settings.
     assert at.sidebar.number_input(key="cfg_num_blocks").value == 16

@@ -17,6 +17,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.io.scenario import MAX_SCENARIO_BYTES
 from backend.sessions.tour import (
     Frame,
@@ -95,8 +96,9 @@ def _on_upload() -> None:
     t = state()
     t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
     if load(UPLOAD):
-        say("success", f"Loaded {uploaded.name}: “{scenario.name}”, {len(scenario.steps)} "
-                        "step(s). Press Next to apply the first.")
+        say("success", f"Loaded {uploaded.name}: “{scenario.name}”, "
+                        f"{counted(len(scenario.steps), 'step')}. Press Next to apply the "
+                        "first.")
 
 
 def _on_continue() -> None:
@@ -104,8 +106,8 @@ def _on_continue() -> None:
     t.playing = False
     run = _run()
     frame = run.frame(t.view)
-    problem = engine_actions.restore_snapshot(frame.snapshot,
-                                       f"“{run.title}” at step {frame.step}")
+    # The message goes on with the restored step: "Restored “Title”: step 3, ...".
+    problem = engine_actions.restore_snapshot(frame.snapshot, f"“{run.title}”")
     if problem is not None:
         say("error", f"Could not continue from here: {problem}")
         return
@@ -202,10 +204,11 @@ def narration(run: TourRun, frame: Frame) -> None:
             n = len(frame.checks)
             bad = sum(1 for c in frame.checks if not c.ok)
             if n and not bad:
-                st.caption(f"All {n} narrated number(s) match the engine at this step.")
+                st.caption("The narrated number matches the engine at this step." if n == 1
+                           else f"All {n} narrated numbers match the engine at this step.")
             elif bad:
-                st.caption(f"{bad} of {n} narrated number(s) differ from what the engine "
-                           "shows.")
+                st.caption(f"{bad} of {counted(n, 'narrated number')} "
+                           f"{'differs' if bad == 1 else 'differ'} from what the engine shows.")
         upcoming = run.next_label(frame.step)
         if upcoming is not None:
             st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}.")
