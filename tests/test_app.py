@@ -195,7 +195,7 @@ def test_grow_decodes_tokens_into_new_blocks() -> None:
     at = add(start())
     at.number_input(key="req_grow_n").set_value(6)
     click(at, "btn_grow")
-    assert status(at)[1].startswith("Step 2: grow A +6 · generated 6 token(s)")
+    assert status(at)[1].startswith("Step 2: grow A +6 · generated 6 tokens")
     assert engine(at).requests["A"].num_tokens == 29
     assert at.dataframe[0].value.loc[0, "block table (logical→physical)"] == \
         "0→0 · 1→1 · 2→2 · 3→3 · 4→4 · 5→5 · 6→6 · 7→7 (1/4)"
@@ -328,7 +328,7 @@ def test_config_change_asks_before_discarding_state() -> None:
     at = add(start())
     kept = engine(at)
     at.sidebar.number_input(key="cfg_num_blocks").set_value(64).run()
-    assert any("1 request(s) and 1 step(s) will be discarded" in w.value for w in at.warning)
+    assert any("1 request and 1 step will be discarded" in w.value for w in at.warning)
     assert engine(at) is kept and len(kept.requests) == 1     # nothing lost yet
     # Keep current: the field goes back, the warning goes away.
     click(at, "btn_keep_config")
@@ -450,4 +450,4 @@ def test_verify_against_a_full_recomputation() -> None:
     assert len(found) == 1, [s.value for s in at.success]
     kv = re.search(r"max \|K/V in the blocks − recomputed\| = ([0-9.e+-]+)", found[0])
     assert kv is not None and float(kv.group(1)) < 1e-5
-    assert found[0].startswith("2 request(s), 46 tokens")
+    assert found[0].startswith("2 requests, 46 tokens")

@@ -94,7 +94,7 @@ def test_the_request_picker_acts_on_the_picked_request_after_the_counts_change()
     assert held.label == "A · running · 25 tokens"
 
     held.run(at, "btn_grow")
-    assert status(at)[1].startswith("Step 5: grow A +1 · generated 1 token(s)")
+    assert status(at)[1].startswith("Step 5: grow A +1 · generated 1 token")
     assert (engine(at).requests["A"].num_tokens, engine(at).requests["B"].num_tokens) == (26, 25)
     assert held.label == "A · running · 26 tokens"
 

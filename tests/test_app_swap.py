@@ -33,7 +33,7 @@ def test_a_swapped_request_shows_in_the_host_pool_and_its_table() -> None:
     # The device grid, the host pool's grid and the translator's vector.
     assert len(at.get("vega_lite_chart")) == 3
     assert host_caption(at) == ("Host pool: 0 of 12 blocks hold swapped-out K/V (no "
-                                "request); 0 swap-out(s), 0 swap-in(s) so far.")
+                                "request); 0 swap-outs, 0 swap-ins so far.")
     for _ in range(20):
         if engine(at).swapped:
             break

@@ -74,8 +74,8 @@ def test_the_timeline_counts_its_rows_and_downloads_them_with_the_latencies(
     # Two adds (one row each) and a step of 3 iterations; B finished after two tokens.
     assert engine(at).step == 3
     text = caption(at, "rows, iterations")
-    assert text.startswith("5 rows, iterations 0–4: 3 scheduler iteration(s) and 2 other "
-                           "operation(s).")
+    assert text.startswith("5 rows, iterations 0–4: 3 scheduler iterations and 2 other "
+                           "operations.")
     assert "not saved with the session" in text
     open_details(at)
     assert len(at.get("vega_lite_chart")) == 4      # grid, translator, timeline, picker strip

@@ -57,7 +57,7 @@ def test_seed_example_defaults_by_hand() -> None:
     assert pool.tables == {"A": (0, 1, 5, 8), "C": (3, 4, 7, 10), "D": (11, 12, 13, 14)}
     assert ex.d_table == (11, 12, 13, 14)
     assert pool.free_blocks == 4
-    assert ex.pool_message == "D's 4 tokens take 4 block(s) of 1: block table [11, 12, 13, 14]"
+    assert ex.pool_message == "D's 4 tokens take 4 blocks of 1: block table [11, 12, 13, 14]"
 
 
 def test_seed_example_agrees_with_the_scenario_file() -> None:

@@ -175,7 +175,7 @@ def test_export_import_export_gives_the_same_file(media: Media) -> None:
     other = start()
     upload(other, exported, "prefix.json")
     assert [s.value for s in other.success] == [
-        "Restored the snapshot in 'prefix.json': step 5, 3 request(s), 48 blocks of 4 slots, "
+        "Restored the snapshot in 'prefix.json': step 5, 3 requests, 48 blocks of 4 slots, "
         "K/V recomputed from the tokens. Keep working from here."]
     assert playground_state(other) == exported
     assert media.download(other, "dl_snapshot") == exported
@@ -226,7 +226,7 @@ def _free_block_in_a_table(snap: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (_bump_ref_count, "inconsistent snapshot: block 0 has ref_count 4 but 3 block table(s) "
+    (_bump_ref_count, "inconsistent snapshot: block 0 has ref_count 4 but 3 block tables "
                       "hold it"),
     (_wrong_state, "inconsistent snapshot: block 0 is listed as 'free' but its ref_count and "
                    "hash make it 'used'"),
@@ -237,7 +237,7 @@ def _free_block_in_a_table(snap: dict[str, Any]) -> None:
     (_block_in_two_states, "inconsistent snapshot: free_queue must list every block with "
                            "ref_count 0 exactly once"),
     (_free_block_in_a_table, "inconsistent snapshot: block 1 has ref_count 3 but 2 block "
-                             "table(s) hold it"),
+                             "tables hold it"),
 ], ids=["ref-count-bumped", "block-in-wrong-state", "tokens-do-not-fit", "counts-disagree",
         "block-in-two-states", "free-block-in-a-table"])
 def test_an_inconsistent_snapshot_is_refused_and_the_state_kept(change: Any,

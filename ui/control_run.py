@@ -10,6 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.control import ControlReport, compare_with_control
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
@@ -86,7 +87,8 @@ def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
             return
         count, result = kept
         if count != len(oplog.ops):
-            st.caption(f"As of {count} operation(s); the session has {len(oplog.ops)} now: "
+            st.caption(f"As of {counted(count, 'operation')}; the session has "
+                       f"{len(oplog.ops)} now: "
                        "run it again to include them.")
         if isinstance(result, str):
             st.error(plain_md(result))

@@ -198,7 +198,8 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
             before = ("" if kept is None else f" The state it replaced stays saved as session "
                       f"{store.short(kept)}, under Recent sessions.")
             sess.flash("success", f"Restored {source}: step {engine.step}, "
-                                  f"{len(engine.requests)} request(s), {c.num_blocks} blocks "
+                                  f"{counted(len(engine.requests), 'request')}, "
+                                  f"{counted(c.num_blocks, 'block')} "
                                   f"of {counted(c.block_size, 'slot')}, K/V recomputed from the "
                                   f"tokens. Keep working from here.{before}")
     collect()

@@ -20,6 +20,7 @@ import streamlit as st
 from backend import views
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.io.export import (
     TABLES,
     TableName,
@@ -99,8 +100,8 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
         first, last = run[0]["step"], run[-1]["step"]
         _button(c[3], "Run (zip)", partial(_zip, run),
                 f"{stem}-run.zip", "application/zip", f"{prefix}dl_zip",
-                f"The whole run: {len(run)} snapshot(s), one per step, steps {first}–{last} "
-                f"(step-NNNN.json). {run_help}")
+                f"The whole run: {counted(len(run), 'snapshot')}, one per step, steps "
+                f"{first}–{last} (step-NNNN.json). {run_help}")
     else:
         c[3].caption("No steps yet: the run's zip appears after the first step.")
     # The tables three to a row, a row per format: six to a row cut every label short.
@@ -177,7 +178,8 @@ def _scenario_bytes(config: EngineConfig, base: Snapshot | None, ops: tuple[dict
     scenario = OpLog(base, list(ops)).scenario(
         config, final, known, name=f"playground-session-step-{final['step']}",
         description=f"A PagedLab Playground session exported at step {final['step']} with "
-                    f"{n} request(s); each step's expect values are what the session showed.")
+                    f"{counted(n, 'request')}; each step's expect values are what the session "
+                    "showed.")
     return scenario_json(scenario).encode()
 
 

@@ -16,6 +16,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from backend import views
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.kernels import TorchKernels
 from backend.views import Snapshot
@@ -208,10 +209,11 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
     finished = len(snap["requests"]) - len(live)
     notes = []
     if hidden:
-        notes.append(f"{hidden} more running or waiting request(s): highlight one to show it "
-                     "first")
+        notes.append(f"{counted(hidden, 'more running or waiting request')}: highlight one "
+                     "to show it first")
     if finished:
-        notes.append(f"{finished} finished request(s) hold no blocks")
+        notes.append(f"{counted(finished, 'finished request')} "
+                     f"{'holds' if finished == 1 else 'hold'} no blocks")
     if notes:
         st.caption("; ".join(notes) + ".")
 
@@ -300,6 +302,7 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
                       "attention and no cache, and compare them with the paged state."):
         v = engine.verify_recomputation()
         st.success(
-            f"{v.num_requests} request(s), {v.num_tokens} tokens recomputed without "
+            f"{counted(v.num_requests, 'request')}, {counted(v.num_tokens, 'token')} "
+            "recomputed without "
             f"paging: max |K/V in the blocks − recomputed| = {v.max_kv_err:.2g}, "
             f"max |logits − recomputed| = {v.max_logit_err:.2g}.")

@@ -35,6 +35,7 @@ from typing import Any
 import streamlit as st
 from streamlit.runtime.scriptrunner import RerunException, StopException
 
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Grow, Op, Shuffle, Step
 from backend.sessions.progress import Work, WorkState, tracker
@@ -199,7 +200,7 @@ def label_of(op: Op) -> str:
         case Add():
             return f"Adding request {op.request}: prefilling its prompt through the model"
         case Grow():
-            return f"Growing {op.request} by {op.tokens} token(s), one model step each"
+            return f"Growing {op.request} by {counted(op.tokens, 'token')}, one model step each"
         case Shuffle():
             return "Moving every used block and its K/V"
     return f"Applying {op.op}"

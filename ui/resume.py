@@ -25,8 +25,8 @@ STARTED = "store_started"   # set once the first run's reopening was tried
 
 def _describe(engine: Engine) -> str:
     c = engine.config
-    return (f"step {engine.step}, {len(engine.requests)} request(s), {c.num_blocks} blocks "
-            f"of {counted(c.block_size, 'slot')}")
+    return (f"step {engine.step}, {counted(len(engine.requests), 'request')}, "
+            f"{counted(c.num_blocks, 'block')} of {counted(c.block_size, 'slot')}")
 
 
 def _load_model_of(sid: str) -> Shown:

@@ -24,6 +24,7 @@ from backend.core.config import (
     REAL_MODELS,
     EngineConfig,
 )
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.kernels import select_kernels
 from backend.sessions.playground import (
@@ -264,8 +265,9 @@ def _confirm_or_apply() -> None:
         return
     st.session_state[session.PENDING] = True
     engine = session.get_engine()
-    st.warning(f"These settings need a new engine: the current {len(engine.requests)} "
-               f"request(s) and {engine.step} step(s) will be discarded.")
+    st.warning(f"These settings need a new engine: the current "
+               f"{counted(len(engine.requests), 'request')} and "
+               f"{counted(engine.step, 'step')} will be discarded.")
     c1, c2 = st.columns(2)
     c1.button("Apply and reset", key="btn_apply_config", type="primary",
               on_click=engine_actions.apply_pending, width="stretch")

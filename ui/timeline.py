@@ -25,6 +25,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.engine.timeline import COLUMNS
 from backend.io.export import to_csv, to_parquet
@@ -145,9 +146,10 @@ def section(engine: Engine, history: History) -> None:
     scheduled = sum(r[SCHEDULED_COLUMN] for r in rows)
     first, last = rows[0][0], rows[-1][0]
     dropped = f" (the oldest {tl.dropped:,} dropped)" if tl.dropped else ""
-    st.caption(f"{len(rows):,} rows, iterations {first}–{last}{dropped}: {scheduled:,} "
-               f"scheduler iteration(s) and {len(rows) - scheduled:,} other operation(s). "
-               + NOT_SAVED)
+    span = f"iteration {first}" if first == last else f"iterations {first}–{last}"
+    st.caption(f"{counted(len(rows), 'row')}, {span}{dropped}: "
+               f"{counted(scheduled, 'scheduler iteration')} and "
+               f"{counted(len(rows) - scheduled, 'other operation')}. " + NOT_SAVED)
     _picker(first, last)
     with st.expander("Chart, latencies and downloads", key="tl_open",
                      on_change="rerun") as box:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Shuffle, check_request_id
 from backend.engine.prompts import prompt_ids
 from backend.engine.request import Request
@@ -126,8 +127,9 @@ def grow(engine: Engine, op: Grow) -> None:
     free = engine.manager.num_free_blocks
     if needed > free:
         raise PagedLabError(
-            f"request {req.id!r} needs {needed} free block(s) to grow by {n} token(s) but "
-            f"only {free} are free; finish a request, or use step, which preempts")
+            f"request {req.id!r} needs {counted(needed, 'free block')} to grow by "
+            f"{counted(n, 'token')} but only {free} are free; finish a request, or use step, "
+            "which preempts")
     for _ in range(n):
         engine.decode([(req, engine.take_next_token(req))])
         if req.stopped:

@@ -28,6 +28,7 @@ from typing import Any
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.ops import (
     INHERIT,
     Add,
@@ -123,8 +124,9 @@ def export_scenario(config: EngineConfig, ops: Sequence[dict[str, Any]],
     by_step = {s["step"]: s for s in known}
     last = first_step + len(ops) - 1
     if ops and final["step"] != last:
-        raise PagedLabError(f"the final snapshot is step {final['step']}, but {len(ops)} "
-                         f"operation(s) from step {first_step} end at step {last}")
+        raise PagedLabError(f"the final snapshot is step {final['step']}, but "
+                            f"{counted(len(ops), 'operation')} from step {first_step} end at "
+                            f"step {last}")
     steps = []
     for i, raw in enumerate(ops):
         step = first_step + i

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from backend.core.errors import IntegrityError, OutOfBlocksError, PagedLabError
+from backend.core.words import counted
 from backend.lab.contiguous_render import render_segments
 from backend.lab.contiguous_types import (
     FitAnswer,
@@ -280,7 +281,7 @@ class ContiguousArena:
         if self.tokens_total != sum(r.tokens for r in self._slots.values()):
             problems.append("tokens_total disagrees with a recount")
         if problems:
-            raise IntegrityError(f"{len(problems)} arena invariant(s) broken: "
+            raise IntegrityError(f"{counted(len(problems), 'arena invariant')} broken: "
                                  + "; ".join(problems))
 
     # ---- mutations ---------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend.core.errors import OutOfBlocksError
+from backend.core.words import counted
 from backend.paging.block_pool import Block
 from backend.paging.block_tables import BlockTables
 from backend.paging.block_types import (
@@ -174,8 +175,8 @@ class BlockManager(BlockTables):
         needed = self._blocks_needed(seq, n)
         if needed > self.pool.num_free:
             raise OutOfBlocksError(
-                f"request {seq_id!r} needs {needed} free block(s) for {n} more token(s) "
-                f"but only {self.pool.num_free} are free")
+                f"request {seq_id!r} needs {counted(needed, 'free block')} for "
+                f"{counted(n, 'more token')} but only {self.pool.num_free} are free")
         bs = self.block_size
         cow = None
         table = seq.block_table

@@ -10,6 +10,8 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
+from backend.core.words import counted
+
 EventKind = Literal["alloc", "free", "share", "cow", "prefix_hit", "evict", "preempt", "move",
                     "swap_out", "swap_in"]
 EVENT_KINDS: tuple[EventKind, ...] = (
@@ -110,7 +112,7 @@ def describe(event: Event, swapped: bool = False) -> str:
             return f"{who} took free block {b}"
         case "free":
             if rc:
-                return f"{who} released block {b}; still held by {rc} other holder(s)"
+                return f"{who} released block {b}; still held by {counted(rc, 'other holder')}"
             # The event does not say whether the block keeps a prefix-cache key: a full
             # block of a prefix-caching pool stays "cached" (a hit) until it is reused.
             return (f"{who} released block {b}; no one holds it (ref count 0), so it is back "

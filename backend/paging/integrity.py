@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from backend.core.errors import IntegrityError
+from backend.core.words import counted
 from backend.paging.block_pool import BlockPool
 from backend.paging.block_types import AllocatorMetrics, SeqBlocks
 from backend.paging.hashing import block_digest
@@ -101,7 +102,7 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
         state = block.state
         if block.ref_count != holders[block.id]:
             problems.append(f"block {block.id} has ref count {block.ref_count} but "
-                            f"{holders[block.id]} table(s) hold it")
+                            f"{counted(holders[block.id], 'table')} hold it")
         if (block.id in in_queue) != (block.ref_count == 0) or block.in_queue != (
                 block.id in in_queue):
             problems.append(f"block {block.id} is {state} but "
@@ -152,4 +153,5 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
     if m.used_blocks + m.cached_blocks + m.free_blocks != m.num_blocks:
         problems.append("used + cached + free != num_blocks")
     if problems:
-        raise IntegrityError(f"{len(problems)} invariant(s) broken: " + "; ".join(problems[:8]))
+        raise IntegrityError(f"{counted(len(problems), 'invariant')} broken: "
+                             + "; ".join(problems[:8]))

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from backend.core.words import counted
 from backend.engine.control import ControlReport
 
 CONTROL_COLUMNS = ["request", "tokens compared", "same tokens", "first difference",
@@ -33,7 +34,7 @@ def control_sentence(report: ControlReport) -> str:
     if bad:
         first = bad[0]
         return (f"Different: request {first.request}'s token {first.first_mismatch} is not "
-                f"the control's ({len(bad)} request(s) differ), and the next-token logits "
+                f"the control's ({counted(len(bad), 'request')} differ), and the next-token logits "
                 f"differ by up to {diff}. Something in this run read K/V the control did "
                 "not.")
     return (f"Different: every token is the same, but the next-token logits, {where}, "

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.core.words import counted
+
 Snapshot = dict[str, Any]
 HOST_POOL = "host"
 
@@ -50,4 +52,5 @@ def host_summary(snap: Snapshot) -> str:
     used, total = m.get("cpu_used_blocks", 0), len(snap["cpu_blocks"])
     who = ", ".join(swapped) if swapped else "no request"
     return (f"Host pool: {used} of {total} blocks hold swapped-out K/V ({who}); "
-            f"{m.get('swap_outs', 0)} swap-out(s), {m.get('swap_ins', 0)} swap-in(s) so far.")
+            f"{counted(m.get('swap_outs', 0), 'swap-out')}, "
+            f"{counted(m.get('swap_ins', 0), 'swap-in')} so far.")

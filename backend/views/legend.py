@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import altair as alt
 
+from backend.core.words import counted
 from backend.views.grid import (
     CACHED_DASH,
     CACHED_FILL,
@@ -83,8 +84,8 @@ def _export_entries(snap: Snapshot) -> list[LegendEntry]:
              else LegendEntry("owner", e.text[:MAX_EXPORT_ID_CHARS - 1] + "…", e.fill, e.opacity)
              for e in owners[:MAX_EXPORT_OWNERS]]
     if len(owners) > MAX_EXPORT_OWNERS:
-        shown.append(LegendEntry("more", f"… and {len(owners) - MAX_EXPORT_OWNERS} more "
-                                         "request(s)"))
+        more = counted(len(owners) - MAX_EXPORT_OWNERS, "more request")
+        shown.append(LegendEntry("more", f"… and {more}"))
     return shown + rest
 
 

@@ -377,6 +377,6 @@ def kernel_info(snap: Snapshot) -> KernelInfo:
         backend=k["backend"], device=k["device"],
         time_ms="—" if ms is None else f"{ms:.1f} ms",
         max_abs_err="—" if err is None else f"{err:.1e}",
-        batch=f"{seqs} sequence(s), {toks} query token(s)" if seqs else "—",
+        batch=f"{counted(seqs, 'sequence')}, {counted(toks, 'query token')}" if seqs else "—",
         ran=ms is not None,
     )
