@@ -188,12 +188,18 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
         # page rather than during the first Add (the costliest part of that click).
         st.caption("No requests yet: each one added gets a row here.")
     widths, row_height = views.requests_layout(df)
-    # An empty table still has one row's height, for its "empty" line.
-    rows = (row_height or 35) * max(len(df), 1)
+    # An empty table still has one row's height, for its "empty" line. Past a dozen
+    # rows (six tall ones) the table scrolls, and says so: its grid shows no scrollbar
+    # until the pointer is over it.
+    row = row_height or 35
+    visible = 12 if row_height is None else 6
     st.dataframe(df, hide_index=True, width="stretch", row_height=row_height,
-                 height=min(35 + rows + 3, 320 if row_height is None else 420),
+                 height=35 + row * min(max(len(df), 1), visible) + 3,
                  column_config={c: st.column_config.Column(help=h, width=widths.get(c))
                                 for c, h in views.REQUEST_COLUMN_HELP.items()})
+    if len(df) > visible:
+        st.caption(f"{len(df)} requests, {visible} in view: scroll the table for the "
+                   "rest.")
     for group in views.beam_groups(snap):
         _beam_group(snap, group)
     live = [r["id"] for r in snap["requests"] if r["status"] != "finished"]

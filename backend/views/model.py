@@ -164,27 +164,47 @@ def request_of(snap: Snapshot, request_id: str) -> dict[str, Any]:
     raise KeyError(request_id)
 
 
-def table_text(table: list[int], num_tokens: int, block_size: int) -> str:
-    """'0→9 · 1→2 · 2→14 (1/4)': logical → physical, the partial last block marked."""
+def table_text(table: list[int], num_tokens: int, block_size: int,
+               max_chars: int | None = None) -> str:
+    """'0→9 · 1→2 · 2→14 (1/4)': logical → physical, the partial last block marked.
+
+    Longer than `max_chars`, the middle entries give way to "… N more …", so that the
+    first entries and the last (with its fill) still show, none cut in half.
+    """
     if not table:
         return "—"
     parts = [f"{i}→{b}" for i, b in enumerate(table)]
     tail = num_tokens - (len(table) - 1) * block_size
     if tail < block_size:
         parts[-1] += f" ({tail}/{block_size})"
-    return " · ".join(parts)
+    text = " · ".join(parts)
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    # The most entries that fit, split between the two ends (the front one more).
+    def ends(keep: int) -> str:
+        front, back = parts[:(keep + 1) // 2], parts[len(parts) - keep // 2:]
+        return " · ".join([*front, f"… {len(parts) - keep} more …", *back])
+
+    shown = ends(2)
+    for keep in range(3, len(parts)):
+        longer = ends(keep)
+        if len(longer) > max_chars:
+            break
+        shown = longer
+    return shown
 
 
 BLOCK_TABLE_COLUMN = "block table (logical→physical)"
 # The block tables' columns: widths (px) their headers and values fit in ("finished
 # (max new tokens)", "generated").
-# Together about the 980 px a 1440 px window gives the table beside the sidebar; the
-# block table has the most, and a wider table grows every column in proportion.
+# Together at most the 940 px a 1400 px window gives the table beside the sidebar (a
+# wider table grows every column in proportion; a narrower one would hide the block
+# table's end): the block table takes the rest, less while beams add a "log p" column.
 REQUEST_COLUMN_WIDTHS: dict[str, int] = {
     "request": 76, "status": 166, "parent": 60, "prompt": 62, "generated": 82,
-    "tokens": 60, "blocks": 58, "preempted": 82, BLOCK_TABLE_COLUMN: 330, "log p": 70,
+    "tokens": 60, "blocks": 58, "preempted": 82, BLOCK_TABLE_COLUMN: 280, "log p": 70,
 }
-TABLE_LINE_CHARS = 48     # characters of a block table one line of its column surely holds
+CHAR_PX = 6               # a block table's characters average 5.4 px; breaks fall short
 LINE_PX = 20
 MAX_TABLE_LINES = 4
 
@@ -215,6 +235,9 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
     bs = int(snap["config"]["block_size"])
     rows = []
     beams = any("beam_width" in req for req in snap["requests"])
+    # What MAX_TABLE_LINES lines of the column hold, less half a line for the breaks.
+    per_line = _table_width(beams) // CHAR_PX
+    max_chars = MAX_TABLE_LINES * per_line - per_line // 2
     for req in snap["requests"]:
         cum = req.get("cum_logprob")
         rows.append({
@@ -229,7 +252,7 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
             "preempted": req["num_preemptions"],
             # The table covers the computed tokens (all, unless still prefilling).
             BLOCK_TABLE_COLUMN: ("host " if req["status"] == "swapped" else "")
-            + table_text(req["block_table"], computed_tokens(req), bs),
+            + table_text(req["block_table"], computed_tokens(req), bs, max_chars),
         })
     # The block table last: it is the one that grows, and it takes the rest of the row.
     cols = ["request", "status", "parent", *(["log p"] if beams else []), "prompt",
@@ -237,19 +260,27 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def _table_width(beams: bool) -> int:
+    """The block table column's width (px): the "log p" column, when shown, takes its share."""
+    return REQUEST_COLUMN_WIDTHS[BLOCK_TABLE_COLUMN] - (REQUEST_COLUMN_WIDTHS["log p"]
+                                                         if beams else 0)
+
+
 def requests_layout(df: pd.DataFrame) -> tuple[dict[str, int], int | None]:
     """The block tables' column widths (px) and row height (None: one line) for `df`.
 
-    Every column gets a width its header and values fit in, the block table
-    most of the row. A table longer than a line of it gets rows of three or four
-    lines, which Streamlit wraps the text in (rows over 64 px); longer still, the
-    layouts under the table show every entry.
+    Every column gets a width its header and values fit in, the block table the
+    rest of the row. A table longer than a line of it gets rows of three or four
+    lines, which Streamlit wraps the text in (rows over 64 px); longer still,
+    `requests_frame` shows its ends, and the layouts under the table every entry.
     """
+    beams = "log p" in df.columns
+    widths = {**REQUEST_COLUMN_WIDTHS, BLOCK_TABLE_COLUMN: _table_width(beams)}
     longest = int(df[BLOCK_TABLE_COLUMN].str.len().max()) if len(df) else 0
-    lines = -(-longest // TABLE_LINE_CHARS)
+    lines = -(-longest // (widths[BLOCK_TABLE_COLUMN] // CHAR_PX))
     if lines <= 1:
-        return REQUEST_COLUMN_WIDTHS, None
-    return REQUEST_COLUMN_WIDTHS, LINE_PX * min(MAX_TABLE_LINES, max(3, lines)) + 8
+        return widths, None
+    return widths, LINE_PX * min(MAX_TABLE_LINES, max(3, lines)) + 8
 
 
 def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
