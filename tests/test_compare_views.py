@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.engine.control import ControlReport, RequestComparison
 from backend.engine.measure import PreemptionRun
 from backend.lab.compare.block_sizes import block_size_sweep, trace_block_sweep
 from backend.lab.compare.memory_maps import MapSegment, replay_maps, small_trace
@@ -20,6 +22,7 @@ from backend.lab.sim.simulator import SimConfig, simulate, simulate_workload
 from backend.lab.workloads import Trace
 from backend.views.compare import charts, preemptions, swap_recompute, tables
 from backend.views.compare import frames as views
+from backend.views.control import control_sentence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -412,3 +415,19 @@ def test_the_preemption_note_says_whether_this_paged_run_preempted() -> None:
     y = charts.policy_bars(m, "preemptions", "Preemptions", integer=True).to_dict()
     y = y["layer"][0]["encoding"]["y"]
     assert y["scale"] == {"domain": [0, 1]} and y["axis"]["values"] == [0, 1]
+
+
+def test_the_control_sentence_says_what_its_logit_comparison_found() -> None:
+    def report(positions: int, diff: float) -> ControlReport:
+        return ControlReport((RequestComparison("A", [1, 2, 3], [1, 2, 3], None, positions,
+                                                diff),), (), EngineConfig())
+
+    start = "Same: all 3 tokens that both runs reached are identical in a control run"
+    said = control_sentence(report(0, 0.0))
+    assert said.startswith(start)
+    assert said.endswith("The next-token logits were not compared at any position yet.")
+    # Equal logits need no excuse of arithmetic order.
+    assert control_sentence(report(2, 0.0)).endswith(
+        "The next-token logits, compared at 2 positions, are exactly equal.")
+    assert control_sentence(report(2, 3e-5)).endswith(
+        "differ by at most 3.0e-05: float arithmetic in another order (tolerance 1e-03).")

@@ -180,6 +180,9 @@ def test_export_import_export_gives_the_same_file(media: Media) -> None:
     assert playground_state(other) == exported
     assert media.download(other, "dl_snapshot") == exported
     assert "Last upload, prefix.json: restored." in [c.value for c in other.caption]
+    # Its timeline starts there, and says where rather than that nothing ran.
+    assert any(c.value.startswith("Nothing run since this engine was restored at step 5: ")
+               for c in other.caption)
     # The config came with it; the sidebar shows it and nothing is pending.
     assert other.sidebar.number_input(key="cfg_num_blocks").value == 48
     assert not other.warning
@@ -260,7 +263,10 @@ def test_an_inconsistent_snapshot_is_refused_and_the_state_kept(change: Any,
                               "byte 0xc3 in position 7: invalid continuation byte"),
     (b"[]", "snapshot must be a JSON object"),
     (b"{}", "snapshot: missing field 'schema_version'"),
-], ids=["truncated", "not-utf8", "a-list", "empty-object"])
+    (b'{"name": "s", "config": {}, "steps": []}', "snapshot: missing field "
+     "'schema_version'; this is a scenario file (it has 'steps'): open it on the Scenarios "
+     "page, or run it with python -m backend run"),
+], ids=["truncated", "not-utf8", "a-list", "empty-object", "a-scenario"])
 def test_a_malformed_snapshot_is_refused(data: bytes, message: str) -> None:
     at = shared_state()
     before = playground_state(at)

@@ -381,6 +381,10 @@ def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
         "step 2 is the state before it."]
     assert viewed_step(at) == 2 and at.button(key="tour_next").disabled
     assert run_of(at).engine.step == 2
+    # No "Next: step 3" beside a disabled Next: the narration says the run ends here.
+    said = [c.value for c in at.caption]
+    assert "Step 3, `grow Z +1`, was refused: the run ends here." in said
+    assert not [c for c in said if c.startswith("Next: step 3")]
     # Picking a shipped scenario again works as before.
     at.selectbox(key="tour_pick").select("03-growth").run()
     assert run_of(at).key == "03-growth" and not at.error

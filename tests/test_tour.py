@@ -111,6 +111,12 @@ def test_scenario_uploads_are_parsed_as_bounded_json() -> None:
         parse_scenario_upload(b" " * ((4 << 20) + 1), "s.json")
     with pytest.raises(PagedLabError, match="there is no scenario 'nope'"):
         shipped_scenario("nope")
+    # A snapshot is the other JSON file PagedLab reads: the refusal says where it goes.
+    snap = json.dumps(export_snapshot(TourRun(shipped_scenario("08-fork-copy-on-write"), "08",
+                                              "t", kernel="torch").engine)).encode()
+    with pytest.raises(PagedLabError, match=r"^s\.json: .*; this is a snapshot \(it has "
+                       r"'schema_version'\): upload it on the Playground"):
+        parse_scenario_upload(snap, "s.json")
 
 
 def test_the_arena_map_follows_the_contiguous_mirror() -> None:

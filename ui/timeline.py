@@ -139,8 +139,11 @@ def section(engine: Engine, history: History) -> None:
     latency table and the downloads."""
     rows = _rows(engine)
     if not rows:
-        st.caption("Nothing run yet: each operation adds a row, each scheduler iteration "
-                   "of a step one more. " + NOT_SAVED)
+        # A restored or reopened engine starts a new timeline at the step it holds.
+        since = ("yet" if not engine.step else
+                 f"since this engine was restored at step {engine.step}")
+        st.caption(f"Nothing run {since}: each operation adds a row, each scheduler "
+                   "iteration of a step one more. " + NOT_SAVED)
         return
     tl = engine.timeline
     scheduled = sum(r[SCHEDULED_COLUMN] for r in rows)

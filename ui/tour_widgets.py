@@ -210,7 +210,11 @@ def narration(run: TourRun, frame: Frame) -> None:
                 st.caption(f"{bad} of {counted(n, 'narrated number')} "
                            f"{'differs' if bad == 1 else 'differ'} from what the engine shows.")
         upcoming = run.next_label(frame.step)
-        if upcoming is not None:
+        if upcoming is not None and run.error is not None and frame.step == run.taken:
+            # The engine refused it (the message is above): there is no going on.
+            st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, was refused: the run "
+                       "ends here.")
+        elif upcoming is not None:
             st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}.")
         elif frame.step == run.total:
             st.caption("This is the last step.")

@@ -155,6 +155,11 @@ def parse_snapshot_text(text: str | bytes) -> dict[str, Any]:
     data = decode_json(text, "snapshot")
     if not isinstance(data, dict):
         raise PagedLabError("snapshot must be a JSON object")
+    if "schema_version" not in data and "steps" in data:
+        # The other JSON file PagedLab reads: say which one this is and where it goes.
+        raise PagedLabError("snapshot: missing field 'schema_version'; this is a scenario "
+                            "file (it has 'steps'): open it on the Scenarios page, or run "
+                            "it with python -m backend run")
     return data
 
 

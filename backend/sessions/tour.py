@@ -83,7 +83,11 @@ def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
     try:
         return parse_scenario(raw)
     except PagedLabError as exc:
-        raise PagedLabError(f"{filename}: {exc}") from None
+        hint = ("; this is a snapshot (it has 'schema_version'): upload it on the Playground "
+                "to continue from its state"
+                if isinstance(raw, dict) and "schema_version" in raw and "steps" not in raw
+                else "")
+        raise PagedLabError(f"{filename}: {exc}{hint}") from None
 
 
 def parse_step(text: str, total: int) -> int | None:

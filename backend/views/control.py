@@ -26,10 +26,14 @@ def control_sentence(report: ControlReport) -> str:
     where = (f"compared at {report.positions_compared:,} positions" if
              report.positions_compared else "not compared at any position yet")
     if report.agrees:
-        return (f"Same: all {tokens:,} tokens that both runs reached are identical in a "
-                f"control run with {WITHOUT}. The next-token logits, {where}, differ by at "
-                f"most {diff}: float arithmetic in another order (tolerance "
-                f"{report.tolerance:.0e}).")
+        same = (f"Same: all {tokens:,} tokens that both runs reached are identical in a "
+                f"control run with {WITHOUT}.")
+        if not report.positions_compared:
+            return f"{same} The next-token logits were not compared at any position yet."
+        if report.max_logit_diff == 0:
+            return f"{same} The next-token logits, {where}, are exactly equal."
+        return (f"{same} The next-token logits, {where}, differ by at most {diff}: float "
+                f"arithmetic in another order (tolerance {report.tolerance:.0e}).")
     bad = [r for r in report.requests if not r.same]
     if bad:
         first = bad[0]
