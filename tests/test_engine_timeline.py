@@ -88,13 +88,20 @@ def test_latencies_in_iterations() -> None:
     e.apply(parse_op({"op": "add", "request": "B", "prompt_len": 3, "max_new_tokens": 2}))
     e.apply(parse_op({"op": "step", "count": 5}))
     lat = latency_frame(e.timeline).set_index("request")
-    # A: added in row 0, first token in row 1 (the first step), one token per step.
+    # Rows: 0 add A, 1-2 steps, 3 add B, 4-8 steps. Times are rows, as the chart numbers
+    # them; TTFT and TPOT count scheduler iterations (B's add is none).
+    # A: added in row 0, first token in row 1 (the first step), one token per step: its
+    # fifth in row 6, the third step after B's add.
     assert lat.loc["A", "arrived"] == 0 and lat.loc["A", "first_token"] == 1
     assert lat.loc["A", "ttft_iterations"] == 1
     assert lat.loc["A", "tpot_iterations"] == 1.0
-    assert lat.loc["A", "generated"] == 5 and lat.loc["A", "finished"] == 5
-    # B: added in row 3, first token in row 4.
+    assert lat.loc["A", "generated"] == 5 and lat.loc["A", "finished"] == 6
+    # B: added in row 3, first token in row 4, its second and last in row 5.
+    assert (lat.loc["B", "arrived"], lat.loc["B", "first_token"], lat.loc["B", "finished"]) \
+        == (3, 4, 5)
     assert lat.loc["B", "ttft_iterations"] == 1 and lat.loc["B", "generated"] == 2
+    rows = {r[0]: r for r in e.timeline.rows}
+    assert rows[3][2] == 0 and rows[4][2] == 1          # `scheduled`: the add, a step
     assert (lat["ttft_ms"] >= 0).all() and (lat["tpot_ms"].dropna() >= 0).all()
 
 

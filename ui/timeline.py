@@ -53,9 +53,9 @@ HELP = ("The engine's run, one row per scheduler iteration and per other operati
 
 LATENCY_HELP: dict[str, str] = {
     "request": "The request's id.",
-    "arrived": "Scheduler iterations run before its add.",
-    "first_token": "The scheduler iteration that produced its first token.",
-    "finished": "The scheduler iteration in which it finished.",
+    "arrived": "The row (iteration, as the chart numbers them) of its add.",
+    "first_token": "The row whose scheduler iteration produced its first token.",
+    "finished": "The row in which it finished.",
     "generated": "Tokens it generated.",
     "ttft_iterations": "Time to first token, in scheduler iterations from its add.",
     "tpot_iterations": "Time per output token after the first, in scheduler iterations.",

@@ -8,9 +8,11 @@ out of date between two rows; `iteration` numbers the rows. `step` is the
 operation a row belongs to: the Playground keeps each operation's state, so a
 row leads back to the grid as it was after it.
 
-Latencies are counted in scheduler iterations (rows with `scheduled` 1; an
-`add` between two of them is not one) and in measured wall time of the
-engine's own work (what a user waited for):
+Each request's arrival, first token and finish are stamped with the row they
+happened in (the `iteration` a chart of the rows shows them at). Latencies are
+counted in scheduler iterations (rows with `scheduled` 1; an `add` between two
+of them is not one) and in measured wall time of the engine's own work (what a
+user waited for):
 
     time to first token (TTFT)   from the `add` to the request's first token
     time per output token (TPOT) from the first token to the last, over the tokens
@@ -43,16 +45,20 @@ MAX_ROWS = 100_000
 @dataclass(slots=True)
 class RequestTimes:
     """When a request arrived, produced its first and last tokens and finished: in
-    scheduler iterations run so far, and seconds on the engine's clock (None: not yet)."""
+    scheduler iterations run so far, in seconds on the engine's clock, and (`*_row`) as
+    the row of the timeline it happened in. None: not yet."""
 
     arrived: int
     arrived_s: float
+    arrived_row: int
     first_token: int | None = None
     first_token_s: float | None = None
+    first_token_row: int | None = None
     last_token: int | None = None
     last_token_s: float | None = None
     finished: int | None = None
     finished_s: float | None = None
+    finished_row: int | None = None
     num_generated: int = 0
 
 
@@ -120,15 +126,18 @@ class EngineTimeline:
         return self.iterations_run + (1 if self._in_iteration else 0)
 
     def arrived(self, request_id: str) -> None:
-        """Mutates: `request_id` was added (it arrives with the iteration to come)."""
-        self.requests[request_id] = RequestTimes(self.iterations_run, self.now())
+        """Mutates: `request_id` was added (it arrives with the iteration to come; the
+        row being written is the add's)."""
+        self.requests[request_id] = RequestTimes(self.iterations_run, self.now(),
+                                                 self.iteration)
 
     def forked(self, parent: str, child: str) -> None:
         """Mutates: `child` was forked from `parent` for parallel sampling: it arrived
         with its parent's `add`."""
         t = self.requests.get(parent)
-        self.requests[child] = (RequestTimes(self.iterations_run, self.now()) if t is None
-                                else RequestTimes(t.arrived, t.arrived_s))
+        self.requests[child] = (
+            RequestTimes(self.iterations_run, self.now(), self.iteration) if t is None
+            else RequestTimes(t.arrived, t.arrived_s, t.arrived_row))
 
     def generated(self, request_id: str) -> None:
         """Mutates: `request_id` produced a token in the iteration being recorded."""
@@ -137,14 +146,14 @@ class EngineTimeline:
             return
         now, at = self.now(), self._at()
         if t.first_token is None:
-            t.first_token, t.first_token_s = at, now
+            t.first_token, t.first_token_s, t.first_token_row = at, now, self.iteration
         t.last_token, t.last_token_s = at, now
         t.num_generated += 1
 
     def finished(self, request_id: str) -> None:
         t = self.requests.get(request_id)
         if t is not None and t.finished is None:
-            t.finished, t.finished_s = self._at(), self.now()
+            t.finished, t.finished_s, t.finished_row = self._at(), self.now(), self.iteration
 
     def record(self, step: int, row: tuple[int, ...]) -> None:
         """Mutates: what just ran, as a row without its `iteration`, `step` and `scheduled`

@@ -36,10 +36,12 @@ def timeline_frame(tl: EngineTimeline, num_blocks: int, block_size: int) -> pd.D
 def latency_frame(tl: EngineTimeline) -> pd.DataFrame:
     """One row per request the timeline saw arrive, in arrival order.
 
-    TTFT counts from the `add` to the first token; TPOT is the time from the
-    first token to the last over the tokens after the first (empty until a
-    request has two). Iterations are the scheduler's; milliseconds are the
-    engine's work time, not time spent between clicks.
+    `arrived`, `first_token` and `finished` are rows of the timeline (its
+    `iteration`, as the chart numbers them). TTFT counts from the `add` to the
+    first token; TPOT is the time from the first token to the last over the
+    tokens after the first (empty until a request has two). Their iterations are
+    the scheduler's; milliseconds are the engine's work time, not time spent
+    between clicks.
     """
     rows = []
     for rid, t in tl.requests.items():
@@ -51,8 +53,8 @@ def latency_frame(tl: EngineTimeline) -> pd.DataFrame:
             assert t.first_token_s is not None and t.last_token_s is not None
             tpot = (t.last_token - t.first_token) / (t.num_generated - 1)
             tpot_ms = (t.last_token_s - t.first_token_s) * 1e3 / (t.num_generated - 1)
-        rows.append((rid, t.arrived, t.first_token, t.finished, t.num_generated, ttft, tpot,
-                     ttft_ms, tpot_ms))
+        rows.append((rid, t.arrived_row, t.first_token_row, t.finished_row, t.num_generated,
+                     ttft, tpot, ttft_ms, tpot_ms))
     df = pd.DataFrame(rows, columns=list(LATENCY_COLUMNS))
     for col in ("arrived", "first_token", "finished", "generated", "ttft_iterations"):
         df[col] = df[col].astype("Int64")
