@@ -103,6 +103,9 @@ def test_block_size_and_sharing_sections_show_backend_numbers(page: AppTest) -> 
     assert tables.sharing_sentence(recorded) in text(page)
     assert "(paper: 6.1% to 9.8%)" in text(page)
     assert "(paper: 37.6% to 55.2%)" in text(page)
+    # Each chart's shaded band is named: the paper's range.
+    assert text(page).count("Shaded band: the paper's range for the same kind of sharing") \
+        == 2
     assert "What differs from the paper, and why" in text(page)
     assert "An estimate, not a run: beam choices are modelled stochastically" in text(page)
 

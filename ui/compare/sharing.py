@@ -76,6 +76,7 @@ def _show(results: list[SharingResult], key: str) -> None:
     df = tables.sharing_frame(results)
     st.markdown(tables.sharing_sentence(results))
     st.altair_chart(charts.sharing_bars(df), key=f"{key}_chart")
+    st.caption("Shaded band: the paper's range for the same kind of sharing (Figure 15).")
     st.dataframe(df, hide_index=True, key=f"{key}_table", column_config={
         "saved": st.column_config.NumberColumn(format="percent"),
         "paper low": None, "paper high": None})
