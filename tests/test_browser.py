@@ -65,8 +65,8 @@ def test_share_fork_and_copy_on_write_in_the_browser(app_url: str, chromium_path
             shoot(page, screenshots / "01-shared-prompt.png")
 
             # Fork B (the request the controls picked) into B2, then grow the child.
-            page.get_by_label("Child id").fill("B2")
-            page.get_by_label("Child id").press("Tab")
+            page.get_by_role("textbox", name="Child id").fill("B2")
+            page.get_by_role("textbox", name="Child id").press("Tab")
             page.get_by_role("button", name="Fork").click()
             # (Markdown typesets the "->" of the status line as an arrow.)
             shows(page.get_by_text("Step 3: fork B → B2"))

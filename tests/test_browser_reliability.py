@@ -207,16 +207,16 @@ def test_markdown_in_user_text_makes_the_browser_fetch_nothing(
     page.context.on("request", record)
     try:
         main = page.get_by_test_id("stMain")
-        page.get_by_label("Request id").fill(IMAGE)
+        page.get_by_role("textbox", name="Request id").fill(IMAGE)
         page.get_by_label("Prompt text").fill(f"see {CHILD}")
         click(page, "Add request")
         status_line(page, as_written(f"Step 1: add {IMAGE}"))
-        page.get_by_label("Child id").fill(CHILD)
-        page.get_by_label("Child id").press("Tab")
+        page.get_by_role("textbox", name="Child id").fill(CHILD)
+        page.get_by_role("textbox", name="Child id").press("Tab")
         click(page, "Fork")
         status_line(page, as_written(f"Step 2: fork {IMAGE} → {CHILD}"))
         # The same id again is refused, and the refusal quotes it.
-        page.get_by_label("Request id").fill(IMAGE)
+        page.get_by_role("textbox", name="Request id").fill(IMAGE)
         click(page, "Add request")
         status_line(page, as_written(f"Refused: request '{IMAGE}' already exists"))
         page.locator(".st-key-focus_req").get_by_role("combobox").click()
@@ -321,7 +321,7 @@ def test_four_sessions_at_once_each_see_only_their_own_requests(
         step = 0
         for r in (1, 2):
             for i, page in enumerate(pages):
-                page.get_by_label("Request id").fill(f"S{i}R{r}")
+                page.get_by_role("textbox", name="Request id").fill(f"S{i}R{r}")
                 click(page, "Add request")
             step += 1
             for i, page in enumerate(pages):

@@ -129,7 +129,7 @@ def test_swap_preemption_draws_the_host_pool_and_the_timeline_shows_a_past_state
             swapped_at = n
             text = caption.inner_text()
             found = re.match(rf"Host pool: (\d+) of {POOL} blocks hold swapped-out K/V "
-                             r"\(([A-C])\); (\d+) swap-out\(s\), 0 swap-in\(s\) so far\.", text)
+                             r"\(([A-C])\); (\d+) swap-outs?, 0 swap-ins so far\.", text)
             assert found is not None, text
             used, victim, outs = int(found.group(1)), found.group(2), int(found.group(3))
             assert used >= 1 and outs == 1, text          # one request, its blocks
