@@ -16,7 +16,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from backend import views
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.engine.engine import Engine
 from backend.kernels import TorchKernels
 from backend.views import Snapshot
@@ -215,8 +215,8 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
     finished = len(snap["requests"]) - len(live)
     notes = []
     if hidden:
-        notes.append(f"{counted(hidden, 'more running or waiting request')}: highlight one "
-                     "to show it first")
+        notes.append(f"{counted(hidden, 'more running or waiting request')}: highlight "
+                     f"{agrees(hidden, 'it', 'one')} to show it first")
     if finished:
         notes.append(f"{counted(finished, 'finished request')} "
                      f"{'holds' if finished == 1 else 'hold'} no blocks")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from backend.core.errors import PagedLabError
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Shuffle, check_request_id
 from backend.engine.prompts import prompt_ids
 from backend.engine.request import Request
@@ -128,8 +128,8 @@ def grow(engine: Engine, op: Grow) -> None:
     if needed > free:
         raise PagedLabError(
             f"request {req.id!r} needs {counted(needed, 'free block')} to grow by "
-            f"{counted(n, 'token')} but only {free} are free; finish a request, or use step, "
-            "which preempts")
+            f"{counted(n, 'token')} but only {free} {agrees(free, 'is', 'are')} free; finish a "
+            "request, or use step, which preempts")
     for _ in range(n):
         engine.decode([(req, engine.take_next_token(req))])
         if req.stopped:
@@ -201,5 +201,7 @@ def check_seq_slot(engine: Engine, action: str) -> None:
     """Refuse a request that would run beside max_num_seqs others."""
     limit = engine.config.max_num_seqs
     if limit is not None and len(engine.running) >= limit:
-        raise PagedLabError(f"cannot {action}: {len(engine.running)} requests are running "
-                            f"and max_num_seqs is {limit}; finish one first")
+        n = len(engine.running)
+        raise PagedLabError(f"cannot {action}: {counted(n, 'request')} "
+                            f"{agrees(n, 'is', 'are')} running and max_num_seqs is {limit}; "
+                            "finish one first")

@@ -15,7 +15,7 @@ from typing import Any
 
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.engine.engine import Engine
 from backend.engine.request import Request
 from backend.engine.results import KernelReport
@@ -111,7 +111,8 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         state = r.get("state", str)
         if ref != holders[i]:
             raise PagedLabError(f"inconsistent snapshot: block {i} has ref_count {ref} but "
-                                f"{counted(holders[i], 'block table')} hold it")
+                                f"{counted(holders[i], 'block table')} "
+                                f"{agrees(holders[i], 'holds', 'hold')} it")
         want = "used" if ref > 0 else ("cached" if digest is not None else "free")
         if state != want:
             raise PagedLabError(f"inconsistent snapshot: block {i} is listed as {state!r} but "

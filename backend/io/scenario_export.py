@@ -28,7 +28,7 @@ from typing import Any
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.engine.ops import (
     INHERIT,
     Add,
@@ -125,8 +125,8 @@ def export_scenario(config: EngineConfig, ops: Sequence[dict[str, Any]],
     last = first_step + len(ops) - 1
     if ops and final["step"] != last:
         raise PagedLabError(f"the final snapshot is step {final['step']}, but "
-                            f"{counted(len(ops), 'operation')} from step {first_step} end at "
-                            f"step {last}")
+                            f"{counted(len(ops), 'operation')} from step {first_step} "
+                            f"{agrees(len(ops), 'ends', 'end')} at step {last}")
     steps = []
     for i, raw in enumerate(ops):
         step = first_step + i

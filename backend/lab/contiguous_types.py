@@ -49,6 +49,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from backend.core.words import agrees, counted
+
 SegmentKind = Literal[
     "token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free",
 ]
@@ -115,14 +117,16 @@ class FitAnswer:
     @property
     def message(self) -> str:
         """One plain-English sentence about the answer."""
-        what = f"a request of {self.final_len} tokens (a region of {self.size} slots)"
+        what = (f"a request of {counted(self.final_len, 'token')} (a region of "
+                f"{counted(self.size, 'slot')})")
+        free = f"{counted(self.free_total, 'slot')} {agrees(self.free_total, 'is', 'are')} free"
         if self.reason == "fits":
             return f"{what} fits at slot {self.start}"
         if self.reason == "external_fragmentation":
-            return (f"{what} does not fit: {self.free_total} slots are free in total but the "
-                    f"largest hole is {self.largest_hole} (external fragmentation)")
+            return (f"{what} does not fit: {free} in total but the largest hole is "
+                    f"{self.largest_hole} (external fragmentation)")
         if self.reason == "not_enough_free":
-            return f"{what} does not fit: only {self.free_total} slots are free"
+            return f"{what} does not fit: only {free}"
         return f"{what} can never fit in this arena"
 
 

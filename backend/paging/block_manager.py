@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend.core.errors import OutOfBlocksError
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.paging.block_pool import Block
 from backend.paging.block_tables import BlockTables
 from backend.paging.block_types import (
@@ -80,8 +80,8 @@ class BlockManager(BlockTables):
         plan, toks = self._plan(tokens, pinned)
         if not plan.fits_now:
             raise OutOfBlocksError(
-                f"request {seq_id!r} needs {plan.num_new_blocks} free blocks but only "
-                f"{plan.num_available} are free")
+                f"request {seq_id!r} needs {counted(plan.num_new_blocks, 'free block')} but "
+                f"only {plan.num_available} {agrees(plan.num_available, 'is', 'are')} free")
         length = toks if isinstance(toks, int) else len(toks)
         bs = self.block_size
         pool = self.pool
@@ -176,7 +176,8 @@ class BlockManager(BlockTables):
         if needed > self.pool.num_free:
             raise OutOfBlocksError(
                 f"request {seq_id!r} needs {counted(needed, 'free block')} for "
-                f"{counted(n, 'more token')} but only {self.pool.num_free} are free")
+                f"{counted(n, 'more token')} but only {self.pool.num_free} "
+                f"{agrees(self.pool.num_free, 'is', 'are')} free")
         bs = self.block_size
         cow = None
         table = seq.block_table

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from backend.core.errors import IntegrityError
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.paging.block_pool import BlockPool
 from backend.paging.block_types import AllocatorMetrics, SeqBlocks
 from backend.paging.hashing import block_digest
@@ -102,7 +102,8 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
         state = block.state
         if block.ref_count != holders[block.id]:
             problems.append(f"block {block.id} has ref count {block.ref_count} but "
-                            f"{counted(holders[block.id], 'table')} hold it")
+                            f"{counted(holders[block.id], 'table')} "
+                            f"{agrees(holders[block.id], 'holds', 'hold')} it")
         if (block.id in in_queue) != (block.ref_count == 0) or block.in_queue != (
                 block.id in in_queue):
             problems.append(f"block {block.id} is {state} but "

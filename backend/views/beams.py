@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from backend.core.words import counted
 from backend.views.model import status_text
 from backend.views.tokens import Snapshot, token_pieces
 
@@ -29,7 +30,9 @@ class BeamGroup:
     live: int
     complete: int        # complete hypotheses: ended by end-of-sequence or max_new_tokens
     dropped: int
-    stopped: int         # ended by a Finish: no hypothesis, the search cut short
+    # Ended by a Finish: no hypothesis the search found, though it keeps its place in the
+    # width (backend.engine.beams.keep_count: later rounds keep W less both kinds).
+    stopped: int
     held_blocks: int     # distinct device blocks the live beams hold
     unshared_blocks: int  # the sum of their table lengths: each holding its own copy
 
@@ -38,7 +41,7 @@ class BeamGroup:
         saved = ""
         if self.unshared_blocks:
             pct = 100 * (1 - self.held_blocks / self.unshared_blocks)
-            saved = (f"; the live beams hold {self.held_blocks} blocks, "
+            saved = (f"; the live beams hold {counted(self.held_blocks, 'block')}, "
                      f"{self.unshared_blocks} without sharing ({pct:.0f}% saved)")
         stopped = f", {self.stopped} finished by hand" if self.stopped else ""
         return (f"{self.group}: width {self.width} · {self.live} live, {self.complete} "
@@ -65,8 +68,9 @@ def beam_groups(snap: Snapshot) -> list[BeamGroup]:
 
 
 def beams_frame(snap: Snapshot, group: str) -> pd.DataFrame:
-    """One row per beam of `group`: live beams best first, then complete hypotheses
-    best first, then dropped ones; with the text each generated."""
+    """One row per beam of `group`: live beams best first, then finished ones (complete
+    hypotheses and any finished by hand) best first, then dropped ones; with the text
+    each generated."""
     rows = []
     for req in snap["requests"]:
         if "beam_width" not in req or req["group"] != group:

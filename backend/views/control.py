@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.engine.control import ControlReport
 
 CONTROL_COLUMNS = ["request", "tokens compared", "same tokens", "first difference",
@@ -36,11 +36,11 @@ def control_sentence(report: ControlReport) -> str:
                 f"arithmetic in another order (tolerance {report.tolerance:.0e}).")
     bad = [r for r in report.requests if not r.same]
     if bad:
-        first = bad[0]
+        first, n = bad[0], len(bad)
         return (f"Different: request {first.request}'s token {first.first_mismatch} is not "
-                f"the control's ({counted(len(bad), 'request')} differ), and the next-token logits "
-                f"differ by up to {diff}. Something in this run read K/V the control did "
-                "not.")
+                f"the control's ({counted(n, 'request')} {agrees(n, 'differs', 'differ')}), "
+                f"and the next-token logits differ by up to {diff}. Something in this run "
+                "read K/V the control did not.")
     return (f"Different: every token is the same, but the next-token logits, {where}, "
             f"differ by up to {diff}, beyond the {report.tolerance:.0e} that arithmetic in "
             "another order explains: this run read K/V the control did not.")

@@ -11,6 +11,7 @@ from html import escape
 
 import pandas as pd
 
+from backend.core.words import counted
 from backend.views.glossary import EVENTS
 from backend.views.grid import CACHED_LABEL, INK, PALETTE
 from backend.views.legend import legend_entries
@@ -117,8 +118,8 @@ def request_layout_html(snap: Snapshot, request_id: str, *,
     parent = f", forked from {escape(req['parent'])}" if req["parent"] else ""
     head = (f"<div style='margin:6px 0 2px 0;font-size:14px'>"
             f"{'▶ ' if focused else ''}<b>{escape(request_id)}</b> "
-            f"<span style='color:#555'>({escape(status)}, {req['num_tokens']} tokens, prompt "
-            f"{req['prompt_len']}{parent}){escape(note)}</span></div>")
+            f"<span style='color:#555'>({escape(status)}, {counted(req['num_tokens'], 'token')}, "
+            f"prompt {req['prompt_len']}{parent}){escape(note)}</span></div>")
     if status != "running":
         text = "".join(pieces_html(c) for c in chunks)
         return head + f"<div style='{_TEXT}color:#666;white-space:pre-wrap'>{text}</div>"

@@ -178,7 +178,7 @@ def table_text(table: list[int], num_tokens: int, block_size: int,
     if tail < block_size:
         parts[-1] += f" ({tail}/{block_size})"
     text = " · ".join(parts)
-    if max_chars is None or len(text) <= max_chars:
+    if max_chars is None or len(text) <= max_chars or len(parts) <= 3:
         return text
     # The most entries that fit, split between the two ends (the front one more).
     def ends(keep: int) -> str:
@@ -240,6 +240,7 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
     max_chars = MAX_TABLE_LINES * per_line - per_line // 2
     for req in snap["requests"]:
         cum = req.get("cum_logprob")
+        swapped = req["status"] == "swapped"
         rows.append({
             "request": req["id"],
             "status": status_text(req),
@@ -251,8 +252,9 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
             "blocks": len(req["block_table"]),
             "preempted": req["num_preemptions"],
             # The table covers the computed tokens (all, unless still prefilling).
-            BLOCK_TABLE_COLUMN: ("host " if req["status"] == "swapped" else "")
-            + table_text(req["block_table"], computed_tokens(req), bs, max_chars),
+            BLOCK_TABLE_COLUMN: ("host " if swapped else "")
+            + table_text(req["block_table"], computed_tokens(req), bs,
+                         max_chars - (5 if swapped else 0)),
         })
     # The block table last: it is the one that grows, and it takes the rest of the row.
     cols = ["request", "status", "parent", *(["log p"] if beams else []), "prompt",
@@ -372,12 +374,13 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
                    "Blocks saved by sharing × bytes per block."),
         MetricItem("Sharing", "Copy-on-write copies", str(m["cow_copies"]),
                    METRICS["cow_copies"]),
-        MetricItem("Prefix cache", "Prefix-cache queries", f"{queries} ({q_tokens} tokens)",
+        MetricItem("Prefix cache", "Prefix-cache queries",
+                   f"{queries} ({counted(q_tokens, 'token')})",
                    "Prompts looked up in the prefix cache, and their tokens."),
         MetricItem("Prefix cache", "Prefix-cache hits",
-                   f"{m['prefix_hit_blocks']} blocks ({hit_tokens} tokens)",
-                   METRICS["prefix_hit_blocks"]),
-        MetricItem("Prefix cache", "Lost to the block floor", f"{floor} tokens",
+                   f"{counted(m['prefix_hit_blocks'], 'block')} "
+                   f"({counted(hit_tokens, 'token')})", METRICS["prefix_hit_blocks"]),
+        MetricItem("Prefix cache", "Lost to the block floor", counted(floor, "token"),
                    METRICS["prefix_floor_tokens"]),
         MetricItem("Memory", "Bytes per block", format_bytes(bpb),
                    "2 (K and V) × layers × KV heads × head dim × block size × bytes per "

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.core.errors import OutOfBlocksError, PagedLabError
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, ContiguousArena
 from backend.lab.contiguous_types import FitAnswer, MemoryBreakdown, Segment
 from backend.paging.block_manager import BlockManager
@@ -183,13 +183,16 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
         arena_stages.append(_arena_stage(label, arena, [*arena_wait, "D"], fit.size))
     d_table: tuple[int, ...] | None = None
     need = pool.blocks_for(new_len - 1)
+    d_tokens = counted(new_len - 1, "token")
     if need <= pool.num_free_blocks:
         d_table = pool.allocate("D", new_len - 1).block_table
-        pool_message = (f"D's {new_len - 1} tokens take {counted(need, 'block')} of {block_size}: "
-                        f"block table {list(d_table)}")
+        pool_message = (f"D's {d_tokens} {agrees(new_len - 1, 'takes', 'take')} "
+                        f"{counted(need, 'block')} of {block_size}: block table {list(d_table)}")
     else:
-        pool_message = (f"D's {new_len - 1} tokens need {counted(need, 'block')} of "
-                        f"{block_size} but only {pool.num_free_blocks} are free")
+        free = pool.num_free_blocks
+        pool_message = (f"D's {d_tokens} {agrees(new_len - 1, 'needs', 'need')} "
+                        f"{counted(need, 'block')} of {block_size} but only {free} "
+                        f"{agrees(free, 'is', 'are')} free")
         pool_wait.append("D")
     pool_stages.append(_pool_stage(label, pool, pool_wait))
     return SeedExample(policy, capacity, block_size, new_len, tuple(arena_stages),
