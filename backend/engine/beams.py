@@ -90,8 +90,9 @@ def group_members(requests: dict[str, Request], group: str) -> list[Request]:
 
 
 def keep_count(members: Sequence[Request]) -> int:
-    """How many extensions a round keeps: the width less the complete hypotheses
-    (beams finished by end-of-sequence or by a `finish`; dropped ones do not count)."""
+    """How many extensions a round keeps: the width less the beams that finished, by
+    end-of-sequence or the token limit (complete hypotheses) or by a `finish` (which
+    keeps its place too); dropped ones do not count."""
     width = members[0].beam_width
     assert width is not None
     done = sum(1 for r in members
