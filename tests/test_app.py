@@ -451,3 +451,10 @@ def test_verify_against_a_full_recomputation() -> None:
     kv = re.search(r"max \|K/V in the blocks − recomputed\| = ([0-9.e+-]+)", found[0])
     assert kv is not None and float(kv.group(1)) < 1e-5
     assert found[0].startswith("2 requests, 46 tokens")
+
+
+def test_an_id_is_measured_without_the_blanks_around_it() -> None:
+    rid = "r" * 64
+    at = add(start(), rid=f"  {rid} ")
+    assert list(engine(at).requests) == [rid]
+    assert status(at)[1].startswith(f"Step 1: add {rid} ")

@@ -152,6 +152,32 @@ def test_step_n_ends_when_nothing_is_left_to_run(tmp_path: Path,
     engine: Engine = at.session_state["engine"]
     assert engine.requests["A"].status == "finished" and not engine.running
     assert len(engine.timeline.rows) == 1 + 4     # the add's row and four iterations
+    # Nothing left: another Step N is refused, and changes nothing.
+    at.button(key="btn_step_n").click().run()
+    assert [e.value for e in at.error] == [
+        "Refused: Step N has nothing to run: no request is running, waiting or swapped out"]
+    assert engine.step == 2 and len(engine.timeline.rows) == 5
+
+
+def test_step_n_goes_on_while_a_request_only_waits(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDLAB_DATA_DIR", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    # One request runs at a time: when A finishes, nothing runs and B only waits.
+    at.sidebar.number_input(key="cfg_max_num_seqs").set_value(1).run()
+    at.number_input(key="add_max_new").set_value(3)
+    for _ in range(2):
+        at.button(key="btn_add").click().run()
+    at.number_input(key="batch_n").set_value(50).run()
+    at.button(key="btn_step_n").click().run()
+    assert not at.exception
+    engine: Engine = at.session_state["engine"]
+    assert [engine.requests[r].status for r in "AB"] == ["finished", "finished"]
+    said = next(s.value for s in at.success)
+    assert said.startswith("Stopped after ") and ": nothing was left to run." in said
+    assert engine.requests["B"].num_tokens == engine.requests["B"].prompt_len + 3
 
 
 def test_progress_texts_show_request_ids_as_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:

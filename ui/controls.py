@@ -21,6 +21,7 @@ from backend.engine.ops import (
     Add,
     Fork,
     Op,
+    check_request_id,
 )
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
@@ -62,16 +63,14 @@ def whole_number(key: str, label: str, lo: int, hi: int) -> int | None:
 
 
 def request_id(key: str, label: str) -> str:
-    """Field `key`'s id as typed; one over MAX_ID_CHARS is refused by `label`.
+    """Field `key`'s id, stripped ("" when blank: the engine picks one), checked as the
+    engine checks ids but refused by `label`.
 
     The id fields carry no browser-side length limit: a browser given one ignores a
     paste that would pass it, leaving the field as it was without a word.
     """
-    value: str = st.session_state.get(key) or ""
-    if len(value) > MAX_ID_CHARS:
-        raise PagedLabError(f"{label} must be at most {MAX_ID_CHARS} characters; got "
-                            f"{len(value):,}")
-    return value
+    value = (st.session_state.get(key) or "").strip()
+    return check_request_id(value, label) if value else ""
 
 
 def _required(key: str, label: str, lo: int, hi: int) -> int:
@@ -180,8 +179,7 @@ def _on_fork() -> None:
 
     def make(engine: Engine) -> Op:
         parent = _picked()
-        child = request_id("req_child", "Child id").strip() or next_child_id(
-            parent, engine.requests)
+        child = request_id("req_child", "Child id") or next_child_id(parent, engine.requests)
         return op_from({"op": "fork", "request": parent, "child": child})
 
     result = session.apply(make)
@@ -241,9 +239,17 @@ def _request_controls(engine: Engine) -> None:
 # ---- the batch ----------------------------------------------------------------
 
 def _on_step(count: int | None = None) -> None:
-    session.apply(lambda _: op_from({
-        "op": "step",
-        "count": _required("batch_n", "Steps", 1, MAX_STEP_N) if count is None else count}))
+    def make(engine: Engine) -> Op:
+        if count is not None:
+            return op_from({"op": "step", "count": count})
+        steps = _required("batch_n", "Steps", 1, MAX_STEP_N)
+        if engine.idle and steps > 1:
+            # Step N ends once nothing is left to run (ui/session.py): here that is at once.
+            raise PagedLabError("Step N has nothing to run: no request is running, waiting "
+                                "or swapped out")
+        return op_from({"op": "step", "count": steps})
+
+    session.apply(make)
 
 
 def _on_shuffle() -> None:

@@ -322,11 +322,6 @@ def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     return result
 
 
-def _busy(engine: Engine) -> bool:
-    """Whether a step would do anything: a request runs, waits or is swapped out."""
-    return bool(engine.running or engine.waiting or engine.swapped)
-
-
 def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
                 shown: list[Shown]) -> OpResult | None:
     """`apply` with the engine's lock held. After the engine has run, no session state."""
@@ -343,7 +338,7 @@ def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
         def until_idle(done: int, total: int) -> bool:
             # A Step N ends once nothing runs, waits or is swapped out: the iterations
             # left would only add empty rows to the timeline.
-            return callback(done, total) and _busy(engine)
+            return callback(done, total) and not engine.idle
 
         try:
             applied = apply_tracked(engine, op, before, sess.settings, sess.owner, until_idle)
@@ -362,7 +357,7 @@ def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
     sess.save(saved.Live(engine, sess.settings, sess.history, sess.oplog), snapshot, op=logged)
     line = summarize(result, snapshot)
     if isinstance(op, Step) and isinstance(result.op, Step) and result.op.count < op.count:
-        why = "" if _busy(engine) else ": nothing was left to run"
+        why = ": nothing was left to run" if engine.idle else ""
         line = f"Stopped after {result.op.count} of {op.count} iterations{why}. {line}"
     sess.flash("success", line)
     # Back to the live state: what the operation did is what the person wants to see.

@@ -156,6 +156,12 @@ class Engine:
         """Running request ids in admission order (the last is preempted first)."""
         return self.scheduler.running
 
+    @property
+    def idle(self) -> bool:
+        """No request runs, waits or is swapped out: a step would do nothing."""
+        return not (self.scheduler.running or self.scheduler.waiting
+                    or self.scheduler.swapped)
+
     def request(self, request_id: str) -> Request:
         req = self.requests.get(request_id)
         if req is None:

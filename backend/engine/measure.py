@@ -79,7 +79,7 @@ def run_workload(workload: Workload, config: EngineConfig, *, kernel: str = "tor
     for i, (prompt, new) in enumerate(workload.requests):
         e.apply(Add(f"r{i}", prompt_len=prompt, max_new_tokens=new))
     for _ in range(max_steps):
-        if not (e.running or e.waiting or e.swapped):
+        if e.idle:
             break
         e.apply(Step(1))
     return e, (time.perf_counter() - t0) * 1e3
