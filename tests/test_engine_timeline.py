@@ -10,6 +10,8 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
+from backend.io.restore import restore_engine
+from backend.io.snapshot import export_snapshot
 from backend.views.compare.timeline import timeline_chart
 from backend.views.timeline import latency_frame, timeline_frame
 
@@ -124,3 +126,27 @@ def test_the_chart_draws_swapped_requests_when_some_were() -> None:
     plain, _ = run({})
     df = timeline_frame(plain.timeline, 24, 4)
     assert "swapped out" not in str(timeline_chart(df, paged=True).to_dict()["datasets"])
+
+
+def test_samples_arrive_with_their_add_and_a_restored_groups_arrival_is_unknown() -> None:
+    e = Engine(EngineConfig(num_blocks=32, block_size=4), kernel="torch")
+    e.apply(parse_op({"op": "step"}))                                   # row 0
+    e.apply(parse_op({"op": "add", "request": "S", "prompt_len": 6, "n": 3,
+                      "max_new_tokens": 2}))                            # row 1
+    e.apply(parse_op({"op": "step", "count": 2}))                       # rows 2-3
+    lat = latency_frame(e.timeline).set_index("request")
+    # The samples are forked once the prompt is computed, but they arrived with the add.
+    assert list(lat.index) == ["S.0", "S.1", "S.2"]
+    assert lat["arrived"].tolist() == [1, 1, 1]
+    assert lat["first_token"].tolist() == [2, 2, 2] and lat["finished"].tolist() == [3, 3, 3]
+    assert lat["ttft_iterations"].tolist() == [1, 1, 1]
+    # A snapshot taken before the prompt is computed, restored: the samples still to fork
+    # have no known arrival, so they are left out rather than shown arriving late.
+    pending = Engine(EngineConfig(num_blocks=32, block_size=4, max_num_batched_tokens=4),
+                     kernel="torch")
+    pending.apply(parse_op({"op": "add", "request": "S", "prompt_len": 6, "n": 3,
+                            "max_new_tokens": 2}))
+    restored = restore_engine(export_snapshot(pending), kernel="torch")
+    restored.apply(parse_op({"op": "step", "count": 3}))
+    assert {"S.1", "S.2"} <= set(restored.requests)
+    assert latency_frame(restored.timeline).empty

@@ -53,8 +53,9 @@ HELP = ("The engine's run, one row per scheduler iteration and per other operati
 
 LATENCY_HELP: dict[str, str] = {
     "request": "The request's id.",
-    "arrived": "The row (iteration, as the chart numbers them) of its add.",
-    "first_token": "The row whose scheduler iteration produced its first token.",
+    "arrived": "The row (iteration, as the chart numbers them) of the operation that "
+               "added it: its add, or the fork that made it.",
+    "first_token": "The row in which it produced its first token.",
     "finished": "The row in which it finished.",
     "generated": "Tokens it generated.",
     "ttft_iterations": "Time to first token, in scheduler iterations from its add.",

@@ -44,9 +44,9 @@ MAX_ROWS = 100_000
 
 @dataclass(slots=True)
 class RequestTimes:
-    """When a request arrived, produced its first and last tokens and finished: in
-    scheduler iterations run so far, in seconds on the engine's clock, and (`*_row`) as
-    the row of the timeline it happened in. None: not yet."""
+    """When a request arrived, produced its first and last tokens and finished: as the
+    row of the timeline it happened in (`*_row`), and for its latencies in scheduler
+    iterations run so far and in seconds on the engine's clock. None: not yet."""
 
     arrived: int
     arrived_s: float
@@ -56,8 +56,6 @@ class RequestTimes:
     first_token_row: int | None = None
     last_token: int | None = None
     last_token_s: float | None = None
-    finished: int | None = None
-    finished_s: float | None = None
     finished_row: int | None = None
     num_generated: int = 0
 
@@ -132,12 +130,12 @@ class EngineTimeline:
                                                  self.iteration)
 
     def forked(self, parent: str, child: str) -> None:
-        """Mutates: `child` was forked from `parent` for parallel sampling: it arrived
-        with its parent's `add`."""
+        """Mutates: `child` was forked from `parent` by the engine (a parallel sample, a
+        beam): it arrived with its parent's `add`. A parent restored with the engine has
+        no known arrival, and nor does its child."""
         t = self.requests.get(parent)
-        self.requests[child] = (
-            RequestTimes(self.iterations_run, self.now(), self.iteration) if t is None
-            else RequestTimes(t.arrived, t.arrived_s, t.arrived_row))
+        if t is not None:
+            self.requests[child] = RequestTimes(t.arrived, t.arrived_s, t.arrived_row)
 
     def generated(self, request_id: str) -> None:
         """Mutates: `request_id` produced a token in the iteration being recorded."""
@@ -152,8 +150,8 @@ class EngineTimeline:
 
     def finished(self, request_id: str) -> None:
         t = self.requests.get(request_id)
-        if t is not None and t.finished is None:
-            t.finished, t.finished_s, t.finished_row = self._at(), self.now(), self.iteration
+        if t is not None and t.finished_row is None:
+            t.finished_row = self.iteration
 
     def record(self, step: int, row: tuple[int, ...]) -> None:
         """Mutates: what just ran, as a row without its `iteration`, `step` and `scheduled`
