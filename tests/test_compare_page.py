@@ -293,15 +293,17 @@ def test_sharing_shows_a_bar_while_it_measures_and_none_once_measured(
 def test_in_the_app_its_sidebar_says_what_it_runs_not_the_playgrounds_pool() -> None:
     app = str(Path(PAGE).parents[1] / "app.py")
     at = AppTest.from_file(app, default_timeout=120).run()
-    assert at.sidebar.number_input(key="cfg_num_blocks").value == 32
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(64).run()
+    assert at.session_state["settings"].config.num_blocks == 64
     at.switch_page("pages/compare.py").run()
     assert not at.exception and at.title[0].value == "Contiguous vs paged"
     # The Playground's fields would change nothing here: none is drawn, nor Reset engine.
     assert not at.sidebar.number_input and not at.sidebar.toggle and not at.sidebar.radio
     assert not at.sidebar.button and not at.sidebar.segmented_control
     said = "\n".join(m.value for m in at.sidebar.markdown)
-    assert "bookkeeping only (no K/V tensors)" in said
+    assert "Bookkeeping only: no K/V tensors." in said and "runs nothing" in said
     assert f"with the torch kernel on {'cuda' if torch.cuda.is_available() else 'cpu'}" in said
     # Back on the Playground, its settings are there as they were.
     at.switch_page("pages/playground.py").run()
-    assert at.sidebar.number_input(key="cfg_num_blocks").value == 32
+    assert at.sidebar.number_input(key="cfg_num_blocks").value == 64
+    assert not at.warning

@@ -293,6 +293,12 @@ def test_a_snapshot_of_another_schema_version_is_refused() -> None:
     # still says why it was refused, not where to look.
     click(at, "btn_step")
     assert not at.error and note in [c.value for c in at.caption]
+    # Another page, and back: the uploader is empty again, and the note about its file
+    # is gone with it.
+    at.switch_page("pages/scenarios.py").run()
+    at.switch_page("pages/playground.py").run()
+    assert at.file_uploader(key="import_snapshot").value is None
+    assert note not in [c.value for c in at.caption]
 
 
 def test_an_oversized_snapshot_is_refused_unread() -> None:

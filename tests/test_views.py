@@ -549,3 +549,16 @@ def test_kept_snapshot_finds_a_step_the_history_holds() -> None:
         assert snap is not None and snap["step"] == step
     assert kept_snapshot(history, 4) == export_snapshot(e)
     assert kept_snapshot(history, 5) is None
+
+
+def test_a_long_block_table_keeps_both_ends_and_counts_the_rest() -> None:
+    table = list(range(100, 140))
+    full = views.table_text(table, 40 * 4 - 2, 4)
+    assert full.endswith("39→139 (2/4)") and full.count("→") == 40
+    short = views.table_text(table, 40 * 4 - 2, 4, max_chars=60)
+    assert len(short) <= 60 and short.startswith("0→100 · ") and short.endswith("39→139 (2/4)")
+    kept = [e for e in short.split(" · ") if "more" not in e]
+    assert f"… {40 - len(kept)} more …" in short
+    # Too short to shorten, or already fitting: the whole table, never "… 0 more …".
+    assert views.table_text([7, 8], 6, 4, max_chars=3) == "0→7 · 1→8 (2/4)"
+    assert views.table_text(table, 158, 4, max_chars=len(full) + 20) == full

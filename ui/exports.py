@@ -119,14 +119,13 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
 # ---- import ------------------------------------------------------------------------
 
 IMPORT_KEY = "import_snapshot"
-IMPORT_NOTE = "import_note"    # the last upload's outcome, repeated beside the uploader
+IMPORT_NOTE = "import_note"    # (file name, outcome) of the last upload, beside the uploader
 
 
 def _on_import() -> None:
     """Uploader callback: restore the file's state into the Playground, or say why not."""
     uploaded = st.session_state.get(IMPORT_KEY)
-    if uploaded is None:   # the file was removed from the uploader, and its note with it
-        st.session_state.pop(IMPORT_NOTE, None)
+    if uploaded is None:   # the file was removed from the uploader (import_panel drops its note)
         return
     source = f"the snapshot in {uploaded.name!r}"
     problem = None
@@ -144,9 +143,10 @@ def _on_import() -> None:
         session.flash("error", f"Refused {source}: {problem}. The playground is unchanged.")
     # The status line is at the top of the page, and the next operation replaces it; the
     # uploader may be far below it. So the note beside the file says the outcome itself.
-    st.session_state[IMPORT_NOTE] = (f"Last upload, {uploaded.name}: "
-                                     + (f"refused: {problem}. The playground was left as it "
-                                        "was." if problem is not None else "restored."))
+    st.session_state[IMPORT_NOTE] = (
+        uploaded.name, f"Last upload, {uploaded.name}: "
+        + (f"refused: {problem}. The playground was left as it was." if problem is not None
+           else "restored."))
 
 
 def import_panel() -> None:
@@ -160,9 +160,14 @@ def import_panel() -> None:
              "become the snapshot's. A malformed or inconsistent file is refused and the "
              "current state kept.")
     note = st.session_state.get(IMPORT_NOTE)
-    if note:
+    held = st.session_state.get(IMPORT_KEY)
+    if note is not None and (held is None or held.name != note[0]):
+        # The file left the uploader (removed, or the uploader not drawn on another page,
+        # which Streamlit forgets without a callback): its note goes with it.
+        del st.session_state[IMPORT_NOTE]
+    elif note is not None:
         # The note quotes the uploaded file's name: plain text, never Markdown.
-        st.caption(plain_md(note))
+        st.caption(plain_md(note[1]))
 
 
 # ---- the session as a scenario -------------------------------------------------------------

@@ -295,17 +295,19 @@ def scenario(config: EngineConfig, engine: Engine) -> None:
 
 def compare() -> None:
     """The Contiguous vs paged page's sidebar: what its tabs run on, and that the
-    Playground's settings are not among it."""
+    Playground's settings are not among them."""
     device = select_kernels("auto", "torch").device.type
     with st.sidebar:
         st.subheader("What this page runs")
         st.markdown(
             "- **Replays**: the seed's example, *One workload, two memories*, the trace "
-            "simulator, *Real deployment* and *Block size* run PagedLab's block manager "
-            "beside a contiguous arena, bookkeeping only (no K/V tensors).\n"
+            "simulator and *Real deployment* run PagedLab's block manager beside a "
+            "contiguous arena; *Block size* counts blocks over a trace and replays it "
+            "through the block manager alone. Bookkeeping only: no K/V tensors.\n"
             "- **Engines**: *Swap or recompute* and *Sharing*'s *Run it here* start real "
-            "engines of their own (tiny-byte, or the model *Sharing* names), sized in "
-            f"their tab, with the torch kernel on {device}.")
+            "engines of their own (tiny-byte, or the model picked in *Sharing*), sized in "
+            f"their tab, with the torch kernel on {device}.\n"
+            "- **Arithmetic**: the *Memory calculator* runs nothing.")
         st.caption("The Playground's pool, model and kernel are set on its page; nothing "
                    "here reads or changes them.")
 

@@ -100,7 +100,8 @@ def check_request_id(value: Any, field: str = "request") -> str:
     if not isinstance(value, str) or not value.strip():
         raise PagedLabError(f"{field} must be a non-empty string, got {value!r}")
     if len(value) > MAX_ID_CHARS:
-        raise PagedLabError(f"{field} must be at most {MAX_ID_CHARS} characters")
+        raise PagedLabError(f"{field} must be at most {MAX_ID_CHARS} characters; got "
+                            f"{len(value):,}")
     if not value.isprintable():
         raise PagedLabError(f"{field} {value!r} contains unprintable characters")
     return value
