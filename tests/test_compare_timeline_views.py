@@ -52,10 +52,13 @@ def test_binned_keeps_sums_and_means() -> None:
     assert run.timeline is not None
     df = timeline_frame(run.timeline)
     small, per = binned(df, max_points=100)
-    assert len(small) <= 100 and per == -(-len(df) // 100)
+    span = int(df["iteration"].iloc[-1] - df["iteration"].iloc[0]) + 1
+    assert len(small) <= 100 and per == -(-span // 100)
     assert small["preemptions"].sum() == df["preemptions"].sum() == run.result.preemptions
     assert small["finished"].sum() == 300
-    assert small["running"].mean() == pytest.approx(df["running"].mean(), rel=0.02)
+    # Means over every iteration of a point, idle ones (unrecorded) counting as none.
+    sizes = np.minimum(per, span - np.arange(len(small)) * per)
+    assert (small["running"] * sizes).sum() == pytest.approx(df["running"].sum())
     chart = timeline_chart(df, paged=True).to_dict()
     titles = [p["title"] for p in chart["vconcat"]]
     assert titles[0].startswith("Requests") and titles[1].startswith("Blocks")
@@ -103,3 +106,23 @@ def test_deployment_words() -> None:
     assert sentence.startswith("Mean batched requests: Orca (Max) ")
     assert dep_views.figure13_holds(fake) == ("NOT" not in sentence)
     assert dep_views.figure13_chart(df).to_dict()
+
+
+def test_an_idle_stretch_reads_as_idle_not_as_the_last_busy_iteration() -> None:
+    # Two requests far apart: between them nothing runs, and no iteration is recorded.
+    trace = Trace("gap", 1.0, 0, np.asarray([0.0, 50.0]), np.asarray([4, 4], dtype=np.int64),
+                  np.asarray([3, 3], dtype=np.int64))
+    run = simulate_run(trace, SimConfig("paged", 64, 4, watermark=0.0, iteration_s=0.5))
+    assert run.timeline is not None
+    df = timeline_frame(run.timeline)
+    assert df["iteration"].diff().max() > 10, "the trace should leave a gap"
+    shown, per = binned(df, max_points=600)
+    assert per == 1 and len(shown) == df["iteration"].iloc[-1] + 1   # every iteration
+    idle = shown[~shown["iteration"].isin(df["iteration"])]
+    assert len(idle) > 10
+    assert (idle["running"] == 0).all() and (idle["decode_tokens"] == 0).all()
+    assert (idle["used_blocks"] == 0).all() and (idle["free_blocks"] == 16).all()
+    # Coarser points average the quiet iterations in, and the clock runs through them.
+    coarse, per = binned(df, max_points=4)
+    assert per > 1 and coarse["running"].max() < df["running"].max()
+    assert coarse["time_s"].is_monotonic_increasing

@@ -89,12 +89,15 @@ def timeline_section(runs: Sequence[SimRun], prefix: str, stem: str) -> None:
     df = _frame(run)
     st.altair_chart(timeline_chart(df, paged=run.result.block_size is not None),
                     key=f"{prefix}_tl_chart")
+    last = int(df["iteration"].iloc[-1]) + 1
+    idle = (f"; the other {last - len(df):,} of its {last:,} iterations were idle (nothing "
+            "to run), drawn as such" if last > len(df) else "")
     st.caption(
-        f"{len(df):,} busy iterations of {run.result.iteration_s * 1000:g} ms. Requests "
-        "running and waiting; the memory (used, cached and free blocks for paged memory, "
-        "cached is 0 as the traces carry no token ids to share; slots for contiguous "
-        "memory); prompt and decode tokens processed; preemptions. The downloads hold "
-        "every iteration.")
+        f"{len(df):,} busy iterations of {run.result.iteration_s * 1000:g} ms{idle}. "
+        "Requests running and waiting; the memory (used, cached and free blocks for paged "
+        "memory, cached is 0 as the traces carry no token ids to share; slots for "
+        "contiguous memory); prompt and decode tokens processed; preemptions. The "
+        "downloads hold every busy iteration.")
     a, b = st.columns(2)
     file = f"{stem}-{policy}-timeline"
     a.download_button("Timeline (CSV)", data=functools.partial(_csv, run),

@@ -45,21 +45,58 @@ def timeline_frame(tl: Timeline) -> pd.DataFrame:
     return df
 
 
+# Counted per point rather than averaged.
+_SUMMED = ("preemptions", "finished", "admitted")
+# In an idle iteration every count is 0 but these, which then hold the whole pool: the
+# columns that add up to it.
+_WHOLE_POOL = {"free_blocks": ("used_blocks", "cached_blocks", "free_blocks"),
+               "free_slots": ("allocated_slots", "free_slots")}
+
+
 def binned(df: pd.DataFrame, max_points: int = 600) -> tuple[pd.DataFrame, int]:
-    """Runs of `per` consecutive rows averaged (preemptions, admissions, finishes summed), at most
-    `max_points` rows; returns the frame and `per`."""
-    per = max(1, -(-len(df) // max_points))
-    if per == 1:
+    """At most `max_points` points, each `per` consecutive iterations: the mean over every
+    iteration of its span (preemptions, admissions and finishes: their sum); returns the
+    frame and `per`.
+
+    The simulator records busy iterations only. An idle one between them (nothing runs
+    or waits) counts as what it was: no requests, no tokens, the whole pool free. So a
+    quiet stretch of a trace reads as quiet, not as the last busy iteration held on.
+    """
+    if df.empty:
         return df, 1
-    group = np.arange(len(df)) // per
-    numeric = df.drop(columns=["used_blocks", "cached_blocks", "free_blocks"])
-    out = numeric.groupby(group).mean()
-    for col in ("preemptions", "finished", "admitted"):
-        out[col] = df[col].groupby(group).sum()
-    out["iteration"] = df["iteration"].groupby(group).first()
-    for col in ("used_blocks", "cached_blocks", "free_blocks"):
-        out[col] = df[col].astype("Float64").groupby(group).mean()
-    return out.reset_index(drop=True), per
+    it = df["iteration"].to_numpy(dtype=np.int64)
+    lo, span = int(it[0]), int(it[-1] - it[0]) + 1
+    per = max(1, -(-span // max_points))
+    if per == 1 and len(df) == span:
+        return df, 1
+    n = -(-span // per)
+    bins = (it - lo) // per
+    size = np.full(n, float(per))
+    size[-1] = span - per * (n - 1)
+    idle = size - np.bincount(bins, minlength=n).astype(np.float64)
+    starts = lo + np.arange(n) * per
+    out: dict[str, object] = {"iteration": starts}
+    for col in df.columns:
+        if col == "iteration":
+            continue
+        values = df[col].to_numpy(dtype=np.float64, na_value=np.nan)
+        if col == "time_s":
+            # Each point at the time of its span's middle (the clock runs through idle
+            # iterations too).
+            out[col] = np.interp(starts + (size - 1) / 2, it, values)
+            continue
+        if np.isnan(values).all():        # no blocks: a contiguous policy
+            out[col] = pd.array([pd.NA] * n, dtype="Float64")
+            continue
+        total = np.bincount(bins, weights=values, minlength=n).astype(np.float64)
+        if col in _SUMMED:
+            out[col] = total
+            continue
+        if col in _WHOLE_POOL:
+            pool = sum(float(df[c].iloc[0]) for c in _WHOLE_POOL[col])
+            total += idle * pool
+        out[col] = total / size
+    return pd.DataFrame(out), per
 
 
 def _requests(df: pd.DataFrame) -> tuple[tuple[str, str], ...]:
@@ -105,7 +142,7 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
     # Iterations are whole numbers: no 0.5 ticks on a short run.
     x = alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=[lo, hi], nice=False),
               axis=alt.Axis(format="d", tickMinStep=1))
-    note = f" (mean of {per} iterations per point)" if per > 1 else ""
+    note = f" (mean of {per} iterations per point, idle ones included)" if per > 1 else ""
     memory = (_panel(_long(shown, _BLOCKS), "Blocks" + note, "blocks", x, width=width)
               if paged else
               _panel(_long(shown, _SLOTS), "Token slots" + note, "slots", x, width=width))
