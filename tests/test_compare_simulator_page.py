@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from streamlit.proto.NumberInput_pb2 import NumberInput
 from streamlit.testing.v1 import AppTest
 
 from backend.lab import deployment as dep
@@ -15,6 +16,7 @@ from backend.lab.traces import recorded_trace, replay_trace
 from backend.lab.workloads import make_trace
 from backend.views.compare import deployment as dep_views
 from backend.views.compare import tables
+from tests.test_app_reliability import unescaped_images
 from ui import bars as ui_bars
 from ui.compare import sim_runs
 from ui.compare.sim_runs import RUNS
@@ -102,6 +104,9 @@ def test_an_azure_trace_with_budgets_on_the_page() -> None:
     assert at.number_input(key="cmp_sim_capacity_16384").value == 65_536
     assert at.number_input(key="cmp_sim_max_len_16384").value == 16_384
     at.number_input(key="cmp_sim_capacity_16384").set_value(60_000)
+    # The budgets are whole numbers (a field with no default would take "2.5").
+    for key in ("max_num_seqs", "max_num_batched_tokens", "watermark_blocks"):
+        assert at.number_input(key=f"cmp_sim_{key}").proto.data_type == NumberInput.INT
     at.number_input(key="cmp_sim_max_num_batched_tokens").set_value(2048)
     at.number_input(key="cmp_sim_max_num_seqs").set_value(64)
     at.button(key="cmp_sim_run").click().run()
@@ -155,3 +160,21 @@ def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> Non
     assert dep_views.figure13_sentence(results) in says
     assert "the direction of the paper's Figure 13" in says
     assert dep_views.length_note(d) in says
+
+
+def test_an_uploaded_traces_file_name_is_shown_as_text() -> None:
+    at = start()
+    at.selectbox(key="cmp_sim_workload").set_value("upload").run()
+    name = "![x](http://example.invalid/a.png).csv"
+    bad = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n1,100,-3\n"
+    at.file_uploader(key="cmp_sim_upload").set_value((name, bad, "text/csv")).run()
+    assert not at.exception
+    # Wherever the name is said (the refusal, the last run's caption), it is escaped text.
+    refused = [e.value for e in at.error if "example" in e.value]
+    assert len(refused) == 1 and not unescaped_images(refused[0]), refused
+    good = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,300,40\n"
+    at.file_uploader(key="cmp_sim_upload").set_value((name, good, "text/csv")).run()
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    last = [c.value for c in at.caption if c.value.startswith("Last run")]
+    assert len(last) == 1 and "example" in last[0] and not unescaped_images(last[0]), last

@@ -254,12 +254,19 @@ def test_map_frames_tile_memory_and_stay_under_the_row_limit() -> None:
 def test_breakdown_table_and_gain_sentence() -> None:
     results = [simulate_workload("sharegpt", SimConfig(p), requests=300, rate=4.0, seed=0)
                for p in ("paged", "max", "pow2", "oracle")]
-    df = views.breakdown_table(results)
-    assert df["policy"].tolist() == ["max", "pow2", "oracle", "paged"]
-    assert df["paper: token states"].tolist() == [
+    df = views.breakdown_table(results).set_index("measure")
+    assert df.columns.tolist() == ["max", "pow2", "oracle", "paged"]
+    assert df.loc["paper: token states"].tolist() == [
         "20.4% (Orca (Max))", "26.8% (Orca (Pow2))", "38.2% (Orca (Oracle))", "96.3% (vLLM)"]
     by = {r.policy: r for r in results}
-    assert df.loc[3, "token states"] == f"{100 * by['paged'].memory['token_states']:.1f}%"
+    assert df.loc["token states", "paged"] == f"{100 * by['paged'].memory['token_states']:.1f}%"
+    assert df.loc["memory", "pow2"] == "contiguous, next power of two"
+    # The five shares of each policy add up to its whole memory.
+    shares = ["token states", "reservation", "internal fragmentation", "external fragmentation",
+              "free"]
+    for policy in df.columns:
+        total = sum(float(df.loc[k, policy].rstrip("%")) for k in shares)
+        assert total == pytest.approx(100, abs=0.3)
     m = views.policy_metrics(results)
     shares = m["token states"].tolist()
     assert shares == sorted(shares)        # Figure 2's order: max < pow2 < oracle < paged
@@ -387,7 +394,7 @@ def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
             run(1, "swap", swapped=100, swap_ms=0.5), run(4, "roomy"),
             run(4, "recompute", rec_ms=5.0), run(4, "swap", swapped=25, swap_ms=9.0)]
     df = swap_recompute.runs_frame(runs)
-    per = df["µs per swapped block"]
+    per = df["µs per block"]
     # Only a run that swapped has a cost per block; the others are empty cells, not "None".
     assert per.dtype == float and per.isna().tolist() == [True, True, False, True, True, False]
     assert per[2] == 5.0 and per[5] == 360.0
@@ -396,6 +403,17 @@ def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
     assert "Swapping took less time than recomputing at block size 1. " in said
     said = swap_recompute.summary([*runs[:3], run(4, "recompute", rec_ms=50.0), runs[5]], "cpu")
     assert "Swapping took less time than recomputing at block sizes 1, 4. " in said
+    # Recomputation's cost per token, as measured at both ends, not as the paper says.
+    said = swap_recompute.summary(runs, "cpu")
+    assert ("Recomputation re-prefilled 40 tokens at block size 1 (125.0 µs per token) and "
+            "40 at 4 (125.0 µs): about the same per token, whatever the block size. ") in said
+    said = swap_recompute.summary([*runs[:3], run(4, "recompute", rec_ms=50.0), runs[5]], "cpu")
+    assert "(1250.0 µs): per token, not the same at both here. " in said
+    # 64 blocks hold 64 slots at block size 1 but 256 at 4: more than the 64 asked for.
+    said = swap_recompute.summary(runs, "cpu", 64)
+    assert ("To hold the longest request, the pool took more than the 64 slots asked for "
+            "at block size 4 (256 slots). ") in said
+    assert "took more than" not in swap_recompute.summary(runs, "cpu", 256)
 
 
 def test_the_preemption_note_says_whether_this_paged_run_preempted() -> None:

@@ -190,7 +190,8 @@ def _details(engine: Engine, history: History) -> None:
     if lat.empty:
         st.caption("No request has arrived on this timeline yet.")
     else:
-        st.dataframe(lat, hide_index=True, width="stretch",
+        # A time still to come (a request not finished yet) is a dash, not "None".
+        st.dataframe(lat, hide_index=True, width="stretch", placeholder="—",
                      column_config={k: st.column_config.Column(help=h)
                                     for k, h in LATENCY_HELP.items()})
         st.caption("TTFT counts from a request's add to its first token, TPOT from its "

@@ -126,7 +126,8 @@ class FitAnswer:
             return (f"{what} does not fit: {free} in total but the largest hole is "
                     f"{self.largest_hole} (external fragmentation)")
         if self.reason == "not_enough_free":
-            return f"{what} does not fit: only {free}"
+            return f"{what} does not fit: " + (f"only {free}" if self.free_total else
+                                               "no slot is free")
         return f"{what} can never fit in this arena"
 
 

@@ -8,7 +8,10 @@ a server-wide cache) and sim_results (what a run shows), used by simulator and d
 
 from __future__ import annotations
 
+import streamlit as st
+
 from backend.views.compare import frames as views
+from backend.views.text import plain_md
 
 SYNTHETIC_NOTE = ("Our numbers come from PagedLab's simulator on synthetic or recorded traces "
                   "(arrivals and lengths only, a fixed time per iteration), not from the "
@@ -18,3 +21,9 @@ SYNTHETIC_NOTE = ("Our numbers come from PagedLab's simulator on synthetic or re
 
 def label(policy: str) -> str:
     return views.POLICY_LABELS[policy]
+
+
+def refuse(message: str | Exception) -> None:
+    """A section's refusal as one error line, shown as plain text: a message may quote a
+    file name, which must not render as Markdown (or fetch what it names)."""
+    st.error(plain_md(str(message)))

@@ -11,6 +11,7 @@ from backend.lab.sim.simulator import SimConfig, SimResult
 from backend.lab.workloads import make_trace
 from backend.views.compare import charts, tables
 from ui import numbers
+from ui.compare import refuse
 from ui.compare.sim_runs import run_with_bar
 
 BLOCK_SIM_RATE = 4.0
@@ -38,7 +39,7 @@ def block_size_section() -> None:
     try:
         points = _block_sweep(workload, int(requests), int(seed))
     except PagedLabError as e:
-        st.error(str(e))
+        refuse(e)
         return
     st.markdown("**The trade-off in numbers:** " + tables.block_tradeoff_sentence(points))
     df = tables.block_sweep_frame(points)
@@ -58,7 +59,7 @@ def block_size_section() -> None:
             runs = run_with_bar(key, make_trace(workload, int(requests), BLOCK_SIM_RATE,
                                                 int(seed)), configs)
         except PagedLabError as e:
-            st.error(str(e))
+            refuse(e)
         else:
             st.session_state[BLOCK_SIM_STATE] = [r.result for r in runs]
     done: list[SimResult] | None = st.session_state.get(BLOCK_SIM_STATE)

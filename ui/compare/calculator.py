@@ -8,6 +8,7 @@ from backend.core.errors import PagedLabError
 from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, kv_capacity
 from backend.views.compare import tables
 from ui import numbers
+from ui.compare import refuse
 
 
 def calculator_section() -> None:
@@ -46,7 +47,7 @@ def calculator_section() -> None:
                           reserve_fraction=float(reserve), request_len=int(req_len),
                           block_sizes=DEFAULT_BLOCK_SIZES)
     except PagedLabError as e:
-        st.error(str(e))
+        refuse(e)
     else:
         m = st.columns(4)
         m[0].metric("Weights", tables.human_bytes(cap.weight_bytes))

@@ -11,6 +11,7 @@ from backend.lab import deployment as dep
 from backend.lab.traces import MAX_TIME_SCALE
 from backend.views.compare import deployment as views
 from ui import numbers
+from ui.compare import refuse
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_with_bar
 from ui.compare.simulator import TRACE_NOTE
@@ -37,7 +38,7 @@ def deployment_section() -> None:
     try:
         d = dep.deployment(workload, time_scale=scale)
     except PagedLabError as e:
-        st.error(str(e))
+        refuse(e)
         return
     st.markdown(views.preset_sentence(d))
     if c[2].button("Replay the whole trace", type="primary", key="cmp_dep_run"):
@@ -45,7 +46,7 @@ def deployment_section() -> None:
             runs = run_with_bar(("deployment", workload, scale), d.trace, d.configs())
         except PagedLabError as e:
             st.session_state.pop(DEPLOY_STATE, None)
-            st.error(str(e))
+            refuse(e)
         else:
             st.session_state[DEPLOY_STATE] = {"workload": workload, "scale": scale,
                                               "runs": runs}

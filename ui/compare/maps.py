@@ -11,7 +11,7 @@ from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.views.compare import charts
 from backend.views.compare import frames as views
 from ui import numbers
-from ui.compare import SYNTHETIC_NOTE, label
+from ui.compare import SYNTHETIC_NOTE, label, refuse
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -48,7 +48,7 @@ def maps_section() -> None:
         data = _maps(str(workload), int(requests), float(rate), int(seed), int(max_len),
                      int(capacity), policy, int(block_size or 16))
     except PagedLabError as e:
-        st.error(str(e))
+        refuse(e)
         return
     domain = data["domain"]
     st.altair_chart(charts.kind_legend(), key="cmp_map_legend")

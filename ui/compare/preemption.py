@@ -10,6 +10,7 @@ from backend.kernels import select_kernels
 from backend.views.compare import swap_recompute as views
 from ui import numbers
 from ui.bars import progress_bar
+from ui.compare import refuse
 
 STATE = "cmp_swap_last"
 
@@ -44,18 +45,24 @@ def preemption_section() -> None:
                                              workload=Workload.overloaded(int(requests)),
                                              capacity_tokens=int(slots), progress=show)
             except PagedLabError as exc:
-                st.error(str(exc))
+                refuse(exc)
             else:
-                st.session_state[STATE] = measured
-    runs: list[PreemptionRun] | None = st.session_state.get(STATE)
-    if not runs:
+                st.session_state[STATE] = (int(slots), measured)
+    # The runs, with the pool they were asked for (the field may have changed since).
+    kept: tuple[int, list[PreemptionRun]] | None = st.session_state.get(STATE)
+    if not kept or not kept[1]:
         st.caption("Press Run: a few seconds for four block sizes on a CPU.")
         return
     device = select_kernels("auto", "torch").device.type
-    st.markdown(views.summary(runs, device))
+    asked, runs = kept
+    st.markdown(views.summary(runs, device, asked))
     st.altair_chart(views.overhead_chart(runs), key="cmp_swap_chart")
-    st.dataframe(views.runs_frame(runs), hide_index=True, key="cmp_swap_table")
+    table = views.runs_frame(runs)
+    # Every run in view: three per block size.
+    st.dataframe(table, hide_index=True, key="cmp_swap_table", height=35 * (len(table) + 1) + 3,
+                 placeholder="—")
     st.caption("recompute ms: the share of each prefill forward's wall time spent on tokens "
                "of requests that were preempted before; swap ms: the time inside the block "
-               "copies to and from the host pool. Wall ms covers the whole run, decode "
+               "copies to and from the host pool, and µs per block that time per block "
+               "copied. Wall ms covers the whole run, decode "
                "steps included.")

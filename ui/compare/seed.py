@@ -9,7 +9,7 @@ from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import charts
 from backend.views.compare import frames as views
 from ui import numbers
-from ui.compare import label
+from ui.compare import label, refuse
 
 
 def seed_section() -> None:
@@ -30,7 +30,7 @@ def seed_section() -> None:
     try:
         ex = seed_example(str(policy), int(block_size or 1), int(new_len or 5))
     except PagedLabError as e:
-        st.error(str(e))
+        refuse(e)
         return
     st.subheader("Contiguous arena")
     st.altair_chart(charts.slot_strip(views.seed_arena_slots(ex), f"{ex.capacity} slots, one "

@@ -20,6 +20,7 @@ from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
 from ui import numbers
 from ui.bars import progress_bar
+from ui.compare import refuse
 
 WIDTHS = (2, 4, 6)
 KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
@@ -156,7 +157,7 @@ def _live() -> None:
                                                model=model, block_size=int(block),
                                                max_new_tokens=int(new), progress=show)
             except PagedLabError as exc:
-                st.error(str(exc))
+                refuse(exc)
             else:
                 st.session_state[LIVE] = results
     measured: list[SharingResult] | None = st.session_state.get(LIVE)
@@ -178,7 +179,7 @@ def _estimate() -> None:
     try:
         results = _sharing(int(requests), int(block_size))
     except PagedLabError as e:
-        st.error(str(e))
+        refuse(e)
         return
     _show(results, "cmp_share")
     st.info("An estimate, not a run: beam choices are modelled stochastically (at every "

@@ -23,6 +23,7 @@ from backend.lab.traces import (
     replay_trace,
 )
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
+from ui.compare import refuse
 from ui.numbers import Fields
 
 PAGE_MAX_REQUESTS = 20_000   # the CLI handles 100k; the page stays interactive
@@ -31,8 +32,9 @@ UPLOAD = "upload"
 SOURCES: tuple[str, ...] = (*WORKLOADS, *RECORDED, UPLOAD)
 SOURCE_LABELS = {
     "sharegpt": "sharegpt (synthetic)", "alpaca": "alpaca (synthetic)",
-    "azure-code": "azure-code (Azure trace, code)",
-    "azure-conv": "azure-conv (Azure trace, conversation)", UPLOAD: "a CSV trace of my own",
+    # Short enough for a quarter of the page: the help names the traces in full.
+    "azure-code": "azure-code (recorded)", "azure-conv": "azure-conv (recorded)",
+    UPLOAD: "a CSV trace of my own",
 }
 _UPLOAD_STATE = "cmp_sim_upload_trace"   # (digest, Trace) of the last upload parsed
 
@@ -51,7 +53,7 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
     """The uploaded trace, parsed whole (once per file), or None after saying why."""
     f = st.file_uploader(
         "Trace (CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens)", type=["csv"],
-        key=f"{prefix}_upload",
+        key=f"{prefix}_upload", max_upload_size=MAX_UPLOAD_BYTES >> 20,
         help=f"At most {MAX_UPLOAD_BYTES >> 20} MiB. TIMESTAMP is a date and time "
              "(2023-11-16 18:17:03.98) or seconds; rows in arrival order.")
     if f is None:
@@ -59,7 +61,7 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
         return None
     data = f.read(MAX_UPLOAD_BYTES + 1)
     if len(data) > MAX_UPLOAD_BYTES:
-        st.error(f"{f.name} is larger than {MAX_UPLOAD_BYTES >> 20} MiB; the page replays "
+        refuse(f"{f.name} is larger than {MAX_UPLOAD_BYTES >> 20} MiB; the page replays "
                  "smaller traces (the command line takes up to 64 MiB).")
         return None
     digest = hashlib.sha256(data).hexdigest()
@@ -70,7 +72,7 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
         trace = parse_trace_csv(data, f.name)
     except PagedLabError as e:
         st.session_state.pop(_UPLOAD_STATE, None)
-        st.error(str(e))
+        refuse(e)
         return None
     st.session_state[_UPLOAD_STATE] = (digest, trace)
     return digest, trace
@@ -81,7 +83,10 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
     if there is none."""
     c = st.columns(4)
     source = c[0].selectbox("Workload", SOURCES, key=f"{prefix}_workload",
-                            format_func=SOURCE_LABELS.__getitem__)
+                            format_func=SOURCE_LABELS.__getitem__,
+                            help="Synthetic: Poisson arrivals, lengths shaped like the "
+                                 "dataset. Recorded: the Azure LLM inference trace 2023, "
+                                 "code or conversation, arrivals and lengths as logged.")
     if source in WORKLOADS:
         requests = int(f.number(c[1], "Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
                                 key=f"{prefix}_requests"))
@@ -101,14 +106,16 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
     else:
         full = recorded_trace(source)
         digest, name = source, source
+    # An upload's fields follow its uploader; a recorded trace's fill the row from the left.
+    fields = (c[2], c[3]) if source == UPLOAD else (c[1], c[2])
     most = min(len(full), PAGE_MAX_REQUESTS)
     requests = int(f.number(
-        c[2], "Requests (the first N)", 1, most, most,
+        fields[0], "Requests (the first N)", 1, most, most,
         key=f"{prefix}_trace_requests_{digest[:12]}",
         help=f"The trace holds {len(full):,} requests; the page replays up to "
              f"{PAGE_MAX_REQUESTS:,}."))
     scale = float(f.number(
-        c[3], "Time scale", 0.01, MAX_TIME_SCALE, 1.0, key=f"{prefix}_time_scale",
+        fields[1], "Time scale", 0.01, MAX_TIME_SCALE, 1.0, key=f"{prefix}_time_scale",
         help="The gaps between arrivals are divided by this: 10 replays the trace ten "
              "times faster."))
     built = replay_trace(full, requests=requests, time_scale=scale)

@@ -18,8 +18,9 @@ from backend.lab.contiguous import DEFAULT_MAX_LEN, next_pow2
 from backend.lab.sim.simulator import POLICIES, SimConfig, SimRun
 from backend.views.compare import frames as views
 from backend.views.compare import preemptions
+from backend.views.text import plain_md
 from ui import numbers
-from ui.compare import SYNTHETIC_NOTE, label
+from ui.compare import SYNTHETIC_NOTE, label, refuse
 from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, trace_inputs
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_with_bar
@@ -38,17 +39,19 @@ def _budget_inputs(f: Fields) -> dict[str, int | None]:
     with st.expander("Scheduler budgets (vLLM's max_num_seqs, max_num_batched_tokens, "
                      "watermark)"):
         c = st.columns(3)
+        # step=1: whole-number fields (with no default, Streamlit would take decimals).
         seqs = f.number(
-            c[0], "max_num_seqs", 1, 1 << 20, None, key="cmp_sim_max_num_seqs",
+            c[0], "max_num_seqs", 1, 1 << 20, None, step=1, key="cmp_sim_max_num_seqs",
             placeholder="no limit", help="At most this many requests run in one iteration.")
         tokens = f.number(
-            c[1], "max_num_batched_tokens", 1, 1 << 24, None,
+            c[1], "max_num_batched_tokens", 1, 1 << 24, None, step=1,
             key="cmp_sim_max_num_batched_tokens", placeholder="no limit",
             help="At most this many tokens per iteration, prefill and decode together. "
                  "Decodes go first; a longer prompt is prefilled in chunks over several "
                  "iterations.")
         watermark = f.number(
-            c[2], "watermark_blocks (paged)", 0, 1 << 20, None, key="cmp_sim_watermark_blocks",
+            c[2], "watermark_blocks (paged)", 0, 1 << 20, None, step=1,
+            key="cmp_sim_watermark_blocks",
             placeholder="1% of the pool",
             help="A request is admitted only if this many blocks stay free after its "
                  "prompt's blocks are taken (vLLM v0's default: 1% of the blocks).")
@@ -73,7 +76,7 @@ def _watermarks(last: dict[str, Any]) -> None:
         try:
             runs = run_with_bar(last["trace_key"], last["trace"], configs)
         except PagedLabError as e:
-            st.error(str(e))
+            refuse(e)
         else:
             last["watermarks"] = [r.result for r in runs]
     if last.get("watermarks"):
@@ -115,9 +118,9 @@ def simulator_section() -> None:
                                   key="cmp_sim_policies", format_func=label)
     if st.button("Run simulation", type="primary", key="cmp_sim_run"):
         if not policies:
-            st.error("Choose at least one policy.")
+            refuse("Choose at least one policy.")
         elif choice is None:
-            st.error("Upload a trace first.")
+            refuse("Upload a trace first.")
         else:
             ordered = [p for p in views.POLICY_ORDER if p in policies]
             try:
@@ -133,7 +136,7 @@ def simulator_section() -> None:
             except PagedLabError as e:
                 # Never leave an earlier run on screen as if it answered these parameters.
                 st.session_state.pop(SIM_STATE, None)
-                st.error(str(e))
+                refuse(e)
             else:
                 st.session_state[SIM_STATE] = {
                     "label": choice.label, "capacity": int(capacity), "budgets": budgets,
@@ -145,8 +148,9 @@ def simulator_section() -> None:
         return
     runs: list[SimRun] = last["runs"]
     set_budgets = ", ".join(f"{k} {v:,}" for k, v in last["budgets"].items() if v is not None)
-    st.caption(f"Last run: {last['label']}, {last['capacity']:,} token slots"
-               + (f", {set_budgets}" if set_budgets else "") + ".")
+    # Plain text: an uploaded trace's label is its file's name.
+    st.caption(plain_md(f"Last run: {last['label']}, {last['capacity']:,} token slots"
+                        + (f", {set_budgets}" if set_budgets else "") + "."))
     comparison(runs, "cmp_sim")
     preemption_section(runs, "cmp_sim")
     _watermarks(last)

@@ -174,7 +174,8 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
     pool_stages.append(_pool_stage(label, pool, pool_wait))
     # 3. D arrives: new_len - 1 tokens now, new_len at the end.
     fit = arena.fits(new_len)
-    label = f"3. D ({new_len} tokens) arrives"
+    # Its prompt now, its final length in the arena's reservation: the label says both.
+    label = f"3. D arrives ({counted(new_len - 1, 'token')}, final length {new_len})"
     if fit.fits:
         arena.reserve("D", new_len, tokens=new_len - 1)
         arena_stages.append(_arena_stage(label, arena, arena_wait, None))

@@ -203,19 +203,22 @@ def map_fractions(replay: MapReplay, stride: int = 1) -> pd.DataFrame:
 
 
 def breakdown_table(results: Sequence[SimResult]) -> pd.DataFrame:
-    """One row per policy: batch sizes, preemptions, the five time-averaged shares, and the
-    paper's Figure 2 token-state share beside ours."""
-    rows: list[dict[str, object]] = []
-    for r in sorted(results, key=lambda r: POLICY_ORDER.index(r.policy)):
-        row: dict[str, object] = {"policy": r.policy, "memory": POLICY_LABELS[r.policy],
-                                  "mean batch": round(r.mean_batch_size, 2),
-                                  "max batch": r.max_batch_size, "preemptions": r.preemptions}
-        for k in SEGMENT_KINDS:
-            row[KIND_LABELS[k]] = pct(r.memory[k])
-        row["paper: token states"] = (f"{pct(PAPER_TOKEN_SHARE[r.policy])} "
-                                      f"({PAPER_SYSTEMS[r.policy]})")
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """One column per policy (in POLICY_ORDER) and a row per measure: the memory it is,
+    batch sizes, preemptions, the five time-averaged shares, and the paper's Figure 2
+    token-state share beside ours. Policies side by side, as the paper's systems are,
+    and narrow enough for a page: ten measures across would not be."""
+    ordered = sorted(results, key=lambda r: POLICY_ORDER.index(r.policy))
+    rows: list[tuple[str, list[str]]] = [
+        ("memory", [POLICY_LABELS[r.policy] for r in ordered]),
+        ("mean batch", [f"{r.mean_batch_size:.2f}" for r in ordered]),
+        ("max batch", [f"{r.max_batch_size:,}" for r in ordered]),
+        ("preemptions", [f"{r.preemptions:,}" for r in ordered]),
+        *((KIND_LABELS[k], [pct(r.memory[k]) for r in ordered]) for k in SEGMENT_KINDS),
+        ("paper: token states", [f"{pct(PAPER_TOKEN_SHARE[r.policy])} "
+                                 f"({PAPER_SYSTEMS[r.policy]})" for r in ordered]),
+    ]
+    return pd.DataFrame([[measure, *values] for measure, values in rows],
+                        columns=["measure", *(r.policy for r in ordered)])
 
 
 def memory_long(results: Sequence[SimResult]) -> pd.DataFrame:

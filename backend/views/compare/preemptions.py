@@ -78,7 +78,7 @@ def preemption_story(run: SimRun) -> str:
         "scheduler follows vLLM's rules: running requests are served before waiting ones, "
         "the victim is the most recently admitted request, and it goes back to the head of "
         f"the queue, to be readmitted as soon as its blocks fit with {watermark} kept free "
-        f"(the watermark). Requests arrived at {r.rate:g}/s and finished at "
+        f"(the watermark). Requests arrived at {r.rate:.2f}/s and finished at "
         f"{r.throughput_requests_per_s:.2f}/s, so a queue waited in {queued:.0%} of the "
         "iterations: every finish frees blocks that admission hands straight to the head of "
         f"the queue until only the watermark is left, and a batch of {r.mean_batch_size:.0f} "

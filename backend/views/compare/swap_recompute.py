@@ -25,8 +25,8 @@ def runs_frame(runs: Sequence[PreemptionRun]) -> pd.DataFrame:
         "wall ms": round(r.wall_ms, 1), "preemptions": r.preemptions,
         "recomputed tokens": r.recomputed_tokens, "recompute ms": round(r.recompute_ms, 2),
         "swapped blocks": r.swapped_blocks, "swap ms": round(r.swap_ms, 2),
-        # NaN, not None: a table shows a missing number as an empty cell, None as "None".
-        "µs per swapped block": (round(r.swap_ms * 1e3 / r.swapped_blocks, 1)
+        # NaN, not None: a missing number, which the page's table shows as its placeholder.
+        "µs per block": (round(r.swap_ms * 1e3 / r.swapped_blocks, 1)
                                  if r.swapped_blocks else float("nan")),
         "same tokens": r.same_tokens,
     } for r in runs])
@@ -52,15 +52,18 @@ def overhead_chart(runs: Sequence[PreemptionRun], *, width: int = 520) -> alt.Ch
     return alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("block size:O", title="block size (tokens)", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("ms:Q", title="time spent on preemptions (ms)"),
-        color=alt.Color("method:N", title=None, legend=alt.Legend(orient="top")),
+        # A legend of strokes, so it shows each method's dash (points would blur it).
+        color=alt.Color("method:N", title=None,
+                        legend=alt.Legend(orient="top", symbolType="stroke")),
         strokeDash=alt.StrokeDash("method:N", legend=None),
         tooltip=["block size:O", "method:N", alt.Tooltip("ms:Q", format=",.2f")],
     ).properties(width=width, height=300,
                  title="Preemption overhead by block size, measured on this engine")
 
 
-def summary(runs: Sequence[PreemptionRun], device: str) -> str:
-    """What the runs show, in a few sentences with their numbers."""
+def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None) -> str:
+    """What the runs show, in a few sentences with their numbers (`slots`: the device
+    pool asked for, in token slots, to say where the runs needed more)."""
     swap = [r for r in runs if r.mode == "swap" and r.swapped_blocks]
     rec = {r.block_size: r for r in runs if r.mode == "recompute"}
     if not swap:
@@ -84,14 +87,37 @@ def summary(runs: Sequence[PreemptionRun], device: str) -> str:
         f"{hi.swapped_blocks:,} at {hi.block_size}: {per_lo:.1f} µs per block against "
         f"{per_hi:.1f} µs, so the per-copy overhead weighs most at small blocks, the paper's "
         "point. ",
-        f"Recomputation re-prefilled {rec[lo.block_size].recomputed_tokens:,} tokens at "
-        f"block size {lo.block_size}, a cost that does not depend on the block size. ",
+        _recompute_sentence(rec[lo.block_size], rec.get(hi.block_size, rec[lo.block_size])),
         (f"Swapping took less time than recomputing at block size{'s' * (len(faster) > 1)} "
          f"{', '.join(map(str, faster))}. " if faster else
          "Recomputing took less time than swapping at every block size here. "),
     ]
+    raised = sorted({(r.block_size, r.num_blocks * r.block_size) for r in runs
+                     if r.mode != "roomy" and slots is not None
+                     and r.num_blocks * r.block_size > slots})
+    if raised:
+        parts.append("To hold the longest request, the pool took more than the "
+                     f"{slots:,} slots asked for at block "
+                     f"size{'s' * (len(raised) > 1)} "
+                     + ", ".join(f"{bs} ({n:,} slots)" for bs, n in raised) + ". ")
     if device == "cpu":
         parts.append("On this machine the host pool is the same CPU's memory, so a swap is a "
                      "memory copy, not a PCIe transfer as in the paper, and the tiny model's "
                      "prefill is cheap: the shape is what compares, not the magnitudes.")
     return "".join(parts)
+
+
+def _recompute_sentence(lo: PreemptionRun, hi: PreemptionRun) -> str:
+    """What recomputation cost at the smallest and largest block size, per token."""
+    def per(r: PreemptionRun) -> float:
+        return r.recompute_ms * 1e3 / r.recomputed_tokens if r.recomputed_tokens else 0.0
+
+    said = (f"Recomputation re-prefilled {lo.recomputed_tokens:,} tokens at block size "
+            f"{lo.block_size} ({per(lo):.1f} µs per token)")
+    if hi is lo or not hi.recomputed_tokens:
+        return said + ". "
+    a, b = sorted((per(lo), per(hi)))
+    same = a > 0 and b / a < 1.5
+    return (said + f" and {hi.recomputed_tokens:,} at {hi.block_size} ({per(hi):.1f} µs): "
+            + ("about the same per token, whatever the block size. " if same else
+               "per token, not the same at both here. "))
