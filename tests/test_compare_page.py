@@ -309,3 +309,15 @@ def test_in_the_app_its_sidebar_says_what_it_runs_not_the_playgrounds_pool() -> 
     at.switch_page("pages/playground.py").run()
     assert at.sidebar.number_input(key="cfg_num_blocks").value == 64
     assert not at.warning
+
+
+def test_a_max_length_past_half_the_arena_is_said_to_run_one_at_a_time() -> None:
+    at = start()
+    assert not [c for c in at.caption if "holds one request at a time" in c.value]
+    at.number_input(key="cmp_map_max_len").set_value(8192).run()
+    assert not at.exception
+    assert ("The max policy reserves the whole 768-slot arena for each request: it holds one "
+            "request at a time.") in [c.value for c in at.caption]
+    at.number_input(key="cmp_map_max_len").set_value(400).run()
+    assert ("The max policy reserves 400 slots, more than half the 768-slot arena, for each "
+            "request: it holds one request at a time.") in [c.value for c in at.caption]

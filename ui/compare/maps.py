@@ -51,6 +51,12 @@ def maps_section() -> None:
         refuse(e)
         return
     domain = data["domain"]
+    if policy == "max" and max_len * 2 > capacity:
+        # Said, not left for the map to show: the max policy then runs one at a time.
+        size = (f"the whole {int(capacity):,}-slot arena" if max_len >= capacity else
+                f"{int(max_len):,} slots, more than half the {int(capacity):,}-slot arena,")
+        st.caption(f"The max policy reserves {size} for each request: it holds one request "
+                   "at a time.")
     st.altair_chart(charts.kind_legend(), key="cmp_map_legend")
     left, right = st.columns(2, gap="medium")
     for col, side, title in ((left, "left", f"Contiguous: {views.POLICY_SHORT[policy]}"),
