@@ -111,12 +111,18 @@ def test_control_exceptions_are_kept_from_the_engine_and_raised_after(
     shown.finish()                           # raised once
 
 
-def test_a_stopped_step_n_says_so_and_is_what_the_log_and_store_hold(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def torch_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    """The app on the torch kernel, saving its sessions under `tmp_path`."""
     monkeypatch.setenv("PAGEDLAB_DATA_DIR", str(tmp_path))
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     at.segmented_control(key="dev_kernel").set_value("torch").run()
+    return at
+
+
+def test_a_stopped_step_n_says_so_and_is_what_the_log_and_store_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = torch_app(tmp_path, monkeypatch)
     at.button(key="btn_add").click().run()
     work: Work = at.session_state["work"]
     # As if Stop were pressed during the third iteration.
@@ -135,10 +141,7 @@ def test_a_stopped_step_n_says_so_and_is_what_the_log_and_store_hold(
 
 def test_step_n_ends_when_nothing_is_left_to_run(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PAGEDLAB_DATA_DIR", str(tmp_path))
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.run()
-    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    at = torch_app(tmp_path, monkeypatch)
     at.number_input(key="add_max_new").set_value(4)
     at.button(key="btn_add").click().run()
     at.number_input(key="batch_n").set_value(50).run()
@@ -161,10 +164,7 @@ def test_step_n_ends_when_nothing_is_left_to_run(tmp_path: Path,
 
 def test_step_n_goes_on_while_a_request_only_waits(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PAGEDLAB_DATA_DIR", str(tmp_path))
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.run()
-    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    at = torch_app(tmp_path, monkeypatch)
     # One request runs at a time: when A finishes, nothing runs and B only waits.
     at.sidebar.number_input(key="cfg_max_num_seqs").set_value(1).run()
     at.number_input(key="add_max_new").set_value(3)
