@@ -406,9 +406,9 @@ def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
     # Recomputation's cost per token, as measured at both ends, not as the paper says.
     said = swap_recompute.summary(runs, "cpu")
     assert ("Recomputation re-prefilled 40 tokens at block size 1 (125.0 µs per token) and "
-            "40 at 4 (125.0 µs): about the same per token, whatever the block size. ") in said
+            "40 at 4 (125.0 µs): about the same per token at both. ") in said
     said = swap_recompute.summary([*runs[:3], run(4, "recompute", rec_ms=50.0), runs[5]], "cpu")
-    assert "(1250.0 µs): per token, not the same at both here. " in said
+    assert "(1250.0 µs): not the same per token at both, here. " in said
     # 64 blocks hold 64 slots at block size 1 but 256 at 4: more than the 64 asked for.
     said = swap_recompute.summary(runs, "cpu", 64)
     assert ("To hold the longest request, the pool took more than the 64 slots asked for "

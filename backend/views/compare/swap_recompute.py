@@ -27,7 +27,7 @@ def runs_frame(runs: Sequence[PreemptionRun]) -> pd.DataFrame:
         "swapped blocks": r.swapped_blocks, "swap ms": round(r.swap_ms, 2),
         # NaN, not None: a missing number, which the page's table shows as its placeholder.
         "µs per block": (round(r.swap_ms * 1e3 / r.swapped_blocks, 1)
-                                 if r.swapped_blocks else float("nan")),
+                         if r.swapped_blocks else float("nan")),
         "same tokens": r.same_tokens,
     } for r in runs])
 
@@ -119,5 +119,5 @@ def _recompute_sentence(lo: PreemptionRun, hi: PreemptionRun) -> str:
     a, b = sorted((per(lo), per(hi)))
     same = a > 0 and b / a < 1.5
     return (said + f" and {hi.recomputed_tokens:,} at {hi.block_size} ({per(hi):.1f} µs): "
-            + ("about the same per token, whatever the block size. " if same else
-               "per token, not the same at both here. "))
+            + ("about the same per token at both. " if same else
+               "not the same per token at both, here. "))
