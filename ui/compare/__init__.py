@@ -8,8 +8,11 @@ a server-wide cache) and sim_results (what a run shows), used by simulator and d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import streamlit as st
 
+from backend.lab.sim.simulator import SimResult
 from backend.views.compare import frames as views
 from backend.views.text import plain_md
 
@@ -27,3 +30,11 @@ def refuse(message: str | Exception) -> None:
     """A section's refusal as one error line, shown as plain text: a message may quote a
     file name, which must not render as Markdown (or fetch what it names)."""
     st.error(plain_md(str(message)))
+
+
+def breakdown(results: Sequence[SimResult], key: str) -> None:
+    """The time-averaged breakdown, a column per policy, each wide enough for its long
+    name ("contiguous, next power of two") on a 1400 px page."""
+    df = views.breakdown_table(results)
+    st.dataframe(df, hide_index=True, key=key, width="stretch", column_config={
+        c: st.column_config.Column(width=150 if c == "measure" else 190) for c in df.columns})

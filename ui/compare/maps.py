@@ -11,7 +11,7 @@ from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.views.compare import charts
 from backend.views.compare import frames as views
 from ui import numbers
-from ui.compare import SYNTHETIC_NOTE, label, refuse
+from ui.compare import SYNTHETIC_NOTE, breakdown, label, refuse
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -72,7 +72,7 @@ def maps_section() -> None:
                            "span); the shares below average over every iteration.")
     st.markdown(data["finish"])
     st.subheader("Time-averaged breakdown on this workload")
-    st.dataframe(views.breakdown_table(data["table"]), hide_index=True, key="cmp_map_table")
+    breakdown(data["table"], "cmp_map_table")
     st.markdown(views.batch_gain_sentence(data["table"]))
     st.altair_chart(charts.breakdown_bars(views.memory_long(data["table"])), width="stretch",
                     key="cmp_map_bars")

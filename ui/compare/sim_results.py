@@ -15,7 +15,7 @@ from backend.lab.sim.simulator import SimRun
 from backend.views.compare import charts, preemptions
 from backend.views.compare import frames as views
 from backend.views.compare.timeline import timeline_chart, timeline_frame
-from ui.compare import label
+from ui.compare import breakdown, label
 
 
 def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True) -> None:
@@ -37,7 +37,7 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True)
                "system. " if paper_ticks else "") + preemptions.preemption_note(results))
     st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
                     key=f"{prefix}_breakdown_chart")
-    st.dataframe(views.breakdown_table(results), hide_index=True, key=f"{prefix}_table")
+    breakdown(results, f"{prefix}_table")
     st.dataframe(metrics, hide_index=True, key=f"{prefix}_metrics", column_order=[
         "policy", "requests/s", "normalized latency (s/token)", "iterations", "preemptions"],
         column_config={"requests/s": st.column_config.NumberColumn(format="%.3f"),
