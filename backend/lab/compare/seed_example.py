@@ -174,8 +174,9 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
     pool_stages.append(_pool_stage(label, pool, pool_wait))
     # 3. D arrives: new_len - 1 tokens now, new_len at the end.
     fit = arena.fits(new_len)
+    d_tokens = counted(new_len - 1, "token")
     # Its prompt now, its final length in the arena's reservation: the label says both.
-    label = f"3. D arrives ({counted(new_len - 1, 'token')}, final length {new_len})"
+    label = f"3. D arrives ({d_tokens}, final length {new_len})"
     if fit.fits:
         arena.reserve("D", new_len, tokens=new_len - 1)
         arena_stages.append(_arena_stage(label, arena, arena_wait, None))
@@ -184,7 +185,6 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
         arena_stages.append(_arena_stage(label, arena, [*arena_wait, "D"], fit.size))
     d_table: tuple[int, ...] | None = None
     need = pool.blocks_for(new_len - 1)
-    d_tokens = counted(new_len - 1, "token")
     if need <= pool.num_free_blocks:
         d_table = pool.allocate("D", new_len - 1).block_table
         pool_message = (f"D's {d_tokens} {agrees(new_len - 1, 'takes', 'take')} "
