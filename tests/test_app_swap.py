@@ -50,7 +50,7 @@ def test_a_swapped_request_shows_in_the_host_pool_and_its_table() -> None:
     at.selectbox(key="focus_req").set_value(rid).run()
     assert any("swapped out" in m.value for m in at.markdown)
     for _ in range(40):
-        if not (e.running or e.waiting or e.swapped):
+        if e.idle:
             break
         click(at, "btn_step")
     assert e.host is not None and e.host.swap_ins > 0

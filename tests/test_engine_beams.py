@@ -41,7 +41,7 @@ def run_out(e: Engine, rounds: list[list[tuple[list[int], float]]] | None = None
             group: str = "B") -> None:
     """Step until nothing runs, noting the group's live beams (best first) after each step."""
     for _ in range(500):
-        if not (e.running or e.waiting or e.swapped):
+        if e.idle:
             return
         apply(e, {"op": "step"})
         if rounds is not None:

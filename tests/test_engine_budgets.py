@@ -66,7 +66,7 @@ PROMPTS = [
 
 def run_out(e: Engine, steps: int = 40) -> None:
     for _ in range(steps):
-        if not (e.running or e.waiting or e.swapped):
+        if e.idle:
             return
         apply(e, {"op": "step"})
     raise AssertionError("requests still running")
@@ -255,7 +255,7 @@ def test_budgets_hold_at_every_step(data: hst.DataObject) -> None:
             assert e.manager.num_free_blocks >= watermark
     run_out(free, steps=400)
     for _ in range(400):
-        if not (e.running or e.waiting or e.swapped):
+        if e.idle:
             break
         calls.clear()
         running = set(e.running)
@@ -264,6 +264,6 @@ def test_budgets_hold_at_every_step(data: hst.DataObject) -> None:
             assert sum(calls) <= tokens, calls
         if seqs is not None:
             assert len(e.running) <= seqs
-    assert not (e.running or e.waiting or e.swapped)
+    assert e.idle
     for rid, req in free.requests.items():
         assert e.requests[rid].tokens == req.tokens, rid

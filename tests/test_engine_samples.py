@@ -37,7 +37,7 @@ def apply(e: Engine, *ops: dict[str, Any]) -> None:
 
 def run_out(e: Engine) -> None:
     for _ in range(300):
-        if not (e.running or e.waiting or e.swapped):
+        if e.idle:
             return
         apply(e, {"op": "step"})
     raise AssertionError("requests never finished")

@@ -42,7 +42,7 @@ def run_out(e: Engine, *, verify: bool = False) -> int:
     """Step until nothing runs or waits; returns the steps with a swapped request."""
     swapped_steps = 0
     for _ in range(200):
-        if not (e.running or e.waiting or e.swapped):
+        if e.idle:
             return swapped_steps
         apply(e, {"op": "step"})
         swapped_steps += bool(e.swapped)
