@@ -43,8 +43,16 @@ def test_beam_width_without_a_token_limit_is_refused_by_name() -> None:
     # Set after the sidebar's rerun: a form's fields count only when it is submitted.
     at.number_input(key="add_beam").set_value(2)
     add(at, "Once upon a time")
-    assert any("needs a max_new_tokens limit" in x.value for x in at.error)
+    assert any("Beam width needs a limit on new tokens: give Max new tokens, or set the "
+               "sidebar's Default max new tokens" in x.value for x in at.error)
     assert not engine(at).requests
+    # With the sidebar's default, the same form adds the beam search.
+    at.sidebar.number_input(key="cfg_max_new").set_value(4).run()
+    at.number_input(key="add_beam").set_value(2)
+    add(at, "Once upon a time")
+    # (The first beam; its first step forks the second.)
+    assert not at.error and list(engine(at).requests) == ["A.0"]
+    assert engine(at).requests["A.0"].beam_width == 2
 
 
 def test_a_beam_groups_id_is_shown_as_written_not_as_markdown() -> None:

@@ -272,6 +272,30 @@ def test_add_op_checks_token_ids_against_the_engines_vocabulary() -> None:
                existing={}, vocab_size=49_152, prompt_tokens=[49_152])
 
 
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n": 2, "beam_width": 2}, "Parallel samples (n) and Beam width do not go together"),
+    ({"n": 2, "blocks": "1, 2"}, "leave it blank to use Parallel samples (n)"),
+    ({"beam_width": 2, "blocks": "1"}, "leave it blank to use Beam width"),
+    ({"beam_width": 2, "max_new_tokens": None}, "give Max new tokens, or set the sidebar's"),
+])
+def test_add_op_refuses_a_bad_group_in_the_forms_words(fields: dict[str, Any],
+                                                       message: str) -> None:
+    form = {"request": "", "prompt": "hi", "prompt_len": None, "max_new_tokens": 4,
+            "blocks": None, "existing": {}, "vocab_size": 256, **fields}
+    with pytest.raises(PagedLabError, match=re.escape(message)):
+        add_op(**form)
+
+
+def test_add_op_lets_a_beam_search_take_the_engines_default_limit() -> None:
+    op = add_op(request="", prompt="hi", prompt_len=None, max_new_tokens=None, blocks=None,
+                existing={}, vocab_size=256, beam_width=2, default_max_new=6)
+    assert op == Add("A", prompt="hi", beam_width=2)
+    # One sample is no group: pins still go with it.
+    op = add_op(request="", prompt="hi", prompt_len=None, max_new_tokens=None, blocks="3",
+                existing={}, vocab_size=256, n=1)
+    assert op == Add("A", prompt="hi", blocks=(3,))
+
+
 def test_generated_ids() -> None:
     assert next_request_id({}) == "A"
     assert next_request_id({c: 1 for c in "ABC"}) == "D"

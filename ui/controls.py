@@ -104,7 +104,8 @@ def _on_add() -> None:
             blocks=ss["add_pins"], existing=engine.requests,
             vocab_size=engine.config.vocab_size,
             n=whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
-            beam_width=whole_number("add_beam", "Beam width", 1, MAX_SAMPLES))
+            beam_width=whole_number("add_beam", "Beam width", 1, MAX_SAMPLES),
+            default_max_new=engine.config.max_new_tokens)
 
     result = session.apply(make)
     if result is not None and isinstance(result.op, Add):

@@ -245,8 +245,12 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
            max_new_tokens: int | None, blocks: str | None,
            existing: set[str] | dict[str, Any], vocab_size: int,
            prompt_tokens: Sequence[int] | None = None, n: int | None = None,
-           beam_width: int | None = None) -> Add:
-    """The `add` operation for the Add form. Raises PagedLabError for a bad combination.
+           beam_width: int | None = None, default_max_new: int | None = None) -> Add:
+    """The `add` operation for the Add form. Raises PagedLabError for a bad combination,
+    named by the form's labels (the scenario parser would name its own fields).
+
+    `default_max_new` is the engine's limit for a request that gives none (the
+    sidebar's "Default max new tokens"); a beam search needs one of the two.
 
     `vocab_size` is the engine's model's (256 for tiny-byte's bytes, 49,152 for
     SmolLM2): the op is parsed as a scenario on that model would be, so
@@ -273,6 +277,7 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
     pins = parse_blocks(blocks)
     if pins is not None:
         data["blocks"] = pins
+    _check_group(n, beam_width, pins, max_new_tokens, default_max_new)
     if n is not None and n > 1:
         data["n"] = int(n)
     if beam_width is not None:
@@ -280,6 +285,23 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
     op = parse_op(data, vocab_size=vocab_size)
     assert isinstance(op, Add)
     return op
+
+
+def _check_group(n: int | None, width: int | None, pins: list[int] | None,
+                 max_new: int | None, default_max_new: int | None) -> None:
+    """The Add form's samples, beams and pins, refused in the form's words."""
+    samples = n is not None and n > 1
+    if samples and width is not None:
+        raise PagedLabError("Parallel samples (n) and Beam width do not go together: give "
+                            "one of them (samples draw independently; beams keep the most "
+                            "likely)")
+    if pins is not None and (samples or width is not None):
+        field = "Beam width" if width is not None else "Parallel samples (n)"
+        raise PagedLabError(f"Pin to blocks is for one request; leave it blank to use {field}")
+    if width is not None and max_new is None and default_max_new is None:
+        raise PagedLabError("Beam width needs a limit on new tokens: give Max new tokens, or "
+                            "set the sidebar's Default max new tokens (the beams all grow "
+                            "until they end or reach it)")
 
 
 def op_from(data: dict[str, Any]) -> Op:
