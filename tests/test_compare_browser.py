@@ -1,9 +1,10 @@
 """The "Contiguous vs paged" page in a real Chromium: every tab, its numbers, a screenshot each.
 
-Runs `streamlit run pages/compare.py` by itself (the page must work outside app.py too) and
-drives Debian's chromium through Playwright's `executable_path`, since Playwright's own
-browser download cannot work offline. A missing browser fails the test: it must not pass
-without having looked at the page. Screenshots: build/screenshots/compare-*.png.
+Runs `streamlit run app.py` and opens the page at /fragmentation, as a reader does (the
+app's wide layout is what the tables are sized for). Drives Debian's chromium through
+Playwright's `executable_path`, since Playwright's own browser download cannot work
+offline. A missing browser fails the test: it must not pass without having looked at the
+page. Screenshots: build/screenshots/compare-*.png.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ TIMEOUT_MS = 30_000
 
 @pytest.fixture(scope="module")
 def page_url() -> Iterator[str]:
-    """`streamlit run pages/compare.py` by itself, stopped after the module."""
-    with serve("pages/compare.py", "test_compare_browser") as url:
-        yield url
+    """The page's address on a fresh `streamlit run app.py`, stopped after the module."""
+    with serve("app.py", "test_compare_browser") as url:
+        yield f"{url}/fragmentation"
 
 
 def open_tab(page: Page, name: str, *, charts: bool = True) -> None:
@@ -53,6 +54,20 @@ def shot_of(locator: Locator, name: str) -> None:
     scroll_to(locator)
     locator.page.wait_for_timeout(800)
     locator.screenshot(path=SHOTS / f"compare-{name}.png")
+
+
+# Each table of the open tab: its grid's scrolled and visible width and height.
+TABLES = """() => [...document.querySelectorAll(
+        '[role=tabpanel]:not([hidden]) [data-testid=stDataFrame] .dvn-scroller')]
+    .map(s => ({wide: [s.scrollWidth, s.clientWidth], tall: [s.scrollHeight, s.clientHeight]}))"""
+
+
+def tables_fit(page: Page, count: int) -> None:
+    """The open tab's `count` tables show every column and row without scrolling."""
+    sizes = page.evaluate(TABLES)
+    assert len(sizes) == count, sizes
+    assert all(s["wide"][0] <= s["wide"][1] and s["tall"][0] <= s["tall"][1]
+               for s in sizes), sizes
 
 
 def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
@@ -122,6 +137,16 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             shot(page, "4b-deployment")
             shot_of(panel.locator(".vega-embed").last, "4c-deployment-timeline")
 
+            # Real engines at four block sizes; all twelve runs' columns in view.
+            open_tab(page, "Swap or recompute", charts=False)
+            panel = page.get_by_role("tabpanel", name="Swap or recompute")
+            panel.get_by_role("button", name="Run on the engine").click()
+            expect(panel.get_by_text("every request generated exactly the tokens")
+                   ).to_be_visible(timeout=120_000)
+            expect(panel.locator(".vega-embed")).to_have_count(1)
+            tables_fit(page, 1)
+            shot(page, "4d-swap")
+
             open_tab(page, "Sharing")
             expect(page.get_by_text(sharing)).to_be_visible()
             shot(page, "5-sharing")
@@ -129,6 +154,8 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             open_tab(page, "Memory calculator", charts=False)   # tables and metrics only
             expect(page.get_by_text("819,200 bytes per token (800 KiB)")).to_be_visible()
             expect(page.get_by_text("15,447", exact=True)).to_be_visible()
+            # Every model's shape, the source column included, without scrolling.
+            tables_fit(page, 2)
             shot(page, "6-calculator")
             # No section fell over.
             expect(page.locator(".stException")).to_have_count(0)

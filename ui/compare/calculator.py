@@ -10,6 +10,9 @@ from backend.views.compare import tables
 from ui import numbers
 from ui.compare import refuse
 
+# Counts with thousands separators, as the page's text writes them.
+COUNT = st.column_config.NumberColumn(format="localized")
+
 
 def calculator_section() -> None:
     st.markdown(
@@ -54,9 +57,25 @@ def calculator_section() -> None:
         m[1].metric("Left for KV", tables.human_bytes(cap.kv_bytes))
         m[2].metric("KV tokens that fit", f"{cap.kv_tokens:,}")
         m[3].metric(f"Requests of {cap.request_len:,} tokens", f"{cap.requests:,}")
-        st.dataframe(tables.capacity_blocks_frame(cap), hide_index=True, key="cmp_calc_blocks")
+        st.dataframe(tables.capacity_blocks_frame(cap), hide_index=True, key="cmp_calc_blocks",
+                     column_config={c: COUNT for c in ("bytes per block", "blocks", "KV tokens",
+                                                       "blocks per request",
+                                                       "requests that fit")})
     st.subheader("Model shapes")
-    st.dataframe(tables.models_frame(int(kv_bytes)), hide_index=True, key="cmp_calc_models")
+    # Every model in view, and short headers (the long name as each one's tooltip), so
+    # the source column fits a 1400 px window beside the sidebar.
+    st.dataframe(tables.models_frame(int(kv_bytes)), hide_index=True, key="cmp_calc_models",
+                 height="content", column_config={
+                     "query heads": st.column_config.NumberColumn("Q heads",
+                                                                  help="query heads"),
+                     "parameters (B)": st.column_config.NumberColumn(
+                         "params (B)", help="parameters, in billions"),
+                     "bytes per token": st.column_config.NumberColumn(
+                         "bytes/token", help="KV bytes per token", format="localized"),
+                     "per 16-token block": st.column_config.TextColumn(
+                         "16-token block", help="KV bytes per block of 16 tokens"),
+                     "source": st.column_config.TextColumn(
+                         help="the Hugging Face repository whose config.json gave the shape")})
     st.caption("Shapes from each model's Hugging Face config.json. Grouped-query attention "
                "(fewer KV heads than query heads) is why current models need far less KV "
                "memory per token than OPT-13B.")

@@ -59,10 +59,23 @@ def preemption_section() -> None:
     st.altair_chart(views.overhead_chart(runs), key="cmp_swap_chart")
     table = views.runs_frame(runs)
     # Every run in view: three per block size.
-    st.dataframe(table, hide_index=True, key="cmp_swap_table", height=35 * (len(table) + 1) + 3,
-                 placeholder="—")
-    st.caption("recompute ms: the share of each prefill forward's wall time spent on tokens "
-               "of requests that were preempted before; swap ms: the time inside the block "
-               "copies to and from the host pool, and µs per block that time per block "
-               "copied. Wall ms covers the whole run, decode "
-               "steps included.")
+    # Short headers, the long names as tooltips: all twelve columns fit a 1400 px window
+    # beside the sidebar.
+    num = st.column_config.NumberColumn
+    st.dataframe(table, hide_index=True, key="cmp_swap_table", height="content",
+                 placeholder="—", column_config={
+                     "block size": num("block", help="block size (tokens)"),
+                     "blocks": num(help="device pool, in blocks"),
+                     "preemptions": num("preempts", help="preemptions"),
+                     "recomputed tokens": num("recomputed",
+                                              help="tokens prefilled again after a preemption"),
+                     "swapped blocks": num("swapped",
+                                           help="blocks copied to the host pool and back"),
+                     "same tokens": st.column_config.CheckboxColumn(
+                         "same tokens", help="every request generated exactly the tokens of "
+                                             "the run that never preempted")})
+    st.caption("recomputed: tokens prefilled again after a preemption, and recompute ms the "
+               "share of each prefill forward's wall time spent on them; swapped: blocks "
+               "copied to the host pool and back, swap ms the time inside those copies, and "
+               "µs per block that time per block copied. Wall ms covers the whole run, "
+               "decode steps included.")
