@@ -90,6 +90,20 @@ def test_seed_example_block_size_two_and_pow2() -> None:
     assert pow2.fit.size == 8
 
 
+def test_a_d_larger_than_the_free_slots_leaves_them_free_not_fragmented() -> None:
+    ex = seed_example(new_len=16)
+    # 5 slots free, D needs 16: no compaction would place it, so nothing is fragmentation.
+    assert ex.fit.reason == "not_enough_free"
+    d = ex.arena[-1]
+    assert d.waiting == ("D",)
+    assert d.breakdown.external_fragmentation == 0 and d.breakdown.free == 5
+    assert {s.kind for s in d.segments if s.owner is None} == {"free"}
+    # Just past the largest hole but within the free total: the holes are fragmentation.
+    ex = seed_example(new_len=4)
+    assert ex.fit.reason == "external_fragmentation"
+    assert ex.arena[-1].breakdown.external_fragmentation == 5
+
+
 def test_seed_example_refuses_bad_input() -> None:
     with pytest.raises(PagedLabError, match="policy"):
         seed_example("paged")

@@ -181,8 +181,11 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
         arena.reserve("D", new_len, tokens=new_len - 1)
         arena_stages.append(_arena_stage(label, arena, arena_wait, None))
     else:
-        # External fragmentation is judged against the region D needs.
-        arena_stages.append(_arena_stage(label, arena, [*arena_wait, "D"], fit.size))
+        # External fragmentation is judged against the region D needs, and only where the
+        # free slots would hold it if they were one hole: with fewer free than that, the
+        # arena lacks room (the message says so) and its holes are plain free slots.
+        frag = fit.size if fit.reason == "external_fragmentation" else None
+        arena_stages.append(_arena_stage(label, arena, [*arena_wait, "D"], frag))
     d_table: tuple[int, ...] | None = None
     need = pool.blocks_for(new_len - 1)
     if need <= pool.num_free_blocks:
