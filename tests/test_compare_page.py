@@ -178,7 +178,7 @@ def test_bad_input_gets_a_message_not_a_traceback() -> None:
     at.number_input(key="cmp_sim_capacity").set_value(1000)
     at.button(key="cmp_sim_run").click().run()
     assert not at.exception
-    assert any(e.value.startswith("the longest request cannot run") and
+    assert any(e.value.startswith("The longest request cannot run") and
                e.value.endswith("can never fit in an arena of 1000 slots") for e in at.error)
     at.multiselect(key="cmp_sim_policies").set_value([])
     at.button(key="cmp_sim_run").click().run()

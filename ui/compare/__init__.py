@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
+from backend.core.words import sentence
 from backend.lab.sim.simulator import SimResult
 from backend.views.compare import frames as views
 from backend.views.text import plain_md
@@ -28,8 +29,9 @@ def label(policy: str) -> str:
 
 def refuse(message: str | Exception) -> None:
     """A section's refusal as one error line, shown as plain text: a message may quote a
-    file name, which must not render as Markdown (or fetch what it names)."""
-    st.error(plain_md(str(message)))
+    file name, which must not render as Markdown (or fetch what it names). It starts
+    with a capital, like the page's per-field messages, unless it starts with a name."""
+    st.error(plain_md(sentence(str(message))))
 
 
 def breakdown(results: Sequence[SimResult], key: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.errors import PagedLabError
+from backend.core.words import sentence
 from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import charts
 from backend.views.compare import frames as views
@@ -39,8 +40,7 @@ def seed_section() -> None:
     m1.metric("Free slots", ex.arena[1].free_total, help="After the two decode steps")
     m2.metric("Largest hole", ex.arena[1].largest_hole, help="After the two decode steps")
     with msg:
-        said = ex.fit.message
-        (st.success if ex.fit.fits else st.warning)(f"{said[:1].upper()}{said[1:]}.")
+        (st.success if ex.fit.fits else st.warning)(f"{sentence(ex.fit.message)}.")
     st.subheader("Paged pool")
     st.altair_chart(charts.slot_strip(views.seed_pool_slots(ex), f"{len(ex.pool[-1].blocks)} "
                                       f"blocks of {block_size}, the same {ex.capacity} slots"),

@@ -1,0 +1,33 @@
+"""Counts, verb agreement and sentence starts in messages (backend/core/words.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.core.words import agrees, counted, sentence
+
+
+def test_counted_and_agrees() -> None:
+    assert counted(1, "slot") == "1 slot"
+    assert counted(0, "slot") == "0 slots"
+    assert counted(1_024, "block") == "1,024 blocks"
+    assert counted(2, "child", "children") == "2 children"
+    assert f"{counted(1, 'table')} {agrees(1, 'holds', 'hold')} it" == "1 table holds it"
+    assert f"{counted(3, 'table')} {agrees(3, 'holds', 'hold')} it" == "3 tables hold it"
+
+
+@pytest.mark.parametrize(("message", "shown"), [
+    ("policy must be one of max, pow2", "Policy must be one of max, pow2"),
+    ("trace: line 3", "Trace: line 3"),
+    ("the longest request cannot run", "The longest request cannot run"),
+    ("ok", "Ok"),
+    # Names keep their spelling: a file, a field, a quoted id, a word with digits.
+    ("trace.csv: row 2 (line 3): bad", "trace.csv: row 2 (line 3): bad"),
+    ("num_blocks must be in 1..65536", "num_blocks must be in 1..65536"),
+    ("'a' does not exist", "'a' does not exist"),
+    ("fp8 is not supported", "fp8 is not supported"),
+    ("Already a sentence.", "Already a sentence."),
+    ("", ""),
+])
+def test_sentence_capitalises_a_plain_first_word_only(message: str, shown: str) -> None:
+    assert sentence(message) == shown
