@@ -61,6 +61,7 @@ def test_the_playground_replays_its_operations_beside_a_control() -> None:
 
 def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     from backend.engine.whatif import physical_order
+    from ui.whatif import outcome
 
     at = start()
     add(at, "Paging moves nothing:", max_new=12)
@@ -80,5 +81,8 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     assert f"Table order**: table {want.table_order.table}" in shown
     assert f"Physical order**: table {want.physical_order.table}" in shown
     assert f"moved by at most {max(want.attention_diff):.3g}" in shown
+    # Said by how far the logits moved: here, past float rounding.
+    assert want.physical_changed and outcome(want) in shown
+    assert "Next token (the engine's seeded draw)" in shown
     # A copy of the pool: the engine generated nothing and moved nothing.
     assert [r.tokens for r in e.requests.values()] == before

@@ -15,6 +15,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
 from backend.engine.whatif import physical_order
 from backend.io.snapshot import export_snapshot
+from ui.whatif import outcome
 
 
 def shuffled(**config: object) -> Engine:
@@ -70,3 +71,37 @@ def test_a_sorted_table_reads_the_same_and_a_waiting_request_is_refused() -> Non
     small.apply(parse_op({"op": "add", "request": "W", "prompt_len": 12}))
     with pytest.raises(PagedLabError, match="must be running"):
         physical_order(small, "W")
+
+
+def pinned(table: list[int]) -> Engine:
+    """A of 9 tokens in blocks of 4, pinned to `table` (the seed's [9, 2, 14] and others)."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt": "Paged KV!", "blocks": table}))
+    return e
+
+
+def test_the_seeds_table_sorted_reads_the_same_slots_and_moves_nothing() -> None:
+    e = pinned([9, 2, 14])
+    w = physical_order(e, "A")
+    t = e.requests["A"].tokens
+    assert not w.sorted_already and w.physical_order.table == [2, 9, 14]
+    # The partly filled block 14 stays last: the same slots, only float rounding moves.
+    assert w.slots_read([9, 2, 14]) == [t[0:4], t[4:8], [t[8]]]
+    assert w.slots_read([2, 9, 14]) == [t[4:8], t[0:4], [t[8]]]
+    assert not w.physical_changed
+    assert w.physical_order.logits_diff <= w.tolerance
+    assert w.physical_order.next_token == w.table_order.next_token
+    assert "within float rounding" in outcome(w) and "stays last" in outcome(w)
+
+
+def test_a_partly_filled_block_sorted_into_the_middle_is_read_with_its_empty_slots() -> None:
+    e = pinned([14, 2, 9])
+    w = physical_order(e, "A")
+    t = e.requests["A"].tokens
+    assert w.physical_order.table == [2, 9, 14]
+    # Block 9 (A's last, 1 of 4 filled) is read whole; block 14 (A's first) is cut to
+    # one slot, where this forward writes A's last token over its first.
+    assert w.slots_read([2, 9, 14]) == [t[4:8], [t[8], None, None, None], [t[8]]]
+    assert w.physical_changed
+    assert w.physical_order.logits_diff > 100 * w.tolerance
+    assert "sorting changed what attention read" in outcome(w)

@@ -22,11 +22,17 @@ def _pieces(engine: Engine, tokens: list[int]) -> str:
     return "".join(engine.token_pieces(tokens))
 
 
+def _slots(engine: Engine, slots: list[int | None]) -> str:
+    """A block's slots as read: each token's text, an empty slot as "·" (as in the
+    block layouts)."""
+    return "".join("·" if t is None else _pieces(engine, [t]) for t in slots)
+
+
 def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
     st.markdown(f"**{title}**: table {r.table}")
-    blocks = w.blocks_as_read(r.table)
-    st.code(" | ".join(_pieces(engine, b) for b in blocks), language=None)
-    st.markdown(f"Next token: {md_code(repr(_pieces(engine, [r.next_token])))} · logits "
+    st.code(" | ".join(_slots(engine, b) for b in w.slots_read(r.table)), language=None)
+    st.markdown(f"Next token (the engine's seeded draw): "
+                f"{md_code(repr(_pieces(engine, [r.next_token])))} · logits "
                 f"{r.logits_diff:.1e} from the engine's")
     st.dataframe(pd.DataFrame([{"token": repr(_pieces(engine, [t])), "probability": p}
                                for t, p in r.top]), hide_index=True, width="stretch",
@@ -73,10 +79,29 @@ def panel(engine: Engine) -> None:
             _column(engine, w, w.table_order, "Table order")
         with right:
             _column(engine, w, w.physical_order, "Physical order")
-        diffs = ", ".join(f"layer {i}: {d:.3g}" for i, d in enumerate(w.attention_diff))
-        same = w.table_order.next_token == w.physical_order.next_token
-        st.markdown(
-            f"The last token's attention output moved by at most {max(w.attention_diff):.3g} "
-            f"({diffs}) and its logits by {w.physical_order.logits_diff:.3g}; the next token "
-            + ("stays the same here (sampling is robust to a small change)." if same else
-               "changes."))
+        st.markdown(outcome(w))
+        st.caption("Each block's slots as the kernel read them, · for a slot nothing was "
+                   "written to; the last block is read up to the last token's position, "
+                   "where this forward writes that token's K/V.")
+
+
+def outcome(w: OrderWhatIf) -> str:
+    """What sorting did to the prediction, said by how far it moved the logits."""
+    diffs = ", ".join(f"layer {i}: {d:.3g}" for i, d in enumerate(w.attention_diff))
+    moved = (f"The last token's attention output moved by at most "
+             f"{max(w.attention_diff):.3g} ({diffs}) and its logits by "
+             f"{w.physical_order.logits_diff:.3g}")
+    same = w.table_order.next_token == w.physical_order.next_token
+    if w.sorted_already:
+        return moved + ": the two readings are the same."
+    if not w.physical_changed:
+        return (moved + f", within float rounding (under {w.tolerance:g}). Sorted, the "
+                "request's last block stays last (it has the highest number), so the kernel "
+                "reads the same slots and writes the new K/V to the same one; each key "
+                "carries its position, so the same keys in another order sum the same. "
+                "Shuffle the pool until the last block is not the highest-numbered, and "
+                "sorting changes the reading.")
+    return (moved + ": sorting changed what attention read, and with it the next-token "
+            "distribution (the tables of probabilities). "
+            + ("The seeded draw happens to give the same token." if same else
+               "The seeded draw gives another token."))

@@ -29,6 +29,7 @@ import torch
 
 from backend.core.errors import PagedLabError
 from backend.engine.beams import log_probs
+from backend.engine.control import LOGIT_TOLERANCE
 from backend.engine.engine import Engine
 from backend.engine.prompts import next_token
 from backend.kernels import KernelBackend, StepPlan
@@ -97,12 +98,36 @@ class OrderWhatIf:
     block_size: int
     table_order: Reading
     physical_order: Reading
+    tolerance: float                       # logits closer than this are float rounding
 
     def blocks_as_read(self, order: list[int]) -> list[list[int]]:
         """The request's tokens block by block, in the order `order` reads its blocks."""
         bs = self.block_size
         logical = {b: i for i, b in enumerate(self.table_order.table)}
         return [self.tokens[logical[b] * bs:(logical[b] + 1) * bs] for b in order]
+
+    def slots_read(self, order: list[int]) -> list[list[int | None]]:
+        """What the forward through `order` reads, block by block and slot by slot: a
+        token whose K/V sits in the slot, or None for a slot nothing was written to.
+
+        Every block but the last is read whole (a partly filled one with its empty
+        slots); the last only up to the last token's position within a block, and the
+        slot at that position holds the last token, written there by this forward
+        (over another token's, when `order` is not the table's).
+        """
+        bs = self.block_size
+        read: list[list[int | None]] = []
+        for block in self.blocks_as_read(order):
+            read.append([*block, *[None] * (bs - len(block))])
+        last = self.position % bs
+        read[-1] = read[-1][:last + 1]
+        read[-1][last] = self.tokens[self.position]
+        return read
+
+    @property
+    def physical_changed(self) -> bool:
+        """Whether the sorted reading moved the logits past float rounding."""
+        return self.physical_order.logits_diff > self.tolerance
 
     @property
     def sorted_already(self) -> bool:
@@ -136,7 +161,7 @@ def physical_order(engine: Engine, request_id: str) -> OrderWhatIf:
     readings = [_read(engine, copy, t, request_id, last, position, pending)
                 for copy, t in zip(copies, (table, sorted(table)), strict=True)]
     return OrderWhatIf(request_id, position, tokens, engine.config.block_size,
-                       readings[0], readings[1])
+                       readings[0], readings[1], LOGIT_TOLERANCE[engine.config.dtype])
 
 
 def _read(engine: Engine, pool: _PoolCopy, table: list[int], request_id: str, token: int,
