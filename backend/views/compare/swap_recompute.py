@@ -85,8 +85,12 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
            if same else "some request's tokens differed from the reference run: a bug. "),
         f"Swapping copied {lo.swapped_blocks:,} blocks at block size {lo.block_size} and "
         f"{hi.swapped_blocks:,} at {hi.block_size}: {per_lo:.1f} µs per block against "
-        f"{per_hi:.1f} µs, so the per-copy overhead weighs most at small blocks, the paper's "
-        "point. ",
+        f"{per_hi:.1f} µs, or {per_lo / lo.block_size:.2f} µs per token slot against "
+        f"{per_hi / hi.block_size:.2f} µs. "
+        + ("Per slot moved, small blocks cost more: each copy's fixed overhead weighs most "
+           "at small blocks, the paper's point. "
+           if per_lo / lo.block_size > per_hi / hi.block_size else
+           "Per slot moved, small blocks did not cost more here, unlike the paper's finding. "),
         _recompute_sentence(rec[lo.block_size], rec.get(hi.block_size, rec[lo.block_size])),
         (f"Swapping took less time than recomputing at block size{'s' * (len(faster) > 1)} "
          f"{', '.join(map(str, faster))}. " if faster else
