@@ -41,6 +41,12 @@ def seed_section() -> None:
     m2.metric("Largest hole", ex.arena[1].largest_hole, help="After the two decode steps")
     with msg:
         (st.success if ex.fit.fits else st.warning)(f"{sentence(ex.fit.message)}.")
+    st.caption("The arena's kinds are the paper's (Figure 2): reservation is room a request "
+               "will still fill, internal fragmentation room past its final length that it "
+               "never will. The seed text's internal fragmentation, room reserved for "
+               "sixteen tokens while nine are present, is both together. In the paged pool "
+               "below, a block's empty slots are its internal fragmentation: at most block "
+               "size − 1 per request, filled as it grows.")
     st.subheader("Paged pool")
     st.altair_chart(charts.slot_strip(views.seed_pool_slots(ex), f"{len(ex.pool[-1].blocks)} "
                                       f"blocks of {block_size}, the same {ex.capacity} slots"),
