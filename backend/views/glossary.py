@@ -23,7 +23,8 @@ EVENTS: dict[str, str] = {
                "waits and is recomputed later (or, with swap preemption, its K/V waits in "
                "the host pool).",
     "move": "A block's K/V was copied to another physical block and the tables rewritten "
-            "(shuffle).",
+            "(shuffle). A shuffle's moves happen together, as one permutation: each block's "
+            "data lands where its move points, whatever order the log lists them in.",
     "swap_out": "Swap preemption: a block's K/V was copied to a block of the host pool, and "
                 "the device block given back; the request waits there, nothing recomputed.",
     "swap_in": "A swapped request came back: its K/V was copied from the host pool into a "
