@@ -67,6 +67,9 @@ def test_default_render_shows_every_section(page: AppTest) -> None:
     # The memory calculator on OPT-13B: the paper's 800 KB per token.
     assert "819,200 bytes per token (800 KiB)" in says
     assert "the paper's 800 KB per token" in says
+    # Per layer: 819,200 / 40 layers, and a 16-token block's slice of one layer.
+    assert ("20,480 bytes per token per layer, 327,680 bytes for a 16-token block in each "
+            "layer") in says
     cap = kv_capacity("OPT-13B", 40.0)
     assert metric(at, "KV tokens that fit") == f"{cap.kv_tokens:,}" == "15,447"
     assert metric(at, "Requests of 2,048 tokens") == "7"

@@ -45,6 +45,13 @@ def calculator_section() -> None:
         f"{model.head_dim} x {kv_bytes} bytes = **{per_token:,} bytes per token "
         f"({tables.human_bytes(per_token)})**"
         + (" - the paper's 800 KB per token." if per_token == 819_200 else "."))
+    # Whether layers share a block or each has its own changes the bytes of one block,
+    # not the bytes per token: the table below counts a block across every layer.
+    per_layer = per_token // model.num_layers
+    st.caption(f"The figures below count a block across all {model.num_layers} layers. "
+               "Engines such as vLLM keep one K/V tensor per layer, so a block id names a "
+               f"slice in each: {per_layer:,} bytes per token per layer, "
+               f"{16 * per_layer:,} bytes for a 16-token block in each layer.")
     try:
         cap = kv_capacity(model, float(gpu), weight_bits=int(bits), kv_dtype_bytes=int(kv_bytes),
                           reserve_fraction=float(reserve), request_len=int(req_len),
