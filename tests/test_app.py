@@ -246,6 +246,17 @@ def test_step_runs_the_batch_and_finishes_at_max_new_tokens() -> None:
     table = at.dataframe[0].value.set_index("request")
     assert table.loc["A", "status"] == "finished (max new tokens)"
     assert (table.loc["A", "generated"], table.loc["B", "generated"]) == (3, 2)
+    # Finished requests hold no blocks, so no layout shows them: their text is listed.
+    box = [x for x in at.expander if x.label == "Finished: what 2 requests generated"]
+    assert len(box) == 1
+    done = box[0].dataframe[0].value.set_index("request")
+    e = engine(at)
+    for rid, prompt in (("A", "abcdefgh"), ("B", "ijklm")):
+        req = e.requests[rid]
+        assert done.loc[rid, "prompt"] == prompt
+        assert done.loc[rid, "generated text"] == e.model.codec.decode(
+            req.tokens[req.prompt_len:])
+        assert done.loc[rid, "status"] == "finished (max new tokens)"
 
 
 def test_step_preempts_when_the_pool_runs_out_and_readmits_later() -> None:

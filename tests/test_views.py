@@ -499,6 +499,19 @@ def test_token_pieces_fall_back_to_ids_without_the_tokenizer(
     monkeypatch.setattr(tokens, "codec_for", missing)
     snap = {"config": {"model": SMOLLM2}}
     assert views.token_pieces(snap, [504, 2830]) == ["⟨504⟩", "⟨2830⟩"]
+    assert tokens.token_text(snap, [504, 2830]) == "⟨504⟩⟨2830⟩"
+
+
+def test_text_to_read_joins_a_character_that_its_pieces_split() -> None:
+    from backend.models.registry import codec_for
+    from backend.views import tokens
+
+    snap = {"config": {"model": SMOLLM2}}
+    ids = codec_for(SMOLLM2).encode("I like ☕")
+    # Token by token, ☕'s three bytes show where the tokens split them; read, it is whole.
+    assert views.token_pieces(snap, ids)[-3:] == [" \\xe2", "\\x98", "\\x95"]
+    assert tokens.token_text(snap, ids) == "I like ☕"
+    assert tokens.token_text({"config": {}}, list(b"hi\x01")) == "hi\\x01"
 
 
 @pytest.mark.slow

@@ -219,9 +219,23 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
                      f"{agrees(hidden, 'it', 'one')} to show it first")
     if finished:
         notes.append(f"{counted(finished, 'finished request')} "
-                     f"{'holds' if finished == 1 else 'hold'} no blocks")
+                     f"{agrees(finished, 'holds', 'hold')} no blocks")
     if notes:
         st.caption("; ".join(notes) + ".")
+    _finished(snap)
+
+
+def _finished(snap: Snapshot) -> None:
+    """What each finished request generated: it holds no blocks, so no layout shows it."""
+    df = views.finished_frame(snap)
+    if df.empty:
+        return
+    with st.expander(f"Finished: what {counted(len(df), 'request')} generated",
+                     expanded=True):
+        st.dataframe(df, hide_index=True, width="stretch",
+                     height=min(35 + 35 * len(df) + 3, 320),
+                     column_config={"request": st.column_config.Column(width=110),
+                                    "status": st.column_config.Column(width=130)})
 
 
 def _beam_group(snap: Snapshot, group: views.BeamGroup) -> None:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from backend.core.words import counted
 from backend.views.model import status_text
-from backend.views.tokens import Snapshot, token_pieces
+from backend.views.tokens import Snapshot, token_text
 
 BEAM_COLUMNS = ["beam", "status", "log p", "generated text", "blocks"]
 
@@ -82,7 +82,7 @@ def beams_frame(snap: Snapshot, group: str) -> pd.DataFrame:
             # As the block tables say it: "finished (eos)"; one finished by hand, "finished".
             "beam": req["id"], "status": status_text(req),
             "log p": round(float(req["cum_logprob"]), 3),
-            "generated text": "".join(token_pieces(snap, generated)),
+            "generated text": token_text(snap, generated),
             "blocks": len(req["block_table"]),
         }))
     rows.sort(key=lambda r: (r[0], r[1]))

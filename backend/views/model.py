@@ -23,7 +23,7 @@ from backend.core.words import counted
 from backend.paging.events import Event, describe
 from backend.views.glossary import METRICS, REQUEST_FIELDS
 from backend.views.host_pool import on_device
-from backend.views.tokens import Snapshot, model_of, token_pieces
+from backend.views.tokens import Snapshot, model_of, token_pieces, token_text
 
 # How many of the newest events the log shows; the snapshot keeps them all.
 EVENT_LOG_LIMIT = 200
@@ -260,6 +260,21 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
     cols = ["request", "status", "parent", *(["log p"] if beams else []), "prompt",
             "generated", "tokens", "blocks", "preempted", BLOCK_TABLE_COLUMN]
     return pd.DataFrame(rows, columns=cols)
+
+
+FINISHED_COLUMNS = ["request", "status", "prompt", "generated text"]
+
+
+def finished_frame(snap: Snapshot) -> pd.DataFrame:
+    """One row per finished request but a beam search's (its panel shows those), in
+    arrival order: why it finished, its prompt and what it generated, as text to read.
+    A finished request holds no blocks, so its text shows nowhere else."""
+    rows = [{
+        "request": req["id"], "status": status_text(req),
+        "prompt": token_text(snap, req["tokens"][:req["prompt_len"]]),
+        "generated text": token_text(snap, req["tokens"][req["prompt_len"]:]),
+    } for req in snap["requests"] if req["status"] == "finished" and "beam_width" not in req]
+    return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
 
 
 def _table_width(beams: bool) -> int:

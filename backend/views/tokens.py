@@ -40,6 +40,17 @@ def token_pieces(snap: Snapshot, tokens: list[int]) -> list[str]:
         return [f"⟨{t}⟩" for t in tokens]
 
 
+def token_text(snap: Snapshot, tokens: list[int]) -> str:
+    """`tokens` as one text under the snapshot's model, to be read rather than to show
+    token boundaries: tiny-byte's bytes as `render_tokens` shows them, a real model's
+    tokens decoded (a character split across tokens whole again). Where the tokenizer
+    is not installed, each token as its id, ⟨id⟩."""
+    try:
+        return codec_for(model_of(snap)).decode(tokens)
+    except PagedLabError:
+        return "".join(f"⟨{t}⟩" for t in tokens)
+
+
 # A cell's tooltip shows at most this many of its block's tokens (a 256-slot block's
 # text would not fit a tooltip, and a page of 1024 cells must stay quick to build).
 TOOLTIP_TOKENS = 16
