@@ -303,6 +303,15 @@ def test_generated_ids() -> None:
     assert next_child_id("A", {"A": 1, "A.1": 1}) == "A.2"
 
 
+def test_an_added_prompt_is_labelled_as_written_with_control_characters_visible() -> None:
+    from backend.engine.ops import describe_op
+
+    family = "🍰👩\u200d👩\u200d👧"
+    assert describe_op(Add("U", prompt=f"Café {family} 東京")) == f"add U ('Café {family} 東京')"
+    assert describe_op(Add("W", prompt=" \n\t ")) == "add W (' \\n\\t ')"
+    assert describe_op(Add("L", prompt="x" * 30)) == f"add L ('{'x' * 21}...')"
+
+
 def test_summarize_names_what_happened(shared: Engine) -> None:
     text = summarize(shared.apply(Shuffle(seed=3)), export_snapshot(shared))
     assert text.startswith("Step 7: shuffle (seed 3)")

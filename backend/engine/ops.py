@@ -7,6 +7,7 @@ running?) is the engine's check, made when the operation is applied.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -243,12 +244,20 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
     return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages, n, width)
 
 
+def quoted(text: str) -> str:
+    """`text` in single quotes as a label shows it: every character as itself ("Café",
+    "🍰", "東京", an emoji's zero-width joiners kept whole) but a control character,
+    written as Python would ("\\n", "\\t"), so a line break or tab stays visible."""
+    return "'" + "".join(ch if ch.isprintable() or unicodedata.category(ch) == "Cf"
+                         else repr(ch)[1:-1] for ch in text) + "'"
+
+
 def describe_op(op: Op) -> str:
     """A short label for logs and the UI: 'add A (11 tokens)', 'step x3'."""
     match op:
         case Add():
             if op.prompt is not None:
-                what = repr(op.prompt if len(op.prompt) <= 24 else op.prompt[:21] + "...")
+                what = quoted(op.prompt if len(op.prompt) <= 24 else op.prompt[:21] + "...")
             elif op.prompt_tokens is not None:
                 what = counted(len(op.prompt_tokens), "token")
             elif op.messages is not None:
