@@ -150,3 +150,22 @@ def test_samples_arrive_with_their_add_and_a_restored_groups_arrival_is_unknown(
     restored.apply(parse_op({"op": "step", "count": 3}))
     assert {"S.1", "S.2"} <= set(restored.requests)
     assert latency_frame(restored.timeline).empty
+
+
+def test_a_one_row_timeline_draws_its_values_as_points() -> None:
+    e = Engine(EngineConfig(num_blocks=32, block_size=4), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt_len": 6}))
+    df = timeline_frame(e.timeline, 32, 4)
+    assert len(df) == 1
+    chart = timeline_chart(df, paged=True).to_dict()
+    lines = chart["vconcat"][:3]
+    # A line of one point draws nothing: each point is marked, on an axis one wide.
+    assert all(p["mark"]["point"] is True for p in lines)
+    lo = int(df["iteration"].iloc[0])
+    assert lines[0]["encoding"]["x"]["scale"]["domain"] == [lo, lo + 1]
+    # A long run's lines are lines alone.
+    e.apply(parse_op({"op": "step", "count": 70}))
+    long = timeline_frame(e.timeline, 32, 4)
+    assert len(long) > 60
+    assert all(p["mark"]["point"] is False
+               for p in timeline_chart(long, paged=True).to_dict()["vconcat"][:3])

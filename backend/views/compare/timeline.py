@@ -117,14 +117,23 @@ def _long(df: pd.DataFrame, series: tuple[tuple[str, str], ...]) -> pd.DataFrame
 _SERIES_COLORS = ["#1f4e8c", "#e08214", "#b2182b"]
 
 
+# Up to this many points per series, each is marked as well: a line needs two points to
+# draw anything, and a step line ends at its last point, so a short run's first and
+# last values would otherwise not show.
+MARKED_POINTS = 60
+
+
 def _panel(data: pd.DataFrame, title: str, y_title: str, x: alt.X, *, width: int
            ) -> alt.Chart:
     labels = list(dict.fromkeys(data["series"]))
-    return alt.Chart(data).mark_line(interpolate="step-after").encode(
+    marked = data["iteration"].nunique() <= MARKED_POINTS
+    return alt.Chart(data).mark_line(interpolate="step-after", point=marked).encode(
         x=x, y=alt.Y("value:Q", title=y_title),
         color=alt.Color("series:N", title=None, sort=labels,
                         scale=alt.Scale(domain=labels, range=_SERIES_COLORS[:len(labels)]),
-                        legend=alt.Legend(orient="right", labelLimit=200)),
+                        # Dashed strokes, as the lines are told apart, even with points.
+                        legend=alt.Legend(orient="right", labelLimit=200,
+                                          symbolType="stroke")),
         strokeDash=alt.StrokeDash("series:N", sort=labels, legend=None),
         tooltip=["iteration:Q", alt.Tooltip("time_s:Q", format=".2f", title="time (s)"),
                  "series:N", alt.Tooltip("value:Q", format=",.1f")],
@@ -139,8 +148,10 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
     as its colour."""
     shown, per = binned(df, max_points)
     lo, hi = int(df["iteration"].iloc[0]), int(df["iteration"].iloc[-1])
-    # Iterations are whole numbers: no 0.5 ticks on a short run.
-    x = alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=[lo, hi], nice=False),
+    # Iterations are whole numbers: no 0.5 ticks on a short run. One row still gets an
+    # axis one iteration wide, not a zero-width domain.
+    x = alt.X("iteration:Q", title="iteration",
+              scale=alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False),
               axis=alt.Axis(format="d", tickMinStep=1))
     note = f" (mean of {per} iterations per point, idle ones included)" if per > 1 else ""
     memory = (_panel(_long(shown, _BLOCKS), "Blocks" + note, "blocks", x, width=width)
