@@ -6,7 +6,7 @@ import pytest
 
 from backend.sessions import budget as budget_module
 from backend.sessions.history import History
-from tests.test_app import add, click, engine, start, status
+from tests.test_app import add, click, engine, start
 
 
 def test_a_pool_over_the_session_budget_is_refused_and_the_engine_kept(
@@ -17,10 +17,12 @@ def test_a_pool_over_the_session_budget_is_refused_and_the_engine_kept(
     # 1,024 blocks of 2 KiB: 2 MiB of K/V against a 1 MiB session budget.
     at.sidebar.number_input(key="cfg_num_blocks").set_value(1024).run()
     assert not at.exception
-    kind, text = status(at)
-    assert kind == "error" and text.startswith(
-        "Refused: this pool's K/V would take 2.0 MiB; a browser session may hold at most "
-        "1.0 MiB")
+    # Refused in the sidebar, by the field's name, before anything is built or discarded.
+    assert [e.value for e in at.sidebar.error] == [
+        "Pool size: 1,024 blocks of 2.0 KiB would take 2.0 MiB of K/V, but a browser "
+        "session may hold at most 1.0 MiB, which is 512 blocks of this size. Use fewer "
+        "or smaller blocks, fewer layers or heads, or a 2-byte dtype"]
+    assert "btn_apply_config" not in [b.key for b in at.button]
     assert engine(at) is kept and kept.config.num_blocks == 32
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from backend.core.config import EngineConfig
+from backend.core.config import SMOLLM2, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Op, Shuffle, Step
@@ -81,9 +81,24 @@ def _config(num_blocks: int) -> EngineConfig:
 
 def test_a_pool_over_the_session_limit_is_refused_before_anything_is_built() -> None:
     budget = KVBudget(per_session=MIB, per_server=4 * MIB)
-    with pytest.raises(PagedLabError, match=r"2\.0 MiB; a browser session may hold at most 1\.0"):
+    with pytest.raises(PagedLabError, match=r"num_blocks: 1,024 blocks of 2\.0 KiB would take "
+                       r"2\.0 MiB of K/V, but a browser session may hold at most 1\.0 MiB, "
+                       r"which is 512 blocks"):
         build_engine(Settings(_config(1024), "cpu", "torch"), "s1", budget=budget)
     assert budget.in_use() == 0
+
+
+def test_a_real_models_pool_over_the_limit_is_told_what_it_can_change() -> None:
+    smol = EngineConfig.for_model(SMOLLM2, num_blocks=1024, block_size=16)
+    budget = KVBudget(per_session=512 * MIB, per_server=4096 * MIB)
+    with pytest.raises(PagedLabError) as refused:
+        budget.check_size(smol)
+    said = str(refused.value)
+    fits = 512 * MIB // smol.bytes_per_block
+    assert f"which is {fits:,} blocks of this size. Use fewer or smaller blocks" in said
+    # Its shape is its weights': no advice to change layers, heads or dtype.
+    assert said.endswith("Use fewer or smaller blocks")
+    budget.check_size(EngineConfig.for_model(SMOLLM2, num_blocks=fits, block_size=16))
 
 
 def test_sessions_together_are_capped_by_the_server_limit_and_give_back_on_drop() -> None:

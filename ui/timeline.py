@@ -215,7 +215,7 @@ def strip_chart(df: pd.DataFrame, history: History) -> alt.Chart:
                     for s in data["step"]]
     pick = alt.selection_point(name=SELECTION, fields=["iteration"], on="click")
     # A few rows keep narrow bars: one row's bar would fill the whole width.
-    return alt.Chart(data).mark_bar(**({"size": 24} if len(data) < 16 else {})).encode(
+    return alt.Chart(data).mark_bar(size=24 if len(data) < 16 else alt.Undefined).encode(
         x=alt.X("iteration:O", title="iteration",
                 axis=alt.Axis(labelOverlap=True, labelAngle=0)),
         y=alt.Y("used_blocks:Q", title="blocks used"),

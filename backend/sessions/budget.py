@@ -19,7 +19,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from backend.core.config import EngineConfig
+from backend.core.config import TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 
@@ -66,6 +66,23 @@ class KVBudget:
         with self._lock:
             return sum(h.nbytes for h in self._held.values() if owner in (None, h.owner))
 
+    def check_size(self, config: EngineConfig) -> None:
+        """Raise PagedLabError if one engine with `config` alone would pass a session's
+        limit, naming the pool size (num_blocks) and how many blocks would fit. Depends
+        on no other engine, so a settings form can refuse it before anything is built."""
+        need = config.kv_bytes
+        if need <= self.per_session:
+            return
+        per = config.bytes_per_block
+        # A real model's shape is its weights': only the pool and its blocks can change.
+        shape = (", fewer layers or heads, or a 2-byte dtype" if config.model == TINY_BYTE
+                 else "")
+        raise PagedLabError(
+            f"num_blocks: {config.num_blocks:,} blocks of {per / 1024:,.1f} KiB would take "
+            f"{_mib(need)} of K/V, but a browser session may hold at most "
+            f"{_mib(self.per_session)}, which is {self.per_session // per:,} blocks of this "
+            f"size. Use fewer or smaller blocks{shape}")
+
     def check(self, config: EngineConfig, owner: str, *,
               replacing: Engine | None = None) -> None:
         """Raise PagedLabError if an engine with `config` would exceed a limit.
@@ -74,12 +91,8 @@ class KVBudget:
         are given back once it is dropped, so they are not counted against it.
         Changes nothing.
         """
+        self.check_size(config)
         need = config.kv_bytes
-        if need > self.per_session:
-            raise PagedLabError(
-                f"this pool's K/V would take {_mib(need)}; a browser session may hold at most "
-                f"{_mib(self.per_session)}. Use fewer or smaller blocks, fewer layers or "
-                "heads, or a 2-byte dtype")
         freed = replacing.cache.total_bytes if replacing is not None else 0
         mine, total = self.in_use(owner) - freed, self.in_use() - freed
         if mine + need > self.per_session:

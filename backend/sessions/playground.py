@@ -337,8 +337,10 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def config_from_fields(fields: dict[str, Any], base: EngineConfig) -> EngineConfig:
-    """`base` with the sidebar's fields applied, validated. Raises PagedLabError.
+def config_from_fields(fields: dict[str, Any], base: EngineConfig,
+                       budget: KVBudget = SERVER_BUDGET) -> EngineConfig:
+    """`base` with the sidebar's fields applied, validated, and within what one browser
+    session's engine may hold (`budget`). Raises PagedLabError.
 
     The four dimension fields describe tiny-byte only: a real model's dimensions
     come from its weights (EngineConfig refuses others), so for one they are
@@ -352,7 +354,9 @@ def config_from_fields(fields: dict[str, Any], base: EngineConfig) -> EngineConf
         data = {k: v for k, v in data.items() if k not in DIM_FIELDS}
     elif model == TINY_BYTE and base.model != TINY_BYTE:
         data = {k: v for k, v in data.items() if k not in DIM_FIELDS or k in fields}
-    return EngineConfig.from_json(data, where="settings")
+    config = EngineConfig.from_json(data, where="settings")
+    budget.check_size(config)
+    return config
 
 
 
