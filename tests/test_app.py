@@ -401,7 +401,7 @@ def test_a_number_past_a_controls_range_is_refused_by_name_and_changes_nothing()
             ("batch_n", 20_000, "Steps must be 1 to 10,000; got 20,000"),
             ("batch_n", 0, "Steps must be 1 to 10,000; got 0"),
             ("req_grow_n", -3, "Grow by (tokens) must be 1 to 65,536; got -3"),
-            ("add_len", -5, "Random prompt length must be 1 to 65,536; got -5"),
+            ("add_len", -5, "Random prompt of N tokens must be 1 to 65,536; got -5"),
             ("add_max_new", 100_000, "Max new tokens must be 1 to 65,536; got 100,000"),
             ("add_n", 1_000, "Parallel samples (n) must be 1 to 64; got 1,000"),
             ("add_beam", 0, "Beam width must be 1 to 64; got 0")]:
@@ -464,6 +464,14 @@ def test_verify_against_a_full_recomputation() -> None:
     kv = re.search(r"max \|K/V in the blocks − recomputed\| = ([0-9.e+-]+)", found[0])
     assert kv is not None and float(kv.group(1)) < 1e-5
     assert found[0].startswith("2 requests, 46 tokens")
+    assert found[0].endswith("They agree: both within 0.001, float rounding of float32.")
+    # A block's keys changed behind the engine's back: the recomputation disagrees.
+    e = engine(at)
+    block = e.block_table("A")[0]
+    e.cache.k[0][block] += 1.0
+    click(at, "verify")
+    bad = [x.value for x in at.error if "recomputed without paging" in x.value]
+    assert len(bad) == 1 and "They disagree past 0.001" in bad[0]
 
 
 def test_an_id_is_measured_without_the_blanks_around_it() -> None:

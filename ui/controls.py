@@ -99,7 +99,7 @@ def _on_add() -> None:
     def make(engine: Engine) -> Op:
         return add_op(
             request=request_id("add_id", "Request id"), prompt=ss["add_prompt"],
-            prompt_len=whole_number("add_len", "Random prompt length", 1, MAX_PROMPT_TOKENS),
+            prompt_len=whole_number("add_len", "Random prompt of N tokens", 1, MAX_PROMPT_TOKENS),
             max_new_tokens=whole_number("add_max_new", "Max new tokens", 1, MAX_PROMPT_TOKENS),
             blocks=ss["add_pins"], existing=engine.requests,
             vocab_size=engine.config.vocab_size,
