@@ -455,6 +455,18 @@ def test_a_large_pool_is_drawn_a_page_at_a_time() -> None:
     assert metrics(at)["Used blocks"] == "250 / 4096"
 
 
+def test_a_chat_message_goes_through_the_chat_template() -> None:
+    from backend.models.tokenizer import chatml
+
+    at = start()
+    at.checkbox(key="add_chat").check()
+    add(at, "What is paging?", max_new=2)
+    e = engine(at)
+    want = chatml([{"role": "user", "content": "What is paging?"}])
+    assert e.requests["A"].tokens == list(want.encode())
+    assert status(at)[1].startswith("Step 1: add A (chat 'What is paging?')")
+
+
 def test_verify_against_a_full_recomputation() -> None:
     at = add(start())
     at.button(key="btn_fork").click().run()

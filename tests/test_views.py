@@ -286,6 +286,16 @@ def test_add_op_refuses_a_bad_group_in_the_forms_words(fields: dict[str, Any],
         add_op(**form)
 
 
+def test_add_op_sends_the_text_as_a_chat_message_when_asked() -> None:
+    op = add_op(request="", prompt="Hello?", prompt_len=None, max_new_tokens=4, blocks=None,
+                existing={}, vocab_size=256, chat=True)
+    assert op == Add("A", messages=(("user", "Hello?"),), max_new_tokens=4)
+    # A random length still wins over the text, chat or not.
+    op = add_op(request="", prompt="Hello?", prompt_len=5, max_new_tokens=None, blocks=None,
+                existing={}, vocab_size=256, chat=True)
+    assert op == Add("A", prompt_len=5)
+
+
 def test_add_op_lets_a_beam_search_take_the_engines_default_limit() -> None:
     op = add_op(request="", prompt="hi", prompt_len=None, max_new_tokens=None, blocks=None,
                 existing={}, vocab_size=256, beam_width=2, default_max_new=6)

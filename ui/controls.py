@@ -105,7 +105,7 @@ def _on_add() -> None:
             vocab_size=engine.config.vocab_size,
             n=whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
             beam_width=whole_number("add_beam", "Beam width", 1, MAX_SAMPLES),
-            default_max_new=engine.config.max_new_tokens)
+            default_max_new=engine.config.max_new_tokens, chat=bool(ss.get("add_chat")))
 
     result = session.apply(make)
     if result is not None and isinstance(result.op, Add):
@@ -128,6 +128,11 @@ def _add_form() -> None:
         # that rebuilds the form after a superseded rerun takes a widget's default, and
         # with none it would submit an empty prompt.
         st.text_area("Prompt text", value=session.DEFAULT_PROMPT, key="add_prompt", height=68)
+        st.checkbox("As a chat message", key="add_chat",
+                    help="Send the text as a user's message through the model's chat "
+                         "template (SmolLM2's own; ChatML for tiny-byte), so the request "
+                         "ends with the assistant's turn open and the model answers. Two "
+                         "chats share the template's opening blocks.")
         c1, c2 = st.columns(2)
         c1.number_input("…or a random prompt of N tokens", value=None, step=1, key="add_len",
                         placeholder="the text",

@@ -260,6 +260,9 @@ def describe_op(op: Op) -> str:
                 what = quoted(op.prompt if len(op.prompt) <= 24 else op.prompt[:21] + "...")
             elif op.prompt_tokens is not None:
                 what = counted(len(op.prompt_tokens), "token")
+            elif op.messages is not None and len(op.messages) == 1:
+                content = op.messages[0][1]
+                what = "chat " + quoted(content if len(content) <= 24 else content[:21] + "...")
             elif op.messages is not None:
                 what = counted(len(op.messages), "message")
             else:

@@ -245,12 +245,15 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
            max_new_tokens: int | None, blocks: str | None,
            existing: set[str] | dict[str, Any], vocab_size: int,
            prompt_tokens: Sequence[int] | None = None, n: int | None = None,
-           beam_width: int | None = None, default_max_new: int | None = None) -> Add:
+           beam_width: int | None = None, default_max_new: int | None = None,
+           chat: bool = False) -> Add:
     """The `add` operation for the Add form. Raises PagedLabError for a bad combination,
     named by the form's labels (the scenario parser would name its own fields).
 
     `default_max_new` is the engine's limit for a request that gives none (the
     sidebar's "Default max new tokens"); a beam search needs one of the two.
+    `chat` sends the text as one user message through the model's chat template
+    (as a scenario's `messages`), so the prompt ends with the assistant's turn open.
 
     `vocab_size` is the engine's model's (256 for tiny-byte's bytes, 49,152 for
     SmolLM2): the op is parsed as a scenario on that model would be, so
@@ -268,6 +271,8 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
         data["prompt_len"] = int(prompt_len)
     elif prompt_tokens is not None:
         data["prompt_tokens"] = list(prompt_tokens)
+    elif text and chat:
+        data["messages"] = [{"role": "user", "content": text}]
     elif text:
         data["prompt"] = text
     else:
