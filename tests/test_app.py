@@ -465,6 +465,11 @@ def test_a_chat_message_goes_through_the_chat_template() -> None:
     want = chatml([{"role": "user", "content": "What is paging?"}])
     assert e.requests["A"].tokens == list(want.encode())
     assert status(at)[1].startswith("Step 1: add A (chat 'What is paging?')")
+    # Another chat shares the template's opening "<|im_start|>user\n": 4 full blocks.
+    at.checkbox(key="add_chat").check()
+    add(at, "Why blocks?", max_new=2)
+    assert e.block_table("B")[:4] == e.block_table("A")[:4]
+    assert e.block_table("B")[4] != e.block_table("A")[4]
 
 
 def test_verify_against_a_full_recomputation() -> None:
