@@ -137,6 +137,20 @@ def test_the_latest_iteration_is_the_live_state_and_an_operation_returns_to_it()
     assert status(at)[1].startswith("Step 3: add C")
 
 
+def test_an_iteration_past_the_timeline_is_refused_by_the_fields_name() -> None:
+    at = add(add(start()), "abcdefgh")
+    pick(at, 99)
+    said = [e.value for e in at.error if "Show the state after iteration" in e.value]
+    assert said == ["Show the state after iteration: 99 is not a row of this timeline; "
+                    "enter 0 to 1. Showing the live state."]
+    # The live state, the field blank, the engine as it was.
+    assert at.number_input(key="tl_iteration").value is None
+    assert not at.info and list(requests_table(at).index) == ["A", "B"]
+    pick(at, 0)
+    assert any("the state after step 1" in i.value for i in at.info)
+    assert not [e for e in at.error if "Show the state after iteration" in e.value]
+
+
 def test_a_step_the_history_no_longer_keeps_is_named_and_the_views_stay_live() -> None:
     at = start()
     # A history of two operations stands for the newest MAX_HISTORY ones.

@@ -32,6 +32,7 @@ from backend.io.export import to_csv, to_parquet
 from backend.sessions.history import History
 from backend.sessions.playground import kept_snapshot, kept_steps
 from backend.views.compare.timeline import binned, timeline_chart
+from backend.views.text import plain_md
 from backend.views.timeline import latency_frame, timeline_frame
 from ui import session
 
@@ -39,6 +40,7 @@ PICK = session.TIMELINE_PICK
 PAST_PREFIX = "past_"           # the past state's view widgets (session.VIEW_PREFIXES)
 STRIP = "tl_strip"
 SELECTION = "pick"
+PICK_PROBLEM = "tl_pick_problem"
 STEP_COLUMN = COLUMNS.index("step")
 SCHEDULED_COLUMN = COLUMNS.index("scheduled")
 
@@ -93,7 +95,13 @@ def picked(engine: Engine, history: History) -> Picked | None:
         return None
     first = rows[0][0] if rows else 0
     if not rows or not first <= it < first + len(rows):
+        # A number typed past the rows (a new engine clears the pick itself): said by the
+        # field's name under it, and the live state shown.
         ss[PICK] = None
+        if rows:
+            ss[PICK_PROBLEM] = (f"Show the state after iteration: {it:,} is not a row of "
+                                f"this timeline; enter {first:,} to {first + len(rows) - 1:,}. "
+                                "Showing the live state.")
         return None
     step = rows[it - first][STEP_COLUMN]
     n = sum(1 for r in rows if r[STEP_COLUMN] == step)
@@ -164,12 +172,18 @@ def section(engine: Engine, history: History) -> None:
 def _picker(first: int, last: int) -> None:
     ss = st.session_state
     c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-    c1.number_input("Show the state after iteration", min_value=first, max_value=last,
-                    step=1, key=PICK, placeholder="the live state",
-                    help="The grid, metrics and tables above show the state after this "
-                         "row's operation, while the history keeps it. Blank: live.")
+    # No bounds in the browser: it would keep a number past them to itself, the field
+    # red and the page unchanged; `picked` refuses it in words instead.
+    c1.number_input("Show the state after iteration", step=1, key=PICK,
+                    placeholder="the live state",
+                    help=f"{first:,} to {last:,}. The grid, metrics and tables above show the "
+                         "state after this row's operation, while the history keeps it. "
+                         "Blank: live.")
     c2.button("Back to live", key="tl_live", on_click=_back_to_live,
               disabled=ss.get(PICK) is None, width="stretch")
+    problem = ss.pop(PICK_PROBLEM, None)
+    if problem is not None:
+        st.error(plain_md(problem))
 
 
 def _details(engine: Engine, history: History) -> None:
