@@ -115,6 +115,32 @@ def test_a_reload_reopens_the_session_exactly(browser: dict[str, str | None]) ->
     assert sid(again) == session_id and engine(again).step == 5
 
 
+def test_a_reopened_session_shows_its_kept_steps_without_a_timeline(
+        browser: dict[str, str | None]) -> None:
+    first = open_app()
+    session_id = worked(first)
+    history = first.session_state["history"]
+    again = open_app(session_id)
+    # The engine's timeline is not saved; its history is, and a step is picked by number.
+    assert "since this engine was restored at step 4" in texts(again.caption)
+    again.number_input(key="tl_step").set_value(2).run()
+    past = [i.value for i in again.info if "Showing the past: the state after step 2." in i.value]
+    assert len(past) == 1 and "Iteration" not in past[0]
+    shown = again.dataframe[0].value.set_index("request")
+    assert list(shown.index) == [r["id"] for r in history[1]["requests"]]
+    assert engine(again).step == 4
+    # A step the history does not keep is refused by the field's name.
+    again.number_input(key="tl_step").set_value(9).run()
+    assert ("Show the state after step: the history does not keep step 9; enter 1 to 4. "
+            "Showing the live state.") in texts(again.error)
+    assert again.number_input(key="tl_step").value is None and not again.info
+    # An operation brings the live state and the timeline's own rows back.
+    again.number_input(key="tl_step").set_value(2).run()
+    again.button(key="btn_step").click().run()
+    assert again.number_input(key="tl_iteration").value is None
+    assert not [i for i in again.info if "Showing the past" in i.value]
+
+
 def test_a_bare_address_reopens_the_browsers_latest_session(
         browser: dict[str, str | None]) -> None:
     session_id = worked(open_app())

@@ -44,6 +44,7 @@ from ui.session import (
     HISTORY,
     OPLOG,
     SETTINGS,
+    STEP_PICK,
     TIMELINE_PICK,
     OpSession,
     collect,
@@ -67,7 +68,8 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
 
 REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "focus_req": None, "focus_block": None,
                                    "tr_req": None, "req_child": "", "tr_pos": 0,
-                                   "grid_page": 0, "tr_layer": 0, TIMELINE_PICK: None}
+                                   "grid_page": 0, "tr_layer": 0, TIMELINE_PICK: None,
+                                   STEP_PICK: None}
 
 
 def install(live: saved.Live, q: progress.Queued) -> None:

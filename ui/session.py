@@ -116,6 +116,9 @@ VIEW_DEFAULTS: dict[str, Any] = {
 VIEW_PREFIXES = ("", "tour_", "past_")
 # The timeline row whose step the Playground shows (its iteration); None: the live state.
 TIMELINE_PICK = "tl_iteration"
+# A step picked from the history alone, while the timeline has no rows (a reopened
+# session keeps its history, not its engine's timeline); None: the live state.
+STEP_PICK = "tl_step"
 
 FlashKind = Literal["error", "success", "info"]
 
@@ -147,7 +150,7 @@ def _widget_defaults(settings: Settings) -> dict[str, Any]:
         # Per-request and batch controls.
         "req_pick": None, "req_grow_n": DEFAULT_GROW, "req_child": "",
         "batch_n": DEFAULT_STEP_N,
-        TIMELINE_PICK: None,
+        TIMELINE_PICK: None, STEP_PICK: None,
         # Views, once per page that draws them (see VIEW_PREFIXES).
         **{f"{prefix}{key}": value for prefix in VIEW_PREFIXES
            for key, value in VIEW_DEFAULTS.items()},
@@ -362,4 +365,5 @@ def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
     sess.flash("success", line)
     # Back to the live state: what the operation did is what the person wants to see.
     sess.queued.put(TIMELINE_PICK, None)
+    sess.queued.put(STEP_PICK, None)
     return result

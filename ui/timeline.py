@@ -37,6 +37,7 @@ from backend.views.timeline import latency_frame, timeline_frame
 from ui import session
 
 PICK = session.TIMELINE_PICK
+STEP_PICK = session.STEP_PICK
 PAST_PREFIX = "past_"           # the past state's view widgets (session.VIEW_PREFIXES)
 STRIP = "tl_strip"
 SELECTION = "pick"
@@ -71,7 +72,7 @@ LATENCY_HELP: dict[str, str] = {
 class Picked:
     """The timeline row a person picked, and what the page shows for it."""
 
-    iteration: int
+    iteration: int | None                   # None: a step picked from the history alone
     step: int
     rows: int                               # rows of that step (its iterations)
     snapshot: dict[str, Any] | None         # its kept state; None: live (or not kept)
@@ -92,7 +93,7 @@ def picked(engine: Engine, history: History) -> Picked | None:
     it = ss.get(PICK)
     rows = _rows(engine)
     if it is None:
-        return None
+        return _picked_step(engine, history) if not rows else None
     first = rows[0][0] if rows else 0
     if not rows or not first <= it < first + len(rows):
         # A number typed past the rows (a new engine clears the pick itself): said by the
@@ -110,11 +111,32 @@ def picked(engine: Engine, history: History) -> Picked | None:
     return Picked(it, step, n, kept_snapshot(history, step), False)
 
 
+def _picked_step(engine: Engine, history: History) -> Picked | None:
+    """A step picked from the history while the timeline has no rows, or None."""
+    ss = st.session_state
+    step = ss.get(STEP_PICK)
+    if step is None:
+        return None
+    kept = kept_steps(history)
+    if kept is None or not kept[0] <= step <= kept[1]:
+        ss[STEP_PICK] = None
+        held = f"enter {kept[0]:,} to {kept[1]:,}" if kept is not None else "it keeps none"
+        ss[PICK_PROBLEM] = (f"Show the state after step: the history does not keep step "
+                            f"{step:,}; {held}. Showing the live state.")
+        return None
+    if step == engine.step:
+        return Picked(None, step, 1, None, True)
+    return Picked(None, step, 1, kept_snapshot(history, step), False)
+
+
 def _back_to_live() -> None:
     st.session_state[PICK] = None
+    st.session_state[STEP_PICK] = None
 
 
 def _of_step(p: Picked) -> str:
+    if p.iteration is None:
+        return f"Step {p.step}"
     many = f" (a step of {p.rows} iterations)" if p.rows > 1 else ""
     return f"Iteration {p.iteration} belongs to step {p.step}{many}"
 
@@ -135,9 +157,10 @@ def banner(p: Picked | None, history: History) -> dict[str, Any] | None:
                    "live state.")
         st.button("Back to live", key="tl_live_top", on_click=_back_to_live)
         return None
-    st.info(f"Showing the past: the state after step {p.step}. {_of_step(p)}; the history "
-            "keeps the state after each operation, not each iteration. The live engine "
-            "is unchanged, and the controls above act on it.")
+    where = "The history" if p.iteration is None else f"{_of_step(p)}; the history"
+    st.info(f"Showing the past: the state after step {p.step}. {where} keeps the state "
+            "after each operation, not each iteration. The live engine is unchanged, and "
+            "the controls above act on it.")
     st.button("Back to live", key="tl_live_top", type="primary", on_click=_back_to_live)
     snap: dict[str, Any] = p.snapshot
     return snap
@@ -153,6 +176,7 @@ def section(engine: Engine, history: History) -> None:
                  f"since this engine was restored at step {engine.step}")
         st.caption(f"Nothing run {since}: each operation adds a row, each scheduler "
                    "iteration of a step one more. " + NOT_SAVED)
+        _step_picker(history)
         return
     tl = engine.timeline
     scheduled = sum(r[SCHEDULED_COLUMN] for r in rows)
@@ -181,6 +205,24 @@ def _picker(first: int, last: int) -> None:
                          "Blank: live.")
     c2.button("Back to live", key="tl_live", on_click=_back_to_live,
               disabled=ss.get(PICK) is None, width="stretch")
+    problem = ss.pop(PICK_PROBLEM, None)
+    if problem is not None:
+        st.error(plain_md(problem))
+
+
+def _step_picker(history: History) -> None:
+    """Without rows, the history's kept steps can still be shown, picked by number."""
+    kept = kept_steps(history)
+    ss = st.session_state
+    if kept is not None and kept[0] < kept[1]:
+        c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+        c1.number_input("Show the state after step", step=1, key=STEP_PICK,
+                        placeholder="the live state",
+                        help=f"{kept[0]:,} to {kept[1]:,}: the history this session kept. "
+                             "The views above show the state after that operation. Blank: "
+                             "live.")
+        c2.button("Back to live", key="tl_live", on_click=_back_to_live,
+                  disabled=ss.get(STEP_PICK) is None, width="stretch")
     problem = ss.pop(PICK_PROBLEM, None)
     if problem is not None:
         st.error(plain_md(problem))
