@@ -259,14 +259,16 @@ def test_an_inconsistent_snapshot_is_refused_and_the_state_kept(change: Any,
 @pytest.mark.parametrize(("data", "message"), [
     (b"{\"schema_version\": 1,", "snapshot is not valid JSON: Expecting property name enclosed "
                                  "in double quotes: line 1 column 22 (char 21)"),
-    (b"{\"a\": \"\xc3\x28\"}", "snapshot is not valid JSON: 'utf-8' codec can't decode "
-                              "byte 0xc3 in position 7: invalid continuation byte"),
+    (b"{\"a\": \"\xc3\x28\"}", "snapshot is not valid JSON: it is not UTF-8 text (byte "
+                              "0xc3 at offset 7); is it a binary file?"),
+    (b"\x89PNG\r\n\x1a\n", "snapshot is not valid JSON: it is not UTF-8 text (byte 0x89 at "
+                           "offset 0); is it a binary file?"),
     (b"[]", "snapshot must be a JSON object"),
     (b"{}", "snapshot: missing field 'schema_version'"),
     (b'{"name": "s", "config": {}, "steps": []}', "snapshot: missing field "
      "'schema_version'; this is a scenario file (it has 'steps'): open it on the Scenarios "
      "page, or run it with python -m backend run"),
-], ids=["truncated", "not-utf8", "a-list", "empty-object", "a-scenario"])
+], ids=["truncated", "not-utf8", "png", "a-list", "empty-object", "a-scenario"])
 def test_a_malformed_snapshot_is_refused(data: bytes, message: str) -> None:
     at = shared_state()
     before = playground_state(at)

@@ -20,7 +20,14 @@ def decode_json(data: str | bytes, what: str) -> Any:
     """
     try:
         return json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except UnicodeDecodeError as exc:
+        # Said in words: "'utf-8' codec can't decode byte 0x89" tells no one the file
+        # is binary (an image, an archive) rather than a JSON file.
+        byte = exc.object[exc.start]
+        raise PagedLabError(f"{what} is not valid JSON: it is not UTF-8 text (byte "
+                            f"0x{byte:02x} at offset {exc.start:,}); is it a binary file?"
+                            ) from None
+    except (ValueError, RecursionError) as exc:
         raise PagedLabError(f"{what} is not valid JSON: {exc}") from None
 
 
