@@ -114,9 +114,11 @@ def test_scenario_uploads_are_parsed_as_bounded_json() -> None:
     # A snapshot is the other JSON file PagedLab reads: the refusal says where it goes.
     snap = json.dumps(export_snapshot(TourRun(shipped_scenario("08-fork-copy-on-write"), "08",
                                               "t", kernel="torch").engine)).encode()
-    with pytest.raises(PagedLabError, match=r"^s\.json: .*; this is a snapshot \(it has "
-                       r"'schema_version'\): upload it on the Playground"):
+    with pytest.raises(PagedLabError) as refused:
         parse_scenario_upload(snap, "s.json")
+    assert str(refused.value) == ("s.json is a snapshot (it has 'schema_version'), not a "
+                                  "scenario: upload it on the Playground to continue from its "
+                                  "state")
 
 
 def test_the_arena_map_follows_the_contiguous_mirror() -> None:

@@ -83,11 +83,13 @@ def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
     try:
         return parse_scenario(raw)
     except PagedLabError as exc:
-        hint = ("; this is a snapshot (it has 'schema_version'): upload it on the Playground "
-                "to continue from its state"
-                if isinstance(raw, dict) and "schema_version" in raw and "steps" not in raw
-                else "")
-        raise PagedLabError(f"{filename}: {exc}{hint}") from None
+        # A snapshot is the other JSON file PagedLab writes: where it goes is the whole
+        # answer (the scenario parser's list of unknown fields would bury it).
+        if isinstance(raw, dict) and "schema_version" in raw and "steps" not in raw:
+            raise PagedLabError(f"{filename} is a snapshot (it has 'schema_version'), not a "
+                                "scenario: upload it on the Playground to continue from its "
+                                "state") from None
+        raise PagedLabError(f"{filename}: {exc}") from None
 
 
 def parse_step(text: str, total: int) -> int | None:
