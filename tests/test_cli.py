@@ -139,6 +139,48 @@ def test_missing_file_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err.startswith("error: argument --kernel")
 
 
+def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the following arguments are required: command; usage: "
+                          "python -m backend")
+    assert "{run,simulate}" in err and err.count("\n") == 1
+
+
+def test_a_snapshot_given_as_the_scenario_is_pointed_to_from(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "final.json"
+    assert run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", out,
+                   "--kernel", "torch")[0] == 0
+    code, err = run_cli(capsys, "run", out, "--kernel", "torch")
+    assert code == 2
+    assert err == (f"error: {str(out)!r} is a snapshot (it has 'schema_version'), not a "
+                   f"scenario: start from its state with --from {out}\n")
+
+
+def test_snapshots_into_something_not_a_directory_is_refused_by_the_option(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    code, err = run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--snapshots", taken,
+                        "--kernel", "torch")
+    assert code == 2
+    assert err == f"error: --snapshots {str(taken)!r}: cannot make it a directory (File exists)\n"
+
+
+def test_check_says_what_it_checked_when_all_is_met(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = {**CONTRACT_EXAMPLE, "steps": [
+        {**CONTRACT_EXAMPLE["steps"][0], "expect": {"requests.A.num_tokens": 11,
+                                                   "metrics.used_blocks": 3}},
+        {"op": "step", "expect": {"requests.A.num_tokens": 12}}]}
+    assert main(["run", str(write(tmp_path, scenario)), "--check", "--kernel", "torch"]) == 0
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("checked 3 expectations in 2 steps: all met\n", "")
+
+
 def test_from_snapshot_round_trip_is_the_same_file(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     first = tmp_path / "first.json"

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.io.restore import restore_engine
 from backend.io.scenario import (
@@ -37,7 +38,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors exit 2 with one `error:` line, like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        _say("error", message)
+        # With the usage line: "arguments are required: command" alone names no command.
+        _say("error", f"{message}; {self.format_usage().strip()}")
         raise SystemExit(2)
 
 
@@ -94,10 +96,10 @@ def _run(args: argparse.Namespace) -> int:
     engine: Engine | None = None
     failure: ScenarioError | None = None
     problem: str | None = None
-    mismatches = 0
+    mismatches = checked = ran = 0
     try:
         if args.snapshots is not None:
-            args.snapshots.mkdir(parents=True, exist_ok=True)
+            _make_dir(args.snapshots)
         if args.from_snapshot is not None:
             data = read_json(args.from_snapshot, "snapshot")
             if not isinstance(data, dict):
@@ -117,6 +119,7 @@ def _run(args: argparse.Namespace) -> int:
             check_config_matches(scenario, engine.config)
         mirror = scenario.mirror() if args.check and args.from_snapshot is None else None
         for _, step, result in run_steps(engine, scenario.steps, mirror=mirror):
+            ran += 1
             if args.snapshots is not None:
                 write_snapshot(engine, args.snapshots / f"step-{engine.step:04d}.json")
             if args.check and step.expect:
@@ -124,6 +127,7 @@ def _run(args: argparse.Namespace) -> int:
                                                result, mirror):
                     _say("mismatch", f"step {result.step} ({step.op.op}): {line}")
                     mismatches += 1
+                checked += len(step.expect)
         if failure is not None:
             raise failure
     except PagedLabError as exc:
@@ -134,12 +138,25 @@ def _run(args: argparse.Namespace) -> int:
     # that joins the first problem in one line rather than adding a second.
     out_problem = _write_out(engine, args.out)
     if problem is None and out_problem is None:
+        if args.check and not mismatches:
+            # Quiet success would not tell "all met" from "nothing checked".
+            print(f"checked {counted(checked, 'expectation')} in "
+                  f"{counted(ran, 'step')}: all met")
         return 1 if mismatches else 0
     if problem is None:
         return _fail(f"cannot write {out_problem}")
     if out_problem is not None:
         problem += f"; --out was not written: cannot write {out_problem}"
     return _fail(problem)
+
+
+def _make_dir(path: Path) -> None:
+    """--snapshots' directory, created if missing; refused by the option's name."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PagedLabError(f"--snapshots {str(path)!r}: cannot make it a directory "
+                            f"({exc.strerror})") from None
 
 
 def _write_out(engine: Engine | None, out: Path | None) -> str | None:

@@ -124,7 +124,13 @@ def parse_scenario(data: Any) -> Scenario:
 
 
 def load_scenario(path: Path) -> Scenario:
-    return parse_scenario(read_json(path, "scenario"))
+    raw = read_json(path, "scenario")
+    # A snapshot is the other JSON file PagedLab writes: say where it goes instead of
+    # listing the scenario fields it lacks.
+    if isinstance(raw, dict) and "schema_version" in raw and "steps" not in raw:
+        raise PagedLabError(f"{str(path)!r} is a snapshot (it has 'schema_version'), not a "
+                            f"scenario: start from its state with --from {path}")
+    return parse_scenario(raw)
 
 
 def read_json(path: Path, what: str) -> Any:
