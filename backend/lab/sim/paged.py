@@ -19,6 +19,7 @@ import numpy as np
 
 from backend.core.budgets import fits_with_watermark
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.paging.block_manager import BlockManager
 
 DEFAULT_WATERMARK = 0.01
@@ -36,7 +37,8 @@ class PagedPolicy:
         num_blocks = capacity // block_size
         if num_blocks < 1:
             raise PagedLabError(
-                f"a capacity of {capacity} tokens holds no block of {block_size} tokens")
+                f"a capacity of {counted(capacity, 'token')} holds no block of "
+                f"{block_size} tokens")
         self.capacity = capacity
         self.block_size = block_size
         self.growth_period = block_size
@@ -66,6 +68,11 @@ class PagedPolicy:
         longest = int(final_len.max())
         need = -(-longest // self.block_size)
         room = self.num_blocks - self.watermark_blocks
+        if room <= 0:
+            raise PagedLabError(
+                f"the watermark keeps {counted(self.watermark_blocks, 'block')} free but the "
+                f"pool has {counted(self.num_blocks, 'block')}: no request could ever be "
+                f"admitted; use a watermark under {self.num_blocks:,}")
         if need > room:
             least = (need + self.watermark_blocks) * self.block_size
             raise PagedLabError(

@@ -49,6 +49,7 @@ import numpy as np
 
 from backend.core.budgets import SchedulerBudgets
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
 from backend.lab.sim.contiguous import ContiguousPolicyMemory
 from backend.lab.sim.paged import DEFAULT_WATERMARK, PagedPolicy
@@ -115,8 +116,8 @@ class SimConfig:
             blocks = self.capacity_tokens // self.block_size
             if blocks < 1:
                 raise PagedLabError(
-                    f"a capacity of {self.capacity_tokens} tokens holds no block of "
-                    f"{self.block_size} tokens")
+                    f"a capacity of {counted(self.capacity_tokens, 'token')} holds no "
+                    f"block of {self.block_size} tokens")
             if blocks > MAX_BLOCKS:
                 raise PagedLabError(
                     f"{self.capacity_tokens} tokens in blocks of {self.block_size} is "
