@@ -55,8 +55,10 @@ def test_the_picker_offers_both_models_and_says_what_each_costs() -> None:
     assert "134.5M parameters, 30 layers" in text and "K/V 45.0 KiB per token" in text
     assert "shared by every session" in text
     assert "30 layers, 9 heads sharing 3 KV heads, head dim 64" in text
-    at.run()                       # drawn again now that this process holds the weights
+    # Loaded in the run that applied the pick (unless an earlier test of this process
+    # loaded them): that run draws itself again, so the caption says so at once.
     assert "loaded in this process" in sidebar_captions(at)
+    assert "not loaded yet" not in sidebar_captions(at)
 
 
 def test_smollm2_in_the_sidebar_adds_steps_and_shows_its_token_pieces() -> None:

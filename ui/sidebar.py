@@ -261,7 +261,13 @@ def _confirm_or_apply() -> None:
     if config.to_json() == session.get_settings().config.to_json():
         return
     if not engine_actions.engine_has_state():
+        current = session.get_settings()
+        loads = not model_loaded(Settings(config, current.device, current.kernel))
         engine_actions.apply_config(config)
+        if loads and model_loaded(Settings(config, current.device, current.kernel)):
+            # The weights were loaded in this run, after the model's caption above said
+            # they were not: run again, so every line drawn so far tells the new state.
+            st.rerun()
         return
     st.session_state[session.PENDING] = True
     engine = session.get_engine()
