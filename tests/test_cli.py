@@ -147,6 +147,12 @@ def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -
     assert err.startswith("error: the following arguments are required: command; usage: "
                           "python -m backend")
     assert "{run,simulate}" in err and err.count("\n") == 1
+    # A subcommand's usage is longer than argparse's line: still one line, no "\n".
+    with pytest.raises(SystemExit):
+        main(["run", "x.json", "--kernel", "bogus"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\\n" not in err and "  " not in err
+    assert "; usage: python -m backend run [-h] [--out OUT]" in err
 
 
 def test_a_snapshot_given_as_the_scenario_is_pointed_to_from(

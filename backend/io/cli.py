@@ -39,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # With the usage line: "arguments are required: command" alone names no command.
-        _say("error", f"{message}; {self.format_usage().strip()}")
+        # argparse wraps a long usage over several lines; it is joined back into one.
+        _say("error", f"{message}; {' '.join(self.format_usage().split())}")
         raise SystemExit(2)
 
 
