@@ -320,6 +320,8 @@ def test_an_added_prompt_is_labelled_as_written_with_control_characters_visible(
     assert describe_op(Add("U", prompt=f"Café {family} 東京")) == f"add U ('Café {family} 東京')"
     assert describe_op(Add("W", prompt=" \n\t ")) == "add W (' \\n\\t ')"
     assert describe_op(Add("L", prompt="x" * 30)) == f"add L ('{'x' * 21}...')"
+    # A bidi override would reverse the status line after it: written as an escape.
+    assert describe_op(Add("R", prompt="a\u202eb")) == "add R ('a\\u202eb')"
 
 
 def test_summarize_names_what_happened(shared: Engine) -> None:
@@ -530,7 +532,9 @@ def test_text_to_read_joins_a_character_that_its_pieces_split() -> None:
     # Token by token, ☕'s three bytes show where the tokens split them; read, it is whole.
     assert views.token_pieces(snap, ids)[-3:] == [" \\xe2", "\\x98", "\\x95"]
     assert tokens.token_text(snap, ids) == "I like ☕"
-    assert tokens.token_text({"config": {}}, list(b"hi\x01")) == "hi\\x01"
+    # tiny-byte's bytes read as UTF-8 too; a control byte, or one that is no UTF-8, escaped.
+    assert tokens.token_text({"config": {}}, [*"Café\n".encode(), 1, 0xFF]) == \
+        "Café\\n\\x01\\xff"
 
 
 @pytest.mark.slow

@@ -1,15 +1,22 @@
 """Counts in messages and labels: "1 slot", "2 slots", "1,024 blocks"; the verb
-that follows a count: "1 table holds it", "2 tables hold it"; and a message's first
-word capitalised where that leaves every name as written."""
+that follows a count: "1 table holds it", "2 tables hold it"; a message's first
+word capitalised where it is a plain word; and user text made safe to show on one
+line."""
 
 from __future__ import annotations
 
 import re
 
-# A plain lower-case word ending at a space or punctuation other than "." or "_": "policy
-# must be", "trace: ...". Not a file name ("trace.csv: ..."), a field name
-# ("num_blocks must ..."), an id in quotes, or a word with digits or capitals ("fp8", "iOS").
+# A first word of lower-case letters only, ending the message or followed by a blank,
+# ",", ":" or ";": "policy must be", "trace: ...". Not a file name with an extension
+# ("trace.csv: ..."), a field name ("num_blocks must ..."), an id in quotes, or a word
+# with digits or capitals ("fp8", "iOS").
 _PLAIN_FIRST_WORD = re.compile(r"[a-z]+(?=[\s,:;]|$)")
+
+# Format characters an emoji needs to stay whole: the zero-width (non-)joiner and the
+# tag characters of flags. Every other one (the bidi overrides and isolates among
+# them, which would reverse the text around them) is shown escaped.
+_KEPT_FORMAT = {0x200C, 0x200D, *range(0xE0020, 0xE0080)}
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
@@ -25,8 +32,18 @@ def agrees(n: int, singular: str, plural: str) -> str:
 
 def sentence(message: str) -> str:
     """`message` starting with a capital, as a sentence on its own: "policy must be one
-    of ..." reads "Policy must be one of ...". A message that starts with a name (a file,
-    a field, an id) keeps it exactly as written."""
+    of ..." reads "Policy must be one of ...". Only a first word of lower-case letters
+    alone is capitalised (see _PLAIN_FIRST_WORD), so a file name with its extension, a
+    field name with "_", or a quoted id keeps its spelling; a one-word name in plain
+    lower case would not."""
     if _PLAIN_FIRST_WORD.match(message):
         return message[0].upper() + message[1:]
     return message
+
+
+def visible(text: str) -> str:
+    """`text` with every character as itself ("Café", "🍰", "東京", an emoji's joiners)
+    except control and other format characters, written as Python escapes ("\\n",
+    "\\t", "\\u202e"), so a label shows a line break and cannot be reversed by one."""
+    return "".join(ch if ch.isprintable() or ord(ch) in _KEPT_FORMAT
+                   else ch.encode("unicode_escape").decode("ascii") for ch in text)

@@ -7,12 +7,11 @@ running?) is the engine's check, made when the operation is applied.
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from backend.core.errors import PagedLabError
-from backend.core.words import counted
+from backend.core.words import counted, visible
 
 MAX_STEP_COUNT = 100_000
 MAX_GROW_TOKENS = 65_536
@@ -244,12 +243,11 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
     return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages, n, width)
 
 
-def quoted(text: str) -> str:
-    """`text` in single quotes as a label shows it: every character as itself ("Café",
-    "🍰", "東京", an emoji's zero-width joiners kept whole) but a control character,
-    written as Python would ("\\n", "\\t"), so a line break or tab stays visible."""
-    return "'" + "".join(ch if ch.isprintable() or unicodedata.category(ch) == "Cf"
-                         else repr(ch)[1:-1] for ch in text) + "'"
+def quoted(text: str, limit: int = 24) -> str:
+    """`text` in single quotes as a label shows it (see `words.visible`), cut to its first
+    `limit` - 3 characters and "..." when longer than `limit`."""
+    cut = text if len(text) <= limit else text[:limit - 3] + "..."
+    return f"'{visible(cut)}'"
 
 
 def describe_op(op: Op) -> str:
@@ -257,12 +255,11 @@ def describe_op(op: Op) -> str:
     match op:
         case Add():
             if op.prompt is not None:
-                what = quoted(op.prompt if len(op.prompt) <= 24 else op.prompt[:21] + "...")
+                what = quoted(op.prompt)
             elif op.prompt_tokens is not None:
                 what = counted(len(op.prompt_tokens), "token")
             elif op.messages is not None and len(op.messages) == 1:
-                content = op.messages[0][1]
-                what = "chat " + quoted(content if len(content) <= 24 else content[:21] + "...")
+                what = "chat " + quoted(op.messages[0][1])
             elif op.messages is not None:
                 what = counted(len(op.messages), "message")
             else:

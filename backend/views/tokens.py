@@ -14,6 +14,7 @@ from typing import Any
 
 from backend.core.config import TINY_BYTE
 from backend.core.errors import PagedLabError
+from backend.core.words import visible
 from backend.models.registry import codec_for
 from backend.views.host_pool import on_device
 
@@ -41,12 +42,16 @@ def token_pieces(snap: Snapshot, tokens: list[int]) -> list[str]:
 
 
 def token_text(snap: Snapshot, tokens: list[int]) -> str:
-    """`tokens` as one text under the snapshot's model, to be read rather than to show
-    token boundaries: tiny-byte's bytes as `render_tokens` shows them, a real model's
-    tokens decoded (a character split across tokens whole again). Where the tokenizer
-    is not installed, each token as its id, ⟨id⟩."""
+    """`tokens` as one line of text under the snapshot's model, to be read rather than to
+    show token boundaries: tiny-byte's bytes and a real model's tokens decoded as UTF-8
+    (a character split across bytes or tokens whole again; a byte that is no UTF-8 as
+    \\xNN), control characters escaped (`words.visible`). Where the tokenizer is not
+    installed, each token as its id, ⟨id⟩."""
+    model = model_of(snap)
+    if model == TINY_BYTE:
+        return visible(bytes(tokens).decode("utf-8", "backslashreplace"))
     try:
-        return codec_for(model_of(snap)).decode(tokens)
+        return visible(codec_for(model).decode(tokens))
     except PagedLabError:
         return "".join(f"⟨{t}⟩" for t in tokens)
 
