@@ -61,7 +61,7 @@ def test_the_playground_replays_its_operations_beside_a_control() -> None:
 
 def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     from backend.engine.whatif import physical_order
-    from ui.whatif import outcome
+    from backend.views.whatif import outcome
 
     at = start()
     add(at, "Paging moves nothing:", max_new=12)

@@ -15,7 +15,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
 from backend.engine.whatif import physical_order
 from backend.io.snapshot import export_snapshot
-from ui.whatif import outcome
+from backend.views.whatif import outcome
 
 
 def shuffled(**config: object) -> Engine:
@@ -91,6 +91,7 @@ def test_the_seeds_table_sorted_reads_the_same_slots_and_moves_nothing() -> None
     assert not w.physical_changed
     assert w.physical_order.logits_diff <= w.tolerance
     assert w.physical_order.next_token == w.table_order.next_token
+    assert w.last_block_stays
     assert "within float rounding" in outcome(w) and "stays last" in outcome(w)
 
 
@@ -104,4 +105,6 @@ def test_a_partly_filled_block_sorted_into_the_middle_is_read_with_its_empty_slo
     assert w.slots_read([2, 9, 14]) == [t[4:8], [t[8], None, None, None], [t[8]]]
     assert w.physical_changed
     assert w.physical_order.logits_diff > 100 * w.tolerance
-    assert "sorting changed what attention read" in outcome(w)
+    assert not w.last_block_stays
+    assert "another block is read last" in outcome(w)
+    assert "what attention read changed, and with it the next-token distribution" in outcome(w)

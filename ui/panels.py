@@ -17,8 +17,8 @@ from streamlit.delta_generator import DeltaGenerator
 
 from backend import views
 from backend.core.words import agrees, counted
-from backend.engine.control import LOGIT_TOLERANCE
 from backend.engine.engine import Engine
+from backend.engine.results import logit_tolerance
 from backend.kernels import TorchKernels
 from backend.views import Snapshot
 from backend.views.host_pool import has_host_pool, host_summary, host_view
@@ -322,14 +322,13 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
                  help="Recompute every running request's K/V and logits with plain "
                       "attention and no cache, and compare them with the paged state."):
         v = engine.verify_recomputation()
-        tol = LOGIT_TOLERANCE[engine.config.dtype]
-        agree = v.max_kv_err <= tol and v.max_logit_err <= tol
+        tol = logit_tolerance(engine.config.dtype)
         said = (f"{counted(v.num_requests, 'request')}, {counted(v.num_tokens, 'token')} "
                 "recomputed without "
                 f"paging: max |K/V in the blocks − recomputed| = {v.max_kv_err:.2g}, "
                 f"max |logits − recomputed| = {v.max_logit_err:.2g}. ")
         # The same tolerance as the control run's: float rounding of this dtype.
-        if agree:
+        if v.agrees(tol):
             st.success(said + f"They agree: both within {tol:g}, float rounding of "
                               f"{engine.config.dtype}.")
         else:

@@ -14,6 +14,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.whatif import OrderWhatIf, Reading, physical_order
 from backend.views.text import md_code, plain_md
+from backend.views.whatif import outcome
 
 KEY = "whatif_report"
 
@@ -80,28 +81,8 @@ def panel(engine: Engine) -> None:
         with right:
             _column(engine, w, w.physical_order, "Physical order")
         st.markdown(outcome(w))
-        st.caption("Each block's slots as the kernel read them, · for a slot nothing was "
-                   "written to; the last block is read up to the last token's position, "
-                   "where this forward writes that token's K/V.")
+        st.caption("Each block's slots as the kernel read them, · for a slot past the "
+                   "block's filled ones (zeros, or K/V a former holder left there); the last "
+                   "block is read up to the last token's position, where this forward "
+                   "writes that token's K/V.")
 
-
-def outcome(w: OrderWhatIf) -> str:
-    """What sorting did to the prediction, said by how far it moved the logits."""
-    diffs = ", ".join(f"layer {i}: {d:.3g}" for i, d in enumerate(w.attention_diff))
-    moved = (f"The last token's attention output moved by at most "
-             f"{max(w.attention_diff):.3g} ({diffs}) and its logits by "
-             f"{w.physical_order.logits_diff:.3g}")
-    same = w.table_order.next_token == w.physical_order.next_token
-    if w.sorted_already:
-        return moved + ": the two readings are the same."
-    if not w.physical_changed:
-        return (moved + f", within float rounding (under {w.tolerance:g}). Sorted, the "
-                "request's last block stays last (it has the highest number), so the kernel "
-                "reads the same slots and writes the new K/V to the same one; each key "
-                "carries its position, so the same keys in another order sum the same. "
-                "Shuffle the pool until the last block is not the highest-numbered, and "
-                "sorting changes the reading.")
-    return (moved + ": sorting changed what attention read, and with it the next-token "
-            "distribution (the tables of probabilities). "
-            + ("The seeded draw happens to give the same token." if same else
-               "The seeded draw gives another token."))

@@ -33,6 +33,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import INHERIT, Add, Fork, Grow, Op, Shuffle, Step
+from backend.engine.results import logit_tolerance
 from backend.models.registry import codec_for
 
 # The control pool is sized from the operations; past this it is refused rather
@@ -41,9 +42,6 @@ MAX_CONTROL_BYTES = 512 << 20
 # Logits waiting for the other engine to reach their position, at most (each is one
 # vocabulary-sized float32 row); past it the oldest are dropped uncompared.
 MAX_PENDING_ROWS = 4096
-# Logits two correct runs may differ by: the same math in another order (batch
-# composition, prefix hits, chunked prefill). Past it, something read other K/V.
-LOGIT_TOLERANCE = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 2e-1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +80,7 @@ class ControlReport:
 
     @property
     def tolerance(self) -> float:
-        return LOGIT_TOLERANCE.get(self.control_config.dtype, LOGIT_TOLERANCE["bfloat16"])
+        return logit_tolerance(self.control_config.dtype)
 
     @property
     def agrees(self) -> bool:

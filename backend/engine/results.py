@@ -8,6 +8,16 @@ from backend.engine.ops import Op
 from backend.paging.block_types import AllocatorMetrics
 from backend.paging.events import Event
 
+# Logits two correct runs may differ by: the same math in another order (batch
+# composition, prefix hits, chunked prefill). Past it, something read other K/V.
+LOGIT_TOLERANCE = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 2e-1}
+
+
+def logit_tolerance(dtype: str) -> float:
+    """How far apart two correct computations in `dtype` may be (an unknown dtype: the
+    widest)."""
+    return LOGIT_TOLERANCE.get(dtype, LOGIT_TOLERANCE["bfloat16"])
+
 
 @dataclass(frozen=True, slots=True)
 class KernelReport:
@@ -43,6 +53,11 @@ class Verification:
     num_tokens: int
     max_kv_err: float        # largest |cached K/V - recomputed K/V| over all slots, layers
     max_logit_err: float     # largest |pending logits - recomputed logits|
+
+    def agrees(self, tolerance: float) -> bool:
+        """The cached K/V and the pending logits both within `tolerance` of the
+        recomputation: what float arithmetic in another order explains."""
+        return self.max_kv_err <= tolerance and self.max_logit_err <= tolerance
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,9 +29,9 @@ import torch
 
 from backend.core.errors import PagedLabError
 from backend.engine.beams import log_probs
-from backend.engine.control import LOGIT_TOLERANCE
 from backend.engine.engine import Engine
 from backend.engine.prompts import next_token
+from backend.engine.results import logit_tolerance
 from backend.kernels import KernelBackend, StepPlan
 from backend.models.batch import ForwardBatch
 
@@ -108,7 +108,8 @@ class OrderWhatIf:
 
     def slots_read(self, order: list[int]) -> list[list[int | None]]:
         """What the forward through `order` reads, block by block and slot by slot: a
-        token whose K/V sits in the slot, or None for a slot nothing was written to.
+        token whose K/V sits in the slot, or None for a slot past the block's filled
+        ones (zeros, or K/V a former holder of the block left there).
 
         Every block but the last is read whole (a partly filled one with its empty
         slots); the last only up to the last token's position within a block, and the
@@ -123,6 +124,12 @@ class OrderWhatIf:
         read[-1] = read[-1][:last + 1]
         read[-1][last] = self.tokens[self.position]
         return read
+
+    @property
+    def last_block_stays(self) -> bool:
+        """Whether sorting keeps the request's last block last (it has the highest id):
+        then the same slots are read and the new K/V written to the same one."""
+        return self.physical_order.table[-1] == self.table_order.table[-1]
 
     @property
     def physical_changed(self) -> bool:
@@ -161,7 +168,7 @@ def physical_order(engine: Engine, request_id: str) -> OrderWhatIf:
     readings = [_read(engine, copy, t, request_id, last, position, pending)
                 for copy, t in zip(copies, (table, sorted(table)), strict=True)]
     return OrderWhatIf(request_id, position, tokens, engine.config.block_size,
-                       readings[0], readings[1], LOGIT_TOLERANCE[engine.config.dtype])
+                       readings[0], readings[1], logit_tolerance(engine.config.dtype))
 
 
 def _read(engine: Engine, pool: _PoolCopy, table: list[int], request_id: str, token: int,
