@@ -418,6 +418,10 @@ def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
     assert ("or 5.00 µs per token slot against 90.00 µs. Per slot moved, small blocks did "
             "not cost more here, unlike the paper's finding. ") in said
     cheap = swap_recompute.summary([*runs[:5], run(4, "swap", swapped=25, swap_ms=0.1)], "cpu")
+    # One block size swapped: its figures, and no verdict drawn from one point.
+    alone = swap_recompute.summary([*runs[:5], run(4, "swap")], "cpu")
+    assert ("Swapping copied 100 blocks, only at block size 1: 5.0 µs per block, 5.00 µs "
+            "per token slot. ") in alone and "Per slot moved" not in alone
     assert ("or 5.00 µs per token slot against 1.00 µs. Per slot moved, small blocks cost "
             "more: each copy's fixed overhead weighs most at small blocks") in cheap
     assert "Swapping took less time than recomputing at block size 1. " in said

@@ -61,6 +61,26 @@ def overhead_chart(runs: Sequence[PreemptionRun], *, width: int = 520) -> alt.Ch
                  title="Preemption overhead by block size, measured on this engine")
 
 
+def _copy_sentence(lo: PreemptionRun, hi: PreemptionRun) -> str:
+    """What swapping's copies cost at the smallest and largest block size that swapped,
+    per block and per token slot; the paper's point judged only where there are two."""
+    per_lo = lo.swap_ms * 1e3 / lo.swapped_blocks
+    if lo is hi:
+        return (f"Swapping copied {lo.swapped_blocks:,} blocks, only at block size "
+                f"{lo.block_size}: {per_lo:.1f} µs per block, "
+                f"{per_lo / lo.block_size:.2f} µs per token slot. ")
+    per_hi = hi.swap_ms * 1e3 / hi.swapped_blocks
+    return (f"Swapping copied {lo.swapped_blocks:,} blocks at block size {lo.block_size} and "
+            f"{hi.swapped_blocks:,} at {hi.block_size}: {per_lo:.1f} µs per block against "
+            f"{per_hi:.1f} µs, or {per_lo / lo.block_size:.2f} µs per token slot against "
+            f"{per_hi / hi.block_size:.2f} µs. "
+            + ("Per slot moved, small blocks cost more: each copy's fixed overhead weighs "
+               "most at small blocks, the paper's point. "
+               if per_lo / lo.block_size > per_hi / hi.block_size else
+               "Per slot moved, small blocks did not cost more here, unlike the paper's "
+               "finding. "))
+
+
 def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None) -> str:
     """What the runs show, in a few sentences with their numbers (`slots`: the device
     pool asked for, in token slots, to say where the runs needed more)."""
@@ -71,8 +91,6 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
                 "more requests or fewer token slots.")
     same = all(r.same_tokens for r in runs)
     lo, hi = swap[0], swap[-1]
-    per_lo = lo.swap_ms * 1e3 / lo.swapped_blocks
-    per_hi = hi.swap_ms * 1e3 / hi.swapped_blocks
     faster = [r.block_size for r in swap if r.block_size in rec
               and r.swap_ms < rec[r.block_size].recompute_ms]
     alike = all(r.block_size in rec and r.preemptions == rec[r.block_size].preemptions
@@ -83,14 +101,7 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
          "The two methods' runs took different decisions; ")
         + ("every request generated exactly the tokens of the run that never preempted. "
            if same else "some request's tokens differed from the reference run: a bug. "),
-        f"Swapping copied {lo.swapped_blocks:,} blocks at block size {lo.block_size} and "
-        f"{hi.swapped_blocks:,} at {hi.block_size}: {per_lo:.1f} µs per block against "
-        f"{per_hi:.1f} µs, or {per_lo / lo.block_size:.2f} µs per token slot against "
-        f"{per_hi / hi.block_size:.2f} µs. "
-        + ("Per slot moved, small blocks cost more: each copy's fixed overhead weighs most "
-           "at small blocks, the paper's point. "
-           if per_lo / lo.block_size > per_hi / hi.block_size else
-           "Per slot moved, small blocks did not cost more here, unlike the paper's finding. "),
+        _copy_sentence(lo, hi),
         _recompute_sentence(rec[lo.block_size], rec.get(hi.block_size, rec[lo.block_size])),
         (f"Swapping took less time than recomputing at block size{'s' * (len(faster) > 1)} "
          f"{', '.join(map(str, faster))}. " if faster else
