@@ -163,7 +163,8 @@ def test_a_snapshot_given_as_the_scenario_is_pointed_to_from(
     code, err = run_cli(capsys, "run", out, "--kernel", "torch")
     assert code == 2
     assert err == (f"error: {str(out)!r} is a snapshot (it has 'schema_version'), not a "
-                   f"scenario: start from its state with --from {out}\n")
+                   "scenario: start from its state with python -m backend run SCENARIO --from "
+                   f"{out}\n")
 
 
 def test_snapshots_into_something_not_a_directory_is_refused_by_the_option(

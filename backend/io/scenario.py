@@ -22,6 +22,7 @@ objects and lists.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Op, parse_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
-from backend.io.json_input import decode_json, read_bounded
+from backend.io.json_input import decode_json, file_kind, read_bounded
 
 MAX_SCENARIO_BYTES = 4 << 20
 # A snapshot file named on the command line (uploads in the app have a smaller bound,
@@ -127,9 +128,10 @@ def load_scenario(path: Path) -> Scenario:
     raw = read_json(path, "scenario")
     # A snapshot is the other JSON file PagedLab writes: say where it goes instead of
     # listing the scenario fields it lacks.
-    if isinstance(raw, dict) and "schema_version" in raw and "steps" not in raw:
+    if file_kind(raw) == "snapshot":
         raise PagedLabError(f"{str(path)!r} is a snapshot (it has 'schema_version'), not a "
-                            f"scenario: start from its state with --from {path}")
+                            "scenario: start from its state with python -m backend run "
+                            f"SCENARIO --from {shlex.quote(str(path))}")
     return parse_scenario(raw)
 
 

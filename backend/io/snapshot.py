@@ -28,7 +28,7 @@ from backend.core.config import TINY_BYTE
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.request import Request
-from backend.io.json_input import decode_json
+from backend.io.json_input import decode_json, file_kind
 from backend.paging.hashing import BlockHash
 
 SCHEMA_VERSION = 1
@@ -155,7 +155,7 @@ def parse_snapshot_text(text: str | bytes) -> dict[str, Any]:
     data = decode_json(text, "snapshot")
     if not isinstance(data, dict):
         raise PagedLabError("snapshot must be a JSON object")
-    if "schema_version" not in data and "steps" in data:
+    if file_kind(data) == "scenario":
         # The other JSON file PagedLab reads: say which one this is and where it goes.
         raise PagedLabError("snapshot: missing field 'schema_version'; this is a scenario "
                             "file (it has 'steps'): open it on the Scenarios page, or run "

@@ -32,7 +32,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import describe_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror
-from backend.io.json_input import decode_json
+from backend.io.json_input import decode_json, file_kind
 from backend.io.scenario import (
     MAX_SCENARIO_BYTES,
     Scenario,
@@ -85,7 +85,7 @@ def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
     except PagedLabError as exc:
         # A snapshot is the other JSON file PagedLab writes: where it goes is the whole
         # answer (the scenario parser's list of unknown fields would bury it).
-        if isinstance(raw, dict) and "schema_version" in raw and "steps" not in raw:
+        if file_kind(raw) == "snapshot":
             raise PagedLabError(f"{filename} is a snapshot (it has 'schema_version'), not a "
                                 "scenario: upload it on the Playground to continue from its "
                                 "state") from None
