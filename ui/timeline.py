@@ -198,7 +198,7 @@ def _picker(first: int, last: int) -> None:
     c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     # No bounds in the browser: it would keep a number past them to itself, the field
     # red and the page unchanged; `picked` refuses it in words instead.
-    c1.number_input("Show the state after iteration", step=1, key=PICK,
+    c1.number_input("Show the state after iteration", value=None, step=1, key=PICK,
                     placeholder="the live state",
                     help=f"{first:,} to {last:,}. The grid, metrics and tables above show the "
                          "state after this row's operation, while the history keeps it. "
@@ -216,7 +216,7 @@ def _step_picker(history: History) -> None:
     ss = st.session_state
     if kept is not None and kept[0] < kept[1]:
         c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-        c1.number_input("Show the state after step", step=1, key=STEP_PICK,
+        c1.number_input("Show the state after step", value=None, step=1, key=STEP_PICK,
                         placeholder="the live state",
                         help=f"{kept[0]:,} to {kept[1]:,}: the history this session kept. "
                              "The views above show the state after that operation. Blank: "
