@@ -99,6 +99,13 @@ def test_a_real_models_pool_over_the_limit_is_told_what_it_can_change() -> None:
     # Its shape is its weights': no advice to change layers, heads or dtype.
     assert said.endswith("Use fewer or smaller blocks")
     budget.check_size(EngineConfig.for_model(SMOLLM2, num_blocks=fits, block_size=16))
+    # A single block past the limit: only smaller blocks help.
+    with pytest.raises(PagedLabError) as refused:
+        KVBudget(per_session=MIB // 2, per_server=MIB).check_size(smol)
+    assert str(refused.value) == (
+        "num_blocks: 1,024 blocks of 720 KiB would take 720.0 MiB of K/V, but a browser "
+        "session may hold at most 0.5 MiB, less than one block of this size. Use smaller "
+        "blocks")
 
 
 def test_sessions_together_are_capped_by_the_server_limit_and_give_back_on_drop() -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from backend.core.config import TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
+from backend.views.model import format_bytes
 
 MIB = 1 << 20
 DEFAULT_SESSION_MIB = 512
@@ -74,14 +75,16 @@ class KVBudget:
         if need <= self.per_session:
             return
         per = config.bytes_per_block
+        fits = self.per_session // per
         # A real model's shape is its weights': only the pool and its blocks can change.
         shape = (", fewer layers or heads, or a 2-byte dtype" if config.model == TINY_BYTE
                  else "")
+        room = (f"which is {fits:,} blocks of this size. Use fewer or smaller blocks"
+                if fits else "less than one block of this size. Use smaller blocks")
         raise PagedLabError(
-            f"num_blocks: {config.num_blocks:,} blocks of {per / 1024:,.1f} KiB would take "
+            f"num_blocks: {config.num_blocks:,} blocks of {format_bytes(per)} would take "
             f"{_mib(need)} of K/V, but a browser session may hold at most "
-            f"{_mib(self.per_session)}, which is {self.per_session // per:,} blocks of this "
-            f"size. Use fewer or smaller blocks{shape}")
+            f"{_mib(self.per_session)}, {room}{shape}")
 
     def check(self, config: EngineConfig, owner: str, *,
               replacing: Engine | None = None) -> None:
