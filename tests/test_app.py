@@ -291,7 +291,7 @@ def test_shuffle_moves_every_used_block_and_keeps_the_tokens() -> None:
                zip(new, before["requests"][0]["block_table"], strict=True))
     assert html(at, "pl-events").count("block data moved") == 7
     # One permutation, applied at once: the log says so on every move.
-    assert html(at, "pl-events").count("together with the other moves of this shuffle") == 7
+    assert html(at, "pl-events").count("(all moves of a shuffle at once)") == 7
     assert metrics(at)["Used blocks"] == "7 / 32" and old != set(new)
     # Decoding after the move gives what the model computes: the reference agrees.
     click(at, "btn_step")

@@ -89,3 +89,22 @@ def test_a_beam_finished_by_hand_is_no_complete_hypothesis() -> None:
     assert "0 live, 1 complete, 0 dropped, 1 finished by hand" in panel[0].label
     df = panel[0].dataframe[0].value.set_index("beam")
     assert df.loc["A.0", "status"] == "finished (max new tokens)"
+
+
+def test_finished_beams_are_pointed_to_their_panel_from_the_finished_list() -> None:
+    at = start()
+    at.number_input(key="add_beam").set_value(2)
+    add(at, "Once upon a time", max_new=2)
+    at.number_input(key="add_beam").set_value(None)
+    add(at, "Plain text", max_new=1)
+    at.number_input(key="batch_n").set_value(6)
+    click(at, "btn_step_n")
+    e = engine(at)
+    done = [r for r in e.requests.values() if r.status == "finished"]
+    beams_done = [r for r in done if r.beam_width is not None]
+    assert beams_done and len(done) > len(beams_done)
+    box = [x for x in at.expander if x.label.startswith("Finished: what 1 request generated")]
+    assert len(box) == 1
+    assert [c.value for c in box[0].caption] == [
+        f"{len(beams_done)} finished beams more: see their beam search panel above."]
+    assert list(box[0].dataframe[0].value["request"]) == ["B"]

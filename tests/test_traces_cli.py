@@ -175,8 +175,8 @@ def test_cli_reads_a_trace_file_only_up_to_its_limit(
     (["--workload", "alpaca", "--policy", "paged", "--watermark-blocks", "950"],
      "error: the longest request needs"),
     (["--workload", "alpaca", "--policy", "paged", "--watermark-blocks", "999999"],
-     "error: the watermark keeps 999,999 blocks free but the pool has 960 blocks: no request "
-     "could ever be admitted; use a watermark under 960"),
+     "error: a watermark of 999,999 blocks is not below the pool's 960: no request could "
+     "ever be admitted; use a watermark under 960"),
     (["--workload", "alpaca", "--policy", "paged", "--capacity-tokens", "1"],
      "error: a capacity of 1 token holds no block of 16 tokens"),
     (["--workload", "azure-conv", "--policy", "max"],

@@ -132,7 +132,8 @@ def _add_form() -> None:
                     help="Send the text as a user's message through the model's chat "
                          "template (SmolLM2's own; ChatML for tiny-byte), so the request "
                          "ends with the assistant's turn open and the model answers. Two "
-                         "chats share the template's opening blocks.")
+                         "chats share the template's opening blocks. A random prompt length, "
+                         "when given, wins over the text, chat or not.")
         c1, c2 = st.columns(2)
         c1.number_input("…or a random prompt of N tokens", value=None, step=1, key="add_len",
                         placeholder="the text",

@@ -231,8 +231,13 @@ def _finished(snap: Snapshot) -> None:
     df = views.finished_frame(snap)
     if df.empty:
         return
+    beams = sum(1 for r in snap["requests"]
+                if r["status"] == "finished" and "beam_width" in r)
     with st.expander(f"Finished: what {counted(len(df), 'request')} generated",
                      expanded=True):
+        if beams:
+            st.caption(f"{counted(beams, 'finished beam')} more: see "
+                       f"{agrees(beams, 'its', 'their')} beam search panel above.")
         st.dataframe(df, hide_index=True, width="stretch",
                      height=min(35 + 35 * len(df) + 3, 320),
                      column_config={"request": st.column_config.Column(width=110),

@@ -136,8 +136,8 @@ def describe(event: Event, swapped: bool = False) -> str:
         case "move":
             # A shuffle's moves are one permutation, applied at once (paging/remap.py):
             # listed one by one, 0 -> 9 before 9 -> 21 would read as 9 overwritten first.
-            return (f"block data moved from physical block {event.src} to {event.dst}, "
-                    "together with the other moves of this shuffle")
+            return (f"block data moved from physical block {event.src} to {event.dst} "
+                    "(all moves of a shuffle at once)")
         case "swap_out":
             return (f"{who} was swapped out: block {event.src}'s K/V copied to host block "
                     f"{event.dst}")

@@ -70,16 +70,16 @@ class PagedPolicy:
         room = self.num_blocks - self.watermark_blocks
         if room <= 0:
             raise PagedLabError(
-                f"the watermark keeps {counted(self.watermark_blocks, 'block')} free but the "
-                f"pool has {counted(self.num_blocks, 'block')}: no request could ever be "
-                f"admitted; use a watermark under {self.num_blocks:,}")
+                f"a watermark of {counted(self.watermark_blocks, 'block')} is not below the "
+                f"pool's {self.num_blocks:,}: no request could ever be admitted; use a "
+                f"watermark under {self.num_blocks:,}")
         if need > room:
             least = (need + self.watermark_blocks) * self.block_size
             raise PagedLabError(
-                f"the longest request needs {longest} tokens ({need} blocks of "
-                f"{self.block_size}) but the pool admits at most {room} blocks "
-                f"({self.num_blocks} blocks, {self.watermark_blocks} kept free); "
-                f"use a capacity of at least {least} tokens")
+                f"the longest request needs {longest:,} tokens ({need:,} blocks of "
+                f"{self.block_size}) but the pool admits at most {room:,} blocks "
+                f"({self.num_blocks:,} blocks, {self.watermark_blocks:,} kept free); "
+                f"use a capacity of at least {least:,} tokens")
         self._ids = [str(i) for i in range(len(final_len))]
         self._synced = [0] * len(final_len)
 
