@@ -523,6 +523,22 @@ def test_token_pieces_fall_back_to_ids_without_the_tokenizer(
     assert tokens.token_text(snap, [504, 2830]) == "⟨504⟩⟨2830⟩"
 
 
+def test_a_layout_names_the_character_a_tokens_bytes_belong_to() -> None:
+    from backend.models.registry import codec_for
+
+    e = Engine(EngineConfig(num_blocks=16, block_size=4), kernel="torch")
+    e.apply(Add("A", prompt="Café"))
+    page = request_layout_html(export_snapshot(e), "A")
+    # tiny-byte: é is two bytes, two tokens; each names it in its tooltip.
+    for byte in ("\\xc3", "\\xa9"):
+        assert (f"<span class='pl-split' title='{byte}: bytes of é, a character split "
+                f"across tokens'") in page
+    assert "title='C" not in page
+    # SmolLM2: ☕ spans three BPE tokens.
+    ids = codec_for(SMOLLM2).encode("I like ☕")
+    assert codec_for(SMOLLM2).split_characters(ids) == [None, None, "☕", "☕", "☕"]
+
+
 def test_text_to_read_joins_a_character_that_its_pieces_split() -> None:
     from backend.models.registry import codec_for
     from backend.views import tokens

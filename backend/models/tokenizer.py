@@ -46,6 +46,37 @@ class TextCodec(Protocol):
 
     def render_chat(self, messages: Sequence[Message]) -> str: ...
 
+    def split_characters(self, ids: Sequence[int]) -> list[str | None]: ...
+
+
+def split_characters(parts: Sequence[bytes]) -> list[str | None]:
+    """For each token's bytes, the characters it shares with a neighbouring token (a
+    multi-byte UTF-8 character split across tokens, as byte-level BPE and tiny-byte's
+    one-byte tokens do with "☕" or "é"), else None.
+
+    A token's piece shows the bytes it holds (`show_bytes`: "\\xe2"); this names the
+    character they belong to, for a tooltip.
+    """
+    owner = [i for i, part in enumerate(parts) for _ in part]
+    data = b"".join(parts)
+    shared: list[list[str]] = [[] for _ in parts]
+    at = 0
+    while at < len(data):
+        for n in (1, 2, 3, 4):
+            try:
+                ch = data[at:at + n].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            holders = sorted(set(owner[at:at + n]))
+            if len(holders) > 1:
+                for i in holders:
+                    shared[i].append(ch)
+            at += n
+            break
+        else:
+            at += 1
+    return ["".join(chars) or None for chars in shared]
+
 
 def _byte_alphabet() -> dict[str, int]:
     """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for themselves,
@@ -155,6 +186,10 @@ class BPETokenizer:
         """Each token's own text (see `show_bytes`), so token boundaries can be shown."""
         return [show_bytes(self.token_bytes(i)) for i in ids]
 
+    def split_characters(self, ids: Sequence[int]) -> list[str | None]:
+        """See the module's `split_characters`."""
+        return split_characters([self.token_bytes(i) for i in ids])
+
     def render_chat(self, messages: Sequence[Message]) -> str:
         """The file's chat template over `messages`, ending with the assistant's turn open."""
         if self._template is None:
@@ -197,6 +232,10 @@ class ByteCodec:
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.decode([t]) for t in ids]
+
+    def split_characters(self, ids: Sequence[int]) -> list[str | None]:
+        """See the module's `split_characters`: every non-ASCII character spans bytes."""
+        return split_characters([bytes([t]) for t in ids])
 
     def render_chat(self, messages: Sequence[Message]) -> str:
         return chatml(messages)

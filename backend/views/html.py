@@ -54,19 +54,32 @@ def _color(slot: int) -> str:
 _TOKEN_TINTS = ("rgba(0,114,178,0.10)", "rgba(230,159,0,0.16)")
 
 
+def _title(piece: str, split: str | None) -> str:
+    """A token's tooltip: its text, and the character its bytes are part of, if split."""
+    if split is None:
+        return piece
+    return f"{piece}: bytes of {split}, a character split across tokens"
+
+
 def pieces_html(chunk: Chunk, start: int = 0, stop: int | None = None) -> str:
     """The chunk's tokens [start, stop), escaped: tiny-byte's bytes as one string, a
-    real model's pieces each in its own tinted span (`pl-tok`, its text as the title)."""
+    real model's pieces each in its own tinted span (`pl-tok`, its text as the title).
+    A token holding part of a split character ("\\xe2" of "☕") names it in its title."""
     pieces = chunk.pieces[start:stop]
+    split = (chunk.split or (None,) * len(chunk.pieces))[start:stop]
     if not chunk.subword:
-        return escape("".join(pieces))
+        return "".join(
+            escape(p) if ch is None else
+            f"<span class='pl-split' title='{escape(_title(p, ch), quote=True)}' "
+            f"style='{_TERM}'>{escape(p)}</span>"
+            for p, ch in zip(pieces, split, strict=True))
     # Tinted by position in the request, so the tints alternate across chunks too.
     first = chunk.logical * chunk.block_size + start
     return "".join(
-        f"<span class='pl-tok' title='{escape(p, quote=True)}' style='background:"
+        f"<span class='pl-tok' title='{escape(_title(p, ch), quote=True)}' style='background:"
         f"{_TOKEN_TINTS[(first + i) % 2]};border-radius:2px'>"
         f"{escape(p.replace(chr(10), '↵'))}</span>"
-        for i, p in enumerate(pieces))
+        for i, (p, ch) in enumerate(zip(pieces, split, strict=True)))
 
 
 def chip_html(chunk: Chunk, color: str, *, highlight: bool = False) -> str:

@@ -23,7 +23,13 @@ from backend.core.words import counted
 from backend.paging.events import Event, describe
 from backend.views.glossary import METRICS, REQUEST_FIELDS
 from backend.views.host_pool import on_device
-from backend.views.tokens import Snapshot, model_of, token_pieces, token_text
+from backend.views.tokens import (
+    Snapshot,
+    model_of,
+    split_characters,
+    token_pieces,
+    token_text,
+)
 
 # How many of the newest events the log shows; the snapshot keeps them all.
 EVENT_LOG_LIMIT = 200
@@ -96,6 +102,9 @@ class Chunk:
     # prefills a long prompt over several steps, and a block holds only the
     # tokens computed so far (`num_filled` counts those).
     pending: int = 0
+    # Per token, the character its bytes belong to where that character is split across
+    # tokens (its piece shows only its own bytes, "\\xe2"), else None; () when unknown.
+    split: tuple[str | None, ...] = ()
 
     @property
     def text(self) -> str:
@@ -124,6 +133,7 @@ def text_by_block(snap: Snapshot, request_id: str) -> list[Chunk]:
     table: list[int] = req["block_table"] if on_device(snap, req) else []
     blocks = snap["blocks"]
     pieces = token_pieces(snap, tokens)
+    split = split_characters(snap, tokens)
     subword = model_of(snap) != TINY_BYTE
     computed = computed_tokens(req)
     out = []
@@ -133,7 +143,8 @@ def text_by_block(snap: Snapshot, request_id: str) -> list[Chunk]:
         phys = table[logical] if logical < len(table) else None
         ref = blocks[phys]["ref_count"] if phys is not None else 0
         pending = len(part) - min(len(part), max(0, computed - i))
-        out.append(Chunk(logical, phys, part, len(part) - pending, bs, ref, subword, pending))
+        out.append(Chunk(logical, phys, part, len(part) - pending, bs, ref, subword, pending,
+                         tuple(split[i:i + bs])))
     return out
 
 

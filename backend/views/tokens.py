@@ -41,6 +41,15 @@ def token_pieces(snap: Snapshot, tokens: list[int]) -> list[str]:
         return [f"⟨{t}⟩" for t in tokens]
 
 
+def split_characters(snap: Snapshot, tokens: list[int]) -> list[str | None]:
+    """For each token, the character(s) whose UTF-8 bytes it shares with a neighbour (see
+    `models.tokenizer.split_characters`), else None; all None without the tokenizer."""
+    try:
+        return codec_for(model_of(snap)).split_characters(tokens)
+    except PagedLabError:
+        return [None] * len(tokens)
+
+
 def token_text(snap: Snapshot, tokens: list[int]) -> str:
     """`tokens` as one line of text under the snapshot's model, to be read rather than to
     show token boundaries: tiny-byte's bytes and a real model's tokens decoded as UTF-8
