@@ -106,5 +106,6 @@ def test_finished_beams_are_pointed_to_their_panel_from_the_finished_list() -> N
     box = [x for x in at.expander if x.label.startswith("Finished: what 1 request generated")]
     assert len(box) == 1
     assert [c.value for c in box[0].caption] == [
-        f"{len(beams_done)} finished beams more: see their beam search panel above."]
+        f"{len(beams_done)} more finished beams: see the beam search panels above (collapsed "
+        "once a search ends)."]
     assert list(box[0].dataframe[0].value["request"]) == ["B"]

@@ -155,8 +155,8 @@ def test_seed_example_follows_its_controls() -> None:
     assert ex.fit.message[:1].upper() + ex.fit.message[1:] in text(at)
     assert ex.fit.message.endswith("does not fit: no slot is free")
     # The seed text's one kind of waste, mapped onto the paper's two the arena shows.
-    assert "The seed text's internal fragmentation, room reserved for sixteen tokens while " \
-           "nine are present, is both together." in text(at)
+    assert "The seed text calls both together internal fragmentation (its own example: " \
+           "room reserved for sixteen tokens while nine are present)." in text(at)
 
 
 def test_simulator_run_orders_policies_like_figure_2() -> None:

@@ -163,6 +163,7 @@ def test_a_one_row_timeline_draws_its_values_as_points() -> None:
     assert all(p["mark"]["point"] is True for p in lines)
     lo = int(df["iteration"].iloc[0])
     assert lines[0]["encoding"]["x"]["scale"]["domain"] == [lo, lo + 1]
+    assert chart["vconcat"][3]["title"] == "Preemptions: none in this run"
     # A long run's lines are lines alone.
     e.apply(parse_op({"op": "step", "count": 70}))
     long = timeline_frame(e.timeline, 32, 4)

@@ -269,10 +269,11 @@ def _batch_controls() -> None:
               width="stretch",
               help="One continuous-batching iteration: admit waiting requests that fit, "
                    "then decode one token for every running request.")
-    c1, c2 = st.columns([1, 1], vertical_alignment="bottom")
-    c1.number_input("Steps", value=session.DEFAULT_STEP_N, step=1, key="batch_n",
+    # One above the other: this column is the narrowest, and side by side the two
+    # were cut to a letter each beside an open sidebar on a 1024 px window.
+    st.number_input("Steps", value=session.DEFAULT_STEP_N, step=1, key="batch_n",
                     help=f"1 to {MAX_STEP_N:,}.")
-    c2.button("Step N", key="btn_step_n", on_click=_on_step, width="stretch")
+    st.button("Step N", key="btn_step_n", on_click=_on_step, width="stretch")
     st.button("Shuffle blocks", key="btn_shuffle", on_click=_on_shuffle, width="stretch",
               help="Move every used block to another physical place (copying its K/V) "
                    "and rewrite the tables. Outputs must not change.")

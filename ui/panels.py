@@ -236,12 +236,16 @@ def _finished(snap: Snapshot) -> None:
     with st.expander(f"Finished: what {counted(len(df), 'request')} generated",
                      expanded=True):
         if beams:
-            st.caption(f"{counted(beams, 'finished beam')} more: see "
-                       f"{agrees(beams, 'its', 'their')} beam search panel above.")
+            st.caption(f"{beams:,} more finished {agrees(beams, 'beam', 'beams')}: see the "
+                       "beam search panels above (collapsed once a search ends).")
+        # The generated text second, where a narrow window still shows it; the prompt,
+        # often the longest, last.
         st.dataframe(df, hide_index=True, width="stretch",
                      height=min(35 + 35 * len(df) + 3, 320),
-                     column_config={"request": st.column_config.Column(width=110),
-                                    "status": st.column_config.Column(width=130)})
+                     column_order=["request", "status", "generated text", "prompt"],
+                     column_config={"request": st.column_config.Column(width=90),
+                                    "status": st.column_config.Column(width=190),
+                                    "generated text": st.column_config.Column(width=320)})
 
 
 def _beam_group(snap: Snapshot, group: views.BeamGroup) -> None:

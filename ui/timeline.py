@@ -100,9 +100,10 @@ def picked(engine: Engine, history: History) -> Picked | None:
         # field's name under it, and the live state shown.
         ss[PICK] = None
         if rows:
+            last = first + len(rows) - 1
+            span = f"{first:,}" if first == last else f"{first:,} to {last:,}"
             ss[PICK_PROBLEM] = (f"Show the state after iteration: {it:,} is not a row of "
-                                f"this timeline; enter {first:,} to {first + len(rows) - 1:,}. "
-                                "Showing the live state.")
+                                f"this timeline; enter {span}. Showing the live state.")
         return None
     step = rows[it - first][STEP_COLUMN]
     n = sum(1 for r in rows if r[STEP_COLUMN] == step)

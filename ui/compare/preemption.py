@@ -65,6 +65,9 @@ def preemption_section() -> None:
     st.dataframe(table, hide_index=True, key="cmp_swap_table", height="content",
                  placeholder="—", column_config={
                      "block size": num("block", help="block size (tokens)"),
+                     # One number of places per column, so a column's figures line up.
+                     "wall ms": num(format="%.1f"), "recompute ms": num(format="%.2f"),
+                     "swap ms": num(format="%.2f"), "µs per block": num(format="%.1f"),
                      "blocks": num(help="device pool, in blocks"),
                      "preemptions": num("preempts", help="preemptions"),
                      "recomputed tokens": num("recomputed",

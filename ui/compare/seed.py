@@ -15,7 +15,9 @@ from ui.compare import label, refuse
 
 def seed_section() -> None:
     st.markdown(
-        "The seed text's example: requests **A, B and C** will reach **6, 3 and 5** tokens "
+        "The seed text (the PagedAttention explainer this lab is built to show, whose "
+        "every claim you can watch happen in it) gives this example: requests **A, B and "
+        "C** will reach **6, 3 and 5** tokens "
         "(they arrive with 2, 1 and 2 and gain one per decode step). The contiguous arena "
         "reserves one unbroken region per request, sized for its final "
         "length and placed first-fit; the paged pool of the same 16 slots takes blocks only "
@@ -43,10 +45,10 @@ def seed_section() -> None:
         (st.success if ex.fit.fits else st.warning)(f"{sentence(ex.fit.message)}.")
     st.caption("The arena's kinds are the paper's (Figure 2): reservation is room a request "
                "will still fill, internal fragmentation room past its final length that it "
-               "never will. The seed text's internal fragmentation, room reserved for "
-               "sixteen tokens while nine are present, is both together. In the paged pool "
-               "below, a block's empty slots are its internal fragmentation: at most block "
-               "size − 1 per request, filled as it grows.")
+               "never will. The seed text calls both together internal fragmentation (its "
+               "own example: room reserved for sixteen tokens while nine are present). In "
+               "the paged pool below, a block's empty slots are its internal fragmentation: "
+               "at most block size − 1 per request, filled as it grows.")
     st.subheader("Paged pool")
     st.altair_chart(charts.slot_strip(views.seed_pool_slots(ex), f"{len(ex.pool[-1].blocks)} "
                                       f"blocks of {block_size}, the same {ex.capacity} slots"),

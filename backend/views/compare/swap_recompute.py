@@ -103,9 +103,11 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
            if same else "some request's tokens differed from the reference run: a bug. "),
         _copy_sentence(lo, hi),
         _recompute_sentence(rec[lo.block_size], rec.get(hi.block_size, rec[lo.block_size])),
-        (f"Swapping took less time than recomputing at block size{'s' * (len(faster) > 1)} "
-         f"{', '.join(map(str, faster))}. " if faster else
-         "Recomputing took less time than swapping at every block size here. "),
+        (f"Swapping spent less time on its preemptions than recomputing did at block "
+         f"size{'s' * (len(faster) > 1)} {', '.join(map(str, faster))} (the runs' wall "
+         "times include everything else). " if faster else
+         "Recomputing spent less time on its preemptions than swapping did at every block "
+         "size here. "),
     ]
     raised = sorted({(r.block_size, r.num_blocks * r.block_size) for r in runs
                      if r.mode != "roomy" and slots is not None

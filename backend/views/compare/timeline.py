@@ -163,7 +163,9 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
                      scale=alt.Scale(domain=[0, top]),
                      axis=alt.Axis(format=",d", tickMinStep=1)),
         tooltip=["iteration:Q", alt.Tooltip("preemptions:Q", format=",.0f")],
-    ).properties(title="Preemptions" + (f" (per {per} iterations)" if per > 1 else ""),
+    ).properties(title="Preemptions" + (f" (per {per} iterations)" if per > 1 else "")
+                 # Bars of height zero draw nothing: the title says why the panel is empty.
+                 + ("" if shown["preemptions"].any() else ": none in this run"),
                  width=width, height=90)
     return alt.vconcat(
         _panel(_long(shown, _requests(df)), "Requests" + note, "requests", x, width=width),
