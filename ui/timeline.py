@@ -195,36 +195,36 @@ def section(engine: Engine, history: History) -> None:
 
 
 def _picker(first: int, last: int) -> None:
-    ss = st.session_state
-    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-    # No bounds in the browser: it would keep a number past them to itself, the field
-    # red and the page unchanged; `picked` refuses it in words instead.
-    c1.number_input("Show the state after iteration", value=None, step=1, key=PICK,
-                    placeholder="the live state",
-                    help=f"{first:,} to {last:,}. The grid, metrics and tables above show the "
-                         "state after this row's operation, while the history keeps it. "
-                         "Blank: live.")
-    c2.button("Back to live", key="tl_live", on_click=_back_to_live,
-              disabled=ss.get(PICK) is None, width="stretch")
-    problem = ss.pop(PICK_PROBLEM, None)
-    if problem is not None:
-        st.error(plain_md(problem))
+    _pick_field("Show the state after iteration", PICK,
+                f"{first:,} to {last:,}. The grid, metrics and tables above show the state "
+                "after this row's operation, while the history keeps it. Blank: live.")
 
 
 def _step_picker(history: History) -> None:
     """Without rows, the history's kept steps can still be shown, picked by number."""
     kept = kept_steps(history)
-    ss = st.session_state
     if kept is not None and kept[0] < kept[1]:
-        c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-        c1.number_input("Show the state after step", value=None, step=1, key=STEP_PICK,
-                        placeholder="the live state",
-                        help=f"{kept[0]:,} to {kept[1]:,}: the history this session kept. "
-                             "The views above show the state after that operation. Blank: "
-                             "live.")
-        c2.button("Back to live", key="tl_live", on_click=_back_to_live,
-                  disabled=ss.get(STEP_PICK) is None, width="stretch")
-    problem = ss.pop(PICK_PROBLEM, None)
+        _pick_field("Show the state after step", STEP_PICK,
+                    f"{kept[0]:,} to {kept[1]:,}: the history this session kept. The views "
+                    "above show the state after that operation. Blank: live.")
+    else:
+        _pick_problem()
+
+
+def _pick_field(label: str, key: str, help_text: str) -> None:
+    """A picker's number field beside Back to live, then why the last pick was refused."""
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+    # No bounds in the browser: it would keep a number past them to itself, the field
+    # red and the page unchanged; `picked` refuses it in words instead.
+    c1.number_input(label, value=None, step=1, key=key, placeholder="the live state",
+                    help=help_text)
+    c2.button("Back to live", key="tl_live", on_click=_back_to_live,
+              disabled=st.session_state.get(key) is None, width="stretch")
+    _pick_problem()
+
+
+def _pick_problem() -> None:
+    problem = st.session_state.pop(PICK_PROBLEM, None)
     if problem is not None:
         st.error(plain_md(problem))
 
