@@ -24,8 +24,8 @@ def _pieces(engine: Engine, tokens: list[int]) -> str:
 
 
 def _slots(engine: Engine, slots: list[int | None]) -> str:
-    """A block's slots as read: each token's text, an empty slot as "·" (as in the
-    block layouts)."""
+    """A block's slots as read: each token's text, a slot past the block's filled ones
+    as "·" (as in the block layouts)."""
     return "".join("·" if t is None else _pieces(engine, [t]) for t in slots)
 
 
@@ -85,4 +85,3 @@ def panel(engine: Engine) -> None:
                    "block's filled ones (zeros, or K/V a former holder left there); the last "
                    "block is read up to the last token's position, where this forward "
                    "writes that token's K/V.")
-

@@ -15,9 +15,8 @@ from ui.compare import label, refuse
 
 def seed_section() -> None:
     st.markdown(
-        "The seed text (the PagedAttention explainer this lab is built to show, whose "
-        "every claim you can watch happen in it) gives this example: requests **A, B and "
-        "C** will reach **6, 3 and 5** tokens "
+        "The seed text (the PagedAttention explainer this lab is built to show) gives "
+        "this example: requests **A, B and C** will reach **6, 3 and 5** tokens "
         "(they arrive with 2, 1 and 2 and gain one per decode step). The contiguous arena "
         "reserves one unbroken region per request, sized for its final "
         "length and placed first-fit; the paged pool of the same 16 slots takes blocks only "
