@@ -18,7 +18,7 @@ template, rendered in Jinja's sandbox like transformers' `apply_chat_template`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from backend.core.errors import PagedLabError
@@ -49,6 +49,24 @@ class TextCodec(Protocol):
     def split_characters(self, ids: Sequence[int]) -> list[str | None]: ...
 
 
+def _utf8_runs(data: bytes) -> Iterator[tuple[int, int, str | None]]:
+    """`data` walked as UTF-8: (start, length, character) for each character, and
+    (start, 1, None) for a byte that begins none."""
+    at = 0
+    while at < len(data):
+        for n in (1, 2, 3, 4):
+            try:
+                ch = data[at:at + n].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            yield at, n, ch
+            at += n
+            break
+        else:
+            yield at, 1, None
+            at += 1
+
+
 def split_characters(parts: Sequence[bytes]) -> list[str | None]:
     """For each token's bytes, the characters it shares with a neighbouring token (a
     multi-byte UTF-8 character split across tokens, as byte-level BPE and tiny-byte's
@@ -58,23 +76,12 @@ def split_characters(parts: Sequence[bytes]) -> list[str | None]:
     character they belong to, for a tooltip.
     """
     owner = [i for i, part in enumerate(parts) for _ in part]
-    data = b"".join(parts)
     shared: list[list[str]] = [[] for _ in parts]
-    at = 0
-    while at < len(data):
-        for n in (1, 2, 3, 4):
-            try:
-                ch = data[at:at + n].decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            holders = sorted(set(owner[at:at + n]))
-            if len(holders) > 1:
-                for i in holders:
-                    shared[i].append(ch)
-            at += n
-            break
-        else:
-            at += 1
+    for at, n, ch in _utf8_runs(b"".join(parts)):
+        holders = sorted(set(owner[at:at + n]))
+        if ch is not None and len(holders) > 1:
+            for i in holders:
+                shared[i].append(ch)
     return ["".join(chars) or None for chars in shared]
 
 
@@ -98,20 +105,8 @@ def show_bytes(data: bytes) -> str:
     A token that holds part of a multi-byte character (emoji, an accent split
     off a letter) shows the bytes it holds instead of a replacement mark.
     """
-    out: list[str] = []
-    i = 0
-    while i < len(data):
-        for n in (1, 2, 3, 4):
-            try:
-                out.append(data[i:i + n].decode("utf-8"))
-            except UnicodeDecodeError:
-                continue
-            i += n
-            break
-        else:
-            out.append(f"\\x{data[i]:02x}")
-            i += 1
-    return "".join(out)
+    return "".join(f"\\x{data[at]:02x}" if ch is None else ch
+                   for at, _, ch in _utf8_runs(data))
 
 
 def chatml(messages: Sequence[Message]) -> str:
