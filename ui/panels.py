@@ -223,16 +223,16 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
                      f"{agrees(finished, 'holds', 'hold')} no blocks")
     if notes:
         st.caption("; ".join(notes) + ".")
-    _finished(snap)
+    _finished(snap, finished)
 
 
-def _finished(snap: Snapshot) -> None:
-    """What each finished request generated: it holds no blocks, so no layout shows it."""
+def _finished(snap: Snapshot, finished: int) -> None:
+    """What each of the `finished` requests generated: they hold no blocks, so no layout
+    shows them. A beam search's are in its own panel."""
     df = views.finished_frame(snap)
     if df.empty:
         return
-    beams = sum(1 for r in snap["requests"]
-                if r["status"] == "finished" and "beam_width" in r)
+    beams = finished - len(df)
     with st.expander(f"Finished: what {counted(len(df), 'request')} generated",
                      expanded=True):
         if beams:

@@ -262,9 +262,10 @@ def _confirm_or_apply() -> None:
         return
     if not engine_actions.engine_has_state():
         current = session.get_settings()
-        loads = not model_loaded(Settings(config, current.device, current.kernel))
+        wanted = Settings(config, current.device, current.kernel)
+        loads = not model_loaded(wanted)
         engine_actions.apply_config(config)
-        if loads and model_loaded(Settings(config, current.device, current.kernel)):
+        if loads and model_loaded(wanted):
             # The weights were loaded in this run, after the model's caption above said
             # they were not: run again, so every line drawn so far tells the new state.
             st.rerun()
