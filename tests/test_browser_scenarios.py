@@ -89,7 +89,13 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             assert [r["id"] for r in snap["requests"]] == ["A", "A2"]
             assert snap["metrics"]["shared_blocks"] == 3 and snap["metrics"]["cow_copies"] == 0
 
-            # Play from step 2 (step 3 is replayed, later ones computed), then Pause.
+            # Play from step 2 (step 3 is replayed, later ones computed), then Pause. At
+            # 2 s a step, the Pause sent once step 4 shows lands well before step 6 even
+            # on a loaded machine (at 1 s it could miss step 5's wait).
+            speed = page.get_by_role("slider", name="Seconds per step")
+            speed.focus()
+            speed.press("End")
+            expect(speed).to_have_attribute("aria-valuetext", "2 s", timeout=T)
             page.get_by_role("button", name="Play", exact=True).click()
             pause = page.get_by_role("button", name="Pause", exact=True)
             expect(pause).to_be_visible(timeout=T)
@@ -97,7 +103,7 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             pause.click()
             expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible(timeout=T)
             stopped_at = viewed(page)
-            page.wait_for_timeout(2500)       # longer than a play step: nothing moves now
+            page.wait_for_timeout(3000)       # longer than a play step: nothing moves now
             assert viewed(page) == stopped_at and 4 <= stopped_at < 6
             # Play again runs to the end and stops by itself.
             page.get_by_role("button", name="Play", exact=True).click()

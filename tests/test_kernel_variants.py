@@ -10,7 +10,6 @@ and table loads.
 from __future__ import annotations
 
 import contextlib
-import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -25,11 +24,6 @@ from tests.test_kernels import CUDA, LONG, NAN, SCENARIOS, TOL, make_batch
 
 pytestmark = pytest.mark.skipif(CUDA, reason="the batched kernel is for CPU tensors; a GPU "
                                 "machine covers it in test_kernels' interpreter child")
-
-
-@pytest.fixture(autouse=True)
-def _seed(request: pytest.FixtureRequest) -> None:
-    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,12 +57,6 @@ TOL: dict[torch.dtype, dict[str, Any]] = {
     torch.float16: {"atol": 2e-3, "rtol": 2e-3},
     torch.bfloat16: {"atol": 1.6e-2, "rtol": 1.6e-2},
 }
-
-
-@pytest.fixture(autouse=True)
-def _seed(request: pytest.FixtureRequest) -> None:
-    """A fresh, reproducible random stream per test (stable across runs and orderings)."""
-    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(autouse=True)

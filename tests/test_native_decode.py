@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import threading
-import zlib
 from collections.abc import Callable
 
 import pytest
@@ -33,11 +32,6 @@ pytestmark = [
     pytest.mark.skipif(os.environ.get(native.ENV_SWITCH) == "0",
                        reason=f"{native.ENV_SWITCH}=0 turns the operator off"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _seed(request: pytest.FixtureRequest) -> None:
-    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 def _op() -> Callable[..., None]:

@@ -34,7 +34,7 @@ PAGE = "pages/scenarios.py"
 def open_tour(scenario: str | None = None, step: str | None = None,
               kernel: str = "torch") -> AppTest:
     """The app, switched to `kernel` on the Playground, then the Scenarios page by its link."""
-    at = AppTest.from_file(APP, default_timeout=60).run()
+    at = AppTest.from_file(APP, default_timeout=180).run()
     assert not at.exception
     if kernel != "auto":
         at.segmented_control(key="dev_kernel").set_value(kernel).run()
