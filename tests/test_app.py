@@ -22,7 +22,7 @@ PROMPT = "The cat sat on the mat."   # 23 bytes: with block size 4, five full bl
 
 
 def start(kernel: str = "torch", **config: int) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = AppTest.from_file(APP, default_timeout=180)
     at.run()
     assert not at.exception
     if kernel != "auto":
@@ -88,7 +88,7 @@ def status(at: AppTest) -> tuple[str, str]:
 
 
 def test_opens_on_the_playground_with_an_empty_pool() -> None:
-    at = AppTest.from_file(APP, default_timeout=60).run()
+    at = AppTest.from_file(APP, default_timeout=180).run()
     assert not at.exception
     assert at.title[0].value == "Playground"
     m = metrics(at)
@@ -384,12 +384,12 @@ def test_invalid_settings_are_explained_and_not_applied() -> None:
     at.sidebar.number_input(key="cfg_num_kv_heads").set_value(2).run()
     at.sidebar.number_input(key="cfg_num_blocks").set_value(10**9).run()
     assert [e.value for e in at.sidebar.error] == [
-        "Pool size must be in 1..65536, got 1000000000"]
+        "Pool size must be in 1..65,536, got 1,000,000,000"]
     assert engine(at) is kept and not at.exception
     # The page says so too, at its top: the sidebar's line may be out of sight.
     assert [w.value for w in at.main.warning] == [
-        "The sidebar's settings are not applied: Pool size must be in 1..65536, got "
-        "1000000000. The engine keeps its current ones."]
+        "The sidebar's settings are not applied: Pool size must be in 1..65,536, got "
+        "1,000,000,000. The engine keeps its current ones."]
     at.sidebar.number_input(key="cfg_num_blocks").set_value(32).run()
     assert not at.sidebar.error and not at.main.warning and engine(at) is kept
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,12 +15,14 @@ from backend.core.config import SMOLLM2, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Step, parse_op
-from backend.engine.sampling import sample_token
+from backend.engine.sampling import render_tokens, sample_token
 from backend.io.cli import main
 from backend.io.scenario import parse_scenario
 from backend.io.snapshot import export_snapshot
 from backend.models import gguf_loader
 from backend.models.tokenizer import ByteCodec, chatml, show_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_real_model_brings_its_dimensions() -> None:
@@ -58,6 +63,21 @@ def test_conflicting_dimensions_exit_2_with_one_line(tmp_path: Path,
 def test_bad_model_settings_are_refused(data: dict[str, object], match: str) -> None:
     with pytest.raises(PagedLabError, match=match):
         EngineConfig.from_json(data)
+
+
+def test_a_config_with_several_bad_fields_is_refused_for_the_same_one_every_run() -> None:
+    # Fields were checked in a set's order, which each process's hash seed changes: the
+    # message named one bad field in one run and another in the next.
+    code = ("from backend.core.config import EngineConfig\n"
+            "try:\n"
+            "    EngineConfig.from_json({'seed': -1, 'num_layers': 0, 'block_size': 0,"
+            " 'preemption': 'x', 'num_blocks': 0})\n"
+            "except Exception as exc:\n"
+            "    print(exc)\n")
+    said = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)},
+                           cwd=ROOT).stdout for seed in range(6)}
+    assert said == {"config: num_blocks must be in 1..65,536, got 0\n"}
 
 
 def test_tiny_byte_keeps_its_salt_and_direct_construction_cannot_mismatch() -> None:
@@ -143,7 +163,7 @@ def test_prompt_tokens_are_checked_against_the_scenarios_model() -> None:
         parse_scenario(tiny)
     real = parse_scenario({**tiny, "config": {"model": SMOLLM2}})
     assert real.steps[0].op.prompt_tokens == (1, 300)   # type: ignore[union-attr]
-    with pytest.raises(PagedLabError, match=r"must be in 0..49151"):
+    with pytest.raises(PagedLabError, match=r"must be in 0..49,151"):
         parse_scenario({"config": {"model": SMOLLM2}, "steps": [
             {"op": "add", "request": "A", "prompt_tokens": [49_152]}]})
     # Without a vocabulary, parsing defers the check to the engine.
@@ -175,7 +195,13 @@ def test_messages_on_tiny_byte_are_chatml_bytes() -> None:
 
 
 def test_byte_pieces_and_shown_bytes() -> None:
-    assert ByteCodec().pieces([72, 10, 255]) == ["H", "\\x0a", "\\xff"]
+    # A line break or tab reads the same in a layout as in the Finished list and the status
+    # line ("\\n", as `words.visible` writes it), for tiny-byte's bytes and BPE pieces alike.
+    assert ByteCodec().pieces([72, 10, 9, 27, 127, 255]) == [
+        "H", "\\n", "\\t", "\\x1b", "\\x7f", "\\xff"]
+    assert render_tokens([72, 105, 10]) == ByteCodec().decode([72, 105, 10]) == "Hi\\n"
+    assert show_bytes(b"\n") == "\\n" and show_bytes(b"a\tb") == "a\\tb"
+    assert show_bytes("x\u202e".encode()) == "x\\u202e"   # a bidi override cannot reverse it
     assert show_bytes("é".encode()) == "é"
     assert show_bytes(b"\xcc") == "\\xcc"
     assert show_bytes("a😀".encode()[:3]) == "a\\xf0\\x9f"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from backend.core.config import SMOLLM2, EngineConfig
+from backend.core.config import SMOLLM2, TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Op, Shuffle, Step
@@ -15,7 +15,7 @@ from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, snapshot_json
 from backend.sessions.budget import MIB, KVBudget
 from backend.sessions.history import History
-from backend.sessions.playground import Settings, build_engine
+from backend.sessions.playground import Settings, build_engine, config_from_fields
 
 
 def _ops(n: int) -> list[Op]:
@@ -106,6 +106,29 @@ def test_a_real_models_pool_over_the_limit_is_told_what_it_can_change() -> None:
         "num_blocks: 1,024 blocks of 720 KiB would take 720.0 MiB of K/V, but a browser "
         "session may hold at most 0.5 MiB, less than one block of this size. Use smaller "
         "blocks")
+
+
+def test_a_pool_size_past_the_range_is_refused_by_the_tighter_bound() -> None:
+    budget = KVBudget(per_session=512 * MIB, per_server=4096 * MIB)
+    base = EngineConfig()
+    # SmolLM2's blocks are large: the session's limit binds long before 65,536 blocks, so
+    # the refusal says how many fit, watermark or not, rather than the range's top.
+    for extra in ({}, {"watermark_blocks": 4}):
+        fields = {"model": SMOLLM2, "num_blocks": 70_000, "block_size": 16, **extra}
+        with pytest.raises(PagedLabError) as refused:
+            config_from_fields(fields, base, budget)
+        fits = 512 * MIB // EngineConfig.for_model(SMOLLM2, block_size=16).bytes_per_block
+        assert fits < 65_536 and str(refused.value).startswith(
+            "num_blocks: 70,000 blocks of 720 KiB would take "), refused.value
+        assert f"which is {fits:,} blocks of this size" in str(refused.value)
+    # tiny-byte's blocks are small: the range is the tighter bound, said with separators.
+    with pytest.raises(PagedLabError, match=r"^settings: num_blocks must be in 1\.\.65,536, "
+                                            r"got 70,000$"):
+        config_from_fields({"model": TINY_BYTE, "num_blocks": 70_000}, base, budget)
+    # With another field refused there is no block size to count with: the range is said.
+    with pytest.raises(PagedLabError, match=r"num_blocks must be in 1\.\.65,536"):
+        config_from_fields({"model": SMOLLM2, "num_blocks": 70_000, "block_size": 999}, base,
+                           budget)
 
 
 def test_sessions_together_are_capped_by_the_server_limit_and_give_back_on_drop() -> None:

@@ -205,7 +205,9 @@ class EngineConfig:
         model = _check_field("model", data.get("model", TINY_BYTE), where)
         dims = REAL_MODELS.get(model)
         values: dict[str, Any] = {}
-        for key in known & set(data):
+        # In the fields' declared order, so a config with two bad fields is always refused
+        # for the same one (a set's order changes with the process's hash seed).
+        for key in (f.name for f in fields(EngineConfig) if f.name in data):
             if dims is not None and key in DIM_FIELDS:
                 # The weights fix these: an equal value is harmless (snapshots carry
                 # them), any other is a config meant for another model.
@@ -226,8 +228,8 @@ class EngineConfig:
                 f"({cfg.num_kv_heads}) for grouped-query attention")
         if cfg.watermark_blocks is not None and cfg.watermark_blocks >= cfg.num_blocks:
             raise PagedLabError(
-                f"{where}: watermark_blocks ({cfg.watermark_blocks}) must be less than "
-                f"num_blocks ({cfg.num_blocks}): admission keeps that many blocks free, so no "
+                f"{where}: watermark_blocks ({cfg.watermark_blocks:,}) must be less than "
+                f"num_blocks ({cfg.num_blocks:,}): admission keeps that many blocks free, so no "
                 "request could ever start")
         if cfg.preemption == "swap" and cfg.num_cpu_blocks < 1:
             raise PagedLabError(f"{where}: preemption \"swap\" needs a host pool: set "
@@ -236,7 +238,7 @@ class EngineConfig:
             raise PagedLabError(
                 f"{where}: the host pool would take "
                 f"{cfg.num_cpu_blocks * cfg.bytes_per_block / 2**20:.0f} MiB "
-                f"({cfg.num_cpu_blocks} blocks x {cfg.bytes_per_block} bytes); the limit is "
+                f"({cfg.num_cpu_blocks:,} blocks x {cfg.bytes_per_block:,} bytes); the limit is "
                 f"{MAX_KV_BYTES >> 20} MiB")
         if cfg.weight_bytes > MAX_WEIGHT_BYTES:
             raise PagedLabError(
@@ -246,7 +248,7 @@ class EngineConfig:
         if cfg.kv_bytes > MAX_KV_BYTES:
             raise PagedLabError(
                 f"{where}: the K/V pool would take {cfg.kv_bytes / 2**20:.0f} MiB "
-                f"({cfg.num_blocks} blocks x {cfg.bytes_per_block} bytes); the limit is "
+                f"({cfg.num_blocks:,} blocks x {cfg.bytes_per_block:,} bytes); the limit is "
                 f"{MAX_KV_BYTES >> 20} MiB")
         return cfg
 
@@ -255,7 +257,7 @@ def _int_in(key: str, v: Any, lo: int, hi: int, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise PagedLabError(f"{where}: {key} must be an integer, got {v!r}")
     if not lo <= v <= hi:
-        raise PagedLabError(f"{where}: {key} must be in {lo}..{hi}, got {v}")
+        raise PagedLabError(f"{where}: {key} must be in {lo:,}..{hi:,}, got {v:,}")
     return v
 
 

@@ -41,6 +41,12 @@ def sentence(message: str) -> str:
     return message
 
 
+def visible_byte(b: int) -> str:
+    """A byte that stands alone (tiny-byte's token, a byte no UTF-8 character holds) as
+    text: ASCII as `visible` shows it ("a", "\\n", "\\x1b"), any other byte as "\\xNN"."""
+    return visible(chr(b)) if b < 0x80 else f"\\x{b:02x}"
+
+
 def visible(text: str) -> str:
     """`text` with every character as itself ("Café", "🍰", "東京", an emoji's joiners)
     except control and other format characters, written as Python escapes ("\\n",

@@ -111,7 +111,7 @@ def _int(value: Any, field: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PagedLabError(f"{field} must be an integer, got {value!r}")
     if not lo <= value <= hi:
-        raise PagedLabError(f"{field} must be in {lo}..{hi}, got {value}")
+        raise PagedLabError(f"{field} must be in {lo:,}..{hi:,}, got {value:,}")
     return value
 
 

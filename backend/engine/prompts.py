@@ -34,7 +34,7 @@ def prompt_ids(op: Add, model: LanguageModel, seed: int, request_id: str) -> lis
         top = model.vocab_size - 1
         for i, t in enumerate(tokens):
             if not 0 <= t <= top:
-                raise PagedLabError(f"prompt_tokens[{i}] must be in 0..{top}, got {t}")
+                raise PagedLabError(f"prompt_tokens[{i}] must be in 0..{top:,}, got {t:,}")
     else:
         assert op.prompt_len is not None
         tokens = random_ids(op.prompt_len, seed, request_id, model)

@@ -21,6 +21,8 @@ import hashlib
 
 import torch
 
+from backend.core.words import visible_byte
+
 PRINTABLE_LO, PRINTABLE_HI = 32, 126
 _PROMPT_ALPHABET = b"abcdefghijklmnopqrstuvwxyz     "
 
@@ -79,6 +81,6 @@ def random_prompt(length: int, seed: int, request_id: str) -> list[int]:
 
 
 def render_tokens(tokens: list[int]) -> str:
-    """Bytes as text for display: printable ASCII as is, anything else as \\xNN."""
-    return "".join(chr(t) if PRINTABLE_LO <= t <= PRINTABLE_HI else f"\\x{t:02x}"
-                   for t in tokens)
+    """Bytes as text for display (`words.visible_byte`): printable ASCII as is, a line
+    break or tab as "\\n" or "\\t", any other byte as \\xNN."""
+    return "".join(map(visible_byte, tokens))

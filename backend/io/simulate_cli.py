@@ -125,7 +125,7 @@ def _int(value: str | None, flag: str, default: int, low: int, high: int) -> int
     except ValueError:
         raise _BadInputError(f"{flag} must be an integer, got {value!r}") from None
     if not low <= out <= high:
-        raise _BadInputError(f"{flag} must be in {low}..{high}, got {out}")
+        raise _BadInputError(f"{flag} must be in {low:,}..{high:,}, got {out:,}")
     return out
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from backend.core.errors import PagedLabError
+from backend.core.words import visible, visible_byte
 from backend.models.gguf_loader import INSTALL_RUNTIME, GGUFVocab
 
 CONTROL = 3
@@ -100,12 +101,13 @@ def _byte_alphabet() -> dict[str, int]:
 
 
 def show_bytes(data: bytes) -> str:
-    """Bytes as readable text: valid UTF-8 as itself, any other byte as \\xNN.
+    """Bytes as readable text: valid UTF-8 as `words.visible` shows it (a line break as
+    "\\n"), any other byte as \\xNN.
 
     A token that holds part of a multi-byte character (emoji, an accent split
     off a letter) shows the bytes it holds instead of a replacement mark.
     """
-    return "".join(f"\\x{data[at]:02x}" if ch is None else ch
+    return "".join(f"\\x{data[at]:02x}" if ch is None else visible(ch)
                    for at, _, ch in _utf8_runs(data))
 
 
@@ -222,8 +224,8 @@ class ByteCodec:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Printable ASCII as is, any other byte as \\xNN (engine.sampling.render_tokens)."""
-        return "".join(chr(t) if 32 <= t <= 126 else f"\\x{t:02x}" for t in ids)
+        """Each byte as `words.visible_byte` shows it (as engine.sampling.render_tokens)."""
+        return "".join(map(visible_byte, ids))
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.decode([t]) for t in ids]

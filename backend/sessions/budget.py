@@ -67,14 +67,19 @@ class KVBudget:
         with self._lock:
             return sum(h.nbytes for h in self._held.values() if owner in (None, h.owner))
 
-    def check_size(self, config: EngineConfig) -> None:
+    def check_size(self, config: EngineConfig, num_blocks: int | None = None) -> None:
         """Raise PagedLabError if one engine with `config` alone would pass a session's
         limit, naming the pool size (num_blocks) and how many blocks would fit. Depends
-        on no other engine, so a settings form can refuse it before anything is built."""
-        need = config.kv_bytes
+        on no other engine, so a settings form can refuse it before anything is built.
+
+        `num_blocks` (default: the config's) asks about a pool of that many blocks of
+        the config's size, even one past what a config may hold.
+        """
+        blocks = config.num_blocks if num_blocks is None else num_blocks
+        per = config.bytes_per_block
+        need = blocks * per
         if need <= self.per_session:
             return
-        per = config.bytes_per_block
         fits = self.per_session // per
         # A real model's shape is its weights': only the pool and its blocks can change.
         shape = (", fewer layers or heads, or a 2-byte dtype" if config.model == TINY_BYTE
@@ -82,7 +87,7 @@ class KVBudget:
         room = (f"which is {fits:,} blocks of this size. Use fewer or smaller blocks"
                 if fits else "less than one block of this size. Use smaller blocks")
         raise PagedLabError(
-            f"num_blocks: {config.num_blocks:,} blocks of {format_bytes(per)} would take "
+            f"num_blocks: {blocks:,} blocks of {format_bytes(per)} would take "
             f"{_mib(need)} of K/V, but a browser session may hold at most "
             f"{_mib(self.per_session)}, {room}{shape}")
 

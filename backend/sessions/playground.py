@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.core.config import DIM_FIELDS, MODELS, REAL_MODELS, TINY_BYTE, EngineConfig
+from backend.core.config import (
+    DIM_FIELDS,
+    MAX_NUM_BLOCKS,
+    MODELS,
+    REAL_MODELS,
+    TINY_BYTE,
+    EngineConfig,
+)
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
@@ -359,9 +366,27 @@ def config_from_fields(fields: dict[str, Any], base: EngineConfig,
         data = {k: v for k, v in data.items() if k not in DIM_FIELDS}
     elif model == TINY_BYTE and base.model != TINY_BYTE:
         data = {k: v for k, v in data.items() if k not in DIM_FIELDS or k in fields}
+    _check_past_range(data, budget)
     config = EngineConfig.from_json(data, where="settings")
     budget.check_size(config)
     return config
+
+
+def _check_past_range(data: dict[str, Any], budget: KVBudget) -> None:
+    """A pool size past the config's range is refused by the session's limit when that
+    is the tighter bound (a real model's blocks are large): "2,912 blocks fit" helps
+    more than "must be in 1..65,536". Otherwise the range check names it."""
+    wanted = data.get("num_blocks")
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted <= MAX_NUM_BLOCKS:
+        return
+    # The probe has one block and no watermark (which must stay under the pool).
+    try:
+        probe = EngineConfig.from_json({**data, "num_blocks": 1, "watermark_blocks": None},
+                                       where="settings")
+    except PagedLabError:
+        return   # refused for another reason, which the full check names
+    if budget.per_session // probe.bytes_per_block < MAX_NUM_BLOCKS:
+        budget.check_size(probe, wanted)
 
 
 
