@@ -10,6 +10,7 @@ from backend.engine.control import compare_with_control
 from backend.engine.ops import parse_op
 from backend.views.control import control_sentence
 from tests.test_app import add, click, engine, start
+from tests.test_app import shown as shown_text
 from tests.test_scenarios_app import open_tour, run_of
 
 
@@ -84,5 +85,16 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     # Said by how far the logits moved: here, past float rounding.
     assert want.physical_changed and outcome(want) in shown
     assert "Next token (the engine's seeded draw)" in shown
+    # Each column marks the slot this forward writes; sorted, it lands on another token's.
+    codes = [c.value for c in at.get("code")]
+    assert len(codes) == 2 and all(c.count("▸") == 1 for c in codes)
+    over_id = want.overwritten(want.physical_order.table)
+    assert over_id is not None and want.overwritten(want.table_order.table) is None
+    over = e.token_pieces([over_id])[0]
+    new = e.token_pieces([e.requests["A"].tokens[-1]])[0]
+    assert codes[1].endswith("▸" + new)
+    said = (f"▸ This forward writes the K/V of {new!r} over that of {over!r}: {new!r} is read "
+            f"twice, {over!r} not at all.")
+    assert said in [shown_text(c.value) for c in at.caption]
     # A copy of the pool: the engine generated nothing and moved nothing.
     assert [r.tokens for r in e.requests.values()] == before

@@ -122,6 +122,8 @@ def test_render_and_segments_match_the_docstring_diagram() -> None:
     lines = arena.render(required=4).splitlines()
     assert lines[0] == "kind   ####++~~xxx###+.....####"
     assert lines[1] == "owner  AAAAAAAA   BBBB     CCCC"
+    assert lines[2:] == ["# token  + reservation  ~ internal frag.  x external frag.  . free",
+                         "one character = 1 slot"]
     assert arena.segments(required=4) == [
         Segment(0, 4, "A", "token_states"), Segment(4, 2, "A", "reservation"),
         Segment(6, 2, "A", "internal_fragmentation"),
@@ -133,7 +135,8 @@ def test_render_and_segments_match_the_docstring_diagram() -> None:
         "token_states": 11, "reservation": 3, "internal_fragmentation": 2,
         "external_fragmentation": 3, "free": 5}
     # Scaled down: each character stands for 3 slots.
-    assert arena.render(required=4, width=8).splitlines()[0] == "kind   #+~x#..#"
+    scaled = arena.render(required=4, width=8).splitlines()
+    assert scaled[0] == "kind   #+~x#..#" and scaled[-1] == "one character = 3 slots"
 
 
 def test_mistakes_raise_and_leave_the_arena_unchanged() -> None:

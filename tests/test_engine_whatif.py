@@ -88,6 +88,7 @@ def test_the_seeds_table_sorted_reads_the_same_slots_and_moves_nothing() -> None
     # The partly filled block 14 stays last: the same slots, only float rounding moves.
     assert w.slots_read([9, 2, 14]) == [t[0:4], t[4:8], [t[8]]]
     assert w.slots_read([2, 9, 14]) == [t[4:8], t[0:4], [t[8]]]
+    assert w.overwritten([9, 2, 14]) is None and w.overwritten([2, 9, 14]) is None
     assert not w.physical_changed
     assert w.physical_order.logits_diff <= w.tolerance
     assert w.physical_order.next_token == w.table_order.next_token
@@ -103,6 +104,7 @@ def test_a_partly_filled_block_sorted_into_the_middle_is_read_with_its_empty_slo
     # Block 9 (A's last, 1 of 4 filled) is read whole; block 14 (A's first) is cut to
     # one slot, where this forward writes A's last token over its first.
     assert w.slots_read([2, 9, 14]) == [t[4:8], [t[8], None, None, None], [t[8]]]
+    assert w.overwritten([2, 9, 14]) == t[0] and w.overwritten([14, 2, 9]) is None
     assert w.physical_changed
     assert w.physical_order.logits_diff > 100 * w.tolerance
     assert not w.last_block_stays

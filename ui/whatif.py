@@ -23,6 +23,10 @@ def _pieces(engine: Engine, tokens: list[int]) -> str:
     return "".join(engine.token_pieces(tokens))
 
 
+# Marks the slot this forward writes the last token's K/V into (the last one read).
+WRITTEN = "▸"
+
+
 def _slots(engine: Engine, slots: list[int | None]) -> str:
     """A block's slots as read: each token's text, a slot past the block's filled ones
     as "·" (as in the block layouts)."""
@@ -31,7 +35,17 @@ def _slots(engine: Engine, slots: list[int | None]) -> str:
 
 def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
     st.markdown(f"**{title}**: table {r.table}")
-    st.code(" | ".join(_slots(engine, b) for b in w.slots_read(r.table)), language=None)
+    *whole, last = w.slots_read(r.table)
+    st.code(" | ".join([*(_slots(engine, b) for b in whole),
+                        _slots(engine, last[:-1]) + WRITTEN + _slots(engine, last[-1:])]),
+            language=None)
+    over = w.overwritten(r.table)
+    if over is not None:
+        # The last token's own slot, in the block its table ends with, holds its K/V too
+        # (written when the engine computed it): that block is read elsewhere here.
+        new, old = repr(_pieces(engine, [w.tokens[-1]])), repr(_pieces(engine, [over]))
+        st.caption(plain_md(f"{WRITTEN} This forward writes the K/V of {new} over that of "
+                            f"{old}: {new} is read twice, {old} not at all."))
     st.markdown(f"Next token (the engine's seeded draw): "
                 f"{md_code(repr(_pieces(engine, [r.next_token])))} · logits "
                 f"{r.logits_diff:.1e} from the engine's")
@@ -83,5 +97,5 @@ def panel(engine: Engine) -> None:
         st.markdown(outcome(w))
         st.caption("Each block's slots as the kernel read them, · for a slot past the "
                    "block's filled ones (zeros, or K/V a former holder left there); the last "
-                   "block is read up to the last token's position, where this forward "
-                   "writes that token's K/V.")
+                   f"block is read up to the last token's position, {WRITTEN}, where this "
+                   "forward writes that token's K/V.")

@@ -64,15 +64,29 @@ def calculator_section() -> None:
         m[1].metric("Left for KV", tables.human_bytes(cap.kv_bytes))
         m[2].metric("KV tokens that fit", f"{cap.kv_tokens:,}")
         m[3].metric(f"Requests of {cap.request_len:,} tokens", f"{cap.requests:,}")
+        # Short headers, the long names as tooltips: every column fits beside the sidebar
+        # in a 1024 px window.
+        num = st.column_config.NumberColumn
         st.dataframe(tables.capacity_blocks_frame(cap), hide_index=True, key="cmp_calc_blocks",
-                     column_config={c: COUNT for c in ("bytes per block", "blocks", "KV tokens",
-                                                       "blocks per request",
-                                                       "requests that fit")})
+                     column_config={
+                         "block size": num(help="tokens per block", pinned=True),
+                         "bytes per block": num("bytes/block", format="localized",
+                                                help="KV bytes per block, all layers"),
+                         "blocks": COUNT, "KV tokens": COUNT,
+                         "blocks per request": num("blocks/request", format="localized",
+                                                   help="blocks one request of this length "
+                                                        "takes"),
+                         "requests that fit": num("requests", format="localized",
+                                                  help="requests of this length that fit"),
+                         "tail waste per request (slots)": num(
+                             "tail waste", help="slots left empty in a request's last block")})
     st.subheader("Model shapes")
     # Every model in view, and short headers (the long name as each one's tooltip), so
-    # the source column fits a 1400 px window beside the sidebar.
+    # the source column fits a 1400 px window beside the sidebar; in a narrower one the
+    # grid scrolls sideways with the model's name pinned in view.
     st.dataframe(tables.models_frame(int(kv_bytes)), hide_index=True, key="cmp_calc_models",
                  height="content", column_config={
+                     "model": st.column_config.TextColumn(pinned=True),
                      "query heads": st.column_config.NumberColumn("Q heads",
                                                                   help="query heads"),
                      "parameters (B)": st.column_config.NumberColumn(

@@ -60,11 +60,13 @@ def preemption_section() -> None:
     table = views.runs_frame(runs)
     # Every run in view: three per block size.
     # Short headers, the long names as tooltips: all twelve columns fit a 1400 px window
-    # beside the sidebar.
+    # beside the sidebar. In a narrower one the grid scrolls sideways, with each row's
+    # block size and mode pinned in view.
     num = st.column_config.NumberColumn
     st.dataframe(table, hide_index=True, key="cmp_swap_table", height="content",
                  placeholder="—", column_config={
-                     "block size": num("block", help="block size (tokens)"),
+                     "block size": num("block", help="block size (tokens)", pinned=True),
+                     "mode": st.column_config.TextColumn(pinned=True),
                      # One number of places per column, so a column's figures line up.
                      "wall ms": num(format="%.1f"), "recompute ms": num(format="%.2f"),
                      "swap ms": num(format="%.2f"), "µs per block": num(format="%.1f"),
