@@ -88,13 +88,15 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     # Each column marks the slot this forward writes; sorted, it lands on another token's.
     codes = [c.value for c in at.get("code")]
     assert len(codes) == 2 and all(c.count("▸") == 1 for c in codes)
-    over_id = want.overwritten(want.physical_order.table)
-    assert over_id is not None and want.overwritten(want.table_order.table) is None
-    over = e.token_pieces([over_id])[0]
-    new = e.token_pieces([e.requests["A"].tokens[-1]])[0]
+    at_pos = want.overwritten(want.physical_order.table)
+    assert at_pos is not None and want.overwritten(want.table_order.table) is None
+    tokens = e.requests["A"].tokens
+    over, new = e.token_pieces([tokens[at_pos]])[0], e.token_pieces([tokens[-1]])[0]
     assert codes[1].endswith("▸" + new)
-    said = (f"▸ This forward writes the K/V of {new!r} over that of {over!r}: {new!r} is read "
-            f"twice, {over!r} not at all.")
+    last = len(tokens) - 1
+    said = (f"▸ This forward writes the K/V of '{new}' (position {last}) over that of "
+            f"'{over}' (position {at_pos}): position {last} is read twice, position "
+            f"{at_pos} not at all.")
     assert said in [shown_text(c.value) for c in at.caption]
     # A copy of the pool: the engine generated nothing and moved nothing.
     assert [r.tokens for r in e.requests.values()] == before

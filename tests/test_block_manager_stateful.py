@@ -167,7 +167,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 BlockManagerMachine.TestCase.settings = settings(
-    max_examples=250, stateful_step_count=40, derandomize=True, deadline=None,
+    # Derandomized by tests/conftest.py's profile (HYPOTHESIS_PROFILE=explore searches).
+    max_examples=250, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestBlockManagerMachine = BlockManagerMachine.TestCase

@@ -30,7 +30,7 @@ def _state(engine: Engine) -> dict[str, Any]:
     snap = export_snapshot(engine)
     snap["kernel"].pop("time_ms", None)
     err = snap["kernel"].pop("max_abs_err", None)
-    assert err is None or err < 1e-5, err
+    assert err is None or err < 2e-5, err   # the kernel tests' float32 tolerance
     return snap
 
 

@@ -202,6 +202,8 @@ def test_byte_pieces_and_shown_bytes() -> None:
     assert render_tokens([72, 105, 10]) == ByteCodec().decode([72, 105, 10]) == "Hi\\n"
     assert show_bytes(b"\n") == "\\n" and show_bytes(b"a\tb") == "a\\tb"
     assert show_bytes("x\u202e".encode()) == "x\\u202e"   # a bidi override cannot reverse it
+    # A whole invisible character is \\uNNNN; \\xNN is only ever a byte of none.
+    assert show_bytes("\u00a0".encode()) == "\\u00a0" and show_bytes(b"\xa0") == "\\xa0"
     assert show_bytes("é".encode()) == "é"
     assert show_bytes(b"\xcc") == "\\xcc"
     assert show_bytes("a😀".encode()[:3]) == "a\\xf0\\x9f"

@@ -98,6 +98,22 @@ def test_from_on_the_command_line(middle: dict[str, Any], tmp_path: Path,
     assert main(["run", str(steps), "--from", str(snap), "--out", str(out),
                  "--kernel", "torch"]) == 0
     assert json.loads(out.read_text())["step"] == middle["step"] + 1
+    # Bare steps (no config at all) keep the snapshot's: its model, its pool, and its
+    # vocabulary for token ids (tiny-byte's 0..255 would refuse SmolLM2's 9,906).
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"steps": [
+        {"op": "add", "request": "Z", "prompt": "Hi"},
+        {"op": "add", "request": "Y", "prompt_tokens": [9906, 300, 49151]}]}))
+    assert main(["run", str(bare), "--from", str(snap), "--out", str(out),
+                 "--kernel", "torch"]) == 0
+    after = json.loads(out.read_text())
+    assert after["config"] == middle["config"] and after["config"]["model"] == SMOLLM2
+    assert {"Z", "Y"} <= {r["id"] for r in after["requests"]}
+    assert next(r for r in after["requests"] if r["id"] == "Y")["tokens"][:3] == [
+        9906, 300, 49151]
+    # Without a snapshot, the scenario's own model (tiny-byte) bounds them.
+    assert main(["run", str(bare), "--kernel", "torch"]) == 2
+    assert "prompt_tokens[0] must be in 0..255, got 9,906" in capsys.readouterr().err
     wrong = tmp_path / "tiny.json"
     wrong.write_text(json.dumps({"config": {"model": "tiny-byte"}, "steps": []}))
     assert main(["run", str(wrong), "--from", str(snap), "--kernel", "torch"]) == 2

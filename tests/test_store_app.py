@@ -262,6 +262,7 @@ def test_continuing_a_scenario_keeps_the_playgrounds_saved_state(
     assert second_id != first_id and engine(at).step == 2
     assert (f"The state it replaced stays saved as session {store.short(first_id)}, under "
             "Recent sessions.") in texts(at.success)
+    assert store.short(first_id).replace("_", "\\_") in "".join(e.value for e in at.success)
     assert sorted(r[0] for r in rows(data_dir)) == sorted([first_id, second_id])
     # (AppTest runs the page it was last sent to, not the one the app switched to.)
     at.switch_page("pages/playground.py").run()

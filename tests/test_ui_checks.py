@@ -39,7 +39,7 @@ RAW_JSON = re.compile(r"[{}]|\"\w+\":")
     ("requests.D.block_table", [11, 12, 13, 14], "[11, 12, 13, 14]"),
     ("requests.C.status", "finished", "finished"),
     ("text.C", " mkvibs", "“ mkvibs”"),
-    ("text.S1", "<|im_start|>system\nHi\x07", "“<|im_start|>system↵Hi\\x07”"),
+    ("text.S1", "<|im_start|>system\nHi\x07", "“<|im_start|>system\\nHi\\x07”"),
     ("metrics.used_blocks", 7, "7"),
     ("blocks.3.hash", None, "none"),
     ("contiguous.next_fit.reason", "external_fragmentation", "external fragmentation"),

@@ -14,11 +14,7 @@ from backend import views
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.views.text import plain_md
-
-
-def _quoted(piece: str) -> str:
-    # Quoted so a leading space shows; a line break as ↵ keeps the caption one line.
-    return "'" + piece.replace("\n", "↵") + "'"
+from backend.views.tokens import quoted_piece
 
 
 def _block_pieces(engine: Engine, rid: str, logical: int) -> str:
@@ -28,7 +24,7 @@ def _block_pieces(engine: Engine, rid: str, logical: int) -> str:
     tokens = list(engine.requests[rid].tokens[logical * bs:(logical + 1) * bs])
     shown = engine.token_pieces(tokens[:views.TOOLTIP_TOKENS])
     more = " …" if len(tokens) > len(shown) else ""
-    return " ".join(_quoted(p) for p in shown) + more
+    return " ".join(quoted_piece(p) for p in shown) + more
 
 
 def panel(engine: Engine, prefix: str = "") -> None:
@@ -69,7 +65,7 @@ def panel(engine: Engine, prefix: str = "") -> None:
     # The token's own text under the engine's model (a byte, or a BPE piece such as
     # " cat"), quoted so its spaces show; any character may be in it: escaped.
     piece = engine.token_pieces([tok])[0]
-    st.caption(f"Token {tok} ({plain_md(_quoted(piece))}) · block {addr.physical_block} holds "
+    st.caption(f"Token {tok} ({plain_md(quoted_piece(piece))}) · block {addr.physical_block} holds "
                f"{plain_md(_block_pieces(engine, rid, addr.logical_block))} · key vector read "
                f"from layer {layer}'s K tensor at slot {addr.slot}, shape {list(key.shape)} "
                "(KV heads × head dim)")

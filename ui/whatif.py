@@ -14,6 +14,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.whatif import OrderWhatIf, Reading, physical_order
 from backend.views.text import md_code, plain_md
+from backend.views.tokens import quoted_piece
 from backend.views.whatif import outcome
 
 KEY = "whatif_report"
@@ -21,6 +22,10 @@ KEY = "whatif_report"
 
 def _pieces(engine: Engine, tokens: list[int]) -> str:
     return "".join(engine.token_pieces(tokens))
+
+
+def _quoted(engine: Engine, token: int) -> str:
+    return quoted_piece(_pieces(engine, [token]))
 
 
 # Marks the slot this forward writes the last token's K/V into (the last one read).
@@ -43,13 +48,15 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
     if over is not None:
         # The last token's own slot, in the block its table ends with, holds its K/V too
         # (written when the engine computed it): that block is read elsewhere here.
-        new, old = repr(_pieces(engine, [w.tokens[-1]])), repr(_pieces(engine, [over]))
+        new, old = (f"{_quoted(engine, w.tokens[p])} (position {p})"
+                    for p in (w.position, over))
         st.caption(plain_md(f"{WRITTEN} This forward writes the K/V of {new} over that of "
-                            f"{old}: {new} is read twice, {old} not at all."))
+                            f"{old}: position {w.position} is read twice, position {over} "
+                            "not at all."))
     st.markdown(f"Next token (the engine's seeded draw): "
-                f"{md_code(repr(_pieces(engine, [r.next_token])))} · logits "
+                f"{md_code(_quoted(engine, r.next_token))} · logits "
                 f"{r.logits_diff:.1e} from the engine's")
-    st.dataframe(pd.DataFrame([{"token": repr(_pieces(engine, [t])), "probability": p}
+    st.dataframe(pd.DataFrame([{"token": _quoted(engine, t), "probability": p}
                                for t, p in r.top]), hide_index=True, width="stretch",
                  column_config={"probability": st.column_config.NumberColumn(format="%.3f")})
 

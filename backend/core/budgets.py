@@ -44,7 +44,7 @@ def _limit(value: object, what: str, low: int) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_BUDGET:
-        raise PagedLabError(f"{what} must be an integer in {low}..{MAX_BUDGET} or None, "
+        raise PagedLabError(f"{what} must be an integer in {low:,}..{MAX_BUDGET:,} or None, "
                          f"got {value!r}")
 
 

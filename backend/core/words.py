@@ -50,6 +50,15 @@ def visible_byte(b: int) -> str:
 def visible(text: str) -> str:
     """`text` with every character as itself ("Café", "🍰", "東京", an emoji's joiners)
     except control and other format characters, written as Python escapes ("\\n",
-    "\\t", "\\u202e"), so a label shows a line break and cannot be reversed by one."""
-    return "".join(ch if ch.isprintable() or ord(ch) in _KEPT_FORMAT
-                   else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    "\\t", "\\u202e"), so a label shows a line break and cannot be reversed by one.
+    Those past ASCII are always \\uNNNN (a no-break space is "\\u00a0"), since
+    \\xNN stands for a byte that is no character (`visible_byte`)."""
+    return "".join(ch if ch.isprintable() or ord(ch) in _KEPT_FORMAT else _escaped(ch)
+                   for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x80:
+        return ch.encode("unicode_escape").decode("ascii")
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"

@@ -126,14 +126,15 @@ class OrderWhatIf:
         return read
 
     def overwritten(self, order: list[int]) -> int | None:
-        """The token whose K/V the forward through `order` writes the last token's over
-        (the token in the slot `slots_read` shows the last token in), or None when that
-        slot is the last token's own (the table's order, or a sorted table whose last
-        block stayed last). Any other block read last is full: every block of a table
-        but its last is."""
+        """The position of the token whose K/V the forward through `order` writes the
+        last token's over (in the slot `slots_read` shows the last token in), or None
+        when that slot is the last token's own (the table's order, or a sorted table
+        whose last block stayed last). Any other block read last is full: every block
+        of a table but its last is."""
         if order[-1] == self.table_order.table[-1]:
             return None
-        return self.blocks_as_read(order)[-1][self.position % self.block_size]
+        logical = self.table_order.table.index(order[-1])
+        return logical * self.block_size + self.position % self.block_size
 
     @property
     def last_block_stays(self) -> bool:

@@ -107,7 +107,8 @@ def _run(args: argparse.Namespace) -> int:
                 raise PagedLabError("snapshot must be a JSON object")
             engine = restore_engine(data, device=args.device, kernel=args.kernel)
         try:
-            scenario = load_scenario(args.scenario)
+            scenario = load_scenario(
+                args.scenario, vocab_size=None if engine is None else engine.config.vocab_size)
         except ScenarioError as exc:
             if exc.partial is None:
                 raise

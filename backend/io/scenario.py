@@ -79,8 +79,13 @@ class ScenarioError(PagedLabError):
         super().__init__(where + reason)
 
 
-def parse_scenario(data: Any) -> Scenario:
-    """Validate a scenario object completely before anything runs."""
+def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
+    """Validate a scenario object completely before anything runs.
+
+    Steps' token ids are checked against `vocab_size`, by default the vocabulary of
+    the scenario's own model; a run from a snapshot passes the snapshot's, since its
+    model is the one the steps run on (a config naming another is refused anyway).
+    """
     if not isinstance(data, dict):
         raise ScenarioError("a scenario must be a JSON object")
     name = data.get("name", "untitled")
@@ -108,7 +113,7 @@ def parse_scenario(data: Any) -> Scenario:
         op_name = raw.get("op") if isinstance(raw, dict) else None
         label = op_name if isinstance(op_name, str) else None
         try:
-            op = parse_op(raw, vocab_size=config.vocab_size)
+            op = parse_op(raw, vocab_size=vocab_size or config.vocab_size)
             narration = raw.get("narration")
             if narration is not None and not isinstance(narration, str):
                 raise PagedLabError("narration must be a string")
@@ -124,7 +129,8 @@ def parse_scenario(data: Any) -> Scenario:
                     contiguous)
 
 
-def load_scenario(path: Path) -> Scenario:
+def load_scenario(path: Path, *, vocab_size: int | None = None) -> Scenario:
+    """The scenario file at `path`, parsed (see `parse_scenario`)."""
     raw = read_json(path, "scenario")
     # A snapshot is the other JSON file PagedLab writes: say where it goes instead of
     # listing the scenario fields it lacks.
@@ -132,7 +138,7 @@ def load_scenario(path: Path) -> Scenario:
         raise PagedLabError(f"{str(path)!r} is a snapshot (it has 'schema_version'), not a "
                             "scenario: start from its state with python -m backend run "
                             f"SCENARIO --from {shlex.quote(str(path))}")
-    return parse_scenario(raw)
+    return parse_scenario(raw, vocab_size=vocab_size)
 
 
 def read_json(path: Path, what: str) -> Any:

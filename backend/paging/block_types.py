@@ -180,5 +180,5 @@ def validate_tokens(tokens: Sequence[int], what: str = "prompt",
     kind = "bytes, ints" if vocab_size == 256 else "token ids, ints"
     for i, t in enumerate(out):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= top:
-            raise PagedLabError(f"{what} token {i} is {t!r}; tokens are {kind} in 0..{top}")
+            raise PagedLabError(f"{what} token {i} is {t!r}; tokens are {kind} in 0..{top:,}")
     return out

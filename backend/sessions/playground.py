@@ -17,6 +17,7 @@ from typing import Any
 
 from backend.core.config import (
     DIM_FIELDS,
+    MAX_KV_BYTES,
     MAX_NUM_BLOCKS,
     MODELS,
     REAL_MODELS,
@@ -384,8 +385,11 @@ def _check_past_range(data: dict[str, Any], budget: KVBudget) -> None:
         probe = EngineConfig.from_json({**data, "num_blocks": 1, "watermark_blocks": None},
                                        where="settings")
     except PagedLabError:
-        return   # refused for another reason, which the full check names
-    if budget.per_session // probe.bytes_per_block < MAX_NUM_BLOCKS:
+        return   # no block size to count with: the full check names the range
+    # (A session limit past the 2 GiB any one pool may take would name a count no config
+    # may hold: there the range says it.)
+    if (budget.per_session <= MAX_KV_BYTES
+            and budget.per_session // probe.bytes_per_block < MAX_NUM_BLOCKS):
         budget.check_size(probe, wanted)
 
 

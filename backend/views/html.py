@@ -50,7 +50,7 @@ def _color(slot: int) -> str:
 
 
 # A real model's tokens on alternating tints, so each token's extent shows (where a
-# word splits, which token a leading space belongs to); a line break as ↵.
+# word splits, which token a leading space belongs to).
 _TOKEN_TINTS = ("rgba(0,114,178,0.10)", "rgba(230,159,0,0.16)")
 
 
@@ -78,7 +78,7 @@ def pieces_html(chunk: Chunk, start: int = 0, stop: int | None = None) -> str:
     return "".join(
         f"<span class='pl-tok' title='{escape(_title(p, ch), quote=True)}' style='background:"
         f"{_TOKEN_TINTS[(first + i) % 2]};border-radius:2px'>"
-        f"{escape(p.replace(chr(10), '↵'))}</span>"
+        f"{escape(p)}</span>"
         for i, (p, ch) in enumerate(zip(pieces, split, strict=True)))
 
 

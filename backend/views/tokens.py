@@ -41,6 +41,12 @@ def token_pieces(snap: Snapshot, tokens: list[int]) -> list[str]:
         return [f"⟨{t}⟩" for t in tokens]
 
 
+def quoted_piece(piece: str) -> str:
+    """A token's piece in quotes, so a leading space shows. Not `repr`: a piece writes
+    a line break as the two characters \\n already, which `repr` would double."""
+    return "'" + piece + "'"
+
+
 def split_characters(snap: Snapshot, tokens: list[int]) -> list[str | None]:
     """For each token, the character(s) whose UTF-8 bytes it shares with a neighbour (see
     `models.tokenizer.split_characters`), else None; all None without the tokenizer."""
@@ -99,7 +105,7 @@ def block_tokens(snap: Snapshot, block_ids: Collection[int]) -> dict[int, str]:
     at = 0
     for b in order:
         n = min(len(found[b]), TOOLTIP_TOKENS)
-        text = sep.join(pieces[at:at + n]).replace("\n", "↵")
+        text = sep.join(pieces[at:at + n])
         out[b] = text + ("…" if len(found[b]) > n else "")
         at += n
     return out

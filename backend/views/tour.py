@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from backend.core.words import visible
 from backend.views.glossary import path_help
 from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
 from backend.views.html import term_html
@@ -75,7 +76,8 @@ def value_text(path: str, value: Any) -> str:
     """The value at an expectation's `path`, in the words of what it is.
 
     A contiguous region, an address and the arena's holes are spelled out; text
-    is quoted (its spaces matter) and shows its line breaks as ↵; a keyword such
+    is quoted (its spaces matter) with control characters escaped as the layouts show
+    them (a line break as \\n, `words.visible`); a keyword such
     as a finish reason loses its underscores. Anything else is `format_value`.
     """
     parts = path.split(".")
@@ -95,11 +97,9 @@ def value_text(path: str, value: Any) -> str:
         pass    # an uploaded scenario's odd value: shown plainly below
     if isinstance(value, str):
         if head == "text":
-            # Quoted, as its spaces matter; a line break as ↵ (HTML would fold it into a
-            # space), any other control character as its code.
-            shown = "".join("↵" if ch == "\n" else ch if ch.isprintable() else
-                            f"\\x{ord(ch):02x}" for ch in value)
-            return _short(f"“{shown}”")
+            # Quoted, as its spaces matter; a line break as \n, as the layouts show it
+            # (HTML would fold a raw one into a space).
+            return _short(f"“{visible(value)}”")
         if value.replace("_", "").isalpha() and value.islower():
             return value.replace("_", " ")
     return format_value(value)
