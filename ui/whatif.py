@@ -41,9 +41,10 @@ def _slots(engine: Engine, slots: list[int | None]) -> str:
 def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
     st.markdown(f"**{title}**: table {r.table}")
     *whole, last = w.slots_read(r.table)
+    # Wrapped: a long request's reading ends, with its ▸, past the column's edge.
     st.code(" | ".join([*(_slots(engine, b) for b in whole),
                         _slots(engine, last[:-1]) + WRITTEN + _slots(engine, last[-1:])]),
-            language=None)
+            language=None, wrap_lines=True)
     over = w.overwritten(r.table)
     if over is not None:
         # The last token's own slot, in the block its table ends with, holds its K/V too
