@@ -65,9 +65,9 @@ def panel(engine: Engine, prefix: str = "") -> None:
     # The token's own text under the engine's model (a byte, or a BPE piece such as
     # " cat"), quoted so its spaces show; any character may be in it: escaped.
     piece = engine.token_pieces([tok])[0]
-    st.caption(f"Token {tok} ({plain_md(quoted_piece(piece))}) · block {addr.physical_block} holds "
-               f"{plain_md(_block_pieces(engine, rid, addr.logical_block))} · key vector read "
-               f"from layer {layer}'s K tensor at slot {addr.slot}, shape {list(key.shape)} "
+    st.caption(f"Token {tok} ({plain_md(quoted_piece(piece))}) · block {addr.physical_block} "
+               f"holds {plain_md(_block_pieces(engine, rid, addr.logical_block))} · key vector "
+               f"read from layer {layer}'s K tensor at slot {addr.slot}, shape {list(key.shape)} "
                "(KV heads × head dim)")
     vdf, vspec = views.vector_spec(key.numpy())
     st.vega_lite_chart(vdf, vspec, width="stretch", key=f"{prefix}tr_chart")

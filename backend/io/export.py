@@ -48,8 +48,8 @@ def request_text(snapshot: dict[str, Any], request: dict[str, Any]) -> str | Non
     """A request's tokens as text: the snapshot's decoded `text` where it has one (a real
     model's requests do), else, for the tiny byte model, its bytes as the pages show them
     (`render_tokens`: printable ASCII as is, a line break as \\n, other bytes as \\xNN),
-    and for a real model its tokens
-    decoded by its tokenizer. None if that tokenizer is not installed here."""
+    and for a real model its tokens decoded by its tokenizer. None if that tokenizer is
+    not installed here."""
     text = request.get("text")
     if isinstance(text, str):
         return text
