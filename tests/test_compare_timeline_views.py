@@ -75,12 +75,17 @@ def test_preemption_story_uses_the_runs_own_figures() -> None:
     for words in ("the victim is the most recently admitted request",
                   "running requests are served before waiting ones",
                   "9 of 960 blocks kept free", "482 were never preempted",
-                  "518 at least once, one 6 times", "at most 13 iterations before",
+                  "518 at least once, 3 requests as many as 6 times", "at most 13 iterations before",
                   "0.94 preemptions per finished request"):
         assert words in story
     counts = preemptions.preemption_counts(run)
     assert counts["requests"].tolist() == [482, 252, 158, 78, 18, 9, 3]
     assert preemptions.preemption_histogram(counts).to_dict()["layer"]
+    # Where no request was preempted twice, the story says so rather than counting.
+    once = simulate_run(make_trace("sharegpt", 400, 1.0), SimConfig("paged"))
+    assert once.result.max_preemptions_per_request == 1
+    assert (f"{once.result.preempted_requests} at least once, each of them once;"
+            in preemptions.preemption_story(once))
     calm = simulate_run(make_trace("sharegpt", 200, 0.5), SimConfig("paged"))
     assert preemptions.preemption_story(calm).startswith("**No preemption.**")
     oracle = simulate_run(make_trace("sharegpt", 50, 4.0), SimConfig("oracle"))

@@ -19,6 +19,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from backend.core.words import counted
 from backend.lab.sim.simulator import SimResult, SimRun
 
 
@@ -72,6 +73,10 @@ def preemption_story(run: SimRun) -> str:
     lasts = (r.watermark_blocks or 0) / grow if grow else 0.0
     ages = run.victim_ages
     never = n - r.preempted_requests
+    most = r.max_preemptions_per_request
+    at_most = int((run.preemptions_per_request == most).sum())
+    worst = ("each of them once" if most == 1 else
+             f"{counted(at_most, 'request')} as many as {most:,} times")
     return (
         f"**Why {p:,} preemptions for {n:,} requests.** Every one is the same event: a "
         "running request's next token starts a new block and no block is free. The "
@@ -86,7 +91,7 @@ def preemption_story(run: SimRun) -> str:
         f"{lasts:.0f} iterations before the newest request is pushed out again: "
         f"{p / n:.2f} preemptions per finished request.\n\n"
         f"They fall on some requests more than others: {never:,} were never preempted, "
-        f"{r.preempted_requests:,} at least once, one {r.max_preemptions_per_request} times; "
+        f"{r.preempted_requests:,} at least once, {worst}; "
         f"half the victims had been (re)admitted at most {int(np.median(ages)):,} iterations "
         f"before. The work lost is {r.recomputed_tokens:,} generated tokens recomputed "
         f"({r.recomputed_tokens / max(1, r.output_tokens):.1%} of the output). The count is "
