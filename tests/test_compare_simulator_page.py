@@ -136,12 +136,23 @@ def test_an_uploaded_trace_is_checked_whole() -> None:
     at.file_uploader(key="cmp_sim_upload").set_value(("mine.csv", bad, "text/csv")).run()
     assert not at.exception
     assert any(e.value == "mine.csv: row 2 (line 3): GeneratedTokens must be an integer in "
-               "1..16777216, got '-3'" for e in at.error)
+               "1..16,777,216, got '-3'" for e in at.error)
     good = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,300,40\n2,50,10\n"
     at.file_uploader(key="cmp_sim_upload").set_value(("mine.csv", good, "text/csv")).run()
     at.button(key="cmp_sim_run").click().run()
     assert not at.exception and not at.error
     assert "Last run: mine.csv, the first 3 of 3 requests" in text(at)
+    # A request as long as a trace may hold: the page's own defaults stay within the
+    # fields' range (they were 4x it, refused before anything was typed) and the run says
+    # what cannot fit.
+    huge = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,16777216,5\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("long.csv", huge, "text/csv")).run()
+    assert not at.exception and not at.error
+    assert at.number_input(key="cmp_sim_capacity_16777216").value == 16_777_216
+    at.button(key="cmp_sim_run").click().run()
+    assert [e.value for e in at.error] == [
+        "The longest request cannot run: a request of 16,777,221 tokens can never fit in an "
+        "arena of 16,777,216 slots"]
 
 
 def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> None:

@@ -75,7 +75,8 @@ def test_preemption_story_uses_the_runs_own_figures() -> None:
     for words in ("the victim is the most recently admitted request",
                   "running requests are served before waiting ones",
                   "9 of 960 blocks kept free", "482 were never preempted",
-                  "518 at least once, 3 requests as many as 6 times", "at most 13 iterations before",
+                  "518 at least once, 3 requests as many as 6 times",
+                  "at most 13 iterations before",
                   "0.94 preemptions per finished request"):
         assert words in story
     counts = preemptions.preemption_counts(run)

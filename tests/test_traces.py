@@ -90,7 +90,7 @@ def test_a_csv_of_ones_own_in_any_column_order() -> None:
     ((HEADER + "0,10,5\n\n\n-1,10,5\n").encode(), "row 2 (line 5): TIMESTAMP must be"),
     ((HEADER + "2,10,5\n1,10,5\n").encode(), "is earlier than the row before it"),
     ((HEADER + "0,0,5\n").encode(), "row 1 (line 2): ContextTokens must be an integer"),
-    ((HEADER + "0,1.5,5\n").encode(), "ContextTokens must be an integer in 1..16777216, "
+    ((HEADER + "0,1.5,5\n").encode(), "ContextTokens must be an integer in 1..16,777,216, "
                                       "got '1.5'"),
     ((HEADER + "0,10,99999999999\n").encode(), "row 1 (line 2): GeneratedTokens must be"),
     ((HEADER + "0,10,5\n").encode("utf-16"), "not UTF-8 text"),

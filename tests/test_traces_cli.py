@@ -121,9 +121,9 @@ def test_cli_replays_a_csv_of_ones_own(tmp_path: Path, capsys: pytest.CaptureFix
 
 @pytest.mark.parametrize(("body", "message"), [
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n1.5,x,3\n",
-     "row 2 (line 3): ContextTokens must be an integer in 1..16777216, got 'x'"),
+     "row 2 (line 3): ContextTokens must be an integer in 1..16,777,216, got 'x'"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n1,10,0\n",
-     "row 2 (line 3): GeneratedTokens must be an integer in 1..16777216, got '0'"),
+     "row 2 (line 3): GeneratedTokens must be an integer in 1..16,777,216, got '0'"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n5,10,5\n1,10,3\n",
      "row 2 (line 3): TIMESTAMP '1' is earlier than the row before it"),
     ("Time,Prompt,Output\n0,1,1\n", "the header must name the columns TIMESTAMP"),

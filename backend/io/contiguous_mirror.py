@@ -47,7 +47,7 @@ class ContiguousSpec:
             raise PagedLabError(f"contiguous: unknown field {unknown[0]!r}")
         cap = data.get("capacity")
         if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CAPACITY:
-            raise PagedLabError(f"contiguous.capacity must be an integer in 1..{MAX_CAPACITY}")
+            raise PagedLabError(f"contiguous.capacity must be an integer in 1..{MAX_CAPACITY:,}")
         policy = data.get("policy", "oracle")
         if policy not in CONTIGUOUS_POLICIES:
             raise PagedLabError("contiguous.policy must be one of "

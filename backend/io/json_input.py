@@ -118,7 +118,7 @@ class FieldReader:
         for i, x in enumerate(v):
             if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
                 raise PagedLabError(f"{self.where}.{key}[{i}] must be an integer in "
-                                    f"{lo}..{hi}, got {x!r}")
+                                    f"{lo:,}..{hi:,}, got {x!r}")
         return v
 
 

@@ -122,12 +122,12 @@ class ContiguousArena:
         _check_int(final_len, "final_len", 1)
         if final_len > self.capacity:
             raise PagedLabError(
-                f"a request of {final_len} tokens can never fit in an arena of "
-                f"{self.capacity} slots")
+                f"a request of {final_len:,} tokens can never fit in an arena of "
+                f"{self.capacity:,} slots")
         if self.policy == "max" and final_len > self.max_len:
             raise PagedLabError(
-                f"a request of {final_len} tokens is longer than the maximum sequence "
-                f"length {self.max_len} that the max policy reserves")
+                f"a request of {final_len:,} tokens is longer than the maximum sequence "
+                f"length {self.max_len:,} that the max policy reserves")
         return min(self._policy_size(final_len), self.capacity)
 
     def _policy_size(self, final_len: int) -> int:

@@ -148,7 +148,7 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
                                      ("GeneratedTokens", gen, outputs)):
                 count = _tokens(raw)
                 if count is None:
-                    raise fail(f"{what} must be an integer in 1..{MAX_TOKENS}, got {raw!r}")
+                    raise fail(f"{what} must be an integer in 1..{MAX_TOKENS:,}, got {raw!r}")
                 into.append(count)
             times.append(value)
     except csv.Error as e:
@@ -205,7 +205,7 @@ def replay_trace(trace: Trace, *, requests: int | None = None, rate: float | Non
     n = len(trace)
     if requests is not None:
         if isinstance(requests, bool) or not isinstance(requests, int) or not 1 <= requests <= n:
-            raise PagedLabError(f"requests must be an integer in 1..{n} for {trace.workload} "
+            raise PagedLabError(f"requests must be an integer in 1..{n:,} for {trace.workload} "
                                 f"({n:,} requests recorded), got {requests!r}")
         n = requests
     if rate is not None and time_scale is not None:

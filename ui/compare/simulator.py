@@ -15,7 +15,7 @@ import streamlit as st
 from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.contiguous import DEFAULT_MAX_LEN, next_pow2
-from backend.lab.sim.simulator import POLICIES, SimConfig, SimRun
+from backend.lab.sim.simulator import MAX_CAPACITY_TOKENS, POLICIES, SimConfig, SimRun
 from backend.views.compare import frames as views
 from backend.views.compare import preemptions
 from backend.views.text import plain_md
@@ -99,17 +99,19 @@ def simulator_section() -> None:
         # A recorded trace's requests run to 14k tokens: its own defaults (and widget keys),
         # so that every policy can hold its longest request and the max policy reserves
         # enough.
+        # Within the fields' own range, however long an uploaded trace's longest request
+        # (a default past it would be refused before the person typed anything).
         longest = choice.longest if choice is not None else None
         cap0, len0, suffix = 15360, DEFAULT_MAX_LEN, ""
         if longest is not None:
-            len0 = max(DEFAULT_MAX_LEN, next_pow2(longest))
-            cap0, suffix = 4 * len0, f"_{len0}"
+            len0 = min(MAX_CAPACITY_TOKENS, max(DEFAULT_MAX_LEN, next_pow2(longest)))
+            cap0, suffix = min(MAX_CAPACITY_TOKENS, 4 * len0), f"_{len0}"
         c = st.columns(4)
-        capacity = f.number(c[0], "Capacity (token slots)", 1, 1 << 24, cap0, step=1024,
+        capacity = f.number(c[0], "Capacity (token slots)", 1, MAX_CAPACITY_TOKENS, cap0, step=1024,
                             key=f"cmp_sim_capacity{suffix}")
         block_size = c[1].selectbox("Block size (paged)", SWEEP_BLOCK_SIZES, index=4,
                                     key="cmp_sim_block_size")
-        max_len = f.number(c[2], "Max reservation (max policy)", 1, 1 << 24, len0,
+        max_len = f.number(c[2], "Max reservation (max policy)", 1, MAX_CAPACITY_TOKENS, len0,
                            key=f"cmp_sim_max_len{suffix}",
                            help="The slots the max policy reserves per request (the "
                                 "model's context length).")

@@ -136,7 +136,7 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
                                    ("block size", block_size, 1, capacity),
                                    ("the new request's length", new_len, 2, capacity)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise PagedLabError(f"{what} must be an integer in {low}..{high}, got {value!r}")
+            raise PagedLabError(f"{what} must be an integer in {low:,}..{high:,}, got {value!r}")
     arena = ContiguousArena(capacity, policy, max_len=capacity if max_len is None else max_len)  # type: ignore[arg-type]
     pool = BlockManager(capacity // block_size, block_size, prefix_caching=False,
                         record_events=False)

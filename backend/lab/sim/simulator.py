@@ -165,7 +165,7 @@ class SimResult:
 
 def _int_in(value: object, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise PagedLabError(f"{what} must be an integer in {low}..{high}, got {value!r}")
+        raise PagedLabError(f"{what} must be an integer in {low:,}..{high:,}, got {value!r}")
     return value
 
 
