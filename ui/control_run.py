@@ -35,9 +35,24 @@ def show(report: ControlReport, engine: Engine) -> None:
     """The sentence (green when the runs agree), the table, and what was left out."""
     # Plain text: the sentence may name a request, whose id is the user's text.
     (st.success if report.agrees else st.error)(plain_md(control_sentence(report)))
+    # Short headers, the long names as tooltips, so the comparison's figures fit the
+    # Scenarios page's narrow column; the two texts follow, scrolled to, with each row's
+    # request pinned in view.
+    text = st.column_config.TextColumn
     st.dataframe(control_frame(report, engine.model.codec.decode), hide_index=True,
-                 width="stretch",
-                 height=min(35 + 35 * len(report.requests) + 3, 280))
+                 width="stretch", height=min(35 + 35 * len(report.requests) + 3, 280),
+                 column_config={
+                     "request": text(pinned=True),
+                     "tokens compared": st.column_config.NumberColumn(
+                         "tokens", help="tokens compared: those both runs reached"),
+                     "same tokens": text("same", help="whether every compared token is the "
+                                                      "control's"),
+                     "first difference": text(
+                         "first diff", help="the first token position that differs"),
+                     "logits compared": st.column_config.NumberColumn(
+                         "logits", help="positions whose next-token logits were compared"),
+                     "largest |Δ logit|": text("max |Δ|", help="largest |Δ logit| over the "
+                                                               "positions compared")})
     if report.not_replayed:
         st.caption(plain_md("Left out of the control: " + "; ".join(report.not_replayed) + "."))
 
