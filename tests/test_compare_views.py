@@ -307,9 +307,9 @@ def test_block_sweep_by_hand() -> None:
     assert four.tail_waste_share == pytest.approx(4 / 16)
     assert (four.mean_tail_slots, four.max_table_entries) == (3.0, 2)
     assert tables.block_tradeoff_sentence([one, two, four], (1, 2, 4)) == (
-        "block size 1: 0.0% tail waste, 5.0 table entries per request; "
-        "block size 2: 14.3% tail waste, 3.0 table entries per request; "
-        "block size 4: 25.0% tail waste, 2.0 table entries per request.")
+        "block size 1: 0.0% tail waste, 5.0 table entries per finished request; "
+        "block size 2: 14.3% tail waste, 3.0 table entries per finished request; "
+        "block size 4: 25.0% tail waste, 2.0 table entries per finished request.")
 
 
 def test_block_sweep_closed_form_matches_a_direct_count() -> None:
@@ -379,18 +379,24 @@ def test_every_chart_builds() -> None:
     charts.slot_strip(views.seed_arena_slots(ex), "arena").to_dict()
     charts.kind_legend().to_dict()
     points = trace_block_sweep("alpaca", 100, 0)
-    charts.block_sweep_lines(tables.block_sweep_frame(points)).to_dict()
+    sweep = tables.block_sweep_frame(points)
+    # Every field the chart encodes is a column of its frame (a renamed column would
+    # leave an axis empty, silently).
+    assert _fields(charts.block_sweep_lines(sweep).to_dict()) <= set(sweep.columns)
     results = [simulate_workload("alpaca", SimConfig(p), requests=50) for p in ("max", "paged")]
-    charts.breakdown_bars(views.memory_long(results)).to_dict()
+    long = views.memory_long(results)
+    assert _fields(charts.breakdown_bars(long).to_dict()) <= set(long.columns)
     m = views.policy_metrics(results)
     spec = charts.policy_bars(m, "token states", "Token-state share", percent=True,
                               paper_field="paper token states").to_dict()
     # Bars, labels at the foot of the bars that hold one, above the others, the paper's ticks.
     assert len(spec["layer"]) == 4
-    charts.block_batch_line(tables.block_batch_frame(results[1:])).to_dict()
+    batch = tables.block_batch_frame(results[1:])
+    assert _fields(charts.block_batch_line(batch).to_dict()) <= set(batch.columns)
     sharing = [SharingResult("beam", 2, 16, 1, 0.5, SharingTrace(1, 1, 2, 0, 1, 2), 0.376,
                              0.552)]
-    charts.sharing_bars(tables.sharing_frame(sharing)).to_dict()
+    shared = tables.sharing_frame(sharing)
+    assert _fields(charts.sharing_bars(shared).to_dict()) <= set(shared.columns)
     color = charts.memory_map(views.map_segments(replay_maps(
         small_trace("alpaca", 5, 20.0, 0, 64), "oracle", 256, max_len=64))[0],
         "m", 256, (0, 10)).to_dict()["encoding"]["color"]
@@ -474,3 +480,13 @@ def test_the_control_sentence_says_what_its_logit_comparison_found() -> None:
         "The next-token logits, compared at 2 positions, are exactly equal.")
     assert control_sentence(report(2, 3e-5)).endswith(
         "differ by at most 3.0e-05: float arithmetic in another order (tolerance 1e-03).")
+
+
+def _fields(spec: object) -> set[str]:
+    """The data fields an Altair spec's encodings name, anywhere in it."""
+    if isinstance(spec, dict):
+        own = {spec["field"]} if isinstance(spec.get("field"), str) else set()
+        return own.union(*(_fields(v) for k, v in spec.items() if k != "datasets"))
+    if isinstance(spec, list):
+        return set().union(*(_fields(v) for v in spec))
+    return set()

@@ -20,19 +20,20 @@ def block_sweep_frame(points: Sequence[BlockSizePoint]) -> pd.DataFrame:
     """One row per block size; means rounded for display, the waste share left exact."""
     return pd.DataFrame([{
         "block size": p.block_size, "tail waste": p.tail_waste_share,
-        "empty slots in the last block": round(p.mean_tail_slots, 2),
-        "table entries per request": round(p.mean_table_entries, 2),
-        "largest table": p.max_table_entries,
-        "table entries per running request": round(p.mean_live_entries, 2),
+        "empty last-block slots at finish": round(p.mean_tail_slots, 2),
+        "table entries at finish": round(p.mean_table_entries, 2),
+        "largest table at finish": p.max_table_entries,
+        "table entries, time-averaged": round(p.mean_live_entries, 2),
     } for p in points])
 
 
 def block_tradeoff_sentence(points: Sequence[BlockSizePoint], picks: Sequence[int] = (1, 16, 256)
                             ) -> str:
-    """'block size 16: x% tail waste, y table entries per request; ...' for the picks present."""
+    """'block size 16: x% tail waste, y table entries per finished request; ...' for the
+    picks present (the waste averaged over each request's life, the entries at its end)."""
     by = {p.block_size: p for p in points}
     parts = [f"block size {b}: {pct(by[b].tail_waste_share)} tail waste, "
-             f"{by[b].mean_table_entries:.1f} table entries per request"
+             f"{by[b].mean_table_entries:.1f} table entries per finished request"
              for b in picks if b in by]
     return "; ".join(parts) + "." if parts else ""
 
