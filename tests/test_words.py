@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.core.words import agrees, counted, sentence
+from backend.core.words import agrees, counted, percent, sentence
 
 
 def test_counted_and_agrees() -> None:
@@ -14,6 +14,13 @@ def test_counted_and_agrees() -> None:
     assert counted(2, "child", "children") == "2 children"
     assert f"{counted(1, 'table')} {agrees(1, 'holds', 'hold')} it" == "1 table holds it"
     assert f"{counted(3, 'table')} {agrees(3, 'holds', 'hold')} it" == "3 tables hold it"
+
+
+def test_percent_rounds_halves_up_as_a_reader_does() -> None:
+    # Exact binary halves: Python's "{:.1f}" gives 81.2 for 81.25 but 18.8 for 18.75.
+    assert [percent(x) for x in (13 / 16, 9 / 48, 1 / 16)] == ["81.3%", "18.8%", "6.3%"]
+    assert [percent(x) for x in (0, 1, 0.2044, 2 / 3, 0.9999)] == [
+        "0.0%", "100.0%", "20.4%", "66.7%", "100.0%"]
 
 
 @pytest.mark.parametrize(("message", "shown"), [

@@ -6,6 +6,7 @@ line."""
 from __future__ import annotations
 
 import re
+from decimal import ROUND_HALF_UP, Decimal
 
 # A first word of lower-case letters only, ending the message or followed by a blank,
 # ",", ":" or ";": "policy must be", "trace: ...". Not a file name with an extension
@@ -23,6 +24,14 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     """`n` (with thousands separators) and `noun`, in the plural (`plural`, else
     noun + "s") unless `n` is 1."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def percent(x: float) -> str:
+    """A fraction as a percentage with one decimal, halves rounded up as a reader would:
+    13/16 reads "81.3%" (Python's formatting rounds exact halves to even, "81.2%"), as
+    does 0.8125 anywhere else on the page."""
+    shown = Decimal(repr(100 * x)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP)
+    return f"{shown}%"
 
 
 def agrees(n: int, singular: str, plural: str) -> str:

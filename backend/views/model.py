@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from backend.core.config import TINY_BYTE
-from backend.core.words import counted
+from backend.core.words import counted, percent
 from backend.paging.events import Event, describe
 from backend.views.glossary import METRICS, REQUEST_FIELDS
 from backend.views.host_pool import on_device
@@ -367,9 +367,7 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
     hit_tokens = m.get("prefix_hit_tokens", m["prefix_hit_blocks"] * bs)
     floor = m.get("prefix_floor_tokens", 0)
 
-    def pct(x: float) -> str:
-        return f"{100 * x:.1f}%"
-
+    pct = percent
     return [
         MetricItem("Requests", "Running requests", str(status.count("running")),
                    "Requests holding blocks and decoding in every step."),

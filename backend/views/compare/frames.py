@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from backend.core.words import percent
 from backend.lab.compare.memory_maps import MapReplay, MapSegment, replay_maps, small_trace
 from backend.lab.compare.seed_example import SeedExample
 from backend.lab.contiguous_types import SEGMENT_KINDS
@@ -41,8 +42,8 @@ PAPER_SYSTEMS: dict[str, str] = {"max": "Orca (Max)", "pow2": "Orca (Pow2)",
 
 
 def pct(x: float) -> str:
-    """A fraction as a percentage with one decimal: 0.2044 -> '20.4%'."""
-    return f"{100 * x:.1f}%"
+    """A fraction as a percentage with one decimal: 0.2044 -> '20.4%' (`words.percent`)."""
+    return percent(x)
 
 
 # ---- the seed's example ------------------------------------------------------
