@@ -21,6 +21,7 @@ from typing import Any
 
 from backend.core.budgets import MAX_BUDGET
 from backend.core.errors import PagedLabError
+from backend.core.words import percent
 from backend.io.json_input import read_bounded
 from backend.lab.sim.simulator import (
     DEFAULT_BLOCK_SIZE,
@@ -185,7 +186,7 @@ def _choice(value: str | None, flag: str, choices: tuple[str, ...]) -> str:
 
 def summary(result: SimResult) -> str:
     """A few human-readable lines about a result."""
-    mem = "  ".join(f"{k} {v:.1%}" for k, v in result.memory.items())
+    mem = "  ".join(f"{k} {percent(v)}" for k, v in result.memory.items())
     bs = f", block size {result.block_size}" if result.block_size is not None else ""
     scaled = f" (time / {result.time_scale:g})" if result.time_scale != 1 else ""
     return (f"{result.policy} on {result.requests} {result.workload} requests at "

@@ -8,6 +8,7 @@ from itertools import pairwise
 import altair as alt
 import pandas as pd
 
+from backend.core.words import percent
 from backend.lab import deployment as dep
 from backend.lab.sim.simulator import SimResult
 from backend.views.compare.frames import PAPER_SYSTEMS, POLICY_ORDER
@@ -78,7 +79,7 @@ def length_note(d: dep.Deployment) -> str:
     share = float(t.output_len.sum() / t.final_len.sum())
     max_fit = d.capacity_tokens // dep.CONTEXT_LEN
     return (
-        f"On {d.workload} the outputs are {share:.1%} of the tokens a request holds when it "
+        f"On {d.workload} the outputs are {percent(share)} of the tokens a request holds when it "
         f"finishes (prompts {t.prompt_len.mean():,.0f} tokens on average, outputs "
         f"{t.output_len.mean():,.0f}). Orca (Oracle) reserves exactly the final length, so "
         "what paged memory saves over it is the output not generated yet plus the holes "

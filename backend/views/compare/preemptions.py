@@ -19,7 +19,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from backend.core.words import counted
+from backend.core.words import counted, percent
 from backend.lab.sim.simulator import SimResult, SimRun
 
 
@@ -94,7 +94,7 @@ def preemption_story(run: SimRun) -> str:
         f"{r.preempted_requests:,} at least once, {worst}; "
         f"half the victims had been (re)admitted at most {int(np.median(ages)):,} iterations "
         f"before. The work lost is {r.recomputed_tokens:,} generated tokens recomputed "
-        f"({r.recomputed_tokens / max(1, r.output_tokens):.1%} of the output). The count is "
+        f"({percent(r.recomputed_tokens / max(1, r.output_tokens))} of the output). The count is "
         "right for these rules; a larger watermark, or a rate the memory can sustain, "
         "trades a little batch for far fewer.")
 
