@@ -11,6 +11,7 @@ import pytest
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import percent
 from backend.engine.control import ControlReport, RequestComparison
 from backend.engine.measure import PreemptionRun
 from backend.lab.compare.block_sizes import block_size_sweep, trace_block_sweep
@@ -273,7 +274,7 @@ def test_breakdown_table_and_gain_sentence() -> None:
     assert df.loc["paper: token states"].tolist() == [
         "20.4% (Orca (Max))", "26.8% (Orca (Pow2))", "38.2% (Orca (Oracle))", "96.3% (vLLM)"]
     by = {r.policy: r for r in results}
-    assert df.loc["token states", "paged"] == f"{100 * by['paged'].memory['token_states']:.1f}%"
+    assert df.loc["token states", "paged"] == percent(by["paged"].memory["token_states"])
     assert df.loc["memory", "pow2"] == "contiguous, next power of two"
     # The five shares of each policy add up to its whole memory.
     shares = ["token states", "reservation", "internal fragmentation", "external fragmentation",
@@ -290,6 +291,15 @@ def test_breakdown_table_and_gain_sentence() -> None:
     long = views.memory_long(results)
     assert np.allclose(long.groupby("policy")["fraction"].sum(), 1.0)
     assert views.batch_gain_sentence([by["max"]]) == ""
+    # Loaded, every policy uses most of its memory: nothing to explain.
+    assert max(r.memory["free"] for r in results) <= views.MOSTLY_FREE
+    assert views.free_memory_note(results) == ""
+    # A trace that leaves memory idle: the low share is the load's, and the note says so.
+    light = [simulate_workload("alpaca", SimConfig(p), requests=50) for p in ("max", "paged")]
+    most = max(light, key=lambda r: r.memory["free"])
+    note = views.free_memory_note(light)
+    assert note.startswith(f"Free memory counts in these shares: {most.policy} left "
+                           f"{percent(most.memory['free'])} of its memory free on average")
 
 
 # ---- block size ------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True)
                "system. " if paper_ticks else "") + preemptions.preemption_note(results))
     st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
                     key=f"{prefix}_breakdown_chart")
+    idle = views.free_memory_note(results)
+    if idle:
+        st.caption(idle)
     breakdown(results, f"{prefix}_table")
     st.dataframe(metrics, hide_index=True, key=f"{prefix}_metrics", column_order=[
         "policy", "requests/s", "normalized latency (s/token)", "iterations", "preemptions"],
