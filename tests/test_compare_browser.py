@@ -150,6 +150,18 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             open_tab(page, "Sharing")
             expect(page.get_by_text(sharing)).to_be_visible()
             shot(page, "5-sharing")
+            # A refusal in "Run it here" leaves the estimate below it open.
+            estimate = page.locator("details", has_text="Estimate for a whole Alpaca-like")
+            estimate.locator("summary").click()
+            expect(estimate).to_have_attribute("open", "")
+            prompts = page.get_by_role("tabpanel", name="Sharing").get_by_label("Prompts")
+            prompts.fill("0")
+            prompts.press("Enter")
+            expect(page.get_by_text("Prompts must be 1 to 16; got 0")).to_be_visible()
+            expect(estimate).to_have_attribute("open", "")
+            prompts.fill("4")
+            prompts.press("Enter")
+            expect(page.get_by_text("Prompts must be 1 to 16; got 0")).to_have_count(0)
 
             open_tab(page, "Memory calculator", charts=False)   # tables and metrics only
             expect(page.get_by_text("819,200 bytes per token (800 KiB)")).to_be_visible()

@@ -95,7 +95,9 @@ def sharing_section() -> None:
     _recorded()
     # Each part stops on its own numbers: the other is drawn as usual.
     numbers.section(_live)
-    with st.expander("Estimate for a whole Alpaca-like workload (modelled, not run)"):
+    # Keyed, so it stays open when a refusal above it changes the page's elements.
+    with st.expander("Estimate for a whole Alpaca-like workload (modelled, not run)",
+                     key="cmp_share_estimate_open"):
         numbers.section(_estimate)
 
 
