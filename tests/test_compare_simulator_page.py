@@ -125,6 +125,14 @@ def test_an_azure_trace_with_budgets_on_the_page() -> None:
     assert "Timeline (CSV)" in labels and "Timeline (Parquet)" in labels
     at.selectbox(key="cmp_sim_tl_policy").set_value("oracle").run()
     assert not at.exception
+    # Refused parameters keep the earlier run on screen, said to be from before them.
+    at.number_input(key="cmp_sim_watermark_blocks").set_value(99_999)
+    at.button(key="cmp_sim_run").click().run()
+    assert any("A watermark of 99,999 blocks" in e.value for e in at.error)
+    assert ("Last run, from before the refused parameters: azure-conv, the first 400 of "
+            "19,366 requests") in text(at)
+    assert f"Why {direct.preemptions:,} preemptions for 400 requests." in text(at) or (
+        direct.preemptions == 0)
 
 
 def test_an_uploaded_trace_is_checked_whole() -> None:

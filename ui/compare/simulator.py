@@ -136,8 +136,10 @@ def simulator_section() -> None:
                 trace = choice.build()
                 ran = run_with_bar(choice.key, trace, configs)
             except PagedLabError as e:
-                # Never leave an earlier run on screen as if it answered these parameters.
-                st.session_state.pop(SIM_STATE, None)
+                # The earlier run stays (it may have taken minutes), said to be the one
+                # before these parameters, never as if it answered them.
+                if SIM_STATE in st.session_state:
+                    st.session_state[SIM_STATE]["refused_after"] = True
                 refuse(e)
             else:
                 st.session_state[SIM_STATE] = {
@@ -151,7 +153,8 @@ def simulator_section() -> None:
     runs: list[SimRun] = last["runs"]
     set_budgets = ", ".join(f"{k} {v:,}" for k, v in last["budgets"].items() if v is not None)
     # Plain text: an uploaded trace's label is its file's name.
-    st.caption(plain_md(f"Last run: {last['label']}, {last['capacity']:,} token slots"
+    before = ", from before the refused parameters" if last.get("refused_after") else ""
+    st.caption(plain_md(f"Last run{before}: {last['label']}, {last['capacity']:,} token slots"
                         + (f", {set_budgets}" if set_budgets else "") + "."))
     comparison(runs, "cmp_sim")
     preemption_section(runs, "cmp_sim")
