@@ -185,7 +185,7 @@ def test_bad_input_gets_a_message_not_a_traceback() -> None:
     at.button(key="cmp_sim_run").click().run()
     assert not at.exception
     assert any(e.value.startswith("The longest request cannot run") and
-               e.value.endswith("can never fit in an arena of 1000 slots") for e in at.error)
+               e.value.endswith("can never fit in an arena of 1,000 slots") for e in at.error)
     at.multiselect(key="cmp_sim_policies").set_value([])
     at.button(key="cmp_sim_run").click().run()
     assert any(e.value == "Choose at least one policy." for e in at.error)

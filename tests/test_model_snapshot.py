@@ -138,7 +138,7 @@ def _tamper(middle: dict[str, Any], change: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("change", "match"), [
     ("text", r"requests\[0\]\.text does not match its tokens"),
-    ("vocab", r"tokens\[0\] must be an integer in 0\.\.49151"),
+    ("vocab", r"tokens\[0\] must be an integer in 0\.\.49,151"),
     ("eos", "generated the end-of-sequence token"),
     ("dims", "num_heads is 8 but smollm2-135m has num_heads 9"),
 ])
