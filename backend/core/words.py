@@ -28,8 +28,8 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 
 def percent(x: float) -> str:
     """A fraction as a percentage with one decimal, halves rounded up as a reader would:
-    13/16 reads "81.3%" (Python's formatting rounds exact halves to even, "81.2%"), as
-    does 0.8125 anywhere else on the page."""
+    13/16 reads "81.3%", where Python's own formatting rounds an exact half to even
+    ("81.2%", yet "18.8%" for 9/48)."""
     shown = Decimal(repr(100 * x)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP)
     return f"{shown}%"
 

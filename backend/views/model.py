@@ -367,7 +367,6 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
     hit_tokens = m.get("prefix_hit_tokens", m["prefix_hit_blocks"] * bs)
     floor = m.get("prefix_floor_tokens", 0)
 
-    pct = percent
     return [
         MetricItem("Requests", "Running requests", str(status.count("running")),
                    "Requests holding blocks and decoding in every step."),
@@ -382,9 +381,9 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
         MetricItem("Blocks", "Cached blocks", str(m["cached_blocks"]),
                    METRICS["cached_blocks"]),
         MetricItem("Blocks", "Free blocks", str(m["free_blocks"]), METRICS["free_blocks"]),
-        MetricItem("Blocks", "Block usage", pct(used / n if n else 0.0),
+        MetricItem("Blocks", "Block usage", percent(used / n if n else 0.0),
                    "Used blocks over all blocks."),
-        MetricItem("Slots", "Slot occupancy", pct(occupancy),
+        MetricItem("Slots", "Slot occupancy", percent(occupancy),
                    "Filled token slots over the slots of used blocks: the rest is tail waste."),
         MetricItem("Slots", "Filled slots", f"{m['filled_slots']} / {slots_in_used}",
                    METRICS["filled_slots"]),

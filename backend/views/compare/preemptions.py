@@ -75,8 +75,10 @@ def preemption_story(run: SimRun) -> str:
     never = n - r.preempted_requests
     most = r.max_preemptions_per_request
     at_most = int((run.preemptions_per_request == most).sum())
-    worst = ("each of them once" if most == 1 else
-             f"{counted(at_most, 'request')} as many as {most:,} times")
+    if most > 1:
+        worst = f"{counted(at_most, 'request')} as many as {most:,} times"
+    else:
+        worst = "each of them once" if at_most > 1 else "once"
     return (
         f"**Why {p:,} preemptions for {n:,} requests.** Every one is the same event: a "
         "running request's next token starts a new block and no block is free. The "
