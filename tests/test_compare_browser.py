@@ -120,6 +120,7 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             # Issue 13: with the run above cached, this button crashed every session.
             open_tab(page, "Block size")
             expect(page.get_by_text(tradeoff)).to_be_visible()
+            tables_fit(page, 1)     # every column of the sweep in view
             page.get_by_role("button", name="Simulate every block size").click()
             expect(page.get_by_text("In the simulator, block size 1:")).to_be_visible()
             expect(page.locator(".stException")).to_have_count(0)

@@ -46,8 +46,22 @@ def block_size_section() -> None:
     st.markdown("**The trade-off in numbers:** " + tables.block_tradeoff_sentence(points))
     df = tables.block_sweep_frame(points)
     st.altair_chart(charts.block_sweep_lines(df), key="cmp_blk_chart")
+    # Short headers, the long names as tooltips: every column fits beside the sidebar.
+    num = st.column_config.NumberColumn
     st.dataframe(df, hide_index=True, key="cmp_blk_table", column_config={
-        "tail waste": st.column_config.NumberColumn(format="percent")})
+        "tail waste": num(format="percent", help="empty share of allocated slots, averaged "
+                                                 "over every iteration of every request"),
+        "empty last-block slots at finish": num(
+            "empty slots (end)", help="empty slots in a request's last block at its final "
+                                      "length, on average"),
+        "table entries at finish": num(
+            "entries (end)", help="block-table entries of a request at its final length, "
+                                  "on average"),
+        "largest table at finish": num(
+            "largest table", help="the most block-table entries any request reached"),
+        "table entries, time-averaged": num(
+            "entries (life avg)", help="block-table entries averaged over every iteration "
+                                       "of every request's life")})
     st.markdown(
         "Tail waste is memory another request could have used. To see what it costs in batch "
         f"size, replay this trace through the paged simulator once per block size (rate "
