@@ -52,8 +52,9 @@ def sentence(message: str) -> str:
 
 def visible_byte(b: int) -> str:
     """A byte that stands alone (tiny-byte's token, a byte no UTF-8 character holds) as
-    text: ASCII as `visible` shows it ("a", "\\n", "\\x1b"), any other byte as "\\xNN"."""
-    return visible(chr(b)) if b < 0x80 else f"\\x{b:02x}"
+    text: ASCII as `visible` shows it ("a", "\\n", "\\x1b"), any other byte as "\\xNN".
+    A table lookup: layouts and tooltips show thousands of bytes on every rerun."""
+    return _BYTE_TEXT[b]
 
 
 def visible(text: str) -> str:
@@ -71,3 +72,7 @@ def _escaped(ch: str) -> str:
     if code < 0x80:
         return ch.encode("unicode_escape").decode("ascii")
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+_BYTE_TEXT: tuple[str, ...] = tuple(visible(chr(b)) if b < 0x80 else f"\\x{b:02x}"
+                                    for b in range(256))
