@@ -79,11 +79,12 @@ BAD_STEPS = [
     ({"op": "add", "request": "L", "prompt_len": 200},
      "error: step 2 (add): a prompt of 200 tokens needs 50 blocks of 4 but the pool has only "
      "32 blocks; it can never fit"),
-    ({"op": "grow", "request": "A", "tokens": 0}, "error: step 2 (grow): tokens must be in"),
+    ({"op": "grow", "request": "A", "tokens": 0},
+     "error: step 2 (grow): tokens must be an integer in"),
     ({"op": "jump", "request": "A"}, "error: step 2 (jump): unknown op 'jump'"),
     ({"op": "fork", "request": "A"}, "error: step 2 (fork): missing field 'child'"),
     ({"op": "add", "request": "Q", "prompt_tokens": [1, 256]},
-     "error: step 2 (add): prompt_tokens[1] must be in 0..255"),
+     "error: step 2 (add): prompt_tokens[1] must be an integer in 0..255"),
 ]
 
 
@@ -107,7 +108,8 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 @pytest.mark.parametrize(("text", "line"), [
     ("{not json", "is not valid JSON"),
     ('{"steps": 3}', 'a scenario needs a "steps" list'),
-    ('{"config": {"block_size": 999}, "steps": []}', "config: block_size must be in 1..256"),
+    ('{"config": {"block_size": 999}, "steps": []}',
+     "config: block_size must be an integer in 1..256"),
     ('{"config": {"blok_size": 4}, "steps": []}', "config: unknown field 'blok_size'"),
     ('{"config": {"num_heads": 4, "num_kv_heads": 3}, "steps": []}', "multiple of num_kv_heads"),
     ("[]", "a scenario must be a JSON object"),

@@ -204,7 +204,7 @@ def test_restore_refuses_inconsistent_beams() -> None:
 
 
 @pytest.mark.parametrize("op, message", [
-    ({"beam_width": 0}, "beam_width must be in 1..64"),
+    ({"beam_width": 0}, "beam_width must be an integer in 1..64"),
     ({"beam_width": 2, "n": 2}, "not both"),
     ({"beam_width": 2, "max_new_tokens": None}, "needs a max_new_tokens limit"),
     ({"beam_width": 5}, "max_num_seqs is 4"),

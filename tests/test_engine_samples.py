@@ -122,7 +122,7 @@ def test_samples_preempted_generate_what_they_would_with_room() -> None:
 
 
 @pytest.mark.parametrize("op, message", [
-    ({"n": 0}, "n must be in 1..64"),
+    ({"n": 0}, "n must be an integer in 1..64"),
     ({"n": 2, "blocks": [0, 1, 2, 3, 4, 5, 6]}, "n and blocks"),
     ({"beam_width": 2, "n": 2}, "not both"),
     ({"n": 5}, "max_num_seqs is 4"),

@@ -77,7 +77,7 @@ def test_a_config_with_several_bad_fields_is_refused_for_the_same_one_every_run(
     said = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)},
                            cwd=ROOT).stdout for seed in range(6)}
-    assert said == {"config: num_blocks must be in 1..65,536, got 0\n"}
+    assert said == {"config: num_blocks must be an integer in 1..65,536, got 0\n"}
 
 
 def test_tiny_byte_keeps_its_salt_and_direct_construction_cannot_mismatch() -> None:
@@ -159,17 +159,17 @@ def test_tiny_byte_default_sampling_is_unchanged_by_explicit_neutral_settings() 
 
 def test_prompt_tokens_are_checked_against_the_scenarios_model() -> None:
     tiny = {"steps": [{"op": "add", "request": "A", "prompt_tokens": [1, 300]}]}
-    with pytest.raises(PagedLabError, match=r"prompt_tokens\[1\] must be in 0..255"):
+    with pytest.raises(PagedLabError, match=r"prompt_tokens\[1\] must be an integer in 0..255"):
         parse_scenario(tiny)
     real = parse_scenario({**tiny, "config": {"model": SMOLLM2}})
     assert real.steps[0].op.prompt_tokens == (1, 300)   # type: ignore[union-attr]
-    with pytest.raises(PagedLabError, match=r"must be in 0..49,151"):
+    with pytest.raises(PagedLabError, match=r"must be an integer in 0..49,151"):
         parse_scenario({"config": {"model": SMOLLM2}, "steps": [
             {"op": "add", "request": "A", "prompt_tokens": [49_152]}]})
     # Without a vocabulary, parsing defers the check to the engine.
     assert parse_op({"op": "add", "request": "A", "prompt_tokens": [70_000]},
                     vocab_size=None)
-    with pytest.raises(PagedLabError, match=r"prompt_tokens\[0\] must be in 0..255"):
+    with pytest.raises(PagedLabError, match=r"prompt_tokens\[0\] must be an integer in 0..255"):
         Engine(EngineConfig(), kernel="torch").apply(Add("A", prompt_tokens=(300,)))
 
 

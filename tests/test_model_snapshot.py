@@ -113,7 +113,7 @@ def test_from_on_the_command_line(middle: dict[str, Any], tmp_path: Path,
         9906, 300, 49151]
     # Without a snapshot, the scenario's own model (tiny-byte) bounds them.
     assert main(["run", str(bare), "--kernel", "torch"]) == 2
-    assert "prompt_tokens[0] must be in 0..255, got 9,906" in capsys.readouterr().err
+    assert "prompt_tokens[0] must be an integer in 0..255, got 9,906" in capsys.readouterr().err
     wrong = tmp_path / "tiny.json"
     wrong.write_text(json.dumps({"config": {"model": "tiny-byte"}, "steps": []}))
     assert main(["run", str(wrong), "--from", str(snap), "--kernel", "torch"]) == 2

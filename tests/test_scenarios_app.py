@@ -319,7 +319,7 @@ def upload(at: AppTest, name: str, data: bytes) -> AppTest:
                    "enclosed in double quotes: line 1 column 2 (char 1)"),
     (b"[1, 2]", "Scenario file refused: bad.json: a scenario must be a JSON object"),
     (json.dumps({"config": {"block_size": 0}, "steps": []}).encode(),
-     "Scenario file refused: bad.json: config: block_size must be in 1..256, got 0"),
+     "Scenario file refused: bad.json: config: block_size must be an integer in 1..256, got 0"),
     (json.dumps({"steps": [{"op": "add", "request": "A", "prompt": "hi"},
                            {"op": "grow", "tokens": 2}]}).encode(),
      "Scenario file refused: bad.json: step 2 (grow): missing field 'request'"),

@@ -122,11 +122,11 @@ def test_a_pool_size_past_the_range_is_refused_by_the_tighter_bound() -> None:
             "num_blocks: 70,000 blocks of 720 KiB would take "), refused.value
         assert f"which is {fits:,} blocks of this size" in str(refused.value)
     # tiny-byte's blocks are small: the range is the tighter bound, said with separators.
-    with pytest.raises(PagedLabError, match=r"^settings: num_blocks must be in 1\.\.65,536, "
-                                            r"got 70,000$"):
+    with pytest.raises(PagedLabError, match=r"^settings: num_blocks must be an integer in "
+                                            r"1\.\.65,536, got 70,000$"):
         config_from_fields({"model": TINY_BYTE, "num_blocks": 70_000}, base, budget)
     # With another field refused there is no block size to count with: the range is said.
-    with pytest.raises(PagedLabError, match=r"num_blocks must be in 1\.\.65,536"):
+    with pytest.raises(PagedLabError, match=r"num_blocks must be an integer in 1\.\.65,536"):
         config_from_fields({"model": SMOLLM2, "num_blocks": 70_000, "block_size": 999}, base,
                            budget)
 

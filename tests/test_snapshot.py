@@ -125,7 +125,7 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("bad id", lambda s: s["requests"][0].update(id="a\nb"), "unprintable"),
     ("schema", lambda s: s.update(schema_version=2), "schema_version is 2"),
     ("kernel", lambda s: s["kernel"].update(max_abs_err=float("nan")), "finite"),
-    ("config", lambda s: s["config"].update(block_size=0), "block_size must be in"),
+    ("config", lambda s: s["config"].update(block_size=0), "block_size must be an integer in"),
 ]
 
 

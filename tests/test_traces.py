@@ -119,7 +119,8 @@ def test_prefix_time_scale_and_rate() -> None:
     assert len(whole) == len(conv) and whole.time_scale == 1.0
     with pytest.raises(PagedLabError, match="not both"):
         replay_trace(conv, rate=2.0, time_scale=2.0)
-    with pytest.raises(PagedLabError, match=r"requests must be an integer in 1\.\.19,366"):
+    with pytest.raises(PagedLabError, match=r"requests for azure-conv must be an integer in "
+                                            r"1\.\.19,366, got 20,000$"):
         replay_trace(conv, requests=20_000)
     with pytest.raises(PagedLabError, match="time scale must be"):
         replay_trace(conv, time_scale=0.0)

@@ -84,7 +84,7 @@ _FIELD_NAME = re.compile(r"\b(" + "|".join(FIELD_LABELS) + r")\b")
 
 def labelled(problem: str) -> str:
     """A refusal of the sidebar's config in the sidebar's words: "settings: num_blocks
-    must be in 1..65,536" reads "Pool size must be in 1..65,536"."""
+    must be an integer in 1..65,536" reads "Pool size must be an integer in 1..65,536"."""
     text = problem.removeprefix("settings: ")
     return _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
 

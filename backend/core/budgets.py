@@ -35,17 +35,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.core.errors import PagedLabError
+from backend.core.checks import check_int
 
 MAX_BUDGET = 1 << 30
 
 
 def _limit(value: object, what: str, low: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_BUDGET:
-        raise PagedLabError(f"{what} must be an integer in {low:,}..{MAX_BUDGET:,} or None, "
-                         f"got {value!r}")
+    if value is not None:  # None: no limit
+        check_int(value, what, low, MAX_BUDGET)
 
 
 @dataclass(frozen=True, slots=True)

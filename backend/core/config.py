@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from backend.core.budgets import MAX_BUDGET, SchedulerBudgets
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -254,11 +255,7 @@ class EngineConfig:
 
 
 def _int_in(key: str, v: Any, lo: int, hi: int, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise PagedLabError(f"{where}: {key} must be an integer, got {v!r}")
-    if not lo <= v <= hi:
-        raise PagedLabError(f"{where}: {key} must be in {lo:,}..{hi:,}, got {v:,}")
-    return v
+    return check_int(v, f"{where}: {key}", lo, hi)
 
 
 def _check_field(key: str, v: Any, where: str) -> Any:

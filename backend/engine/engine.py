@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from backend.core.checks import check_int
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine import beams, checks, operations
@@ -195,8 +196,7 @@ class Engine:
     def read_kv(self, request_id: str, position: int,
                 layer: int = 0) -> tuple[Address, torch.Tensor, torch.Tensor]:
         """The address of a token and the key and value vectors stored at its slot."""
-        if not 0 <= layer < self.config.num_layers:
-            raise PagedLabError(f"layer must be in 0..{self.config.num_layers - 1}")
+        check_int(layer, "layer", 0, self.config.num_layers - 1)
         addr = self.translate(request_id, position)
         k, v = self.cache.read_slot(layer, addr.slot)
         return addr, k.float().cpu(), v.float().cpu()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.core.words import counted, visible
 
@@ -108,11 +109,7 @@ def check_request_id(value: Any, field: str = "request") -> str:
 
 
 def _int(value: Any, field: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PagedLabError(f"{field} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise PagedLabError(f"{field} must be in {lo:,}..{hi:,}, got {value:,}")
-    return value
+    return check_int(value, field, lo, hi)
 
 
 def _int_list(value: Any, field: str, lo: int, hi: int, max_len: int) -> tuple[int, ...]:

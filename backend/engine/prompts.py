@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from backend.core.checks import check_int
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.ops import MAX_PROMPT_TOKENS, Add
@@ -33,8 +34,7 @@ def prompt_ids(op: Add, model: LanguageModel, seed: int, request_id: str) -> lis
         tokens = list(op.prompt_tokens)
         top = model.vocab_size - 1
         for i, t in enumerate(tokens):
-            if not 0 <= t <= top:
-                raise PagedLabError(f"prompt_tokens[{i}] must be in 0..{top:,}, got {t:,}")
+            check_int(t, f"prompt_tokens[{i}]", 0, top)
     else:
         assert op.prompt_len is not None
         tokens = random_ids(op.prompt_len, seed, request_id, model)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from backend.core.checks import check_int
 from backend.core.errors import OutOfBlocksError, PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork
@@ -45,16 +46,12 @@ class ContiguousSpec:
         unknown = sorted(set(data) - {"capacity", "policy", "max_len"})
         if unknown:
             raise PagedLabError(f"contiguous: unknown field {unknown[0]!r}")
-        cap = data.get("capacity")
-        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_CAPACITY:
-            raise PagedLabError(f"contiguous.capacity must be an integer in 1..{MAX_CAPACITY:,}")
+        cap = check_int(data.get("capacity"), "contiguous.capacity", 1, MAX_CAPACITY)
         policy = data.get("policy", "oracle")
         if policy not in CONTIGUOUS_POLICIES:
             raise PagedLabError("contiguous.policy must be one of "
                                 f"{', '.join(CONTIGUOUS_POLICIES)}")
-        max_len = data.get("max_len", DEFAULT_MAX_LEN)
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-            raise PagedLabError("contiguous.max_len must be an integer >= 1")
+        max_len = check_int(data.get("max_len", DEFAULT_MAX_LEN), "contiguous.max_len", 1)
         return ContiguousSpec(cap, policy, max_len)
 
 

@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 
 
@@ -116,9 +117,7 @@ class FieldReader:
     def int_list(self, key: str, lo: int, hi: int) -> list[int]:
         v = self.get(key, list)
         for i, x in enumerate(v):
-            if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
-                raise PagedLabError(f"{self.where}.{key}[{i}] must be an integer in "
-                                    f"{lo:,}..{hi:,}, got {x!r}")
+            check_int(x, f"{self.where}.{key}[{i}]", lo, hi)
         return v
 
 

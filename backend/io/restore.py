@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from typing import Any
 
+from backend.core.checks import check_int
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.core.words import agrees, counted
@@ -117,8 +118,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         if state != want:
             raise PagedLabError(f"inconsistent snapshot: block {i} is listed as {state!r} but "
                                 f"its ref_count and hash make it {want!r}")
-        if not 0 <= filled <= bs:
-            raise PagedLabError(f"{r.where}.num_filled must be in 0..{bs}")
+        check_int(filled, f"{r.where}.num_filled", 0, bs)
         if digest is not None and digest not in nodes:
             raise PagedLabError(f"{r.where}.hash {digest} is missing from "
                                 "snapshot.prefix_cache")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.budgets import MAX_BUDGET
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.core.words import percent
 from backend.io.json_input import read_bounded
@@ -122,12 +123,10 @@ def _int(value: str | None, flag: str, default: int, low: int, high: int) -> int
     if value is None:
         return default
     try:
-        out = int(value, 10)
+        out: object = int(value, 10)
     except ValueError:
-        raise _BadInputError(f"{flag} must be an integer, got {value!r}") from None
-    if not low <= out <= high:
-        raise _BadInputError(f"{flag} must be in {low:,}..{high:,}, got {out:,}")
-    return out
+        out = value  # not a number: the check quotes it as given
+    return check_int(out, flag, low, high)
 
 
 def _float(value: str | None, flag: str, what: str, low: float, high: float) -> float | None:

@@ -33,6 +33,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Literal
 
+from backend.core.checks import check_int
 from backend.core.errors import IntegrityError, OutOfBlocksError, PagedLabError
 from backend.core.words import counted
 from backend.lab.contiguous_render import render_segments
@@ -67,12 +68,6 @@ class _Slot:
     tokens: int
 
 
-def _check_int(value: object, what: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise PagedLabError(f"{what} must be an integer >= {low}, got {value!r}")
-    return value
-
-
 class ContiguousArena:
     """`capacity` token slots; each request holds one contiguous region (first-fit).
 
@@ -81,8 +76,8 @@ class ContiguousArena:
 
     def __init__(self, capacity: int, policy: ContiguousPolicy = "oracle", *,
                  max_len: int = DEFAULT_MAX_LEN) -> None:
-        _check_int(capacity, "capacity", 1)
-        _check_int(max_len, "max_len", 1)
+        check_int(capacity, "capacity", 1)
+        check_int(max_len, "max_len", 1)
         if policy not in CONTIGUOUS_POLICIES:
             raise PagedLabError(
                 f"policy must be one of {', '.join(CONTIGUOUS_POLICIES)}, got {policy!r}")
@@ -119,7 +114,7 @@ class ContiguousArena:
         an integer >= 1 or the request can never fit (longer than the arena,
         or than max_len under "max").
         """
-        _check_int(final_len, "final_len", 1)
+        check_int(final_len, "final_len", 1)
         if final_len > self.capacity:
             raise PagedLabError(
                 f"a request of {final_len:,} tokens can never fit in an arena of "
@@ -181,7 +176,7 @@ class ContiguousArena:
         Raises PagedLabError only if `final_len` is not an integer >= 1; a
         request that can never fit is answered with reason "never".
         """
-        _check_int(final_len, "final_len", 1)
+        check_int(final_len, "final_len", 1)
         holes = self.holes()
         free = self.free_total
         largest = max((h.length for h in holes), default=0)
@@ -210,7 +205,7 @@ class ContiguousArena:
         every free slot as free.
         """
         if required is not None:
-            _check_int(required, "required", 1)
+            check_int(required, "required", 1)
         ext = self.external_slots(required)
         return MemoryBreakdown(
             token_states=self.tokens_total,
@@ -224,7 +219,7 @@ class ContiguousArena:
     def segments(self, required: int | None = None) -> list[Segment]:
         """Reads only: the whole arena as runs of one state each, in address order."""
         if required is not None:
-            _check_int(required, "required", 1)
+            check_int(required, "required", 1)
         out: list[Segment] = []
 
         def hole(start: int, length: int) -> None:
@@ -255,7 +250,7 @@ class ContiguousArena:
         See `render_segments`: wider arenas are drawn a group of slots per
         character, each showing the state holding most of its slots.
         """
-        _check_int(width, "width", 1)
+        check_int(width, "width", 1)
         return render_segments(self.segments(required), self.capacity, width=width)
 
     def check_integrity(self) -> None:
@@ -300,7 +295,7 @@ class ContiguousArena:
         if request_id in self._slots:
             raise PagedLabError(f"request {request_id!r} already holds a region")
         size = self.reservation_size(final_len)
-        _check_int(tokens, "tokens", 0)
+        check_int(tokens, "tokens", 0)
         if tokens > final_len:
             raise PagedLabError(
                 f"request {request_id!r} cannot hold {tokens} tokens: its final length "
@@ -325,7 +320,7 @@ class ContiguousArena:
         would pass its final length (a contiguous region cannot grow in place).
         """
         slot = self._get(request_id)
-        _check_int(n, "n", 1)
+        check_int(n, "n", 1)
         if slot.tokens + n > slot.final_len:
             raise PagedLabError(
                 f"request {request_id!r} holds {slot.tokens} of its {slot.final_len} tokens; "

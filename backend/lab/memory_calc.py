@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 
 GIB = 1 << 30
@@ -137,8 +138,7 @@ def kv_capacity(shape: ModelShape | str, gpu_gib: float, *, weight_bits: int = 1
         raise PagedLabError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
     for what, v in (("weight_bits", weight_bits), ("kv_dtype_bytes", kv_dtype_bytes),
                     ("request_len", request_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise PagedLabError(f"{what} must be an integer >= 1, got {v!r}")
+        check_int(v, what, 1)
     if not block_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
                               for b in block_sizes):
         raise PagedLabError(f"block sizes must be integers >= 1, got {block_sizes!r}")

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.core.sharing import PAPER_SAVINGS, SharingKind, SharingResult, SharingTrace
 from backend.lab.workloads import MAX_TOTAL, make_trace
@@ -51,12 +52,6 @@ ParentChooser = Callable[[int, int, np.random.Generator], Sequence[int]]
 def uniform_parents(step: int, width: int, rng: np.random.Generator) -> list[int]:
     """Each new beam's parent, uniformly among the current beams (with replacement)."""
     return rng.integers(0, width, size=width).tolist()
-
-
-def _check(value: object, what: str, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise PagedLabError(f"{what} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 class _Counter:
@@ -87,8 +82,8 @@ def parallel_sampling(prompt_len: int, output_lens: Sequence[int],
 
     Sample j generates output_lens[j] tokens. Pure: builds its own manager.
     """
-    _check(prompt_len, "prompt_len")
-    outs = [_check(o, "output length") for o in output_lens]
+    check_int(prompt_len, "prompt_len", 1)
+    outs = [check_int(o, "output length", 1) for o in output_lens]
     if not outs:
         raise PagedLabError("parallel sampling needs at least one sample")
     n = len(outs)
@@ -118,9 +113,9 @@ def beam_search(prompt_len: int, output_len: int, width: int, block_size: int = 
     (default: uniform, see the module docstring); step 1 forks the prompt.
     Pure apart from drawing from `rng`.
     """
-    _check(prompt_len, "prompt_len")
-    _check(output_len, "output_len")
-    _check(width, "width")
+    check_int(prompt_len, "prompt_len", 1)
+    check_int(output_len, "output_len", 1)
+    check_int(width, "width", 1)
     if rng is None:
         rng = np.random.default_rng(0)
     need = -(-(prompt_len + output_len) // block_size)
@@ -168,9 +163,9 @@ def sharing_experiment(kind: SharingKind, ns: Sequence[int] = (2, 4, 6), *,
     """
     if kind not in PAPER_SAVINGS:
         raise PagedLabError(f"kind must be 'parallel' or 'beam', got {kind!r}")
-    _check(requests, "requests")
+    check_int(requests, "requests", 1)
     for n in ns:
-        _check(n, "n")
+        check_int(n, "n", 1)
     trace = make_trace(workload, requests, 1.0, seed)
     prompts = trace.prompt_len.tolist()
     top = max(ns)

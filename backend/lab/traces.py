@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.lab.sim.simulator import DEFAULT_RATE
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
@@ -204,9 +205,7 @@ def replay_trace(trace: Trace, *, requests: int | None = None, rate: float | Non
     (at most one of the two). Raises PagedLabError for a value out of range."""
     n = len(trace)
     if requests is not None:
-        if isinstance(requests, bool) or not isinstance(requests, int) or not 1 <= requests <= n:
-            raise PagedLabError(f"requests must be an integer in 1..{n:,} for {trace.workload} "
-                                f"({n:,} requests recorded), got {requests!r}")
+        check_int(requests, f"requests for {trace.workload}", 1, n)
         n = requests
     if rate is not None and time_scale is not None:
         raise PagedLabError("give a rate or a time scale, not both: each sets the other")

@@ -33,6 +33,7 @@ from typing import Literal
 
 import numpy as np
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 
 WorkloadName = Literal["sharegpt", "alpaca"]
@@ -161,14 +162,12 @@ def make_trace(workload: str, requests: int, rate: float, seed: int = 0) -> Trac
     is not a positive finite number, or a negative seed.
     """
     spec(workload)
-    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
-        raise PagedLabError(f"requests must be an integer >= 1, got {requests!r}")
+    check_int(requests, "requests", 1)
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
             math.isfinite(rate) and rate > 0):
         raise PagedLabError(f"rate must be a positive number of requests per second, "
                             f"got {rate!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise PagedLabError(f"seed must be an integer >= 0, got {seed!r}")
+    check_int(seed, "seed", 0)
     arrival_ss, length_ss = np.random.SeedSequence(seed).spawn(2)
     arng = np.random.default_rng(arrival_ss)
     chunks = -(-requests // _CHUNK)

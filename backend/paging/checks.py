@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.paging.block_pool import BlockPool
@@ -20,12 +21,8 @@ MAX_BLOCK_SIZE = 256
 
 def check_config(num_blocks: int, block_size: int, allocation: str) -> None:
     """The pool size, block size and allocation mode a manager is built with."""
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-        raise PagedLabError(f"num_blocks must be an integer >= 1, got {num_blocks!r}")
-    if (isinstance(block_size, bool) or not isinstance(block_size, int)
-            or not 1 <= block_size <= MAX_BLOCK_SIZE):
-        raise PagedLabError(
-            f"block_size must be an integer in 1..{MAX_BLOCK_SIZE}, got {block_size!r}")
+    check_int(num_blocks, "num_blocks", 1)
+    check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
     if allocation not in ("fifo", "random"):
         raise PagedLabError(f"allocation must be 'fifo' or 'random', got {allocation!r}")
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN, ContiguousArena
 from backend.lab.contiguous_types import SEGMENT_KINDS, SegmentKind
@@ -225,8 +226,7 @@ def replay_maps(trace: Trace, policy: str, capacity: int, *, block_size: int = 1
     if len(trace) > MAX_MAP_REQUESTS:
         raise PagedLabError(f"the memory map replays at most {MAX_MAP_REQUESTS} requests, "
                             f"got {len(trace)}")
-    if isinstance(max_snapshots, bool) or not isinstance(max_snapshots, int) or max_snapshots < 1:
-        raise PagedLabError(f"max_snapshots must be an integer >= 1, got {max_snapshots!r}")
+    check_int(max_snapshots, "max_snapshots", 1)
     if capacity > MAX_MAP_CAPACITY:
         raise PagedLabError(f"the memory map draws at most {MAX_MAP_CAPACITY} slots, "
                             f"got {capacity}")
@@ -324,9 +324,7 @@ def small_trace(workload: str, requests: int, rate: float, seed: int, max_len: i
     longer than max_len - 1 is truncated, and generation stops at max_len
     tokens. Arrivals are the workload's own. Raises PagedLabError for bad input.
     """
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
-        raise PagedLabError(f"the maximum sequence length must be an integer >= 2, "
-                            f"got {max_len!r}")
+    check_int(max_len, "the maximum sequence length", 2)
     if isinstance(requests, int) and requests > MAX_MAP_REQUESTS:
         raise PagedLabError(f"the memory map replays at most {MAX_MAP_REQUESTS} requests, "
                             f"got {requests}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backend.core.checks import check_int
 from backend.core.errors import OutOfBlocksError, PagedLabError
 from backend.core.words import agrees, counted
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, ContiguousArena
@@ -135,8 +136,7 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
     for what, value, low, high in (("capacity", capacity, 8, MAX_SEED_CAPACITY),
                                    ("block size", block_size, 1, capacity),
                                    ("the new request's length", new_len, 2, capacity)):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise PagedLabError(f"{what} must be an integer in {low:,}..{high:,}, got {value!r}")
+        check_int(value, what, low, high)
     arena = ContiguousArena(capacity, policy, max_len=capacity if max_len is None else max_len)  # type: ignore[arg-type]
     pool = BlockManager(capacity // block_size, block_size, prefix_caching=False,
                         record_events=False)

@@ -48,6 +48,7 @@ from typing import Any, Literal
 import numpy as np
 
 from backend.core.budgets import SchedulerBudgets
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
@@ -102,9 +103,9 @@ class SimConfig:
         if self.policy not in POLICIES:
             raise PagedLabError(f"policy must be one of {', '.join(POLICIES)}, "
                                 f"got {self.policy!r}")
-        _int_in(self.capacity_tokens, "capacity_tokens", 1, MAX_CAPACITY_TOKENS)
-        _int_in(self.block_size, "block_size", 1, 256)
-        _int_in(self.max_len, "max_len", 1, MAX_CAPACITY_TOKENS)
+        check_int(self.capacity_tokens, "capacity_tokens", 1, MAX_CAPACITY_TOKENS)
+        check_int(self.block_size, "block_size", 1, 256)
+        check_int(self.max_len, "max_len", 1, MAX_CAPACITY_TOKENS)
         if not (isinstance(self.iteration_s, (int, float)) and math.isfinite(self.iteration_s)
                 and self.iteration_s > 0):
             raise PagedLabError(f"iteration_s must be a positive number, "
@@ -161,12 +162,6 @@ class SimResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _int_in(value: object, what: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise PagedLabError(f"{what} must be an integer in {low:,}..{high:,}, got {value!r}")
-    return value
 
 
 def make_policy(config: SimConfig) -> MemoryPolicy:

@@ -1,0 +1,37 @@
+"""The integer check every entry point shares, so each refusal reads alike.
+
+A count, size or id a caller passes is an `int` in a closed range; a `bool` is
+not one, although Python says it is. The message names the field, the whole
+requirement and the value given, with thousands separators where they help:
+
+    block_size must be an integer in 1..256, got 999
+    pool size must be an integer in 1..65,536, got 1,000,000,000
+    capacity must be an integer >= 1, got 'many'
+"""
+
+from __future__ import annotations
+
+from backend.core.errors import PagedLabError
+
+
+def shown(value: object) -> str:
+    """`value` as a message quotes it: an int with thousands separators, else its repr."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return repr(value)
+
+
+def int_requirement(low: int, high: int | None = None) -> str:
+    """"an integer in 1..256" or, with no upper bound, "an integer >= 1"."""
+    return f"an integer >= {low:,}" if high is None else f"an integer in {low:,}..{high:,}"
+
+
+def check_int(value: object, what: str, low: int, high: int | None = None) -> int:
+    """`value`, if it is an int (not a bool) in low..high (high None: no upper bound).
+
+    Raises PagedLabError "`what` must be an integer in low..high, got value".
+    """
+    if (isinstance(value, bool) or not isinstance(value, int) or value < low
+            or (high is not None and value > high)):
+        raise PagedLabError(f"{what} must be {int_requirement(low, high)}, got {shown(value)}")
+    return value
