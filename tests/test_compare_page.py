@@ -90,9 +90,14 @@ def test_memory_maps_table_orders_like_figure_2(page: AppTest) -> None:
 
 
 def test_block_size_and_sharing_sections_show_backend_numbers(page: AppTest) -> None:
-    expected = tables.block_tradeoff_sentence(trace_block_sweep("sharegpt", 1000, 0))
+    points = trace_block_sweep("sharegpt", 1000, 0)
+    expected = tables.block_tradeoff_sentence(points)
     assert "block size 16:" in expected
     assert expected in text(page)
+    # The table's tail waste is in percent, the sentence's unit.
+    sweep = next(d.value for d in page.dataframe if "largest table at finish" in d.value.columns)
+    assert sweep["tail waste"].round(7).tolist() == [round(100 * p.tail_waste_share, 7)
+                                                     for p in points]
     from backend.engine.sharing import recorded_results
     from backend.lab.sharing import sharing_experiment
 
@@ -104,7 +109,9 @@ def test_block_size_and_sharing_sections_show_backend_numbers(page: AppTest) -> 
     assert len(frames) == 2
     for df, results in zip(frames, (recorded, estimate), strict=True):
         assert df["n"].tolist() == [2, 4, 6, 2, 4, 6]
-        assert df["saved"].round(9).tolist() == [round(r.saved_fraction, 9) for r in results]
+        # The table shows the share in percent (one decimal, as the sentence says it).
+        assert df["saved"].round(7).tolist() == [round(100 * r.saved_fraction, 7)
+                                                 for r in results]
     assert tables.sharing_sentence(recorded) in text(page)
     assert "(paper: 6.1% to 9.8%)" in text(page)
     assert "(paper: 37.6% to 55.2%)" in text(page)
@@ -130,7 +137,7 @@ def test_sharing_measures_on_the_live_engine_when_asked() -> None:
     want = [*measure_sharing("parallel", (2, 4, 6), instruction_prompts()[:2], max_new_tokens=8),
             *measure_sharing("beam", (2, 4, 6), instruction_prompts()[:2], max_new_tokens=8)]
     live = frames[1]
-    assert live["saved"].round(9).tolist() == [round(r.saved_fraction, 9) for r in want]
+    assert live["saved"].round(7).tolist() == [round(100 * r.saved_fraction, 7) for r in want]
     assert live["copy-on-write copies"].tolist() == [r.trace.cow_copies for r in want]
 
 

@@ -9,7 +9,9 @@ a server-wide cache) and sim_results (what a run shows), used by simulator and d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from backend.core.words import sentence
@@ -40,3 +42,12 @@ def breakdown(results: Sequence[SimResult], key: str) -> None:
     df = views.breakdown_table(results)
     st.dataframe(df, hide_index=True, key=key, width="stretch", column_config={
         c: st.column_config.Column(width=150 if c == "measure" else 190) for c in df.columns})
+
+
+def in_percent(df: pd.DataFrame, column: str, label: str | None = None,
+               help: str | None = None) -> tuple[pd.DataFrame, Any]:
+    """`df` with `column` (shares in 0..1) in percent, and its column config: one decimal,
+    as the section's sentences write it. Streamlit's "percent" format drops trailing
+    zeros, so one column would read "0%", "0.11%" and "21.4%"."""
+    shown = df.assign(**{column: df[column] * 100})
+    return shown, st.column_config.NumberColumn(label, help=help, format="%.1f%%")

@@ -11,7 +11,7 @@ from backend.lab.sim.simulator import SimConfig, SimResult
 from backend.lab.workloads import make_trace
 from backend.views.compare import charts, tables
 from ui import numbers
-from ui.compare import refuse
+from ui.compare import in_percent, refuse
 from ui.compare.sim_runs import run_with_bar
 
 BLOCK_SIM_RATE = 4.0
@@ -48,20 +48,23 @@ def block_size_section() -> None:
     st.altair_chart(charts.block_sweep_lines(df), key="cmp_blk_chart")
     # Short headers, the long names as tooltips: every column fits beside the sidebar.
     num = st.column_config.NumberColumn
-    st.dataframe(df, hide_index=True, key="cmp_blk_table", column_config={
-        "tail waste": num(format="percent", help="empty share of allocated slots, averaged "
-                                                 "over every iteration of every request"),
+    shown, waste = in_percent(df, "tail waste", help="empty share of allocated slots, "
+                                                     "averaged over every iteration of every "
+                                                     "request")
+    # Means to two decimals, trailing zeros kept, so a column's figures line up.
+    st.dataframe(shown, hide_index=True, key="cmp_blk_table", column_config={
+        "tail waste": waste,
         "empty last-block slots at finish": num(
-            "empty slots (end)", help="empty slots in a request's last block at its final "
-                                      "length, on average"),
+            "empty slots (end)", format="%.2f",
+            help="empty slots in a request's last block at its final length, on average"),
         "table entries at finish": num(
-            "entries (end)", help="block-table entries of a request at its final length, "
-                                  "on average"),
+            "entries (end)", format="%.2f",
+            help="block-table entries of a request at its final length, on average"),
         "largest table at finish": num(
             "largest table", help="the most block-table entries any request reached"),
         "table entries, time-averaged": num(
-            "entries (life avg)", help="block-table entries averaged over every iteration "
-                                       "of every request's life")})
+            "entries (life avg)", format="%.2f",
+            help="block-table entries averaged over every iteration of every request's life")})
     st.markdown(
         "Tail waste is memory another request could have used. To see what it costs in batch "
         f"size, replay this trace through the paged simulator once per block size (rate "

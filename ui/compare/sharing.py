@@ -20,7 +20,7 @@ from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
 from ui import numbers
 from ui.bars import progress_bar
-from ui.compare import refuse
+from ui.compare import in_percent, refuse
 
 WIDTHS = (2, 4, 6)
 KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
@@ -78,9 +78,9 @@ def _show(results: list[SharingResult], key: str) -> None:
     st.markdown(tables.sharing_sentence(results))
     st.altair_chart(charts.sharing_bars(df), key=f"{key}_chart")
     st.caption("Shaded band: the paper's range for the same kind of sharing (Figure 15).")
-    st.dataframe(df, hide_index=True, key=f"{key}_table", column_config={
-        "saved": st.column_config.NumberColumn(format="percent"),
-        "paper low": None, "paper high": None})
+    shown, saved = in_percent(df, "saved")
+    st.dataframe(shown, hide_index=True, key=f"{key}_table", column_config={
+        "saved": saved, "paper low": None, "paper high": None})
 
 
 def sharing_section() -> None:
