@@ -150,11 +150,14 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
 
             open_tab(page, "Sharing")
             expect(page.get_by_text(sharing)).to_be_visible()
+            tables_fit(page, 1)
             shot(page, "5-sharing")
             # A refusal in "Run it here" leaves the estimate below it open.
             estimate = page.locator("details", has_text="Estimate for a whole Alpaca-like")
             estimate.locator("summary").click()
             expect(estimate).to_have_attribute("open", "")
+            expect(estimate.get_by_test_id("stDataFrame")).to_be_visible()
+            tables_fit(page, 2)     # the recorded run's table and the estimate's
             prompts = page.get_by_role("tabpanel", name="Sharing").get_by_label("Prompts")
             prompts.fill("0")
             prompts.press("Enter")

@@ -78,9 +78,19 @@ def _show(results: list[SharingResult], key: str) -> None:
     st.markdown(tables.sharing_sentence(results))
     st.altair_chart(charts.sharing_bars(df), key=f"{key}_chart")
     st.caption("Shaded band: the paper's range for the same kind of sharing (Figure 15).")
-    shown, saved = in_percent(df, "saved")
+    shown, saved = in_percent(df, "saved", help="block memory that sharing saved, "
+                                                "time-averaged over the run")
+    # Short headers, the long names as tooltips: every column fits beside the sidebar.
+    col, num = st.column_config.Column, st.column_config.NumberColumn
     st.dataframe(shown, hide_index=True, key=f"{key}_table", column_config={
-        "saved": saved, "paper low": None, "paper high": None})
+        "kind": col(pinned=True), "saved": saved, "paper low": None, "paper high": None,
+        "paper range": col("paper", help="the paper's range for this kind (Figure 15)"),
+        "copy-on-write copies": num("CoW copies", help="copy-on-write copies the engine made"),
+        "peak blocks shared": num("peak blocks", help="the most blocks in use at once"),
+        "peak blocks unshared": num(
+            "peak unshared", help="the most blocks the same sequences would have held at "
+                                  "once, each with blocks of its own"),
+        "requests": num(help="requests in the run, one prompt each")})
 
 
 def sharing_section() -> None:
