@@ -207,7 +207,7 @@ def test_fork_then_grow_the_child_copies_on_write() -> None:
     pick(at, "A")
     at.text_input(key="req_child").input("A2")
     click(at, "btn_fork")
-    assert status(at)[1] == "Step 3: fork A -> A2 · events: 6 share"
+    assert status(at)[1] == "Step 3: fork A -> A2 · events: 1 fork, 6 share"
     assert at.selectbox(key="req_pick").value == "A2"    # the child is picked next
     assert metrics(at)["Shared blocks"] == "6"
     click(at, "btn_grow")

@@ -94,6 +94,7 @@ def test_the_manager_log_is_a_sequence_of_events_and_can_be_replaced() -> None:
     m.free("A", preempted=True)
     want = [
         Event(1, "alloc", "A", 0, ref_count=1), Event(1, "alloc", "A", 1, ref_count=1),
+        Event(2, "fork", "B", None),
         Event(2, "share", "B", 0, ref_count=2), Event(2, "share", "B", 1, ref_count=2),
         Event(2, "cow", "B", 2, src=1, dst=2, ref_count=1),
         Event(2, "preempt", "A", None),

@@ -76,6 +76,21 @@ def test_a_full_block_without_its_hash_is_refused(shared: dict[str, Any]) -> Non
     refused(snap, "has no hash")
 
 
+def test_a_fork_is_one_fork_event_then_a_share_per_block_and_restores_exactly() -> None:
+    e = engine_after([Add("A", prompt="abcdefghij"), Fork("A", "A2")], prefix_caching=False)
+    snap = export_snapshot(e)
+    forked = [ev for ev in snap["events"] if ev["step"] == 2]
+    table = next(r for r in snap["requests"] if r["id"] == "A")["block_table"]
+    assert forked == [{"step": 2, "kind": "fork", "request": "A2", "block": None},
+                      *({"step": 2, "kind": "share", "request": "A2", "block": b,
+                         "ref_count": 2} for b in table)]
+    assert snapshot_json(restore_engine(snap, kernel="torch")) == snapshot_json(e)
+    for bad in ({"block": table[0]}, {"request": None}):
+        broken = copy.deepcopy(snap)
+        next(ev for ev in broken["events"] if ev["kind"] == "fork").update(bad)
+        refused(broken, "a fork event names the new request and no block")
+
+
 def test_sharers_with_different_tokens_are_refused() -> None:
     e = engine_after([Add("A", prompt="abcdefghij"), Fork("A", "A2")], prefix_caching=False)
     snap = export_snapshot(e)

@@ -38,6 +38,7 @@ from backend.paging.events import (
     ALLOC,
     COW,
     EVICT,
+    FORK,
     FREE,
     KIND_BITS,
     MOVE,
@@ -277,9 +278,13 @@ class BlockManager(BlockTables):
         return result.slots[0], result.cow
 
     def fork(self, parent_id: str, child_id: str) -> None:
-        """Mutates: the child shares every block of the parent; nothing is copied."""
+        """Mutates: the child shares every block of the parent; nothing is copied.
+
+        Events: a `fork` naming the child, then a `share` per block of the parent.
+        """
         parent = self._seq(parent_id)
         check_new_id(child_id, self.seqs)
+        self._emit(FORK, child_id, None)
         for block_id in parent.block_table:
             block = self.pool.blocks[block_id]
             self._incref(block)

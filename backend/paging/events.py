@@ -13,14 +13,14 @@ from typing import Any, Literal, NamedTuple, overload
 from backend.core.words import counted
 
 EventKind = Literal["alloc", "free", "share", "cow", "prefix_hit", "evict", "preempt", "move",
-                    "swap_out", "swap_in"]
+                    "swap_out", "swap_in", "fork"]
 EVENT_KINDS: tuple[EventKind, ...] = (
     "alloc", "free", "share", "cow", "prefix_hit", "evict", "preempt", "move",
-    "swap_out", "swap_in",
+    "swap_out", "swap_in", "fork",
 )
 # A kind's code is its index in EVENT_KINDS; a record packs it below the step.
 (ALLOC, FREE, SHARE, COW, PREFIX_HIT, EVICT, PREEMPT, MOVE,
- SWAP_OUT, SWAP_IN) = range(len(EVENT_KINDS))
+ SWAP_OUT, SWAP_IN, FORK) = range(len(EVENT_KINDS))
 KIND_BITS = 4
 KIND_MASK = (1 << KIND_BITS) - 1
 KIND_CODES: dict[str, int] = {kind: code for code, kind in enumerate(EVENT_KINDS)}
@@ -34,7 +34,8 @@ class Event(NamedTuple):
     preemption names no single block). `cow` and `move` carry `src` and `dst`;
     so do `swap_out` (device block `src` copied to host block `dst`) and
     `swap_in` (host block `src` copied to device block `dst`), whose `block`
-    is the device block.
+    is the device block. A `fork` names the new request and no block; the
+    `share` events after it, one per block of its parent, are its table.
     `ref_count` is the block's reference count after the event, where one
     applies: a `free` with `ref_count` 1 means the request let go of a block
     that another request still holds.
@@ -144,6 +145,9 @@ def describe(event: Event, swapped: bool = False) -> str:
         case "swap_in":
             return (f"{who} was swapped in: host block {event.src}'s K/V copied to block "
                     f"{event.dst}")
+        case "fork":
+            return (f"{who} was forked: it shares every block of its parent's table, nothing "
+                    "copied (a share event per block follows)")
     raise AssertionError(event.kind)
 
 

@@ -29,6 +29,9 @@ EVENTS: dict[str, str] = {
                 "the device block given back; the request waits there, nothing recomputed.",
     "swap_in": "A swapped request came back: its K/V was copied from the host pool into a "
                "device block it took again.",
+    "fork": "A new request was made from another (a parallel sample, a beam, a fork op): it "
+            "shares every block of its parent's table, nothing copied; a share event per "
+            "block follows.",
 }
 
 METRICS: dict[str, str] = {
