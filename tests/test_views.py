@@ -184,7 +184,8 @@ def test_metric_items_match_the_allocator(shared: Engine) -> None:
     assert items["Bytes per block"] == "2.0 KiB" and items["Total KV bytes"] == "64.0 KiB"
 
 
-def test_kernel_info_before_and_after_a_step() -> None:
+def test_kernel_info_before_and_after_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PAGEDLAB_REFERENCE_EVERY", raising=False)
     e = engine()
     before = views.kernel_info(export_snapshot(e))
     assert not before.ran and before.max_abs_err == "—"
@@ -193,6 +194,14 @@ def test_kernel_info_before_and_after_a_step() -> None:
     assert after.ran and after.backend == "torch" and after.device == "cpu"
     assert float(after.max_abs_err) < 1e-4
     assert after.batch == "1 sequence, 23 query tokens"
+    # A step the reference did not check (a GPU samples them) says so.
+    snap = export_snapshot(e)
+    snap["kernel"].update(max_abs_err=None, device="cuda:0")
+    assert views.kernel_info(snap).max_abs_err == (
+        "not checked at this step (a GPU compares one step in 16 with the reference: "
+        "PAGEDLAB_REFERENCE_EVERY)")
+    snap["kernel"].update(device="cpu")
+    assert views.kernel_info(snap).max_abs_err == "not checked at this step"
 
 
 def test_html_escapes_user_text() -> None:

@@ -20,6 +20,7 @@ import pandas as pd
 
 from backend.core.config import TINY_BYTE
 from backend.core.words import counted, percent
+from backend.kernels.checks import REFERENCE_EVERY_ENV, reference_every
 from backend.paging.events import Event, describe
 from backend.views.glossary import METRICS, REQUEST_FIELDS
 from backend.views.host_pool import on_device
@@ -424,16 +425,28 @@ class KernelInfo:
 
 
 def kernel_info(snap: Snapshot) -> KernelInfo:
-    """The last model step's kernel, formatted; `ran` is False before any step."""
+    """The last model step's kernel, formatted; `ran` is False before any step.
+
+    A step that ran without a reference check (a GPU compares one forward in
+    `reference_every()`, kernels/checks.py) says so rather than showing a blank."""
     k = snap["kernel"]
     err = k.get("max_abs_err")
     ms = k.get("time_ms")
     seqs = k.get("num_seqs", 0)
     toks = k.get("num_query_tokens", 0)
+    if err is not None:
+        shown_err = f"{err:.1e}"
+    elif ms is None:
+        shown_err = "—"
+    else:
+        shown_err = "not checked at this step"
+        if str(k["device"]).startswith("cuda"):
+            shown_err += (f" (a GPU compares one step in {reference_every()} with the "
+                          f"reference: {REFERENCE_EVERY_ENV})")
     return KernelInfo(
         backend=k["backend"], device=k["device"],
         time_ms="—" if ms is None else f"{ms:.1f} ms",
-        max_abs_err="—" if err is None else f"{err:.1e}",
+        max_abs_err=shown_err,
         batch=f"{counted(seqs, 'sequence')}, {counted(toks, 'query token')}" if seqs else "—",
         ran=ms is not None,
     )
