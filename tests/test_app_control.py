@@ -100,3 +100,24 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     assert said in [shown_text(c.value) for c in at.caption]
     # A copy of the pool: the engine generated nothing and moved nothing.
     assert [r.tokens for r in e.requests.values()] == before
+    # A new engine at the same step, with a request A of its own: the reading was of the
+    # old engine's A, so it is gone, not shown as this one's.
+    click(at, "btn_reset")
+    add(at, "Something else entirely", max_new=12)
+    add(at, "Blocks of another text", max_new=12)
+    click(at, "btn_step")
+    click(at, "btn_shuffle")
+    assert engine(at) is not e and engine(at).step == e.step
+    assert not [m for m in at.markdown if "Table order**" in m.value]
+    assert not at.get("code")
+
+
+def test_a_control_run_of_a_replaced_engine_is_not_shown() -> None:
+    at = start()
+    add(at, "Paging moves nothing:", max_new=12)
+    click(at, "btn_control")
+    assert [s.value for s in at.success if s.value.startswith("Same:")]
+    click(at, "btn_reset")
+    add(at, "Something else entirely", max_new=12)
+    assert len(at.session_state["oplog"].ops) == 1
+    assert not [s.value for s in at.success if s.value.startswith("Same:")]

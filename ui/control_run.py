@@ -19,6 +19,7 @@ from backend.views import Snapshot
 from backend.views.control import WITHOUT, control_frame, control_sentence
 from backend.views.text import plain_md
 from ui.bars import progress_bar
+from ui.session import keep_result, kept_result
 
 TITLE = "Control run: the same operations without the perturbations"
 # What a control run is for: its panel opens by itself once one of these happened.
@@ -79,9 +80,9 @@ def _on_run(engine: Engine, oplog: OpLog) -> None:
             report = compare_with_control(engine.config, ops, device=engine.device.type,
                                           progress=step)
         except PagedLabError as exc:
-            st.session_state[PLAYGROUND] = (len(oplog.ops), str(exc))
+            keep_result(PLAYGROUND, engine, (len(oplog.ops), str(exc)))
         else:
-            st.session_state[PLAYGROUND] = (len(oplog.ops), report)
+            keep_result(PLAYGROUND, engine, (len(oplog.ops), report))
 
 
 def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
@@ -97,7 +98,7 @@ def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
             return
         if st.button("Run the control", key="btn_control"):
             _on_run(engine, oplog)
-        kept = st.session_state.get(PLAYGROUND)
+        kept = kept_result(PLAYGROUND, engine)
         if kept is None:
             return
         count, result = kept

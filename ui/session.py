@@ -49,6 +49,7 @@ browser's latest one (ui/resume.py).
 from __future__ import annotations
 
 import secrets
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -204,6 +205,28 @@ def collect() -> None:
 def get_engine() -> Engine:
     engine: Engine = st.session_state[ENGINE]
     return engine
+
+
+def keep_result(key: str, engine: Engine, value: Any) -> None:
+    """Keep `value`, computed on `engine`, under `key` until that engine is replaced."""
+    st.session_state[key] = (weakref.ref(engine), value)
+
+
+def kept_result(key: str, engine: Engine) -> Any:
+    """What `keep_result` kept under `key` for `engine`, else None.
+
+    A result computed on an engine the session has since replaced (a new session, a
+    reset, a restore, new settings) is forgotten: its step or operation count may
+    match the new engine's, yet it describes other requests, even another model.
+    """
+    kept = st.session_state.get(key)
+    if kept is None:
+        return None
+    ref, value = kept
+    if ref() is not engine:
+        del st.session_state[key]
+        return None
+    return value
 
 
 def get_settings() -> Settings:

@@ -16,6 +16,7 @@ from backend.engine.whatif import OrderWhatIf, Reading, physical_order
 from backend.views.text import md_code, plain_md
 from backend.views.tokens import quoted_piece
 from backend.views.whatif import outcome
+from ui.session import keep_result, kept_result
 
 KEY = "whatif_report"
 
@@ -85,10 +86,10 @@ def panel(engine: Engine) -> None:
         rid = c[0].selectbox("Request", live, key="whatif_pick")
         if c[1].button("Read in physical order", key="btn_whatif"):
             try:
-                st.session_state[KEY] = (engine.step, physical_order(engine, rid))
+                keep_result(KEY, engine, (engine.step, physical_order(engine, rid)))
             except PagedLabError as exc:
                 st.error(plain_md(str(exc)))
-        kept = st.session_state.get(KEY)
+        kept = kept_result(KEY, engine)
         if kept is None:
             return
         step, w = kept
