@@ -116,7 +116,8 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     ('{"steps": [{"op": ["add"]}]}', "unknown op ['add']"),
     ('{"config": {"dtype": [1]}, "steps": []}', "config: dtype must be one of"),
     ('{"steps": [{"op": "add", "request": "A", "prompt": "\\ud800"}]}', "lone surrogate"),
-    ('{"steps": [{"op": "step", "count": ' + "9" * 5000 + "}]}", "is not valid JSON"),
+    ('{"steps": [{"op": "step", "count": ' + "9" * 5000 + "}]}",
+     "holds an integer of more than 4,300 digits; no field takes one that long"),
     ("[" * 100_000 + "]" * 100_000, "is not valid JSON"),
     ('{"config": {"num_layers": 8, "num_heads": 32, "num_kv_heads": 32, "head_dim": 256},'
      ' "steps": []}', "weights would take"),

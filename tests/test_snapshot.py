@@ -141,6 +141,13 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("schema", lambda s: s.update(schema_version=2), "schema_version is 2"),
     ("kernel", lambda s: s["kernel"].update(max_abs_err=float("nan")), "finite"),
     ("config", lambda s: s["config"].update(block_size=0), "block_size must be an integer in"),
+    # Counts past what the app's own fields take (the Add form's max new tokens).
+    ("max new", lambda s: s["requests"][0].update(max_new_tokens=10**30),
+     r"requests\[0\]\.max_new_tokens must be an integer in 1\.\.1,000,000, got 1,000,"),
+    ("huge step", lambda s: s.update(step=2**60), r"snapshot\.step must be an integer in "
+                                                   r"0\.\.9,007,199,254,740,991"),
+    ("preemptions", lambda s: s["requests"][0].update(num_preemptions=-1),
+     "num_preemptions must be an integer in 0.."),
 ]
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from backend.core.errors import PagedLabError
 
+# The largest integer every JSON reader keeps exactly (a double's 53-bit mantissa): the
+# bound of a file's counts that have no tighter one (a step number, a preemption count).
+MAX_JSON_INT = 2**53 - 1
+
 
 def shown(value: object) -> str:
     """`value` as a message quotes it: an int with thousands separators, else its repr."""

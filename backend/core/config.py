@@ -25,6 +25,7 @@ Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 MAX_NUM_BLOCKS = 65_536
+MAX_NEW_TOKENS = 1_000_000   # a request's max_new_tokens (the config's default, a restore)
 MAX_BLOCK_SIZE = 256
 # Refuse pools whose K/V tensors would not fit comfortably in a laptop's memory.
 MAX_KV_BYTES = 2 << 30
@@ -293,7 +294,7 @@ def _check_field(key: str, v: Any, where: str) -> Any:
                                     f"{', '.join(DTYPE_BYTES)}, got {v!r}")
             return v
         case "max_new_tokens":
-            return None if v is None else _int_in(key, v, 1, 1_000_000, where)
+            return None if v is None else _int_in(key, v, 1, MAX_NEW_TOKENS, where)
         case "model":
             if not isinstance(v, str) or v not in MODELS:
                 raise PagedLabError(f"{where}: model must be one of "

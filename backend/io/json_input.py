@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from backend.core.errors import PagedLabError
 def decode_json(data: str | bytes, what: str) -> Any:
     """`json.loads`, with every way a file can fail to be JSON as one PagedLabError.
 
-    ValueError covers JSONDecodeError and integers too long to convert;
-    RecursionError, arrays nested deeper than the parser goes. `what` names the
+    JSONDecodeError is text that is not JSON; another ValueError, an integer too
+    long to convert; RecursionError, arrays nested deeper than the parser goes. `what` names the
     input in the message ("snapshot", "scenario 'x.json'").
     """
     try:
@@ -28,8 +29,14 @@ def decode_json(data: str | bytes, what: str) -> Any:
         raise PagedLabError(f"{what} is not valid JSON: it is not UTF-8 text (byte "
                             f"0x{byte:02x} at offset {exc.start:,}); is it a binary file?"
                             ) from None
-    except (ValueError, RecursionError) as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise PagedLabError(f"{what} is not valid JSON: {exc}") from None
+    except ValueError:
+        # The one other ValueError: an integer longer than Python converts (its message
+        # advises a call to sys.set_int_max_str_digits, which no user can make).
+        raise PagedLabError(
+            f"{what} holds an integer of more than {sys.get_int_max_str_digits():,} digits; "
+            "no field takes one that long") from None
 
 
 def file_kind(raw: Any) -> str | None:

@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from backend.core.checks import check_int
+from backend.core.checks import MAX_JSON_INT, check_int
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.core.words import agrees, counted
@@ -64,9 +64,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     pool = m.pool
     top_id = c.vocab_size - 1
     host = engine.host
-    step = top.get("step", int)
-    if step < 0:
-        raise PagedLabError("snapshot.step must be >= 0")
+    step = check_int(top.get("step", int), "snapshot.step", 0, MAX_JSON_INT)
 
     requests, tables = read_requests(top, engine)
     queues = read_scheduler(top, requests)
@@ -193,10 +191,11 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     ms = k.get("time_ms", (int, float), optional=True)
     if any(v is not None and not (math.isfinite(v) and v >= 0) for v in (err, ms)):
         raise PagedLabError("snapshot.kernel: max_abs_err and time_ms must be finite and >= 0")
+    seqs, toks = (check_int(k.get(key, int, optional=True) or 0, f"snapshot.kernel.{key}", 0,
+                            MAX_JSON_INT) for key in ("num_seqs", "num_query_tokens"))
     engine.kernel_report = KernelReport(
         k.get("backend", str), k.get("device", str), None if err is None else float(err),
-        None if ms is None else float(ms), k.get("num_seqs", int, optional=True) or 0,
-        k.get("num_query_tokens", int, optional=True) or 0)
+        None if ms is None else float(ms), seqs, toks)
     # Counts the blocks determine must be the ones the file claims.
     metrics = m.metrics()
     got = {**metrics.contract_dict(), "prefix_hit_tokens": metrics.prefix_hit_tokens,

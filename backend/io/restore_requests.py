@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from backend.core.checks import MAX_JSON_INT, check_int
+from backend.core.config import MAX_NEW_TOKENS
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import check_request_id
@@ -93,8 +95,8 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
         if parent is not None and parent not in requests:
             raise PagedLabError(f"{r.where}.parent {parent!r} is not an earlier request")
         max_new = r.get("max_new_tokens", int, optional=True)
-        if max_new is not None and max_new < 1:
-            raise PagedLabError(f"{r.where}.max_new_tokens must be >= 1 or null")
+        if max_new is not None:
+            check_int(max_new, f"{r.where}.max_new_tokens", 1, MAX_NEW_TOKENS)
         if (max_new is not None and status != "finished"
                 and len(tokens) - prompt_len >= max_new):
             raise PagedLabError(f"{r.where}: it has generated its {max_new} tokens, so it "
@@ -110,9 +112,8 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
             raise PagedLabError(f"{r.where}.finish_reason {reason!r} is not known")
         if status != "finished" and reason is not None:
             raise PagedLabError(f"{r.where}: a {status} request has no finish_reason")
-        preemptions = r.get("num_preemptions", int)
-        if preemptions < 0:
-            raise PagedLabError(f"{r.where}.num_preemptions must be >= 0")
+        preemptions = check_int(r.get("num_preemptions", int), f"{r.where}.num_preemptions",
+                                0, MAX_JSON_INT)
         group = r.get("group", str, optional=True)
         if group is not None and not rid.startswith(f"{group}."):
             raise PagedLabError(f"{r.where}: a sample of group {group!r} is named "
@@ -158,7 +159,8 @@ def read_scheduler(top: FieldReader, requests: dict[str, Request]) -> Queues:
             or len(set(swapped)) != len(swapped)):
         raise PagedLabError("snapshot.scheduler lists a request twice")
     check_beam_groups(requests, {"waiting": waiting, "running": running, "swapped": swapped})
-    admissions = sched.get("admissions", int)
+    admissions = check_int(sched.get("admissions", int), "snapshot.scheduler.admissions", 0,
+                           MAX_JSON_INT)
     if admissions < len(running):
         raise PagedLabError("snapshot.scheduler.admissions is smaller than the running count")
     return Queues(waiting, running, swapped, admissions)
