@@ -106,6 +106,8 @@ def test_scenario_uploads_are_parsed_as_bounded_json() -> None:
     with pytest.raises(PagedLabError, match=r"^s.json: step 1 \(grow\): missing field"):
         parse_scenario_upload(b'{"steps": [{"op": "grow"}]}', "s.json")
     with pytest.raises(PagedLabError, match="is not valid JSON"):
+        parse_scenario_upload(b'{"steps": [1, ]}', "s.json")
+    with pytest.raises(PagedLabError, match="holds an integer of more than 4,300 digits"):
         parse_scenario_upload(b'{"steps": [1' + b"0" * 5000 + b"]}", "s.json")
     with pytest.raises(PagedLabError, match="a scenario may be at most 4 MiB"):
         parse_scenario_upload(b" " * ((4 << 20) + 1), "s.json")

@@ -647,3 +647,25 @@ def test_a_long_block_table_keeps_both_ends_and_counts_the_rest() -> None:
     # Too short to shorten, or already fitting: the whole table, never "… 0 more …".
     assert views.table_text([7, 8], 6, 4, max_chars=3) == "0→7 · 1→8 (2/4)"
     assert views.table_text(table, 158, 4, max_chars=len(full) + 20) == full
+
+
+def test_live_requests_never_share_a_colour_while_the_palette_has_room() -> None:
+    from backend.views.model import COLOUR_SLOTS, owner_index
+
+    e = engine(num_blocks=64)
+    # Nine arrivals: the ninth's own slot (8 % 8 = 0) is A0's until A0 finishes.
+    for i in range(9):
+        e.apply(Add(f"A{i}", prompt=PROMPT[:5], max_new_tokens=8))
+    slots = owner_index(export_snapshot(e))
+    live = [f"A{i}" for i in range(1, 9)]
+    assert slots["A0"] == 0 and slots["A8"] not in [slots[r] for r in live[:-1]]
+    assert len({slots[r] for r in live}) == len(live) == COLOUR_SLOTS
+    e.apply(Finish("A0"))
+    e.apply(Finish("A3"))
+    after = owner_index(export_snapshot(e))
+    # A8 takes its own slot back; the others keep theirs (arrival order, modulo 8).
+    assert after["A8"] == 0 and all(after[f"A{i}"] == i for i in (1, 2, 4, 5, 6, 7))
+    # A9's own slot (9 % 8 = 1) is A1's and 2 is A2's: it takes 3, which A3 left.
+    e.apply(Add("A9", prompt=PROMPT[:5]))
+    last = owner_index(export_snapshot(e))
+    assert last["A9"] == 3 and len({last[r] for r in e.running}) == len(e.running)

@@ -34,12 +34,13 @@ import numpy as np
 import pandas as pd
 
 from backend.core.words import counted
-from backend.views.model import Snapshot, blocks_frame
+from backend.views.model import COLOUR_SLOTS, Snapshot, blocks_frame
 from backend.views.tokens import block_tokens
 
 # Okabe-Ito: distinguishable under the common colour-vision deficiencies.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
            "#7F6A00")
+assert len(PALETTE) == COLOUR_SLOTS
 CACHED_FILL = "#BDBDBD"
 FREE_FILL = "#FFFFFF"
 INK = "#1F1F1F"

@@ -47,9 +47,31 @@ def holders_by_block(snap: Snapshot) -> list[list[str]]:
     return out
 
 
+# How many colours the views give requests (grid.PALETTE holds them).
+COLOUR_SLOTS = 8
+
+
 def owner_index(snap: Snapshot) -> dict[str, int]:
-    """A stable colour slot per request: its arrival order."""
-    return {req["id"]: i for i, req in enumerate(snap["requests"])}
+    """A colour slot per request, in 0..COLOUR_SLOTS - 1: no two live requests share one
+    while at most COLOUR_SLOTS are live.
+
+    A request's own slot is its arrival index modulo COLOUR_SLOTS, so it keeps its
+    colour from step to step. Live ones (running, swapped, or holding blocks) take
+    theirs in arrival order; one whose slot an earlier live request holds takes the
+    next free slot instead, and gets its own back when that request leaves.
+    """
+    out: dict[str, int] = {}
+    taken: set[int] = set()
+    for i, req in enumerate(snap["requests"]):
+        slot = i % COLOUR_SLOTS
+        if req["status"] in ("running", "swapped") or req["block_table"]:
+            for k in range(COLOUR_SLOTS):
+                if (slot + k) % COLOUR_SLOTS not in taken:
+                    slot = (slot + k) % COLOUR_SLOTS
+                    break
+            taken.add(slot)
+        out[req["id"]] = slot
+    return out
 
 
 def blocks_frame(snap: Snapshot) -> pd.DataFrame:
