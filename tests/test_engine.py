@@ -363,3 +363,18 @@ def test_verify_recomputation_catches_a_corrupted_block() -> None:
     b = e.block_table("B")[2]
     e.cache.k[1][b, 0] += 1.0
     assert e.verify_recomputation().max_kv_err == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_grow_refusal_counts_blocks_as_the_metrics_do() -> None:
+    e = make("torch", num_blocks=8, block_size=4)
+    e.apply(Add("A", prompt="abcdefgh"))          # two full blocks, cached once A finishes
+    e.apply(Finish("A"))
+    e.apply(Add("B", prompt="zyxwvuts"))          # two blocks each
+    e.apply(Add("C", prompt="qponmlkj"))
+    metrics = export_snapshot(e)["metrics"]
+    assert (metrics["free_blocks"], metrics["cached_blocks"]) == (2, 2)
+    with pytest.raises(PagedLabError) as refused:
+        e.apply(Grow("B", 17))
+    assert str(refused.value) == (
+        "request 'B' needs 5 free blocks to grow by 17 tokens but only 4 can be taken "
+        "(2 free, 2 cached); finish a request, or use step, which preempts")

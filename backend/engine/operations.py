@@ -127,10 +127,15 @@ def grow(engine: Engine, op: Grow) -> None:
     needed = engine.manager.blocks_needed_to_append(req.id, n)
     free = engine.manager.num_free_blocks
     if needed > free:
+        # Said as the metrics count them: a cached block is not "free" there, though
+        # growing may take it (evicting its prefix).
+        pool = engine.manager.pool
+        have = (f"{free} {agrees(free, 'is', 'are')} free" if not pool.num_cached_free else
+                f"{free} can be taken ({pool.num_empty} free, {pool.num_cached_free} cached)")
         raise PagedLabError(
             f"request {req.id!r} needs {counted(needed, 'free block')} to grow by "
-            f"{counted(n, 'token')} but only {free} {agrees(free, 'is', 'are')} free; finish a "
-            "request, or use step, which preempts")
+            f"{counted(n, 'token')} but only {have}; finish a request, or use step, which "
+            "preempts")
     for _ in range(n):
         engine.decode([(req, engine.take_next_token(req))])
         if req.stopped:
