@@ -160,6 +160,11 @@ def test_step_n_ends_when_nothing_is_left_to_run(tmp_path: Path,
     assert [e.value for e in at.error] == [
         "Refused: Step N has nothing to run: no request is running, waiting or swapped out"]
     assert engine.step == 2 and len(engine.timeline.rows) == 5
+    # So is a single Step: an empty iteration would take a step number and a row.
+    at.button(key="btn_step").click().run()
+    assert [e.value for e in at.error] == [
+        "Refused: Step has nothing to run: no request is running, waiting or swapped out"]
+    assert engine.step == 2 and len(engine.timeline.rows) == 5
 
 
 def test_step_n_goes_on_while_a_request_only_waits(tmp_path: Path,

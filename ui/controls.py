@@ -247,12 +247,12 @@ def _request_controls(engine: Engine) -> None:
 
 def _on_step(count: int | None = None) -> None:
     def make(engine: Engine) -> Op:
-        if count is not None:
-            return op_from({"op": "step", "count": count})
-        steps = _required("batch_n", "Steps", 1, MAX_STEP_N)
-        if engine.idle and steps > 1:
-            # Step N ends once nothing is left to run (ui/session.py): here that is at once.
-            raise PagedLabError("Step N has nothing to run: no request is running, waiting "
+        steps = count if count is not None else _required("batch_n", "Steps", 1, MAX_STEP_N)
+        if engine.idle:
+            # An iteration with nothing to run would still take a step number and a
+            # timeline row (the engine allows it, for scenarios that say so).
+            name = "Step" if count is not None else "Step N"
+            raise PagedLabError(f"{name} has nothing to run: no request is running, waiting "
                                 "or swapped out")
         return op_from({"op": "step", "count": steps})
 
