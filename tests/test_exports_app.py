@@ -183,6 +183,9 @@ def test_export_import_export_gives_the_same_file(media: Media) -> None:
     # Its timeline starts there, and says where rather than that nothing ran.
     assert any(c.value.startswith("Nothing run since this engine was restored at step 5: ")
                for c in other.caption)
+    assert ("Scenario file: not available, no operation has been applied since this state "
+            "was restored (step 5): the snapshot export holds it.") in [
+        c.value for c in other.caption]
     # The config came with it; the sidebar shows it and nothing is pending.
     assert other.sidebar.number_input(key="cfg_num_blocks").value == 48
     assert not other.warning

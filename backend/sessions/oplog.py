@@ -76,8 +76,11 @@ class OpLog:
         if not self.complete:
             return (f"its operation log passed {MAX_OPS:,} operations or "
                     f"{MAX_OP_BYTES >> 20} MiB, so it is no longer kept")
-        if not self.ops:
+        if not self.ops and self.base is None:
             return "no operation has been applied yet"
+        if not self.ops:
+            return (f"no operation has been applied since this state was restored (step "
+                    f"{self.base_step:,}): the snapshot export holds it")
         return None
 
     def scenario(self, config: EngineConfig, final: Snapshot, known: list[Snapshot], *,
