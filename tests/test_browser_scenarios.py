@@ -120,8 +120,8 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             expect(page.locator(".pl-check[data-ok='0']")).to_have_count(0)
             shoot(page, screenshots / "tour-04-contiguous-arena.png")
 
-            # Continue from here: the Playground takes this state and keeps working.
-            page.get_by_role("button", name="Continue from here in the Playground").click()
+            # Continue in the Playground: it takes this state and keeps working.
+            page.get_by_role("button", name="Continue in the Playground").click()
             shows(page.get_by_role("heading", name="Playground"))
             shows(page.get_by_text("Restored “The contiguous allocation problem”: step 5"))
             metric_is(page, "Used blocks", "12 / 16")

@@ -141,8 +141,8 @@ def test_every_scenario_steps_through_with_its_numbers_checked(path: Path) -> No
             # The number shown beside the ✓ is the narrated one.
             assert f"<b>{escape(value_text(key, want))}</b>" in body, (key, body)
             visible += assert_visible_in_panels(at, key, want, n)
-        said = ("The narrated number matches" if len(step.expect) == 1
-                else f"All {len(step.expect)} narrated numbers match")
+        said = {1: "The narrated number matches", 2: "Both narrated numbers match"}.get(
+            len(step.expect), f"All {len(step.expect)} narrated numbers match")
         assert said in markdown(at) or any(said in c.value for c in at.caption)
     assert visible >= 1, "no narrated number was found in the ordinary panels"
     assert at.button(key="tour_next").disabled

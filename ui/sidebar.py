@@ -275,10 +275,11 @@ def _confirm_or_apply() -> None:
     st.warning(f"These settings need a new engine: the current "
                f"{counted(len(engine.requests), 'request')} and "
                f"{counted(engine.step, 'step')} will be discarded.")
-    c1, c2 = st.columns(2)
-    c1.button("Apply and reset", key="btn_apply_config", type="primary",
+    # One above the other: side by side in the sidebar, "Apply and reset" was cut to
+    # "Apply and r…" at any window width.
+    st.button("Apply and reset", key="btn_apply_config", type="primary",
               on_click=engine_actions.apply_pending, width="stretch")
-    c2.button("Keep current", key="btn_keep_config", on_click=engine_actions.keep_current,
+    st.button("Keep current", key="btn_keep_config", on_click=engine_actions.keep_current,
               width="stretch")
 
 

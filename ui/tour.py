@@ -104,7 +104,7 @@ def sync() -> tuple[TourRun, Frame]:
     """Apply a new link, make sure a run exists on the sidebar's kernel, settle play.
 
     Returns the run and the frame to draw. Switches to the Playground when
-    "Continue from here" asked for it.
+    "Continue in the Playground" asked for it.
     """
     t = state()
     if t.goto_playground:

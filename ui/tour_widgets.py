@@ -154,7 +154,9 @@ def controls(run: TourRun) -> None:
     """Back, Next, Play or Pause, speed, Reset; the slider over the steps taken."""
     t = state()
     can_next = t.view < run.taken or run.can_advance
-    c = st.columns([1, 1, 1, 2, 1], vertical_alignment="bottom")
+    # The slider gives up width first: at 1024 px beside the sidebar, a wider one cut the
+    # buttons' labels to "Re…".
+    c = st.columns([1, 1, 1, 1.2, 1], vertical_alignment="bottom")
     c[0].button("Back", key="tour_back", on_click=_on_back, disabled=t.view == 0,
                 icon=":material/arrow_back:", width="stretch", help="View the previous step.")
     c[1].button("Next", key="tour_next", on_click=_on_next, disabled=not can_next,
@@ -204,8 +206,9 @@ def narration(run: TourRun, frame: Frame) -> None:
             n = len(frame.checks)
             bad = sum(1 for c in frame.checks if not c.ok)
             if n and not bad:
-                st.caption("The narrated number matches the engine at this step." if n == 1
-                           else f"All {n} narrated numbers match the engine at this step.")
+                every = {1: "The narrated number matches", 2: "Both narrated numbers match"}
+                st.caption(every.get(n, f"All {n} narrated numbers match")
+                           + " the engine at this step.")
             elif bad:
                 st.caption(f"{bad} of {counted(n, 'narrated number')} "
                            f"{'differs' if bad == 1 else 'differ'} from what the engine shows.")
@@ -218,7 +221,8 @@ def narration(run: TourRun, frame: Frame) -> None:
             st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}.")
         elif frame.step == run.total:
             st.caption("This is the last step.")
-    st.button("Continue from here in the Playground", key="tour_continue",
+    # Short enough for the narration column beside an open sidebar on a 1024 px window.
+    st.button("Continue in the Playground", key="tour_continue",
               on_click=_on_continue, icon=":material/call_split:", width="stretch",
               help="Put this exact state into the Playground and switch there. What the "
                    "Playground held stays saved as a session of its own (Recent sessions), "

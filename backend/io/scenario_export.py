@@ -15,7 +15,7 @@ block counts. Request paths are dotted (`requests.<id>.<field>`), so a
 request whose id holds a "." (a fork's default child id, "A.1") cannot be
 named by one: its figures are covered by the metrics only.
 
-A run that started from a snapshot (an upload, "Continue from here") is not
+A run that started from a snapshot (an upload, "Continue in the Playground") is not
 a run from a fresh engine: its scenario replays with `--from` that snapshot,
 which the caller writes beside it (`needs_base`).
 """
