@@ -25,6 +25,9 @@ def test_every_column_has_a_width_that_fits_and_a_long_table_wraps() -> None:
     widths = {c: config[c].get("width") for c in frame.value.columns}
     assert all(isinstance(w, int) for w in widths.values()), widths
     assert sum(widths.values()) <= TABLE_AT_1400, widths
+    # Narrower windows scroll the table sideways, with the request in view.
+    assert config["request"].get("pinned") is True
+    assert not any(config[c].get("pinned") for c in widths if c != "request")
     # The widest column is the block table's; its 18 entries wrap onto 3 lines.
     assert max(widths, key=lambda c: widths[c]) == BLOCK_TABLE_COLUMN
     assert frame.proto.row_height > 64

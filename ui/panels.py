@@ -194,9 +194,12 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
     # until the pointer is over it.
     row = row_height or 35
     visible = 12 if row_height is None else 6
+    # The widths fit a 1400 px window beside the sidebar; in a narrower one the table
+    # scrolls sideways, with each row's request pinned in view.
     st.dataframe(df, hide_index=True, width="stretch", row_height=row_height,
                  height=35 + row * min(max(len(df), 1), visible) + 3,
-                 column_config={c: st.column_config.Column(help=h, width=widths.get(c))
+                 column_config={c: st.column_config.Column(help=h, width=widths.get(c),
+                                                           pinned=c == "request" or None)
                                 for c, h in views.REQUEST_COLUMN_HELP.items()})
     if len(df) > visible:
         st.caption(f"{len(df)} requests, {visible} in view: scroll the table for the "
