@@ -236,20 +236,21 @@ def test_a_piped_stdin_is_refused_and_a_redirected_one_is_read(tmp_path: Path) -
     assert (ok.returncode, ok.stderr) == (0, "")
     with big.open("rb") as f:
         one_error_line(run_backend("run", "/dev/stdin", stdin=f),
-                       "scenario '/dev/stdin' is 5242", "the limit is 4194304 bytes")
+                       "scenario '/dev/stdin' is 5,242", "the limit is 4,194,304 bytes")
 
 
 def test_too_large_regular_files_are_refused(tmp_path: Path, empty_scenario: Path) -> None:
     scenario = tmp_path / "huge-scenario.json"
     with scenario.open("wb") as f:
         f.truncate((4 << 20) + 1)
-    one_error_line(run_backend("run", scenario), f"scenario '{scenario}' is 4194305 bytes; "
-                   "the limit is 4194304 bytes")
+    one_error_line(run_backend("run", scenario), f"scenario '{scenario}' is 4,194,305 bytes; "
+                   "the limit is 4,194,304 bytes")
     snapshot = tmp_path / "huge-snapshot.json"
     with snapshot.open("wb") as f:  # sparse: no disk or time spent on it
         f.truncate((512 << 20) + 1)
     one_error_line(run_backend("run", empty_scenario, "--from", snapshot),
-                   f"snapshot '{snapshot}' is 536870913 bytes; the limit is 536870912 bytes")
+                   f"snapshot '{snapshot}' is 536,870,913 bytes; the limit is "
+                   "536,870,912 bytes")
 
 
 def test_a_directory_is_refused(tmp_path: Path, empty_scenario: Path) -> None:

@@ -116,7 +116,7 @@ def _int_list(value: Any, field: str, lo: int, hi: int, max_len: int) -> tuple[i
     if not isinstance(value, list):
         raise PagedLabError(f"{field} must be a list of integers, got {type(value).__name__}")
     if len(value) > max_len:
-        raise PagedLabError(f"{field} has {len(value)} entries; the limit is {max_len}")
+        raise PagedLabError(f"{field} has {len(value):,} entries; the limit is {max_len:,}")
     return tuple(_int(v, f"{field}[{i}]", lo, hi) for i, v in enumerate(value))
 
 
@@ -168,7 +168,7 @@ def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise PagedLabError("messages must be a non-empty list of {role, content} objects")
     if len(value) > MAX_MESSAGES:
-        raise PagedLabError(f"messages has {len(value)} entries; the limit is {MAX_MESSAGES}")
+        raise PagedLabError(f"messages has {len(value):,} entries; the limit is {MAX_MESSAGES:,}")
     out: list[tuple[str, str]] = []
     size = 0
     for i, m in enumerate(value):
@@ -203,7 +203,7 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
         prompt = data["prompt"]
         size = _utf8_size(prompt, "prompt")
         if size > MAX_PROMPT_TOKENS:
-            raise PagedLabError(f"prompt is {size} bytes; the limit is {MAX_PROMPT_TOKENS}")
+            raise PagedLabError(f"prompt is {size:,} bytes; the limit is {MAX_PROMPT_TOKENS:,}")
     elif "prompt_tokens" in data:
         prompt_tokens = _int_list(data["prompt_tokens"], "prompt_tokens", 0, top_id,
                                   MAX_PROMPT_TOKENS)

@@ -87,12 +87,14 @@ def read_bounded(path: Path, what: str, limit: int) -> bytes:
             info = os.fstat(fd)
             refuse_special(info.st_mode)  # it may have been replaced since the stat
             if info.st_size > limit:
-                raise PagedLabError(f"{name} is {info.st_size} bytes; the limit is {limit} bytes")
+                raise PagedLabError(
+                    f"{name} is {info.st_size:,} bytes; the limit is {limit:,} bytes")
             data = f.read(limit + 1)
         except OSError as exc:
             raise PagedLabError(f"cannot read {name}: {exc.strerror}") from None
     if len(data) > limit:
-        raise PagedLabError(f"{name} is more than {limit} bytes; the limit is {limit} bytes")
+        raise PagedLabError(
+            f"{name} is more than {limit:,} bytes; the limit is {limit:,} bytes")
     return data
 
 

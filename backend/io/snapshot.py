@@ -150,7 +150,7 @@ def snapshot_json(engine: Engine) -> str:
 def parse_snapshot_text(text: str | bytes) -> dict[str, Any]:
     """Parse uploaded snapshot text as JSON data only, bounded in size."""
     if len(text) > MAX_SNAPSHOT_BYTES:
-        raise PagedLabError(f"snapshot is {len(text)} bytes; the limit is "
+        raise PagedLabError(f"snapshot is {len(text):,} bytes; the limit is "
                             f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
     data = decode_json(text, "snapshot")
     if not isinstance(data, dict):
