@@ -384,11 +384,11 @@ def test_invalid_settings_are_explained_and_not_applied() -> None:
     at.sidebar.number_input(key="cfg_num_kv_heads").set_value(2).run()
     at.sidebar.number_input(key="cfg_num_blocks").set_value(10**9).run()
     assert [e.value for e in at.sidebar.error] == [
-        "Pool size must be an integer in 1..65,536, got 1,000,000,000"]
+        "Pool size must be 1 to 65,536; got 1,000,000,000"]
     assert engine(at) is kept and not at.exception
     # The page says so too, at its top: the sidebar's line may be out of sight.
     assert [w.value for w in at.main.warning] == [
-        "The sidebar's settings are not applied: Pool size must be an integer in 1..65,536, got "
+        "The sidebar's settings are not applied: Pool size must be 1 to 65,536; got "
         "1,000,000,000. The engine keeps its current ones."]
     at.sidebar.number_input(key="cfg_num_blocks").set_value(32).run()
     assert not at.sidebar.error and not at.main.warning and engine(at) is kept

@@ -80,12 +80,16 @@ FIELD_LABELS = {
     "watermark_blocks": "Watermark", "num_cpu_blocks": "Host pool",
 }
 _FIELD_NAME = re.compile(r"\b(" + "|".join(FIELD_LABELS) + r")\b")
+# The backend's range check, said as the page's other number fields say it (ui/numbers.py).
+_RANGE = re.compile(r"must be an integer in ([\d,-]+)\.\.([\d,]+), got ([\d,-]+)")
 
 
 def labelled(problem: str) -> str:
     """A refusal of the sidebar's config in the sidebar's words: "settings: num_blocks
-    must be an integer in 1..65,536" reads "Pool size must be an integer in 1..65,536"."""
+    must be an integer in 1..65,536, got 0" reads "Pool size must be 1 to 65,536; got 0",
+    as a refused Steps or Max new tokens field does."""
     text = problem.removeprefix("settings: ")
+    text = _RANGE.sub(r"must be \1 to \2; got \3", text)
     return _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
 
 
