@@ -435,6 +435,12 @@ def test_highlighting_a_request_or_a_block() -> None:
     text = markdown(at)
     assert "Block **4**: used, ref count 2, 4/4 slots filled" in text
     assert "held by A, B." in text
+    # The field has no bounds in the browser: a block the pool lacks is refused here.
+    for missing in (32, -1):
+        at.number_input(key="focus_block").set_value(missing).run()
+        assert [e.value for e in at.error] == [
+            f"There is no block {missing}: this pool's ids run 0..31."]
+        assert not at.exception and "Block **" not in markdown(at)
 
 
 def test_reset_discards_everything() -> None:

@@ -61,6 +61,7 @@ class Focus:
     blocks: frozenset[int]       # blocks the grid outlines
     requests: frozenset[str]     # requests the layouts mark and list first
     caption: str
+    refused: bool = False        # the caption says why the typed block cannot be shown
 
 
 def _focus(snap: Snapshot, prefix: str) -> Focus:
@@ -82,7 +83,13 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
                 else f"Request **{name}** is {plain_md(str(req['status']))}: it holds no "
                      "blocks.")
         return Focus(frozenset(table), frozenset({rid}), text)
-    if blk is not None and 0 <= blk < len(snap["blocks"]):
+    if blk is not None and not 0 <= blk < len(snap["blocks"]):
+        # The field has no bounds in the browser (which would keep such a number to
+        # itself, as README's number fields say): the refusal is said here instead.
+        return Focus(frozenset(), frozenset(),
+                     f"There is no block {int(blk):,}: this pool's ids run "
+                     f"0..{len(snap['blocks']) - 1:,}.", refused=True)
+    if blk is not None:
         b = snap["blocks"][blk]
         holders = views.holders_by_block(snap)[blk]
         held = f"held by {plain_md(', '.join(holders))}" if holders else "held by no request"
@@ -130,13 +137,11 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
     ids = [r["id"] for r in snap["requests"]]
     if ss.get(f"{prefix}focus_req") not in (None, *ids):
         ss[f"{prefix}focus_req"] = None
-    if (ss.get(f"{prefix}focus_block") or 0) >= n:
-        ss[f"{prefix}focus_block"] = None
     c1, c2, c3 = st.columns([2, 2, 2])
     c1.selectbox("Highlight a request", [None, *ids], key=f"{prefix}focus_req",
                  format_func=lambda v: "none" if v is None else v, placeholder="none",
                  on_change=_on_focus_request, args=(prefix,))
-    c2.number_input("Inspect a block", min_value=0, max_value=n - 1, step=1,
+    c2.number_input("Inspect a block", value=None, step=1,
                     key=f"{prefix}focus_block", placeholder="click a cell, or type an id",
                     on_change=_on_focus_block, args=(prefix,))
     pages = views.num_pages(n)
@@ -159,7 +164,9 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
                            on_select=lambda: _on_grid_select(prefix),
                            selection_mode=views.SELECTION, width="stretch")
     st.caption("Click a block to see who holds it (double-click clears); hover for details.")
-    if focus.caption:
+    if focus.refused:
+        st.error(focus.caption)
+    elif focus.caption:
         st.markdown(focus.caption)
     st.html(views.legend_html(snap))
     if has_host_pool(snap):
