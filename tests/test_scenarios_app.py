@@ -211,6 +211,11 @@ def test_reset_starts_the_run_again() -> None:
     assert viewed_step(at) == 0 and run_of(at).taken == 0
     assert metrics(at)["Used blocks"] == "0 / 16"
     assert at.query_params["step"] == "0"
+    # Step 0's box says what it shows; the description stays the page's, said once.
+    assert ("Nothing has run yet: no request, and all 16 blocks of the pool are free. "
+            "**Next** applies the first step.") in markdown(at)
+    description = run_of(at).scenario.description
+    assert sum(m.value.count(description) for m in at.markdown) == 1
 
 
 def test_play_runs_to_the_end_and_stops() -> None:

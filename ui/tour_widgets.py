@@ -189,7 +189,10 @@ def narration(run: TourRun, frame: Frame) -> None:
     with st.container(border=True, key="tour_narration"):
         if frame.step == 0:
             st.markdown(f"**Step 0 of {run.total}: the fresh engine**")
-            st.markdown(plain_md(run.scenario.description or "No description."))
+            # The description is the page's, above: this box says what state is shown.
+            blocks = len(frame.snapshot["blocks"])
+            st.markdown(f"Nothing has run yet: no request, and all {counted(blocks, 'block')} "
+                        "of the pool are free. **Next** applies the first step.")
         else:
             # The step's operation, narration and summary quote the file's request
             # ids and texts: shown as written, never as Markdown.
