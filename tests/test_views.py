@@ -669,3 +669,15 @@ def test_live_requests_never_share_a_colour_while_the_palette_has_room() -> None
     e.apply(Add("A9", prompt=PROMPT[:5]))
     last = owner_index(export_snapshot(e))
     assert last["A9"] == 3 and len({last[r] for r in e.running}) == len(e.running)
+
+
+def test_a_tiny_byte_layout_tints_bytes_written_by_their_code() -> None:
+    e = Engine(EngineConfig(num_blocks=16, block_size=8), kernel="torch")
+    # A line break, then the two characters a backslash and n, then an escape byte.
+    e.apply(Add("A", prompt="a\nb\\nc\x1b"))
+    page = request_layout_html(export_snapshot(e), "A")
+    assert page.count("class='pl-esc'") == 2
+    assert "title='one byte, 0x0a: a line break'" in page
+    assert "title='one byte, 0x1b, shown by its code'" in page
+    # The typed backslash and n are characters, as plain as the letters around them.
+    assert "b\\nc<span class='pl-esc'" in page

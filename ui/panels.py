@@ -16,6 +16,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from backend import views
+from backend.core.config import TINY_BYTE
 from backend.core.words import agrees, counted
 from backend.engine.engine import Engine
 from backend.engine.results import logit_tolerance
@@ -23,6 +24,7 @@ from backend.kernels import TorchKernels
 from backend.views import Snapshot
 from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
+from backend.views.tokens import model_of
 from ui import translator
 
 # Requests whose text is laid out by block; the table above lists every request.
@@ -218,8 +220,11 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
                                                          if r not in focus.requests]
     shown = order[:MAX_LAYOUTS]
     if shown:
+        # Markdown: "\\\\n" shows as \n.
+        coded = (" A tinted \\\\n or \\\\xNN is one byte written by its code; a typed "
+                 "backslash is a character of its own." if model_of(snap) == TINY_BYTE else "")
         st.caption("Each request's text, split where its blocks split: L = logical block, "
-                   "P = physical block, ×N = shared by N tables, · = an empty slot.")
+                   "P = physical block, ×N = shared by N tables, · = an empty slot." + coded)
         st.html(views.layouts_html(snap, shown, highlight_blocks=focus.blocks,
                                    focused=focus.requests))
     hidden = len(order) - len(shown)

@@ -61,18 +61,40 @@ def _title(piece: str, split: str | None) -> str:
     return f"{piece}: bytes of {split}, a character split across tokens"
 
 
+# A tiny-byte token written by its code ("\\n", "\\x1b") is tinted, so it reads apart
+# from the characters "\\" and "n" typed into a prompt, each a token of its own.
+_ESCAPE_STYLE = "color:#6A3D9A;background:rgba(106,61,154,0.10);border-radius:2px;"
+_NAMED_BYTES = {"\\n": "a line break", "\\t": "a tab", "\\r": "a carriage return"}
+
+
+def escape_title(piece: str) -> str:
+    """What a byte written by its code is: "one byte, 0x0a: a line break"."""
+    code = ord(piece.encode("ascii").decode("unicode_escape"))
+    return f"one byte, 0x{code:02x}" + (f": {_NAMED_BYTES[piece]}" if piece in _NAMED_BYTES
+                                        else ", shown by its code")
+
+
+def _byte_html(piece: str, split: str | None) -> str:
+    """One tiny-byte token: a character as itself, a byte written by its code tinted."""
+    coded = len(piece) > 1
+    if split is None and not coded:
+        return escape(piece)
+    tip = _title(piece, split) if split is not None else escape_title(piece)
+    style = (_ESCAPE_STYLE if coded else "") + (_TERM if split is not None else "")
+    kind = "pl-split" if split is not None else "pl-esc"
+    return (f"<span class='{kind}' title='{escape(tip, quote=True)}' style='{style}'>"
+            f"{escape(piece)}</span>")
+
+
 def pieces_html(chunk: Chunk, start: int = 0, stop: int | None = None) -> str:
-    """The chunk's tokens [start, stop), escaped: tiny-byte's bytes as one string, a
-    real model's pieces each in its own tinted span (`pl-tok`, its text as the title).
-    A token holding part of a split character ("\\xe2" of "☕") names it in its title."""
+    """The chunk's tokens [start, stop), escaped: tiny-byte's bytes as one string (a byte
+    written by its code tinted, `pl-esc`), a real model's pieces each in its own tinted
+    span (`pl-tok`, its text as the title). A token holding part of a split character
+    ("\\xe2" of "☕") names it in its title."""
     pieces = chunk.pieces[start:stop]
     split = (chunk.split or (None,) * len(chunk.pieces))[start:stop]
     if not chunk.subword:
-        return "".join(
-            escape(p) if ch is None else
-            f"<span class='pl-split' title='{escape(_title(p, ch), quote=True)}' "
-            f"style='{_TERM}'>{escape(p)}</span>"
-            for p, ch in zip(pieces, split, strict=True))
+        return "".join(_byte_html(p, ch) for p, ch in zip(pieces, split, strict=True))
     # Tinted by position in the request, so the tints alternate across chunks too.
     first = chunk.logical * chunk.block_size + start
     return "".join(
