@@ -242,7 +242,7 @@ def test_replay_refuses_what_it_cannot_draw() -> None:
     t = small_trace("alpaca", 10, 20.0, 0, 256)
     with pytest.raises(PagedLabError, match="longest request"):
         replay_maps(t, "paged", 64, block_size=16, max_len=256)
-    with pytest.raises(PagedLabError, match="at most 8192 slots"):
+    with pytest.raises(PagedLabError, match="at most 8,192 slots"):
         replay_maps(t, "oracle", 10_000)
     with pytest.raises(PagedLabError, match="policy"):
         replay_maps(t, "first-fit", 768)

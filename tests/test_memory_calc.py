@@ -79,7 +79,7 @@ def test_calculator_refuses_impossible_setups() -> None:
         kv_capacity("GPT-5", 80)
     with pytest.raises(PagedLabError, match="reserve_fraction"):
         kv_capacity("OPT-13B", 80, reserve_fraction=1.0)
-    with pytest.raises(PagedLabError, match="block sizes"):
+    with pytest.raises(PagedLabError, match="a block size must be an integer >= 1, got 0"):
         kv_capacity("OPT-13B", 80, block_sizes=(0,))
 
 

@@ -212,7 +212,7 @@ def test_reset_starts_the_run_again() -> None:
     assert metrics(at)["Used blocks"] == "0 / 16"
     assert at.query_params["step"] == "0"
     # Step 0's box says what it shows; the description stays the page's, said once.
-    assert ("Nothing has run yet: no request, and all 16 blocks of the pool are free. "
+    assert ("Nothing has run yet: no request, and the pool's 16 blocks are all free. "
             "**Next** applies the first step.") in markdown(at)
     description = run_of(at).scenario.description
     assert sum(m.value.count(description) for m in at.markdown) == 1
@@ -452,3 +452,13 @@ def test_the_sidebar_shows_the_scenarios_own_config_not_the_pool_settings() -> N
     assert at.sidebar.number_input(key="cfg_num_blocks").value == 32
     assert at.segmented_control(key="dev_kernel").value == "auto"
     assert not [h for h in at.sidebar.html if "pl-scenario-config" in h.value]
+
+
+def test_another_scenario_starts_with_nothing_highlighted() -> None:
+    at = open_tour("06-prefix-sharing")
+    at.number_input(key="tour_focus_block").set_value(40).run()
+    assert "Block **40**" in markdown(at) and not at.error
+    # 12-preemption's pool has 10 blocks: block 40 was the old run's, not a typed refusal.
+    at.selectbox(key="tour_pick").set_value("12-preemption").run()
+    assert not at.exception and not at.error
+    assert at.number_input(key="tour_focus_block").value is None

@@ -85,10 +85,11 @@ def test_a_fork_is_one_fork_event_then_a_share_per_block_and_restores_exactly() 
                       *({"step": 2, "kind": "share", "request": "A2", "block": b,
                          "ref_count": 2} for b in table)]
     assert snapshot_json(restore_engine(snap, kernel="torch")) == snapshot_json(e)
-    for bad in ({"block": table[0]}, {"request": None}):
+    for bad in ({"block": table[0]}, {"request": None}, {"ref_count": 2},
+                {"src": 0, "dst": 1}):
         broken = copy.deepcopy(snap)
         next(ev for ev in broken["events"] if ev["kind"] == "fork").update(bad)
-        refused(broken, "a fork event names the new request and no block")
+        refused(broken, "a fork event names the new request and nothing else")
 
 
 def test_sharers_with_different_tokens_are_refused() -> None:
@@ -125,7 +126,10 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
                                                 tokens=s["requests"][0]["tokens"] * 2 + [1] * 2),
      "do not fit its table"),
     ("limit", lambda s: s["requests"][0].update(max_new_tokens=1), "would have finished"),
-    ("negative", lambda s: s["metrics"].update(cow_copies=-1), "cow_copies must be >= 0"),
+    ("negative", lambda s: s["metrics"].update(cow_copies=-1),
+     r"cow_copies must be an integer in 0\.\.9,007,199,254,740,991, got -1"),
+    ("huge count", lambda s: s["metrics"].update(cow_copies=10**30),
+     r"cow_copies must be an integer in 0\.\.9,007,199,254,740,991, got 1,000,"),
     ("derived", lambda s: s["metrics"].update(logical_tokens=1), "metrics.logical_tokens"),
     ("event block", lambda s: s["events"][0].update(block=99_999), "outside the pool"),
     ("event request", lambda s: s["events"][0].update(request="ghost"), "'ghost'"),

@@ -159,7 +159,7 @@ def test_cli_reads_a_trace_file_only_up_to_its_limit(
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--workload", "azure-code", "--policy", "paged", "--requests", "9000"],
-     "error: --requests must be at most 8819, the requests azure-code holds, got 9000"),
+     "error: --requests must be at most 8,819, the requests azure-code holds, got 9,000"),
     (["--workload", "azure-code", "--policy", "paged", "--rate", "5", "--time-scale", "2"],
      "error: --rate and --time-scale both set the arrival rate: give one"),
     (["--workload", "azure-conv", "--policy", "paged", "--time-scale", "0"],

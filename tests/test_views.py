@@ -198,7 +198,8 @@ def test_kernel_info_before_and_after_a_step(monkeypatch: pytest.MonkeyPatch) ->
     snap = export_snapshot(e)
     snap["kernel"].update(max_abs_err=None, device="cuda:0")
     assert views.kernel_info(snap).max_abs_err == (
-        "not checked at this step (a GPU compares one step in 16 with the reference: "
+        "not checked at this step (a GPU compares one forward in 16, counted across this "
+        "server's sessions, with the reference: "
         "PAGEDLAB_REFERENCE_EVERY)")
     snap["kernel"].update(device="cpu")
     assert views.kernel_info(snap).max_abs_err == "not checked at this step"

@@ -46,6 +46,8 @@ from ui.session import (
     SETTINGS,
     STEP_PICK,
     TIMELINE_PICK,
+    VIEW_DEFAULTS,
+    VIEW_PREFIXES,
     OpSession,
     collect,
     config_fields,
@@ -66,10 +68,13 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
         return None, str(exc)
 
 
-REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "focus_req": None, "focus_block": None,
-                                   "tr_req": None, "req_child": "", "tr_pos": 0,
-                                   "grid_page": 0, "tr_layer": 0, TIMELINE_PICK: None,
-                                   STEP_PICK: None}
+REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "req_child": "", TIMELINE_PICK: None,
+                                   STEP_PICK: None,
+                                   # The Playground's views' selections, live and past (the
+                                   # Scenarios page's run is not this engine's).
+                                   **{f"{prefix}{name}": value for prefix in VIEW_PREFIXES
+                                      if prefix != "tour_"
+                                      for name, value in VIEW_DEFAULTS.items()}}
 
 
 def install(live: saved.Live, q: progress.Queued) -> None:

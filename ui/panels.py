@@ -38,9 +38,10 @@ HELP = {
     "tables": "Each request's block table maps its logical blocks (0, 1, 2, ...) to physical "
               "blocks anywhere in the pool: the indirection that lets KV memory be allocated a "
               "block at a time. Hover a column's name for what it counts.",
-    "events": "What the allocator did, newest first: alloc, free, share (fork), cow "
-              "(copy-on-write), prefix_hit, evict (a cached block reused), preempt, move. "
-              "Hover a kind for what it means.",
+    "events": "What the allocator did, newest first: alloc, free, fork (a new request sharing "
+              "its parent's blocks), share, cow (copy-on-write), prefix_hit, evict (a cached "
+              "block reused), preempt, move, swap_out and swap_in (swap preemption). Hover a "
+              "kind for what it means.",
     "kernel": "Which attention kernel ran the last model step, where, how long it took, and the "
               "largest difference between its output and a plain torch reference computed "
               "over the same paged cache (max |paged − contiguous reference|).",

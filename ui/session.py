@@ -216,7 +216,7 @@ def kept_result(key: str, engine: Engine) -> Any:
     """What `keep_result` kept under `key` for `engine`, else None.
 
     A result computed on an engine the session has since replaced (a new session, a
-    reset, a restore, new settings) is forgotten: its step or operation count may
+    reset, a restore, new settings, another device) is forgotten: its step or operation count may
     match the new engine's, yet it describes other requests, even another model.
     """
     kept = st.session_state.get(key)

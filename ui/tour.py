@@ -95,6 +95,10 @@ def load(key: str) -> bool:
     t.view = 0
     t.playing = False
     st.session_state["tour_pick"] = key
+    # The views' selections were of the old run's requests and blocks (a block id past
+    # the new pool would be refused as if just typed).
+    for name, value in session.VIEW_DEFAULTS.items():
+        st.session_state[f"tour_{name}"] = value
     return True
 
 

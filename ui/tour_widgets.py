@@ -17,7 +17,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.errors import PagedLabError
-from backend.core.words import counted
+from backend.core.words import agrees, counted
 from backend.io.scenario import MAX_SCENARIO_BYTES
 from backend.sessions.tour import (
     Frame,
@@ -191,8 +191,9 @@ def narration(run: TourRun, frame: Frame) -> None:
             st.markdown(f"**Step 0 of {run.total}: the fresh engine**")
             # The description is the page's, above: this box says what state is shown.
             blocks = len(frame.snapshot["blocks"])
-            st.markdown(f"Nothing has run yet: no request, and all {counted(blocks, 'block')} "
-                        "of the pool are free. **Next** applies the first step.")
+            st.markdown(f"Nothing has run yet: no request, and the pool's "
+                        f"{counted(blocks, 'block')} {agrees(blocks, 'is', 'are all')} free. "
+                        "**Next** applies the first step.")
         else:
             # The step's operation, narration and summary quote the file's request
             # ids and texts: shown as written, never as Markdown.

@@ -36,13 +36,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.core.checks import check_int
+from backend.core.errors import PagedLabError
 
 MAX_BUDGET = 1 << 30
 
 
 def _limit(value: object, what: str, low: int) -> None:
-    if value is not None:  # None: no limit
+    if value is None:  # no limit
+        return
+    try:
         check_int(value, what, low, MAX_BUDGET)
+    except PagedLabError as exc:
+        raise PagedLabError(f"{exc} (or None: no limit)") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,16 +122,17 @@ def grow(engine: Engine, op: Grow) -> None:
     total = engine.manager.blocks_for(req.num_tokens + n)
     if total > engine.config.num_blocks:
         raise PagedLabError(
-            f"request {req.id!r} would need {total} blocks for {req.num_tokens + n} tokens "
-            f"but the pool has only {engine.config.num_blocks}")
+            f"request {req.id!r} would need {total:,} blocks for {req.num_tokens + n:,} "
+            f"tokens but the pool has only {engine.config.num_blocks:,}")
     needed = engine.manager.blocks_needed_to_append(req.id, n)
     free = engine.manager.num_free_blocks
     if needed > free:
         # Said as the metrics count them: a cached block is not "free" there, though
         # growing may take it (evicting its prefix).
         pool = engine.manager.pool
-        have = (f"{free} {agrees(free, 'is', 'are')} free" if not pool.num_cached_free else
-                f"{free} can be taken ({pool.num_empty} free, {pool.num_cached_free} cached)")
+        have = (f"{free:,} {agrees(free, 'is', 'are')} free" if not pool.num_cached_free else
+                f"{free:,} can be taken ({pool.num_empty:,} free, {pool.num_cached_free:,} "
+                "cached)")
         raise PagedLabError(
             f"request {req.id!r} needs {counted(needed, 'free block')} to grow by "
             f"{counted(n, 'token')} but only {have}; finish a request, or use step, which "

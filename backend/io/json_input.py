@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import check_int
+from backend.core.checks import MAX_JSON_INT, check_int
 from backend.core.errors import PagedLabError
 
 
@@ -135,9 +135,7 @@ def non_negative(r: FieldReader, key: str, *, optional: bool = False) -> int:
     v = r.get(key, int, optional=optional)
     if v is None:
         return 0
-    if v < 0:
-        raise PagedLabError(f"{r.where}.{key} must be >= 0, got {v}")
-    return int(v)
+    return check_int(v, f"{r.where}.{key}", 0, MAX_JSON_INT)
 
 
 def listed_by_id(top: FieldReader, key: str, count: int, pool: str) -> list[FieldReader]:

@@ -238,8 +238,10 @@ def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
         elif (e.kind in ("cow", "move", "swap_out", "swap_in")
               and (e.src is None or e.dst is None)):
             problem = f"a {e.kind} event needs src and dst"
-        elif e.kind == "fork" and (e.request is None or e.block is not None):
-            problem = "a fork event names the new request and no block"
+        elif e.kind == "fork" and (e.request is None or any(
+                v is not None for v in (e.block, e.src, e.dst, e.ref_count))):
+            problem = ("a fork event names the new request and nothing else (no block, src, "
+                       "dst or ref_count)")
         elif e.ref_count is not None and e.ref_count < 0:
             problem = "its ref_count is negative"
         if problem:

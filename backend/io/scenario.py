@@ -107,7 +107,7 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
     if not isinstance(steps_raw, list):
         raise ScenarioError("a scenario needs a \"steps\" list (it may be empty)")
     if len(steps_raw) > MAX_STEPS:
-        raise ScenarioError(f"a scenario may have at most {MAX_STEPS} steps")
+        raise ScenarioError(f"a scenario may have at most {MAX_STEPS:,} steps")
     steps: list[ScenarioStep] = []
     for i, raw in enumerate(steps_raw, start=1):
         op_name = raw.get("op") if isinstance(raw, dict) else None

@@ -170,8 +170,8 @@ def _trace(args: argparse.Namespace) -> Trace:
     if args.requests is not None:
         prefix = _int(args.requests, "--requests", 0, 1, MAX_REQUESTS)
         if prefix > n:
-            raise _BadInputError(f"--requests must be at most {n}, the requests "
-                                 f"{recorded.workload} holds, got {prefix}")
+            raise _BadInputError(f"--requests must be at most {n:,}, the requests "
+                                 f"{recorded.workload} holds, got {prefix:,}")
     return replay_trace(recorded, requests=prefix, rate=rate, time_scale=scale)
 
 

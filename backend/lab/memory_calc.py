@@ -139,9 +139,10 @@ def kv_capacity(shape: ModelShape | str, gpu_gib: float, *, weight_bits: int = 1
     for what, v in (("weight_bits", weight_bits), ("kv_dtype_bytes", kv_dtype_bytes),
                     ("request_len", request_len)):
         check_int(v, what, 1)
-    if not block_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
-                              for b in block_sizes):
-        raise PagedLabError(f"block sizes must be integers >= 1, got {block_sizes!r}")
+    if not block_sizes:
+        raise PagedLabError("the calculator needs at least one block size")
+    for b in block_sizes:
+        check_int(b, "a block size", 1)
     gpu = round(gpu_gib * GIB)
     reserve = int(gpu * reserve_fraction)
     weights = m.weight_bytes(weight_bits)

@@ -147,7 +147,7 @@ def describe(event: Event, swapped: bool = False) -> str:
                     f"{event.dst}")
         case "fork":
             return (f"{who} was forked: it shares every block of its parent's table, nothing "
-                    "copied (a share event per block follows)")
+                    "copied (a share event per block, in the same step)")
     raise AssertionError(event.kind)
 
 

@@ -201,7 +201,7 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
     if complete not in (0, 1):
         raise StoreError("its operation log's flag is neither 0 nor 1")
     if len(ops) > MAX_OPS:
-        raise StoreError(f"its operation log holds {len(ops)} operations; at most {MAX_OPS}")
+        raise StoreError(f"its operation log holds {len(ops):,} operations; at most {MAX_OPS:,}")
     log: list[dict[str, Any]] = []
     for i, (seq, text) in enumerate(ops):
         if seq != i or not isinstance(text, str) or len(text) > MAX_OP_BYTES:

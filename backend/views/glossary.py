@@ -30,8 +30,8 @@ EVENTS: dict[str, str] = {
     "swap_in": "A swapped request came back: its K/V was copied from the host pool into a "
                "device block it took again.",
     "fork": "A new request was made from another (a parallel sample, a beam, a fork op): it "
-            "shares every block of its parent's table, nothing copied; a share event per "
-            "block follows.",
+            "shares every block of its parent's table, nothing copied; its share events, "
+            "one per block, are in the same step.",
 }
 
 METRICS: dict[str, str] = {

@@ -206,7 +206,7 @@ def _rgba(hex_color: str, opacity: float) -> str:
 _KIND_BADGE = {
     "alloc": "#0072B2", "free": "#7F7F7F", "share": "#009E73", "cow": "#D55E00",
     "prefix_hit": "#CC79A7", "evict": "#7F6A00", "preempt": "#B2182B", "move": "#56B4E9",
-    "swap_out": "#6A3D9A", "swap_in": "#33A02C", "fork": "#1B7837",
+    "swap_out": "#6A3D9A", "swap_in": "#33A02C", "fork": "#B8860B",
 }
 
 

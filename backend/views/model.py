@@ -463,8 +463,9 @@ def kernel_info(snap: Snapshot) -> KernelInfo:
     else:
         shown_err = "not checked at this step"
         if str(k["device"]).startswith("cuda"):
-            shown_err += (f" (a GPU compares one step in {reference_every()} with the "
-                          f"reference: {REFERENCE_EVERY_ENV})")
+            shown_err += (f" (a GPU compares one forward in {reference_every()}, counted "
+                          f"across this server's sessions, with the reference: "
+                          f"{REFERENCE_EVERY_ENV})")
     return KernelInfo(
         backend=k["backend"], device=k["device"],
         time_ms="—" if ms is None else f"{ms:.1f} ms",

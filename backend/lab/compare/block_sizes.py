@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.lab.workloads import make_trace
 
@@ -64,8 +65,7 @@ def block_size_sweep(prompt_len: np.ndarray, final_len: np.ndarray,
     lifetimes = f - p
     out: list[BlockSizePoint] = []
     for b in block_sizes:
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 256:
-            raise PagedLabError(f"block sizes must be integers in 1..256, got {b!r}")
+        check_int(b, "a block size", 1, 256)
         allocated = _ceil_sum(f, b) - _ceil_sum(p, b)
         entries = -(-f // b)
         out.append(BlockSizePoint(

@@ -224,12 +224,12 @@ def replay_maps(trace: Trace, policy: str, capacity: int, *, block_size: int = 1
     # The simulator's own checks, with its messages (bad fields, a request too long).
     make_policy(config).prepare(trace.final_len)
     if len(trace) > MAX_MAP_REQUESTS:
-        raise PagedLabError(f"the memory map replays at most {MAX_MAP_REQUESTS} requests, "
-                            f"got {len(trace)}")
+        raise PagedLabError(f"the memory map replays at most {MAX_MAP_REQUESTS:,} requests, "
+                            f"got {len(trace):,}")
     check_int(max_snapshots, "max_snapshots", 1)
     if capacity > MAX_MAP_CAPACITY:
-        raise PagedLabError(f"the memory map draws at most {MAX_MAP_CAPACITY} slots, "
-                            f"got {capacity}")
+        raise PagedLabError(f"the memory map draws at most {MAX_MAP_CAPACITY:,} slots, "
+                            f"got {capacity:,}")
     arrival = np.ceil(trace.arrival_s / float(iteration_s)).astype(np.int64).tolist()
     if arrival[-1] > MAX_MAP_ITERATIONS:
         raise PagedLabError(
@@ -326,8 +326,8 @@ def small_trace(workload: str, requests: int, rate: float, seed: int, max_len: i
     """
     check_int(max_len, "the maximum sequence length", 2)
     if isinstance(requests, int) and requests > MAX_MAP_REQUESTS:
-        raise PagedLabError(f"the memory map replays at most {MAX_MAP_REQUESTS} requests, "
-                            f"got {requests}")
+        raise PagedLabError(f"the memory map replays at most {MAX_MAP_REQUESTS:,} requests, "
+                            f"got {requests:,}")
     t = make_trace(workload, requests, rate, seed)
     prompt = np.minimum(t.prompt_len, max_len - 1)
     output = np.minimum(t.output_len, max_len - prompt)

@@ -121,8 +121,8 @@ class SimConfig:
                     f"block of {self.block_size} tokens")
             if blocks > MAX_BLOCKS:
                 raise PagedLabError(
-                    f"{self.capacity_tokens} tokens in blocks of {self.block_size} is "
-                    f"{blocks} blocks; at most {MAX_BLOCKS} are supported")
+                    f"{self.capacity_tokens:,} tokens in blocks of {self.block_size} is "
+                    f"{blocks:,} blocks; at most {MAX_BLOCKS:,} are supported")
 
 
 @dataclass(frozen=True, slots=True)

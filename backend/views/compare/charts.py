@@ -153,12 +153,12 @@ def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
                                     color="#f0a04b").encode(
         x=x, y=alt.Y("tail waste:Q", axis=alt.Axis(format="%"),
                      title="tail waste (share of allocated slots)"),
-        tooltip=["block size:Q", alt.Tooltip("tail waste:Q", format=".2%")],
+        tooltip=["block size:Q", alt.Tooltip("tail waste:Q", format=".1%")],
     ).properties(title="Tail waste grows with the block size", width=260, height=240)
     entries = alt.Chart(df).mark_line(point=True, color="#1f4e8c").encode(
         x=x, y=alt.Y("table entries at finish:Q", scale=alt.Scale(type="log"),
                      title="block-table entries per finished request"),
-        tooltip=["block size:Q", alt.Tooltip("table entries at finish:Q", format=".1f")],
+        tooltip=["block size:Q", alt.Tooltip("table entries at finish:Q", format=".2f")],
     ).properties(title="Table entries shrink with it", width=260, height=240)
     return alt.hconcat(waste, entries)
 
