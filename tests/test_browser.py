@@ -111,7 +111,7 @@ def test_a_4096_block_pool_is_paged_and_clickable(app_url: str, chromium_path: s
             page.get_by_test_id("stSidebar").get_by_text("torch", exact=True).click()
             shows(page.get_by_test_id("stSidebar"), "Next step runs on torch")
             # The prompt box still holds its text: a length given wins over it.
-            page.get_by_role("spinbutton", name="…or a random prompt of N tokens").fill("1000")
+            page.get_by_role("spinbutton", name="…or N random tokens").fill("1000")
             page.get_by_role("button", name="Add request").click()
             shows(page.get_by_text("Step 1: add A (1,000 random tokens)"))
             metric_is(page, "Used blocks", "250 / 4096")

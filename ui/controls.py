@@ -99,7 +99,7 @@ def _on_add() -> None:
     def make(engine: Engine) -> Op:
         return add_op(
             request=request_id("add_id", "Request id"), prompt=ss["add_prompt"],
-            prompt_len=whole_number("add_len", "Random prompt of N tokens", 1, MAX_PROMPT_TOKENS),
+            prompt_len=whole_number("add_len", "Random tokens (N)", 1, MAX_PROMPT_TOKENS),
             max_new_tokens=whole_number("add_max_new", "Max new tokens", 1, MAX_PROMPT_TOKENS),
             blocks=ss["add_pins"], existing=engine.requests,
             vocab_size=engine.config.vocab_size,
@@ -135,7 +135,9 @@ def _add_form() -> None:
                          "chats share the template's opening blocks. A random prompt length, "
                          "when given, wins over the text, chat or not.")
         c1, c2 = st.columns(2)
-        c1.number_input("…or a random prompt of N tokens", value=None, step=1, key="add_len",
+        # Short: in a 1024 px window the longer "…or a random prompt of N tokens" took
+        # five lines of its half of the form.
+        c1.number_input("…or N random tokens", value=None, step=1, key="add_len",
                         placeholder="the text",
                         help=f"1 to {MAX_PROMPT_TOKENS:,}. Given, this wins over the text "
                              "above (which stays for the next add); it is cleared after "
