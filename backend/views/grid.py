@@ -37,9 +37,11 @@ from backend.core.words import counted
 from backend.views.model import COLOUR_SLOTS, Snapshot, blocks_frame
 from backend.views.tokens import block_tokens
 
-# Okabe-Ito: distinguishable under the common colour-vision deficiencies.
-PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
-           "#7F6A00")
+# Okabe-Ito: distinguishable under the common colour-vision deficiencies. The two
+# blues are first and last: at a cell's 35% they are alike, so they meet only when
+# eight requests are live (five put slots 0 and 4 side by side).
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#7F6A00", "#D55E00", "#F0E442",
+           "#56B4E9")
 assert len(PALETTE) == COLOUR_SLOTS
 CACHED_FILL = "#BDBDBD"
 FREE_FILL = "#FFFFFF"
