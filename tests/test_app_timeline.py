@@ -226,6 +226,20 @@ def test_a_bad_budget_is_refused_with_its_reason_and_nothing_changes() -> None:
     assert not [w for w in at.warning if "discarded" in w.value]
 
 
+def test_a_budget_is_removed_by_0_as_the_browser_cannot_blank_a_field_again() -> None:
+    at = start()
+    at.sidebar.number_input(key="cfg_max_num_seqs").set_value(2).run()
+    at.sidebar.number_input(key="cfg_max_new").set_value(5).run()
+    assert engine(at).config.max_num_seqs == 2 and engine(at).config.max_new_tokens == 5
+    at.sidebar.number_input(key="cfg_max_num_seqs").set_value(0).run()
+    at.sidebar.number_input(key="cfg_max_new").set_value(0).run()
+    assert not at.sidebar.error
+    assert engine(at).config.max_num_seqs is None and engine(at).config.max_new_tokens is None
+    # The field keeps its 0, which describes the applied config: nothing is pending.
+    assert at.sidebar.number_input(key="cfg_max_num_seqs").value == 0
+    assert not at.session_state["config_pending"] and not at.warning
+
+
 def test_the_scheduler_fields_say_what_vllm_means() -> None:
     at = start()
     helps = {k: at.sidebar.number_input(key=k).help for k in

@@ -165,7 +165,7 @@ def _config_fields() -> None:
                         help="Seeds tiny-byte's weights, random prompts and sampling.")
         st.number_input("Default max new tokens", step=1,
                         value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
-                        help="For requests added without their own limit; blank: none.")
+                        help="For requests added without their own limit; blank or 0: none.")
     _scheduler_fields()
 
 
@@ -175,7 +175,7 @@ def _scheduler_fields() -> None:
     # A fixed label: one naming the budgets would make a new expander (collapsed) on
     # every change.
     with st.expander("Scheduler"):
-        st.caption("vLLM's scheduler budgets, applied at every step. Blank: no limit.")
+        st.caption("vLLM's scheduler budgets, applied at every step. Blank or 0: no limit.")
         st.number_input("Max running requests", step=1,
                         value=_applied("cfg_max_num_seqs"), key="cfg_max_num_seqs",
                         placeholder="no limit",

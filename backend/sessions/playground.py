@@ -350,18 +350,28 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+# The fields whose None means "no limit" and whose 0 would mean nothing else.
+NO_LIMIT_AT_0 = frozenset({"max_new_tokens", "max_num_seqs", "max_num_batched_tokens",
+                           "watermark_blocks"})
+
+
 def config_from_fields(fields: dict[str, Any], base: EngineConfig,
                        budget: KVBudget = SERVER_BUDGET) -> EngineConfig:
     """`base` with the sidebar's fields applied, validated, and within what one browser
     session's engine may hold (`budget`). Raises PagedLabError.
 
-    The four dimension fields describe tiny-byte only: a real model's dimensions
+    A limit's 0 (`NO_LIMIT_AT_0`) reads as blank: no limit. The four dimension
+    fields describe tiny-byte only: a real model's dimensions
     come from its weights (EngineConfig refuses others), so for one they are
     left out, and a switch back to tiny-byte from a real model takes the
     fields' dimensions, or tiny-byte's defaults without them, never the real
     model's.
     """
     model = fields.get("model", base.model)
+    # A limit's 0 is no limit: a browser's number field, once it holds a number, cannot
+    # be blanked again (it keeps the number), so 0 is how a person removes a limit.
+    fields = {k: None if k in NO_LIMIT_AT_0 and v == 0 and not isinstance(v, bool) else v
+              for k, v in fields.items()}
     data = {**base.to_json(), **fields}
     if model in REAL_MODELS:
         data = {k: v for k, v in data.items() if k not in DIM_FIELDS}
