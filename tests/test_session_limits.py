@@ -88,6 +88,29 @@ def test_a_pool_over_the_session_limit_is_refused_before_anything_is_built() -> 
     assert budget.in_use() == 0
 
 
+def test_a_host_pool_counts_against_the_session_as_the_device_pool_does() -> None:
+    budget = KVBudget(per_session=MIB, per_server=4 * MIB)
+    swap = EngineConfig(num_blocks=256, block_size=4, preemption="swap", num_cpu_blocks=384)
+    assert swap.host_kv_bytes == 384 * swap.bytes_per_block      # 0.75 MiB beside 0.5
+    with pytest.raises(PagedLabError, match=r"^num_cpu_blocks: 384 host blocks of 2\.0 KiB "
+                       r"would take 0\.8 MiB of K/V beside the pool's 0\.5 MiB, but a browser "
+                       r"session may hold at most 1\.0 MiB, which leaves room for 256 host "
+                       r"blocks$"):
+        build_engine(Settings(swap, "cpu", "torch"), "s1", budget=budget)
+    # The sidebar's own check says it too, in its words (ui/sidebar.labelled).
+    with pytest.raises(PagedLabError, match=r"num_cpu_blocks: 384 host blocks"):
+        config_from_fields({"preemption": "swap", "num_cpu_blocks": 384}, _config(256),
+                           budget)
+    fits = build_engine(Settings(EngineConfig(num_blocks=256, block_size=4, preemption="swap",
+                                              num_cpu_blocks=256), "cpu", "torch"), "s1",
+                        budget=budget)
+    assert fits.host is not None
+    assert budget.in_use("s1") == fits.cache.total_bytes + fits.host.cache.total_bytes == MIB
+    # Nothing is left for another engine of this session.
+    with pytest.raises(PagedLabError, match=r"this session's engines already hold 1\.0 MiB"):
+        build_engine(Settings(_config(1), "cpu", "torch"), "s1", budget=budget)
+
+
 def test_a_real_models_pool_over_the_limit_is_told_what_it_can_change() -> None:
     smol = EngineConfig.for_model(SMOLLM2, num_blocks=1024, block_size=16)
     budget = KVBudget(per_session=512 * MIB, per_server=4096 * MIB)

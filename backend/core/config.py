@@ -165,6 +165,11 @@ class EngineConfig:
     def kv_bytes(self) -> int:
         return self.num_blocks * self.bytes_per_block
 
+    @property
+    def host_kv_bytes(self) -> int:
+        """The host pool's K/V (swap preemption's; none with recompute)."""
+        return self.num_cpu_blocks * self.bytes_per_block if self.preemption == "swap" else 0
+
     def cache_salt(self) -> str:
         """Names everything a block's K/V depend on besides its tokens.
 

@@ -48,6 +48,12 @@ class _Holding:
     nbytes: int
 
 
+def engine_bytes(engine: Engine) -> int:
+    """The K/V an engine holds: its device pool and, with swap preemption, its host pool."""
+    host = engine.host
+    return engine.cache.total_bytes + (host.cache.total_bytes if host is not None else 0)
+
+
 class KVBudget:
     """Counts the K/V bytes of live engines by owner (a browser session). Thread-safe."""
 
@@ -79,6 +85,7 @@ class KVBudget:
         per = config.bytes_per_block
         need = blocks * per
         if need <= self.per_session:
+            self._check_host(config, need)
             return
         fits = self.per_session // per
         # A real model's shape is its weights': only the pool and its blocks can change.
@@ -91,6 +98,20 @@ class KVBudget:
             f"{_mib(need)} of K/V, but a browser session may hold at most "
             f"{_mib(self.per_session)}, {room}{shape}")
 
+    def _check_host(self, config: EngineConfig, device: int) -> None:
+        """The host pool counts too: its K/V is this session's memory as much as the
+        device pool's (on a CPU, the very same RAM)."""
+        host = config.host_kv_bytes
+        if device + host <= self.per_session:
+            return
+        per = config.bytes_per_block
+        fits = (self.per_session - device) // per
+        raise PagedLabError(
+            f"num_cpu_blocks: {config.num_cpu_blocks:,} host blocks of {format_bytes(per)} "
+            f"would take {_mib(host)} of K/V beside the pool's {_mib(device)}, but a browser "
+            f"session may hold at most {_mib(self.per_session)}, which leaves room for "
+            f"{fits:,} host blocks")
+
     def check(self, config: EngineConfig, owner: str, *,
               replacing: Engine | None = None) -> None:
         """Raise PagedLabError if an engine with `config` would exceed a limit.
@@ -100,8 +121,8 @@ class KVBudget:
         Changes nothing.
         """
         self.check_size(config)
-        need = config.kv_bytes
-        freed = replacing.cache.total_bytes if replacing is not None else 0
+        need = config.kv_bytes + config.host_kv_bytes
+        freed = engine_bytes(replacing) if replacing is not None else 0
         mine, total = self.in_use(owner) - freed, self.in_use() - freed
         if mine + need > self.per_session:
             # Engines dropped but not yet collected (reference cycles) still count: collect
@@ -125,7 +146,7 @@ class KVBudget:
         with self._lock:
             key = self._next
             self._next += 1
-            self._held[key] = _Holding(owner, engine.cache.total_bytes)
+            self._held[key] = _Holding(owner, engine_bytes(engine))
         weakref.finalize(engine, self._release, key)
         return engine
 
