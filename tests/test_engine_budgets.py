@@ -187,6 +187,23 @@ def test_watermark_keeps_blocks_free_at_admission() -> None:
             assert e.manager.num_free_blocks >= watermark
 
 
+def test_a_prompt_the_watermark_could_never_admit_is_refused() -> None:
+    # 12 blocks of 4 with 5 kept free: 30 tokens and the first generated one take 8.
+    e = engine(num_blocks=12, watermark_blocks=5)
+    with pytest.raises(PagedLabError) as refused:
+        apply(e, {"op": "add", "request": "A", "prompt_len": 30})
+    assert str(refused.value) == (
+        "a prompt of 30 tokens needs 8 blocks with its first generated token, and admission "
+        "keeps the watermark's 5 of the pool's 12 free: it could never be admitted")
+    assert not e.requests and e.step == 0
+    # One token fewer in blocks (7 + 5 = 12) is admitted; pinned blocks skip the test.
+    apply(e, {"op": "add", "request": "A", "prompt_len": 27})
+    assert e.running == ["A"]
+    pinned = engine(num_blocks=12, watermark_blocks=5)
+    apply(pinned, {"op": "add", "request": "P", "prompt_len": 30, "blocks": list(range(8))})
+    assert pinned.running == ["P"]
+
+
 def test_watermark_must_leave_a_block() -> None:
     with pytest.raises(PagedLabError, match="watermark_blocks"):
         EngineConfig.from_json({"num_blocks": 8, "watermark_blocks": 8})

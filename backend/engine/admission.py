@@ -65,9 +65,12 @@ class Admission(ABC):
     def _record_swap(self, code: int, rid: str, src: Sequence[int],
                      dst: Sequence[int]) -> None: ...
 
-    def never_admissible(self, num_tokens: int) -> bool:
-        """Whether the tokens plus a first generated one exceed even an empty pool."""
-        return self.manager.blocks_for(num_tokens + 1) > self.config.num_blocks
+    def never_admissible(self, num_tokens: int, *, watermark: bool = True) -> bool:
+        """Whether the tokens plus a first generated one exceed even an empty pool, with
+        the watermark kept free if `watermark` (vLLM v0's AllocStatus.NEVER): admission
+        could never take them, and first come, first served, nothing behind them either."""
+        keep = (self.config.watermark_blocks or 0) if watermark else 0
+        return self.manager.blocks_for(num_tokens + 1) + keep > self.config.num_blocks
 
     def _fits(self, plan: PromptPlan, own: int, reserve: int) -> bool:
         """Whether a prompt's new blocks and `own` more fit in the free blocks beyond the
@@ -149,10 +152,11 @@ class Admission(ABC):
         # First come, first served: nothing new starts while a swapped request waits.
         while self.waiting and not self.swapped and budget.may_start():
             unit = self._queued_unit(self.waiting)
-            if sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit) > (
-                    self.config.num_blocks):
-                # A preempted request that grew to fill the whole pool (or a beam
-                # group that, recomputed beam by beam, no longer fits in it).
+            if sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit) + (
+                    self.config.watermark_blocks or 0) > self.config.num_blocks:
+                # A preempted request that grew to fill the whole pool, or all of it but
+                # the watermark (or a beam group that, recomputed beam by beam, no longer
+                # fits in it): waiting, it would hold up every request behind it.
                 for req in unit:
                     self.finish(req, "capacity")
                 continue

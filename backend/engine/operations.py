@@ -43,10 +43,18 @@ def add(engine: Engine, op: Add) -> None:
     assert max_new != INHERIT
     # Raises for a prompt that can never fit and for bad pins.
     engine.manager.plan_prompt(tokens, pinned=op.blocks)
-    if engine.scheduler.never_admissible(len(tokens)):
+    if engine.scheduler.never_admissible(len(tokens), watermark=False):
         raise PagedLabError(
-            f"a prompt of {len(tokens)} tokens fills all {engine.config.num_blocks} blocks, "
-            "leaving no block for its first generated token; it could never run")
+            f"a prompt of {len(tokens):,} tokens fills all {engine.config.num_blocks:,} "
+            "blocks, leaving no block for its first generated token; it could never run")
+    if op.blocks is None and engine.scheduler.never_admissible(len(tokens)):
+        # Pinned blocks are taken at once, without the admission test.
+        need = engine.manager.blocks_for(len(tokens) + 1)
+        keep = engine.config.watermark_blocks or 0
+        raise PagedLabError(
+            f"a prompt of {len(tokens):,} tokens needs {counted(need, 'block')} with its "
+            f"first generated token, and admission keeps the watermark's {keep:,} of the "
+            f"pool's {engine.config.num_blocks:,} free: it could never be admitted")
     if op.blocks is not None:
         check_seq_slot(engine, f"add {rid!r} on pinned blocks (admitted at once)")
     what = "beams" if width is not None else "parallel samples"
