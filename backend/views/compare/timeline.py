@@ -128,7 +128,8 @@ def _panel(data: pd.DataFrame, title: str, y_title: str, x: alt.X, *, width: int
     labels = list(dict.fromkeys(data["series"]))
     marked = data["iteration"].nunique() <= MARKED_POINTS
     return alt.Chart(data).mark_line(interpolate="step-after", point=marked).encode(
-        x=x, y=alt.Y("value:Q", title=y_title),
+        # Every panel counts whole things (requests, blocks, tokens): no 0.5 ticks.
+        x=x, y=alt.Y("value:Q", title=y_title, axis=alt.Axis(tickMinStep=1)),
         color=alt.Color("series:N", title=None, sort=labels,
                         scale=alt.Scale(domain=labels, range=_SERIES_COLORS[:len(labels)]),
                         # Dashed strokes, as the lines are told apart, even with points.
