@@ -208,4 +208,5 @@ def test_the_event_log_says_where_a_preempted_requests_k_v_went() -> None:
     log = events_frame(export_snapshot(recomputed))
     said = set(log[log["kind"] == "preempt"]["what happened"])
     assert len(said) == 1 and said.pop().endswith(
-        "was preempted: its blocks are released and it will be recomputed")
+        "was preempted: its blocks are released and it will be recomputed (the host pool "
+        "had no room for its K/V)")

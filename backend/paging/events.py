@@ -98,12 +98,14 @@ def _opt_str(v: Any) -> str | None:
     return v
 
 
-def describe(event: Event, swapped: bool = False) -> str:
+def describe(event: Event, swapped: bool = False, swap_mode: bool = False) -> str:
     """One plain-English line for the event log.
 
     `swapped`: for a preempt event, whether the request's blocks went to the host
     pool (swap preemption writes a swap_out event per block just before it), not
-    released to be recomputed; the event itself does not say.
+    released to be recomputed; the event itself does not say. `swap_mode`: whether
+    the engine preempts by swapping, so that a preemption without it found the host
+    pool too full.
     """
     who = f"request {event.request}" if event.request is not None else "the engine"
     b = event.block
@@ -133,7 +135,9 @@ def describe(event: Event, swapped: bool = False) -> str:
                 return (f"{who} was preempted: its K/V went to the host pool (swap_out) and "
                         "its device blocks are released; it resumes from there, nothing "
                         "recomputed")
-            return f"{who} was preempted: its blocks are released and it will be recomputed"
+            full = " (the host pool had no room for its K/V)" if swap_mode else ""
+            return (f"{who} was preempted: its blocks are released and it will be "
+                    f"recomputed{full}")
         case "move":
             # A shuffle's moves are one permutation, applied at once (paging/remap.py):
             # listed one by one, 0 -> 9 before 9 -> 21 would read as 9 overwritten first.
