@@ -231,6 +231,9 @@ def test_a_budget_is_removed_by_0_as_the_browser_cannot_blank_a_field_again() ->
     at.sidebar.number_input(key="cfg_max_num_seqs").set_value(2).run()
     at.sidebar.number_input(key="cfg_max_new").set_value(5).run()
     assert engine(at).config.max_num_seqs == 2 and engine(at).config.max_new_tokens == 5
+    # The new engine's line says the scheduler settings it runs with.
+    assert any(s.value.endswith("kernel torch on cpu; at most 2 running.")
+               for s in at.info), [s.value for s in at.info]
     at.sidebar.number_input(key="cfg_max_num_seqs").set_value(0).run()
     at.sidebar.number_input(key="cfg_max_new").set_value(0).run()
     assert not at.sidebar.error

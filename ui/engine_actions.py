@@ -123,6 +123,20 @@ def load_weights(settings: Settings) -> Shown:
     return shown
 
 
+def _scheduling(c: EngineConfig) -> str:
+    """The scheduler settings that differ from the defaults, for the new engine's line."""
+    parts = []
+    if c.max_num_seqs is not None:
+        parts.append(f"at most {c.max_num_seqs:,} running")
+    if c.max_num_batched_tokens is not None:
+        parts.append(f"{counted(c.max_num_batched_tokens, 'token')} a step")
+    if c.watermark_blocks:
+        parts.append(f"a watermark of {counted(c.watermark_blocks, 'block')}")
+    if c.preemption == "swap":
+        parts.append(f"swap preemption to {counted(c.num_cpu_blocks, 'host block')}")
+    return "; " + ", ".join(parts) if parts else ""
+
+
 def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -> None:
     """A fresh engine with `settings`; `detach`: under a new session id (the old row stays)."""
     sess = OpSession.read()
@@ -149,9 +163,10 @@ def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -
             sess.save(live, export_snapshot(engine), whole=True)
             c = settings.config
             model = "" if c.dims is None else f" on {c.model}"
-            sess.flash("info", f"{message}: {c.num_blocks} blocks of "
+            sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
                                f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
-                               f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}.")
+                               f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
+                               f"{_scheduling(c)}.")
     collect()
     loaded.finish()
     waited.finish()
