@@ -257,7 +257,7 @@ def _details(engine: Engine, history: History) -> None:
     _downloads(df, lat)
 
 
-def strip_chart(df: pd.DataFrame, history: History) -> alt.Chart:
+def strip_chart(df: pd.DataFrame, history: History) -> alt.LayerChart:
     """Used blocks per row as bars to click, each row's iteration the selection; a row
     whose step's state the history no longer keeps is grey."""
     shown, _ = binned(df.drop(columns=["prefix_hit_rate"]))
@@ -272,17 +272,22 @@ def strip_chart(df: pd.DataFrame, history: History) -> alt.Chart:
                     for s in data["step"]]
     pick = alt.selection_point(name=SELECTION, fields=["iteration"], on="click")
     # A few rows keep narrow bars: one row's bar would fill the whole width.
-    return alt.Chart(data).mark_bar(size=24 if len(data) < 16 else alt.Undefined).encode(
-        x=alt.X("iteration:O", title="iteration",
-                axis=alt.Axis(labelOverlap=True, labelAngle=0)),
-        y=alt.Y("used_blocks:Q", title="blocks used"),
+    size = 24 if len(data) < 16 else alt.Undefined
+    x = alt.X("iteration:O", title="iteration", axis=alt.Axis(labelOverlap=True, labelAngle=0))
+    tooltip = ["iteration:Q", "step:Q", alt.Tooltip("used_blocks:Q", format=",.1f"), "kept:N"]
+    data["top"] = max(1.0, float(data["used_blocks"].max()))
+    bars = alt.Chart(data).mark_bar(size=size).encode(
+        x=x, y=alt.Y("used_blocks:Q", title="blocks used"),
         color=alt.Color("kept:N", title=None,
                         scale=alt.Scale(domain=["kept", "not kept"],
                                         range=["#1f4e8c", "#BBBBBB"])),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.45)),
-        tooltip=["iteration:Q", "step:Q", alt.Tooltip("used_blocks:Q", format=",.1f"),
-                 "kept:N"],
-    ).add_params(pick).properties(height=170)
+        tooltip=tooltip)
+    # Over each bar, its column's whole height as the click target, all but invisible: a
+    # row with no block used has no bar to click.
+    target = alt.Chart(data).mark_bar(size=size, opacity=0.01, color="#1f4e8c").encode(
+        x=x, y=alt.Y("top:Q"), tooltip=tooltip).add_params(pick)
+    return alt.LayerChart(layer=[bars, target]).properties(height=170)
 
 
 def _on_strip() -> None:
