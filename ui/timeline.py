@@ -254,7 +254,7 @@ def _details(engine: Engine, history: History) -> None:
         st.caption("TTFT counts from a request's add to its first token, TPOT from its "
                    "first token to its last over the tokens after the first: in scheduler "
                    "iterations, and in ms of the engine's own work.")
-    _downloads(df, lat)
+    _downloads(df, lat, engine.step)
 
 
 def strip_chart(df: pd.DataFrame, history: History) -> alt.LayerChart:
@@ -297,7 +297,7 @@ def _on_strip() -> None:
     ss[PICK] = int(points[0]["iteration"]) if points else None
 
 
-def _downloads(df: pd.DataFrame, lat: pd.DataFrame) -> None:
+def _downloads(df: pd.DataFrame, lat: pd.DataFrame, step: int) -> None:
     # The frames are built under the engine's lock now; the files only on a click.
     cols = st.columns(4)
     files = (("timeline", df), ("latency", lat))
@@ -307,7 +307,8 @@ def _downloads(df: pd.DataFrame, lat: pd.DataFrame) -> None:
                                  ("parquet", to_parquet, "application/vnd.apache.parquet")):
             cols[i].download_button(
                 f"{name.capitalize()} ({'CSV' if fmt == 'csv' else 'Parquet'})",
-                data=functools.partial(build, frame), file_name=f"playground-{name}.{fmt}",
+                data=functools.partial(build, frame),
+                file_name=f"playground-{name}-step-{step:04d}.{fmt}",
                 mime=mime, on_click="ignore", key=f"tl_dl_{name}_{fmt}",
                 icon=":material/download:", width="stretch")
             i += 1

@@ -26,10 +26,12 @@ def timeline_frame(tl: EngineTimeline, num_blocks: int, block_size: int) -> pd.D
     ms = np.asarray(tl.row_ms, dtype=np.float64)
     df["wall_ms"] = ms
     df["time_s"] = np.cumsum(ms) / 1e3
-    df["free_slots"] = num_blocks * block_size - df["allocated_slots"]
+    # Each derived column beside those it comes from, as the README's table lists them.
+    df.insert(df.columns.get_loc("allocated_slots") + 1, "free_slots",
+              num_blocks * block_size - df["allocated_slots"])
     queried = df["prefix_query_tokens"].astype("Float64")
-    df["prefix_hit_rate"] = (df["prefix_hit_tokens"] / queried.where(queried > 0)).astype(
-        "Float64")
+    df.insert(df.columns.get_loc("prefix_hit_tokens") + 1, "prefix_hit_rate",
+              (df["prefix_hit_tokens"] / queried.where(queried > 0)).astype("Float64"))
     return df
 
 
