@@ -94,7 +94,9 @@ def pieces_html(chunk: Chunk, start: int = 0, stop: int | None = None) -> str:
     pieces = chunk.pieces[start:stop]
     split = (chunk.split or (None,) * len(chunk.pieces))[start:stop]
     if not chunk.subword:
-        return "".join(_byte_html(p, ch) for p, ch in zip(pieces, split, strict=True))
+        # A plain character inline: layouts of long prompts build thousands per rerun.
+        return "".join(escape(p) if ch is None and len(p) == 1 else _byte_html(p, ch)
+                       for p, ch in zip(pieces, split, strict=True))
     # Tinted by position in the request, so the tints alternate across chunks too.
     first = chunk.logical * chunk.block_size + start
     return "".join(
