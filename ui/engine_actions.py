@@ -46,8 +46,6 @@ from ui.session import (
     SETTINGS,
     STEP_PICK,
     TIMELINE_PICK,
-    VIEW_DEFAULTS,
-    VIEW_PREFIXES,
     OpSession,
     collect,
     config_fields,
@@ -55,6 +53,7 @@ from ui.session import (
     get_engine,
     get_settings,
     snapshot_now,
+    view_defaults,
 )
 
 
@@ -72,9 +71,7 @@ REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "req_child": "", TIMELINE_P
                                    STEP_PICK: None,
                                    # The Playground's views' selections, live and past (the
                                    # Scenarios page's run is not this engine's).
-                                   **{f"{prefix}{name}": value for prefix in VIEW_PREFIXES
-                                      if prefix != "tour_"
-                                      for name, value in VIEW_DEFAULTS.items()}}
+                                   **view_defaults("", "past_")}
 
 
 def install(live: saved.Live, q: progress.Queued) -> None:

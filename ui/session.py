@@ -115,6 +115,12 @@ VIEW_DEFAULTS: dict[str, Any] = {
 }
 # "past_" is the Playground's view of a past step picked on its timeline (ui/timeline.py).
 VIEW_PREFIXES = ("", "tour_", "past_")
+
+
+def view_defaults(*prefixes: str) -> dict[str, Any]:
+    """The views' widget keys under each of `prefixes`, with their defaults."""
+    return {f"{prefix}{key}": value for prefix in prefixes
+            for key, value in VIEW_DEFAULTS.items()}
 # The timeline row whose step the Playground shows (its iteration); None: the live state.
 TIMELINE_PICK = "tl_iteration"
 # A step picked from the history alone, while the timeline has no rows (a reopened
@@ -153,8 +159,7 @@ def _widget_defaults(settings: Settings) -> dict[str, Any]:
         "batch_n": DEFAULT_STEP_N,
         TIMELINE_PICK: None, STEP_PICK: None,
         # Views, once per page that draws them (see VIEW_PREFIXES).
-        **{f"{prefix}{key}": value for prefix in VIEW_PREFIXES
-           for key, value in VIEW_DEFAULTS.items()},
+        **view_defaults(*VIEW_PREFIXES),
     }
 
 

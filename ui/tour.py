@@ -97,8 +97,7 @@ def load(key: str) -> bool:
     st.session_state["tour_pick"] = key
     # The views' selections were of the old run's requests and blocks (a block id past
     # the new pool would be refused as if just typed).
-    for name, value in session.VIEW_DEFAULTS.items():
-        st.session_state[f"tour_{name}"] = value
+    st.session_state.update(session.view_defaults("tour_"))
     return True
 
 

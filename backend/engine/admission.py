@@ -69,8 +69,12 @@ class Admission(ABC):
         """Whether the tokens plus a first generated one exceed even an empty pool, with
         the watermark kept free if `watermark` (vLLM v0's AllocStatus.NEVER): admission
         could never take them, and first come, first served, nothing behind them either."""
+        return self._never_fit(self.manager.blocks_for(num_tokens + 1), watermark=watermark)
+
+    def _never_fit(self, blocks: int, *, watermark: bool = True) -> bool:
+        """Whether `blocks` (with the watermark, if `watermark`) exceed even an empty pool."""
         keep = (self.config.watermark_blocks or 0) if watermark else 0
-        return self.manager.blocks_for(num_tokens + 1) + keep > self.config.num_blocks
+        return blocks + keep > self.config.num_blocks
 
     def _fits(self, plan: PromptPlan, own: int, reserve: int) -> bool:
         """Whether a prompt's new blocks and `own` more fit in the free blocks beyond the
@@ -152,8 +156,7 @@ class Admission(ABC):
         # First come, first served: nothing new starts while a swapped request waits.
         while self.waiting and not self.swapped and budget.may_start():
             unit = self._queued_unit(self.waiting)
-            if sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit) + (
-                    self.config.watermark_blocks or 0) > self.config.num_blocks:
+            if self._never_fit(sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit)):
                 # A preempted request that grew to fill the whole pool, or all of it but
                 # the watermark (or a beam group that, recomputed beam by beam, no longer
                 # fits in it): waiting, it would hold up every request behind it.
