@@ -8,6 +8,8 @@ its address on a reload or a restarted server (ui/store.py, ui/resume.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import streamlit as st
 import torch
 from PIL import Image
@@ -16,7 +18,7 @@ from PIL import Image
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
 from backend.views.grid import icon_pixels
-from ui import resume, session, sidebar, store
+from ui import entry, resume, session, sidebar, store
 
 # One thread per torch op: the server runs many sessions' steps side by side on a small
 # CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
@@ -52,10 +54,22 @@ def _open_playground() -> None:
 HOME = st.Page(_open_playground, title="PagedLab", url_path="home", default=True,
                visibility="hidden")
 
+# The pages' file names, which a person may well type (and which a fresh server's first
+# run resolves by itself: ui/entry.py), open the pages at their addresses.
+def _opener(target: st.Page) -> Callable[[], None]:
+    def open_page() -> None:
+        st.switch_page(target)
+    return open_page
+
+
+ALIASES = [st.Page(_opener(target), title=target.title, url_path=name, visibility="hidden")
+           for target, name in zip(PAGES, ("playground", "scenarios", "compare"), strict=True)]
+
 session.init()
 # Before the sidebar is drawn: reopening a session sets the sidebar's fields.
 resume.at_start()
-page = st.navigation([HOME, *PAGES])
+page = st.navigation([HOME, *PAGES, *ALIASES])
 sidebar.render()
 store.write_cookie()
-page.run()
+with entry.app_page():
+    page.run()

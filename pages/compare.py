@@ -18,7 +18,7 @@ if _ROOT not in sys.path:
 
 import streamlit as st
 
-from ui import sidebar
+from ui import entry, sidebar
 from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
 from ui.compare.deployment import deployment_section
@@ -29,6 +29,7 @@ from ui.compare.sharing import sharing_section
 from ui.compare.simulator import simulator_section
 from ui.numbers import section
 
+entry.through_app()    # a fresh server's /compare (ui/entry.py)
 # ---- the page ---------------------------------------------------------------------------
 
 # What the tabs run on; the Playground's pool and kernel fields would change nothing here.

@@ -16,6 +16,7 @@ from ui import (
     control_run,
     controls,
     engine_actions,
+    entry,
     exports,
     panels,
     progress,
@@ -26,6 +27,7 @@ from ui import (
     whatif,
 )
 
+entry.through_app()    # a fresh server's /playground (ui/entry.py)
 st.title("Playground")
 st.caption("A real paged KV-cache allocator and paged-attention kernel. Each action below is "
            "one engine operation; every view shows the state it left.")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.views.text import plain_md
-from ui import control_run, exports, panels, sidebar, tour, tour_widgets
+from ui import control_run, entry, exports, panels, sidebar, tour, tour_widgets
 
+entry.through_app()    # a fresh server's /scenarios (ui/entry.py)
 tour.init()
 run, frame = tour.sync()
 # The scenario's own config, not the Playground's pool fields (they would change

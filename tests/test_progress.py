@@ -46,6 +46,23 @@ def test_a_stop_with_nothing_running_does_nothing() -> None:
     assert work.should_go()
 
 
+def test_a_weight_load_reports_its_fraction_and_cannot_be_stopped() -> None:
+    work = Work()
+    work.begin("Loading SmolLM2…", stoppable=False)
+    work.report("Loading SmolLM2: layer 3 of 30", 0.1)
+    # Its waiting display has no Stop button, and a stop asked for changes nothing.
+    assert not work.request_stop() and work.should_go()
+    state = work.state
+    assert state == WorkState("Loading SmolLM2: layer 3 of 30", 0, 0, False, False, 0.1)
+    assert ui_progress._bar_text(state) == "Loading SmolLM2: layer 3 of 30"
+    work.report("Loading SmolLM2: done", 1.5)
+    assert work.state is not None and work.state.fraction == 1.0
+    work.end()
+    # The next operation is stoppable again.
+    work.begin("Stepping", 4)
+    assert work.request_stop() and not work.should_go()
+
+
 def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
     config = EngineConfig(num_blocks=32, block_size=4)
     engine = Engine(config, kernel="torch")

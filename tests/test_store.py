@@ -31,7 +31,16 @@ from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Settings
 from backend.sessions.rows import MIB, StoreError, StoreLimits, make_full, make_head
-from backend.sessions.saved import COPY_NOTE, Live, Tab, new_id, open_saved, resume, save
+from backend.sessions.saved import (
+    COPY_NOTE,
+    REVIVED_NOTE,
+    Live,
+    Tab,
+    new_id,
+    open_saved,
+    resume,
+    save,
+)
 from backend.sessions.store import (
     DEFAULT_DATA_DIR,
     SessionStore,
@@ -226,9 +235,12 @@ def test_a_deleted_row_is_written_again_by_its_tab(tmp_path: Path) -> None:
     assert not store.delete(tab.id or "", THEM)       # only its own browser deletes it
     assert store.delete(tab.id or "", ME)
     assert store.load(tab.id or "") is None
-    assert _apply(live, Step(1), tab) is None
+    # Saved again under its address, saying so: the person may have deleted it from
+    # another tab and would otherwise see it come back unexplained.
+    assert _apply(live, Step(1), tab) == REVIVED_NOTE
     stored = store.load(tab.id or "")
     assert stored is not None and len(stored.ops) == 7
+    assert _apply(live, Step(1), tab) is None       # once
 
 
 def test_a_session_without_state_writes_nothing_until_it_has_some(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from backend.sessions.playground import (
     snapshot_config,
     switch_kernels,
 )
+from backend.sessions.progress import Work
 from backend.views.text import plain_md
 from ui import progress, store
 from ui.progress import Shown
@@ -93,28 +94,35 @@ def set_fields(settings: Settings, q: progress.Queued) -> None:
     q.put("dev_kernel", settings.kernel)
 
 
-def load_weights(settings: Settings) -> Shown:
+def load_weights(settings: Settings, work: Work) -> Shown:
     """Load the weights `settings`' model needs, with a progress bar: a real model's first
     use in this process reads and dequantizes its file (seconds); later ones share it.
 
-    Raises PagedLabError (a missing package names its install command in one line).
-    The caller calls the result's `finish` once its bookkeeping is done.
+    Call with the engine's lock held, as part of replacing it: a click meanwhile waits
+    for the lock and then acts on the new engine, showing this load's progress (from
+    `work`) while it waits. Raises PagedLabError (a missing package names its install
+    command in one line). The caller calls the result's `finish` once its bookkeeping
+    is done.
     """
     shown = Shown()
     if model_loaded(settings):
         return shown
     label = model_cards(settings.config)[settings.config.model].label
     # Plain text, as every progress text (see ui/progress.py).
-    bar = shown.call(st.progress, 0.0, text=plain_md(f"Loading {label}…"))
+    text = plain_md(f"Loading {label}…")
+    work.begin(text, stoppable=False)
+    bar = shown.call(st.progress, 0.0, text=text)
 
     def report(fraction: float, message: str) -> None:
+        text = plain_md(f"Loading {label}: {message}")
+        work.report(text, fraction)
         if bar is not None:
-            shown.call(bar.progress, min(1.0, max(0.0, fraction)),
-                       text=plain_md(f"Loading {label}: {message}"))
+            shown.call(bar.progress, min(1.0, max(0.0, fraction)), text=text)
 
     try:
         load_model(settings, report)
     finally:
+        work.end()
         if bar is not None:
             shown.call(bar.empty)
     return shown
@@ -135,23 +143,23 @@ def _scheduling(c: EngineConfig) -> str:
 
 
 def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -> None:
-    """A fresh engine with `settings`; `detach`: under a new session id (the old row stays)."""
-    sess = OpSession.read()
+    """A fresh engine with `settings`; `detach`: under a new session id (the old row stays).
+
+    Everything it needs from session state is read first: a click during a weight
+    load supersedes this run, whose session-state reads then raise (ui/progress.py).
+    """
+    sess, work = OpSession.read(), progress.get_work()
     old = sess.engine
-    # Before taking the engine's lock: loading weights touches no engine, and the
-    # current one keeps answering the page meanwhile.
-    try:
-        loaded = load_weights(settings)
-    except PagedLabError as exc:
-        flash("error", f"Refused: {exc}")
-        return
-    # Under the old engine's lock: an operation still running on it finishes (and is
-    # saved) first, and none starts on it once it is replaced.
-    with progress.engine_lock(old, "replace", progress.get_work()) as waited:
+    # Under the old engine's lock, weights included: an operation still running on it
+    # finishes (and is saved) first, and one clicked meanwhile waits, then finds the
+    # engine replaced and runs on the new one (ui/session.apply).
+    loaded = Shown()
+    with progress.engine_lock(old, "replace", work) as waited:
         try:
+            loaded = load_weights(settings, work)
             engine = build_engine(settings, sess.owner, replacing=old)
         except PagedLabError as exc:
-            flash("error", f"Refused: {exc}")
+            sess.flash("error", f"Refused: {exc}")
         else:
             if detach:
                 sess.detach()
@@ -181,20 +189,34 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
     An engine with state that was saved is not overwritten: the restored state
     goes under a new session id, and the one it replaces stays in the list.
     """
-    sess = OpSession.read()
+    sess, work = OpSession.read(), progress.get_work()
     s, old = sess.settings, sess.engine
     kept = sess.tab.id if sess.tab.store is not None and has_state(old) else None
     problem: str | None = None
     config = snapshot_config(data)
     loaded = Shown()
-    if config is not None:
-        try:
-            loaded = load_weights(Settings(config, s.device, s.kernel))
-        except PagedLabError as exc:
-            return str(exc)
-    with progress.engine_lock(old, "replace", progress.get_work()) as waited, \
-            progress.restoring(f"Restoring {source}: K/V recomputed from the tokens") as (
-                shown, moved):
+    # The weights load under the old engine's lock, as in `_replace_engine`.
+    with progress.engine_lock(old, "replace", work) as waited:
+        if config is not None:
+            try:
+                loaded = load_weights(Settings(config, s.device, s.kernel), work)
+            except PagedLabError as exc:
+                problem = str(exc)
+        if problem is None:
+            problem = _restore_held(data, source, sess, kept)
+    collect()
+    loaded.finish()
+    waited.finish()
+    return problem
+
+
+def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
+                  kept: str | None) -> str | None:
+    """`restore_snapshot` with the old engine's lock held and the weights loaded."""
+    s, old = sess.settings, sess.engine
+    problem: str | None = None
+    with progress.restoring(f"Restoring {source}: K/V recomputed from the tokens") as (
+            shown, moved):
         try:
             # Detached: the caller's snapshot (a scenario's frame) must not grow with
             # this engine's tokens.
@@ -221,10 +243,7 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
                                   f"{counted(c.num_blocks, 'block')} "
                                   f"of {counted(c.block_size, 'slot')}, K/V recomputed from the "
                                   f"tokens. Keep working from here.{before}")
-    collect()
-    loaded.finish()
     shown.finish()
-    waited.finish()
     return problem
 
 

@@ -124,6 +124,8 @@ def _bar_text(state: WorkState) -> str:
     """The bar's text, as plain text: labels quote request ids, which may hold Markdown."""
     if state.stopping:
         text = f"{state.label}: stopping after iteration {state.done} of {state.total}…"
+    elif state.fraction is not None:
+        text = state.label
     elif state.total:
         text = f"{state.label}: iteration {state.done} of {state.total}"
     else:
@@ -148,7 +150,10 @@ class Bar:
         self._bar: Any = None
 
     def show(self, state: WorkState) -> None:
-        fraction = min(1.0, state.done / state.total) if state.total else 0.0
+        if state.fraction is not None:
+            fraction = state.fraction
+        else:
+            fraction = min(1.0, state.done / state.total) if state.total else 0.0
         if self._slot is None:
             self._slot = self.shown.call(st.empty)
             if self._slot is None:
@@ -158,7 +163,7 @@ class Bar:
                 return
             with box:
                 self._bar = self.shown.call(st.progress, fraction, text=_bar_text(state))
-                if self.stoppable:
+                if self.stoppable and state.stoppable:
                     self.shown.call(_stop_button, self.where)
             return
         if self._bar is not None:

@@ -17,6 +17,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.sessions import saved
+from backend.sessions.progress import Work
 from ui import engine_actions, progress, session, store
 from ui.progress import Shown
 
@@ -29,35 +30,34 @@ def _describe(engine: Engine) -> str:
             f"{counted(c.num_blocks, 'block')} of {counted(c.block_size, 'slot')}")
 
 
-def _load_model_of(sid: str) -> Shown:
+def _load_model_of(sess: session.OpSession, sid: str, work: Work) -> Shown:
     """Load the weights saved session `sid`'s model needs, with the progress bar a
-    first load shows (before any engine's lock: it touches none). A row that cannot be
-    read is left to `_open` to report."""
-    tab = store.get_tab()
+    first load shows (with the engine's lock held: see engine_actions.load_weights).
+    A row that cannot be read is left to `_open` to report."""
     try:
-        stored = tab.store.load(sid) if tab.store is not None else None
+        stored = sess.tab.store.load(sid) if sess.tab.store is not None else None
         if stored is None:
             return Shown()
         settings, _ = saved.settings_from_json(stored.settings)
-        return engine_actions.load_weights(settings)
+        return engine_actions.load_weights(settings, work)
     except PagedLabError:
         return Shown()
 
 
-def _open(sid: str) -> saved.Opened | str:
+def _open(sess: session.OpSession, sid: str) -> saved.Opened | str:
     """Open saved session `sid` in this tab (installed), or the message saying why not.
 
     Call with the current engine's lock held. On success the sidebar's fields
     show the opened session's settings (so: before the sidebar is drawn).
-    Session state is read before the restore and written through the queue
-    after it (see progress.Queued).
+    Session state was read before (`sess`); writes go through the queue (see
+    progress.Queued).
     """
-    tab, owner, old, q = (store.get_tab(), session.get_owner(), session.get_engine(),
-                          session.queued())
+    q = sess.queued
     with progress.restoring(f"Opening saved session {store.short(sid)}: restoring its "
                             "state, K/V recomputed from the tokens") as (shown, moved):
         try:
-            opened = saved.open_saved(tab, sid, owner, replacing=old, progress=moved)
+            opened = saved.open_saved(sess.tab, sid, sess.owner, replacing=sess.engine,
+                                      progress=moved)
         except PagedLabError as exc:
             opened = None
             problem = (f"Saved session {store.short(sid)} could not be opened: {exc}. It is "
@@ -69,21 +69,37 @@ def _open(sid: str) -> saved.Opened | str:
             engine_actions.install(opened.live, q)
             engine_actions.set_fields(opened.live.settings, q)
             q.put(store.NOTE, None)
-    session.collect()
     shown.finish()
     return opened if opened is not None else problem
 
 
-def _say_opened(opened: saved.Opened, how: str) -> None:
+def _say_opened(sess: session.OpSession, opened: saved.Opened, how: str) -> None:
     engine = opened.live.engine
     notes = "".join(f" Note: {n}." for n in opened.notes)
     if opened.copied:
-        session.flash("info", f"This link is another browser's session: you are working on a "
-                              f"copy of it ({_describe(engine)}) under a new address; the "
-                              f"original is unchanged.{notes}")
+        sess.flash("info", f"This link is another browser's session: you are working on a "
+                           f"copy of it ({_describe(engine)}) under a new address; the "
+                           f"original is unchanged.{notes}")
     else:
-        session.flash("success", f"{how}: {_describe(engine)}, K/V recomputed from the "
-                                 f"tokens.{notes}")
+        sess.flash("success", f"{how}: {_describe(engine)}, K/V recomputed from the "
+                              f"tokens.{notes}")
+
+
+def _reopen(sid: str, where: str, how: str, failed: str) -> None:
+    """Replace this tab's engine by saved session `sid`, under the engine's lock, weights
+    included; the status line says how it went (`how` on success, `failed` after the
+    reason otherwise). Reads session state only first (see engine_actions._replace_engine)."""
+    sess, work = session.OpSession.read(), progress.get_work()
+    with progress.engine_lock(sess.engine, where, work) as waited:
+        loaded = _load_model_of(sess, sid, work)
+        outcome = _open(sess, sid)
+        if isinstance(outcome, str):
+            sess.flash("error", f"{outcome} {failed}")
+        else:
+            _say_opened(sess, outcome, how)
+    session.collect()
+    loaded.finish()
+    waited.finish()
 
 
 def at_start() -> None:
@@ -108,26 +124,10 @@ def at_start() -> None:
         if sid is None:
             return
         how = "Reopened your latest session (New session, under Sessions, starts afresh)"
-    loaded = _load_model_of(sid)
-    with progress.engine_lock(session.get_engine(), "start", progress.get_work()) as waited:
-        outcome = _open(sid)
-    loaded.finish()
-    waited.finish()
-    if isinstance(outcome, str):
-        session.flash("error", f"{outcome} This is a new session.")
-    else:
-        _say_opened(outcome, how)
+    _reopen(sid, "start", how, "This is a new session.")
 
 
 def open_other(sid: str) -> None:
     """Callback of a Recent sessions entry's Open: that session replaces this one here."""
-    loaded = _load_model_of(sid)
-    with progress.engine_lock(session.get_engine(), "replace", progress.get_work()) as waited:
-        outcome = _open(sid)
-    loaded.finish()
-    waited.finish()
-    if isinstance(outcome, str):
-        session.flash("error", f"{outcome} This session is unchanged.")
-    else:
-        _say_opened(outcome, f"Opened session {store.short(sid)}")
+    _reopen(sid, "replace", f"Opened session {store.short(sid)}", "This session is unchanged.")
 

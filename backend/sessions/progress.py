@@ -31,12 +31,18 @@ from backend.sessions.playground import Applied, Settings
 
 @dataclass(frozen=True, slots=True)
 class WorkState:
-    """What a running operation is doing: a label, iterations done of total (0 of 0: unknown)."""
+    """What a running operation is doing: a label, iterations done of total (0 of 0: unknown).
+
+    `stoppable`: whether a stop asked for applies to it (a weight load runs to its end);
+    `fraction`: how far an operation without iterations has come, when it says.
+    """
 
     label: str
     done: int
     total: int
     stopping: bool
+    stoppable: bool = True
+    fraction: float | None = None
 
 
 class Work:
@@ -47,16 +53,24 @@ class Work:
         self._state: WorkState | None = None
         self._stop = False
 
-    def begin(self, label: str, total: int = 0) -> None:
+    def begin(self, label: str, total: int = 0, *, stoppable: bool = True) -> None:
         """Mutates: an operation starts; a stop asked for before it does not apply to it."""
         with self._lock:
-            self._state = WorkState(label, 0, total, False)
+            self._state = WorkState(label, 0, total, False, stoppable)
             self._stop = False
+
+    def report(self, label: str, fraction: float) -> None:
+        """Mutates: an operation begun without iterations (a weight load) says where it is."""
+        with self._lock:
+            if self._state is not None:
+                self._state = WorkState(label, 0, 0, False, self._state.stoppable,
+                                        min(1.0, max(0.0, fraction)))
 
     def update(self, done: int, total: int) -> None:
         with self._lock:
             if self._state is not None:
-                self._state = WorkState(self._state.label, done, total, self._stop)
+                self._state = WorkState(self._state.label, done, total, self._stop,
+                                        self._state.stoppable)
 
     def end(self) -> None:
         with self._lock:
@@ -66,10 +80,11 @@ class Work:
     def request_stop(self) -> bool:
         """Mutates: ask the running operation to stop after its current iteration.
 
-        False when nothing is running (the click came too late: nothing to stop).
+        False when nothing is running (the click came too late: nothing to stop) or what
+        runs cannot be stopped.
         """
         with self._lock:
-            if self._state is None:
+            if self._state is None or not self._state.stoppable:
                 return False
             self._stop = True
             self._state = WorkState(self._state.label, self._state.done, self._state.total,

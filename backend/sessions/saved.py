@@ -250,6 +250,9 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
 
 COPY_NOTE = ("This session was opened in another tab, which saves it from now on; this tab "
              "goes on as a copy under a new address.")
+REVIVED_NOTE = ("This session had left the saved sessions (deleted in another tab, or dropped as "
+                "the least recently used past the store's limits); this tab saved it again, so "
+                "it is back in the list. Delete it there once this tab is closed.")
 
 
 def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None = None,
@@ -293,7 +296,7 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
             tab.id, tab.synced = copy, True
             return COPY_NOTE
         tab.synced = True
-        return None
+        return REVIVED_NOTE if outcome is Write.REVIVED else None
     except TooLargeError as exc:
         tab.synced = False
         note = f"Not saved after step {snapshot['step']}: {exc}. Download its snapshot to keep it."

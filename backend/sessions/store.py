@@ -104,6 +104,7 @@ class Write(Enum):
     SAVED = "saved"
     TAKEN = "taken"        # another tab holds the row now: the writer must become a copy
     MISSING = "missing"    # the row is gone (expired, deleted): write it whole
+    REVIVED = "revived"    # written whole where the row was gone: it is back in the list
 
 
 class SessionStore:
@@ -161,7 +162,8 @@ class SessionStore:
             self._prune(db, sid)
 
     def write_full(self, sid: str, browser: str, holder: str, full: Full) -> Write:
-        """Mutates: replace everything `sid` holds, if `holder` holds it (re-created if gone)."""
+        """Mutates: replace everything `sid` holds, if `holder` holds it (re-created if gone:
+        then REVIVED, since the person may have deleted it from another tab)."""
         with self._tx() as db:
             row = db.execute("SELECT holder, created FROM sessions WHERE id=?",
                              (sid,)).fetchone()
@@ -172,7 +174,7 @@ class SessionStore:
                 db.execute("DELETE FROM sessions WHERE id=?", (sid,))
             self._insert(db, sid, browser, holder, full, created=None if row is None else row[1])
             self._prune(db, sid)
-        return Write.SAVED
+        return Write.REVIVED if row is None else Write.SAVED
 
     def write_op(self, sid: str, holder: str, head: Head, op: tuple[int, str] | None,
                  step: StepRow | None, keep_from: int | None, ops_complete: bool) -> Write:
