@@ -212,6 +212,17 @@ def test_max_num_seqs_keeps_requests_waiting_and_a_change_asks_before_resetting(
     assert config_from_fields(blank, new.config).max_num_seqs is None
 
 
+def test_an_operation_refused_by_a_scheduler_setting_names_it_as_the_sidebar_does() -> None:
+    at = start()
+    at.sidebar.number_input(key="cfg_max_num_seqs").set_value(1).run()
+    at.number_input(key="add_n").set_value(2)
+    add(at)
+    assert status(at) == ("error", "Refused: 2 parallel samples run as 2 sequences, but Max "
+                                   "running requests (sidebar, Scheduler) is 1: they could "
+                                   "never start")
+    assert not engine(at).requests
+
+
 def test_a_bad_budget_is_refused_with_its_reason_and_nothing_changes() -> None:
     at = add(start())
     kept = engine(at)

@@ -75,6 +75,7 @@ from backend.sessions.playground import (
 )
 from backend.sessions.progress import Work, apply_tracked
 from ui import progress, store
+from ui.labels import op_refusal
 from ui.progress import Shown
 
 ENGINE = "engine"
@@ -361,7 +362,7 @@ def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
         before = snapshot_now(engine, sess.history)
         op = make_op(engine)
     except PagedLabError as exc:
-        flash("error", f"Refused: {exc}")
+        flash("error", f"Refused: {op_refusal(str(exc))}")
         return None
     with progress.working(op, work) as (working, callback):
         shown.append(working)
@@ -374,7 +375,7 @@ def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
         try:
             applied = apply_tracked(engine, op, before, sess.settings, sess.owner, until_idle)
         except PagedLabError as exc:
-            sess.flash("error", f"Refused: {exc}")
+            sess.flash("error", f"Refused: {op_refusal(str(exc))}")
             return None
     if applied.result is None:
         sess.queued.put(ENGINE, applied.engine)

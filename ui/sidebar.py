@@ -10,7 +10,6 @@ they run on (`compare`). `render` leaves the sidebar to those pages.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from backend.views.settings import (
 )
 from backend.views.text import plain_md
 from ui import engine_actions, session
+from ui.labels import labelled
 
 SCENARIOS_PAGE = "scenarios.py"    # pages/scenarios.py draws its own sidebar (`scenario`)
 COMPARE_PAGE = "compare.py"        # and pages/compare.py its own (`compare`)
@@ -67,30 +67,6 @@ def current_page_file(page: str | None = None) -> str:
         return ""
     info = ctx.pages_manager.get_pages().get(ctx.page_script_hash)
     return Path(str(info.get("script_path") or "")).name if info else ""
-
-
-# What each config field is called on screen (without its unit, which a refusal's
-# numbers follow): a refusal of the fields' config names them as the sidebar does,
-# not by their names in the scenario format.
-FIELD_LABELS = {
-    "num_blocks": "Pool size", "block_size": "Block size",
-    "num_layers": "Layers", "head_dim": "Head dim", "num_heads": "Heads",
-    "num_kv_heads": "KV heads", "seed": "Seed", "max_new_tokens": "Default max new tokens",
-    "max_num_seqs": "Max running requests", "max_num_batched_tokens": "Token budget per step",
-    "watermark_blocks": "Watermark", "num_cpu_blocks": "Host pool",
-}
-_FIELD_NAME = re.compile(r"\b(" + "|".join(FIELD_LABELS) + r")\b")
-# The backend's range check, said as the page's other number fields say it (ui/numbers.py).
-_RANGE = re.compile(r"must be an integer in ([\d,-]+)\.\.([\d,]+), got ([\d,-]+)")
-
-
-def labelled(problem: str) -> str:
-    """A refusal of the sidebar's config in the sidebar's words: "settings: num_blocks
-    must be an integer in 1..65,536, got 0" reads "Pool size must be 1 to 65,536; got 0",
-    as a refused Steps or Max new tokens field does."""
-    text = problem.removeprefix("settings: ")
-    text = _RANGE.sub(r"must be \1 to \2; got \3", text)
-    return _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
 
 
 ALLOCATIONS = ["fifo", "random"]

@@ -89,8 +89,7 @@ def _check_beam_search(engine: Engine, width: int, prompt_len: int,
     tokens = engine.config.max_num_batched_tokens
     if tokens is not None and width > tokens:
         raise PagedLabError(f"a beam width of {width} decodes {width} tokens in one step, but "
-                            f"the token budget per step (max_num_batched_tokens) is {tokens}: it "
-                            "could never run a round")
+                            f"max_num_batched_tokens is {tokens}: it could never run a round")
     # The prompt's blocks, then for the W first tokens: a copy of the shared last block
     # for every writer but the last, or, if it is full, a new block for each.
     first = engine.manager.blocks_for(prompt_len + 1) + width - 1
