@@ -443,10 +443,19 @@ def test_highlighting_a_request_or_a_block() -> None:
         assert not at.exception and "Block **" not in markdown(at)
 
 
-def test_reset_discards_everything() -> None:
+def test_reset_asks_first_then_discards_everything() -> None:
     at = add(start())
+    kept = engine(at)
     click(at, "btn_reset")
+    assert engine(at) is kept and kept.requests
+    assert [w.value for w in at.sidebar.warning] == [
+        "Reset discards the current 1 request and 1 step, here and in the saved session."]
+    click(at, "btn_reset_cancel")
+    assert engine(at) is kept and not at.sidebar.warning
+    click(at, "btn_reset")
+    click(at, "btn_reset_confirm")
     assert not engine(at).requests and engine(at).step == 0
+    assert not at.sidebar.warning and not at.session_state["confirm_reset"]
     assert metrics(at)["Used blocks"] == "0 / 32"
     assert engine(at).kernels.name == "torch"
 

@@ -103,6 +103,7 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     # A new engine at the same step, with a request A of its own: the reading was of the
     # old engine's A, so it is gone, not shown as this one's.
     click(at, "btn_reset")
+    click(at, "btn_reset_confirm")
     add(at, "Something else entirely", max_new=12)
     add(at, "Blocks of another text", max_new=12)
     click(at, "btn_step")
@@ -118,6 +119,7 @@ def test_a_control_run_of_a_replaced_engine_is_not_shown() -> None:
     click(at, "btn_control")
     assert [s.value for s in at.success if s.value.startswith("Same:")]
     click(at, "btn_reset")
+    click(at, "btn_reset_confirm")
     add(at, "Something else entirely", max_new=12)
     assert len(at.session_state["oplog"].ops) == 1
     assert not [s.value for s in at.success if s.value.startswith("Same:")]

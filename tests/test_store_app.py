@@ -237,7 +237,16 @@ def test_the_sessions_list_opens_and_deletes(browser: dict[str, str | None],
     assert sid(at) == first_id and engine(at).step == 4
     assert "Opened session" in texts(at.success)
     assert at.segmented_control(key="dev_kernel").value == "torch"
+    # Delete asks first, below the row; Cancel keeps the session.
     at.button(key=f"btn_delete_{second_id}").click().run()
+    both = sorted([first_id, second_id])
+    assert sorted(r[0] for r in rows(data_dir)) == both
+    assert any("for good" in w.value for w in at.warning)
+    at.button(key="btn_delete_cancel").click().run()
+    assert sorted(r[0] for r in rows(data_dir)) == both
+    assert not any("for good" in w.value for w in at.warning)
+    at.button(key=f"btn_delete_{second_id}").click().run()
+    at.button(key=f"btn_delete_confirm_{second_id}").click().run()
     assert "Deleted saved session" in texts(at.info)
     assert [r[0] for r in rows(data_dir)] == [first_id]
     assert not [b for b in at.button if b.key == f"btn_open_{second_id}"]

@@ -41,6 +41,7 @@ from ui import progress, store
 from ui.progress import Shown
 from ui.session import (
     CONFIG_KEYS,
+    CONFIRM_RESET,
     ENGINE,
     HISTORY,
     OPLOG,
@@ -70,6 +71,8 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
 
 REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "req_child": "", TIMELINE_PICK: None,
                                    STEP_PICK: None,
+                                   # A Reset asked about the old engine's requests.
+                                   CONFIRM_RESET: False,
                                    # The Playground's views' selections, live and past (the
                                    # Scenarios page's run is not this engine's).
                                    **view_defaults("", "past_")}

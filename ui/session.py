@@ -122,6 +122,8 @@ def view_defaults(*prefixes: str) -> dict[str, Any]:
     """The views' widget keys under each of `prefixes`, with their defaults."""
     return {f"{prefix}{key}": value for prefix in prefixes
             for key, value in VIEW_DEFAULTS.items()}
+# Set by a first click on Reset engine with requests to discard: the sidebar asks first.
+CONFIRM_RESET = "confirm_reset"
 # The timeline row whose step the Playground shows (its iteration); None: the live state.
 TIMELINE_PICK = "tl_iteration"
 # A step picked from the history alone, while the timeline has no rows (a reopened

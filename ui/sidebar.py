@@ -105,9 +105,41 @@ def render(page: str | None = None) -> None:
         st.subheader("Kernel")
         _kernel_fields()
         st.divider()
-        st.button("Reset engine", key="btn_reset", on_click=engine_actions.reset,
+        _reset_button()
+
+
+def _reset_button() -> None:
+    """Reset engine, which asks first when it would discard requests (the saved session
+    is overwritten too: New session is the way that keeps it)."""
+    ss = st.session_state
+    if not ss.get(session.CONFIRM_RESET):
+        st.button("Reset engine", key="btn_reset", on_click=_ask_reset,
                   help="Discard every request and start an empty engine with the applied "
-                       "settings.", width="stretch")
+                       "settings, under this session's address. New session (under "
+                       "Sessions) keeps this one instead.", width="stretch")
+        return
+    engine = session.get_engine()
+    st.warning(f"Reset discards the current {counted(len(engine.requests), 'request')} and "
+               f"{counted(engine.step, 'step')}, here and in the saved session.")
+    st.button("Reset and discard", key="btn_reset_confirm", type="primary",
+              on_click=_confirmed_reset, width="stretch")
+    st.button("Cancel", key="btn_reset_cancel", on_click=_cancel_reset, width="stretch")
+
+
+def _ask_reset() -> None:
+    if engine_actions.engine_has_state():
+        st.session_state[session.CONFIRM_RESET] = True
+    else:
+        engine_actions.reset()
+
+
+def _confirmed_reset() -> None:
+    st.session_state[session.CONFIRM_RESET] = False
+    engine_actions.reset()
+
+
+def _cancel_reset() -> None:
+    st.session_state[session.CONFIRM_RESET] = False
 
 
 def _config_fields() -> None:

@@ -42,6 +42,7 @@ TAB = "store_tab"              # this tab's backend.sessions.saved.Tab
 SECRET = "store_secret"        # this browser's secret: its cookie's, or a new one
 PROBLEM = "store_problem"      # why sessions are not saved (the store cannot be opened)
 NOTE = "store_note"            # what the last save had to say (a copy, a failure), or None
+CONFIRM_DELETE = "store_confirm_delete"  # the listed session a Delete asks about, or None
 COOKIE_DAYS = 400              # browsers cap a cookie's life at about 400 days
 
 _stores: dict[Path, SessionStore] = {}
@@ -142,10 +143,20 @@ def _ago(then: float) -> str:
     return "just now"
 
 
+def ask_delete(sid: str) -> None:
+    """Callback of a list entry's Delete: ask before deleting (it cannot be undone)."""
+    st.session_state[CONFIRM_DELETE] = sid
+
+
+def cancel_delete() -> None:
+    st.session_state[CONFIRM_DELETE] = None
+
+
 def delete_saved(sid: str) -> None:
-    """Callback of a list entry's Delete: remove one of this browser's saved sessions."""
+    """Callback of the confirmation's Delete: remove one of this browser's saved sessions."""
     tab = get_tab()
     ss = st.session_state
+    ss[CONFIRM_DELETE] = None
     if tab.store is None or sid == tab.id:
         return
     try:
@@ -199,5 +210,15 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
                                  f"used {_ago(info.updated)}{note}"))
         c_open.button("Open", key=f"btn_open_{info.id}", on_click=open_saved, args=(info.id,),
                       width="stretch")
-        c_del.button("Delete", key=f"btn_delete_{info.id}", on_click=delete_saved,
+        c_del.button("Delete", key=f"btn_delete_{info.id}", on_click=ask_delete,
                      args=(info.id,), width="stretch")
+        if st.session_state.get(CONFIRM_DELETE) == info.id:
+            # Below the row, not in Delete's place: a double click must not confirm.
+            st.warning(plain_md(f"Delete session {short(info.id)} for good? Its address "
+                                "stops working; this cannot be undone."))
+            c_yes, c_no, _ = st.columns([2, 1, 5])
+            c_yes.button("Delete for good", key=f"btn_delete_confirm_{info.id}",
+                         type="primary", on_click=delete_saved, args=(info.id,),
+                         width="stretch")
+            c_no.button("Cancel", key="btn_delete_cancel", on_click=cancel_delete,
+                        width="stretch")
