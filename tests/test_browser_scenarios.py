@@ -105,6 +105,10 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             stopped_at = viewed(page)
             page.wait_for_timeout(3000)       # longer than a play step: nothing moves now
             assert viewed(page) == stopped_at and 4 <= stopped_at < 6
+            # The view is where the play got to: a step under way when Pause was clicked
+            # is shown once taken, not left one behind ("Viewing step 4 · 5 applied").
+            shows(page.get_by_text(re.compile(
+                rf"Viewing step {stopped_at} of 6 · {stopped_at} applied so far")))
             # Play again runs to the end and stops by itself.
             page.get_by_role("button", name="Play", exact=True).click()
             step_shown(page, 6)

@@ -9,9 +9,15 @@ are in ui.tour_widgets.
 
 Play: each play run draws the page, waits the chosen time, moves one step on
 and asks Streamlit for a rerun, until the last step or a refused one. A click
-on Pause (or Next, Back, the slider, Reset, another scenario) asks for a rerun
-too: Streamlit merges the two and runs the click's callback first, which turns
-play off, so at most the one step already under way is taken after the click.
+on Pause (or Next, Back, the slider, Reset, another scenario) starts a new run
+at once (Streamlit's fast reruns), whose callback turns play off, so at most
+the one step already under way is taken after the click.
+
+One change at a time: that step and the click's run may overlap, so a step
+taken and the view moved to it happen under the state's lock (`held`), which
+every callback and `sync` take too. A click never applies a step beside
+another on the same engine, and a page drawn after a Pause shows the step the
+play reached, not the one before it with "2 applied so far".
 
 The link: `?scenario=<file stem>&step=<n>` follows the view. A link that
 differs from what the page last wrote (a new session, or an edited address)
@@ -21,7 +27,11 @@ the first scenario or step 0.
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -51,6 +61,7 @@ class TourState:
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
     messages: list[tuple[MessageKind, str]] = field(default_factory=list)  # shown once
     goto_playground: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 def init() -> None:
@@ -66,6 +77,23 @@ def init() -> None:
 def state() -> TourState:
     t: TourState = st.session_state[TOUR]
     return t
+
+
+@contextmanager
+def held() -> Iterator[TourState]:
+    """This session's scenario state, with its lock held (see the module doc)."""
+    t = state()
+    with t.lock:
+        yield t
+
+
+def one_at_a_time(callback: Callable[..., None]) -> Callable[..., None]:
+    """A control's callback, run with the state's lock held."""
+    @functools.wraps(callback)
+    def locked(*args: object) -> None:
+        with held():
+            callback(*args)
+    return locked
 
 
 def say(kind: MessageKind, text: str) -> None:
@@ -113,25 +141,26 @@ def sync() -> tuple[TourRun, Frame]:
     if t.goto_playground:
         t.goto_playground = False
         st.switch_page(PLAYGROUND_PAGE)
-    _apply_link()
-    if t.run is None:
-        load(first_stem())
-    run = t.run
-    assert run is not None
-    s = session.get_settings()
-    if (run.device, run.kernel) != (s.device, s.kernel):
-        try:
-            run.set_kernels(s.device, s.kernel)
-        except PagedLabError as exc:
-            say("error", f"The scenario keeps its kernel: {exc}")
-    t.view = max(0, min(t.view, run.taken))
-    if t.playing and t.view >= run.taken and not run.can_advance:
-        t.playing = False
-        if run.error is None:
-            say("info", f"Played to the end: step {run.taken} of {run.total}.")
-    # A widget's state may be set only before it is drawn: the slider follows the view.
-    st.session_state["tour_slider"] = t.view
-    return run, run.frame(t.view)
+    with held():
+        _apply_link()
+        if t.run is None:
+            load(first_stem())
+        run = t.run
+        assert run is not None
+        s = session.get_settings()
+        if (run.device, run.kernel) != (s.device, s.kernel):
+            try:
+                run.set_kernels(s.device, s.kernel)
+            except PagedLabError as exc:
+                say("error", f"The scenario keeps its kernel: {exc}")
+        t.view = max(0, min(t.view, run.taken))
+        if t.playing and t.view >= run.taken and not run.can_advance:
+            t.playing = False
+            if run.error is None:
+                say("info", f"Played to the end: step {run.taken} of {run.total}.")
+        # A widget's state may be set only before it is drawn: the slider follows the view.
+        st.session_state["tour_slider"] = t.view
+        return run, run.frame(t.view)
 
 
 def _apply_link() -> None:
@@ -178,12 +207,15 @@ def finish(run: TourRun) -> None:
     if not t.playing:
         return
     time.sleep(float(st.session_state.get("tour_speed") or 1.0))
-    if t.view < run.taken:
-        t.view += 1
-    elif run.advance() is not None:
-        t.view = run.taken
-    else:
-        t.playing = False
+    with held():
+        if not t.playing or t.run is not run:
+            return      # paused (or another scenario opened) during the wait: no step
+        if t.view < run.taken:
+            t.view += 1
+        elif run.advance() is not None:
+            t.view = run.taken
+        else:
+            t.playing = False
     st.rerun()
 
 

@@ -28,7 +28,7 @@ from backend.sessions.tour import (
 )
 from backend.views import tour as tour_views
 from backend.views.text import md_code, plain_md
-from ui import engine_actions
+from ui import engine_actions, tour
 from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
 
@@ -43,6 +43,7 @@ def _run() -> TourRun:
     return run
 
 
+@tour.one_at_a_time
 def _on_next() -> None:
     t = state()
     t.playing = False
@@ -53,32 +54,38 @@ def _on_next() -> None:
         t.view = run.taken
 
 
+@tour.one_at_a_time
 def _on_back() -> None:
     t = state()
     t.playing = False
     t.view = max(0, t.view - 1)
 
 
+@tour.one_at_a_time
 def _on_play_pause(playing: bool) -> None:
     # Sets rather than toggles: Streamlit may replay a click's callback when the run
     # it started is cut short, and a toggle would then undo itself.
     state().playing = playing
 
 
+@tour.one_at_a_time
 def _on_reset() -> None:
     load(_run().key)
 
 
+@tour.one_at_a_time
 def _on_slider() -> None:
     t = state()
     t.playing = False
     t.view = int(st.session_state["tour_slider"])
 
 
+@tour.one_at_a_time
 def _on_pick() -> None:
     load(st.session_state["tour_pick"])
 
 
+@tour.one_at_a_time
 def _on_upload() -> None:
     uploaded = st.session_state.get("tour_file")
     if uploaded is None:   # the file was removed from the uploader
