@@ -13,7 +13,7 @@ from backend import views
 from backend.core.config import SMOLLM2, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step, describe_op
 from backend.io.export import requests_table
 from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import KVBudget
@@ -38,6 +38,7 @@ from backend.views.html import request_layout_html
 from backend.views.model import BLOCK_TABLE_COLUMN, status_text
 from backend.views.settings import config_items
 from backend.views.text import WORD_JOINER, is_plain, md_code, md_escape, plain_md
+from backend.views.tokens import token_text
 
 PROMPT = "The cat sat on the mat."   # 23 bytes: five full blocks of 4 and one of 3
 
@@ -670,6 +671,18 @@ def test_live_requests_never_share_a_colour_while_the_palette_has_room() -> None
     e.apply(Add("A9", prompt=PROMPT[:5]))
     last = owner_index(export_snapshot(e))
     assert last["A9"] == 3 and len({last[r] for r in e.running}) == len(e.running)
+
+
+def test_plain_text_doubles_a_typed_backslash_so_it_reads_apart_from_a_line_break() -> None:
+    e = Engine(EngineConfig(num_blocks=16, block_size=8), kernel="torch")
+    # A line break, a typed backslash and n, a typed "\xff", then the byte 0xff itself.
+    tokens = [*b"a\nb\\nc\\xff", 0xFF]
+    e.apply(Add("A", prompt_tokens=tokens))
+    snap = export_snapshot(e)
+    assert token_text(snap, tokens) == r"a\nb\\nc\\xff\xff"
+    assert describe_op(Add("B", prompt="b\\n\n")) == r"add B ('b\\n\n')"
+    # The Requests export's text column keeps its documented form (render_tokens).
+    assert requests_table(snap).loc[0, "text"] == r"a\nb\nc\xff\xff"
 
 
 def test_a_tiny_byte_layout_tints_bytes_written_by_their_code() -> None:

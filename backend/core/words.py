@@ -67,6 +67,14 @@ def visible(text: str) -> str:
                    for ch in text)
 
 
+def legible(text: str) -> str:
+    r"""`visible(text)` with each backslash doubled, for text read as a line (a status
+    line, a request's prompt and output): a typed backslash and n then reads "\\n",
+    apart from a line break's "\n". Display only: a snapshot's `text` keeps
+    `visible`'s form, which restore compares with the tokens."""
+    return visible(text.replace("\\", "\\\\"))
+
+
 def _escaped(ch: str) -> str:
     code = ord(ch)
     if code < 0x80:

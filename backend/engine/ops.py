@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
-from backend.core.words import counted, visible
+from backend.core.words import counted, legible
 
 MAX_STEP_COUNT = 100_000
 MAX_GROW_TOKENS = 65_536
@@ -241,10 +241,10 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
 
 
 def quoted(text: str, limit: int = 24) -> str:
-    """`text` in single quotes as a label shows it (see `words.visible`), cut to its first
-    `limit` - 3 characters and "..." when longer than `limit`."""
+    """`text` in single quotes as a line of text shows it (see `words.legible`), cut to
+    its first `limit` - 3 characters and "..." when longer than `limit`."""
     cut = text if len(text) <= limit else text[:limit - 3] + "..."
-    return f"'{visible(cut)}'"
+    return f"'{legible(cut)}'"
 
 
 def describe_op(op: Op) -> str:

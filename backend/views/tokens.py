@@ -9,12 +9,13 @@ token boundaries fall. The tokenizer comes from the models package
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import Any
 
 from backend.core.config import TINY_BYTE
 from backend.core.errors import PagedLabError
-from backend.core.words import visible
+from backend.core.words import legible
 from backend.models.registry import codec_for
 from backend.views.host_pool import on_device
 
@@ -56,17 +57,34 @@ def split_characters(snap: Snapshot, tokens: list[int]) -> list[str | None]:
         return [None] * len(tokens)
 
 
+# The lone surrogates "surrogateescape" decodes bytes that are no UTF-8 to.
+_NOT_UTF8 = re.compile("[\udc80-\udcff]+")
+
+
+def _bytes_text(data: bytes) -> str:
+    """`data` as UTF-8 text (`legible`), each byte that is no UTF-8 as \\xNN: a typed
+    "\\xff" reads "\\\\xff", apart from that byte."""
+    text = data.decode("utf-8", "surrogateescape")
+    out, at = [], 0
+    for bad in _NOT_UTF8.finditer(text):
+        out.append(legible(text[at:bad.start()]))
+        out.extend(f"\\x{ord(ch) - 0xDC00:02x}" for ch in bad.group())
+        at = bad.end()
+    out.append(legible(text[at:]))
+    return "".join(out)
+
+
 def token_text(snap: Snapshot, tokens: list[int]) -> str:
     """`tokens` as one line of text under the snapshot's model, to be read rather than to
     show token boundaries: tiny-byte's bytes and a real model's tokens decoded as UTF-8
     (a character split across bytes or tokens whole again; a byte that is no UTF-8 as
-    \\xNN), control characters escaped (`words.visible`). Where the tokenizer is not
-    installed, each token as its id, ⟨id⟩."""
+    \\xNN), control characters escaped and a typed backslash doubled (`words.legible`).
+    Where the tokenizer is not installed, each token as its id, ⟨id⟩."""
     model = model_of(snap)
     if model == TINY_BYTE:
-        return visible(bytes(tokens).decode("utf-8", "backslashreplace"))
+        return _bytes_text(bytes(tokens))
     try:
-        return visible(codec_for(model).decode(tokens))
+        return legible(codec_for(model).decode(tokens))
     except PagedLabError:
         return "".join(f"⟨{t}⟩" for t in tokens)
 
