@@ -46,7 +46,7 @@ engine = session.get_engine()
 with progress.engine_lock(engine, "page", progress.get_work()) as waited:
     waited.finish()
     # What the operation waited for wrote, and the engine, which it may have replaced.
-    session.collect()
+    session.collect(sidebar_drawn=True)
     engine = session.get_engine()
     with engine.lock:
         store.write_address()

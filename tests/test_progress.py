@@ -63,6 +63,19 @@ def test_a_weight_load_reports_its_fraction_and_cannot_be_stopped() -> None:
     assert work.request_stop() and not work.should_go()
 
 
+def test_queued_writes_to_skipped_keys_stay_for_the_next_run() -> None:
+    q = ui_progress.Queued()
+    q.put("engine", 1)
+    q.put("cfg_num_blocks", 64)
+    q.put("flash", "done")
+    state: dict[str, Any] = {}
+    # A page that drew the sidebar already leaves its fields queued, and says so.
+    assert q.apply(state, {"cfg_num_blocks"}) is True
+    assert state == {"engine": 1, "flash": "done"}
+    assert q.apply(state) is False and state["cfg_num_blocks"] == 64
+    assert q.apply(state, {"cfg_num_blocks"}) is False
+
+
 def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
     config = EngineConfig(num_blocks=32, block_size=4)
     engine = Engine(config, kernel="torch")

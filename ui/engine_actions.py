@@ -10,6 +10,7 @@ kernel (`change_kernel`). The per-session state itself lives in ui/session.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import streamlit as st
@@ -45,6 +46,7 @@ from ui.session import (
     ENGINE,
     HISTORY,
     OPLOG,
+    REPLACED_TOO_OFTEN,
     SETTINGS,
     STEP_PICK,
     TIMELINE_PICK,
@@ -54,6 +56,7 @@ from ui.session import (
     flash,
     get_engine,
     get_settings,
+    holding_current,
     snapshot_now,
     view_defaults,
 )
@@ -112,9 +115,9 @@ def load_weights(settings: Settings, work: Work) -> Shown:
         return shown
     label = model_cards(settings.config)[settings.config.model].label
     # Plain text, as every progress text (see ui/progress.py).
-    text = plain_md(f"Loading {label}…")
-    work.begin(text, stoppable=False)
-    bar = shown.call(st.progress, 0.0, text=text)
+    # A waiting run's bar adds the "…" itself (ui/progress.py).
+    work.begin(plain_md(f"Loading {label}"), stoppable=False)
+    bar = shown.call(st.progress, 0.0, text=plain_md(f"Loading {label}…"))
 
     def report(fraction: float, message: str) -> None:
         text = plain_md(f"Loading {label}: {message}")
@@ -145,39 +148,54 @@ def _scheduling(c: EngineConfig) -> str:
     return "; " + ", ".join(parts) if parts else ""
 
 
-def _replace_engine(settings: Settings, message: str, *, detach: bool = False) -> None:
-    """A fresh engine with `settings`; `detach`: under a new session id (the old row stays).
+def _replace_engine(settings_for: Callable[[Settings], Settings], message: str, *,
+                    detach: bool = False) -> None:
+    """A fresh engine with `settings_for(the applied settings)`; `detach`: under a new
+    session id (the old row stays).
 
-    Everything it needs from session state is read first: a click during a weight
-    load supersedes this run, whose session-state reads then raise (ui/progress.py).
+    Under the current engine's lock, weights included (`session.holding_current`): an
+    operation still running on it finishes (and is saved) first, one clicked meanwhile
+    waits and then runs on the new engine, and a replacement clicked meanwhile replaces
+    this one's engine, with its settings. Once the engine is built, nothing reads
+    session state: a click during a weight load supersedes this run, whose reads would
+    raise (ui/progress.py); the writes are queued.
     """
-    sess, work = OpSession.read(), progress.get_work()
-    old = sess.engine
-    # Under the old engine's lock, weights included: an operation still running on it
-    # finishes (and is saved) first, and one clicked meanwhile waits, then finds the
-    # engine replaced and runs on the new one (ui/session.apply).
+    work = progress.get_work()
+    shown: list[Shown] = []
     loaded = Shown()
-    with progress.engine_lock(old, "replace", work) as waited:
-        try:
-            loaded = load_weights(settings, work)
-            engine = build_engine(settings, sess.owner, replacing=old)
-        except PagedLabError as exc:
-            sess.flash("error", f"Refused: {exc}")
+    with holding_current("replace", work, shown) as sess:
+        if sess is None:
+            flash("error", REPLACED_TOO_OFTEN)
         else:
-            if detach:
-                sess.detach()
-            live = saved.Live(engine, settings, History(), OpLog())
-            install(live, sess.queued)
-            sess.save(live, export_snapshot(engine), whole=True)
-            c = settings.config
-            model = "" if c.dims is None else f" on {c.model}"
-            sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
-                               f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
-                               f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
-                               f"{_scheduling(c)}.")
+            loaded = _replace_held(sess, work, settings_for(sess.settings), message, detach)
     collect()
     loaded.finish()
-    waited.finish()
+    for waited in shown:
+        waited.finish()
+
+
+def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
+                  detach: bool) -> Shown:
+    """`_replace_engine` with the engine's lock held; the weight load's Shown."""
+    loaded = Shown()
+    try:
+        loaded = load_weights(settings, work)
+        engine = build_engine(settings, sess.owner, replacing=sess.engine)
+    except PagedLabError as exc:
+        sess.flash("error", f"Refused: {exc}")
+        return loaded
+    if detach:
+        sess.detach()
+    live = saved.Live(engine, settings, History(), OpLog())
+    install(live, sess.queued)
+    sess.save(live, export_snapshot(engine), whole=True)
+    c = settings.config
+    model = "" if c.dims is None else f" on {c.model}"
+    sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
+                       f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
+                       f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
+                       f"{_scheduling(c)}.")
+    return loaded
 
 
 def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
@@ -192,30 +210,37 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
     An engine with state that was saved is not overwritten: the restored state
     goes under a new session id, and the one it replaces stays in the list.
     """
-    sess, work = OpSession.read(), progress.get_work()
-    s, old = sess.settings, sess.engine
-    kept = sess.tab.id if sess.tab.store is not None and has_state(old) else None
+    work = progress.get_work()
+    shown: list[Shown] = []
+    loaded = Shown()
     problem: str | None = None
     config = snapshot_config(data)
-    loaded = Shown()
-    # The weights load under the old engine's lock, as in `_replace_engine`.
-    with progress.engine_lock(old, "replace", work) as waited:
-        if config is not None:
-            try:
-                loaded = load_weights(Settings(config, s.device, s.kernel), work)
-            except PagedLabError as exc:
-                problem = str(exc)
-        if problem is None:
-            problem = _restore_held(data, source, sess, kept)
+    # Weights included, under the current engine's lock, as in `_replace_engine`.
+    with holding_current("replace", work, shown) as sess:
+        if sess is None:
+            problem = REPLACED_TOO_OFTEN
+        else:
+            s = sess.settings
+            kept = sess.tab.id if sess.tab.store is not None and has_state(sess.engine) else None
+            if config is not None:
+                try:
+                    loaded = load_weights(Settings(config, s.device, s.kernel), work)
+                except PagedLabError as exc:
+                    problem = str(exc)
+            if problem is None:
+                problem, restored = _restore_held(data, source, sess, kept)
+                shown.append(restored)
     collect()
     loaded.finish()
-    waited.finish()
+    for waited in shown:
+        waited.finish()
     return problem
 
 
 def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
-                  kept: str | None) -> str | None:
-    """`restore_snapshot` with the old engine's lock held and the weights loaded."""
+                  kept: str | None) -> tuple[str | None, Shown]:
+    """`restore_snapshot` with the old engine's lock held and the weights loaded: the
+    reason it was refused (None: restored), and the Shown of its progress bar."""
     s, old = sess.settings, sess.engine
     problem: str | None = None
     with progress.restoring(f"Restoring {source}: K/V recomputed from the tokens") as (
@@ -246,14 +271,12 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
                                   f"{counted(c.num_blocks, 'block')} "
                                   f"of {counted(c.block_size, 'slot')}, K/V recomputed from the "
                                   f"tokens. Keep working from here.{before}")
-    shown.finish()
-    return problem
+    return problem, shown
 
 
 def apply_config(config: EngineConfig) -> None:
     """Start a new engine with `config` (the current state is discarded)."""
-    s = get_settings()
-    _replace_engine(Settings(config, s.device, s.kernel), "New engine")
+    _replace_engine(lambda s: Settings(config, s.device, s.kernel), "New engine")
 
 
 def apply_pending() -> None:
@@ -271,38 +294,49 @@ def keep_current() -> None:
 
 def reset() -> None:
     """Callback of "Reset engine": a fresh engine with the applied settings."""
-    _replace_engine(get_settings(), "Engine reset")
+    _replace_engine(lambda s: s, "Engine reset")
 
 
 def new_session() -> None:
     """Callback of "New session": an empty engine under a new address once it has state;
     the session it replaces stays saved, in the list."""
-    _replace_engine(get_settings(), "New session", detach=True)
+    _replace_engine(lambda s: s, "New session", detach=True)
 
 
 def change_kernel() -> None:
     """Callback of the device and kernel fields: the same state on another kernel."""
     ss = st.session_state
-    sess = OpSession.read()
-    s = sess.settings
-    device, kernel = ss["dev_device"], ss["dev_kernel"] or s.kernel
-    with progress.engine_lock(sess.engine, "replace", progress.get_work()) as waited:
-        try:
-            engine = switch_kernels(sess.engine, device, kernel)
-        except PagedLabError as exc:
-            ss["dev_device"], ss["dev_kernel"] = s.device, s.kernel
-            flash("error", f"Refused: {exc}")
+    device, kernel_field = ss["dev_device"], ss["dev_kernel"]
+    work = progress.get_work()
+    shown: list[Shown] = []
+    with holding_current("replace", work, shown) as sess:
+        if sess is None:
+            flash("error", REPLACED_TOO_OFTEN)
         else:
-            settings = Settings(s.config, device, kernel)
-            sess.queued.put(ENGINE, engine)
-            sess.queued.put(SETTINGS, settings)
-            live = saved.Live(engine, settings, sess.history, sess.oplog)
-            sess.save(live, snapshot_now(engine, sess.history), whole=True)
-            sess.flash("info", f"Kernel switched: the next model step runs on "
-                               f"{engine.kernels.name} ({engine.device}); requests and blocks "
-                               "are unchanged.")
+            _switch_held(sess, device, kernel_field or sess.settings.kernel)
     collect()
-    waited.finish()
+    for waited in shown:
+        waited.finish()
+
+
+def _switch_held(sess: OpSession, device: str, kernel: str) -> None:
+    """`change_kernel` with the engine's lock held."""
+    s = sess.settings
+    try:
+        engine = switch_kernels(sess.engine, device, kernel)
+    except PagedLabError as exc:
+        sess.queued.put("dev_device", s.device)
+        sess.queued.put("dev_kernel", s.kernel)
+        sess.flash("error", f"Refused: {exc}")
+        return
+    settings = Settings(s.config, device, kernel)
+    sess.queued.put(ENGINE, engine)
+    sess.queued.put(SETTINGS, settings)
+    live = saved.Live(engine, settings, sess.history, sess.oplog)
+    sess.save(live, snapshot_now(engine, sess.history), whole=True)
+    sess.flash("info", f"Kernel switched: the next model step runs on "
+                       f"{engine.kernels.name} ({engine.device}); requests and blocks "
+                       "are unchanged.")
 
 
 def model_preset_changed() -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -107,13 +107,15 @@ class Queued:
             self._writes.pop(key, None)
             self._writes[key] = value
 
-    def apply(self, state: Any) -> None:
-        """Write everything queued into `state` (st.session_state), oldest first."""
+    def apply(self, state: Any, skip: Collection[str] = ()) -> bool:
+        """Write everything queued into `state` (st.session_state), oldest first, except
+        the keys in `skip`, which stay queued. Whether any write stayed for them."""
         while True:
             with self._lock:
-                if not self._writes:
-                    return
-                key, value = next(iter(self._writes.items()))
+                item = next(((k, v) for k, v in self._writes.items() if k not in skip), None)
+                if item is None:
+                    return any(k in skip for k in self._writes)
+            key, value = item
             state[key] = value      # may raise: then it stays queued
             with self._lock:
                 if key in self._writes and self._writes[key] is value:
@@ -184,14 +186,16 @@ def engine_lock(engine: Engine, where: str, work: Work) -> Iterator[Shown]:
     first, even when a newer run has superseded this one meanwhile).
     """
     shown = Shown()
+    bar = None
     if not engine.lock.acquire(blocking=False):
         bar = Bar(shown, where, stoppable=True)
         while not engine.lock.acquire(timeout=POLL_S):
             state = work.state
             if state is not None:
                 bar.show(state)
-        bar.clear()
     try:
+        if bar is not None:
+            bar.clear()
         yield shown
     finally:
         engine.lock.release()

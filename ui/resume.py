@@ -44,8 +44,9 @@ def _load_model_of(sess: session.OpSession, sid: str, work: Work) -> Shown:
         return Shown()
 
 
-def _open(sess: session.OpSession, sid: str) -> saved.Opened | str:
-    """Open saved session `sid` in this tab (installed), or the message saying why not.
+def _open(sess: session.OpSession, sid: str) -> tuple[saved.Opened | str, Shown]:
+    """Open saved session `sid` in this tab (installed), or the message saying why not;
+    and the Shown of its progress bar, for the caller to finish after its bookkeeping.
 
     Call with the current engine's lock held. On success the sidebar's fields
     show the opened session's settings (so: before the sidebar is drawn).
@@ -69,8 +70,7 @@ def _open(sess: session.OpSession, sid: str) -> saved.Opened | str:
             engine_actions.install(opened.live, q)
             engine_actions.set_fields(opened.live.settings, q)
             q.put(store.NOTE, None)
-    shown.finish()
-    return opened if opened is not None else problem
+    return (opened if opened is not None else problem), shown
 
 
 def _say_opened(sess: session.OpSession, opened: saved.Opened, how: str) -> None:
@@ -86,20 +86,25 @@ def _say_opened(sess: session.OpSession, opened: saved.Opened, how: str) -> None
 
 
 def _reopen(sid: str, where: str, how: str, failed: str) -> None:
-    """Replace this tab's engine by saved session `sid`, under the engine's lock, weights
-    included; the status line says how it went (`how` on success, `failed` after the
-    reason otherwise). Reads session state only first (see engine_actions._replace_engine)."""
-    sess, work = session.OpSession.read(), progress.get_work()
-    with progress.engine_lock(sess.engine, where, work) as waited:
-        loaded = _load_model_of(sess, sid, work)
-        outcome = _open(sess, sid)
-        if isinstance(outcome, str):
-            sess.flash("error", f"{outcome} {failed}")
+    """Replace this tab's engine by saved session `sid`, under the current engine's lock,
+    weights included; the status line says how it went (`how` on success, `failed`
+    after the reason otherwise). See engine_actions._replace_engine."""
+    work = progress.get_work()
+    shown: list[Shown] = []
+    with session.holding_current(where, work, shown) as sess:
+        if sess is None:
+            session.flash("error", f"{session.REPLACED_TOO_OFTEN} {failed}")
         else:
-            _say_opened(sess, outcome, how)
+            shown.append(_load_model_of(sess, sid, work))
+            outcome, opening = _open(sess, sid)
+            shown.append(opening)
+            if isinstance(outcome, str):
+                sess.flash("error", f"{outcome} {failed}")
+            else:
+                _say_opened(sess, outcome, how)
     session.collect()
-    loaded.finish()
-    waited.finish()
+    for s in shown:
+        s.finish()
 
 
 def at_start() -> None:

@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import secrets
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -205,9 +206,21 @@ def queued() -> progress.Queued:
     return q
 
 
-def collect() -> None:
-    """Perform the session-state writes queued by operations (see progress.Queued)."""
-    queued().apply(st.session_state)
+# The sidebar's fields, which app.py draws before the page: a write to one once it is
+# drawn raises (StreamlitAPIException), so the page leaves those to the next run.
+SIDEBAR_KEYS = frozenset({*CONFIG_KEYS, *DIM_KEYS, "cfg_model", "dev_device", "dev_kernel"})
+
+
+def collect(*, sidebar_drawn: bool = False) -> None:
+    """Perform the session-state writes queued by operations (see progress.Queued).
+
+    `sidebar_drawn`: called by a page, after this run drew the sidebar. A restore or
+    an opened session that another run finished meanwhile queued the sidebar's
+    fields too: those stay queued and the run starts again, so that `init` writes
+    them before the sidebar is drawn.
+    """
+    if queued().apply(st.session_state, SIDEBAR_KEYS if sidebar_drawn else ()):
+        st.rerun()
 
 
 def get_engine() -> Engine:
@@ -324,6 +337,34 @@ class OpSession:
         self.queued.put(FLASH, (kind, text))
 
 
+# Tries at taking the current engine's lock while other runs keep replacing it.
+MAX_WAITS = 8
+
+
+@contextmanager
+def holding_current(where: str, work: Work, shown: list[Shown]) -> Iterator[OpSession | None]:
+    """Hold the lock of the session's current engine; yields the session read under it.
+
+    Another run may replace the engine while this one waits for the lock (a real
+    model's weight load holds it for seconds): then this one waits for the new
+    engine's lock instead, and acts on that engine. Yields None if it kept being
+    replaced. Each wait's display is appended to `shown`, for the caller to finish
+    after its bookkeeping (see ui/progress.py).
+    """
+    for attempt in range(MAX_WAITS):
+        engine = get_engine()
+        with progress.engine_lock(engine, f"{where}{attempt}", work) as waited:
+            shown.append(waited)
+            collect()
+            if get_engine() is engine:
+                yield OpSession.read()
+                return
+    yield None
+
+
+REPLACED_TOO_OFTEN = "The engine kept being replaced while this waited; try again."
+
+
 def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     """Build and apply one operation; a refusal becomes the page's error message.
 
@@ -337,18 +378,11 @@ def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     shown: list[Shown] = []
     work = progress.get_work()
     result = None
-    for attempt in range(8):
-        engine = get_engine()
-        with progress.engine_lock(engine, f"wait{attempt}", work) as waited:
-            shown.append(waited)
-            collect()
-            # Another run may have replaced the engine while this one waited.
-            if get_engine() is not engine:
-                continue
-            result = _apply_held(OpSession.read(), work, make_op, shown)
-            break
-    else:
-        flash("error", "The engine kept being replaced while this operation waited; try again.")
+    with holding_current("wait", work, shown) as sess:
+        if sess is None:
+            flash("error", REPLACED_TOO_OFTEN)
+        else:
+            result = _apply_held(sess, work, make_op, shown)
     collect()
     # Only now that the operation and its bookkeeping are done: see ui/progress.py.
     for s in shown:
