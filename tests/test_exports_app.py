@@ -24,11 +24,14 @@ from streamlit.runtime.media_file_storage import MediaFileStorage
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test as app_test_module
 
+from backend.core.config import EngineConfig
+from backend.engine.engine import Engine
+from backend.engine.ops import Add
 from backend.io.cli import main
 from backend.io.export import blocks_table, events_table, snapshot_bytes, to_csv
 from backend.io.snapshot import MAX_SNAPSHOT_BYTES, export_snapshot, snapshot_json
 from backend.sessions.tour import TourRun
-from tests.test_app import add, click, engine, start
+from tests.test_app import add, click, engine, shown, start
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -175,7 +178,7 @@ def test_export_import_export_gives_the_same_file(media: Media) -> None:
     other = start()
     upload(other, exported, "prefix.json")
     assert [s.value for s in other.success] == [
-        "Restored the snapshot in 'prefix.json': step 5, 3 requests, 48 blocks of 4 slots, "
+        "Restored the snapshot in 'prefix.json': step 5, 3 requests, 48 blocks of 4 slots; "
         "K/V recomputed from the tokens. Keep working from here."]
     assert playground_state(other) == exported
     assert media.download(other, "dl_snapshot") == exported
@@ -324,3 +327,26 @@ def test_after_a_refusal_a_good_snapshot_still_imports() -> None:
     assert target.error
     upload(target, good, "good.json")
     assert not target.error and playground_state(target) == good
+
+
+def test_a_restored_greedy_config_says_so_and_its_temperature_can_be_changed() -> None:
+    # A scenario's or snapshot's temperature 0 (greedy) is part of the state restored: the
+    # line says so and the sidebar shows it, rather than parallel samples that all agree
+    # for no visible reason.
+    e = Engine(EngineConfig(num_blocks=32, block_size=4, temperature=0), kernel="torch")
+    e.apply(Add("A", prompt="The cat"))
+    at = upload(start(), snapshot_bytes(export_snapshot(e)), "greedy.json")
+    said = [s.value for s in at.success]
+    assert len(said) == 1 and "; greedy (temperature 0: every sample takes the most likely " \
+                               "token); K/V recomputed" in said[0], said
+    assert at.sidebar.number_input(key="cfg_temperature").value == 0
+    assert at.sidebar.number_input(key="cfg_top_p").value is None
+    at.sidebar.number_input(key="cfg_temperature").set_value(0.7).run()
+    click(at, "btn_apply_config")
+    assert engine(at).config.temperature == 0.7 and not engine(at).requests
+    assert any(i.value.endswith("; temperature 0.7.") for i in at.info), at.info
+    # A refused value names the field as the sidebar does.
+    at.sidebar.number_input(key="cfg_temperature").set_value(-1.0).run()
+    assert [shown(e.value) for e in at.sidebar.error] == [
+        "Temperature must be >= 0 (0 is greedy), got -1.0"]
+    assert engine(at).config.temperature == 0.7

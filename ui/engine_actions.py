@@ -134,8 +134,9 @@ def load_weights(settings: Settings, work: Work) -> Shown:
     return shown
 
 
-def _scheduling(c: EngineConfig) -> str:
-    """The scheduler settings that differ from the defaults, for the new engine's line."""
+def _departures(c: EngineConfig) -> str:
+    """The scheduler and sampling settings that differ from the defaults, for the line
+    that announces a new or restored engine ("; at most 2 running, greedy")."""
     parts = []
     if c.max_num_seqs is not None:
         parts.append(f"at most {c.max_num_seqs:,} running")
@@ -145,6 +146,12 @@ def _scheduling(c: EngineConfig) -> str:
         parts.append(f"a watermark of {counted(c.watermark_blocks, 'block')}")
     if c.preemption == "swap":
         parts.append(f"swap preemption to {counted(c.num_cpu_blocks, 'host block')}")
+    if c.temperature == 0:
+        parts.append("greedy (temperature 0: every sample takes the most likely token)")
+    elif c.temperature is not None:
+        parts.append(f"temperature {c.temperature:g}")
+    if c.top_p is not None:
+        parts.append(f"top-p {c.top_p:g}")
     return "; " + ", ".join(parts) if parts else ""
 
 
@@ -194,7 +201,7 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
                        f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
                        f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
-                       f"{_scheduling(c)}.")
+                       f"{_departures(c)}.")
     return loaded
 
 
@@ -269,8 +276,8 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
             sess.flash("success", f"Restored {source}: step {engine.step}, "
                                   f"{counted(len(engine.requests), 'request')}, "
                                   f"{counted(c.num_blocks, 'block')} "
-                                  f"of {counted(c.block_size, 'slot')}, K/V recomputed from the "
-                                  f"tokens. Keep working from here.{before}")
+                                  f"of {counted(c.block_size, 'slot')}{_departures(c)}; K/V "
+                                  f"recomputed from the tokens. Keep working from here.{before}")
     return problem, shown
 
 

@@ -14,6 +14,7 @@ FIELD_LABELS = {
     "num_kv_heads": "KV heads", "seed": "Seed", "max_new_tokens": "Default max new tokens",
     "max_num_seqs": "Max running requests", "max_num_batched_tokens": "Token budget per step",
     "watermark_blocks": "Watermark", "num_cpu_blocks": "Host pool",
+    "temperature": "Temperature", "top_p": "Top-p",
 }
 _FIELD_NAME = re.compile(r"\b(" + "|".join(FIELD_LABELS) + r")\b")
 # The backend's range check, said as the page's other number fields say it (ui/numbers.py).

@@ -103,6 +103,7 @@ CONFIG_KEYS = {
     "cfg_num_layers": "num_layers", "cfg_num_heads": "num_heads",
     "cfg_num_kv_heads": "num_kv_heads", "cfg_head_dim": "head_dim", "cfg_dtype": "dtype",
     "cfg_seed": "seed", "cfg_max_new": "max_new_tokens",
+    "cfg_temperature": "temperature", "cfg_top_p": "top_p",
     "cfg_max_num_seqs": "max_num_seqs", "cfg_max_num_batched_tokens": "max_num_batched_tokens",
     "cfg_watermark_blocks": "watermark_blocks",
     "cfg_preemption": "preemption", "cfg_num_cpu_blocks": "num_cpu_blocks",

@@ -26,6 +26,7 @@ from backend.core.config import (
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.kernels import select_kernels
+from backend.models.registry import default_sampling
 from backend.sessions.playground import (
     ALLOCATION_LABELS,
     KERNEL_LABELS,
@@ -174,7 +175,26 @@ def _config_fields() -> None:
         st.number_input("Default max new tokens", step=1,
                         value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
                         help="For requests added without their own limit; blank or 0: none.")
+        _sampling_fields(model)
     _scheduler_fields()
+
+
+def _sampling_fields(model: str) -> None:
+    """Temperature and top-p; blank is the model's own (SmolLM2's card suggests 0.2 and
+    0.9). A snapshot or scenario may set them (a scenario's 0: greedy), so they show."""
+    temperature, top_p = default_sampling(model)
+    c1, c2 = st.columns(2)
+    c1.number_input("Temperature", step=0.1, format="%g",
+                    value=_applied("cfg_temperature"), key="cfg_temperature",
+                    placeholder=f"{1.0 if temperature is None else temperature:g} (model's)",
+                    help="Divides the logits before the seeded draw: 0 always takes the most "
+                         "likely token (greedy, so parallel samples all agree), higher "
+                         "spreads the choice. Blank: the model's own.")
+    c2.number_input("Top-p", step=0.05, format="%g",
+                    value=_applied("cfg_top_p"), key="cfg_top_p",
+                    placeholder=f"{1.0 if top_p is None else top_p:g} (model's)",
+                    help="The draw keeps the most likely tokens up to this total probability; "
+                         "1 keeps them all. Blank: the model's own.")
 
 
 def _scheduler_fields() -> None:

@@ -40,6 +40,12 @@ def _key(model: str, dtype: str, device: torch.device | str) -> tuple[str, str, 
     return (model, dtype, str(torch.device(device)))
 
 
+def default_sampling(model: str) -> tuple[float | None, float | None]:
+    """`model`'s (temperature, top_p) for a config that sets neither (None: plain softmax,
+    no nucleus), without loading it."""
+    return (SmolLM2 if model in REAL_MODELS else TinyByteLM).default_sampling
+
+
 def codec_for(model: str) -> TextCodec:
     """The tokenizer of `model` (for a real model: read from its file once per process)."""
     codec = _codecs.get(model)
