@@ -183,12 +183,19 @@ def test_add_with_length_limit_and_pinned_blocks_reproduces_the_worked_example()
     assert "entry 1 is physical block **2**" in text and "= **10**" in text
     # The key vector shown is the one stored in the live tensor at that slot.
     _, key, _ = engine(at).read_kv("A", 6, 0)
-    shown = at.dataframe[1].value.to_numpy()
-    assert shown == pytest.approx(key.numpy())
+    stored = at.dataframe[1].value.to_numpy()
+    assert stored == pytest.approx(key.numpy())
     assert engine(at).requests["A"].max_new_tokens == 5
     # The chosen position survives a step (the table grows, the address does not move).
     click(at, "btn_step")
     assert at.number_input(key="tr_pos").value == 6 and "= **10**" in markdown(at)
+    # A position or layer past the request's or model's is refused by name, as every
+    # number field's (no bounds in the browser); nothing is read.
+    at.number_input(key="tr_pos").set_value(10).run()
+    at.number_input(key="tr_layer").set_value(2).run()
+    assert [shown(e.value) for e in at.error] == [
+        "Token position must be 0 to 9; got 10\nLayer must be 0 to 1; got 2"]
+    assert "= **10**" not in markdown(at)
 
 
 def test_grow_decodes_tokens_into_new_blocks() -> None:

@@ -39,6 +39,22 @@ LABELS = """keys => keys.map(k => [...document.querySelectorAll(`.st-key-${k} bu
     })"""
 
 
+# How wide each keyed field's input is drawn.
+WIDTHS = """keys => keys.map(k => document.querySelector(`.st-key-${k} input`).clientWidth)"""
+# Where each event row's text lines start, from the row's left edge: the nearest of them.
+EVENT_TEXT_LEFT = """() => [...document.querySelectorAll('.pl-events > div')].map(row => {
+    const range = document.createRange();
+    range.selectNodeContents(row.lastElementChild);
+    const left = row.getBoundingClientRect().left;
+    return Math.min(...[...range.getClientRects()].map(r => r.left - left));
+})"""
+
+
+def fields_fit(page: Page, keys: list[str], min_px: int = 100) -> None:
+    widths = dict(zip(keys, page.evaluate(WIDTHS, keys), strict=True))
+    assert [k for k, w in widths.items() if w < min_px] == [], widths
+
+
 def no_sideways_scroll(page: Page) -> None:
     # Charts size themselves after they are drawn: give them a moment.
     page.wait_for_timeout(1500)
@@ -81,6 +97,14 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2, timeout=T)
             no_sideways_scroll(page)
             labels_fit(page, "")
+            # The three control panels wrap and the event log stacks over the kernel and
+            # translator, so no field is squeezed ("Laye/r", "e.g. 9, 2, :") and an event
+            # keeps its block number on its line.
+            fields_fit(page, ["add_id", "add_pins", "add_len", "req_child", "batch_n",
+                              "tr_pos"])
+            fields_fit(page, ["tr_layer"], 50)      # a layer has one or two digits
+            starts = page.evaluate(EVENT_TEXT_LEFT)
+            assert starts and min(starts) >= 120, starts      # right of step and badge
             shoot(page, screenshots / "ui-1024-playground.png")
 
             # The Scenarios page, with the contiguous arena under the grid.

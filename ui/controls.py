@@ -25,7 +25,7 @@ from backend.engine.ops import (
 )
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
-from ui import session
+from ui import layout, session
 from ui.numbers import out_of_range
 
 
@@ -82,7 +82,10 @@ def _required(key: str, label: str, lo: int, hi: int) -> int:
 
 def render() -> None:
     engine = session.get_engine()
-    c_add, c_req, c_batch = st.columns([5, 5, 3], gap="medium")
+    # Three panels where the page is wide; where it is not, the batch's goes under.
+    layout.wrap_below("controls", [250, 250, 160])
+    with st.container(key="controls"):
+        c_add, c_req, c_batch = st.columns([5, 5, 3], gap="medium")
     with c_add, st.container(border=True):
         _add_form()
     with c_req, st.container(border=True):

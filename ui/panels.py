@@ -25,7 +25,7 @@ from backend.views import Snapshot
 from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
-from ui import translator
+from ui import layout, translator
 
 # Requests whose text is laid out by block; the table above lists every request.
 MAX_LAYOUTS = 12
@@ -290,6 +290,7 @@ def events(snap: Snapshot) -> None:
 
 # ---- the lower half of a state view ----------------------------------------------
 
+
 def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, prefix: str = "",
                          stale_note: str = "") -> None:
     """Block tables, then the event log beside the kernel panel and address translator.
@@ -300,7 +301,11 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
     """
     st.subheader("Block tables", help=HELP["tables"])
     block_tables(snap, focus)
-    log, side = st.columns([3, 2], gap="large")
+    # Side by side where the page is wide; one under the other where it is not (a 1024 px
+    # window with the sidebar open left the translator 190 px: "Laye/r").
+    layout.stack_below(f"{prefix}lower", 820)
+    with st.container(key=f"{prefix}lower"):
+        log, side = st.columns([3, 2], gap="large")
     with log:
         st.subheader("Event log", help=HELP["events"])
         events(snap)

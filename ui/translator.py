@@ -15,6 +15,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.views.text import plain_md
 from backend.views.tokens import quoted_piece
+from ui.numbers import out_of_range
 
 
 def _block_pieces(engine: Engine, rid: str, logical: int) -> str:
@@ -36,18 +37,31 @@ def panel(engine: Engine, prefix: str = "") -> None:
         return
     if ss.get(f"{prefix}tr_req") not in running:
         ss[f"{prefix}tr_req"] = running[0]
-    c1, c2, c3 = st.columns([2, 2, 1])
+    # Wide enough at 1024 px for "Layer" and an id such as "A.0" not to be cut.
+    c1, c2, c3 = st.columns([2, 2, 1.5])
     rid = c1.selectbox("Request", running, key=f"{prefix}tr_req")
     n = engine.requests[rid].num_tokens
-    if not 0 <= (ss.get(f"{prefix}tr_pos") or 0) < n:
-        ss[f"{prefix}tr_pos"] = min(max(0, ss.get(f"{prefix}tr_pos") or 0), n - 1)
-    pos = c2.number_input("Token position", min_value=0, max_value=n - 1, step=1,
-                          key=f"{prefix}tr_pos", help=f"0 to {n - 1}: the request's tokens.")
     layers = engine.config.num_layers
-    if ss.get(f"{prefix}tr_layer", 0) >= layers:
-        ss[f"{prefix}tr_layer"] = 0
-    layer = c3.number_input("Layer", min_value=0, max_value=layers - 1, step=1,
-                            key=f"{prefix}tr_layer")
+    # A position or layer of another request or engine (the pick changed): the nearest one.
+    if ss.get(f"{prefix}tr_req_seen") != (rid, n, layers):
+        ss[f"{prefix}tr_req_seen"] = (rid, n, layers)
+        ss[f"{prefix}tr_pos"] = min(max(0, ss.get(f"{prefix}tr_pos") or 0), n - 1)
+        ss[f"{prefix}tr_layer"] = min(max(0, ss.get(f"{prefix}tr_layer") or 0), layers - 1)
+    # No bounds in the browser, which would keep a number past them to itself and send
+    # the last one inside (ui/numbers.py): one typed out of range is refused here.
+    pos = c2.number_input("Token position", step=1, key=f"{prefix}tr_pos",
+                          help=f"0 to {n - 1:,}: the request's tokens.")
+    layer = c3.number_input("Layer", step=1, key=f"{prefix}tr_layer",
+                            help=f"0 to {layers - 1}: the model's layers.")
+    refused = [out_of_range(label, 0, top, got)
+               for label, top, got in (("Token position", n - 1, pos), ("Layer", layers - 1, layer))
+               if got is not None and not 0 <= got <= top]
+    if refused:
+        st.error("  \n".join(plain_md(line) for line in refused))
+        return
+    if pos is None or layer is None:
+        st.caption("Type a token position and a layer.")
+        return
     try:
         addr, key, _value = engine.read_kv(rid, int(pos), int(layer))
     except PagedLabError as exc:  # a stale position after the request changed

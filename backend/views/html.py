@@ -219,13 +219,15 @@ def event_log_html(events: pd.DataFrame) -> str:
     rows = []
     for step, kind, text in zip(events["step"], events["kind"], events["what happened"],
                                 strict=True):
-        badge = (f"<span style='display:inline-block;min-width:74px;font-size:11px;"
+        badge = (f"<span style='flex:0 0 auto;min-width:74px;font-size:11px;"
                  f"font-weight:600;color:#fff;background:{_KIND_BADGE[kind]};border-radius:3px;"
                  f"padding:0 5px;margin-right:6px;text-align:center;cursor:help' "
                  f"title='{escape(EVENTS.get(kind, ''), quote=True)}'>{escape(kind)}</span>")
-        rows.append(f"<div style='padding:1px 0;border-bottom:1px solid #EEE'>"
-                    f"<span style='display:inline-block;width:58px;color:#555'>step {step}</span>"
-                    f"{badge}{escape(text)}</div>")
+        # A row of three columns: a line that wraps stays in the text's column.
+        rows.append(f"<div style='display:flex;align-items:baseline;padding:1px 0;"
+                    f"border-bottom:1px solid #EEE'>"
+                    f"<span style='flex:0 0 58px;color:#555'>step {step}</span>{badge}"
+                    f"<span style='flex:1 1 auto;min-width:0'>{escape(text)}</span></div>")
     return "<div class='pl-events' style='font-size:13px'>" + "".join(rows) + "</div>"
 
 

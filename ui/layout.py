@@ -1,0 +1,37 @@
+"""Column layouts that follow the width the page actually has.
+
+Streamlit stacks columns only on a narrow window (640 px), whatever the sidebar
+leaves of it: a 1024 px window with the sidebar open gives the page about 570 px,
+where three panels side by side cut their labels ("Laye/r", "e.g. 9, 2, :"). These
+rules use a CSS container query on a keyed container instead, so they follow the
+page's own width (the sidebar open or closed). Each applies to the columns directly
+inside the container, not to columns nested in them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import streamlit as st
+
+# The columns directly in `.st-key-KEY`: not those inside one of them.
+_ROW = '.st-key-{key} [data-testid="stHorizontalBlock"]:not([data-testid="stColumn"] *)'
+_COLUMN = '.st-key-{key} [data-testid="stColumn"]:not([data-testid="stColumn"] *)'
+
+
+def stack_below(key: str, width_px: int) -> None:
+    """The columns in the container keyed `key` go one under the other below `width_px`
+    of its width. Call before drawing that container."""
+    row, column = _ROW.format(key=key), _COLUMN.format(key=key)
+    st.html(f"<style>.st-key-{key} {{ container-type: inline-size; }}"
+            f"@container (max-width: {width_px}px) {{ {row} {{ flex-direction: column; }}"
+            f"{column} {{ width: 100% !important; flex: 1 1 100% !important; }} }}</style>")
+
+
+def wrap_below(key: str, min_px: Sequence[int]) -> None:
+    """The columns in the container keyed `key` wrap onto the next line rather than the
+    i-th shrinking below `min_px[i]`. Call before drawing that container."""
+    row, column = _ROW.format(key=key), _COLUMN.format(key=key)
+    mins = "".join(f"{column}:nth-child({i}) {{ min-width: min({px}px, 100%) !important; }}"
+                   for i, px in enumerate(min_px, start=1))
+    st.html(f"<style>{row} {{ flex-wrap: wrap; }}{mins}</style>")
