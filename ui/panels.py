@@ -271,7 +271,10 @@ def _beam_group(snap: Snapshot, group: views.BeamGroup) -> None:
         st.caption("Each step keeps the best one-token extensions of the live beams by "
                    "cumulative log-probability (log p). A beam extended twice forked (its "
                    "blocks shared, copied on the next write); one with no survivor was "
-                   "dropped and its blocks released.")
+                   "dropped and its blocks released. log p sums over a beam's own tokens, so "
+                   "one dropped early, with fewer of them, can read higher than a complete "
+                   "one: a round only compares extensions of the same length (no length "
+                   "penalty).")
         df = views.beams_frame(snap, group.group)
         st.dataframe(df, hide_index=True, width="stretch",
                      height=min(35 + 35 * len(df) + 3, 320))

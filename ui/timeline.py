@@ -60,9 +60,13 @@ LATENCY_HELP: dict[str, str] = {
                "added it: its add, or the fork that made it.",
     "first_token": "The row in which it produced its first token.",
     "finished": "The row in which it finished.",
-    "generated": "Tokens it generated.",
-    "ttft_iterations": "Time to first token, in scheduler iterations from its add.",
-    "tpot_iterations": "Time per output token after the first, in scheduler iterations.",
+    "generated": "Tokens it generated itself since it arrived. A forked request's tokens "
+                 "from before the fork are its parent's: the block tables count them too.",
+    "ttft_iterations": "Time to first token, in scheduler iterations from its add. A Grow "
+                       "makes its tokens outside the scheduler's iterations, so a request "
+                       "grown (or forked) by hand can show 0.",
+    "tpot_iterations": "Time per output token after the first, in scheduler iterations: "
+                       "below 1 where Grow made several tokens in one operation.",
     "ttft_ms": "Time to first token, in ms of the engine's work (not time between clicks).",
     "tpot_ms": "Time per output token after the first, in ms of the engine's work.",
 }
@@ -253,7 +257,9 @@ def _details(engine: Engine, history: History) -> None:
                                     for k, h in LATENCY_HELP.items()})
         st.caption("TTFT counts from a request's add to its first token, TPOT from its "
                    "first token to its last over the tokens after the first: in scheduler "
-                   "iterations, and in ms of the engine's own work.")
+                   "iterations (a Grow's tokens take none), and in ms of the engine's own "
+                   "work. `generated` counts what each request generated itself, not what a "
+                   "fork inherited.")
     _downloads(df, lat, engine.step)
 
 
