@@ -130,6 +130,8 @@ def test_playground_tables_images_and_run_zip(media: Media) -> None:
         assert zf.namelist() == [f"step-{i:04d}.json" for i in range(1, 5)]
         assert zf.read("step-0004.json") == snapshot_bytes(snap)
         assert json.loads(zf.read("step-0003.json"))["metrics"]["shared_blocks"] == 6
+    # Named by its steps, as every other download by its own.
+    assert media.file_name(at, "dl_zip") == "playground-run-steps-0001-0004.zip"
 
 
 def open_tour(stem: str, step: int) -> AppTest:

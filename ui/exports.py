@@ -99,7 +99,8 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
     if run:
         first, last = run[0]["step"], run[-1]["step"]
         _button(c[3], "Run (zip)", partial(_zip, run),
-                f"{stem}-run.zip", "application/zip", f"{prefix}dl_zip",
+                f"{stem}-run-steps-{first:04d}-{last:04d}.zip", "application/zip",
+                f"{prefix}dl_zip",
                 f"The whole run: {counted(len(run), 'snapshot')}, one per step, steps "
                 f"{first}–{last} (step-NNNN.json). {run_help}")
     else:

@@ -56,8 +56,8 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
                             f"{old}: position {w.position} is read twice, position {over} "
                             "not at all."))
     st.markdown(f"Next token (the engine's seeded draw): "
-                f"{md_code(_quoted(engine, r.next_token))} · logits "
-                f"{r.logits_diff:.1e} from the engine's")
+                f"{md_code(_quoted(engine, r.next_token))} · its logits differ from the "
+                f"engine's by at most {r.logits_diff:.1e}")
     st.dataframe(pd.DataFrame([{"token": _quoted(engine, t), "probability": p}
                                for t, p in r.top]), hide_index=True, width="stretch",
                  column_config={"probability": st.column_config.NumberColumn(format="%.3f")})
