@@ -2,10 +2,11 @@
 
 The fields describe an `EngineConfig` (`fields_config`); applying one, a reset,
 a new session or a restored snapshot builds a new engine (`_replace_engine`,
-`restore_snapshot`) under the old engine's lock, loading a real model's
-weights first with a progress bar, and installs it with its settings, history
-and log (`install`); a device or kernel change keeps the state on another
-kernel (`change_kernel`). The per-session state itself lives in ui/session.py.
+`restore_snapshot`) under the current engine's lock (`session.holding_current`),
+loading a real model's weights first with a progress bar, and installs it with
+its settings, history and log (`install`); a device or kernel change keeps the
+state on another kernel (`change_kernel`). A click meanwhile waits for the
+lock, then acts on the new engine. The per-session state lives in ui/session.py.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def load_weights(settings: Settings, work: Work) -> Shown:
     if model_loaded(settings):
         return shown
     label = model_cards(settings.config)[settings.config.model].label
-    # Plain text, as every progress text (see ui/progress.py).
-    # A waiting run's bar adds the "…" itself (ui/progress.py).
+    # Plain text, as every progress text; a waiting run's bar adds the "…" itself
+    # (ui/progress.py).
     work.begin(plain_md(f"Loading {label}"), stoppable=False)
     bar = shown.call(st.progress, 0.0, text=plain_md(f"Loading {label}…"))
 
