@@ -62,8 +62,12 @@ def _opener(target: st.Page) -> Callable[[], None]:
     return open_page
 
 
-ALIASES = [st.Page(_opener(target), title=target.title, url_path=name, visibility="hidden")
-           for target, name in zip(PAGES, ("playground", "scenarios", "compare"), strict=True)]
+# Titles written out, not read from the pages: a process that multiprocessing spawns
+# from a server (the simulator's sweep) runs this file bare, where a Page has no title.
+ALIASES = [st.Page(_opener(target), title=title, url_path=name, visibility="hidden")
+           for target, (name, title) in zip(PAGES, (
+               ("playground", "Playground"), ("scenarios", "Scenarios"),
+               ("compare", "Contiguous vs paged")), strict=True)]
 
 session.init()
 # Before the sidebar is drawn: reopening a session sets the sidebar's fields.
