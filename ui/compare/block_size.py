@@ -80,9 +80,15 @@ def block_size_section() -> None:
         except PagedLabError as e:
             refuse(e)
         else:
-            st.session_state[BLOCK_SIM_STATE] = [r.result for r in runs]
-    done: list[SimResult] | None = st.session_state.get(BLOCK_SIM_STATE)
-    if done:
+            # Kept with the inputs it ran: the fields may change before the next run.
+            st.session_state[BLOCK_SIM_STATE] = ((workload, int(requests), int(seed)),
+                                                 [r.result for r in runs])
+    last: tuple[tables.BlockRunInputs, list[SimResult]] | None = st.session_state.get(
+        BLOCK_SIM_STATE)
+    if last and last[1]:
+        ran, done = last
+        st.caption(tables.block_run_caption(ran, (workload, int(requests), int(seed)),
+                                            rate=BLOCK_SIM_RATE, capacity=BLOCK_SIM_CAPACITY))
         st.markdown(tables.block_batch_sentence(done))
         st.altair_chart(charts.block_batch_line(tables.block_batch_frame(done)),
                         width="stretch", key="cmp_blk_batch_chart")

@@ -50,26 +50,27 @@ def maps_section() -> None:
     except PagedLabError as e:
         refuse(e)
         return
-    domain = data["domain"]
     if policy == "max" and max_len * 2 > capacity:
         # Said, not left for the map to show: the max policy then runs one at a time.
         size = (f"the whole {int(capacity):,}-slot arena" if max_len >= capacity else
                 f"{int(max_len):,} slots, more than half the {int(capacity):,}-slot arena,")
         st.caption(f"The max policy reserves {size} for each request: it holds one request "
                    "at a time.")
+    if data["axes"]:
+        st.caption(data["axes"])
     st.altair_chart(charts.kind_legend(), key="cmp_map_legend")
     left, right = st.columns(2, gap="medium")
     for col, side, title in ((left, "left", f"Contiguous: {views.POLICY_SHORT[policy]}"),
                              (right, "right", f"Paged: blocks of {block_size}")):
-        segs, fracs, stride = data[side]
+        shown = data[side]
         with col:
-            st.altair_chart(charts.memory_map(segs, title, int(capacity), domain),
+            st.altair_chart(charts.memory_map(shown["segments"], title, int(capacity),
+                                              shown["domain"]),
                             width="stretch", key=f"cmp_map_{side}")
-            st.altair_chart(charts.fractions_area(fracs, domain), width="stretch",
-                            key=f"cmp_area_{side}")
-            if stride > 1:
-                st.caption(f"One column per {stride} iterations (a snapshot from each "
-                           "span); the shares below average over every iteration.")
+            st.altair_chart(charts.fractions_area(shown["fractions"], shown["domain"]),
+                            width="stretch", key=f"cmp_area_{side}")
+            # The chart's average in numbers: the same figures as the table below.
+            st.caption(" ".join(c for c in (shown["caption"], shown["shares"]) if c))
     st.markdown(data["finish"])
     st.subheader("Time-averaged breakdown on this workload")
     breakdown(data["table"], "cmp_map_table")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.errors import PagedLabError
-from backend.core.words import sentence
+from backend.core.words import counted, sentence
 from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import charts
 from backend.views.compare import frames as views
@@ -18,10 +18,11 @@ def seed_section() -> None:
         "The seed text (the PagedAttention explainer this lab is built to show) gives "
         "this example: requests **A, B and C** will reach **6, 3 and 5** tokens "
         "(they arrive with 2, 1 and 2 and gain one per decode step). The contiguous arena "
-        "reserves one unbroken region per request, sized for its final "
-        "length and placed first-fit; the paged pool of the same 16 slots takes blocks only "
-        "for the tokens that exist. After two decode steps B finishes, and a new request "
-        "D arrives.")
+        "reserves one unbroken region per request, sized from its final length by the "
+        "policy chosen below and placed first-fit; the paged pool of the same 16 slots takes "
+        "blocks only for the tokens that exist. Two decode steps later a new request D "
+        "arrives. Which requests run, wait or finish depends on the policy: the lines under "
+        "the fields say what happened.")
     c1, c2, c3 = st.columns(3)
     with numbers.fields() as f:
         policy = c1.selectbox("Contiguous policy", ["oracle", "pow2", "max"],
@@ -34,6 +35,11 @@ def seed_section() -> None:
     except PagedLabError as e:
         refuse(e)
         return
+    # Told from the run itself: under "max" B and C never start in the arena, under
+    # "pow2" C waits, so one fixed sentence would be wrong for two policies of three.
+    st.markdown(views.seed_arena_story(ex))
+    st.markdown(views.seed_pool_story(ex) + " Then D arrives with "
+                f"{counted(ex.new_len - 1, 'token')} and will reach {ex.new_len}.")
     st.subheader("Contiguous arena")
     st.altair_chart(charts.slot_strip(views.seed_arena_slots(ex), f"{ex.capacity} slots, one "
                                       "region per request"), key="cmp_seed_arena_chart")
@@ -60,7 +66,7 @@ def seed_section() -> None:
     st.dataframe(views.seed_stage_table(ex), hide_index=True, key="cmp_seed_stages")
     st.markdown("**The pool's block tables after D**")
     st.dataframe(views.seed_block_tables(ex), hide_index=True, key="cmp_seed_tables")
-    st.caption("A block table lists a request's physical blocks in token order; they need "
-               "not be neighbours, so any free block will do.")
+    st.caption("A block table lists a request's physical blocks in token order. "
+               + views.seed_reuse_sentence(ex))
     st.markdown("The arena at the last stage as text, one character per slot:")
     st.code(ex.arena[-1].text, language=None)

@@ -13,8 +13,17 @@ The same timeline as the scenario `assets/scenarios/01-contiguous-problem.json`:
 
 With the defaults (16 slots, oracle, D of 5) the arena has 5 slots free in
 holes of 3 and 2, so D cannot be placed although the free total suffices;
-the pool of 16 one-token blocks places it in blocks 11-14. Both memories
-hold the same number of slots: `capacity // block_size` blocks.
+the pool of 16 one-token blocks places it in blocks 11-14. Those were never
+used: the pool hands out blocks from the front of its free queue (vLLM's
+order) and a finished request's blocks join the back, so B's freed blocks
+2, 6 and 9 are reused only by a D of final length 7 or more, which runs past
+the never-used ones (`reuse_length`). Both memories hold the same number of
+slots: `capacity // block_size` blocks.
+
+Under the other policies the arena tells a different story (under "max" A's
+reservation fills the arena, so B and C wait throughout and B never runs):
+`arena_log` and `pool_log` record who was placed, who waited and why, and who
+finished, for the page to narrate.
 
 Everything here is computed by the backend's own `ContiguousArena` and
 `BlockManager` (FIFO free queue, prefix caching off), never written down.
@@ -23,6 +32,7 @@ Everything here is computed by the backend's own `ContiguousArena` and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from backend.core.checks import check_int
 from backend.core.errors import OutOfBlocksError, PagedLabError
@@ -36,6 +46,28 @@ SEED_REQUESTS: tuple[tuple[str, int, int], ...] = (("A", 2, 6), ("B", 1, 3), ("C
 SEED_CAPACITY = 16
 DECODE_STEPS = 2
 MAX_SEED_CAPACITY = 64
+
+
+@dataclass(frozen=True, slots=True)
+class SeedEvent:
+    """One thing that happened to a request in one memory, for the page's narration.
+
+    `step` is 0 at arrival and 1..DECODE_STEPS for the decode steps (a request
+    placed after a step's growth is logged at that step). In the arena `start`
+    and `size` are the region's first slot and length (the region asked for,
+    when it waits) and `largest` the largest hole then; in the pool `blocks`
+    are the table placed or the blocks released (in release order), `size`
+    the blocks asked for and `free` the free blocks then.
+    """
+
+    step: int
+    request: str
+    kind: Literal["placed", "waits", "finishes"]
+    start: int = -1
+    size: int = 0
+    free: int = 0
+    largest: int = 0
+    blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +118,27 @@ class SeedExample:
     fit: FitAnswer                       # the arena's answer for D
     d_table: tuple[int, ...] | None      # D's block table, None if the pool could not place it
     pool_message: str
+    reservations: dict[str, int]         # request -> the region the policy reserves for it
+    arena_log: tuple[SeedEvent, ...]
+    pool_log: tuple[SeedEvent, ...]
+    # The pool's free queue when D arrives, front first: the order it hands blocks out.
+    free_order: tuple[int, ...]
+    # Blocks released by requests that finished in the pool before D, in release order.
+    freed: tuple[int, ...]
+
+    def reuse_length(self, *, every: bool = False) -> int | None:
+        """The smallest final length of D whose blocks include one of `freed` (all of
+        them with `every`), or None if no D up to the capacity gets there.
+
+        D takes blocks from the queue's front, so it reaches the freed block at
+        queue position i once it needs i + 1 blocks, that is once its
+        new_len - 1 tokens exceed i full blocks.
+        """
+        where = [i for i, b in enumerate(self.free_order) if b in set(self.freed)]
+        if not where:
+            return None
+        length = (max(where) if every else min(where)) * self.block_size + 2
+        return length if length <= self.capacity else None
 
 
 def _arena_stage(label: str, arena: ContiguousArena, waiting: list[str],
@@ -107,19 +160,24 @@ def _pool_stage(label: str, m: BlockManager, waiting: list[str]) -> PoolStage:
 
 
 def _place_waiting(arena: ContiguousArena, pool: BlockManager, arena_wait: list[str],
-                   pool_wait: list[str]) -> None:
+                   pool_wait: list[str], step: int, arena_log: list[SeedEvent],
+                   pool_log: list[SeedEvent]) -> None:
     """Mutates: place waiting requests first come, first served while they fit."""
     spec = {rid: (prompt, f) for rid, prompt, f in SEED_REQUESTS}
     while arena_wait:
         prompt, f = spec[arena_wait[0]]
-        if arena.first_fit(arena.reservation_size(f)) is None:
+        size = arena.reservation_size(f)
+        if arena.first_fit(size) is None:
             break
-        arena.reserve(arena_wait.pop(0), f, tokens=prompt)
+        region = arena.reserve(arena_wait.pop(0), f, tokens=prompt)
+        arena_log.append(SeedEvent(step, region.request_id, "placed", region.start, size))
     while pool_wait:
         prompt, _ = spec[pool_wait[0]]
         if pool.blocks_for(prompt) > pool.num_free_blocks:
             break
-        pool.allocate(pool_wait.pop(0), prompt)
+        rid = pool_wait.pop(0)
+        table = pool.allocate(rid, prompt).block_table
+        pool_log.append(SeedEvent(step, rid, "placed", size=len(table), blocks=tuple(table)))
 
 
 def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, *,
@@ -142,36 +200,55 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
                         record_events=False)
     arena_wait: list[str] = []
     pool_wait: list[str] = []
+    arena_log: list[SeedEvent] = []
+    pool_log: list[SeedEvent] = []
+    reservations = {rid: arena.reservation_size(f) for rid, _, f in SEED_REQUESTS}
     # 1. Arrivals: a request that finds no room waits (it is shown, not dropped).
     for rid, prompt, f in SEED_REQUESTS:
-        size = arena.reservation_size(f)
-        if arena.first_fit(size) is None:
+        size = reservations[rid]
+        start = arena.first_fit(size)
+        if start is None:
             arena_wait.append(rid)
+            arena_log.append(SeedEvent(0, rid, "waits", size=size, free=arena.free_total,
+                                       largest=arena.largest_hole()))
         else:
             arena.reserve(rid, f, tokens=prompt)
+            arena_log.append(SeedEvent(0, rid, "placed", start, size))
         try:
-            pool.allocate(rid, prompt)
+            table = pool.allocate(rid, prompt).block_table
+            pool_log.append(SeedEvent(0, rid, "placed", size=len(table), blocks=tuple(table)))
         except OutOfBlocksError:
             pool_wait.append(rid)
+            pool_log.append(SeedEvent(0, rid, "waits", size=pool.blocks_for(prompt),
+                                      free=pool.num_free_blocks))
     arena_stages = [_arena_stage("1. A, B and C arrive", arena, arena_wait, None)]
     pool_stages = [_pool_stage("1. A, B and C arrive", pool, pool_wait)]
     # 2. Decode steps, A, B, C in order; a request at its final length leaves.
-    for _ in range(DECODE_STEPS):
+    freed: list[int] = []
+    for step in range(1, DECODE_STEPS + 1):
         for rid, _, f in SEED_REQUESTS:
             if rid in arena and arena.region(rid).tokens < f:
                 arena.grow(rid, 1)
                 if arena.region(rid).tokens == f:
-                    arena.release(rid)
+                    region = arena.release(rid)
+                    arena_log.append(SeedEvent(step, rid, "finishes", region.start,
+                                               region.reserved))
             if pool.has(rid) and pool.num_tokens(rid) < f:
                 if pool.blocks_needed_to_append(rid, 1) > pool.num_free_blocks:
                     continue   # no room to grow in this toy; it simply waits a step
                 pool.append(rid, num_tokens=1)
                 if pool.num_tokens(rid) == f:
-                    pool.free(rid)
-        _place_waiting(arena, pool, arena_wait, pool_wait)
+                    released = pool.free(rid)
+                    freed.extend(released)
+                    pool_log.append(SeedEvent(step, rid, "finishes", size=len(released),
+                                              blocks=tuple(released)))
+        _place_waiting(arena, pool, arena_wait, pool_wait, step, arena_log, pool_log)
     label = "2. two decode steps"
     arena_stages.append(_arena_stage(label, arena, arena_wait, None))
     pool_stages.append(_pool_stage(label, pool, pool_wait))
+    # The order the pool will hand D its blocks: the free queue, front first. A
+    # finished request's blocks joined its back, behind every block never used.
+    free_order = tuple(b.id for b in pool.pool.free_queue)
     # 3. D arrives: new_len - 1 tokens now, new_len at the end.
     fit = arena.fits(new_len)
     d_tokens = counted(new_len - 1, "token")
@@ -199,5 +276,7 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
                         f"{agrees(free, 'is', 'are')} free")
         pool_wait.append("D")
     pool_stages.append(_pool_stage(label, pool, pool_wait))
+    reservations["D"] = fit.size
     return SeedExample(policy, capacity, block_size, new_len, tuple(arena_stages),
-                       tuple(pool_stages), fit, d_table, pool_message)
+                       tuple(pool_stages), fit, d_table, pool_message, reservations,
+                       tuple(arena_log), tuple(pool_log), free_order, tuple(freed))

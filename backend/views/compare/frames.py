@@ -9,15 +9,15 @@ charts and the page format them as percentages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from backend.core.words import percent
+from backend.core.words import agrees, counted, percent
 from backend.lab.compare.memory_maps import MapReplay, MapSegment, replay_maps, small_trace
-from backend.lab.compare.seed_example import SeedExample
+from backend.lab.compare.seed_example import SEED_REQUESTS, SeedEvent, SeedExample
 from backend.lab.contiguous_types import SEGMENT_KINDS
 from backend.lab.sim.simulator import SimConfig, SimResult, simulate
 
@@ -100,6 +100,196 @@ def seed_block_tables(ex: SeedExample) -> pd.DataFrame:
                          for rid, table in last.tables.items()])
 
 
+_ORDINALS = ("first", "second", "third", "fourth", "fifth")
+# How the pool orders its free blocks, for the sentences about D's blocks.
+_FREE_QUEUE = ("The pool hands out blocks from the front of its free queue, as vLLM's (v1) "
+               "block pool does; a finished request's blocks join the back, behind every "
+               "block never used")
+
+
+def _names(items: Sequence[object]) -> str:
+    """'A', 'A and B', 'A, B and C'."""
+    words = [str(x) for x in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _span(start: int, size: int) -> str:
+    """A region's slots as a range: '6–8', or '6' for one slot."""
+    return str(start) if size == 1 else f"{start}–{start + size - 1}"
+
+
+def _slots(events: Sequence[SeedEvent]) -> str:
+    """The regions of arena events: 'slots 0–5, 6–8 and 9–13'."""
+    one = len(events) == 1 and events[0].size == 1
+    return f"{'slot' if one else 'slots'} {_names([_span(e.start, e.size) for e in events])}"
+
+
+def _blocks(blocks: Sequence[int]) -> str:
+    return f"{'block' if len(blocks) == 1 else 'blocks'} {_names(blocks)}"
+
+
+def _step_name(step: int) -> str:
+    return _ORDINALS[step - 1] if step <= len(_ORDINALS) else f"{step}th"
+
+
+def _waits(events: Sequence[SeedEvent], unit: str) -> list[str]:
+    """Clauses for requests turned away at arrival, those with the same reason together.
+
+    In the arena (`unit` "slot") a region must be one piece, so the largest hole is
+    the reason when enough slots are free in total; in the pool only the count matters.
+    """
+    groups: dict[tuple[int, int, int], list[str]] = {}
+    for e in events:
+        groups.setdefault((e.size, e.free, e.largest), []).append(e.request)
+    out = []
+    for (size, free, largest), rids in groups.items():
+        who = f"{_names(rids)} {agrees(len(rids), 'waits', 'wait')}"
+        need = f"{'each needs' if len(rids) > 1 else 'it needs'} {counted(size, unit)}"
+        only = f"only {free} {agrees(free, 'is', 'are')} free"
+        if unit == "slot":
+            room = ("no slot is free" if not free else
+                    f"the largest hole is {largest}" if free >= size else only)
+            out.append(f"{who}: {need} in one piece and {room}")
+        else:
+            out.append(f"{who}: {need} and {'none is free' if not free else only}")
+    return out
+
+
+def _steps(log: Sequence[SeedEvent], clause: Callable[[SeedEvent, int, int], str]
+           ) -> list[str]:
+    """A sentence per decode step in which a request finished or was placed, its clauses
+    from `clause(event, prompt tokens, final length)`."""
+    spec = {rid: (prompt, final) for rid, prompt, final in SEED_REQUESTS}
+    out = []
+    for step in sorted({e.step for e in log if e.step > 0}):
+        clauses = [clause(e, *spec[e.request]) for e in log
+                   if e.step == step and e.kind != "waits"]
+        out.append(f"At the {_step_name(step)} decode step {', and '.join(clauses)}.")
+    return out
+
+
+def _arena_step(e: SeedEvent, prompt: int, final: int) -> str:
+    if e.kind == "finishes":
+        return f"{e.request} reaches its {final} tokens and finishes, freeing {_slots([e])}"
+    return (f"{e.request}, waiting since it arrived, takes {_slots([e])} and starts from "
+            f"its {counted(prompt, 'prompt token')}")
+
+
+def _pool_step(e: SeedEvent, prompt: int, final: int) -> str:
+    if e.kind == "finishes":
+        return (f"{e.request} reaches its {final} tokens and finishes, freeing "
+                f"{_blocks(sorted(e.blocks))}")
+    return f"{e.request}, waiting since it arrived, takes {_blocks(e.blocks)}"
+
+
+def seed_arena_story(ex: SeedExample) -> str:
+    """What the arena did with A, B and C under the example's policy, in order: what each
+    reserves, who fits and who waits (and why), who finishes or is placed in the decode
+    steps, and who is still waiting when D arrives (under "max", B and C never run)."""
+    final = {rid: f for rid, _, f in SEED_REQUESTS}
+    rids = list(final)
+    sizes = [ex.reservations[r] for r in rids]
+    if ex.policy == "max":
+        whole = ", the whole arena" if sizes[0] == ex.capacity else ""
+        asks = (f"each request reserves the maximum sequence length, "
+                f"{counted(sizes[0], 'slot')}{whole}")
+    else:
+        rule = ("exactly its final length" if ex.policy == "oracle" else
+                "the next power of two of its final length")
+        asks = f"each request reserves {rule}: {_names(rids)} ask for {_names(sizes)} slots"
+    arrival = [e for e in ex.arena_log if e.step == 0]
+    placed = [e for e in arrival if e.kind == "placed"]
+    waiting = [e for e in arrival if e.kind == "waits"]
+    if not waiting:
+        fit = f"all three fit ({_slots(placed)})"
+    else:
+        fit = "; ".join(_waits(waiting, "slot"))
+        if placed:
+            fit = (f"{_names([e.request for e in placed])} "
+                   f"{agrees(len(placed), 'fits', 'fit')} ({_slots(placed)}); {fit}")
+    parts = [f"Under **{POLICY_LABELS[ex.policy]}** {asks}; {fit}."]
+    parts += _steps(ex.arena_log, _arena_step)
+    if not any(e.kind == "finishes" for e in ex.arena_log):
+        held: dict[str, int] = {}
+        for seg in ex.arena[1].segments:
+            if seg.owner is not None and seg.kind == "token_states":
+                held[seg.owner] = held.get(seg.owner, 0) + seg.length
+        running = _names([f"{r} holds {held[r]} of its {final[r]} tokens"
+                          for r in rids if r in held])
+        parts.append(f"In the two decode steps no request finishes: {running}.")
+    still = list(ex.arena[1].waiting)
+    if still:
+        them = agrees(len(still), "it has", "they have")
+        parts.append(f"{_names(still)} {agrees(len(still), 'is', 'are')} still waiting when "
+                     f"D arrives: under this policy {them} not run at all.")
+    return " ".join(parts)
+
+
+def seed_pool_story(ex: SeedExample) -> str:
+    """The same timeline in the paged pool, which takes blocks only for tokens that exist."""
+    arrival = [e for e in ex.pool_log if e.step == 0]
+    placed = [e for e in arrival if e.kind == "placed"]
+    waiting = [e for e in arrival if e.kind == "waits"]
+    if not placed:
+        start = "nothing starts at once"
+    else:
+        who = "all three" if not waiting else _names([e.request for e in placed])
+        sizes = [e.size for e in placed]
+        took = (f"{_names(sizes)} blocks of {ex.block_size}" if len(set(sizes)) > 1 else
+                f"{counted(sizes[0], 'block')} of {ex.block_size}"
+                + (" each" if len(sizes) > 1 else ""))
+        start = f"{who} {agrees(len(placed), 'starts', 'start')} at once ({took})"
+    if waiting:
+        start += "; " + "; ".join(_waits(waiting, "block"))
+    parts = [f"The paged pool takes blocks only for the tokens that exist, so {start}."]
+    parts += _steps(ex.pool_log, _pool_step)
+    still = list(ex.pool[1].waiting)
+    if still:
+        parts.append(f"{_names(still)} {agrees(len(still), 'is', 'are')} still waiting "
+                     "when D arrives.")
+    return " ".join(parts)
+
+
+def seed_reuse_sentence(ex: SeedExample) -> str:
+    """Which of D's blocks a finished request freed, why (the free queue's order), and,
+    when D takes none of them, which final length of D reaches them: the pool's own
+    order, as the block manager hands blocks out, not a story told over it."""
+    if not ex.freed:
+        return ("" if ex.d_table is None else
+                f"D takes {_blocks(ex.d_table)}, never used before: no request has "
+                f"finished in the pool yet. {_FREE_QUEUE}.")
+    finishers = _names([e.request for e in ex.pool_log if e.kind == "finishes"])
+    if ex.d_table is None:
+        # Any free block would do (a table need not list neighbours), but too few are free.
+        return (f"D waits even though {_blocks(sorted(ex.freed))} that {finishers} freed "
+                f"{agrees(len(ex.freed), 'is', 'are')} free again: the pool has fewer free "
+                "blocks than D needs.")
+    freed = set(ex.freed)
+    reused = [b for b in ex.d_table if b in freed]
+    fresh = [b for b in ex.d_table if b not in freed]
+    if reused:
+        text = (f"D takes {_blocks(reused)} that {finishers} freed"
+                + (f", and {_names(fresh)}, never used before" if fresh else "")
+                + f". {_FREE_QUEUE}, so D reached {finishers}'s blocks once the never-used "
+                "ones ran out (a block table need not list neighbours: any free block will "
+                "do).")
+        every = ex.reuse_length(every=True)
+        if len(reused) < len(freed) and every is not None:
+            text += f" A D of final length {every} takes all of them."
+        return text
+    text = (f"D takes {_blocks(ex.d_table)}, never used before; {_blocks(sorted(freed))} "
+            f"that {finishers} freed {agrees(len(freed), 'stays', 'stay')} free. "
+            f"{_FREE_QUEUE}, so D gets {finishers}'s blocks only after those. A block table "
+            "need not list neighbours, so D could use them.")
+    first, every = ex.reuse_length(), ex.reuse_length(every=True)
+    if first is not None:
+        # D of length `first` needs exactly one block past the never-used ones.
+        nxt = ex.free_order[(first - 2) // ex.block_size]
+        text += f" Set D's final length to {first} to see it take block {nxt}"
+        text += f", or to {every} for all of them." if every not in (None, first) else "."
+    return text
+
+
 # ---- one workload, two memories -----------------------------------------------
 
 
@@ -136,7 +326,8 @@ def _binned(segments: tuple[MapSegment, ...], capacity: int, per: int
     return out
 
 
-def _rects(replay: MapReplay, lo: int, stride: int, per: int) -> list[dict[str, object]]:
+def _rects(replay: MapReplay, lo: int, hi: int, stride: int, per: int
+           ) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     seen: set[int] = set()
     for f in replay.frames:
@@ -148,9 +339,10 @@ def _rects(replay: MapReplay, lo: int, stride: int, per: int) -> list[dict[str, 
         runs = ([(s.start, s.start + s.length, s.kind, s.owner) for s in f.segments]
                 if per == 1 else _binned(f.segments, replay.capacity, per))
         for start, end, kind, owner in runs:
-            rows.append({"iteration": x, "iteration_end": x + stride, "start": start,
-                         "end": end, "slots": end - start, "kind": KIND_LABELS[kind],
-                         "owner": owner or ""})
+            # The last column ends with the run, not a whole stride past it (and its axis).
+            rows.append({"iteration": x, "iteration_end": min(x + stride, hi + 1),
+                         "start": start, "end": end, "slots": end - start,
+                         "kind": KIND_LABELS[kind], "owner": owner or ""})
     return rows
 
 
@@ -165,8 +357,10 @@ def map_segments(replay: MapReplay, *, first: int | None = None, last: int | Non
     tens of thousands). The stride is a multiple of the replay's snapshot
     spacing, so every busy span has a snapshot. More slots than `max_rows`
     (more than a chart has pixels for) are grouped into rows of equal size,
-    each showing its dominant state. Columns: iteration, iteration_end, start,
-    end, slots, kind, owner.
+    each showing its dominant state. The columns span `first`..`last` (default:
+    the replay's own run), so a short run is never drawn at a longer run's
+    stride; the last column ends one past `last`. Columns: iteration,
+    iteration_end, start, end, slots, kind, owner.
     """
     shots = [f for f in replay.frames if f.segments is not None]
     lo = replay.frames[0].iteration if first is None else first
@@ -177,11 +371,11 @@ def map_segments(replay: MapReplay, *, first: int | None = None, last: int | Non
     columns = max(1, min(max_columns, int(max_rects / per_shot)))
     stride = every * max(1, -(-span // (columns * every)))
     per = -(-replay.capacity // max_rows)
-    rows = _rects(replay, lo, stride, per)
+    rows = _rects(replay, lo, hi, stride, per)
     # The mean segment count can undershoot a busy stretch: widen until it fits.
     while len(rows) > max_rects and stride < span:
         stride = every * -(-stride * len(rows) // (max_rects * every))
-        rows = _rects(replay, lo, stride, per)
+        rows = _rects(replay, lo, hi, stride, per)
     return pd.DataFrame(rows), stride
 
 
@@ -284,23 +478,71 @@ def finish_sentence(contiguous: MapReplay, paged: MapReplay) -> str:
             f"({contiguous.policy}) and in {done(paged)} in paged memory.")
 
 
+# A map shares the other's time axis only while its run fills at least this share of it;
+# a shorter run would be a sliver at the left (a 614-iteration paged run beside an
+# 11,552-iteration contiguous one), so each map then spans its own run.
+SHARED_AXIS_SHARE = 0.25
+# Points of a share chart at most: each averages its span's iterations, every one counted.
+SHARE_POINTS = 300
+
+
+def share_sentence(replay: MapReplay) -> str:
+    """The run's time-averaged shares, the figures the breakdown table gives its policy."""
+    shares = replay.breakdown()
+    kept = [f"{KIND_LABELS[k]} {pct(shares[k])}" for k in SEGMENT_KINDS if shares[k] > 0]
+    return (f"Averaged over its {len(replay.frames):,} busy iterations: " + ", ".join(kept)
+            + ".")
+
+
+def map_caption(stride: int, share_stride: int) -> str:
+    """How the map's columns and the share chart's points sample the run ('' when both
+    show every iteration)."""
+    if stride == 1 and share_stride == 1:
+        return ""
+    columns = (f"One column per {stride:,} iterations (a snapshot from each span)"
+               if stride > 1 else "One column per iteration")
+    shares = (f"each point of the shares averages {share_stride:,} iterations, every one "
+              "counted" if share_stride > 1 else "the shares show every iteration")
+    return f"{columns}; {shares}."
+
+
 def two_memories(workload: str, requests: int, rate: float, seed: int, max_len: int,
                  capacity: int, policy: str, block_size: int) -> dict[str, Any]:
     """One small trace replayed through a contiguous arena (`policy`) and the paged pool.
 
-    Keys: domain (the iterations both maps span), finish (finish_sentence), left and
-    right (map_segments' rectangles, map_fractions' shares, the stride), and table
-    (the simulator's result for every policy on the same trace).
+    Keys: finish (finish_sentence), shared (whether both maps use one time axis), axes
+    (the sentence that says why they do not, '' when they do), left
+    and right (a dict each: segments and stride from map_segments, fractions from
+    map_fractions, domain, caption, shares), and table (the simulator's result for every
+    policy on the same trace). Each map's columns and share points are spaced by its
+    own run's length, never by the other's; the axes are shared only while the shorter
+    run fills SHARED_AXIS_SHARE of it.
     """
     trace = small_trace(workload, requests, rate, seed, max_len)
     left = replay_maps(trace, policy, capacity, max_len=max_len)
     right = replay_maps(trace, "paged", capacity, block_size=block_size, max_len=max_len)
-    lo = min(left.frames[0].iteration, right.frames[0].iteration)
-    hi = max(left.frames[-1].iteration, right.frames[-1].iteration) + 1
-    out: dict[str, Any] = {"domain": (lo, hi), "finish": finish_sentence(left, right)}
+    spans = {side: (r.frames[0].iteration, r.frames[-1].iteration + 1)
+             for side, r in (("left", left), ("right", right))}
+    lengths = [hi - lo for lo, hi in spans.values()]
+    shared = min(lengths) >= SHARED_AXIS_SHARE * max(lengths)
+    if shared:
+        both = (min(lo for lo, _ in spans.values()), max(hi for _, hi in spans.values()))
+        spans = dict.fromkeys(spans, both)
+    (a, b), (c, d) = spans["left"], spans["right"]
+    axes = ("" if shared else
+            f"The contiguous run spans iterations {a:,}–{b - 1:,} and the paged run "
+            f"{c:,}–{d - 1:,}: too different to share a time axis (the shorter would be a "
+            "sliver), so each map and share chart spans its own run.")
+    out: dict[str, Any] = {"finish": finish_sentence(left, right), "shared": shared,
+                           "axes": axes}
     for side, replay in (("left", left), ("right", right)):
-        segs, stride = map_segments(replay, first=lo, last=hi)
-        out[side] = (segs, map_fractions(replay, stride), stride)
+        segs, stride = map_segments(replay)
+        own = replay.frames[-1].iteration - replay.frames[0].iteration + 1
+        share_stride = max(1, -(-own // SHARE_POINTS))
+        out[side] = {"segments": segs, "stride": stride,
+                     "fractions": map_fractions(replay, share_stride),
+                     "domain": spans[side], "caption": map_caption(stride, share_stride),
+                     "shares": share_sentence(replay)}
     out["table"] = [simulate(trace, SimConfig(p, capacity, block_size, max_len))  # type: ignore[arg-type]
                     for p in POLICY_ORDER]
     return out

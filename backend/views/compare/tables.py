@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from backend.core.words import counted
 from backend.lab.compare.block_sizes import BlockSizePoint
 from backend.lab.memory_calc import MODELS, KVCapacity
 from backend.lab.sharing import SharingResult
@@ -54,6 +55,27 @@ def block_batch_sentence(results: Sequence[SimResult]) -> str:
              f"{pct(r.memory['internal_fragmentation'])} internal fragmentation"
              for r in (ends[0], ends[-1])]
     return "In the simulator, " + "; ".join(parts) + "."
+
+
+# The inputs a block-size simulation ran with: workload, requests, seed.
+BlockRunInputs = tuple[str, int, int]
+
+
+def block_run_caption(ran: BlockRunInputs, fields: BlockRunInputs, *, rate: float,
+                      capacity: int) -> str:
+    """Which inputs the shown block-size simulation ran with and, when the fields no longer
+    match them, which differ: a result kept in the session must never read as the answer
+    to fields it did not run (switching the workload does not rerun it)."""
+    workload, requests, seed = ran
+    text = (f"Last run: {workload}, {counted(requests, 'request')}, seed {seed}, at "
+            f"{rate:g} requests/s in {capacity:,} token slots.")
+    changed = [f"{name} {now:,}" if isinstance(now, int) else f"{name} {now}"
+               for name, was, now in zip(("workload", "requests", "seed"), ran, fields,
+                                         strict=True) if was != now]
+    if changed:
+        text += (f" The fields have changed since ({', '.join(changed)}): the numbers below "
+                 "are from before; press Simulate every block size to run the fields.")
+    return text
 
 
 # ---- sharing -----------------------------------------------------------------------
