@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from backend.core.words import counted
 from backend.engine.sharing import instruction_prompts, measure_sharing, results_json
 
 
@@ -45,7 +46,8 @@ def main() -> int:
                                    block_size=args.block_size,
                                    max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - started
-    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s)"
+    threads = counted(torch.get_num_threads(), "thread")
+    machine = f"{platform.processor() or platform.machine()}, {threads}"
     print(f"# {datetime.date.today()} {machine}; {args.model}, block {args.block_size}, "
           f"max_new_tokens {args.max_new_tokens}, {len(prompts)} prompts, {seconds:.0f} s")
     print("kind      n  saved   paper        steps  cow  peak used/unshared")

@@ -178,7 +178,7 @@ def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> Non
     says = text(at)
     assert dep_views.figure13_sentence(results) in says
     assert "the direction of the paper's Figure 13" in says
-    assert dep_views.length_note(d) in says
+    assert dep_views.length_note(d, last["runs"]) in says
 
 
 def test_an_uploaded_traces_file_name_is_shown_as_text() -> None:

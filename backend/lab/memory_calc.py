@@ -21,7 +21,10 @@ comments name the fields. Parameter counts are those the model cards publish.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
 
 from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
@@ -161,6 +164,26 @@ def kv_capacity(shape: ModelShape | str, gpu_gib: float, *, weight_bits: int = 1
     tokens = kv // per_token
     return KVCapacity(m, gpu, reserve, weights, kv, per_token, tokens, request_len,
                       tokens // request_len, tuple(per_block))
+
+
+def binary_size(n: int) -> str:
+    """Bytes in binary units (B, KiB, MiB, GiB, TiB) at a precision a reader can trust:
+    exact where three decimals hold the value exactly (5,505,024 -> "5.25 MiB", Gemma-2-9B's
+    16-token block; 819,200 -> "800 KiB"), else three significant digits, halves rounded
+    up (26,000,000,000 -> "24.2 GiB"). One decimal would show 5.25 MiB as "5.2 MiB", a
+    block smaller than it is."""
+    k = 0
+    while k < 4 and n >= 1024 ** (k + 1):
+        k += 1
+    unit = ("B", "KiB", "MiB", "GiB", "TiB")[k]
+    value = Fraction(n, 1024 ** k)
+    if (value * 1000).denominator == 1:
+        shown = f"{Decimal(int(value * 1000)).scaleb(-3):,f}".rstrip("0").rstrip(".")
+        return f"{shown} {unit}"
+    places = max(0, 2 - math.floor(math.log10(value)))
+    rounded = (Decimal(value.numerator) / Decimal(value.denominator)).quantize(
+        Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    return f"{rounded:,f} {unit}"
 
 
 def kv_table(kv_dtype_bytes: int = 2) -> list[dict[str, object]]:

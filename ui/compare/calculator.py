@@ -5,7 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.errors import PagedLabError
-from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, kv_capacity
+from backend.core.words import counted
+from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, binary_size, kv_capacity
 from backend.views.compare import tables
 from ui import numbers
 from ui.compare import refuse
@@ -42,8 +43,8 @@ def calculator_section() -> None:
     per_token = model.kv_bytes_per_token(int(kv_bytes))
     st.markdown(
         f"**{name}**: 2 x {model.num_layers} layers x {model.num_kv_heads} KV heads x "
-        f"{model.head_dim} x {kv_bytes} bytes = **{per_token:,} bytes per token "
-        f"({tables.human_bytes(per_token)})**"
+        f"{model.head_dim} x {counted(int(kv_bytes), 'byte')} = **{per_token:,} bytes per "
+        f"token ({binary_size(per_token)})**"
         + (" - the paper's 800 KB per token." if per_token == 819_200 else "."))
     # Whether layers share a block or each has its own changes the bytes of one block,
     # not the bytes per token: the table below counts a block across every layer.
@@ -60,14 +61,18 @@ def calculator_section() -> None:
         refuse(e)
     else:
         m = st.columns(4)
-        m[0].metric("Weights", tables.human_bytes(cap.weight_bytes))
-        m[1].metric("Left for KV", tables.human_bytes(cap.kv_bytes))
+        m[0].metric("Weights", binary_size(cap.weight_bytes))
+        m[1].metric("Left for KV", binary_size(cap.kv_bytes))
         m[2].metric("KV tokens that fit", f"{cap.kv_tokens:,}")
-        m[3].metric(f"Requests of {cap.request_len:,} tokens", f"{cap.requests:,}")
+        m[3].metric(f"Requests of {counted(cap.request_len, 'token')}", f"{cap.requests:,}")
+        # The sizes in words at binary_size's precision: tables.human_bytes keeps one
+        # decimal, which shows Gemma-2-9B's 5.25 MiB block as "5.2 MiB".
+        blocks = tables.capacity_blocks_frame(cap)
+        blocks["per block"] = blocks["bytes per block"].map(binary_size)
         # Short headers, the long names as tooltips: every column fits beside the sidebar
         # in a 1024 px window.
         num = st.column_config.NumberColumn
-        st.dataframe(tables.capacity_blocks_frame(cap), hide_index=True, key="cmp_calc_blocks",
+        st.dataframe(blocks, hide_index=True, key="cmp_calc_blocks",
                      column_config={
                          "block size": num(help="tokens per block", pinned=True),
                          "bytes per block": num("bytes/block", format="localized",
@@ -84,7 +89,10 @@ def calculator_section() -> None:
     # Every model in view, and short headers (the long name as each one's tooltip), so
     # the source column fits a 1400 px window beside the sidebar; in a narrower one the
     # grid scrolls sideways with the model's name pinned in view.
-    st.dataframe(tables.models_frame(int(kv_bytes)), hide_index=True, key="cmp_calc_models",
+    models = tables.models_frame(int(kv_bytes))
+    models["per token"] = models["bytes per token"].map(binary_size)
+    models["per 16-token block"] = (16 * models["bytes per token"]).map(binary_size)
+    st.dataframe(models, hide_index=True, key="cmp_calc_models",
                  height="content", column_config={
                      "model": st.column_config.TextColumn(pinned=True),
                      "query heads": st.column_config.NumberColumn("Q heads",

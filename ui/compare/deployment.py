@@ -57,12 +57,13 @@ def deployment_section() -> None:
     runs = last["runs"]
     results = [r.result for r in runs]
     wall = sum(r.wall_s for r in results)
-    st.caption(f"Last run: {last['workload']}, time / {last['scale']:g}; the four replays "
-               f"took {wall:.1f} s on this server.")
+    st.caption(f"Last run: {last['workload']}, time / {views.as_typed(last['scale'])}; the "
+               f"four replays took {wall:.1f} s on this server.")
     st.markdown("**" + views.figure13_sentence(results) + "**")
     st.altair_chart(views.figure13_chart(views.figure13_frame(results)), width="stretch",
                     key="cmp_dep_fig13")
-    st.markdown(views.length_note(dep.deployment(last["workload"], time_scale=last["scale"])))
+    st.markdown(views.length_note(dep.deployment(last["workload"], time_scale=last["scale"]),
+                                  runs))
     comparison(runs, "cmp_dep", paper_ticks=False)
     preemption_section(runs, "cmp_dep")
     timeline_section(runs, "cmp_dep", f"deployment-{last['workload']}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs_recompute
 from backend.kernels import select_kernels
 from backend.views.compare import swap_recompute as views
@@ -13,6 +14,8 @@ from ui.bars import progress_bar
 from ui.compare import refuse
 
 STATE = "cmp_swap_last"
+NO_SIZES = ("Choose at least one block size to run: each is run on the engine three times "
+            "(never preempting, swapping, recomputing).")
 
 
 def preemption_section() -> None:
@@ -34,7 +37,9 @@ def preemption_section() -> None:
                                  "tokens each (seeded).")
         slots = f.number(c[2], "Device pool (token slots)", 64, 8192, 512, step=64,
                          key="cmp_swap_slots")
-    if st.button("Run on the engine", key="cmp_swap_run", disabled=not sizes):
+    # A disabled button says nothing by itself: the caption under it says why.
+    if st.button("Run on the engine", key="cmp_swap_run", disabled=not sizes,
+                 help=None if sizes else NO_SIZES):
         with progress_bar("Running the engines...") as advance:
             def show(done: int, total: int) -> bool:
                 advance(done / total, f"Engine run {done} of {total} finished")
@@ -48,10 +53,14 @@ def preemption_section() -> None:
                 refuse(exc)
             else:
                 st.session_state[STATE] = (int(slots), measured)
+    if not sizes:
+        st.caption(NO_SIZES)
     # The runs, with the pool they were asked for (the field may have changed since).
     kept: tuple[int, list[PreemptionRun]] | None = st.session_state.get(STATE)
     if not kept or not kept[1]:
-        st.caption("Press Run: a few seconds for four block sizes on a CPU.")
+        if sizes:
+            st.caption(f"Press Run: {counted(len(sizes), 'block size')}, three engine runs "
+                       "each; about a second per block size on a CPU at 16 requests.")
         return
     device = select_kernels("auto", "torch").device.type
     asked, runs = kept

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 
@@ -9,6 +10,7 @@ import streamlit as st
 
 from backend.core.config import SMOLLM2, TINY_BYTE
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.sharing import (
     instruction_prompts,
     mean_prompt_tokens,
@@ -27,6 +29,7 @@ KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
                                               ("beam", "beam search"))
 MAX_ENTRIES = 32
 LIVE = "cmp_share_live_results"
+_THREADS = re.compile(r"(\d+) thread\(s\)")
 
 # Finished experiments, shared by every session. A plain bounded cache, not
 # st.cache_data: the page must know before computing whether anything is left
@@ -111,6 +114,12 @@ def sharing_section() -> None:
         numbers.section(_estimate)
 
 
+def _machine(recorded: str) -> str:
+    """The recording's machine with its thread count in words: bench/sharing_engine.py
+    writes "x86_64, 1 thread(s)", shown as "x86_64, 1 thread" (and "2 threads")."""
+    return _THREADS.sub(lambda m: counted(int(m[1]), "thread"), recorded)
+
+
 def _recorded() -> None:
     st.markdown("**SmolLM2-135M on the engine** (recorded by `bench/sharing_engine.py`)")
     try:
@@ -119,10 +128,10 @@ def _recorded() -> None:
         st.warning(f"No recorded measurement to show ({type(exc).__name__}); run "
                    "bench/sharing_engine.py --out assets/measured/sharing-smollm2.json.")
         return
-    st.caption(f"{meta.get('model')}, {results[0].requests} instruction prompts, block size "
-               f"{results[0].block_size}, up to {meta.get('max_new_tokens')} new tokens, "
-               f"prefix caching off; measured {meta.get('date')} on {meta.get('machine')} "
-               f"in {meta.get('seconds')} s.")
+    st.caption(f"{meta.get('model')}, {counted(results[0].requests, 'instruction prompt')}, "
+               f"block size {results[0].block_size}, up to {meta.get('max_new_tokens')} new "
+               f"tokens, prefix caching off; measured {meta.get('date')} on "
+               f"{_machine(str(meta.get('machine')))} in {meta.get('seconds')} s.")
     _show(results, "cmp_share_recorded")
     model = str(meta.get("model"))
     prompt = mean_prompt_tokens(model)

@@ -23,6 +23,7 @@ from backend.lab.traces import (
     replay_trace,
 )
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
+from backend.views.compare.deployment import as_typed, rate_text
 from ui.compare import refuse
 from ui.numbers import Fields
 
@@ -95,7 +96,7 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
         seed = int(f.number(c[3], "Seed", 0, 1_000_000, 0, key=f"{prefix}_seed"))
         return TraceChoice(("synthetic", source, requests, rate, seed),
                            lambda: make_trace(source, requests, rate, seed),
-                           f"{source}, {requests:,} requests at {rate:g}/s, seed {seed}")
+                           f"{source}, {requests:,} requests at {as_typed(rate)}/s, seed {seed:,}")
     if source == UPLOAD:
         with c[1]:
             got = _uploaded(prefix)
@@ -119,7 +120,8 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
         help="The gaps between arrivals are divided by this: 10 replays the trace ten "
              "times faster."))
     built = replay_trace(full, requests=requests, time_scale=scale)
-    scaled = f", time / {scale:g}" if scale != 1 else ""
+    scaled = f", time / {as_typed(scale)}" if scale != 1 else ""
+    # The mean rate as the real-deployment tab says it, so one trace reads the same in both.
     return TraceChoice(("recorded", digest, requests, scale), lambda: built,
                        f"{name}, the first {requests:,} of {len(full):,} requests "
-                       f"(mean {built.rate:.2f}/s{scaled})", int(full.final_len.max()))
+                       f"(mean {rate_text(built.rate)}/s{scaled})", int(full.final_len.max()))

@@ -45,7 +45,10 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True)
         "policy", "requests/s", "normalized latency (s/token)", "iterations", "preemptions"],
         column_config={"requests/s": st.column_config.NumberColumn(format="%.3f"),
                        "normalized latency (s/token)":
-                           st.column_config.NumberColumn(format="%.4f")})
+                           st.column_config.NumberColumn(format="%.4f"),
+                       # Counts with thousands separators, as the page's text writes them.
+                       "iterations": st.column_config.NumberColumn(format="localized"),
+                       "preemptions": st.column_config.NumberColumn(format="localized")})
 
 
 def preemption_section(runs: Sequence[SimRun], prefix: str) -> None:

@@ -87,6 +87,14 @@ def _watermarks(last: dict[str, Any]) -> None:
                    "smaller batch.")
 
 
+def _refuse_keeping_last(message: str | Exception) -> None:
+    """A refusal that leaves the earlier run on screen (it may have taken minutes), said
+    to be from before these parameters, never as if it answered them."""
+    if SIM_STATE in st.session_state:
+        st.session_state[SIM_STATE]["refused_after"] = True
+    refuse(message)
+
+
 def simulator_section() -> None:
     st.markdown(
         "`python -m backend simulate` on this page: a trace replayed through each "
@@ -120,9 +128,9 @@ def simulator_section() -> None:
                                   key="cmp_sim_policies", format_func=label)
     if st.button("Run simulation", type="primary", key="cmp_sim_run"):
         if not policies:
-            refuse("Choose at least one policy.")
+            _refuse_keeping_last("Choose at least one policy.")
         elif choice is None:
-            refuse("Upload a trace first.")
+            _refuse_keeping_last("Upload a trace first.")
         else:
             ordered = [p for p in views.POLICY_ORDER if p in policies]
             try:
@@ -136,11 +144,7 @@ def simulator_section() -> None:
                 trace = choice.build()
                 ran = run_with_bar(choice.key, trace, configs)
             except PagedLabError as e:
-                # The earlier run stays (it may have taken minutes), said to be the one
-                # before these parameters, never as if it answered them.
-                if SIM_STATE in st.session_state:
-                    st.session_state[SIM_STATE]["refused_after"] = True
-                refuse(e)
+                _refuse_keeping_last(e)
             else:
                 st.session_state[SIM_STATE] = {
                     "label": choice.label, "capacity": int(capacity), "budgets": budgets,

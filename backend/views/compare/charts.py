@@ -9,6 +9,8 @@ fragmentation, dark red external fragmentation, pale free space.
 
 from __future__ import annotations
 
+import math
+
 import altair as alt
 import pandas as pd
 
@@ -71,7 +73,8 @@ def memory_map(df: pd.DataFrame, title: str, capacity: int, x_domain: tuple[int,
         y=alt.Y("start:Q", title="slot", scale=alt.Scale(domain=[0, capacity], nice=False)),
         y2="end:Q",
         color=_kind_color(legend=False),
-        tooltip=["iteration:Q", "kind:N", "owner:N", "start:Q", "slots:Q"],
+        tooltip=[alt.Tooltip("iteration:Q", format=",d"), "kind:N", "owner:N",
+                 alt.Tooltip("start:Q", format=",d"), alt.Tooltip("slots:Q", format=",d")],
     ).properties(title=title, height=height)
 
 
@@ -88,7 +91,8 @@ def fractions_area(df: pd.DataFrame, x_domain: tuple[int, int], *, height: int =
                 axis=alt.Axis(format="%")),
         color=_kind_color(legend=False),
         order=alt.Order("order:Q", sort="ascending"),
-        tooltip=["iteration:Q", "kind:N", alt.Tooltip("fraction:Q", format=".1%")],
+        tooltip=[alt.Tooltip("iteration:Q", format=",d"), "kind:N",
+                 alt.Tooltip("fraction:Q", format=".1%")],
     ).properties(height=height)
 
 
@@ -165,10 +169,16 @@ def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
 
 def block_batch_line(df: pd.DataFrame) -> alt.Chart:
     """Mean batch size the simulator reached per block size (log 2 axis)."""
+    lo, hi = float(df["mean batch size"].min()), float(df["mean batch size"].max())
+    # Batches within a request of each other (the same at every size, on a light trace)
+    # would get a scale a hair wide whose one tick reads "9.319595": a scale at least one
+    # request wide, on whole numbers, instead.
+    scale = (alt.Scale(domain=[math.floor(lo), max(math.ceil(hi), math.floor(lo) + 1)])
+             if hi - lo < 1 else alt.Scale(zero=False))
     return alt.Chart(df).mark_line(point=True, color="#1f4e8c").encode(
         x=alt.X("block size:Q", scale=alt.Scale(type="log", base=2),
                 axis=alt.Axis(values=[int(v) for v in df["block size"]])),
-        y=alt.Y("mean batch size:Q", scale=alt.Scale(zero=False)),
+        y=alt.Y("mean batch size:Q", scale=scale, axis=alt.Axis(format=",.2~f")),
         tooltip=["block size:Q", alt.Tooltip("mean batch size:Q", format=".2f"),
                  alt.Tooltip("internal fragmentation:Q", format=".2%"), "preemptions:Q"],
     ).properties(title="Mean batch size in the simulator", height=240)

@@ -2,22 +2,53 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from itertools import pairwise
+from itertools import groupby, pairwise
 
 import altair as alt
 import pandas as pd
 
-from backend.core.words import percent
+from backend.core.words import counted, percent
 from backend.lab import deployment as dep
-from backend.lab.sim.simulator import SimResult
+from backend.lab.sim.simulator import SimResult, SimRun
 from backend.views.compare.frames import PAPER_SYSTEMS, POLICY_ORDER
+
+
+def rate_text(per_s: float) -> str:
+    """A measured rate to three significant digits, with thousands separators and no
+    trailing zeros: 5.5312 -> '5.53', 276.18 -> '276', 1,027.4 -> '1,027', 0.05531 ->
+    '0.0553'. The trace simulator and the deployment preset both say a trace's mean rate
+    this way, so one trace reads the same in both."""
+    if not per_s > 0:
+        return "0"
+    places = max(0, 2 - math.floor(math.log10(per_s)))
+    shown = f"{per_s:,.{places}f}"
+    return shown.rstrip("0").rstrip(".") if "." in shown else shown
+
+
+def as_typed(x: float) -> str:
+    """A number as typed in one of the page's fields (a time scale, a rate: two decimals
+    at most), with thousands separators and no exponent: 1e6 -> '1,000,000', 0.01 ->
+    '0.01', 50.0 -> '50'."""
+    shown = f"{x:,.2f}"
+    return shown.rstrip("0").rstrip(".")
+
+
+def compression(scale: float) -> str:
+    """What a time scale did to the arrivals, in words: 'not compressed' at 1, 'compressed
+    50 times' above it, 'spread out 100 times' below it (the gaps multiplied)."""
+    if as_typed(scale) == "1":
+        return "not compressed"
+    if scale > 1:
+        return f"compressed {as_typed(scale)} times"
+    return f"spread out {rate_text(1 / scale)} times"
 
 
 def preset_sentence(d: dep.Deployment) -> str:
     """Markdown: the machine, the memory and the trace the preset replays."""
     cap = d.capacity
-    left = (f"; {d.left_out:,} request{'s' if d.left_out != 1 else ''} longer than the "
+    left = (f"; {counted(d.left_out, 'request')} longer than the "
             f"{dep.CONTEXT_LEN:,}-token context left out" if d.left_out else "")
     return (
         f"**{dep.MODEL} on one {dep.GPU}.** {cap.bytes_per_token:,} bytes of KV per token "
@@ -27,8 +58,8 @@ def preset_sentence(d: dep.Deployment) -> str:
         f"{cap.kv_bytes / 2**30:.1f} GiB: **{d.capacity_tokens:,} token slots, "
         f"{d.num_blocks:,} blocks of {dep.BLOCK_SIZE}**. Orca (Max) reserves the "
         f"{dep.CONTEXT_LEN:,}-token context per request. The trace: {d.workload}, "
-        f"{len(d.trace):,} requests{left}, arrivals compressed {d.time_scale:g} times "
-        f"(mean {d.trace.rate:,.0f} requests/s), {dep.ITERATION_S * 1000:g} ms per "
+        f"{len(d.trace):,} requests{left}, arrivals {compression(d.time_scale)} "
+        f"(mean {rate_text(d.trace.rate)} requests/s), {dep.ITERATION_S * 1000:g} ms per "
         "iteration.")
 
 
@@ -40,23 +71,54 @@ def figure13_frame(results: Sequence[SimResult]) -> pd.DataFrame:
                          for p in POLICY_ORDER if p in by])
 
 
+def _shown(value: float) -> float:
+    # What the sentence and the chart's labels show (one decimal): values compared at
+    # this precision, so that two bars labelled 29.1 are never said to differ.
+    return round(value, 1)
+
+
 def figure13_holds(results: Sequence[SimResult]) -> bool:
-    """Whether Orca Max < Pow2 < Oracle < paged in mean batched requests (all four run)."""
-    df = figure13_frame(results)
-    values = df["mean batched requests"].tolist()
+    """Whether Orca Max < Pow2 < Oracle < paged in mean batched requests as shown (one
+    decimal; all four run)."""
+    values = [_shown(v) for v in figure13_frame(results)["mean batched requests"]]
     return len(values) == 4 and all(a < b for a, b in pairwise(values))
 
 
+def _listed(names: Sequence[str]) -> str:
+    """'A', 'A and B', 'A, B and C'."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def figure13_sentence(results: Sequence[SimResult]) -> str:
-    """'Mean batched requests: Orca (Max) 109.3 < ...' and whether the direction holds."""
+    """'Mean batched requests: Orca (Max) 109.3 < ...' (each pair compared as shown: <, =
+    or >) and what that says against the paper's Figure 13."""
     df = figure13_frame(results)
-    parts = [f"{s} {v:,.1f}" for s, v in zip(df["system"], df["mean batched requests"],
-                                              strict=True)]
+    systems = df["system"].tolist()
+    values = df["mean batched requests"].tolist()
+    parts = [f"{s} {v:,.1f}" for s, v in zip(systems, values, strict=True)]
     if len(parts) < 4:
         return "Mean batched requests: " + ", ".join(parts) + "."
-    verdict = ("the direction of the paper's Figure 13" if figure13_holds(results)
-               else "NOT the direction of the paper's Figure 13")
-    return "Mean batched requests: " + " < ".join(parts) + f": {verdict}."
+    shown = [_shown(v) for v in values]
+    said = parts[0]
+    for (a, b), part in zip(pairwise(shown), parts[1:], strict=True):
+        said += f" {'<' if a < b else '=' if a == b else '>'} {part}"
+    said = "Mean batched requests: " + said
+    if figure13_holds(results):
+        return said + ": the direction of the paper's Figure 13."
+    if any(a > b for a, b in pairwise(shown)):
+        return said + ": NOT the direction of the paper's Figure 13."
+    if len(set(shown)) == 1:
+        return (said + ": equal, so memory is not the limit at this load, as the "
+                "introduction above says; a larger time scale makes it bind, the regime of "
+                "the paper's Figure 13.")
+    # Never backwards, but some systems level: memory has not yet set them apart.
+    level = [_listed([s for s, _ in g]) for _, g in groupby(zip(systems, shown, strict=True),
+                                                             key=lambda p: p[1])]
+    level = [names for names in level if " and " in names]
+    return (said + ": the paper's direction where the values differ, but "
+            + "; ".join(f"{names} batch the same" for names in level)
+            + ": at this load memory does not set them apart (in the paper's Figure 13 each "
+            "system batches more than the one before it).")
 
 
 def figure13_chart(df: pd.DataFrame) -> alt.LayerChart:
@@ -73,18 +135,42 @@ def figure13_chart(df: pd.DataFrame) -> alt.LayerChart:
                                     height=260)
 
 
-def length_note(d: dep.Deployment) -> str:
-    """Why paged memory's gain over Orca (Oracle) is as large as it is on this trace."""
+def memory_filled(runs: Sequence[SimRun]) -> list[str] | None:
+    """The systems (the paper's names, in its order) under which a request ever waited for
+    room, or None when there is no run, or one without a timeline, to tell. The preset sets
+    no scheduler budget, so a request waits only when memory cannot take it: memory was
+    full for that policy."""
+    if not runs or any(r.timeline is None for r in runs):
+        return None
+    waited = {r.result.policy for r in runs
+              if r.timeline is not None and bool((r.timeline.columns["waiting"] > 0).any())}
+    return [PAPER_SYSTEMS[p] for p in POLICY_ORDER if p in waited]
+
+
+def length_note(d: dep.Deployment, runs: Sequence[SimRun]) -> str:
+    """Why paged memory's gain over Orca (Oracle) is as large as it is on this trace, and
+    whether memory filled in these runs (`runs`: the preset's replays)."""
     t = d.trace
     share = float(t.output_len.sum() / t.final_len.sum())
     max_fit = d.capacity_tokens // dep.CONTEXT_LEN
-    return (
+    said = (
         f"On {d.workload} the outputs are {percent(share)} of the tokens a request holds when it "
         f"finishes (prompts {t.prompt_len.mean():,.0f} tokens on average, outputs "
         f"{t.output_len.mean():,.0f}). Orca (Oracle) reserves exactly the final length, so "
         "what paged memory saves over it is the output not generated yet plus the holes "
         "between regions: the longer the outputs, the larger the gap. Orca (Max) reserves "
         f"the whole {dep.CONTEXT_LEN:,}-token context and fits {max_fit:,} requests at "
-        "most; Pow2 rounds each final length up to a power "
-        "of two. Once memory is full the mean batch is set by what fits; once the burst is "
-        "served, the last long outputs run almost alone (see the timeline).")
+        "most; Pow2 rounds each final length up to a power of two.")
+    filled = memory_filled(runs)
+    if filled is None:
+        return said
+    if not filled:
+        return (said + " In these replays memory never filled: no request waited for room "
+                "under any policy, so each ran from its arrival and the mean batch is the "
+                "trace's own concurrency, the same for every policy.")
+    everyone = len(filled) == len({r.result.policy for r in runs})
+    return (said + (" Once memory is full" if everyone else
+                    f" Memory filled for {_listed(filled)} only (a request waited for room); "
+                    "once it is full")
+            + " the mean batch is set by what fits; once the burst is served, the last long "
+            "outputs run almost alone (see the timeline).")

@@ -4,11 +4,13 @@ Every preemption in the replay is the same event (backend.lab.sim.replay): a
 decoding request's next token starts a new block and no block is free. Under
 vLLM's rules (running requests before waiting ones; the victim is the most
 recently admitted; it goes back to the head of the queue and returns as soon as
-its blocks fit with the watermark kept free) an overloaded trace preempts about
-once per finished request: each finish frees blocks that admission hands
-straight to the queue's head until only the watermark is left, and the batch
-grows through the watermark in a few iterations. These functions say so with
-the run's own figures.
+its blocks fit with the watermark kept free), while a queue waits each finish
+frees blocks that admission hands straight to the queue's head until only the
+watermark is left. If the batch grows through the watermark before the next
+finish, the newest request is pushed out about once per finish (an overloaded
+trace); if finishes come sooner, only where they lag. These functions say which
+with the run's own figures, and tell that mechanism only where the run's count
+bears it out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pandas as pd
 
 from backend.core.words import counted, percent
 from backend.lab.sim.simulator import SimResult, SimRun
+from backend.views.compare.deployment import rate_text
 
 
 def preemption_note(results: Sequence[SimResult]) -> str:
@@ -54,6 +57,75 @@ def preemption_histogram(df: pd.DataFrame) -> alt.LayerChart:
     return (bars + text).properties(title="Preemptions per request", height=220)
 
 
+def _share(x: float) -> str:
+    """A share as `percent` writes it, but never "0.0%" for something that happened."""
+    return "under 0.1%" if 0 < x < 0.0005 else percent(x)
+
+
+def _per_finish(p: int, n: int) -> str:
+    """Preemptions per finished request, at a precision that keeps a rare one visible:
+    '0.94 preemptions per finished request', 'one preemption per 149 finished requests'."""
+    if p >= 0.1 * n:
+        return f"{p / n:.2f} preemptions per finished request"
+    return f"one preemption per {counted(round(n / p), 'finished request')}"
+
+
+def _iterations(x: float) -> str:
+    return "less than one iteration" if x < 1 else f"about {counted(round(x), 'iteration')}"
+
+
+def _finishes(every: float) -> str:
+    """How often a request finished, in busy iterations."""
+    if every >= 1:
+        return f"a request finished every {every:,.1f} iterations on average"
+    return f"{1 / every:,.1f} requests finished per iteration on average"
+
+
+def _mechanism(run: SimRun) -> str:
+    """Why the preemptions came as often as they did: the watermark's headroom against the
+    time between finishes, told only where the run's own counts bear it out."""
+    r = run.result
+    n, p = r.requests, r.preemptions
+    assert r.block_size is not None
+    grow = r.mean_batch_size / r.block_size        # new blocks the batch needs per iteration
+    growth = (f"a batch of {r.mean_batch_size:,.0f} requests needs about {grow:,.1f} new "
+              "blocks per iteration")
+    every = r.iterations / n                       # busy iterations per finished request
+    said = (f"Requests arrived at {rate_text(r.rate)}/s and finished at "
+            f"{rate_text(r.throughput_requests_per_s)}/s")
+    tl = run.timeline
+    if tl is None or not len(tl):
+        return said + f". Here {growth}, with {_per_finish(p, n)}."
+    queued = float((tl.columns["waiting"] > 0).mean())
+    hit = int(np.count_nonzero(tl.columns["preemptions"]))
+    fell = (f"The {counted(p, 'preemption')} fell in {hit:,} of the {r.iterations:,} busy "
+            f"iterations: {_per_finish(p, n)}.")
+    said += f"; a queue waited in {_share(queued)} of the iterations. "
+    per = p / n
+    wm = r.watermark_blocks or 0
+    if wm == 0:
+        return (said + "No block is kept back (a watermark of 0): admission hands out free "
+                "blocks until the head of the queue no longer fits, so a preemption comes "
+                f"whenever the batch's growth ({growth}) uses up what is left before a "
+                f"finish frees more; {_finishes(every)}. {fell}")
+    lasts = wm / grow
+    watermark = ("While a queue waits, every finish frees blocks that admission hands "
+                 "straight to its head until only the watermark is left, and "
+                 f"{growth}, so the watermark lasts {_iterations(lasts)}")
+    # The watermark's headroom against the gap between finishes sets the count: used up
+    # first, about one preemption per finish while a queue waits; outlasting the gap, only
+    # where finishes lag. Said only when the run's count agrees, within a factor of two.
+    if lasts < every and queued / 2 <= per <= 2 * queued:
+        return (said + watermark + f", and {_finishes(every)}: the watermark runs out "
+                "first, and the newest request is pushed out again, about once per finish "
+                f"while a queue waits. {fell}")
+    if lasts >= every and per < queued / 2:
+        return (said + watermark + f", while {_finishes(every)}: a finish usually frees "
+                "blocks before the watermark is used up, so preemptions came only where "
+                f"finishes lagged. {fell}")
+    return said + f"Here {growth}. {fell}"
+
+
 def preemption_story(run: SimRun) -> str:
     """Markdown: what triggered this paged run's preemptions and how they are spread."""
     r = run.result
@@ -62,15 +134,16 @@ def preemption_story(run: SimRun) -> str:
         return ("Contiguous memory never preempts: each region is sized for the request's "
                 "final length when it is admitted.")
     blocks = r.capacity_tokens // r.block_size
-    watermark = f"{r.watermark_blocks:,} of {blocks:,} blocks"
+    wm = r.watermark_blocks or 0
+    kept = (f"with {wm:,} of {blocks:,} blocks kept free (the watermark)" if wm else
+            "(no block is kept free: a watermark of 0)")
     if p == 0:
+        room = (f"admission kept {wm:,} of {blocks:,} blocks free, and that was enough "
+                "room to grow into" if wm else
+                "admission kept no block back (a watermark of 0), yet a finish always "
+                "freed blocks in time")
         return (f"**No preemption.** The running requests always found a free block for "
-                f"their next token: admission kept {watermark} free, and that was enough "
-                "room to grow into.")
-    tl = run.timeline
-    queued = float((tl.columns["waiting"] > 0).mean()) if tl is not None and len(tl) else 0.0
-    grow = r.mean_batch_size / r.block_size          # new blocks the batch needs per iteration
-    lasts = (r.watermark_blocks or 0) / grow if grow else 0.0
+                f"their next token: {room}.")
     ages = run.victim_ages
     never = n - r.preempted_requests
     most = r.max_preemptions_per_request
@@ -79,26 +152,21 @@ def preemption_story(run: SimRun) -> str:
         worst = f"{counted(at_most, 'request')} as many as {most:,} times"
     else:
         worst = "each of them once" if at_most > 1 else "once"
+    lost = r.recomputed_tokens / max(1, r.output_tokens)
     return (
         f"**Why {p:,} preemptions for {n:,} requests.** Every one is the same event: a "
         "running request's next token starts a new block and no block is free. The "
         "scheduler follows vLLM's rules: running requests are served before waiting ones, "
         "the victim is the most recently admitted request, and it goes back to the head of "
-        f"the queue, to be readmitted as soon as its blocks fit with {watermark} kept free "
-        f"(the watermark). Requests arrived at {r.rate:.2f}/s and finished at "
-        f"{r.throughput_requests_per_s:.2f}/s, so a queue waited in {queued:.0%} of the "
-        "iterations: every finish frees blocks that admission hands straight to the head of "
-        f"the queue until only the watermark is left, and a batch of {r.mean_batch_size:.0f} "
-        f"requests needs {grow:.1f} new blocks per iteration, so the watermark lasts about "
-        f"{lasts:.0f} iterations before the newest request is pushed out again: "
-        f"{p / n:.2f} preemptions per finished request.\n\n"
+        f"the queue, to be readmitted as soon as its blocks fit {kept}. "
+        + _mechanism(run) + "\n\n"
         f"They fall on some requests more than others: {never:,} were never preempted, "
         f"{r.preempted_requests:,} at least once, {worst}; "
-        f"half the victims had been (re)admitted at most {int(np.median(ages)):,} iterations "
-        f"before. The work lost is {r.recomputed_tokens:,} generated tokens recomputed "
-        f"({percent(r.recomputed_tokens / max(1, r.output_tokens))} of the output). The count is "
-        "right for these rules; a larger watermark, or a rate the memory can sustain, "
-        "trades a little batch for far fewer.")
+        "half the victims had been (re)admitted at most "
+        f"{counted(int(np.median(ages)), 'iteration')} before. The work lost is "
+        f"{counted(r.recomputed_tokens, 'generated token')} recomputed ({_share(lost)} of the "
+        "output). The count is right for these rules; a larger watermark, or a rate the "
+        "memory can sustain, trades a little batch for far fewer.")
 
 
 def watermark_frame(results: Sequence[SimResult]) -> pd.DataFrame:

@@ -127,16 +127,22 @@ def _panel(data: pd.DataFrame, title: str, y_title: str, x: alt.X, *, width: int
            ) -> alt.Chart:
     labels = list(dict.fromkeys(data["series"]))
     marked = data["iteration"].nunique() <= MARKED_POINTS
+    # Every panel counts whole things (requests, blocks, tokens): no 0.5 ticks. Means
+    # below one (a light trace's points average mostly idle iterations) would leave a
+    # scale with room for only the tick 0: such a panel runs from 0 to 1.
+    small = data.empty or not float(data["value"].max()) >= 1
     return alt.Chart(data).mark_line(interpolate="step-after", point=marked).encode(
-        # Every panel counts whole things (requests, blocks, tokens): no 0.5 ticks.
-        x=x, y=alt.Y("value:Q", title=y_title, axis=alt.Axis(tickMinStep=1)),
+        x=x, y=alt.Y("value:Q", title=y_title,
+                     scale=alt.Scale(domain=[0, 1]) if small else alt.Undefined,
+                     axis=alt.Axis(format=",d", tickMinStep=1)),
         color=alt.Color("series:N", title=None, sort=labels,
                         scale=alt.Scale(domain=labels, range=_SERIES_COLORS[:len(labels)]),
                         # Dashed strokes, as the lines are told apart, even with points.
                         legend=alt.Legend(orient="right", labelLimit=200,
                                           symbolType="stroke")),
         strokeDash=alt.StrokeDash("series:N", sort=labels, legend=None),
-        tooltip=["iteration:Q", alt.Tooltip("time_s:Q", format=".2f", title="time (s)"),
+        tooltip=[alt.Tooltip("iteration:Q", format=",d"),
+                 alt.Tooltip("time_s:Q", format=",.2f", title="time (s)"),
                  "series:N", alt.Tooltip("value:Q", format=",.1f")],
     ).properties(title=title, width=width, height=130)
 
@@ -153,8 +159,8 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
     # axis one iteration wide, not a zero-width domain.
     x = alt.X("iteration:Q", title="iteration",
               scale=alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False),
-              axis=alt.Axis(format="d", tickMinStep=1))
-    note = f" (mean of {per} iterations per point, idle ones included)" if per > 1 else ""
+              axis=alt.Axis(format=",d", tickMinStep=1))
+    note = f" (mean of {per:,} iterations per point, idle ones included)" if per > 1 else ""
     memory = (_panel(_long(shown, _BLOCKS), "Blocks" + note, "blocks", x, width=width)
               if paged else
               _panel(_long(shown, _SLOTS), "Token slots" + note, "slots", x, width=width))
@@ -163,8 +169,9 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
         x=x, y=alt.Y("preemptions:Q", title="preemptions",
                      scale=alt.Scale(domain=[0, top]),
                      axis=alt.Axis(format=",d", tickMinStep=1)),
-        tooltip=["iteration:Q", alt.Tooltip("preemptions:Q", format=",.0f")],
-    ).properties(title="Preemptions" + (f" (per {per} iterations)" if per > 1 else "")
+        tooltip=[alt.Tooltip("iteration:Q", format=",d"),
+                 alt.Tooltip("preemptions:Q", format=",.0f")],
+    ).properties(title="Preemptions" + (f" (per {per:,} iterations)" if per > 1 else "")
                  # Bars of height zero draw nothing: the title says why the panel is empty.
                  + ("" if shown["preemptions"].any() else ": none in this run"),
                  width=width, height=90)
