@@ -4,32 +4,14 @@ a block-size simulation is labelled with the inputs it ran."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from backend.core.words import percent
 from backend.lab.compare.memory_maps import replay_maps, small_trace
 from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import frames as views
 from backend.views.compare import tables
-
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "compare.py")
-
-
-def start() -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.run()
-    assert not at.exception
-    return at
-
-
-def text(at: AppTest) -> str:
-    parts = [e.value for kind in ("markdown", "caption", "success", "warning", "info", "code")
-             for e in getattr(at, kind)]
-    return "\n".join(str(p) for p in parts)
-
+from tests.test_compare_page import start, text
 
 # ---- freed blocks: the block manager's own order ----------------------------------------
 
