@@ -65,10 +65,7 @@ def calculator_section() -> None:
         m[1].metric("Left for KV", binary_size(cap.kv_bytes))
         m[2].metric("KV tokens that fit", f"{cap.kv_tokens:,}")
         m[3].metric(f"Requests of {counted(cap.request_len, 'token')}", f"{cap.requests:,}")
-        # The sizes in words at binary_size's precision: tables.human_bytes keeps one
-        # decimal, which shows Gemma-2-9B's 5.25 MiB block as "5.2 MiB".
         blocks = tables.capacity_blocks_frame(cap)
-        blocks["per block"] = blocks["bytes per block"].map(binary_size)
         # Short headers, the long names as tooltips: every column fits beside the sidebar
         # in a 1024 px window.
         num = st.column_config.NumberColumn
@@ -90,8 +87,6 @@ def calculator_section() -> None:
     # the source column fits a 1400 px window beside the sidebar; in a narrower one the
     # grid scrolls sideways with the model's name pinned in view.
     models = tables.models_frame(int(kv_bytes))
-    models["per token"] = models["bytes per token"].map(binary_size)
-    models["per 16-token block"] = (16 * models["bytes per token"]).map(binary_size)
     st.dataframe(models, hide_index=True, key="cmp_calc_models",
                  height="content", column_config={
                      "model": st.column_config.TextColumn(pinned=True),

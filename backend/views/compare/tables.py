@@ -9,7 +9,7 @@ import pandas as pd
 
 from backend.core.words import counted
 from backend.lab.compare.block_sizes import BlockSizePoint
-from backend.lab.memory_calc import MODELS, KVCapacity
+from backend.lab.memory_calc import MODELS, KVCapacity, binary_size
 from backend.lab.sharing import SharingResult
 from backend.lab.sim.simulator import SimResult
 from backend.views.compare.frames import pct
@@ -116,13 +116,9 @@ def sharing_sentence(results: Sequence[SharingResult]) -> str:
 
 
 def human_bytes(n: int) -> str:
-    """Bytes in binary units: 819200 -> '800 KiB'."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:,.0f} {unit}" if value == int(value) else f"{value:,.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    """Bytes in binary units at `memory_calc.binary_size`'s precision: 819200 -> '800 KiB',
+    Gemma-2-9B's 16-token block '5.25 MiB' (one decimal would show '5.2 MiB')."""
+    return binary_size(n)
 
 
 def capacity_blocks_frame(cap: KVCapacity) -> pd.DataFrame:
