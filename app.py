@@ -11,23 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import streamlit as st
-import torch
-from PIL import Image
 
-# Imported before anything compiles a Triton kernel: on a machine without a GPU it
-# switches Triton to its interpreter (TRITON_INTERPRET must be set first).
-import backend.kernels  # noqa: F401
-from backend.views.grid import icon_pixels
-from ui import entry, resume, session, sidebar, store
-
-# One thread per torch op: the server runs many sessions' steps side by side on a small
-# CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
-# makes a step ten or more times slower (docs/BENCHMARKS.md, SmolLM2). Sessions already
-# run in parallel threads; the pool would only contend with them.
-torch.set_num_threads(1)
-
-# The icon is drawn, not a :material/...: name: the browser would fetch that from Google.
-st.set_page_config(page_title="PagedLab", page_icon=Image.fromarray(icon_pixels()), layout="wide")
+st.set_page_config(page_title="PagedLab", layout="wide")
 
 # One line per page. Each url_path differs from its file's name on purpose: Streamlit's
 # legacy pages/ handling (still consulted on a server's first run, and on every AppTest
@@ -69,11 +54,12 @@ ALIASES = [st.Page(_opener(target), title=title, url_path=name, visibility="hidd
                ("playground", "Playground"), ("scenarios", "Scenarios"),
                ("compare", "Contiguous vs paged")), strict=True)]
 
-session.init()
-# Before the sidebar is drawn: reopening a session sets the sidebar's fields.
-resume.at_start()
+# The navigation reaches the browser before anything slow runs. Until it does, a
+# fresh server's sidebar lists the raw file names of pages/ ("app, compare,
+# fragmentation, …"), and the first run's imports of torch, Triton and the backend
+# take seconds, its first engine longer.
 page = st.navigation([HOME, *PAGES, *ALIASES])
-sidebar.render()
-store.write_cookie()
-with entry.app_page():
-    page.run()
+
+from ui import start  # noqa: E402  (slow: see above)
+
+start.run(page)

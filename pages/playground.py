@@ -7,16 +7,21 @@ this browser's saved sessions. The address names this session once it has
 state (ui/store.py).
 """
 
+# ruff: noqa: E402 (the page hands a fresh server's first run to app.py before its imports)
 from __future__ import annotations
 
 import streamlit as st
+
+from ui import entry
+
+# First, before the slow imports below: a fresh server's /playground (ui/entry.py).
+entry.through_app()
 
 from backend.views.text import plain_md
 from ui import (
     control_run,
     controls,
     engine_actions,
-    entry,
     exports,
     panels,
     progress,
@@ -27,7 +32,6 @@ from ui import (
     whatif,
 )
 
-entry.through_app()    # a fresh server's /playground (ui/entry.py)
 st.title("Playground")
 st.caption("A real paged KV-cache allocator and paged-attention kernel. Each action below is "
            "one engine operation; every view shows the state it left.")

@@ -5,14 +5,19 @@ slider over every step taken, a link that opens the same step, downloads of
 what is shown, and "continue from here" into the Playground.
 """
 
+# ruff: noqa: E402 (the page hands a fresh server's first run to app.py before its imports)
 from __future__ import annotations
 
 import streamlit as st
 
-from backend.views.text import plain_md
-from ui import control_run, entry, exports, panels, sidebar, tour, tour_widgets
+from ui import entry
 
-entry.through_app()    # a fresh server's /scenarios (ui/entry.py)
+# First, before the slow imports below: a fresh server's /scenarios (ui/entry.py).
+entry.through_app()
+
+from backend.views.text import plain_md
+from ui import control_run, exports, panels, sidebar, tour, tour_widgets
+
 tour.init()
 run, frame = tour.sync()
 # The scenario's own config, not the Playground's pool fields (they would change
