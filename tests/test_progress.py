@@ -250,3 +250,35 @@ def test_progress_texts_show_request_ids_as_plain_text(monkeypatch: pytest.Monke
     assert len(shown) == 3
     for text in [*shown, bar]:
         assert "](" not in text and "\\]\\(" in text, text
+
+
+def test_runs_waiting_for_an_engine_get_its_lock_in_the_order_they_came() -> None:
+    # A threading.Lock wakes its waiters in no particular order; clicks must act in the
+    # order they were made (a superseded click's operation before the later one's page).
+    engine = Engine(EngineConfig())
+    work = Work()
+    order: list[int] = []
+    started: list[threading.Event] = []
+    threads: list[threading.Thread] = []
+
+    def wait_and_record(i: int) -> None:
+        started[i].set()
+        with ui_progress.engine_lock(engine, f"t{i}", work):
+            order.append(i)
+
+    with ui_progress.engine_lock(engine, "holder", work):
+        # Re-entrant, as the engine's own lock: the holder's thread goes first again.
+        with ui_progress.engine_lock(engine, "again", work):
+            pass
+        for i in range(6):
+            started.append(threading.Event())
+            threads.append(threading.Thread(target=wait_and_record, args=(i,)))
+            threads[i].start()
+            assert started[i].wait(5)
+            # In line before the next one starts (its place is taken before it waits).
+            while len(ui_progress._line(engine)._waiting) < i + 2:
+                threading.Event().wait(0.01)
+    for t in threads:
+        t.join(10)
+    assert order == list(range(6))
+    assert not ui_progress._line(engine)._waiting

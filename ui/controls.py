@@ -23,10 +23,13 @@ from backend.engine.ops import (
     Op,
     check_request_id,
 )
+from backend.engine.results import OpResult
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
 from ui import layout, session
 from ui.numbers import out_of_range
+from ui.progress import Queued
+from ui.session import MakeOp
 
 
 def status_line() -> None:
@@ -97,31 +100,36 @@ def render() -> None:
 # ---- add ----------------------------------------------------------------------
 
 def _on_add() -> None:
-    ss = st.session_state
+    def prepare() -> MakeOp:
+        ss = st.session_state
+        fields = {
+            "request": request_id("add_id", "Request id"), "prompt": ss["add_prompt"],
+            "prompt_len": whole_number("add_len", "Random tokens (N)", 1, MAX_PROMPT_TOKENS),
+            "max_new_tokens": whole_number("add_max_new", "Max new tokens", 1,
+                                           MAX_PROMPT_TOKENS),
+            "blocks": ss["add_pins"],
+            "n": whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
+            "beam_width": whole_number("add_beam", "Beam width", 1, MAX_SAMPLES),
+            "chat": bool(ss.get("add_chat"))}
+        return lambda engine: add_op(
+            **fields, existing=engine.requests, vocab_size=engine.config.vocab_size,
+            default_max_new=engine.config.max_new_tokens)
 
-    def make(engine: Engine) -> Op:
-        return add_op(
-            request=request_id("add_id", "Request id"), prompt=ss["add_prompt"],
-            prompt_len=whole_number("add_len", "Random tokens (N)", 1, MAX_PROMPT_TOKENS),
-            max_new_tokens=whole_number("add_max_new", "Max new tokens", 1, MAX_PROMPT_TOKENS),
-            blocks=ss["add_pins"], existing=engine.requests,
-            vocab_size=engine.config.vocab_size,
-            n=whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
-            beam_width=whole_number("add_beam", "Beam width", 1, MAX_SAMPLES),
-            default_max_new=engine.config.max_new_tokens, chat=bool(ss.get("add_chat")))
-
-    result = session.apply(make)
-    if result is not None and isinstance(result.op, Add):
+    def after(result: OpResult, q: Queued) -> None:
+        if not isinstance(result.op, Add):
+            return
         # Keep the prompt (adding it again shows prefix sharing); clear the one-offs,
         # the random length among them: it wins over the text while it is set, so
         # left in place it would turn the next add of the kept text into random tokens.
         # Then put the new request in the per-request controls.
-        ss["add_id"] = ""
-        ss["add_pins"] = ""
-        ss["add_len"] = None
+        q.put("add_id", "")
+        q.put("add_pins", "")
+        q.put("add_len", None)
         # With n samples or beams the requests are ID.0, ID.1, ...; pick the first.
         grouped = result.op.n is not None or result.op.beam_width is not None
-        ss["req_pick"] = result.op.request + (".0" if grouped else "")
+        q.put("req_pick", result.op.request + (".0" if grouped else ""))
+
+    session.apply(prepare, after)
 
 
 def _add_form() -> None:
@@ -181,28 +189,36 @@ def _picked() -> str:
 
 
 def _on_grow() -> None:
-    session.apply(lambda _: op_from({
-        "op": "grow", "request": _picked(),
-        "tokens": _required("req_grow_n", "Grow by (tokens)", 1, MAX_GROW_TOKENS)}))
+    def prepare() -> MakeOp:
+        op = op_from({"op": "grow", "request": _picked(),
+                      "tokens": _required("req_grow_n", "Grow by (tokens)", 1, MAX_GROW_TOKENS)})
+        return lambda _: op
+
+    session.apply(prepare)
 
 
 def _on_fork() -> None:
-    ss = st.session_state
+    def prepare() -> MakeOp:
+        parent, child = _picked(), request_id("req_child", "Child id")
+        return lambda engine: op_from({
+            "op": "fork", "request": parent,
+            "child": child or next_child_id(parent, engine.requests)})
 
-    def make(engine: Engine) -> Op:
-        parent = _picked()
-        child = request_id("req_child", "Child id") or next_child_id(parent, engine.requests)
-        return op_from({"op": "fork", "request": parent, "child": child})
+    def after(result: OpResult, q: Queued) -> None:
+        if isinstance(result.op, Fork):
+            # The child is what a person usually acts on next (grow it to diverge).
+            q.put("req_child", "")
+            q.put("req_pick", result.op.child)
 
-    result = session.apply(make)
-    if result is not None and isinstance(result.op, Fork):
-        # The child is what a person usually acts on next (grow it to diverge).
-        ss["req_child"] = ""
-        ss["req_pick"] = result.op.child
+    session.apply(prepare, after)
 
 
 def _on_finish() -> None:
-    session.apply(lambda _: op_from({"op": "finish", "request": _picked()}))
+    def prepare() -> MakeOp:
+        op = op_from({"op": "finish", "request": _picked()})
+        return lambda _: op
+
+    session.apply(prepare)
 
 
 def _request_label(engine: Engine, rid: str) -> str:
@@ -251,21 +267,25 @@ def _request_controls(engine: Engine) -> None:
 # ---- the batch ----------------------------------------------------------------
 
 def _on_step(count: int | None = None) -> None:
-    def make(engine: Engine) -> Op:
+    def prepare() -> MakeOp:
         steps = count if count is not None else _required("batch_n", "Steps", 1, MAX_STEP_N)
-        if engine.idle:
-            # An iteration with nothing to run would still take a step number and a
-            # timeline row (the engine allows it, for scenarios that say so).
-            name = "Step" if count is not None else "Step N"
-            raise PagedLabError(f"{name} has nothing to run: no request is running, waiting "
-                                "or swapped out")
-        return op_from({"op": "step", "count": steps})
 
-    session.apply(make)
+        def make(engine: Engine) -> Op:
+            if engine.idle:
+                # An iteration with nothing to run would still take a step number and a
+                # timeline row (the engine allows it, for scenarios that say so).
+                name = "Step" if count is not None else "Step N"
+                raise PagedLabError(f"{name} has nothing to run: no request is running, "
+                                    "waiting or swapped out")
+            return op_from({"op": "step", "count": steps})
+        return make
+
+    session.apply(prepare)
 
 
 def _on_shuffle() -> None:
-    session.apply(lambda _: op_from({"op": "shuffle"}))
+    op = op_from({"op": "shuffle"})
+    session.apply(lambda: lambda _: op)
 
 
 def _batch_controls() -> None:

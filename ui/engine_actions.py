@@ -44,11 +44,7 @@ from ui.progress import Shown
 from ui.session import (
     CONFIG_KEYS,
     CONFIRM_RESET,
-    ENGINE,
-    HISTORY,
-    OPLOG,
     REPLACED_TOO_OFTEN,
-    SETTINGS,
     STEP_PICK,
     TIMELINE_PICK,
     OpSession,
@@ -82,15 +78,13 @@ REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "req_child": "", TIMELINE_P
                                    **view_defaults("", "past_")}
 
 
-def install(live: saved.Live, q: progress.Queued) -> None:
-    """Queue `live` as the session's (its engine, settings, history, log); views of the
-    old engine's requests reset. The caller performs the writes (`collect`)."""
-    q.put(ENGINE, live.engine)
-    q.put(SETTINGS, live.settings)
-    q.put(HISTORY, live.history)
-    q.put(OPLOG, live.oplog)
+def install(live: saved.Live, sess: OpSession) -> None:
+    """Queue `live` as the session's (its engine, settings, history, log; see
+    `OpSession.replace`); views of the old engine's requests reset. The caller performs
+    the writes (`collect`)."""
+    sess.replace(live)
     for key, value in REQUEST_WIDGETS.items():
-        q.put(key, value)
+        sess.queued.put(key, value)
 
 
 def set_fields(settings: Settings, q: progress.Queued) -> None:
@@ -195,7 +189,7 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     if detach:
         sess.detach()
     live = saved.Live(engine, settings, History(), OpLog())
-    install(live, sess.queued)
+    install(live, sess)
     sess.save(live, export_snapshot(engine), whole=True)
     c = settings.config
     model = "" if c.dims is None else f" on {c.model}"
@@ -268,7 +262,7 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
                               OpLog(snapshot))
             if kept is not None:
                 sess.detach()
-            install(live, sess.queued)
+            install(live, sess)
             set_fields(live.settings, sess.queued)
             sess.save(live, snapshot, whole=True)
             c = engine.config
@@ -337,10 +331,8 @@ def _switch_held(sess: OpSession, device: str, kernel: str) -> None:
         sess.queued.put("dev_kernel", s.kernel)
         sess.flash("error", f"Refused: {exc}")
         return
-    settings = Settings(s.config, device, kernel)
-    sess.queued.put(ENGINE, engine)
-    sess.queued.put(SETTINGS, settings)
-    live = saved.Live(engine, settings, sess.history, sess.oplog)
+    live = saved.Live(engine, Settings(s.config, device, kernel), sess.history, sess.oplog)
+    sess.replace(live)
     sess.save(live, snapshot_now(engine, sess.history), whole=True)
     sess.flash("info", f"Kernel switched: the next model step runs on "
                        f"{engine.kernels.name} ({engine.device}); requests and blocks "

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -176,10 +178,59 @@ class Bar:
             self.shown.call(self._slot.empty)
 
 
+class _Line:
+    """The runs waiting for one engine's lock, in the order they came.
+
+    A threading.Lock serves its waiters in no particular order; clicks must act in the
+    order they were made: a waiting click that a later click superseded acts on the
+    engine before that later one, whose page then shows both (see ui/session.py).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        # (thread id, ticket) per place.
+        self._waiting: deque[tuple[int, object]] = deque()
+
+    @contextmanager
+    def place(self) -> Iterator[Callable[[float], bool]]:
+        """A place at the end of the line, for the block; yields `turn(timeout)`: whether
+        this place is first, waiting at most `timeout` seconds for it to be. A thread
+        already first goes first again (the engine's lock is re-entrant too)."""
+        me = threading.get_ident()
+        ticket = (me, object())
+        with self._cond:
+            self._waiting.append(ticket)
+
+        def turn(timeout: float) -> bool:
+            with self._cond:
+                return self._cond.wait_for(lambda: self._waiting[0][0] == me, timeout)
+
+        try:
+            yield turn
+        finally:
+            with self._cond:
+                self._waiting.remove(ticket)
+                self._cond.notify_all()
+
+
+# One line per engine; weak, so a line goes with its engine.
+_LINES: weakref.WeakKeyDictionary[Engine, _Line] = weakref.WeakKeyDictionary()
+_LINES_LOCK = threading.Lock()
+
+
+def _line(engine: Engine) -> _Line:
+    with _LINES_LOCK:
+        line = _LINES.get(engine)
+        if line is None:
+            line = _LINES[engine] = _Line()
+        return line
+
+
 @contextmanager
 def engine_lock(engine: Engine, where: str, work: Work) -> Iterator[Shown]:
-    """Hold `engine`'s lock. While another run of this session holds it, show what that
-    run is doing, with a Stop button (keyed by `where`), until it lets go.
+    """Hold `engine`'s lock, after the runs of this process that asked for it earlier
+    through here. While another run holds it or is ahead, show what the holder is
+    doing, with a Stop button (keyed by `where`), until it lets go.
 
     Yields the Shown of that display: the caller calls its `finish` once it has
     done what it holds the lock for (a callback applies its click's operation
@@ -187,18 +238,22 @@ def engine_lock(engine: Engine, where: str, work: Work) -> Iterator[Shown]:
     """
     shown = Shown()
     bar = None
-    if not engine.lock.acquire(blocking=False):
-        bar = Bar(shown, where, stoppable=True)
-        while not engine.lock.acquire(timeout=POLL_S):
-            state = work.state
-            if state is not None:
-                bar.show(state)
-    try:
-        if bar is not None:
-            bar.clear()
-        yield shown
-    finally:
-        engine.lock.release()
+    with _line(engine).place() as turn:
+        def acquired(timeout: float) -> bool:
+            return turn(timeout) and engine.lock.acquire(timeout=timeout)
+
+        if not acquired(0):
+            bar = Bar(shown, where, stoppable=True)
+            while not acquired(POLL_S):
+                state = work.state
+                if state is not None:
+                    bar.show(state)
+        try:
+            if bar is not None:
+                bar.clear()
+            yield shown
+        finally:
+            engine.lock.release()
 
 
 def label_of(op: Op) -> str:

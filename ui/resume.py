@@ -67,7 +67,7 @@ def _open(sess: session.OpSession, sid: str) -> tuple[saved.Opened | str, Shown]
             problem = (f"No saved session {store.short(sid)}: it may have expired or been "
                        "deleted." if opened is None else "")
         if opened is not None:
-            engine_actions.install(opened.live, q)
+            engine_actions.install(opened.live, sess)
             engine_actions.set_fields(opened.live.settings, q)
             q.put(store.NOTE, None)
     return (opened if opened is not None else problem), shown

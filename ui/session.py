@@ -49,6 +49,7 @@ browser's latest one (ui/resume.py).
 from __future__ import annotations
 
 import secrets
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,6 +88,7 @@ FIELDS_PROBLEM = "config_problem"   # why the sidebar's fields describe no confi
 HISTORY = "history"
 OPLOG = "oplog"
 QUEUED = "queued_writes"
+GENERATION = "engine_generation"   # see OpSession.generation
 OWNER = "kv_owner"
 MAX_HISTORY = MAX_STEPS
 
@@ -313,11 +315,14 @@ class OpSession:
     owner: str
     tab: saved.Tab
     queued: progress.Queued
+    # How many times the session's engine or settings were replaced (`replace`).
+    generation: int
 
     @staticmethod
     def read() -> OpSession:
         return OpSession(get_engine(), get_settings(), get_history(), get_oplog(),
-                        get_owner(), store.get_tab(), queued())
+                         get_owner(), store.get_tab(), queued(),
+                         st.session_state.get(GENERATION, 0))
 
     def save(self, live: saved.Live, snapshot: dict[str, Any], *,
              op: dict[str, Any] | None = None, whole: bool = False) -> None:
@@ -329,6 +334,27 @@ class OpSession:
             return
         self.queued.put(store.NOTE, saved.save(self.tab, live, snapshot, op=op, whole=whole))
 
+    def replace(self, live: saved.Live) -> OpSession:
+        """Make `live` the session's engine, settings, history and log; returns the session
+        that results. Call with this engine's lock held.
+
+        The writes are queued (see progress.Queued), and the new session is recorded as
+        this engine's successor: a run that waited for this engine's lock follows it
+        there (`holding_current`) without reading session state. `live.engine` may be
+        this engine itself, with other settings (a kernel switch on the same device).
+        """
+        q = self.queued
+        q.put(ENGINE, live.engine)
+        q.put(SETTINGS, live.settings)
+        q.put(HISTORY, live.history)
+        q.put(OPLOG, live.oplog)
+        q.put(GENERATION, self.generation + 1)
+        after = OpSession(live.engine, live.settings, live.history, live.oplog, self.owner,
+                          self.tab, q, self.generation + 1)
+        with _SUCCESSORS_LOCK:
+            _SUCCESSORS[self.engine] = after
+        return after
+
     def detach(self) -> None:
         """The next save starts a new row under a new id; the current row stays, listed."""
         self.tab.id, self.tab.synced = None, False
@@ -338,36 +364,70 @@ class OpSession:
         self.queued.put(FLASH, (kind, text))
 
 
+# The session that replaced an engine (`OpSession.replace`), by the engine it replaced.
+# Weak: once no run holds the old engine, its entry goes with it. Engines are never
+# shared between browser sessions, so neither are entries.
+_SUCCESSORS: weakref.WeakKeyDictionary[Engine, OpSession] = weakref.WeakKeyDictionary()
+_SUCCESSORS_LOCK = threading.Lock()
+
+
+def _successor(engine: Engine) -> OpSession | None:
+    with _SUCCESSORS_LOCK:
+        return _SUCCESSORS.get(engine)
+
+
 # Tries at taking the current engine's lock while other runs keep replacing it.
 MAX_WAITS = 8
 
 
 @contextmanager
 def holding_current(where: str, work: Work, shown: list[Shown]) -> Iterator[OpSession | None]:
-    """Hold the lock of the session's current engine; yields the session read under it.
+    """Hold the lock of the session's current engine; yields the session it belongs to.
 
-    Another run may replace the engine while this one waits for the lock (a real
-    model's weight load holds it for seconds): then this one waits for the new
-    engine's lock instead, and acts on that engine. Yields None if it kept being
+    The session is read before waiting. Another run may replace the engine while this
+    one waits for the lock (a real model's weight load holds it for seconds): then
+    this one follows the replacement's record (`OpSession.replace`) to the new engine,
+    waits for its lock instead, and acts on it. Nothing after the wait reads session
+    state, so a click whose run a later click superseded while it waited still acts
+    (its reads would raise: see progress.Queued). Yields None if the engine kept being
     replaced. Each wait's display is appended to `shown`, for the caller to finish
     after its bookkeeping (see ui/progress.py).
     """
+    sess = OpSession.read()
     for attempt in range(MAX_WAITS):
-        engine = get_engine()
-        with progress.engine_lock(engine, f"{where}{attempt}", work) as waited:
+        with progress.engine_lock(sess.engine, f"{where}{attempt}", work) as waited:
             shown.append(waited)
-            collect()
-            if get_engine() is engine:
-                yield OpSession.read()
+            after = _successor(sess.engine)
+            if after is None or after.generation <= sess.generation:
+                yield sess
                 return
+            if after.engine is sess.engine:
+                # Other settings for the same engine (a kernel switch on the same
+                # device changes the engine in place).
+                yield after
+                return
+        sess = after
     yield None
 
 
 REPLACED_TOO_OFTEN = "The engine kept being replaced while this waited; try again."
 
 
-def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
+# Builds a click's operation on the engine it will run on. Reads no session state: it
+# runs after the wait for the engine's lock (see `apply`).
+MakeOp = Callable[[Engine], Op]
+# Queues what a click writes once its operation is applied (see progress.Queued).
+AfterOp = Callable[[OpResult, progress.Queued], None]
+
+
+def apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:
     """Build and apply one operation; a refusal becomes the page's error message.
+
+    `prepare` reads the click's fields (session state) before anything waits, and
+    returns what builds the operation once this run holds the engine's lock: a click
+    that waited behind another operation still acts, even if a later click has
+    superseded its run meanwhile. `after` queues the click's writes for an applied
+    operation.
 
     The engine validates before it changes anything, so after a refusal the
     state is exactly as it was. Anything else is a failure half-way: the engine
@@ -376,30 +436,35 @@ def apply(make_op: Callable[[Engine], Op]) -> OpResult | None:
     between two (then the result's op is the step that ran). After an applied
     operation the session is saved.
     """
+    try:
+        make_op = prepare()
+    except PagedLabError as exc:
+        flash("error", f"Refused: {op_refusal(str(exc))}")
+        return
     shown: list[Shown] = []
     work = progress.get_work()
-    result = None
     with holding_current("wait", work, shown) as sess:
         if sess is None:
             flash("error", REPLACED_TOO_OFTEN)
         else:
             result = _apply_held(sess, work, make_op, shown)
+            if result is not None and after is not None:
+                after(result, sess.queued)
     collect()
     # Only now that the operation and its bookkeeping are done: see ui/progress.py.
     for s in shown:
         s.finish()
-    return result
 
 
-def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
+def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
                 shown: list[Shown]) -> OpResult | None:
-    """`apply` with the engine's lock held. After the engine has run, no session state."""
+    """`apply` with the engine's lock held: no session state, only `sess`."""
     engine = sess.engine
     try:
         before = snapshot_now(engine, sess.history)
         op = make_op(engine)
     except PagedLabError as exc:
-        flash("error", f"Refused: {op_refusal(str(exc))}")
+        sess.flash("error", f"Refused: {op_refusal(str(exc))}")
         return None
     with progress.working(op, work) as (working, callback):
         shown.append(working)
@@ -415,7 +480,7 @@ def _apply_held(sess: OpSession, work: Work, make_op: Callable[[Engine], Op],
             sess.flash("error", f"Refused: {op_refusal(str(exc))}")
             return None
     if applied.result is None:
-        sess.queued.put(ENGINE, applied.engine)
+        sess.replace(saved.Live(applied.engine, sess.settings, sess.history, sess.oplog))
         sess.flash("error", f"The operation failed half-way ({applied.failure}); the engine "
                             f"was put back to the state before it, step {applied.engine.step}.")
         return None
