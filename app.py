@@ -40,10 +40,11 @@ HOME = st.Page(_open_playground, title="PagedLab", url_path="home", default=True
                visibility="hidden")
 
 # The pages' file names, which a person may well type (and which a fresh server's first
-# run resolves by itself: ui/entry.py), open the pages at their addresses.
+# run resolves by itself: ui/entry.py), open the pages at their addresses, with the
+# link's query (a scenario and its step).
 def _opener(target: st.Page) -> Callable[[], None]:
     def open_page() -> None:
-        st.switch_page(target)
+        st.switch_page(target, query_params=st.query_params.to_dict())
     return open_page
 
 

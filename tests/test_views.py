@@ -37,7 +37,7 @@ from backend.views import grid
 from backend.views.html import request_layout_html
 from backend.views.model import BLOCK_TABLE_COLUMN, status_text
 from backend.views.settings import config_items
-from backend.views.text import WORD_JOINER, is_plain, md_code, md_escape, plain_md
+from backend.views.text import NBSP, WORD_JOINER, is_plain, md_code, md_escape, plain_md
 from backend.views.tokens import token_text
 
 PROMPT = "The cat sat on the mat."   # 23 bytes: five full blocks of 4 and one of 3
@@ -392,15 +392,23 @@ def test_a_message_without_syntax_is_left_as_it_is(text: str) -> None:
     "![x](http://example.invalid/a.png)", "[a](b)", "[a][b]", "[r]: http://x", "<img src=x>",
     ":material/home:", ":red[red]", ":smile:", "$x$", "**b**", "_i_", "`c`", "~s~", "# h",
     "- item", "1. one", "> quote", "a | b", "&#58;", "http://x", "www.x.y", "a@b.c",
-    "a\\b", " lead", "two\nlines", "___", "a == b",
+    "a\\b", " lead", "two\nlines", "___", "a == b", "The  cat",
 ])
 def test_text_with_syntax_is_escaped_to_itself(text: str) -> None:
     assert not is_plain(text)
     escaped = plain_md(text)
     assert escaped != text
-    unescaped = re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", escaped).replace(WORD_JOINER, "")
+    unescaped = (re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", escaped).replace(WORD_JOINER, "")
+                 .replace(NBSP, " "))
     assert unescaped.replace("  \n", "\n") == "\n".join(line.lstrip() for line in
                                                          text.splitlines())
+
+
+def test_a_run_of_spaces_keeps_its_width() -> None:
+    # HTML would show "The  cat" with one space, where the scenario's point is the two.
+    assert plain_md("The  cat sat") == "The " + NBSP + "cat sat"
+    assert md_escape("a   b") == "a " + NBSP + NBSP + "b"
+    assert plain_md("one space each") == "one space each"
 
 
 def test_bare_addresses_get_a_word_joiner_so_they_are_not_made_links() -> None:

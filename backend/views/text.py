@@ -38,18 +38,22 @@ _LINE_START = re.compile(r"^(?:[-+=*_>#\[]|\d+[.)])")
 _INLINE = re.compile(r"!\[|\]\(|\]\[|==|www\.|://|@", re.IGNORECASE)
 _WWW = re.compile(r"www(?=\\\.)", re.IGNORECASE)
 WORD_JOINER = "\u2060"
+# HTML shows a run of spaces as one; each space after the first of a run becomes a
+# no-break space, which keeps its width ("The  cat" shows its two spaces).
+NBSP = "\u00a0"
+_SPACE_IN_RUN = re.compile(r"(?<= ) ")
 
 
 def md_escape(text: str) -> str:
     """`text` with every Markdown character escaped, for use inside our own Markdown.
 
     Line breaks stay line breaks (hard ones); leading blanks of a line are dropped, as
-    four of them would make a code block. Bare addresses get an invisible word joiner
-    (see _unlink).
+    four of them would make a code block; a run of spaces inside a line keeps its
+    width (NBSP). Bare addresses get an invisible word joiner (see _unlink).
     """
     lines = text.splitlines() or [""]
-    return "  \n".join(_unlink(_PUNCTUATION.sub(r"\\\1", line.lstrip(" \t")))
-                       for line in lines)
+    escaped = (_unlink(_PUNCTUATION.sub(r"\\\1", line.lstrip(" \t"))) for line in lines)
+    return "  \n".join(_SPACE_IN_RUN.sub(NBSP, line) for line in escaped)
 
 
 def _unlink(escaped: str) -> str:
@@ -85,7 +89,7 @@ def is_plain(text: str) -> bool:
     """
     if text == "":
         return True
-    if (text != text.strip(" ") or _SYNTAX_CHARS.intersection(text)
+    if (text != text.strip(" ") or "  " in text or _SYNTAX_CHARS.intersection(text)
             or _LINE_START.match(text) or _INLINE.search(text)):
         return False
     return not any((c == "_" and _underscore_is_syntax(text, i))
