@@ -4,7 +4,7 @@ Runs inside app.py's navigation or alone (`streamlit run pages/compare.py`); it 
 no engine and keeps its own widget state under the `cmp_` prefix.
 """
 
-# ruff: noqa: E402 (the imports of ui/ follow the search-path fix below)
+# ruff: noqa: E402 (the imports of ui/ follow the search-path fix and the hand-over below)
 from __future__ import annotations
 
 import sys
@@ -18,7 +18,12 @@ if _ROOT not in sys.path:
 
 import streamlit as st
 
-from ui import entry, sidebar
+from ui import entry
+
+# First, before the slow imports below: a fresh server's /compare (ui/entry.py).
+entry.through_app()
+
+from ui import layout, sidebar
 from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
 from ui.compare.deployment import deployment_section
@@ -29,7 +34,6 @@ from ui.compare.sharing import sharing_section
 from ui.compare.simulator import simulator_section
 from ui.numbers import section
 
-entry.through_app()    # a fresh server's /compare (ui/entry.py)
 # ---- the page ---------------------------------------------------------------------------
 
 # What the tabs run on; the Playground's pool and kernel fields would change nothing here.
@@ -40,9 +44,13 @@ st.caption(
     "38.2% of their KV memory for actual token states (the PagedAttention paper, Figure 2); "
     "paging keeps 96.3%, so 2 to 4 times more requests fit. Here is that effect on the same "
     "workloads, small and large.")
-tabs = st.tabs(["The seed's example", "One workload, two memories", "Trace simulator",
-                "Real deployment", "Block size", "Swap or recompute", "Sharing",
-                "Memory calculator"])
+# Eight tabs fit one line on a wide page; beside the sidebar in a 1024 px window they
+# take two, every name in view (the sidebar's notes call the tabs by these names).
+layout.wrap_tabs("cmp_tabs")
+with st.container(key="cmp_tabs"):
+    tabs = st.tabs(["The seed's example", "One workload, two memories", "Trace simulator",
+                    "Real deployment", "Block size", "Swap or recompute", "Sharing",
+                    "Memory calculator"])
 sections = [seed_section, maps_section, simulator_section, deployment_section,
             block_size_section, preemption_section, sharing_section, calculator_section]
 for tab, draw in zip(tabs, sections, strict=True):

@@ -35,3 +35,11 @@ def wrap_below(key: str, min_px: Sequence[int]) -> None:
     mins = "".join(f"{column}:nth-child({i}) {{ min-width: min({px}px, 100%) !important; }}"
                    for i, px in enumerate(min_px, start=1))
     st.html(f"<style>{row} {{ flex-wrap: wrap; }}{mins}</style>")
+
+
+def wrap_tabs(key: str) -> None:
+    """The tab bar in the container keyed `key` wraps its tabs onto a second line where the
+    page is too narrow for them all, rather than hiding the last ones behind a scroll
+    arrow (a 1024 px window with the sidebar open showed four and a half of eight). The
+    lines touch, as one bar. Call before drawing that container."""
+    st.html(f"<style>.st-key-{key} [role=tablist] {{ flex-wrap: wrap; row-gap: 0; }}</style>")

@@ -10,7 +10,7 @@ from backend.lab.contiguous import DEFAULT_MAX_LEN
 from backend.lab.sim.simulator import SimConfig, SimResult
 from backend.lab.workloads import make_trace
 from backend.views.compare import charts, tables
-from ui import numbers
+from ui import layout, numbers
 from ui.compare import in_percent, refuse
 from ui.compare.sim_runs import run_with_bar
 
@@ -45,7 +45,20 @@ def block_size_section() -> None:
         return
     st.markdown("**The trade-off in numbers:** " + tables.block_tradeoff_sentence(points))
     df = tables.block_sweep_frame(points)
-    st.altair_chart(charts.block_sweep_lines(df), key="cmp_blk_chart")
+    # The two charts in columns of their own rather than as one picture: side by side
+    # they are some 650 px, wider than the page beside the sidebar in a 1024 px window,
+    # where the second goes under the first. The third column only keeps the second
+    # beside the first where there is room, as one picture placed them. (Altair moved
+    # the data the two share up to the picture: each takes it back. Each keeps its plot
+    # 260 x 240 px, its axes and title around it, as in the picture.)
+    both = charts.block_sweep_lines(df)
+    layout.wrap_below("cmp_blk_charts", [340, 340])
+    with st.container(key="cmp_blk_charts"):
+        places = st.columns([3, 3, 2])
+    for place, part, name in zip(places[:2], both.hconcat,
+                                 ("cmp_blk_chart", "cmp_blk_entries_chart"), strict=True):
+        place.altair_chart(part.properties(data=both.data, autosize="pad"), width="content",
+                           key=name)
     # Short headers, the long names as tooltips: every column fits beside the sidebar.
     num = st.column_config.NumberColumn
     shown, waste = in_percent(df, "tail waste", help="empty share of allocated slots, "

@@ -8,7 +8,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, binary_size, kv_capacity
 from backend.views.compare import tables
-from ui import numbers
+from ui import layout, numbers
 from ui.compare import refuse
 
 # Counts with thousands separators, as the page's text writes them.
@@ -60,7 +60,11 @@ def calculator_section() -> None:
     except PagedLabError as e:
         refuse(e)
     else:
-        m = st.columns(4)
+        # Two metrics a line where the page is narrow (beside the sidebar in a 1024 px
+        # window): four in a row cut the last one's label ("Requests of 2,048 t...").
+        layout.wrap_below("cmp_calc_metrics", [200, 200, 200, 200])
+        with st.container(key="cmp_calc_metrics"):
+            m = st.columns(4)
         m[0].metric("Weights", binary_size(cap.weight_bytes))
         m[1].metric("Left for KV", binary_size(cap.kv_bytes))
         m[2].metric("KV tokens that fit", f"{cap.kv_tokens:,}")
@@ -71,11 +75,12 @@ def calculator_section() -> None:
         num = st.column_config.NumberColumn
         st.dataframe(blocks, hide_index=True, key="cmp_calc_blocks",
                      column_config={
-                         "block size": num(help="tokens per block", pinned=True),
+                         "block size": num("block", help="block size (tokens per block)",
+                                           pinned=True),
                          "bytes per block": num("bytes/block", format="localized",
                                                 help="KV bytes per block, all layers"),
                          "blocks": COUNT, "KV tokens": COUNT,
-                         "blocks per request": num("blocks/request", format="localized",
+                         "blocks per request": num("blocks/req", format="localized",
                                                    help="blocks one request of this length "
                                                         "takes"),
                          "requests that fit": num("requests", format="localized",
@@ -85,10 +90,15 @@ def calculator_section() -> None:
     st.subheader("Model shapes")
     # Every model in view, and short headers (the long name as each one's tooltip), so
     # the source column fits a 1400 px window beside the sidebar; in a narrower one the
-    # grid scrolls sideways with the model's name pinned in view.
+    # grid scrolls sideways with the model's name pinned in view. The shape and its
+    # bytes come first, so that beside the sidebar in a 1024 px window they are in view
+    # before it scrolls.
     models = tables.models_frame(int(kv_bytes))
     st.dataframe(models, hide_index=True, key="cmp_calc_models",
-                 height="content", column_config={
+                 height="content", column_order=[
+                     "model", "layers", "query heads", "KV heads", "head dim", "per token",
+                     "per 16-token block", "bytes per token", "parameters (B)", "source"],
+                 column_config={
                      "model": st.column_config.TextColumn(pinned=True),
                      "query heads": st.column_config.NumberColumn("Q heads",
                                                                   help="query heads"),

@@ -10,7 +10,7 @@ from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.views.compare import charts
 from backend.views.compare import frames as views
-from ui import numbers
+from ui import layout, numbers
 from ui.compare import SYNTHETIC_NOTE, breakdown, label, refuse
 
 
@@ -31,7 +31,11 @@ def maps_section() -> None:
     policy = str(st.segmented_control("Contiguous policy", ["max", "pow2", "oracle"],
                                       default="max", required=True, key="cmp_map_policy",
                                       format_func=label))
-    with st.expander("Workload and memory", expanded=False), numbers.fields() as f:
+    # Two fields a line where the page is narrow (beside the sidebar in a 1024 px window),
+    # rather than four of some 120 px.
+    layout.wrap_below("cmp_map_fields", [200, 200, 200, 200])
+    with (st.expander("Workload and memory", expanded=False),
+          st.container(key="cmp_map_fields"), numbers.fields() as f):
         c = st.columns(4)
         workload = c[0].selectbox("Workload", ["alpaca", "sharegpt"], key="cmp_map_workload")
         requests = f.number(c[1], "Requests", 1, 200, 40, key="cmp_map_requests")

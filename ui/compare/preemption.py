@@ -9,7 +9,7 @@ from backend.core.words import counted
 from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs_recompute
 from backend.kernels import select_kernels
 from backend.views.compare import swap_recompute as views
-from ui import numbers
+from ui import layout, numbers
 from ui.bars import progress_bar
 from ui.compare import refuse
 
@@ -28,7 +28,11 @@ def preemption_section() -> None:
         "workload runs through real engines at each block size: in a pool large enough "
         "never to preempt (the reference), then with each method in a pool of the same "
         "token slots at every block size.")
-    c = st.columns(3)
+    # The four default block sizes need 300 px of field; where the page is narrow (beside
+    # the sidebar in a 1024 px window) the pool's field goes to the next line.
+    layout.wrap_below("cmp_swap_fields", [300, 150, 150])
+    with st.container(key="cmp_swap_fields"):
+        c = st.columns(3)
     with numbers.fields() as f:
         sizes = c[0].multiselect("Block sizes", list(BLOCK_SIZES), default=[1, 4, 16, 64],
                                  key="cmp_swap_sizes")
@@ -70,10 +74,14 @@ def preemption_section() -> None:
     # Every run in view: three per block size.
     # Short headers, the long names as tooltips: all twelve columns fit a 1400 px window
     # beside the sidebar. In a narrower one the grid scrolls sideways, with each row's
-    # block size and mode pinned in view.
+    # block size and mode pinned in view; the costs come first, so that beside the
+    # sidebar in a 1024 px window both methods' are in view before it scrolls.
     num = st.column_config.NumberColumn
     st.dataframe(table, hide_index=True, key="cmp_swap_table", height="content",
-                 placeholder="—", column_config={
+                 placeholder="—", column_order=[
+                     "block size", "mode", "wall ms", "recomputed tokens", "recompute ms",
+                     "swapped blocks", "swap ms", "µs per block", "preemptions", "blocks",
+                     "steps", "same tokens"], column_config={
                      "block size": num("block", help="block size (tokens)", pinned=True),
                      "mode": st.column_config.TextColumn(pinned=True),
                      # One number of places per column, so a column's figures line up.

@@ -9,7 +9,7 @@ from backend.core.words import counted, sentence
 from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import charts
 from backend.views.compare import frames as views
-from ui import numbers
+from ui import layout, numbers
 from ui.compare import label, refuse
 
 
@@ -23,7 +23,11 @@ def seed_section() -> None:
         "blocks only for the tokens that exist. Two decode steps later a new request D "
         "arrives. Which requests run, wait or finish depends on the policy: the lines under "
         "the fields say what happened.")
-    c1, c2, c3 = st.columns(3)
+    # The policy's name ("contiguous, exact final length") needs 240 px of field: where
+    # the page is narrow (beside the sidebar in a 1024 px window) D's length goes under.
+    layout.wrap_below("cmp_seed_fields", [240, 130, 130])
+    with st.container(key="cmp_seed_fields"):
+        c1, c2, c3 = st.columns(3)
     with numbers.fields() as f:
         policy = c1.selectbox("Contiguous policy", ["oracle", "pow2", "max"],
                               key="cmp_seed_policy", format_func=label)
@@ -63,7 +67,10 @@ def seed_section() -> None:
     with msg:
         (st.success if ex.d_table is not None else st.warning)(ex.pool_message + ".")
     st.markdown("**The arena, stage by stage**")
-    st.dataframe(views.seed_stage_table(ex), hide_index=True, key="cmp_seed_stages")
+    # "len", so that every column fits beside the sidebar in a 1024 px window.
+    st.dataframe(views.seed_stage_table(ex), hide_index=True, key="cmp_seed_stages",
+                 column_config={"holes (start, length)": st.column_config.Column(
+                     "holes (start, len)", help="each hole's first slot and length")})
     st.markdown("**The pool's block tables after D**")
     st.dataframe(views.seed_block_tables(ex), hide_index=True, key="cmp_seed_tables")
     st.caption("A block table lists a request's physical blocks in token order. "

@@ -20,7 +20,7 @@ from backend.engine.sharing import (
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
-from ui import numbers
+from ui import layout, numbers
 from ui.bars import progress_bar
 from ui.compare import in_percent, refuse
 
@@ -83,9 +83,13 @@ def _show(results: list[SharingResult], key: str) -> None:
     st.caption("Shaded band: the paper's range for the same kind of sharing (Figure 15).")
     shown, saved = in_percent(df, "saved", help="block memory that sharing saved, "
                                                 "time-averaged over the run")
-    # Short headers, the long names as tooltips: every column fits beside the sidebar.
+    # Short headers, the long names as tooltips. The saving, the paper's range and the
+    # peak block counts come first: beside the sidebar in a 1024 px window they are in
+    # view before it scrolls.
     col, num = st.column_config.Column, st.column_config.NumberColumn
-    st.dataframe(shown, hide_index=True, key=f"{key}_table", column_config={
+    st.dataframe(shown, hide_index=True, key=f"{key}_table", column_order=[
+        "kind", "n", "saved", "paper range", "peak blocks shared", "peak blocks unshared",
+        "copy-on-write copies", "requests"], column_config={
         "kind": col(pinned=True), "saved": saved, "paper low": None, "paper high": None,
         "paper range": col("paper", help="the paper's range for this kind (Figure 15)"),
         "copy-on-write copies": num("CoW copies", help="copy-on-write copies the engine made"),
@@ -151,7 +155,10 @@ def _recorded() -> None:
 
 def _live() -> None:
     st.markdown("**Run it here**: the same measurement on this server's engine")
-    c = st.columns(4)
+    # Two fields a line where the page is narrow (beside the sidebar in a 1024 px window).
+    layout.wrap_below("cmp_share_fields", [200, 200, 200, 200])
+    with st.container(key="cmp_share_fields"):
+        c = st.columns(4)
     with numbers.fields() as f:
         model = c[0].selectbox("Model", (TINY_BYTE, SMOLLM2), key="cmp_share_model",
                                help="tiny-byte takes seconds; SmolLM2 about a second per "

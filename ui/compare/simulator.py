@@ -19,7 +19,7 @@ from backend.lab.sim.simulator import MAX_CAPACITY_TOKENS, POLICIES, SimConfig, 
 from backend.views.compare import frames as views
 from backend.views.compare import preemptions
 from backend.views.text import plain_md
-from ui import numbers
+from ui import layout, numbers
 from ui.compare import SYNTHETIC_NOTE, label, refuse
 from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, trace_inputs
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
@@ -102,7 +102,10 @@ def simulator_section() -> None:
         "and lengths shaped like ShareGPT or Alpaca; the Azure traces and a CSV of your own "
         f"replay recorded arrivals and lengths. The page runs up to {PAGE_MAX_REQUESTS:,} "
         "requests; the command line handles 100k.")
-    with numbers.fields() as f:
+    # Two fields a line where the page is narrow (beside the sidebar in a 1024 px window):
+    # four in a row cut the workload's name ("sharegpt (syn").
+    layout.wrap_below("cmp_sim_fields", [200, 200, 200, 200])
+    with st.container(key="cmp_sim_fields"), numbers.fields() as f:
         choice = trace_inputs("cmp_sim", f)
         # A recorded trace's requests run to 14k tokens: its own defaults (and widget keys),
         # so that every policy can hold its longest request and the max policy reserves
