@@ -10,6 +10,7 @@ from backend.core.words import percent
 from backend.lab.compare.memory_maps import replay_maps, small_trace
 from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import frames as views
+from backend.views.compare import seed as seed_views
 from backend.views.compare import tables
 from tests.test_compare_page import start, text
 
@@ -23,7 +24,7 @@ def test_defaults_say_d_takes_never_used_blocks_and_where_b_freed_ones_wait() ->
     assert ex.free_order == (11, 12, 13, 14, 15, 9, 6, 2)
     assert ex.d_table == (11, 12, 13, 14)
     assert (ex.reuse_length(), ex.reuse_length(every=True)) == (7, 9)
-    said = views.seed_reuse_sentence(ex)
+    said = seed_views.seed_reuse_sentence(ex)
     assert said.startswith("D takes blocks 11, 12, 13 and 14, never used before; blocks 2, "
                            "6 and 9 that B freed stay free.")
     assert said.endswith("Set D's final length to 7 to see it take block 9, or to 9 for all "
@@ -34,11 +35,11 @@ def test_defaults_say_d_takes_never_used_blocks_and_where_b_freed_ones_wait() ->
 def test_a_longer_d_takes_b_freed_blocks_and_the_sentence_names_them() -> None:
     ex = seed_example(new_len=7)
     assert ex.d_table == (11, 12, 13, 14, 15, 9)
-    assert views.seed_reuse_sentence(ex).startswith(
+    assert seed_views.seed_reuse_sentence(ex).startswith(
         "D takes block 9 that B freed, and 11, 12, 13, 14 and 15, never used before.")
     ex = seed_example(new_len=9)
     assert ex.d_table == (11, 12, 13, 14, 15, 9, 6, 2)
-    said = views.seed_reuse_sentence(ex)
+    said = seed_views.seed_reuse_sentence(ex)
     assert said.startswith("D takes blocks 9, 6 and 2 that B freed, and 11, 12, 13, 14 and "
                            "15, never used before.")
     assert "takes all of them" not in said
@@ -63,26 +64,26 @@ def test_reuse_length_is_where_the_real_allocator_first_hands_out_a_freed_block(
 
 
 def test_each_policy_is_narrated_as_it_ran() -> None:
-    oracle = views.seed_arena_story(seed_example("oracle"))
+    oracle = seed_views.seed_arena_story(seed_example("oracle"))
     assert "A, B and C ask for 6, 3 and 5 slots; all three fit (slots 0–5, 6–8 and 9–13)." \
         in oracle
     assert "At the second decode step B reaches its 3 tokens and finishes, freeing slots " \
            "6–8." in oracle
-    pow2 = views.seed_arena_story(seed_example("pow2"))
+    pow2 = seed_views.seed_arena_story(seed_example("pow2"))
     assert "A and B fit (slots 0–7 and 8–11); C waits: it needs 8 slots in one piece and " \
            "only 4 are free." in pow2
     assert "and C, waiting since it arrived, takes slots 8–15 and starts from its 2 prompt " \
            "tokens." in pow2
     ex = seed_example("max")
-    mx = views.seed_arena_story(ex)
+    mx = seed_views.seed_arena_story(ex)
     assert "B and C wait: each needs 16 slots in one piece and no slot is free." in mx
     assert "In the two decode steps no request finishes: A holds 4 of its 6 tokens." in mx
     assert "B and C are still waiting when D arrives" in mx
     assert "B reaches" not in mx
     # The stage table says the same.
-    assert views.seed_stage_table(ex)["waiting"].tolist() == ["B, C", "B, C", "B, C, D"]
+    assert seed_views.seed_stage_table(ex)["waiting"].tolist() == ["B, C", "B, C", "B, C, D"]
     # The pool runs all three whatever the arena's policy, and B finishes there.
-    assert views.seed_pool_story(ex) == (
+    assert seed_views.seed_pool_story(ex) == (
         "The paged pool takes blocks only for the tokens that exist, so all three start at "
         "once (2, 1 and 2 blocks of 1). At the second decode step B reaches its 3 tokens and "
         "finishes, freeing blocks 2, 6 and 9.")
@@ -92,11 +93,11 @@ def test_the_page_narrates_the_chosen_policy_and_the_freed_blocks() -> None:
     at = start()
     page = text(at)
     assert "After two decode steps B finishes" not in page
-    assert views.seed_reuse_sentence(seed_example()) in page
+    assert seed_views.seed_reuse_sentence(seed_example()) in page
     at.selectbox(key="cmp_seed_policy").set_value("max").run()
     assert not at.exception
     page = text(at)
-    assert views.seed_arena_story(seed_example("max")) in page
+    assert seed_views.seed_arena_story(seed_example("max")) in page
     assert "Then D arrives with 4 tokens and will reach 5." in page
     at.number_input(key="cmp_seed_new_len").set_value(7).run()
     assert "D takes block 9 that B freed" in text(at)

@@ -23,6 +23,7 @@ from backend.lab.sim.simulator import SimConfig, simulate, simulate_workload
 from backend.lab.workloads import Trace
 from backend.views.compare import charts, preemptions, swap_recompute, tables
 from backend.views.compare import frames as views
+from backend.views.compare import seed as seed_views
 from backend.views.control import control_sentence
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,8 +117,8 @@ def test_seed_example_refuses_bad_input() -> None:
 
 def test_seed_slot_frames_cover_every_slot_per_stage() -> None:
     ex = seed_example(block_size=2)
-    arena = views.seed_arena_slots(ex)
-    pool = views.seed_pool_slots(ex)
+    arena = seed_views.seed_arena_slots(ex)
+    pool = seed_views.seed_pool_slots(ex)
     assert len(arena) == len(pool) == 3 * 16
     last = arena[arena["stage"] == ex.arena[-1].label]
     assert last[last["kind"] == "external fragmentation"]["slot"].tolist() == [6, 7, 8, 14, 15]
@@ -125,8 +126,8 @@ def test_seed_slot_frames_cover_every_slot_per_stage() -> None:
     p = pool[pool["stage"] == ex.pool[-1].label].set_index("slot")
     assert p.loc[[4, 5, 8, 9], "owner"].tolist() == ["C", "C", "C", "C"]
     assert (p.loc[12:15, "owner"] == "D").all()
-    assert views.seed_stage_table(ex)["largest hole"].tolist() == [2, 3, 3]
-    assert views.seed_block_tables(ex)["block table"].tolist() == ["[0, 3]", "[2, 4]",
+    assert seed_views.seed_stage_table(ex)["largest hole"].tolist() == [2, 3, 3]
+    assert seed_views.seed_block_tables(ex)["block table"].tolist() == ["[0, 3]", "[2, 4]",
                                                                     "[6, 7]"]
 
 
@@ -386,7 +387,7 @@ def test_memory_calculator_tables() -> None:
 
 def test_every_chart_builds() -> None:
     ex = seed_example()
-    charts.slot_strip(views.seed_arena_slots(ex), "arena").to_dict()
+    charts.slot_strip(seed_views.seed_arena_slots(ex), "arena").to_dict()
     charts.kind_legend().to_dict()
     points = trace_block_sweep("alpaca", 100, 0)
     sweep = tables.block_sweep_frame(points)

@@ -8,7 +8,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted, sentence
 from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import charts
-from backend.views.compare import frames as views
+from backend.views.compare import seed as seed_views
 from ui import layout, numbers
 from ui.compare import label, refuse
 
@@ -41,11 +41,11 @@ def seed_section() -> None:
         return
     # Told from the run itself: under "max" B and C never start in the arena, under
     # "pow2" C waits, so one fixed sentence would be wrong for two policies of three.
-    st.markdown(views.seed_arena_story(ex))
-    st.markdown(views.seed_pool_story(ex) + " Then D arrives with "
+    st.markdown(seed_views.seed_arena_story(ex))
+    st.markdown(seed_views.seed_pool_story(ex) + " Then D arrives with "
                 f"{counted(ex.new_len - 1, 'token')} and will reach {ex.new_len}.")
     st.subheader("Contiguous arena")
-    st.altair_chart(charts.slot_strip(views.seed_arena_slots(ex), f"{ex.capacity} slots, one "
+    st.altair_chart(charts.slot_strip(seed_views.seed_arena_slots(ex), f"{ex.capacity} slots, one "
                                       "region per request"), key="cmp_seed_arena_chart")
     m1, m2, msg = st.columns([1, 1, 3])
     m1.metric("Free slots", ex.arena[1].free_total, help="After the two decode steps")
@@ -59,7 +59,7 @@ def seed_section() -> None:
                "the paged pool below, a block's empty slots are its internal fragmentation: "
                "at most block size − 1 per request, filled as it grows.")
     st.subheader("Paged pool")
-    st.altair_chart(charts.slot_strip(views.seed_pool_slots(ex), f"{len(ex.pool[-1].blocks)} "
+    st.altair_chart(charts.slot_strip(seed_views.seed_pool_slots(ex), f"{len(ex.pool[-1].blocks)} "
                                       f"blocks of {block_size}, the same {ex.capacity} slots"),
                     key="cmp_seed_pool_chart")
     m1, msg = st.columns([2, 3])
@@ -68,12 +68,12 @@ def seed_section() -> None:
         (st.success if ex.d_table is not None else st.warning)(ex.pool_message + ".")
     st.markdown("**The arena, stage by stage**")
     # "len", so that every column fits beside the sidebar in a 1024 px window.
-    st.dataframe(views.seed_stage_table(ex), hide_index=True, key="cmp_seed_stages",
+    st.dataframe(seed_views.seed_stage_table(ex), hide_index=True, key="cmp_seed_stages",
                  column_config={"holes (start, length)": st.column_config.Column(
                      "holes (start, len)", help="each hole's first slot and length")})
     st.markdown("**The pool's block tables after D**")
-    st.dataframe(views.seed_block_tables(ex), hide_index=True, key="cmp_seed_tables")
+    st.dataframe(seed_views.seed_block_tables(ex), hide_index=True, key="cmp_seed_tables")
     st.caption("A block table lists a request's physical blocks in token order. "
-               + views.seed_reuse_sentence(ex))
+               + seed_views.seed_reuse_sentence(ex))
     st.markdown("The arena at the last stage as text, one character per slot:")
     st.code(ex.arena[-1].text, language=None)
