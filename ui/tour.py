@@ -56,6 +56,10 @@ class TourState:
     run: TourRun | None = None
     view: int = 0
     playing: bool = False
+    # The step the play last moved the view from, until a page drawn after it is
+    # complete: a click meanwhile may carry the slider at that step, from before the
+    # browser got the new one, which is no choice of the person's (see `slid_to`).
+    left_by_play: int | None = None
     # (scenario, step) as last written to the address bar; None before the first write.
     url: tuple[str | None, str | None] | None = None
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
@@ -74,8 +78,16 @@ def init() -> None:
             ss[key] = value
 
 
+# The state whose lock this thread holds (`held`): read from here, not from session
+# state, which raises in a run Streamlit superseded while it waited for the lock; a
+# click that waited behind a step still acts, even when a later click came meanwhile.
+_HELD = threading.local()
+
+
 def state() -> TourState:
-    t: TourState = st.session_state[TOUR]
+    t: TourState | None = getattr(_HELD, "state", None)
+    if t is None:
+        t = st.session_state[TOUR]
     return t
 
 
@@ -84,7 +96,11 @@ def held() -> Iterator[TourState]:
     """This session's scenario state, with its lock held (see the module doc)."""
     t = state()
     with t.lock:
-        yield t
+        outer, _HELD.state = getattr(_HELD, "state", None), t
+        try:
+            yield t
+        finally:
+            _HELD.state = outer
 
 
 def one_at_a_time(callback: Callable[..., None]) -> Callable[..., None]:
@@ -205,18 +221,35 @@ def finish(run: TourRun) -> None:
     t = state()
     _write_link(run)
     if not t.playing:
+        # This page, its slider at the view, is complete: any slider value from now on
+        # is the person's.
+        t.left_by_play = None
         return
     time.sleep(float(st.session_state.get("tour_speed") or 1.0))
     with held():
         if not t.playing or t.run is not run:
             return      # paused (or another scenario opened) during the wait: no step
+        before = t.view
         if t.view < run.taken:
             t.view += 1
         elif run.advance() is not None:
             t.view = run.taken
         else:
             t.playing = False
+        t.left_by_play = before if t.view != before else None
     st.rerun()
+
+
+def slid_to(value: int) -> None:
+    """The slider moved to step `value`: view it, and stop playing.
+
+    A slider at the step the play just left is the browser's old value sent with
+    another click (a Pause): the view stays at the step the play reached.
+    """
+    t = state()
+    t.playing = False
+    if value != t.left_by_play:
+        t.view = value
 
 
 def _write_link(run: TourRun) -> None:

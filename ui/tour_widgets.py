@@ -73,11 +73,11 @@ def _on_reset() -> None:
     load(_run().key)
 
 
-@tour.one_at_a_time
 def _on_slider() -> None:
-    t = state()
-    t.playing = False
-    t.view = int(st.session_state["tour_slider"])
+    # Read before waiting for the state's lock (see ui/tour.py's `state`).
+    value = int(st.session_state["tour_slider"])
+    with tour.held():
+        tour.slid_to(value)
 
 
 @tour.one_at_a_time
@@ -154,7 +154,9 @@ def picker(run: TourRun) -> None:
             "Scenario file (JSON)", type=["json"], key="tour_file", on_change=_on_upload,
             max_upload_size=MAX_SCENARIO_BYTES >> 20,
             help="CONTRACT.md's scenario format: config, steps, and optionally a narration "
-                 "and expected numbers per step. Checked completely before anything runs.")
+                 "and expected numbers per step. Its form is checked whole before anything "
+                 "runs; a step the engine refuses (a request that does not exist) stops the "
+                 "run at that step, with the reason.")
 
 
 def controls(run: TourRun) -> None:
