@@ -343,6 +343,24 @@ def test_summarize_names_what_happened(shared: Engine) -> None:
     assert "generated 2 tokens" in text
 
 
+def test_summarize_tells_a_freed_block_from_one_still_shared() -> None:
+    e = engine()
+    e.apply(Add("A", prompt=PROMPT))
+    e.apply(Add("B", prompt=PROMPT))
+    result = e.apply(Finish("A"))
+    snap = export_snapshot(e)
+    freed = sum(1 for ev in result.events if ev.kind == "free" and ev.ref_count == 0)
+    shared = sum(1 for ev in result.events if ev.kind == "free" and ev.ref_count)
+    assert freed >= 1 and shared >= 1
+    # B still holds A's full prompt blocks: their frees only lower a reference count.
+    assert (f"events: {freed + shared} free ({freed} back to the free queue, {shared} still "
+            "shared)") in summarize(result, snap)
+    # Nothing shared: the count alone.
+    e.apply(Step(1))
+    alone = summarize(e.apply(Finish("B")), export_snapshot(e))
+    assert re.search(r"events: \d+ free$", alone), alone
+
+
 def test_switch_kernels_keeps_the_state_exactly(shared: Engine) -> None:
     before = export_snapshot(shared)
     k0 = shared.cache.k[0].clone()

@@ -346,8 +346,19 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
     for e in result.events:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
     if kinds:
-        parts.append("events: " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
+        parts.append("events: " + ", ".join(f"{n} {k}{_free_split(result) if k == 'free' else ''}"
+                                            for k, n in kinds.items()))
     return " · ".join(parts)
+
+
+def _free_split(result: OpResult) -> str:
+    """What a count of `free` events means: a free of a block others still hold only
+    lowers its reference count ("13 free" of which 11 stay shared frees 2 blocks)."""
+    shared = sum(1 for e in result.events if e.kind == "free" and e.ref_count)
+    if not shared:
+        return ""
+    freed = sum(1 for e in result.events if e.kind == "free") - shared
+    return f" ({freed} back to the free queue, {shared} still shared)"
 
 
 # The fields whose None means "no limit" and whose 0 would mean nothing else.
