@@ -9,10 +9,15 @@ its address on a reload or a restarted server (ui/store.py, ui/resume.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import streamlit as st
 
-st.set_page_config(page_title="PagedLab", layout="wide")
+# The icon is drawn (backend.views.grid.icon_pixels, saved as this file), not a
+# :material/...: name: the browser would fetch that from Google. Set before the
+# navigation, which would otherwise give the page its first page's material icon.
+ICON = Path(__file__).resolve().parent / "assets" / "icon.png"
+st.set_page_config(page_title="PagedLab", page_icon=ICON, layout="wide")
 
 # One line per page. Each url_path differs from its file's name on purpose: Streamlit's
 # legacy pages/ handling (still consulted on a server's first run, and on every AppTest

@@ -43,7 +43,7 @@ def test_a_swapped_request_shows_in_the_host_pool_and_its_table() -> None:
     rid = e.swapped[0]
     row = requests_table(at).loc[rid]
     assert row["status"] == "swapped to host"
-    assert str(row.iloc[-1]).startswith("host 0→")      # the block table, host blocks
+    assert str(row["block table (logical→physical)"]).startswith("host 0→")   # host blocks
     caption = host_caption(at)
     assert caption is not None and f"K/V ({rid})" in caption
     # The device grid no longer counts it as a holder; the focus says where it is.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import altair as alt
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from backend import views
 from backend.core.config import SMOLLM2, EngineConfig
@@ -143,6 +146,16 @@ def test_block_table_text_and_text_by_block_for_the_worked_example() -> None:
     assert chunks[2].partial and not chunks[0].partial
     addr = e.translate("A", 6)
     assert (addr.logical_block, addr.offset, addr.physical_block, addr.slot) == (1, 2, 2, 10)
+
+
+def test_requests_frame_lists_requests_holding_blocks_before_finished_ones() -> None:
+    e = engine()
+    for op in (Add("A", prompt=PROMPT), Add("B", prompt="Hello"), Add("C", prompt="x"),
+               Finish("A")):
+        e.apply(op)
+    df = views.requests_frame(export_snapshot(e))
+    assert list(df["request"]) == ["B", "C", "A"]
+    assert list(df.columns[:3]) == ["request", "status", BLOCK_TABLE_COLUMN]
 
 
 def test_requests_frame_shows_status_and_finish_reason(shared: Engine) -> None:
@@ -721,3 +734,12 @@ def test_a_tiny_byte_layout_tints_bytes_written_by_their_code() -> None:
     assert "title='one byte, 0x1b, shown by its code'" in page
     # The typed backslash and n are characters, as plain as the letters around them.
     assert "b\\nc<span class='pl-esc'" in page
+
+
+def test_the_favicon_file_is_the_drawn_icon() -> None:
+    # app.py sets assets/icon.png before anything slow is imported; it must stay the
+    # icon the grid's colours draw (regenerate it from icon_pixels when they change).
+    saved = np.asarray(Image.open(Path(__file__).resolve().parents[1] / "assets" / "icon.png")
+                       .convert("RGB"))
+    assert np.array_equal(saved, grid.icon_pixels())
+

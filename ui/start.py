@@ -7,15 +7,12 @@ server's first run) come after the navigation reaches the browser.
 
 from __future__ import annotations
 
-import streamlit as st
 import torch
-from PIL import Image
 from streamlit.navigation.page import StreamlitPage
 
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
-from backend.views.grid import icon_pixels
 from ui import entry, resume, session, sidebar, store
 
 # One thread per torch op: the server runs many sessions' steps side by side on a small
@@ -24,13 +21,9 @@ from ui import entry, resume, session, sidebar, store
 # run in parallel threads; the pool would only contend with them.
 torch.set_num_threads(1)
 
-# The icon is drawn, not a :material/...: name: the browser would fetch that from Google.
-_ICON = Image.fromarray(icon_pixels())
-
 
 def run(page: StreamlitPage) -> None:
     """Set up this browser session, draw the shared sidebar, then run `page`."""
-    st.set_page_config(page_icon=_ICON)
     session.init()
     # Before the sidebar is drawn: reopening a session sets the sidebar's fields.
     resume.at_start()

@@ -265,14 +265,17 @@ REQUEST_COLUMN_HELP: dict[str, str] = {
 
 
 def requests_frame(snap: Snapshot) -> pd.DataFrame:
-    """One row per request in arrival order: status, sizes and its block table."""
+    """One row per request: those holding or awaiting blocks first, then the finished
+    ones (a beam search's dropped beams among them), each group in arrival order; its
+    status, block table and sizes."""
     bs = int(snap["config"]["block_size"])
     rows = []
     beams = any("beam_width" in req for req in snap["requests"])
     # What MAX_TABLE_LINES lines of the column hold, less half a line for the breaks.
     per_line = _table_width(beams) // CHAR_PX
     max_chars = MAX_TABLE_LINES * per_line - per_line // 2
-    for req in snap["requests"]:
+    live = [r for r in snap["requests"] if r["status"] != "finished"]
+    for req in live + [r for r in snap["requests"] if r["status"] == "finished"]:
         cum = req.get("cum_logprob")
         swapped = req["status"] == "swapped"
         rows.append({
@@ -290,9 +293,10 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
             + table_text(req["block_table"], computed_tokens(req), bs,
                          max_chars - (5 if swapped else 0)),
         })
-    # The block table last: it is the one that grows, and it takes the rest of the row.
-    cols = ["request", "status", "parent", *(["log p"] if beams else []), "prompt",
-            "generated", "tokens", "blocks", "preempted", BLOCK_TABLE_COLUMN]
+    # The block table right after the status: it is what the table is about, and so in
+    # view beside the sidebar in a 1024 px window, where the counts after it scroll.
+    cols = ["request", "status", BLOCK_TABLE_COLUMN, "parent", *(["log p"] if beams else []),
+            "prompt", "generated", "tokens", "blocks", "preempted"]
     return pd.DataFrame(rows, columns=cols)
 
 
