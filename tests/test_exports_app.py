@@ -268,9 +268,9 @@ def test_an_inconsistent_snapshot_is_refused_and_the_state_kept(change: Any,
     (b"{\"schema_version\": 1,", "snapshot is not valid JSON: Expecting property name enclosed "
                                  "in double quotes: line 1 column 22 (char 21)"),
     (b"{\"a\": \"\xc3\x28\"}", "snapshot is not valid JSON: it is not UTF-8 text (byte "
-                              "0xc3 at offset 7); is it a binary file?"),
+                              "0xc3 at offset 7); it may be a binary file"),
     (b"\x89PNG\r\n\x1a\n", "snapshot is not valid JSON: it is not UTF-8 text (byte 0x89 at "
-                           "offset 0); is it a binary file?"),
+                           "offset 0); it may be a binary file"),
     (b"[]", "snapshot must be a JSON object"),
     (b"{}", "snapshot: missing field 'schema_version'"),
     (b'{"name": "s", "config": {}, "steps": []}', "snapshot: missing field "

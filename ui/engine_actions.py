@@ -19,6 +19,7 @@ import streamlit as st
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
+from backend.io.restore import restore_notes
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
 from backend.sessions.history import History
@@ -272,7 +273,8 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
                                   f"{counted(len(engine.requests), 'request')}, "
                                   f"{counted(c.num_blocks, 'block')} "
                                   f"of {counted(c.block_size, 'slot')}{_departures(c)}; K/V "
-                                  f"recomputed from the tokens. Keep working from here.{before}")
+                                  f"recomputed from the tokens. Keep working from here.{before}"
+                                  + "".join(f" Note: {n}." for n in restore_notes(engine)))
     return problem, shown
 
 

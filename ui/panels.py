@@ -328,15 +328,20 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
     """Which backend and device ran the last step, its time, and its distance from the reference.
 
     With the live engine, a button recomputes every running request from
-    scratch without paging and compares it with what the cache holds.
+    scratch without paging and compares it with what the cache holds. A live
+    engine restored from a snapshot, before its first step, shows the figures
+    the snapshot recorded, and says so: no step of this engine measured them.
     """
     info = views.kernel_info(snap)
     if not info.ran:
         st.markdown("No model step yet: add a request.")
     else:
+        restored = engine is not None and engine.kernel_report.restored
+        lead = ("Recorded in the snapshot this state was restored from, not measured by a "
+                "step run here (the next step replaces it):\n\n" if restored else "")
         # An uploaded snapshot names the backend and device in its own words.
         st.markdown(
-            f"- Last step ran on **{plain_md(info.backend)}** ({plain_md(info.device)})\n"
+            f"{lead}- Last step ran on **{plain_md(info.backend)}** ({plain_md(info.device)})\n"
             f"- Step time: **{info.time_ms}** for {info.batch}\n"
             f"- Max \\|paged − contiguous reference\\|: **{info.max_abs_err}**")
     notes = []

@@ -21,7 +21,13 @@ def logit_tolerance(dtype: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class KernelReport:
-    """What ran the last model step, and how far it was from the reference."""
+    """What ran the last model step, and how far it was from the reference.
+
+    `restored`: these figures were read from the snapshot the engine was restored
+    from, not measured by a step of this engine; the engine's next model step
+    replaces the report with one it measured (restored False). Not written to
+    snapshots, so a restored state exports the file it came from.
+    """
 
     backend: str                  # "triton", "triton-interpreter" or "torch"
     device: str
@@ -30,6 +36,7 @@ class KernelReport:
     num_seqs: int = 0
     num_query_tokens: int = 0
     name: str = "paged_attention"
+    restored: bool = False
 
 
 @dataclass(frozen=True, slots=True)

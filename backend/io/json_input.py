@@ -18,16 +18,19 @@ def decode_json(data: str | bytes, what: str) -> Any:
 
     JSONDecodeError is text that is not JSON; another ValueError, an integer too
     long to convert; RecursionError, arrays nested deeper than the parser goes. `what` names the
-    input in the message ("snapshot", "scenario 'x.json'").
+    input in the message ("snapshot", "scenario 'x.json'"), which ends without a full stop
+    or question mark, so that callers can add a sentence after it.
     """
     try:
         return json.loads(data)
     except UnicodeDecodeError as exc:
         # Said in words: "'utf-8' codec can't decode byte 0x89" tells no one the file
-        # is binary (an image, an archive) rather than a JSON file.
+        # is binary (an image, an archive) rather than a JSON file. A statement, not a
+        # question: callers go on after it ("...; it may be a binary file. The
+        # playground is unchanged.").
         byte = exc.object[exc.start]
         raise PagedLabError(f"{what} is not valid JSON: it is not UTF-8 text (byte "
-                            f"0x{byte:02x} at offset {exc.start:,}); is it a binary file?"
+                            f"0x{byte:02x} at offset {exc.start:,}); it may be a binary file"
                             ) from None
     except (json.JSONDecodeError, RecursionError) as exc:
         raise PagedLabError(f"{what} is not valid JSON: {exc}") from None
@@ -101,14 +104,75 @@ def read_bounded(path: Path, what: str, limit: int) -> bytes:
 class FieldReader:
     """Typed field access to a decoded JSON object; every malformed value is a PagedLabError.
 
-    `where` names the object in messages (\"snapshot.config\").
+    `where` names the object in messages (\"snapshot.config\"). A reader remembers
+    each key asked for (`get`, or `accept` for one read some other way), and the
+    readers made from it (`child`, `object`, `objects`) share that record with it,
+    so once a whole file is read, the first reader's `unread` lists by path every
+    key of every object read that nothing asked for: a misspelt field, or one a
+    newer PagedLab writes.
+    The contract lets a file carry such fields, so they are not refused; the
+    caller says they were ignored.
     """
 
     def __init__(self, data: dict[str, Any], where: str) -> None:
         self.data = data
         self.where = where
+        self.asked: set[str] = set()
+        # Every reader of one file, by the identity of the object it reads: a second
+        # reader of an object is the first one, so one record says what was read of it.
+        self._family: dict[int, FieldReader] = {id(data): self}
+
+    def child(self, data: dict[str, Any], where: str) -> FieldReader:
+        """A reader of `data`, an object inside this one, sharing this one's record (the
+        reader already made for `data`, if there is one)."""
+        known = self._family.get(id(data))
+        if known is not None:
+            return known
+        r = FieldReader(data, where)
+        r._family = self._family
+        self._family[id(data)] = r
+        return r
+
+    def object(self, key: str) -> FieldReader:
+        """The required object field `key`, as a reader sharing this one's record."""
+        return self.child(self.get(key, dict), f"{self.where}.{key}")
+
+    def objects(self, key: str) -> list[FieldReader]:
+        """The required list field `key`, each item an object (else a PagedLabError), as
+        readers sharing this one's record, named `where.key[i]`."""
+        out = []
+        for i, item in enumerate(self.get(key, list)):
+            if not isinstance(item, dict):
+                raise PagedLabError(f"{self.where}.{key}[{i}] must be an object")
+            out.append(self.child(item, f"{self.where}.{key}[{i}]"))
+        return out
+
+    def accept(self, *keys: str) -> None:
+        """Count `keys` as read: fields checked some other way (a parser of their own)."""
+        self.asked.update(keys)
+
+    def unread(self) -> list[str]:
+        """The path of every key, in this object and in the objects read inside it, that
+        nothing asked for, in the file's order. A key that is no identifier is quoted
+        (\"snapshot['a b']\"), a long one cut short. An object no reader read is one
+        path (its key), not one per key inside it."""
+        out: list[str] = []
+        for key, value in self.data.items():
+            if key not in self.asked:
+                out.append(_path(self.where, key))
+                continue
+            # Only objects read as objects have readers: a list of token ids has none.
+            inner = [value] if isinstance(value, dict) else (
+                value if isinstance(value, list) and value and isinstance(value[0], dict)
+                else [])
+            for item in inner:
+                r = self._family.get(id(item))
+                if r is not None and r is not self:
+                    out.extend(r.unread())
+        return out
 
     def get(self, key: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+        self.asked.add(key)
         if key not in self.data:
             if optional:
                 return None
@@ -130,6 +194,19 @@ class FieldReader:
         return v
 
 
+# A key longer than this is cut short in a path: a file's keys are anyone's text.
+_KEY_SHOWN = 40
+
+
+def _path(where: str, key: str) -> str:
+    """`where.key`, or `where['key']` where the key is no identifier (a space, a dot,
+    a control character), cut to _KEY_SHOWN characters."""
+    if key.isidentifier() and key.isascii() and len(key) <= _KEY_SHOWN:
+        return f"{where}.{key}"
+    shown = key if len(key) <= _KEY_SHOWN else key[:_KEY_SHOWN] + "..."
+    return f"{where}[{shown!r}]"
+
+
 def non_negative(r: FieldReader, key: str, *, optional: bool = False) -> int:
     """An optional or required integer field that must be >= 0 (missing optional: 0)."""
     v = r.get(key, int, optional=optional)
@@ -145,12 +222,8 @@ def listed_by_id(top: FieldReader, key: str, count: int, pool: str) -> list[Fiel
     raw = top.get(key, list)
     if len(raw) != count:
         raise PagedLabError(f"snapshot.{key} lists {len(raw)} blocks; the {pool} has {count}")
-    out = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict):
-            raise PagedLabError(f"snapshot.{key}[{i}] must be an object")
-        r = FieldReader(item, f"snapshot.{key}[{i}]")
+    out = top.objects(key)
+    for i, r in enumerate(out):
         if r.get("id", int) != i:
             raise PagedLabError(f"{r.where}.id must be {i} (blocks are listed by id)")
-        out.append(r)
     return out

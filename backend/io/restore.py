@@ -4,12 +4,19 @@
 pickle, no eval), refuses anything malformed or inconsistent with a message
 naming it, builds a fresh engine with that exact allocator state, proves it
 with `check_integrity`, and recomputes the K/V of every used and cached block
-from the tokens.
+from the tokens. The totals a snapshot claims (`metrics`) are checked last, so
+that an edited block or request is refused by its own name, not through a total.
+
+Fields the snapshot holds that restore does not read are not refused (the
+contract lets fields be added), but `restore_notes(engine)` names them, so that
+a misspelt field is not ignored without a word.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -41,23 +48,79 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     if version != SCHEMA_VERSION:
         raise PagedLabError(f"snapshot schema_version is {version}; this PagedLab reads "
                             f"version {SCHEMA_VERSION}")
+    # Its keys are EngineConfig.from_json's to check: it refuses unknown ones.
     cfg_data = dict(top.get("config", dict))
     config = EngineConfig.from_json(cfg_data, where="snapshot.config", ignore=CONFIG_EXTRA)
-    if "bytes_per_block" in cfg_data and cfg_data["bytes_per_block"] != config.bytes_per_block:
-        raise PagedLabError(f"snapshot.config.bytes_per_block is {cfg_data['bytes_per_block']} "
-                            f"but these settings give {config.bytes_per_block}")
+    if "bytes_per_block" in cfg_data:
+        claimed = check_int(cfg_data["bytes_per_block"], "snapshot.config.bytes_per_block", 1,
+                            MAX_JSON_INT)
+        if claimed != config.bytes_per_block:
+            raise PagedLabError(_bytes_per_block_differs(config, claimed))
     engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference)
     try:
-        _restore_into(engine, top)
+        metrics = _restore_into(engine, top)
         engine.manager.check_integrity()
         recompute_kv(engine, progress)
         engine.check_requests()
     except (IntegrityError, AssertionError) as exc:
         raise PagedLabError(f"inconsistent snapshot: {exc}") from None
+    # After every per-block and per-request check: a total that disagrees with the
+    # blocks then has no edited block or request behind it to name instead.
+    _check_totals(engine, metrics)
+    unread = tuple(top.unread())
+    if unread:
+        with _UNREAD_LOCK:
+            _UNREAD[engine] = unread
     return engine
 
 
-def _restore_into(engine: Engine, top: FieldReader) -> None:
+# The fields of each restored engine's snapshot that restore did not read, until
+# the engine is collected (engines that read every field are not listed).
+_UNREAD: weakref.WeakKeyDictionary[Engine, tuple[str, ...]] = weakref.WeakKeyDictionary()
+_UNREAD_LOCK = threading.Lock()
+# How many unread fields a note names; it counts the rest.
+NOTED_FIELDS = 5
+
+
+def unread_fields(engine: Engine) -> tuple[str, ...]:
+    """The path of each field ("snapshot.requests[0].max_new_tokns") that the snapshot
+    `engine` was restored from holds and restore did not read, in file order. Empty for
+    an engine no restore built, or whose snapshot held only fields PagedLab reads."""
+    with _UNREAD_LOCK:
+        return _UNREAD.get(engine, ())
+
+
+def restore_notes(engine: Engine) -> list[str]:
+    """What the user who restored `engine` should be told besides the state: at most one
+    sentence, without its final full stop (shown as "Note: ...."), naming the fields
+    restore ignored (`unread_fields`, the first NOTED_FIELDS of them, the rest counted)."""
+    paths = unread_fields(engine)
+    if not paths:
+        return []
+    if len(paths) == 1:
+        return [f"{paths[0]} is not a field PagedLab reads; it was ignored"]
+    named = list(paths[:NOTED_FIELDS])
+    more = len(paths) - len(named)
+    listed = (", ".join(named) + f" and {more:,} more" if more
+              else ", ".join(named[:-1]) + f" and {named[-1]}")
+    return [f"{listed} are not fields PagedLab reads; they were ignored"]
+
+
+def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:
+    """Why a snapshot's `bytes_per_block` is refused: it names the block_size (the
+    setting a user edits) and the other factors with the size they give, since a
+    setting changed alone leaves the file's bytes_per_block behind it."""
+    return (f"snapshot.config: block_size {c.block_size} gives bytes_per_block "
+            f"{c.bytes_per_block:,} (2 for K and V x {counted(c.num_layers, 'layer')} x "
+            f"{counted(c.num_kv_heads, 'KV head')} x head_dim {c.head_dim} x block_size "
+            f"{c.block_size} x {counted(c.dtype_bytes, 'byte')} of {c.dtype}), but the "
+            f"snapshot says {claimed:,}: a setting was changed without the bytes_per_block "
+            "it implies")
+
+
+def _restore_into(engine: Engine, top: FieldReader) -> FieldReader:
+    """Everything but the K/V and the totals' check into `engine`; returns the reader of
+    `snapshot.metrics`, whose derived totals `_check_totals` compares at the end."""
     c = engine.config
     bs = c.block_size
     m = engine.manager
@@ -72,10 +135,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
 
     # Hash nodes, parents first; each digest is re-derived from its tokens.
     nodes: dict[str, BlockHash] = {}
-    for i, raw in enumerate(top.get("prefix_cache", list)):
-        if not isinstance(raw, dict):
-            raise PagedLabError(f"snapshot.prefix_cache[{i}] must be an object")
-        r = FieldReader(raw, f"snapshot.prefix_cache[{i}]")
+    for r in top.objects("prefix_cache"):
         digest = r.get("hash", str)
         parent_digest = r.get("parent", str, optional=True)
         tokens = r.int_list("tokens", 0, top_id)
@@ -148,7 +208,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
     for b in free_ids:
         pool.free_queue.append(pool.blocks[b])
     pool.reindex()
-    alloc = FieldReader(top.get("allocator", dict), "snapshot.allocator")
+    alloc = top.object("allocator")
     pool.random_picks = non_negative(alloc, "random_picks")
 
     # Sequences: tail tokens and chain parents follow from the requests' tokens.
@@ -160,7 +220,7 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         last_hash = pool.blocks[table[full - 1]].hash if full else None
         tail = req.tokens[full * bs:held] if c.prefix_caching else []
         m.seqs[rid] = SeqBlocks(rid, list(table), held, tail, last_hash)
-    mt = FieldReader(top.get("metrics", dict), "snapshot.metrics")
+    mt = top.object("metrics")
     m.cow_copies = non_negative(mt, "cow_copies")
     m.prefix_hit_blocks = non_negative(mt, "prefix_hit_blocks")
     m.preemptions = non_negative(mt, "preemptions")
@@ -186,24 +246,39 @@ def _restore_into(engine: Engine, top: FieldReader) -> None:
         engine.running.append(rid)
     engine.scheduler.admissions = queues.admissions
     engine.step = step
-    k = FieldReader(top.get("kernel", dict), "snapshot.kernel")
+    k = top.object("kernel")
     err = k.get("max_abs_err", (int, float), optional=True)
     ms = k.get("time_ms", (int, float), optional=True)
     if any(v is not None and not (math.isfinite(v) and v >= 0) for v in (err, ms)):
         raise PagedLabError("snapshot.kernel: max_abs_err and time_ms must be finite and >= 0")
     seqs, toks = (check_int(k.get(key, int, optional=True) or 0, f"snapshot.kernel.{key}", 0,
                             MAX_JSON_INT) for key in ("num_seqs", "num_query_tokens"))
+    # Kept as the file has it (the round trip is exact), but marked: no step of this
+    # engine measured it, and the Kernel panel says so until a step replaces it.
+    name = k.get("name", str, optional=True)
     engine.kernel_report = KernelReport(
         k.get("backend", str), k.get("device", str), None if err is None else float(err),
-        None if ms is None else float(ms), seqs, toks)
-    # Counts the blocks determine must be the ones the file claims.
-    metrics = m.metrics()
+        None if ms is None else float(ms), seqs, toks,
+        **({} if name is None else {"name": name}), restored=True)
+    return mt
+
+
+def _check_totals(engine: Engine, mt: FieldReader) -> None:
+    """The totals the blocks and queues determine must be the ones `snapshot.metrics`
+    claims: the contract's six are required, the others checked where present."""
+    metrics = engine.manager.metrics()
     got = {**metrics.contract_dict(), "prefix_hit_tokens": metrics.prefix_hit_tokens,
            "logical_tokens": metrics.logical_tokens,
-           "blocks_saved_by_sharing": metrics.blocks_saved_by_sharing}
+           "blocks_saved_by_sharing": metrics.blocks_saved_by_sharing,
+           "swapped_requests": len(engine.swapped)}
     derived = ("used_blocks", "free_blocks", "cached_blocks", "filled_slots",
                "internal_waste_slots", "shared_blocks")
-    for key in (*derived, "prefix_hit_tokens", "logical_tokens", "blocks_saved_by_sharing"):
+    optional = ["prefix_hit_tokens", "logical_tokens", "blocks_saved_by_sharing"]
+    if engine.host is not None:
+        # Written only with a host pool; without one they are fields restore ignores.
+        got["cpu_used_blocks"] = engine.host.num_used
+        optional += ["swapped_requests", "cpu_used_blocks"]
+    for key in (*derived, *optional):
         claimed = mt.get(key, int, optional=key not in derived)
         if claimed is not None and claimed != got[key]:
             raise PagedLabError(f"inconsistent snapshot: metrics.{key} is {claimed} but the "
@@ -214,11 +289,11 @@ def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
             requests: dict[str, Request]) -> list[Event]:
     """Events that could have happened: known kinds, blocks, requests, and past steps."""
     out = []
-    for i, raw in enumerate(top.get("events", list)):
-        if not isinstance(raw, dict):
-            raise PagedLabError(f"snapshot.events[{i}] must be an object")
+    for i, r in enumerate(top.objects("events")):
+        # Event.from_json reads exactly the event's own fields.
+        r.accept(*Event._fields)
         try:
-            e = Event.from_json(raw)
+            e = Event.from_json(r.data)
         except (KeyError, TypeError, ValueError) as exc:
             raise PagedLabError(f"snapshot.events[{i}]: malformed event ({exc})") from None
         # A swap's host side names a block of the host pool.

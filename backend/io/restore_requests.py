@@ -45,10 +45,8 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
     host = engine.host
     requests: dict[str, Request] = {}
     tables: dict[str, list[int]] = {}
-    for i, raw in enumerate(top.get("requests", list)):
-        if not isinstance(raw, dict):
-            raise PagedLabError(f"snapshot.requests[{i}] must be an object")
-        r = FieldReader(raw, f"snapshot.requests[{i}]")
+    for r in top.objects("requests"):
+        raw = r.data
         rid = check_request_id(r.get("id", str), f"{r.where}.id")
         if rid in requests:
             raise PagedLabError(f"{r.where}.id {rid!r} is repeated")
@@ -138,7 +136,7 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
 def read_scheduler(top: FieldReader, requests: dict[str, Request]) -> Queues:
     """`snapshot.scheduler`: its queues, each listing exactly the requests of its status,
     beam groups whole, and the admissions count. Raises PagedLabError."""
-    sched = FieldReader(top.get("scheduler", dict), "snapshot.scheduler")
+    sched = top.object("scheduler")
     waiting = sched.get("waiting", list)
     running = sched.get("running", list)
     if not all(isinstance(x, str) for x in (*waiting, *running)):

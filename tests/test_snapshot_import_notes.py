@@ -1,0 +1,278 @@
+"""Importing a snapshot: what the restore says besides restoring it.
+
+Fields PagedLab does not read are restored around and named by path (the
+contract lets files carry fields it does not know); a restored kernel report is
+marked as the snapshot's, not this engine's; a refusal names the field that was
+edited, not a total it upset; and messages end so that a caller can go on after
+them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Finish, Op, Step, parse_op
+from backend.io.json_input import FieldReader, decode_json
+from backend.io.restore import restore_engine, restore_notes, unread_fields
+from backend.io.scenario import load_scenario, run_steps
+from backend.io.snapshot import export_snapshot, parse_snapshot_text, snapshot_json
+from tests.test_app import engine as app_engine
+from tests.test_app import markdown
+from tests.test_exports_app import shared_state, upload
+
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
+
+
+def engine_after(ops: list[Op], **cfg: Any) -> Engine:
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4, **cfg}),
+               kernel="torch")
+    for op in ops:
+        e.apply(op)
+    return e
+
+
+@pytest.fixture(scope="module")
+def snap() -> dict[str, Any]:
+    """A (8 tokens), B sharing A's first block, C finished (its blocks cached), one step."""
+    return export_snapshot(engine_after([Add("A", prompt="abcdefgh"), Add("B", prompt="abcdxyz"),
+                                         Add("C", prompt="qrstuvwxyz"), Finish("C"), Step()]))
+
+
+def restored(data: dict[str, Any]) -> Engine:
+    return restore_engine(copy.deepcopy(data), kernel="torch")
+
+
+# ---- fields PagedLab does not read -----------------------------------------------------
+
+def test_a_misspelt_request_field_is_named_and_changes_nothing(snap: dict[str, Any]) -> None:
+    typo = copy.deepcopy(snap)
+    a = typo["requests"][0]
+    del a["max_new_tokens"]
+    a["max_new_tokns"] = 5
+    e = restored(typo)
+    assert unread_fields(e) == ("snapshot.requests[0].max_new_tokns",)
+    assert restore_notes(e) == ["snapshot.requests[0].max_new_tokns is not a field PagedLab "
+                                "reads; it was ignored"]
+    # Restored as if the field were absent: no limit, and the file it exports has no typo.
+    assert e.requests["A"].max_new_tokens is None
+    assert snapshot_json(e) == snapshot_json(restored(snap))
+
+
+def test_unknown_fields_everywhere_are_named_in_file_order(snap: dict[str, Any]) -> None:
+    odd = copy.deepcopy(snap)
+    odd["bogus_field"] = 1
+    odd["blocks"][2]["colour"] = "red"
+    odd["requests"][1]["x y"] = [1]
+    odd["events"][0]["extra"] = None
+    odd["metrics"]["k" * 60] = 0
+    odd["kernel"]["notes"] = {"a": 1}
+    odd["scheduler"]["later"] = []
+    odd["allocator"]["seed2"] = 3
+    odd["prefix_cache"][0]["depth"] = 0
+    e = restored(odd)
+    assert unread_fields(e) == (
+        "snapshot.blocks[2].colour", "snapshot.requests[1]['x y']", "snapshot.events[0].extra",
+        f"snapshot.metrics['{'k' * 40}...']", "snapshot.kernel.notes",
+        "snapshot.scheduler.later", "snapshot.prefix_cache[0].depth",
+        "snapshot.allocator.seed2", "snapshot.bogus_field")
+    assert restore_notes(e) == [
+        "snapshot.blocks[2].colour, snapshot.requests[1]['x y'], snapshot.events[0].extra, "
+        f"snapshot.metrics['{'k' * 40}...'], snapshot.kernel.notes and 4 more are not fields "
+        "PagedLab reads; they were ignored"]
+    assert snapshot_json(e) == snapshot_json(restored(snap))
+
+
+def test_two_unknown_fields_are_named_together(snap: dict[str, Any]) -> None:
+    odd = copy.deepcopy(snap)
+    odd["bogus"] = 1
+    odd["requests"][0]["max_new_tokns"] = 5
+    assert restore_notes(restored(odd)) == [
+        "snapshot.requests[0].max_new_tokns and snapshot.bogus are not fields PagedLab "
+        "reads; they were ignored"]
+
+
+def test_an_unknown_config_field_is_still_refused(snap: dict[str, Any]) -> None:
+    # A misspelt setting would build another engine than the file meant: refused, as a
+    # scenario's config is, rather than noted.
+    odd = copy.deepcopy(snap)
+    odd["config"]["block_sise"] = 8
+    with pytest.raises(PagedLabError, match=r"snapshot\.config: unknown field 'block_sise'"):
+        restored(odd)
+
+
+def _final_snapshot(path: Path) -> dict[str, Any]:
+    sc = load_scenario(path)
+    e = Engine(sc.config, kernel="torch")
+    for _ in run_steps(e, sc.steps):
+        pass
+    return export_snapshot(e)
+
+
+def _swapped() -> dict[str, Any]:
+    e = Engine(EngineConfig.from_json({"num_blocks": 13, "block_size": 4, "preemption": "swap",
+                                       "num_cpu_blocks": 16}), kernel="torch")
+    for rid in "ABCD":
+        e.apply(parse_op({"op": "add", "request": rid, "prompt": f"request {rid} asks a "
+                          "question", "max_new_tokens": 14}))
+    while not e.swapped:
+        e.apply(Step())
+    return export_snapshot(e)
+
+
+def _prefilling() -> dict[str, Any]:
+    e = engine_after([Add("A", prompt_len=23, max_new_tokens=3), Step()], num_blocks=48,
+                     max_num_batched_tokens=6)
+    snap = export_snapshot(e)
+    assert "num_computed_tokens" in snap["requests"][0]
+    return snap
+
+
+TINY_SCENARIOS = sorted(p for p in SCENARIO_DIR.glob("*.json")
+                        if "smollm2" not in p.read_text())
+
+
+@pytest.mark.parametrize("make", [*(lambda p=p: _final_snapshot(p) for p in TINY_SCENARIOS),
+                                  _swapped, _prefilling],
+                         ids=[*(p.stem for p in TINY_SCENARIOS), "swapped", "prefilling"])
+def test_every_field_an_export_writes_is_read(make: Any) -> None:
+    # Forks, samples, beams, cached chains, preemption, swap, chunked prefill: restore
+    # reads (or re-derives) every field an export writes, so it never notes one.
+    e = restored(json.loads(json.dumps(make())))
+    assert unread_fields(e) == ()
+    assert restore_notes(e) == []
+
+
+def test_an_engine_that_no_restore_built_has_no_notes() -> None:
+    assert restore_notes(Engine(EngineConfig.from_json({"num_blocks": 8}), kernel="torch")) == []
+
+
+def test_a_field_reader_counts_accepted_and_nested_reads() -> None:
+    data = {"a": 1, "b": {"c": 2, "d": 3}, "e": [{"f": 4}, {"g": 5}], "h": {"i": 6}, "j": 7}
+    top = FieldReader(data, "x")
+    top.get("a", int)
+    b = top.object("b")
+    b.get("c", int)
+    assert top.object("b") is b          # one record per object
+    for r in top.objects("e"):
+        r.accept("f")
+    top.accept("h")                      # read some other way: nothing inside is listed
+    assert top.unread() == ["x.b.d", "x.e[1].g", "x.j"]
+
+
+def test_a_swapped_snapshots_derived_counts_are_checked() -> None:
+    swapped = _swapped()
+    for key in ("swapped_requests", "cpu_used_blocks"):
+        bad = copy.deepcopy(swapped)
+        bad["metrics"][key] += 1
+        with pytest.raises(PagedLabError, match=f"metrics.{key} is"):
+            restored(bad)
+
+
+# ---- the kernel report a snapshot carries ----------------------------------------------
+
+def test_a_restored_kernel_report_is_marked_until_a_step_replaces_it(
+        snap: dict[str, Any]) -> None:
+    typed = copy.deepcopy(snap)
+    typed["kernel"]["max_abs_err"] = 5.0
+    e = restored(typed)
+    assert e.kernel_report.restored and e.kernel_report.max_abs_err == 5.0
+    # Kept as written: the round trip is exact.
+    assert snapshot_json(e) == json.dumps(typed, indent=1) + "\n"
+    e.apply(Step())
+    assert not e.kernel_report.restored
+    assert e.kernel_report.max_abs_err is not None and e.kernel_report.max_abs_err < 1e-4
+
+
+def test_a_fresh_engines_kernel_report_is_its_own() -> None:
+    e = engine_after([Add("A", prompt="abcdefgh")])
+    assert not e.kernel_report.restored
+
+
+def test_the_kernel_panel_says_a_restored_figure_is_the_snapshots() -> None:
+    at = shared_state()
+    snap = export_snapshot(app_engine(at))
+    snap["kernel"]["max_abs_err"] = 5.0
+    upload(at, (json.dumps(snap, indent=1) + "\n").encode(), "typed.json")
+    text = markdown(at)
+    assert ("Recorded in the snapshot this state was restored from, not measured by a step "
+            "run here (the next step replaces it):") in text
+    assert "**5.0e+00**" in text
+    at.button(key="btn_step").click().run()
+    assert not at.exception
+    text = markdown(at)
+    assert "Recorded in the snapshot" not in text and "**5.0e+00**" not in text
+
+
+def test_the_playground_says_which_fields_of_an_upload_it_ignored() -> None:
+    at = shared_state()
+    snap = export_snapshot(app_engine(at))
+    snap["requests"][0]["max_new_tokns"] = 5
+    upload(at, (json.dumps(snap, indent=1) + "\n").encode(), "typo.json")
+    said = [s.value for s in at.success if "Restored" in s.value]
+    assert len(said) == 1 and said[0].endswith(
+        "Note: snapshot.requests[0].max_new_tokns is not a field PagedLab reads; "
+        "it was ignored."), said
+
+
+# ---- refusals name the field that was edited -------------------------------------------
+
+def test_an_edited_num_filled_is_refused_by_its_block(snap: dict[str, Any]) -> None:
+    bad = copy.deepcopy(snap)
+    table = bad["requests"][0]["block_table"]
+    bad["blocks"][table[-1]]["num_filled"] += 1
+    with pytest.raises(PagedLabError) as info:
+        restored(bad)
+    message = str(info.value)
+    assert f"request 'A' logical block {len(table) - 1} (physical {table[-1]}) has" in message
+    assert "metrics" not in message
+
+
+def test_an_edited_block_size_is_refused_with_the_size_it_implies(
+        snap: dict[str, Any]) -> None:
+    bad = copy.deepcopy(snap)
+    bad["config"]["block_size"] = 8
+    with pytest.raises(PagedLabError) as info:
+        restored(bad)
+    assert str(info.value) == (
+        "snapshot.config: block_size 8 gives bytes_per_block 4,096 (2 for K and V x 2 layers "
+        "x 2 KV heads x head_dim 16 x block_size 8 x 4 bytes of float32), but the snapshot "
+        "says 2,048: a setting was changed without the bytes_per_block it implies")
+
+
+def test_a_malformed_bytes_per_block_is_refused_as_such(snap: dict[str, Any]) -> None:
+    bad = copy.deepcopy(snap)
+    bad["config"]["bytes_per_block"] = "2048"
+    with pytest.raises(PagedLabError, match=r"snapshot\.config\.bytes_per_block must be "
+                                            r"an integer"):
+        restored(bad)
+
+
+def test_a_wrong_total_alone_is_still_refused_by_its_name(snap: dict[str, Any]) -> None:
+    bad = copy.deepcopy(snap)
+    bad["metrics"]["filled_slots"] += 1
+    with pytest.raises(PagedLabError, match=r"metrics\.filled_slots is"):
+        restored(bad)
+
+
+# ---- messages end cleanly ------------------------------------------------------------
+
+@pytest.mark.parametrize("data", [b"\x89PNG\r\n\x1a\n", b'{"a": "\xe1"}', b"{", b"9" * 5000])
+def test_a_json_refusal_ends_without_punctuation(data: bytes) -> None:
+    with pytest.raises(PagedLabError) as info:
+        decode_json(data, "snapshot")
+    assert not str(info.value).endswith((".", "?", "!")), str(info.value)
+
+
+def test_a_binary_file_is_refused_in_a_statement() -> None:
+    with pytest.raises(PagedLabError) as info:
+        parse_snapshot_text(b"{\"\xe1\"}")
+    assert str(info.value) == ("snapshot is not valid JSON: it is not UTF-8 text (byte 0xe1 "
+                               "at offset 2); it may be a binary file")
