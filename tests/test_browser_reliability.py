@@ -360,10 +360,14 @@ def test_a_click_while_a_new_models_weights_load_lands_on_the_new_engine(
             # run's bar is in the sidebar), with no Stop button: a load runs to its end.
             shows(page.get_by_test_id("stMain").get_by_text("Loading SmolLM2"))
             assert page.get_by_role("button", name="Stop stepping").count() == 0
-            status_line(page, "Step 1: add A")
+            # A second click during the load supersedes the first one's run, which used
+            # to drop that click: both act, in the order they were made.
+            click(page, "Add request")
+            status_line(page, "Step 2: add B")
             idle(page)
             # SmolLM2's tokenizer: 7 tokens (tiny-byte's would be 23, one per byte).
-            picked(page, "A · running · 7 tokens")
+            picked(page, "B · running · 7 tokens")
+            expect(page.get_by_text(re.compile(r"events: 1 prefix_hit"))).to_have_count(1)
             expect(sidebar.get_by_role("button", name="Apply and reset")).to_have_count(0)
             shows(sidebar, "loaded in this process")
             shoot(page, screenshots / "25-add-during-model-load.png")
