@@ -48,6 +48,14 @@ def test_a_checked_value_reads_as_words(path: str, value: object, shown: str) ->
     assert tour_views.value_text(path, value) == shown
 
 
+def test_a_long_text_keeps_both_ends() -> None:
+    # A chat's text opens with its template; what the model answered is at the end.
+    shown = tour_views.value_text("text.S1", "<|im_start|>system\n" + "x" * 200 +
+                                  "A flat white is")
+    assert len(shown) == tour_views.MAX_VALUE_CHARS and shown.count("…") == 1
+    assert shown.startswith("“<|im_start|>system\\nxx") and shown.endswith("xA flat white is”")
+
+
 @pytest.mark.parametrize("stem", ["01-contiguous-problem", "02-block-table"])
 def test_no_check_on_the_page_shows_raw_json(stem: str) -> None:
     at = open_tour(stem)

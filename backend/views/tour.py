@@ -42,6 +42,15 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 1] + "…"
 
 
+def _short_middle(text: str) -> str:
+    """`text` cut in the middle if long: a request's text ends with what it generated
+    (after a chat template's long opening), which a cut at the end would hide."""
+    if len(text) <= MAX_VALUE_CHARS:
+        return text
+    head = MAX_VALUE_CHARS // 3
+    return text[:head] + "…" + text[len(text) - (MAX_VALUE_CHARS - head - 1):]
+
+
 def _plain(value: Any) -> str:
     """Any JSON value in words: no braces, no quoted keys; lists of numbers in brackets."""
     if value is None:
@@ -99,7 +108,7 @@ def value_text(path: str, value: Any) -> str:
         if head == "text":
             # Quoted, as its spaces matter; a line break as \n, as the layouts show it
             # (HTML would fold a raw one into a space).
-            return _short(f"“{visible(value)}”")
+            return _short_middle(f"“{visible(value)}”")
         if value.replace("_", "").isalpha() and value.islower():
             return value.replace("_", " ")
     return format_value(value)
