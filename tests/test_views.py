@@ -242,6 +242,8 @@ def test_metrics_html_labels_every_value(shared: Engine) -> None:
     found = dict(re.findall(r"data-label='([^']+)'>([^<]+)<", html))
     assert found["Copy-on-write copies"] == "1" and found["Shared blocks"] == "5"
     assert len(found) == len(views.metric_items(export_snapshot(shared)))
+    # A value stays on one line ("0 blocks (0 tokens)"); a narrow card wraps the label.
+    assert html.count("<b class='pl-metric' style='white-space:nowrap") == len(found)
 
 
 def test_vector_spec_has_one_bar_per_component() -> None:

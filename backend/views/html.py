@@ -245,8 +245,11 @@ def metrics_html(items: list[MetricItem]) -> str:
         rows = "".join(
             f"<div style='display:flex;justify-content:space-between;gap:10px;padding:1px 0'>"
             f"<span style='color:#555'>{term_html(m.label, m.help)}</span>"
-            f"<b class='pl-metric' data-label='{escape(m.label, quote=True)}'>"
-            f"{escape(m.value)}</b></div>" for m in ms)
+            # The value on one line ("0 blocks (0 tokens)" split after its "(0"
+            # read as two figures); a narrow card wraps the label instead.
+            f"<b class='pl-metric' style='white-space:nowrap;text-align:right' "
+            f"data-label='{escape(m.label, quote=True)}'>{escape(m.value)}</b></div>"
+            for m in ms)
         cards.append(f"<div style='flex:1 1 210px;border:1px solid #E3E6EA;border-radius:6px;"
                      f"padding:6px 10px;background:#FBFCFD'><div style='font-size:11px;"
                      f"text-transform:uppercase;letter-spacing:.04em;color:#777;"
