@@ -171,7 +171,10 @@ def _config_fields() -> None:
     st.selectbox("dtype", dtypes, index=_index("cfg_dtype", dtypes), key="cfg_dtype")
     with st.expander("More settings"):
         st.number_input("Seed", step=1, value=_applied("cfg_seed"), key="cfg_seed",
-                        help="Seeds tiny-byte's weights, random prompts and sampling.")
+                        help="Seeds tiny-byte's weights, random prompts and sampling. 0 to "
+                             f"{(1 << 53) - 1:,} here: a browser's whole numbers end there (a "
+                             "larger one shows a red mark and is not sent); a scenario or "
+                             f"snapshot may give up to {(1 << 63) - 1:,}.")
         st.number_input("Default max new tokens", step=1,
                         value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
                         help="For requests added without their own limit; blank or 0: none.")
