@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, Locator, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Locator
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "build" / "screenshots"
@@ -105,6 +105,18 @@ def chromium_path() -> str:
         pytest.fail("Debian's chromium is not on PATH; install it (scripts/ensure-chromium, "
                     "or apt-get install chromium): the browser tests need a real browser")
     return path
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_path: str) -> Iterator[Browser]:
+    """Debian's Chromium, headless, for the module's tests (each opens its own pages)."""
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium_path, headless=True,
+                               args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
 
 
 @pytest.fixture(scope="module")

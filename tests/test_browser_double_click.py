@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import Browser, expect, sync_playwright
 
 from tests.browser_support import CHROMIUM_ARGS
 
@@ -62,40 +62,37 @@ def test_step_n_twice_then_step_applies_three_whole_operations(
 
 
 def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_it(
-        app_url: str, chromium_path: str, screenshots: Path) -> None:
+        browser: Browser, app_url: str, screenshots: Path) -> None:
     # Add request waits for the engine while Step N runs; Finish, clicked next, makes
     # Streamlit stop the Add's run. The Add used to be dropped (its run read session
     # state after the wait); now it acts first, then the Finish, and the page shows both.
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1800})
-            page.set_default_timeout(T)
-            page.goto(app_url)
-            add = page.get_by_role("button", name="Add request")
-            expect(add).to_be_visible(timeout=T)
-            # A request that keeps decoding through the whole Step N.
-            page.get_by_role("spinbutton", name="Max new tokens").fill("500")
-            add.click()
-            expect(page.get_by_text("Step 1: add A")).to_be_visible(timeout=T)
-            steps = page.get_by_role("spinbutton", name="Steps")
-            steps.fill("60")
-            steps.press("Tab")
-            page.get_by_role("button", name="Step N").click()
-            expect(page.get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
-            add.click()
-            page.wait_for_timeout(500)
-            page.get_by_role("button", name="Finish").click()
-            # Finish acts on A, the request picked when it was clicked.
-            expect(page.get_by_text(re.compile(r"^Step 4: finish A"))).to_be_visible(timeout=T)
-            # Step 3 was the add: B is the request left to pick.
-            picker = page.locator(".st-key-req_pick").get_by_role("combobox")
-            expect(picker).to_have_value(re.compile(r"^B · running"), timeout=T)
-            expect(page.locator("[data-testid='stException']")).to_have_count(0)
-            page.screenshot(path=screenshots / "superseded-click.png", full_page=True)
-        except BaseException:
-            page.screenshot(path=screenshots / "superseded-click-failed.png", full_page=True)
-            raise
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1440, "height": 1800})
+    try:
+        page.set_default_timeout(T)
+        page.goto(app_url)
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=T)
+        # A request that keeps decoding through the whole Step N.
+        page.get_by_role("spinbutton", name="Max new tokens").fill("500")
+        add.click()
+        expect(page.get_by_text("Step 1: add A")).to_be_visible(timeout=T)
+        steps = page.get_by_role("spinbutton", name="Steps")
+        steps.fill("60")
+        steps.press("Tab")
+        page.get_by_role("button", name="Step N").click()
+        expect(page.get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
+        add.click()
+        page.wait_for_timeout(500)
+        page.get_by_role("button", name="Finish").click()
+        # Finish acts on A, the request picked when it was clicked.
+        expect(page.get_by_text(re.compile(r"^Step 4: finish A"))).to_be_visible(timeout=T)
+        # Step 3 was the add: B is the request left to pick.
+        picker = page.locator(".st-key-req_pick").get_by_role("combobox")
+        expect(picker).to_have_value(re.compile(r"^B · running"), timeout=T)
+        expect(page.locator("[data-testid='stException']")).to_have_count(0)
+        page.screenshot(path=screenshots / "superseded-click.png", full_page=True)
+    except BaseException:
+        page.screenshot(path=screenshots / "superseded-click-failed.png", full_page=True)
+        raise
+    finally:
+        page.close()

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.browser_support import CHROMIUM_ARGS
 from tests.test_browser import T, metric_is, shoot, shows
@@ -141,34 +141,31 @@ VIEWING = re.compile(r"Viewing step (\d+) of \d+ · (\d+) applied so far")
 
 
 def test_a_pause_during_a_fast_play_shows_the_step_the_play_reached(
-        app_url: str, chromium_path: str, screenshots: Path) -> None:
+        browser: Browser, app_url: str, screenshots: Path) -> None:
     # At a quarter second a step, a Pause often arrives before the browser has the
     # slider at the play's newest step, and used to carry the one before: the slider's
     # callback moved the view back ("Viewing step 4 of 9 · 5 applied so far"), in about
     # half of all tries. Four tries, each at another moment of the play.
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2400})
-            page.set_default_timeout(T)
-            for attempt in range(4):
-                page.goto(f"{app_url}/tour?scenario=05-continuous-batching&step=0")
-                caption = page.get_by_text(VIEWING)
-                shows(caption)
-                speed = page.get_by_role("slider", name="Seconds per step")
-                speed.focus()
-                speed.press("Home")
-                expect(speed).to_have_attribute("aria-valuetext", "0.25 s", timeout=T)
-                page.get_by_role("button", name="Play", exact=True).click()
-                page.wait_for_timeout(1300 + 290 * attempt)
-                page.get_by_role("button", name="Pause", exact=True).click()
-                expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible(
-                    timeout=T)
-                page.wait_for_timeout(1000)    # a step under way when Pause came is shown
-                found = VIEWING.search(caption.inner_text())
-                assert found is not None
-                assert found.group(1) == found.group(2), (attempt, found.group(0))
-            shoot(page, screenshots / "tour-06-paused-fast-play.png")
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 2400})
+    try:
+        page.set_default_timeout(T)
+        for attempt in range(4):
+            page.goto(f"{app_url}/tour?scenario=05-continuous-batching&step=0")
+            caption = page.get_by_text(VIEWING)
+            shows(caption)
+            speed = page.get_by_role("slider", name="Seconds per step")
+            speed.focus()
+            speed.press("Home")
+            expect(speed).to_have_attribute("aria-valuetext", "0.25 s", timeout=T)
+            page.get_by_role("button", name="Play", exact=True).click()
+            page.wait_for_timeout(1300 + 290 * attempt)
+            page.get_by_role("button", name="Pause", exact=True).click()
+            expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible(
+                timeout=T)
+            page.wait_for_timeout(1000)    # a step under way when Pause came is shown
+            found = VIEWING.search(caption.inner_text())
+            assert found is not None
+            assert found.group(1) == found.group(2), (attempt, found.group(0))
+        shoot(page, screenshots / "tour-06-paused-fast-play.png")
+    finally:
+        page.close()
