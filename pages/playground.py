@@ -66,7 +66,7 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
         st.subheader("Physical block pool")
         focus = panels.pool(shown, prefix)
         panels.tables_events_kernel(shown, focus, engine if past is None else None, prefix,
-                                    stale_note=timeline.STALE_NOTE)
+                                    to_newest="go back to the live state")
         control_run.playground_panel(engine, session.get_oplog(), snap)
         whatif.panel(engine)
         st.subheader("Timeline", help=timeline.HELP)

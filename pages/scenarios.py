@@ -51,8 +51,7 @@ tour_widgets.arena(frame)
 
 panels.tables_events_kernel(
     snap, focus, run.engine if latest else None, prefix="tour_",
-    stale_note="Reads K/V from the live tensors, which hold the newest state: view step "
-               f"{run.taken} to translate addresses.")
+    to_newest=f"view step {run.taken}")
 
 st.subheader("Download this step")
 exports.downloads(snap, stem=run.key if run.key != tour.UPLOAD else "scenario", prefix="tour_",

@@ -1,8 +1,8 @@
 """The views of an engine's state: metrics, the block grid, tables, events, kernel, addresses.
 
 Each panel draws from a snapshot dict (so a page replaying a scenario can draw
-the same views); only the address translator (ui/translator.py) needs the live
-engine, since it reads K/V from the tensors. Widget keys carry a `prefix` so two pages can
+the same views); only the address translator's key vector (ui/translator.py) needs
+the live engine, since it reads K/V from the tensors. Widget keys carry a `prefix` so two pages can
 each keep their own selection; `session.VIEW_PREFIXES` lists the prefixes whose
 keys `session.init` seeds.
 """
@@ -145,7 +145,7 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
                  format_func=lambda v: "none" if v is None else v, placeholder="none",
                  on_change=_on_focus_request, args=(prefix,))
     c2.number_input("Inspect a block", value=None, step=1,
-                    key=f"{prefix}focus_block", placeholder="click a cell, or type an id",
+                    key=f"{prefix}focus_block", placeholder="click or type an id",
                     on_change=_on_focus_block, args=(prefix,))
     pages = views.num_pages(n)
     page = 0
@@ -295,12 +295,13 @@ def events(snap: Snapshot) -> None:
 
 
 def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, prefix: str = "",
-                         stale_note: str = "") -> None:
+                         to_newest: str = "view the newest state") -> None:
     """Block tables, then the event log beside the kernel panel and address translator.
 
     `engine` is the live engine when `snap` is its current state; for a past
-    state it is None and `stale_note` says why the translator is not shown
-    (it reads the live tensors).
+    state it is None, and the translator works from `snap` alone, with no key
+    vector: the live tensors hold only the newest state, which `to_newest`
+    says how to reach, as an imperative ("view step 3").
     """
     st.subheader("Block tables", help=HELP["tables"])
     block_tables(snap, focus)
@@ -319,7 +320,7 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
         if engine is not None:
             translator.panel(engine, prefix=prefix)
         else:
-            st.caption(stale_note)
+            translator.past_panel(snap, to_newest, prefix=prefix)
 
 
 # ---- kernel -----------------------------------------------------------------------

@@ -47,9 +47,6 @@ SCHEDULED_COLUMN = COLUMNS.index("scheduled")
 
 NOT_SAVED = ("The timeline belongs to this engine and is not saved with the session: a "
              "reload, a restored snapshot or a new engine starts a new one.")
-STALE_NOTE = ("The translator reads the live K/V tensors: go back to the live state to use "
-              "it.")
-
 HELP = ("The engine's run, one row per scheduler iteration and per other operation: "
         "requests, blocks, tokens, preemptions, and each request's time to first token and "
         "per output token. Pick a row to see the state after its step.")

@@ -1,11 +1,15 @@
 """The address translator: a request's token position to its block, slot and stored key.
 
-Reads the live engine (its block tables and K/V tensors), so it is drawn only
-for the current state, never for a past one. Widget keys carry the panel's
-`prefix` (see ui/panels.py).
+`panel` reads the live engine: its block tables, and the key stored at the
+slot in its K/V tensors. `past_panel` translates a past state from its
+snapshot alone (backend/views/translate.py), with the same fields and the
+same arithmetic; the tensors hold only the newest state, so it shows no key.
+Widget keys carry the panel's `prefix` (see ui/panels.py).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pandas as pd
 import streamlit as st
@@ -13,35 +17,32 @@ import streamlit as st
 from backend import views
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
+from backend.views import Snapshot
 from backend.views.text import plain_md
-from backend.views.tokens import quoted_piece
+from backend.views.translate import (
+    arithmetic_md,
+    running_ids,
+    snapshot_address,
+    snapshot_request,
+    token_md,
+)
 from ui.numbers import out_of_range
 
 
-def _block_pieces(engine: Engine, rid: str, logical: int) -> str:
-    """The tokens of a request's logical block, each quoted: where the block's token
-    boundaries fall (the first views.tokens.TOOLTIP_TOKENS of a large block)."""
-    bs = engine.config.block_size
-    tokens = list(engine.requests[rid].tokens[logical * bs:(logical + 1) * bs])
-    shown = engine.token_pieces(tokens[:views.TOOLTIP_TOKENS])
-    more = " …" if len(tokens) > len(shown) else ""
-    return " ".join(quoted_piece(p) for p in shown) + more
+def _fields(running: list[str], num_tokens: dict[str, int], layers: int,
+            prefix: str) -> tuple[str, int, int] | None:
+    """The request, token position and layer fields; what they hold, or None (said why
+    on the page) while a number is missing or out of range.
 
-
-def panel(engine: Engine, prefix: str = "") -> None:
-    """Request + position -> logical block, offset, physical block, slot, and the stored K."""
+    `running` is not empty; `num_tokens` has each of its requests' token counts.
+    """
     ss = st.session_state
-    running = list(engine.running)
-    if not running:
-        st.caption("Add a request to translate its token positions.")
-        return
     if ss.get(f"{prefix}tr_req") not in running:
         ss[f"{prefix}tr_req"] = running[0]
     # Wide enough at 1024 px for "Layer" and an id such as "A.0" not to be cut.
     c1, c2, c3 = st.columns([2, 2, 1.5])
     rid = c1.selectbox("Request", running, key=f"{prefix}tr_req")
-    n = engine.requests[rid].num_tokens
-    layers = engine.config.num_layers
+    n = num_tokens[rid]
     # A position or layer of another request or engine (the pick changed): the nearest one.
     if ss.get(f"{prefix}tr_req_seen") != (rid, n, layers):
         ss[f"{prefix}tr_req_seen"] = (rid, n, layers)
@@ -58,31 +59,34 @@ def panel(engine: Engine, prefix: str = "") -> None:
                if got is not None and not 0 <= got <= top]
     if refused:
         st.error("  \n".join(plain_md(line) for line in refused))
-        return
+        return None
     if pos is None or layer is None:
         st.caption("Type a token position and a layer.")
+        return None
+    return rid, int(pos), int(layer)
+
+
+def panel(engine: Engine, prefix: str = "") -> None:
+    """Request + position -> logical block, offset, physical block, slot, and the stored K."""
+    running = list(engine.running)
+    if not running:
+        st.caption("Add a request to translate its token positions.")
         return
+    picked = _fields(running, {rid: engine.requests[rid].num_tokens for rid in running},
+                     engine.config.num_layers, prefix)
+    if picked is None:
+        return
+    rid, pos, layer = picked
     try:
-        addr, key, _value = engine.read_kv(rid, int(pos), int(layer))
+        addr, key, _value = engine.read_kv(rid, pos, layer)
     except PagedLabError as exc:  # a stale position after the request changed
         st.error(plain_md(str(exc)))
         return
     bs = engine.config.block_size
-    table = engine.block_table(rid)
-    st.markdown(
-        f"position **{addr.position}** ÷ block size **{bs}** → logical block "
-        f"**{addr.logical_block}**, offset **{addr.offset}**  \n"
-        f"block table {table} → entry {addr.logical_block} is physical block "
-        f"**{addr.physical_block}**  \n"
-        f"slot = {addr.physical_block} × {bs} + {addr.offset} = **{addr.slot}**")
-    tok = engine.requests[rid].tokens[addr.position]
-    # The token's own text under the engine's model (a byte, or a BPE piece such as
-    # " cat"), quoted so its spaces show; any character may be in it: escaped.
-    piece = engine.token_pieces([tok])[0]
-    st.caption(f"Token {tok} ({plain_md(quoted_piece(piece))}) · block {addr.physical_block} "
-               f"holds {plain_md(_block_pieces(engine, rid, addr.logical_block))} · key vector "
-               f"read from layer {layer}'s K tensor at slot {addr.slot}, shape {list(key.shape)} "
-               "(KV heads × head dim)")
+    st.markdown(arithmetic_md(addr, bs, engine.block_table(rid)))
+    st.caption(f"{token_md(engine.requests[rid].tokens, addr, bs, engine.token_pieces)} · key "
+               f"vector read from layer {layer}'s K tensor at slot {addr.slot}, shape "
+               f"{list(key.shape)} (KV heads × head dim)")
     vdf, vspec = views.vector_spec(key.numpy())
     st.vega_lite_chart(vdf, vspec, width="stretch", key=f"{prefix}tr_chart")
     kdf = pd.DataFrame(key.numpy(), index=[f"K head {h}" for h in range(key.shape[0])])
@@ -90,3 +94,34 @@ def panel(engine: Engine, prefix: str = "") -> None:
     st.dataframe(kdf, width="stretch", height=35 * (len(kdf) + 1) + 3,
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in kdf.columns})
+
+
+def past_panel(snap: Snapshot, to_newest: str, prefix: str = "") -> None:
+    """`panel` for a past state, from its snapshot: the same fields over the requests
+    running in it and the same arithmetic, then, in place of the key, one line saying
+    that the key is read from the live tensors, which hold the newest state.
+
+    `to_newest` says how to reach the newest state, as an imperative ("view step 3").
+    """
+    running = running_ids(snap)
+    if not running:
+        st.caption("No request is running in this state: none has token positions to "
+                   "translate.")
+        return
+    picked = _fields(running, {rid: int(snapshot_request(snap, rid)["num_tokens"])
+                               for rid in running},
+                     int(snap["config"]["num_layers"]), prefix)
+    if picked is None:
+        return
+    rid, pos, layer = picked
+    try:
+        addr = snapshot_address(snap, rid, pos)
+    except PagedLabError as exc:  # a position a budgeted prompt has not computed yet
+        st.error(plain_md(str(exc)))
+        return
+    req = snapshot_request(snap, rid)
+    bs = int(snap["config"]["block_size"])
+    st.markdown(arithmetic_md(addr, bs, req["block_table"]))
+    st.caption(token_md(req["tokens"], addr, bs, partial(views.token_pieces, snap)))
+    st.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live K/V "
+               f"tensors, which hold the newest state: {plain_md(to_newest)} to see it.")
