@@ -370,6 +370,11 @@ def test_summarize_tells_a_freed_block_from_one_still_shared() -> None:
     # B still holds A's full prompt blocks: their frees only lower a reference count.
     assert (f"events: {freed + shared} free ({freed} back to the free queue, {shared} still "
             "shared)") in summarize(result, snap)
+    # Every block still held by another request: nothing is freed.
+    f = engine()
+    f.apply(Add("A", prompt=PROMPT))
+    f.apply(Fork("A", "A.1"))
+    assert summarize(f.apply(Finish("A")), export_snapshot(f)).endswith(" (all still shared)")
     # Nothing shared: the count alone.
     e.apply(Step(1))
     alone = summarize(e.apply(Finish("B")), export_snapshot(e))

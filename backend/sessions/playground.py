@@ -358,6 +358,8 @@ def _free_split(result: OpResult) -> str:
     if not shared:
         return ""
     freed = sum(1 for e in result.events if e.kind == "free") - shared
+    if not freed:
+        return " (all still shared)"
     return f" ({freed} back to the free queue, {shared} still shared)"
 
 

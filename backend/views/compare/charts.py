@@ -196,6 +196,7 @@ def sharing_bars(df: pd.DataFrame) -> alt.FacetChart:
         y=alt.Y("saved:Q", title="block memory saved by sharing", axis=alt.Axis(format="%")),
         tooltip=["kind:N", "n:O", alt.Tooltip("saved:Q", format=".1%"), "paper range:N"])
     labels = base.mark_text(dy=-7).encode(y="saved:Q", text=alt.Text("saved:Q", format=".1%"))
-    return alt.layer(band, bars, labels, data=df).properties(width=220, height=240).facet(
+    # Two panels of 200 px and the axis fit the page beside the sidebar of a 1024 px window.
+    return alt.layer(band, bars, labels, data=df).properties(width=200, height=240).facet(
         column=alt.Column("kind:N", title=None, sort=["parallel sampling", "beam search"])
     ).resolve_scale(y="independent")
