@@ -230,7 +230,7 @@ def one_round(browser: Browser, url: str, cycles: int,
             for action in ACTIONS:
                 key, line = BUTTONS[action]
                 if action == "Step N=8" and cycle == 0:
-                    steps = page.get_by_label("Steps")
+                    steps = page.get_by_role("spinbutton", name="Steps")
                     steps.fill("8")
                     steps.press("Tab")
                     page.wait_for_timeout(300)
