@@ -44,6 +44,7 @@ with story:
     control_run.scenario_panel(frame.control, run.control_problem, snap, run.engine)
 with numbers:
     panels.metrics(snap)
+tour_widgets.step_bar(run)
 # The grid keeps its cells their size, so it takes the page's width rather than a column's.
 st.subheader("Physical block pool", help=panels.HELP["pool"])
 focus = panels.pool(snap, prefix="tour_")

@@ -214,7 +214,7 @@ def test_markdown_in_user_text_makes_the_browser_fetch_nothing(
         shoot(page, screenshots / "21-markdown-ids-playground.png")
 
         page.get_by_role("link", name="Scenarios").click()
-        shows(page.get_by_role("button", name="Next"))
+        shows(page.get_by_role("button", name="Next", exact=True))
         idle(page)
         page.get_by_role("button", name="Upload your own scenario").click()
         story: FilePayload = {"name": "story.json", "mimeType": "application/json",
@@ -226,7 +226,7 @@ def test_markdown_in_user_text_makes_the_browser_fetch_nothing(
         page.keyboard.press("Escape")
         idle(page)
         for step in (1, 2, 3):
-            page.get_by_role("button", name="Next").click()
+            page.get_by_role("button", name="Next", exact=True).click()
             shows(page.get_by_test_id("stMain"), f"Viewing step {min(step, 2)} of 3")
         narration = page.locator(".st-key-tour_narration")
         shows(narration, as_written(f"It forks: {CHILD}"))
@@ -234,7 +234,7 @@ def test_markdown_in_user_text_makes_the_browser_fetch_nothing(
         shows(page.get_by_test_id("stAlert").first, as_written(
             "The engine refused step 3 (grow): request '![z](http://example.invalid/z.png)' "
             "does not exist"))
-        page.get_by_role("button", name="Back").click()
+        page.get_by_role("button", name="Back", exact=True).click()
         shows(page.get_by_test_id("stMain"), "Viewing step 1 of 3")
         shows(narration, as_written(f"**{IMAGE}** arrives."))
         shoot(page, screenshots / "22-markdown-scenario.png")

@@ -205,6 +205,18 @@ def test_back_and_the_slider_show_earlier_states_without_recomputing() -> None:
     assert metrics(at)["Copy-on-write copies"] == "1"
 
 
+def test_the_step_bar_above_the_pool_steps_as_back_and_next_do() -> None:
+    at = open_tour("03-growth")
+    assert at.button(key="tour_back_pool").disabled
+    click(at, "tour_next_pool")
+    click(at, "tour_next_pool")
+    assert viewed_step(at) == 2 and run_of(at).taken == 2
+    assert any("Showing step **2** of 4 below." in c.value for c in at.caption)
+    click(at, "tour_back_pool")
+    assert viewed_step(at) == 1 and run_of(at).taken == 2
+    assert metrics(at)["Used blocks"] == "3 / 16"
+
+
 def test_reset_starts_the_run_again() -> None:
     at = open_tour("03-growth")
     click(at, "tour_next")

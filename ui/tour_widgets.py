@@ -193,6 +193,19 @@ def controls(run: TourRun) -> None:
                           f"{run.taken} is the state before it."))
 
 
+def step_bar(run: TourRun) -> None:
+    """Back and Next again, above the block pool, with the step in view: a person
+    watching the grid and tables steps on without scrolling up to the controls."""
+    t = state()
+    can_next = t.view < run.taken or run.can_advance
+    c = st.columns([1.3, 1.3, 4], vertical_alignment="center")
+    c[0].button("Previous step", key="tour_back_pool", on_click=_on_back,
+                disabled=t.view == 0, icon=":material/arrow_back:", width="stretch")
+    c[1].button("Next step", key="tour_next_pool", on_click=_on_next, disabled=not can_next,
+                icon=":material/arrow_forward:", width="stretch")
+    c[2].caption(f"Showing step **{t.view}** of {run.total} below.")
+
+
 def narration(run: TourRun, frame: Frame) -> None:
     """The viewed step: its operation, narration, what the engine did, the checked numbers."""
     with st.container(border=True, key="tour_narration"):
