@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from tests.browser_support import CHROMIUM_ARGS, scroll_to
+from tests.browser_support import scroll_to
 
 pytestmark = pytest.mark.browser
 
@@ -102,32 +102,29 @@ def table_problems(page: Page, name: str) -> list[str]:
 
 
 def test_at_1024_px_every_tab_reads_without_scrolling_sideways(
-        app_url: str, chromium_path: str, screenshots: Path) -> None:
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.set_default_timeout(T)
-            page.goto(f"{app_url}/fragmentation")
-            expect(page.get_by_role("heading", name="Contiguous vs paged")).to_be_visible(
-                timeout=60_000)
-            expect(page.get_by_test_id("stSidebar")).to_be_visible(timeout=T)   # open
-            tabs_fit(page)
-            problems: list[str] = []
-            for n, name in enumerate(TABLES_SHOW, start=1):
-                page.get_by_role("tab", name=name).click()
-                panel = page.get_by_role("tabpanel", name=name)
-                expect(panel).to_be_visible(timeout=T)
-                if name == "Swap or recompute":     # its table comes with a run
-                    panel.get_by_role("button", name="Run on the engine").click()
-                    expect(panel.get_by_test_id("stDataFrame")).to_be_visible(timeout=120_000)
-                # Charts and grids size themselves after they are drawn.
-                page.wait_for_timeout(1000)
-                problems += [f"{name}: {p}" for p in page.evaluate(CUT)]
-                problems += table_problems(page, name)
-                page.screenshot(path=screenshots / f"compare-1024-{n}.png", full_page=True)
-            assert problems == [], "\n".join(problems)
-            expect(page.locator(".stException")).to_have_count(0)
-        finally:
-            browser.close()
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        page.set_default_timeout(T)
+        page.goto(f"{app_url}/fragmentation")
+        expect(page.get_by_role("heading", name="Contiguous vs paged")).to_be_visible(
+            timeout=60_000)
+        expect(page.get_by_test_id("stSidebar")).to_be_visible(timeout=T)   # open
+        tabs_fit(page)
+        problems: list[str] = []
+        for n, name in enumerate(TABLES_SHOW, start=1):
+            page.get_by_role("tab", name=name).click()
+            panel = page.get_by_role("tabpanel", name=name)
+            expect(panel).to_be_visible(timeout=T)
+            if name == "Swap or recompute":     # its table comes with a run
+                panel.get_by_role("button", name="Run on the engine").click()
+                expect(panel.get_by_test_id("stDataFrame")).to_be_visible(timeout=120_000)
+            # Charts and grids size themselves after they are drawn.
+            page.wait_for_timeout(1000)
+            problems += [f"{name}: {p}" for p in page.evaluate(CUT)]
+            problems += table_problems(page, name)
+            page.screenshot(path=screenshots / f"compare-1024-{n}.png", full_page=True)
+        assert problems == [], "\n".join(problems)
+        expect(page.locator(".stException")).to_have_count(0)
+    finally:
+        page.close()
