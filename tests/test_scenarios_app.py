@@ -20,10 +20,13 @@ from streamlit.testing.v1 import AppTest
 
 from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
 from backend.io.snapshot import export_snapshot
+from backend.sessions.playground import Settings
 from backend.sessions.tour import TourRun
 from backend.views.text import plain_md
 from backend.views.tour import value_text
 from tests.test_app import click, html, markdown, metrics
+from ui import tour
+from ui.progress import Queued
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -476,3 +479,30 @@ def test_another_scenario_starts_with_nothing_highlighted() -> None:
     at.selectbox(key="tour_pick").set_value("12-preemption").run()
     assert not at.exception and not at.error
     assert at.number_input(key="tour_focus_block").value is None
+
+
+class _Superseded:
+    """Session state as a run Streamlit stopped while it waited sees it: every access raises."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"session state touched: {name}")
+
+    def __getitem__(self, key: str) -> Any:
+        raise AssertionError(f"session state read: {key}")
+
+
+def test_a_control_that_waited_starts_a_run_without_session_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reset, the scenario picker and an upload read what they need before they wait
+    # for the scenario state's lock; a run Streamlit superseded meanwhile cannot read
+    # session state, so starting the run after the wait must not.
+    t = tour.TourState()
+    ctx = tour.LoadContext(Settings(device="cpu", kernel="torch"), "waited", Queued())
+    monkeypatch.setattr(tour.st, "session_state", _Superseded())
+    monkeypatch.setattr(tour._HELD, "state", t, raising=False)
+    assert tour.load("03-growth", ctx)
+    assert t.run is not None and t.run.key == "03-growth" and t.view == 0
+    # The picker and the views' selections are queued, for the next run to write.
+    written: dict[str, Any] = {}
+    ctx.queued.apply(written)
+    assert written["tour_pick"] == "03-growth" and written["tour_focus_req"] is None

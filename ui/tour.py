@@ -39,8 +39,10 @@ import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.io.scenario import Scenario
+from backend.sessions.playground import Settings
 from backend.sessions.tour import Frame, TourRun, parse_step, shipped_paths, shipped_scenario
 from ui import session
+from ui.progress import Queued
 
 TOUR = "tour"
 UPLOAD = "upload"            # the key of a scenario a person uploaded
@@ -120,10 +122,30 @@ def first_stem() -> str:
     return next(iter(shipped_paths()))
 
 
-def load(key: str) -> bool:
-    """Start a fresh run of the scenario `key` (a shipped stem or UPLOAD); False if refused."""
+@dataclass(frozen=True, slots=True)
+class LoadContext:
+    """What starting a run needs from session state, read before a control waits for
+    the state's lock (see `state`); its writes go through `queued`."""
+
+    settings: Settings
+    owner: str
+    queued: Queued
+
+    @staticmethod
+    def read() -> LoadContext:
+        return LoadContext(session.get_settings(), session.get_owner(), session.queued())
+
+
+def load(key: str, ctx: LoadContext | None = None) -> bool:
+    """Start a fresh run of the scenario `key` (a shipped stem or UPLOAD); False if refused.
+
+    With `ctx` (a control's, read before it waited) nothing here touches session state:
+    the picker and the views' selections are queued, written before they are drawn.
+    """
     t = state()
-    s = session.get_settings()
+    live = ctx is None
+    ctx = ctx or LoadContext.read()
+    s = ctx.settings
     try:
         if key == UPLOAD:
             assert t.uploaded is not None
@@ -132,16 +154,20 @@ def load(key: str) -> bool:
             scenario = shipped_scenario(key)
             title = scenario.name
         t.run = TourRun(scenario, key, title, device=s.device, kernel=s.kernel,
-                        owner=session.get_owner())
+                        owner=ctx.owner)
     except PagedLabError as exc:
         say("error", f"Cannot start that scenario: {exc}")
         return False
     t.view = 0
     t.playing = False
-    st.session_state["tour_pick"] = key
     # The views' selections were of the old run's requests and blocks (a block id past
     # the new pool would be refused as if just typed).
-    st.session_state.update(session.view_defaults("tour_"))
+    writes = {"tour_pick": key, **session.view_defaults("tour_")}
+    if live:
+        st.session_state.update(writes)
+    else:
+        for name, value in writes.items():
+            ctx.queued.put(name, value)
     return True
 
 

@@ -68,9 +68,10 @@ def _on_play_pause(playing: bool) -> None:
     state().playing = playing
 
 
-@tour.one_at_a_time
 def _on_reset() -> None:
-    load(_run().key)
+    ctx = tour.LoadContext.read()
+    with tour.held():
+        load(_run().key, ctx)
 
 
 def _on_slider() -> None:
@@ -80,13 +81,15 @@ def _on_slider() -> None:
         tour.slid_to(value)
 
 
-@tour.one_at_a_time
 def _on_pick() -> None:
-    load(st.session_state["tour_pick"])
+    # Read before waiting for the state's lock (see ui/tour.py's `state`).
+    key, ctx = st.session_state["tour_pick"], tour.LoadContext.read()
+    with tour.held():
+        load(key, ctx)
 
 
-@tour.one_at_a_time
 def _on_upload() -> None:
+    # Read and checked before waiting for the state's lock (see ui/tour.py's `state`).
     uploaded = st.session_state.get("tour_file")
     if uploaded is None:   # the file was removed from the uploader
         return
@@ -100,12 +103,13 @@ def _on_upload() -> None:
     except PagedLabError as exc:
         say("error", f"Scenario file refused: {exc}")
         return
-    t = state()
-    t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
-    if load(UPLOAD):
-        say("success", f"Loaded {uploaded.name}: “{scenario.name}”, "
-                        f"{counted(len(scenario.steps), 'step')}. Press Next to apply the "
-                        "first.")
+    ctx = tour.LoadContext.read()
+    with tour.held() as t:
+        t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
+        if load(UPLOAD, ctx):
+            say("success", f"Loaded {uploaded.name}: “{scenario.name}”, "
+                            f"{counted(len(scenario.steps), 'step')}. Press Next to apply the "
+                            "first.")
 
 
 def _on_continue() -> None:
