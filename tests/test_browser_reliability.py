@@ -131,7 +131,7 @@ def test_grow_fork_and_finish_act_on_the_picked_request_after_a_step(
 
 # ---- numbers past a field's range -------------------------------------------------------
 
-def test_a_number_past_a_fields_range_is_refused_as_typed_and_a_cleared_one_stays_blank(
+def test_a_number_past_a_fields_range_or_a_fraction_is_refused_as_typed(
         browser: Browser, app_url: str, screenshots: Path) -> None:
     page = open_playground(browser, app_url)
     try:
@@ -158,6 +158,33 @@ def test_a_number_past_a_fields_range_is_refused_as_typed_and_a_cleared_one_stay
         max_new.press("Tab")
         idle(page)
         expect(max_new).to_have_value("")
+        # A fraction or an exponent arrives as typed: an integer field would have sent
+        # "2.5" as 2 (a 2-token request added) and "1e5" as 1 (one step run).
+        length = page.get_by_role("spinbutton", name="…or N random tokens")
+        length.fill("2.5")
+        length.press("Tab")
+        click(page, "Add request")
+        shows(page.get_by_test_id("stAlert").first,
+              "Refused: Random tokens (N) must be a whole number; got 2.5")
+        steps.fill("1e5")
+        steps.press("Tab")
+        idle(page)
+        click(page, "Step N")
+        shows(page.get_by_test_id("stAlert").first,
+              "Refused: Steps must be 1 to 10,000; got 100,000")
+        expect(page.locator(".pl-metric[data-label='Filled slots']")).to_have_text("23 / 24")
+        sidebar = page.get_by_test_id("stSidebar")
+        pool = sidebar.get_by_role("spinbutton", name="Pool size (blocks)")
+        pool.fill("2.5")
+        pool.press("Tab")
+        shows(sidebar.get_by_test_id("stAlert"), "Pool size must be a whole number; got 2.5")
+        pool.fill("32")
+        pool.press("Tab")
+        idle(page)
+        expect(sidebar.get_by_test_id("stAlert")).to_have_count(0)
+        length.fill("")
+        length.press("Tab")
+        idle(page)
         click(page, "Add request")
         status_line(page, "Step 2: add B")
         shoot(page, screenshots / "21-numbers-past-range.png")

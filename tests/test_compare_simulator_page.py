@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from streamlit.proto.NumberInput_pb2 import NumberInput
 from streamlit.testing.v1 import AppTest
 
 from backend.lab import deployment as dep
@@ -104,11 +103,20 @@ def test_an_azure_trace_with_budgets_on_the_page() -> None:
     assert at.number_input(key="cmp_sim_capacity_16384").value == 65_536
     assert at.number_input(key="cmp_sim_max_len_16384").value == 16_384
     at.number_input(key="cmp_sim_capacity_16384").set_value(60_000)
-    # The budgets are whole numbers (a field with no default would take "2.5").
+    # The budgets are whole numbers: a fraction is refused by its field's name, and
+    # nothing runs on a number nobody typed.
     for key in ("max_num_seqs", "max_num_batched_tokens", "watermark_blocks"):
-        assert at.number_input(key=f"cmp_sim_{key}").proto.data_type == NumberInput.INT
+        at.number_input(key=f"cmp_sim_{key}").set_value(2.5)
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        "max_num_seqs must be a whole number; got 2.5  \n"
+        "max_num_batched_tokens must be a whole number; got 2.5  \n"
+        "watermark_blocks (paged) must be a whole number; got 2.5"]
+    assert "Last run" not in text(at)
+    at.number_input(key="cmp_sim_watermark_blocks").set_value(None)
     at.number_input(key="cmp_sim_max_num_batched_tokens").set_value(2048)
-    at.number_input(key="cmp_sim_max_num_seqs").set_value(64)
+    at.number_input(key="cmp_sim_max_num_seqs").set_value(64).run()
     at.button(key="cmp_sim_run").click().run()
     assert not at.exception and not at.error
     says = text(at)

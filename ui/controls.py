@@ -27,7 +27,7 @@ from backend.engine.results import OpResult
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
 from ui import layout, session
-from ui.numbers import out_of_range
+from ui.numbers import out_of_range, whole, whole_input
 from ui.progress import Queued
 from ui.session import MakeOp
 
@@ -52,7 +52,8 @@ MAX_STEP_N = 10_000
 
 
 def whole_number(key: str, label: str, lo: int, hi: int) -> int | None:
-    """Field `key`'s number (None when blank); outside lo..hi it is refused by `label`.
+    """Field `key`'s number (None when blank); outside lo..hi, or a fraction, it is
+    refused by `label`.
 
     The number fields carry no bounds of their own, for the reason ui/numbers.py
     gives; a refusal here is the operation's, on the page's status line.
@@ -62,7 +63,7 @@ def whole_number(key: str, label: str, lo: int, hi: int) -> int | None:
         return None
     if not lo <= value <= hi:
         raise PagedLabError(out_of_range(label, lo, hi, value))
-    return int(value)
+    return whole(label, value)
 
 
 def request_id(key: str, label: str) -> str:
@@ -148,32 +149,32 @@ def _add_form() -> None:
         c1, c2 = st.columns(2)
         # Short: in a 1024 px window the longer "…or a random prompt of N tokens" took
         # five lines of its half of the form.
-        c1.number_input("…or N random tokens", value=None, step=1, key="add_len",
-                        placeholder="the text",
-                        help=f"1 to {MAX_PROMPT_TOKENS:,}. Given, this wins over the text "
-                             "above (which stays for the next add); it is cleared after "
-                             "the add.")
-        c2.number_input("Max new tokens", value=None, step=1, key="add_max_new",
-                        placeholder="default",
-                        help=f"1 to {MAX_PROMPT_TOKENS:,}. Blank: the sidebar's default.")
+        whole_input(c1, "…or N random tokens", value=None, step=1, key="add_len",
+                    placeholder="the text",
+                    help=f"1 to {MAX_PROMPT_TOKENS:,}. Given, this wins over the text "
+                         "above (which stays for the next add); it is cleared after "
+                         "the add.")
+        whole_input(c2, "Max new tokens", value=None, step=1, key="add_max_new",
+                    placeholder="default",
+                    help=f"1 to {MAX_PROMPT_TOKENS:,}. Blank: the sidebar's default.")
         c1, c2 = st.columns(2)
         c1.text_input("Request id", key="add_id", placeholder="next free letter",
                       help=f"At most {MAX_ID_CHARS} characters.")
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
                       help="Physical blocks to hold the prompt, in order; each must be free.")
         c1, c2 = st.columns(2)
-        c1.number_input("Parallel samples (n)", value=None, step=1, key="add_n", placeholder="1",
-                        help=f"1 to {MAX_SAMPLES}. n > 1: the engine prefills the prompt "
-                             "once as ID.0 and forks ID.1 .. ID.{n-1} from it, every block "
-                             "shared; each sample then draws its own tokens, and "
-                             "copy-on-write gives it its own last block at its first token.")
-        c2.number_input("Beam width", value=None, step=1, key="add_beam", placeholder="none",
-                        help=f"1 to {MAX_SAMPLES}; blank: no beam search. Beam search run "
-                             "by the engine: each step keeps the W best one-token "
-                             "extensions of the live beams by cumulative log-probability. "
-                             "A beam extended twice forks (blocks shared, copy-on-write at "
-                             "the next write); one with no survivor is dropped and frees "
-                             "its blocks. Needs Max new tokens (or the sidebar's default).")
+        whole_input(c1, "Parallel samples (n)", value=None, step=1, key="add_n", placeholder="1",
+                    help=f"1 to {MAX_SAMPLES}. n > 1: the engine prefills the prompt "
+                         "once as ID.0 and forks ID.1 .. ID.{n-1} from it, every block "
+                         "shared; each sample then draws its own tokens, and "
+                         "copy-on-write gives it its own last block at its first token.")
+        whole_input(c2, "Beam width", value=None, step=1, key="add_beam", placeholder="none",
+                    help=f"1 to {MAX_SAMPLES}; blank: no beam search. Beam search run "
+                         "by the engine: each step keeps the W best one-token "
+                         "extensions of the live beams by cumulative log-probability. "
+                         "A beam extended twice forks (blocks shared, copy-on-write at "
+                         "the next write); one with no survivor is dropped and frees "
+                         "its blocks. Needs Max new tokens (or the sidebar's default).")
         st.form_submit_button("Add request", key="btn_add", type="primary", on_click=_on_add)
 
 
@@ -250,9 +251,9 @@ def _request_controls(engine: Engine) -> None:
     st.selectbox("Request", ids, key="req_pick", format_func=partial(_request_label, engine),
                  disabled=none, placeholder="no request yet")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
-    c1.number_input("Grow by (tokens)", value=session.DEFAULT_GROW, step=1,
-                    key="req_grow_n", disabled=none,
-                    help=f"1 to {MAX_GROW_TOKENS:,}.")
+    whole_input(c1, "Grow by (tokens)", value=session.DEFAULT_GROW, step=1,
+                key="req_grow_n", disabled=none,
+                help=f"1 to {MAX_GROW_TOKENS:,}.")
     c2.button("Grow", key="btn_grow", on_click=_on_grow, width="stretch", disabled=none,
               help="Decode tokens for this request alone, one model step each.")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
@@ -296,8 +297,8 @@ def _batch_controls() -> None:
                    "then decode one token for every running request.")
     # One above the other: this column is the narrowest, and side by side the two
     # were cut to a letter each beside an open sidebar on a 1024 px window.
-    st.number_input("Steps", value=session.DEFAULT_STEP_N, step=1, key="batch_n",
-                    help=f"1 to {MAX_STEP_N:,}.")
+    whole_input(st, "Steps", value=session.DEFAULT_STEP_N, step=1, key="batch_n",
+                help=f"1 to {MAX_STEP_N:,}.")
     st.button("Step N", key="btn_step_n", on_click=_on_step, width="stretch")
     st.button("Shuffle blocks", key="btn_shuffle", on_click=_on_shuffle, width="stretch",
               help="Move every used block to another physical place (copying its K/V) "

@@ -41,6 +41,8 @@ from backend.sessions.playground import (
 from backend.sessions.progress import Work
 from backend.views.text import plain_md
 from ui import progress, store
+from ui.labels import FIELD_LABELS
+from ui.numbers import MAX_EXACT, out_of_range, whole
 from ui.progress import Shown
 from ui.session import (
     CONFIG_KEYS,
@@ -59,12 +61,34 @@ from ui.session import (
     view_defaults,
 )
 
+# The sidebar's number fields that may hold a fraction; the others hold whole numbers.
+FRACTION_FIELDS = frozenset({"temperature", "top_p"})
+
+
+def _field_value(name: str, value: Any) -> Any:
+    """A sidebar field's value as the config takes it: a whole-number field's float
+    (ui/numbers.py) as an int, a fraction refused by the field's name.
+
+    A typed seed past 2^53 - 1 is refused too: the browser rounds such a number, so
+    the seed applied would not be the one typed (a file may give up to 2^63 - 1).
+    """
+    if not isinstance(value, float) or name in FRACTION_FIELDS:
+        return value
+    label = FIELD_LABELS[name]
+    if name == "seed" and abs(value) > MAX_EXACT:
+        raise PagedLabError(
+            f"{out_of_range(label, 0, MAX_EXACT, value)}: a browser's field rounds a larger "
+            "number, so it would not be the number typed (a scenario or snapshot file may give "
+            f"up to {(1 << 63) - 1:,})")
+    return whole(label, value)
+
 
 def fields_config() -> tuple[EngineConfig | None, str | None]:
     """The config the sidebar's fields describe, or the reason they describe none."""
     ss = st.session_state
-    fields = {name: ss[key] for key, name in CONFIG_KEYS.items() if key in ss}
     try:
+        fields = {name: _field_value(name, ss[key])
+                  for key, name in CONFIG_KEYS.items() if key in ss}
         return config_from_fields(fields, get_settings().config), None
     except PagedLabError as exc:
         return None, str(exc)

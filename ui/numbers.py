@@ -15,10 +15,16 @@ where it would first use one:
     run(requests, seed)          # not reached when either was refused
 
 and the page draws it through `section`, which shows the refusal under the fields.
+
+A field for a whole number is drawn as a float field (`whole_input`) and read through
+`whole`: an integer field would send "2.5" as 2 and "1e5" as 1 (the browser's parse,
+then Streamlit's `int()`), so the page would act on a number nobody typed. A float
+field sends what was typed, and `whole` refuses a fraction by the field's name.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,18 +36,55 @@ from backend.views.text import plain_md
 
 Number = int | float
 
+# The largest whole number a browser's number field holds exactly (a JavaScript
+# number's 53-bit significand): a larger one typed arrives rounded to a nearby one.
+MAX_EXACT = (1 << 53) - 1
+
 
 class OutOfRangeError(PagedLabError):
     """Fields hold numbers outside their ranges; the message names each, one per line."""
 
 
 def _number(v: Number) -> str:
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e21:
+        v = int(v)    # a whole-number field's 20000.0 reads "20,000", as a browser shows it
     return f"{v:,}" if isinstance(v, int) else f"{v:,.10g}"
 
 
 def out_of_range(label: str, lo: Number, hi: Number, got: Number) -> str:
     """What a refusal says: "Steps must be 1 to 10,000; got 20,000"."""
     return f"{label} must be {_number(lo)} to {_number(hi)}; got {_number(got)}"
+
+
+def whole_input(where: Any, label: str, *, value: Number | None = None,
+                step: Number = 1, **kwargs: Any) -> float | None:
+    """`where.number_input` for a whole number, as a float field (see the module's note).
+
+    Shown with "%g", so 7 reads "7", not "7.00". Returns what the field holds; read it
+    through `whole` (or `Fields.number`), which refuses a fraction.
+    """
+    got = where.number_input(label, value=None if value is None else float(value),
+                             step=float(step), format="%g", **kwargs)
+    return None if got is None else float(got)
+
+
+def whole(label: str, value: Number | None) -> int | None:
+    """A whole-number field's value as an int (None when blank).
+
+    Raises PagedLabError naming `label` for a fraction ("Steps must be a whole number;
+    got 2.5"), and for infinity or NaN. Ranges are the caller's to check. An int passes
+    as it is: session state a page wrote itself holds ints.
+    """
+    if value is None or isinstance(value, int):
+        return value
+    if not math.isfinite(value) or not float(value).is_integer():
+        raise PagedLabError(not_whole(label, value))
+    return int(value)
+
+
+def not_whole(label: str, got: Number) -> str:
+    """What a refusal of a fraction says: "Steps must be a whole number; got 2.5"."""
+    return f"{label} must be a whole number; got {got:,.10g}"
 
 
 class Fields:
@@ -54,16 +97,27 @@ class Fields:
                value: Number | None, **kwargs: Any) -> Any:
         """`where.number_input(label, value=value, **kwargs)` checked against its range.
 
-        Returns the field's number (None when blank). A number outside
-        min_value..max_value is noted, and its nearest bound returned only so that the
-        fields after it can be drawn (a later field's range may follow from it): the
-        group's end refuses it before anything uses it.
+        Returns the field's number (None when blank). With whole bounds (ints) the field
+        is a whole-number one (`whole_input`) and returns an int. A number outside
+        min_value..max_value, or a fraction in a whole-number field, is noted, and a
+        number in range returned only so that the fields after it can be drawn (a later
+        field's range may follow from it): the group's end refuses it before anything
+        uses it.
         """
-        got = where.number_input(label, value=value, **kwargs)
-        if got is None or min_value <= got <= max_value:
-            return got
-        self.problems.append(out_of_range(label, min_value, max_value, got))
-        return min(max(got, min_value), max_value)
+        is_whole = isinstance(min_value, int) and isinstance(max_value, int)
+        if is_whole:
+            got = whole_input(where, label, value=value, **kwargs)
+        else:
+            got = where.number_input(label, value=value, **kwargs)
+        if got is None:
+            return None
+        # One refusal per field: the range's, else the fraction's.
+        if not (math.isfinite(got) and min_value <= got <= max_value):
+            self.problems.append(out_of_range(label, min_value, max_value, got))
+            got = min(max(got, min_value), max_value) if math.isfinite(got) else min_value
+        elif is_whole and not float(got).is_integer():
+            self.problems.append(not_whole(label, got))
+        return math.floor(got) if is_whole else got
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
 from ui import layout, translator
+from ui.numbers import not_whole, whole_input
 
 # Requests whose text is laid out by block; the table above lists every request.
 MAX_LAYOUTS = 12
@@ -86,6 +87,9 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
                 else f"Request **{name}** is {plain_md(str(req['status']))}: it holds no "
                      "blocks.")
         return Focus(frozenset(table), frozenset({rid}), text)
+    if blk is not None and not float(blk).is_integer():
+        return Focus(frozenset(), frozenset(), plain_md(not_whole("Inspect a block", blk)),
+                     refused=True)
     if blk is not None and not 0 <= blk < len(snap["blocks"]):
         # The field has no bounds in the browser (which would keep such a number to
         # itself, as README's number fields say): the refusal is said here instead.
@@ -93,6 +97,7 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
                      f"There is no block {int(blk):,}: this pool's ids run "
                      f"0..{len(snap['blocks']) - 1:,}.", refused=True)
     if blk is not None:
+        blk = int(blk)
         b = snap["blocks"][blk]
         holders = views.holders_by_block(snap)[blk]
         held = f"held by {plain_md(', '.join(holders))}" if holders else "held by no request"
@@ -144,9 +149,8 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
     c1.selectbox("Highlight a request", [None, *ids], key=f"{prefix}focus_req",
                  format_func=lambda v: "none" if v is None else v, placeholder="none",
                  on_change=_on_focus_request, args=(prefix,))
-    c2.number_input("Inspect a block", value=None, step=1,
-                    key=f"{prefix}focus_block", placeholder="click or type an id",
-                    on_change=_on_focus_block, args=(prefix,))
+    whole_input(c2, "Inspect a block", key=f"{prefix}focus_block",
+                placeholder="click or type an id", on_change=_on_focus_block, args=(prefix,))
     pages = views.num_pages(n)
     page = 0
     if pages > 1:

@@ -49,6 +49,7 @@ from backend.views.settings import (
 from backend.views.text import plain_md
 from ui import engine_actions, session
 from ui.labels import labelled
+from ui.numbers import whole_input
 
 SCENARIOS_PAGE = "scenarios.py"    # pages/scenarios.py draws its own sidebar (`scenario`)
 COMPARE_PAGE = "compare.py"        # and pages/compare.py its own (`compare`)
@@ -145,12 +146,12 @@ def _cancel_reset() -> None:
 
 def _config_fields() -> None:
     c1, c2 = st.columns(2)
-    c1.number_input("Pool size (blocks)", step=1,
-                    value=_applied("cfg_num_blocks"), key="cfg_num_blocks",
-                    help=f"Physical KV blocks in the pool: 1 to {MAX_NUM_BLOCKS:,}.")
-    c2.number_input("Block size (slots)", step=1,
-                    value=_applied("cfg_block_size"), key="cfg_block_size",
-                    help=f"Token positions per block: 1 to {MAX_BLOCK_SIZE}.")
+    whole_input(c1, "Pool size (blocks)", step=1,
+                value=_applied("cfg_num_blocks"), key="cfg_num_blocks",
+                help=f"Physical KV blocks in the pool: 1 to {MAX_NUM_BLOCKS:,}.")
+    whole_input(c2, "Block size (slots)", step=1,
+                value=_applied("cfg_block_size"), key="cfg_block_size",
+                help=f"Token positions per block: 1 to {MAX_BLOCK_SIZE}.")
     st.radio("Allocation", ALLOCATIONS, index=_index("cfg_allocation", ALLOCATIONS),
              key="cfg_allocation", horizontal=True,
              format_func=lambda v: ALLOCATION_LABELS[v],
@@ -170,14 +171,14 @@ def _config_fields() -> None:
     dtypes = list(DTYPE_BYTES)
     st.selectbox("dtype", dtypes, index=_index("cfg_dtype", dtypes), key="cfg_dtype")
     with st.expander("More settings"):
-        st.number_input("Seed", step=1, value=_applied("cfg_seed"), key="cfg_seed",
-                        help="Seeds tiny-byte's weights, random prompts and sampling. 0 to "
-                             f"{(1 << 53) - 1:,} here: a browser's whole numbers end there (a "
-                             "larger one shows a red mark and is not sent); a scenario or "
-                             f"snapshot may give up to {(1 << 63) - 1:,}.")
-        st.number_input("Default max new tokens", step=1,
-                        value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
-                        help="For requests added without their own limit; blank or 0: none.")
+        whole_input(st, "Seed", step=1, value=_applied("cfg_seed"), key="cfg_seed",
+                    help="Seeds tiny-byte's weights, random prompts and sampling. 0 to "
+                         f"{(1 << 53) - 1:,} here: past it a browser rounds the number "
+                         "typed, so a larger one is refused; a scenario or snapshot may "
+                         f"give up to {(1 << 63) - 1:,}.")
+        whole_input(st, "Default max new tokens", step=1,
+                    value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
+                    help="For requests added without their own limit; blank or 0: none.")
         _sampling_fields(model)
     _scheduler_fields()
 
@@ -207,25 +208,25 @@ def _scheduler_fields() -> None:
     # every change.
     with st.expander("Scheduler"):
         st.caption("vLLM's scheduler budgets, applied at every step. Blank or 0: no limit.")
-        st.number_input("Max running requests", step=1,
-                        value=_applied("cfg_max_num_seqs"), key="cfg_max_num_seqs",
-                        placeholder="no limit",
-                        help=BUDGET_HELP["max_num_seqs"])
-        st.number_input("Token budget per step", step=1,
-                        value=_applied("cfg_max_num_batched_tokens"),
-                        key="cfg_max_num_batched_tokens", placeholder="no limit",
-                        help=BUDGET_HELP["max_num_batched_tokens"])
-        st.number_input("Watermark (blocks)", step=1,
-                        value=_applied("cfg_watermark_blocks"), key="cfg_watermark_blocks",
-                        placeholder="0",
-                        help=BUDGET_HELP["watermark_blocks"])
+        whole_input(st, "Max running requests", step=1,
+                    value=_applied("cfg_max_num_seqs"), key="cfg_max_num_seqs",
+                    placeholder="no limit",
+                    help=BUDGET_HELP["max_num_seqs"])
+        whole_input(st, "Token budget per step", step=1,
+                    value=_applied("cfg_max_num_batched_tokens"),
+                    key="cfg_max_num_batched_tokens", placeholder="no limit",
+                    help=BUDGET_HELP["max_num_batched_tokens"])
+        whole_input(st, "Watermark (blocks)", step=1,
+                    value=_applied("cfg_watermark_blocks"), key="cfg_watermark_blocks",
+                    placeholder="0",
+                    help=BUDGET_HELP["watermark_blocks"])
         st.radio("Preemption", PREEMPTIONS, index=_index("cfg_preemption", PREEMPTIONS),
                  key="cfg_preemption", horizontal=True,
                  help=BUDGET_HELP["preemption"], on_change=_preemption_changed)
-        st.number_input("Host pool (blocks)", step=1,
-                        value=_applied("cfg_num_cpu_blocks"), key="cfg_num_cpu_blocks",
-                        help=BUDGET_HELP["num_cpu_blocks"],
-                        disabled=st.session_state.get("cfg_preemption") != "swap")
+        whole_input(st, "Host pool (blocks)", step=1,
+                    value=_applied("cfg_num_cpu_blocks"), key="cfg_num_cpu_blocks",
+                    help=BUDGET_HELP["num_cpu_blocks"],
+                    disabled=st.session_state.get("cfg_preemption") != "swap")
 
 
 def _preemption_changed() -> None:
@@ -265,20 +266,20 @@ def _tiny_dims_fields() -> None:
                  f"{v} ({MODEL_PRESETS[v]['num_layers']} layers, "
                  f"{MODEL_PRESETS[v]['num_heads']} heads)")
     c1, c2 = st.columns(2)
-    c1.number_input("Layers", step=1, help="1 to 8.",
-                    value=_applied("cfg_num_layers"), key="cfg_num_layers",
-                    on_change=engine_actions.model_dims_changed)
-    c2.number_input("Head dim", step=2, help="16 to 256, even (RoPE rotates pairs).",
-                    value=_applied("cfg_head_dim"), key="cfg_head_dim",
-                    on_change=engine_actions.model_dims_changed)
-    c1.number_input("Heads", step=1, help="1 to 32.",
-                    value=_applied("cfg_num_heads"), key="cfg_num_heads",
-                    on_change=engine_actions.model_dims_changed)
-    c2.number_input("KV heads", step=1,
-                    value=_applied("cfg_num_kv_heads"), key="cfg_num_kv_heads",
-                    on_change=engine_actions.model_dims_changed,
-                    help="1 to 32, dividing Heads. Grouped-query attention: heads share "
-                         "K/V in groups.")
+    whole_input(c1, "Layers", step=1, help="1 to 8.",
+                value=_applied("cfg_num_layers"), key="cfg_num_layers",
+                on_change=engine_actions.model_dims_changed)
+    whole_input(c2, "Head dim", step=2, help="16 to 256, even (RoPE rotates pairs).",
+                value=_applied("cfg_head_dim"), key="cfg_head_dim",
+                on_change=engine_actions.model_dims_changed)
+    whole_input(c1, "Heads", step=1, help="1 to 32.",
+                value=_applied("cfg_num_heads"), key="cfg_num_heads",
+                on_change=engine_actions.model_dims_changed)
+    whole_input(c2, "KV heads", step=1,
+                value=_applied("cfg_num_kv_heads"), key="cfg_num_kv_heads",
+                on_change=engine_actions.model_dims_changed,
+                help="1 to 32, dividing Heads. Grouped-query attention: heads share "
+                     "K/V in groups.")
 
 
 def _confirm_or_apply() -> None:

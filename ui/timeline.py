@@ -25,6 +25,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.engine.timeline import COLUMNS
@@ -35,6 +36,7 @@ from backend.views.compare.timeline import binned, timeline_chart
 from backend.views.text import plain_md
 from backend.views.timeline import latency_frame, timeline_frame
 from ui import session
+from ui.numbers import whole, whole_input
 
 PICK = session.TIMELINE_PICK
 STEP_PICK = session.STEP_PICK
@@ -91,7 +93,7 @@ def picked(engine: Engine, history: History) -> Picked | None:
     with the engine's lock held, before the timeline's widgets are drawn.
     """
     ss = st.session_state
-    it = ss.get(PICK)
+    it = _whole_pick(PICK, "Show the state after iteration")
     rows = _rows(engine)
     if it is None:
         return _picked_step(engine, history) if not rows else None
@@ -113,10 +115,22 @@ def picked(engine: Engine, history: History) -> Picked | None:
     return Picked(it, step, n, kept_snapshot(history, step), False)
 
 
+def _whole_pick(key: str, label: str) -> int | None:
+    """The number picked in field `key`; a fraction typed there is cleared and said
+    by `label` under the field, and the live state shown."""
+    ss = st.session_state
+    try:
+        return whole(label, ss.get(key))
+    except PagedLabError as exc:
+        ss[key] = None
+        ss[PICK_PROBLEM] = f"{exc}. Showing the live state."
+        return None
+
+
 def _picked_step(engine: Engine, history: History) -> Picked | None:
     """A step picked from the history while the timeline has no rows, or None."""
     ss = st.session_state
-    step = ss.get(STEP_PICK)
+    step = _whole_pick(STEP_PICK, "Show the state after step")
     if step is None:
         return None
     kept = kept_steps(history)
@@ -217,8 +231,7 @@ def _pick_field(label: str, key: str, help_text: str) -> None:
     c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     # No bounds in the browser: it would keep a number past them to itself, the field
     # red and the page unchanged; `picked` refuses it in words instead.
-    c1.number_input(label, value=None, step=1, key=key, placeholder="the live state",
-                    help=help_text)
+    whole_input(c1, label, key=key, placeholder="the live state", help=help_text)
     c2.button("Back to live", key="tl_live", on_click=_back_to_live,
               disabled=st.session_state.get(key) is None, width="stretch")
     _pick_problem()

@@ -26,7 +26,7 @@ from backend.views.translate import (
     snapshot_request,
     token_md,
 )
-from ui.numbers import out_of_range
+from ui.numbers import Fields
 
 
 def _fields(running: list[str], num_tokens: dict[str, int], layers: int,
@@ -50,20 +50,18 @@ def _fields(running: list[str], num_tokens: dict[str, int], layers: int,
         ss[f"{prefix}tr_layer"] = min(max(0, ss.get(f"{prefix}tr_layer") or 0), layers - 1)
     # No bounds in the browser, which would keep a number past them to itself and send
     # the last one inside (ui/numbers.py): one typed out of range is refused here.
-    pos = c2.number_input("Token position", step=1, key=f"{prefix}tr_pos",
-                          help=f"0 to {n - 1:,}: the request's tokens.")
-    layer = c3.number_input("Layer", step=1, key=f"{prefix}tr_layer",
-                            help=f"0 to {layers - 1}: the model's layers.")
-    refused = [out_of_range(label, 0, top, got)
-               for label, top, got in (("Token position", n - 1, pos), ("Layer", layers - 1, layer))
-               if got is not None and not 0 <= got <= top]
-    if refused:
-        st.error("  \n".join(plain_md(line) for line in refused))
+    group = Fields()
+    pos = group.number(c2, "Token position", 0, n - 1, None, key=f"{prefix}tr_pos",
+                       help=f"0 to {n - 1:,}: the request's tokens.")
+    layer = group.number(c3, "Layer", 0, layers - 1, None, key=f"{prefix}tr_layer",
+                         help=f"0 to {layers - 1}: the model's layers.")
+    if group.problems:
+        st.error("  \n".join(plain_md(line) for line in group.problems))
         return None
     if pos is None or layer is None:
         st.caption("Type a token position and a layer.")
         return None
-    return rid, int(pos), int(layer)
+    return rid, pos, layer
 
 
 def panel(engine: Engine, prefix: str = "") -> None:

@@ -39,7 +39,6 @@ def _budget_inputs(f: Fields) -> dict[str, int | None]:
     with st.expander("Scheduler budgets (vLLM's max_num_seqs, max_num_batched_tokens, "
                      "watermark)"):
         c = st.columns(3)
-        # step=1: whole-number fields (with no default, Streamlit would take decimals).
         seqs = f.number(
             c[0], "max_num_seqs", 1, 1 << 20, None, step=1, key="cmp_sim_max_num_seqs",
             placeholder="no limit", help="At most this many requests run in one iteration.")

@@ -1,0 +1,104 @@
+"""Whole-number fields sent a fraction, in AppTest, and `ui.numbers.whole` itself.
+
+A browser's integer field would turn "2.5" into 2 and "1e5" into 1 before the page saw
+it (tests/test_browser_reliability.py types them in Chromium); the fields are float
+fields read through `whole`, so a fraction arrives and is refused by the field's name,
+with the state it was aimed at left as it was.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from backend.core.errors import PagedLabError
+from backend.io.snapshot import export_snapshot
+from tests.test_app import add, click, engine, markdown, shown, start, status
+from tests.test_app_timeline import open_details, step_n
+from ui.numbers import MAX_EXACT, whole
+
+
+def test_whole_takes_whole_floats_and_refuses_fractions_by_name() -> None:
+    assert whole("Steps", None) is None
+    assert whole("Steps", 7) == 7
+    got = whole("Steps", 7.0)
+    assert got == 7 and type(got) is int
+    assert whole("Steps", -0.0) == 0
+    assert whole("Seed", float(MAX_EXACT)) == MAX_EXACT
+    for bad, said in [(2.5, "2.5"), (0.1, "0.1"), (-1e-9, "-1e-09"), (12345.75, "12,345.75")]:
+        with pytest.raises(PagedLabError) as err:
+            whole("Steps", bad)
+        assert str(err.value) == f"Steps must be a whole number; got {said}"
+    for bad in (math.inf, -math.inf, math.nan):
+        with pytest.raises(PagedLabError, match=r"^Steps must be a whole number"):
+            whole("Steps", bad)
+
+
+def test_a_fraction_in_a_controls_field_is_refused_by_name_and_changes_nothing() -> None:
+    at = add(start())
+    before = export_snapshot(engine(at))
+    for key, label in [("batch_n", "Steps"), ("req_grow_n", "Grow by (tokens)"),
+                       ("add_len", "Random tokens (N)"), ("add_max_new", "Max new tokens"),
+                       ("add_n", "Parallel samples (n)"), ("add_beam", "Beam width")]:
+        at.number_input(key=key).set_value(2.5)
+        button = {"batch_n": "btn_step_n", "req_grow_n": "btn_grow"}.get(key, "btn_add")
+        click(at, button)
+        assert status(at) == ("error", f"Refused: {label} must be a whole number; got 2.5"), key
+        assert export_snapshot(engine(at)) == before, key
+        at.number_input(key=key).set_value(None if key.startswith("add_") else 1)
+    # A whole number arrives as the float the browser sends, and acts as that number.
+    at.number_input(key="add_len").set_value(3.0)
+    click(at, "btn_add")
+    assert status(at)[0] == "success"
+    assert engine(at).requests["B"].prompt_len == 3
+
+
+def test_a_fraction_or_a_rounded_seed_in_the_sidebar_is_refused_and_the_engine_kept() -> None:
+    at = start()
+    kept = engine(at)
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(2.5).run()
+    assert [e.value for e in at.sidebar.error] == ["Pool size must be a whole number; got 2.5"]
+    assert engine(at) is kept and not at.exception
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(32.0)
+    # Past 2^53 - 1 a browser rounds the number typed: the seed applied would not be it.
+    at.sidebar.number_input(key="cfg_seed").set_value(float(1 << 53)).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Seed must be 0 to 9,007,199,254,740,991; got 9,007,199,254,740,992: a browser's "
+        "field rounds a larger number, so it would not be the number typed (a scenario or "
+        "snapshot file may give up to 9,223,372,036,854,775,807)"]
+    assert engine(at) is kept and not at.exception
+    # Whole numbers as floats apply, as ints (an empty engine applies at once).
+    at.sidebar.number_input(key="cfg_seed").set_value(float(MAX_EXACT))
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(48.0).run()
+    assert not at.sidebar.error and not at.exception
+    config = engine(at).config
+    assert (config.num_blocks, config.seed) == (48, MAX_EXACT)
+    assert type(config.num_blocks) is int and type(config.seed) is int
+
+
+def test_a_fraction_in_a_views_field_is_refused_where_it_was_typed() -> None:
+    at = add(start())
+    at.number_input(key="focus_block").set_value(2.5).run()
+    assert [shown(e.value) for e in at.error] == [
+        "Inspect a block must be a whole number; got 2.5"]
+    assert not at.exception and "Block **" not in markdown(at)
+    at.number_input(key="focus_block").set_value(2.0).run()
+    assert not at.error and "Block **2**: used, ref count 1" in markdown(at)
+    at.number_input(key="tr_pos").set_value(6.5).run()
+    assert [shown(e.value) for e in at.error] == [
+        "Token position must be a whole number; got 6.5"]
+    assert "physical block **" not in markdown(at)
+    at.number_input(key="tr_pos").set_value(6.0).run()
+    assert not at.error and "logical block **1**, offset **2**" in markdown(at)
+
+
+def test_a_fraction_picked_on_the_timeline_shows_the_live_state_and_says_why() -> None:
+    at = open_details(step_n(add(start()), 3))
+    live = markdown(at)
+    at.number_input(key="tl_iteration").set_value(1.5).run()
+    assert not at.exception
+    assert [shown(e.value) for e in at.error] == [
+        "Show the state after iteration must be a whole number; got 1.5. Showing the live "
+        "state."]
+    assert at.number_input(key="tl_iteration").value is None and markdown(at) == live
