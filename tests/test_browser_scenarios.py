@@ -74,7 +74,7 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             shows(story, "A2 forks from A")
             metric_is(page, "Copy-on-write copies", "0")
             metric_is(page, "Shared blocks", "3")
-            expect(page).to_have_url(re.compile(r"step=2$"))
+            expect(page).to_have_url(re.compile(r"step=2&applied=3$"))
             shoot(page, screenshots / "tour-02-back-to-the-fork.png")
 
             # Download the viewed step's snapshot.
@@ -88,6 +88,12 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             assert snap["step"] == 2 and snap["schema_version"] == 1
             assert [r["id"] for r in snap["requests"]] == ["A", "A2"]
             assert snap["metrics"]["shared_blocks"] == 3 and snap["metrics"]["cow_copies"] == 0
+
+            # A reload keeps the step viewed and the step applied past it.
+            page.reload()
+            step_shown(page, 2)
+            shows(page.locator("[data-testid='stCaptionContainer']",
+                               has_text="Viewing step"), "Viewing step 2 of 6 · 3 applied")
 
             # Play from step 2 (step 3 is replayed, later ones computed), then Pause. At
             # 2 s a step, the Pause sent once step 4 shows lands well before step 6 even

@@ -36,7 +36,7 @@ PAGE = "pages/scenarios.py"
 
 
 def open_tour(scenario: str | None = None, step: str | None = None,
-              kernel: str = "torch") -> AppTest:
+              kernel: str = "torch", applied: str | None = None) -> AppTest:
     """The app, switched to `kernel` on the Playground, then the Scenarios page by its link."""
     at = AppTest.from_file(APP, default_timeout=180).run()
     assert not at.exception
@@ -46,6 +46,8 @@ def open_tour(scenario: str | None = None, step: str | None = None,
         at.query_params["scenario"] = scenario
     if step is not None:
         at.query_params["step"] = step
+    if applied is not None:
+        at.query_params["applied"] = applied
     at.switch_page(PAGE).run()
     assert not at.exception
     return at
@@ -271,6 +273,31 @@ def test_a_link_opens_a_given_step() -> None:
     click(at, "tour_next")
     assert at.query_params == {"scenario": "02-block-table", "step": "3"}
     assert at.selectbox(key="tour_pick").value == "02-block-table"
+
+
+def test_the_link_keeps_steps_applied_past_the_view() -> None:
+    at = open_tour("03-growth", "3")
+    click(at, "tour_back")
+    click(at, "tour_back")
+    assert at.query_params == {"scenario": "03-growth", "step": "1", "applied": "3"}
+    # The link opened afresh (a reload) takes the three steps again and views step 1.
+    again = open_tour("03-growth", "1", applied="3")
+    assert viewed_step(again) == 1 and run_of(again).taken == 3
+    # The same state (the kernel's report has its own timings).
+    assert ({k: v for k, v in export_snapshot(run_of(again).engine).items() if k != "kernel"}
+            == {k: v for k, v in export_snapshot(run_of(at).engine).items() if k != "kernel"})
+    assert again.query_params == {"scenario": "03-growth", "step": "1", "applied": "3"}
+    # Next views the next applied step (nothing new is taken); at the newest the count
+    # leaves the link.
+    click(again, "tour_next")
+    click(again, "tour_next")
+    assert viewed_step(again) == 3 and run_of(again).taken == 3
+    assert again.query_params == {"scenario": "03-growth", "step": "3"}
+    # A count that is no step of the scenario is ignored: the view's steps are taken.
+    for bad in ("99", "x", "-2"):
+        odd = open_tour("03-growth", "2", applied=bad)
+        assert not odd.error and viewed_step(odd) == 2 and run_of(odd).taken == 2, bad
+        assert odd.query_params == {"scenario": "03-growth", "step": "2"}
 
 
 @pytest.mark.parametrize(("scenario", "step", "message", "want_scenario"), [

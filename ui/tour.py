@@ -53,6 +53,12 @@ MAX_QUOTED = 40              # characters of a link's value that a message repea
 MessageKind = Literal["error", "info", "success"]
 
 
+# The address's parameters: the scenario, the viewed step and, when steps past the view
+# were taken, how many ("applied"), so that a reload takes them again.
+Link = tuple[str | None, str | None, str | None]
+LINK_PARAMS = ("scenario", "step", "applied")
+
+
 @dataclass(slots=True)
 class TourState:
     run: TourRun | None = None
@@ -62,8 +68,9 @@ class TourState:
     # complete: a click meanwhile may carry the slider at that step, from before the
     # browser got the new one, which is no choice of the person's (see `slid_to`).
     left_by_play: int | None = None
-    # (scenario, step) as last written to the address bar; None before the first write.
-    url: tuple[str | None, str | None] | None = None
+    # (scenario, step, applied) as last written to the address bar; None before the
+    # first write.
+    url: Link | None = None
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
     messages: list[tuple[MessageKind, str]] = field(default_factory=list)  # shown once
     goto_playground: bool = False
@@ -208,11 +215,11 @@ def sync() -> tuple[TourRun, Frame]:
 def _apply_link() -> None:
     t = state()
     params = st.query_params
-    want = (params.get("scenario"), params.get("step"))
-    if want == t.url or want == (None, None):
+    want: Link = (params.get("scenario"), params.get("step"), params.get("applied"))
+    if want == t.url or want[:2] == (None, None):
         # Nothing new: ours, or none at all (switching pages drops the parameters).
         return
-    name, step = want
+    name, step, applied = want
     stems = shipped_paths()
     if name is not None and (t.run is None or name != t.run.key):
         if name in stems:
@@ -234,7 +241,10 @@ def _apply_link() -> None:
                       f"{run.total}); showing step 0.")
         t.view = 0
         return
-    t.view = run.run_to(n)
+    # Steps the link says were applied past the view are taken again (a reload after
+    # stepping back keeps them); a count that is no step of the scenario is ignored.
+    taken = parse_step(applied, run.total) if applied is not None else None
+    t.view = min(n, run.run_to(max(n, taken or 0)))
 
 
 def _quoted(value: str) -> str:
@@ -283,12 +293,17 @@ def _write_link(run: TourRun) -> None:
     params = st.query_params
     if run.key == UPLOAD:
         # An uploaded file has no address: the link would open another scenario.
-        for name in ("scenario", "step"):
+        for name in LINK_PARAMS:
             if name in params:
                 del params[name]
-        t.url = (None, None)
+        t.url = (None, None, None)
         return
-    want = (run.key, str(t.view))
-    if (params.get("scenario"), params.get("step")) != want:
-        params["scenario"], params["step"] = want
+    applied = str(run.taken) if run.taken > t.view else None
+    want: Link = (run.key, str(t.view), applied)
+    if tuple(params.get(name) for name in LINK_PARAMS) != want:
+        params["scenario"], params["step"] = run.key, str(t.view)
+        if applied is not None:
+            params["applied"] = applied
+        elif "applied" in params:
+            del params["applied"]
     t.url = want
