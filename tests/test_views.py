@@ -254,6 +254,13 @@ def test_vector_spec_has_one_bar_per_component() -> None:
     # One chart per head, each titled with its range (there is no y axis to read it from).
     assert [c["title"]["text"] for c in spec["vconcat"]] == [
         "K head 0: 0.00 to 15.00", "K head 1: 16.00 to 31.00"]
+    # Bars from zero on each head's own range, given in the spec (nothing stacked, no
+    # extent left for Vega to find in a chart drawn before its data).
+    signed = np.array([[-2.0, 0.5, 1.5], [0.0, 0.0, 0.0], [-1.0, -3.0, -0.5]])
+    _, spec = views.vector_spec(signed)
+    ys = [c["encoding"]["y"] for c in spec["vconcat"]]
+    assert all(y["stack"] is None for y in ys)
+    assert [y["scale"]["domain"] for y in ys] == [[-2.0, 1.5], [0.0, 1.0], [-3.0, 0.0]]
 
 
 # ---- the Playground's helpers ------------------------------------------------------

@@ -29,6 +29,11 @@ def vector_spec(vector: np.ndarray, name: str = "K") -> tuple[pd.DataFrame, dict
         "value": vector.reshape(-1).astype(float),
     })
 
+    domains = []
+    for h in range(heads):
+        lo, hi = min(0.0, float(vector[h].min())), max(0.0, float(vector[h].max()))
+        domains.append([lo, hi if hi > lo else 1.0])
+
     def head_chart(h: int) -> dict[str, Any]:
         last = h == heads - 1      # the component axis once, under the last head
         return {
@@ -42,8 +47,11 @@ def vector_spec(vector: np.ndarray, name: str = "K") -> tuple[pd.DataFrame, dict
                       "title": "component" if last else None,
                       "axis": {"labels": last and dim <= 32, "ticks": False,
                                "labelFlush": True}},
+                # One bar per component, from zero, on the head's own range given
+                # here: nothing to stack, and no extent for Vega to find (it warns of
+                # an infinite one while a chart is drawn before its data arrives).
                 "y": {"field": "value", "type": "quantitative", "title": None,
-                      "axis": None},
+                      "axis": None, "stack": None, "scale": {"domain": domains[h]}},
                 "color": {"condition": {"test": "datum.value < 0", "value": INK},
                           "value": PALETTE[0]},
                 "tooltip": [{"field": "head", "type": "nominal"},
