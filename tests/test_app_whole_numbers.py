@@ -8,14 +8,18 @@ with the state it was aimed at left as it was.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
+from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
 from backend.io.snapshot import export_snapshot
 from tests.test_app import add, click, engine, markdown, shown, start, status
 from tests.test_app_timeline import open_details, step_n
+from tests.test_exports_app import upload
 from ui.numbers import MAX_EXACT, whole
 
 
@@ -102,3 +106,24 @@ def test_a_fraction_picked_on_the_timeline_shows_the_live_state_and_says_why() -
         "Show the state after iteration must be a whole number; got 1.5. Showing the live "
         "state."]
     assert at.number_input(key="tl_iteration").value is None and markdown(at) == live
+
+
+def test_a_restored_seed_past_what_a_browser_holds_survives_its_rounded_echo() -> None:
+    seed = (1 << 60) + 1
+    snap = export_snapshot(Engine(EngineConfig(seed=seed), device="cpu", kernel="torch"))
+    at = upload(start(), json.dumps(snap).encode())
+    kept = engine(at)
+    assert kept.config.seed == seed
+    # The browser holds the seed as the nearest double and sends that back with the next
+    # click: it is the applied seed, not a new one (and not a refusal nobody caused).
+    at.sidebar.number_input(key="cfg_seed").set_value(float(seed)).run()
+    assert not at.sidebar.error and not at.main.warning and engine(at) is kept
+    add(at)
+    assert status(at)[0] == "success" and engine(at).config.seed == seed
+    # Another number past 2^53 - 1 is one the person typed: refused, the engine kept.
+    at.sidebar.number_input(key="cfg_seed").set_value(float(seed) * 2).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Seed must be 0 to 9,007,199,254,740,991; got 2,305,843,009,213,693,952: a browser's "
+        "field rounds a larger number, so it would not be the number typed (a scenario or "
+        "snapshot file may give up to 9,223,372,036,854,775,807)"]
+    assert engine(at) is kept

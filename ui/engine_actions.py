@@ -65,17 +65,21 @@ from ui.session import (
 FRACTION_FIELDS = frozenset({"temperature", "top_p"})
 
 
-def _field_value(name: str, value: Any) -> Any:
+def _field_value(name: str, value: Any, applied: Any) -> Any:
     """A sidebar field's value as the config takes it: a whole-number field's float
     (ui/numbers.py) as an int, a fraction refused by the field's name.
 
-    A typed seed past 2^53 - 1 is refused too: the browser rounds such a number, so
-    the seed applied would not be the one typed (a file may give up to 2^63 - 1).
+    A seed past 2^53 - 1 (a scenario or snapshot may give up to 2^63 - 1) comes back
+    from the browser rounded: the number the browser shows for the `applied` seed is
+    that seed. Another such number is refused: the seed applied would not be the one
+    typed.
     """
     if not isinstance(value, float) or name in FRACTION_FIELDS:
         return value
     label = FIELD_LABELS[name]
     if name == "seed" and abs(value) > MAX_EXACT:
+        if isinstance(applied, int) and float(applied) == value:
+            return applied
         raise PagedLabError(
             f"{out_of_range(label, 0, MAX_EXACT, value)}: a browser's field rounds a larger "
             "number, so it would not be the number typed (a scenario or snapshot file may give "
@@ -86,10 +90,11 @@ def _field_value(name: str, value: Any) -> Any:
 def fields_config() -> tuple[EngineConfig | None, str | None]:
     """The config the sidebar's fields describe, or the reason they describe none."""
     ss = st.session_state
+    applied = get_settings().config
     try:
-        fields = {name: _field_value(name, ss[key])
+        fields = {name: _field_value(name, ss[key], getattr(applied, name))
                   for key, name in CONFIG_KEYS.items() if key in ss}
-        return config_from_fields(fields, get_settings().config), None
+        return config_from_fields(fields, applied), None
     except PagedLabError as exc:
         return None, str(exc)
 
