@@ -13,9 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect, sync_playwright
-
-from tests.browser_support import CHROMIUM_ARGS
+from playwright.sync_api import Browser, expect
 
 pytestmark = pytest.mark.browser
 
@@ -23,42 +21,39 @@ T = 60_000
 
 
 def test_step_n_twice_then_step_applies_three_whole_operations(
-        app_url: str, chromium_path: str, screenshots: Path) -> None:
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1800})
-            page.set_default_timeout(T)
-            page.goto(app_url)
-            add = page.get_by_role("button", name="Add request")
-            expect(add).to_be_visible(timeout=T)
-            add.click()
-            expect(page.get_by_text("Step 1: add A")).to_be_visible(timeout=T)
-            steps = page.get_by_role("spinbutton", name="Steps")
-            steps.fill("8")
-            steps.press("Tab")
-            step_n = page.get_by_role("button", name="Step N")
-            step_n.click()
-            page.wait_for_timeout(300)
-            step_n.click()
-            page.wait_for_timeout(300)
-            page.get_by_role("button", name="Step", exact=True).click()
-            # The last click's operation, once everything before it has run.
-            last = page.get_by_text(re.compile(r"^Step [34]: step · generated 1 token"))
-            expect(last).to_be_visible(timeout=T)
-            # Step 3: one Step N counted (23 prompt tokens + 8 + 1); Step 4: both (+ 8 + 8 + 1).
-            tokens = {"3": 32, "4": 40}[last.inner_text().split(":")[0].split()[1]]
-            expect(page.locator(".pl-metric[data-label='Filled slots']")).to_have_text(
-                f"{tokens} / {tokens}", timeout=T)
-            expect(page.locator("[data-testid='stException']")).to_have_count(0)
-            expect(page.get_by_text("This app has encountered an error")).to_have_count(0)
-            page.screenshot(path=screenshots / "double-click.png", full_page=True)
-        except BaseException:
-            page.screenshot(path=screenshots / "double-click-failed.png", full_page=True)
-            raise
-        finally:
-            browser.close()
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1800})
+    try:
+        page.set_default_timeout(T)
+        page.goto(app_url)
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=T)
+        add.click()
+        expect(page.get_by_text("Step 1: add A")).to_be_visible(timeout=T)
+        steps = page.get_by_role("spinbutton", name="Steps")
+        steps.fill("8")
+        steps.press("Tab")
+        step_n = page.get_by_role("button", name="Step N")
+        step_n.click()
+        page.wait_for_timeout(300)
+        step_n.click()
+        page.wait_for_timeout(300)
+        page.get_by_role("button", name="Step", exact=True).click()
+        # The last click's operation, once everything before it has run.
+        last = page.get_by_text(re.compile(r"^Step [34]: step · generated 1 token"))
+        expect(last).to_be_visible(timeout=T)
+        # Step 3: one Step N counted (23 prompt tokens + 8 + 1); Step 4: both (+ 8 + 8 + 1).
+        tokens = {"3": 32, "4": 40}[last.inner_text().split(":")[0].split()[1]]
+        expect(page.locator(".pl-metric[data-label='Filled slots']")).to_have_text(
+            f"{tokens} / {tokens}", timeout=T)
+        expect(page.locator("[data-testid='stException']")).to_have_count(0)
+        expect(page.get_by_text("This app has encountered an error")).to_have_count(0)
+        page.screenshot(path=screenshots / "double-click.png", full_page=True)
+    except BaseException:
+        page.screenshot(path=screenshots / "double-click-failed.png", full_page=True)
+        raise
+    finally:
+        page.close()
 
 
 def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_it(
