@@ -40,9 +40,9 @@ if st.session_state.get(session.PENDING):
                "(this starts a new engine) or keep the current ones.")
 if st.session_state.get(session.FIELDS_PROBLEM):
     # Said here too: the sidebar says it under its last field, often out of sight.
-    st.warning(plain_md(f"The sidebar's settings are not applied: "
-                        f"{st.session_state[session.FIELDS_PROBLEM]}. The engine keeps its "
-                        "current ones."))
+    problem = "; ".join(st.session_state[session.FIELDS_PROBLEM].splitlines())
+    st.warning(plain_md(f"The sidebar's settings are not applied: {problem}. The engine "
+                        "keeps its current ones."))
 engine = session.get_engine()
 # Read the engine under its lock: a second click's callback may be applying an
 # operation in another thread, and the page must show a state from before or after

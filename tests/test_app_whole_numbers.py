@@ -118,6 +118,8 @@ def test_a_restored_seed_past_what_a_browser_holds_survives_its_rounded_echo() -
     # click: it is the applied seed, not a new one (and not a refusal nobody caused).
     at.sidebar.number_input(key="cfg_seed").set_value(float(seed)).run()
     assert not at.sidebar.error and not at.main.warning and engine(at) is kept
+    assert ("The seed is 1,152,921,504,606,846,977; the field shows it rounded, and the seed "
+            "stays exactly this until another is typed.") in [c.value for c in at.sidebar.caption]
     add(at)
     assert status(at)[0] == "success" and engine(at).config.seed == seed
     # Another number past 2^53 - 1 is one the person typed: refused, the engine kept.
@@ -127,3 +129,30 @@ def test_a_restored_seed_past_what_a_browser_holds_survives_its_rounded_echo() -
         "field rounds a larger number, so it would not be the number typed (a scenario or "
         "snapshot file may give up to 9,223,372,036,854,775,807)"]
     assert engine(at) is kept
+
+
+def test_every_refused_sidebar_field_is_named_and_keep_current_puts_them_back() -> None:
+    at = start()
+    kept = engine(at)
+    at.sidebar.number_input(key="cfg_block_size").set_value(2.5)
+    at.sidebar.number_input(key="cfg_num_layers").set_value(1.5).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Block size must be a whole number; got 2.5  \nLayers must be a whole number; got 1.5"]
+    assert [w.value for w in at.main.warning] == [
+        "The sidebar's settings are not applied: Block size must be a whole number; got 2.5; "
+        "Layers must be a whole number; got 1.5. The engine keeps its current ones."]
+    assert engine(at) is kept
+    click(at, "btn_keep_config")
+    assert not at.sidebar.error and not at.main.warning and engine(at) is kept
+    assert at.sidebar.number_input(key="cfg_block_size").value == 4
+    assert at.sidebar.number_input(key="cfg_num_layers").value == 2
+
+
+def test_a_refusal_after_the_settings_prefix_reads_as_a_sentence() -> None:
+    at = start()
+    for key, value in (("cfg_num_layers", 8), ("cfg_num_heads", 32), ("cfg_num_kv_heads", 32),
+                       ("cfg_head_dim", 256)):
+        at.sidebar.number_input(key=key).set_value(value)
+    at.run()
+    [error] = [e.value for e in at.sidebar.error]
+    assert error.startswith("The model's weights would take 20,497 MiB; the limit is 1,024 MiB")

@@ -88,12 +88,24 @@ def _field_value(name: str, value: Any, applied: Any) -> Any:
 
 
 def fields_config() -> tuple[EngineConfig | None, str | None]:
-    """The config the sidebar's fields describe, or the reason they describe none."""
+    """The config the sidebar's fields describe, or the reason they describe none.
+
+    Every field holding a fraction is named, one per line (a person fixing two sees
+    both); the config's own checks, which need whole numbers, come after.
+    """
     ss = st.session_state
     applied = get_settings().config
+    fields: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, name in CONFIG_KEYS.items():
+        if key in ss:
+            try:
+                fields[name] = _field_value(name, ss[key], getattr(applied, name))
+            except PagedLabError as exc:
+                problems.append(str(exc))
+    if problems:
+        return None, "\n".join(problems)
     try:
-        fields = {name: _field_value(name, ss[key], getattr(applied, name))
-                  for key, name in CONFIG_KEYS.items() if key in ss}
         return config_from_fields(fields, applied), None
     except PagedLabError as exc:
         return None, str(exc)

@@ -30,7 +30,10 @@ def labelled(problem: str) -> str:
     as a refused Steps or Max new tokens field does."""
     text = problem.removeprefix("settings: ")
     text = _RANGE.sub(r"must be \1 to \2; got \3", text)
-    return _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
+    text = _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
+    # A line that began after the prefix ("the model's weights would take …") starts a
+    # sentence of its own.
+    return "\n".join(line[:1].upper() + line[1:] for line in text.splitlines())
 
 
 def op_refusal(problem: str) -> str:

@@ -49,7 +49,7 @@ from backend.views.settings import (
 from backend.views.text import plain_md
 from ui import engine_actions, session
 from ui.labels import labelled
-from ui.numbers import whole_input
+from ui.numbers import MAX_EXACT, whole_input
 
 SCENARIOS_PAGE = "scenarios.py"    # pages/scenarios.py draws its own sidebar (`scenario`)
 COMPARE_PAGE = "compare.py"        # and pages/compare.py its own (`compare`)
@@ -176,6 +176,11 @@ def _config_fields() -> None:
                          f"{(1 << 53) - 1:,} here: past it a browser rounds the number "
                          "typed, so a larger one is refused; a scenario or snapshot may "
                          f"give up to {(1 << 63) - 1:,}.")
+        seed = session.get_settings().config.seed
+        if seed > MAX_EXACT:
+            # From a snapshot or scenario: the browser shows the nearest number it holds.
+            st.caption(f"The seed is {seed:,}; the field shows it rounded, and the seed "
+                       "stays exactly this until another is typed.")
         whole_input(st, "Default max new tokens", step=1,
                     value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
                     help="For requests added without their own limit; blank or 0: none.")
@@ -288,7 +293,11 @@ def _confirm_or_apply() -> None:
     st.session_state[session.PENDING] = False
     st.session_state[session.FIELDS_PROBLEM] = None if error is None else labelled(error)
     if error is not None:
-        st.error(plain_md(labelled(error)))
+        # One line per refused field (a hard break between them).
+        st.error("  \n".join(plain_md(line) for line in labelled(error).splitlines()))
+        # The way back without retyping each field: the running engine's settings.
+        st.button("Keep current", key="btn_keep_config", on_click=engine_actions.keep_current,
+                  width="stretch", help="Put the fields back to the running engine's settings.")
         return
     assert config is not None
     # Compared as values: when a source file changes, Streamlit imports its module

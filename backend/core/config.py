@@ -244,19 +244,19 @@ class EngineConfig:
         if cfg.num_cpu_blocks * cfg.bytes_per_block > MAX_KV_BYTES:
             raise PagedLabError(
                 f"{where}: the host pool would take "
-                f"{cfg.num_cpu_blocks * cfg.bytes_per_block / 2**20:.0f} MiB "
+                f"{cfg.num_cpu_blocks * cfg.bytes_per_block / 2**20:,.0f} MiB "
                 f"({cfg.num_cpu_blocks:,} blocks x {cfg.bytes_per_block:,} bytes); the limit is "
-                f"{MAX_KV_BYTES >> 20} MiB")
+                f"{MAX_KV_BYTES >> 20:,} MiB")
         if cfg.weight_bytes > MAX_WEIGHT_BYTES:
             raise PagedLabError(
-                f"{where}: the model's weights would take {cfg.weight_bytes / 2**20:.0f} MiB; "
-                f"the limit is {MAX_WEIGHT_BYTES >> 20} MiB (use fewer layers, heads or a "
+                f"{where}: the model's weights would take {cfg.weight_bytes / 2**20:,.0f} MiB; "
+                f"the limit is {MAX_WEIGHT_BYTES >> 20:,} MiB (use fewer layers, heads or a "
                 "smaller head_dim)")
         if cfg.kv_bytes > MAX_KV_BYTES:
             raise PagedLabError(
-                f"{where}: the K/V pool would take {cfg.kv_bytes / 2**20:.0f} MiB "
+                f"{where}: the K/V pool would take {cfg.kv_bytes / 2**20:,.0f} MiB "
                 f"({cfg.num_blocks:,} blocks x {cfg.bytes_per_block:,} bytes); the limit is "
-                f"{MAX_KV_BYTES >> 20} MiB")
+                f"{MAX_KV_BYTES >> 20:,} MiB")
         return cfg
 
 

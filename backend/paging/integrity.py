@@ -56,7 +56,7 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
             got = pool.blocks[b].num_filled
             if got != want:
                 problems.append(f"request {seq.seq_id!r} logical block {i} (physical {b}) "
-                                f"has {got} filled slots, expected {want}")
+                                f"has {counted(got, 'filled slot')}, expected {want}")
             key = pool.blocks[b].hash
             full = want == bs
             if prefix_caching and full and key is None:
@@ -109,11 +109,12 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
             problems.append(f"block {block.id} is {state} but "
                             f"{'is' if block.id in in_queue else 'is not'} in the free queue")
         if not 0 <= block.num_filled <= bs:
-            problems.append(f"block {block.id} has {block.num_filled} filled slots")
+            problems.append(f"block {block.id} has {counted(block.num_filled, 'filled slot')}")
         if state == "free":
             empty += 1
             if block.num_filled:
-                problems.append(f"free block {block.id} claims {block.num_filled} filled slots")
+                problems.append(f"free block {block.id} claims "
+                                f"{counted(block.num_filled, 'filled slot')}")
         elif state == "cached":
             cached += 1
         else:
