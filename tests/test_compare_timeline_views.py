@@ -47,6 +47,22 @@ def test_timeline_frame_by_hand() -> None:
     assert timeline_frame(oracle.timeline)["used_blocks"].isna().all()
 
 
+def test_each_panels_lines_and_legend_share_one_legend_of_dashed_coloured_strokes() -> None:
+    run = simulate_run(hand_trace([2, 2], [4, 3]),
+                       SimConfig("paged", 8, 2, watermark=0.0, iteration_s=1.0))
+    assert run.timeline is not None
+    spec = timeline_chart(timeline_frame(run.timeline), paged=True).to_dict()
+    lines = [p for p in spec["vconcat"] if p["mark"]["type"] == "line"]
+    assert len(lines) == 3
+    for panel in lines:
+        color, dash = panel["encoding"]["color"], panel["encoding"]["strokeDash"]
+        # The same legend on both channels of the same field: Vega-Lite merges them into
+        # one (one of them without a legend made it warn of a conflict).
+        assert color["field"] == dash["field"] == "series"
+        assert color["legend"] == dash["legend"] and color["legend"]["symbolType"] == "stroke"
+        assert color["sort"] == dash["sort"]
+
+
 def test_binned_keeps_sums_and_means() -> None:
     run = simulate_run(make_trace("sharegpt", 300, 4.0), SimConfig("paged"))
     assert run.timeline is not None

@@ -131,16 +131,18 @@ def _panel(data: pd.DataFrame, title: str, y_title: str, x: alt.X, *, width: int
     # below one (a light trace's points average mostly idle iterations) would leave a
     # scale with room for only the tick 0: such a panel runs from 0 to 1.
     small = data.empty or not float(data["value"].max()) >= 1
+    legend = alt.Legend(orient="right", labelLimit=200, symbolType="stroke")
     return alt.Chart(data).mark_line(interpolate="step-after", point=marked).encode(
         x=x, y=alt.Y("value:Q", title=y_title,
                      scale=alt.Scale(domain=[0, 1]) if small else alt.Undefined,
                      axis=alt.Axis(format=",d", tickMinStep=1)),
+        # One legend for both channels (the same field, the same legend): its strokes
+        # are coloured and dashed as the lines are told apart, even with points. A
+        # legend left out for one of them would conflict with the other's.
         color=alt.Color("series:N", title=None, sort=labels,
                         scale=alt.Scale(domain=labels, range=_SERIES_COLORS[:len(labels)]),
-                        # Dashed strokes, as the lines are told apart, even with points.
-                        legend=alt.Legend(orient="right", labelLimit=200,
-                                          symbolType="stroke")),
-        strokeDash=alt.StrokeDash("series:N", sort=labels, legend=None),
+                        legend=legend),
+        strokeDash=alt.StrokeDash("series:N", title=None, sort=labels, legend=legend),
         tooltip=[alt.Tooltip("iteration:Q", format=",d"),
                  alt.Tooltip("time_s:Q", format=",.2f", title="time (s)"),
                  "series:N", alt.Tooltip("value:Q", format=",.1f")],
