@@ -20,7 +20,13 @@ def test_an_int_in_range_is_returned_as_given(value: int, low: int, high: int | 
     (10**9, 1, 65_536, "block_size must be an integer in 1..65,536, got 1,000,000,000"),
     (-1, 0, None, "block_size must be an integer >= 0, got -1"),
     (True, 0, 256, "block_size must be an integer in 0..256, got True"),   # a bool is no count
-    (1.0, 1, 256, "block_size must be an integer in 1..256, got 1.0"),
+    # A whole number a file wrote as a float: how to write it.
+    (1.0, 1, 256, "block_size must be an integer in 1..256, got 1.0 (write it as 1, without "
+                  "a decimal point or exponent)"),
+    (1e3, 1, 256, "block_size must be an integer in 1..256, got 1000.0 (write it as 1000, "
+                  "without a decimal point or exponent)"),
+    (2.5, 1, 256, "block_size must be an integer in 1..256, got 2.5"),
+    (1e300, 1, 256, "block_size must be an integer in 1..256, got 1e+300"),
     ("12", 1, None, "block_size must be an integer >= 1, got '12'"),
     (None, 1, 256, "block_size must be an integer in 1..256, got None"),
 ])

@@ -37,5 +37,14 @@ def check_int(value: object, what: str, low: int, high: int | None = None) -> in
     """
     if (isinstance(value, bool) or not isinstance(value, int) or value < low
             or (high is not None and value > high)):
-        raise PagedLabError(f"{what} must be {int_requirement(low, high)}, got {shown(value)}")
+        raise PagedLabError(f"{what} must be {int_requirement(low, high)}, got {shown(value)}"
+                            + written_as_float(value))
     return value
+
+
+def written_as_float(value: object) -> str:
+    """For a whole number a file wrote as a float (1e3, 1000.0), the way to write it: a
+    JSON reader hands such a number over as a float, which no count accepts."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_JSON_INT:
+        return f" (write it as {int(value)}, without a decimal point or exponent)"
+    return ""
