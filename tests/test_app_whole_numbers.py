@@ -13,14 +13,14 @@ import math
 
 import pytest
 
-from backend.core.config import EngineConfig
+from backend.core.config import SMOLLM2, TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.io.snapshot import export_snapshot
 from tests.test_app import add, click, engine, markdown, shown, start, status
 from tests.test_app_timeline import open_details, step_n
 from tests.test_exports_app import upload
-from ui.numbers import MAX_EXACT, whole
+from ui.numbers import MAX_EXACT, not_whole, out_of_range, whole
 
 
 def test_whole_takes_whole_floats_and_refuses_fractions_by_name() -> None:
@@ -37,6 +37,15 @@ def test_whole_takes_whole_floats_and_refuses_fractions_by_name() -> None:
     for bad in (math.inf, -math.inf, math.nan):
         with pytest.raises(PagedLabError, match=r"^Steps must be a whole number"):
             whole("Steps", bad)
+    # A fraction is quoted in full, never rounded to look whole; a huge number as a
+    # browser writes it.
+    assert not_whole("Steps", 2.0000000001) == (
+        "Steps must be a whole number; got 2.0000000001")
+    assert not_whole("Steps", 1234567890.5).endswith("got 1,234,567,890.5")
+    assert out_of_range("Steps", 1, 10_000, 10_000.0000001).endswith("got 10,000.0000001")
+    assert out_of_range("Steps", 1, 10_000, 1e300) == "Steps must be 1 to 10,000; got 1e+300"
+    assert out_of_range("Steps", 1, 10_000, int(1e300)).endswith("got 1e+300")
+    assert out_of_range("Steps", 1, 10_000, 20_000.0).endswith("got 20,000")
 
 
 def test_a_fraction_in_a_controls_field_is_refused_by_name_and_changes_nothing() -> None:
@@ -87,6 +96,9 @@ def test_a_fraction_in_a_views_field_is_refused_where_it_was_typed() -> None:
     assert [shown(e.value) for e in at.error] == [
         "Inspect a block must be a whole number; got 2.5"]
     assert not at.exception and "Block **" not in markdown(at)
+    at.number_input(key="focus_block").set_value(1e300).run()
+    assert [shown(e.value) for e in at.error] == [
+        "There is no block 1e+300: this pool's ids run 0..31."]
     at.number_input(key="focus_block").set_value(2.0).run()
     assert not at.error and "Block **2**: used, ref count 1" in markdown(at)
     at.number_input(key="tr_pos").set_value(6.5).run()
@@ -156,3 +168,35 @@ def test_a_refusal_after_the_settings_prefix_reads_as_a_sentence() -> None:
     at.run()
     [error] = [e.value for e in at.sidebar.error]
     assert error.startswith("The model's weights would take 20,497 MiB; the limit is 1,024 MiB")
+
+
+def test_a_fraction_in_a_field_that_cannot_be_edited_does_not_hold_the_settings() -> None:
+    at = start()
+    kept = engine(at)
+    # Swap's host pool takes the pool's size, never a fraction typed there.
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(2.5)
+    at.sidebar.radio(key="cfg_preemption").set_value("swap").run()
+    assert at.sidebar.number_input(key="cfg_num_cpu_blocks").value == 32
+    assert [e.value for e in at.sidebar.error] == ["Pool size must be a whole number; got 2.5"]
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(32.0).run()
+    assert not at.sidebar.error and engine(at).config.preemption == "swap"
+    # A fraction left in the host pool when Recompute is picked (the field disabled).
+    at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(2.5).run()
+    assert [e.value for e in at.sidebar.error] == ["Host pool must be a whole number; got 2.5"]
+    at.sidebar.radio(key="cfg_preemption").set_value("recompute").run()
+    assert not at.sidebar.error and engine(at).config.preemption == "recompute"
+    assert engine(at).config.num_cpu_blocks == 32 and engine(at) is not kept
+
+
+@pytest.mark.slow
+def test_tiny_bytes_size_fields_are_not_read_for_a_real_model() -> None:
+    at = add(start())
+    at.sidebar.number_input(key="cfg_num_layers").set_value(1.5).run()
+    assert [e.value for e in at.sidebar.error] == ["Layers must be a whole number; got 1.5"]
+    # SmolLM2's dimensions come from its weights: the hidden Layers field is not read.
+    at.sidebar.selectbox(key="cfg_model_name").select(SMOLLM2).run()
+    assert not at.sidebar.error and not at.exception
+    assert at.button(key="btn_apply_config")
+    # Back to tiny-byte, its size fields are drawn again, from its sizes.
+    at.sidebar.selectbox(key="cfg_model_name").select(TINY_BYTE).run()
+    assert not at.sidebar.error and at.sidebar.number_input(key="cfg_num_layers").value == 2

@@ -23,8 +23,11 @@ def test_an_int_in_range_is_returned_as_given(value: int, low: int, high: int | 
     # A whole number a file wrote as a float: how to write it.
     (1.0, 1, 256, "block_size must be an integer in 1..256, got 1.0 (write it as 1, without "
                   "a decimal point or exponent)"),
-    (1e3, 1, 256, "block_size must be an integer in 1..256, got 1000.0 (write it as 1000, "
+    (1e2, 1, 256, "block_size must be an integer in 1..256, got 100.0 (write it as 100, "
                   "without a decimal point or exponent)"),
+    # Out of range written as an integer too: no advice that would be refused again.
+    (1e3, 1, 256, "block_size must be an integer in 1..256, got 1000.0"),
+    (-3.0, 1, None, "block_size must be an integer >= 1, got -3.0"),
     (2.5, 1, 256, "block_size must be an integer in 1..256, got 2.5"),
     (1e300, 1, 256, "block_size must be an integer in 1..256, got 1e+300"),
     ("12", 1, None, "block_size must be an integer >= 1, got '12'"),

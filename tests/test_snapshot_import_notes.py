@@ -99,6 +99,26 @@ def test_two_unknown_fields_are_named_together(snap: dict[str, Any]) -> None:
         "reads; they were ignored"]
 
 
+def test_a_count_written_as_a_float_is_refused_with_the_way_to_write_it(
+        snap: dict[str, Any]) -> None:
+    for path, value, said in [
+            (("step",), 1.0, "snapshot.step must be an integer, got 1.0 (write it as 1, "
+                             "without a decimal point or exponent)"),
+            (("blocks", 0, "ref_count"), 1e0, "snapshot.blocks[0].ref_count must be an "
+                                               "integer, got 1.0 (write it as 1"),
+            (("step",), 1.5, "snapshot.step must be an integer, got 1.5")]:
+        odd = copy.deepcopy(snap)
+        target: Any = odd
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+        with pytest.raises(PagedLabError) as refused:
+            restored(odd)
+        assert str(refused.value).startswith(said), str(refused.value)
+        if value == 1.5:
+            assert "write it" not in str(refused.value)
+
+
 def test_an_unknown_config_field_is_still_refused(snap: dict[str, Any]) -> None:
     # A misspelt setting would build another engine than the file meant: refused, as a
     # scenario's config is, rather than noted.

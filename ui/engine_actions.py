@@ -16,7 +16,7 @@ from typing import Any
 
 import streamlit as st
 
-from backend.core.config import EngineConfig
+from backend.core.config import REAL_MODELS, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.io.restore import restore_notes
@@ -47,6 +47,7 @@ from ui.progress import Shown
 from ui.session import (
     CONFIG_KEYS,
     CONFIRM_RESET,
+    DIM_KEYS,
     REPLACED_TOO_OFTEN,
     STEP_PICK,
     TIMELINE_PICK,
@@ -95,14 +96,22 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
     """
     ss = st.session_state
     applied = get_settings().config
+    # A real model's dimensions come from its weights: tiny-byte's size fields, not
+    # drawn for it, are not read (nor refused) either.
+    real = ss.get("cfg_model_name", applied.model) in REAL_MODELS
     fields: dict[str, Any] = {}
     problems: list[str] = []
     for key, name in CONFIG_KEYS.items():
-        if key in ss:
+        if key in ss and not (real and key in DIM_KEYS):
             try:
                 fields[name] = _field_value(name, ss[key], getattr(applied, name))
             except PagedLabError as exc:
-                problems.append(str(exc))
+                if key == "cfg_num_cpu_blocks" and ss.get("cfg_preemption") != "swap":
+                    # Left with a fraction when Recompute was picked: the field is
+                    # disabled now, so it cannot be fixed; the pool is unused anyway.
+                    fields[name] = applied.num_cpu_blocks
+                else:
+                    problems.append(str(exc))
     if problems:
         return None, "\n".join(problems)
     try:
@@ -332,8 +341,11 @@ def apply_pending() -> None:
 
 
 def keep_current() -> None:
-    """Callback of "Keep current": put the fields back to the applied config."""
-    for key, value in config_fields(get_settings().config).items():
+    """Callback of "Keep current": put the fields back to the applied config (with a
+    real model applied, tiny-byte's size fields back to its defaults, as `init` seeds
+    them)."""
+    for key, value in {**config_fields(EngineConfig()),
+                       **config_fields(get_settings().config)}.items():
         st.session_state[key] = value
 
 

@@ -45,15 +45,20 @@ class OutOfRangeError(PagedLabError):
     """Fields hold numbers outside their ranges; the message names each, one per line."""
 
 
-def _number(v: Number) -> str:
+def number_text(v: Number) -> str:
+    """A number as a refusal quotes it: with thousands separators, a whole-number field's
+    20000.0 as "20,000" (as a browser shows it), and a fraction in full ("2.0000000001",
+    never rounded to look whole); from 1e21 on, as a browser writes it ("1e+21")."""
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e21:
-        v = int(v)    # a whole-number field's 20000.0 reads "20,000", as a browser shows it
-    return f"{v:,}" if isinstance(v, int) else f"{v:,.10g}"
+        v = int(v)
+    elif isinstance(v, int) and abs(v) >= 10**21:
+        v = float(v)    # a typed 1e300 that `whole` made an int: not 301 digits
+    return f"{v:,}"
 
 
 def out_of_range(label: str, lo: Number, hi: Number, got: Number) -> str:
     """What a refusal says: "Steps must be 1 to 10,000; got 20,000"."""
-    return f"{label} must be {_number(lo)} to {_number(hi)}; got {_number(got)}"
+    return f"{label} must be {number_text(lo)} to {number_text(hi)}; got {number_text(got)}"
 
 
 def whole_input(where: Any, label: str, *, value: Number | None = None,
@@ -84,7 +89,7 @@ def whole(label: str, value: Number | None) -> int | None:
 
 def not_whole(label: str, got: Number) -> str:
     """What a refusal of a fraction says: "Steps must be a whole number; got 2.5"."""
-    return f"{label} must be a whole number; got {got:,.10g}"
+    return f"{label} must be a whole number; got {number_text(got)}"
 
 
 class Fields:

@@ -26,7 +26,7 @@ from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
 from ui import layout, translator
-from ui.numbers import not_whole, whole_input
+from ui.numbers import not_whole, number_text, whole_input
 
 # Requests whose text is laid out by block; the table above lists every request.
 MAX_LAYOUTS = 12
@@ -94,7 +94,7 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
         # The field has no bounds in the browser (which would keep such a number to
         # itself, as README's number fields say): the refusal is said here instead.
         return Focus(frozenset(), frozenset(),
-                     f"There is no block {int(blk):,}: this pool's ids run "
+                     f"There is no block {number_text(blk)}: this pool's ids run "
                      f"0..{len(snap['blocks']) - 1:,}.", refused=True)
     if blk is not None:
         blk = int(blk)

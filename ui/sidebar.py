@@ -23,6 +23,7 @@ from backend.core.config import (
     REAL_MODELS,
     EngineConfig,
 )
+from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.kernels import select_kernels
@@ -49,7 +50,7 @@ from backend.views.settings import (
 from backend.views.text import plain_md
 from ui import engine_actions, session
 from ui.labels import labelled
-from ui.numbers import MAX_EXACT, whole_input
+from ui.numbers import MAX_EXACT, whole, whole_input
 
 SCENARIOS_PAGE = "scenarios.py"    # pages/scenarios.py draws its own sidebar (`scenario`)
 COMPARE_PAGE = "compare.py"        # and pages/compare.py its own (`compare`)
@@ -177,7 +178,8 @@ def _config_fields() -> None:
                          "typed, so a larger one is refused; a scenario or snapshot may "
                          f"give up to {(1 << 63) - 1:,}.")
         seed = session.get_settings().config.seed
-        if seed > MAX_EXACT:
+        shown = st.session_state.get("cfg_seed")
+        if seed > MAX_EXACT and shown is not None and float(shown) == float(seed):
             # From a snapshot or scenario: the browser shows the nearest number it holds.
             st.caption(f"The seed is {seed:,}; the field shows it rounded, and the seed "
                        "stays exactly this until another is typed.")
@@ -238,7 +240,14 @@ def _preemption_changed() -> None:
     """Swap needs a host pool: picking it with none gives one as large as the device pool."""
     ss = st.session_state
     if ss.get("cfg_preemption") == "swap" and not ss.get("cfg_num_cpu_blocks"):
-        ss["cfg_num_cpu_blocks"] = ss.get("cfg_num_blocks") or 1
+        # The pool's number only when it is one (a fraction typed there would be
+        # copied into a field that cannot be edited while it is being refused).
+        try:
+            pool = whole("Pool size", ss.get("cfg_num_blocks"))
+        except PagedLabError:
+            pool = None
+        ss["cfg_num_cpu_blocks"] = (pool if pool is not None and pool >= 1
+                                    else session.get_settings().config.num_blocks)
 
 
 def _model_field() -> str:

@@ -36,7 +36,7 @@ from backend.views.compare.timeline import binned, timeline_chart
 from backend.views.text import plain_md
 from backend.views.timeline import latency_frame, timeline_frame
 from ui import session
-from ui.numbers import whole, whole_input
+from ui.numbers import number_text, whole, whole_input
 
 PICK = session.TIMELINE_PICK
 STEP_PICK = session.STEP_PICK
@@ -105,8 +105,9 @@ def picked(engine: Engine, history: History) -> Picked | None:
         if rows:
             last = first + len(rows) - 1
             span = f"{first:,}" if first == last else f"{first:,} to {last:,}"
-            ss[PICK_PROBLEM] = (f"Show the state after iteration: {it:,} is not a row of "
-                                f"this timeline; enter {span}. Showing the live state.")
+            ss[PICK_PROBLEM] = (f"Show the state after iteration: {number_text(it)} is not "
+                                f"a row of this timeline; enter {span}. Showing the live "
+                                "state.")
         return None
     step = rows[it - first][STEP_COLUMN]
     n = sum(1 for r in rows if r[STEP_COLUMN] == step)
@@ -138,7 +139,7 @@ def _picked_step(engine: Engine, history: History) -> Picked | None:
         ss[STEP_PICK] = None
         held = f"enter {kept[0]:,} to {kept[1]:,}" if kept is not None else "it keeps none"
         ss[PICK_PROBLEM] = (f"Show the state after step: the history does not keep step "
-                            f"{step:,}; {held}. Showing the live state.")
+                            f"{number_text(step)}; {held}. Showing the live state.")
         return None
     if step == engine.step:
         return Picked(None, step, 1, None, True)

@@ -19,10 +19,11 @@ every callback and `sync` take too. A click never applies a step beside
 another on the same engine, and a page drawn after a Pause shows the step the
 play reached, not the one before it with "2 applied so far".
 
-The link: `?scenario=<file stem>&step=<n>` follows the view. A link that
-differs from what the page last wrote (a new session, or an edited address)
-is applied: that scenario, run up to that step. Bad values get a message and
-the first scenario or step 0.
+The link: `?scenario=<file stem>&step=<n>` follows the view, with
+`&applied=<m>` while steps past the view were taken. A link that differs from
+what the page last wrote (a new session, a reload, or an edited address) is
+applied: that scenario, run up to step m (or n), viewing step n. Bad values get
+a message and the first scenario or step 0; a bad `applied` is ignored.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from ui.numbers import Fields
 def _fields(running: list[str], num_tokens: dict[str, int], layers: int,
             prefix: str) -> tuple[str, int, int] | None:
     """The request, token position and layer fields; what they hold, or None (said why
-    on the page) while a number is missing or out of range.
+    on the page) while a number is missing, out of range or a fraction.
 
     `running` is not empty; `num_tokens` has each of its requests' token counts.
     """

@@ -38,13 +38,17 @@ def check_int(value: object, what: str, low: int, high: int | None = None) -> in
     if (isinstance(value, bool) or not isinstance(value, int) or value < low
             or (high is not None and value > high)):
         raise PagedLabError(f"{what} must be {int_requirement(low, high)}, got {shown(value)}"
-                            + written_as_float(value))
+                            + written_as_float(value, low, high))
     return value
 
 
-def written_as_float(value: object) -> str:
+def written_as_float(value: object, low: int | None = None, high: int | None = None) -> str:
     """For a whole number a file wrote as a float (1e3, 1000.0), the way to write it: a
-    JSON reader hands such a number over as a float, which no count accepts."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_JSON_INT:
-        return f" (write it as {int(value)}, without a decimal point or exponent)"
-    return ""
+    JSON reader hands such a number over as a float, which no count accepts. Nothing
+    when the number would be refused as an integer too (outside low..high)."""
+    if not (isinstance(value, float) and value.is_integer() and abs(value) <= MAX_JSON_INT):
+        return ""
+    n = int(value)
+    if (low is not None and n < low) or (high is not None and n > high):
+        return ""
+    return f" (write it as {n}, without a decimal point or exponent)"

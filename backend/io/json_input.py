@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import MAX_JSON_INT, check_int
+from backend.core.checks import MAX_JSON_INT, check_int, written_as_float
 from backend.core.errors import PagedLabError
 
 
@@ -180,8 +180,9 @@ class FieldReader:
         v = self.data[key]
         if v is None and optional:
             return None
-        if isinstance(v, bool) and kind is int:
-            raise PagedLabError(f"{self.where}.{key} must be an integer, got {v!r}")
+        if isinstance(v, bool | float) and kind is int:
+            raise PagedLabError(f"{self.where}.{key} must be an integer, got {v!r}"
+                                + written_as_float(v))
         if not isinstance(v, kind):
             name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
             raise PagedLabError(f"{self.where}.{key} must be {name}, got {v!r}")
