@@ -388,7 +388,8 @@ def test_memory_calculator_tables() -> None:
 def test_every_chart_builds() -> None:
     ex = seed_example()
     charts.slot_strip(seed_views.seed_arena_slots(ex), "arena").to_dict()
-    charts.kind_legend().to_dict()
+    # The legend keeps its own size (no fit request for Vega-Lite to drop with a warning).
+    assert charts.kind_legend().to_dict()["autosize"] == {"type": "pad"}
     points = trace_block_sweep("alpaca", 100, 0)
     sweep = tables.block_sweep_frame(points)
     # Every field the chart encodes is a column of its frame (a renamed column would

@@ -61,7 +61,11 @@ def kind_legend(columns: int = 3) -> alt.LayerChart:
     swatch = base.mark_square(size=200, filled=True, opacity=1, stroke="#555",
                               strokeWidth=0.5, xOffset=-80).encode(color=_kind_color(legend=False))
     label = base.mark_text(align="left", dx=-68, fontSize=13).encode(text="kind:N")
-    return (swatch + label).properties(width=alt.Step(200), height=alt.Step(24))
+    # Its own size (three 200 px columns): Streamlit's theme asks every chart to fit its
+    # column, which Vega-Lite cannot do for a chart sized in steps and says so in the
+    # browser's console, on every redraw of the tab.
+    return (swatch + label).properties(width=alt.Step(200), height=alt.Step(24),
+                                       autosize=alt.AutoSizeParams(type="pad"))
 
 
 def memory_map(df: pd.DataFrame, title: str, capacity: int, x_domain: tuple[int, int],
