@@ -52,6 +52,16 @@ def test_cli_writes_result_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
      "error: --requests must be an integer in 1.."),
     (["--workload", "alpaca", "--policy", "paged", "--requests", "ten"],
      "error: --requests must be an integer in 1..10,000,000, got 'ten'"),
+    # A whole number written as a float gets the way to write it, only when in range.
+    (["--workload", "alpaca", "--policy", "paged", "--requests", "1e3"],
+     "error: --requests must be an integer in 1..10,000,000, got '1e3' (write it as 1000, "
+     "without a decimal point or exponent)"),
+    (["--workload", "alpaca", "--policy", "paged", "--seed", "7.0"],
+     "error: --seed must be an integer in 0..9,223,372,036,854,775,807, got '7.0' (write it as 7,"),
+    (["--workload", "alpaca", "--policy", "paged", "--requests", "2e7"],
+     "error: --requests must be an integer in 1..10,000,000, got '2e7'\n"),
+    (["--workload", "alpaca", "--policy", "paged", "--requests", "1.5"],
+     "error: --requests must be an integer in 1..10,000,000, got '1.5'\n"),
     (["--workload", "alpaca", "--policy", "paged", "--rate", "0"], "error: --rate must be"),
     (["--workload", "alpaca", "--policy", "paged", "--rate", "inf"], "error: --rate must be"),
     (["--workload", "alpaca", "--policy", "paged", "--block-size", "257"],

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.budgets import MAX_BUDGET
-from backend.core.checks import check_int
+from backend.core.checks import check_int, int_requirement, written_as_float
 from backend.core.errors import PagedLabError
 from backend.core.words import percent
 from backend.io.json_input import read_bounded
@@ -126,6 +126,13 @@ def _int(value: str | None, flag: str, default: int, low: int, high: int) -> int
         out: object = int(value, 10)
     except ValueError:
         out = value  # not a number: the check quotes it as given
+        try:
+            hint = written_as_float(float(value), low, high)  # "1e3", "1000.0"
+        except ValueError:
+            hint = ""
+        if hint:
+            raise _BadInputError(f"{flag} must be {int_requirement(low, high)}, got "
+                                 f"{value!r}{hint}") from None
     return check_int(out, flag, low, high)
 
 
