@@ -17,6 +17,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from backend import views
 from backend.core.config import TINY_BYTE
+from backend.core.errors import PagedLabError
 from backend.core.words import agrees, counted
 from backend.engine.engine import Engine
 from backend.engine.results import logit_tolerance
@@ -26,7 +27,7 @@ from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
 from ui import layout, translator
-from ui.numbers import not_whole, number_text, whole_input
+from ui.numbers import number_text, whole, whole_input
 
 # Requests whose text is laid out by block; the table above lists every request.
 MAX_LAYOUTS = 12
@@ -87,9 +88,10 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
                 else f"Request **{name}** is {plain_md(str(req['status']))}: it holds no "
                      "blocks.")
         return Focus(frozenset(table), frozenset({rid}), text)
-    if blk is not None and not float(blk).is_integer():
-        return Focus(frozenset(), frozenset(), plain_md(not_whole("Inspect a block", blk)),
-                     refused=True)
+    try:
+        blk = whole("Inspect a block", blk)
+    except PagedLabError as e:
+        return Focus(frozenset(), frozenset(), plain_md(str(e)), refused=True)
     if blk is not None and not 0 <= blk < len(snap["blocks"]):
         # The field has no bounds in the browser (which would keep such a number to
         # itself, as README's number fields say): the refusal is said here instead.
@@ -97,7 +99,6 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
                      f"There is no block {number_text(blk)}: this pool's ids run "
                      f"0..{len(snap['blocks']) - 1:,}.", refused=True)
     if blk is not None:
-        blk = int(blk)
         b = snap["blocks"][blk]
         holders = views.holders_by_block(snap)[blk]
         held = f"held by {plain_md(', '.join(holders))}" if holders else "held by no request"
