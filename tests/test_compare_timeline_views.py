@@ -115,7 +115,8 @@ def test_deployment_words() -> None:
     d = dep.deployment("azure-conv", requests=300)
     words = dep_views.preset_sentence(d)
     assert "**Llama-3-8B on one H200.** 131,072 bytes of KV per token" in words
-    assert "909,659 token slots, 56,853 blocks of 16" in words
+    assert ("909,659 token slots** for the contiguous policies, **56,853 blocks of 16** "
+            "for paged (909,648 slots; the 11 left over fill no block)") in words
     assert "compressed 50 times" in words
     runs = [simulate_run(d.trace, c) for c in d.configs()]
     note = dep_views.length_note(d, runs)

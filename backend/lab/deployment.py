@@ -3,7 +3,7 @@
 Sizes come from the memory calculator: Llama-3-8B keeps 2 x 32 layers x 8 KV
 heads x 128 x 2 bytes = 128 KiB of KV per token; an H200 (141 GB, about 140 GiB
 as nvidia-smi counts it) less vLLM's 10% reserve and the 15 GiB of bf16 weights
-leaves about 111 GiB, 909,659 token slots, which is 56,853 blocks of 16. The paged
+leaves about 111 GiB, 909,659 token slots, which is 56,853 whole blocks of 16. The paged
 policy replays the trace through PagedLab's own BlockManager at that size
 (bookkeeping only: no K/V tensors), the contiguous ones through the arena.
 

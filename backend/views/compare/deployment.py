@@ -55,12 +55,20 @@ def preset_sentence(d: dep.Deployment) -> str:
         f"(2 x {cap.model.num_layers} layers x {cap.model.num_kv_heads} KV heads x "
         f"{cap.model.head_dim} x 2 bytes); of {cap.gpu_bytes / 2**30:g} GiB, a 10% reserve "
         f"and {cap.weight_bytes / 2**30:.1f} GiB of bf16 weights leave "
-        f"{cap.kv_bytes / 2**30:.1f} GiB: **{d.capacity_tokens:,} token slots, "
-        f"{d.num_blocks:,} blocks of {dep.BLOCK_SIZE}**. Orca (Max) reserves the "
+        f"{cap.kv_bytes / 2**30:.1f} GiB: **{d.capacity_tokens:,} token slots** for the "
+        f"contiguous policies, **{d.num_blocks:,} blocks of {dep.BLOCK_SIZE}** for paged "
+        f"({_block_slots(d)}). Orca (Max) reserves the "
         f"{dep.CONTEXT_LEN:,}-token context per request. The trace: {d.workload}, "
         f"{len(d.trace):,} requests{left}, arrivals {compression(d.time_scale)} "
         f"(mean {rate_text(d.trace.rate)} requests/s), {dep.ITERATION_S * 1000:g} ms per "
         "iteration.")
+
+
+def _block_slots(d: dep.Deployment) -> str:
+    # The pool holds whole blocks: the token slots past the last one hold nothing.
+    slots = d.num_blocks * dep.BLOCK_SIZE
+    spare = d.capacity_tokens - slots
+    return f"{slots:,} slots" + (f"; the {spare:,} left over fill no block" if spare else "")
 
 
 def figure13_frame(results: Sequence[SimResult]) -> pd.DataFrame:
