@@ -289,12 +289,17 @@ def _ticks(capacity: int) -> list[int]:
 
 
 def arena_caption(arena: dict[str, Any]) -> str:
-    """The arena's slots by state (the paper's Figure 2 categories), in one line."""
+    """The arena's slots by state (the paper's Figure 2 categories) in one line, then the
+    reserved but empty slots, which the PagedAttention text calls internal fragmentation
+    as a whole (the paper counts only those never to be used)."""
     b = arena["breakdown"]
+    unused = b["reservation"] + b["internal_fragmentation"]
     return (f"{arena['capacity']} slots ({arena['policy']} reservations, first fit): "
             f"{b['token_states']} holding tokens · {b['reservation']} reserved for future tokens · "
-            f"{b['internal_fragmentation']} internal fragmentation · "
-            f"{b['external_fragmentation']} external fragmentation · {b['free']} free")
+            f"{b['internal_fragmentation']} internal fragmentation (reserved, never used) · "
+            f"{b['external_fragmentation']} external fragmentation · {b['free']} free. "
+            f"Reserved but empty now: {unused} (the text's internal fragmentation: unused "
+            "space inside an allocation).")
 
 
 def arena_fit_message(arena: dict[str, Any]) -> str | None:
