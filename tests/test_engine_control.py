@@ -45,6 +45,21 @@ def test_the_scenarios_perturbations_change_no_token(name: str) -> None:
         assert c_row.positions_compared >= 1
 
 
+def test_a_position_counts_once_however_often_its_logits_are_compared() -> None:
+    # A's logits at 6 tokens stay as they are through B's add and the shuffle: compared
+    # after each operation, they are one position. Each step operation adds the position
+    # it ends at (a step of 2 iterations, one).
+    config = EngineConfig.from_json({"num_blocks": 32, "block_size": 4})
+    ops = [parse_op({"op": "add", "request": "A", "prompt_len": 6}),
+           parse_op({"op": "add", "request": "B", "prompt_len": 5}),
+           Shuffle(), Step(1), Step(2)]
+    report = compare_with_control(config, ops)
+    by = {r.request: r for r in report.requests}
+    assert by["A"].positions_compared == by["B"].positions_compared == 3
+    assert report.positions_compared == 6
+    assert report.agrees
+
+
 def test_a_wrong_table_entry_shows_as_a_difference() -> None:
     # Greedy, so that a changed logit soon changes a token too.
     config = EngineConfig.from_json({"num_blocks": 32, "block_size": 4, "temperature": 0})

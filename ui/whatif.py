@@ -74,9 +74,11 @@ def panel(engine: Engine) -> None:
             "its block table and through the same blocks sorted by physical id. Each key "
             "carries its own position, so attention over the same slots in another order "
             "sums the same; but the kernel reads every slot of each logical block except the "
-            "last, and only the first ones of the last, so sorted, the partly filled block "
-            "is read whole and a full one is cut short, and the new token's K/V lands in "
-            "another token's slot. Table order gives the engine's logits back.")
+            "last, and only the first ones of the last. So where sorting moves the last "
+            "block away from the end, the partly filled block is read whole, a full one is "
+            "cut short, and the new token's K/V lands in another token's slot; where the "
+            "last block has the highest number, it stays last and nothing read changes. "
+            "Table order gives the engine's logits back.")
         live = [rid for rid in engine.running
                 if engine.requests[rid].logits is not None and not engine.requests[rid].prefilling]
         if not live:

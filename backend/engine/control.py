@@ -52,7 +52,7 @@ class RequestComparison:
     tokens: list[int]            # as the user's run has them
     control_tokens: list[int]
     first_mismatch: int | None   # the first position both reached with different tokens
-    positions_compared: int      # next-token logits compared at the same position
+    positions_compared: int      # positions whose next-token logits were compared
     max_logit_diff: float        # the largest |difference| among them (0.0 if none)
 
     @property
@@ -169,7 +169,11 @@ class ControlRun:
         # (request, num_tokens) -> next-token logits one side held there, not yet
         # matched by the other side's: [0] the user's run, [1] the control's.
         self._pending: tuple[dict[tuple[str, int], torch.Tensor], ...] = ({}, {})
-        self._seen: dict[str, tuple[int, float]] = {}
+        # Per request: the positions compared so far, and the largest difference seen. An
+        # operation that leaves a request where it was (an add of another, a shuffle)
+        # compares the same logits again: the position counts once.
+        self._positions: dict[str, set[int]] = {}
+        self._worst: dict[str, float] = {}
         self.not_replayed: list[str] = []
 
     def apply(self, op: Op, engine: Engine) -> None:
@@ -205,8 +209,8 @@ class ControlRun:
                 other = theirs.pop(key, None)
                 if other is not None:
                     diff = float((req.logits.float().cpu() - other).abs().max())
-                    n, worst = self._seen.get(rid, (0, 0.0))
-                    self._seen[rid] = (n + 1, max(worst, diff))
+                    self._positions.setdefault(rid, set()).add(req.num_tokens)
+                    self._worst[rid] = max(self._worst.get(rid, 0.0), diff)
                 elif key not in mine:
                     mine[key] = req.logits.float().cpu().clone()
         for pending in self._pending:
@@ -223,8 +227,9 @@ class ControlRun:
             first = next((i for i in range(common) if req.tokens[i] != theirs[i]), None)
             if first is None and twin is None:
                 first = 0
-            n, worst = self._seen.get(rid, (0, 0.0))
-            out.append(RequestComparison(rid, list(req.tokens), list(theirs), first, n, worst))
+            n = len(self._positions.get(rid, ()))
+            out.append(RequestComparison(rid, list(req.tokens), list(theirs), first, n,
+                                         self._worst.get(rid, 0.0)))
         return ControlReport(tuple(out), tuple(self.not_replayed), self.control.config)
 
 
