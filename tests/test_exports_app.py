@@ -297,7 +297,7 @@ def test_a_snapshot_of_another_schema_version_is_refused() -> None:
         "reads version 1. The playground is unchanged."]
     assert playground_state(at) == before
     note = ("Last upload, future.json: refused: snapshot schema_version is 2; this PagedLab "
-            "reads version 1. The playground was left as it was.")
+            "reads version 1. The playground is unchanged.")
     assert note in [c.value for c in at.caption]
     # The next operation replaces the status line at the top; the note beside the file
     # still says why it was refused, not where to look.

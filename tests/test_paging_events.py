@@ -21,6 +21,7 @@ from backend.paging.events import (
     KIND_CODES,
     Event,
     EventLog,
+    describe,
     new_event,
 )
 
@@ -110,3 +111,15 @@ def test_the_manager_log_is_a_sequence_of_events_and_can_be_replaced() -> None:
     off = BlockManager(8, 2, record_events=False)
     off.allocate("A", [1, 2, 3])
     assert len(off.events) == 0
+
+
+def test_a_prefix_hit_says_whether_the_block_was_shared_or_taken_back() -> None:
+    # Ref count 2: another request holds the block too. Ref count 1: it was free and
+    # cached, and the hit takes it back; nothing shares it.
+    shared = Event(3, "prefix_hit", "B", 4, ref_count=2)
+    revived = Event(5, "prefix_hit", "D", 8, ref_count=1)
+    assert describe(shared) == ("request B found its prompt prefix in block 4 (prefix-cache "
+                                "hit) and shares it (ref count now 2)")
+    assert describe(revived) == ("request D found its prompt prefix in block 8 (prefix-cache "
+                                 "hit) and takes it back from the free queue, nothing "
+                                 "recomputed (ref count now 1)")

@@ -146,7 +146,7 @@ def _on_import() -> None:
     # uploader may be far below it. So the note beside the file says the outcome itself.
     st.session_state[IMPORT_NOTE] = (
         uploaded.name, f"Last upload, {uploaded.name}: "
-        + (f"refused: {problem}. The playground was left as it was." if problem is not None
+        + (f"refused: {problem}. The playground is unchanged." if problem is not None
            else "restored."))
 
 

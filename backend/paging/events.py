@@ -126,7 +126,10 @@ def describe(event: Event, swapped: bool = False, swap_mode: bool = False) -> st
             return (f"{who} wrote into shared block {event.src}: copied it to block "
                     f"{event.dst} first (copy-on-write)")
         case "prefix_hit":
-            return (f"{who} found its prompt prefix in block {b} (prefix-cache hit) and shares it "
+            # Ref count 1: no request held the block; it waited, cached, in the free queue.
+            how = ("takes it back from the free queue, nothing recomputed" if rc == 1
+                   else "shares it")
+            return (f"{who} found its prompt prefix in block {b} (prefix-cache hit) and {how} "
                     f"(ref count now {rc})")
         case "evict":
             return f"block {b} lost its cached prefix to make room for {who}"
