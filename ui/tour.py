@@ -17,7 +17,9 @@ One change at a time: that step and the click's run may overlap, so a step
 taken and the view moved to it happen under the state's lock (`held`), which
 every callback and `sync` take too. A click never applies a step beside
 another on the same engine, and a page drawn after a Pause shows the step the
-play reached, not the one before it with "2 applied so far".
+play reached, not the one before it with "2 applied so far". The same click may
+carry the slider and the address of the step the play just left (the browser had
+not yet drawn the next): neither moves the view back.
 
 The link: `?scenario=<file stem>&step=<n>` follows the view, with
 `&applied=<m>` while steps past the view were taken. A link that differs from
@@ -72,6 +74,10 @@ class TourState:
     # (scenario, step, applied) as last written to the address bar; None before the
     # first write.
     url: Link | None = None
+    # The link written for `left_by_play`'s step, for as long as that is kept: the same
+    # click may carry the address from before the browser got the new one, which is no
+    # link a person opened (see `_apply_link`).
+    link_left_by_play: Link | None = None
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
     messages: list[tuple[MessageKind, str]] = field(default_factory=list)  # shown once
     goto_playground: bool = False
@@ -217,8 +223,10 @@ def _apply_link() -> None:
     t = state()
     params = st.query_params
     want: Link = (params.get("scenario"), params.get("step"), params.get("applied"))
-    if want == t.url or want[:2] == (None, None):
-        # Nothing new: ours, or none at all (switching pages drops the parameters).
+    if want == t.url or want[:2] == (None, None) or want == t.link_left_by_play:
+        # Nothing new: ours (the newest, or the one the play just left, which a click
+        # sent before the browser had the next may carry), or none at all (switching
+        # pages drops the parameters).
         return
     name, step, applied = want
     stems = shipped_paths()
@@ -258,9 +266,10 @@ def finish(run: TourRun) -> None:
     t = state()
     _write_link(run)
     if not t.playing:
-        # This page, its slider at the view, is complete: any slider value from now on
-        # is the person's.
+        # This page, its slider and link at the view, is complete: any slider value or
+        # link from now on is the person's.
         t.left_by_play = None
+        t.link_left_by_play = None
         return
     time.sleep(float(st.session_state.get("tour_speed") or 1.0))
     with held():
@@ -274,6 +283,8 @@ def finish(run: TourRun) -> None:
         else:
             t.playing = False
         t.left_by_play = before if t.view != before else None
+        # `_write_link` above wrote the link of the step left.
+        t.link_left_by_play = t.url if t.view != before else None
     st.rerun()
 
 
