@@ -165,7 +165,8 @@ def test_seed_example_follows_its_controls() -> None:
     assert ex.fit.message.endswith("does not fit: no slot is free")
     # The seed text's one kind of waste, mapped onto the paper's two the arena shows.
     assert "The seed text calls both together internal fragmentation (its own example: " \
-           "room reserved for sixteen tokens while nine are present)." in text(at)
+           "room reserved for sixteen tokens while nine are present, which scenario 15 on " \
+           "the Scenarios page steps through)." in text(at)
 
 
 def test_simulator_run_orders_policies_like_figure_2() -> None:

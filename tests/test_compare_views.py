@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from backend.core.config import EngineConfig
@@ -387,7 +388,13 @@ def test_memory_calculator_tables() -> None:
 
 def test_every_chart_builds() -> None:
     ex = seed_example()
-    charts.slot_strip(seed_views.seed_arena_slots(ex), "arena").to_dict()
+    arena = seed_views.seed_arena_slots(ex)
+    strip = charts.slot_strip(arena, "arena").to_dict()
+    # 34 px a stage in pixels, fitting only the column's width: a step height under
+    # Streamlit's "fit" makes Vega-Lite warn on every draw, and a pixel height under "fit"
+    # would hold the legend and axes too and squeeze the rows.
+    assert strip["height"] == 34 * arena["stage"].nunique()
+    assert strip["autosize"] == {"type": "fit-x", "contains": "padding"}
     # The legend keeps its own size (no fit request for Vega-Lite to drop with a warning).
     assert charts.kind_legend().to_dict()["autosize"] == {"type": "pad"}
     points = trace_block_sweep("alpaca", 100, 0)
@@ -397,12 +404,23 @@ def test_every_chart_builds() -> None:
     assert _fields(charts.block_sweep_lines(sweep).to_dict()) <= set(sweep.columns)
     results = [simulate_workload("alpaca", SimConfig(p), requests=50) for p in ("max", "paged")]
     long = views.memory_long(results)
-    assert _fields(charts.breakdown_bars(long).to_dict()) <= set(long.columns)
+    bars = charts.breakdown_bars(long).to_dict()
+    assert _fields(bars) <= set(long.columns)
+    assert bars["height"] == 34 * 2 and bars["autosize"]["type"] == "fit-x"
     m = views.policy_metrics(results)
     spec = charts.policy_bars(m, "token states", "Token-state share", percent=True,
                               paper_field="paper token states").to_dict()
-    # Bars, labels at the foot of the bars that hold one, above the others, the paper's ticks.
-    assert len(spec["layer"]) == 4
+    # Bars, labels above bars too short to hold one (here both), the paper's ticks: no
+    # label layer that labels nothing (Vega-Lite warns of its empty extent).
+    assert [x["mark"]["type"] for x in spec["layer"]] == ["bar", "text", "tick"]
+    both = pd.DataFrame({"policy": ["max", "paged"], "share": [0.05, 0.9],
+                         "paper": [0.204, 0.963]})
+    spec = charts.policy_bars(both, "share", "Share", percent=True,
+                              paper_field="paper").to_dict()
+    # One label at the foot of the tall bar, in white; one above the short one.
+    assert [x["mark"]["type"] for x in spec["layer"]] == ["bar", "text", "text", "tick"]
+    assert [x["transform"][0]["filter"] for x in spec["layer"][1:3]] == [
+        "datum['share'] >= 0.11556", "datum['share'] < 0.11556"]
     batch = tables.block_batch_frame(results[1:])
     assert _fields(charts.block_batch_line(batch).to_dict()) <= set(batch.columns)
     sharing = [SharingResult("beam", 2, 16, 1, 0.5, SharingTrace(1, 1, 2, 0, 1, 2), 0.376,

@@ -55,7 +55,8 @@ def seed_section() -> None:
     st.caption("The arena's kinds are the paper's (Figure 2): reservation is room a request "
                "will still fill, internal fragmentation room past its final length that it "
                "never will. The seed text calls both together internal fragmentation (its "
-               "own example: room reserved for sixteen tokens while nine are present). In "
+               "own example: room reserved for sixteen tokens while nine are present, which "
+               "scenario 15 on the Scenarios page steps through). In "
                "the paged pool below, a block's empty slots are its internal fragmentation: "
                "at most block size − 1 per request, filled as it grows.")
     st.subheader("Paged pool")

@@ -20,9 +20,13 @@ KIND_DOMAIN: list[str] = list(KIND_LABELS.values())
 KIND_COLORS: list[str] = ["#1f4e8c", "#8fbce6", "#f0a04b", "#b2182b", "#e6e6e6"]
 
 
-# Streamlit counts a fixed height as the whole chart, legend and axes included, which
-# squeezes banded (nominal) axes to nothing: those get a height per band instead.
-BAND = alt.Step(34)
+# A banded (nominal) axis gets 34 px per band. Not as a Vega-Lite step: Streamlit's theme
+# asks every chart to fit its column ("fit"), which a step height cannot, and Vega-Lite
+# says so in the browser's console on every redraw. Nor as a fixed height under "fit",
+# which counts the legend and axes in it and squeezes the bands to nothing. So: the bands'
+# height in pixels, fitting the width only (its axes and legend are drawn outside it).
+BAND_PX = 34
+FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
 
 def _kind_color(legend: bool = True) -> alt.Color:
@@ -49,7 +53,8 @@ def slot_strip(df: pd.DataFrame, title: str, *, width: int = 520) -> alt.LayerCh
         color=alt.condition(
             "datum.kind == 'token states' || datum.kind == 'external fragmentation'",
             alt.value("white"), alt.value("black")))
-    return (cells + text).properties(title=title, width=width, height=BAND)
+    return (cells + text).properties(title=title, width=width,
+                                     height=len(stages) * BAND_PX, autosize=FIT_WIDTH)
 
 
 def kind_legend(columns: int = 3) -> alt.LayerChart:
@@ -110,7 +115,7 @@ def breakdown_bars(df: pd.DataFrame, *, title: str = "Where the KV memory goes")
         color=_kind_color(),
         order=alt.Order("order:Q", sort="ascending"),
         tooltip=["policy:N", "kind:N", alt.Tooltip("fraction:Q", format=".1%")],
-    ).properties(title=title, height=BAND)
+    ).properties(title=title, height=len(policies) * BAND_PX, autosize=FIT_WIDTH)
 
 
 def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = False,
@@ -139,18 +144,25 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
     # At the bar's foot, in white: the paper's tick can fall anywhere near the bar's top
     # (just above it, inside it), where a label would sit under it. A bar too short to
     # hold its label has it above its top instead.
-    tall = f"datum[{field!r}] >= {0.12 * float(max(df[field].max(), df[paper_field].max())):.6g}"
+    # The threshold as the filters write it, so that each bar is in exactly one of them.
+    low = float(f"{0.12 * float(max(df[field].max(), df[paper_field].max())):.6g}")
+    tall = df[field] >= low
     text = alt.Text(f"{field}:Q", format=fmt)
-    inside = base.transform_filter(tall).mark_text(
-        baseline="bottom", dy=-4, color="white", fontWeight="bold").encode(
-        y=alt.datum(0), text=text)
-    above = base.transform_filter(f"!({tall})").mark_text(baseline="bottom", dy=-3).encode(
-        y=f"{field}:Q", text=text)
-    ticks = base.mark_tick(color="#b2182b", thickness=3, size=36).encode(
+    layers = [bars]
+    # Each label layer only where it labels a bar: a layer whose filter leaves no row has
+    # an empty scale domain, which Vega-Lite reports in the browser's console.
+    if tall.any():
+        layers.append(base.transform_filter(f"datum[{field!r}] >= {low:.6g}").mark_text(
+            baseline="bottom", dy=-4, color="white", fontWeight="bold").encode(
+            y=alt.datum(0), text=text))
+    if not tall.all():
+        layers.append(base.transform_filter(f"datum[{field!r}] < {low:.6g}").mark_text(
+            baseline="bottom", dy=-3).encode(y=f"{field}:Q", text=text))
+    layers.append(base.mark_tick(color="#b2182b", thickness=3, size=36).encode(
         y=f"{paper_field}:Q",
         tooltip=["policy:N", alt.Tooltip(f"{paper_field}:Q", format=fmt,
-                                         title="paper (Figure 2)")])
-    return (bars + inside + above + ticks).properties(title=title, height=240)
+                                         title="paper (Figure 2)")]))
+    return alt.LayerChart(layer=layers).properties(title=title, height=240)
 
 
 def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
