@@ -81,7 +81,7 @@ def test_a_beam_finished_by_hand_is_no_complete_hypothesis() -> None:
     assert "1 live, 0 complete, 0 dropped, 1 finished by hand" in panel[0].label
     df = panel[0].dataframe[0].value.set_index("beam")
     # Said as the block tables say it, not "finished (finished)".
-    assert df.loc["A.1", "status"] == "finished (asked to)" and df.loc["A.0", "status"] == "running"
+    assert df.loc["A.1", "status"] == "finished (by hand)" and df.loc["A.0", "status"] == "running"
     # Run to its end: the survivor is a complete hypothesis, ended by its token limit.
     click(at, "btn_step")
     click(at, "btn_step")

@@ -114,7 +114,7 @@ def assert_visible_in_panels(at: AppTest, path: str, want: Any, num_blocks: int)
     if parts[0] == "contiguous" and parts[1] == "breakdown":
         caption = "\n".join(c.value for c in at.caption)
         label = {"token_states": "holding tokens", "reservation": "reserved for future tokens",
-                 "internal_fragmentation": "internal fragmentation",
+                 "internal_fragmentation": "reserved, never used",
                  "external_fragmentation": "external fragmentation", "free": "free"}[parts[2]]
         assert f"{want} {label}" in caption, (path, caption)
         return True

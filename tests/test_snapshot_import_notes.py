@@ -222,14 +222,13 @@ def test_the_kernel_panel_says_a_restored_figure_is_the_snapshots() -> None:
     snap["kernel"]["max_abs_err"] = 5.0
     upload(at, (json.dumps(snap, indent=1) + "\n").encode(), "typed.json")
     text = markdown(at)
-    assert ("Recorded with the state this engine was restored from (a snapshot, a saved "
-            "session or a scenario's step), not measured by a step run here (the next step "
-            "replaces it):") in text
+    assert ("Carried over with the state this engine was restored from, not measured by a "
+            "step it ran (the next step replaces it):") in text
     assert "**5.0e+00**" in text
     at.button(key="btn_step").click().run()
     assert not at.exception
     text = markdown(at)
-    assert "Recorded with the state" not in text and "**5.0e+00**" not in text
+    assert "Carried over with the state" not in text and "**5.0e+00**" not in text
 
 
 def test_the_playground_says_which_fields_of_an_upload_it_ignored() -> None:

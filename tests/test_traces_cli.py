@@ -62,6 +62,13 @@ def test_cli_writes_result_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
      "error: --requests must be an integer in 1..10,000,000, got '2e7'\n"),
     (["--workload", "alpaca", "--policy", "paged", "--requests", "1.5"],
      "error: --requests must be an integer in 1..10,000,000, got '1.5'\n"),
+    # Read exactly: not whole although a float would say so; whole past a float's 2^53.
+    (["--workload", "alpaca", "--policy", "paged", "--seed", "1000.00000000000001"],
+     "error: --seed must be an integer in 0..9,223,372,036,854,775,807, got "
+     "'1000.00000000000001'\n"),
+    (["--workload", "alpaca", "--policy", "paged", "--seed", "1e18"],
+     "error: --seed must be an integer in 0..9,223,372,036,854,775,807, got '1e18' (write it "
+     "as 1000000000000000000,"),
     (["--workload", "alpaca", "--policy", "paged", "--rate", "0"], "error: --rate must be"),
     (["--workload", "alpaca", "--policy", "paged", "--rate", "inf"], "error: --rate must be"),
     (["--workload", "alpaca", "--policy", "paged", "--block-size", "257"],

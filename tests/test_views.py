@@ -162,7 +162,7 @@ def test_requests_frame_shows_status_and_finish_reason(shared: Engine) -> None:
     shared.apply(Add("D", prompt="xy", max_new_tokens=1))
     shared.apply(Step(1))
     df = views.requests_frame(export_snapshot(shared)).set_index("request")
-    assert df.loc["C", "status"] == "finished (asked to)" and df.loc["C", "blocks"] == 0
+    assert df.loc["C", "status"] == "finished (by hand)" and df.loc["C", "blocks"] == 0
     assert df.loc["C", "block table (logical→physical)"] == "—"
     assert df.loc["D", "status"] == "finished (max new tokens)"
     assert df.loc["A.1", "parent"] == "A" and df.loc["A.1", "generated"] == 2

@@ -343,11 +343,10 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
         st.markdown("No model step yet: add a request.")
     else:
         restored = engine is not None and engine.kernel_report.restored
-        # Every restore (an upload, a saved session, a scenario's step) goes through a
-        # snapshot, which carries the last step's kernel figures.
-        lead = ("Recorded with the state this engine was restored from (a snapshot, a saved "
-                "session or a scenario's step), not measured by a step run here (the next "
-                "step replaces it):\n\n" if restored else "")
+        # Every restore (an upload, a saved session, a scenario's state, a kernel switch,
+        # a rebuild after a failed operation) carries the last step's kernel figures.
+        lead = ("Carried over with the state this engine was restored from, not measured "
+                "by a step it ran (the next step replaces it):\n\n" if restored else "")
         # An uploaded snapshot names the backend and device in its own words.
         st.markdown(
             f"{lead}- Last step ran on **{plain_md(info.backend)}** ({plain_md(info.device)})\n"

@@ -75,8 +75,8 @@ def panel(engine: Engine) -> None:
             "carries its own position, so attention over the same slots in another order "
             "sums the same; but the kernel reads every slot of each logical block except the "
             "last, and only the first ones of the last. So where sorting moves the last "
-            "block away from the end, the partly filled block is read whole, a full one is "
-            "cut short, and the new token's K/V lands in another token's slot; where the "
+            "block away from the end, the partly filled block, if any, is read whole, a full "
+            "one is cut short, and the new token's K/V lands in another token's slot; where the "
             "last block has the highest number, it stays last and nothing read changes. "
             "Table order gives the engine's logits back.")
         live = [rid for rid in engine.running

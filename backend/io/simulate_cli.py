@@ -16,11 +16,12 @@ import json
 import math
 import sys
 import time
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 from backend.core.budgets import MAX_BUDGET
-from backend.core.checks import check_int, int_requirement, written_as_float
+from backend.core.checks import check_int, int_requirement
 from backend.core.errors import PagedLabError
 from backend.core.words import percent
 from backend.io.json_input import read_bounded
@@ -126,14 +127,27 @@ def _int(value: str | None, flag: str, default: int, low: int, high: int) -> int
         out: object = int(value, 10)
     except ValueError:
         out = value  # not a number: the check quotes it as given
-        try:
-            hint = written_as_float(float(value), low, high)  # "1e3", "1000.0"
-        except ValueError:
-            hint = ""
-        if hint:
+        whole = _whole_in(value, low, high)
+        if whole is not None:
             raise _BadInputError(f"{flag} must be {int_requirement(low, high)}, got "
-                                 f"{value!r}{hint}") from None
+                                 f"{value!r} (write it as {whole}, without a decimal point "
+                                 "or exponent)") from None
     return check_int(out, flag, low, high)
+
+
+def _whole_in(value: str, low: int, high: int) -> int | None:
+    """The whole number in low..high that `value` writes with a decimal point or an
+    exponent ("1e3", "1000.0"), read exactly (a float would take 1000.00000000000001 for
+    1000); else None."""
+    if not any(c in value for c in ".eE"):
+        return None
+    try:
+        d = Decimal(value.strip())
+    except InvalidOperation:
+        return None
+    if not (d.is_finite() and low <= d <= high and d == d.to_integral_value()):
+        return None
+    return int(d)
 
 
 def _float(value: str | None, flag: str, what: str, low: float, high: float) -> float | None:

@@ -79,7 +79,7 @@ def beams_frame(snap: Snapshot, group: str) -> pd.DataFrame:
         rank = 3 if reason == "dropped" else _ORDER.get(req["status"], 1)
         generated = req["tokens"][req["prompt_len"]:]
         rows.append((rank, -float(req["cum_logprob"]), {
-            # As the block tables say it: "finished (eos)", "finished (asked to)".
+            # As the block tables say it: "finished (eos)", "finished (by hand)".
             "beam": req["id"], "status": status_text(req),
             "log p": round(float(req["cum_logprob"]), 3),
             "generated text": token_text(snap, generated),

@@ -15,8 +15,9 @@ EVENTS: dict[str, str] = {
              "rises.",
     "cow": "Copy-on-write: a request was about to write into a block other tables share, so "
            "it got a private copy first.",
-    "prefix_hit": "A prompt's full block was found in the prefix cache: shared, not "
-                  "recomputed.",
+    "prefix_hit": "A prompt's full block was found in the prefix cache: shared with the "
+                  "requests holding it, or taken back from the free queue where it waited, "
+                  "cached; not recomputed either way.",
     "evict": "A cached block was handed out again, so the K/V it kept for a prefix hit is "
              "gone.",
     "preempt": "The pool ran out: the most recently admitted request gave back its blocks; it "
@@ -64,9 +65,10 @@ REQUEST_FIELDS: dict[str, str] = {
     "num_tokens": "Prompt and generated tokens so far.",
     "prompt_len": "Tokens in the prompt.",
     "num_preemptions": "Times this request was preempted and later recomputed.",
-    "finish_reason": "Why it finished: asked to, reached its max new tokens, end of "
-                     "sequence, or dropped (a beam none of whose extensions a round of beam "
-                     "search kept).",
+    "finish_reason": "Why it finished: by hand (Finish, or a finish operation), reached "
+                     "its max new tokens, end of sequence, capacity (even an empty pool "
+                     "could not hold its next token), or dropped (a beam none of whose "
+                     "extensions a round of beam search kept).",
     "tokens": "Token ids: bytes for the tiny-byte model, vocabulary ids for a real one.",
     "parent": "The request it was forked from: it shares all the parent's blocks at first.",
 }

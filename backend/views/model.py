@@ -183,9 +183,10 @@ def status_text(req: dict[str, Any]) -> str:
     with what a request is waiting for or why it ended."""
     status = str(req["status"])
     if status == "finished" and req.get("finish_reason") is not None:
-        # A snapshot says "finished" for a request finished by hand: the glossary's words.
+        # A snapshot says "finished" for a request finished by hand (a Finish click, a
+        # `finish` operation), as the beams panel and the glossary call it.
         reason = req["finish_reason"]
-        return f"finished ({'asked to' if reason == 'finished' else reason.replace('_', ' ')})"
+        return f"finished ({'by hand' if reason == 'finished' else reason.replace('_', ' ')})"
     if status == "running" and req.get("num_computed_tokens") is not None:
         return f"running (prefill {computed_tokens(req)}/{req['num_tokens']})"
     if status == "swapped":

@@ -296,7 +296,8 @@ def arena_caption(arena: dict[str, Any]) -> str:
     unused = b["reservation"] + b["internal_fragmentation"]
     return (f"{arena['capacity']} slots ({arena['policy']} reservations, first fit): "
             f"{b['token_states']} holding tokens · {b['reservation']} reserved for future tokens · "
-            f"{b['internal_fragmentation']} internal fragmentation (reserved, never used) · "
+            f"{b['internal_fragmentation']} reserved, never used (the paper's internal "
+            "fragmentation) · "
             f"{b['external_fragmentation']} external fragmentation · {b['free']} free. "
             f"Reserved but empty now: {unused} (the text's internal fragmentation: unused "
             "space inside an allocation).")
