@@ -3,7 +3,7 @@
 Each page is opened by its address in a fresh browser context that refuses
 every request off 127.0.0.1 (as a machine without a network would), then used
 a little: the icons, fonts, charts, tooltips and popovers a person meets. All
-requests are recorded, and every console error and uncaught page error.
+requests are recorded, and every console error, Vega warning and uncaught page error.
 
 Streamlit's own start-up probe is the one exception: opened at /lab, its
 frontend first asks /lab/_stcore/health and /lab/_stcore/host-config (404, the
@@ -40,6 +40,10 @@ class Log:
     def on_console(self, msg: ConsoleMessage) -> None:
         if msg.type == "error":
             self.errors.append(f"{msg.text} [{msg.location.get('url', '')}]")
+        elif msg.type == "warning" and msg.text.startswith("WARN "):
+            # Vega's own warnings ("WARN Infinite extent for field ..."): a chart drawn
+            # from a spec it had to correct, or from no data.
+            self.errors.append(f"Vega: {msg.text}")
 
 
 def _offline(log: Log, host: str) -> Callable[[Route], None]:
