@@ -313,9 +313,9 @@ def _write_link(run: TourRun) -> None:
     applied = str(run.taken) if run.taken > t.view else None
     want: Link = (run.key, str(t.view), applied)
     if tuple(params.get(name) for name in LINK_PARAMS) != want:
-        params["scenario"], params["step"] = run.key, str(t.view)
-        if applied is not None:
-            params["applied"] = applied
-        elif "applied" in params:
-            del params["applied"]
+        # All at once: each separate change is an entry in the browser's history, and
+        # one Back would then land on a half-written link that shows the same step.
+        kept = {k: v for k, v in params.to_dict().items() if k not in LINK_PARAMS}
+        params.from_dict({**kept, **{k: v for k, v in zip(LINK_PARAMS, want, strict=True)
+                                     if v is not None}})
     t.url = want

@@ -49,13 +49,15 @@ def overhead_chart(runs: Sequence[PreemptionRun], *, width: int = 520) -> alt.Ch
     df = overhead_frame(runs)
     # Streamlit's theme fits title, legend and axes into the height: with the x labels
     # upright and 300 px, the plot keeps room for its y scale.
+    # A legend of strokes, so it shows each method's dash (points would blur it); one
+    # legend for colour and dash, as a legend left out for one would conflict with the
+    # other's (Vega-Lite warns in the console).
+    legend = alt.Legend(orient="top", symbolType="stroke")
     return alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("block size:O", title="block size (tokens)", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("ms:Q", title="time spent on preemptions (ms)"),
-        # A legend of strokes, so it shows each method's dash (points would blur it).
-        color=alt.Color("method:N", title=None,
-                        legend=alt.Legend(orient="top", symbolType="stroke")),
-        strokeDash=alt.StrokeDash("method:N", legend=None),
+        color=alt.Color("method:N", title=None, legend=legend),
+        strokeDash=alt.StrokeDash("method:N", title=None, legend=legend),
         tooltip=["block size:O", "method:N", alt.Tooltip("ms:Q", format=",.2f")],
     ).properties(width=width, height=300,
                  title="Preemption overhead by block size, measured on this engine")
