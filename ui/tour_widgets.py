@@ -202,7 +202,8 @@ def step_bar(run: TourRun) -> None:
     watching the grid and tables steps on without scrolling up to the controls."""
     t = state()
     can_next = t.view < run.taken or run.can_advance
-    c = st.columns([1.3, 1.3, 4], vertical_alignment="center")
+    # Wide enough for "Previous step" in full beside the sidebar in a 1024 px window.
+    c = st.columns([1.8, 1.6, 3], vertical_alignment="center")
     c[0].button("Previous step", key="tour_back_pool", on_click=_on_back,
                 disabled=t.view == 0, icon=":material/arrow_back:", width="stretch")
     c[1].button("Next step", key="tour_next_pool", on_click=_on_next, disabled=not can_next,
