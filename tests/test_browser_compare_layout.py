@@ -119,7 +119,10 @@ def test_at_1024_px_every_tab_reads_without_scrolling_sideways(
             if name == "Swap or recompute":     # its table comes with a run
                 panel.get_by_role("button", name="Run on the engine").click()
                 expect(panel.get_by_test_id("stDataFrame")).to_be_visible(timeout=120_000)
-            # Charts and grids size themselves after they are drawn.
+            # The tab's grids may still be coming (the first tab's, while the page's first
+            # run ends); then charts and grids size themselves after they are drawn.
+            page.wait_for_function(f"({WIDTHS})().length >= {len(TABLES_SHOW[name])}",
+                                   timeout=60_000)
             page.wait_for_timeout(1000)
             problems += [f"{name}: {p}" for p in page.evaluate(CUT)]
             problems += table_problems(page, name)
