@@ -225,8 +225,11 @@ def test_markdown_in_user_text_makes_the_browser_fetch_nothing(
         page.get_by_label("Prompt text").fill(f"see {CHILD}")
         click(page, "Add request")
         status_line(page, as_written(f"Step 1: add {IMAGE}"))
-        page.get_by_role("textbox", name="Child id").fill(CHILD)
-        page.get_by_role("textbox", name="Child id").press("Tab")
+        # The request controls are drawn disabled until there is a request; for a moment
+        # after the first Add the browser may hold both: the field is the enabled one.
+        child = page.get_by_role("textbox", name="Child id").and_(page.locator(":enabled"))
+        child.fill(CHILD)
+        child.press("Tab")
         click(page, "Fork")
         status_line(page, as_written(f"Step 2: fork {IMAGE} → {CHILD}"))
         # The same id again is refused, and the refusal quotes it.
