@@ -51,4 +51,9 @@ def written_as_float(value: object, low: int | None = None, high: int | None = N
     n = int(value)
     if (low is not None and n < low) or (high is not None and n > high):
         return ""
+    return write_it_as(n)
+
+
+def write_it_as(n: int) -> str:
+    """The hint for a whole number written with a decimal point or an exponent."""
     return f" (write it as {n}, without a decimal point or exponent)"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.budgets import MAX_BUDGET
-from backend.core.checks import check_int, int_requirement
+from backend.core.checks import check_int, int_requirement, write_it_as
 from backend.core.errors import PagedLabError
 from backend.core.words import percent
 from backend.io.json_input import read_bounded
@@ -130,8 +130,7 @@ def _int(value: str | None, flag: str, default: int, low: int, high: int) -> int
         whole = _whole_in(value, low, high)
         if whole is not None:
             raise _BadInputError(f"{flag} must be {int_requirement(low, high)}, got "
-                                 f"{value!r} (write it as {whole}, without a decimal point "
-                                 "or exponent)") from None
+                                 f"{value!r}{write_it_as(whole)}") from None
     return check_int(out, flag, low, high)
 
 
