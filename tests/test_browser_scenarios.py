@@ -126,7 +126,7 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             page.goto(f"{app_url}/tour?scenario=01-contiguous-problem&step=5")
             shows(page.get_by_role("heading", name="The contiguous allocation problem"))
             shows(page.locator(".st-key-tour_narration"), "Step 5 of 5:")
-            shows(page.get_by_text("D waits: a request of 5 tokens"))
+            shows(page.get_by_text("D waits with 4 tokens: a request that will reach 5 tokens"))
             expect(page.locator(".pl-check[data-ok='0']")).to_have_count(0)
             shoot(page, screenshots / "tour-04-contiguous-arena.png")
 

@@ -114,7 +114,7 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             for n in range(1, 6):
                 nxt.click()
                 shows(page.locator(".st-key-tour_narration"), f"Step {n} of 5:")
-            shows(page.get_by_text("D waits: a request of 5 tokens"))
+            shows(page.get_by_text("D waits with 4 tokens: a request that will reach 5 tokens"))
             no_sideways_scroll(page)
             labels_fit(page, "tour_")
             shoot(page, screenshots / "ui-1024-scenarios.png")

@@ -60,8 +60,8 @@ def test_default_render_shows_every_section(page: AppTest) -> None:
     assert metric(at, "Free slots") == "5"
     assert metric(at, "Largest hole") == "3"
     says = text(at)
-    assert ("A request of 5 tokens (a region of 5 slots) does not fit: 5 slots are free in "
-            "total but the largest hole is 3 (external fragmentation)") in says
+    assert ("A request that will reach 5 tokens (a region of 5 slots) does not fit: 5 slots "
+            "are free in total but the largest hole is 3 (external fragmentation)") in says
     assert "block table [11, 12, 13, 14]" in says
     assert metric(at, "Free blocks after D") == "4"
     # The memory calculator on OPT-13B: the paper's 800 KB per token.

@@ -138,8 +138,9 @@ def test_the_arena_map_follows_the_contiguous_mirror() -> None:
     # A request has one colour in both memories (the grid's palette, by arrival).
     assert df.loc[0, "color"] == tv.PALETTE[0] and df.loc[3, "color"] == tv.PALETTE[2]
     assert tv.arena_fit_message(arena) == (
-        "D waits: a request of 5 tokens (a region of 5 slots) does not fit: 5 slots are free "
-        "in total but the largest hole is 3 (external fragmentation).")
+        "D waits with 4 tokens: a request that will reach 5 tokens (a region of 5 slots) does "
+        "not fit: 5 slots are free in total but the largest hole is 3 (external "
+        "fragmentation).")
     assert tv.arena_caption(arena) == (
         "16 slots (oracle reservations, first fit): 8 holding tokens · 3 reserved for future "
         "tokens · 0 reserved, never used (the paper's internal fragmentation) · 5 external "
@@ -154,6 +155,18 @@ def test_the_arena_map_follows_the_contiguous_mirror() -> None:
     assert empty is not None and empty["segments"] == [
         {"start": 0, "length": 16, "owner": None, "kind": "free"}]
     assert tv.arena_fit_message(empty) is None
+
+
+def test_the_arena_says_who_waits_and_who_fell_behind_the_paged_pool() -> None:
+    run = TourRun(shipped_scenario("15-internal-fragmentation"), "15", "t", kernel="torch")
+    run.run_to(5)
+    at = [run.frame(i).arena for i in (3, 4, 5)]
+    assert all(a is not None for a in at)
+    assert [tv.arena_fit_message(a) for a in at if a is not None] == [
+        "C waits with 4 tokens: a request that will reach 6 tokens (a region of 16 slots) "
+        "does not fit: no slot is free.",
+        "C holds 4 tokens here and 5 in the paged pool: it waited here for a region.",
+        "C holds 5 tokens here and 6 in the paged pool: it waited here for a region."]
 
 
 def test_paths_read_as_words() -> None:

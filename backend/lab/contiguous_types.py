@@ -117,7 +117,9 @@ class FitAnswer:
     @property
     def message(self) -> str:
         """One plain-English sentence about the answer."""
-        what = (f"a request of {counted(self.final_len, 'token')} (a region of "
+        # Its final length: the region is sized for the tokens it will reach, not
+        # the ones it holds on arrival.
+        what = (f"a request that will reach {counted(self.final_len, 'token')} (a region of "
                 f"{counted(self.size, 'slot')})")
         free = f"{counted(self.free_total, 'slot')} {agrees(self.free_total, 'is', 'are')} free"
         if self.reason == "fits":

@@ -101,6 +101,12 @@ CONTIGUOUS: dict[str, str] = {
     "free_total": "All free slots of the arena, in any hole.",
     "largest_hole": "The longest free run: the largest request the arena can place now.",
     "next_fit": "Whether the first waiting request fits, and why not.",
+    "finished": "Requests the arena has served to the end and released.",
+    "never_fits": "Requests longer than the arena can ever place.",
+    "out_of_step": "Placed requests holding another number of tokens here than in the "
+                   "paged pool: the arena runs on its own clock, so a request that waited "
+                   "for a region is behind.",
+    "required": "The region size the first waiting request needs.",
 }
 
 ADDRESS = ("Where a token's K/V lives: position ÷ block size gives the logical block and "

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from backend.core.words import visible
+from backend.core.words import counted, visible
 from backend.views.glossary import path_help
 from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
 from backend.views.html import term_html
@@ -304,17 +304,26 @@ def arena_caption(arena: dict[str, Any]) -> str:
 
 
 def arena_fit_message(arena: dict[str, Any]) -> str | None:
-    """Why the first waiting request cannot be placed, if one waits."""
+    """Why the first waiting request cannot be placed, if one waits, and which placed
+    requests hold another number of tokens than in the paged pool."""
     fit = arena.get("next_fit")
     waiting = arena.get("waiting") or []
     parts = []
     if fit is not None and waiting:
-        parts.append(f"{waiting[0]} waits: {fit['message']}.")
+        held = fit.get("tokens")
+        now = "" if held is None else f" with {counted(held, 'token')}"
+        parts.append(f"{waiting[0]} waits{now}: {fit['message']}.")
     if len(waiting) > 1:
         parts.append(f"Also waiting: {', '.join(waiting[1:])}.")
     never = arena.get("never_fits") or []
     if never:
         parts.append(f"Never fits in this arena: {', '.join(never)}.")
+    # The arena runs on its own clock: whichever side made a request wait is behind.
+    for rid, n in (arena.get("out_of_step") or {}).items():
+        why = ("it waited here for a region" if n["here"] < n["paged"] else
+               "the paged pool ran it later")
+        parts.append(f"{rid} holds {counted(n['here'], 'token')} here and {n['paged']} in the "
+                     f"paged pool: {why}.")
     return " ".join(parts) or None
 
 

@@ -1,0 +1,152 @@
+"""The contiguous arena a scenario runs beside its paged pool (backend/io/contiguous_mirror.py).
+
+It serves the same requests on a clock of its own: a request that waits for a
+region generates nothing meanwhile and finishes later than in the paged run.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import Add, Finish, Fork, Grow, Op, Step
+from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
+from backend.views import tour as tv
+
+
+def _run(ops: list[Op], capacity: int, *, policy: str = "oracle", num_blocks: int = 32,
+         max_len: int = 2048) -> tuple[Engine, ContiguousMirror]:
+    engine = Engine(EngineConfig(num_blocks=num_blocks, block_size=4), kernel="torch")
+    mirror = ContiguousMirror(ContiguousSpec(capacity, policy, max_len))
+    for op in ops:
+        mirror.observe(engine, engine.apply(op))
+        mirror.arena.check_integrity()
+    return engine, mirror
+
+
+def _tokens(mirror: ContiguousMirror) -> dict[str, int]:
+    return {rid: r["tokens"] for rid, r in mirror.state()["regions"].items()}
+
+
+def test_a_request_that_waits_for_a_region_falls_behind_and_finishes_later() -> None:
+    # A (final 8) fills the arena; B (final 4) waits there while the pool runs it.
+    engine, mirror = _run([Add("A", prompt_len=4, max_new_tokens=4),
+                           Add("B", prompt_len=2, max_new_tokens=2)], capacity=8)
+    assert mirror.waiting == ["B"] and _tokens(mirror) == {"A": 4}
+    mirror.observe(engine, engine.apply(Step(2)))
+    # The pool finished B; the arena has not started it.
+    assert engine.requests["B"].status == "finished"
+    assert mirror.waiting == ["B"] and _tokens(mirror) == {"A": 6}
+    mirror.observe(engine, engine.apply(Step(2)))
+    # A finishes at 8 in both; B is placed with the 2 tokens it arrived with.
+    assert engine.requests["A"].status == "finished"
+    assert _tokens(mirror) == {"B": 2} and mirror.finished == ["A"]
+    assert mirror.state()["out_of_step"] == {"B": {"here": 2, "paged": 4}}
+    mirror.observe(engine, engine.apply(Step(1)))
+    assert _tokens(mirror) == {"B": 3}
+    mirror.observe(engine, engine.apply(Step(1)))
+    assert _tokens(mirror) == {} and mirror.finished == ["A", "B"]
+    assert mirror.state()["out_of_step"] == {}
+
+
+def test_a_request_the_pool_keeps_waiting_runs_ahead_here() -> None:
+    # 16 slots of paged pool: B's 8-token prompt waits for blocks behind A's 12.
+    engine, mirror = _run([Add("A", prompt_len=12, max_new_tokens=4),
+                           Add("B", prompt_len=8, max_new_tokens=4), Step(1)],
+                          capacity=64, num_blocks=4)
+    assert engine.requests["B"].status == "waiting"
+    assert _tokens(mirror) == {"A": 13, "B": 9}
+    assert mirror.state()["out_of_step"] == {"B": {"here": 9, "paged": 8}}
+    assert tv.arena_fit_message(mirror.state()) == (
+        "B holds 9 tokens here and 8 in the paged pool: the paged pool ran it later.")
+
+
+def test_placed_requests_take_one_token_per_iteration_and_grow_takes_its_tokens() -> None:
+    engine, mirror = _run([Add("A", prompt_len=3, max_new_tokens=10),
+                           Add("B", prompt_len=5, max_new_tokens=10),
+                           Step(3), Grow("A", 4)], capacity=64)
+    assert _tokens(mirror) == {"A": 3 + 3 + 4, "B": 5 + 3}
+    assert _tokens(mirror) == {r: engine.requests[r].num_tokens for r in "AB"}
+    assert mirror.state()["out_of_step"] == {}
+
+
+def test_a_request_finished_by_hand_ends_here_with_the_tokens_it_had() -> None:
+    engine, mirror = _run([Add("A", prompt_len=4, max_new_tokens=4),
+                           Add("B", prompt_len=2, max_new_tokens=6), Step(1),
+                           Finish("A")], capacity=8)
+    # A is released at once (it holds its 5 tokens here too) and B is placed.
+    assert mirror.finished == ["A"] and _tokens(mirror) == {"B": 2}
+    # B, finished by hand at 3 tokens in the pool, runs here until it holds 3.
+    mirror.observe(engine, engine.apply(Finish("B")))
+    assert _tokens(mirror) == {"B": 2}
+    mirror.observe(engine, engine.apply(Step(1)))
+    assert _tokens(mirror) == {} and mirror.finished == ["A", "B"]
+
+
+def test_a_request_finished_in_the_pool_before_it_was_placed_still_runs_here() -> None:
+    engine, mirror = _run([Add("A", prompt_len=6, max_new_tokens=2),
+                           Add("B", prompt_len=3, max_new_tokens=1),
+                           Step(1)], capacity=8)
+    assert engine.requests["B"].status == "finished"
+    assert mirror.waiting == ["B"]
+    mirror.observe(engine, engine.apply(Step(1)))
+    # A released at 8; B placed with its 3, and takes its one token a step later.
+    assert mirror.waiting == [] and _tokens(mirror) == {"B": 3}
+    mirror.observe(engine, engine.apply(Step(1)))
+    assert mirror.finished == ["A", "B"]
+
+
+def test_forks_samples_and_beams_each_get_a_region() -> None:
+    engine, mirror = _run([Add("S", prompt_len=3, max_new_tokens=2, n=2),
+                           Add("W", prompt_len=3, max_new_tokens=3, beam_width=2),
+                           Step(1), Fork("S.0", "K")], capacity=256)
+    assert set(engine.requests) <= set(mirror.final_len)
+    assert {"S.0", "S.1", "K"} <= set(_tokens(mirror))
+    # The child arrives with its parent's history: 4 tokens, final length 5.
+    assert mirror.state()["regions"]["K"]["tokens"] == engine.requests["K"].num_tokens == 4
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_runs_keep_every_request_in_one_place(seed: int) -> None:
+    """Fresh random operations: the arena stays consistent, every request the engine
+    holds is waiting, placed, finished or never placeable here, and a placed one
+    never holds more than its final length, or than the pool finished it with."""
+    rng = random.Random(seed)
+    engine = Engine(EngineConfig(num_blocks=24, block_size=4, seed=seed), kernel="torch")
+    mirror = ContiguousMirror(ContiguousSpec(rng.choice([16, 32, 48]),
+                                             rng.choice(["oracle", "pow2", "max"]), 24))
+    for i in range(40):
+        live = [r for r, q in engine.requests.items() if q.status == "running"
+                and q.beam_width is None]
+        kind = rng.choice(["add", "add", "step", "step", "step", "grow", "fork", "finish"])
+        op: Op
+        if kind == "add" or not live:
+            many = rng.choice([{}, {}, {"n": 2}, {"beam_width": 2}])
+            op = Add(f"R{i}", prompt_len=rng.randint(1, 12),
+                     max_new_tokens=rng.choice([None, 1, 3, 8]), **many)
+        elif kind == "step":
+            op = Step(rng.randint(1, 3))
+        elif kind == "grow":
+            op = Grow(rng.choice(live), rng.randint(1, 3))
+        elif kind == "fork":
+            op = Fork(rng.choice(live), f"K{i}")
+        else:
+            op = Finish(rng.choice(live))
+        try:
+            result = engine.apply(op)
+        except PagedLabError:  # refused (say, no room to grow): nothing changed
+            continue
+        mirror.observe(engine, result)
+        mirror.arena.check_integrity()
+        placed = set(_tokens(mirror))
+        places = [set(mirror.waiting), placed, set(mirror.finished), set(mirror.never)]
+        assert sum(len(p) for p in places) == len(set().union(*places)) == len(engine.requests)
+        for rid, held in _tokens(mirror).items():
+            req = engine.requests[rid]
+            assert held <= mirror.final_len[rid]
+            if req.status == "finished":
+                assert held < min(req.num_tokens, mirror.final_len[rid])
