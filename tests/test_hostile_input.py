@@ -187,6 +187,19 @@ def test_a_non_numeric_expectation_is_a_cross_on_the_scenarios_page() -> None:
     assert run.advance() is not None and run.taken == 2
 
 
+def test_samples_and_beams_beside_a_contiguous_arena_step_through() -> None:
+    # The arena once looked up an `add`'s own id, which samples and beams do not keep.
+    upload = (b'{"contiguous": {"capacity": 64, "policy": "pow2"}, "steps": ['
+              b'{"op": "add", "request": "S", "prompt_len": 3, "max_new_tokens": 2, "n": 2},'
+              b'{"op": "add", "request": "W", "prompt_len": 3, "max_new_tokens": 2, '
+              b'"beam_width": 2}, {"op": "step", "count": 3}]}')
+    run = TourRun(parse_scenario_upload(upload, "many.json"), "upload", "many", kernel="torch")
+    assert run.run_to(3) == 3 and run.error is None
+    arena = run.frame(3).arena
+    assert arena is not None and arena["regions"] == {} and arena["waiting"] == []
+    assert {"S.0", "S.1", "W.0", "W.1"} <= set(arena["finished"])
+
+
 # ---- C: files that are not what their size says ----------------------------------
 
 @pytest.fixture()
