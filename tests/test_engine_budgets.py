@@ -284,3 +284,23 @@ def test_budgets_hold_at_every_step(data: hst.DataObject) -> None:
     assert e.idle
     for rid, req in free.requests.items():
         assert e.requests[rid].tokens == req.tokens, rid
+
+
+def test_a_recomputed_beam_group_shares_a_small_token_budget() -> None:
+    """Beams preempted together come back together; when the first beam's chunk would
+    take the whole token budget, each later beam still gets a token of it. (A later
+    beam once got none, allocated only its cached prefix and failed an assertion.)"""
+    e = engine(num_blocks=8, block_size=2, seed=190, max_num_batched_tokens=4)
+    apply(e, {"op": "add", "request": "R37", "prompt_len": 3, "max_new_tokens": None},
+          {"op": "step"},
+          {"op": "add", "request": "R40", "prompt_len": 5, "max_new_tokens": 3,
+           "beam_width": 2},
+          {"op": "step", "count": 2}, {"op": "step", "count": 4},
+          {"op": "grow", "request": "R37", "tokens": 2}, {"op": "step", "count": 3})
+    beams = [r for r in e.requests.values() if r.group == "R40"]
+    assert sum(r.num_preemptions for r in beams) > 0
+    for _ in range(4):
+        calls = count_tokens(e)
+        apply(e, {"op": "step"})
+        assert sum(calls) <= 4
+    assert e.verify_recomputation().max_kv_err < 1e-4

@@ -182,7 +182,14 @@ class Admission(ABC):
                 # test above held for any outcome).
                 plan = plans[0] if i == 0 else self.manager.plan_prompt(req.tokens)
                 cached = len(plan.hit_blocks) * bs
-                stop = cached + budget.prefill_chunk(req.num_tokens - cached)
+                # Leave a token of the budget for each beam after this one: a chunk of 0
+                # would allocate only its cached prefix, whose last block the allocator
+                # then computes again rather than hit.
+                want = req.num_tokens - cached
+                left = budget.tokens_left
+                if left is not None:
+                    want = min(want, left - (len(unit) - 1 - i))
+                stop = cached + budget.prefill_chunk(want)
                 # The first chunk's tokens only: the prefix floor keeps the same hits.
                 start = self.allocate(req, None, stop)
                 assert start == cached
