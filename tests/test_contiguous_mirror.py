@@ -23,9 +23,14 @@ def _run(ops: list[Op], capacity: int, *, policy: str = "oracle", num_blocks: in
     engine = Engine(EngineConfig(num_blocks=num_blocks, block_size=4), kernel="torch")
     mirror = ContiguousMirror(ContiguousSpec(capacity, policy, max_len))
     for op in ops:
-        mirror.observe(engine, engine.apply(op))
-        mirror.arena.check_integrity()
+        _apply(engine, mirror, op)
     return engine, mirror
+
+
+def _apply(engine: Engine, mirror: ContiguousMirror, op: Op) -> None:
+    """As `run_steps` does: the mirror follows each iteration of a step."""
+    mirror.observe(engine, engine.apply(op, progress=mirror.on_iteration(engine)))
+    mirror.arena.check_integrity()
 
 
 def _tokens(mirror: ContiguousMirror) -> dict[str, int]:
@@ -37,18 +42,19 @@ def test_a_request_that_waits_for_a_region_falls_behind_and_finishes_later() -> 
     engine, mirror = _run([Add("A", prompt_len=4, max_new_tokens=4),
                            Add("B", prompt_len=2, max_new_tokens=2)], capacity=8)
     assert mirror.waiting == ["B"] and _tokens(mirror) == {"A": 4}
-    mirror.observe(engine, engine.apply(Step(2)))
+    _apply(engine, mirror, Step(2))
     # The pool finished B; the arena has not started it.
     assert engine.requests["B"].status == "finished"
     assert mirror.waiting == ["B"] and _tokens(mirror) == {"A": 6}
-    mirror.observe(engine, engine.apply(Step(2)))
+    _apply(engine, mirror, Step(2))
     # A finishes at 8 in both; B is placed with the 2 tokens it arrived with.
     assert engine.requests["A"].status == "finished"
     assert _tokens(mirror) == {"B": 2} and mirror.finished == ["A"]
-    assert mirror.state()["out_of_step"] == {"B": {"here": 2, "paged": 4}}
-    mirror.observe(engine, engine.apply(Step(1)))
+    assert mirror.state()["out_of_step"] == {"B": {"here": 2, "paged": 4,
+                                                    "paged_status": "finished"}}
+    _apply(engine, mirror, Step(1))
     assert _tokens(mirror) == {"B": 3}
-    mirror.observe(engine, engine.apply(Step(1)))
+    _apply(engine, mirror, Step(1))
     assert _tokens(mirror) == {} and mirror.finished == ["A", "B"]
     assert mirror.state()["out_of_step"] == {}
 
@@ -60,9 +66,65 @@ def test_a_request_the_pool_keeps_waiting_runs_ahead_here() -> None:
                           capacity=64, num_blocks=4)
     assert engine.requests["B"].status == "waiting"
     assert _tokens(mirror) == {"A": 13, "B": 9}
-    assert mirror.state()["out_of_step"] == {"B": {"here": 9, "paged": 8}}
+    assert mirror.state()["out_of_step"] == {"B": {"here": 9, "paged": 8,
+                                                    "paged_status": "waiting"}}
     assert tv.arena_fit_message(mirror.state()) == (
         "B holds 9 tokens here and 8 in the paged pool: the paged pool ran it later.")
+    # B reaches its 12 here while the pool still makes it wait: done here first.
+    _apply(engine, mirror, Step(3))
+    assert engine.requests["B"].status == "waiting" and mirror.finished == ["A", "B"]
+
+
+def test_a_step_of_n_iterations_is_n_steps_of_one() -> None:
+    # Samples forked in the middle of a step arrive in the iteration that made them.
+    ops: list[Op] = [Add("A", prompt_len=10, max_new_tokens=3),
+                     Add("S", prompt_len=4, max_new_tokens=5, n=3)]
+    # The pool (5 blocks) admits S only once A has finished, inside the step; the
+    # arena (24 slots) places S.0 at once and S.1 when A leaves.
+    engine, whole = _run([*ops, Step(4)], capacity=24, num_blocks=5)
+    _, ones = _run([*ops, Step(1), Step(1), Step(1), Step(1)], capacity=24, num_blocks=5)
+    assert {"S.1", "S.2"} <= set(engine.requests)
+    assert whole.state() == ones.state()
+    assert whole.finished == ["A"] and whole.waiting == ["S.2"]
+    assert _tokens(whole) == {"S.0": 8, "S.1": 5}
+
+
+def test_a_child_arrives_with_the_history_its_parent_has_here() -> None:
+    engine, mirror = _run([Add("A", prompt_len=6, max_new_tokens=2),
+                           Add("B", prompt_len=2, max_new_tokens=6), Step(2),
+                           Fork("B", "K")], capacity=8)
+    # B waits here with 2 tokens while it has 4 in the pool; its child K too.
+    assert engine.requests["K"].num_tokens == 4
+    assert mirror.waiting == ["K"] and _tokens(mirror) == {"B": 2}
+    assert mirror.arrived_with["K"] == 2
+
+
+def test_a_waiting_request_with_nothing_left_to_do_leaves_the_queue() -> None:
+    engine, mirror = _run([Add("A", prompt_len=4, max_new_tokens=4),
+                           Add("B", prompt_len=2, max_new_tokens=8),
+                           Add("C", prompt_len=2, max_new_tokens=1)], capacity=12)
+    assert mirror.waiting == ["B", "C"]
+    # Finished by hand before it generated anything: it needs no region here, and C,
+    # which fits in the 4 free slots, no longer waits behind it.
+    _apply(engine, mirror, Finish("B"))
+    assert mirror.waiting == [] and mirror.finished == ["B"]
+    assert _tokens(mirror) == {"A": 4, "C": 2}
+
+
+def test_an_unlimited_prompt_past_max_len_is_never_placed() -> None:
+    _, mirror = _run([Add("A", prompt_len=30, max_new_tokens=None),
+                      Add("B", prompt_len=3, max_new_tokens=None)], capacity=64,
+                     policy="max", max_len=24)
+    assert mirror.never == ["A"] and _tokens(mirror) == {"B": 3}
+
+
+def test_grow_gives_the_tokens_the_engine_decoded() -> None:
+    engine, mirror = _run([Add("A", prompt_len=6, max_new_tokens=2),
+                           Add("B", prompt_len=2, max_new_tokens=3), Step(2)], capacity=8)
+    assert _tokens(mirror) == {"B": 2} and engine.requests["B"].num_tokens == 4
+    _apply(engine, mirror, Grow("B", 3))   # the pool decodes 1 (its last) token
+    assert engine.requests["B"].num_tokens == 5
+    assert _tokens(mirror) == {"B": 3}
 
 
 def test_placed_requests_take_one_token_per_iteration_and_grow_takes_its_tokens() -> None:
@@ -81,9 +143,9 @@ def test_a_request_finished_by_hand_ends_here_with_the_tokens_it_had() -> None:
     # A is released at once (it holds its 5 tokens here too) and B is placed.
     assert mirror.finished == ["A"] and _tokens(mirror) == {"B": 2}
     # B, finished by hand at 3 tokens in the pool, runs here until it holds 3.
-    mirror.observe(engine, engine.apply(Finish("B")))
+    _apply(engine, mirror, Finish("B"))
     assert _tokens(mirror) == {"B": 2}
-    mirror.observe(engine, engine.apply(Step(1)))
+    _apply(engine, mirror, Step(1))
     assert _tokens(mirror) == {} and mirror.finished == ["A", "B"]
 
 
@@ -93,10 +155,10 @@ def test_a_request_finished_in_the_pool_before_it_was_placed_still_runs_here() -
                            Step(1)], capacity=8)
     assert engine.requests["B"].status == "finished"
     assert mirror.waiting == ["B"]
-    mirror.observe(engine, engine.apply(Step(1)))
+    _apply(engine, mirror, Step(1))
     # A released at 8; B placed with its 3, and takes its one token a step later.
     assert mirror.waiting == [] and _tokens(mirror) == {"B": 3}
-    mirror.observe(engine, engine.apply(Step(1)))
+    _apply(engine, mirror, Step(1))
     assert mirror.finished == ["A", "B"]
 
 
@@ -137,7 +199,7 @@ def test_random_runs_keep_every_request_in_one_place(seed: int) -> None:
         else:
             op = Finish(rng.choice(live))
         try:
-            result = engine.apply(op)
+            result = engine.apply(op, progress=mirror.on_iteration(engine))
         except PagedLabError:  # refused (say, no room to grow): nothing changed
             continue
         mirror.observe(engine, result)

@@ -85,7 +85,7 @@ METRIC_LABELS = {
     "shared_blocks": ("Shared blocks", "{v}"),
     "cow_copies": ("Copy-on-write copies", "{v}"),
     "preemptions": ("Preemptions", "{v}"),
-    "internal_waste_slots": ("Internal waste", "{v} slots"),
+    "internal_waste_slots": ("Internal waste", "{v} slot{s}"),
     "blocks_saved_by_sharing": ("Blocks saved by sharing", "{v}"),
 }
 
@@ -95,10 +95,8 @@ def assert_visible_in_panels(at: AppTest, path: str, want: Any, num_blocks: int)
     parts = path.split(".")
     if parts[0] == "metrics" and parts[1] in METRIC_LABELS:
         label, fmt = METRIC_LABELS[parts[1]]
-        shown = fmt.format(v=want, n=num_blocks)
-        if want == 1:  # "1 slot", as the panel counts it
-            shown = shown.replace(" slots", " slot")
-        assert metrics(at)[label] == shown, path
+        plural = "" if want == 1 else "s"   # "1 slot", as the panel counts
+        assert metrics(at)[label] == fmt.format(v=want, n=num_blocks, s=plural), path
         return True
     if parts[0] == "metrics" and parts[1] == "filled_slots":
         assert metrics(at)["Filled slots"].startswith(f"{want} / "), path

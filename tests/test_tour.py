@@ -166,7 +166,8 @@ def test_the_arena_says_who_waits_and_who_fell_behind_the_paged_pool() -> None:
         "C waits with 4 tokens: a request that will reach 6 tokens (a region of 16 slots) "
         "does not fit: no slot is free.",
         "C holds 4 tokens here and 5 in the paged pool: it waited here for a region.",
-        "C holds 5 tokens here and 6 in the paged pool: it waited here for a region."]
+        "C holds 5 tokens here and the paged pool finished it at 6: it waited here for a "
+        "region."]
 
 
 def test_paths_read_as_words() -> None:

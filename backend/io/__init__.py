@@ -3,7 +3,7 @@
     snapshot, restore    CONTRACT.md's snapshot export and exact restore (restore_host:
                          the swap host pool; recompute: K/V and logits from the tokens)
     scenario             scenario files: parse, check, run (with `expect` checks)
-    contiguous_mirror    a scenario's optional contiguous arena that follows the run
+    contiguous_mirror    a scenario's optional contiguous arena, serving its requests alongside
     json_input           one bounded JSON decoder and a typed field reader
     export               CSV, Parquet, zip, PNG and SVG exports
     cli, simulate_cli    `python -m backend run | simulate`

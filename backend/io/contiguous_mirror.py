@@ -6,28 +6,35 @@ A scenario may name a contiguous arena to compare with::
 
 The mirror then serves the run's requests there, on a clock of its own:
 
-- A request arrives when the paged engine first holds it (an `add`, a
-  `fork`'s child, a parallel sample, a beam), with the tokens it holds
-  there then (its prompt, or a child's inherited history).
+- A request arrives in the operation, or the model iteration of a `step`,
+  in which the paged engine first holds it (an `add`, a `fork`'s child, a
+  parallel sample, a beam). It arrives with its prompt; a child with the
+  history its parent holds here, at most what it holds in the engine.
 - It asks for one region sized by the policy from its final length
   (prompt + max_new_tokens; max_len when it has no limit), placed first-fit
   and first come, first served. A forked child needs a region of its own,
-  since without a block table it cannot point at its parent's history.
+  since without a block table it cannot point at its parent's history. A
+  request that can never fit (or whose prompt is already past max_len
+  without a limit) is set aside as never placeable.
 - Every model iteration of a `step` gives each placed request one token, and
-  a `grow` gives the request it names its tokens, as in the paged engine. A
-  request that waits here generates nothing until it has a region, so it
-  falls behind its paged twin: that lag is what the scenario shows.
-- A request finishes here when it reaches its final length, or, once the
-  paged run has finished it (end of sequence, finished by hand, dropped),
-  when it holds as many tokens as it finished with there. Its region is
-  released and the requests waiting are placed.
+  a `grow` gives its request the tokens the engine decoded for it. A request
+  that waits here generates nothing until it has a region, so it falls
+  behind its paged twin: that lag, and the later finish, is what the
+  scenario shows. (A request the engine keeps waiting runs ahead here.)
+- A request finishes here at its final length, or, once the engine has
+  finished it (end of sequence, finished by hand, a dropped beam), as soon
+  as it holds as many tokens as it finished with there: a request that is
+  ahead here may hold more. Its region is released and the waiting
+  requests are placed; one waiting with nothing left to generate finishes
+  without a region.
 
-The arena never decides anything for the paged run; the paged run decides
-nothing here except arrivals and where a request ends.
+The engine decides arrivals, each request's final length and where it ends;
+the arena decides nothing for the engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +71,12 @@ class ContiguousSpec:
 
 
 class ContiguousMirror:
-    """Serves an engine's requests in a contiguous arena. See the module docstring."""
+    """Serves an engine's requests in a contiguous arena. See the module docstring.
+
+    `run_steps` passes `on_iteration(engine)` to `Engine.apply` as its progress
+    callback, so a `step`'s iterations are followed one at a time; `observe`
+    runs any iterations it was not told about, so it is correct on its own.
+    """
 
     def __init__(self, spec: ContiguousSpec) -> None:
         self.spec = spec
@@ -76,73 +88,116 @@ class ContiguousMirror:
         self.arrived_with: dict[str, int] = {}
         self.waiting: list[str] = []
         self.never: list[str] = []
-        self.finished: list[str] = []
-        # Placed requests whose token count differs from the paged run's after the
-        # last operation: request -> (here, there).
-        self.out_of_step: dict[str, tuple[int, int]] = {}
+        # In the order they finished here, with the tokens each ended with.
+        self.ended_with: dict[str, int] = {}
+        # Placed requests whose token count differs from the engine's after the last
+        # operation (request -> here, there, the engine's status); kept here because
+        # `state` reads only the arena.
+        self.out_of_step: dict[str, tuple[int, int, str]] = {}
+        self._iterations = 0    # of the operation being applied, followed so far
+
+    @property
+    def finished(self) -> list[str]:
+        return list(self.ended_with)
+
+    def on_iteration(self, engine: Engine) -> Callable[[int, int], bool]:
+        """A progress callback for `engine.apply`: follows each model iteration."""
+        def follow(done: int, total: int) -> bool:
+            self._iterate(engine)
+            self._iterations += 1
+            return True
+        return follow
 
     def observe(self, engine: Engine, result: OpResult) -> None:
         """Mutates: bring the arena up to date with the engine after `result`."""
         op = result.op
         if isinstance(op, Step):
             # `count` is the iterations that ran (fewer when a play was stopped).
-            for _ in range(op.count):
+            for _ in range(op.count - self._iterations):
                 self._iterate(engine)
         elif isinstance(op, Grow) and op.request in self.arena:
-            self._grow(op.request, op.tokens, engine)
-        for rid, req in engine.requests.items():
-            if rid not in self.final_len:
-                limit = req.max_new_tokens
-                final = req.prompt_len + limit if limit is not None else self.spec.max_len
-                self.final_len[rid] = final
-                self.arrived_with[rid] = min(req.num_tokens, final)
-                self.waiting.append(rid)
+            decoded = sum(1 for rid, _ in result.generated if rid == op.request)
+            self._grow(op.request, decoded, engine)
+        self._iterations = 0
+        self._arrive(engine)
         self._settle(engine)
-        self.out_of_step = {
-            r.request_id: (r.tokens, there) for r in self.arena.regions()
-            if (there := min(engine.requests[r.request_id].num_tokens,
-                             r.final_len)) != r.tokens}
+        self.out_of_step = {}
+        for rid in self.final_len:
+            if rid in self.arena:
+                req = engine.requests[rid]
+                here = self.arena.region(rid).tokens
+                there = min(req.num_tokens, self.final_len[rid])
+                if here != there:
+                    self.out_of_step[rid] = (here, there, req.status)
+
+    def _arrive(self, engine: Engine) -> None:
+        """Queue the requests the engine holds that this arena has not seen."""
+        for rid, req in engine.requests.items():
+            if rid in self.final_len:
+                continue
+            limit = req.max_new_tokens
+            final = req.prompt_len + limit if limit is not None else self.spec.max_len
+            self.final_len[rid] = final
+            held = req.num_tokens
+            if req.parent is not None and req.parent in self.final_len:
+                held = min(held, self._holds(req.parent))
+            self.arrived_with[rid] = min(held, final)
+            if held > final:
+                # A prompt already past max_len without a limit: nothing to reserve.
+                self.never.append(rid)
+            else:
+                self.waiting.append(rid)
+
+    def _holds(self, rid: str) -> int:
+        """The tokens `rid` holds here (or held when it finished, or will hold when placed)."""
+        if rid in self.arena:
+            return self.arena.region(rid).tokens
+        return self.ended_with.get(rid, self.arrived_with[rid])
 
     def _target(self, rid: str, engine: Engine) -> int:
-        """The tokens `rid` ends with here: its final length, or what the paged run
+        """The tokens `rid` ends with here: its final length, or what the engine
         finished it with."""
         req = engine.requests[rid]
         final = self.final_len[rid]
         return min(req.num_tokens, final) if req.status == "finished" else final
 
     def _grow(self, rid: str, n: int, engine: Engine) -> None:
-        room = self._target(rid, engine) - self.arena.region(rid).tokens
-        if min(n, room) > 0:
-            self.arena.grow(rid, min(n, room))
+        take = min(n, self._target(rid, engine) - self.arena.region(rid).tokens)
+        if take > 0:
+            self.arena.grow(rid, take)
 
     def _iterate(self, engine: Engine) -> None:
-        """One model iteration: every placed request takes a token, then the finished
-        ones leave and the waiting ones are placed."""
+        """One model iteration: every placed request takes a token, the requests the
+        engine created in it arrive, the finished leave and the waiting are placed."""
         for region in self.arena.regions():
             self._grow(region.request_id, 1, engine)
+        self._arrive(engine)
         self._settle(engine)
+
+    def _finish(self, rid: str, tokens: int) -> None:
+        if rid in self.arena:
+            self.arena.release(rid)
+        self.ended_with[rid] = tokens
 
     def _settle(self, engine: Engine) -> None:
         for region in self.arena.regions():
-            rid = region.request_id
-            if region.tokens >= self._target(rid, engine):
-                self.arena.release(rid)
-                self.finished.append(rid)
+            if region.tokens >= self._target(region.request_id, engine):
+                self._finish(region.request_id, region.tokens)
+        # Nothing left to generate (finished in the engine with the tokens it holds
+        # here): done without a region, and no longer in anyone's way.
+        for rid in [r for r in self.waiting if self.arrived_with[r] >= self._target(r, engine)]:
+            self.waiting.remove(rid)
+            self._finish(rid, self.arrived_with[rid])
         while self.waiting:
             rid = self.waiting[0]
-            final = self.final_len[rid]
             try:
-                self.arena.reserve(rid, final, tokens=self.arrived_with[rid])
+                self.arena.reserve(rid, self.final_len[rid], tokens=self.arrived_with[rid])
             except OutOfBlocksError:
                 return
             except PagedLabError:
                 # Longer than the whole arena: it can never be placed.
                 self.never.append(rid)
             self.waiting.pop(0)
-            # Arrived with all its tokens (a prompt the paged run finished at once).
-            if rid in self.arena and self.arrived_with[rid] >= self._target(rid, engine):
-                self.arena.release(rid)
-                self.finished.append(rid)
 
     @property
     def required(self) -> int | None:
@@ -154,8 +209,12 @@ class ContiguousMirror:
     def state(self) -> dict[str, Any]:
         """Reads only: JSON-ready state, the target of `contiguous.*` expectations."""
         required = self.required
-        first = self.waiting[0] if self.waiting else None
-        fit = None if first is None else self.arena.fits(self.final_len[first])
+        next_fit = None
+        if self.waiting:
+            first = self.waiting[0]
+            fit = self.arena.fits(self.final_len[first])
+            next_fit = {"fits": fit.fits, "reason": fit.reason, "message": fit.message,
+                        "tokens": self.arrived_with[first]}
         return {
             "capacity": self.spec.capacity, "policy": self.spec.policy,
             "free_total": self.arena.free_total, "largest_hole": self.arena.largest_hole(),
@@ -164,12 +223,10 @@ class ContiguousMirror:
                                        "tokens": r.tokens, "final_len": r.final_len}
                         for r in self.arena.regions()},
             "waiting": list(self.waiting), "never_fits": list(self.never),
-            "finished": list(self.finished),
-            "out_of_step": {rid: {"here": here, "paged": there}
-                            for rid, (here, there) in self.out_of_step.items()},
+            "finished": self.finished,
+            "out_of_step": {rid: {"here": here, "paged": there, "paged_status": status}
+                            for rid, (here, there, status) in self.out_of_step.items()},
             "required": required,
-            "next_fit": None if fit is None or first is None else {
-                "fits": fit.fits, "reason": fit.reason, "message": fit.message,
-                "tokens": self.arrived_with[first]},
+            "next_fit": next_fit,
             "breakdown": self.arena.breakdown(required).as_dict(),
         }

@@ -60,7 +60,7 @@ class Scenario:
     contiguous: ContiguousSpec | None = None
 
     def mirror(self) -> ContiguousMirror | None:
-        """A fresh contiguous arena to follow a run of this scenario, if it names one."""
+        """A fresh contiguous arena to run beside this scenario's engine, if it names one."""
         return None if self.contiguous is None else ContiguousMirror(self.contiguous)
 
 
@@ -163,7 +163,8 @@ def run_steps(engine: Engine, steps: tuple[ScenarioStep, ...], first: int = 1,
     """Apply steps in order, yielding after each; a refused step raises ScenarioError."""
     for i, step in enumerate(steps, start=first):
         try:
-            result = engine.apply(step.op)
+            result = engine.apply(step.op, progress=None if mirror is None
+                                  else mirror.on_iteration(engine))
         except PagedLabError as exc:
             raise ScenarioError(str(exc), i, step.op.op) from None
         if mirror is not None:

@@ -68,8 +68,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy", metavar="{paged,max,pow2,oracle}",
         help="paged: PagedLab's block manager (preempts and recomputes when full); "
              "max / pow2 / oracle: one contiguous region per request of 2048 slots / the "
-             "next power of two of its final length / exactly its final length, never more "
-             "than the capacity; required")
+             "next power of two of its final length / exactly its final length (each "
+             "capped at the capacity); required")
     parser.add_argument(
         "--requests", metavar="N",
         help=f"synthetic: requests in the trace, 1..{MAX_REQUESTS} (default "

@@ -97,15 +97,16 @@ CONTIGUOUS: dict[str, str] = {
     "holes": "The free runs of the arena: where they start and how long they are.",
     "regions": "A request's one contiguous region: where it starts, how much is reserved, "
                "how much holds tokens.",
-    "waiting": "Requests waiting because no hole is big enough.",
+    "waiting": "Requests waiting for a region, first come, first served: the first "
+               "needs a hole big enough for it.",
     "free_total": "All free slots of the arena, in any hole.",
     "largest_hole": "The longest free run: the largest request the arena can place now.",
     "next_fit": "Whether the first waiting request fits, and why not.",
     "finished": "Requests the arena has served to the end and released.",
     "never_fits": "Requests longer than the arena can ever place.",
-    "out_of_step": "Placed requests holding another number of tokens here than in the "
+    "out_of_step": "Placed requests holding a different number of tokens here from the "
                    "paged pool: the arena runs on its own clock, so a request that waited "
-                   "for a region is behind.",
+                   "here for a region is behind, and one the pool kept waiting is ahead.",
     "required": "The region size the first waiting request needs.",
 }
 

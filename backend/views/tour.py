@@ -305,25 +305,26 @@ def arena_caption(arena: dict[str, Any]) -> str:
 
 def arena_fit_message(arena: dict[str, Any]) -> str | None:
     """Why the first waiting request cannot be placed, if one waits, and which placed
-    requests hold another number of tokens than in the paged pool."""
+    requests hold a different number of tokens here from the paged pool, and why."""
     fit = arena.get("next_fit")
     waiting = arena.get("waiting") or []
     parts = []
     if fit is not None and waiting:
-        held = fit.get("tokens")
-        now = "" if held is None else f" with {counted(held, 'token')}"
-        parts.append(f"{waiting[0]} waits{now}: {fit['message']}.")
+        arrived = fit.get("tokens")
+        holding = "" if arrived is None else f" with {counted(arrived, 'token')}"
+        parts.append(f"{waiting[0]} waits{holding}: {fit['message']}.")
     if len(waiting) > 1:
         parts.append(f"Also waiting: {', '.join(waiting[1:])}.")
     never = arena.get("never_fits") or []
     if never:
         parts.append(f"Never fits in this arena: {', '.join(never)}.")
     # The arena runs on its own clock: whichever side made a request wait is behind.
-    for rid, n in (arena.get("out_of_step") or {}).items():
-        why = ("it waited here for a region" if n["here"] < n["paged"] else
-               "the paged pool ran it later")
-        parts.append(f"{rid} holds {counted(n['here'], 'token')} here and {n['paged']} in the "
-                     f"paged pool: {why}.")
+    for rid, counts in (arena.get("out_of_step") or {}).items():
+        here, there = counts["here"], counts["paged"]
+        why = "it waited here for a region" if here < there else "the paged pool ran it later"
+        pool = (f"the paged pool finished it at {there}" if counts.get("paged_status") ==
+                "finished" else f"{there} in the paged pool")
+        parts.append(f"{rid} holds {counted(here, 'token')} here and {pool}: {why}.")
     return " ".join(parts) or None
 
 
