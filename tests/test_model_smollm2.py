@@ -22,6 +22,7 @@ from backend.core.config import SMOLLM2, EngineConfig
 from backend.engine.engine import Engine
 from backend.engine.kv_cache import KVCache
 from backend.engine.ops import Add, Finish, Fork, Grow, Shuffle, Step
+from backend.engine.results import logit_tolerance
 from backend.kernels import select_kernels
 from backend.models import registry
 from backend.models.batch import ForwardBatch
@@ -238,3 +239,25 @@ def test_random_prompts_on_the_real_model_are_its_tokens() -> None:
     tokens = engine.request("R").tokens
     assert len(tokens) == 17 and tokens == again.request("R").tokens
     assert not set(tokens) & set(range(17))     # letters and spaces, no special tokens
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_two_byte_cache_agrees_with_its_recomputation_and_a_wrong_block_does_not(
+        dtype: str) -> None:
+    """Rounding in 2-byte types grows with SmolLM2's values (keys near 20, logits near
+    30): the check allows the dtype's tolerance of the largest value, and still
+    tells a block read in place of another."""
+    engine = Engine(real(dtype=dtype, temperature=0, block_size=4, num_blocks=16),
+                    kernel="torch")
+    engine.apply(Add("A", prompt="Paged attention stores keys", max_new_tokens=8))
+    engine.apply(Step(2))
+    tol = logit_tolerance(dtype)
+    v = engine.verify_recomputation()
+    assert v.kv_scale > 10 and v.logit_scale > 10
+    assert v.max_kv_err > tol or v.max_logit_err > tol   # past the bare tolerance
+    assert v.agrees(tol)
+    first, second = engine.block_table("A")[:2]
+    for layer in range(len(engine.cache.k)):
+        engine.cache.k[layer][second] = engine.cache.k[layer][first]
+    wrong = engine.verify_recomputation()
+    assert not wrong.agrees(tol), (wrong, wrong.bounds(tol))

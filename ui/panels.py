@@ -373,10 +373,15 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
                 "recomputed without "
                 f"paging: max |K/V in the blocks − recomputed| = {v.max_kv_err:.2g}, "
                 f"max |logits − recomputed| = {v.max_logit_err:.2g}. ")
-        # The same tolerance as the control run's: float rounding of this dtype.
+        # The same tolerance as the control run's (float rounding of this dtype), of the
+        # largest value when values pass 1.
+        kv_bound, logit_bound = v.bounds(tol)
+        within = (f"both within {tol:g}" if kv_bound == logit_bound == tol else
+                  f"K/V within {kv_bound:.2g} and logits within {logit_bound:.2g} "
+                  f"({tol:g} of the largest value)")
         if v.agrees(tol):
-            st.success(said + f"They agree: both within {tol:g}, float rounding of "
+            st.success(said + f"They agree: {within}, float rounding of "
                               f"{engine.config.dtype}.")
         else:
-            st.error(said + f"They disagree past {tol:g}: the paged state is not what the "
-                            "model computes, a bug in the paging.")
+            st.error(said + f"They disagree: not {within}. The paged state is not what "
+                            "the model computes, a bug in the paging.")

@@ -34,7 +34,7 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
     a reference reading the same cache), this catches a wrong block, a
     missed copy-on-write, a bad move or a prefix hit on other tokens.
     """
-    kv_err = logit_err = 0.0
+    kv_err = logit_err = kv_scale = logit_scale = 0.0
     tokens = 0
     bs = manager.block_size
     held = [(req, cache, manager.slots_of(req.id, 0, req.num_computed)) for req in running]
@@ -50,11 +50,14 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
             keys, values = where.read_slots(layer, slots)
             for got, want in ((keys, ref.keys[layer]), (values, ref.values[layer])):
                 kv_err = max(kv_err, float((got.float() - want.float()).abs().max()))
+                kv_scale = max(kv_scale, float(want.float().abs().max()))
         if not req.prefilling:
             assert req.logits is not None
-            logit_err = max(logit_err, float((req.logits - ref.logits[-1].cpu()).abs().max()))
+            want_logits = ref.logits[-1].cpu()
+            logit_err = max(logit_err, float((req.logits - want_logits).abs().max()))
+            logit_scale = max(logit_scale, float(want_logits.float().abs().max()))
         tokens += req.num_computed
-    return Verification(len(held), tokens, kv_err, logit_err)
+    return Verification(len(held), tokens, kv_err, logit_err, kv_scale, logit_scale)
 
 
 def check_requests(requests: dict[str, Request], scheduler: Scheduler,
