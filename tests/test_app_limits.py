@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from backend.sessions import budget as budget_module
@@ -36,3 +38,21 @@ def test_the_run_history_is_kept_as_deltas_and_downloads_whole() -> None:
     e = engine(at)
     assert len(history) == e.step and history.num_event_records == len(e.events)
     assert history[-1]["step"] == e.step
+
+
+def test_an_engine_the_sidebar_replaced_stops_counting_at_once() -> None:
+    """Streamlit keeps a session's previous state (the old engine in it) until that
+    session's next run; the budget gives the old engine's bytes back when it is replaced,
+    not when it is collected, so other sessions are not refused for it."""
+    at = start()
+    old = engine(at)
+    gc.collect()
+    before = budget_module.SERVER_BUDGET.in_use()
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(40).run()
+    assert not at.exception
+    new = engine(at)
+    assert new is not old and new.config.num_blocks == 40
+    gc.collect()
+    # `old` is still referenced here, and counted no more.
+    assert budget_module.SERVER_BUDGET.in_use() - before == (
+        budget_module.engine_bytes(new) - budget_module.engine_bytes(old))

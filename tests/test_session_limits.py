@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 
 import pytest
 
@@ -175,6 +176,59 @@ def test_sessions_together_are_capped_by_the_server_limit_and_give_back_on_drop(
     gc.collect()
     third = build_engine(Settings(half, "cpu", "torch"), "s3", budget=budget)
     assert budget.in_use() == replaced.cache.total_bytes + third.cache.total_bytes
+
+
+def test_a_claim_counts_before_the_engine_is_built_so_two_cannot_share_one_room() -> None:
+    budget = KVBudget(per_session=MIB, per_server=int(1.25 * MIB))
+    half = _config(256)   # 0.5 MiB
+    first = budget.claim(half, "s1")
+    second = budget.claim(half, "s2")
+    # Nothing is built yet, and still a third is refused (check and count were apart,
+    # and three sessions building at once could all pass the same check).
+    with pytest.raises(PagedLabError, match=r"server's sessions hold 1\.0 MiB"):
+        budget.claim(half, "s3")
+    budget.cancel(second)
+    assert budget.in_use() == half.kv_bytes
+    engine = budget.bind(first, Engine(half, device="cpu", kernel="torch"))
+    assert budget.in_use("s1") == engine.cache.total_bytes
+
+
+def test_claims_from_many_threads_at_once_never_pass_the_server_limit() -> None:
+    budget = KVBudget(per_session=MIB, per_server=int(1.25 * MIB))
+    half = _config(256)
+    won: list[int] = []
+    refused: list[str] = []
+    start = threading.Barrier(8)
+
+    def claim(i: int) -> None:
+        start.wait()
+        try:
+            won.append(budget.claim(half, f"s{i}"))
+        except PagedLabError as exc:
+            refused.append(str(exc))
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 2 and len(refused) == 6
+    assert budget.in_use() == 2 * half.kv_bytes
+
+
+def test_an_engine_its_session_replaced_stops_counting_while_it_lingers() -> None:
+    budget = KVBudget(per_session=MIB, per_server=MIB)
+    half = _config(256)
+    old = build_engine(Settings(half, "cpu", "torch"), "s1", budget=budget)
+    new = build_engine(Settings(half, "cpu", "torch"), "s1", replacing=old, budget=budget)
+    assert budget.in_use() == 2 * half.kv_bytes      # both alive, neither retired yet
+    budget.retire(old)
+    # `old` is still referenced (as Streamlit keeps a session's previous state until its
+    # next run), yet another session may use its room now.
+    assert budget.in_use() == new.cache.total_bytes
+    build_engine(Settings(half, "cpu", "torch"), "s2", budget=budget)
+    budget.retire(old)   # twice: nothing more
+    assert old.cache.total_bytes == half.kv_bytes
 
 
 def test_restore_and_engines_on_the_budget_keep_their_state() -> None:

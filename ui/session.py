@@ -65,6 +65,7 @@ from backend.engine.ops import Op, Step
 from backend.engine.results import OpResult
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
+from backend.sessions.budget import SERVER_BUDGET
 from backend.sessions.history import MAX_STEPS, History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import (
@@ -353,6 +354,10 @@ class OpSession:
                           self.tab, q, self.generation + 1)
         with _SUCCESSORS_LOCK:
             _SUCCESSORS[self.engine] = after
+        if live.engine is not self.engine:
+            # Streamlit keeps this run's state, the old engine with it, until the session's
+            # next run: other sessions should not be refused for memory it is giving back.
+            SERVER_BUDGET.retire(self.engine)
         return after
 
     def detach(self) -> None:

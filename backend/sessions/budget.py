@@ -3,9 +3,10 @@
 `EngineConfig` already refuses a single pool over 2 GiB (the command line's
 limit). The app serves many sessions from one process, so it also caps each
 session's engines together and all sessions together. An engine is counted
-from the moment it is admitted until it is garbage-collected (a session that
-replaces its engine, or ends, gives the bytes back), so a refused request
-says how much is in use and what would fit.
+from the moment its bytes are claimed (checked and counted in one locked step,
+before it is built) until its session replaces it or it is garbage-collected
+(a session that ends gives the bytes back), so a refused request says how much
+is in use and what would fit.
 
 The limits come from the environment, in MiB: PAGEDLAB_SESSION_KV_MIB
 (default 512) and PAGEDLAB_SERVER_KV_MIB (default 4096).
@@ -60,8 +61,11 @@ class KVBudget:
     def __init__(self, per_session: int, per_server: int) -> None:
         self.per_session = per_session
         self.per_server = per_server
-        self._lock = threading.Lock()
+        # Reentrant: a gc.collect() run while it is held may finalize an engine, whose
+        # finalizer takes it again.
+        self._lock = threading.RLock()
         self._held: dict[int, _Holding] = {}
+        self._keys: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
         self._next = 0
 
     @classmethod
@@ -112,34 +116,100 @@ class KVBudget:
             f"session may hold at most {_mib(self.per_session)}, which leaves room for "
             f"{fits:,} host blocks")
 
+    def _problem(self, need: int, owner: str, replacing: Engine | None) -> str | None:
+        """Why `need` more bytes for `owner` would pass a limit, or None. Call with the
+        lock held. `replacing`'s holding is given back first."""
+        freed = 0
+        if replacing is not None:
+            key = self._keys.get(replacing)
+            held = self._held.get(key) if key is not None else None
+            freed = held.nbytes if held is not None else 0
+        mine = sum(h.nbytes for h in self._held.values() if h.owner == owner) - freed
+        total = sum(h.nbytes for h in self._held.values()) - freed
+        if mine + need > self.per_session:
+            return (f"this session's engines already hold {_mib(mine)} of K/V; {_mib(need)} "
+                    f"more would pass the {_mib(self.per_session)} a session may hold")
+        if total + need > self.per_server:
+            return (f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} more would "
+                    f"pass its limit of {_mib(self.per_server)}. Try a smaller pool, or again "
+                    "later")
+        return None
+
+    def _reserve(self, config: EngineConfig, owner: str, replacing: Engine | None,
+                 keep: bool) -> int | None:
+        """Check `config` against both limits; with `keep`, count its bytes for `owner`
+        in the same locked step (the key of the claim). Raises PagedLabError."""
+        self.check_size(config)
+        need = config.kv_bytes + config.host_kv_bytes
+        problem = None
+        for attempt in range(2):
+            if attempt:
+                # Engines dropped but not yet collected (reference cycles) still count:
+                # collect them before refusing, since their memory is about to come back.
+                gc.collect()
+            with self._lock:
+                problem = self._problem(need, owner, replacing)
+                if problem is None:
+                    if not keep:
+                        return None
+                    key = self._next
+                    self._next += 1
+                    self._held[key] = _Holding(owner, need)
+                    return key
+        raise PagedLabError(problem)
+
     def check(self, config: EngineConfig, owner: str, *,
               replacing: Engine | None = None) -> None:
         """Raise PagedLabError if an engine with `config` would exceed a limit.
 
         `replacing` is the owner's engine that the new one replaces: its bytes
-        are given back once it is dropped, so they are not counted against it.
-        Changes nothing.
+        are given back with it (see `claim`), so they are not counted against it.
+        Changes nothing: a form's answer. To build the engine, `claim` its bytes.
         """
-        self.check_size(config)
-        need = config.kv_bytes + config.host_kv_bytes
-        freed = engine_bytes(replacing) if replacing is not None else 0
-        mine, total = self.in_use(owner) - freed, self.in_use() - freed
-        if mine + need > self.per_session:
-            # Engines dropped but not yet collected (reference cycles) still count: collect
-            # them before refusing, since their memory is about to come back anyway.
-            gc.collect()
-            mine, total = self.in_use(owner) - freed, self.in_use() - freed
-        if mine + need > self.per_session:
-            raise PagedLabError(
-                f"this session's engines already hold {_mib(mine)} of K/V; {_mib(need)} more "
-                f"would pass the {_mib(self.per_session)} a session may hold")
-        if total + need > self.per_server:
-            gc.collect()
-            total = self.in_use() - freed
-        if total + need > self.per_server:
-            raise PagedLabError(
-                f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} more would pass "
-                f"its limit of {_mib(self.per_server)}. Try a smaller pool, or again later")
+        self._reserve(config, owner, replacing, keep=False)
+
+    def claim(self, config: EngineConfig, owner: str, *,
+              replacing: Engine | None = None) -> int:
+        """Mutates: `check`, and count the engine's bytes for `owner` in the same locked
+        step, so two sessions building at once cannot both pass on the same room.
+
+        Returns the claim's key for `bind` (the engine is built) or `cancel` (it was
+        not). Raises PagedLabError, counting nothing.
+        """
+        key = self._reserve(config, owner, replacing, keep=True)
+        assert key is not None
+        return key
+
+    def claim_unchecked(self, config: EngineConfig, owner: str) -> int:
+        """Mutates: count an engine's bytes without refusing it (see `track`)."""
+        with self._lock:
+            key = self._next
+            self._next += 1
+            self._held[key] = _Holding(owner, config.kv_bytes + config.host_kv_bytes)
+            return key
+
+    def bind(self, key: int, engine: Engine) -> Engine:
+        """Mutates: the claim `key` now counts `engine` (its exact bytes) until its session
+        replaces it (`retire`) or it is garbage-collected."""
+        with self._lock:
+            owner = self._held[key].owner
+            self._held[key] = _Holding(owner, engine_bytes(engine))
+            self._keys[engine] = key
+        weakref.finalize(engine, self._release, key)
+        return engine
+
+    def cancel(self, key: int) -> None:
+        """Mutates: give back a claim whose engine was never built."""
+        self._release(key)
+
+    def retire(self, engine: Engine) -> None:
+        """Mutates: stop counting `engine`, which its session has replaced. Streamlit keeps
+        a session's previous state until that session's next run, so the engine may
+        outlive its replacement by minutes; other sessions should not pay for it."""
+        with self._lock:
+            key = self._keys.pop(engine, None)
+            if key is not None:
+                self._held.pop(key, None)
 
     def track(self, engine: Engine, owner: str) -> Engine:
         """Mutates: count `engine`'s K/V against `owner` until it is garbage-collected."""
@@ -147,8 +217,7 @@ class KVBudget:
             key = self._next
             self._next += 1
             self._held[key] = _Holding(owner, engine_bytes(engine))
-        weakref.finalize(engine, self._release, key)
-        return engine
+        return self.bind(key, engine)
 
     def _release(self, key: int) -> None:
         with self._lock:

@@ -129,10 +129,14 @@ def build_engine(settings: Settings, owner: str, *, replacing: Engine | None = N
     `check=False` counts the engine without refusing it: a new session's
     default pool (64 KiB), which a full server must still give every visitor.
     """
-    if check:
-        budget.check(settings.config, owner, replacing=replacing)
-    engine = Engine(settings.config, device=settings.device, kernel=settings.kernel)
-    return budget.track(engine, owner)
+    key = (budget.claim(settings.config, owner, replacing=replacing) if check
+           else budget.claim_unchecked(settings.config, owner))
+    try:
+        engine = Engine(settings.config, device=settings.device, kernel=settings.kernel)
+    except BaseException:
+        budget.cancel(key)
+        raise
+    return budget.bind(key, engine)
 
 
 def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
@@ -144,11 +148,15 @@ def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
     allocated; a malformed config is left for `restore_engine` to name.
     """
     config = snapshot_config(data)
-    if config is not None:
-        budget.check(config, owner, replacing=replacing)
-    engine = restore_engine(data, device=settings.device, kernel=settings.kernel,
-                            progress=progress)
-    return budget.track(engine, owner)
+    key = None if config is None else budget.claim(config, owner, replacing=replacing)
+    try:
+        engine = restore_engine(data, device=settings.device, kernel=settings.kernel,
+                                progress=progress)
+    except BaseException:
+        if key is not None:
+            budget.cancel(key)
+        raise
+    return budget.track(engine, owner) if key is None else budget.bind(key, engine)
 
 
 def snapshot_config(data: dict[str, Any]) -> EngineConfig | None:

@@ -187,11 +187,15 @@ class TourRun:
         self.kernel = kernel
         # Raises PagedLabError for a device or kernel this machine lacks, or (for a
         # browser session, `owner`) a pool its K/V budget has no room for.
-        if owner is not None:
-            budget.check(scenario.config, owner)
-        self.engine = Engine(scenario.config, device=device, kernel=kernel)
-        if owner is not None:
-            budget.track(self.engine, owner)
+        claim = None if owner is None else budget.claim(scenario.config, owner)
+        try:
+            self.engine = Engine(scenario.config, device=device, kernel=kernel)
+        except BaseException:
+            if claim is not None:
+                budget.cancel(claim)
+            raise
+        if claim is not None:
+            budget.bind(claim, self.engine)
         self.mirror = scenario.mirror()
         # The control run beside it (backend/engine/control.py): its own engine, sized
         # for the whole scenario and counted against the same K/V budget.
