@@ -10,6 +10,7 @@ log and the saved session hold is the step that ran.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -282,3 +283,31 @@ def test_runs_waiting_for_an_engine_get_its_lock_in_the_order_they_came() -> Non
         t.join(10)
     assert order == list(range(6))
     assert not ui_progress._line(engine)._waiting
+
+
+def test_a_spinner_left_by_a_superseded_run_is_closed_now_not_by_the_collector() -> None:
+    """Streamlit's spinner is a generator; a run stopped mid-operation used to skip its
+    exit, and the garbage collector's close then logged a StopException."""
+    closed: list[str] = []
+
+    @contextlib.contextmanager
+    def spinner() -> Any:
+        try:
+            yield
+        finally:
+            closed.append("closed")
+            raise StopException()      # drawing in a stopped run raises
+
+    shown = Shown()
+    cm = spinner()
+    shown.call(cm.__enter__)
+    shown.deferred = RerunException(None)    # the run is superseded meanwhile
+    shown.exit(cm)
+    assert closed == ["closed"] and isinstance(shown.deferred, RerunException)
+    assert cm.gen.gi_frame is None           # nothing left for the collector
+    # In a live run the first control exception is kept for `finish`.
+    live, cm = Shown(), spinner()
+    live.call(cm.__enter__)
+    live.exit(cm)
+    with pytest.raises(StopException):
+        live.finish()

@@ -80,6 +80,16 @@ class Shown:
             self.deferred = exc
             return None
 
+    def exit(self, manager: Any) -> None:
+        """Leave a context manager entered through `call`, even when this run was
+        superseded: left open, Streamlit's spinner generator would be closed by the
+        garbage collector instead, whose StopException lands in the server log."""
+        try:
+            manager.__exit__(None, None, None)
+        except (StopException, RerunException) as exc:
+            if self.deferred is None:
+                self.deferred = exc
+
     def finish(self) -> None:
         """Raise what Streamlit raised meanwhile, now that the engine is done."""
         if self.deferred is not None:
@@ -298,12 +308,14 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
     spinner = None if total > 1 else st.spinner(plain_md(f"{label}…"))
     if spinner is not None:
         shown.call(spinner.__enter__)
+        if shown.deferred is not None:
+            spinner = None     # its generator ended with the exception: nothing to leave
     try:
         yield shown, tracker(work, display)
     finally:
         work.end()
         if spinner is not None:
-            shown.call(spinner.__exit__, None, None, None)
+            shown.exit(spinner)
         bar.clear()
 
 
