@@ -77,6 +77,23 @@ def test_queued_writes_to_skipped_keys_stay_for_the_next_run() -> None:
     assert q.apply(state, {"cfg_num_blocks"}) is False
 
 
+def test_a_conditional_write_yields_to_a_selection_made_meanwhile() -> None:
+    """An Add queues "pick the new request" unless the person picked another request
+    while it waited for the engine (a long step ran): their later pick is kept."""
+    q = ui_progress.Queued()
+    q.put("req_pick", "mid", if_still="A")
+    state: dict[str, Any] = {"req_pick": "B"}      # picked while the add waited
+    assert q.apply(state) is False and state == {"req_pick": "B"}
+    q.put("req_pick", "mid", if_still="A")
+    state = {"req_pick": "A"}                      # untouched: the new request is picked
+    q.apply(state)
+    assert state == {"req_pick": "mid"}
+    q.put("req_pick", "first", if_still=None)      # the first add: nothing was picked
+    state = {}
+    q.apply(state)
+    assert state == {"req_pick": "first"}
+
+
 def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
     config = EngineConfig(num_blocks=32, block_size=4)
     engine = Engine(config, kernel="torch")

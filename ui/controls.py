@@ -101,6 +101,8 @@ def render() -> None:
 # ---- add ----------------------------------------------------------------------
 
 def _on_add() -> None:
+    picked: list[str | None] = [None]     # the request picked when Add was clicked
+
     def prepare() -> MakeOp:
         ss = st.session_state
         fields = {
@@ -112,6 +114,7 @@ def _on_add() -> None:
             "n": whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
             "beam_width": whole_number("add_beam", "Beam width", 1, MAX_SAMPLES),
             "chat": bool(ss.get("add_chat"))}
+        picked[0] = ss.get("req_pick")
         return lambda engine: add_op(
             **fields, existing=engine.requests, vocab_size=engine.config.vocab_size,
             default_max_new=engine.config.max_new_tokens)
@@ -128,7 +131,8 @@ def _on_add() -> None:
         q.put("add_len", None)
         # With n samples or beams the requests are ID.0, ID.1, ...; pick the first.
         grouped = result.op.n is not None or result.op.beam_width is not None
-        q.put("req_pick", result.op.request + (".0" if grouped else ""))
+        # Unless the person picked another request while the add waited for the engine.
+        q.put("req_pick", result.op.request + (".0" if grouped else ""), if_still=picked[0])
 
     session.apply(prepare, after)
 
@@ -209,7 +213,8 @@ def _on_fork() -> None:
         if isinstance(result.op, Fork):
             # The child is what a person usually acts on next (grow it to diverge).
             q.put("req_child", "")
-            q.put("req_pick", result.op.child)
+            # Unless the person picked another request while the fork waited.
+            q.put("req_pick", result.op.child, if_still=result.op.request)
 
     session.apply(prepare, after)
 

@@ -97,6 +97,10 @@ class Shown:
             raise deferred
 
 
+# `Queued.put`'s "whatever the key holds".
+_ANY = object()
+
+
 class Queued:
     """Session-state writes that must land even if Streamlit stops this run.
 
@@ -111,26 +115,31 @@ class Queued:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._writes: dict[str, Any] = {}
+        # key -> (value, the value the key must still hold for the write to land).
+        self._writes: dict[str, tuple[Any, Any]] = {}
 
-    def put(self, key: str, value: Any) -> None:
+    def put(self, key: str, value: Any, *, if_still: Any = _ANY) -> None:
+        """Queue `state[key] = value`; with `if_still`, only if the key then still holds
+        that value (a selection the person changed while an operation waited is theirs)."""
         with self._lock:
             # Re-inserted, so writes land in the order they were last made.
             self._writes.pop(key, None)
-            self._writes[key] = value
+            self._writes[key] = (value, if_still)
 
     def apply(self, state: Any, skip: Collection[str] = ()) -> bool:
         """Write everything queued into `state` (st.session_state), oldest first, except
         the keys in `skip`, which stay queued. Whether any write stayed for them."""
         while True:
             with self._lock:
-                item = next(((k, v) for k, v in self._writes.items() if k not in skip), None)
+                item = next(((k, w) for k, w in self._writes.items() if k not in skip), None)
                 if item is None:
                     return any(k in skip for k in self._writes)
-            key, value = item
-            state[key] = value      # may raise: then it stays queued
+            key, write = item
+            value, if_still = write
+            if if_still is _ANY or state.get(key) == if_still:
+                state[key] = value      # may raise: then it stays queued
             with self._lock:
-                if key in self._writes and self._writes[key] is value:
+                if key in self._writes and self._writes[key] is write:
                     del self._writes[key]
 
 
