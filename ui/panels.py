@@ -22,7 +22,7 @@ from backend.core.words import agrees, counted
 from backend.engine.engine import Engine
 from backend.engine.results import logit_tolerance
 from backend.kernels import TorchKernels
-from backend.views import Snapshot
+from backend.views import Snapshot, verify
 from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
@@ -367,21 +367,7 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
     if st.button("Verify against a full recomputation", key=f"{prefix}verify",
                  help="Recompute every running request's K/V and logits with plain "
                       "attention and no cache, and compare them with the paged state."):
-        v = engine.verify_recomputation()
-        tol = logit_tolerance(engine.config.dtype)
-        said = (f"{counted(v.num_requests, 'request')}, {counted(v.num_tokens, 'token')} "
-                "recomputed without "
-                f"paging: max |K/V in the blocks − recomputed| = {v.max_kv_err:.2g}, "
-                f"max |logits − recomputed| = {v.max_logit_err:.2g}. ")
-        # The same tolerance as the control run's (float rounding of this dtype), of the
-        # largest value when values pass 1.
-        kv_bound, logit_bound = v.bounds(tol)
-        within = (f"both within {tol:g}" if kv_bound == logit_bound == tol else
-                  f"K/V within {kv_bound:.2g} and logits within {logit_bound:.2g} "
-                  f"({tol:g} of the largest value)")
-        if v.agrees(tol):
-            st.success(said + f"They agree: {within}, float rounding of "
-                              f"{engine.config.dtype}.")
-        else:
-            st.error(said + f"They disagree: not {within}. The paged state is not what "
-                            "the model computes, a bug in the paging.")
+        # The same tolerance as the control run's: float rounding of this dtype.
+        ok, said = verify.verdict(engine.verify_recomputation(),
+                                  logit_tolerance(engine.config.dtype), engine.config.dtype)
+        (st.success if ok else st.error)(said)

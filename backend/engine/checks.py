@@ -6,6 +6,10 @@
 
 from __future__ import annotations
 
+import math
+
+import torch
+
 from backend.core.errors import IntegrityError
 from backend.engine.kv_cache import KVCache
 from backend.engine.request import Request
@@ -34,7 +38,8 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
     a reference reading the same cache), this catches a wrong block, a
     missed copy-on-write, a bad move or a prefix hit on other tokens.
     """
-    kv_err = logit_err = kv_scale = logit_scale = 0.0
+    kv_err = logit_err = 0.0
+    kv_worst = logit_worst = (0.0, 0.0)
     tokens = 0
     bs = manager.block_size
     held = [(req, cache, manager.slots_of(req.id, 0, req.num_computed)) for req in running]
@@ -49,15 +54,28 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
         for layer in range(len(where.k)):
             keys, values = where.read_slots(layer, slots)
             for got, want in ((keys, ref.keys[layer]), (values, ref.values[layer])):
-                kv_err = max(kv_err, float((got.float() - want.float()).abs().max()))
-                kv_scale = max(kv_scale, float(want.float().abs().max()))
+                worst = _error(got, want)
+                kv_err = max(kv_err, worst[0])
+                kv_worst = max(kv_worst, worst, key=_relative)
         if not req.prefilling:
             assert req.logits is not None
-            want_logits = ref.logits[-1].cpu()
-            logit_err = max(logit_err, float((req.logits - want_logits).abs().max()))
-            logit_scale = max(logit_scale, float(want_logits.float().abs().max()))
+            worst = _error(req.logits, ref.logits[-1].cpu())
+            logit_err = max(logit_err, worst[0])
+            logit_worst = max(logit_worst, worst, key=_relative)
         tokens += req.num_computed
-    return Verification(len(held), tokens, kv_err, logit_err, kv_scale, logit_scale)
+    return Verification(len(held), tokens, kv_err, logit_err, kv_worst, logit_worst)
+
+
+def _error(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """The largest |got - want| (inf where either is NaN or infinite: garbage must never
+    compare as agreement) and the largest |want|."""
+    err = float((got.float() - want.float()).abs().max())
+    return (err if math.isfinite(err) else math.inf), float(want.float().abs().max())
+
+
+def _relative(error_and_scale: tuple[float, float]) -> float:
+    err, scale = error_and_scale
+    return err / max(1.0, scale)
 
 
 def check_requests(requests: dict[str, Request], scheduler: Scheduler,

@@ -60,21 +60,28 @@ class Verification:
     num_tokens: int
     max_kv_err: float        # largest |cached K/V - recomputed K/V| over all slots, layers
     max_logit_err: float     # largest |pending logits - recomputed logits|
-    kv_scale: float = 0.0    # largest |recomputed K/V|
-    logit_scale: float = 0.0  # largest |recomputed logit|
+    # The error and the largest |recomputed value| of the layer's keys or values (of one
+    # request's logits) where the error is largest against that scale (`bounds`).
+    kv_worst: tuple[float, float] = (0.0, 0.0)
+    logit_worst: tuple[float, float] = (0.0, 0.0)
 
     def bounds(self, tolerance: float) -> tuple[float, float]:
-        """The largest K/V and logit errors float rounding explains: `tolerance` of the
-        largest value (of 1 when every value is smaller). Rounding errors grow with
-        the values: SmolLM2's keys reach 20 and its logits 30, where one bfloat16 step
-        is 0.125; a block read in place of another differs by the values themselves."""
-        return tolerance * max(1.0, self.kv_scale), tolerance * max(1.0, self.logit_scale)
+        """What float rounding explains where each error is worst: `tolerance` of the
+        largest value there (of 1 when every value is smaller).
+
+        Rounding grows with the values: SmolLM2's keys reach 20 and its logits 30,
+        where one bfloat16 step is 0.125, while its first layer's values stay under 1.
+        Each layer's keys and values are judged against their own scale, so a block
+        read in place of another, which differs by the values themselves, is told in
+        every layer."""
+        return (tolerance * max(1.0, self.kv_worst[1]),
+                tolerance * max(1.0, self.logit_worst[1]))
 
     def agrees(self, tolerance: float) -> bool:
-        """The cached K/V and the pending logits both within `bounds(tolerance)` of the
+        """The cached K/V and the pending logits within `bounds(tolerance)` of the
         recomputation: what float arithmetic in another order explains."""
         kv, logits = self.bounds(tolerance)
-        return self.max_kv_err <= kv and self.max_logit_err <= logits
+        return self.kv_worst[0] <= kv and self.logit_worst[0] <= logits
 
 
 @dataclass(frozen=True, slots=True)
