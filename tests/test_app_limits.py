@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import gc
+import types
 
 import pytest
+import torch
 
+from backend.core.config import EngineConfig
 from backend.sessions import budget as budget_module
+from backend.sessions import playground, saved
 from backend.sessions.history import History
+from backend.sessions.oplog import OpLog
+from backend.sessions.playground import Settings, build_engine, switch_kernels
 from tests.test_app import add, click, engine, start
+from ui import progress, session
 
 
 def test_a_pool_over_the_session_budget_is_refused_and_the_engine_kept(
@@ -56,3 +63,42 @@ def test_an_engine_the_sidebar_replaced_stops_counting_at_once() -> None:
     # `old` is still referenced here, and counted no more.
     assert budget_module.SERVER_BUDGET.in_use() - before == (
         budget_module.engine_bytes(new) - budget_module.engine_bytes(old))
+
+
+def test_a_kernel_switch_on_the_same_device_leaves_nothing_alive_after_the_session() -> None:
+    """`OpSession.replace` files the new session under the engine it replaced; after a
+    kernel switch that is the same engine, and a strong reference from the record to
+    it kept its K/V (and its budget) alive for good once the session ended."""
+    s = Settings(EngineConfig(num_blocks=64, block_size=4), "cpu", "torch")
+    engine = build_engine(s, "owner-switch")
+    assert budget_module.SERVER_BUDGET.in_use("owner-switch") > 0
+    sess = session.OpSession(engine, s, History(), OpLog(), "owner-switch",
+                             saved.Tab(None, "browser"), progress.Queued(), 0)
+    with engine.lock:
+        same = switch_kernels(engine, "cpu", "torch")
+        assert same is engine
+        after = sess.replace(saved.Live(same, s, sess.history, sess.oplog))
+    # A run that waited for the lock follows the record to the same engine.
+    assert session._successor(sess) == after
+    del sess, same, engine, after
+    gc.collect()
+    assert budget_module.SERVER_BUDGET.in_use("owner-switch") == 0
+
+
+def test_an_engine_moved_to_another_device_is_counted_in_place_of_the_old(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings(EngineConfig(num_blocks=64, block_size=4), "cpu", "torch")
+    engine = build_engine(s, "owner-move")
+    counted = budget_module.SERVER_BUDGET.in_use("owner-move")
+    # One device here: take the other-device branch (cpu -> cuda on a GPU machine); the
+    # new engine is still built on the CPU.
+    monkeypatch.setattr(playground, "select_kernels",
+                        lambda d, k: types.SimpleNamespace(device=torch.device("meta")))
+    sess = session.OpSession(engine, s, History(), OpLog(), "owner-move",
+                             saved.Tab(None, "browser"), progress.Queued(), 0)
+    with engine.lock:
+        moved = switch_kernels(engine, "cpu", "torch", "owner-move")
+        assert moved is not engine
+        sess.replace(saved.Live(moved, s, sess.history, sess.oplog))
+    assert budget_module.SERVER_BUDGET.in_use("owner-move") == counted == (
+        budget_module.engine_bytes(moved))

@@ -11,15 +11,16 @@ import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
-from backend.engine.control import ControlReport, compare_with_control
+from backend.engine.control import ControlReport, compare_with_control, control_config
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
+from backend.sessions.budget import SERVER_BUDGET
 from backend.sessions.oplog import OpLog
 from backend.views import Snapshot
 from backend.views.control import WITHOUT, control_frame, control_sentence
 from backend.views.text import plain_md
 from ui.bars import progress_bar
-from ui.session import keep_result, kept_result
+from ui.session import get_owner, keep_result, kept_result
 
 TITLE = "Control run: the same operations without the perturbations"
 # What a control run is for: its panel opens by itself once one of these happened.
@@ -76,13 +77,21 @@ def _on_run(engine: Engine, oplog: OpLog) -> None:
             advance(done / total, f"Replayed {done} of {total} operations")
             return True
 
+        # The replay's two engines are this session's memory while they run.
+        claims: list[int] = []
         try:
+            claims.append(SERVER_BUDGET.claim(engine.config, get_owner()))
+            claims.append(SERVER_BUDGET.claim(control_config(engine.config, ops),
+                                              get_owner()))
             report = compare_with_control(engine.config, ops, device=engine.device.type,
                                           progress=step)
         except PagedLabError as exc:
             keep_result(PLAYGROUND, engine, (len(oplog.ops), str(exc)))
         else:
             keep_result(PLAYGROUND, engine, (len(oplog.ops), report))
+        finally:
+            for claim in claims:
+                SERVER_BUDGET.cancel(claim)
 
 
 def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:

@@ -380,7 +380,7 @@ def _switch_held(sess: OpSession, device: str, kernel: str) -> None:
     """`change_kernel` with the engine's lock held."""
     s = sess.settings
     try:
-        engine = switch_kernels(sess.engine, device, kernel)
+        engine = switch_kernels(sess.engine, device, kernel, sess.owner)
     except PagedLabError as exc:
         sess.queued.put("dev_device", s.device)
         sess.queued.put("dev_kernel", s.kernel)

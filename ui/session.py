@@ -353,7 +353,9 @@ class OpSession:
         after = OpSession(live.engine, live.settings, live.history, live.oplog, self.owner,
                           self.tab, q, self.generation + 1)
         with _SUCCESSORS_LOCK:
-            _SUCCESSORS[self.engine] = after
+            _SUCCESSORS[self.engine] = _Successor(weakref.ref(live.engine), live.settings,
+                                                  live.history, live.oplog,
+                                                  self.generation + 1)
         if live.engine is not self.engine:
             # Streamlit keeps this run's state, the old engine with it, until the session's
             # next run: other sessions should not be refused for memory it is giving back.
@@ -369,16 +371,38 @@ class OpSession:
         self.queued.put(FLASH, (kind, text))
 
 
+@dataclass(frozen=True, slots=True)
+class _Successor:
+    """`OpSession.replace`'s record: the new session, its engine held weakly. After a
+    kernel switch on the same device it is the very engine the record is filed under,
+    which a strong reference would keep alive, K/V and all, after its session ended.
+    The owner, tab and write queue are the browser session's own, as the waiting run
+    read them (the queue holds the new engine until its writes land)."""
+
+    engine: weakref.ReferenceType[Engine]
+    settings: Settings
+    history: History
+    oplog: OpLog
+    generation: int
+
+
 # The session that replaced an engine (`OpSession.replace`), by the engine it replaced.
-# Weak: once no run holds the old engine, its entry goes with it. Engines are never
-# shared between browser sessions, so neither are entries.
-_SUCCESSORS: weakref.WeakKeyDictionary[Engine, OpSession] = weakref.WeakKeyDictionary()
+# Weak both ways: once no run holds the old engine, its entry goes with it. Engines are
+# never shared between browser sessions, so neither are entries.
+_SUCCESSORS: weakref.WeakKeyDictionary[Engine, _Successor] = weakref.WeakKeyDictionary()
 _SUCCESSORS_LOCK = threading.Lock()
 
 
-def _successor(engine: Engine) -> OpSession | None:
+def _successor(sess: OpSession) -> OpSession | None:
+    """The session that replaced `sess`'s engine, if one did."""
     with _SUCCESSORS_LOCK:
-        return _SUCCESSORS.get(engine)
+        record = _SUCCESSORS.get(sess.engine)
+    new = None if record is None else record.engine()
+    if record is None or new is None:
+        # A new engine that is gone belonged to a session that ended: nothing to follow.
+        return None
+    return OpSession(new, record.settings, record.history, record.oplog, sess.owner,
+                     sess.tab, sess.queued, record.generation)
 
 
 # Tries at taking the current engine's lock while other runs keep replacing it.
@@ -402,7 +426,7 @@ def holding_current(where: str, work: Work, shown: list[Shown]) -> Iterator[OpSe
     for attempt in range(MAX_WAITS):
         with progress.engine_lock(sess.engine, f"{where}{attempt}", work) as waited:
             shown.append(waited)
-            after = _successor(sess.engine)
+            after = _successor(sess)
             if after is None or after.generation <= sess.generation:
                 yield sess
                 return

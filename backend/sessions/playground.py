@@ -204,12 +204,14 @@ def has_state(engine: Engine) -> bool:
     return engine.step > 0 or bool(engine.requests)
 
 
-def switch_kernels(engine: Engine, device: str, kernel: str) -> Engine:
+def switch_kernels(engine: Engine, device: str, kernel: str, owner: str | None = None, *,
+                   budget: KVBudget = SERVER_BUDGET) -> Engine:
     """The same state, with its model steps run by another kernel (or on another device).
 
     On the same device only the kernel changes: the K/V tensors, tables and
     pending logits stay exactly as they are. On another device the state is
-    carried over through a snapshot (K/V recomputed from the tokens there).
+    carried over through a snapshot (K/V recomputed from the tokens there), on
+    a new engine counted for `owner` (a browser session) in place of this one.
     Raises PagedLabError for a device or kernel this machine lacks.
     """
     if select_kernels(device, kernel).device == engine.device:
@@ -218,7 +220,14 @@ def switch_kernels(engine: Engine, device: str, kernel: str) -> Engine:
         return engine
     with engine.lock:
         snapshot = export_snapshot(engine)
-    return restore_engine(snapshot, device=device, kernel=kernel)
+    claim = None if owner is None else budget.claim(engine.config, owner, replacing=engine)
+    try:
+        moved = restore_engine(snapshot, device=device, kernel=kernel)
+    except BaseException:
+        if claim is not None:
+            budget.cancel(claim)
+        raise
+    return moved if claim is None else budget.bind(claim, moved)
 
 
 def next_request_id(existing: set[str] | dict[str, Any]) -> str:

@@ -22,10 +22,11 @@ No Streamlit here: ui/tour.py keeps one `TourRun` per browser session.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.control import ControlReport, ControlRun
 from backend.engine.engine import Engine
@@ -185,6 +186,8 @@ class TourRun:
         self.title = title
         self.device = device
         self.kernel = kernel
+        self.owner = owner
+        self.budget = budget
         # Raises PagedLabError for a device or kernel this machine lacks, or (for a
         # browser session, `owner`) a pool its K/V budget has no room for.
         claim = None if owner is None else budget.claim(scenario.config, owner)
@@ -202,14 +205,24 @@ class TourRun:
         self.control: ControlRun | None = None
         self.control_problem: str | None = None
         ops = [s.op for s in scenario.steps]
+        claims: list[int] = []
+
+        def admit(sized: EngineConfig) -> None:
+            if owner is not None:
+                claims.append(budget.claim(sized, owner))
+
         try:
-            admit = None if owner is None else partial(budget.check, owner=owner)
             self.control = ControlRun(scenario.config, ops, device=self.engine.device.type,
                                       admit=admit)
-            if owner is not None:
-                budget.track(self.control.control, owner)
-        except PagedLabError as exc:
+        except BaseException as exc:
+            for c in claims:
+                budget.cancel(c)
+            if not isinstance(exc, PagedLabError):
+                raise
             self.control_problem = str(exc)
+        else:
+            for c in claims:
+                budget.bind(c, self.control.control)
         self.frames: list[Frame] = [Frame(0, export_snapshot(self.engine), "start", None, None,
                                           (), arena_state(self.mirror))]
         self.error: str | None = None
@@ -272,7 +285,10 @@ class TourRun:
 
         Raises PagedLabError for a device or kernel this machine lacks.
         """
-        self.engine = switch_kernels(self.engine, device, kernel)
+        old = self.engine
+        self.engine = switch_kernels(old, device, kernel, self.owner, budget=self.budget)
+        if self.engine is not old:
+            self.budget.retire(old)
         self.device, self.kernel = device, kernel
 
     def snapshots(self) -> list[dict[str, Any]]:
