@@ -18,6 +18,7 @@ import gc
 import os
 import threading
 import weakref
+from collections import deque
 from dataclasses import dataclass
 
 from backend.core.config import TINY_BYTE, EngineConfig
@@ -61,10 +62,12 @@ class KVBudget:
     def __init__(self, per_session: int, per_server: int) -> None:
         self.per_session = per_session
         self.per_server = per_server
-        # Reentrant: a gc.collect() run while it is held may finalize an engine, whose
-        # finalizer takes it again.
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._held: dict[int, _Holding] = {}
+        # Keys whose engines were collected. A finalizer may run at any allocation,
+        # inside a locked section too (while `_held` is being summed), so it only
+        # appends here, without the lock; every locked section drains it first.
+        self._gone: deque[int] = deque()
         self._keys: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
         self._next = 0
 
@@ -75,6 +78,7 @@ class KVBudget:
 
     def in_use(self, owner: str | None = None) -> int:
         with self._lock:
+            self._drain()
             return sum(h.nbytes for h in self._held.values() if owner in (None, h.owner))
 
     def check_size(self, config: EngineConfig, num_blocks: int | None = None) -> None:
@@ -148,6 +152,7 @@ class KVBudget:
                 # collect them before refusing, since their memory is about to come back.
                 gc.collect()
             with self._lock:
+                self._drain()
                 problem = self._problem(need, owner, replacing)
                 if problem is None:
                     if not keep:
@@ -183,6 +188,7 @@ class KVBudget:
     def claim_unchecked(self, config: EngineConfig, owner: str) -> int:
         """Mutates: count an engine's bytes without refusing it (see `track`)."""
         with self._lock:
+            self._drain()
             key = self._next
             self._next += 1
             self._held[key] = _Holding(owner, config.kv_bytes + config.host_kv_bytes)
@@ -192,6 +198,7 @@ class KVBudget:
         """Mutates: the claim `key` now counts `engine` (its exact bytes) until its session
         replaces it (`retire`) or it is garbage-collected."""
         with self._lock:
+            self._drain()
             owner = self._held[key].owner
             self._held[key] = _Holding(owner, engine_bytes(engine))
             self._keys[engine] = key
@@ -207,6 +214,7 @@ class KVBudget:
         a session's previous state until that session's next run, so the engine may
         outlive its replacement by minutes; other sessions should not pay for it."""
         with self._lock:
+            self._drain()
             key = self._keys.pop(engine, None)
             if key is not None:
                 self._held.pop(key, None)
@@ -214,14 +222,19 @@ class KVBudget:
     def track(self, engine: Engine, owner: str) -> Engine:
         """Mutates: count `engine`'s K/V against `owner` until it is garbage-collected."""
         with self._lock:
+            self._drain()
             key = self._next
             self._next += 1
             self._held[key] = _Holding(owner, engine_bytes(engine))
         return self.bind(key, engine)
 
     def _release(self, key: int) -> None:
-        with self._lock:
-            self._held.pop(key, None)
+        self._gone.append(key)
+
+    def _drain(self) -> None:
+        """Drop the holdings of collected engines. Call with the lock held."""
+        while self._gone:
+            self._held.pop(self._gone.popleft(), None)
 
 
 # The app's one budget, shared by every session of the process.
