@@ -186,7 +186,8 @@ class KVBudget:
         return key
 
     def claim_unchecked(self, config: EngineConfig, owner: str) -> int:
-        """Mutates: count an engine's bytes without refusing it (see `track`)."""
+        """Mutates: count an engine's bytes without refusing it: a new session's default
+        pool, which a full server must still give every visitor."""
         with self._lock:
             self._drain()
             key = self._next
