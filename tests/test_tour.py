@@ -213,3 +213,22 @@ def test_a_control_run_over_the_session_budget_is_left_out_and_named() -> None:
     assert "this session's engines already hold" in run.control_problem
     assert tight.in_use("s2") == size
     assert run.run_to(6) == 6 and run.frame(6).all_ok
+
+
+def test_a_run_that_replaces_another_gets_its_room() -> None:
+    scenario = shipped_scenario("08-fork-copy-on-write")
+    size = scenario.config.kv_bytes
+    probe = TourRun(scenario, "08", "t", kernel="torch", owner="s0",
+                    budget=KVBudget(per_session=64 * MIB, per_server=64 * MIB))
+    assert probe.control is not None
+    one_run = size + probe.control.control.cache.total_bytes
+    # Room for one run, engine and control: picking another scenario (here the same)
+    # replaces the run, whose engines the page still holds while the new one is built.
+    budget = KVBudget(per_session=one_run, per_server=64 * MIB)
+    first = TourRun(scenario, "08", "t", kernel="torch", owner="s1", budget=budget)
+    with pytest.raises(PagedLabError, match="this session's engines already hold"):
+        TourRun(scenario, "08", "t", kernel="torch", owner="s1", budget=budget)
+    second = TourRun(scenario, "08", "t", kernel="torch", owner="s1", budget=budget,
+                     replacing=first)
+    assert second.control is not None and second.control_problem is None
+    assert budget.in_use("s1") == one_run and first.engine is not second.engine

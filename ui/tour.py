@@ -168,7 +168,7 @@ def load(key: str, ctx: LoadContext | None = None) -> bool:
             scenario = shipped_scenario(key)
             title = scenario.name
         t.run = TourRun(scenario, key, title, device=s.device, kernel=s.kernel,
-                        owner=ctx.owner)
+                        owner=ctx.owner, replacing=t.run)
     except PagedLabError as exc:
         say("error", f"Cannot start that scenario: {exc}")
         return False

@@ -178,9 +178,11 @@ class TourRun:
     "upload"); `title` is what the page calls it.
     """
 
+    engine: Engine
+
     def __init__(self, scenario: Scenario, key: str, title: str, *, device: str = "auto",
                  kernel: str = "auto", owner: str | None = None,
-                 budget: KVBudget = SERVER_BUDGET) -> None:
+                 budget: KVBudget = SERVER_BUDGET, replacing: TourRun | None = None) -> None:
         self.scenario = scenario
         self.key = key
         self.title = title
@@ -190,7 +192,9 @@ class TourRun:
         self.budget = budget
         # Raises PagedLabError for a device or kernel this machine lacks, or (for a
         # browser session, `owner`) a pool its K/V budget has no room for.
-        claim = None if owner is None else budget.claim(scenario.config, owner)
+        # `replacing`, the session's run this one replaces, gives its engines back.
+        old: Engine | None = None if replacing is None else replacing.engine
+        claim = None if owner is None else budget.claim(scenario.config, owner, replacing=old)
         try:
             self.engine = Engine(scenario.config, device=device, kernel=kernel)
         except BaseException:
@@ -199,6 +203,10 @@ class TourRun:
             raise
         if claim is not None:
             budget.bind(claim, self.engine)
+        if replacing is not None:
+            budget.retire(replacing.engine)
+            if replacing.control is not None:
+                budget.retire(replacing.control.control)
         self.mirror = scenario.mirror()
         # The control run beside it (backend/engine/control.py): its own engine, sized
         # for the whole scenario and counted against the same K/V budget.
