@@ -69,8 +69,9 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
 def _error(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
     """The largest |got - want| (inf where either is NaN or infinite: garbage must never
     compare as agreement) and the largest |want|."""
-    err = float((got.float() - want.float()).abs().max())
-    return (err if math.isfinite(err) else math.inf), float(want.float().abs().max())
+    want = want.float()
+    err = float((got.float() - want).abs().max())
+    return (err if math.isfinite(err) else math.inf), float(want.abs().max())
 
 
 def _relative(error_and_scale: tuple[float, float]) -> float:

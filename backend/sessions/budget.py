@@ -19,6 +19,7 @@ import os
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.core.config import TINY_BYTE, EngineConfig
@@ -155,12 +156,7 @@ class KVBudget:
                 self._drain()
                 problem = self._problem(need, owner, replacing)
                 if problem is None:
-                    if not keep:
-                        return None
-                    key = self._next
-                    self._next += 1
-                    self._held[key] = _Holding(owner, need)
-                    return key
+                    return self._count(owner, need) if keep else None
         raise PagedLabError(problem)
 
     def check(self, config: EngineConfig, owner: str, *,
@@ -190,10 +186,7 @@ class KVBudget:
         pool, which a full server must still give every visitor."""
         with self._lock:
             self._drain()
-            key = self._next
-            self._next += 1
-            self._held[key] = _Holding(owner, config.kv_bytes + config.host_kv_bytes)
-            return key
+            return self._count(owner, config.kv_bytes + config.host_kv_bytes)
 
     def bind(self, key: int, engine: Engine) -> Engine:
         """Mutates: the claim `key` now counts `engine` (its exact bytes) until its session
@@ -205,6 +198,16 @@ class KVBudget:
             self._keys[engine] = key
         weakref.finalize(engine, self._release, key)
         return engine
+
+    def built(self, key: int, make: Callable[[], Engine]) -> Engine:
+        """Mutates: the engine `make()` builds for the claim `key`, bound to it; if building
+        fails, in any way, the claim is given back and the failure raised."""
+        try:
+            engine = make()
+        except BaseException:
+            self.cancel(key)
+            raise
+        return self.bind(key, engine)
 
     def cancel(self, key: int) -> None:
         """Mutates: give back a claim whose engine was never built."""
@@ -224,10 +227,15 @@ class KVBudget:
         """Mutates: count `engine`'s K/V against `owner` until it is garbage-collected."""
         with self._lock:
             self._drain()
-            key = self._next
-            self._next += 1
-            self._held[key] = _Holding(owner, engine_bytes(engine))
+            key = self._count(owner, engine_bytes(engine))
         return self.bind(key, engine)
+
+    def _count(self, owner: str, nbytes: int) -> int:
+        """A new holding of `nbytes` for `owner`; its key. Call with the lock held."""
+        key = self._next
+        self._next += 1
+        self._held[key] = _Holding(owner, nbytes)
+        return key
 
     def _release(self, key: int) -> None:
         self._gone.append(key)

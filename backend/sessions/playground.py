@@ -131,12 +131,8 @@ def build_engine(settings: Settings, owner: str, *, replacing: Engine | None = N
     """
     key = (budget.claim(settings.config, owner, replacing=replacing) if check
            else budget.claim_unchecked(settings.config, owner))
-    try:
-        engine = Engine(settings.config, device=settings.device, kernel=settings.kernel)
-    except BaseException:
-        budget.cancel(key)
-        raise
-    return budget.bind(key, engine)
+    return budget.built(key, lambda: Engine(settings.config, device=settings.device,
+                                            kernel=settings.kernel))
 
 
 def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
@@ -148,15 +144,13 @@ def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
     allocated; a malformed config is left for `restore_engine` to name.
     """
     config = snapshot_config(data)
-    key = None if config is None else budget.claim(config, owner, replacing=replacing)
-    try:
-        engine = restore_engine(data, device=settings.device, kernel=settings.kernel,
-                                progress=progress)
-    except BaseException:
-        if key is not None:
-            budget.cancel(key)
-        raise
-    return budget.track(engine, owner) if key is None else budget.bind(key, engine)
+    def make() -> Engine:
+        return restore_engine(data, device=settings.device, kernel=settings.kernel,
+                              progress=progress)
+
+    if config is None:
+        return budget.track(make(), owner)
+    return budget.built(budget.claim(config, owner, replacing=replacing), make)
 
 
 def snapshot_config(data: dict[str, Any]) -> EngineConfig | None:
@@ -220,14 +214,12 @@ def switch_kernels(engine: Engine, device: str, kernel: str, owner: str | None =
         return engine
     with engine.lock:
         snapshot = export_snapshot(engine)
-    claim = None if owner is None else budget.claim(engine.config, owner, replacing=engine)
-    try:
-        moved = restore_engine(snapshot, device=device, kernel=kernel)
-    except BaseException:
-        if claim is not None:
-            budget.cancel(claim)
-        raise
-    return moved if claim is None else budget.bind(claim, moved)
+    def make() -> Engine:
+        return restore_engine(snapshot, device=device, kernel=kernel)
+
+    if owner is None:
+        return make()
+    return budget.built(budget.claim(engine.config, owner, replacing=engine), make)
 
 
 def next_request_id(existing: set[str] | dict[str, Any]) -> str:

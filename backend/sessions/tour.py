@@ -178,8 +178,6 @@ class TourRun:
     "upload"); `title` is what the page calls it.
     """
 
-    engine: Engine
-
     def __init__(self, scenario: Scenario, key: str, title: str, *, device: str = "auto",
                  kernel: str = "auto", owner: str | None = None,
                  budget: KVBudget = SERVER_BUDGET, replacing: TourRun | None = None) -> None:
@@ -193,16 +191,15 @@ class TourRun:
         # Raises PagedLabError for a device or kernel this machine lacks, or (for a
         # browser session, `owner`) a pool its K/V budget has no room for.
         # `replacing`, the session's run this one replaces, gives its engines back.
-        old: Engine | None = None if replacing is None else replacing.engine
-        claim = None if owner is None else budget.claim(scenario.config, owner, replacing=old)
-        try:
-            self.engine = Engine(scenario.config, device=device, kernel=kernel)
-        except BaseException:
-            if claim is not None:
-                budget.cancel(claim)
-            raise
-        if claim is not None:
-            budget.bind(claim, self.engine)
+        def make() -> Engine:
+            return Engine(scenario.config, device=device, kernel=kernel)
+
+        if owner is None:
+            self.engine = make()
+        else:
+            old = None if replacing is None else replacing.engine
+            self.engine = budget.built(budget.claim(scenario.config, owner, replacing=old),
+                                       make)
         if replacing is not None:
             budget.retire(replacing.engine)
             if replacing.control is not None:
