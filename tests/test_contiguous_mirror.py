@@ -68,7 +68,7 @@ def test_a_request_the_pool_keeps_waiting_runs_ahead_here() -> None:
     assert _tokens(mirror) == {"A": 13, "B": 9}
     assert mirror.state()["out_of_step"] == {"B": {"here": 9, "paged": 8,
                                                     "paged_status": "waiting"}}
-    assert tv.arena_fit_message(mirror.state()) == (
+    assert tv.arena_message(mirror.state()) == (
         "B holds 9 tokens here and 8 in the paged pool: the paged pool ran it later.")
     # B reaches its 12 here while the pool still makes it wait: done here first.
     _apply(engine, mirror, Step(3))

@@ -137,7 +137,7 @@ def test_the_arena_map_follows_the_contiguous_mirror() -> None:
     assert list(df["text"]) == ["A", "A reserved", "hole", "C", "(C)", "hole"]
     # A request has one colour in both memories (the grid's palette, by arrival).
     assert df.loc[0, "color"] == tv.PALETTE[0] and df.loc[3, "color"] == tv.PALETTE[2]
-    assert tv.arena_fit_message(arena) == (
+    assert tv.arena_message(arena) == (
         "D waits with 4 tokens: a request that will reach 5 tokens (a region of 5 slots) does "
         "not fit: 5 slots are free in total but the largest hole is 3 (external "
         "fragmentation).")
@@ -154,7 +154,7 @@ def test_the_arena_map_follows_the_contiguous_mirror() -> None:
     empty = run.frame(0).arena
     assert empty is not None and empty["segments"] == [
         {"start": 0, "length": 16, "owner": None, "kind": "free"}]
-    assert tv.arena_fit_message(empty) is None
+    assert tv.arena_message(empty) is None
 
 
 def test_the_arena_says_who_waits_and_who_fell_behind_the_paged_pool() -> None:
@@ -162,7 +162,7 @@ def test_the_arena_says_who_waits_and_who_fell_behind_the_paged_pool() -> None:
     run.run_to(5)
     at = [run.frame(i).arena for i in (3, 4, 5)]
     assert all(a is not None for a in at)
-    assert [tv.arena_fit_message(a) for a in at if a is not None] == [
+    assert [tv.arena_message(a) for a in at if a is not None] == [
         "C waits with 4 tokens: a request that will reach 6 tokens (a region of 16 slots) "
         "does not fit: no slot is free.",
         "C holds 4 tokens here and 5 in the paged pool: it waited here for a region.",

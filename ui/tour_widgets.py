@@ -271,7 +271,7 @@ def arena(frame: Frame) -> None:
     with fitted(spec, "tour_arena_box"):
         st.vega_lite_chart(df, spec, width="stretch", key="tour_arena")
     st.caption(plain_md(tour_views.arena_caption(a)))
-    message = tour_views.arena_fit_message(a)
+    message = tour_views.arena_message(a)
     if message:
         st.warning(plain_md(message))
     st.html(tour_views.arena_legend_html())

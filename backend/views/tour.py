@@ -303,7 +303,7 @@ def arena_caption(arena: dict[str, Any]) -> str:
             "space inside an allocation).")
 
 
-def arena_fit_message(arena: dict[str, Any]) -> str | None:
+def arena_message(arena: dict[str, Any]) -> str | None:
     """Why the first waiting request cannot be placed, if one waits, and which placed
     requests hold a different number of tokens here from the paged pool, and why."""
     fit = arena.get("next_fit")
