@@ -22,6 +22,7 @@ from backend.core.words import counted
 from backend.io.restore import restore_notes
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
+from backend.sessions.budget import SERVER_BUDGET
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import (
@@ -56,6 +57,7 @@ from ui.session import (
     config_fields,
     flash,
     get_engine,
+    get_owner,
     get_settings,
     holding_current,
     snapshot_now,
@@ -331,6 +333,17 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
 def apply_config(config: EngineConfig) -> None:
     """Start a new engine with `config` (the current state is discarded)."""
     _replace_engine(lambda s: Settings(config, s.device, s.kernel), "New engine")
+
+
+def room_problem(config: EngineConfig) -> str | None:
+    """Why the K/V budget has no room now for an engine with `config` in place of the
+    session's, or None. Other sessions' engines count, so the answer changes without
+    this session doing anything: the sidebar asks again on every run."""
+    try:
+        SERVER_BUDGET.check(config, get_owner(), replacing=get_engine())
+    except PagedLabError as exc:
+        return str(exc)
+    return None
 
 
 def apply_pending() -> None:

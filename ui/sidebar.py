@@ -296,6 +296,12 @@ def _tiny_dims_fields() -> None:
                      "K/V in groups.")
 
 
+def _keep_current_button() -> None:
+    """The way back without retyping each field: the running engine's settings."""
+    st.button("Keep current", key="btn_keep_config", on_click=engine_actions.keep_current,
+              width="stretch", help="Put the fields back to the running engine's settings.")
+
+
 def _confirm_or_apply() -> None:
     """Apply changed fields at once if nothing would be lost; otherwise ask first."""
     config, error = engine_actions.fields_config()
@@ -304,15 +310,21 @@ def _confirm_or_apply() -> None:
     if error is not None:
         # One line per refused field (a hard break between them).
         st.error("  \n".join(plain_md(line) for line in labelled(error).splitlines()))
-        # The way back without retyping each field: the running engine's settings.
-        st.button("Keep current", key="btn_keep_config", on_click=engine_actions.keep_current,
-                  width="stretch", help="Put the fields back to the running engine's settings.")
+        _keep_current_button()
         return
     assert config is not None
     # Compared as values: when a source file changes, Streamlit imports its module
     # afresh, and an EngineConfig of the new class never equals one made before it
     # (dataclass equality wants the same class), which would ask to reset for nothing.
     if config.to_json() == session.get_settings().config.to_json():
+        return
+    room = engine_actions.room_problem(config)
+    if room is not None:
+        # Refused here, before "Apply and reset" is offered, rather than after it has
+        # been clicked: the fields keep what was typed and say why it waits.
+        st.session_state[session.FIELDS_PROBLEM] = room
+        st.error(plain_md(f"Not applied for now: {room}."))
+        _keep_current_button()
         return
     if not engine_actions.engine_has_state():
         current = session.get_settings()
