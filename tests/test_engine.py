@@ -16,10 +16,12 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.engine.results import Verification
 from backend.engine.sampling import sample_token
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, snapshot_json
 from backend.models.batch import ForwardBatch, ForwardOutput
+from backend.views.verify import verdict
 
 NAN = float("nan")
 
@@ -363,6 +365,37 @@ def test_verify_recomputation_catches_a_corrupted_block() -> None:
     b = e.block_table("B")[2]
     e.cache.k[1][b, 0] += 1.0
     assert e.verify_recomputation().max_kv_err == pytest.approx(1.0, abs=1e-4)
+
+
+def test_an_overflow_in_the_recomputation_is_not_called_a_paging_bug() -> None:
+    """float16 ends at 65,504: logits past it are infinite in the engine and in the
+    recomputation alike. Verify judges what it can (the K/V) and says the logits cannot
+    be judged, instead of calling inf against inf a paging bug."""
+    e = make("torch", dtype="float16", temperature=0, num_blocks=16, block_size=4)
+    e.model.lm_head.mul_(1e5)         # the real head's logits reach about 3 * 10^5
+    run(e, [Add("A", prompt="The cat sat", max_new_tokens=8), Step(2)])
+    v = e.verify_recomputation()
+    assert (v.kv_finite, v.logits_finite) == (True, False)
+    assert v.max_logit_err == math.inf and v.max_kv_err < 0.01
+    kind, said = verdict(v, 1e-2, "float16")
+    assert kind == "overflow"
+    assert "The keys and values agree, within 0.01 of their largest value" in said
+    assert ("The recomputation's own logits hold values float16 cannot represent (NaN or "
+            "infinite): the model overflows this dtype on these tokens, paged or not") in said
+    assert "paging bug" not in said and "disagree" not in said
+    # A wrong block is still told beside the overflow.
+    first, second = e.block_table("A")[:2]
+    e.cache.k[0][second] = e.cache.k[0][first]
+    kind, said = verdict(e.verify_recomputation(), 1e-2, "float16")
+    assert kind == "disagree" and said.count("They disagree: the K/V differ by ") == 1
+    assert "a bug in the paging. The recomputation's own logits hold values" in said
+
+
+def test_a_recomputation_overflowing_everywhere_judges_nothing() -> None:
+    v = Verification(1, 4, math.inf, math.inf, kv_finite=False, logits_finite=False)
+    kind, said = verdict(v, 1e-3, "float16")
+    assert kind == "overflow" and "agree" not in said
+    assert "own keys and values and logits hold values float16 cannot represent" in said
 
 
 def test_a_grow_refusal_counts_blocks_as_the_metrics_do() -> None:

@@ -41,6 +41,7 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
     kv_err = logit_err = 0.0
     kv_worst = logit_worst = (0.0, 0.0)
     tokens = 0
+    kv_finite = logits_finite = True
     bs = manager.block_size
     held = [(req, cache, manager.slots_of(req.id, 0, req.num_computed)) for req in running]
     if host is not None:
@@ -54,16 +55,19 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
         for layer in range(len(where.k)):
             keys, values = where.read_slots(layer, slots)
             for got, want in ((keys, ref.keys[layer]), (values, ref.values[layer])):
+                kv_finite = kv_finite and bool(torch.isfinite(want).all())
                 worst = _error(got, want)
                 kv_err = max(kv_err, worst[0])
                 kv_worst = max(kv_worst, worst, key=_relative)
         if not req.prefilling:
             assert req.logits is not None
+            logits_finite = logits_finite and bool(torch.isfinite(ref.logits[-1]).all())
             worst = _error(req.logits, ref.logits[-1].cpu())
             logit_err = max(logit_err, worst[0])
             logit_worst = max(logit_worst, worst, key=_relative)
         tokens += req.num_computed
-    return Verification(len(held), tokens, kv_err, logit_err, kv_worst, logit_worst)
+    return Verification(len(held), tokens, kv_err, logit_err, kv_worst, logit_worst,
+                        kv_finite, logits_finite)
 
 
 def _error(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:

@@ -64,6 +64,11 @@ class Verification:
     # request's logits) where the error is largest against that scale (`bounds`).
     kv_worst: tuple[float, float] = (0.0, 0.0)
     logit_worst: tuple[float, float] = (0.0, 0.0)
+    # False when the recomputation's own K/V (logits) hold NaN or infinite values: the
+    # model overflows its dtype (float16 ends at 65,504) on these tokens, paged or not,
+    # so that comparison cannot tell a paging bug from the overflow.
+    kv_finite: bool = True
+    logits_finite: bool = True
 
     def bounds(self, tolerance: float) -> tuple[float, float]:
         """What float rounding explains where each error is worst: `tolerance` of the
