@@ -94,6 +94,39 @@ def test_a_conditional_write_yields_to_a_selection_made_meanwhile() -> None:
     assert state == {"req_pick": "first"}
 
 
+def test_two_adds_in_a_row_each_pick_their_request_unless_the_person_picks_another() -> None:
+    """Both Adds are clicked with A picked. The first's write lands before the second is
+    done (a run in between): the second's expectation moves with the queue's own write,
+    so its request is picked too; a pick the person made in between is kept."""
+    for person in (None, "B"):
+        q = ui_progress.Queued()
+        first, second = q.expect("req_pick", "A"), q.expect("req_pick", "A")
+        state: dict[str, Any] = {"req_pick": "A"}
+        q.put("req_pick", "new1", if_still=first)
+        q.apply(state)
+        assert state == {"req_pick": "new1"}
+        if person is not None:
+            state["req_pick"] = person               # picked while the second add waited
+        q.put("req_pick", "new2", if_still=second)
+        q.apply(state)
+        assert state == {"req_pick": person or "new2"}
+
+
+def test_a_conditional_write_asks_its_condition_of_a_queued_write_to_the_same_key() -> None:
+    """A new engine's queued "nothing picked" lands before the add's pick: the pick is
+    asked of the value it leaves, instead of replacing it unasked."""
+    q = ui_progress.Queued()
+    q.put("req_pick", None)
+    q.put("req_pick", "new", if_still="A")          # A was picked on the old engine
+    state: dict[str, Any] = {"req_pick": "A"}
+    q.apply(state)
+    assert state == {"req_pick": None}
+    q.put("req_pick", None)
+    q.put("req_pick", "new", if_still=None)         # the first add: nothing was picked
+    q.apply(state)
+    assert state == {"req_pick": "new"}
+
+
 def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
     config = EngineConfig(num_blocks=32, block_size=4)
     engine = Engine(config, kernel="torch")

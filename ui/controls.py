@@ -28,7 +28,7 @@ from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
 from ui import layout, session
 from ui.numbers import out_of_range, whole, whole_input
-from ui.progress import Queued
+from ui.progress import Expected, Queued
 from ui.session import MakeOp
 
 
@@ -101,7 +101,7 @@ def render() -> None:
 # ---- add ----------------------------------------------------------------------
 
 def _on_add() -> None:
-    picked: list[str | None] = [None]     # the request picked when Add was clicked
+    picked: list[Expected] = []     # the request picked when Add was clicked
 
     def prepare() -> MakeOp:
         ss = st.session_state
@@ -114,7 +114,7 @@ def _on_add() -> None:
             "n": whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
             "beam_width": whole_number("add_beam", "Beam width", 1, MAX_SAMPLES),
             "chat": bool(ss.get("add_chat"))}
-        picked[0] = ss.get("req_pick")
+        picked.append(session.queued().expect("req_pick", ss.get("req_pick")))
         return lambda engine: add_op(
             **fields, existing=engine.requests, vocab_size=engine.config.vocab_size,
             default_max_new=engine.config.max_new_tokens)
@@ -132,7 +132,7 @@ def _on_add() -> None:
         # With n samples or beams the requests are ID.0, ID.1, ...; pick the first.
         grouped = result.op.n is not None or result.op.beam_width is not None
         # Unless the person picked another request while the add waited for the engine.
-        q.put("req_pick", result.op.request + (".0" if grouped else ""), if_still=picked[0])
+        q.put("req_pick", result.op.request + (".0" if grouped else ""), if_still=picked[-1])
 
     session.apply(prepare, after)
 
@@ -203,8 +203,11 @@ def _on_grow() -> None:
 
 
 def _on_fork() -> None:
+    picked: list[Expected] = []     # the parent, picked when Fork was clicked
+
     def prepare() -> MakeOp:
         parent, child = _picked(), request_id("req_child", "Child id")
+        picked.append(session.queued().expect("req_pick", parent))
         return lambda engine: op_from({
             "op": "fork", "request": parent,
             "child": child or next_child_id(parent, engine.requests)})
@@ -214,7 +217,7 @@ def _on_fork() -> None:
             # The child is what a person usually acts on next (grow it to diverge).
             q.put("req_child", "")
             # Unless the person picked another request while the fork waited.
-            q.put("req_pick", result.op.child, if_still=result.op.request)
+            q.put("req_pick", result.op.child, if_still=picked[-1])
 
     session.apply(prepare, after)
 

@@ -32,6 +32,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
@@ -117,13 +118,33 @@ class Queued:
         self._lock = threading.Lock()
         # key -> (value, the value the key must still hold for the write to land).
         self._writes: dict[str, tuple[Any, Any]] = {}
+        self._expected: weakref.WeakSet[Expected] = weakref.WeakSet()
+
+    def expect(self, key: str, value: Any) -> Expected:
+        """What `key` holds when an operation is clicked (`value`), for a conditional
+        `put` once it is done: the person's selection, as this queue's own writes carry
+        it forward. Two Adds in a row both see A picked; when the first's write moves
+        the pick to its new request, the second's expectation moves with it, so the
+        second's request is picked too."""
+        expected = Expected(key, value)
+        with self._lock:
+            self._expected.add(expected)
+        return expected
 
     def put(self, key: str, value: Any, *, if_still: Any = _ANY) -> None:
-        """Queue `state[key] = value`; with `if_still`, only if the key then still holds
-        that value (a selection the person changed while an operation waited is theirs)."""
+        """Queue `state[key] = value`; with `if_still` (a value, or an `expect`ation),
+        only if the key then still holds it: a selection the person changed while an
+        operation waited is theirs."""
         with self._lock:
+            queued = self._writes.pop(key, None)
+            if queued is not None and queued[1] is _ANY and if_still is not _ANY:
+                # An unconditional write to the key is still queued (a new engine clears
+                # the pick): it lands first, so the condition is asked of its value.
+                if queued[0] != _wanted(if_still):
+                    self._writes[key] = queued
+                    return
+                if_still = _ANY
             # Re-inserted, so writes land in the order they were last made.
-            self._writes.pop(key, None)
             self._writes[key] = (value, if_still)
 
     def apply(self, state: Any, skip: Collection[str] = ()) -> bool:
@@ -134,13 +155,31 @@ class Queued:
                 item = next(((k, w) for k, w in self._writes.items() if k not in skip), None)
                 if item is None:
                     return any(k in skip for k in self._writes)
-            key, write = item
-            value, if_still = write
-            if if_still is _ANY or state.get(key) == if_still:
+                key, write = item
+                value, if_still = write
+                wanted = _wanted(if_still)
+            before = state.get(key)
+            if if_still is _ANY or before == wanted:
                 state[key] = value      # may raise: then it stays queued
+                with self._lock:
+                    for expected in self._expected:
+                        if expected.key == key and expected.value == before:
+                            expected.value = value
             with self._lock:
                 if key in self._writes and self._writes[key] is write:
                     del self._writes[key]
+
+
+@dataclass(eq=False, slots=True, weakref_slot=True)
+class Expected:
+    """See `Queued.expect`. Held by the operation's callback; forgotten with it."""
+
+    key: str
+    value: Any
+
+
+def _wanted(if_still: Any) -> Any:
+    return if_still.value if isinstance(if_still, Expected) else if_still
 
 
 def _bar_text(state: WorkState) -> str:
