@@ -119,7 +119,7 @@ def test_a_pool_the_server_has_no_room_for_waits_in_the_sidebar_as_typed(
     assert not at.exception
     (error,) = [e.value for e in at.sidebar.error]
     assert error.startswith("Not applied for now: the server's sessions hold ")
-    assert "Try a smaller pool, or again later" in error
+    assert "Try a smaller pool, or again in a few minutes (a browser tab keeps its engines" in error
     assert "btn_keep_config" in [b.key for b in at.sidebar.button]
     assert any("The sidebar's settings are not applied: the server's sessions hold"
                in w.value for w in at.warning)

@@ -137,7 +137,8 @@ class KVBudget:
         if total + need > self.per_server:
             return (f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} more would "
                     f"pass its limit of {_mib(self.per_server)}. Try a smaller pool, or again "
-                    "later")
+                    "in a few minutes (a browser tab keeps its engines for about two "
+                    "minutes after it closes, in case it reconnects)")
         return None
 
     def _reserve(self, config: EngineConfig, owner: str, replacing: Engine | None,
