@@ -398,7 +398,21 @@ def upload(at: AppTest, name: str, data: bytes) -> AppTest:
     (b"[" * 100_000 + b"]" * 100_000,
      "Scenario file refused: bad.json is not valid JSON: maximum recursion depth exceeded "
      "while decoding a JSON array from a unicode string"),
-], ids=["not-json", "not-an-object", "bad-config", "bad-step", "unknown-op", "nested-deep"])
+    # A JSON escape can write half of a character's surrogate pair, which no text holds:
+    # shown as it was, it stopped the page for the session.
+    (json.dumps({"name": "caf\udce9", "steps": []}).encode(),
+     "Scenario file refused: bad.json: name is not valid Unicode text (it holds a lone "
+     "surrogate)"),
+    (json.dumps({"steps": [{"op": "add", "request": "A", "prompt": "hi",
+                            "narration": "\ud83d"}]}).encode(),
+     "Scenario file refused: bad.json: step 1 (add): narration is not valid Unicode text (it "
+     "holds a lone surrogate)"),
+    (json.dumps({"steps": [{"op": "add", "request": "A", "prompt": "hi",
+                            "expect": {"requests.\ud800": 1}}]}).encode(),
+     "Scenario file refused: bad.json: step 1 (add): a key of expect is not valid Unicode "
+     "text (it holds a lone surrogate)"),
+], ids=["not-json", "not-an-object", "bad-config", "bad-step", "unknown-op", "nested-deep",
+        "surrogate-name", "surrogate-narration", "surrogate-expect"])
 def test_a_malformed_scenario_upload_names_the_problem(data: bytes, message: str) -> None:
     at = open_tour("03-growth")
     click(at, "tour_next")

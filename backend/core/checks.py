@@ -57,3 +57,14 @@ def written_as_float(value: object, low: int | None = None, high: int | None = N
 def write_it_as(n: int) -> str:
     """The hint for a whole number written with a decimal point or an exponent."""
     return f" (write it as {n}, without a decimal point or exponent)"
+
+
+def unicode_text(text: str, what: str) -> int:
+    """`text`'s size in UTF-8 bytes; a PagedLabError naming `what` if it holds a lone
+    surrogate, which a JSON escape ("\\ud800", half an emoji's pair) can write but no
+    text holds: nothing can encode it, so it would fail wherever it is shown or saved."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise PagedLabError(f"{what} is not valid Unicode text (it holds a lone surrogate)"
+                            ) from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from backend.core.checks import check_int
+from backend.core.checks import check_int, unicode_text
 from backend.core.errors import PagedLabError
 from backend.core.words import counted, legible
 
@@ -156,14 +156,6 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
     raise AssertionError(name)
 
 
-def _utf8_size(text: str, what: str) -> int:
-    try:
-        return len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise PagedLabError(f"{what} is not valid Unicode text (it holds a lone surrogate)"
-                            ) from None
-
-
 def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise PagedLabError("messages must be a non-empty list of {role, content} objects")
@@ -180,7 +172,7 @@ def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
                                 f"got {role!r}")
         if not isinstance(content, str):
             raise PagedLabError(f"messages[{i}].content must be a string")
-        size += _utf8_size(content, f"messages[{i}].content")
+        size += unicode_text(content, f"messages[{i}].content")
         out.append((role, content))
     if size > MAX_PROMPT_TOKENS:
         raise PagedLabError(f"messages hold {size} bytes of content; the limit is "
@@ -201,7 +193,7 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
         if not isinstance(data["prompt"], str) or not data["prompt"]:
             raise PagedLabError("prompt must be a non-empty string")
         prompt = data["prompt"]
-        size = _utf8_size(prompt, "prompt")
+        size = unicode_text(prompt, "prompt")
         if size > MAX_PROMPT_TOKENS:
             raise PagedLabError(f"prompt is {size:,} bytes; the limit is {MAX_PROMPT_TOKENS:,}")
     elif "prompt_tokens" in data:

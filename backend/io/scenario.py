@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.core.checks import unicode_text
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
@@ -92,6 +93,11 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
     description = data.get("description", "")
     if not isinstance(name, str) or not isinstance(description, str):
         raise ScenarioError("name and description must be strings")
+    try:
+        unicode_text(name, "name")
+        unicode_text(description, "description")
+    except PagedLabError as exc:
+        raise ScenarioError(str(exc)) from None
     raw_config = data.get("config", {})
     try:
         config = EngineConfig.from_json(raw_config)
@@ -117,9 +123,13 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
             narration = raw.get("narration")
             if narration is not None and not isinstance(narration, str):
                 raise PagedLabError("narration must be a string")
+            if narration is not None:
+                unicode_text(narration, "narration")
             expect = raw.get("expect")
             if expect is not None and not isinstance(expect, dict):
                 raise PagedLabError("expect must be an object of path: value")
+            if expect is not None:
+                _check_texts(expect, "expect")
         except PagedLabError as exc:
             partial = Scenario(name, description, config, frozenset(raw_config or {}),
                                tuple(steps), contiguous)
@@ -127,6 +137,20 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
         steps.append(ScenarioStep(op, narration, expect))
     return Scenario(name, description, config, frozenset(raw_config or {}), tuple(steps),
                     contiguous)
+
+
+def _check_texts(value: Any, where: str) -> None:
+    """Every string in `value` (keys too) is text that can be shown: an expectation's
+    path and value are printed beside the step."""
+    if isinstance(value, str):
+        unicode_text(value, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            unicode_text(key, f"a key of {where}")
+            _check_texts(item, f"{where}[{key!r}]")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_texts(item, f"{where}[{i}]")
 
 
 def load_scenario(path: Path, *, vocab_size: int | None = None) -> Scenario:
