@@ -174,6 +174,15 @@ def test_a_snapshot_given_as_the_scenario_is_pointed_to_from(
                    f"{out}\n")
 
 
+def test_a_scenario_given_to_from_is_named_as_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write(tmp_path, CONTRACT_EXAMPLE)
+    code, err = run_cli(capsys, "run", scenario, "--from", scenario, "--kernel", "torch")
+    assert code == 2
+    assert err == (f"error: {str(scenario)!r} is a scenario (it has 'steps'), not a snapshot: "
+                   "--from takes a snapshot, such as one --out wrote\n")
+
+
 def test_snapshots_into_something_not_a_directory_is_refused_by_the_option(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     taken = tmp_path / "taken"

@@ -22,6 +22,7 @@ from pathlib import Path
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
+from backend.io.json_input import file_kind
 from backend.io.restore import restore_engine
 from backend.io.scenario import (
     ScenarioError,
@@ -105,6 +106,10 @@ def _run(args: argparse.Namespace) -> int:
             data = read_json(args.from_snapshot, "snapshot")
             if not isinstance(data, dict):
                 raise PagedLabError("snapshot must be a JSON object")
+            if file_kind(data) == "scenario":
+                raise PagedLabError(
+                    f"{str(args.from_snapshot)!r} is a scenario (it has 'steps'), not a "
+                    "snapshot: --from takes a snapshot, such as one --out wrote")
             engine = restore_engine(data, device=args.device, kernel=args.kernel)
         try:
             scenario = load_scenario(
