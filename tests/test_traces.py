@@ -87,13 +87,23 @@ def test_a_csv_of_ones_own_in_any_column_order() -> None:
     ((HEADER + "2023-02-30 00:00:00,10,5\n").encode(), "row 1 (line 2): TIMESTAMP must be"),
     ((HEADER + "0,10,5\n2023-01-01 00:00:00,10,5\n").encode(),
      "row 2 (line 3): TIMESTAMP '2023-01-01 00:00:00' is not a number of seconds like row 1's"),
-    ((HEADER + "0,10,5\n\n\n-1,10,5\n").encode(), "row 2 (line 5): TIMESTAMP must be"),
+    ((HEADER + "0,10,5\n\n\n-1,10,5\n").encode(),
+     "row 2 (line 5): TIMESTAMP '-1': a number of seconds is written in plain digits"),
+    ((HEADER + "0,10,5\n1e15,10,5\n").encode(),
+     "row 2 (line 3): TIMESTAMP '1e15': a number of seconds is written in plain digits, "
+     "such as 1.5 (no sign, exponent or separators)"),
+    ((HEADER + "0,10,5\n1000000000000000,10,5\n").encode(),
+     "row 2 (line 3): TIMESTAMP '1000000000000000' is past the largest number of seconds, "
+     "1,000,000,000,000 (about 31,700 years)"),
     ((HEADER + "2,10,5\n1,10,5\n").encode(), "is earlier than the row before it"),
     ((HEADER + "0,0,5\n").encode(), "row 1 (line 2): ContextTokens must be an integer"),
     ((HEADER + "0,1.5,5\n").encode(), "ContextTokens must be an integer in 1..16,777,216, "
                                       "got '1.5'"),
     ((HEADER + "0,10,99999999999\n").encode(), "row 1 (line 2): GeneratedTokens must be"),
-    ((HEADER + "0,10,5\n").encode("utf-16"), "not UTF-8 text"),
+    ((HEADER + "0,10,5\n").encode("utf-16"), "not UTF-8 text (byte 0xff at offset 0); it "
+                                              "may be a binary file, or text in another "
+                                              "encoding"),
+    ((HEADER + "\xff\xfe,1,2\n").encode("latin-1"), "(byte 0xff at offset 40)"),
     ((HEADER + '0,"10\n').encode(), "not valid CSV"),
 ])
 def test_a_bad_trace_is_refused_naming_its_row(body: bytes, message: str) -> None:

@@ -5,8 +5,10 @@ GeneratedTokens (in any order) and one row per request:
 
     TIMESTAMP        the arrival: a date and time, 2023-11-16 18:17:03.9799600
                      (a space or T between them, up to 9 decimals of a second,
-                     no time zone), or a number of seconds; every row the
-                     same kind, in arrival order (equal times are fine)
+                     an optional time zone, Z or +05:00, which is applied), or
+                     a number of seconds in plain digits (1.5, no sign or
+                     exponent); every row the same kind, in arrival order
+                     (equal times are fine)
     ContextTokens    the prompt's length in tokens, an integer >= 1
     GeneratedTokens  the output's length in tokens, an integer >= 1
 
@@ -81,11 +83,20 @@ def _nanoseconds(text: str) -> int | None:
 
 
 def _seconds(text: str) -> float | None:
-    """A plain number of seconds (finite, >= 0), or None."""
+    """A plain number of seconds (finite, >= 0), or None. Raises PagedLabError (without
+    the row, which the caller adds) for a number written otherwise or too large."""
     if not re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", text):
-        return None
+        try:
+            float(text)
+        except ValueError:
+            return None
+        raise PagedLabError(f"TIMESTAMP {text!r}: a number of seconds is written in plain "
+                            "digits, such as 1.5 (no sign, exponent or separators)")
     value = float(text)
-    return value if value <= MAX_SECONDS else None
+    if value > MAX_SECONDS:
+        raise PagedLabError(f"TIMESTAMP {text!r} is past the largest number of seconds, "
+                            f"{MAX_SECONDS:,.0f} (about 31,700 years)")
+    return value
 
 
 def _tokens(text: str) -> int | None:
@@ -101,7 +112,11 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise PagedLabError(f"{name}: not UTF-8 text (byte {e.start})") from None
+        # The byte and where, as for a JSON file: "byte 40" read as the byte's value.
+        raise PagedLabError(
+            f"{name}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start:,}); it "
+            "may be a binary file, or text in another encoding (a spreadsheet's \"Unicode "
+            "text\" is UTF-16): save it as CSV in UTF-8") from None
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader, None)
@@ -131,7 +146,10 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
                 raise fail(f"expected 3 fields ({','.join(names)}), got {len(fields)}")
             stamp, ctx, gen = (fields[i].strip() for i in at)
             ns = _nanoseconds(stamp)
-            sec = None if ns is not None else _seconds(stamp)
+            try:
+                sec = None if ns is not None else _seconds(stamp)
+            except PagedLabError as exc:
+                raise fail(str(exc)) from None
             if ns is None and sec is None:
                 raise fail(f"TIMESTAMP must be a date and time (2023-11-16 18:17:03.97) or "
                            f"a number of seconds, got {stamp!r}")
