@@ -431,6 +431,15 @@ def test_an_oversized_scenario_upload_is_refused_unread() -> None:
     assert run_of(at).key == "03-growth"
 
 
+def test_an_uploaded_scenario_of_no_steps_says_there_is_nothing_to_apply() -> None:
+    at = open_tour("03-growth")
+    upload(at, "empty.json", json.dumps({"name": "Just a pool", "steps": []}).encode())
+    assert [s.value for s in at.success] == [
+        "Loaded empty.json: “Just a pool”, 0 steps. It has no step to apply: the view shows "
+        "its empty pool."]
+    assert at.button(key="tour_next").disabled
+
+
 def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
     mine = {
         "name": "My story", "description": "Two steps, then a mistake.",

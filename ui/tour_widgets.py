@@ -107,9 +107,11 @@ def _on_upload() -> None:
     with tour.held() as t:
         t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
         if load(UPLOAD, ctx):
+            # A file of no steps is a config to look at: there is nothing to apply.
+            then = (" Press Next to apply the first." if scenario.steps else
+                    " It has no step to apply: the view shows its empty pool.")
             say("success", f"Loaded {uploaded.name}: “{scenario.name}”, "
-                            f"{counted(len(scenario.steps), 'step')}. Press Next to apply the "
-                            "first.")
+                            f"{counted(len(scenario.steps), 'step')}.{then}")
 
 
 def _on_continue() -> None:
