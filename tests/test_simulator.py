@@ -475,6 +475,8 @@ def test_a_request_that_can_never_run_is_refused() -> None:
                                   watermark=0.0))
     with pytest.raises(PagedLabError, match="can never fit in an arena of 128 slots"):
         simulate(trace, SimConfig(policy="oracle", capacity_tokens=128))
+    with pytest.raises(PagedLabError, match=r"of 150 tokens can never fit in an arena of 1 slot$"):
+        simulate(trace, SimConfig(policy="oracle", capacity_tokens=1))
     with pytest.raises(PagedLabError, match="block_size must be"):
         simulate(trace, SimConfig(block_size=0))
     # max_len above the capacity: every region is the whole arena, one at a time.

@@ -224,3 +224,9 @@ def test_run_cache_is_bounded_and_supplies_runs() -> None:
     tiny = RunCache(max_entries=8, max_bytes=16)
     tiny.put("x", run)   # larger than the whole cache: not kept
     assert len(tiny) == 0 and tiny.nbytes == 0
+
+
+def test_a_rate_for_one_request_says_it_takes_one() -> None:
+    with pytest.raises(PagedLabError, match=r"^a rate needs at least two requests at different "
+                                            r"times; it takes one \(azure-conv\)$"):
+        replay_trace(recorded_trace("azure-conv"), requests=1, rate=5.0)

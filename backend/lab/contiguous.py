@@ -117,8 +117,8 @@ class ContiguousArena:
         check_int(final_len, "final_len", 1)
         if final_len > self.capacity:
             raise PagedLabError(
-                f"a request of {final_len:,} tokens can never fit in an arena of "
-                f"{self.capacity:,} slots")
+                f"a request of {counted(final_len, 'token')} can never fit in an arena of "
+                f"{counted(self.capacity, 'slot')}")
         if self.policy == "max" and final_len > self.max_len:
             raise PagedLabError(
                 f"a request of {final_len:,} tokens is longer than the maximum sequence "

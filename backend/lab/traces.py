@@ -238,8 +238,10 @@ def replay_trace(trace: Trace, *, requests: int | None = None, rate: float | Non
             raise PagedLabError(f"rate must be a positive number of requests per second, "
                                 f"got {rate!r}")
         if recorded == 0:
+            held = (f"the trace's first {n:,} requests arrive at once" if n > 1 else
+                    "it takes one")
             raise PagedLabError(f"a rate needs at least two requests at different times; "
-                                f"the first {n} of {trace.workload} arrive at once")
+                                f"{held} ({trace.workload})")
         scale = float(rate) / recorded
     if scale != 1.0:
         # The first arrival is at 0 (times are relative to the first row).
