@@ -87,6 +87,24 @@ def test_tiny_byte_keeps_its_salt_and_direct_construction_cannot_mismatch() -> N
         EngineConfig(model=SMOLLM2)
 
 
+@pytest.mark.parametrize(("value", "said"), [
+    (30.0, "config: num_layers must be an integer, got 30.0 (write it as 30, without a "
+           "decimal point or exponent)"),
+    ("30", "config: num_layers must be an integer, got '30'"),
+    (True, "config: num_layers must be an integer, got True"),
+    (29, "config: num_layers is 29 but smollm2-135m has num_layers 30; a real model's "
+         "dimensions come from its weights (leave it out)"),
+])
+def test_a_real_models_dimension_is_a_count_written_as_an_integer(value: object,
+                                                                   said: str) -> None:
+    """An equal dimension is accepted (snapshots carry them), but as every count is: 30.0
+    equals 30 and was taken."""
+    assert EngineConfig.from_json({"model": SMOLLM2, "num_layers": 30}).num_layers == 30
+    with pytest.raises(PagedLabError) as e:
+        EngineConfig.from_json({"model": SMOLLM2, "num_layers": value})
+    assert str(e.value) == said
+
+
 def test_replace_switches_models_without_carrying_dimensions() -> None:
     real = EngineConfig(num_layers=3).replace(model=SMOLLM2, block_size=8)
     assert (real.num_layers, real.block_size) == (30, 8)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from backend.core.budgets import MAX_BUDGET, SchedulerBudgets
-from backend.core.checks import check_int
+from backend.core.checks import check_int, written_as_float
 from backend.core.errors import PagedLabError
 
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -220,7 +220,11 @@ class EngineConfig:
                 # them), any other is a config meant for another model.
                 have = getattr(dims, key)
                 v = data[key]
-                if isinstance(v, bool) or v != have:
+                if isinstance(v, bool) or not isinstance(v, int):
+                    # 30.0 equals 30, but a count written as a float is refused everywhere.
+                    raise PagedLabError(f"{where}: {key} must be an integer, got {v!r}"
+                                        + written_as_float(v))
+                if v != have:
                     raise PagedLabError(f"{where}: {key} is {v!r} but {model} has {key} "
                                         f"{have}; a real model's dimensions come from its "
                                         "weights (leave it out)")
