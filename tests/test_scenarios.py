@@ -145,3 +145,37 @@ def test_paths_that_lead_nowhere_are_mismatches_not_crashes() -> None:
     assert [f.split(":")[0] for f in failures] == [
         "contiguous.capacity.x", "text.A.x", "blocks.-1.id", "requests.A.tokens.-1"]
     assert all("not found" in f for f in failures)
+
+
+def test_a_position_that_is_no_number_or_past_the_list_says_so_in_words() -> None:
+    sc = parse_scenario({"steps": [{"op": "add", "request": "A", "prompt": "hello"}]})
+    engine = Engine(sc.config, kernel="torch")
+    _, _, result = next(run_steps(engine, sc.steps))
+    expect = {"blocks.1e3": 1, "blocks.99999999999999999999": 1, "blocks.1_0": 1,
+              "address.A.x": 1}
+    failures = check_expectations(expect, export_snapshot(engine), engine, result)
+    assert failures == [
+        "blocks.1e3: not found ('1e3' is no position in a list (0, 1, ...))",
+        "blocks.99999999999999999999: not found (position 99,999,999,999,999,999,999 is past "
+        f"the list's {engine.config.num_blocks} entries)",
+        "blocks.1_0: not found ('1_0' is no position in a list (0, 1, ...))",
+        "address.A.x: not found ('x' is no token position (0, 1, ...))"]
+
+
+def test_true_and_false_match_only_themselves_also_inside_lists() -> None:
+    sc = parse_scenario({"config": {"block_size": 4},
+                         "steps": [{"op": "add", "request": "A", "prompt": "hello"}]})
+    engine = Engine(sc.config, kernel="torch")
+    _, _, result = next(run_steps(engine, sc.steps))
+    snap = export_snapshot(engine)
+    table = snap["requests"][0]["block_table"]
+    assert len(table) == 2 and snap["metrics"]["used_blocks"] == 2
+    expect = {"metrics.used_blocks": 2, "requests.A.block_table": table,
+              "requests.A.block_table.0": table[0]}
+    assert check_expectations(expect, snap, engine, result) == []
+    # True == 1 in Python; a file's true is no count of 1.
+    wrong = {"metrics.used_blocks": True,
+             "requests.A.num_tokens": 5.0 + 1e-12,        # floats keep their tolerance
+             "requests.A.block_table": [float(b) for b in table]}
+    failures = check_expectations(wrong, snap, engine, result)
+    assert [f.split(":")[0] for f in failures] == ["metrics.used_blocks"]

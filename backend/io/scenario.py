@@ -213,8 +213,10 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
     # Request ids may hold dots (samples and beams are ID.k): an id runs to the field
     # after it, or to the end of the path.
     if head == "address" and len(parts) >= 3:
-        rid = ".".join(parts[1:-1])
-        return {k: v for k, v in asdict(engine.translate(rid, int(parts[-1]))).items()
+        rid, position = ".".join(parts[1:-1]), parts[-1]
+        if not (position.isascii() and position.isdigit()):
+            raise KeyError(f"{position!r} is no token position (0, 1, ...)")
+        return {k: v for k, v in asdict(engine.translate(rid, int(position))).items()
                 if k != "position"}
     if head == "events" and len(parts) == 2:
         return sum(1 for e in snapshot["events"] if e["kind"] == parts[1])
@@ -240,11 +242,14 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
 def _child(node: Any, part: str, path: str) -> Any:
     """One step of a path: a list position (>= 0) or an object key. Raises KeyError/IndexError."""
     if isinstance(node, list):
+        # Digits only: Python would count "-1" from the end and read "1_0" as 10, and
+        # its own words for "1e3" or a position past any index are no help here.
+        if not (part.isascii() and part.isdigit()):
+            raise IndexError(f"{part!r} is no position in a list (0, 1, ...)")
         index = int(part)
-        # Python would count a negative position from the end: "blocks.-1"
-        # is no block id, so it leads nowhere rather than to the last block.
-        if index < 0:
-            raise IndexError(f"position {index} is negative")
+        if index >= len(node):
+            raise IndexError(f"position {index:,} is past the list's "
+                             f"{len(node):,} {'entry' if len(node) == 1 else 'entries'}")
         return node[index]
     if isinstance(node, dict):
         return node[part]
@@ -272,19 +277,29 @@ def check_expectation(path: str, want: Any, snapshot: dict[str, Any], engine: En
     try:
         got = resolve(path, snapshot, engine, result, mirror)
     except NOT_FOUND as exc:
-        return Verdict(False, False, None, f"{path}: not found ({exc})")
+        # A KeyError's str() is its argument's repr: quotes around the whole reason.
+        reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        return Verdict(False, False, None, f"{path}: not found ({reason})")
     if _same(got, want):
         return Verdict(True, True, got, None)
     return Verdict(False, True, got, f"{path}: expected {want!r}, got {got!r}")
 
 
 def _same(got: Any, want: Any) -> bool:
-    """Equal, with floats equal to 1e-9 relative (absolute below 1).
+    """Equal, with floats equal to 1e-9 relative (absolute below 1), inside lists and
+    objects too; true and false equal only themselves (Python's True == 1 is no match
+    for a file that wrote 1).
 
     The expectation comes from a file: any JSON value may meet a float the
     engine holds, so whatever no float can equal (text, lists, null, an
     integer beyond float range) is simply not the same.
     """
+    if isinstance(got, list | tuple) and isinstance(want, list):
+        return len(got) == len(want) and all(map(_same, got, want))
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    if isinstance(got, bool) or isinstance(want, bool):
+        return type(got) is type(want) and got == want
     if not (isinstance(want, float) or isinstance(got, float)):
         return bool(got == want)
     if not (isinstance(got, int | float) and isinstance(want, int | float)):
