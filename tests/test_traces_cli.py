@@ -69,6 +69,13 @@ def test_cli_writes_result_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     (["--workload", "alpaca", "--policy", "paged", "--seed", "1e18"],
      "error: --seed must be an integer in 0..9,223,372,036,854,775,807, got '1e18' (write it "
      "as 1000000000000000000,"),
+    # int() and float() take digit separators and other scripts' digits; a flag does not.
+    (["--workload", "alpaca", "--policy", "paged", "--requests", "1_000"],
+     "error: --requests must be an integer in 1..10,000,000, got '1_000'\n"),
+    (["--workload", "alpaca", "--policy", "paged", "--requests", "\u0661\u0660"],
+     "error: --requests must be an integer in 1..10,000,000, got '\u0661\u0660'\n"),
+    (["--workload", "alpaca", "--policy", "paged", "--rate", "1_0"],
+     "error: --rate must be a number of requests per second, got '1_0'\n"),
     (["--workload", "alpaca", "--policy", "paged", "--rate", "0"], "error: --rate must be"),
     (["--workload", "alpaca", "--policy", "paged", "--rate", "inf"], "error: --rate must be"),
     (["--workload", "alpaca", "--policy", "paged", "--block-size", "257"],

@@ -183,6 +183,10 @@ class FieldReader:
         if isinstance(v, bool | float) and kind is int:
             raise PagedLabError(f"{self.where}.{key} must be an integer, got {v!r}"
                                 + written_as_float(v))
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(v, bool) and bool not in kinds:
+            # A bool is an int to isinstance: a number field would take false as 0.
+            raise PagedLabError(f"{self.where}.{key} must be a number, got {v!r}")
         if not isinstance(v, kind):
             name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
             raise PagedLabError(f"{self.where}.{key} must be {name}, got {v!r}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from decimal import Decimal, InvalidOperation
@@ -125,6 +126,9 @@ def _int(value: str | None, flag: str, default: int, low: int, high: int) -> int
     if value is None:
         return default
     try:
+        # ASCII digits only: int() also takes "1_000" and other scripts' digits ("١٠").
+        if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+            raise ValueError(value)
         out: object = int(value, 10)
     except ValueError:
         out = value  # not a number: the check quotes it as given
@@ -150,10 +154,17 @@ def _whole_in(value: str, low: int, high: int) -> int | None:
     return int(d)
 
 
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)",
+                    re.IGNORECASE)
+
+
 def _float(value: str | None, flag: str, what: str, low: float, high: float) -> float | None:
     if value is None:
         return None
     try:
+        # float() also takes "1_0" and other scripts' digits: a number is written in ASCII.
+        if not _FLOAT.fullmatch(value.strip()):
+            raise ValueError(value)
         out = float(value)
     except ValueError:
         raise _BadInputError(f"{flag} must be {what}, got {value!r}") from None
