@@ -116,6 +116,11 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     ('{"steps": [{"op": ["add"]}]}', "unknown op ['add']"),
     ('{"config": {"dtype": [1]}, "steps": []}', "config: dtype must be one of"),
     ('{"steps": [{"op": "add", "request": "A", "prompt": "\\ud800"}]}', "lone surrogate"),
+    ('{"steps": [{"op": "add", "request": "A", "prompt": "hi"}], "steps": []}',
+     "is ambiguous: an object in it names 'steps' twice (JSON readers differ on which one "
+     "counts)"),
+    ('{"steps": [{"op": "add", "request": "A", "request": "B", "prompt": "hi"}]}',
+     "names 'request' twice"),
     ('{"description": "\\udce9", "steps": []}',
      "description is not valid Unicode text (it holds a lone surrogate)"),
     ('{"steps": [{"op": "step", "expect": {"x": ["\\ud800"]}}]}',

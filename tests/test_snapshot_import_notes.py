@@ -286,7 +286,8 @@ def test_a_wrong_total_alone_is_still_refused_by_its_name(snap: dict[str, Any]) 
 
 # ---- messages end cleanly ------------------------------------------------------------
 
-@pytest.mark.parametrize("data", [b"\x89PNG\r\n\x1a\n", b'{"a": "\xe1"}', b"{", b"9" * 5000])
+@pytest.mark.parametrize("data", [b"\x89PNG\r\n\x1a\n", b'{"a": "\xe1"}', b"{", b"9" * 5000,
+                                  b'{"a": 1, "a": 2}'])
 def test_a_json_refusal_ends_without_punctuation(data: bytes) -> None:
     with pytest.raises(PagedLabError) as info:
         decode_json(data, "snapshot")
@@ -298,3 +299,10 @@ def test_a_binary_file_is_refused_in_a_statement() -> None:
         parse_snapshot_text(b"{\"\xe1\"}")
     assert str(info.value) == ("snapshot is not valid JSON: it is not UTF-8 text (byte 0xe1 "
                                "at offset 2); it may be a binary file")
+
+
+def test_a_key_named_twice_is_refused_not_read_as_its_last() -> None:
+    with pytest.raises(PagedLabError) as info:
+        parse_snapshot_text(b'{"schema_version": 1, "requests": [{"id": "A", "id": "B"}]}')
+    assert str(info.value) == ("snapshot is ambiguous: an object in it names 'id' twice (JSON "
+                               "readers differ on which one counts)")

@@ -22,7 +22,10 @@ def decode_json(data: str | bytes, what: str) -> Any:
     or question mark, so that callers can add a sentence after it.
     """
     try:
-        return json.loads(data)
+        return json.loads(data, object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as exc:
+        raise PagedLabError(f"{what} is ambiguous: an object in it names {exc.key!r} twice "
+                            "(JSON readers differ on which one counts)") from None
     except UnicodeDecodeError as exc:
         # Said in words: "'utf-8' codec can't decode byte 0x89" tells no one the file
         # is binary (an image, an archive) rather than a JSON file. A statement, not a
@@ -40,6 +43,24 @@ def decode_json(data: str | bytes, what: str) -> Any:
         raise PagedLabError(
             f"{what} holds an integer of more than {sys.get_int_max_str_digits():,} digits; "
             "no field takes one that long") from None
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's dict, refusing a key named twice: json.loads would keep the last one
+    silently, so `{"steps": [...], "steps": []}` would run no steps and say nothing."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return out
 
 
 def file_kind(raw: Any) -> str | None:
