@@ -326,9 +326,9 @@ def test_block_sweep_by_hand() -> None:
     assert four.tail_waste_share == pytest.approx(4 / 16)
     assert (four.mean_tail_slots, four.max_table_entries) == (3.0, 2)
     assert tables.block_tradeoff_sentence([one, two, four], (1, 2, 4)) == (
-        "block size 1: 0.0% tail waste, 5.0 table entries per finished request; "
-        "block size 2: 14.3% tail waste, 3.0 table entries per finished request; "
-        "block size 4: 25.0% tail waste, 2.0 table entries per finished request.")
+        "block size 1: 0.0% tail waste, 5.0 table entries per request at its end; "
+        "block size 2: 14.3% tail waste, 3.0 table entries per request at its end; "
+        "block size 4: 25.0% tail waste, 2.0 table entries per request at its end.")
 
 
 def test_block_sweep_closed_form_matches_a_direct_count() -> None:
@@ -409,6 +409,11 @@ def test_every_chart_builds() -> None:
     # Every field the chart encodes is a column of its frame (a renamed column would
     # leave an axis empty, silently).
     assert _fields(charts.block_sweep_lines(sweep).to_dict()) <= set(sweep.columns)
+    # The log axis of table entries ticks at 1, 2, 5, 10, ... around the figures shown.
+    ticks = charts.block_sweep_lines(sweep).to_dict()["hconcat"][1]["encoding"]["y"]["axis"]
+    entries = sweep["table entries at finish"]
+    assert set(ticks["values"]) <= {m * 10**e for e in range(-1, 8) for m in (1, 2, 5)}
+    assert min(ticks["values"]) <= entries.min() and max(ticks["values"]) >= entries.max()
     results = [simulate_workload("alpaca", SimConfig(p), requests=50) for p in ("max", "paged")]
     long = views.memory_long(results)
     bars = charts.breakdown_bars(long).to_dict()

@@ -29,9 +29,9 @@ def block_size_section() -> None:
         "A request holding t tokens in blocks of B slots needs ceil(t / B) blocks: its last "
         "block wastes up to B - 1 slots, and its block table has ceil(t / B) entries. "
         "Smaller blocks waste less; larger blocks mean fewer entries to store, look up and "
-        "manage. Measured over a trace: tail waste and the time-averaged table entries over "
-        "every iteration of every request's life, the other columns at each request's "
-        "final length.")
+        "manage. Measured over a trace: tail waste averaged over every iteration of every "
+        "request's life, table entries both so (life avg) and at each request's final "
+        "length (end), which the sentence and chart below use.")
     c = st.columns(3)
     with numbers.fields() as f:
         workload = c[0].selectbox("Workload", ["sharegpt", "alpaca"], key="cmp_blk_workload")

@@ -175,9 +175,13 @@ def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
                      title="tail waste (share of allocated slots)"),
         tooltip=["block size:Q", alt.Tooltip("tail waste:Q", format=".1%")],
     ).properties(title="Tail waste grows with the block size", width=260, height=240)
+    # Ticks at 1, 2, 5, 10, 20, ...: Vega-Lite's own on a log scale read 1, 3, 20, 100, 300.
+    lo, hi = float(df["table entries at finish"].min()), float(df["table entries at finish"].max())
+    ticks = [m * 10**e for e in range(-1, 8) for m in (1, 2, 5) if lo / 2 <= m * 10**e <= hi * 2]
     entries = alt.Chart(df).mark_line(point=True, color="#1f4e8c").encode(
         x=x, y=alt.Y("table entries at finish:Q", scale=alt.Scale(type="log"),
-                     title="block-table entries per finished request"),
+                     axis=alt.Axis(values=ticks, format=",~g"),
+                     title="block-table entries at a request's end"),
         tooltip=["block size:Q", alt.Tooltip("table entries at finish:Q", format=".2f")],
     ).properties(title="Table entries shrink with it", width=260, height=240)
     return alt.hconcat(waste, entries)

@@ -30,11 +30,12 @@ def block_sweep_frame(points: Sequence[BlockSizePoint]) -> pd.DataFrame:
 
 def block_tradeoff_sentence(points: Sequence[BlockSizePoint], picks: Sequence[int] = (1, 16, 256)
                             ) -> str:
-    """'block size 16: x% tail waste, y table entries per finished request; ...' for the
-    picks present (the waste averaged over each request's life, the entries at its end)."""
+    """'block size 16: x% tail waste, y table entries per request at its end; ...' for the
+    picks present (the waste averaged over each request's life, the entries at its end:
+    the table's "entries (end)")."""
     by = {p.block_size: p for p in points}
     parts = [f"block size {b}: {pct(by[b].tail_waste_share)} tail waste, "
-             f"{by[b].mean_table_entries:.1f} table entries per finished request"
+             f"{by[b].mean_table_entries:.1f} table entries per request at its end"
              for b in picks if b in by]
     return "; ".join(parts) + "." if parts else ""
 
