@@ -85,6 +85,16 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     # Said by how far the logits moved: here, past float rounding.
     assert want.physical_changed and outcome(want) in shown
     assert "Next token (the engine's seeded draw)" in shown
+    # A draw from past the five most likely tokens says so (it looked like a mismatch).
+    beyonds = []
+    for r in (want.table_order, want.physical_order):
+        beyond = all(t != r.next_token for t, _ in r.top)
+        beyonds.append(beyond)
+        assert beyond == (f"(a draw from the whole distribution: not among the {len(r.top)} "
+                          "most likely below)" in shown.split("Physical order**")[
+                              r is want.physical_order])
+    # tiny-byte's random weights spread the probability over 256 bytes: both are.
+    assert beyonds == [True, True]
     # Each column marks the slot this forward writes; sorted, it lands on another token's.
     codes = [c.value for c in at.get("code")]
     assert len(codes) == 2 and all(c.count("▸") == 1 for c in codes)

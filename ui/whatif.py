@@ -55,9 +55,13 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
         st.caption(plain_md(f"{WRITTEN} This forward writes the K/V of {new} over that of "
                             f"{old}: position {w.position} is read twice, position {over} "
                             "not at all."))
+    # A draw, not the argmax: with a temperature it may come from past the table's rows.
+    drawn = ("" if any(t == r.next_token for t, _ in r.top) else
+             f" (a draw from the whole distribution: not among the {len(r.top)} most "
+             "likely below)")
     st.markdown(f"Next token (the engine's seeded draw): "
-                f"{md_code(_quoted(engine, r.next_token))} · its logits differ from the "
-                f"engine's by at most {r.logits_diff:.1e}")
+                f"{md_code(_quoted(engine, r.next_token))}{drawn} · its logits differ from "
+                f"the engine's by at most {r.logits_diff:.1e}")
     st.dataframe(pd.DataFrame([{"token": _quoted(engine, t), "probability": p}
                                for t, p in r.top]), hide_index=True, width="stretch",
                  column_config={"probability": st.column_config.NumberColumn(format="%.3f")})
