@@ -75,7 +75,9 @@ def panel(engine: Engine) -> None:
             return
         st.caption(
             "Recomputes one request's next-token prediction on a copy of the pool, through "
-            "its block table and through the same blocks sorted by physical id. Each key "
+            "its block table and through the same blocks sorted by physical id. Sorted, the "
+            "token history reads out of order (the text below): only the table says which "
+            "token is where. What the model computes from it changes less often. Each key "
             "carries its own position, so attention over the same slots in another order "
             "sums the same; but the kernel reads every slot of each logical block except the "
             "last, and only the first ones of the last. So where sorting moves the last "
