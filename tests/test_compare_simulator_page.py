@@ -3,6 +3,7 @@ budgets, the preemption explanation, timelines, and issue 13's crash and progres
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,16 @@ def text(at: AppTest) -> str:
     parts = [e.value for kind in ("markdown", "caption", "success", "warning", "info", "code")
              for e in getattr(at, kind)]
     return "\n".join(str(p) for p in parts)
+
+
+def chart_titles(at: AppTest) -> list[str]:
+    """The titles of every chart drawn (and of the charts inside each), in order."""
+    def titles(spec: dict[str, Any]) -> list[str]:
+        t = spec.get("title")
+        out = [t if isinstance(t, str) else t["text"]] if t else []
+        return out + [x for k in ("layer", "hconcat", "vconcat") for s in spec.get(k, [])
+                      for x in titles(s)]
+    return [x for e in at.get("vega_lite_chart") for x in titles(json.loads(e.proto.spec))]
 
 
 def test_simulate_every_block_size_after_a_run_does_not_crash() -> None:
@@ -187,6 +198,10 @@ def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> Non
     assert dep_views.figure13_sentence(results) in says
     assert "the direction of the paper's Figure 13" in says
     assert dep_views.length_note(d, last["runs"]) in says
+    # Figure 13's chart is the tab's mean batch chart: the comparison below draws no other.
+    titles = chart_titles(at)
+    assert "Mean batched requests (cf. the paper's Figure 13)" in titles
+    assert "Mean batch size" not in titles and "Token states of memory held" in titles
 
 
 def test_an_uploaded_traces_file_name_is_shown_as_text() -> None:

@@ -117,6 +117,9 @@ def test_deployment_words() -> None:
     assert "**Llama-3-8B on one H200.** 131,072 bytes of KV per token" in words
     assert ("909,659 token slots** for the contiguous policies, **56,853 blocks of 16** "
             "for paged (909,648 slots; the 11 left over fill no block)") in words
+    # The slot count checks out by hand from the figures the sentence gives.
+    assert ("14.96 GiB of bf16 weights leave 111.04 GiB (119,230,947,328 bytes / 131,072): "
+            "**909,659 token slots**") in words and 119_230_947_328 // 131_072 == 909_659
     assert "compressed 50 times" in words
     runs = [simulate_run(d.trace, c) for c in d.configs()]
     note = dep_views.length_note(d, runs)

@@ -64,7 +64,7 @@ def deployment_section() -> None:
                     key="cmp_dep_fig13")
     st.markdown(views.length_note(dep.deployment(last["workload"], time_scale=last["scale"]),
                                   runs))
-    comparison(runs, "cmp_dep", paper_ticks=False)
+    comparison(runs, "cmp_dep", paper_ticks=False, batch_chart=False)
     preemption_section(runs, "cmp_dep")
     timeline_section(runs, "cmp_dep", f"deployment-{last['workload']}")
     st.caption(TRACE_NOTE)

@@ -18,24 +18,33 @@ from backend.views.compare.timeline import timeline_chart, timeline_frame
 from ui.compare import breakdown, label
 
 
-def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True) -> None:
-    """Batch sizes, token shares, preemptions, the memory breakdown and the metrics table."""
+def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True,
+               batch_chart: bool = True) -> None:
+    """Batch sizes, token shares, preemptions, the memory breakdown and the metrics table.
+    `batch_chart` False leaves out the mean batch chart: a page that drew its own (the
+    deployment's Figure 13) would show the same four bars twice."""
     results = [r.result for r in runs]
     metrics = views.policy_metrics(results)
     st.markdown(views.batch_gain_sentence(results))
-    a, b = st.columns(2)
-    a.altair_chart(charts.policy_bars(metrics, "mean batch size", "Mean batch size"),
-                   width="stretch", key=f"{prefix}_batch_chart")
     # Of the memory held, as the paper's Figure 2 (it has no free share), so that its
     # ticks compare like with like; the breakdown below counts the free memory too.
-    b.altair_chart(charts.policy_bars(metrics, views.HELD_ROW, "Token states of memory held",
-                                      percent=True,
-                                      paper_field="paper token states" if paper_ticks else None),
-                   width="stretch", key=f"{prefix}_token_chart")
+    shares = charts.policy_bars(metrics, views.HELD_ROW, "Token states of memory held",
+                                percent=True,
+                                paper_field="paper token states" if paper_ticks else None)
+    preempted = charts.policy_bars(metrics, "preemptions", "Preemptions", integer=True)
     a, b = st.columns(2)
-    a.altair_chart(charts.policy_bars(metrics, "preemptions", "Preemptions", integer=True),
-                   width="stretch", key=f"{prefix}_preempt_chart")
-    b.caption(("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
+    if batch_chart:
+        a.altair_chart(charts.policy_bars(metrics, "mean batch size", "Mean batch size"),
+                       width="stretch", key=f"{prefix}_batch_chart")
+        b.altair_chart(shares, width="stretch", key=f"{prefix}_token_chart")
+        a, b = st.columns(2)
+        a.altair_chart(preempted, width="stretch", key=f"{prefix}_preempt_chart")
+        note = b
+    else:
+        a.altair_chart(shares, width="stretch", key=f"{prefix}_token_chart")
+        b.altair_chart(preempted, width="stretch", key=f"{prefix}_preempt_chart")
+        note = st.container()
+    note.caption(("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
                "system, of the memory they hold (free memory left out). " if paper_ticks
                else "") + preemptions.preemption_note(results))
     st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",

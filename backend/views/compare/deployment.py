@@ -54,8 +54,11 @@ def preset_sentence(d: dep.Deployment) -> str:
         f"**{dep.MODEL} on one {dep.GPU}.** {cap.bytes_per_token:,} bytes of KV per token "
         f"(2 x {cap.model.num_layers} layers x {cap.model.num_kv_heads} KV heads x "
         f"{cap.model.head_dim} x 2 bytes); of {cap.gpu_bytes / 2**30:g} GiB, a 10% reserve "
-        f"and {cap.weight_bytes / 2**30:.1f} GiB of bf16 weights leave "
-        f"{cap.kv_bytes / 2**30:.1f} GiB: **{d.capacity_tokens:,} token slots** for the "
+        f"and {cap.weight_bytes / 2**30:.2f} GiB of bf16 weights leave "
+        # Exact bytes: 111.0 GiB x 8,192 tokens a GiB is not the slot count, the bytes
+        # divided by the bytes a token takes are.
+        f"{cap.kv_bytes / 2**30:.2f} GiB ({cap.kv_bytes:,} bytes / "
+        f"{cap.bytes_per_token:,}): **{d.capacity_tokens:,} token slots** for the "
         f"contiguous policies, **{d.num_blocks:,} blocks of {dep.BLOCK_SIZE}** for paged "
         f"({_block_slots(d)}). Orca (Max) reserves the "
         f"{dep.CONTEXT_LEN:,}-token context per request. The trace: {d.workload}, "
