@@ -237,3 +237,14 @@ def test_restore_and_engines_on_the_budget_keep_their_state() -> None:
     e.apply(Add("A", prompt="a budgeted engine", max_new_tokens=4))
     assert export_snapshot(restore_engine(export_snapshot(e), kernel="torch")) == \
         export_snapshot(e)
+
+
+def test_a_pool_past_the_whole_server_limit_is_not_told_to_wait() -> None:
+    """A server limit below the session limit (PAGEDLAB_SERVER_KV_MIB=1): a pool the
+    server could never hold, even alone, gets no "again in a few minutes"."""
+    budget = KVBudget(per_session=512 * MIB, per_server=MIB)
+    with pytest.raises(PagedLabError) as e:
+        budget.claim(_config(1024), "s1")           # 2 MiB
+    assert str(e.value) == ("2.0 MiB of K/V is more than the 1.0 MiB the server's sessions "
+                            "may hold together. Try a smaller pool")
+    assert budget.in_use() == 0

@@ -134,6 +134,10 @@ class KVBudget:
         if mine + need > self.per_session:
             return (f"this session's engines already hold {_mib(mine)} of K/V; {_mib(need)} "
                     f"more would pass the {_mib(self.per_session)} a session may hold")
+        if need > self.per_server:
+            # No wait helps: the server could never hold it, even with no other session.
+            return (f"{_mib(need)} of K/V is more than the {_mib(self.per_server)} the "
+                    "server's sessions may hold together. Try a smaller pool")
         if total + need > self.per_server:
             return (f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} more would "
                     f"pass its limit of {_mib(self.per_server)}. Try a smaller pool, or again "
