@@ -111,26 +111,30 @@ def test_a_pool_the_server_has_no_room_for_waits_in_the_sidebar_as_typed(
     at = start()
     kept = engine(at)
     gc.collect()
-    # Room for this engine and 1 MiB more: the other sessions hold the rest.
-    monkeypatch.setattr(budget_module.SERVER_BUDGET, "per_server",
-                        budget_module.SERVER_BUDGET.in_use() + (1 << 20))
-    # 1,024 blocks of 2 KiB: 2 MiB in place of this engine's 64 KiB.
-    at.sidebar.number_input(key="cfg_num_blocks").set_value(1024).run()
-    assert not at.exception
-    (error,) = [e.value for e in at.sidebar.error]
-    assert error.startswith("Not applied for now: the server's sessions hold ")
-    assert "Try a smaller pool, or again in a few minutes (a browser tab keeps its engines" in error
-    assert "btn_keep_config" in [b.key for b in at.sidebar.button]
-    assert any("The sidebar's settings are not applied: the server's sessions hold"
-               in w.value for w in at.warning)
-    assert engine(at) is kept and kept.config.num_blocks == 32
-    assert at.sidebar.number_input(key="cfg_num_blocks").value == 1024
-    # Another run with the server still full asks again and builds nothing.
-    at.run()
-    assert engine(at) is kept and len(at.sidebar.error) == 1
-    # Room again (other sessions ended): the next run applies the pool as typed.
-    monkeypatch.setattr(budget_module.SERVER_BUDGET, "per_server",
-                        budget_module.SERVER_BUDGET.in_use() + (4 << 20))
+    # A server of room for what is held now and 4 MiB more, 3 MiB of which another
+    # session takes: 1 MiB left.
+    budget = budget_module.SERVER_BUDGET
+    monkeypatch.setattr(budget, "per_server", budget.in_use() + (4 << 20))
+    other = budget.claim_unchecked(EngineConfig(num_blocks=1536, block_size=4), "other")
+    try:
+        # 1,024 blocks of 2 KiB: 2 MiB in place of this engine's 64 KiB.
+        at.sidebar.number_input(key="cfg_num_blocks").set_value(1024).run()
+        assert not at.exception
+        (error,) = [e.value for e in at.sidebar.error]
+        assert error.startswith("Not applied for now: the server's sessions hold ")
+        assert ("Try a smaller pool, or again in a few minutes (a browser tab keeps its "
+                "engines") in error
+        assert "btn_keep_config" in [b.key for b in at.sidebar.button]
+        assert any("The sidebar's settings are not applied: the server's sessions hold"
+                   in w.value for w in at.warning)
+        assert engine(at) is kept and kept.config.num_blocks == 32
+        assert at.sidebar.number_input(key="cfg_num_blocks").value == 1024
+        # Another run with the server still full asks again and builds nothing.
+        at.run()
+        assert engine(at) is kept and len(at.sidebar.error) == 1
+    finally:
+        # Room again (the other session ended): the next run applies the pool as typed.
+        budget.cancel(other)
     at.run()
     assert not at.exception and not at.sidebar.error
     assert engine(at) is not kept and engine(at).config.num_blocks == 1024
