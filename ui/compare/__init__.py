@@ -38,7 +38,7 @@ def refuse(message: str | Exception) -> None:
 
 def breakdown(results: Sequence[SimResult], key: str) -> None:
     """The time-averaged breakdown, a column per policy, every column in view beside the
-    sidebar in a 1024 px window: the measures' 190 px and four policies of 100 px fit
+    sidebar in a 1024 px window: the measures' 150 px and four policies of 100 px fit
     there. A wider page's room goes equally to the columns that are not pinned; the
     measures are, so the policies alone grow, each wide enough for its long name
     ("contiguous, next power of two") on a 1400 px page. Each header's tooltip names
@@ -48,7 +48,7 @@ def breakdown(results: Sequence[SimResult], key: str) -> None:
     # Every row in view, none behind a scrollbar (Streamlit's default height shows ten).
     st.dataframe(df, hide_index=True, key=key, width="stretch", height=35 * (len(df) + 1) + 3,
                  column_config={
-                     "measure": col(width=190, pinned=True),
+                     "measure": col(width=150, pinned=True),
                      **{c: col(width=100, help=label(c)) for c in df.columns
                         if c != "measure"}})
 

@@ -154,7 +154,7 @@ def map_fractions(replay: MapReplay, stride: int = 1) -> pd.DataFrame:
 
 # The breakdown's row comparable with the paper's Figure 2, whose shares add up to the
 # memory the systems hold: there is no "free" among its categories.
-HELD_ROW = "token states of memory held"
+HELD_ROW = "token states (held)"
 
 
 def held_token_share(result: SimResult) -> float:
