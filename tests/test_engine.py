@@ -369,33 +369,59 @@ def test_verify_recomputation_catches_a_corrupted_block() -> None:
 
 def test_an_overflow_in_the_recomputation_is_not_called_a_paging_bug() -> None:
     """float16 ends at 65,504: logits past it are infinite in the engine and in the
-    recomputation alike. Verify judges what it can (the K/V) and says the logits cannot
-    be judged, instead of calling inf against inf a paging bug."""
+    recomputation alike. Verify leaves those values out and judges the rest, instead of
+    calling inf against inf a paging bug."""
     e = make("torch", dtype="float16", temperature=0, num_blocks=16, block_size=4)
     e.model.lm_head.mul_(1e5)         # the real head's logits reach about 3 * 10^5
     run(e, [Add("A", prompt="The cat sat", max_new_tokens=8), Step(2)])
     v = e.verify_recomputation()
-    assert (v.kv_finite, v.logits_finite) == (True, False)
-    assert v.max_logit_err == math.inf and v.max_kv_err < 0.01
+    assert (v.kv_left_out, v.logit_values) == (0, 256) and 0 < v.logits_left_out < 256
+    assert v.kv_values == 2 * 2 * 13 * 2 * 16        # layers x K,V x tokens x heads x dim
     kind, said = verdict(v, 1e-2, "float16")
     assert kind == "overflow"
-    assert "The keys and values agree, within 0.01 of their largest value" in said
-    assert ("The recomputation's own logits hold values float16 cannot represent (NaN or "
-            "infinite): the model overflows this dtype on these tokens, paged or not") in said
+    assert (f"{v.logits_left_out} of the 256 logits are NaN or infinite in the recomputation "
+            "itself, in float16: the model overflows there, paged or not (float32 has the "
+            "range to hold them), so they are left out. The rest agree, within 0.01") in said
     assert "paging bug" not in said and "disagree" not in said
     # A wrong block is still told beside the overflow.
     first, second = e.block_table("A")[:2]
     e.cache.k[0][second] = e.cache.k[0][first]
     kind, said = verdict(e.verify_recomputation(), 1e-2, "float16")
     assert kind == "disagree" and said.count("They disagree: the K/V differ by ") == 1
-    assert "a bug in the paging. The recomputation's own logits hold values" in said
+    assert f"a bug in the paging. {v.logits_left_out} of the 256 logits are NaN" in said
+
+
+def test_an_overflow_in_one_layer_hides_no_wrong_block_in_another() -> None:
+    """The last layer's values overflow float16 (and with them the logits): the first
+    layer's are still compared value by value, and a block read in place of another
+    there is a paging bug, not an overflow."""
+    e = make("torch", dtype="float16", temperature=0, num_blocks=16, block_size=4)
+    e.model.layers[-1]["wv"].mul_(1e6)
+    run(e, [Add("A", prompt="The cat sat", max_new_tokens=8), Step(2)])
+    v = e.verify_recomputation()
+    # The last layer's 13 tokens x 2 heads x 16 values, and every logit.
+    assert (v.kv_left_out, v.logits_left_out) == (13 * 2 * 16, 256)
+    kind, said = verdict(v, 5e-2, "float16")
+    assert kind == "overflow" and said.endswith(
+        "all 256 logits are NaN or infinite in the recomputation itself, in float16: the "
+        "model overflows there, paged or not (float32 has the range to hold them), so they "
+        "are left out. The rest agree, within 0.05 of their largest value (of 1 where values "
+        "are smaller): float rounding of float16.")
+    assert "max |logits − recomputed| none compared" in said
+    first, second = e.block_table("A")[:2]
+    e.cache.v[0][second] = e.cache.v[0][first]
+    kind, said = verdict(e.verify_recomputation(), 5e-2, "float16")
+    assert kind == "disagree" and "They disagree: the K/V differ by " in said
 
 
 def test_a_recomputation_overflowing_everywhere_judges_nothing() -> None:
-    v = Verification(1, 4, math.inf, math.inf, kv_finite=False, logits_finite=False)
-    kind, said = verdict(v, 1e-3, "float16")
+    v = Verification(1, 4, 0.0, 0.0, kv_values=512, kv_left_out=512, logit_values=256,
+                     logits_left_out=256)
+    kind, said = verdict(v, 1e-3, "bfloat16")
     assert kind == "overflow" and "agree" not in said
-    assert "own keys and values and logits hold values float16 cannot represent" in said
+    assert said.endswith("all 512 keys and values and all 256 logits are NaN or infinite in "
+                         "the recomputation itself, in bfloat16: the model overflows there, "
+                         "paged or not, so they are left out. Nothing else was compared.")
 
 
 def test_a_grow_refusal_counts_blocks_as_the_metrics_do() -> None:

@@ -41,7 +41,8 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
     kv_err = logit_err = 0.0
     kv_worst = logit_worst = (0.0, 0.0)
     tokens = 0
-    kv_finite = logits_finite = True
+    # Values compared, and those left out (the recomputation's own is not finite).
+    counts = {"kv": [0, 0], "logits": [0, 0]}
     bs = manager.block_size
     held = [(req, cache, manager.slots_of(req.id, 0, req.num_computed)) for req in running]
     if host is not None:
@@ -55,27 +56,39 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
         for layer in range(len(where.k)):
             keys, values = where.read_slots(layer, slots)
             for got, want in ((keys, ref.keys[layer]), (values, ref.values[layer])):
-                kv_finite = kv_finite and bool(torch.isfinite(want).all())
-                worst = _error(got, want)
+                worst = _error(got, want, counts["kv"])
                 kv_err = max(kv_err, worst[0])
                 kv_worst = max(kv_worst, worst, key=_relative)
         if not req.prefilling:
             assert req.logits is not None
-            logits_finite = logits_finite and bool(torch.isfinite(ref.logits[-1]).all())
-            worst = _error(req.logits, ref.logits[-1].cpu())
+            worst = _error(req.logits, ref.logits[-1].cpu(), counts["logits"])
             logit_err = max(logit_err, worst[0])
             logit_worst = max(logit_worst, worst, key=_relative)
         tokens += req.num_computed
+    (kv_values, kv_out), (logit_values, logits_out) = counts["kv"], counts["logits"]
     return Verification(len(held), tokens, kv_err, logit_err, kv_worst, logit_worst,
-                        kv_finite, logits_finite)
+                        kv_values, kv_out, logit_values, logits_out)
 
 
-def _error(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
-    """The largest |got - want| (inf where either is NaN or infinite: garbage must never
-    compare as agreement) and the largest |want|."""
+def _error(got: torch.Tensor, want: torch.Tensor, counts: list[int]) -> tuple[float, float]:
+    """The largest |got - want| and the largest |want| over the values where `want`, the
+    recomputation, is finite; `counts` (values, left out) grows by this comparison's.
+
+    Where the recomputation is NaN or infinite the model overflowed its dtype, paged or
+    not: that value says nothing about the paging and is left out (an overflow in one
+    layer must not hide a wrong block in another). Where it is finite, a NaN or
+    infinite `got` is an error of inf: garbage never compares as agreement.
+    """
     want = want.float()
-    err = float((got.float() - want).abs().max())
-    return (err if math.isfinite(err) else math.inf), float(want.abs().max())
+    finite = torch.isfinite(want)
+    kept = int(finite.sum())
+    counts[0] += want.numel()
+    counts[1] += want.numel() - kept
+    if kept == 0:
+        return 0.0, 0.0
+    diff = (got.float() - want)[finite].abs()
+    err = float(diff.max())
+    return (err if math.isfinite(err) else math.inf), float(want[finite].abs().max())
 
 
 def _relative(error_and_scale: tuple[float, float]) -> float:

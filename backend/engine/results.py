@@ -64,11 +64,14 @@ class Verification:
     # request's logits) where the error is largest against that scale (`bounds`).
     kv_worst: tuple[float, float] = (0.0, 0.0)
     logit_worst: tuple[float, float] = (0.0, 0.0)
-    # False when the recomputation's own K/V (logits) hold NaN or infinite values: the
-    # model overflows its dtype (float16 ends at 65,504) on these tokens, paged or not,
-    # so that comparison cannot tell a paging bug from the overflow.
-    kv_finite: bool = True
-    logits_finite: bool = True
+    # How many values were compared, and how many of them were left out because the
+    # recomputation's own value is NaN or infinite: the model overflows its dtype
+    # (float16 ends at 65,504) there, paged or not, so no comparison can tell a paging
+    # bug from the overflow. The errors above are over the values left in.
+    kv_values: int = 0
+    kv_left_out: int = 0
+    logit_values: int = 0
+    logits_left_out: int = 0
 
     def bounds(self, tolerance: float) -> tuple[float, float]:
         """What float rounding explains where each error is worst: `tolerance` of the
@@ -84,7 +87,8 @@ class Verification:
 
     def agrees(self, tolerance: float) -> bool:
         """The cached K/V and the pending logits within `bounds(tolerance)` of the
-        recomputation: what float arithmetic in another order explains."""
+        recomputation: what float arithmetic in another order explains. Over the values
+        judged: see `kv_left_out` and `logits_left_out`."""
         kv, logits = self.bounds(tolerance)
         return self.kv_worst[0] <= kv and self.logit_worst[0] <= logits
 

@@ -7,7 +7,7 @@ backend/engine/results.Verification.bounds for what float rounding explains.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from backend.core.words import counted
 from backend.engine.results import Verification
@@ -23,38 +23,56 @@ def _differ(what: str, where: str, err: float, scale: float, bound: float) -> st
 Verdict = Literal["agree", "overflow", "disagree"]
 
 
+class _Part(NamedTuple):
+    name: str                      # "the K/V", in a disagreement
+    plain: str                     # "keys and values", elsewhere
+    where: str                     # where the worst error is, before its scale
+    worst: tuple[float, float]     # (error, scale) where it is worst
+    bound: float
+    values: int                    # values compared
+    left_out: int                  # of them, recomputed as NaN or infinite
+
+
+def _left_out(p: _Part) -> str:
+    if p.left_out == p.values:
+        return f"all {p.values:,} {p.plain}"
+    return f"{p.left_out:,} of the {p.values:,} {p.plain}"
+
+
 def verdict(v: Verification, tolerance: float, dtype: str) -> tuple[Verdict, str]:
     """Whether the paged state agrees with the recomputation, and the sentence saying so
-    with its numbers. "overflow": what could be judged agrees, but the recomputation's
-    own K/V or logits are not finite, so they cannot be judged."""
+    with its numbers. "overflow": what could be judged agrees, but some of the
+    recomputation's own values are NaN or infinite, and those were left out."""
+    def largest(err: float, values: int, left_out: int) -> str:
+        return "none compared" if values and left_out == values else f"= {err:.2g}"
+
     said = (f"{counted(v.num_requests, 'request')}, {counted(v.num_tokens, 'token')} "
-            "recomputed without paging: max |K/V in the blocks − recomputed| = "
-            f"{v.max_kv_err:.2g}, max |logits − recomputed| = {v.max_logit_err:.2g}. ")
+            "recomputed without paging: max |K/V in the blocks − recomputed| "
+            f"{largest(v.max_kv_err, v.kv_values, v.kv_left_out)}, max |logits − recomputed| "
+            f"{largest(v.max_logit_err, v.logit_values, v.logits_left_out)}. ")
     kv_bound, logit_bound = v.bounds(tolerance)
-    parts = [("the K/V", "keys and values", v.kv_finite, v.kv_worst, kv_bound,
-              "in a layer whose values reach"),
-             ("the logits", "logits", v.logits_finite, v.logit_worst, logit_bound,
-              "where they reach")]
-    wrong = [_differ(name, where, *worst, bound)
-             for name, _, finite, worst, bound, where in parts
-             if finite and worst[0] > bound]
+    parts = [_Part("the K/V", "keys and values", "in a layer whose values reach", v.kv_worst,
+                   kv_bound, v.kv_values, v.kv_left_out),
+             _Part("the logits", "logits", "where they reach", v.logit_worst, logit_bound,
+                   v.logit_values, v.logits_left_out)]
+    wrong = [_differ(p.name, p.where, *p.worst, p.bound) for p in parts
+             if p.worst[0] > p.bound]
+    out = [p for p in parts if p.left_out]
     # An overflow is the model's, not the paging's: the recomputation, which reads no
-    # block, overflows too, and inf against inf compares as NaN.
-    unjudged = [plain for _, plain, finite, *_ in parts if not finite]
-    overflow = (f"The recomputation's own {' and '.join(unjudged)} hold values {dtype} "
-                "cannot represent (NaN or infinite): the model overflows this dtype on these "
-                "tokens, paged or not, so they cannot be judged; a wider type (bfloat16 or "
-                "float32) can be checked." if unjudged else "")
+    # block, holds it too. Those values are left out; the rest are judged.
+    wider = " (float32 has the range to hold them)" if dtype == "float16" else ""
+    overflow = (" and ".join(_left_out(p) for p in out) + " are NaN or infinite in the "
+                f"recomputation itself, in {dtype}: the model overflows there, paged or not"
+                f"{wider}, so they are left out." if out else "")
     if wrong:
         return "disagree", " ".join(
             [said + "They disagree: " + "; ".join(wrong) + ". The paged state is not what "
              "the model computes, a bug in the paging."] + ([overflow] if overflow else []))
-    if len(unjudged) == len(parts):
-        return "overflow", said + overflow
-    judged = " and ".join(plain for _, plain, finite, *_ in parts if finite)
     rounding = (f"within {tolerance:g} of their largest value (of 1 where values are "
                 f"smaller): float rounding of {dtype}.")
-    if unjudged:
-        return "overflow", (said + f"The {judged} agree, {rounding} {overflow}")
+    if out:
+        if all(p.left_out == p.values for p in parts):
+            return "overflow", said + overflow + " Nothing else was compared."
+        return "overflow", said + overflow + " The rest agree, " + rounding
     return "agree", (said + "They agree: each layer's keys and values, and the logits, "
                      + rounding)
