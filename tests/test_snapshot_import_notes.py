@@ -306,3 +306,12 @@ def test_a_key_named_twice_is_refused_not_read_as_its_last() -> None:
         parse_snapshot_text(b'{"schema_version": 1, "requests": [{"id": "A", "id": "B"}]}')
     assert str(info.value) == ("snapshot is ambiguous: an object in it names 'id' twice (JSON "
                                "readers differ on which one counts)")
+
+
+def test_true_for_a_text_field_is_named_as_not_text() -> None:
+    reader = FieldReader({"name": True, "err": False}, "snapshot.kernel")
+    with pytest.raises(PagedLabError, match=r"^snapshot\.kernel\.name must be str, got True$"):
+        reader.get("name", str)
+    with pytest.raises(PagedLabError,
+                       match=r"^snapshot\.kernel\.err must be a number, got False$"):
+        reader.get("err", (int, float))

@@ -205,7 +205,7 @@ class FieldReader:
             raise PagedLabError(f"{self.where}.{key} must be an integer, got {v!r}"
                                 + written_as_float(v))
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        if isinstance(v, bool) and bool not in kinds:
+        if isinstance(v, bool) and bool not in kinds and (int in kinds or float in kinds):
             # A bool is an int to isinstance: a number field would take false as 0.
             raise PagedLabError(f"{self.where}.{key} must be a number, got {v!r}")
         if not isinstance(v, kind):
