@@ -121,7 +121,7 @@ def test_a_pool_the_server_has_no_room_for_waits_in_the_sidebar_as_typed(
         at.sidebar.number_input(key="cfg_num_blocks").set_value(1024).run()
         assert not at.exception
         (error,) = [e.value for e in at.sidebar.error]
-        assert error.startswith("Not applied for now: the server's sessions hold ")
+        assert error.startswith("Not applied: the server's sessions hold ")
         assert ("Try a smaller pool, or again in a few minutes (a browser tab keeps its "
                 "engines") in error
         assert "btn_keep_config" in [b.key for b in at.sidebar.button]

@@ -127,6 +127,40 @@ def test_a_conditional_write_asks_its_condition_of_a_queued_write_to_the_same_ke
     assert state == {"req_pick": "new"}
 
 
+def test_an_add_queued_behind_a_new_engines_cleared_pick_still_picks_its_request() -> None:
+    """A reset's "nothing picked" is still queued when the Add, clicked with A picked and
+    run on the new engine, queues its pick: the reset's write lands first and the Add's
+    expectation follows it, so the new request is picked, in either order of landing."""
+    for landed_first in (False, True):
+        q = ui_progress.Queued()
+        state: dict[str, Any] = {"req_pick": "A"}
+        expected = q.expect("req_pick", "A")
+        q.put("req_pick", None)                       # the reset
+        if landed_first:
+            q.apply(state)
+        q.put("req_pick", "X.0", if_still=expected)   # the add's first sample
+        q.apply(state)
+        assert state == {"req_pick": "X.0"}, landed_first
+
+
+def test_a_pick_the_page_corrects_is_the_apps_not_the_persons() -> None:
+    """Add X waits while Finish A runs; the page then moves the pick from the finished A
+    to B. The person picked nothing, so X is picked once the add is done."""
+    q = ui_progress.Queued()
+    state: dict[str, Any] = {"req_pick": "A"}
+    expected = q.expect("req_pick", "A")
+    q.write(state, "req_pick", "B")
+    q.put("req_pick", "X", if_still=expected)
+    q.apply(state)
+    assert state == {"req_pick": "X"}
+    # A person's pick meanwhile is theirs.
+    expected = q.expect("req_pick", "X")
+    state["req_pick"] = "B"
+    q.put("req_pick", "Y", if_still=expected)
+    q.apply(state)
+    assert state == {"req_pick": "B"}
+
+
 def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
     config = EngineConfig(num_blocks=32, block_size=4)
     engine = Engine(config, kernel="torch")

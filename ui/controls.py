@@ -248,9 +248,11 @@ def _request_controls(engine: Engine) -> None:
         # sends it back on the next click, where it names no option ("request 'A ·
         # running · 23 tokens' does not exist"). Setting the key makes Streamlit send the
         # current label.
-        ss["req_pick"] = picked if picked in ids else ids[-1]
+        # Through the queue, so an Add or Fork waiting to pick its request treats a pick
+        # corrected here (the picked request finished) as the app's, not the person's.
+        session.queued().write(ss, "req_pick", picked if picked in ids else ids[-1])
     else:
-        ss["req_pick"] = None
+        session.queued().write(ss, "req_pick", None)
         st.caption("No running or waiting requests: add one.")
     # With no request the same widgets are drawn, disabled, rather than left out: the
     # browser then builds them with the page, not during the first Add (where mounting

@@ -116,8 +116,9 @@ class Queued:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # key -> (value, the value the key must still hold for the write to land).
-        self._writes: dict[str, tuple[Any, Any]] = {}
+        # key -> its writes, oldest first: (value, the value the key must still hold for
+        # the write to land). Keys in the order their last write was made.
+        self._writes: dict[str, list[tuple[Any, Any]]] = {}
         self._expected: weakref.WeakSet[Expected] = weakref.WeakSet()
 
     def expect(self, key: str, value: Any) -> Expected:
@@ -136,23 +137,36 @@ class Queued:
         only if the key then still holds it: a selection the person changed while an
         operation waited is theirs."""
         with self._lock:
-            queued = self._writes.pop(key, None)
-            if queued is not None and queued[1] is _ANY and if_still is not _ANY:
-                # An unconditional write to the key is still queued (a new engine clears
-                # the pick): it lands first, so the condition is asked of its value.
-                if queued[0] != _wanted(if_still):
-                    self._writes[key] = queued
-                    return
-                if_still = _ANY
-            # Re-inserted, so writes land in the order they were last made.
-            self._writes[key] = (value, if_still)
+            # An unconditional write makes the key's earlier ones moot. A conditional one
+            # waits behind them (a new engine's "nothing picked" lands first, and the
+            # condition is asked of what it leaves).
+            writes = [] if if_still is _ANY else self._writes.pop(key, [])
+            self._writes.pop(key, None)
+            writes.append((value, if_still))
+            self._writes[key] = writes
+
+    def write(self, state: Any, key: str, value: Any) -> None:
+        """Mutates: `state[key] = value` now, an app's own write (a page correcting a pick
+        that is gone), which expectations follow as they follow queued writes."""
+        before = state.get(key)
+        state[key] = value
+        self._carry(key, before, value)
+
+    def _carry(self, key: str, before: Any, after: Any) -> None:
+        if before == after:
+            return
+        with self._lock:
+            for expected in self._expected:
+                if expected.key == key and expected.value == before:
+                    expected.value = after
 
     def apply(self, state: Any, skip: Collection[str] = ()) -> bool:
         """Write everything queued into `state` (st.session_state), oldest first, except
         the keys in `skip`, which stay queued. Whether any write stayed for them."""
         while True:
             with self._lock:
-                item = next(((k, w) for k, w in self._writes.items() if k not in skip), None)
+                item = next(((k, w[0]) for k, w in self._writes.items() if k not in skip),
+                            None)
                 if item is None:
                     return any(k in skip for k in self._writes)
                 key, write = item
@@ -161,13 +175,13 @@ class Queued:
             before = state.get(key)
             if if_still is _ANY or before == wanted:
                 state[key] = value      # may raise: then it stays queued
-                with self._lock:
-                    for expected in self._expected:
-                        if expected.key == key and expected.value == before:
-                            expected.value = value
+                self._carry(key, before, value)
             with self._lock:
-                if key in self._writes and self._writes[key] is write:
-                    del self._writes[key]
+                writes = self._writes.get(key)
+                if writes and writes[0] is write:
+                    writes.pop(0)
+                    if not writes:
+                        del self._writes[key]
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)

@@ -323,7 +323,7 @@ def _confirm_or_apply() -> None:
         # Refused here, before "Apply and reset" is offered, rather than after it has
         # been clicked: the fields keep what was typed and say why it waits.
         st.session_state[session.FIELDS_PROBLEM] = room
-        st.error(plain_md(f"Not applied for now: {room}."))
+        st.error(plain_md(f"Not applied: {room}."))
         _keep_current_button()
         return
     if not engine_actions.engine_has_state():
@@ -345,8 +345,7 @@ def _confirm_or_apply() -> None:
     # "Apply and r…" at any window width.
     st.button("Apply and reset", key="btn_apply_config", type="primary",
               on_click=engine_actions.apply_pending, width="stretch")
-    st.button("Keep current", key="btn_keep_config", on_click=engine_actions.keep_current,
-              width="stretch")
+    _keep_current_button()
 
 
 def scenario(config: EngineConfig, engine: Engine) -> None:

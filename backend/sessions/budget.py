@@ -152,7 +152,10 @@ class KVBudget:
         self.check_size(config)
         need = config.kv_bytes + config.host_kv_bytes
         problem = None
-        for attempt in range(2):
+        # A claim collects garbage before refusing; a form's question (`check`, asked on
+        # every run of a page while refused) does not: a full collection holds the GIL
+        # for tens of milliseconds, every session's, and the claim asks again anyway.
+        for attempt in range(2 if keep else 1):
             if attempt:
                 # Engines dropped but not yet collected (reference cycles) still count:
                 # collect them before refusing, since their memory is about to come back.
@@ -170,7 +173,9 @@ class KVBudget:
 
         `replacing` is the owner's engine that the new one replaces: its bytes
         are given back with it (see `claim`), so they are not counted against it.
-        Changes nothing: a form's answer. To build the engine, `claim` its bytes.
+        Changes nothing: a form's answer, cheap enough for every run of a page (engines
+        dropped but not yet collected still count here; `claim` collects them). To build
+        the engine, `claim` its bytes.
         """
         self._reserve(config, owner, replacing, keep=False)
 
