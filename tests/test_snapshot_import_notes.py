@@ -315,3 +315,9 @@ def test_true_for_a_text_field_is_named_as_not_text() -> None:
     with pytest.raises(PagedLabError,
                        match=r"^snapshot\.kernel\.err must be a number, got False$"):
         reader.get("err", (int, float))
+
+
+def test_a_bad_byte_after_a_byte_order_mark_is_placed_counting_the_mark() -> None:
+    with pytest.raises(PagedLabError) as info:
+        decode_json(b"\xef\xbb\xbf{\"a\": \"\xff\"}", "snapshot")
+    assert "(byte 0xff at offset 10)" in str(info.value)

@@ -104,6 +104,9 @@ def test_a_csv_of_ones_own_in_any_column_order() -> None:
                                               "may be a binary file, or text in another "
                                               "encoding"),
     ((HEADER + "\xff\xfe,1,2\n").encode("latin-1"), "(byte 0xff at offset 40)"),
+    # A spreadsheet's "CSV UTF-8" starts with a byte-order mark: offsets count it.
+    (b"\xef\xbb\xbf" + (HEADER + "\xff\xfe,1,2\n").encode("latin-1"),
+     "(byte 0xff at offset 43)"),
     ((HEADER + '0,"10\n').encode(), "not valid CSV"),
 ])
 def test_a_bad_trace_is_refused_naming_its_row(body: bytes, message: str) -> None:

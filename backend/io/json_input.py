@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import stat
@@ -32,8 +33,11 @@ def decode_json(data: str | bytes, what: str) -> Any:
         # question: callers go on after it ("...; it may be a binary file. The
         # playground is unchanged.").
         byte = exc.object[exc.start]
+        # Offsets count from after a byte-order mark, which the codec strips first.
+        bom = isinstance(data, bytes) and data.startswith(codecs.BOM_UTF8)
+        at = exc.start + (len(codecs.BOM_UTF8) if bom else 0)
         raise PagedLabError(f"{what} is not valid JSON: it is not UTF-8 text (byte "
-                            f"0x{byte:02x} at offset {exc.start:,}); it may be a binary file"
+                            f"0x{byte:02x} at offset {at:,}); it may be a binary file"
                             ) from None
     except (json.JSONDecodeError, RecursionError) as exc:
         raise PagedLabError(f"{what} is not valid JSON: {exc}") from None
