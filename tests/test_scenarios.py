@@ -179,3 +179,12 @@ def test_true_and_false_match_only_themselves_also_inside_lists() -> None:
              "requests.A.block_table": [float(b) for b in table]}
     failures = check_expectations(wrong, snap, engine, result)
     assert [f.split(":")[0] for f in failures] == ["metrics.used_blocks"]
+
+
+def test_same_tells_true_from_1_at_any_depth() -> None:
+    from backend.io.scenario import _same
+
+    assert not _same([1, 2], [True, 2]) and not _same({"a": 1}, {"a": True})
+    assert not _same(1, True) and _same(True, True) and _same([False], [False])
+    assert _same([1.0 + 1e-12, 2], [1, 2]) and _same((1, 2), [1, 2])
+    assert not _same([1, 2], [1, 2, 3]) and not _same({"a": 1}, {"b": 1})

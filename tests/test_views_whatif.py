@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backend.engine.whatif import OrderWhatIf, Reading
-from backend.views.whatif import outcome
+from backend.views.whatif import draw_note, outcome
 
 
 def what_if(table: list[int], diff: float, *, same_token: bool = True) -> OrderWhatIf:
@@ -38,3 +38,14 @@ def test_the_verdict_names_the_cause_the_tables_show(table: list[int], diff: flo
         assert words in text, text
     for words in not_says:
         assert words not in text, text
+
+
+def test_a_draw_from_past_the_table_says_it_is_one_and_with_what_settings() -> None:
+    top = [(65, 0.3), (66, 0.2), (67, 0.1)]
+    assert draw_note(Reading([0], 0.0, 66, top, []), 0.2, 0.9) == ""
+    assert draw_note(Reading([0], 0.0, 90, top, []), 0.2, 0.9) == (
+        " (a seeded draw at temperature 0.2, top-p 0.9: not among the 3 most likely below, "
+        "the plain probabilities)")
+    assert draw_note(Reading([0], 0.0, 90, top, []), None, None) == (
+        " (a seeded draw at temperature 1: not among the 3 most likely below, the plain "
+        "probabilities)")

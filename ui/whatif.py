@@ -12,10 +12,11 @@ import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
+from backend.engine.prompts import sampling_of
 from backend.engine.whatif import OrderWhatIf, Reading, physical_order
 from backend.views.text import md_code, plain_md
 from backend.views.tokens import quoted_piece
-from backend.views.whatif import outcome
+from backend.views.whatif import draw_note, outcome
 from ui.session import keep_result, kept_result
 
 KEY = "whatif_report"
@@ -56,9 +57,7 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
                             f"{old}: position {w.position} is read twice, position {over} "
                             "not at all."))
     # A draw, not the argmax: with a temperature it may come from past the table's rows.
-    drawn = ("" if any(t == r.next_token for t, _ in r.top) else
-             f" (a draw from the whole distribution: not among the {len(r.top)} most "
-             "likely below)")
+    drawn = draw_note(r, *sampling_of(engine.config, engine.model))
     st.markdown(f"Next token (the engine's seeded draw): "
                 f"{md_code(_quoted(engine, r.next_token))}{drawn} · its logits differ from "
                 f"the engine's by at most {r.logits_diff:.1e}")

@@ -59,13 +59,21 @@ def random_ids(length: int, seed: int, request_id: str, model: LanguageModel) ->
         chars *= 2
 
 
-def next_token(logits: torch.Tensor, config: EngineConfig, model: LanguageModel,
-               request_id: str, position: int) -> int:
-    """The token at `position`, drawn from the logits of the position before it."""
+def sampling_of(config: EngineConfig, model: LanguageModel) -> tuple[float | None,
+                                                                      float | None]:
+    """The (temperature, top_p) the engine samples with: the config's, else the model's
+    defaults (None: plain softmax, no nucleus)."""
     temperature, top_p = model.default_sampling
     if config.temperature is not None:
         temperature = config.temperature
     if config.top_p is not None:
         top_p = config.top_p
+    return temperature, top_p
+
+
+def next_token(logits: torch.Tensor, config: EngineConfig, model: LanguageModel,
+               request_id: str, position: int) -> int:
+    """The token at `position`, drawn from the logits of the position before it."""
+    temperature, top_p = sampling_of(config, model)
     return sample_token(logits, config.seed, request_id, position, temperature=temperature,
                         top_p=top_p, printable_only=model.vocab_size == 256)

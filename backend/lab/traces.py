@@ -115,9 +115,9 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
     except UnicodeDecodeError as e:
         # The byte and where, as for a JSON file: "byte 40" read as the byte's value.
         # Offsets count from after a byte-order mark, which the codec strips first.
-        at = e.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
+        offset = e.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
         raise PagedLabError(
-            f"{name}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {at:,}); it "
+            f"{name}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {offset:,}); it "
             "may be a binary file, or text in another encoding (a spreadsheet's \"Unicode "
             "text\" is UTF-16): save it as CSV in UTF-8") from None
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)

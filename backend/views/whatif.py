@@ -7,7 +7,7 @@ change is not called a change, and the cause named is the one the tables show.
 
 from __future__ import annotations
 
-from backend.engine.whatif import OrderWhatIf
+from backend.engine.whatif import OrderWhatIf, Reading
 
 _ANOTHER_LAST = ("Sorted, another block is read last, cut to the last token's position, and "
                  "the new K/V is written into it over another token's")
@@ -37,3 +37,17 @@ def outcome(w: OrderWhatIf) -> str:
             "next-token distribution (the tables of probabilities). "
             + ("The seeded draw happens to give the same token." if same else
                "The seeded draw gives another token."))
+
+
+def draw_note(r: Reading, temperature: float | None, top_p: float | None) -> str:
+    """Why the drawn token is missing from the table of the most likely ones ('' when it
+    is there): the draw samples, with the engine's settings, while the table lists the
+    model's plain (temperature 1) probabilities. `temperature` and `top_p` are the ones
+    the draw used (None: plain softmax, no nucleus)."""
+    if any(t == r.next_token for t, _ in r.top):
+        return ""
+    how = [f"temperature {temperature:g}" if temperature is not None else "temperature 1"]
+    if top_p is not None:
+        how.append(f"top-p {top_p:g}")
+    return (f" (a seeded draw at {', '.join(how)}: not among the {len(r.top)} most likely "
+            "below, the plain probabilities)")
