@@ -321,3 +321,11 @@ def test_a_bad_byte_after_a_byte_order_mark_is_placed_counting_the_mark() -> Non
     with pytest.raises(PagedLabError) as info:
         decode_json(b"\xef\xbb\xbf{\"a\": \"\xff\"}", "snapshot")
     assert "(byte 0xff at offset 10)" in str(info.value)
+
+
+def test_a_long_key_named_twice_is_cut_in_the_message() -> None:
+    key = "k" * 1000
+    with pytest.raises(PagedLabError) as info:
+        decode_json(f'{{"{key}": 1, "{key}": 2}}', "snapshot")
+    assert str(info.value) == (f"snapshot is ambiguous: an object in it names '{'k' * 40}...' "
+                               "twice (JSON readers differ on which one counts)")

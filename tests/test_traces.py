@@ -85,6 +85,8 @@ def test_a_csv_of_ones_own_in_any_column_order() -> None:
     ((HEADER + "0,10,5\nyesterday,10,5\n").encode(),
      "row 2 (line 3): TIMESTAMP must be a date and time"),
     ((HEADER + "2023-02-30 00:00:00,10,5\n").encode(), "row 1 (line 2): TIMESTAMP must be"),
+    ((HEADER + "2023-11-16 18:17:03+99:99,10,5\n").encode(), "row 1 (line 2): TIMESTAMP must"),
+    ((HEADER + "\u0662023-11-16 18:17:03,10,5\n").encode(), "row 1 (line 2): TIMESTAMP must"),
     ((HEADER + "0,10,5\n2023-01-01 00:00:00,10,5\n").encode(),
      "row 2 (line 3): TIMESTAMP '2023-01-01 00:00:00' is not a number of seconds like row 1's"),
     ((HEADER + "0,10,5\n\n\n-1,10,5\n").encode(),

@@ -74,6 +74,8 @@ def test_cli_writes_result_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
      "error: --requests must be an integer in 1..10,000,000, got '1_000'\n"),
     (["--workload", "alpaca", "--policy", "paged", "--requests", "\u0661\u0660"],
      "error: --requests must be an integer in 1..10,000,000, got '\u0661\u0660'\n"),
+    (["--workload", "alpaca", "--policy", "paged", "--requests", "1_000.0"],
+     "error: --requests must be an integer in 1..10,000,000, got '1_000.0'\n"),
     (["--workload", "alpaca", "--policy", "paged", "--rate", "1_0"],
      "error: --rate must be a number of requests per second, got '1_0'\n"),
     (["--workload", "alpaca", "--policy", "paged", "--rate", "0"], "error: --rate must be"),

@@ -25,7 +25,8 @@ def decode_json(data: str | bytes, what: str) -> Any:
     try:
         return json.loads(data, object_pairs_hook=_unique_keys)
     except _DuplicateKeyError as exc:
-        raise PagedLabError(f"{what} is ambiguous: an object in it names {exc.key!r} twice "
+        key = exc.key if len(exc.key) <= _KEY_SHOWN else exc.key[:_KEY_SHOWN] + "..."
+        raise PagedLabError(f"{what} is ambiguous: an object in it names {key!r} twice "
                             "(JSON readers differ on which one counts)") from None
     except UnicodeDecodeError as exc:
         # Said in words: "'utf-8' codec can't decode byte 0x89" tells no one the file

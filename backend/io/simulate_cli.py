@@ -143,7 +143,7 @@ def _whole_in(value: str, low: int, high: int) -> int | None:
     """The whole number in low..high that `value` writes with a decimal point or an
     exponent ("1e3", "1000.0"), read exactly (a float would take 1000.00000000000001 for
     1000); else None."""
-    if not any(c in value for c in ".eE"):
+    if not any(c in value for c in ".eE") or not _FLOAT.fullmatch(value.strip()):
         return None
     try:
         d = Decimal(value.strip())

@@ -54,9 +54,10 @@ MAX_SECONDS = 1e12         # a numeric TIMESTAMP (about 31,700 years)
 MAX_TIME_SCALE = 1e6
 DEFAULT_REQUESTS = 1000    # synthetic traces
 WORKLOAD_NAMES: tuple[str, ...] = (*WORKLOADS, *RECORDED)
+# ASCII digits: \d also takes other scripts' digits, which int() reads as numbers.
 _DATETIME = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
-    r"(Z|[+-]\d{2}:\d{2})?")
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[ T]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?"
+    r"(Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?")
 _INT = re.compile(r"[0-9]{1,9}")
 
 
