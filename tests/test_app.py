@@ -518,8 +518,9 @@ def test_verify_against_a_full_recomputation() -> None:
     e.cache.v[1][block] = float("nan")
     click(at, "verify")
     bad = [x.value for x in at.error if "recomputed without paging" in x.value]
-    assert len(bad) == 1 and ("They disagree: the K/V hold a value that is not a number "
-                              "(NaN or infinite)") in bad[0]
+    assert len(bad) == 1 and ("They disagree: the K/V differ from the recomputation by NaN "
+                              "or infinity: one side holds a number where the other does "
+                              "not") in bad[0]
 
 
 def test_an_id_is_measured_without_the_blanks_around_it() -> None:

@@ -380,8 +380,9 @@ def test_an_overflow_in_the_recomputation_is_not_called_a_paging_bug() -> None:
     kind, said = verdict(v, 1e-2, "float16")
     assert kind == "overflow"
     assert (f"{v.logits_left_out} of the 256 logits are NaN or infinite in the recomputation "
-            "itself, in float16: the model overflows there, paged or not (float32 has the "
-            "range to hold them), so they are left out. The rest agree, within 0.01") in said
+            "itself, in float16, and in the blocks too: the model overflows there, paged or "
+            "not (float32 has the range to hold them), so they are left out. The rest agree, "
+            "within 0.01") in said
     assert "paging bug" not in said and "disagree" not in said
     # A wrong block is still told beside the overflow.
     first, second = e.block_table("A")[:2]
@@ -403,15 +404,24 @@ def test_an_overflow_in_one_layer_hides_no_wrong_block_in_another() -> None:
     assert (v.kv_left_out, v.logits_left_out) == (13 * 2 * 16, 256)
     kind, said = verdict(v, 5e-2, "float16")
     assert kind == "overflow" and said.endswith(
-        "all 256 logits are NaN or infinite in the recomputation itself, in float16: the "
-        "model overflows there, paged or not (float32 has the range to hold them), so they "
-        "are left out. The rest agree, within 0.05 of their largest value (of 1 where values "
-        "are smaller): float rounding of float16.")
-    assert "max |logits − recomputed| none compared" in said
+        "all 256 logits are NaN or infinite in the recomputation itself, in float16, and in "
+        "the blocks too: the model overflows there, paged or not (float32 has the range to "
+        "hold them), so they are left out. The rest agree, within 0.05 of their largest "
+        "value (of 1 where values are smaller): float rounding of float16.")
+    assert "max |logits − recomputed|: none compared" in said
     first, second = e.block_table("A")[:2]
     e.cache.v[0][second] = e.cache.v[0][first]
     kind, said = verdict(e.verify_recomputation(), 5e-2, "float16")
     assert kind == "disagree" and "They disagree: the K/V differ by " in said
+    # A block of the overflowing layer itself, zeroed: finite where the model overflows
+    # is no overflow "paged or not" but a difference.
+    e = make("torch", dtype="float16", temperature=0, num_blocks=16, block_size=4)
+    e.model.layers[-1]["wv"].mul_(1e6)
+    run(e, [Add("A", prompt="The cat sat", max_new_tokens=8), Step(2)])
+    e.cache.v[-1][e.block_table("A")[1]] = 0.0
+    kind, said = verdict(e.verify_recomputation(), 5e-2, "float16")
+    assert kind == "disagree" and ("They disagree: the K/V differ from the recomputation by "
+                                   "NaN or infinity") in said
 
 
 def test_a_recomputation_overflowing_everywhere_judges_nothing() -> None:
@@ -419,9 +429,24 @@ def test_a_recomputation_overflowing_everywhere_judges_nothing() -> None:
                      logits_left_out=256)
     kind, said = verdict(v, 1e-3, "bfloat16")
     assert kind == "overflow" and "agree" not in said
-    assert said.endswith("all 512 keys and values and all 256 logits are NaN or infinite in "
-                         "the recomputation itself, in bfloat16: the model overflows there, "
-                         "paged or not, so they are left out. Nothing else was compared.")
+    assert said.endswith(": none compared, max |logits − recomputed|: none compared. All 512 "
+                         "keys and values and all 256 logits are NaN or infinite in the "
+                         "recomputation itself, in bfloat16, and in the blocks too: the model "
+                         "overflows there, paged or not, so they are left out. Nothing else "
+                         "was compared.")
+
+
+def test_one_value_left_out_is_said_in_the_singular_and_no_logits_is_no_agreement() -> None:
+    v = Verification(1, 4, 0.0, 0.0, kv_values=512, kv_left_out=1)
+    kind, said = verdict(v, 1e-3, "float32")
+    assert kind == "overflow"
+    assert ("1 of the 512 keys and values is NaN or infinite in the recomputation itself, in "
+            "float32, and in the blocks too: the model overflows there, paged or not, so it is "
+            "left out.") in said
+    # Still prefilling: no logits were compared, and the verdict does not claim them.
+    kind, said = verdict(Verification(1, 4, 0.0, 0.0, kv_values=512), 1e-3, "float32")
+    assert kind == "agree" and "max |logits − recomputed|: none compared" in said
+    assert "and the logits" not in said and "no request has logits yet" in said
 
 
 def test_a_grow_refusal_counts_blocks_as_the_metrics_do() -> None:

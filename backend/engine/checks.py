@@ -71,24 +71,33 @@ def verify_recomputation(model: LanguageModel, cache: KVCache, manager: BlockMan
 
 
 def _error(got: torch.Tensor, want: torch.Tensor, counts: list[int]) -> tuple[float, float]:
-    """The largest |got - want| and the largest |want| over the values where `want`, the
-    recomputation, is finite; `counts` (values, left out) grows by this comparison's.
+    """The largest |got - want| and the largest |want| over the values compared; `counts`
+    (values, left out) grows by this comparison's.
 
-    Where the recomputation is NaN or infinite the model overflowed its dtype, paged or
-    not: that value says nothing about the paging and is left out (an overflow in one
-    layer must not hide a wrong block in another). Where it is finite, a NaN or
-    infinite `got` is an error of inf: garbage never compares as agreement.
+    A value is left out where the model overflowed its dtype on both sides, paged and
+    recomputed: each is NaN or infinite, or at the dtype's limit beside the other's
+    overflow (rounding in another order tips one over). That says nothing about the
+    paging. Anywhere else a NaN or infinite value on either side is an error of inf:
+    a finite value facing an overflow is a real difference, and garbage never compares
+    as agreement. Value by value, so an overflow in one layer hides nothing in another.
     """
-    want = want.float()
-    finite = torch.isfinite(want)
-    kept = int(finite.sum())
+    limit = 0.99 * torch.finfo(got.dtype).max if got.is_floating_point() else math.inf
+    got, want = got.float(), want.float()
+
+    def overflowed(t: torch.Tensor) -> torch.Tensor:
+        return ~torch.isfinite(t) | (t.abs() >= limit)
+
+    out = overflowed(got) & overflowed(want) & ~(torch.isfinite(got) & torch.isfinite(want))
+    kept = ~out
+    n_kept = int(kept.sum())
     counts[0] += want.numel()
-    counts[1] += want.numel() - kept
-    if kept == 0:
+    counts[1] += want.numel() - n_kept
+    if n_kept == 0:
         return 0.0, 0.0
-    diff = (got.float() - want)[finite].abs()
-    err = float(diff.max())
-    return (err if math.isfinite(err) else math.inf), float(want[finite].abs().max())
+    err = float((got - want)[kept].abs().max())
+    judged = kept & torch.isfinite(want)
+    scale = float(want[judged].abs().max()) if bool(judged.any()) else 0.0
+    return (err if math.isfinite(err) else math.inf), scale
 
 
 def _relative(error_and_scale: tuple[float, float]) -> float:

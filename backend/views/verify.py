@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from typing import Literal, NamedTuple
 
-from backend.core.words import counted
+from backend.core.words import counted, sentence
 from backend.engine.results import Verification
 
 
 def _differ(what: str, where: str, err: float, scale: float, bound: float) -> str:
     if math.isinf(err):
-        return f"{what} hold a value that is not a number (NaN or infinite)"
+        return (f"{what} differ from the recomputation by NaN or infinity: one side holds a "
+                "number where the other does not")
     return (f"{what} differ by {err:.2g} {where} {scale:.2g}, past the {bound:.2g} float "
             "rounding explains there")
 
@@ -39,17 +40,18 @@ def _left_out(p: _Part) -> str:
     return f"{p.left_out:,} of the {p.values:,} {p.plain}"
 
 
+def _compared(err: float, values: int, left_out: int) -> str:
+    return ": none compared" if left_out == values else f" = {err:.2g}"
+
+
 def verdict(v: Verification, tolerance: float, dtype: str) -> tuple[Verdict, str]:
     """Whether the paged state agrees with the recomputation, and the sentence saying so
     with its numbers. "overflow": what could be judged agrees, but some of the
     recomputation's own values are NaN or infinite, and those were left out."""
-    def largest(err: float, values: int, left_out: int) -> str:
-        return "none compared" if values and left_out == values else f"= {err:.2g}"
-
     said = (f"{counted(v.num_requests, 'request')}, {counted(v.num_tokens, 'token')} "
-            "recomputed without paging: max |K/V in the blocks − recomputed| "
-            f"{largest(v.max_kv_err, v.kv_values, v.kv_left_out)}, max |logits − recomputed| "
-            f"{largest(v.max_logit_err, v.logit_values, v.logits_left_out)}. ")
+            "recomputed without paging: max |K/V in the blocks − recomputed|"
+            f"{_compared(v.max_kv_err, v.kv_values, v.kv_left_out)}, max |logits − "
+            f"recomputed|{_compared(v.max_logit_err, v.logit_values, v.logits_left_out)}. ")
     kv_bound, logit_bound = v.bounds(tolerance)
     parts = [_Part("the K/V", "keys and values", "in a layer whose values reach", v.kv_worst,
                    kv_bound, v.kv_values, v.kv_left_out),
@@ -59,11 +61,13 @@ def verdict(v: Verification, tolerance: float, dtype: str) -> tuple[Verdict, str
              if p.worst[0] > p.bound]
     out = [p for p in parts if p.left_out]
     # An overflow is the model's, not the paging's: the recomputation, which reads no
-    # block, holds it too. Those values are left out; the rest are judged.
+    # block, overflows at the same values. Those are left out; the rest are judged.
     wider = " (float32 has the range to hold them)" if dtype == "float16" else ""
-    overflow = (" and ".join(_left_out(p) for p in out) + " are NaN or infinite in the "
-                f"recomputation itself, in {dtype}: the model overflows there, paged or not"
-                f"{wider}, so they are left out." if out else "")
+    one = len(out) == 1 and out[0].left_out == 1
+    overflow = (sentence(" and ".join(_left_out(p) for p in out)) + f" {'is' if one else 'are'}"
+                f" NaN or infinite in the recomputation itself, in {dtype}, and in the blocks "
+                f"too: the model overflows there, paged or not{wider}, so "
+                f"{'it is' if one else 'they are'} left out." if out else "")
     if wrong:
         return "disagree", " ".join(
             [said + "They disagree: " + "; ".join(wrong) + ". The paged state is not what "
@@ -74,5 +78,9 @@ def verdict(v: Verification, tolerance: float, dtype: str) -> tuple[Verdict, str
         if all(p.left_out == p.values for p in parts):
             return "overflow", said + overflow + " Nothing else was compared."
         return "overflow", said + overflow + " The rest agree, " + rounding
+    if not v.logit_values:
+        # Every request is still prefilling: it has no next-token logits yet.
+        return "agree", (said + "They agree: each layer's keys and values (no request has "
+                         "logits yet, all still prefilling), " + rounding)
     return "agree", (said + "They agree: each layer's keys and values, and the logits, "
                      + rounding)
