@@ -14,6 +14,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Op, Shuffle, Step
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, snapshot_json
+from backend.sessions import budget as budget_module
 from backend.sessions.budget import MIB, KVBudget
 from backend.sessions.history import History
 from backend.sessions.playground import Settings, build_engine, config_from_fields
@@ -248,3 +249,37 @@ def test_a_pool_past_the_whole_server_limit_is_not_told_to_wait() -> None:
     assert str(e.value) == ("2.0 MiB of K/V is more than the 1.0 MiB the server's sessions "
                             "may hold together. Try a smaller pool")
     assert budget.in_use() == 0
+
+
+def test_a_form_check_collects_dropped_engines_at_most_every_few_seconds() -> None:
+    """An engine dropped in a reference cycle still counts until a collection. The
+    sidebar's check, asked on every run of the page, collects before refusing, but at
+    most once every COLLECT_EVERY_S seconds across the server; a claim always does."""
+    cfg = _config(256)                                    # 0.5 MiB
+    budget = KVBudget(per_session=512 * MIB, per_server=MIB)
+    mine = budget.built(budget.claim(cfg, "s1"), lambda: Engine(cfg, kernel="torch"))
+    bigger = _config(384)
+    gc.disable()
+    try:
+        def drop_one_in_a_cycle() -> None:
+            other = budget.built(budget.claim(cfg, "s2"), lambda: Engine(cfg, kernel="torch"))
+            other.me = other  # type: ignore[attr-defined]
+
+        drop_one_in_a_cycle()
+        budget.check(bigger, "s1", replacing=mine)        # collected: room again
+        drop_one_in_a_cycle()
+        with pytest.raises(PagedLabError, match=r"server's sessions hold"):
+            budget.check(bigger, "s1", replacing=mine)    # too soon to collect again
+        budget._collected -= budget_module.COLLECT_EVERY_S
+        budget.check(bigger, "s1", replacing=mine)
+        drop_one_in_a_cycle()
+        budget.claim(bigger, "s1", replacing=mine)        # a claim always collects
+    finally:
+        gc.enable()
+
+
+def test_a_pool_past_the_server_is_told_so_before_the_sessions_own_limit() -> None:
+    budget = KVBudget(per_session=2 * MIB, per_server=MIB)
+    budget.claim_unchecked(_config(512), "s1")            # 1 MiB
+    with pytest.raises(PagedLabError, match=r"^1\.5 MiB of K/V is more than the 1\.0 MiB"):
+        budget.check(_config(768), "s1")

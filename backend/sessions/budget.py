@@ -15,8 +15,10 @@ The limits come from the environment, in MiB: PAGEDLAB_SESSION_KV_MIB
 from __future__ import annotations
 
 import gc
+import math
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +32,8 @@ from backend.views.model import format_bytes
 MIB = 1 << 20
 DEFAULT_SESSION_MIB = 512
 DEFAULT_SERVER_MIB = 4096
+# How often a refused form check may collect garbage, server-wide (`KVBudget._reserve`).
+COLLECT_EVERY_S = 10.0
 
 
 def _mib(value: int) -> str:
@@ -71,6 +75,16 @@ class KVBudget:
         self._gone: deque[int] = deque()
         self._keys: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
         self._next = 0
+        self._collected = -math.inf     # when a check last collected garbage
+
+    def _may_collect(self) -> bool:
+        """Whether a form's check may collect garbage now (see `_reserve`)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._collected < COLLECT_EVERY_S:
+                return False
+            self._collected = now
+            return True
 
     @classmethod
     def from_env(cls) -> KVBudget:
@@ -131,13 +145,13 @@ class KVBudget:
             freed = held.nbytes if held is not None else 0
         mine = sum(h.nbytes for h in self._held.values() if h.owner == owner) - freed
         total = sum(h.nbytes for h in self._held.values()) - freed
-        if mine + need > self.per_session:
-            return (f"this session's engines already hold {_mib(mine)} of K/V; {_mib(need)} "
-                    f"more would pass the {_mib(self.per_session)} a session may hold")
         if need > self.per_server:
             # No wait helps: the server could never hold it, even with no other session.
             return (f"{_mib(need)} of K/V is more than the {_mib(self.per_server)} the "
                     "server's sessions may hold together. Try a smaller pool")
+        if mine + need > self.per_session:
+            return (f"this session's engines already hold {_mib(mine)} of K/V; {_mib(need)} "
+                    f"more would pass the {_mib(self.per_session)} a session may hold")
         if total + need > self.per_server:
             return (f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} more would "
                     f"pass its limit of {_mib(self.per_server)}. Try a smaller pool, or again "
@@ -152,13 +166,16 @@ class KVBudget:
         self.check_size(config)
         need = config.kv_bytes + config.host_kv_bytes
         problem = None
-        # A claim collects garbage before refusing; a form's question (`check`, asked on
-        # every run of a page while refused) does not: a full collection holds the GIL
-        # for tens of milliseconds, every session's, and the claim asks again anyway.
-        for attempt in range(2 if keep else 1):
+        for attempt in range(2):
             if attempt:
                 # Engines dropped but not yet collected (reference cycles) still count:
                 # collect them before refusing, since their memory is about to come back.
+                # A claim always does; a form's question (`check`, asked on every run of
+                # a page while refused) at most every COLLECT_EVERY_S seconds across the
+                # server: a full collection holds the GIL, every session's, for tens of
+                # milliseconds.
+                if not keep and not self._may_collect():
+                    break
                 gc.collect()
             with self._lock:
                 self._drain()
@@ -173,9 +190,10 @@ class KVBudget:
 
         `replacing` is the owner's engine that the new one replaces: its bytes
         are given back with it (see `claim`), so they are not counted against it.
-        Changes nothing: a form's answer, cheap enough for every run of a page (engines
-        dropped but not yet collected still count here; `claim` collects them). To build
-        the engine, `claim` its bytes.
+        Changes nothing: a form's answer, cheap enough for every run of a page (before
+        refusing it collects engines dropped but not yet collected at most every
+        COLLECT_EVERY_S seconds, where `claim` always does). To build the engine,
+        `claim` its bytes.
         """
         self._reserve(config, owner, replacing, keep=False)
 
