@@ -161,6 +161,33 @@ def test_a_pick_the_page_corrects_is_the_apps_not_the_persons() -> None:
     assert state == {"req_pick": "B"}
 
 
+def test_two_runs_applying_at_once_land_a_keys_writes_once_and_in_order() -> None:
+    """One run is making the reset's "nothing picked" when another applies: the second
+    leaves the add's pick behind it to the first, which lands it after."""
+    q = ui_progress.Queued()
+    started, go = threading.Event(), threading.Event()
+
+    class SlowState(dict[str, Any]):
+        def __setitem__(self, key: str, value: Any) -> None:
+            if threading.current_thread().name == "slow" and not go.is_set():
+                started.set()
+                go.wait(10)
+            super().__setitem__(key, value)
+
+    state = SlowState(req_pick="A")
+    expected = q.expect("req_pick", "A")
+    q.put("req_pick", None)
+    q.put("req_pick", "X", if_still=expected)
+    slow = threading.Thread(target=q.apply, args=(state,), name="slow")
+    slow.start()
+    assert started.wait(10)
+    q.apply(state)                       # the pick waits for the write being made
+    assert state == {"req_pick": "A"}
+    go.set()
+    slow.join(10)
+    assert state == {"req_pick": "X"} and not q.apply(state)
+
+
 def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
     config = EngineConfig(num_blocks=32, block_size=4)
     engine = Engine(config, kernel="torch")

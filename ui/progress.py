@@ -120,6 +120,7 @@ class Queued:
         # the write to land). Keys in the order their last write was made.
         self._writes: dict[str, list[tuple[Any, Any]]] = {}
         self._expected: weakref.WeakSet[Expected] = weakref.WeakSet()
+        self._busy: set[str] = set()     # keys whose write a run is making now
 
     def expect(self, key: str, value: Any) -> Expected:
         """What `key` holds when an operation is clicked (`value`), for a conditional
@@ -153,35 +154,50 @@ class Queued:
         self._carry(key, before, value)
 
     def _carry(self, key: str, before: Any, after: Any) -> None:
-        if before == after:
-            return
         with self._lock:
-            for expected in self._expected:
-                if expected.key == key and expected.value == before:
+            # Values are compared only for a key someone expects (a pick): other keys
+            # hold engines and logs, whose comparison would be deep or ambiguous.
+            waiting = [e for e in self._expected if e.key == key]
+            if not waiting or before == after:
+                return
+            for expected in waiting:
+                if expected.value == before:
                     expected.value = after
 
     def apply(self, state: Any, skip: Collection[str] = ()) -> bool:
-        """Write everything queued into `state` (st.session_state), oldest first, except
-        the keys in `skip`, which stay queued. Whether any write stayed for them."""
+        """Write everything queued into `state` (st.session_state), each key's writes in
+        the order they were made, except the keys in `skip`, which stay queued. Whether
+        any write stayed for them.
+
+        Two runs may apply at once. A write is taken off the queue before it is made
+        (so it is made once) and put back first if making it raises; while one run
+        makes a key's write, the other leaves that key's later writes to it (so they
+        land after it, not before)."""
         while True:
             with self._lock:
-                item = next(((k, w[0]) for k, w in self._writes.items() if k not in skip),
-                            None)
-                if item is None:
+                key = next((k for k in self._writes
+                            if k not in skip and k not in self._busy), None)
+                if key is None:
                     return any(k in skip for k in self._writes)
-                key, write = item
+                writes = self._writes[key]
+                write = writes.pop(0)
+                if not writes:
+                    del self._writes[key]
+                self._busy.add(key)
                 value, if_still = write
                 wanted = _wanted(if_still)
-            before = state.get(key)
-            if if_still is _ANY or before == wanted:
-                state[key] = value      # may raise: then it stays queued
-                self._carry(key, before, value)
-            with self._lock:
-                writes = self._writes.get(key)
-                if writes and writes[0] is write:
-                    writes.pop(0)
-                    if not writes:
-                        del self._writes[key]
+            try:
+                before = state.get(key)
+                if if_still is _ANY or before == wanted:
+                    state[key] = value      # may raise: then it goes back, first
+                    self._carry(key, before, value)
+            except BaseException:
+                with self._lock:
+                    self._writes.setdefault(key, []).insert(0, write)
+                raise
+            finally:
+                with self._lock:
+                    self._busy.discard(key)
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
