@@ -304,3 +304,25 @@ def test_a_recomputed_beam_group_shares_a_small_token_budget() -> None:
         apply(e, {"op": "step"})
         assert sum(calls) <= 4
     assert e.verify_recomputation().max_kv_err < 1e-4
+
+
+def test_a_chunked_prompts_prefix_query_counts_the_whole_prompt() -> None:
+    """Under a token budget the allocator is given the first chunk only; the prefix-cache
+    query, and what the block floor loses of it, are the whole prompt's, as without
+    a budget."""
+    prompt = "Paged attention stores keys and values in blocks of memory!!"   # 60 bytes
+    chunked = engine(block_size=16, max_num_batched_tokens=8)
+    whole = engine(block_size=16)
+    for e in (chunked, whole):
+        apply(e, {"op": "add", "request": "A", "prompt": prompt, "max_new_tokens": 4})
+        apply(e, {"op": "add", "request": "B", "prompt": prompt, "max_new_tokens": 4})
+    assert chunked.request("B").prefilling          # still in its first chunk
+    for e in (chunked, whole):
+        m = export_snapshot(e)["metrics"]
+        assert (m["prefix_queries"], m["prefix_query_tokens"]) == (2, 120)
+        # 60 tokens: 3 full blocks (48), the last 12 never served by a block-granular cache.
+        assert m["prefix_floor_tokens"] == 2 * 12
+    # Unbudgeted, B shares A's three full blocks; budgeted, A had computed none of them
+    # when B came, so B's query found nothing.
+    assert [export_snapshot(e)["metrics"]["prefix_hit_blocks"] for e in (whole, chunked)] == [
+        3, 0]

@@ -230,7 +230,7 @@ class Scheduler(Admission):
         it; the rest of its prompt is prefilled later (`uncomputed`). Returns the cached
         token count."""
         tokens = req.tokens if stop is None or stop == req.num_tokens else req.tokens[:stop]
-        alloc = self.manager.allocate(req.id, tokens, pinned=pinned)
+        alloc = self.manager.allocate(req.id, tokens, pinned=pinned, prompt_len=req.num_tokens)
         req.uncomputed = req.num_tokens - len(tokens)
         req.status = "running"
         req.admitted = self.next_admission()

@@ -67,13 +67,17 @@ class BlockManager(BlockTables):
     # ---- mutations ---------------------------------------------------------
 
     def allocate(self, seq_id: str, tokens: Sequence[int] | int, *,
-                 pinned: Sequence[int] | None = None) -> Allocation:
+                 pinned: Sequence[int] | None = None,
+                 prompt_len: int | None = None) -> Allocation:
         """Mutates: admit a sequence with its prompt tokens.
 
         Full prompt blocks already in the prefix cache are shared (their ref
         counts rise; cached ones leave the free queue); the rest come from the
         free queue, or from `pinned` (physical ids, in order, each in state
         "free": ref count 0 and no cached prefix; no cache lookup then).
+        `prompt_len` is the whole prompt's length when `tokens` is only its first
+        prefill chunk (which finds the same hits): the prefix-cache query counts
+        the prompt, not the chunk.
         Raises PagedLabError for a duplicate id or bad input, OutOfBlocksError
         if the pool lacks room right now.
         """
@@ -94,9 +98,10 @@ class BlockManager(BlockTables):
         step = self.step << KIND_BITS
         hit_code, alloc_code, evict_code = step | PREFIX_HIT, step | ALLOC, step | EVICT
         if caching and pinned is None:
+            asked = length if prompt_len is None else prompt_len
             self.prefix_queries += 1
-            self.prefix_query_tokens += length
-            self.prefix_floor_tokens += length - (length - 1) // bs * bs
+            self.prefix_query_tokens += asked
+            self.prefix_floor_tokens += asked - (asked - 1) // bs * bs
         table = list(plan.hit_blocks)
         filled_total = 0
         shared = 0
