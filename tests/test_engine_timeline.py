@@ -13,7 +13,7 @@ from backend.engine.ops import parse_op
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot
 from backend.views.compare.timeline import timeline_chart
-from backend.views.timeline import latency_frame, timeline_frame
+from backend.views.timeline import latency_frame, timeline_frame, unlisted_note
 
 OPS: list[dict[str, Any]] = [
     {"op": "add", "request": "A", "prompt": "a shared system prompt, then A", "max_new_tokens": 9},
@@ -170,3 +170,18 @@ def test_a_one_row_timeline_draws_its_values_as_points() -> None:
     assert len(long) > 60
     assert all(p["mark"]["point"] is False
                for p in timeline_chart(long, paged=True).to_dict()["vconcat"][:3])
+
+
+def test_requests_from_before_the_timeline_are_named_under_the_latency_table() -> None:
+    e = Engine(EngineConfig(num_blocks=32, block_size=4), kernel="torch")
+    for op in ({"op": "add", "request": "A", "prompt": "abcdef"}, {"op": "step"}):
+        e.apply(parse_op(op))
+    assert unlisted_note(e.timeline, list(e.requests)) == ""
+    # A restored engine starts a new timeline: A ran before it.
+    again = restore_engine(export_snapshot(e), kernel="torch")
+    again.apply(parse_op({"op": "add", "request": "B", "prompt": "xyz"}))
+    assert list(latency_frame(again.timeline)["request"]) == ["B"]
+    assert unlisted_note(again.timeline, list(again.requests)) == (
+        "Not listed: A, which arrived before this timeline began (a reload, a restored "
+        "snapshot or a reopened session starts a new one), so their arrival and first token "
+        "are not on it.")

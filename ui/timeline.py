@@ -34,7 +34,7 @@ from backend.sessions.history import History
 from backend.sessions.playground import kept_snapshot, kept_steps
 from backend.views.compare.timeline import binned, timeline_chart
 from backend.views.text import plain_md
-from backend.views.timeline import latency_frame, timeline_frame
+from backend.views.timeline import latency_frame, timeline_frame, unlisted_note
 from ui import session
 from ui.numbers import number_text, whole, whole_input
 
@@ -271,6 +271,9 @@ def _details(engine: Engine, history: History) -> None:
                    "iterations (a Grow's tokens take none), and in ms of the engine's own "
                    "work. `generated` counts what each request generated itself, not what a "
                    "fork inherited.")
+    missing = unlisted_note(engine.timeline, list(engine.requests))
+    if missing:
+        st.caption(plain_md(missing))
     _downloads(df, lat, engine.step)
 
 

@@ -35,6 +35,20 @@ def timeline_frame(tl: EngineTimeline, num_blocks: int, block_size: int) -> pd.D
     return df
 
 
+def unlisted_note(tl: EngineTimeline, request_ids: list[str]) -> str:
+    """Which of the engine's requests the latency table leaves out, and why ('' when it
+    lists them all): those that arrived before this timeline began (a reload, a
+    restored snapshot or a session reopened starts a new one)."""
+    missing = [rid for rid in request_ids if rid not in tl.requests]
+    if not missing:
+        return ""
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8:,} more" if len(missing) > 8
+                                      else "")
+    return (f"Not listed: {shown}, which arrived before this timeline began (a reload, a "
+            "restored snapshot or a reopened session starts a new one), so their arrival "
+            "and first token are not on it.")
+
+
 def latency_frame(tl: EngineTimeline) -> pd.DataFrame:
     """One row per request the timeline saw arrive, in arrival order.
 
