@@ -63,7 +63,10 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
                 f"the engine's by at most {r.logits_diff:.1e}")
     st.dataframe(pd.DataFrame([{"token": _quoted(engine, t), "probability": p}
                                for t, p in r.top]), hide_index=True, width="stretch",
-                 column_config={"probability": st.column_config.NumberColumn(format="%.3f")})
+                 column_config={"probability": st.column_config.NumberColumn(
+                     "probability (T = 1)", format="%.3f",
+                     help="The model's plain softmax (temperature 1). The engine draws with "
+                          "its own temperature and top-p, which sharpen it.")})
 
 
 def panel(engine: Engine) -> None:
