@@ -66,7 +66,7 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
                  column_config={"probability": st.column_config.NumberColumn(
                      "probability (T = 1)", format="%.3f",
                      help="The model's plain softmax (temperature 1). The engine draws with "
-                          "its own temperature and top-p, which sharpen it.")})
+                          "its own temperature and top-p, which reshape it.")})
 
 
 def panel(engine: Engine) -> None:
