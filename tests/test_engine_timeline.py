@@ -183,5 +183,5 @@ def test_requests_from_before_the_timeline_are_named_under_the_latency_table() -
     assert list(latency_frame(again.timeline)["request"]) == ["B"]
     assert unlisted_note(again.timeline, list(again.requests)) == (
         "Not listed: A, which arrived before this timeline began (a reload, a restored "
-        "snapshot or a reopened session starts a new one), so their arrival and first token "
+        "snapshot or a reopened session starts a new one), so its arrival and first token "
         "are not on it.")

@@ -44,8 +44,9 @@ def unlisted_note(tl: EngineTimeline, request_ids: list[str]) -> str:
         return ""
     shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8:,} more" if len(missing) > 8
                                       else "")
+    its = "its" if len(missing) == 1 else "their"
     return (f"Not listed: {shown}, which arrived before this timeline began (a reload, a "
-            "restored snapshot or a reopened session starts a new one), so their arrival "
+            f"restored snapshot or a reopened session starts a new one), so {its} arrival "
             "and first token are not on it.")
 
 

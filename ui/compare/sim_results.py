@@ -45,8 +45,8 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True,
         b.altair_chart(preempted, width="stretch", key=f"{prefix}_preempt_chart")
         note = st.container()
     note.caption(("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
-               "system, of the memory they hold (free memory left out). " if paper_ticks
-               else "") + preemptions.preemption_note(results))
+                  "system, of the memory they hold (free memory left out). " if paper_ticks
+                  else "") + preemptions.preemption_note(results))
     st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
                     key=f"{prefix}_breakdown_chart")
     idle = views.free_memory_note(results)
