@@ -11,7 +11,7 @@ exactly what a scenario file accepts, with the same messages.
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,16 +175,18 @@ class Applied:
 
 
 def apply_or_recover(engine: Engine, op: Op, before: dict[str, Any],
-                     settings: Settings, owner: str) -> Applied:
+                     settings: Settings, owner: str,
+                     progress: Callable[[int, int], bool] | None = None) -> Applied:
     """Apply `op`; if it fails half-way, a working engine in the state before it.
 
     `before` is the engine's snapshot now. A refusal (PagedLabError) changes
     nothing and is raised as it is. Any other failure leaves `engine` broken
     (see Engine.apply); the state is rebuilt from `before` (K/V recomputed
-    from the tokens) on a new engine, which the caller installs.
+    from the tokens) on a new engine, which the caller installs. `progress` is
+    the engine's (see Engine.apply).
     """
     try:
-        return Applied(engine, engine.apply(op), None)
+        return Applied(engine, engine.apply(op, progress=progress), None)
     except PagedLabError:
         raise
     except Exception as exc:

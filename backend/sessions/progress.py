@@ -8,10 +8,9 @@ runs while the first is still stepping (its fast reruns), calls
 which the applying thread holds for the whole operation: they take only the
 Work's own small lock, held for a few assignments.
 
-`apply_tracked` is `playground.apply_or_recover` with the engine's progress
-callback threaded through: a `step` reports each iteration and stops between
-two once a stop is asked for, leaving a consistent engine whose result names
-the step that ran.
+`apply_tracked` is `playground.apply_or_recover` with a progress callback: a
+`step` reports each iteration and stops between two once a stop is asked for,
+leaving a consistent engine whose result names the step that ran.
 """
 
 from __future__ import annotations
@@ -21,12 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Op
-from backend.io.restore import restore_engine
-from backend.sessions.budget import SERVER_BUDGET
-from backend.sessions.playground import Applied, Settings
+from backend.sessions.playground import Applied, Settings, apply_or_recover
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +122,4 @@ def apply_tracked(engine: Engine, op: Op, before: dict[str, Any], settings: Sett
     as it is; any other failure leaves `engine` broken and returns a new
     engine rebuilt from `before`, which the caller installs.
     """
-    try:
-        return Applied(engine, engine.apply(op, progress=progress), None)
-    except PagedLabError:
-        raise
-    except Exception as exc:
-        failure = f"{type(exc).__name__}: {exc}"
-    restored = restore_engine(before, device=settings.device, kernel=settings.kernel)
-    return Applied(SERVER_BUDGET.track(restored, owner), None, failure)
+    return apply_or_recover(engine, op, before, settings, owner, progress)
