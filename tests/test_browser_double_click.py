@@ -67,18 +67,24 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
         page.goto(app_url)
         add = page.get_by_role("button", name="Add request")
         expect(add).to_be_visible(timeout=T)
-        # A request that keeps decoding through the whole Step N.
-        page.get_by_role("spinbutton", name="Max new tokens").fill("500")
+        # A request that keeps decoding far longer than the test takes, and a Step N
+        # that runs until it is stopped: on a slow machine a step of a few seconds could
+        # end, and the Add's pick of B reach the browser, before Finish was clicked.
+        page.get_by_role("spinbutton", name="Max new tokens").fill("20000")
         add.click()
         expect(page.get_by_text("Step 1: add A")).to_be_visible(timeout=T)
         steps = page.get_by_role("spinbutton", name="Steps")
-        steps.fill("60")
+        steps.fill("10000")
         steps.press("Tab")
         page.get_by_role("button", name="Step N").click()
         expect(page.get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
         add.click()
         page.wait_for_timeout(500)
         page.get_by_role("button", name="Finish").click()
+        # Both clicks wait for the step; a Stop (a third click, superseding the Finish's
+        # run in turn) ends it, and the two waiting clicks act in the order they came.
+        page.wait_for_timeout(500)
+        page.get_by_role("button", name="Stop stepping").first.click()
         # Finish acts on A, the request picked when it was clicked.
         expect(page.get_by_text(re.compile(r"^Step 4: finish A"))).to_be_visible(timeout=T)
         # Step 3 was the add: B is the request left to pick.
