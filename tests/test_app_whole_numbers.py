@@ -197,6 +197,8 @@ def test_tiny_bytes_size_fields_are_not_read_for_a_real_model() -> None:
     at.sidebar.selectbox(key="cfg_model_name").select(SMOLLM2).run()
     assert not at.sidebar.error and not at.exception
     assert at.button(key="btn_apply_config")
-    # Back to tiny-byte, its size fields are drawn again, from its sizes.
+    # Back to tiny-byte, its size fields are drawn again as they were left (fields keep
+    # what was typed): the fraction is refused again, by name.
     at.sidebar.selectbox(key="cfg_model_name").select(TINY_BYTE).run()
-    assert not at.sidebar.error and at.sidebar.number_input(key="cfg_num_layers").value == 2
+    assert [e.value for e in at.sidebar.error] == ["Layers must be a whole number; got 1.5"]
+    assert at.sidebar.number_input(key="cfg_num_layers").value == 1.5

@@ -143,8 +143,9 @@ def _add_form() -> None:
         # The default as the widget's own, not only seeded in session state: a browser
         # that rebuilds the form after a superseded rerun takes a widget's default, and
         # with none it would submit an empty prompt.
-        st.text_area("Prompt text", value=session.DEFAULT_PROMPT, key="add_prompt", height=68)
-        st.checkbox("As a chat message", key="add_chat",
+        st.text_area("Prompt text", value=session.DEFAULT_PROMPT, key="add_prompt",
+                     persist_state="session", height=68)
+        st.checkbox("As a chat message", key="add_chat", persist_state="session",
                     help="Send the text as a user's message through the model's chat "
                          "template (SmolLM2's own; ChatML for tiny-byte), so the request "
                          "ends with the assistant's turn open and the model answers. Two "
@@ -163,8 +164,9 @@ def _add_form() -> None:
                     help=f"1 to {MAX_PROMPT_TOKENS:,}. Blank: the sidebar's default.")
         c1, c2 = st.columns(2)
         c1.text_input("Request id", key="add_id", placeholder="next free letter",
-                      help=f"At most {MAX_ID_CHARS} characters.")
+                      persist_state="session", help=f"At most {MAX_ID_CHARS} characters.")
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
+                      persist_state="session",
                       help="Physical blocks to hold the prompt, in order; each must be free.")
         c1, c2 = st.columns(2)
         whole_input(c1, "Parallel samples (n)", value=None, step=1, key="add_n", placeholder="1",
@@ -259,7 +261,7 @@ def _request_controls(engine: Engine) -> None:
     # them for the first time made that click the slowest of a session).
     none = not ids
     st.selectbox("Request", ids, key="req_pick", format_func=partial(_request_label, engine),
-                 disabled=none, placeholder="no request yet")
+                 disabled=none, placeholder="no request yet", persist_state="session")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
     whole_input(c1, "Grow by (tokens)", value=session.DEFAULT_GROW, step=1,
                 key="req_grow_n", disabled=none,
@@ -268,7 +270,7 @@ def _request_controls(engine: Engine) -> None:
               help="Decode tokens for this request alone, one model step each.")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
     c1.text_input("Child id", key="req_child", placeholder="auto (e.g. A.1)", disabled=none,
-                  help=f"At most {MAX_ID_CHARS} characters.")
+                  persist_state="session", help=f"At most {MAX_ID_CHARS} characters.")
     c2.button("Fork", key="btn_fork", on_click=_on_fork, width="stretch", disabled=none,
               help="The child shares every block of the parent; nothing is copied.")
     st.button("Finish", key="btn_finish", on_click=_on_finish, width="stretch",

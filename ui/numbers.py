@@ -16,6 +16,10 @@ where it would first use one:
 
 and the page draws it through `section`, which shows the refusal under the fields.
 
+Every field here keeps its number for the browser session (persist_state="session"),
+as the app's other fields do: Streamlit forgets a field its page did not draw, so a
+number typed and not yet applied would be lost on a visit to another page.
+
 A field for a whole number is drawn as a float field (`whole_input`) and read through
 `whole`: an integer field would send "2.5" as 2 and "1e5" as 1 (the browser's parse,
 then Streamlit's `int()`), so the page would act on a number nobody typed. A float
@@ -68,6 +72,7 @@ def whole_input(where: Any, label: str, *, value: Number | None = None,
     Shown with "%g", so 7 reads "7", not "7.00". Returns what the field holds; read it
     through `whole` (or `Fields.number`), which refuses a fraction.
     """
+    kwargs.setdefault("persist_state", "session")
     got = where.number_input(label, value=None if value is None else float(value),
                              step=float(step), format="%g", **kwargs)
     return None if got is None else float(got)
@@ -113,6 +118,7 @@ class Fields:
         if is_whole:
             got = whole_input(where, label, value=value, **kwargs)
         else:
+            kwargs.setdefault("persist_state", "session")
             got = where.number_input(label, value=value, **kwargs)
         if got is None:
             return None

@@ -148,6 +148,7 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
         ss[f"{prefix}focus_req"] = None
     c1, c2, c3 = st.columns([2, 2, 2])
     c1.selectbox("Highlight a request", [None, *ids], key=f"{prefix}focus_req",
+                 persist_state="session",
                  format_func=lambda v: "none" if v is None else v, placeholder="none",
                  on_change=_on_focus_request, args=(prefix,))
     whole_input(c2, "Inspect a block", key=f"{prefix}focus_block",
@@ -158,7 +159,7 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
         if ss.get(f"{prefix}grid_page", 0) >= pages:
             ss[f"{prefix}grid_page"] = 0
         page = c3.selectbox(
-            "Blocks shown", list(range(pages)), key=f"{prefix}grid_page",
+            "Blocks shown", list(range(pages)), key=f"{prefix}grid_page", persist_state="session",
             format_func=lambda p: f"{p * views.PAGE_SIZE}–{min(n, (p + 1) * views.PAGE_SIZE) - 1}")
     focus = _focus(snap, prefix)
     if pages > 1:

@@ -175,8 +175,9 @@ def init() -> None:
     """Initialise this session's state. Guarded: sets only keys that are missing.
 
     Widget keys are seeded here rather than through `value=` so that callbacks
-    may set them (a widget given both warns); a key Streamlit dropped because
-    its widget was not drawn on the last page is simply seeded again. Writes
+    may set them (a widget given both warns). The fields persist for the session
+    (persist_state="session"), so a visit to another page keeps them; a key missing
+    all the same (a fresh session, a widget that does not persist) is seeded. Writes
     an interrupted run queued land here first (see progress.Queued).
     """
     ss = st.session_state

@@ -154,23 +154,25 @@ def _config_fields() -> None:
                 value=_applied("cfg_block_size"), key="cfg_block_size",
                 help=f"Token positions per block: 1 to {MAX_BLOCK_SIZE}.")
     st.radio("Allocation", ALLOCATIONS, index=_index("cfg_allocation", ALLOCATIONS),
-             key="cfg_allocation", horizontal=True,
+             key="cfg_allocation", persist_state="session", horizontal=True,
              format_func=lambda v: ALLOCATION_LABELS[v],
              help="Queue order hands out free blocks 0, 1, 2, ... and reuses freed ones "
                   "last; scattered picks a seeded random free block.")
     st.toggle("Prefix caching", value=_applied("cfg_prefix_caching"), key="cfg_prefix_caching",
+              persist_state="session",
               help="Full prompt blocks whose tokens are already cached are shared, not "
                    "recomputed.")
     model = _model_field()
     dims = REAL_MODELS.get(model)
     if dims is not None:
         # Its weights fix its shape (EngineConfig refuses other dimensions), so tiny-byte's
-        # size fields are not drawn; a switch back draws them with tiny-byte's sizes.
+        # size fields are not drawn (nor read); a switch back draws them as they were left.
         st.caption(fixed_dims_text(model, dims))
     else:
         _tiny_dims_fields()
     dtypes = list(DTYPE_BYTES)
-    st.selectbox("dtype", dtypes, index=_index("cfg_dtype", dtypes), key="cfg_dtype")
+    st.selectbox("dtype", dtypes, index=_index("cfg_dtype", dtypes), key="cfg_dtype",
+                 persist_state="session")
     with st.expander("More settings"):
         whole_input(st, "Seed", step=1, value=_applied("cfg_seed"), key="cfg_seed",
                     help="Seeds tiny-byte's weights, random prompts and sampling. 0 to "
@@ -197,12 +199,13 @@ def _sampling_fields(model: str) -> None:
     c1, c2 = st.columns(2)
     c1.number_input("Temperature", step=0.1, format="%g",
                     value=_applied("cfg_temperature"), key="cfg_temperature",
+                    persist_state="session",
                     placeholder=f"{1.0 if temperature is None else temperature:g} (model's)",
                     help="Divides the logits before the seeded draw: 0 always takes the most "
                          "likely token (greedy, so parallel samples all agree), higher "
                          "spreads the choice. Blank: the model's own.")
     c2.number_input("Top-p", step=0.05, format="%g",
-                    value=_applied("cfg_top_p"), key="cfg_top_p",
+                    value=_applied("cfg_top_p"), key="cfg_top_p", persist_state="session",
                     placeholder=f"{1.0 if top_p is None else top_p:g} (model's)",
                     help="The draw keeps the most likely tokens up to this total probability; "
                          "1 keeps them all. Blank: the model's own.")
@@ -228,7 +231,7 @@ def _scheduler_fields() -> None:
                     placeholder="0",
                     help=BUDGET_HELP["watermark_blocks"])
         st.radio("Preemption", PREEMPTIONS, index=_index("cfg_preemption", PREEMPTIONS),
-                 key="cfg_preemption", horizontal=True,
+                 key="cfg_preemption", persist_state="session", horizontal=True,
                  help=BUDGET_HELP["preemption"], on_change=_preemption_changed)
         whole_input(st, "Host pool (blocks)", step=1,
                     value=_applied("cfg_num_cpu_blocks"), key="cfg_num_cpu_blocks",
@@ -258,6 +261,7 @@ def _model_field() -> str:
     cards = model_cards(config)
     choices = model_choices()
     st.selectbox("Model", choices, index=_index("cfg_model_name", choices), key="cfg_model_name",
+                 persist_state="session",
                  format_func=lambda m: cards[m].label,
                  help=" ".join(f"{cards[m].label}: {cards[m].description}"
                                for m in model_choices()))
@@ -275,6 +279,7 @@ def _model_field() -> str:
 
 def _tiny_dims_fields() -> None:
     st.selectbox("Model size", SIZES, index=_index("cfg_model", SIZES), key="cfg_model",
+                 persist_state="session",
                  on_change=engine_actions.model_preset_changed,
                  format_func=lambda v: v if v == "custom" else
                  f"{v} ({MODEL_PRESETS[v]['num_layers']} layers, "

@@ -184,7 +184,7 @@ def controls(run: TourRun) -> None:
         c[2].button("Play", key="tour_play", on_click=_on_play_pause, args=(True,),
                     disabled=not can_next, icon=":material/play_arrow:", width="stretch",
                     help="Step forward at the chosen speed until the end.")
-    c[3].select_slider("Seconds per step", SPEEDS, key="tour_speed",
+    c[3].select_slider("Seconds per step", SPEEDS, key="tour_speed", persist_state="session",
                        format_func=lambda s: f"{s:g} s")
     c[4].button("Reset", key="tour_reset", on_click=_on_reset, icon=":material/replay:",
                 width="stretch", help="Start this scenario again from a fresh engine.")

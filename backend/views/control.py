@@ -19,17 +19,27 @@ CONTROL_COLUMNS = ["request", "tokens compared", "same tokens", "first differenc
 WITHOUT = "no shuffle, no preemption (a pool with room for everything) and no prefix cache"
 
 
+# Why a control run may compare no logits, and what that leaves unproven: identical
+# tokens show no K/V difference large enough to change a token, where the logits would
+# show a small one too.
+NO_LOGITS = ("The next-token logits were compared at no position: they are compared "
+             "after each operation, for the requests then running with their prompt "
+             "computed (a request that finishes within one Step N is never compared). "
+             "Identical tokens alone can miss a K/V difference too small to change a token; "
+             "a Grow or Step of a running request compares its logits.")
+
+
 def control_sentence(report: ControlReport) -> str:
     """What the comparison found, with its numbers."""
     tokens = sum(r.compared_tokens for r in report.requests)
     diff = f"{report.max_logit_diff:.1e}"
     where = (f"compared at {report.positions_compared:,} positions" if
-             report.positions_compared else "not compared at any position yet")
+             report.positions_compared else "compared at no position")
     if report.agrees:
         same = (f"Same: all {tokens:,} tokens that both runs reached are identical in a "
                 f"control run with {WITHOUT}.")
         if not report.positions_compared:
-            return f"{same} The next-token logits were not compared at any position yet."
+            return f"{same} {NO_LOGITS}"
         if report.max_logit_diff == 0:
             return f"{same} The next-token logits, {where}, are exactly equal."
         return (f"{same} The next-token logits, {where}, differ by at most {diff}: float "

@@ -34,7 +34,8 @@ def block_size_section() -> None:
         "length (end), which the sentence and chart below use.")
     c = st.columns(3)
     with numbers.fields() as f:
-        workload = c[0].selectbox("Workload", ["sharegpt", "alpaca"], key="cmp_blk_workload")
+        workload = c[0].selectbox("Workload", ["sharegpt", "alpaca"], key="cmp_blk_workload",
+                                  persist_state="session")
         requests = f.number(c[1], "Requests", 1, 100_000, 1000, step=500,
                             key="cmp_blk_requests")
         seed = f.number(c[2], "Seed", 0, 1_000_000, 0, key="cmp_blk_seed")

@@ -24,19 +24,20 @@ def calculator_section() -> None:
     with numbers.fields() as f:
         c = st.columns(3)
         name = c[0].selectbox("Model", names, index=names.index("OPT-13B"),
-                              key="cmp_calc_model")
+                              key="cmp_calc_model", persist_state="session")
         gpu = f.number(c[1], "GPU memory (GiB)", 1.0, 4096.0, 40.0, step=8.0,
                        key="cmp_calc_gpu")
         bits = c[2].selectbox("Weight precision", [16, 8, 4], key="cmp_calc_bits",
+                              persist_state="session",
                               format_func=lambda b: {16: "16-bit (fp16/bf16)", 8: "8-bit",
                                                      4: "4-bit"}[b])
         c = st.columns(3)
-        kv_bytes = c[0].selectbox("KV dtype", [2, 4, 1], key="cmp_calc_kv",
+        kv_bytes = c[0].selectbox("KV dtype", [2, 4, 1], key="cmp_calc_kv", persist_state="session",
                                   format_func=lambda b: {4: "fp32 (4 bytes)",
                                                          2: "fp16 / bf16 (2 bytes)",
                                                          1: "fp8 (1 byte)"}[b])
         reserve = c[1].slider("Reserve (activations, runtime)", 0.0, 0.5, 0.1, 0.01,
-                              key="cmp_calc_reserve")
+                              key="cmp_calc_reserve", persist_state="session")
         req_len = f.number(c[2], "Request length (tokens)", 1, 1_000_000, 2048,
                            key="cmp_calc_len")
     model = MODELS[name]

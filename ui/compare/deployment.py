@@ -29,7 +29,8 @@ def deployment_section() -> None:
         "of the paper's Figure 13.")
     c = st.columns(3)
     with numbers.fields() as f:
-        workload = c[0].selectbox("Trace", list(dep.TIME_SCALES), index=1, key="cmp_dep_trace")
+        workload = c[0].selectbox("Trace", list(dep.TIME_SCALES), index=1, key="cmp_dep_trace",
+                                  persist_state="session")
         scale = float(f.number(
             c[1], "Time scale", 0.01, MAX_TIME_SCALE, dep.TIME_SCALES[workload], step=10.0,
             key=f"cmp_dep_scale_{workload}",

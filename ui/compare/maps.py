@@ -30,6 +30,7 @@ def maps_section() -> None:
         "max policy reserves.")
     policy = str(st.segmented_control("Contiguous policy", ["max", "pow2", "oracle"],
                                       default="max", required=True, key="cmp_map_policy",
+                                      persist_state="session",
                                       format_func=label))
     # Two fields a line where the page is narrow (beside the sidebar in a 1024 px window),
     # rather than four of some 120 px.
@@ -37,7 +38,8 @@ def maps_section() -> None:
     with (st.expander("Workload and memory", expanded=False),
           st.container(key="cmp_map_fields"), numbers.fields() as f):
         c = st.columns(4)
-        workload = c[0].selectbox("Workload", ["alpaca", "sharegpt"], key="cmp_map_workload")
+        workload = c[0].selectbox("Workload", ["alpaca", "sharegpt"], key="cmp_map_workload",
+                                  persist_state="session")
         requests = f.number(c[1], "Requests", 1, 200, 40, key="cmp_map_requests")
         rate = f.number(c[2], "Rate (requests/s)", 0.1, 1000.0, 20.0, key="cmp_map_rate")
         seed = f.number(c[3], "Seed", 0, 1_000_000, 0, key="cmp_map_seed")
@@ -47,7 +49,7 @@ def maps_section() -> None:
         max_len = f.number(m[1], "Maximum sequence length", 2, 8192, 256, step=16,
                            key="cmp_map_max_len")
         block_size = m[2].selectbox("Paged block size", SWEEP_BLOCK_SIZES, index=4,
-                                    key="cmp_map_block_size")
+                                    key="cmp_map_block_size", persist_state="session")
     try:
         data = _maps(str(workload), int(requests), float(rate), int(seed), int(max_len),
                      int(capacity), policy, int(block_size or 16))

@@ -35,7 +35,7 @@ def preemption_section() -> None:
         c = st.columns(3)
     with numbers.fields() as f:
         sizes = c[0].multiselect("Block sizes", list(BLOCK_SIZES), default=[1, 4, 16, 64],
-                                 key="cmp_swap_sizes")
+                                 key="cmp_swap_sizes", persist_state="session")
         requests = f.number(c[1], "Requests", 2, 64, 16, key="cmp_swap_requests",
                             help="Added at once; prompts of 24-64 tokens, 32-64 new "
                                  "tokens each (seeded).")

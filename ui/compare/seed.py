@@ -30,9 +30,10 @@ def seed_section() -> None:
         c1, c2, c3 = st.columns(3)
     with numbers.fields() as f:
         policy = c1.selectbox("Contiguous policy", ["oracle", "pow2", "max"],
-                              key="cmp_seed_policy", format_func=label)
+                              key="cmp_seed_policy", persist_state="session", format_func=label)
         block_size = c2.segmented_control("Paged block size", [1, 2, 4], default=1,
-                                          required=True, key="cmp_seed_block_size")
+                                          required=True, key="cmp_seed_block_size",
+                                          persist_state="session")
         new_len = f.number(c3, "D's final length", 2, 16, 5, key="cmp_seed_new_len")
     try:
         ex = seed_example(str(policy), int(block_size or 1), int(new_len or 5))

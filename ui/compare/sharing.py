@@ -161,6 +161,7 @@ def _live() -> None:
         c = st.columns(4)
     with numbers.fields() as f:
         model = c[0].selectbox("Model", (TINY_BYTE, SMOLLM2), key="cmp_share_model",
+                               persist_state="session",
                                help="tiny-byte takes seconds; SmolLM2 about a second per "
                                     "sequence step on a CPU, so several minutes for all "
                                     "prompts.")
@@ -168,7 +169,7 @@ def _live() -> None:
                            key="cmp_share_prompts")
         new = f.number(c[2], "Max new tokens", 4, 256, 32, key="cmp_share_new")
         block = c[3].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4,
-                               key="cmp_share_block")
+                               key="cmp_share_block", persist_state="session")
     if st.button("Measure on the engine", key="cmp_share_run"):
         kinds = len(KINDS)
         with progress_bar("Starting the engines...") as advance:
@@ -203,7 +204,7 @@ def _estimate() -> None:
         requests = f.number(c[0], "Requests", 1, 1000, 100, step=50,
                             key="cmp_share_requests")
         block_size = c[1].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4,
-                                    key="cmp_share_block_size")
+                                    key="cmp_share_block_size", persist_state="session")
     try:
         results = _sharing(int(requests), int(block_size))
     except PagedLabError as e:

@@ -83,7 +83,7 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
     """Draw the workload inputs in `f`'s group; the chosen trace, or None (with a message)
     if there is none."""
     c = st.columns(4)
-    source = c[0].selectbox("Workload", SOURCES, key=f"{prefix}_workload",
+    source = c[0].selectbox("Workload", SOURCES, key=f"{prefix}_workload", persist_state="session",
                             format_func=SOURCE_LABELS.__getitem__,
                             help="Synthetic: Poisson arrivals, lengths shaped like the "
                                  "dataset. Recorded: the Azure LLM inference trace 2023, "

@@ -102,7 +102,8 @@ def timeline_section(runs: Sequence[SimRun], prefix: str, stem: str) -> None:
     st.subheader("Timeline, iteration by iteration")
     names = [r.result.policy for r in with_tl]
     policy = st.selectbox("Policy", names, index=names.index("paged") if "paged" in names
-                          else 0, key=f"{prefix}_tl_policy", format_func=label)
+                          else 0, key=f"{prefix}_tl_policy", persist_state="session",
+                          format_func=label)
     run = with_tl[names.index(policy)]
     df = _frame(run)
     st.altair_chart(timeline_chart(df, paged=run.result.block_size is not None),

@@ -120,14 +120,15 @@ def simulator_section() -> None:
         capacity = f.number(c[0], "Capacity (token slots)", 1, MAX_CAPACITY_TOKENS, cap0, step=1024,
                             key=f"cmp_sim_capacity{suffix}")
         block_size = c[1].selectbox("Block size (paged)", SWEEP_BLOCK_SIZES, index=4,
-                                    key="cmp_sim_block_size")
+                                    key="cmp_sim_block_size", persist_state="session")
         max_len = f.number(c[2], "Max reservation (max policy)", 1, MAX_CAPACITY_TOKENS, len0,
                            key=f"cmp_sim_max_len{suffix}",
                            help="The slots the max policy reserves per request (the "
                                 "model's context length).")
         budgets = _budget_inputs(f)
         policies = st.multiselect("Policies", list(POLICIES), default=list(POLICIES),
-                                  key="cmp_sim_policies", format_func=label)
+                                  key="cmp_sim_policies",
+                                  persist_state="session", format_func=label)
     if st.button("Run simulation", type="primary", key="cmp_sim_run"):
         if not policies:
             _refuse_keeping_last("Choose at least one policy.")
