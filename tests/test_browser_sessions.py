@@ -160,13 +160,20 @@ def test_reload_link_copy_and_a_killed_server_keep_the_session(
         settled(other)
         shoot(other, screenshots, "02-copy-in-another-browser")
 
-        # Killed and restarted: a reload brings the same state back.
+        # Killed and restarted, with the page left open: it reconnects as a new server
+        # session, which knows no button's callback yet. The first click reopens the
+        # session and says that it did nothing, rather than being lost without a word.
         server.kill()
         server.start()
-        page.reload()
+        page.wait_for_timeout(1_000)
+        settled(page)
+        page.get_by_role("button", name="Step", exact=True).click()
+        status(page, re.compile(r"^Your click on “Step” did nothing: this page had lost its "
+                                r"server session \(the server restarted"))
         status(page, "Reopened this session: step 2")
         settled(page)
         assert session_id(page) == sid and filled(page) == before
+        shoot(page, screenshots, "03-click-after-a-restart")
         page.get_by_role("button", name="Step", exact=True).click()
         status(page, "Step 3: step")
         settled(page)

@@ -26,7 +26,7 @@ from backend.engine.ops import (
 from backend.engine.results import OpResult
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
-from ui import layout, session
+from ui import clicks, layout, session
 from ui.numbers import out_of_range, whole, whole_input
 from ui.progress import Expected, Queued
 from ui.session import MakeOp
@@ -181,7 +181,8 @@ def _add_form() -> None:
                          "A beam extended twice forks (blocks shared, copy-on-write at "
                          "the next write); one with no survivor is dropped and frees "
                          "its blocks. Needs Max new tokens (or the sidebar's default).")
-        st.form_submit_button("Add request", key="btn_add", type="primary", on_click=_on_add)
+        clicks.button(st, "Add request", key="btn_add", type="primary", on_click=_on_add,
+                      submit=True)
 
 
 # ---- one request --------------------------------------------------------------
@@ -266,15 +267,17 @@ def _request_controls(engine: Engine) -> None:
     whole_input(c1, "Grow by (tokens)", value=session.DEFAULT_GROW, step=1,
                 key="req_grow_n", disabled=none,
                 help=f"1 to {MAX_GROW_TOKENS:,}.")
-    c2.button("Grow", key="btn_grow", on_click=_on_grow, width="stretch", disabled=none,
-              help="Decode tokens for this request alone, one model step each.")
+    clicks.button(c2, "Grow", key="btn_grow", on_click=_on_grow, width="stretch",
+                  disabled=none, help="Decode tokens for this request alone, one model step "
+                                      "each.")
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
     c1.text_input("Child id", key="req_child", placeholder="auto (e.g. A.1)", disabled=none,
                   persist_state="session", help=f"At most {MAX_ID_CHARS} characters.")
-    c2.button("Fork", key="btn_fork", on_click=_on_fork, width="stretch", disabled=none,
-              help="The child shares every block of the parent; nothing is copied.")
-    st.button("Finish", key="btn_finish", on_click=_on_finish, width="stretch",
-              disabled=none, help="Release its blocks: each reference count falls by one.")
+    clicks.button(c2, "Fork", key="btn_fork", on_click=_on_fork, width="stretch",
+                  disabled=none, help="The child shares every block of the parent; nothing "
+                                      "is copied.")
+    clicks.button(st, "Finish", key="btn_finish", on_click=_on_finish, width="stretch",
+                  disabled=none, help="Release its blocks: each reference count falls by one.")
 
 
 # ---- the batch ----------------------------------------------------------------
@@ -303,15 +306,16 @@ def _on_shuffle() -> None:
 
 def _batch_controls() -> None:
     st.markdown("**The whole batch**")
-    st.button("Step", key="btn_step", type="primary", on_click=_on_step, args=(1,),
-              width="stretch",
-              help="One continuous-batching iteration: admit waiting requests that fit, "
-                   "then decode one token for every running request.")
+    clicks.button(st, "Step", key="btn_step", type="primary", on_click=_on_step, args=(1,),
+                  width="stretch",
+                  help="One continuous-batching iteration: admit waiting requests that fit, "
+                       "then decode one token for every running request.")
     # One above the other: this column is the narrowest, and side by side the two
     # were cut to a letter each beside an open sidebar on a 1024 px window.
     whole_input(st, "Steps", value=session.DEFAULT_STEP_N, step=1, key="batch_n",
                 help=f"1 to {MAX_STEP_N:,}.")
-    st.button("Step N", key="btn_step_n", on_click=_on_step, width="stretch")
-    st.button("Shuffle blocks", key="btn_shuffle", on_click=_on_shuffle, width="stretch",
-              help="Move every used block to another physical place (copying its K/V) "
-                   "and rewrite the tables. Outputs must not change.")
+    clicks.button(st, "Step N", key="btn_step_n", on_click=_on_step, width="stretch")
+    clicks.button(st, "Shuffle blocks", key="btn_shuffle", on_click=_on_shuffle,
+                  width="stretch",
+                  help="Move every used block to another physical place (copying its K/V) "
+                       "and rewrite the tables. Outputs must not change.")

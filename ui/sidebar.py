@@ -48,7 +48,7 @@ from backend.views.settings import (
     model_cost_text,
 )
 from backend.views.text import plain_md
-from ui import engine_actions, session
+from ui import clicks, engine_actions, session
 from ui.labels import labelled
 from ui.numbers import MAX_EXACT, whole, whole_input
 
@@ -116,17 +116,18 @@ def _reset_button() -> None:
     is overwritten too: New session is the way that keeps it)."""
     ss = st.session_state
     if not ss.get(session.CONFIRM_RESET):
-        st.button("Reset engine", key="btn_reset", on_click=_ask_reset,
-                  help="Discard every request and start an empty engine with the applied "
-                       "settings, under this session's address. New session (under "
-                       "Sessions) keeps this one instead.", width="stretch")
+        clicks.button(st, "Reset engine", key="btn_reset", on_click=_ask_reset,
+                      help="Discard every request and start an empty engine with the "
+                           "applied settings, under this session's address. New session "
+                           "(under Sessions) keeps this one instead.", width="stretch")
         return
     engine = session.get_engine()
     st.warning(f"Reset discards the current {counted(len(engine.requests), 'request')} and "
                f"{counted(engine.step, 'step')}, here and in the saved session.")
-    st.button("Reset and discard", key="btn_reset_confirm", type="primary",
-              on_click=_confirmed_reset, width="stretch")
-    st.button("Cancel", key="btn_reset_cancel", on_click=_cancel_reset, width="stretch")
+    clicks.button(st, "Reset and discard", key="btn_reset_confirm", type="primary",
+                  on_click=_confirmed_reset, width="stretch")
+    clicks.button(st, "Cancel", key="btn_reset_cancel", on_click=_cancel_reset,
+                  width="stretch")
 
 
 def _ask_reset() -> None:
@@ -303,8 +304,9 @@ def _tiny_dims_fields() -> None:
 
 def _keep_current_button() -> None:
     """The way back without retyping each field: the running engine's settings."""
-    st.button("Keep current", key="btn_keep_config", on_click=engine_actions.keep_current,
-              width="stretch", help="Put the fields back to the running engine's settings.")
+    clicks.button(st, "Keep current", key="btn_keep_config",
+                  on_click=engine_actions.keep_current, width="stretch",
+                  help="Put the fields back to the running engine's settings.")
 
 
 def _confirm_or_apply() -> None:
@@ -348,8 +350,8 @@ def _confirm_or_apply() -> None:
                f"{counted(engine.step, 'step')} will be discarded.")
     # One above the other: side by side in the sidebar, "Apply and reset" was cut to
     # "Apply and r…" at any window width.
-    st.button("Apply and reset", key="btn_apply_config", type="primary",
-              on_click=engine_actions.apply_pending, width="stretch")
+    clicks.button(st, "Apply and reset", key="btn_apply_config", type="primary",
+                  on_click=engine_actions.apply_pending, width="stretch")
     _keep_current_button()
 
 

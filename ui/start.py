@@ -13,7 +13,7 @@ from streamlit.navigation.page import StreamlitPage
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
-from ui import entry, resume, session, sidebar, store
+from ui import clicks, entry, resume, session, sidebar, store
 
 # One thread per torch op: the server runs many sessions' steps side by side on a small
 # CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
@@ -30,4 +30,6 @@ def run(page: StreamlitPage) -> None:
     sidebar.render()
     store.write_cookie()
     with entry.app_page():
+        clicks.show()
         page.run()
+        clicks.check()

@@ -35,6 +35,7 @@ from backend.sessions.store import (
     valid_token,
 )
 from backend.views.text import plain_md
+from ui import clicks
 
 COOKIE = "pagedlab_browser"
 PARAM = "session"
@@ -197,8 +198,9 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
         st.caption(plain_md(f"Saved after every operation as session {short(tab.id)}: the "
                             "address names it. Opened in another browser, the link gives a "
                             "copy; this one stays yours."))
-    st.button("New session", key="btn_new_session", on_click=new_session,
-              help="Start an empty engine under a new address; this one stays in the list.")
+    clicks.button(st, "New session", key="btn_new_session", on_click=new_session,
+                  help="Start an empty engine under a new address; this one stays in the "
+                       "list.")
     others = [s for s in recent if s.id != tab.id]
     if not others:
         return
@@ -208,17 +210,17 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
         note = " · behind: see when opened" if info.note else ""
         c_text.markdown(plain_md(f"{short(info.id)} · step {info.step} · {info.label} · "
                                  f"used {_ago(info.updated)}{note}"))
-        c_open.button("Open", key=f"btn_open_{info.id}", on_click=open_saved, args=(info.id,),
-                      width="stretch")
-        c_del.button("Delete", key=f"btn_delete_{info.id}", on_click=ask_delete,
-                     args=(info.id,), width="stretch")
+        clicks.button(c_open, "Open", key=f"btn_open_{info.id}", on_click=open_saved,
+                      args=(info.id,), width="stretch")
+        clicks.button(c_del, "Delete", key=f"btn_delete_{info.id}", on_click=ask_delete,
+                      args=(info.id,), width="stretch")
         if st.session_state.get(CONFIRM_DELETE) == info.id:
             # Below the row, not in Delete's place: a double click must not confirm.
             st.warning(plain_md(f"Delete session {short(info.id)} for good? Its address "
                                 "stops working; this cannot be undone."))
             c_yes, c_no, _ = st.columns([2, 1, 5])
-            c_yes.button("Delete for good", key=f"btn_delete_confirm_{info.id}",
-                         type="primary", on_click=delete_saved, args=(info.id,),
-                         width="stretch")
-            c_no.button("Cancel", key="btn_delete_cancel", on_click=cancel_delete,
-                        width="stretch")
+            clicks.button(c_yes, "Delete for good", key=f"btn_delete_confirm_{info.id}",
+                          type="primary", on_click=delete_saved, args=(info.id,),
+                          width="stretch")
+            clicks.button(c_no, "Cancel", key="btn_delete_cancel", on_click=cancel_delete,
+                          width="stretch")

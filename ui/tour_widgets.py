@@ -28,7 +28,7 @@ from backend.sessions.tour import (
 )
 from backend.views import tour as tour_views
 from backend.views.text import md_code, plain_md
-from ui import engine_actions, tour
+from ui import clicks, engine_actions, tour
 from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
 
@@ -172,22 +172,22 @@ def controls(run: TourRun) -> None:
     # The slider gives up width first: at 1024 px beside the sidebar, a wider one cut the
     # buttons' labels to "Re…".
     c = st.columns([1, 1, 1, 1.2, 1], vertical_alignment="bottom")
-    c[0].button("Back", key="tour_back", on_click=_on_back, disabled=t.view == 0,
-                icon=":material/arrow_back:", width="stretch", help="View the previous step.")
-    c[1].button("Next", key="tour_next", on_click=_on_next, disabled=not can_next,
-                type="primary", icon=":material/arrow_forward:", width="stretch",
-                help="Apply the next step (or view it, if it was already applied).")
+    clicks.button(c[0], "Back", key="tour_back", on_click=_on_back, disabled=t.view == 0,
+                  icon=":material/arrow_back:", width="stretch", help="View the previous step.")
+    clicks.button(c[1], "Next", key="tour_next", on_click=_on_next, disabled=not can_next,
+                  type="primary", icon=":material/arrow_forward:", width="stretch",
+                  help="Apply the next step (or view it, if it was already applied).")
     if t.playing:
-        c[2].button("Pause", key="tour_play", on_click=_on_play_pause, args=(False,),
-                    icon=":material/pause:", width="stretch", help="Stop playing at this step.")
+        clicks.button(c[2], "Pause", key="tour_play", on_click=_on_play_pause, args=(False,),
+                      icon=":material/pause:", width="stretch", help="Stop playing at this step.")
     else:
-        c[2].button("Play", key="tour_play", on_click=_on_play_pause, args=(True,),
-                    disabled=not can_next, icon=":material/play_arrow:", width="stretch",
-                    help="Step forward at the chosen speed until the end.")
+        clicks.button(c[2], "Play", key="tour_play", on_click=_on_play_pause, args=(True,),
+                      disabled=not can_next, icon=":material/play_arrow:", width="stretch",
+                      help="Step forward at the chosen speed until the end.")
     c[3].select_slider("Seconds per step", SPEEDS, key="tour_speed", persist_state="session",
                        format_func=lambda s: f"{s:g} s")
-    c[4].button("Reset", key="tour_reset", on_click=_on_reset, icon=":material/replay:",
-                width="stretch", help="Start this scenario again from a fresh engine.")
+    clicks.button(c[4], "Reset", key="tour_reset", on_click=_on_reset, icon=":material/replay:",
+                  width="stretch", help="Start this scenario again from a fresh engine.")
     if run.taken >= 1:
         st.slider("Steps taken so far: view any of them", 0, run.taken, key="tour_slider",
                   on_change=_on_slider, help="Step 0 is the fresh engine. Looking back "
@@ -206,10 +206,10 @@ def step_bar(run: TourRun) -> None:
     can_next = t.view < run.taken or run.can_advance
     # Wide enough for "Previous step" in full beside the sidebar in a 1024 px window.
     c = st.columns([1.8, 1.6, 3], vertical_alignment="center")
-    c[0].button("Previous step", key="tour_back_pool", on_click=_on_back,
-                disabled=t.view == 0, icon=":material/arrow_back:", width="stretch")
-    c[1].button("Next step", key="tour_next_pool", on_click=_on_next, disabled=not can_next,
-                icon=":material/arrow_forward:", width="stretch")
+    clicks.button(c[0], "Previous step", key="tour_back_pool", on_click=_on_back,
+                  disabled=t.view == 0, icon=":material/arrow_back:", width="stretch")
+    clicks.button(c[1], "Next step", key="tour_next_pool", on_click=_on_next, disabled=not can_next,
+                  icon=":material/arrow_forward:", width="stretch")
     c[2].caption(f"Showing step **{t.view}** of {run.total} below.")
 
 
