@@ -72,7 +72,12 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
         st.subheader("Timeline", help=timeline.HELP)
         timeline.section(engine, session.get_history())
         st.subheader("Export and import")
-        exports.downloads(snap, stem="playground", prefix="", run=session.get_history(),
+        if past is not None:
+            st.caption(f"Showing the past: the snapshot, grid and tables below are of step "
+                       f"{past['step']}'s state, as shown above; the run's zip and *Session "
+                       "as a scenario* hold the whole session.")
+        # What is shown: a picked past step's state, or the live one.
+        exports.downloads(shown, stem="playground", prefix=prefix, run=session.get_history(),
                           run_help=f"The newest {session.MAX_HISTORY} operations at most, "
                                    "since the engine was started or restored.")
         exports.scenario_download(session.get_oplog(), engine.config, snap,

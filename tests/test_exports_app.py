@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from backend.engine.ops import Add
 from backend.io.cli import main
 from backend.io.export import blocks_table, events_table, snapshot_bytes, to_csv
 from backend.io.snapshot import MAX_SNAPSHOT_BYTES, export_snapshot, snapshot_json
+from backend.sessions.playground import kept_snapshot
 from backend.sessions.tour import TourRun
 from tests.test_app import add, click, engine, shown, start
 
@@ -109,6 +111,27 @@ def test_playground_snapshot_download_is_the_cli_file_for_that_state(media: Medi
     assert got == snapshot_json(engine(at)).encode()     # what `run --out` writes
     assert json.loads(got)["step"] == 4
     assert media.file_name(at, "dl_snapshot") == "playground-step-0004.json"
+
+
+def test_a_past_step_picked_on_the_timeline_is_what_the_playground_downloads(
+        media: Media) -> None:
+    at = shared_state()
+    at.number_input(key="tl_iteration").set_value(0).run()
+    assert not at.exception
+    (banner,) = [i.value for i in at.info if i.value.startswith("Showing the past")]
+    step = int(re.search(r"the state after step (\d+)\.", banner).group(1))
+    assert step < engine(at).step
+    kept = kept_snapshot(at.session_state["history"], step)
+    assert kept is not None
+    got = media.download(at, "past_dl_snapshot")
+    assert got == snapshot_bytes(kept) and json.loads(got)["step"] == step
+    assert media.file_name(at, "past_dl_snapshot") == f"playground-step-{step:04d}.json"
+    assert media.download(at, "past_dl_blocks_csv") == to_csv(blocks_table(kept))
+    assert any(f"the snapshot, grid and tables below are of step {step}'s state" in c.value
+               for c in at.caption)
+    # Back to live: the live state's files again.
+    at.button(key="tl_live_top").click().run()
+    assert media.download(at, "dl_snapshot") == snapshot_bytes(export_snapshot(engine(at)))
 
 
 def test_playground_tables_images_and_run_zip(media: Media) -> None:
