@@ -129,6 +129,49 @@ def test_grow_fork_and_finish_act_on_the_picked_request_after_a_step(
         page.context.close()
 
 
+# ---- panels that stay as they were left --------------------------------------------------
+
+def test_a_panel_stays_as_left_when_a_warning_comes_and_goes_above_it(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    # Unkeyed, an expander below an element that comes or goes (here the warning that
+    # the sidebar's settings differ) was drawn anew, closed. Keyed, it stays as the
+    # person left it, and the control run's still opens by itself at a perturbation.
+    page = open_playground(browser, app_url)
+    try:
+        control = page.get_by_test_id("stExpander").filter(has_text="Control run")
+        details = control.locator("details")
+        click(page, "Add request")
+        status_line(page, "Step 1: add A")
+        # Nothing perturbed yet: closed, until opened by hand.
+        expect(details).not_to_have_attribute("open", re.compile(".*"), timeout=T)
+        control.locator("summary").click()
+        expect(details).to_have_attribute("open", "", timeout=T)
+        pool = page.get_by_role("spinbutton", name="Pool size (blocks)")
+        pool.fill("48")
+        pool.press("Tab")
+        shows(page.get_by_text("The sidebar's settings differ from the running engine's"))
+        idle(page)
+        expect(details).to_have_attribute("open", "", timeout=T)
+        page.get_by_role("button", name="Keep current").click()
+        expect(page.get_by_text("The sidebar's settings differ")).to_have_count(0, timeout=T)
+        idle(page)
+        expect(details).to_have_attribute("open", "", timeout=T)
+        # Closed by hand, it stays closed through the next operation.
+        control.locator("summary").click()
+        expect(details).not_to_have_attribute("open", re.compile(".*"), timeout=T)
+        click(page, "Step")
+        status_line(page, "Step 2: step")
+        idle(page)
+        expect(details).not_to_have_attribute("open", re.compile(".*"), timeout=T)
+        # The same prompt again: a prefix hit, so the panel opens by itself.
+        click(page, "Add request")
+        status_line(page, "Step 3: add B")
+        expect(details).to_have_attribute("open", "", timeout=T)
+        shoot(page, screenshots / "21-panel-kept-as-left.png")
+    finally:
+        page.context.close()
+
+
 # ---- numbers past a field's range -------------------------------------------------------
 
 def test_a_number_past_a_fields_range_or_a_fraction_is_refused_as_typed(

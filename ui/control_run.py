@@ -59,9 +59,16 @@ def show(report: ControlReport, engine: Engine) -> None:
         st.caption(plain_md("Left out of the control: " + "; ".join(report.not_replayed) + "."))
 
 
+def _key(where: str, snap: Snapshot) -> str:
+    """The panel's expander key: kept while nothing is perturbed, then a new one, so that
+    it opens by itself at the first perturbation and otherwise stays as the person left it
+    when an element above it comes or goes (unkeyed, it was drawn anew, closed)."""
+    return f"{where}ctl_open_{int(perturbed(snap))}"
+
+
 def scenario_panel(report: ControlReport | None, problem: str | None, snap: Snapshot,
                    engine: Engine) -> None:
-    with st.expander(TITLE, expanded=perturbed(snap)):
+    with st.expander(TITLE, expanded=perturbed(snap), key=_key("tour_", snap)):
         st.caption(f"A second engine runs this scenario's steps with {WITHOUT}, step by "
                    "step beside this one, and the two are compared token by token.")
         if report is not None:
@@ -95,7 +102,7 @@ def _on_run(engine: Engine, oplog: OpLog) -> None:
 
 
 def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
-    with st.expander(TITLE, expanded=perturbed(snap)):
+    with st.expander(TITLE, expanded=perturbed(snap), key=_key("", snap)):
         st.caption(f"Replays this session's operations on two fresh engines, as you ran them "
                    f"and with {WITHOUT}, and compares them token by token.")
         problem = oplog.why_not_exportable()

@@ -9,6 +9,7 @@ keys `session.init` seeds.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,7 +198,9 @@ def _host_pool(snap: Snapshot, focus: Focus, prefix: str) -> None:
 
 # ---- block tables -------------------------------------------------------------------
 
-def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
+def block_tables(snap: Snapshot, focus: Focus | None = None, prefix: str = "") -> None:
+    """The requests' table, their beam searches, text layouts and finished requests;
+    `prefix` keys the expanders (see `_expander_key`)."""
     focus = focus or Focus(frozenset(), frozenset(), "")
     df = views.requests_frame(snap)
     if df.empty:
@@ -221,7 +224,7 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
         st.caption(f"{len(df)} requests, {visible} in view: scroll the table for the "
                    "rest.")
     for group in views.beam_groups(snap):
-        _beam_group(snap, group)
+        _beam_group(snap, group, prefix)
     live = [r["id"] for r in snap["requests"] if r["status"] != "finished"]
     order = [r for r in live if r in focus.requests] + [r for r in live
                                                          if r not in focus.requests]
@@ -245,10 +248,20 @@ def block_tables(snap: Snapshot, focus: Focus | None = None) -> None:
                      f"{agrees(finished, 'holds', 'hold')} no blocks")
     if notes:
         st.caption("; ".join(notes) + ".")
-    _finished(snap, finished)
+    _finished(snap, finished, prefix)
 
 
-def _finished(snap: Snapshot, finished: int) -> None:
+def _expander_key(prefix: str, name: str, *parts: object) -> str:
+    """An expander's key. Keyed, an expander keeps its identity, so it stays as the person
+    left it (open or closed) when an element above it comes or goes (a warning, a status
+    line, the past-state banner); unkeyed, it is drawn anew, closed. `parts` that change
+    give a new identity on purpose, drawn with its new `expanded` default. Each part is
+    hashed: a request id is the user's text, and keys become CSS class names."""
+    digest = hashlib.sha1(repr(parts).encode()).hexdigest()[:12]
+    return f"{prefix}{name}_{digest}"
+
+
+def _finished(snap: Snapshot, finished: int, prefix: str) -> None:
     """What each of the `finished` requests generated: they hold no blocks, so no layout
     shows them. A beam search's are in its own panel."""
     df = views.finished_frame(snap)
@@ -256,7 +269,7 @@ def _finished(snap: Snapshot, finished: int) -> None:
         return
     beams = finished - len(df)
     with st.expander(f"Finished: what {counted(len(df), 'request')} generated",
-                     expanded=True):
+                     expanded=True, key=_expander_key(prefix, "finished_open")):
         if beams:
             st.caption(f"{beams:,} more finished {agrees(beams, 'beam', 'beams')}: see the "
                        "beam search panels above (collapsed once a search ends).")
@@ -270,10 +283,12 @@ def _finished(snap: Snapshot, finished: int) -> None:
                                     "generated text": st.column_config.Column(width=320)})
 
 
-def _beam_group(snap: Snapshot, group: views.BeamGroup) -> None:
+def _beam_group(snap: Snapshot, group: views.BeamGroup, prefix: str) -> None:
     """A beam search's beams with their text and score, best first."""
-    # The group's id is the user's text: shown as written, not as Markdown.
-    with st.expander(plain_md(f"Beam search {group.summary}"), expanded=group.live > 0):
+    # The group's id is the user's text: shown as written, not as Markdown. Open while
+    # the search runs, closed once it ends (a new identity then).
+    with st.expander(plain_md(f"Beam search {group.summary}"), expanded=group.live > 0,
+                     key=_expander_key(prefix, "beam_open", group.group, group.live > 0)):
         st.caption("Each step keeps the best one-token extensions of the live beams by "
                    "cumulative log-probability (log p). A beam extended twice forked (its "
                    "blocks shared, copied on the next write); one with no survivor was "
@@ -310,7 +325,7 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
     says how to reach, as an imperative ("view step 3").
     """
     st.subheader("Block tables", help=HELP["tables"])
-    block_tables(snap, focus)
+    block_tables(snap, focus, prefix)
     # Side by side where the page is wide; one under the other where it is not (a 1024 px
     # window with the sidebar open left the translator 190 px: "Laye/r").
     layout.stack_below(f"{prefix}lower", 820)

@@ -174,7 +174,9 @@ def _config_fields() -> None:
     dtypes = list(DTYPE_BYTES)
     st.selectbox("dtype", dtypes, index=_index("cfg_dtype", dtypes), key="cfg_dtype",
                  persist_state="session")
-    with st.expander("More settings"):
+    # Keyed, as every expander: it stays as it was left when an element above it comes or
+    # goes (the model's caption, a refusal).
+    with st.expander("More settings", key="sb_more_open"):
         whole_input(st, "Seed", step=1, value=_applied("cfg_seed"), key="cfg_seed",
                     help="Seeds tiny-byte's weights, random prompts and sampling. 0 to "
                          f"{(1 << 53) - 1:,} here: past it a browser rounds the number "
@@ -217,7 +219,7 @@ def _scheduler_fields() -> None:
     engine with state asks before resetting, like the pool's fields."""
     # A fixed label: one naming the budgets would make a new expander (collapsed) on
     # every change.
-    with st.expander("Scheduler"):
+    with st.expander("Scheduler", key="sb_scheduler_open"):
         st.caption("vLLM's scheduler budgets, applied at every step. Blank or 0: no limit.")
         whole_input(st, "Max running requests", step=1,
                     value=_applied("cfg_max_num_seqs"), key="cfg_max_num_seqs",

@@ -35,7 +35,7 @@ def maps_section() -> None:
     # Two fields a line where the page is narrow (beside the sidebar in a 1024 px window),
     # rather than four of some 120 px.
     layout.wrap_below("cmp_map_fields", [200, 200, 200, 200])
-    with (st.expander("Workload and memory", expanded=False),
+    with (st.expander("Workload and memory", expanded=False, key="cmp_map_open"),
           st.container(key="cmp_map_fields"), numbers.fields() as f):
         c = st.columns(4)
         workload = c[0].selectbox("Workload", ["alpaca", "sharegpt"], key="cmp_map_workload",

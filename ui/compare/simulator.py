@@ -37,7 +37,7 @@ def _budget_inputs(f: Fields) -> dict[str, int | None]:
     """vLLM's scheduler knobs in `f`'s group; an empty field is no limit (the watermark:
     1% of the pool)."""
     with st.expander("Scheduler budgets (vLLM's max_num_seqs, max_num_batched_tokens, "
-                     "watermark)"):
+                     "watermark)", key="cmp_sim_budgets_open"):
         c = st.columns(3)
         seqs = f.number(
             c[0], "max_num_seqs", 1, 1 << 20, None, step=1, key="cmp_sim_max_num_seqs",
