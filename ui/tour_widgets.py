@@ -162,7 +162,8 @@ def picker(run: TourRun) -> None:
             help="CONTRACT.md's scenario format: config, steps, and optionally a narration "
                  "and expected numbers per step. Its form is checked whole before anything "
                  "runs; a step the engine refuses (a request that does not exist) stops the "
-                 "run at that step, with the reason.")
+                 "run at that step, with the reason. An upload is not saved: a reload of the "
+                 "page forgets it.")
 
 
 def controls(run: TourRun) -> None:
