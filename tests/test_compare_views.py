@@ -518,10 +518,10 @@ def test_the_control_sentence_says_what_its_logit_comparison_found() -> None:
     assert said.startswith(start)
     assert said.endswith("The next-token logits were compared at no position: they are "
                          "compared after each operation, for the requests then running with "
-                         "their prompt computed (a request that finishes within one Step N "
-                         "is never compared). Identical tokens alone can miss a K/V "
-                         "difference too small to change a token; a Grow or Step of a "
-                         "running request compares its logits.")
+                         "their prompt computed, so a request admitted and finished within "
+                         "one operation (a step of several iterations) is never compared. "
+                         "Identical tokens alone can miss a K/V difference too small to "
+                         "change a token.")
     # Equal logits need no excuse of arithmetic order.
     assert control_sentence(report(2, 0.0)).endswith(
         "The next-token logits, compared at 2 positions, are exactly equal.")

@@ -256,9 +256,13 @@ def _expander_key(prefix: str, name: str, *parts: object) -> str:
     left it (open or closed) when an element above it comes or goes (a warning, a status
     line, the past-state banner); unkeyed, it is drawn anew, closed. `parts` that change
     give a new identity on purpose, drawn with its new `expanded` default. Each part is
-    hashed: a request id is the user's text, and keys become CSS class names."""
+    hashed: a request id is the user's text, and keys become CSS class names.
+
+    Keyed by page, not by view: the Playground's past view (prefix "past_") shows the
+    same panel as its live one, which must stay as it was across the banner."""
+    page = "" if prefix == "past_" else prefix
     digest = hashlib.sha1(repr(parts).encode()).hexdigest()[:12]
-    return f"{prefix}{name}_{digest}"
+    return f"{page}{name}_{digest}"
 
 
 def _finished(snap: Snapshot, finished: int, prefix: str) -> None:

@@ -18,7 +18,7 @@ from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.sessions import saved
 from backend.sessions.progress import Work
-from ui import clicks, engine_actions, progress, session, store
+from ui import engine_actions, progress, session, store
 from ui.progress import Shown
 
 STARTED = "store_started"   # set once the first run's reopening was tried
@@ -110,7 +110,6 @@ def _reopen(sid: str, where: str, how: str, failed: str) -> None:
 def at_start() -> None:
     """Once per browser session, after `session.init`: reopen what the address names."""
     ss = st.session_state
-    ss[clicks.FIRST_RUN] = not ss.get(STARTED)
     if ss.get(STARTED):
         return
     ss[STARTED] = True

@@ -30,6 +30,6 @@ def run(page: StreamlitPage) -> None:
     sidebar.render()
     store.write_cookie()
     with entry.app_page():
-        clicks.show()
+        top = clicks.slot()
         page.run()
-        clicks.check()
+        clicks.check(top)

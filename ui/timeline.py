@@ -35,7 +35,7 @@ from backend.sessions.playground import kept_snapshot, kept_steps
 from backend.views.compare.timeline import binned, timeline_chart
 from backend.views.text import plain_md
 from backend.views.timeline import latency_frame, timeline_frame, unlisted_note
-from ui import session
+from ui import clicks, session
 from ui.numbers import number_text, whole, whole_input
 
 PICK = session.TIMELINE_PICK
@@ -172,13 +172,14 @@ def banner(p: Picked | None, history: History) -> dict[str, Any] | None:
         st.warning(f"{_of_step(p)}, whose state is no longer kept: the history holds the "
                    f"newest {session.MAX_HISTORY} operations at most{held}. Showing the "
                    "live state.")
-        st.button("Back to live", key="tl_live_top", on_click=_back_to_live)
+        clicks.button(st, "Back to live", key="tl_live_top", on_click=_back_to_live)
         return None
     where = "The history" if p.iteration is None else f"{_of_step(p)}; the history"
     st.info(f"Showing the past: the state after step {p.step}. {where} keeps the state "
             "after each operation, not each iteration. The live engine is unchanged, and "
             "the controls above act on it.")
-    st.button("Back to live", key="tl_live_top", type="primary", on_click=_back_to_live)
+    clicks.button(st, "Back to live", key="tl_live_top", type="primary",
+                  on_click=_back_to_live)
     snap: dict[str, Any] = p.snapshot
     return snap
 
@@ -233,8 +234,8 @@ def _pick_field(label: str, key: str, help_text: str) -> None:
     # No bounds in the browser: it would keep a number past them to itself, the field
     # red and the page unchanged; `picked` refuses it in words instead.
     whole_input(c1, label, key=key, placeholder="the live state", help=help_text)
-    c2.button("Back to live", key="tl_live", on_click=_back_to_live,
-              disabled=st.session_state.get(key) is None, width="stretch")
+    clicks.button(c2, "Back to live", key="tl_live", on_click=_back_to_live,
+                  disabled=st.session_state.get(key) is None, width="stretch")
     _pick_problem()
 
 

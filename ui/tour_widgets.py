@@ -256,11 +256,11 @@ def narration(run: TourRun, frame: Frame) -> None:
         elif frame.step == run.total:
             st.caption("This is the last step.")
     # Short enough for the narration column beside an open sidebar on a 1024 px window.
-    st.button("Continue in the Playground", key="tour_continue",
-              on_click=_on_continue, icon=":material/call_split:", width="stretch",
-              help="Put this exact state into the Playground and switch there. What the "
-                   "Playground held stays saved as a session of its own (Recent sessions), "
-                   "and this scenario run is kept.")
+    clicks.button(st, "Continue in the Playground", key="tour_continue",
+                  on_click=_on_continue, icon=":material/call_split:", width="stretch",
+                  help="Put this exact state into the Playground and switch there. What "
+                       "the Playground held stays saved as a session of its own (Recent "
+                       "sessions), and this scenario run is kept.")
 
 
 def arena(frame: Frame) -> None:

@@ -24,9 +24,9 @@ WITHOUT = "no shuffle, no preemption (a pool with room for everything) and no pr
 # show a small one too.
 NO_LOGITS = ("The next-token logits were compared at no position: they are compared "
              "after each operation, for the requests then running with their prompt "
-             "computed (a request that finishes within one Step N is never compared). "
-             "Identical tokens alone can miss a K/V difference too small to change a token; "
-             "a Grow or Step of a running request compares its logits.")
+             "computed, so a request admitted and finished within one operation (a step "
+             "of several iterations) is never compared. Identical tokens alone can miss a "
+             "K/V difference too small to change a token.")
 
 
 def control_sentence(report: ControlReport) -> str:
