@@ -67,17 +67,18 @@ class TourState:
     run: TourRun | None = None
     view: int = 0
     playing: bool = False
-    # The step the play last moved the view from, until a page drawn after it is
-    # complete: a click meanwhile may carry the slider at that step, from before the
-    # browser got the new one, which is no choice of the person's (see `slid_to`).
-    left_by_play: int | None = None
+    # The steps the play moved the view from, until a page drawn after them is
+    # complete: a click meanwhile may carry the slider at one of them, from before the
+    # browser got the newer pages (on a slow machine, several steps behind), which is
+    # no choice of the person's (see `slid_to`).
+    left_by_play: frozenset[int] = frozenset()
     # (scenario, step, applied) as last written to the address bar; None before the
     # first write.
     url: Link | None = None
-    # The link written for `left_by_play`'s step, for as long as that is kept: the same
-    # click may carry the address from before the browser got the new one, which is no
-    # link a person opened (see `_apply_link`).
-    link_left_by_play: Link | None = None
+    # The links written for `left_by_play`'s steps, for as long as those are kept: the
+    # same click may carry the address from before the browser got the newer ones, which
+    # is no link a person opened (see `_apply_link`).
+    links_left_by_play: frozenset[Link] = frozenset()
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
     messages: list[tuple[MessageKind, str]] = field(default_factory=list)  # shown once
     goto_playground: bool = False
@@ -223,9 +224,9 @@ def _apply_link() -> None:
     t = state()
     params = st.query_params
     want: Link = (params.get("scenario"), params.get("step"), params.get("applied"))
-    if want == t.url or want[:2] == (None, None) or want == t.link_left_by_play:
-        # Nothing new: ours (the newest, or the one the play just left, which a click
-        # sent before the browser had the next may carry), or none at all (switching
+    if want == t.url or want[:2] == (None, None) or want in t.links_left_by_play:
+        # Nothing new: ours (the newest, or one the play left, which a click sent
+        # before the browser had the newer ones may carry), or none at all (switching
         # pages drops the parameters).
         return
     name, step, applied = want
@@ -268,8 +269,8 @@ def finish(run: TourRun) -> None:
     if not t.playing:
         # This page, its slider and link at the view, is complete: any slider value or
         # link from now on is the person's.
-        t.left_by_play = None
-        t.link_left_by_play = None
+        t.left_by_play = frozenset()
+        t.links_left_by_play = frozenset()
         return
     time.sleep(float(st.session_state.get("tour_speed") or 1.0))
     with held():
@@ -282,21 +283,25 @@ def finish(run: TourRun) -> None:
             t.view = run.taken
         else:
             t.playing = False
-        t.left_by_play = before if t.view != before else None
-        # `_write_link` above wrote the link of the step left.
-        t.link_left_by_play = t.url if t.view != before else None
+        if t.view != before:
+            t.left_by_play |= {before}
+            if t.url is not None:
+                # `_write_link` above wrote the link of the step left.
+                t.links_left_by_play |= {t.url}
     st.rerun()
 
 
 def slid_to(value: int) -> None:
     """The slider moved to step `value`: view it, and stop playing.
 
-    A slider at the step the play just left is the browser's old value sent with
-    another click (a Pause): the view stays at the step the play reached.
+    A slider at a step the play left since the page was last complete is the
+    browser's old value sent with another click (a Pause): the view stays at the
+    step the play reached. (A drag back to such a step during a play only stops it;
+    a second drag, on the complete page, moves the view.)
     """
     t = state()
     t.playing = False
-    if value != t.left_by_play:
+    if value not in t.left_by_play:
         t.view = value
 
 
