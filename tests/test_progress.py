@@ -23,8 +23,8 @@ from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Step
 from backend.io.snapshot import export_snapshot
-from backend.sessions.playground import Settings
-from backend.sessions.progress import Work, WorkState, apply_tracked, tracker
+from backend.sessions.playground import Settings, apply_or_recover
+from backend.sessions.progress import Work, WorkState, tracker
 from ui import progress as ui_progress
 from ui.progress import Shown
 
@@ -216,7 +216,7 @@ def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> No
 
     thread = threading.Thread(target=stopper)
     thread.start()
-    applied = apply_tracked(engine, Step(200), before, Settings(config, "cpu", "torch"), "o",
+    applied = apply_or_recover(engine, Step(200), before, Settings(config, "cpu", "torch"), "o",
                             tracker(work, display))
     thread.join(timeout=60)
     assert applied.result is not None and applied.engine is engine

@@ -71,12 +71,13 @@ from backend.sessions.oplog import OpLog
 from backend.sessions.playground import (
     MODEL_FIELDS,
     Settings,
+    apply_or_recover,
     build_engine,
     has_state,
     preset_of,
     summarize,
 )
-from backend.sessions.progress import Work, apply_tracked
+from backend.sessions.progress import Work
 from ui import progress, store
 from ui.labels import op_refusal
 from ui.progress import Shown
@@ -505,7 +506,7 @@ def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
             return callback(done, total) and not engine.idle
 
         try:
-            applied = apply_tracked(engine, op, before, sess.settings, sess.owner, until_idle)
+            applied = apply_or_recover(engine, op, before, sess.settings, sess.owner, until_idle)
         except PagedLabError as exc:
             sess.flash("error", f"Refused: {op_refusal(str(exc))}")
             return None

@@ -8,9 +8,10 @@ runs while the first is still stepping (its fast reruns), calls
 which the applying thread holds for the whole operation: they take only the
 Work's own small lock, held for a few assignments.
 
-`apply_tracked` is `playground.apply_or_recover` with a progress callback: a
-`step` reports each iteration and stops between two once a stop is asked for,
-leaving a consistent engine whose result names the step that ran.
+`tracker` makes the progress callback `playground.apply_or_recover` passes on
+to the engine: a `step` reports each iteration and stops between two once a
+stop is asked for, leaving a consistent engine whose result names the step
+that ran.
 """
 
 from __future__ import annotations
@@ -18,11 +19,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from backend.engine.engine import Engine
-from backend.engine.ops import Op
-from backend.sessions.playground import Applied, Settings, apply_or_recover
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +108,3 @@ def tracker(work: Work, display: Display | None = None) -> Callable[[int, int], 
         return keep and work.should_go()
 
     return progress
-
-
-def apply_tracked(engine: Engine, op: Op, before: dict[str, Any], settings: Settings,
-                  owner: str, progress: Callable[[int, int], bool] | None) -> Applied:
-    """`apply_or_recover(engine, op, before, settings, owner)`, reporting to `progress`.
-
-    The same contract: a refusal (PagedLabError) changes nothing and is raised
-    as it is; any other failure leaves `engine` broken and returns a new
-    engine rebuilt from `before`, which the caller installs.
-    """
-    return apply_or_recover(engine, op, before, settings, owner, progress)
