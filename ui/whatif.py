@@ -93,7 +93,7 @@ def panel(engine: Engine) -> None:
             st.caption("No running request with its prompt computed: add one.")
             return
         c = st.columns([2, 1])
-        rid = c[0].selectbox("Request", live, key="whatif_pick", persist_state="session")
+        rid = c[0].selectbox("Request to read", live, key="whatif_pick", persist_state="session")
         if c[1].button("Read in physical order", key="btn_whatif"):
             try:
                 keep_result(KEY, engine, (engine.step, physical_order(engine, rid)))
