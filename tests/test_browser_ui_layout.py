@@ -97,6 +97,14 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2, timeout=T)
             no_sideways_scroll(page)
             labels_fit(page, "")
+            # The block tables' columns are wider than this page, so their grid scrolls
+            # sideways: a line says so, and only while it does (a 1400 px window fits it).
+            narrow = page.get_by_text("The table is wider than the page")
+            expect(narrow).to_be_visible()
+            page.set_viewport_size({"width": 1400, "height": 768})
+            expect(narrow).to_be_hidden()
+            page.set_viewport_size(VIEWPORT)
+            expect(narrow).to_be_visible()
             # The three control panels wrap and the event log stacks over the kernel and
             # translator, so no field is squeezed ("Laye/r", "e.g. 9, 2, :") and an event
             # keeps its block number on its line.

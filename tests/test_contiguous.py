@@ -122,7 +122,8 @@ def test_render_and_segments_match_the_docstring_diagram() -> None:
     lines = arena.render(required=4).splitlines()
     assert lines[0] == "kind   ####++~~xxx###+.....####"
     assert lines[1] == "owner  AAAAAAAA   BBBB     CCCC"
-    assert lines[2:] == ["# token  + reservation  ~ internal frag.  x external frag.  . free",
+    assert lines[2:] == ["# token  + reservation  ~ internal frag.",
+                         "x external frag.  . free",
                          "one character = 1 slot"]
     assert arena.segments(required=4) == [
         Segment(0, 4, "A", "token_states"), Segment(4, 2, "A", "reservation"),

@@ -43,3 +43,17 @@ def wrap_tabs(key: str) -> None:
     arrow (a 1024 px window with the sidebar open showed four and a half of eight). The
     lines touch, as one bar. Call before drawing that container."""
     st.html(f"<style>.st-key-{key} [role=tablist] {{ flex-wrap: wrap; row-gap: 0; }}</style>")
+
+
+def note_below(key: str, width_px: int, text: str) -> None:
+    """A caption, drawn here, that shows only while the container keyed `key` is
+    narrower than `width_px`: a table of fixed column widths then scrolls sideways,
+    which its grid does not show until the pointer is over it. Call inside that
+    container."""
+    note = f"{key}_narrow"
+    st.html(f"<style>.st-key-{key} {{ container-type: inline-size; }}"
+            f".st-key-{note} {{ display: none; }}"
+            f"@container (max-width: {width_px - 1}px) {{ .st-key-{note} {{ display: flex; }} }}"
+            "</style>")
+    with st.container(key=note):
+        st.caption(text)

@@ -214,12 +214,16 @@ def block_tables(snap: Snapshot, focus: Focus | None = None, prefix: str = "") -
     row = row_height or 35
     visible = 12 if row_height is None else 6
     # The widths fit a 1400 px window beside the sidebar; in a narrower one the table
-    # scrolls sideways, with each row's request pinned in view.
-    st.dataframe(df, hide_index=True, width="stretch", row_height=row_height,
-                 height=35 + row * min(max(len(df), 1), visible) + 3,
-                 column_config={c: st.column_config.Column(help=h, width=widths.get(c),
-                                                           pinned=c == "request" or None)
-                                for c, h in views.REQUEST_COLUMN_HELP.items()})
+    # scrolls sideways, with each row's request pinned in view, and a line says so.
+    with st.container(key=f"{prefix}req_table"):
+        layout.note_below(f"{prefix}req_table", sum(widths.get(c, 0) for c in df.columns) + 2,
+                          "The table is wider than the page: scroll it sideways for the "
+                          "rest of its columns (the request stays in view).")
+        st.dataframe(df, hide_index=True, width="stretch", row_height=row_height,
+                     height=35 + row * min(max(len(df), 1), visible) + 3,
+                     column_config={c: st.column_config.Column(help=h, width=widths.get(c),
+                                                               pinned=c == "request" or None)
+                                    for c, h in views.REQUEST_COLUMN_HELP.items()})
     if len(df) > visible:
         st.caption(f"{len(df)} requests, {visible} in view: scroll the table for the "
                    "rest.")

@@ -41,7 +41,8 @@ def _fields(running: list[str], num_tokens: dict[str, int], layers: int,
         ss[f"{prefix}tr_req"] = running[0]
     # Wide enough at 1024 px for "Layer" and an id such as "A.0" not to be cut.
     c1, c2, c3 = st.columns([2, 2, 1.5])
-    rid = c1.selectbox("Request to translate", running, key=f"{prefix}tr_req", persist_state="session")
+    rid = c1.selectbox("Request to translate", running, key=f"{prefix}tr_req",
+                       persist_state="session")
     n = num_tokens[rid]
     # A position or layer of another request or engine (the pick changed): the nearest one.
     if ss.get(f"{prefix}tr_req_seen") != (rid, n, layers):

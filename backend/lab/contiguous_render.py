@@ -51,7 +51,9 @@ def render_segments(segments: Sequence[Segment], capacity: int, *, width: int) -
     kind_line = "".join(GLYPHS[_dominant_kind(c)] for c in kinds)
     owner_line = "".join(_dominant_owner(o) for o in owners)
     scale = "1 slot" if per == 1 else f"{per} slots"
-    # Two legend lines: one would be wider than a narrow page's code block.
-    legend = ("# token  + reservation  ~ internal frag.  x external frag.  . free\n"
+    # Legend lines of at most 40 characters: a phone's code block (390 px) shows about
+    # that many; the arena lines above scroll sideways only where they are longer.
+    legend = ("# token  + reservation  ~ internal frag.\n"
+              "x external frag.  . free\n"
               f"one character = {scale}")
     return f"kind   {kind_line}\nowner  {owner_line.rstrip()}\n{legend}"
