@@ -365,7 +365,7 @@ def test_summarize_names_what_happened(shared: Engine) -> None:
     assert "generated 2 tokens" in text
 
 
-def test_summarize_tells_a_freed_block_from_one_still_shared() -> None:
+def test_summarize_tells_a_freed_block_from_one_still_held() -> None:
     e = engine()
     e.apply(Add("A", prompt=PROMPT))
     e.apply(Add("B", prompt=PROMPT))
@@ -375,13 +375,27 @@ def test_summarize_tells_a_freed_block_from_one_still_shared() -> None:
     shared = sum(1 for ev in result.events if ev.kind == "free" and ev.ref_count)
     assert freed >= 1 and shared >= 1
     # B still holds A's full prompt blocks: their frees only lower a reference count.
-    assert (f"events: {freed + shared} free ({freed} back to the free queue, {shared} still "
-            "shared)") in summarize(result, snap)
+    assert (f"events: {freed + shared} free ({freed} back to the free queue, {shared} only "
+            f"lowered a count; {shared} still held)") in summarize(result, snap)
     # Every block still held by another request: nothing is freed.
     f = engine()
     f.apply(Add("A", prompt=PROMPT))
     f.apply(Fork("A", "A.1"))
-    assert summarize(f.apply(Finish("A")), export_snapshot(f)).endswith(" (all still shared)")
+    held = len(f.block_table("A"))
+    assert summarize(f.apply(Finish("A")), export_snapshot(f)).endswith(
+        f" (each only lowered a count; {held} still held)")
+    # A block whose count one free lowers and another free, in the same operation, takes
+    # to 0 is back in the queue, not still held: one Step finishing both A.1 and A.2, forks
+    # of A sharing its blocks, after A's Finish.
+    g = engine()
+    g.apply(Add("A", prompt=PROMPT, max_new_tokens=1))
+    g.apply(Fork("A", "A.1"))
+    g.apply(Fork("A", "A.2"))
+    g.apply(Finish("A"))
+    both = summarize(g.apply(Step(1)), export_snapshot(g))
+    assert "finished A.1, A.2" in both, both
+    assert re.search(r"\d+ free \(\d+ back to the free queue, \d+ only lowered a count\)$",
+                     both), both
     # Nothing shared: the count alone.
     e.apply(Step(1))
     alone = summarize(e.apply(Finish("B")), export_snapshot(e))

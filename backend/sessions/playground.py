@@ -363,15 +363,22 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
 
 
 def _free_split(result: OpResult) -> str:
-    """What a count of `free` events means: a free of a block others still hold only
-    lowers its reference count ("13 free" of which 11 stay shared frees 2 blocks)."""
-    shared = sum(1 for e in result.events if e.kind == "free" and e.ref_count)
-    if not shared:
+    """What a count of `free` events means. A free of a block another holder has only
+    lowers its reference count; that holder may free it later in the same operation
+    (a finished beam search, a whole batch), so "still held" counts only the blocks
+    whose last free here left a holder: "4 free (2 back to the free queue, 2 only
+    lowered a count; 2 still held)"."""
+    frees = [e for e in result.events if e.kind == "free"]
+    back = sum(1 for e in frees if not e.ref_count)
+    lowered = len(frees) - back
+    if not lowered:
         return ""
-    freed = sum(1 for e in result.events if e.kind == "free") - shared
-    if not freed:
-        return " (all still shared)"
-    return f" ({freed} back to the free queue, {shared} still shared)"
+    last = {e.block: e.ref_count for e in frees}
+    held = sum(1 for count in last.values() if count)
+    if not back:
+        return f" (each only lowered a count; {held} still held)"
+    return (f" ({back} back to the free queue, {lowered} only lowered a count"
+            + (f"; {held} still held)" if held else ")"))
 
 
 # The fields whose None means "no limit" and whose 0 would mean nothing else.
