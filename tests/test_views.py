@@ -771,3 +771,10 @@ def test_the_favicon_file_is_the_drawn_icon() -> None:
                        .convert("RGB"))
     assert np.array_equal(saved, grid.icon_pixels())
 
+
+
+def test_a_beam_search_says_what_sharing_saves_to_a_tenth_halves_rounded_up() -> None:
+    # 15 of 24 blocks saved is 62.5%: a whole percent rounded half to even read "62%".
+    group = views.BeamGroup("B", 3, 3, 0, 0, 0, held_blocks=9, unshared_blocks=24)
+    assert group.summary.endswith("the live beams hold 9 blocks, 24 without sharing "
+                                  "(62.5% saved)")

@@ -305,8 +305,11 @@ def _beam_group(snap: Snapshot, group: views.BeamGroup, prefix: str) -> None:
                    "one: a round only compares extensions of the same length (no length "
                    "penalty).")
         df = views.beams_frame(snap, group.group)
+        # Three decimals on every row, as the block tables show it: a number column
+        # would drop a trailing zero (-18.92 above -18.913) and read less precise.
         st.dataframe(df, hide_index=True, width="stretch",
-                     height=min(35 + 35 * len(df) + 3, 320))
+                     height=min(35 + 35 * len(df) + 3, 320),
+                     column_config={"log p": st.column_config.NumberColumn(format="%.3f")})
 
 
 # ---- events -----------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from backend.core.words import counted
+from backend.core.words import counted, percent
 from backend.views.model import status_text
 from backend.views.tokens import Snapshot, token_text
 
@@ -40,9 +40,9 @@ class BeamGroup:
     def summary(self) -> str:
         saved = ""
         if self.unshared_blocks:
-            pct = 100 * (1 - self.held_blocks / self.unshared_blocks)
+            pct = percent(1 - self.held_blocks / self.unshared_blocks)
             saved = (f"; the live beams hold {counted(self.held_blocks, 'block')}, "
-                     f"{self.unshared_blocks} without sharing ({pct:.0f}% saved)")
+                     f"{self.unshared_blocks} without sharing ({pct} saved)")
         stopped = f", {self.stopped} finished by hand" if self.stopped else ""
         return (f"{self.group}: width {self.width} · {self.live} live, {self.complete} "
                 f"complete, {self.dropped} dropped{stopped}{saved}")
