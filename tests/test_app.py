@@ -111,7 +111,7 @@ def test_default_kernel_is_triton() -> None:
     add(at)
     assert engine(at).kernel_report.backend == "triton-interpreter"
     text = markdown(at)
-    assert "Last step ran on **triton-interpreter** (cpu)" in text
+    assert "Last model step ran on **triton-interpreter** (cpu)" in text
     found = re.search(r"reference\\\|: \*\*([0-9.e+-]+)\*\*", text)
     assert found is not None, text
     assert float(found.group(1)) < 1e-4
@@ -132,7 +132,7 @@ def test_add_shows_blocks_table_layout_and_events() -> None:
     assert "L5 → P5 (3/4, partial)" in layout and ">at.<" in layout
     events = html(at, "pl-events")
     assert events.count("took free block") == 6 and "step 1" in events
-    assert "Last step ran on **torch**" in markdown(at)
+    assert "Last model step ran on **torch**" in markdown(at)
     # The kernel panel says which route the torch backend's decodes take here: on a CPU
     # the compiled operator (make test builds it), on a GPU gathers for SDPA.
     route = "decodes gather each sequence's blocks" if torch.cuda.is_available() else \
@@ -429,7 +429,7 @@ def test_switching_the_kernel_keeps_every_request() -> None:
     assert export_snapshot(engine(at)) == before
     assert "next model step runs on triton-interpreter" in status(at)[1]
     click(at, "btn_step")
-    assert "Last step ran on **triton-interpreter**" in markdown(at)
+    assert "Last model step ran on **triton-interpreter**" in markdown(at)
 
 
 def test_highlighting_a_request_or_a_block() -> None:

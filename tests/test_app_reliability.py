@@ -200,7 +200,7 @@ def test_request_ids_and_uploaded_text_with_markdown_are_shown_as_plain_text() -
         ("snap.json", snapshot_bytes(snap), "application/json")).run()
     assert not at.exception
     assert status(at)[1].startswith("Restored the snapshot in 'snap.json'")
-    assert_plain(at, f"Last step ran on **{IMAGE}** ({CHILD})")
+    assert_plain(at, f"Last model step ran on **{IMAGE}** ({CHILD})")
 
     # An uploaded scenario: name, description, narration, ids, and the refused step.
     at.switch_page("pages/scenarios.py").run()

@@ -81,7 +81,7 @@ def test_share_fork_and_copy_on_write_in_the_browser(app_url: str, chromium_path
             metric_is(page, "Copy-on-write copies", "1")
             metric_is(page, "Shared blocks", "5")
             shows(layouts, "L5 → P7")
-            shows(page.get_by_text("Last step ran on triton-interpreter"))
+            shows(page.get_by_text("Last model step ran on triton-interpreter"))
             shoot(page, screenshots / "03-copy-on-write.png")
 
             # Clicking a cell of the grid selects that block and names its holders.

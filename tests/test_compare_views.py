@@ -84,6 +84,16 @@ def test_seed_example_block_size_two_and_pow2() -> None:
     # 8 blocks of 2: A [0, 3], B [1, 5] (released 5, 1), C [2, 4]; D's 4 tokens take 6, 7.
     assert ex.pool[-1].tables == {"A": (0, 3), "C": (2, 4), "D": (6, 7)}
     assert ex.pool[-1].free_blocks == 2
+    # A, C and D hold 4 tokens each, two full blocks: their next tokens need 3 blocks and
+    # 2 are free. The pool placed D on what it needs now; the page says what follows.
+    assert ex.short_next_step == 1
+    assert ex.pool_message == (
+        "D's 4 tokens take 2 blocks of 2: block table [6, 7]. The next decode step needs 3 "
+        "new blocks (A, C and D each have a full last block) and 2 are free, so an engine "
+        "would then preempt a request: the pool admits on the blocks a request needs now, "
+        "while the arena reserved each final length up front and never runs short later")
+    # Blocks of 1: every token takes a block, and the 4 free cover the 3 next tokens.
+    assert seed_example().short_next_step == 0
     pow2 = seed_example("pow2")
     # A 8 + B 4 leave 4 slots: C (region 8) waits, then takes B's and the free 8-15.
     assert pow2.arena[0].waiting == ("C",)

@@ -165,7 +165,7 @@ def test_a_scenario_on_the_default_triton_kernel() -> None:
     assert viewed_step(at) == 6
     assert all(ok for ok, _ in checks(at).values())
     text = markdown(at)
-    assert "Last step ran on **triton-interpreter** (cpu)" in text
+    assert "Last model step ran on **triton-interpreter** (cpu)" in text
     found = re.search(r"reference\\\|: \*\*([0-9.e+-]+)\*\*", text)
     assert found is not None and float(found.group(1)) < 1e-4
     assert run_of(at).engine.kernel_report.backend == "triton-interpreter"

@@ -376,10 +376,16 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
                 "by a step it ran (the next step replaces it):\n\n" if restored else "")
         # An uploaded snapshot names the backend and device in its own words.
         st.markdown(
-            f"{lead}- Last step ran on **{plain_md(info.backend)}** ({plain_md(info.device)})\n"
-            f"- Step time: **{info.time_ms}** for {info.batch}\n"
+            f"{lead}- Last model step ran on **{plain_md(info.backend)}** "
+            f"({plain_md(info.device)})\n"
+            f"- It took **{info.time_ms}** for {info.batch}\n"
             f"- Max \\|paged − contiguous reference\\|: **{info.max_abs_err}**")
     notes = []
+    if info.ran:
+        # An operation may run several: a Step that admits a request prefills its
+        # prompt, then decodes the batch; a Step N runs one or more per iteration.
+        notes.append("An operation can run several model steps (a prefill, then a "
+                     "decode); these figures are its last one's.")
     if engine is not None and engine.kernels.name != info.backend:
         notes.append(f"The next step runs on **{engine.kernels.name}** ({engine.device}).")
     if engine is not None and isinstance(engine.kernels, TorchKernels):

@@ -67,7 +67,9 @@ def seed_section() -> None:
     m1, msg = st.columns([2, 3])
     m1.metric("Free blocks after D", ex.pool[-1].free_blocks)
     with msg:
-        (st.success if ex.d_table is not None else st.warning)(ex.pool_message + ".")
+        # Placed, but short of blocks for the next step: a warning, not a success.
+        placed = ex.d_table is not None and not ex.short_next_step
+        (st.success if placed else st.warning)(ex.pool_message + ".")
     st.markdown("**The arena, stage by stage**")
     # "len", so that every column fits beside the sidebar in a 1024 px window.
     st.dataframe(seed_views.seed_stage_table(ex), hide_index=True, key="cmp_seed_stages",

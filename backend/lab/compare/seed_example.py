@@ -125,6 +125,8 @@ class SeedExample:
     free_order: tuple[int, ...]
     # Blocks released by requests that finished in the pool before D, in release order.
     freed: tuple[int, ...]
+    # Blocks the pool lacks for the decode step after D's arrival (0: it has them all).
+    short_next_step: int = 0
 
     def reuse_length(self, *, every: bool = False) -> int | None:
         """The smallest final length of D whose blocks include one of `freed` (all of
@@ -157,6 +159,31 @@ def _pool_stage(label: str, m: BlockManager, waiting: list[str]) -> PoolStage:
     return PoolStage(label, blocks, {rid: tuple(m.block_table(rid)) for rid in m.seqs},
                      {rid: m.num_tokens(rid) for rid in m.seqs}, m.num_free_blocks,
                      tuple(waiting))
+
+
+def _next_step_shortfall(pool: BlockManager, new_len: int) -> tuple[int, str]:
+    """How many blocks the pool, D placed, lacks for its next decode step, and a
+    sentence saying so ((0, "") when it has them all).
+
+    The pool admits on the blocks a request needs now, not on its final length, so
+    with blocks of more than one slot it can place D and then lack a block for the
+    requests whose last block is full. The arena reserved each request's final
+    length (or more) up front, so it never runs short later.
+    """
+    finals = {rid: final for rid, _, final in SEED_REQUESTS} | {"D": new_len}
+    full = [rid for rid, final in finals.items()
+            if pool.has(rid) and pool.num_tokens(rid) < final
+            and pool.blocks_needed_to_append(rid, 1)]
+    free = pool.num_free_blocks
+    if len(full) <= free:
+        return 0, ""
+    names = ", ".join(full[:-1]) + " and " + full[-1] if len(full) > 1 else full[0]
+    return len(full) - free, (
+        f". The next decode step needs {counted(len(full), 'new block')} ({names} "
+        f"{agrees(len(full), 'has a full', 'each have a full')} last block) and {free} "
+        f"{agrees(free, 'is', 'are')} free, so an engine would then preempt a request: "
+        "the pool admits on the blocks a request needs now, while the arena reserved "
+        "each final length up front and never runs short later")
 
 
 def _place_waiting(arena: ContiguousArena, pool: BlockManager, arena_wait: list[str],
@@ -264,11 +291,14 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
         frag = fit.size if fit.reason == "external_fragmentation" else None
         arena_stages.append(_arena_stage(label, arena, [*arena_wait, "D"], frag))
     d_table: tuple[int, ...] | None = None
+    short = 0
     need = pool.blocks_for(new_len - 1)
     if need <= pool.num_free_blocks:
         d_table = pool.allocate("D", new_len - 1).block_table
+        short, why = _next_step_shortfall(pool, new_len)
         pool_message = (f"D's {d_tokens} {agrees(new_len - 1, 'takes', 'take')} "
-                        f"{counted(need, 'block')} of {block_size}: block table {list(d_table)}")
+                        f"{counted(need, 'block')} of {block_size}: block table {list(d_table)}"
+                        + why)
     else:
         free = pool.num_free_blocks
         pool_message = (f"D's {d_tokens} {agrees(new_len - 1, 'needs', 'need')} "
@@ -279,4 +309,4 @@ def seed_example(policy: str = "oracle", block_size: int = 1, new_len: int = 5, 
     reservations["D"] = fit.size
     return SeedExample(policy, capacity, block_size, new_len, tuple(arena_stages),
                        tuple(pool_stages), fit, d_table, pool_message, reservations,
-                       tuple(arena_log), tuple(pool_log), free_order, tuple(freed))
+                       tuple(arena_log), tuple(pool_log), free_order, tuple(freed), short)
