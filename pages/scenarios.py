@@ -24,7 +24,8 @@ run, frame = tour.sync()
 # nothing here); the kernel fields, which apply to this run too.
 sidebar.scenario(run.scenario.config, run.engine)
 snap = frame.snapshot
-latest = frame.step == run.taken     # only the newest state has a live engine behind it
+# Only the newest state has a live engine behind it (not after a step stopped part-way).
+latest = frame.step == run.taken and run.engine_at_newest
 
 st.title("Scenarios")
 st.caption("Each scenario is a short story told on a real engine: every step is one engine "

@@ -20,6 +20,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
 from backend.io.snapshot import export_snapshot
+from backend.sessions import tour as tour_session
 from backend.sessions.playground import Settings
 from backend.sessions.tour import TourRun
 from backend.views.text import plain_md
@@ -485,6 +486,30 @@ def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
     # Picking a shipped scenario again works as before.
     at.selectbox(key="tour_pick").select("03-growth").run()
     assert run_of(at).key == "03-growth" and not at.error
+
+
+def test_an_uploaded_step_past_the_time_limit_is_stopped_and_ends_the_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A file's step of 100,000 iterations would hold a core of the shared server for
+    # minutes: it stops at the limit (0 s here: after its first iteration).
+    monkeypatch.setattr(tour_session, "STEP_TIME_LIMIT_S", 0.0)
+    long = {"config": {"num_blocks": 64}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "step", "count": 100000},
+        {"op": "finish", "request": "A"}]}
+    at = open_tour("03-growth")
+    upload(at, "long.json", json.dumps(long).encode())
+    click(at, "tour_next")
+    click(at, "tour_next")
+    assert [w.value for w in at.warning] == [
+        "Step 2, step x100000, was stopped after 0 s, at iteration 1 of 100,000: this page "
+        "gives one step at most 0 s of the shared server. The run ends at step 1; `python -m "
+        "backend run` takes the file whole."]
+    assert viewed_step(at) == 1 and at.button(key="tour_next").disabled
+    assert "Step 2, `step x100000`, ran out of time: the run ends here." in [
+        c.value for c in at.caption]
+    # The engine went past step 1, so the page draws step 1 from its frame, not the engine.
+    assert run_of(at).engine.step == 2 and not at.exception
 
 
 # ---- continue from here -----------------------------------------------------------------

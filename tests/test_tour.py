@@ -89,6 +89,34 @@ def test_a_refused_step_stops_the_run_with_the_cli_message() -> None:
     assert run.next_label(1) == "grow B +1"
 
 
+def test_a_step_past_the_time_limit_stops_between_iterations_and_ends_the_run() -> None:
+    # An uploaded file may ask for 100,000 iterations: the page must not hold a core of the
+    # shared server that long. A limit of 0 s stops the step after its first iteration.
+    sc = parse_scenario({"config": {"num_blocks": 64}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "step"},
+        {"op": "step", "count": 100000},
+        {"op": "finish", "request": "A"}]})
+    run = TourRun(sc, "upload", "mine", kernel="torch", step_time_limit_s=0.0)
+    # A step of one iteration is never cut: the limit is checked between two.
+    assert run.run_to(4) == 2
+    assert run.error is None and run.stopped == (
+        "Step 3, step x100000, was stopped after 0 s, at iteration 1 of 100,000: this page "
+        "gives one step at most 0 s of the shared server. The run ends at step 2; `python -m "
+        "backend run` takes the file whole.")
+    assert not run.can_advance and run.advance() is None
+    # The engine went one iteration past the newest frame, which stays the state shown.
+    assert not run.engine_at_newest
+    assert run.engine.step == 3 and run.frames[-1].snapshot["step"] == 2
+    assert len(run.snapshots()) == 2
+    # Within the limit the same step runs whole.
+    whole = TourRun(parse_scenario({"config": {"num_blocks": 64}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "step", "count": 5}]}), "upload", "mine", kernel="torch")
+    assert whole.run_to(2) == 2 and whole.stopped is None and whole.engine_at_newest
+    assert whole.engine.step == whole.frames[-1].snapshot["step"] == 2
+
+
 def test_kernels_can_change_between_steps() -> None:
     run = TourRun(shipped_scenario("03-growth"), "03", "t", kernel="torch")
     run.run_to(2)

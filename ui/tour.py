@@ -213,7 +213,7 @@ def sync() -> tuple[TourRun, Frame]:
         t.view = max(0, min(t.view, run.taken))
         if t.playing and t.view >= run.taken and not run.can_advance:
             t.playing = False
-            if run.error is None:
+            if run.error is None and run.stopped is None:
                 say("info", f"Played to the end: step {run.taken} of {run.total}.")
         # A widget's state may be set only before it is drawn: the slider follows the view.
         st.session_state["tour_slider"] = t.view

@@ -198,6 +198,9 @@ def controls(run: TourRun) -> None:
     if run.error is not None:
         st.error(plain_md(f"The engine refused {run.error}. The run stops there: step "
                           f"{run.taken} is the state before it."))
+    if run.stopped is not None:
+        # Markdown as written: it names only a `step` and its counts, no text of the file.
+        st.warning(run.stopped)
 
 
 def step_bar(run: TourRun) -> None:
@@ -251,6 +254,9 @@ def narration(run: TourRun, frame: Frame) -> None:
             # The engine refused it (the message is above): there is no going on.
             st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, was refused: the run "
                        "ends here.")
+        elif upcoming is not None and run.stopped is not None and frame.step == run.taken:
+            st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, ran out of time: the "
+                       "run ends here.")
         elif upcoming is not None:
             st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}.")
         elif frame.step == run.total:

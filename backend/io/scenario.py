@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -183,17 +183,35 @@ def check_config_matches(scenario: Scenario, config: EngineConfig) -> None:
 
 def run_steps(engine: Engine, steps: tuple[ScenarioStep, ...], first: int = 1,
               mirror: ContiguousMirror | None = None,
+              keep_going: Callable[[int, int], bool] | None = None,
               ) -> Iterator[tuple[int, ScenarioStep, OpResult]]:
-    """Apply steps in order, yielding after each; a refused step raises ScenarioError."""
+    """Apply steps in order, yielding after each; a refused step raises ScenarioError.
+
+    `keep_going(done, total)` is asked after each iteration of a `step`; False stops it
+    between two, and its result's op then counts the iterations that ran.
+    """
     for i, step in enumerate(steps, start=first):
+        follow = None if mirror is None else mirror.on_iteration(engine)
         try:
-            result = engine.apply(step.op, progress=None if mirror is None
-                                  else mirror.on_iteration(engine))
+            result = engine.apply(step.op, progress=_both(follow, keep_going))
         except PagedLabError as exc:
             raise ScenarioError(str(exc), i, step.op.op) from None
         if mirror is not None:
             mirror.observe(engine, result)
         yield i, step, result
+
+
+def _both(first: Callable[[int, int], bool] | None,
+          then: Callable[[int, int], bool] | None) -> Callable[[int, int], bool] | None:
+    """One progress callback calling `first`, then `then`: go on only if both say so.
+    Both are called every iteration (the arena follows each one that ran)."""
+    if first is None or then is None:
+        return first or then
+
+    def progress(done: int, total: int) -> bool:
+        go = first(done, total)
+        return then(done, total) and go
+    return progress
 
 
 # ---- expectations ----------------------------------------------------------

@@ -14,13 +14,18 @@ has one.
 
 The engine only ever moves forward; looking back is reading a frame. A step
 the engine refuses stops the run there (`error`), with the state it had
-before that step, exactly as `python -m backend run` leaves it.
+before that step, exactly as `python -m backend run` leaves it. A `step` that
+would run past `step_time_limit_s` (an uploaded file's 100,000 iterations) is
+stopped between two iterations and ends the run too (`stopped`): a click on the
+shared server must not hold a core for minutes. The engine is then past the
+last frame, which stays the newest state shown.
 
 No Streamlit here: ui/tour.py keeps one `TourRun` per browser session.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,7 +35,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.control import ControlReport, ControlRun
 from backend.engine.engine import Engine
-from backend.engine.ops import describe_op
+from backend.engine.ops import Step, describe_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror
 from backend.io.json_input import decode_json, file_kind
@@ -171,6 +176,12 @@ def arena_state(mirror: ContiguousMirror | None) -> dict[str, Any] | None:
     return state
 
 
+# The longest one step of a scenario may run on the Scenarios page, in seconds. The
+# shipped scenarios' steps take well under a second on torch and a few under Triton's
+# interpreter on a CPU; a file's `step` may ask for 100,000 iterations.
+STEP_TIME_LIMIT_S = 60.0
+
+
 class TourRun:
     """One scenario being stepped through, on its own engine. See the module docstring.
 
@@ -180,8 +191,12 @@ class TourRun:
 
     def __init__(self, scenario: Scenario, key: str, title: str, *, device: str = "auto",
                  kernel: str = "auto", owner: str | None = None,
-                 budget: KVBudget = SERVER_BUDGET, replacing: TourRun | None = None) -> None:
+                 budget: KVBudget = SERVER_BUDGET, replacing: TourRun | None = None,
+                 step_time_limit_s: float | None = None) -> None:
         self.scenario = scenario
+        # Read here, not as the default's value, so a test can lower the module's.
+        self.step_time_limit_s = (STEP_TIME_LIMIT_S if step_time_limit_s is None
+                                  else step_time_limit_s)
         self.key = key
         self.title = title
         self.device = device
@@ -231,6 +246,8 @@ class TourRun:
         self.frames: list[Frame] = [Frame(0, export_snapshot(self.engine), "start", None, None,
                                           (), arena_state(self.mirror))]
         self.error: str | None = None
+        # Why the run ended on a step it stopped part-way (see the module docstring).
+        self.stopped: str | None = None
 
     @property
     def total(self) -> int:
@@ -242,7 +259,12 @@ class TourRun:
 
     @property
     def can_advance(self) -> bool:
-        return self.taken < self.total and self.error is None
+        return self.taken < self.total and self.error is None and self.stopped is None
+
+    @property
+    def engine_at_newest(self) -> bool:
+        """Whether the engine holds the newest frame's state (not past it: `stopped`)."""
+        return self.stopped is None
 
     def frame(self, step: int) -> Frame:
         return self.frames[max(0, min(step, self.taken))]
@@ -254,18 +276,34 @@ class TourRun:
     def advance(self) -> Frame | None:
         """Mutates: apply the next step and keep its frame.
 
-        Returns None when there is no next step or the engine refused it; a
-        refusal sets `error` (the CLI's one line, naming the step) and the
-        engine keeps the state before that step.
+        Returns None when there is no next step, the engine refused it or it ran
+        out of time. A refusal sets `error` (the CLI's one line, naming the step)
+        and the engine keeps the state before that step; a `step` still running
+        after `step_time_limit_s` stops between two iterations and sets `stopped`.
         """
         if not self.can_advance:
             return None
         i = self.taken + 1
         step = self.scenario.steps[i - 1]
+        deadline = time.monotonic() + self.step_time_limit_s
+
+        def in_time(done: int, total: int) -> bool:
+            return time.monotonic() < deadline
+
         try:
-            _, _, result = next(run_steps(self.engine, (step,), first=i, mirror=self.mirror))
+            _, _, result = next(run_steps(self.engine, (step,), first=i, mirror=self.mirror,
+                                          keep_going=in_time))
         except ScenarioError as exc:
             self.error = str(exc)
+            return None
+        if isinstance(step.op, Step) and result.op != step.op:
+            assert isinstance(result.op, Step)
+            self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped after "
+                            f"{self.step_time_limit_s:g} s, at iteration {result.op.count:,} "
+                            f"of {step.op.count:,}: this page gives one step at most "
+                            f"{self.step_time_limit_s:g} s of the shared server. The run "
+                            f"ends at step {i - 1}; `python -m backend run` takes the "
+                            "file whole.")
             return None
         snap = export_snapshot(self.engine)
         checks = () if not step.expect else check_rows(step.expect, snap, self.engine, result,
