@@ -287,6 +287,29 @@ def test_an_unwritable_out_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 2 and err.startswith("error: cannot write")
 
 
+def test_out_naming_the_scenario_itself_is_refused_and_the_file_kept(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scenario = write(tmp_path, CONTRACT_EXAMPLE)
+    before = scenario.read_bytes()
+    # The same file under another spelling of its path is the same file.
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, "run", scenario, "--out", "./scenario.json", "--kernel", "torch")
+    assert code == 2
+    assert err == ("error: --out 'scenario.json' is the scenario file itself: the snapshot "
+                   "would replace it; name another file\n")
+    assert scenario.read_bytes() == before
+    # --out over --from's snapshot moves that state on, in place.
+    state = tmp_path / "state.json"
+    assert run_cli(capsys, "run", scenario, "--out", state, "--kernel", "torch")[0] == 0
+    grow = write(tmp_path, {"config": CONTRACT_EXAMPLE["config"],
+                            "steps": [{"op": "grow", "request": "A2"}]}, "grow.json")
+    step = json.loads(state.read_text())["step"]
+    assert run_cli(capsys, "run", grow, "--from", state, "--out", state,
+                   "--kernel", "torch")[0] == 0
+    assert json.loads(state.read_text())["step"] == step + 1
+
+
 def test_from_with_a_malformed_scenario_still_writes_the_snapshot_state(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = tmp_path / "first.json"

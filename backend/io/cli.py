@@ -100,6 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     problem: str | None = None
     mismatches = checked = ran = 0
     try:
+        _refuse_out_over_scenario(args.out, args.scenario)
         if args.snapshots is not None:
             _make_dir(args.snapshots)
         if args.from_snapshot is not None:
@@ -155,6 +156,19 @@ def _run(args: argparse.Namespace) -> int:
     if out_problem is not None:
         problem += f"; --out was not written: cannot write {out_problem}"
     return _fail(problem)
+
+
+def _refuse_out_over_scenario(out: Path | None, scenario: Path) -> None:
+    """--out naming the scenario file itself would replace it with a snapshot: refused
+    before anything runs. (--out over --from's snapshot is allowed: it moves that
+    state on, in place.)"""
+    try:
+        same = out is not None and out.exists() and out.samefile(scenario)
+    except OSError:
+        return      # the scenario is missing or unreadable: its own read says so
+    if same:
+        raise PagedLabError(f"--out {str(out)!r} is the scenario file itself: the snapshot "
+                            "would replace it; name another file")
 
 
 def _make_dir(path: Path) -> None:
