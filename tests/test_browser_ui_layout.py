@@ -14,6 +14,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.browser_support import CHROMIUM_ARGS
 from tests.test_browser import T, metric_is, shoot, shows
+from ui.numbers import UNREADABLE
 
 pytestmark = pytest.mark.browser
 
@@ -114,6 +115,19 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             starts = page.evaluate(EVENT_TEXT_LEFT)
             assert starts and min(starts) >= 120, starts      # right of step and badge
             shoot(page, screenshots / "ui-1024-playground.png")
+            # Text the browser cannot read as a number never reaches the page: a line
+            # under the field says so, drawn by the browser alone, until it holds one.
+            steps = page.locator(".st-key-batch_n input")
+            box = page.locator(".st-key-batch_n [data-testid=stNumberInput]")
+            after = "e => getComputedStyle(e, '::after').content"
+            steps.click()
+            steps.press("Control+a")
+            steps.press("Backspace")
+            steps.type("1e309")
+            assert box.evaluate(after) == f'"{UNREADABLE}"'
+            steps.press("Control+a")
+            steps.type("4")
+            assert box.evaluate(after) == "none"
 
             # The Scenarios page, with the contiguous arena under the grid.
             sidebar.get_by_role("link", name="Scenarios").click()

@@ -45,6 +45,27 @@ Number = int | float
 MAX_EXACT = (1 << 53) - 1
 
 
+# Text a browser cannot read as a number ("1e309", a lone "-" or "e") never leaves it:
+# the page keeps the field's last number, or none, while the field shows the text. The
+# input is then `:invalid` (its badInput; these fields carry no bounds, and the lowest
+# float as their step base makes no typed number a step mismatch), so a rule can say so
+# under the field, in the browser, with no run of the page.
+UNREADABLE = ("Not a number the browser can read: the page still has this field's "
+              "last number, or none.")
+_UNREADABLE_CSS = (
+    '[data-testid="stNumberInput"]:has(input:invalid) input { color: #b2182b; }'
+    '[data-testid="stNumberInput"]:has(input:invalid)::after {'
+    f' content: "{UNREADABLE}"; display: block; color: #b2182b;'
+    ' font-size: 0.8rem; line-height: 1.3; margin-top: 0.25rem; }'
+)
+
+
+def mark_unreadable() -> None:
+    """Draw the rule that flags a number field holding text the browser cannot read as
+    a number (see UNREADABLE). Once per page run, before its fields."""
+    st.html(f"<style>{_UNREADABLE_CSS}</style>")
+
+
 class OutOfRangeError(PagedLabError):
     """Fields hold numbers outside their ranges; the message names each, one per line."""
 

@@ -13,7 +13,7 @@ from streamlit.navigation.page import StreamlitPage
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
-from ui import clicks, entry, resume, session, sidebar, store
+from ui import clicks, entry, numbers, resume, session, sidebar, store
 
 # One thread per torch op: the server runs many sessions' steps side by side on a small
 # CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
@@ -25,6 +25,7 @@ torch.set_num_threads(1)
 def run(page: StreamlitPage) -> None:
     """Set up this browser session, draw the shared sidebar, then run `page`."""
     session.init()
+    numbers.mark_unreadable()
     # Before the sidebar is drawn: reopening a session sets the sidebar's fields.
     resume.at_start()
     sidebar.render()
