@@ -273,6 +273,15 @@ def test_parse_blocks() -> None:
         parse_blocks("9, x")
     with pytest.raises(PagedLabError, match="'-1' is not a block id"):
         parse_blocks("-1")
+    # An empty entry is named rather than skipped: "1,,2" is not silently [1, 2].
+    for text in ("1,,2", ",", "9, 2,", "; 3"):
+        with pytest.raises(PagedLabError, match="has an empty entry between two separators"):
+            parse_blocks(text)
+    # A number past any pool is refused as a block, not as an internal field's range.
+    with pytest.raises(PagedLabError) as refused:
+        parse_blocks("99999999999999999999999")
+    assert str(refused.value) == ("pinned block 99,999,999,999,999,999,999,999 does not exist: "
+                                  "no pool has more than 65,536 blocks")
 
 
 def test_add_op_builds_what_a_scenario_would() -> None:

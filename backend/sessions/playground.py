@@ -10,6 +10,7 @@ exactly what a scenario file accepts, with the same messages.
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -246,18 +247,25 @@ def next_child_id(parent: str, existing: set[str] | dict[str, Any]) -> str:
 
 
 def parse_blocks(text: str | None) -> list[int] | None:
-    """'9, 2, 14' -> [9, 2, 14]; blank -> None. Raises PagedLabError naming the bad entry."""
+    """'9, 2, 14' (or '9 2;14') -> [9, 2, 14]; blank -> None. Raises PagedLabError naming
+    the bad entry: one that is no block id, an empty one between two separators ('9,,2'
+    would otherwise read as [9, 2] with nothing said), or one past any pool's last id."""
     if text is None or not text.strip():
         return None
     out = []
-    for part in text.replace(";", ",").replace(" ", ",").split(","):
+    for part in re.split(r"\s*[,;]\s*|\s+", text.strip()):
         if not part:
-            continue
+            raise PagedLabError(f"pinned blocks must be block ids like '9, 2, 14'; "
+                                f"{text.strip()!r} has an empty entry between two "
+                                "separators")
         if not (part.isascii() and part.isdigit()):
             raise PagedLabError(f"pinned blocks must be block ids like '9, 2, 14'; "
                                 f"{part!r} is not a block id")
+        if int(part) >= MAX_NUM_BLOCKS:
+            raise PagedLabError(f"pinned block {int(part):,} does not exist: no pool has "
+                                f"more than {MAX_NUM_BLOCKS:,} blocks")
         out.append(int(part))
-    return out or None
+    return out
 
 
 def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
