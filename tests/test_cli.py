@@ -123,6 +123,8 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
      "names 'request' twice"),
     ('{"description": "\\udce9", "steps": []}',
      "description is not valid Unicode text (it holds a lone surrogate)"),
+    ('{"name": "' + "n" * 201 + '", "steps": []}',
+     "name must be at most 200 characters (a title; the description holds prose), got 201"),
     ('{"steps": [{"op": "step", "expect": {"x": ["\\ud800"]}}]}',
      "step 1 (step): expect['x'][0] is not valid Unicode text"),
     ('{"steps": [{"op": "step", "count": ' + "9" * 5000 + "}]}",

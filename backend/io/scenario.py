@@ -42,6 +42,9 @@ MAX_SCENARIO_BYTES = 4 << 20
 # backend.io.snapshot.MAX_SNAPSHOT_BYTES): long runs carry many events.
 MAX_SNAPSHOT_FILE_BYTES = 512 << 20
 MAX_STEPS = 10_000
+# A name is a title: the app shows it as a heading and in messages. (A description or
+# narration is prose, bounded by the file's size.)
+MAX_NAME_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,9 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
         unicode_text(description, "description")
     except PagedLabError as exc:
         raise ScenarioError(str(exc)) from None
+    if len(name) > MAX_NAME_CHARS:
+        raise ScenarioError(f"name must be at most {MAX_NAME_CHARS} characters (a title; "
+                            f"the description holds prose), got {len(name):,}")
     raw_config = data.get("config", {})
     try:
         config = EngineConfig.from_json(raw_config)
