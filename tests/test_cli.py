@@ -312,6 +312,24 @@ def test_out_naming_the_scenario_itself_is_refused_and_the_file_kept(
     assert json.loads(state.read_text())["step"] == step + 1
 
 
+def test_check_from_a_snapshot_says_why_no_arena_is_followed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A snapshot holds no contiguous arena, so a run from one follows none; the mismatch
+    # says so rather than claiming the scenario names no arena.
+    empty = write(tmp_path, {"config": {"num_blocks": 16, "block_size": 1}, "steps": []},
+                  "empty.json")
+    state = tmp_path / "state.json"
+    assert run_cli(capsys, "run", empty, "--out", state, "--kernel", "torch")[0] == 0
+    arena = write(tmp_path, {"contiguous": {"capacity": 16}, "steps": [
+        {"op": "add", "request": "A", "prompt_len": 2, "max_new_tokens": 4,
+         "expect": {"contiguous.free_total": 10}}]}, "arena.json")
+    code, err = run_cli(capsys, "run", arena, "--from", state, "--check", "--kernel", "torch")
+    assert code == 1
+    assert err == ("mismatch: step 1 (add): contiguous.free_total: not found (no contiguous "
+                   "arena is followed in this run: the scenario names none, or the run started "
+                   "from a snapshot, which holds none)\n")
+
+
 def test_from_with_a_malformed_scenario_still_writes_the_snapshot_state(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = tmp_path / "first.json"

@@ -229,7 +229,10 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
     head = parts[0]
     if head == "contiguous":
         if mirror is None:
-            raise KeyError("this scenario names no contiguous arena")
+            # Either reason reads the same: a run from a snapshot follows no arena, since
+            # a snapshot holds none (`run --from` with a scenario that names one).
+            raise KeyError("no contiguous arena is followed in this run: the scenario names "
+                           "none, or the run started from a snapshot, which holds none")
         node: Any = mirror.state()
         for part in parts[1:]:
             node = _child(node, part, path)
