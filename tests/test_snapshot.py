@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,12 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("huge count", lambda s: s["metrics"].update(cow_copies=10**30),
      r"cow_copies must be an integer in 0\.\.9,007,199,254,740,991, got 1,000,"),
     ("derived", lambda s: s["metrics"].update(logical_tokens=1), "metrics.logical_tokens"),
+    # Totals the events count: every copy-on-write and prefix-hit block is an event.
+    ("cow total", lambda s: s["metrics"].update(cow_copies=10**15),
+     "metrics.cow_copies is 1,000,000,000,000,000 but the events hold 0 cow events"),
+    ("hit total", lambda s: s["metrics"].update(
+        prefix_hit_blocks=s["metrics"]["prefix_hit_blocks"] + 1),
+     "metrics.prefix_hit_blocks is 2 but the events hold 1 prefix_hit events"),
     ("event block", lambda s: s["events"][0].update(block=99_999), "outside the pool"),
     ("event request", lambda s: s["events"][0].update(request="ghost"), "'ghost'"),
     ("event step", lambda s: s["events"][0].update(step=s["step"] + 1), "is not in 1.."),
@@ -162,6 +169,31 @@ def test_inconsistent_snapshots_are_refused(shared: dict[str, Any], name: str,
     snap = copy.deepcopy(shared)
     mutate(snap)
     refused(snap, match)
+
+
+def test_counters_at_their_limit_still_take_steps_a_reader_takes_back(
+        shared: dict[str, Any]) -> None:
+    # A snapshot may hold a count up to 2^53 - 1, but an operation starts only from counts
+    # up to 2^52: the snapshot after it must still be a file every reader keeps exactly.
+    snap = copy.deepcopy(shared)
+    snap["step"] = 2**52
+    snap["metrics"]["prefix_queries"] = 2**52
+    engine = restore_engine(snap, kernel="torch")
+    engine.apply(Step(2))
+    after = json.loads(snapshot_json(engine))
+    assert after["step"] == 2**52 + 1
+    again = restore_engine(after, kernel="torch")
+    assert export_snapshot(again) == after
+    # Past 2^52 the state is restored, viewed and exported, but not stepped on.
+    snap["step"] = 2**53 - 1
+    high = restore_engine(snap, kernel="torch")
+    before = snapshot_json(high)
+    with pytest.raises(PagedLabError) as refused:
+        high.apply(Step())
+    assert str(refused.value).startswith(
+        "step is 9,007,199,254,740,991, past the 4,503,599,627,370,496 an operation may start "
+        "from: the snapshot after it could hold a number past 2^53 - 1")
+    assert snapshot_json(high) == before and high.broken is None
 
 
 def test_a_hash_node_no_block_uses_is_refused(shared: dict[str, Any]) -> None:

@@ -16,6 +16,11 @@ from backend.core.errors import PagedLabError
 # The largest integer every JSON reader keeps exactly (a double's 53-bit mantissa): the
 # bound of a file's counts that have no tighter one (a step number, a preemption count).
 MAX_JSON_INT = 2**53 - 1
+# The largest a count that operations raise (the step number, the metrics' totals) may
+# be for another operation to run: half of MAX_JSON_INT, so the counts that operation
+# writes still fit a file every reader (PagedLab's restore included) keeps exactly. A
+# snapshot may hold up to MAX_JSON_INT; past this, its state can be viewed, not stepped.
+MAX_COUNTER = 2**52
 
 
 def shown(value: object) -> str:

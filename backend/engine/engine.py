@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from backend.core.checks import check_int
+from backend.core.checks import MAX_COUNTER, check_int
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine import beams, checks, operations
@@ -241,6 +241,7 @@ class Engine:
             if self.broken is not None:
                 raise PagedLabError(f"this engine stopped half-way through an operation "
                                     f"({self.broken}); reset it or restore a snapshot")
+            self._check_counters()
             try:
                 return self._apply(op, progress)
             except PagedLabError:
@@ -248,6 +249,29 @@ class Engine:
             except BaseException as exc:
                 self.broken = f"step {self.step + 1}: {type(exc).__name__}: {exc}"
                 raise
+
+    def _check_counters(self) -> None:
+        """Refuse an operation while a count it raises is past MAX_COUNTER (a restored
+        snapshot's): the snapshot after it could hold a number no reader keeps exactly."""
+        m = self.manager
+        counts = {"step": self.step, "metrics.cow_copies": m.cow_copies,
+                  "metrics.prefix_hit_blocks": m.prefix_hit_blocks,
+                  "metrics.preemptions": m.preemptions,
+                  "metrics.prefix_queries": m.prefix_queries,
+                  "metrics.prefix_query_tokens": m.prefix_query_tokens,
+                  "metrics.prefix_floor_tokens": m.prefix_floor_tokens,
+                  "scheduler.admissions": self.scheduler.admissions,
+                  "allocator.random_picks": m.pool.random_picks}
+        if self.host is not None:
+            counts["metrics.swap_outs"] = self.host.swap_outs
+            counts["metrics.swap_ins"] = self.host.swap_ins
+        for name, count in counts.items():
+            if count > MAX_COUNTER:
+                raise PagedLabError(
+                    f"{name} is {count:,}, past the {MAX_COUNTER:,} an operation may start "
+                    "from: the snapshot after it could hold a number past 2^53 - 1, which "
+                    "no JSON reader keeps exactly. This state can be viewed and exported, "
+                    "not stepped on")
 
     def _apply(self, op: Op, progress: Progress | None) -> OpResult:
         before = len(self.manager.events)

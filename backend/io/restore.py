@@ -232,6 +232,13 @@ def _restore_into(engine: Engine, top: FieldReader) -> FieldReader:
                             "requests' num_preemptions")
     m.recount()
     m.events = _events(top, step, c.num_blocks, c.num_cpu_blocks, requests)
+    # Every copy-on-write and every block a prefix hit shared is an event of its own,
+    # and the log holds every event so far: the totals are its counts.
+    for total, kind in ((m.cow_copies, "cow"), (m.prefix_hit_blocks, "prefix_hit")):
+        logged = sum(1 for e in m.events if e.kind == kind)
+        if total != logged:
+            raise PagedLabError(f"inconsistent snapshot: metrics.{_TOTAL_OF[kind]} is "
+                                f"{total:,} but the events hold {logged:,} {kind} events")
     m.step = step
     if host is not None:
         restore_host(top, mt, host, {rid: tables[rid] for rid in swapped}, requests, bs)
@@ -283,6 +290,9 @@ def _check_totals(engine: Engine, mt: FieldReader) -> None:
         if claimed is not None and claimed != got[key]:
             raise PagedLabError(f"inconsistent snapshot: metrics.{key} is {claimed} but the "
                                 f"blocks give {got[key]}")
+
+
+_TOTAL_OF = {"cow": "cow_copies", "prefix_hit": "prefix_hit_blocks"}
 
 
 def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
