@@ -152,6 +152,15 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("schema", lambda s: s.update(schema_version=2), "schema_version is 2"),
     ("kernel", lambda s: s["kernel"].update(max_abs_err=float("nan")), "finite"),
     ("config", lambda s: s["config"].update(block_size=0), "block_size must be an integer in"),
+    ("device", lambda s: s["config"].update(device="tpu"),
+     "snapshot.config.device must be 'cpu' or 'cuda' \\(where the state was taken\\), got 'tpu'"),
+    # The Kernel panel shows these as written and a restored state writes them back.
+    ("kernel surrogate", lambda s: s["kernel"].update(backend="\ud800"),
+     "snapshot.kernel.backend is not valid Unicode text"),
+    ("kernel newline", lambda s: s["kernel"].update(device="cpu\nfast"),
+     "snapshot.kernel.device must be printable text of at most 64 characters"),
+    ("kernel long", lambda s: s["kernel"].update(name="k" * 5000),
+     "snapshot.kernel.name must be printable text of at most 64 characters, got 5,000"),
     # Counts past what the app's own fields take (the Add form's max new tokens).
     ("max new", lambda s: s["requests"][0].update(max_new_tokens=10**30),
      r"requests\[0\]\.max_new_tokens must be an integer in 1\.\.1,000,000, got 1,000,"),

@@ -20,7 +20,7 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from backend.core.checks import MAX_JSON_INT, check_int
+from backend.core.checks import MAX_JSON_INT, check_int, unicode_text
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.core.words import agrees, counted
@@ -51,6 +51,11 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     # Its keys are EngineConfig.from_json's to check: it refuses unknown ones.
     cfg_data = dict(top.get("config", dict))
     config = EngineConfig.from_json(cfg_data, where="snapshot.config", ignore=CONFIG_EXTRA)
+    # Where the state was taken; the restore runs on the device it is given, so any
+    # PagedLab can read it, but it is one PagedLab writes.
+    if "device" in cfg_data and cfg_data["device"] not in ("cpu", "cuda"):
+        raise PagedLabError(f"snapshot.config.device must be 'cpu' or 'cuda' (where the "
+                            f"state was taken), got {cfg_data['device']!r}")
     if "bytes_per_block" in cfg_data:
         claimed = check_int(cfg_data["bytes_per_block"], "snapshot.config.bytes_per_block", 1,
                             MAX_JSON_INT)
@@ -264,10 +269,27 @@ def _restore_into(engine: Engine, top: FieldReader) -> FieldReader:
     # engine measured it, and the Kernel panel says so until a step replaces it.
     name = k.get("name", str, optional=True)
     engine.kernel_report = KernelReport(
-        k.get("backend", str), k.get("device", str), None if err is None else float(err),
+        _label("backend", k.get("backend", str)), _label("device", k.get("device", str)),
+        None if err is None else float(err),
         None if ms is None else float(ms), seqs, toks,
-        **({} if name is None else {"name": name}), restored=True)
+        **({} if name is None else {"name": _label("name", name)}), restored=True)
     return mt
+
+
+# A kernel's backend, device and name: labels, shown as the file writes them.
+MAX_LABEL_CHARS = 64
+
+
+def _label(key: str, value: str) -> str:
+    """snapshot.kernel.<key>, `value`: printable text of at most MAX_LABEL_CHARS characters
+    (the Kernel panel shows it as written, and a restored state writes it back)."""
+    where = f"snapshot.kernel.{key}"
+    unicode_text(value, where)
+    if len(value) > MAX_LABEL_CHARS or not value.isprintable():
+        raise PagedLabError(f"{where} must be printable text of at most {MAX_LABEL_CHARS} "
+                            f"characters, got {len(value):,} characters: "
+                            f"{value[:MAX_LABEL_CHARS]!r}")
+    return value
 
 
 def _check_totals(engine: Engine, mt: FieldReader) -> None:
