@@ -126,10 +126,15 @@ def _run(args: argparse.Namespace) -> int:
         else:
             check_config_matches(scenario, engine.config)
         mirror = scenario.mirror() if args.check and args.from_snapshot is None else None
-        for _, step, result in run_steps(engine, scenario.steps, mirror=mirror):
+        for i, step, result in run_steps(engine, scenario.steps, mirror=mirror):
             ran += 1
             if args.snapshots is not None:
-                write_snapshot(engine, args.snapshots / f"step-{engine.step:04d}.json")
+                path = args.snapshots / f"step-{engine.step:04d}.json"
+                try:
+                    write_snapshot(engine, path)
+                except OSError as exc:
+                    raise PagedLabError(f"--snapshots: cannot write {path} after step {i} "
+                                        f"({step.op.op}): {exc.strerror}") from None
             if args.check and step.expect:
                 for line in check_expectations(step.expect, export_snapshot(engine), engine,
                                                result, mirror):
@@ -140,8 +145,8 @@ def _run(args: argparse.Namespace) -> int:
             raise failure
     except PagedLabError as exc:
         problem = str(exc)
-    except OSError as exc:  # --snapshots could not be created or written
-        problem = f"{exc.filename or 'output'}: {exc.strerror}"
+    except OSError as exc:  # a file could not be read or written
+        problem = f"cannot use {exc.filename or 'a file'}: {exc.strerror}"
     # --out receives the last good state whatever went wrong; when it cannot,
     # that joins the first problem in one line rather than adding a second.
     out_problem = _write_out(engine, args.out)
