@@ -53,7 +53,7 @@ tour_widgets.arena(frame)
 
 panels.tables_events_kernel(
     snap, focus, run.engine if latest else None, prefix="tour_",
-    to_newest=f"view step {run.taken}")
+    to_newest=f"view step {run.taken}" if run.engine_at_newest else None)
 
 st.subheader("Download this step")
 exports.downloads(snap, stem=run.key if run.key != tour.UPLOAD else "scenario", prefix="tour_",

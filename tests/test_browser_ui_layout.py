@@ -15,6 +15,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from tests.browser_support import CHROMIUM_ARGS
 from tests.test_browser import T, metric_is, shoot, shows
 from ui.numbers import UNREADABLE
+from ui.session import DEFAULT_STEP_N
 
 pytestmark = pytest.mark.browser
 
@@ -127,6 +128,13 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             assert box.evaluate(after) == f'"{UNREADABLE}"'
             steps.press("Control+a")
             steps.type("4")
+            assert box.evaluate(after) == "none"
+            # Enter on such text puts back the value the page drew the field with.
+            steps.press("Control+a")
+            steps.type("-")
+            assert box.evaluate(after) == f'"{UNREADABLE}"'
+            steps.press("Enter")
+            expect(steps).to_have_value(str(DEFAULT_STEP_N))
             assert box.evaluate(after) == "none"
 
             # The Scenarios page, with the contiguous arena under the grid.

@@ -301,6 +301,15 @@ def test_out_naming_the_scenario_itself_is_refused_and_the_file_kept(
     assert err == ("error: --out 'scenario.json' is the scenario file itself: the snapshot "
                    "would replace it; name another file\n")
     assert scenario.read_bytes() == before
+    # So is a --snapshots file that is the scenario: refused before it is written.
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    inside = snaps / "step-0001.json"
+    inside.write_bytes(before)
+    code, err = run_cli(capsys, "run", inside, "--snapshots", snaps, "--kernel", "torch")
+    assert code == 2 and err.startswith(f"error: --snapshots {str(inside)!r} is the scenario "
+                                        "file itself")
+    assert inside.read_bytes() == before
     # --out over --from's snapshot moves that state on, in place.
     state = tmp_path / "state.json"
     assert run_cli(capsys, "run", scenario, "--out", state, "--kernel", "torch")[0] == 0

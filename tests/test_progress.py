@@ -21,7 +21,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
-from backend.engine.ops import Add, Step
+from backend.engine.ops import Add, Grow, Step
 from backend.io.snapshot import export_snapshot
 from backend.sessions.playground import Settings, apply_or_recover
 from backend.sessions.progress import Work, WorkState, tracker
@@ -216,8 +216,8 @@ def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> No
 
     thread = threading.Thread(target=stopper)
     thread.start()
-    applied = apply_or_recover(engine, Step(200), before, Settings(config, "cpu", "torch"), "o",
-                            tracker(work, display))
+    applied = apply_or_recover(engine, Step(200), before, Settings(config, "cpu", "torch"),
+                               "o", tracker(work, display))
     thread.join(timeout=60)
     assert applied.result is not None and applied.engine is engine
     assert applied.result.op == Step(3) and engine.step == 3
@@ -231,6 +231,30 @@ def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> No
         return {**s, "kernel": {**s["kernel"], "time_ms": None}}
 
     assert state(replay) == state(engine)
+
+
+def test_a_grow_stopped_part_way_is_the_grow_that_ran() -> None:
+    # A grow of many tokens is one decode per token: a stop lands between two, and the
+    # result names the grow of the tokens decoded, so a replay gives the same state.
+    config = EngineConfig(num_blocks=32, block_size=4)
+    engine = Engine(config, kernel="torch")
+    engine.apply(Add("A", prompt="The cat sat on the mat."))
+    asked: list[tuple[int, int]] = []
+
+    def three(done: int, total: int) -> bool:
+        asked.append((done, total))
+        return done < 3
+
+    result = engine.apply(Grow("A", 40), progress=three)
+    assert result.op == Grow("A", 3) and asked == [(1, 40), (2, 40), (3, 40)]
+    assert engine.requests["A"].num_tokens == 23 + 3
+    engine.check_integrity()
+    replay = Engine(config, kernel="torch")
+    for op in [Add("A", prompt="The cat sat on the mat."), result.op]:
+        replay.apply(op)
+    assert export_snapshot(replay)["requests"] == export_snapshot(engine)["requests"]
+    # Never asked after the last token: a callback saying stop then changes nothing.
+    assert engine.apply(Grow("A", 1), progress=lambda d, t: False).op == Grow("A", 1)
 
 
 @pytest.mark.parametrize("exc", [StopException(), RerunException(None)],
@@ -279,6 +303,25 @@ def test_a_stopped_step_n_says_so_and_is_what_the_log_and_store_hold(
     engine: Engine = at.session_state["engine"]
     assert engine.requests["A"].num_tokens == 23 + 3
     assert work.state is None          # the work is over, the flag reset
+
+
+def test_a_stopped_grow_says_so_and_is_what_the_log_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = torch_app(tmp_path, monkeypatch)
+    at.button(key="btn_add").click().run()
+    work: Work = at.session_state["work"]
+    # As if Stop were pressed while the third token was decoded.
+    monkeypatch.setattr(work, "should_go", lambda: (work.state is None
+                                                    or work.state.done < 3))
+    at.number_input(key="req_grow_n").set_value(10).run()
+    at.button(key="btn_grow").click().run()
+    assert not at.exception
+    assert next(s.value for s in at.success).startswith(
+        "Stopped after 3 of 10 tokens. Step 2: grow A +3")
+    assert at.session_state["oplog"].ops[-1] == {"op": "grow", "request": "A", "tokens": 3}
+    engine: Engine = at.session_state["engine"]
+    assert engine.requests["A"].num_tokens == 23 + 3
+    assert work.state is None
 
 
 def test_step_n_ends_when_nothing_is_left_to_run(tmp_path: Path,

@@ -502,14 +502,19 @@ def test_an_uploaded_step_past_the_time_limit_is_stopped_and_ends_the_run(
     click(at, "tour_next")
     click(at, "tour_next")
     assert [w.value for w in at.warning] == [
-        "Step 2, step x100000, was stopped after 0 s, at iteration 1 of 100,000: this page "
-        "gives one step at most 0 s of the shared server. The run ends at step 1; `python -m "
-        "backend run` takes the file whole."]
+        "Step 2, step x100000, was stopped at the 0 s limit, at iteration 1 of 100,000: this "
+        "page gives one step at most 0 s of the shared server. The run ends at step 1; "
+        "`python -m backend run` takes the file whole."]
     assert viewed_step(at) == 1 and at.button(key="tour_next").disabled
     assert "Step 2, `step x100000`, ran out of time: the run ends here." in [
         c.value for c in at.caption]
-    # The engine went past step 1, so the page draws step 1 from its frame, not the engine.
+    # The engine went past step 1, so the page draws step 1 from its frame, not the engine,
+    # and the translator does not send the reader to the step in view for a key vector.
     assert run_of(at).engine.step == 2 and not at.exception
+    said = [c.value for c in at.caption]
+    assert any("went on past this state into a step that was stopped part-way" in c
+               for c in said), said
+    assert not [c for c in said if "view step 1 to see it" in c]
 
 
 # ---- continue from here -----------------------------------------------------------------

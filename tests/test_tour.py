@@ -101,14 +101,23 @@ def test_a_step_past_the_time_limit_stops_between_iterations_and_ends_the_run() 
     # A step of one iteration is never cut: the limit is checked between two.
     assert run.run_to(4) == 2
     assert run.error is None and run.stopped == (
-        "Step 3, step x100000, was stopped after 0 s, at iteration 1 of 100,000: this page "
-        "gives one step at most 0 s of the shared server. The run ends at step 2; `python -m "
-        "backend run` takes the file whole.")
+        "Step 3, step x100000, was stopped at the 0 s limit, at iteration 1 of 100,000: this "
+        "page gives one step at most 0 s of the shared server. The run ends at step 2; "
+        "`python -m backend run` takes the file whole.")
     assert not run.can_advance and run.advance() is None
     # The engine went one iteration past the newest frame, which stays the state shown.
     assert not run.engine_at_newest
     assert run.engine.step == 3 and run.frames[-1].snapshot["step"] == 2
     assert len(run.snapshots()) == 2
+    # A grow of many tokens stops the same way, between two of them.
+    grow = TourRun(parse_scenario({"config": {"num_blocks": 64}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "grow", "request": "A", "tokens": 50}]}), "upload", "mine", kernel="torch",
+        step_time_limit_s=0.0)
+    assert grow.run_to(2) == 1 and grow.stopped is not None
+    assert grow.stopped.startswith("Step 2, grow A +50, was stopped at the 0 s limit, after 1 "
+                                   "of its 50 tokens")
+    assert grow.engine.requests["A"].num_tokens == 5
     # Within the limit the same step runs whole.
     whole = TourRun(parse_scenario({"config": {"num_blocks": 64}, "steps": [
         {"op": "add", "request": "A", "prompt": "abcd"},

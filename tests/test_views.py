@@ -282,6 +282,10 @@ def test_parse_blocks() -> None:
         parse_blocks("99999999999999999999999")
     assert str(refused.value) == ("pinned block 99,999,999,999,999,999,999,999 does not exist: "
                                   "no pool has more than 65,536 blocks")
+    # Past 4,300 digits int() itself would refuse, with an error no page expects.
+    with pytest.raises(PagedLabError, match=r"^pinned block 777777777777… \(5,000 digits\) "
+                                            "does not exist"):
+        parse_blocks("7" * 5000)
 
 
 def test_add_op_builds_what_a_scenario_would() -> None:
@@ -787,3 +791,6 @@ def test_a_beam_search_says_what_sharing_saves_to_a_tenth_halves_rounded_up() ->
     group = views.BeamGroup("B", 3, 3, 0, 0, 0, held_blocks=9, unshared_blocks=24)
     assert group.summary.endswith("the live beams hold 9 blocks, 24 without sharing "
                                   "(62.5% saved)")
+    # 51 of 80 is 63.75%: computed in floats (1 - 29/80) it lands under the half.
+    group = views.BeamGroup("B", 3, 3, 0, 0, 0, held_blocks=29, unshared_blocks=80)
+    assert group.summary.endswith("(63.8% saved)")

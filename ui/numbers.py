@@ -46,12 +46,14 @@ MAX_EXACT = (1 << 53) - 1
 
 
 # Text a browser cannot read as a number ("1e309", a lone "-" or "e") never leaves it:
-# the page keeps the field's last number, or none, while the field shows the text. The
-# input is then `:invalid` (its badInput; these fields carry no bounds, and the lowest
-# float as their step base makes no typed number a step mismatch), so a rule can say so
-# under the field, in the browser, with no run of the page.
-UNREADABLE = ("Not a number the browser can read: the page still has this field's "
-              "last number, or none.")
+# the page keeps the field's last number while the field shows the text, and Enter or
+# leaving the field then puts back the value the page drew it with (Streamlit's number
+# field commits its default for a blank). The input is `:invalid` meanwhile (its
+# badInput; these fields carry no bounds, and the lowest float as their step base makes
+# no typed number a step mismatch), so a rule can say so under the field, in the
+# browser, with no run of the page.
+UNREADABLE = ("Not a number the browser can read: the page still has this field's last "
+              "number, and Enter or leaving the field puts back its starting value.")
 _UNREADABLE_CSS = (
     '[data-testid="stNumberInput"]:has(input:invalid) input { color: #b2182b; }'
     '[data-testid="stNumberInput"]:has(input:invalid)::after {'

@@ -327,13 +327,14 @@ def events(snap: Snapshot) -> None:
 
 
 def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, prefix: str = "",
-                         to_newest: str = "view the newest state") -> None:
+                         to_newest: str | None = "view the newest state") -> None:
     """Block tables, then the event log beside the kernel panel and address translator.
 
     `engine` is the live engine when `snap` is its current state; for a past
     state it is None, and the translator works from `snap` alone, with no key
     vector: the live tensors hold only the newest state, which `to_newest`
-    says how to reach, as an imperative ("view step 3").
+    says how to reach, as an imperative ("view step 3"); None when no state
+    shown is theirs (a scenario step stopped part-way took them past it).
     """
     st.subheader("Block tables", help=HELP["tables"])
     block_tables(snap, focus, prefix)

@@ -362,14 +362,14 @@ def label_of(op: Op) -> str:
 def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bool]]]:
     """While `op` runs: the engine's progress callback, and the Shown its display uses.
 
-    A `step` of several iterations gets a bar and a Stop button (once it has
-    run SHOW_AFTER_S), anything else a spinner with its label (Streamlit shows
-    it after half a second). The caller calls `shown.finish()` after its
-    bookkeeping.
+    A `step` of several iterations or a `grow` of several tokens gets a bar and a
+    Stop button (once it has run SHOW_AFTER_S), anything else a spinner with its
+    label (Streamlit shows it after half a second). The caller calls
+    `shown.finish()` after its bookkeeping.
     """
     label = label_of(op)
     shown = Shown()
-    total = op.count if isinstance(op, Step) else 0
+    total = op.count if isinstance(op, Step) else op.tokens if isinstance(op, Grow) else 0
     work.begin(label, total)
     started = time.monotonic()
     bar = Bar(shown, "step", stoppable=True)

@@ -61,7 +61,7 @@ import streamlit as st
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import Op, Step
+from backend.engine.ops import Grow, Op, Step
 from backend.engine.results import OpResult
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
@@ -463,9 +463,9 @@ def apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:
     The engine validates before it changes anything, so after a refusal the
     state is exactly as it was. Anything else is a failure half-way: the engine
     is rebuilt in the state before the operation and the page says so. A
-    `step` of several iterations shows its progress and may be stopped
-    between two (then the result's op is the step that ran). After an applied
-    operation the session is saved.
+    `step` of several iterations, or a `grow` of several tokens, shows its
+    progress and may be stopped between two (then the result's op is the one
+    that ran). After an applied operation the session is saved.
     """
     try:
         make_op = prepare()
@@ -524,6 +524,8 @@ def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
     if isinstance(op, Step) and isinstance(result.op, Step) and result.op.count < op.count:
         why = ": nothing was left to run" if engine.idle else ""
         line = f"Stopped after {result.op.count} of {op.count} iterations{why}. {line}"
+    elif isinstance(op, Grow) and isinstance(result.op, Grow) and result.op.tokens < op.tokens:
+        line = f"Stopped after {result.op.tokens} of {op.tokens} tokens. {line}"
     sess.flash("success", line)
     # Back to the live state: what the operation did is what the person wants to see.
     sess.queued.put(TIMELINE_PICK, None)

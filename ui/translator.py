@@ -95,12 +95,13 @@ def panel(engine: Engine, prefix: str = "") -> None:
                                 for c in kdf.columns})
 
 
-def past_panel(snap: Snapshot, to_newest: str, prefix: str = "") -> None:
+def past_panel(snap: Snapshot, to_newest: str | None, prefix: str = "") -> None:
     """`panel` for a past state, from its snapshot: the same fields over the requests
     running in it and the same arithmetic, then, in place of the key, one line saying
     that the key is read from the live tensors, which hold the newest state.
 
-    `to_newest` says how to reach the newest state, as an imperative ("view step 3").
+    `to_newest` says how to reach the newest state, as an imperative ("view step 3");
+    None when no state that can be shown is theirs.
     """
     running = running_ids(snap)
     if not running:
@@ -122,5 +123,11 @@ def past_panel(snap: Snapshot, to_newest: str, prefix: str = "") -> None:
     bs = int(snap["config"]["block_size"])
     st.markdown(arithmetic_md(addr, bs, req["block_table"]))
     st.caption(token_md(req["tokens"], addr, bs, partial(views.token_pieces, snap)))
-    st.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live K/V "
-               f"tensors, which hold the newest state: {plain_md(to_newest)} to see it.")
+    if to_newest is None:
+        st.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live "
+                   "K/V tensors, which went on past this state into a step that was stopped "
+                   "part-way: no state shown here is theirs.")
+    else:
+        st.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live "
+                   f"K/V tensors, which hold the newest state: {plain_md(to_newest)} to see "
+                   "it.")

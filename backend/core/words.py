@@ -34,6 +34,14 @@ def percent(x: float) -> str:
     return f"{shown}%"
 
 
+def percent_of(part: int, whole: int) -> str:
+    """`part` of `whole` as `percent` shows a fraction, computed exactly: 51/80 reads
+    "63.8%", where the float 1 - 29/80 lands just under the half and reads "63.7%"."""
+    shown = (Decimal(100 * part) / Decimal(whole)).quantize(Decimal("0.1"),
+                                                             rounding=ROUND_HALF_UP)
+    return f"{shown}%"
+
+
 def agrees(n: int, singular: str, plural: str) -> str:
     """The verb form that agrees with a count of `n`: agrees(1, "is", "are") == "is"."""
     return singular if n == 1 else plural

@@ -226,11 +226,11 @@ class Engine:
     def apply(self, op: Op, *, progress: Progress | None = None) -> OpResult:
         """Mutates: apply one operation; all or nothing.
 
-        `progress(done, total)` is called after each iteration of a `step`;
-        returning False stops it there, between two iterations, with the
-        engine consistent: the result's `op` is then the `step` that ran
-        (its `count` the iterations done), so replaying the results'
-        operations reproduces the state exactly.
+        `progress(done, total)` is called after each iteration of a `step`
+        and each token of a `grow`; returning False stops it there, between
+        two, with the engine consistent: the result's `op` is then the `step`
+        or `grow` that ran (its count the iterations or tokens done), so
+        replaying the results' operations reproduces the state exactly.
 
         A refusal (PagedLabError) is raised before anything changes. Any other
         exception means the operation stopped half-way: the engine marks
@@ -283,7 +283,9 @@ class Engine:
                 case Add():
                     operations.add(self, op)
                 case Grow():
-                    operations.grow(self, op)
+                    stopped_at = operations.grow(self, op, progress)
+                    if stopped_at is not None:
+                        op = Grow(op.request, stopped_at)
                 case Fork():
                     operations.fork(self, op)
                 case Finish():

@@ -9,6 +9,7 @@ engine's lock; nothing else should.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from backend.core.errors import PagedLabError
@@ -120,9 +121,14 @@ def spawn_samples(engine: Engine, first: Request) -> None:
     first.pending_samples = 0
 
 
-def grow(engine: Engine, op: Grow) -> None:
+def grow(engine: Engine, op: Grow,
+         progress: Callable[[int, int], bool] | None = None) -> int | None:
     """Mutates: decode `op.tokens` tokens of one running request now (no preemption:
-    refused unless the free blocks suffice)."""
+    refused unless the free blocks suffice).
+
+    `progress(done, total)` is asked after each token but the last; False stops the
+    grow there, and the count decoded is returned (None when it was not stopped).
+    """
     req = running_request(engine, op.request, "grow")
     _not_a_beam(req, "grow")
     n = op.tokens if req.remaining is None else min(op.tokens, req.remaining)
@@ -144,11 +150,16 @@ def grow(engine: Engine, op: Grow) -> None:
             f"request {req.id!r} needs {counted(needed, 'free block')} to grow by "
             f"{counted(n, 'token')} but only {have}; finish a request, or use step, which "
             "preempts")
-    for _ in range(n):
+    stopped_at = None
+    for done in range(1, n + 1):
         engine.decode([(req, engine.take_next_token(req))])
         if req.stopped:
             break
+        if progress is not None and done < n and not progress(done, n):
+            stopped_at = done
+            break
     engine.scheduler.finish_if_done([req.id])
+    return stopped_at
 
 
 def fork(engine: Engine, op: Fork) -> None:

@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     problem: str | None = None
     mismatches = checked = ran = 0
     try:
-        _refuse_out_over_scenario(args.out, args.scenario)
+        _refuse_over_scenario(args.out, args.scenario, "--out")
         if args.snapshots is not None:
             _make_dir(args.snapshots)
         if args.from_snapshot is not None:
@@ -130,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
             ran += 1
             if args.snapshots is not None:
                 path = args.snapshots / f"step-{engine.step:04d}.json"
+                _refuse_over_scenario(path, args.scenario, "--snapshots")
                 try:
                     write_snapshot(engine, path)
                 except OSError as exc:
@@ -163,17 +164,17 @@ def _run(args: argparse.Namespace) -> int:
     return _fail(problem)
 
 
-def _refuse_out_over_scenario(out: Path | None, scenario: Path) -> None:
-    """--out naming the scenario file itself would replace it with a snapshot: refused
-    before anything runs. (--out over --from's snapshot is allowed: it moves that
-    state on, in place.)"""
+def _refuse_over_scenario(path: Path | None, scenario: Path, option: str) -> None:
+    """A snapshot written over the scenario file itself would replace it: refused, for
+    --out before anything runs, for a --snapshots file before it is written. (--out over
+    --from's snapshot is allowed: it moves that state on, in place.)"""
     try:
-        same = out is not None and out.exists() and out.samefile(scenario)
+        same = path is not None and path.exists() and path.samefile(scenario)
     except OSError:
         return      # the scenario is missing or unreadable: its own read says so
     if same:
-        raise PagedLabError(f"--out {str(out)!r} is the scenario file itself: the snapshot "
-                            "would replace it; name another file")
+        raise PagedLabError(f"{option} {str(path)!r} is the scenario file itself: the "
+                            "snapshot would replace it; name another file")
 
 
 def _make_dir(path: Path) -> None:

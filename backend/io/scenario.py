@@ -32,7 +32,7 @@ from backend.core.checks import unicode_text
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import Op, parse_op
+from backend.engine.ops import Op, Step, parse_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
 from backend.io.json_input import decode_json, file_kind, read_bounded
@@ -193,11 +193,15 @@ def run_steps(engine: Engine, steps: tuple[ScenarioStep, ...], first: int = 1,
               ) -> Iterator[tuple[int, ScenarioStep, OpResult]]:
     """Apply steps in order, yielding after each; a refused step raises ScenarioError.
 
-    `keep_going(done, total)` is asked after each iteration of a `step`; False stops it
-    between two, and its result's op then counts the iterations that ran.
+    `keep_going(done, total)` is asked after each iteration of a `step` and each token
+    of a `grow`; False stops it between two, and its result's op then counts those
+    that ran.
     """
     for i, step in enumerate(steps, start=first):
-        follow = None if mirror is None else mirror.on_iteration(engine)
+        # The arena follows a `step`'s iterations; a grow's tokens it takes from the
+        # result (ContiguousMirror.observe).
+        follow = (mirror.on_iteration(engine) if mirror is not None
+                  and isinstance(step.op, Step) else None)
         try:
             result = engine.apply(step.op, progress=_both(follow, keep_going))
         except PagedLabError as exc:

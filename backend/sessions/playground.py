@@ -261,8 +261,10 @@ def parse_blocks(text: str | None) -> list[int] | None:
         if not (part.isascii() and part.isdigit()):
             raise PagedLabError(f"pinned blocks must be block ids like '9, 2, 14'; "
                                 f"{part!r} is not a block id")
-        if int(part) >= MAX_NUM_BLOCKS:
-            raise PagedLabError(f"pinned block {int(part):,} does not exist: no pool has "
+        # By length first: int() refuses more than 4,300 digits with a ValueError.
+        if len(part) > len(str(MAX_NUM_BLOCKS)) or int(part) >= MAX_NUM_BLOCKS:
+            shown = f"{int(part):,}" if len(part) <= 30 else f"{part[:12]}… ({len(part):,} digits)"
+            raise PagedLabError(f"pinned block {shown} does not exist: no pool has "
                                 f"more than {MAX_NUM_BLOCKS:,} blocks")
         out.append(int(part))
     return out

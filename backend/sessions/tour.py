@@ -14,11 +14,11 @@ has one.
 
 The engine only ever moves forward; looking back is reading a frame. A step
 the engine refuses stops the run there (`error`), with the state it had
-before that step, exactly as `python -m backend run` leaves it. A `step` that
-would run past `step_time_limit_s` (an uploaded file's 100,000 iterations) is
-stopped between two iterations and ends the run too (`stopped`): a click on the
-shared server must not hold a core for minutes. The engine is then past the
-last frame, which stays the newest state shown.
+before that step, exactly as `python -m backend run` leaves it. A `step` or
+`grow` that would run past `step_time_limit_s` (an uploaded file's 100,000
+iterations) is stopped between two iterations or tokens and ends the run too
+(`stopped`), so one step cannot hold a core of the shared server for long. The
+engine is then past the last frame, which stays the newest state shown.
 
 No Streamlit here: ui/tour.py keeps one `TourRun` per browser session.
 """
@@ -35,7 +35,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.control import ControlReport, ControlRun
 from backend.engine.engine import Engine
-from backend.engine.ops import Step, describe_op
+from backend.engine.ops import Grow, Step, describe_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror
 from backend.io.json_input import decode_json, file_kind
@@ -296,14 +296,18 @@ class TourRun:
         except ScenarioError as exc:
             self.error = str(exc)
             return None
-        if isinstance(step.op, Step) and result.op != step.op:
-            assert isinstance(result.op, Step)
-            self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped after "
-                            f"{self.step_time_limit_s:g} s, at iteration {result.op.count:,} "
-                            f"of {step.op.count:,}: this page gives one step at most "
-                            f"{self.step_time_limit_s:g} s of the shared server. The run "
-                            f"ends at step {i - 1}; `python -m backend run` takes the "
-                            "file whole.")
+        if result.op != step.op:
+            # Only a `step` or a `grow` stops part-way, and only here, at the limit.
+            if isinstance(result.op, Step) and isinstance(step.op, Step):
+                where = f"at iteration {result.op.count:,} of {step.op.count:,}"
+            else:
+                assert isinstance(result.op, Grow) and isinstance(step.op, Grow)
+                where = f"after {result.op.tokens:,} of its {step.op.tokens:,} tokens"
+            limit = f"{self.step_time_limit_s:g} s"
+            self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped at the {limit} "
+                            f"limit, {where}: this page gives one step at most {limit} of "
+                            f"the shared server. The run ends at step {i - 1}; `python -m "
+                            "backend run` takes the file whole.")
             return None
         snap = export_snapshot(self.engine)
         checks = () if not step.expect else check_rows(step.expect, snap, self.engine, result,

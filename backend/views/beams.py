@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from backend.core.words import counted, percent
+from backend.core.words import counted, percent_of
 from backend.views.model import status_text
 from backend.views.tokens import Snapshot, token_text
 
@@ -40,7 +40,7 @@ class BeamGroup:
     def summary(self) -> str:
         saved = ""
         if self.unshared_blocks:
-            pct = percent(1 - self.held_blocks / self.unshared_blocks)
+            pct = percent_of(self.unshared_blocks - self.held_blocks, self.unshared_blocks)
             saved = (f"; the live beams hold {counted(self.held_blocks, 'block')}, "
                      f"{self.unshared_blocks} without sharing ({pct} saved)")
         stopped = f", {self.stopped} finished by hand" if self.stopped else ""
