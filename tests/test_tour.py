@@ -102,8 +102,8 @@ def test_a_step_past_the_time_limit_stops_between_iterations_and_ends_the_run() 
     assert run.run_to(4) == 2
     assert run.error is None and run.stopped == (
         "Step 3, step x100000, was stopped at the 0 s limit, at iteration 1 of 100,000: this "
-        "page gives one step at most 0 s of the shared server. The run ends at step 2; "
-        "`python -m backend run` takes the file whole.")
+        "page gives one step at most 0 s of the shared server. The run ends at step 2; the "
+        "command line (python -m backend run) takes the file whole.")
     assert not run.can_advance and run.advance() is None
     # The engine went one iteration past the newest frame, which stays the state shown.
     assert not run.engine_at_newest

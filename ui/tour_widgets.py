@@ -199,8 +199,8 @@ def controls(run: TourRun) -> None:
         st.error(plain_md(f"The engine refused {run.error}. The run stops there: step "
                           f"{run.taken} is the state before it."))
     if run.stopped is not None:
-        # Markdown as written: it names only a `step` and its counts, no text of the file.
-        st.warning(run.stopped)
+        # Plain text: a grow names its request, the file's own text.
+        st.warning(plain_md(run.stopped))
 
 
 def step_bar(run: TourRun) -> None:

@@ -306,8 +306,8 @@ class TourRun:
             limit = f"{self.step_time_limit_s:g} s"
             self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped at the {limit} "
                             f"limit, {where}: this page gives one step at most {limit} of "
-                            f"the shared server. The run ends at step {i - 1}; `python -m "
-                            "backend run` takes the file whole.")
+                            f"the shared server. The run ends at step {i - 1}; the command "
+                            "line (python -m backend run) takes the file whole.")
             return None
         snap = export_snapshot(self.engine)
         checks = () if not step.expect else check_rows(step.expect, snap, self.engine, result,
