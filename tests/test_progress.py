@@ -25,6 +25,7 @@ from backend.engine.ops import Add, Grow, Step
 from backend.io.snapshot import export_snapshot
 from backend.sessions.playground import Settings, apply_or_recover
 from backend.sessions.progress import Work, WorkState, tracker
+from backend.views.text import plain_md
 from ui import progress as ui_progress
 from ui.progress import Shown
 
@@ -322,6 +323,20 @@ def test_a_stopped_grow_says_so_and_is_what_the_log_holds(
     engine: Engine = at.session_state["engine"]
     assert engine.requests["A"].num_tokens == 23 + 3
     assert work.state is None
+
+
+def test_a_grows_bar_counts_tokens() -> None:
+    work = Work()
+    work.begin(ui_progress.label_of(Grow("A", 10)), 10, unit="token")
+    work.update(3, 10)
+    state = work.state
+    assert state is not None
+    assert ui_progress._bar_text(state) == plain_md(
+        "Growing A by 10 tokens, one model step each: token 3 of 10")
+    work.request_stop()
+    work.update(4, 10)
+    assert work.state is not None and ui_progress._bar_text(work.state).endswith(
+        plain_md("stopping after token 4 of 10…"))
 
 
 def test_step_n_ends_when_nothing_is_left_to_run(tmp_path: Path,

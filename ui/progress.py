@@ -215,11 +215,11 @@ def _wanted(if_still: Any) -> Any:
 def _bar_text(state: WorkState) -> str:
     """The bar's text, as plain text: labels quote request ids, which may hold Markdown."""
     if state.stopping:
-        text = f"{state.label}: stopping after iteration {state.done} of {state.total}…"
+        text = f"{state.label}: stopping after {state.unit} {state.done} of {state.total}…"
     elif state.fraction is not None:
         text = state.label
     elif state.total:
-        text = f"{state.label}: iteration {state.done} of {state.total}"
+        text = f"{state.label}: {state.unit} {state.done} of {state.total}"
     else:
         text = f"{state.label}…"
     return plain_md(text)
@@ -370,7 +370,7 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
     label = label_of(op)
     shown = Shown()
     total = op.count if isinstance(op, Step) else op.tokens if isinstance(op, Grow) else 0
-    work.begin(label, total)
+    work.begin(label, total, unit="token" if isinstance(op, Grow) else "iteration")
     started = time.monotonic()
     bar = Bar(shown, "step", stoppable=True)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,8 @@ class WorkState:
     """What a running operation is doing: a label, iterations done of total (0 of 0: unknown).
 
     `stoppable`: whether a stop asked for applies to it (a weight load runs to its end);
-    `fraction`: how far an operation without iterations has come, when it says.
+    `fraction`: how far an operation without iterations has come, when it says;
+    `unit`: what it counts ("iteration" of a step, "token" of a grow).
     """
 
     label: str
@@ -35,6 +36,7 @@ class WorkState:
     stopping: bool
     stoppable: bool = True
     fraction: float | None = None
+    unit: str = "iteration"
 
 
 class Work:
@@ -45,10 +47,11 @@ class Work:
         self._state: WorkState | None = None
         self._stop = False
 
-    def begin(self, label: str, total: int = 0, *, stoppable: bool = True) -> None:
+    def begin(self, label: str, total: int = 0, *, stoppable: bool = True,
+              unit: str = "iteration") -> None:
         """Mutates: an operation starts; a stop asked for before it does not apply to it."""
         with self._lock:
-            self._state = WorkState(label, 0, total, False, stoppable)
+            self._state = WorkState(label, 0, total, False, stoppable, unit=unit)
             self._stop = False
 
     def report(self, label: str, fraction: float) -> None:
@@ -62,7 +65,7 @@ class Work:
         with self._lock:
             if self._state is not None:
                 self._state = WorkState(self._state.label, done, total, self._stop,
-                                        self._state.stoppable)
+                                        self._state.stoppable, unit=self._state.unit)
 
     def end(self) -> None:
         with self._lock:
@@ -79,8 +82,7 @@ class Work:
             if self._state is None or not self._state.stoppable:
                 return False
             self._stop = True
-            self._state = WorkState(self._state.label, self._state.done, self._state.total,
-                                    True)
+            self._state = replace(self._state, stopping=True)
             return True
 
     def should_go(self) -> bool:
