@@ -73,9 +73,11 @@ class ContiguousSpec:
 class ContiguousMirror:
     """Serves an engine's requests in a contiguous arena. See the module docstring.
 
-    `run_steps` passes `on_iteration(engine)` to `Engine.apply` as its progress
-    callback, so a `step`'s iterations are followed one at a time; `observe`
-    runs any iterations it was not told about, so it is correct on its own.
+    `run_steps` passes `on_iteration(engine)` to `Engine.apply` as the progress
+    callback of a `step`, so its iterations are followed one at a time (not of a
+    `grow`, whose tokens the engine reports too: `observe` takes them from the
+    result); `observe` runs any iterations it was not told about, so it is
+    correct on its own.
     """
 
     def __init__(self, spec: ContiguousSpec) -> None:
