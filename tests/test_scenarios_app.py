@@ -36,7 +36,7 @@ NAMES = [p.stem for p in SCENARIOS]
 PAGE = "pages/scenarios.py"
 
 
-def open_tour(scenario: str | None = None, step: str | None = None,
+def open_tour(scenario: str | None = None, step: str | list[str] | None = None,
               kernel: str = "torch", applied: str | None = None) -> AppTest:
     """The app, switched to `kernel` on the Playground, then the Scenarios page by its link."""
     at = AppTest.from_file(APP, default_timeout=180).run()
@@ -275,6 +275,14 @@ def test_a_link_opens_a_given_step() -> None:
     click(at, "tour_next")
     assert at.query_params == {"scenario": "02-block-table", "step": "3"}
     assert at.selectbox(key="tour_pick").value == "02-block-table"
+
+
+def test_a_parameter_given_twice_is_said_and_written_back_once() -> None:
+    at = open_tour("08-fork-copy-on-write", ["3", "4"])   # &step=3&step=4
+    assert viewed_step(at) == 4
+    assert "The link gives step 2 times; the last, '4', is used." in [
+        i.value for i in at.info]
+    assert at.query_params == {"scenario": "08-fork-copy-on-write", "step": "4"}
 
 
 def test_the_link_keeps_steps_applied_past_the_view() -> None:

@@ -48,7 +48,7 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> dict[str, str | None]:
     return jar
 
 
-def open_app(session: str | None = None) -> AppTest:
+def open_app(session: str | list[str] | None = None) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=120)
     if session is not None:
         at.query_params["session"] = session
@@ -203,6 +203,18 @@ def test_a_bad_id_in_the_address_is_reported_and_changes_nothing(
     assert rows(data_dir) == before
     assert bad not in texts(at.error)        # never echoed
     assert session_id != ""
+
+
+def test_two_different_ids_in_the_address_open_neither(
+        browser: dict[str, str | None], data_dir: Path) -> None:
+    first = worked(open_app())
+    at = open_app([first, new_id()])       # ?session=A&session=B
+    assert ("The address names 2 different sessions, so none was opened: this is a new "
+            "session.") in texts(at.error)
+    assert engine(at).step == 0 and "session" not in at.query_params
+    # The same id twice is one session: it opens.
+    again = open_app([first, first])
+    assert not at.exception and sid(again) == first and engine(again).step > 0
 
 
 def test_an_unknown_id_is_reported(browser: dict[str, str | None]) -> None:

@@ -111,6 +111,11 @@ def requested_id() -> tuple[str | None, str | None]:
     raw = st.query_params.get(PARAM)
     if raw is None:
         return None, None
+    # Two different ids are ambiguous: opening either might not be the one meant.
+    given = set(st.query_params.get_all(PARAM))
+    if len(given) > 1:
+        return None, (f"The address names {len(given)} different sessions, so none was "
+                      "opened: this is a new session.")
     if valid_token(raw):
         return raw, None
     return None, ("The address names a session id that PagedLab would never make (ids are "

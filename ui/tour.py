@@ -230,6 +230,13 @@ def _apply_link() -> None:
         # pages drops the parameters).
         return
     name, step, applied = want
+    # A parameter given twice (`&step=3&step=4`): the last counts, and the page says so
+    # (the link written back then holds it once).
+    for key in LINK_PARAMS:
+        given = params.get_all(key)
+        if len(given) > 1:
+            say("info", f"The link gives {key} {len(given)} times; the last, "
+                        f"{_quoted(given[-1])}, is used.")
     stems = shipped_paths()
     if name is not None and (t.run is None or name != t.run.key):
         if name in stems:
@@ -317,7 +324,8 @@ def _write_link(run: TourRun) -> None:
         return
     applied = str(run.taken) if run.taken > t.view else None
     want: Link = (run.key, str(t.view), applied)
-    if tuple(params.get(name) for name in LINK_PARAMS) != want:
+    if (tuple(params.get(name) for name in LINK_PARAMS) != want
+            or any(len(params.get_all(name)) > 1 for name in LINK_PARAMS)):
         # All at once: each separate change is an entry in the browser's history, and
         # one Back would then land on a half-written link that shows the same step.
         kept = {k: v for k, v in params.to_dict().items() if k not in LINK_PARAMS}
