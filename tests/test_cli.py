@@ -167,6 +167,13 @@ def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\\n" not in err and "  " not in err
     assert "; usage: python -m backend run [-h] [--out OUT]" in err
+    # An option the command does not know: reported with that command's usage.
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "x.json", "--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unrecognized arguments: --bogus; usage: python -m backend "
+                          "run [-h] [--out OUT]") and err.count("\n") == 1
 
 
 def test_a_snapshot_given_as_the_scenario_is_pointed_to_from(

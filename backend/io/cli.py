@@ -36,7 +36,13 @@ from backend.io.snapshot import export_snapshot, write_snapshot
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors exit 2 with one `error:` line, like every other error."""
+    """argparse, but usage errors exit 2 with one `error:` line, like every other error.
+
+    `commands` holds the top-level parser's subcommands, so that an argument none of
+    them knows is reported with the usage of the command it was given to.
+    """
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # With the usage line: "arguments are required: command" alone names no command.
@@ -45,10 +51,11 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(prog="python -m backend", description="PagedLab from the command line.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="apply a scenario's operations on a fresh engine")
+    parser.commands = {"run": run}
     run.add_argument("scenario", type=Path, help="scenario file (JSON)")
     run.add_argument("--out", type=Path, help="write the final snapshot here")
     run.add_argument("--snapshots", type=Path, metavar="DIR",
@@ -64,14 +71,21 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # the simulator is optional for `run`
         pass
     else:
-        add_simulate_arguments(sub.add_parser(
+        simulate = sub.add_parser(
             "simulate", help="replay a trace (synthetic, a recorded Azure trace or a CSV) "
-                             "through one allocation policy"))
+                             "through one allocation policy")
+        add_simulate_arguments(simulate)
+        parser.commands["simulate"] = simulate
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # argparse would report these with the top-level usage, which shows no option
+        # of the command they were given to.
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "simulate":
         from backend.io.simulate_cli import run_simulate
 
