@@ -137,8 +137,17 @@ def _on_add() -> None:
     session.apply(prepare, after)
 
 
+# The Add form's number fields sit two to a row in the narrowest panel: Streamlit shows a
+# field's -/+ steppers once its box passes a width, and just past it they leave the
+# number 43 px of a 1024 px window ("the t"). Typed counts need no steppers there.
+_ADD_NUMBERS = ("add_len", "add_max_new", "add_n", "add_beam")
+
+
 def _add_form() -> None:
     st.markdown("**Add a request**")
+    st.html("<style>" + "".join(
+        f'.st-key-{k} [data-testid="stNumberInputStep{d}"] {{ display: none; }}'
+        for k in _ADD_NUMBERS for d in ("Up", "Down")) + "</style>")
     with st.form("add_form", border=False, enter_to_submit=False):
         # The default as the widget's own, not only seeded in session state: a browser
         # that rebuilds the form after a superseded rerun takes a widget's default, and
