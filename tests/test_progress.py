@@ -287,42 +287,29 @@ def torch_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
     return at
 
 
-def test_a_stopped_step_n_says_so_and_is_what_the_log_and_store_hold(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("field", "button", "said", "logged"), [
+    ("batch_n", "btn_step_n", "Stopped after 3 of 10 iterations. Step 2: step x3",
+     {"op": "step", "count": 3}),
+    ("req_grow_n", "btn_grow", "Stopped after 3 of 10 tokens. Step 2: grow A +3",
+     {"op": "grow", "request": "A", "tokens": 3}),
+], ids=["step_n", "grow"])
+def test_a_stopped_operation_says_so_and_is_what_the_log_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, button: str, said: str,
+        logged: dict[str, Any]) -> None:
     at = torch_app(tmp_path, monkeypatch)
     at.button(key="btn_add").click().run()
     work: Work = at.session_state["work"]
-    # As if Stop were pressed during the third iteration.
+    # As if Stop were pressed during the third iteration (a step's, or a grow's token).
     monkeypatch.setattr(work, "should_go", lambda: (work.state is None
                                                     or work.state.done < 3))
-    at.number_input(key="batch_n").set_value(10).run()
-    at.button(key="btn_step_n").click().run()
+    at.number_input(key=field).set_value(10).run()
+    at.button(key=button).click().run()
     assert not at.exception
-    assert next(s.value for s in at.success).startswith(
-        "Stopped after 3 of 10 iterations. Step 2: step x3")
-    assert at.session_state["oplog"].ops[-1] == {"op": "step", "count": 3}
+    assert next(s.value for s in at.success).startswith(said)
+    assert at.session_state["oplog"].ops[-1] == logged
     engine: Engine = at.session_state["engine"]
     assert engine.requests["A"].num_tokens == 23 + 3
     assert work.state is None          # the work is over, the flag reset
-
-
-def test_a_stopped_grow_says_so_and_is_what_the_log_holds(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    at = torch_app(tmp_path, monkeypatch)
-    at.button(key="btn_add").click().run()
-    work: Work = at.session_state["work"]
-    # As if Stop were pressed while the third token was decoded.
-    monkeypatch.setattr(work, "should_go", lambda: (work.state is None
-                                                    or work.state.done < 3))
-    at.number_input(key="req_grow_n").set_value(10).run()
-    at.button(key="btn_grow").click().run()
-    assert not at.exception
-    assert next(s.value for s in at.success).startswith(
-        "Stopped after 3 of 10 tokens. Step 2: grow A +3")
-    assert at.session_state["oplog"].ops[-1] == {"op": "grow", "request": "A", "tokens": 3}
-    engine: Engine = at.session_state["engine"]
-    assert engine.requests["A"].num_tokens == 23 + 3
-    assert work.state is None
 
 
 def test_a_grows_bar_counts_tokens() -> None:

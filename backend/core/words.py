@@ -30,16 +30,18 @@ def percent(x: float) -> str:
     """A fraction as a percentage with one decimal, halves rounded up as a reader would:
     13/16 reads "81.3%", where Python's own formatting rounds an exact half to even
     ("81.2%", yet "18.8%" for 9/48)."""
-    shown = Decimal(repr(100 * x)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP)
-    return f"{shown}%"
+    return _tenths(Decimal(repr(100 * x)))
 
 
 def percent_of(part: int, whole: int) -> str:
     """`part` of `whole` as `percent` shows a fraction, computed exactly: 51/80 reads
     "63.8%", where the float 1 - 29/80 lands just under the half and reads "63.7%"."""
-    shown = (Decimal(100 * part) / Decimal(whole)).quantize(Decimal("0.1"),
-                                                             rounding=ROUND_HALF_UP)
-    return f"{shown}%"
+    return _tenths(Decimal(100 * part) / Decimal(whole))
+
+
+def _tenths(pct: Decimal) -> str:
+    """A percentage to one decimal, halves rounded up, followed by "%"."""
+    return f"{pct.quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)}%"
 
 
 def agrees(n: int, singular: str, plural: str) -> str:

@@ -239,8 +239,9 @@ def _restore_into(engine: Engine, top: FieldReader) -> FieldReader:
     m.events = _events(top, step, c.num_blocks, c.num_cpu_blocks, requests)
     # Every copy-on-write and every block a prefix hit shared is an event of its own,
     # and the log holds every event so far: the totals are its counts.
+    logged_by_kind: Counter[str] = Counter(e.kind for e in m.events)
     for total, kind in ((m.cow_copies, "cow"), (m.prefix_hit_blocks, "prefix_hit")):
-        logged = sum(1 for e in m.events if e.kind == kind)
+        logged = logged_by_kind[kind]
         if total != logged:
             raise PagedLabError(f"inconsistent snapshot: metrics.{_TOTAL_OF[kind]} is "
                                 f"{total:,} but the events hold {logged:,} {kind} events")
