@@ -303,11 +303,20 @@ def test_the_link_keeps_steps_applied_past_the_view() -> None:
     click(again, "tour_next")
     assert viewed_step(again) == 3 and run_of(again).taken == 3
     assert again.query_params == {"scenario": "03-growth", "step": "3"}
-    # A count that is no step of the scenario is ignored: the view's steps are taken.
+    # A count that is no step of the scenario is ignored, and the page says so: the
+    # view's steps are taken.
     for bad in ("99", "x", "-2"):
         odd = open_tour("03-growth", "2", applied=bad)
         assert not odd.error and viewed_step(odd) == 2 and run_of(odd).taken == 2, bad
+        assert [i.value for i in odd.info] == [
+            f"The link's applied {bad!r} is not a step of this scenario (0 to "
+            f"{run_of(odd).total}); it is ignored."], bad
         assert odd.query_params == {"scenario": "03-growth", "step": "2"}
+    # A count without a step is said to be ignored too (the scenario opens at step 0).
+    alone = open_tour("03-growth", applied="3")
+    assert not alone.error and viewed_step(alone) == 0 and run_of(alone).taken == 0
+    assert [i.value for i in alone.info] == [
+        "The link's applied '3' counts only beside a step; it is ignored."]
 
 
 @pytest.mark.parametrize("behind", [1, 2])

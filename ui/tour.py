@@ -251,6 +251,9 @@ def _apply_link() -> None:
     run = t.run
     assert run is not None
     if step is None:
+        if applied is not None:
+            say("info", f"The link's applied {_quoted(applied)} counts only beside a step; "
+                        "it is ignored.")
         return
     n = parse_step(step, run.total)
     if n is None:
@@ -261,6 +264,9 @@ def _apply_link() -> None:
     # Steps the link says were applied past the view are taken again (a reload after
     # stepping back keeps them); a count that is no step of the scenario is ignored.
     taken = parse_step(applied, run.total) if applied is not None else None
+    if applied is not None and taken is None:
+        say("info", f"The link's applied {_quoted(applied)} is not a step of this scenario "
+                    f"(0 to {run.total}); it is ignored.")
     t.view = min(n, run.run_to(max(n, taken or 0)))
 
 
