@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backend.io.cli import main
+from backend.io.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,6 +176,28 @@ def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -
                           "run [-h] [--out OUT]") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(("argv", "option"), [
+    (["run", "s.json", "--out", "a.json", "--out=b.json"], "--out"),
+    (["run", "s.json", "--kernel", "torch", "--kern", "torch"], "--kernel"),
+    (["run", "s.json", "--from", "a.json", "--from", "a.json"], "--from"),
+    (["simulate", "--workload", "alpaca", "--policy", "paged", "--policy", "max"], "--policy"),
+    (["simulate", "--max-num-seqs", "2", "--max_num_seqs", "3"],
+     "--max-num-seqs/--max_num_seqs"),
+])
+def test_an_option_given_twice_is_refused(argv: list[str], option: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse keeps the last value without a word; which file was written, or which
+    # policy ran, would then depend on the order of a long command line.
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: argument {option}: given twice; give it once; usage: "
+                          f"python -m backend {argv[0]} ") and err.count("\n") == 1
+    # A flag without a value may be repeated: it says the same thing twice.
+    assert build_parser().parse_args(["run", "s.json", "--check", "--check"]).check
+
+
 def test_a_snapshot_given_as_the_scenario_is_pointed_to_from(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "final.json"
@@ -241,6 +263,31 @@ def test_from_snapshot_round_trip_is_the_same_file(tmp_path: Path,
     a, b = json.loads(cont.read_text()), json.loads(whole.read_text())
     a.pop("kernel"), b.pop("kernel")
     assert a == b
+
+
+def test_from_names_the_snapshot_fields_it_did_not_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A host pool listed beside a recompute config, and a field of no meaning: the run
+    # goes on (fields may be added), and stderr says what was ignored.
+    first = tmp_path / "first.json"
+    assert run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", first,
+                   "--kernel", "torch")[0] == 0
+    snap = json.loads(first.read_text())
+    snap["cpu_blocks"] = []
+    snap["colour"] = "blue"
+    odd = write(tmp_path, snap, "odd.json")
+    empty = write(tmp_path, {"steps": []}, "empty.json")
+    again = tmp_path / "again.json"
+    code, err = run_cli(capsys, "run", empty, "--from", odd, "--out", again,
+                        "--kernel", "torch")
+    assert (code, err) == (0, "note: snapshot.cpu_blocks and snapshot.colour are not fields "
+                              "PagedLab reads; they were ignored\n")
+    assert again.read_text() == first.read_text()
+    # A failure stays one line: the notes are left out of it.
+    code, err = run_cli(capsys, "run", write(tmp_path, {"steps": [{"op": "finish",
+                                                                    "request": "Z"}]}, "z.json"),
+                        "--from", odd, "--kernel", "torch")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: step 1 (finish)")
 
 
 def test_from_refuses_an_inconsistent_snapshot(tmp_path: Path,
