@@ -142,6 +142,26 @@ def test_seed_slot_frames_cover_every_slot_per_stage() -> None:
                                                                     "[6, 7]"]
 
 
+def test_slot_strip_wraps_its_stage_labels_and_legend_on_a_narrow_screen() -> None:
+    # On a phone (390 px) a stage label on one line took half the chart from the slots,
+    # and the legend's second column ran off the screen.
+    ex = seed_example()
+    spec = charts.slot_strip(seed_views.seed_arena_slots(ex), "arena").to_dict()
+    test, _, pick = spec["layer"][0]["encoding"]["y"]["axis"]["labelExpr"].partition(" ? ")
+    table, _, otherwise = pick.partition("[datum.label] : ")
+    assert (test, otherwise) == (f"containerSize()[0] < {charts.NARROW_PX}", "datum.label")
+    lines = json.loads(table)
+    assert list(lines) == [stage.label for stage in ex.arena]
+    assert lines["3. D arrives (4 tokens, final length 5)"] == ["3. D arrives (4 tokens,",
+                                                                "final length 5)"]
+    assert lines["1. A, B and C arrive"] == ["1. A, B and C arrive"]
+    for label, wrapped in lines.items():
+        assert " ".join(wrapped) == label
+        assert all(len(line) <= charts.WRAP_CHARS + 1 for line in wrapped), wrapped
+    legend = spec["layer"][0]["encoding"]["color"]["legend"]
+    assert legend["columns"] == {"expr": f"containerSize()[0] < {charts.NARROW_PX} ? 1 : 2"}
+
+
 # ---- the map replay --------------------------------------------------------------------
 
 

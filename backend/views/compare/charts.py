@@ -9,7 +9,9 @@ fragmentation, dark red external fragmentation, pale free space.
 
 from __future__ import annotations
 
+import json
 import math
+import textwrap
 
 import altair as alt
 import pandas as pd
@@ -28,12 +30,38 @@ KIND_COLORS: list[str] = ["#1f4e8c", "#8fbce6", "#f0a04b", "#b2182b", "#e6e6e6"]
 BAND_PX = 34
 FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
+# Below this container width (a phone) a stage label is wrapped onto lines of at most
+# WRAP_CHARS characters (on one line it took half the chart from the slots), and a
+# legend takes one column (the second ran off the screen).
+NARROW_PX = 480
+WRAP_CHARS = 22
+
 
 def _kind_color(legend: bool = True) -> alt.Color:
     return alt.Color("kind:N", title="state",
                      scale=alt.Scale(domain=KIND_DOMAIN, range=KIND_COLORS),
-                     legend=alt.Legend(orient="bottom", columns=2, labelLimit=240)
+                     legend=alt.Legend(orient="bottom", labelLimit=240,
+                                       columns=alt.ExprRef(f"containerSize()[0] < {NARROW_PX} "
+                                                           "? 1 : 2"))
                      if legend else None)
+
+
+def _balanced(label: str) -> list[str]:
+    """`label` on as few lines as WRAP_CHARS allows, of even lengths: "3. D arrives (4
+    tokens," / "final length 5)", not a third line holding "5)"."""
+    count = max(1, math.ceil(len(label) / WRAP_CHARS))
+    for width in range(max(1, math.ceil(len(label) / count)), len(label) + 1):
+        lines = textwrap.wrap(label, width)
+        if len(lines) <= count:
+            return lines
+    return [label]
+
+
+def _wrapped_labels(labels: list[str]) -> str:
+    """A Vega expression for a banded axis' labels: each on one line, or wrapped (an array
+    of lines, which Vega draws one under another) when the chart's container is narrow."""
+    lines = {label: _balanced(label) for label in labels}
+    return f"containerSize()[0] < {NARROW_PX} ? {json.dumps(lines)}[datum.label] : datum.label"
 
 
 def slot_strip(df: pd.DataFrame, title: str, *, width: int = 520) -> alt.LayerChart:
@@ -41,7 +69,8 @@ def slot_strip(df: pd.DataFrame, title: str, *, width: int = 520) -> alt.LayerCh
     stages = list(dict.fromkeys(df["stage"]))
     base = alt.Chart(df).encode(
         x=alt.X("slot:O", title="slot", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("stage:N", sort=stages, title=None, axis=alt.Axis(labelLimit=260)),
+        y=alt.Y("stage:N", sort=stages, title=None,
+                axis=alt.Axis(labelLimit=260, labelExpr=_wrapped_labels(stages))),
     )
     tooltip = ["stage:N", "slot:O", "kind:N", "owner:N"]
     if "block" in df.columns:
