@@ -172,8 +172,10 @@ def _add_form() -> None:
                     placeholder="default",
                     help=f"1 to {MAX_PROMPT_TOKENS:,}. Blank: the sidebar's default.")
         c1, c2 = st.columns(2)
-        c1.text_input("Request id", key="add_id", placeholder="next free letter",
-                      persist_state="session", help=f"At most {MAX_ID_CHARS} characters.")
+        c1.text_input("Request id", key="add_id", placeholder="auto (e.g. A)",
+                      persist_state="session",
+                      help=f"At most {MAX_ID_CHARS} characters. Blank: the first free letter "
+                           "A to Z, then R27, R28, ….")
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
                       persist_state="session",
                       help="Physical blocks to hold the prompt, in order; each must be free.")
