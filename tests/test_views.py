@@ -184,6 +184,10 @@ def test_metric_items_match_the_allocator(shared: Engine) -> None:
     assert items["Running requests"] == "3" and items["Finished requests"] == "1"
     assert items["Used blocks"] == f"{m.allocator.used_blocks} / 32" == "8 / 32"
     assert items["Cached blocks"] == "3" and items["Free blocks"] == "21"
+    # Cached blocks are in the free queue too: the free count's help gives what can be taken.
+    helps = {m.label: m.help for m in views.metric_items(export_snapshot(shared))}
+    assert helps["Free blocks"].endswith(
+        "Blocks the free queue can hand out: 24 (free and cached).")
     assert items["Shared blocks"] == "5"
     assert items["Blocks saved by sharing"] == str(m.allocator.blocks_saved_by_sharing) == "10"
     assert items["Bytes saved by sharing"] == "20.0 KiB"          # 10 x 2048 bytes
@@ -540,7 +544,7 @@ def test_the_exported_grid_has_a_legend() -> None:
     svg = chart_svg(views.grid_chart(snap))
     texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
     legend = " ".join(texts)
-    for words in ("cached = free", "free", "shared by N tables", "filled slots"):
+    for words in ("cached = in the free queue", "free", "shared by N tables", "filled slots"):
         assert words in legend, (words, texts)
     for rid in ("C", "cached", "cache", "Cached!"):       # one swatch per running request
         assert rid in texts, (rid, texts)

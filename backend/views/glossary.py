@@ -37,9 +37,10 @@ EVENTS: dict[str, str] = {
 
 METRICS: dict[str, str] = {
     "used_blocks": "Blocks held by at least one block table (ref count ≥ 1).",
-    "free_blocks": "Empty blocks (ref count 0), not counting cached ones.",
-    "cached_blocks": "Free blocks that still hold a full block's K/V, reusable by a prefix hit "
-                     "until handed out again.",
+    "free_blocks": "Empty blocks (ref count 0, no K/V kept), not counting cached ones; used + "
+                   "cached + free is the pool.",
+    "cached_blocks": "Blocks in the free queue (ref count 0) that still hold a full block's "
+                     "K/V, reusable by a prefix hit until handed out again.",
     "filled_slots": "Token slots written in used blocks, each physical block counted once.",
     "internal_waste_slots": "Empty slots inside used blocks: the unfilled tail of each last "
                             "block (tail waste).",
@@ -74,7 +75,8 @@ REQUEST_FIELDS: dict[str, str] = {
 }
 
 BLOCK_FIELDS: dict[str, str] = {
-    "state": "used (in a table), cached (free, its K/V kept for a prefix hit) or free.",
+    "state": "used (in a table), cached (in the free queue, its K/V kept for a prefix hit) "
+             "or free.",
     "ref_count": "How many block tables hold this block.",
     "num_filled": "Token slots written in this block.",
     "hash": "The prefix hash of a full block: the key a later prompt's prefix is found by.",

@@ -32,7 +32,8 @@ EntryKind = Literal["owner", "cached", "free", "shared", "bar", "more"]
 # An exported legend lists at most this many requests (a pool may hold hundreds).
 MAX_EXPORT_OWNERS = 24
 MAX_EXPORT_ID_CHARS = 24
-CACHED_TEXT = f"{CACHED_LABEL} = free, its K/V kept for a prefix hit (dashed border)"
+CACHED_TEXT = (f"{CACHED_LABEL} = in the free queue with its K/V kept for a prefix hit "
+               "(dashed border)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -411,7 +411,9 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
                    METRICS["used_blocks"]),
         MetricItem("Blocks", "Cached blocks", str(m["cached_blocks"]),
                    METRICS["cached_blocks"]),
-        MetricItem("Blocks", "Free blocks", str(m["free_blocks"]), METRICS["free_blocks"]),
+        MetricItem("Blocks", "Free blocks", str(m["free_blocks"]),
+                   f"{METRICS['free_blocks']} Blocks the free queue can hand out: "
+                   f"{m['free_blocks'] + m['cached_blocks']} (free and cached)."),
         MetricItem("Blocks", "Block usage", percent(used / n if n else 0.0),
                    "Used blocks over all blocks."),
         MetricItem("Slots", "Slot occupancy", percent(occupancy),
