@@ -187,6 +187,9 @@ def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> Non
     at.selectbox(key="cmp_dep_trace").set_value("azure-code").run()
     d = dep.deployment("azure-code")
     assert dep_views.preset_sentence(d) in text(at)
+    # Before a replay: what it will run, and no time promised (it depends on the server).
+    assert (f"Press Replay the whole trace: four policies, {len(d.trace):,} requests each; a "
+            "bar shows their progress.") in [c.value for c in at.caption]
     at.button(key="cmp_dep_run").click().run()
     assert not at.exception and not at.error
     # (tests/test_traces.py checks the same replays against the backend directly.)

@@ -7,6 +7,7 @@ from typing import Any
 import streamlit as st
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.lab import deployment as dep
 from backend.lab.traces import MAX_TIME_SCALE
 from backend.views.compare import deployment as views
@@ -53,7 +54,11 @@ def deployment_section() -> None:
                                               "runs": runs}
     last: dict[str, Any] | None = st.session_state.get(DEPLOY_STATE)
     if last is None:
-        st.caption("Press Replay the whole trace (a few seconds per policy).")
+        # No time is promised: it depends on the server and its load (the bar shows
+        # progress, and the result says how long the replays took).
+        st.caption(f"Press Replay the whole trace: four policies, "
+                   f"{counted(len(d.trace), 'request')} each; a bar shows "
+                   "their progress.")
         return
     runs = last["runs"]
     results = [r.result for r in runs]

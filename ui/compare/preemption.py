@@ -63,8 +63,10 @@ def preemption_section() -> None:
     kept: tuple[int, list[PreemptionRun]] | None = st.session_state.get(STATE)
     if not kept or not kept[1]:
         if sizes:
+            # No time is promised: it depends on the server and its load (a bar shows
+            # the runs' progress, and the results say how long they took).
             st.caption(f"Press Run: {counted(len(sizes), 'block size')}, three engine runs "
-                       "each; about a second per block size on a CPU at 16 requests.")
+                       "each; a bar shows their progress.")
         return
     device = select_kernels("auto", "torch").device.type
     asked, runs = kept
