@@ -233,3 +233,25 @@ def test_a_beam_is_not_grown_or_forked_by_hand_and_a_full_pool_is_refused() -> N
     with pytest.raises(PagedLabError, match="need 7 blocks for their first tokens"):
         small.apply(parse_op({"op": "add", "request": "B", "prompt": PROMPT,
                               "beam_width": 5}))
+
+
+def test_new_beams_number_around_an_id_the_user_took() -> None:
+    # B.2 is the user's own request (an add after the beam search's): the search's third
+    # beam takes B.3, the next free number, and keeps the reference search's beams (it
+    # stopped the step half-way with "request 'B.2' already exists").
+    e = engine()
+    apply(e, {"op": "add", "request": "B", "prompt": PROMPT, "beam_width": 3,
+              "max_new_tokens": 5},
+          {"op": "add", "request": "B.2", "prompt": "xy", "max_new_tokens": 5})
+    prompt = list(e.requests["B.0"].tokens)
+    run_out(e)
+    mine = e.requests["B.2"]
+    assert mine.group is None and mine.parent is None and mine.tokens[:2] == list(b"xy")
+    members = [r.id for r in beams.group_members(e.requests, "B")]
+    assert "B.2" not in members and members[:3] == ["B.0", "B.1", "B.3"]
+    final, _ = beams.reference_search(e.model, prompt, 3, 5)
+    done = sorted(finished(e, "B"), key=lambda r: -(r.cum_logprob or 0.0))
+    assert_same_beams([(r.tokens, r.cum_logprob or 0.0) for r in done], final)
+    # The snapshot restores and says the same.
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    assert export_snapshot(restore_engine(snap, kernel="torch"))["requests"] == snap["requests"]

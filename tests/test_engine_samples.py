@@ -152,3 +152,38 @@ def test_a_first_sample_finished_before_its_prompt_ran_forks_nothing_and_restore
     run_out(twin)
     assert state(twin) == state(e)
     assert not any(r.startswith("Q.") and r != "Q.0" for r in e.requests)
+
+
+def test_an_id_kept_for_a_sample_still_to_be_forked_is_refused() -> None:
+    # A.0 waits with A.1 still to be forked: a request named A.1 made meanwhile would
+    # be overwritten (a fork) or stop the step half-way (an add) when A.0 is admitted.
+    e = engine(num_blocks=4)
+    apply(e, {"op": "add", "request": "Z", "prompt": "abcdefghijk"},
+          {"op": "add", "request": "A", "prompt": "hello", "n": 2})
+    assert e.requests["A.0"].pending_samples == 1
+    before = state(e)
+    for op, what in (({"op": "fork", "request": "Z", "child": "A.1"}, "child id"),
+                     ({"op": "add", "request": "A.1", "prompt": "xy"}, "id")):
+        with pytest.raises(PagedLabError) as exc:
+            apply(e, op)
+        assert str(exc.value) == (f"request id 'A.1' is kept for a parallel sample of 'A', "
+                                  f"forked from 'A.0' when its prompt is computed; pick "
+                                  f"another {what}")
+        assert state(e) == before
+    # Ids no sample takes stay free: A.2 (past n), A.01 (not a sample's spelling).
+    apply(e, {"op": "fork", "request": "Z", "child": "A.2"},
+          {"op": "add", "request": "A.01", "prompt": "xy"})
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    apply(e, {"op": "finish", "request": "Z"}, {"op": "finish", "request": "A.2"})
+    run_out(e)
+    assert [r for r in e.requests] == ["Z", "A.0", "A.2", "A.01", "A.1"]
+    assert e.requests["A.1"].group == "A" and e.requests["A.2"].parent == "Z"
+    # A snapshot holding such an id (no engine makes one) is refused by restore.
+    a2 = next(r for r in snap["requests"] if r["id"] == "A.2")
+    a2["id"] = "A.1"
+    snap["scheduler"]["running"] = ["A.1" if r == "A.2" else r
+                                    for r in snap["scheduler"]["running"]]
+    with pytest.raises(PagedLabError) as exc:
+        restore_engine(snap, kernel="torch")
+    assert str(exc.value) == ("snapshot.requests[2].id 'A.1' is kept for a pending sample "
+                              "of 'A.0'")

@@ -32,7 +32,7 @@ engine to it token for token and score for score.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -100,9 +100,16 @@ def keep_count(members: Sequence[Request]) -> int:
     return max(0, width - done)
 
 
-def next_index(members: Sequence[Request]) -> int:
-    """The number the group's next new beam takes (ID.k): one past the largest so far."""
-    return 1 + max(int(r.id.rsplit(".", 1)[1]) for r in members)
+def next_index(members: Sequence[Request], requests: Mapping[str, Request],
+               start: int | None = None) -> int:
+    """The number the group's next new beam takes (ID.k): the first from `start` (by
+    default one past the group's largest so far) that no request holds. A request the
+    user added or forked may have taken ID.k already: the beam numbers around it."""
+    index = 1 + max(int(r.id.rsplit(".", 1)[1]) for r in members) if start is None else start
+    group = members[0].group
+    while f"{group}.{index}" in requests:
+        index += 1
+    return index
 
 
 def run_round(engine: Engine, live: list[Request]) -> list[tuple[Request, int]]:
@@ -157,7 +164,7 @@ def run_round(engine: Engine, live: list[Request]) -> list[tuple[Request, int]]:
         return []
     # New beams (forks, and complete hypotheses beside a beam that goes on) are
     # numbered in score order.
-    index = next_index(members)
+    index = next_index(members, engine.requests)
     out: list[tuple[Request, int]] = []
     first = {exts[0] for _, exts in going}
     for ext in chosen:
@@ -172,8 +179,8 @@ def run_round(engine: Engine, live: list[Request]) -> list[tuple[Request, int]]:
                         parent.max_new_tokens, arrival=len(engine.requests),
                         parent=parent.id, group=parent.group,
                         beam_width=parent.beam_width, cum_logprob=ext.score)
-        index += 1
         engine.requests[child.id] = child
+        index = next_index(members, engine.requests, index + 1)
         if ext.token == eos:
             # A complete hypothesis: it never needs a slot.
             child.tokens.append(ext.token)

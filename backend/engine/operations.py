@@ -16,7 +16,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import agrees, counted
 from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Shuffle, check_request_id
 from backend.engine.prompts import prompt_ids
-from backend.engine.request import Request
+from backend.engine.request import Request, kept_for_sample
 
 if TYPE_CHECKING:
     from backend.engine.engine import Engine
@@ -35,6 +35,7 @@ def add(engine: Engine, op: Add) -> None:
     for rid in ids:
         if rid in engine.requests:
             raise PagedLabError(f"request {rid!r} already exists; pick another id")
+        _not_kept_for_a_sample(engine, rid, "id")
     if width is not None and any(r.group == group for r in engine.requests.values()):
         raise PagedLabError(f"group {group!r} already exists; pick another id")
     rid = ids[0]
@@ -79,6 +80,16 @@ def add(engine: Engine, op: Add) -> None:
         # First come, first served: a newcomer never overtakes a waiting request.
         if len(engine.waiting) == 1:
             engine.prefill(engine.scheduler.admit())
+
+
+def _not_kept_for_a_sample(engine: Engine, rid: str, what: str) -> None:
+    """Refuse a new request named like a parallel sample still to be forked: the fork
+    would find its id taken, half-way through a step."""
+    first = kept_for_sample(engine.requests, rid)
+    if first is not None:
+        raise PagedLabError(
+            f"request id {rid!r} is kept for a parallel sample of {first.group!r}, forked "
+            f"from {first.id!r} when its prompt is computed; pick another {what}")
 
 
 def _check_beam_search(engine: Engine, width: int, prompt_len: int,
@@ -169,6 +180,7 @@ def fork(engine: Engine, op: Fork) -> None:
     child_id = check_request_id(op.child, "child")
     if child_id in engine.requests:
         raise PagedLabError(f"request {child_id!r} already exists; pick another child id")
+    _not_kept_for_a_sample(engine, child_id, "child id")
     check_seq_slot(engine, f"fork {parent.id!r}")
     assert parent.logits is not None
     engine.manager.fork(parent.id, child_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,3 +90,21 @@ class Request:
     @property
     def reached_limit(self) -> bool:
         return self.remaining == 0
+
+
+def kept_for_sample(requests: Mapping[str, Request], rid: str) -> Request | None:
+    """The first sample (GROUP.0) whose pending fork will name a sample `rid`, if any.
+
+    `add` with n makes GROUP.0 at once and forks GROUP.1 .. GROUP.{n-1} from it when its
+    prompt is computed, which may be many operations later: until then those ids are
+    kept for the samples, and an `add` or `fork` naming one is refused.
+    """
+    group, dot, k = rid.rpartition(".")
+    # Plain ASCII digits as the samples are named ("A.01" or "A.¹" is no sample's id),
+    # short enough for int() (n is at most 64).
+    if not dot or not (k.isascii() and k.isdigit()) or len(k) > 3 or k != str(int(k)):
+        return None
+    first = requests.get(f"{group}.0")
+    if first is None or first.group != group or not 1 <= int(k) <= first.pending_samples:
+        return None
+    return first

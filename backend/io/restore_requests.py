@@ -14,7 +14,7 @@ from backend.core.config import MAX_NEW_TOKENS
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import check_request_id
-from backend.engine.request import FINISH_REASONS, Request
+from backend.engine.request import FINISH_REASONS, Request, kept_for_sample
 from backend.io.json_input import FieldReader
 from backend.io.restore_beams import beam_fields, check_beam_groups
 
@@ -130,6 +130,13 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
                                 uncomputed=len(tokens) - held, group=group,
                                 pending_samples=pending, beam_width=width, cum_logprob=cum)
         tables[rid] = table
+    for i, rid in enumerate(requests):
+        first = kept_for_sample(requests, rid)
+        if first is not None:
+            # The engine refuses such an id (the fork would find it taken); a snapshot
+            # holding one would break at the step that forks the samples.
+            raise PagedLabError(f"snapshot.requests[{i}].id {rid!r} is kept for a pending "
+                                f"sample of {first.id!r}")
     return requests, tables
 
 
