@@ -265,6 +265,16 @@ def test_from_snapshot_round_trip_is_the_same_file(tmp_path: Path,
     assert a == b
 
 
+def test_run_names_the_scenario_fields_it_did_not_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = write(tmp_path, dict(CONTRACT_EXAMPLE, descripton="typo", **{"a b": 1}))
+    out = tmp_path / "out.json"
+    code, err = run_cli(capsys, "run", odd, "--out", out, "--kernel", "torch")
+    assert (code, err) == (0, "note: scenario.descripton and scenario['a b'] are not fields "
+                              "PagedLab reads; they were ignored\n")
+    assert json.loads(out.read_text())["step"] == len(CONTRACT_EXAMPLE["steps"])
+
+
 def test_from_names_the_snapshot_fields_it_did_not_read(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A host pool listed beside a recompute config, and a field of no meaning: the run

@@ -460,6 +460,13 @@ def test_an_uploaded_scenario_of_no_steps_says_there_is_nothing_to_apply() -> No
     assert [s.value for s in at.success] == [
         "Loaded empty.json: “Just a pool”, 0 steps. It has no step to apply: the view shows "
         "its empty pool."]
+    # A top-level field no scenario has (a misspelt description) is named, not refused.
+    upload(at, "typo.json", json.dumps({"name": "Just a pool", "descripton": "x",
+                                        "steps": []}).encode())
+    assert [s.value for s in at.success] == [
+        "Loaded typo.json: “Just a pool”, 0 steps. It has no step to apply: the view shows "
+        "its empty pool. Note: scenario.descripton is not a field PagedLab reads; it was "
+        "ignored."]
     assert at.button(key="tour_next").disabled
 
 

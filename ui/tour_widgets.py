@@ -110,8 +110,9 @@ def _on_upload() -> None:
             # A file of no steps is a config to look at: there is nothing to apply.
             then = (" Press Next to apply the first." if scenario.steps else
                     " It has no step to apply: the view shows its empty pool.")
+            said = "".join(f" Note: {n}." for n in scenario.notes())
             say("success", f"Loaded {uploaded.name}: “{scenario.name}”, "
-                            f"{counted(len(scenario.steps), 'step')}.{then}")
+                            f"{counted(len(scenario.steps), 'step')}.{then}{said}")
 
 
 def _on_continue() -> None:

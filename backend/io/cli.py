@@ -156,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
             # A malformed step: apply the steps before it, so the state reported
             # is the one just before the failing step, as for a refused step.
             scenario, failure = exc.partial, exc
+        notes += scenario.notes()
         if engine is None:
             engine = Engine(scenario.config, device=args.device, kernel=args.kernel)
         else:
@@ -187,8 +188,9 @@ def _run(args: argparse.Namespace) -> int:
     # that joins the first problem in one line rather than adding a second.
     out_problem = _write_out(engine, args.out)
     if problem is None and out_problem is None:
-        # A field of the snapshot that restore did not read is named, not dropped
-        # without a word (a failure's one line leaves them out: it is what to mend).
+        # A field of the snapshot or the scenario that was not read is named, not
+        # dropped without a word (a failure's one line leaves them out: it is what to
+        # mend).
         for note in notes:
             _say("note", note)
         if args.check and not mismatches:

@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,7 @@ class FieldReader:
         out: list[str] = []
         for key, value in self.data.items():
             if key not in self.asked:
-                out.append(_path(self.where, key))
+                out.append(field_path(self.where, key))
                 continue
             # Only objects read as objects have readers: a list of token ids has none.
             inner = [value] if isinstance(value, dict) else (
@@ -229,13 +230,32 @@ class FieldReader:
 _KEY_SHOWN = 40
 
 
-def _path(where: str, key: str) -> str:
+def field_path(where: str, key: str) -> str:
     """`where.key`, or `where['key']` where the key is no identifier (a space, a dot,
     a control character), cut to _KEY_SHOWN characters."""
     if key.isidentifier() and key.isascii() and len(key) <= _KEY_SHOWN:
         return f"{where}.{key}"
     shown = key if len(key) <= _KEY_SHOWN else key[:_KEY_SHOWN] + "..."
     return f"{where}[{shown!r}]"
+
+
+# How many unread fields a note names; it counts the rest.
+NOTED_FIELDS = 5
+
+
+def unread_note(paths: Sequence[str]) -> list[str]:
+    """The note for fields a reader ignored: at most one sentence, without its final
+    full stop (shown as "Note: ...." or "note: ..."), naming the first NOTED_FIELDS
+    paths and counting the rest."""
+    if not paths:
+        return []
+    if len(paths) == 1:
+        return [f"{paths[0]} is not a field PagedLab reads; it was ignored"]
+    named = list(paths[:NOTED_FIELDS])
+    more = len(paths) - len(named)
+    listed = (", ".join(named) + f" and {more:,} more" if more
+              else ", ".join(named[:-1]) + f" and {named[-1]}")
+    return [f"{listed} are not fields PagedLab reads; they were ignored"]
 
 
 def non_negative(r: FieldReader, key: str, *, optional: bool = False) -> int:

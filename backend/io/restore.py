@@ -27,7 +27,7 @@ from backend.core.words import agrees, counted
 from backend.engine.engine import Engine
 from backend.engine.request import Request
 from backend.engine.results import KernelReport
-from backend.io.json_input import FieldReader, listed_by_id, non_negative
+from backend.io.json_input import FieldReader, listed_by_id, non_negative, unread_note
 from backend.io.recompute import Progress, recompute_kv
 from backend.io.restore_host import restore_host
 from backend.io.restore_requests import read_requests, read_scheduler
@@ -83,8 +83,6 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
 # the engine is collected (engines that read every field are not listed).
 _UNREAD: weakref.WeakKeyDictionary[Engine, tuple[str, ...]] = weakref.WeakKeyDictionary()
 _UNREAD_LOCK = threading.Lock()
-# How many unread fields a note names; it counts the rest.
-NOTED_FIELDS = 5
 
 
 def unread_fields(engine: Engine) -> tuple[str, ...]:
@@ -99,16 +97,7 @@ def restore_notes(engine: Engine) -> list[str]:
     """What the user who restored `engine` should be told besides the state: at most one
     sentence, without its final full stop (shown as "Note: ...."), naming the fields
     restore ignored (`unread_fields`, the first NOTED_FIELDS of them, the rest counted)."""
-    paths = unread_fields(engine)
-    if not paths:
-        return []
-    if len(paths) == 1:
-        return [f"{paths[0]} is not a field PagedLab reads; it was ignored"]
-    named = list(paths[:NOTED_FIELDS])
-    more = len(paths) - len(named)
-    listed = (", ".join(named) + f" and {more:,} more" if more
-              else ", ".join(named[:-1]) + f" and {named[-1]}")
-    return [f"{listed} are not fields PagedLab reads; they were ignored"]
+    return unread_note(unread_fields(engine))
 
 
 def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:

@@ -35,7 +35,13 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Op, Step, parse_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
-from backend.io.json_input import decode_json, file_kind, read_bounded
+from backend.io.json_input import (
+    decode_json,
+    field_path,
+    file_kind,
+    read_bounded,
+    unread_note,
+)
 
 MAX_SCENARIO_BYTES = 4 << 20
 # A snapshot file named on the command line (uploads in the app have a smaller bound,
@@ -45,6 +51,11 @@ MAX_STEPS = 10_000
 # A name is a title: the app shows it as a heading and in messages. (A description or
 # narration is prose, bounded by the file's size.)
 MAX_NAME_CHARS = 200
+# The top-level fields a scenario's reader knows. Others are not refused (the contract
+# lets fields be added; another tool may keep its own there) but named, so that a
+# misspelt "descripton" is not lost without a word. (In `config` and in a step an
+# unknown field is refused: it would change the run.)
+TOP_FIELDS = ("name", "description", "config", "contiguous", "steps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +73,13 @@ class Scenario:
     config_fields: frozenset[str]   # the config keys the file actually set
     steps: tuple[ScenarioStep, ...]
     contiguous: ContiguousSpec | None = None
+    # Top-level fields the reader does not know, in the file's order (see TOP_FIELDS).
+    unread: tuple[str, ...] = ()
+
+    def notes(self) -> list[str]:
+        """What the reader should be told besides the steps: at most one sentence,
+        without its full stop, naming the top-level fields that were ignored."""
+        return unread_note([field_path("scenario", key) for key in self.unread])
 
     def mirror(self) -> ContiguousMirror | None:
         """A fresh contiguous arena to run beside this scenario's engine, if it names one."""
@@ -141,8 +159,9 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
                                tuple(steps), contiguous)
             raise ScenarioError(str(exc), i, label, partial) from None
         steps.append(ScenarioStep(op, narration, expect))
+    unread = tuple(key for key in data if key not in TOP_FIELDS)
     return Scenario(name, description, config, frozenset(raw_config or {}), tuple(steps),
-                    contiguous)
+                    contiguous, unread)
 
 
 def _check_texts(value: Any, where: str) -> None:
