@@ -338,6 +338,23 @@ def test_check_flag_compares_narrated_numbers(tmp_path: Path,
     assert err == "mismatch: step 2 (grow): metrics.used_blocks: expected 5, got 4\n"
 
 
+def test_check_from_a_snapshot_numbers_mismatches_as_errors_are(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # From a snapshot at step 6, a mismatch and a refusal both name the scenario's own
+    # step (a mismatch had said "step 7", the engine's count).
+    first = tmp_path / "first.json"
+    assert run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", first,
+                   "--kernel", "torch")[0] == 0
+    tail = {"steps": [{"op": "add", "request": "B", "prompt": "xy",
+                       "expect": {"requests.B.num_tokens": 3}},
+                      {"op": "grow", "request": "Z"}]}
+    code, err = run_cli(capsys, "run", write(tmp_path, tail, "tail.json"), "--from", first,
+                        "--check", "--kernel", "torch")
+    assert code == 2
+    assert err == ("mismatch: step 1 (add): requests.B.num_tokens: expected 3, got 2\n"
+                   "error: step 2 (grow): request 'Z' does not exist\n")
+
+
 def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     scenario = write(tmp_path, {"steps": [{"op": "finish", "request": "ghost"}]})
     proc = subprocess.run([sys.executable, "-m", "backend", "run", str(scenario), "--kernel",

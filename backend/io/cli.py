@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
             if args.check and step.expect:
                 for line in check_expectations(step.expect, export_snapshot(engine), engine,
                                                result, mirror):
-                    _say("mismatch", f"step {result.step} ({step.op.op}): {line}")
+                    _say("mismatch", f"step {i} ({step.op.op}): {line}")
                     mismatches += 1
                 checked += len(step.expect)
         if failure is not None:
