@@ -49,6 +49,9 @@ def test_the_status_line_tells_dropped_beams_from_finished_ones() -> None:
             if verb == "dropped":
                 dropped += 1
                 assert {reasons[i] for i in ids.split(", ")} == {"dropped"}, frame.summary
+                # Listed by number: B.7 before B.11 (a round drops them in score order).
+                numbers = [int(i.rsplit(".", 1)[1]) for i in ids.split(", ")]
+                assert numbers == sorted(numbers), frame.summary
             elif verb == "finished":
                 finished += 1
                 assert "dropped" not in {reasons[i] for i in ids.split(", ")}, frame.summary

@@ -343,6 +343,14 @@ def op_from(data: dict[str, Any]) -> Op:
     return parse_op(data)
 
 
+def _numbered(rid: str) -> tuple[str, int, str]:
+    """Sort key of an id by its trailing number where it has one: B.7 before B.11."""
+    head, dot, k = rid.rpartition(".")
+    if dot and k.isascii() and k.isdigit() and len(k) <= 9:
+        return (head, int(k), rid)
+    return (rid, -1, rid)
+
+
 def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
     """One line saying what an applied operation did, for the page's status line.
 
@@ -357,7 +365,10 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
     if result.preempted:
         parts.append("preempted " + ", ".join(result.preempted))
     reasons = {r["id"]: r["finish_reason"] for r in snapshot["requests"]}
-    dropped = [rid for rid in result.finished if reasons.get(rid) == "dropped"]
+    # A round drops beams in score order; listed by number they read as a set
+    # ("B.7, B.11", not "B.11, B.7").
+    dropped = sorted((rid for rid in result.finished if reasons.get(rid) == "dropped"),
+                     key=_numbered)
     finished = [rid for rid in result.finished if reasons.get(rid) != "dropped"]
     if finished:
         parts.append("finished " + ", ".join(finished))
