@@ -14,6 +14,7 @@ from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import MIB, KVBudget
 from backend.sessions.tour import TourRun, check_rows, parse_scenario_upload, shipped_scenario
 from backend.views import tour as tv
+from backend.views.model import metric_items
 
 
 def test_frames_keep_every_state_and_the_engine_only_moves_forward() -> None:
@@ -56,6 +57,14 @@ def test_the_status_line_tells_dropped_beams_from_finished_ones() -> None:
                 finished += 1
                 assert "dropped" not in {reasons[i] for i in ids.split(", ")}, frame.summary
     assert dropped and finished
+    # The metrics panel says how many of its finished requests are dropped beams.
+    snap = run.frame(run.total).snapshot
+    items = {m.label: m for m in metric_items(snap)}
+    reasons = [r["finish_reason"] for r in snap["requests"]]
+    gone = reasons.count("dropped")
+    assert items["Finished requests"].value == str(len(reasons)) and 1 < gone < len(reasons)
+    assert items["Finished requests"].help.endswith(
+        f" Of them, {gone} are beams a beam search dropped.")
 
 
 def test_checks_show_what_the_engine_shows_and_flag_mismatches() -> None:

@@ -397,6 +397,12 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
     q_tokens = m.get("prefix_query_tokens", 0)
     hit_tokens = m.get("prefix_hit_tokens", m["prefix_hit_blocks"] * bs)
     floor = m.get("prefix_floor_tokens", 0)
+    # A beam search finishes every beam it forked: one request of width 4 may end as 17
+    # finished requests, most of them dropped.
+    dropped = sum(r.get("finish_reason") == "dropped" for r in snap["requests"])
+    finished_help = "Requests that finished and released their blocks." + (
+        f" Of them, {counted(dropped, 'is a beam', 'are beams')} a beam search dropped."
+        if dropped else "")
 
     return [
         MetricItem("Requests", "Running requests", str(status.count("running")),
@@ -404,7 +410,7 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
         MetricItem("Requests", "Waiting requests", str(status.count("waiting")),
                    "Requests queued for room in the pool (new or preempted)."),
         MetricItem("Requests", "Finished requests", str(status.count("finished")),
-                   "Requests that finished and released their blocks."),
+                   finished_help),
         MetricItem("Requests", "Preemptions", str(m["preemptions"]),
                    METRICS["preemptions"]),
         MetricItem("Blocks", "Used blocks", f"{used} / {n}",
