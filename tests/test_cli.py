@@ -355,6 +355,30 @@ def test_check_from_a_snapshot_numbers_mismatches_as_errors_are(
                    "error: step 2 (grow): request 'Z' does not exist\n")
 
 
+def test_an_operation_stopped_half_way_is_one_line_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bug (or the machine running out of memory) mid-operation: the engine is then in
+    # a state no operations produce, so nothing is written to --out.
+    from backend.engine import operations
+
+    def broken_shuffle(*_: Any) -> None:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(operations, "shuffle", broken_shuffle)
+    out = tmp_path / "out.json"
+    code, err = run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", out,
+                        "--kernel", "torch")
+    assert code == 70 and not out.exists()
+    assert err == ("error: step 6 (shuffle): PagedLab stopped half-way through it "
+                   "(RuntimeError: out of memory); a failure of PagedLab or of the machine, "
+                   "not of the file; --out was not written\n")
+    # Asked for, the traceback is not hidden.
+    monkeypatch.setenv("PAGEDLAB_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        main(["run", str(write(tmp_path, CONTRACT_EXAMPLE)), "--kernel", "torch"])
+
+
 def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     scenario = write(tmp_path, {"steps": [{"op": "finish", "request": "ghost"}]})
     proc = subprocess.run([sys.executable, "-m", "backend", "run", str(scenario), "--kernel",

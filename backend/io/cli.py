@@ -15,6 +15,7 @@ a mismatch. Never a traceback for bad input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,9 @@ from backend.io.scenario import (
     run_steps,
 )
 from backend.io.snapshot import export_snapshot, write_snapshot
+
+# An operation stopped half-way (BSD's EX_SOFTWARE): not bad input, which exits 2.
+EXIT_INTERNAL = 70
 
 
 class _Once(argparse.Action):
@@ -184,6 +188,18 @@ def _run(args: argparse.Namespace) -> int:
         problem = str(exc)
     except OSError as exc:  # a file could not be read or written
         problem = f"cannot use {exc.filename or 'a file'}: {exc.strerror}"
+    except Exception as exc:
+        if engine is None or engine.broken is None:
+            raise
+        # An operation stopped half-way (a bug in PagedLab, or the machine ran out of
+        # memory): one line, not a traceback, and no --out, since the state is one no
+        # sequence of operations produces. PAGEDLAB_DEBUG=1 shows the traceback.
+        if os.environ.get("PAGEDLAB_DEBUG") == "1":
+            raise
+        _say("error", f"step {ran + 1} ({scenario.steps[ran].op.op}): PagedLab stopped "
+                      f"half-way through it ({exc.__class__.__name__}: {exc}); a failure of "
+                      "PagedLab or of the machine, not of the file; --out was not written")
+        return EXIT_INTERNAL
     # --out receives the last good state whatever went wrong; when it cannot,
     # that joins the first problem in one line rather than adding a second.
     out_problem = _write_out(engine, args.out)
