@@ -101,6 +101,30 @@ def test_a_refused_step_stops_the_run_with_the_cli_message() -> None:
     assert run.next_label(1) == "grow B +1"
 
 
+def test_a_step_that_stops_half_way_ends_the_run_at_the_step_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bug, or the server out of memory, in the middle of an operation: the page says
+    # so and draws the step before (no generic "An error occurred" box).
+    from backend.engine import operations
+
+    def broken_shuffle(*_: object) -> None:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(operations, "shuffle", broken_shuffle)
+    sc = parse_scenario({"config": {"num_blocks": 64}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "shuffle", "seed": 1},
+        {"op": "finish", "request": "A"}]})
+    run = TourRun(sc, "upload", "mine", kernel="torch")
+    assert run.run_to(3) == 1
+    assert run.error is None and run.stopped == (
+        "Step 2, shuffle (seed 1), stopped half-way (RuntimeError: out of memory): a "
+        "failure of PagedLab or of the server, not of the scenario. The run ends at step 1; "
+        "Reset starts it again.")
+    assert not run.can_advance and not run.engine_at_newest
+    assert run.frames[-1].snapshot["step"] == 1
+
+
 def test_a_step_past_the_time_limit_stops_between_iterations_and_ends_the_run() -> None:
     # An uploaded file may ask for 100,000 iterations: the page must not hold a core of the
     # shared server that long. A limit of 0 s stops the step after its first iteration.

@@ -256,8 +256,9 @@ def narration(run: TourRun, frame: Frame) -> None:
             st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, was refused: the run "
                        "ends here.")
         elif upcoming is not None and run.stopped is not None and frame.step == run.taken:
-            st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, ran out of time: the "
-                       "run ends here.")
+            # At the time limit, or half-way by a failure: the warning above says which.
+            st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, was stopped: the run "
+                       "ends here.")
         elif upcoming is not None:
             st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}.")
         elif frame.step == run.total:

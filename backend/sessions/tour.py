@@ -296,6 +296,17 @@ class TourRun:
         except ScenarioError as exc:
             self.error = str(exc)
             return None
+        except Exception as exc:
+            if self.engine.broken is None:
+                raise
+            # It stopped half-way (a bug, or the server out of memory): the engine holds
+            # a state no operations produce, so the run ends at the step before, as at
+            # the time limit, and the page draws that frame without it.
+            self.stopped = (f"Step {i}, {describe_op(step.op)}, stopped half-way "
+                            f"({type(exc).__name__}: {exc}): a failure of PagedLab or of "
+                            f"the server, not of the scenario. The run ends at step {i - 1}; "
+                            "Reset starts it again.")
+            return None
         if result.op != step.op:
             # Only a `step` or a `grow` stops part-way, and only here, at the limit.
             if isinstance(result.op, Step) and isinstance(step.op, Step):
