@@ -148,16 +148,19 @@ def test_reload_link_copy_and_a_killed_server_keep_the_session(
         assert session_id(page) == sid and filled(page) == before
         shoot(page, screenshots, "01-reloaded")
 
-        # The link in another browser: a copy, with a new id, the same state.
+        # The link in another browser: a copy, the same state, saved under a new id from
+        # its first operation (until then the address names the link's session).
         other = new_page(browser)
         other.goto(page.url)
         status(other, "This link is another browser's session")
         settled(other)
-        copy_id = session_id(other)
-        assert copy_id != sid and filled(other) == before
+        assert session_id(other) == sid and filled(other) == before
         other.get_by_role("button", name="Step", exact=True).click()
         status(other, "Step 3: step")
         settled(other)
+        expect(other).not_to_have_url(re.compile(rf"session={sid}$"), timeout=T)
+        copy_id = session_id(other)
+        assert copy_id != sid
         shoot(other, screenshots, "02-copy-in-another-browser")
 
         # Killed and restarted, with the page left open: it reconnects as a new server

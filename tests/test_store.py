@@ -202,10 +202,14 @@ def test_the_same_browser_resumes_another_browser_copies(tmp_path: Path) -> None
     assert opened is not None and not opened.copied and mine.id == sid
     theirs = Tab(store, THEM)
     copied = open_saved(theirs, sid, "o3", budget=BUDGET)
-    assert copied is not None and copied.copied and theirs.id not in (None, sid)
+    assert copied is not None and copied.copied
     assert export_snapshot(copied.live.engine) == export_snapshot(live.engine)
+    # Opening writes nothing (a class opening one link pushes no session past the
+    # store's limits): the address keeps the link's id until the first save.
+    assert (theirs.id, theirs.shown_id) == (None, sid) and store.recent(THEM) == []
     # The copy is theirs: working on it leaves the original alone.
     _apply(copied.live, Step(2), theirs)
+    assert theirs.id not in (None, sid) and theirs.shown_id == theirs.id
     original = store.load(sid)
     assert original is not None and original.snapshot["step"] == 6
     copy = store.load(theirs.id or "")
@@ -441,3 +445,67 @@ def test_many_threads_save_their_sessions_at_once(tmp_path: Path) -> None:
         assert stored is not None and stored.owned_by(tab.browser)
         assert stored.snapshot == export_snapshot(live.engine)
         assert stored.ops == live.oplog.ops and len(stored.ops) == rounds + 1
+
+
+# ---- another process holding the database ------------------------------------------------
+
+def test_reads_do_not_wait_behind_a_save_and_a_save_gives_up_on_a_held_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import backend.sessions.store as store_module
+
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.2)
+    store, tab, live = _saved(tmp_path)
+    assert tab.id is not None
+    other = sqlite3.connect(store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")      # another process holds the write lock
+    try:
+        # A save waits at most BUSY_TIMEOUT_S, then fails with a message; the tab's
+        # state is kept and its next save writes it whole.
+        note = _apply(live, Step(1), tab)
+        assert note == f"Not saved after step {live.engine.step}: the session store failed: " \
+                       "database is locked."
+        assert not tab.synced
+        # While a save holds the writing connection (here: its lock, taken as a save
+        # waiting on SQLite holds it), reads still answer: the list and a load.
+        found: list[Any] = []
+        with store._lock:
+            reader = threading.Thread(target=lambda: found.extend(
+                [store.recent(ME), store.load(tab.id or "")]))
+            reader.start()
+            reader.join(timeout=120)
+            assert not reader.is_alive()
+        assert [s.id for s in found[0]] == [tab.id] and found[1] is not None
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert _apply(live, Step(1), tab) is None and tab.synced
+    stored = store.load(tab.id)
+    assert stored is not None and stored.snapshot == export_snapshot(live.engine)
+
+
+def test_a_session_read_while_the_store_is_locked_opens_and_is_taken_over_at_its_next_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import backend.sessions.store as store_module
+
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.2)
+    store, tab, live = _saved(tmp_path)
+    sid = tab.id or ""
+    other = sqlite3.connect(store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        # A reload: the row reads (WAL readers do not wait), but taking it over cannot
+        # be written; the session still opens, under its own id.
+        again = Tab(store, ME)
+        opened = open_saved(again, sid, "o2", budget=BUDGET)
+        assert opened is not None and not opened.copied
+        assert (again.id, again.shown_id, again.claim_pending) == (sid, sid, True)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    # Its next save takes the row first, then writes the operation (not a copy).
+    assert _apply(opened.live, Step(1), again) is None
+    assert again.id == sid and not again.claim_pending
+    stored = store.load(sid)
+    assert stored is not None and stored.snapshot == export_snapshot(opened.live.engine)
+    # The tab that held it before finds it taken, and goes on as a copy.
+    assert _apply(live, Step(1), tab) == COPY_NOTE and tab.id != sid

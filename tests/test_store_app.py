@@ -161,9 +161,11 @@ def test_another_browser_gets_a_copy(browser: dict[str, str | None], data_dir: P
     browser["cookie"] = THEIRS
     other = open_app(session_id)
     assert "another browser's session: you are working on a copy" in texts(other.info)
-    copy_id = sid(other)
-    assert copy_id != session_id and state(other) == state(first)
+    # Nothing is written until they act: the address still names the link's session.
+    assert sid(other) == session_id and state(other) == state(first)
     other.button(key="btn_step").click().run()
+    copy_id = sid(other)
+    assert copy_id != session_id
     # The original is untouched; the copy is saved under its own id.
     browser["cookie"] = MINE
     mine = open_app(session_id)
@@ -171,9 +173,12 @@ def test_another_browser_gets_a_copy(browser: dict[str, str | None], data_dir: P
     browser["cookie"] = THEIRS
     theirs = open_app(copy_id)
     assert sid(theirs) == copy_id and engine(theirs).step == 5
-    # A browser without the cookie yet is another browser too.
+    # A browser without the cookie yet is another browser too: a copy, saved anew.
     browser["cookie"] = None
-    assert sid(open_app(session_id)) not in (session_id, copy_id)
+    fresh = open_app(session_id)
+    assert "another browser's session: you are working on a copy" in texts(fresh.info)
+    fresh.button(key="btn_step").click().run()
+    assert sid(fresh) not in (session_id, copy_id)
 
 
 def test_a_second_tab_takes_the_session_and_the_first_goes_on_as_a_copy(
@@ -320,3 +325,12 @@ def test_a_store_that_cannot_be_opened_leaves_the_app_working_unsaved(
     assert "Sessions are not saved on this server" in texts(at.warning)
     at.button(key="btn_add").click().run()
     assert not at.exception and engine(at).step == 1 and "session" not in at.query_params
+    # A link to a session is not called expired or deleted: the store is what is
+    # missing, and the address keeps naming the session so a reload tries again.
+    wanted = new_id()
+    linked = open_app(wanted)
+    assert texts(linked.error) == (
+        f"Saved session {wanted[:8]}… could not be opened: sessions are not saved on this "
+        "server just now (the note at the top says why). The address still names it: reload "
+        "once that is mended. This is a new session.")
+    assert sid(linked) == wanted

@@ -18,6 +18,7 @@ from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.sessions import saved
 from backend.sessions.progress import Work
+from backend.sessions.rows import StoreUnavailableError
 from ui import engine_actions, progress, session, store
 from ui.progress import Shown
 
@@ -54,18 +55,35 @@ def _open(sess: session.OpSession, sid: str) -> tuple[saved.Opened | str, Shown]
     progress.Queued).
     """
     q = sess.queued
+    tab = sess.tab
     with progress.restoring(f"Opening saved session {store.short(sid)}: restoring its "
                             "state, K/V recomputed from the tokens") as (shown, moved):
         try:
-            opened = saved.open_saved(sess.tab, sid, sess.owner, replacing=sess.engine,
+            opened = saved.open_saved(tab, sid, sess.owner, replacing=sess.engine,
                                       progress=moved)
+        except StoreUnavailableError as exc:
+            # A passing problem of the store, not of the session: the address keeps
+            # its id, so that a reload tries again.
+            opened = None
+            tab.address = sid if tab.id is None else None
+            problem = (f"Saved session {store.short(sid)} could not be opened just now: "
+                       f"{exc}. It is left as it was, and the address still names it: "
+                       "reload to try again.")
         except PagedLabError as exc:
             opened = None
             problem = (f"Saved session {store.short(sid)} could not be opened: {exc}. It is "
                        "left as it was.")
         else:
-            problem = (f"No saved session {store.short(sid)}: it may have expired or been "
-                       "deleted." if opened is None else "")
+            if opened is None and tab.store is None:
+                tab.address = sid if tab.id is None else None
+                problem = (f"Saved session {store.short(sid)} could not be opened: sessions "
+                           "are not saved on this server just now (the note at the top says "
+                           "why). The address still names it: reload once that is mended.")
+            elif opened is None:
+                problem = (f"No saved session {store.short(sid)}: it may have expired or "
+                           "been deleted.")
+            else:
+                problem = ""
         if opened is not None:
             engine_actions.install(opened.live, sess)
             engine_actions.set_fields(opened.live.settings, q)
@@ -78,8 +96,9 @@ def _say_opened(sess: session.OpSession, opened: saved.Opened, how: str) -> None
     notes = "".join(f" Note: {n}." for n in opened.notes)
     if opened.copied:
         sess.flash("info", f"This link is another browser's session: you are working on a "
-                           f"copy of it ({_describe(engine)}) under a new address; the "
-                           f"original is unchanged.{notes}")
+                           f"copy of it ({_describe(engine)}), saved under a new address "
+                           f"from your first operation on; the original is unchanged."
+                           f"{notes}")
     else:
         sess.flash("success", f"{how}: {_describe(engine)}, K/V recomputed from the "
                               f"tokens.{notes}")

@@ -366,7 +366,8 @@ class OpSession:
 
     def detach(self) -> None:
         """The next save starts a new row under a new id; the current row stays, listed."""
-        self.tab.id, self.tab.synced = None, False
+        tab = self.tab
+        tab.id, tab.synced, tab.address, tab.claim_pending = None, False, None, False
         self.queued.put(store.NOTE, None)
 
     def flash(self, kind: FlashKind, text: str) -> None:

@@ -129,12 +129,14 @@ def short(sid: str) -> str:
 
 
 def write_address() -> None:
-    """The Playground's address names this tab's session, once it has one."""
+    """The Playground's address names this tab's session, once it has one (or the
+    session it copies, or could not open for a passing reason: `Tab.address`)."""
     tab = get_tab()
     params = st.query_params
-    if tab.id is not None:
-        if params.get(PARAM) != tab.id:
-            params[PARAM] = tab.id
+    shown = tab.shown_id
+    if shown is not None:
+        if params.get(PARAM) != shown or len(params.get_all(PARAM)) > 1:
+            params[PARAM] = shown
     elif PARAM in params:
         # A refused or unknown id: the address must not go on naming it.
         del params[PARAM]

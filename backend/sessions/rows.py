@@ -32,6 +32,11 @@ class StoreError(PagedLabError):
     """The store cannot be opened, or a row cannot be read back as a session."""
 
 
+class StoreUnavailableError(StoreError):
+    """The database failed a query (locked by another process past the wait, read-only,
+    damaged): a passing or server-side problem, not one of the row asked for."""
+
+
 class TooLargeError(StoreError):
     """A session's state is over the size a row may hold: it is not written."""
 

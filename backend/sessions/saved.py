@@ -6,8 +6,10 @@ The rules (ui/store.py is the Streamlit side; the store is backend/sessions/stor
   visitor who never acts leaves nothing behind.
 - Whose a row is: each browser keeps a random secret (a cookie) and a row
   stores its SHA-256. Opening a row of the same browser resumes it; any other
-  browser's opens a *copy* (a new id, the same state), so a shared link never
-  lets two people drive one engine.
+  browser's opens a *copy* (the same state), so a shared link never lets two
+  people drive one engine. The copy gets its row, under a new id, at its first
+  save, like any new session: a class opening one link writes nothing, and so
+  pushes no session (the original least of all) past the store's limits.
 - One tab writes a row: the last to open it (`holder`). A tab whose row was
   opened by another tab meanwhile (a second tab on the same link) finds out on
   its next save, and goes on as a copy under a new id, with a message.
@@ -46,6 +48,7 @@ from backend.sessions.rows import (
     StoredSession,
     StoreError,
     StoreLimits,
+    StoreUnavailableError,
     TooLargeError,
     make_full,
     make_head,
@@ -81,6 +84,18 @@ class Tab:
     holder: str = field(default_factory=new_id)
     id: str | None = None
     synced: bool = False           # the row holds everything up to the last operation
+    # While `id` is None, the id the address keeps naming: another browser's session
+    # opened as a copy not saved yet, or one that could not be opened for a passing
+    # reason (the store locked or unavailable), so that a reload opens it again.
+    address: str | None = None
+    # The row is this tab's, but taking it over (`SessionStore.claim`) failed for a
+    # passing reason: the next save takes it first.
+    claim_pending: bool = False
+
+    @property
+    def shown_id(self) -> str | None:
+        """The session id the page's address should hold."""
+        return self.id if self.id is not None else self.address
 
 
 def settings_json(settings: Settings) -> dict[str, Any]:
@@ -236,13 +251,17 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
     live, notes = resume(stored, owner, replacing=replacing, budget=budget, progress=progress)
     copied = not stored.owned_by(tab.browser)
     if copied:
-        copy = new_id()
-        store.create(copy, tab.browser, tab.holder, _full(live, stored.snapshot, store.limits))
-        tab.id = copy
+        # Its row comes with its first save (see the module doc).
+        tab.id, tab.synced, tab.address, tab.claim_pending = None, False, sid, False
     else:
-        store.claim(sid, tab.holder)
-        tab.id = sid
-    tab.synced = True
+        try:
+            store.claim(sid, tab.holder)
+            claimed = True
+        except StoreUnavailableError:
+            # Read and restored, but not taken over (the store locked meanwhile): the
+            # session opens, and its next save takes the row first.
+            claimed = False
+        tab.id, tab.synced, tab.address, tab.claim_pending = sid, True, None, not claimed
     return Opened(live, copied, notes)
 
 
@@ -272,8 +291,11 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
         if tab.id is None:
             sid = new_id()
             store.create(sid, tab.browser, tab.holder, _full(live, snapshot, store.limits))
-            tab.id, tab.synced = sid, True
+            tab.id, tab.synced, tab.address = sid, True, None
             return None
+        if tab.claim_pending:
+            store.claim(tab.id, tab.holder)
+            tab.claim_pending = False
         outcome = Write.MISSING
         if tab.synced and not whole:
             head = make_head(settings_json(live.settings), snapshot, label_of(snapshot),

@@ -26,8 +26,12 @@ PAGEDLAB_SESSION_TTL_DAYS (14) days a row may go unused, PAGEDLAB_STORE_MAX_MIB
 written never does.
 
 What a row holds, and the shape check of what is read back, are
-backend/sessions/rows.py's. Every query is parameterised. Thread-safe: one
-connection, one lock.
+backend/sessions/rows.py's. Every query is parameterised. Thread-safe: a
+writing connection and a reading one, each behind its own lock, so that a
+save waiting for SQLite's write lock (another process holding it) never holds
+up a read, such as a new visitor's list of sessions; and a save waits for
+that lock at most BUSY_TIMEOUT_S, then fails with a message (the next save
+writes the session whole) rather than hold up every session's saves behind it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from backend.sessions.rows import (
     StoredSession,
     StoreError,
     StoreLimits,
+    StoreUnavailableError,
     check_row,
 )
 
@@ -59,6 +64,9 @@ DB_LAYOUT = 1
 ID_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 MIN_ID, MAX_ID = 16, 64
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+# How long one query waits for a lock another process holds (a save's write lock;
+# a read waits only while a checkpoint resets the log).
+BUSY_TIMEOUT_S = 5.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -115,11 +123,12 @@ class SessionStore:
         self.path = path
         self.limits = limits or StoreLimits.from_env()
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()          # the writing connection, `_db`
+        self._read_lock = threading.Lock()     # the reading one, `_reader`
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                       timeout=30)
+                                       timeout=BUSY_TIMEOUT_S)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -129,12 +138,29 @@ class SessionStore:
                                  f"layout {DB_LAYOUT}")
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={DB_LAYOUT}")
+            self._reader = sqlite3.connect(path, isolation_level=None,
+                                           check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+            self._reader.execute("PRAGMA query_only=ON")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the session store {str(path)!r}: {exc}") from None
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._read_lock:
             self._db.close()
+            self._reader.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction on the reading connection: its queries see one state."""
+        with self._read_lock:
+            try:
+                self._reader.execute("BEGIN")
+                try:
+                    yield self._reader
+                finally:
+                    self._reader.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreUnavailableError(f"the session store failed: {exc}") from None
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -149,7 +175,7 @@ class SessionStore:
                     raise
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise StoreError(f"the session store failed: {exc}") from None
+                raise StoreUnavailableError(f"the session store failed: {exc}") from None
 
     # ---- writes ------------------------------------------------------------------------
 
@@ -279,14 +305,11 @@ class SessionStore:
 
     def recent(self, browser: str, limit: int = 20) -> list[SessionInfo]:
         """`browser`'s unexpired sessions, most recently used first."""
-        with self._lock:
-            try:
-                rows = self._db.execute(
-                    "SELECT id, label, step, created, updated, note FROM sessions "
-                    "WHERE browser=? AND updated>=? ORDER BY updated DESC LIMIT ?",
-                    (browser, self._expired_before(), limit)).fetchall()
-            except sqlite3.Error as exc:
-                raise StoreError(f"the session store failed: {exc}") from None
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id, label, step, created, updated, note FROM sessions "
+                "WHERE browser=? AND updated>=? ORDER BY updated DESC LIMIT ?",
+                (browser, self._expired_before(), limit)).fetchall()
         return [SessionInfo(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4]),
                             None if r[5] is None else str(r[5])) for r in rows]
 
@@ -301,18 +324,15 @@ class SessionStore:
         Raises StoreError naming what is wrong with a row that cannot be read
         back: another format, damaged data, JSON of the wrong shape.
         """
-        with self._lock:
-            try:
-                row = self._db.execute(
-                    "SELECT browser, holder, format, updated, settings, snapshot, base, "
-                    "ops_complete, note FROM sessions WHERE id=? AND updated>=?",
-                    (sid, self._expired_before())).fetchone()
-                if row is None:
-                    return None
-                ops = self._db.execute("SELECT seq, op FROM ops WHERE session=? ORDER BY seq",
-                                       (sid,)).fetchall()
-                steps = self._db.execute("SELECT step, body, num_events FROM steps WHERE "
-                                         "session=? ORDER BY step", (sid,)).fetchall()
-            except sqlite3.Error as exc:
-                raise StoreError(f"the session store failed: {exc}") from None
+        with self._read() as db:
+            row = db.execute(
+                "SELECT browser, holder, format, updated, settings, snapshot, base, "
+                "ops_complete, note FROM sessions WHERE id=? AND updated>=?",
+                (sid, self._expired_before())).fetchone()
+            if row is None:
+                return None
+            ops = db.execute("SELECT seq, op FROM ops WHERE session=? ORDER BY seq",
+                             (sid,)).fetchall()
+            steps = db.execute("SELECT step, body, num_events FROM steps WHERE "
+                               "session=? ORDER BY step", (sid,)).fetchall()
         return check_row(sid, row, ops, steps, self.limits)
