@@ -509,3 +509,24 @@ def test_a_session_read_while_the_store_is_locked_opens_and_is_taken_over_at_its
     assert stored is not None and stored.snapshot == export_snapshot(opened.live.engine)
     # The tab that held it before finds it taken, and goes on as a copy.
     assert _apply(live, Step(1), tab) == COPY_NOTE and tab.id != sid
+
+
+def test_the_latest_session_reopened_for_a_bare_address_is_taken_over_only_when_it_acts(
+        tmp_path: Path) -> None:
+    # A second tab opened on "/" (or on another page) reopens the browser's latest
+    # session: the tab at work on it keeps saving until the second one acts.
+    store, tab, live = _saved(tmp_path)
+    sid = tab.id or ""
+    reader = Tab(store, ME)
+    opened = open_saved(reader, sid, "o2", budget=BUDGET, take_now=False)
+    assert opened is not None and (reader.id, reader.claim_pending) == (sid, True)
+    assert _apply(live, Step(1), tab) is None and tab.id == sid       # still the holder's
+    # The reader acts: it takes the row and writes its own state whole (its log does not
+    # follow the holder's newer one); the holder goes on as a copy, its work kept.
+    assert _apply(opened.live, Grow("A", 1), reader) is None and reader.id == sid
+    stored = store.load(sid)
+    assert stored is not None and stored.snapshot == export_snapshot(opened.live.engine)
+    assert stored.ops == opened.live.oplog.ops
+    assert _apply(live, Step(1), tab) == COPY_NOTE and tab.id not in (None, sid)
+    copy = store.load(tab.id or "")
+    assert copy is not None and copy.snapshot == export_snapshot(live.engine)

@@ -45,7 +45,8 @@ def _load_model_of(sess: session.OpSession, sid: str, work: Work) -> Shown:
         return Shown()
 
 
-def _open(sess: session.OpSession, sid: str) -> tuple[saved.Opened | str, Shown]:
+def _open(sess: session.OpSession, sid: str, take_now: bool = True
+          ) -> tuple[saved.Opened | str, Shown]:
     """Open saved session `sid` in this tab (installed), or the message saying why not;
     and the Shown of its progress bar, for the caller to finish after its bookkeeping.
 
@@ -60,7 +61,7 @@ def _open(sess: session.OpSession, sid: str) -> tuple[saved.Opened | str, Shown]
                             "state, K/V recomputed from the tokens") as (shown, moved):
         try:
             opened = saved.open_saved(tab, sid, sess.owner, replacing=sess.engine,
-                                      progress=moved)
+                                      progress=moved, take_now=take_now)
         except StoreUnavailableError as exc:
             # A passing problem of the store, not of the session: the address keeps
             # its id, so that a reload tries again.
@@ -104,7 +105,7 @@ def _say_opened(sess: session.OpSession, opened: saved.Opened, how: str) -> None
                               f"tokens.{notes}")
 
 
-def _reopen(sid: str, where: str, how: str, failed: str) -> None:
+def _reopen(sid: str, where: str, how: str, failed: str, take_now: bool = True) -> None:
     """Replace this tab's engine by saved session `sid`, under the current engine's lock,
     weights included; the status line says how it went (`how` on success, `failed`
     after the reason otherwise). See engine_actions._replace_engine."""
@@ -115,7 +116,7 @@ def _reopen(sid: str, where: str, how: str, failed: str) -> None:
             session.flash("error", f"{session.REPLACED_TOO_OFTEN} {failed}")
         else:
             shown.append(_load_model_of(sess, sid, work))
-            outcome, opening = _open(sess, sid)
+            outcome, opening = _open(sess, sid, take_now)
             shown.append(opening)
             if isinstance(outcome, str):
                 sess.flash("error", f"{outcome} {failed}")
@@ -138,6 +139,7 @@ def at_start() -> None:
         session.flash("error", problem)
         return
     how = "Reopened this session"
+    named = sid is not None
     if sid is None:
         if tab.store is None:
             return
@@ -148,7 +150,10 @@ def at_start() -> None:
         if sid is None:
             return
         how = "Reopened your latest session (New session, under Sessions, starts afresh)"
-    _reopen(sid, "start", how, "This is a new session.")
+    # Named by the address: this tab takes it over now (a second tab on a link does).
+    # The latest session, reopened for a bare address: at this tab's first save, so
+    # that a tab opened to read, or on another page, leaves the tab at work alone.
+    _reopen(sid, "start", how, "This is a new session.", take_now=named)
 
 
 def open_other(sid: str) -> None:

@@ -88,8 +88,9 @@ class Tab:
     # opened as a copy not saved yet, or one that could not be opened for a passing
     # reason (the store locked or unavailable), so that a reload opens it again.
     address: str | None = None
-    # The row is this tab's, but taking it over (`SessionStore.claim`) failed for a
-    # passing reason: the next save takes it first.
+    # The row is this tab's to write, but not taken over yet (`SessionStore.claim`):
+    # reopened for a bare address, or the store was locked; the next save takes it
+    # first, then writes it whole.
     claim_pending: bool = False
 
     @property
@@ -233,14 +234,18 @@ class Opened:
 
 
 def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = None,
-               budget: KVBudget = SERVER_BUDGET,
-               progress: RestoreProgress | None = None) -> Opened | None:
+               budget: KVBudget = SERVER_BUDGET, progress: RestoreProgress | None = None,
+               take_now: bool = True) -> Opened | None:
     """Mutates `tab` (and the store) on success: open the saved session `sid` in this tab.
 
     None if there is no such unexpired row. The same browser's row is
     resumed under its id (this tab writes it from now on); another browser's
     is copied under a new id. Raises PagedLabError naming why a row cannot be
     opened; then neither the tab nor the store changed.
+
+    `take_now=False` (a bare address reopening the browser's latest session)
+    takes the row over at this tab's first save, not now: a tab opened only to
+    read, or on another page, leaves a tab working on that session undisturbed.
     """
     store = tab.store
     if store is None:
@@ -254,14 +259,18 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
         # Its row comes with its first save (see the module doc).
         tab.id, tab.synced, tab.address, tab.claim_pending = None, False, sid, False
     else:
-        try:
-            store.claim(sid, tab.holder)
-            claimed = True
-        except StoreUnavailableError:
-            # Read and restored, but not taken over (the store locked meanwhile): the
-            # session opens, and its next save takes the row first.
-            claimed = False
-        tab.id, tab.synced, tab.address, tab.claim_pending = sid, True, None, not claimed
+        claimed = False
+        if take_now:
+            try:
+                store.claim(sid, tab.holder)
+                claimed = True
+            except StoreUnavailableError:
+                # Read and restored, but not taken over (the store locked meanwhile):
+                # the session opens, and its next save takes the row first.
+                pass
+        # Not taken over yet, the row may move on under the tab that holds it: the first
+        # save takes it, then writes it whole.
+        tab.id, tab.synced, tab.address, tab.claim_pending = sid, claimed, None, not claimed
     return Opened(live, copied, notes)
 
 
