@@ -188,7 +188,7 @@ def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> Non
     d = dep.deployment("azure-code")
     assert dep_views.preset_sentence(d) in text(at)
     # Before a replay: what it will run, and no time promised (it depends on the server).
-    assert (f"Press Replay the whole trace: four policies, {len(d.trace):,} requests each; a "
+    assert (f"Press Replay the whole trace: 4 policies, {len(d.trace):,} requests each; a "
             "bar shows their progress.") in [c.value for c in at.caption]
     at.button(key="cmp_dep_run").click().run()
     assert not at.exception and not at.error

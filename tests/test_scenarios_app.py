@@ -317,6 +317,13 @@ def test_the_link_keeps_steps_applied_past_the_view() -> None:
     assert not alone.error and viewed_step(alone) == 0 and run_of(alone).taken == 0
     assert [i.value for i in alone.info] == [
         "The link's applied '3' counts only beside a step; it is ignored."]
+    # Alone in the address, it is said to be ignored as well; beside an unknown
+    # scenario, the scenario's error covers the step and count it drops.
+    bare = open_tour(applied="3")
+    assert [i.value for i in bare.info] == [
+        "The link's applied '3' counts only beside a scenario and a step; it is ignored."]
+    unknown = open_tour("no-such", "2", applied="3")
+    assert not unknown.info and len(unknown.error) == 1
 
 
 @pytest.mark.parametrize("behind", [1, 2])

@@ -33,6 +33,7 @@ from backend.sessions.playground import Settings
 from backend.sessions.rows import MIB, StoreError, StoreLimits, make_full, make_head
 from backend.sessions.saved import (
     COPY_NOTE,
+    MOVED_ON_NOTE,
     REVIVED_NOTE,
     Live,
     Tab,
@@ -475,6 +476,18 @@ def test_reads_do_not_wait_behind_a_save_and_a_save_gives_up_on_a_held_lock(
             reader.join(timeout=120)
             assert not reader.is_alive()
         assert [s.id for s in found[0]] == [tab.id] and found[1] is not None
+        # A save queued behind that one waits for the same BUSY_TIMEOUT_S in all, not
+        # for its turn and then the timeout again: saves queued behind another
+        # process's lock fail within it, one after another.
+        notes: list[str | None] = []
+        with store._lock:
+            queued = threading.Thread(target=lambda: notes.append(_apply(live, Step(1), tab)))
+            queued.start()
+            queued.join(timeout=120)
+            assert not queued.is_alive()
+        assert notes == [f"Not saved after step {live.engine.step}: the session store failed: "
+                         "database is locked (the saves before this one are still waiting "
+                         "for it)."]
     finally:
         other.execute("ROLLBACK")
         other.close()
@@ -498,13 +511,13 @@ def test_a_session_read_while_the_store_is_locked_opens_and_is_taken_over_at_its
         again = Tab(store, ME)
         opened = open_saved(again, sid, "o2", budget=BUDGET)
         assert opened is not None and not opened.copied
-        assert (again.id, again.shown_id, again.claim_pending) == (sid, sid, True)
+        assert (again.id, again.shown_id) == (sid, sid) and again.pending_claim is not None
     finally:
         other.execute("ROLLBACK")
         other.close()
     # Its next save takes the row first, then writes the operation (not a copy).
     assert _apply(opened.live, Step(1), again) is None
-    assert again.id == sid and not again.claim_pending
+    assert again.id == sid and again.pending_claim is None
     stored = store.load(sid)
     assert stored is not None and stored.snapshot == export_snapshot(opened.live.engine)
     # The tab that held it before finds it taken, and goes on as a copy.
@@ -519,10 +532,9 @@ def test_the_latest_session_reopened_for_a_bare_address_is_taken_over_only_when_
     sid = tab.id or ""
     reader = Tab(store, ME)
     opened = open_saved(reader, sid, "o2", budget=BUDGET, take_now=False)
-    assert opened is not None and (reader.id, reader.claim_pending) == (sid, True)
-    assert _apply(live, Step(1), tab) is None and tab.id == sid       # still the holder's
-    # The reader acts: it takes the row and writes its own state whole (its log does not
-    # follow the holder's newer one); the holder goes on as a copy, its work kept.
+    assert opened is not None and reader.id == sid and reader.pending_claim is not None
+    # The reader acts first: it takes the row and writes its own state whole; the tab
+    # that held it goes on as a copy, its work kept.
     assert _apply(opened.live, Grow("A", 1), reader) is None and reader.id == sid
     stored = store.load(sid)
     assert stored is not None and stored.snapshot == export_snapshot(opened.live.engine)
@@ -530,3 +542,25 @@ def test_the_latest_session_reopened_for_a_bare_address_is_taken_over_only_when_
     assert _apply(live, Step(1), tab) == COPY_NOTE and tab.id not in (None, sid)
     copy = store.load(tab.id or "")
     assert copy is not None and copy.snapshot == export_snapshot(live.engine)
+
+
+def test_a_session_that_moved_on_since_a_tab_read_it_is_not_rolled_back_by_that_tab(
+        tmp_path: Path) -> None:
+    # The tab at work saves two more steps after a bare-address tab read the row: that
+    # tab's first operation must not put the row back to what it read (the newer steps
+    # would be nowhere once the first tab closed). It goes on as a copy instead.
+    store, tab, live = _saved(tmp_path)
+    sid = tab.id or ""
+    reader = Tab(store, ME)
+    opened = open_saved(reader, sid, "o2", budget=BUDGET, take_now=False)
+    assert opened is not None
+    for _ in range(2):
+        assert _apply(live, Step(1), tab) is None and tab.id == sid
+    assert _apply(opened.live, Grow("A", 1), reader) == MOVED_ON_NOTE
+    assert reader.id not in (None, sid)
+    kept = store.load(sid)
+    assert kept is not None and kept.snapshot == export_snapshot(live.engine)
+    mine = store.load(reader.id or "")
+    assert mine is not None and mine.snapshot == export_snapshot(opened.live.engine)
+    # And the tab at work still holds its row.
+    assert _apply(live, Step(1), tab) is None and tab.id == sid

@@ -181,6 +181,23 @@ def test_another_browser_gets_a_copy(browser: dict[str, str | None], data_dir: P
     assert sid(fresh) not in (session_id, copy_id)
 
 
+def test_reset_on_a_copy_not_saved_yet_lets_go_of_the_link(
+        browser: dict[str, str | None]) -> None:
+    session_id = worked(open_app())
+    browser["cookie"] = THEIRS
+    other = open_app(session_id)
+    assert sid(other) == session_id
+    other.button(key="btn_reset").click().run()
+    # Nothing of theirs is saved yet: the warning does not speak of a saved session.
+    assert [w.value for w in other.sidebar.warning] == [
+        "Reset discards the current 2 requests and 4 steps."]
+    other.button(key="btn_reset_confirm").click().run()
+    assert not other.exception and engine(other).step == 0
+    # The empty engine is not the linked session: the address no longer names it (a
+    # reload would have brought the copy's state back).
+    assert "session" not in other.query_params
+
+
 def test_a_second_tab_takes_the_session_and_the_first_goes_on_as_a_copy(
         browser: dict[str, str | None]) -> None:
     first = open_app()

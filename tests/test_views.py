@@ -360,7 +360,13 @@ def test_generated_ids() -> None:
     assert next_request_id({}) == "A"
     assert next_request_id({c: 1 for c in "ABC"}) == "D"
     assert next_request_id({chr(65 + i): 1 for i in range(26)}) == "R27"
-    assert next_child_id("A", {"A": 1, "A.1": 1}) == "A.2"
+    e = Engine(EngineConfig(num_blocks=4, block_size=4), kernel="torch")
+    for op in (Add("Z", prompt="abcdefghijk"), Add("A", prompt="hi"), Add("A", prompt="yo", n=2)):
+        e.apply(op)
+    # A.0 waits with A.1 still to be forked: a fork of the plain request A skips A.1.
+    assert e.requests["A.0"].pending_samples == 1
+    assert next_child_id("A", e.requests) == "A.2"
+    assert next_child_id("Z", e.requests) == "Z.1"
 
 
 def test_an_added_prompt_is_labelled_as_written_with_control_characters_visible() -> None:

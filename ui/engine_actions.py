@@ -241,6 +241,10 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
         return loaded
     if detach:
         sess.detach()
+    elif sess.tab.id is None:
+        # A copy not saved yet (another browser's link): the fresh engine is not that
+        # session any more, and the address must stop naming it.
+        sess.tab.address = None
     live = saved.Live(engine, settings, History(), OpLog())
     install(live, sess)
     sess.save(live, export_snapshot(engine), whole=True)

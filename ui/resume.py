@@ -66,7 +66,7 @@ def _open(sess: session.OpSession, sid: str, take_now: bool = True
             # A passing problem of the store, not of the session: the address keeps
             # its id, so that a reload tries again.
             opened = None
-            tab.address = sid if tab.id is None else None
+            tab.keep_in_address(sid)
             problem = (f"Saved session {store.short(sid)} could not be opened just now: "
                        f"{exc}. It is left as it was, and the address still names it: "
                        "reload to try again.")
@@ -76,7 +76,7 @@ def _open(sess: session.OpSession, sid: str, take_now: bool = True
                        "left as it was.")
         else:
             if opened is None and tab.store is None:
-                tab.address = sid if tab.id is None else None
+                tab.keep_in_address(sid)
                 problem = (f"Saved session {store.short(sid)} could not be opened: sessions "
                            "are not saved on this server just now (the note at the top says "
                            "why). The address still names it: reload once that is mended.")

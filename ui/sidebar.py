@@ -48,7 +48,7 @@ from backend.views.settings import (
     model_cost_text,
 )
 from backend.views.text import plain_md
-from ui import clicks, engine_actions, session
+from ui import clicks, engine_actions, session, store
 from ui.labels import labelled
 from ui.numbers import MAX_EXACT, whole, whole_input
 
@@ -122,8 +122,9 @@ def _reset_button() -> None:
                            "(under Sessions) keeps this one instead.", width="stretch")
         return
     engine = session.get_engine()
+    saved_too = ", here and in the saved session" if store.get_tab().id is not None else ""
     st.warning(f"Reset discards the current {counted(len(engine.requests), 'request')} and "
-               f"{counted(engine.step, 'step')}, here and in the saved session.")
+               f"{counted(engine.step, 'step')}{saved_too}.")
     clicks.button(st, "Reset and discard", key="btn_reset_confirm", type="primary",
                   on_click=_confirmed_reset, width="stretch")
     clicks.button(st, "Cancel", key="btn_reset_cancel", on_click=_cancel_reset,

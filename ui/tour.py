@@ -228,6 +228,9 @@ def _apply_link() -> None:
         # Nothing new: ours (the newest, or one the play left, which a click sent
         # before the browser had the newer ones may carry), or none at all (switching
         # pages drops the parameters).
+        if want[:2] == (None, None) and want[2] is not None and want != t.url:
+            say("info", f"The link's applied {_quoted(want[2])} counts only beside a "
+                        "scenario and a step; it is ignored.")
         return
     name, step, applied = want
     # A parameter given twice (`&step=3&step=4`): the last counts, and the page says so
@@ -251,7 +254,8 @@ def _apply_link() -> None:
     run = t.run
     assert run is not None
     if step is None:
-        if applied is not None:
+        if applied is not None and want[1] is None:
+            # (A step dropped with an unknown scenario was reported with it.)
             say("info", f"The link's applied {_quoted(applied)} counts only beside a step; "
                         "it is ignored.")
         return

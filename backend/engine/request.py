@@ -92,6 +92,17 @@ class Request:
         return self.remaining == 0
 
 
+def numbered(rid: str) -> tuple[str, int] | None:
+    """("A", 3) for "A.3": an id's group and number, as samples and beams are named
+    (plain ASCII digits without a leading zero: "A.01" and "A.¹" are no such id),
+    or None."""
+    group, dot, k = rid.rpartition(".")
+    # Short enough for int() (n and beam numbers stay far below a billion).
+    if not dot or not (k.isascii() and k.isdigit()) or len(k) > 9 or k != str(int(k)):
+        return None
+    return group, int(k)
+
+
 def kept_for_sample(requests: Mapping[str, Request], rid: str) -> Request | None:
     """The first sample (GROUP.0) whose pending fork will name a sample `rid`, if any.
 
@@ -99,12 +110,11 @@ def kept_for_sample(requests: Mapping[str, Request], rid: str) -> Request | None
     prompt is computed, which may be many operations later: until then those ids are
     kept for the samples, and an `add` or `fork` naming one is refused.
     """
-    group, dot, k = rid.rpartition(".")
-    # Plain ASCII digits as the samples are named ("A.01" or "A.¹" is no sample's id),
-    # short enough for int() (n is at most 64).
-    if not dot or not (k.isascii() and k.isdigit()) or len(k) > 3 or k != str(int(k)):
+    named = numbered(rid)
+    if named is None:
         return None
+    group, k = named
     first = requests.get(f"{group}.0")
-    if first is None or first.group != group or not 1 <= int(k) <= first.pending_samples:
+    if first is None or first.group != group or not 1 <= k <= first.pending_samples:
         return None
     return first

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Op, describe_op, parse_op
+from backend.engine.request import Request, kept_for_sample, numbered
 from backend.engine.results import OpResult
 from backend.io.recompute import Progress as RestoreProgress
 from backend.io.restore import restore_engine
@@ -238,10 +239,12 @@ def next_request_id(existing: set[str] | dict[str, Any]) -> str:
     return f"R{n}"
 
 
-def next_child_id(parent: str, existing: set[str] | dict[str, Any]) -> str:
-    """'A.1', 'A.2', ...: the first free fork name under `parent`."""
+def next_child_id(parent: str, requests: Mapping[str, Request]) -> str:
+    """'A.1', 'A.2', ...: the first free fork name under `parent`, skipping an id kept
+    for a parallel sample still to be forked (`add A` with n waiting keeps A.1 ...),
+    which the engine would refuse."""
     n = 1
-    while f"{parent}.{n}" in existing:
+    while f"{parent}.{n}" in requests or kept_for_sample(requests, f"{parent}.{n}"):
         n += 1
     return f"{parent}.{n}"
 
@@ -345,10 +348,8 @@ def op_from(data: dict[str, Any]) -> Op:
 
 def _numbered(rid: str) -> tuple[str, int, str]:
     """Sort key of an id by its trailing number where it has one: B.7 before B.11."""
-    head, dot, k = rid.rpartition(".")
-    if dot and k.isascii() and k.isdigit() and len(k) <= 9:
-        return (head, int(k), rid)
-    return (rid, -1, rid)
+    named = numbered(rid)
+    return (rid, -1, rid) if named is None else (*named, rid)
 
 
 def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:

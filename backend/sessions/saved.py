@@ -88,10 +88,16 @@ class Tab:
     # opened as a copy not saved yet, or one that could not be opened for a passing
     # reason (the store locked or unavailable), so that a reload opens it again.
     address: str | None = None
-    # The row is this tab's to write, but not taken over yet (`SessionStore.claim`):
-    # reopened for a bare address, or the store was locked; the next save takes it
-    # first, then writes it whole.
-    claim_pending: bool = False
+    # The row is this tab's to write but not taken over yet (reopened for a bare
+    # address, or the store was locked): the row's (holder, updated) when this tab read
+    # it. The next save takes it over only if the row has not moved on since (then
+    # writes it whole); else this tab goes on as a copy, and nothing newer is lost.
+    pending_claim: tuple[str, float] | None = None
+
+    def keep_in_address(self, sid: str) -> None:
+        """Mutates: `sid` could not be opened for a passing reason; while this tab has
+        no session of its own, its address keeps naming `sid`, so a reload tries it."""
+        self.address = sid if self.id is None else None
 
     @property
     def shown_id(self) -> str | None:
@@ -229,7 +235,8 @@ def resume(stored: StoredSession, owner: str, *, replacing: Engine | None = None
 @dataclass(frozen=True, slots=True)
 class Opened:
     live: Live
-    copied: bool        # another browser's session: this tab works on a copy under a new id
+    copied: bool        # another browser's session: a copy, saved under a new id at its
+                        # first save
     notes: list[str]
 
 
@@ -240,12 +247,13 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
 
     None if there is no such unexpired row. The same browser's row is
     resumed under its id (this tab writes it from now on); another browser's
-    is copied under a new id. Raises PagedLabError naming why a row cannot be
-    opened; then neither the tab nor the store changed.
+    is copied (saved under a new id at its first save). Raises PagedLabError naming
+    why a row cannot be opened; then neither the tab nor the store changed.
 
     `take_now=False` (a bare address reopening the browser's latest session)
-    takes the row over at this tab's first save, not now: a tab opened only to
-    read, or on another page, leaves a tab working on that session undisturbed.
+    takes the row over at this tab's first save, not now, and only if the row has
+    not moved on meanwhile (`Tab.pending_claim`): a tab opened only to read, or on
+    another page, leaves a tab working on that session undisturbed.
     """
     store = tab.store
     if store is None:
@@ -257,7 +265,7 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
     copied = not stored.owned_by(tab.browser)
     if copied:
         # Its row comes with its first save (see the module doc).
-        tab.id, tab.synced, tab.address, tab.claim_pending = None, False, sid, False
+        tab.id, tab.synced, tab.address, tab.pending_claim = None, False, sid, None
     else:
         claimed = False
         if take_now:
@@ -270,12 +278,16 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
                 pass
         # Not taken over yet, the row may move on under the tab that holds it: the first
         # save takes it, then writes it whole.
-        tab.id, tab.synced, tab.address, tab.claim_pending = sid, claimed, None, not claimed
+        tab.id, tab.synced, tab.address = sid, claimed, None
+        tab.pending_claim = None if claimed else (stored.holder, stored.updated)
     return Opened(live, copied, notes)
 
 
 # ---- saving ------------------------------------------------------------------------------
 
+MOVED_ON_NOTE = ("This session changed in another tab (or left the saved sessions) after this "
+                 "tab opened it; this tab goes on as a copy under a new address, and the "
+                 "saved session keeps the other tab's work.")
 COPY_NOTE = ("This session was opened in another tab, which saves it from now on; this tab "
              "goes on as a copy under a new address.")
 REVIVED_NOTE = ("This session had left the saved sessions (deleted in another tab, or dropped as "
@@ -302,9 +314,15 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
             store.create(sid, tab.browser, tab.holder, _full(live, snapshot, store.limits))
             tab.id, tab.synced, tab.address = sid, True, None
             return None
-        if tab.claim_pending:
-            store.claim(tab.id, tab.holder)
-            tab.claim_pending = False
+        if tab.pending_claim is not None:
+            seen_holder, seen_updated = tab.pending_claim
+            taken = store.claim(tab.id, tab.holder, if_unchanged=(seen_holder, seen_updated))
+            tab.pending_claim = None
+            if not taken:
+                copy = new_id()
+                store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
+                tab.id, tab.synced = copy, True
+                return MOVED_ON_NOTE
         outcome = Write.MISSING
         if tab.synced and not whole:
             head = make_head(settings_json(live.settings), snapshot, label_of(snapshot),

@@ -164,9 +164,20 @@ class SessionStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One transaction, holding the write lock from its start (BEGIN IMMEDIATE)."""
-        with self._lock:
+        """One transaction, holding the write lock from its start (BEGIN IMMEDIATE).
+
+        It waits at most BUSY_TIMEOUT_S in all, for the saves queued before it and for
+        SQLite's lock together: saves queued behind another process's lock fail one
+        after another within that time, not N x the timeout.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        if not self._lock.acquire(timeout=BUSY_TIMEOUT_S):
+            raise StoreUnavailableError("the session store failed: database is locked (the "
+                                        "saves before this one are still waiting for it)")
+        try:
             try:
+                left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                self._db.execute(f"PRAGMA busy_timeout={left_ms}")
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db
@@ -176,6 +187,8 @@ class SessionStore:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise StoreUnavailableError(f"the session store failed: {exc}") from None
+        finally:
+            self._lock.release()
 
     # ---- writes ------------------------------------------------------------------------
 
@@ -231,11 +244,20 @@ class SessionStore:
             self._prune(db, sid)
         return Write.SAVED
 
-    def claim(self, sid: str, holder: str) -> None:
-        """Mutates: `holder` (a tab that just opened the row) writes it from now on."""
+    def claim(self, sid: str, holder: str, *,
+              if_unchanged: tuple[str, float] | None = None) -> bool:
+        """Mutates: `holder` (a tab that opened the row) writes it from now on; with
+        `if_unchanged` (the row's holder and updated when that tab read it), only if
+        the row is still as read. Whether the row was taken."""
         with self._tx() as db:
-            db.execute("UPDATE sessions SET holder=?, updated=? WHERE id=?",
-                       (holder, self._clock(), sid))
+            if if_unchanged is None:
+                cur = db.execute("UPDATE sessions SET holder=?, updated=? WHERE id=?",
+                                 (holder, self._clock(), sid))
+            else:
+                cur = db.execute("UPDATE sessions SET holder=?, updated=? WHERE id=? AND "
+                                 "holder=? AND updated=?",
+                                 (holder, self._clock(), sid, *if_unchanged))
+            return cur.rowcount > 0
 
     def set_note(self, sid: str, holder: str, note: str) -> None:
         """Mutates: say why the row is behind its live session (shown when it is opened)."""

@@ -56,7 +56,7 @@ def deployment_section() -> None:
     if last is None:
         # No time is promised: it depends on the server and its load (the bar shows
         # progress, and the result says how long the replays took).
-        st.caption(f"Press Replay the whole trace: four policies, "
+        st.caption(f"Press Replay the whole trace: {len(d.configs())} policies, "
                    f"{counted(len(d.trace), 'request')} each; a bar shows "
                    "their progress.")
         return
