@@ -533,9 +533,13 @@ def test_the_latest_session_reopened_for_a_bare_address_is_taken_over_only_when_
     reader = Tab(store, ME)
     opened = open_saved(reader, sid, "o2", budget=BUDGET, take_now=False)
     assert opened is not None and reader.id == sid and reader.pending_claim is not None
+    # Its address stays bare until it acts: a reload is a bare address again, not a
+    # link (which would take the session at once).
+    assert reader.shown_id is None
     # The reader acts first: it takes the row and writes its own state whole; the tab
     # that held it goes on as a copy, its work kept.
     assert _apply(opened.live, Grow("A", 1), reader) is None and reader.id == sid
+    assert reader.shown_id == sid
     stored = store.load(sid)
     assert stored is not None and stored.snapshot == export_snapshot(opened.live.engine)
     assert stored.ops == opened.live.oplog.ops

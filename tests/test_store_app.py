@@ -149,10 +149,21 @@ def test_a_reopened_session_shows_its_kept_steps_without_a_timeline(
 
 def test_a_bare_address_reopens_the_browsers_latest_session(
         browser: dict[str, str | None]) -> None:
-    session_id = worked(open_app())
+    first = open_app()
+    session_id = worked(first)
     again = open_app()
-    assert sid(again) == session_id
     assert "Reopened your latest session" in texts(again.success)
+    assert state(again) == state(first)
+    # It is taken over at its first operation, not on opening: until then the address
+    # stays bare, and the first tab still saves the session.
+    assert "session" not in again.query_params
+    first.button(key="btn_step").click().run()
+    assert sid(first) == session_id and not first.info
+    again.button(key="btn_step").click().run()
+    # The session moved on in the first tab after this one read it: this one goes on
+    # as a copy, and the saved session keeps the first tab's step.
+    assert sid(again) != session_id
+    assert saved.MOVED_ON_NOTE in texts(again.info) + texts(again.warning)
 
 
 def test_another_browser_gets_a_copy(browser: dict[str, str | None], data_dir: Path) -> None:

@@ -197,7 +197,11 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
     except StoreError as exc:
         st.warning(plain_md(f"The saved sessions cannot be listed: {exc}"))
         return
-    if tab.id is None:
+    if tab.unnamed and tab.id is not None:
+        st.caption(plain_md(f"Reopened as this browser's latest session, {short(tab.id)}: "
+                            "your first operation here takes it over (another tab may be "
+                            "working on it), and the address names it from then on."))
+    elif tab.id is None:
         st.caption("This session is saved from its first operation on; its address then "
                    "names it, so a reload, a restart of the server or the link brings it "
                    "back. A link opened in another browser opens a copy.")

@@ -93,6 +93,9 @@ class Tab:
     # it. The next save takes it over only if the row has not moved on since (then
     # writes it whole); else this tab goes on as a copy, and nothing newer is lost.
     pending_claim: tuple[str, float] | None = None
+    # Reopened for a bare address and not taken over yet: the address stays bare, so a
+    # reload is again a bare address (a link naming the session would take it at once).
+    unnamed: bool = False
 
     def keep_in_address(self, sid: str) -> None:
         """Mutates: `sid` could not be opened for a passing reason; while this tab has
@@ -102,6 +105,8 @@ class Tab:
     @property
     def shown_id(self) -> str | None:
         """The session id the page's address should hold."""
+        if self.unnamed:
+            return None
         return self.id if self.id is not None else self.address
 
 
@@ -266,6 +271,7 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
     if copied:
         # Its row comes with its first save (see the module doc).
         tab.id, tab.synced, tab.address, tab.pending_claim = None, False, sid, None
+        tab.unnamed = False
     else:
         claimed = False
         if take_now:
@@ -280,6 +286,7 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
         # save takes it, then writes it whole.
         tab.id, tab.synced, tab.address = sid, claimed, None
         tab.pending_claim = None if claimed else (stored.holder, stored.updated)
+        tab.unnamed = not take_now
     return Opened(live, copied, notes)
 
 
@@ -317,7 +324,7 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
         if tab.pending_claim is not None:
             seen_holder, seen_updated = tab.pending_claim
             taken = store.claim(tab.id, tab.holder, if_unchanged=(seen_holder, seen_updated))
-            tab.pending_claim = None
+            tab.pending_claim, tab.unnamed = None, False
             if not taken:
                 copy = new_id()
                 store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
