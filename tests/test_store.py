@@ -524,15 +524,22 @@ def test_a_session_read_while_the_store_is_locked_opens_and_is_taken_over_at_its
     assert _apply(live, Step(1), tab) == COPY_NOTE and tab.id != sid
 
 
+def _reopened_for_a_bare_address(tmp_path: Path) -> tuple[SessionStore, Tab, Live, Tab, Any]:
+    """A session saved by one tab, and a second tab that reopened it for a bare address."""
+    store, tab, live = _saved(tmp_path)
+    reader = Tab(store, ME)
+    opened = open_saved(reader, tab.id or "", "o2", budget=BUDGET, take_now=False)
+    assert opened is not None
+    return store, tab, live, reader, opened
+
+
 def test_the_latest_session_reopened_for_a_bare_address_is_taken_over_only_when_it_acts(
         tmp_path: Path) -> None:
     # A second tab opened on "/" (or on another page) reopens the browser's latest
     # session: the tab at work on it keeps saving until the second one acts.
-    store, tab, live = _saved(tmp_path)
-    sid = tab.id or ""
-    reader = Tab(store, ME)
-    opened = open_saved(reader, sid, "o2", budget=BUDGET, take_now=False)
-    assert opened is not None and reader.id == sid and reader.pending_claim is not None
+    store, tab, live, reader, opened = _reopened_for_a_bare_address(tmp_path)
+    sid = tab.id
+    assert reader.id == sid and reader.pending_claim is not None
     # Its address stays bare until it acts: a reload is a bare address again, not a
     # link (which would take the session at once).
     assert reader.shown_id is None
@@ -553,11 +560,8 @@ def test_a_session_that_moved_on_since_a_tab_read_it_is_not_rolled_back_by_that_
     # The tab at work saves two more steps after a bare-address tab read the row: that
     # tab's first operation must not put the row back to what it read (the newer steps
     # would be nowhere once the first tab closed). It goes on as a copy instead.
-    store, tab, live = _saved(tmp_path)
-    sid = tab.id or ""
-    reader = Tab(store, ME)
-    opened = open_saved(reader, sid, "o2", budget=BUDGET, take_now=False)
-    assert opened is not None
+    store, tab, live, reader, opened = _reopened_for_a_bare_address(tmp_path)
+    sid = tab.id
     for _ in range(2):
         assert _apply(live, Step(1), tab) is None and tab.id == sid
     assert _apply(opened.live, Grow("A", 1), reader) == MOVED_ON_NOTE
@@ -567,4 +571,53 @@ def test_a_session_that_moved_on_since_a_tab_read_it_is_not_rolled_back_by_that_
     mine = store.load(reader.id or "")
     assert mine is not None and mine.snapshot == export_snapshot(opened.live.engine)
     # And the tab at work still holds its row.
+    assert _apply(live, Step(1), tab) is None and tab.id == sid
+
+
+def test_a_link_opened_while_its_tab_at_work_saves_does_not_write_on_top_of_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tab B opens the link (or Open in the list) and restores for a while; tab A saves
+    # two more steps meanwhile. B must not take the row as if unchanged: its next save
+    # would have written its step on top of A's newer log and history (a row that
+    # could no longer be opened). B goes on as a copy; A keeps the row.
+    store, tab, live = _saved(tmp_path)
+    sid = tab.id or ""
+    read = store.load
+
+    def load_then_the_other_tab_saves(s: str) -> Any:
+        found = read(s)
+        for _ in range(2):
+            assert _apply(live, Step(1), tab) is None
+        return found
+
+    monkeypatch.setattr(store, "load", load_then_the_other_tab_saves)
+    second = Tab(store, ME)
+    opened = open_saved(second, sid, "o2", budget=BUDGET)
+    monkeypatch.setattr(store, "load", read)
+    assert opened is not None and second.shown_id == sid and not second.synced
+    assert _apply(opened.live, Grow("A", 1), second) == MOVED_ON_NOTE
+    assert second.id not in (None, sid)
+    row = store.load(sid)
+    assert row is not None and row.snapshot == export_snapshot(live.engine)
+    resume(row, "o3", budget=BUDGET)            # the row still opens
+    assert _apply(live, Step(1), tab) is None and tab.id == sid
+
+
+def test_a_takeover_refused_then_a_failed_copy_leaves_a_new_unsaved_session(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, tab, live, reader, opened = _reopened_for_a_bare_address(tmp_path)
+    sid = tab.id
+    assert _apply(live, Step(1), tab) is None           # the row moves on
+
+    def full(*_: Any) -> None:
+        raise StoreError("the session store failed: disk I/O error")
+
+    monkeypatch.setattr(store, "create", full)
+    note = _apply(opened.live, Grow("A", 1), reader)
+    assert note == (f"Not saved after step {opened.live.engine.step}: the session store "
+                    "failed: disk I/O error.")
+    # Not the other tab's row: an unsaved session with a bare address, saved anew next.
+    assert (reader.id, reader.shown_id, reader.pending_claim) == (None, None, None)
+    monkeypatch.undo()
+    assert _apply(opened.live, Step(1), reader) is None and reader.id not in (None, sid)
     assert _apply(live, Step(1), tab) is None and tab.id == sid

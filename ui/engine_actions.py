@@ -319,6 +319,9 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
                               OpLog(snapshot))
             if kept is not None:
                 sess.detach()
+            else:
+                # A copy not saved yet: the restored state is not that link's session.
+                sess.tab.address = None
             install(live, sess)
             set_fields(live.settings, sess.queued)
             sess.save(live, snapshot, whole=True)

@@ -63,23 +63,24 @@ def _open(sess: session.OpSession, sid: str, take_now: bool = True
             opened = saved.open_saved(tab, sid, sess.owner, replacing=sess.engine,
                                       progress=moved, take_now=take_now)
         except StoreUnavailableError as exc:
-            # A passing problem of the store, not of the session: the address keeps
-            # its id, so that a reload tries again.
+            # A passing problem of the store, not of the session: an address that named
+            # it keeps it, so that a reload tries again.
             opened = None
-            tab.keep_in_address(sid)
+            again = ("the address still names it: reload to try again" if take_now
+                     and tab.keep_in_address(sid) else "try again in a moment")
             problem = (f"Saved session {store.short(sid)} could not be opened just now: "
-                       f"{exc}. It is left as it was, and the address still names it: "
-                       "reload to try again.")
+                       f"{exc}. It is left as it was; {again}.")
         except PagedLabError as exc:
             opened = None
             problem = (f"Saved session {store.short(sid)} could not be opened: {exc}. It is "
                        "left as it was.")
         else:
             if opened is None and tab.store is None:
-                tab.keep_in_address(sid)
+                kept = take_now and tab.keep_in_address(sid)
                 problem = (f"Saved session {store.short(sid)} could not be opened: sessions "
                            "are not saved on this server just now (the note at the top says "
-                           "why). The address still names it: reload once that is mended.")
+                           "why)." + (" The address still names it: reload once that is "
+                                      "mended." if kept else ""))
             elif opened is None:
                 problem = (f"No saved session {store.short(sid)}: it may have expired or "
                            "been deleted.")

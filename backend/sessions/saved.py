@@ -97,10 +97,13 @@ class Tab:
     # reload is again a bare address (a link naming the session would take it at once).
     unnamed: bool = False
 
-    def keep_in_address(self, sid: str) -> None:
-        """Mutates: `sid` could not be opened for a passing reason; while this tab has
-        no session of its own, its address keeps naming `sid`, so a reload tries it."""
-        self.address = sid if self.id is None else None
+    def keep_in_address(self, sid: str) -> bool:
+        """Mutates: `sid`, which the address named, could not be opened for a passing
+        reason; while this tab has no session of its own (nor a copy's link), its
+        address keeps naming `sid`, so a reload tries it. Whether it does."""
+        if self.id is None and self.address is None:
+            self.address = sid
+        return self.shown_id == sid
 
     @property
     def shown_id(self) -> str | None:
@@ -274,14 +277,14 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
         tab.unnamed = False
     else:
         claimed = False
+        # Taken only as read: another tab may have saved while this one restored
+        # (seconds, for a real model); this tab's next save then finds the row moved on
+        # and goes on as a copy, rather than writing its steps on top of that tab's
+        # newer ones. A store locked meanwhile leaves it to that save too.
         if take_now:
-            try:
-                store.claim(sid, tab.holder)
-                claimed = True
-            except StoreUnavailableError:
-                # Read and restored, but not taken over (the store locked meanwhile):
-                # the session opens, and its next save takes the row first.
-                pass
+            with contextlib.suppress(StoreUnavailableError):
+                claimed = store.claim(sid, tab.holder,
+                                      if_unchanged=(stored.holder, stored.updated))
         # Not taken over yet, the row may move on under the tab that holds it: the first
         # save takes it, then writes it whole.
         tab.id, tab.synced, tab.address = sid, claimed, None
@@ -326,6 +329,9 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
             taken = store.claim(tab.id, tab.holder, if_unchanged=(seen_holder, seen_updated))
             tab.pending_claim, tab.unnamed = None, False
             if not taken:
+                # A new session first: if writing it fails, the tab is an unsaved one
+                # with a bare address, not one naming the row another tab holds.
+                tab.id, tab.synced, tab.address = None, False, None
                 copy = new_id()
                 store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
                 tab.id, tab.synced = copy, True

@@ -29,8 +29,9 @@ What a row holds, and the shape check of what is read back, are
 backend/sessions/rows.py's. Every query is parameterised. Thread-safe: a
 writing connection and a reading one, each behind its own lock, so that a
 save waiting for SQLite's write lock (another process holding it) never holds
-up a read, such as a new visitor's list of sessions; and a save waits for
-that lock at most BUSY_TIMEOUT_S, then fails with a message (the next save
+up a read, such as a new visitor's list of sessions; and each write waits for
+that lock at most BUSY_TIMEOUT_S, counted from when it was asked for (a save
+makes one write, at times two), then fails with a message (the next save
 writes the session whole) rather than hold up every session's saves behind it.
 """
 
