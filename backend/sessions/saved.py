@@ -10,9 +10,12 @@ The rules (ui/store.py is the Streamlit side; the store is backend/sessions/stor
   people drive one engine. The copy gets its row, under a new id, at its first
   save, like any new session: a class opening one link writes nothing, and so
   pushes no session (the original least of all) past the store's limits.
-- One tab writes a row: the last to open it (`holder`). A tab whose row was
-  opened by another tab meanwhile (a second tab on the same link) finds out on
-  its next save, and goes on as a copy under a new id, with a message.
+- One tab writes a row: the last to open it (`holder`), provided the row was
+  still as that tab read it when it took it over; else that tab goes on as a
+  copy at its first save. A tab whose row was opened by another tab meanwhile
+  (a second tab on the same link) finds out on its next save, and goes on as a
+  copy under a new id, with a message. A tab that reopened the browser's latest
+  session for a bare address takes it over only at its first save.
 - A row that cannot be read back, or whose state the restore refuses, is
   refused with the reason; nothing is changed, neither the store nor the tab.
 - After an operation only what changed is written (the row's head, one op,
