@@ -40,7 +40,7 @@ from backend.sessions.playground import (
     switch_kernels,
 )
 from backend.sessions.progress import Work
-from backend.views.text import plain_md
+from backend.views.text import notes_text, plain_md
 from ui import progress, store
 from ui.labels import FIELD_LABELS
 from ui.numbers import MAX_EXACT, out_of_range, whole
@@ -333,7 +333,7 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
                                   f"{counted(c.num_blocks, 'block')} "
                                   f"of {counted(c.block_size, 'slot')}{_departures(c)}; K/V "
                                   f"recomputed from the tokens. Keep working from here.{before}"
-                                  + "".join(f" Note: {n}." for n in restore_notes(engine)))
+                                  + notes_text(restore_notes(engine)))
     return problem, shown
 
 

@@ -19,6 +19,7 @@ from backend.engine.engine import Engine
 from backend.sessions import saved
 from backend.sessions.progress import Work
 from backend.sessions.rows import StoreUnavailableError
+from backend.views.text import notes_text
 from ui import engine_actions, progress, session, store
 from ui.progress import Shown
 
@@ -95,7 +96,7 @@ def _open(sess: session.OpSession, sid: str, take_now: bool = True
 
 def _say_opened(sess: session.OpSession, opened: saved.Opened, how: str) -> None:
     engine = opened.live.engine
-    notes = "".join(f" Note: {n}." for n in opened.notes)
+    notes = notes_text(opened.notes)
     if opened.copied:
         sess.flash("info", f"This link is another browser's session: you are working on a "
                            f"copy of it ({_describe(engine)}), saved under a new address "

@@ -366,9 +366,7 @@ class OpSession:
 
     def detach(self) -> None:
         """The next save starts a new row under a new id; the current row stays, listed."""
-        tab = self.tab
-        tab.id, tab.synced, tab.address, tab.pending_claim = None, False, None, None
-        tab.unnamed = False
+        self.tab.start_anew()
         self.queued.put(store.NOTE, None)
 
     def flash(self, kind: FlashKind, text: str) -> None:

@@ -27,7 +27,7 @@ from backend.sessions.tour import (
     shipped_scenario,
 )
 from backend.views import tour as tour_views
-from backend.views.text import md_code, plain_md
+from backend.views.text import md_code, notes_text, plain_md
 from ui import clicks, engine_actions, tour
 from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
@@ -110,7 +110,7 @@ def _on_upload() -> None:
             # A file of no steps is a config to look at: there is nothing to apply.
             then = (" Press Next to apply the first." if scenario.steps else
                     " It has no step to apply: the view shows its empty pool.")
-            said = "".join(f" Note: {n}." for n in scenario.notes())
+            said = notes_text(scenario.notes())
             say("success", f"Loaded {uploaded.name}: “{scenario.name}”, "
                             f"{counted(len(scenario.steps), 'step')}.{then}{said}")
 

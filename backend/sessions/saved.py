@@ -100,6 +100,12 @@ class Tab:
     # reload is again a bare address (a link naming the session would take it at once).
     unnamed: bool = False
 
+    def start_anew(self, address: str | None = None) -> None:
+        """Mutates: this tab has no row (its next save creates one, under a new id); the
+        address names `address` meanwhile (a copy's link), or nothing."""
+        self.id, self.synced, self.address = None, False, address
+        self.pending_claim, self.unnamed = None, False
+
     def keep_in_address(self, sid: str) -> bool:
         """Mutates: `sid`, which the address named, could not be opened for a passing
         reason; while this tab has no session of its own (nor a copy's link), its
@@ -276,8 +282,7 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
     copied = not stored.owned_by(tab.browser)
     if copied:
         # Its row comes with its first save (see the module doc).
-        tab.id, tab.synced, tab.address, tab.pending_claim = None, False, sid, None
-        tab.unnamed = False
+        tab.start_anew(address=sid)
     else:
         claimed = False
         # Taken only as read: another tab may have saved while this one restored
@@ -328,17 +333,15 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
             tab.id, tab.synced, tab.address = sid, True, None
             return None
         if tab.pending_claim is not None:
-            seen_holder, seen_updated = tab.pending_claim
-            taken = store.claim(tab.id, tab.holder, if_unchanged=(seen_holder, seen_updated))
-            tab.pending_claim, tab.unnamed = None, False
-            if not taken:
+            if not store.claim(tab.id, tab.holder, if_unchanged=tab.pending_claim):
                 # A new session first: if writing it fails, the tab is an unsaved one
                 # with a bare address, not one naming the row another tab holds.
-                tab.id, tab.synced, tab.address = None, False, None
+                tab.start_anew()
                 copy = new_id()
                 store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
                 tab.id, tab.synced = copy, True
                 return MOVED_ON_NOTE
+            tab.pending_claim, tab.unnamed = None, False
         outcome = Write.MISSING
         if tab.synced and not whole:
             head = make_head(settings_json(live.settings), snapshot, label_of(snapshot),

@@ -116,3 +116,9 @@ def md_code(text: str) -> str:
     if text and text == text.strip() and not any(c in text for c in "`:\n\r"):
         return f"`{text}`"
     return md_escape(text)
+
+
+def notes_text(notes: list[str]) -> str:
+    """Notes (sentences without their full stop) as they follow a message:
+    " Note: A. Note: B.", or nothing."""
+    return "".join(f" Note: {n}." for n in notes)

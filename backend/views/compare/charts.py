@@ -35,14 +35,14 @@ FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 # legend takes one column (the second ran off the screen).
 NARROW_PX = 480
 WRAP_CHARS = 22
+_NARROW = f"containerSize()[0] < {NARROW_PX}"     # the Vega test for such a container
 
 
 def _kind_color(legend: bool = True) -> alt.Color:
     return alt.Color("kind:N", title="state",
                      scale=alt.Scale(domain=KIND_DOMAIN, range=KIND_COLORS),
                      legend=alt.Legend(orient="bottom", labelLimit=240,
-                                       columns=alt.ExprRef(f"containerSize()[0] < {NARROW_PX} "
-                                                           "? 1 : 2"))
+                                       columns=alt.ExprRef(f"{_NARROW} ? 1 : 2"))
                      if legend else None)
 
 
@@ -61,7 +61,7 @@ def _wrapped_labels(labels: list[str]) -> str:
     """A Vega expression for a banded axis' labels: each on one line, or wrapped (an array
     of lines, which Vega draws one under another) when the chart's container is narrow."""
     lines = {label: _balanced(label) for label in labels}
-    return f"containerSize()[0] < {NARROW_PX} ? {json.dumps(lines)}[datum.label] : datum.label"
+    return f"{_NARROW} ? {json.dumps(lines)}[datum.label] : datum.label"
 
 
 def slot_strip(df: pd.DataFrame, title: str, *, width: int = 520) -> alt.LayerChart:
