@@ -169,7 +169,7 @@ class StoredSession:
     id: str
     browser: str
     holder: str
-    updated: float
+    revision: int          # what a conditional claim compares (see store.SessionStore.claim)
     settings: dict[str, Any]
     snapshot: dict[str, Any]
     base: dict[str, Any] | None
@@ -186,7 +186,7 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
               steps: list[tuple[Any, ...]], limits: StoreLimits) -> StoredSession:
     """A row read back as a StoredSession: its format, JSON shapes, the log's sequence
     and bounds checked. Raises StoreError naming the first thing that is wrong."""
-    browser, holder, fmt, updated, settings_text, snap_blob, base_blob, complete, note = row
+    browser, holder, fmt, revision, settings_text, snap_blob, base_blob, complete, note = row
     if fmt != ROW_FORMAT:
         raise StoreError(f"it was saved in session format {fmt!r}; this PagedLab reads "
                          f"format {ROW_FORMAT}")
@@ -222,6 +222,6 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
                 and 0 <= num_events <= len(snapshot["events"]) and body.get("step") == step):
             raise StoreError(f"its history step {step!r} is damaged")
         history.append((int(step), body, num_events))
-    return StoredSession(sid, str(browser), str(holder), float(updated), settings, snapshot,
+    return StoredSession(sid, str(browser), str(holder), int(revision), settings, snapshot,
                          base, log, bool(complete), history,
                          None if note is None else str(note))

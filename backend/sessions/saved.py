@@ -92,10 +92,10 @@ class Tab:
     # reason (the store locked or unavailable), so that a reload opens it again.
     address: str | None = None
     # The row is this tab's to write but not taken over yet (reopened for a bare
-    # address, or the store was locked): the row's (holder, updated) when this tab read
-    # it. The next save takes it over only if the row has not moved on since (then
+    # address, or the store was locked): the row's revision when this tab read it.
+    # The next save takes it over only if the row has not moved on since (then
     # writes it whole); else this tab goes on as a copy, and nothing newer is lost.
-    pending_claim: tuple[str, float] | None = None
+    pending_claim: int | None = None
     # Reopened for a bare address and not taken over yet: the address stays bare, so a
     # reload is again a bare address (a link naming the session would take it at once).
     unnamed: bool = False
@@ -292,11 +292,11 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
         if take_now:
             with contextlib.suppress(StoreUnavailableError):
                 claimed = store.claim(sid, tab.holder,
-                                      if_unchanged=(stored.holder, stored.updated))
+                                      if_unchanged=stored.revision)
         # Not taken over yet, the row may move on under the tab that holds it: the first
         # save takes it, then writes it whole.
         tab.id, tab.synced, tab.address = sid, claimed, None
-        tab.pending_claim = None if claimed else (stored.holder, stored.updated)
+        tab.pending_claim = None if claimed else stored.revision
         tab.unnamed = not take_now
     return Opened(live, copied, notes)
 

@@ -6,11 +6,13 @@ WAL with synchronous=NORMAL: readers never wait for the writer, and a killed
 server keeps every transaction it committed (an operating-system crash may
 lose the last few; PagedLab's sessions are worth that trade).
 
-Layout (`PRAGMA user_version` 1; each row also carries its own `format`):
+Layout (`PRAGMA user_version` 2; each row also carries its own `format`):
 
     sessions  id (random, in the address), browser (SHA-256 of the browser's
               secret: whose session it is), holder (the one tab that writes
-              it), format, created, updated, label, step, settings (JSON),
+              it), revision (a random number every write replaces: what a tab
+              read is still the row only while it is unchanged, whatever the
+              clock does), format, created, updated, label, step, settings (JSON),
               snapshot (zlib JSON), snapshot_bytes, base (zlib JSON or NULL:
               the snapshot the operation log starts from), ops_complete,
               stored_bytes, note (why the row is behind the live session)
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -61,7 +64,7 @@ from backend.sessions.rows import (
 )
 
 FILE_NAME = "sessions.sqlite3"
-DB_LAYOUT = 1
+DB_LAYOUT = 2
 ID_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 MIN_ID, MAX_ID = 16, 64
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
@@ -72,7 +75,8 @@ BUSY_TIMEOUT_S = 5.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, browser TEXT NOT NULL, holder TEXT NOT NULL,
-    format INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+    revision INTEGER NOT NULL DEFAULT 0, format INTEGER NOT NULL, created REAL NOT NULL,
+    updated REAL NOT NULL,
     label TEXT NOT NULL, step INTEGER NOT NULL, settings TEXT NOT NULL,
     snapshot BLOB NOT NULL, snapshot_bytes INTEGER NOT NULL, base BLOB,
     ops_complete INTEGER NOT NULL, stored_bytes INTEGER NOT NULL, note TEXT);
@@ -86,6 +90,17 @@ CREATE TABLE IF NOT EXISTS steps (
     step INTEGER NOT NULL, body BLOB NOT NULL, num_events INTEGER NOT NULL,
     PRIMARY KEY (session, step));
 """
+# Layout 1 (before rows had a revision): its rows read as revision 0 until their next write.
+_FROM_LAYOUT_1 = "ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 0"
+
+
+def _new_revision() -> int:
+    """A revision no earlier write of the row had, as far as 63 random bits go.
+
+    Random, not a counter: a row deleted and written again starts afresh, and
+    a counter starting afresh could come back to the number a tab read before.
+    """
+    return secrets.randbits(63)
 
 
 def valid_token(value: object) -> bool:
@@ -133,17 +148,34 @@ class SessionStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            layout = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if layout not in (0, DB_LAYOUT):
-                raise StoreError(f"{path} has session layout {layout}; this PagedLab reads "
-                                 f"layout {DB_LAYOUT}")
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version={DB_LAYOUT}")
+            if self._layout() != DB_LAYOUT:
+                self._upgrade(path)
             self._reader = sqlite3.connect(path, isolation_level=None,
                                            check_same_thread=False, timeout=BUSY_TIMEOUT_S)
             self._reader.execute("PRAGMA query_only=ON")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the session store {str(path)!r}: {exc}") from None
+
+    def _layout(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _upgrade(self, path: Path) -> None:
+        """A new file gets the tables; a layout-1 file its revision column. One
+        transaction, the layout read again inside it: of two servers starting on one
+        file, the second finds the work done, and a failure leaves the file as it was."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            layout = self._layout()
+            if layout not in (0, 1, DB_LAYOUT):
+                raise StoreError(f"{path} has session layout {layout}; this PagedLab reads "
+                                 f"layouts 1 and {DB_LAYOUT}")
+            if layout == 1:
+                self._db.execute(_FROM_LAYOUT_1)
+            if layout != DB_LAYOUT:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={DB_LAYOUT}")
 
     def close(self) -> None:
         with self._lock, self._read_lock:
@@ -227,10 +259,10 @@ class SessionStore:
                 return Write.MISSING
             if row[0] != holder:
                 return Write.TAKEN
-            db.execute("UPDATE sessions SET updated=?, label=?, step=?, settings=?, snapshot=?, "
-                       "snapshot_bytes=?, ops_complete=?, note=NULL WHERE id=?",
-                       (self._clock(), head.label, head.step, head.settings, head.snapshot,
-                        head.snapshot_bytes, int(ops_complete), sid))
+            db.execute("UPDATE sessions SET revision=?, updated=?, label=?, step=?, settings=?, "
+                       "snapshot=?, snapshot_bytes=?, ops_complete=?, note=NULL WHERE id=?",
+                       (_new_revision(), self._clock(), head.label, head.step, head.settings,
+                        head.snapshot, head.snapshot_bytes, int(ops_complete), sid))
             if not ops_complete:
                 db.execute("DELETE FROM ops WHERE session=?", (sid,))
             elif op is not None:
@@ -245,25 +277,25 @@ class SessionStore:
             self._prune(db, sid)
         return Write.SAVED
 
-    def claim(self, sid: str, holder: str, *,
-              if_unchanged: tuple[str, float] | None = None) -> bool:
+    def claim(self, sid: str, holder: str, *, if_unchanged: int | None = None) -> bool:
         """Mutates: `holder` (a tab that opened the row) writes it from now on; with
-        `if_unchanged` (the row's holder and updated when that tab read it), only if
-        the row is still as read. Whether the row was taken."""
+        `if_unchanged` (the row's revision when that tab read it), only if no write
+        has come since. Whether the row was taken."""
         with self._tx() as db:
             if if_unchanged is None:
-                cur = db.execute("UPDATE sessions SET holder=?, updated=? WHERE id=?",
-                                 (holder, self._clock(), sid))
+                cur = db.execute("UPDATE sessions SET holder=?, revision=?, updated=? WHERE id=?",
+                                 (holder, _new_revision(), self._clock(), sid))
             else:
-                cur = db.execute("UPDATE sessions SET holder=?, updated=? WHERE id=? AND "
-                                 "holder=? AND updated=?",
-                                 (holder, self._clock(), sid, *if_unchanged))
+                cur = db.execute("UPDATE sessions SET holder=?, revision=?, updated=? WHERE id=? "
+                                 "AND revision=?",
+                                 (holder, _new_revision(), self._clock(), sid, if_unchanged))
             return cur.rowcount > 0
 
     def set_note(self, sid: str, holder: str, note: str) -> None:
         """Mutates: say why the row is behind its live session (shown when it is opened)."""
         with self._tx() as db:
-            db.execute("UPDATE sessions SET note=? WHERE id=? AND holder=?", (note, sid, holder))
+            db.execute("UPDATE sessions SET note=?, revision=? WHERE id=? AND holder=?",
+                       (note, _new_revision(), sid, holder))
 
     def delete(self, sid: str, browser: str) -> bool:
         """Mutates: delete `sid` if it is `browser`'s. Whether a row went."""
@@ -280,12 +312,13 @@ class SessionStore:
                 full: Full, created: float | None = None) -> None:
         now = self._clock()
         h = full.head
-        db.execute("INSERT INTO sessions (id, browser, holder, format, created, updated, label, "
-                   "step, settings, snapshot, snapshot_bytes, base, ops_complete, stored_bytes) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                   (sid, browser, holder, ROW_FORMAT, now if created is None else created, now,
-                    h.label, h.step, h.settings, h.snapshot, h.snapshot_bytes, full.base,
-                    int(full.ops_complete)))
+        db.execute("INSERT INTO sessions (id, browser, holder, revision, format, created, "
+                   "updated, label, step, settings, snapshot, snapshot_bytes, base, "
+                   "ops_complete, stored_bytes) VALUES "
+                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                   (sid, browser, holder, _new_revision(), ROW_FORMAT,
+                    now if created is None else created, now, h.label, h.step, h.settings,
+                    h.snapshot, h.snapshot_bytes, full.base, int(full.ops_complete)))
         if full.ops_complete:
             db.executemany("INSERT INTO ops (session, seq, op) VALUES (?, ?, ?)",
                            [(sid, i, text) for i, text in enumerate(full.ops)])
@@ -349,7 +382,7 @@ class SessionStore:
         """
         with self._read() as db:
             row = db.execute(
-                "SELECT browser, holder, format, updated, settings, snapshot, base, "
+                "SELECT browser, holder, format, revision, settings, snapshot, base, "
                 "ops_complete, note FROM sessions WHERE id=? AND updated>=?",
                 (sid, self._expired_before())).fetchone()
             if row is None:
