@@ -15,7 +15,7 @@ from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Settings, build_engine, switch_kernels
 from tests.test_app import add, click, engine, start
-from ui import progress, session
+from ui import operations, progress
 
 
 def test_a_pool_over_the_session_budget_is_refused_and_the_engine_kept(
@@ -72,14 +72,14 @@ def test_a_kernel_switch_on_the_same_device_leaves_nothing_alive_after_the_sessi
     s = Settings(EngineConfig(num_blocks=64, block_size=4), "cpu", "torch")
     engine = build_engine(s, "owner-switch")
     assert budget_module.SERVER_BUDGET.in_use("owner-switch") > 0
-    sess = session.OpSession(engine, s, History(), OpLog(), "owner-switch",
+    sess = operations.OpSession(engine, s, History(), OpLog(), "owner-switch",
                              saved.Tab(None, "browser"), progress.Queued(), 0)
     with engine.lock:
         same = switch_kernels(engine, "cpu", "torch")
         assert same is engine
         after = sess.replace(saved.Live(same, s, sess.history, sess.oplog))
     # A run that waited for the lock follows the record to the same engine.
-    assert session._successor(sess) == after
+    assert operations._successor(sess) == after
     del sess, same, engine, after
     gc.collect()
     assert budget_module.SERVER_BUDGET.in_use("owner-switch") == 0
@@ -94,7 +94,7 @@ def test_an_engine_moved_to_another_device_is_counted_in_place_of_the_old(
     # new engine is still built on the CPU.
     monkeypatch.setattr(playground, "select_kernels",
                         lambda d, k: types.SimpleNamespace(device=torch.device("meta")))
-    sess = session.OpSession(engine, s, History(), OpLog(), "owner-move",
+    sess = operations.OpSession(engine, s, History(), OpLog(), "owner-move",
                              saved.Tab(None, "browser"), progress.Queued(), 0)
     with engine.lock:
         moved = switch_kernels(engine, "cpu", "torch", "owner-move")

@@ -1,7 +1,7 @@
 """The Playground's controls: add a request, act on one, step the batch, move blocks.
 
 Every control is a callback that builds one CONTRACT.md operation and hands
-it to `session.apply`, so the page drawn after it already shows its effect,
+it to `operations.apply`, so the page drawn after it already shows its effect,
 and a refusal shows as the page's error line with the state unchanged.
 """
 
@@ -26,10 +26,10 @@ from backend.engine.ops import (
 from backend.engine.results import OpResult
 from backend.sessions.playground import add_op, next_child_id, op_from
 from backend.views.text import plain_md
-from ui import clicks, layout, session
+from ui import clicks, layout, operations, session
 from ui.numbers import out_of_range, whole, whole_input
+from ui.operations import MakeOp
 from ui.progress import Expected, Queued
-from ui.session import MakeOp
 
 
 def status_line() -> None:
@@ -134,7 +134,7 @@ def _on_add() -> None:
         # Unless the person picked another request while the add waited for the engine.
         q.put("req_pick", result.op.request + (".0" if grouped else ""), if_still=picked[-1])
 
-    session.apply(prepare, after)
+    operations.apply(prepare, after)
 
 
 # The Add form's number fields sit two to a row in the narrowest panel: Streamlit shows a
@@ -213,7 +213,7 @@ def _on_grow() -> None:
                       "tokens": _required("req_grow_n", "Grow by (tokens)", 1, MAX_GROW_TOKENS)})
         return lambda _: op
 
-    session.apply(prepare)
+    operations.apply(prepare)
 
 
 def _on_fork() -> None:
@@ -233,7 +233,7 @@ def _on_fork() -> None:
             # Unless the person picked another request while the fork waited.
             q.put("req_pick", result.op.child, if_still=picked[-1])
 
-    session.apply(prepare, after)
+    operations.apply(prepare, after)
 
 
 def _on_finish() -> None:
@@ -241,7 +241,7 @@ def _on_finish() -> None:
         op = op_from({"op": "finish", "request": _picked()})
         return lambda _: op
 
-    session.apply(prepare)
+    operations.apply(prepare)
 
 
 def _request_label(engine: Engine, rid: str) -> str:
@@ -307,12 +307,12 @@ def _on_step(count: int | None = None) -> None:
             return op_from({"op": "step", "count": steps})
         return make
 
-    session.apply(prepare)
+    operations.apply(prepare)
 
 
 def _on_shuffle() -> None:
     op = op_from({"op": "shuffle"})
-    session.apply(lambda: lambda _: op)
+    operations.apply(lambda: lambda _: op)
 
 
 def _batch_controls() -> None:

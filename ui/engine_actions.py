@@ -2,11 +2,12 @@
 
 The fields describe an `EngineConfig` (`fields_config`); applying one, a reset,
 a new session or a restored snapshot builds a new engine (`_replace_engine`,
-`restore_snapshot`) under the current engine's lock (`session.holding_current`),
+`restore_snapshot`) under the current engine's lock (`operations.holding_current`),
 loading a real model's weights first with a progress bar, and installs it with
 its settings, history and log (`install`); a device or kernel change keeps the
 state on another kernel (`change_kernel`). A click meanwhile waits for the
-lock, then acts on the new engine. The per-session state lives in ui/session.py.
+lock, then acts on the new engine. The per-session state lives in ui/session.py,
+the lock's rules in ui/operations.py.
 """
 
 from __future__ import annotations
@@ -44,22 +45,20 @@ from backend.views.text import notes_text, plain_md
 from ui import progress, store
 from ui.labels import FIELD_LABELS
 from ui.numbers import MAX_EXACT, out_of_range, whole
+from ui.operations import REPLACED_TOO_OFTEN, OpSession, holding_current
 from ui.progress import Shown
 from ui.session import (
     CONFIG_KEYS,
     CONFIRM_RESET,
     DIM_KEYS,
-    REPLACED_TOO_OFTEN,
     STEP_PICK,
     TIMELINE_PICK,
-    OpSession,
     collect,
     config_fields,
     flash,
     get_engine,
     get_owner,
     get_settings,
-    holding_current,
     snapshot_now,
     view_defaults,
 )
@@ -208,7 +207,7 @@ def _replace_engine(settings_for: Callable[[Settings], Settings], message: str, 
     """A fresh engine with `settings_for(the applied settings)`; `detach`: under a new
     session id (the old row stays).
 
-    Under the current engine's lock, weights included (`session.holding_current`): an
+    Under the current engine's lock, weights included (`operations.holding_current`): an
     operation still running on it finishes (and is saved) first, one clicked meanwhile
     waits and then runs on the new engine, and a replacement clicked meanwhile replaces
     this one's engine, with its settings. Once the engine is built, nothing reads

@@ -271,7 +271,7 @@ class _Line:
 
     A threading.Lock serves its waiters in no particular order; clicks must act in the
     order they were made: a waiting click that a later click superseded acts on the
-    engine before that later one, whose page then shows both (see ui/session.py).
+    engine before that later one, whose page then shows both (see ui/operations.py).
     """
 
     def __init__(self) -> None:

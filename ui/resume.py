@@ -6,7 +6,7 @@ is another browser's: backend/sessions/saved.py has the rules); an address
 that names none reopens this browser's latest session; a bad or unknown id is
 reported and changes nothing. The list's Open buttons call `open_other`.
 Each replaces the engine under the old one's lock, as every replacement
-does (ui/session.py).
+does (ui/operations.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from backend.sessions import saved
 from backend.sessions.progress import Work
 from backend.sessions.rows import StoreUnavailableError
 from backend.views.text import notes_text
-from ui import engine_actions, progress, session, store
+from ui import engine_actions, operations, progress, session, store
 from ui.progress import Shown
 
 STARTED = "store_started"   # set once the first run's reopening was tried
@@ -32,7 +32,7 @@ def _describe(engine: Engine) -> str:
             f"{counted(c.num_blocks, 'block')} of {counted(c.block_size, 'slot')}")
 
 
-def _load_model_of(sess: session.OpSession, sid: str, work: Work) -> Shown:
+def _load_model_of(sess: operations.OpSession, sid: str, work: Work) -> Shown:
     """Load the weights saved session `sid`'s model needs, with the progress bar a
     first load shows (with the engine's lock held: see engine_actions.load_weights).
     A row that cannot be read is left to `_open` to report."""
@@ -46,7 +46,7 @@ def _load_model_of(sess: session.OpSession, sid: str, work: Work) -> Shown:
         return Shown()
 
 
-def _open(sess: session.OpSession, sid: str, take_now: bool = True
+def _open(sess: operations.OpSession, sid: str, take_now: bool = True
           ) -> tuple[saved.Opened | str, Shown]:
     """Open saved session `sid` in this tab (installed), or the message saying why not;
     and the Shown of its progress bar, for the caller to finish after its bookkeeping.
@@ -94,7 +94,7 @@ def _open(sess: session.OpSession, sid: str, take_now: bool = True
     return (opened if opened is not None else problem), shown
 
 
-def _say_opened(sess: session.OpSession, opened: saved.Opened, how: str) -> None:
+def _say_opened(sess: operations.OpSession, opened: saved.Opened, how: str) -> None:
     engine = opened.live.engine
     notes = notes_text(opened.notes)
     if opened.copied:
@@ -113,9 +113,9 @@ def _reopen(sid: str, where: str, how: str, failed: str, take_now: bool = True) 
     after the reason otherwise). See engine_actions._replace_engine."""
     work = progress.get_work()
     shown: list[Shown] = []
-    with session.holding_current(where, work, shown) as sess:
+    with operations.holding_current(where, work, shown) as sess:
         if sess is None:
-            session.flash("error", f"{session.REPLACED_TOO_OFTEN} {failed}")
+            session.flash("error", f"{operations.REPLACED_TOO_OFTEN} {failed}")
         else:
             shown.append(_load_model_of(sess, sid, work))
             outcome, opening = _open(sess, sid, take_now)
