@@ -16,7 +16,7 @@ from backend.core.config import SMOLLM2, TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.models import registry
 from backend.sessions import playground
-from backend.sessions.playground import config_from_fields
+from backend.sessions.forms import config_from_fields
 from tests.test_app import add, click, engine, html, shown, start, status
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ import pandas as pd
 from streamlit.testing.v1 import AppTest
 
 from backend.io.snapshot import export_snapshot
+from backend.sessions.forms import config_from_fields
 from backend.sessions.history import History
-from backend.sessions.playground import config_from_fields
 from tests.test_app import add, click, engine, metrics, start, status
 from tests.test_exports_app import Media, media  # noqa: F401  (the fixture)
 from ui.session import CONFIG_KEYS, config_fields

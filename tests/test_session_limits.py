@@ -16,8 +16,9 @@ from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, snapshot_json
 from backend.sessions import budget as budget_module
 from backend.sessions.budget import MIB, KVBudget
+from backend.sessions.forms import config_from_fields
 from backend.sessions.history import History
-from backend.sessions.playground import Settings, build_engine, config_from_fields
+from backend.sessions.playground import Settings, build_engine
 
 
 def _ops(n: int) -> list[Op]:

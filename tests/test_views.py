@@ -20,18 +20,20 @@ from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step, descr
 from backend.io.export import requests_table
 from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import KVBudget
-from backend.sessions.history import History
-from backend.sessions.playground import (
-    Settings,
+from backend.sessions.forms import (
     add_op,
-    build_engine,
     config_from_fields,
-    has_state,
-    kept_snapshot,
-    kept_steps,
     next_child_id,
     next_request_id,
     parse_blocks,
+)
+from backend.sessions.history import History
+from backend.sessions.playground import (
+    Settings,
+    build_engine,
+    has_state,
+    kept_snapshot,
+    kept_steps,
     preset_of,
     summarize,
     switch_kernels,

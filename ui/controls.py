@@ -24,7 +24,7 @@ from backend.engine.ops import (
     check_request_id,
 )
 from backend.engine.results import OpResult
-from backend.sessions.playground import add_op, next_child_id, op_from
+from backend.sessions.forms import add_op, next_child_id, op_from
 from backend.views.text import plain_md
 from ui import clicks, layout, operations, session
 from ui.numbers import out_of_range, whole, whole_input

@@ -24,6 +24,7 @@ from backend.io.restore import restore_notes
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
 from backend.sessions.budget import SERVER_BUDGET
+from backend.sessions.forms import config_from_fields
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import (
@@ -31,7 +32,6 @@ from backend.sessions.playground import (
     MODEL_PRESETS,
     Settings,
     build_engine,
-    config_from_fields,
     has_state,
     load_model,
     model_cards,

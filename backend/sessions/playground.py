@@ -1,35 +1,28 @@
-"""The Playground's logic that needs no Streamlit: settings, engines, op building.
+"""The Playground's logic that needs no Streamlit: settings, engines, status lines.
 
 The Playground holds one engine per browser session. Its settings are an
 `EngineConfig` (which fixes the pool and the model, so changing it means a new
 engine) plus a device and a kernel (which do not: the same state can run on
-another kernel). Everything a person types is turned into CONTRACT.md's
-operation JSON and parsed by `backend.engine.ops.parse_op`, so the app accepts
-exactly what a scenario file accepts, with the same messages.
+another kernel). What a person types becomes an operation or a config in
+backend/sessions/forms.py.
 """
 
 from __future__ import annotations
 
-import re
-import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core.config import (
-    DIM_FIELDS,
-    MAX_KV_BYTES,
-    MAX_NUM_BLOCKS,
     MODELS,
     REAL_MODELS,
-    TINY_BYTE,
     EngineConfig,
 )
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
-from backend.engine.ops import Add, Op, describe_op, parse_op
-from backend.engine.request import Request, kept_for_sample, numbered
+from backend.engine.ops import Op, describe_op
+from backend.engine.request import numbered
 from backend.engine.results import OpResult
 from backend.io.recompute import Progress as RestoreProgress
 from backend.io.restore import restore_engine
@@ -226,126 +219,6 @@ def switch_kernels(engine: Engine, device: str, kernel: str, owner: str | None =
     return budget.built(budget.claim(engine.config, owner, replacing=engine), make)
 
 
-def next_request_id(existing: set[str] | dict[str, Any]) -> str:
-    """The first free id of A, B, ..., Z, then R27, R28, ...; an id whose samples or
-    forks (ID.0, ID.1, ...) exist is not free."""
-    taken = set(existing) | {rid.split(".", 1)[0] for rid in existing}
-    for letter in string.ascii_uppercase:
-        if letter not in taken:
-            return letter
-    n = 27
-    while f"R{n}" in taken:
-        n += 1
-    return f"R{n}"
-
-
-def next_child_id(parent: str, requests: Mapping[str, Request]) -> str:
-    """'A.1', 'A.2', ...: the first free fork name under `parent`, skipping an id kept
-    for a parallel sample still to be forked (`add A` with n waiting keeps A.1 ...),
-    which the engine would refuse."""
-    n = 1
-    while f"{parent}.{n}" in requests or kept_for_sample(requests, f"{parent}.{n}"):
-        n += 1
-    return f"{parent}.{n}"
-
-
-def parse_blocks(text: str | None) -> list[int] | None:
-    """'9, 2, 14' (or '9 2;14') -> [9, 2, 14]; blank -> None. Raises PagedLabError naming
-    the bad entry: one that is no block id, an empty one between two separators ('9,,2'
-    would otherwise read as [9, 2] with nothing said), or one past any pool's last id."""
-    if text is None or not text.strip():
-        return None
-    out = []
-    for part in re.split(r"\s*[,;]\s*|\s+", text.strip()):
-        if not part:
-            raise PagedLabError(f"pinned blocks must be block ids like '9, 2, 14'; "
-                                f"{text.strip()!r} has an empty entry between two "
-                                "separators")
-        if not (part.isascii() and part.isdigit()):
-            raise PagedLabError(f"pinned blocks must be block ids like '9, 2, 14'; "
-                                f"{part!r} is not a block id")
-        # By length first: int() refuses more than 4,300 digits with a ValueError.
-        if len(part) > len(str(MAX_NUM_BLOCKS)) or int(part) >= MAX_NUM_BLOCKS:
-            shown = f"{int(part):,}" if len(part) <= 30 else f"{part[:12]}… ({len(part):,} digits)"
-            raise PagedLabError(f"pinned block {shown} does not exist: no pool has "
-                                f"more than {MAX_NUM_BLOCKS:,} blocks")
-        out.append(int(part))
-    return out
-
-
-def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
-           max_new_tokens: int | None, blocks: str | None,
-           existing: set[str] | dict[str, Any], vocab_size: int,
-           prompt_tokens: Sequence[int] | None = None, n: int | None = None,
-           beam_width: int | None = None, default_max_new: int | None = None,
-           chat: bool = False) -> Add:
-    """The `add` operation for the Add form. Raises PagedLabError for a bad combination,
-    named by the form's labels (the scenario parser would name its own fields).
-
-    `default_max_new` is the engine's limit for a request that gives none (the
-    sidebar's "Default max new tokens"); a beam search needs one of the two.
-    `chat` sends the text as one user message through the model's chat template
-    (as a scenario's `messages`), so the prompt ends with the assistant's turn open.
-
-    `vocab_size` is the engine's model's (256 for tiny-byte's bytes, 49,152 for
-    SmolLM2): the op is parsed as a scenario on that model would be, so
-    `prompt_tokens` ids outside its vocabulary are refused with the same message.
-
-    A length given wins over the text: the form keeps its prompt text after every
-    add (adding it again shows prefix sharing), so text beside a length is almost
-    always left over, and a length is only ever typed on purpose. Token ids win
-    over the text for the same reason.
-    """
-    rid = (request or "").strip() or next_request_id(existing)
-    data: dict[str, Any] = {"op": "add", "request": rid}
-    text = prompt or ""
-    if prompt_len is not None:
-        data["prompt_len"] = int(prompt_len)
-    elif prompt_tokens is not None:
-        data["prompt_tokens"] = list(prompt_tokens)
-    elif text and chat:
-        data["messages"] = [{"role": "user", "content": text}]
-    elif text:
-        data["prompt"] = text
-    else:
-        raise PagedLabError("type a prompt, or give a prompt length")
-    if max_new_tokens is not None:
-        data["max_new_tokens"] = int(max_new_tokens)
-    pins = parse_blocks(blocks)
-    if pins is not None:
-        data["blocks"] = pins
-    _check_group(n, beam_width, pins, max_new_tokens, default_max_new)
-    if n is not None and n > 1:
-        data["n"] = int(n)
-    if beam_width is not None:
-        data["beam_width"] = int(beam_width)
-    op = parse_op(data, vocab_size=vocab_size)
-    assert isinstance(op, Add)
-    return op
-
-
-def _check_group(n: int | None, width: int | None, pins: list[int] | None,
-                 max_new: int | None, default_max_new: int | None) -> None:
-    """The Add form's samples, beams and pins, refused in the form's words."""
-    samples = n is not None and n > 1
-    if samples and width is not None:
-        raise PagedLabError("Parallel samples (n) and Beam width do not go together: give "
-                            "one of them (samples draw independently; beams keep the most "
-                            "likely)")
-    if pins is not None and (samples or width is not None):
-        field = "Beam width" if width is not None else "Parallel samples (n)"
-        raise PagedLabError(f"Pin to blocks is for one request; leave it blank to use {field}")
-    if width is not None and max_new is None and default_max_new is None:
-        raise PagedLabError("Beam width needs a limit on new tokens: give Max new tokens, or "
-                            "set the sidebar's Default max new tokens (the beams all grow "
-                            "until they end or reach it)")
-
-
-def op_from(data: dict[str, Any]) -> Op:
-    """Any other control's operation, through the same parser as scenario files."""
-    return parse_op(data)
-
-
 def _numbered(rid: str) -> tuple[str, int, str]:
     """Sort key of an id by its trailing number where it has one: B.7 before B.11."""
     named = numbered(rid)
@@ -401,60 +274,6 @@ def _free_split(result: OpResult) -> str:
         return f" (each only lowered a count; {held} still held)"
     return (f" ({back} back to the free queue, {lowered} only lowered a count"
             + (f"; {held} still held)" if held else ")"))
-
-
-# The fields whose None means "no limit" and whose 0 would mean nothing else.
-NO_LIMIT_AT_0 = frozenset({"max_new_tokens", "max_num_seqs", "max_num_batched_tokens",
-                           "watermark_blocks"})
-
-
-def config_from_fields(fields: dict[str, Any], base: EngineConfig,
-                       budget: KVBudget = SERVER_BUDGET) -> EngineConfig:
-    """`base` with the sidebar's fields applied, validated, and within what one browser
-    session's engine may hold (`budget`). Raises PagedLabError.
-
-    A limit's 0 (`NO_LIMIT_AT_0`) reads as blank: no limit. The four dimension
-    fields describe tiny-byte only: a real model's dimensions
-    come from its weights (EngineConfig refuses others), so for one they are
-    left out, and a switch back to tiny-byte from a real model takes the
-    fields' dimensions, or tiny-byte's defaults without them, never the real
-    model's.
-    """
-    model = fields.get("model", base.model)
-    # A limit's 0 is no limit: a browser's number field, once it holds a number, cannot
-    # be blanked again (it keeps the number), so 0 is how a person removes a limit.
-    fields = {k: None if k in NO_LIMIT_AT_0 and v == 0 and not isinstance(v, bool) else v
-              for k, v in fields.items()}
-    data = {**base.to_json(), **fields}
-    if model in REAL_MODELS:
-        data = {k: v for k, v in data.items() if k not in DIM_FIELDS}
-    elif model == TINY_BYTE and base.model != TINY_BYTE:
-        data = {k: v for k, v in data.items() if k not in DIM_FIELDS or k in fields}
-    _check_past_range(data, budget)
-    config = EngineConfig.from_json(data, where="settings")
-    budget.check_size(config)
-    return config
-
-
-def _check_past_range(data: dict[str, Any], budget: KVBudget) -> None:
-    """A pool size past the config's range is refused by the session's limit when that
-    is the tighter bound (a real model's blocks are large): "2,912 blocks fit" helps
-    more than "must be in 1..65,536". Otherwise the range check names it."""
-    wanted = data.get("num_blocks")
-    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted <= MAX_NUM_BLOCKS:
-        return
-    # The probe has one block and no watermark (which must stay under the pool).
-    try:
-        probe = EngineConfig.from_json({**data, "num_blocks": 1, "watermark_blocks": None},
-                                       where="settings")
-    except PagedLabError:
-        return   # no block size to count with: the full check names the range
-    # (A session limit past the 2 GiB any one pool may take would name a count no config
-    # may hold: there the range says it.)
-    if (budget.per_session <= MAX_KV_BYTES
-            and budget.per_session // probe.bytes_per_block < MAX_NUM_BLOCKS):
-        budget.check_size(probe, wanted)
-
 
 
 def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:
