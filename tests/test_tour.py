@@ -14,7 +14,7 @@ from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import MIB, KVBudget
 from backend.sessions.tour import TourRun, check_rows, parse_scenario_upload, shipped_scenario
 from backend.views import tour as tv
-from backend.views.model import metric_items
+from backend.views.metrics import metric_items
 
 
 def test_frames_keep_every_state_and_the_engine_only_moves_forward() -> None:

@@ -4,6 +4,7 @@ No Streamlit here: pages render what these functions return, tests check it
 directly, and an export can turn the same chart into PNG or SVG.
 
     model    a snapshot as typed rows and DataFrames; grid, vector: the block grid
+    metrics  the metrics panel's figures and the kernel panel's last step
     tokens   a snapshot's tokens as their model's pieces (bytes, or BPE tokens)
     legend   the grid's legend (page and exports) and grid_chart, the grid with it
     glossary what the pages' terms mean (tooltips); settings: a config as rows
@@ -30,19 +31,16 @@ from backend.views.grid import (
 )
 from backend.views.html import event_log_html, layouts_html, legend_html, metrics_html
 from backend.views.legend import grid_chart, legend_entries
+from backend.views.metrics import KernelInfo, MetricItem, kernel_info, metric_items
 from backend.views.model import (
     REQUEST_COLUMN_HELP,
     Chunk,
-    KernelInfo,
-    MetricItem,
     Snapshot,
     blocks_frame,
     events_frame,
     finished_frame,
     format_bytes,
     holders_by_block,
-    kernel_info,
-    metric_items,
     request_of,
     requests_frame,
     requests_layout,

@@ -15,9 +15,9 @@ from backend.core.words import counted
 from backend.views.glossary import EVENTS
 from backend.views.grid import CACHED_LABEL, INK, PALETTE
 from backend.views.legend import legend_entries
+from backend.views.metrics import MetricItem
 from backend.views.model import (
     Chunk,
-    MetricItem,
     Snapshot,
     owner_index,
     request_of,
