@@ -24,6 +24,7 @@ from ui import entry
 entry.through_app()
 
 from ui import layout, sidebar
+from ui.compare import TAB_KEY, TABS
 from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
 from ui.compare.deployment import deployment_section
@@ -33,6 +34,9 @@ from ui.compare.seed import seed_section
 from ui.compare.sharing import sharing_section
 from ui.compare.simulator import simulator_section
 from ui.numbers import section
+
+SECTIONS = [seed_section, maps_section, simulator_section, deployment_section,
+            block_size_section, preemption_section, sharing_section, calculator_section]
 
 # ---- the page ---------------------------------------------------------------------------
 
@@ -49,13 +53,14 @@ st.caption(
 # take two, every name in view (the sidebar's notes call the tabs by these names).
 layout.wrap_tabs("cmp_tabs")
 with st.container(key="cmp_tabs"):
-    tabs = st.tabs(["The seed's example", "One workload, two memories", "Trace simulator",
-                    "Real deployment", "Block size", "Swap or recompute", "Sharing",
-                    "Memory calculator"])
-sections = [seed_section, maps_section, simulator_section, deployment_section,
-            block_size_section, preemption_section, sharing_section, calculator_section]
-for tab, draw in zip(tabs, sections, strict=True):
-    with tab:
-        # A number out of its field's range stops that section under its fields, saying
-        # which; the other tabs are drawn as usual.
-        section(draw)
+    # Only the open tab is drawn: each builds its own charts and tables (a second or
+    # more of a CPU for some), so drawing all eight made every field's change wait for
+    # all of them. The address names the open tab (`?tab=Sharing`), so a link or a
+    # reload opens it; a name no tab has is dropped from the address.
+    tabs = st.tabs(list(TABS), key=TAB_KEY, bind="query-params")
+for tab, draw in zip(tabs, SECTIONS, strict=True):
+    if tab.open:
+        with tab:
+            # A number out of its field's range stops that section under its fields,
+            # saying which.
+            section(draw)

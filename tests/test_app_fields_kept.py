@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
+from tests.compare_support import CALCULATOR, MAPS, open_tab
 from tests.test_app import add, engine, pick, start
 
 PAGES = ("pages/scenarios.py", "pages/compare.py")
@@ -54,11 +55,12 @@ def test_the_picked_request_and_the_highlight_stay_picked() -> None:
 def test_a_compare_tabs_numbers_are_kept_through_the_playground() -> None:
     at = start()
     at.switch_page("pages/compare.py").run()
+    open_tab(at, CALCULATOR)
     at.number_input(key="cmp_calc_gpu").set_value(80.0).run()
     at.selectbox(key="cmp_calc_bits").select(8).run()
-    at.number_input(key="cmp_map_requests").set_value(12).run()
+    open_tab(at, MAPS).number_input(key="cmp_map_requests").set_value(12).run()
     assert not at.exception
     away_and_back(at, "pages/compare.py")
-    assert at.number_input(key="cmp_calc_gpu").value == 80.0
+    assert open_tab(at, CALCULATOR).number_input(key="cmp_calc_gpu").value == 80.0
     assert at.selectbox(key="cmp_calc_bits").value == 8
-    assert at.number_input(key="cmp_map_requests").value == 12
+    assert open_tab(at, MAPS).number_input(key="cmp_map_requests").value == 12

@@ -349,7 +349,10 @@ NAV_SETTLES_MS = 1000
     # ...with the link's scenario and step.
     ("/scenarios?scenario=03-growth&step=2", "Scenarios", "/tour?scenario=03-growth&step=2"),
     ("/compare", "Contiguous vs paged", "/fragmentation"),
-], ids=["lab", "tour", "fragmentation", "playground", "scenarios", "compare"])
+    # ...with the link's tab.
+    ("/compare?tab=Memory+calculator", "Contiguous vs paged",
+     "/fragmentation?tab=Memory+calculator"),
+], ids=["lab", "tour", "fragmentation", "playground", "scenarios", "compare", "compare-tab"])
 def test_each_address_opens_its_page_on_a_fresh_server(browser: Browser, screenshots: Path,
                                                        path: str, heading: str,
                                                        lands: str) -> None:
@@ -377,6 +380,12 @@ def test_each_address_opens_its_page_on_a_fresh_server(browser: Browser, screens
                 page.goto(f"{url}{path}")
                 shows(page.get_by_role("button", name="Add request"))
                 expect(page).to_have_url(f"{url}/lab", timeout=T)
+            if "tab=" in path:
+                # The tab the link names is the one open, and the only one drawn.
+                expect(page.get_by_role("tab", name="Memory calculator")).to_have_attribute(
+                    "aria-selected", "true")
+                shows(page.get_by_text("819,200 bytes per token (800 KiB)"))
+                expect(page.get_by_text("5 slots are free in total")).to_have_count(0)
             if path != "/lab":
                 return
             shows(page.get_by_role("button", name="Add request"))

@@ -9,6 +9,7 @@ page. Screenshots: build/screenshots/compare-*.png.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -64,6 +65,9 @@ TABLES = """() => [...document.querySelectorAll(
 
 def tables_fit(page: Page, count: int) -> None:
     """The open tab's `count` tables show every column and row without scrolling."""
+    # Only the open tab is drawn: its tables come with its run, after the click.
+    page.wait_for_function(f"({TABLES})().length >= {count}", timeout=60_000)
+    page.wait_for_timeout(500)     # a grid sizes itself once drawn
     sizes = page.evaluate(TABLES)
     assert len(sizes) == count, sizes
     assert all(s["wide"][0] <= s["wide"][1] and s["tall"][0] <= s["tall"][1]
@@ -173,6 +177,16 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             # Every model's shape, the source column included, without scrolling.
             tables_fit(page, 2)
             shot(page, "6-calculator")
+            # Only the open tab is drawn; one drawn again shows its last run as it was,
+            # and the address names it, so a reload opens it.
+            open_tab(page, "Trace simulator")
+            expect(page.get_by_text("Last run: sharegpt, 1,000 requests")).to_be_visible()
+            expect(page).to_have_url(re.compile(r"[?&]tab=Trace(\+|%20)simulator"))
+            page.reload()
+            expect(page.get_by_role("tab", name="Trace simulator")).to_have_attribute(
+                "aria-selected", "true", timeout=60_000)
+            expect(page.get_by_role("tabpanel", name="Trace simulator").get_by_role(
+                "button", name="Run simulation")).to_be_visible()
             # No section fell over.
             expect(page.locator(".stException")).to_have_count(0)
         finally:

@@ -15,22 +15,20 @@ from backend.lab.compare.seed_example import seed_example
 from backend.lab.memory_calc import kv_capacity
 from backend.lab.sim.simulator import SimConfig, simulate_workload
 from backend.views.compare import tables
-
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "compare.py")
-
-
-def start() -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=120)
-    at.run()
-    assert not at.exception
-    return at
-
-
-def text(at: AppTest) -> str:
-    """Everything the page says in markdown, captions, alerts and code blocks."""
-    parts = [e.value for kind in ("markdown", "caption", "success", "warning", "info", "code")
-             for e in getattr(at, kind)]
-    return "\n".join(str(p) for p in parts)
+from tests.compare_support import (
+    BLOCK_SIZE,
+    CALCULATOR,
+    MAPS,
+    PAGE,
+    SEED,
+    SHARING,
+    SIMULATOR,
+    SWAP,
+    open_tab,
+    start,
+    text,
+)
+from ui.compare import TAB_KEY, TABS
 
 
 def metric(at: AppTest, label: str) -> str:
@@ -46,24 +44,49 @@ def frame_with(at: AppTest, column: str) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def page() -> AppTest:
-    return start()
+def page() -> dict[str, AppTest]:
+    """The page opened on each tab."""
+    return {tab: start(tab) for tab in TABS}
 
 
-def test_default_render_shows_every_section(page: AppTest) -> None:
-    at = page
-    assert not at.error
+def test_only_the_open_tab_is_drawn_and_the_address_names_it() -> None:
+    at = start()
     assert [t.label for t in at.tabs] == [
         "The seed's example", "One workload, two memories", "Trace simulator",
         "Real deployment", "Block size", "Swap or recompute", "Sharing", "Memory calculator"]
+    # The first tab's fields and none of another's: a field's change reruns one section.
+    assert at.number_input(key="cmp_seed_new_len").value == 5
+    assert not [n for n in at.number_input if n.key == "cmp_calc_gpu"]
+    assert TAB_KEY not in at.query_params
+    # (The address names it too: AppTest does not mirror that; the browser tests check it.)
+    open_tab(at, CALCULATOR)
+    assert [n.key for n in at.number_input if n.key == "cmp_calc_gpu"] == ["cmp_calc_gpu"]
+    assert not [n for n in at.number_input if n.key == "cmp_seed_new_len"]
+    # A field keeps its number while its tab is not drawn.
+    at.number_input(key="cmp_calc_gpu").set_value(80.0).run()
+    open_tab(at, SEED)
+    assert open_tab(at, CALCULATOR).number_input(key="cmp_calc_gpu").value == 80.0
+    # A name no tab has opens the first tab and leaves the address.
+    odd = AppTest.from_file(PAGE, default_timeout=120)
+    odd.query_params[TAB_KEY] = "<b>Sharing</b>"
+    odd.run()
+    assert not odd.exception and not odd.error
+    assert TAB_KEY not in odd.query_params
+    assert odd.number_input(key="cmp_seed_new_len").value == 5
+
+
+def test_default_render_shows_every_section(page: dict[str, AppTest]) -> None:
+    for at in page.values():
+        assert not at.error
+    seed = page[SEED]
     # The seed's example: B's release leaves 5 free slots in holes of 3 and 2.
-    assert metric(at, "Free slots") == "5"
-    assert metric(at, "Largest hole") == "3"
-    says = text(at)
+    assert metric(seed, "Free slots") == "5"
+    assert metric(seed, "Largest hole") == "3"
+    says = "\n".join(text(at) for at in page.values())
     assert ("A request that will reach 5 tokens (a region of 5 slots) does not fit: 5 slots "
             "are free in total but the largest hole is 3 (external fragmentation)") in says
     assert "block table [11, 12, 13, 14]" in says
-    assert metric(at, "Free blocks after D") == "4"
+    assert metric(seed, "Free blocks after D") == "4"
     # The memory calculator on OPT-13B: the paper's 800 KB per token.
     assert "819,200 bytes per token (800 KiB)" in says
     assert "the paper's 800 KB per token" in says
@@ -71,8 +94,8 @@ def test_default_render_shows_every_section(page: AppTest) -> None:
     assert ("20,480 bytes per token per layer, 327,680 bytes for a 16-token block in each "
             "layer") in says
     cap = kv_capacity("OPT-13B", 40.0)
-    assert metric(at, "KV tokens that fit") == f"{cap.kv_tokens:,}" == "15,447"
-    assert metric(at, "Requests of 2,048 tokens") == "7"
+    assert metric(page[CALCULATOR], "KV tokens that fit") == f"{cap.kv_tokens:,}" == "15,447"
+    assert metric(page[CALCULATOR], "Requests of 2,048 tokens") == "7"
     # The disclaimer and the paper's numbers sit beside ours.
     assert "not from the paper's testbed" in says
     assert "Orca (Max) 20.4%, Orca (Pow2) 26.8%, Orca (Oracle) 38.2%, vLLM 96.3%" in says
@@ -80,30 +103,33 @@ def test_default_render_shows_every_section(page: AppTest) -> None:
     assert f"keeps 96.3%, {96.3 / 38.2:.1f} to {96.3 / 20.4:.1f} times that share" in says
 
 
-def test_memory_maps_table_orders_like_figure_2(page: AppTest) -> None:
-    df = frame_with(page, "measure").set_index("measure")
+def test_memory_maps_table_orders_like_figure_2(page: dict[str, AppTest]) -> None:
+    df = frame_with(page[MAPS], "measure").set_index("measure")
     assert df.columns.tolist() == ["max", "pow2", "oracle", "paged"]
     assert "paper: token states" in df.index
     shares = [float(v.rstrip("%")) for v in df.loc["token states"]]
     assert shares == sorted(shares) and len(set(shares)) == 4
     batches = [float(v) for v in df.loc["mean batch"]]
     assert batches[-1] == max(batches)
-    assert "The last request finished in iteration" in text(page)
+    assert "The last request finished in iteration" in text(page[MAPS])
 
 
-def test_block_size_and_sharing_sections_show_backend_numbers(page: AppTest) -> None:
+def test_block_size_and_sharing_sections_show_backend_numbers(
+        page: dict[str, AppTest]) -> None:
     points = trace_block_sweep("sharegpt", 1000, 0)
     expected = tables.block_tradeoff_sentence(points)
     assert "block size 16:" in expected
-    assert expected in text(page)
+    assert expected in text(page[BLOCK_SIZE])
     # The table's tail waste is in percent, the sentence's unit.
-    sweep = next(d.value for d in page.dataframe if "largest table at finish" in d.value.columns)
+    sweep = next(d.value for d in page[BLOCK_SIZE].dataframe
+                 if "largest table at finish" in d.value.columns)
     assert sweep["tail waste"].round(7).tolist() == [round(100 * p.tail_waste_share, 7)
                                                      for p in points]
     from backend.engine.sharing import recorded_results
     from backend.lab.sharing import sharing_experiment
 
-    frames = [d.value for d in page.dataframe if "copy-on-write copies" in d.value.columns]
+    sharing = page[SHARING]
+    frames = [d.value for d in sharing.dataframe if "copy-on-write copies" in d.value.columns]
     _, recorded = recorded_results()
     estimate = [*sharing_experiment("parallel", (2, 4, 6), requests=100, block_size=16),
                 *sharing_experiment("beam", (2, 4, 6), requests=100, block_size=16)]
@@ -114,20 +140,20 @@ def test_block_size_and_sharing_sections_show_backend_numbers(page: AppTest) -> 
         # The table shows the share in percent (one decimal, as the sentence says it).
         assert df["saved"].round(7).tolist() == [round(100 * r.saved_fraction, 7)
                                                  for r in results]
-    assert tables.sharing_sentence(recorded) in text(page)
-    assert "(paper: 6.1% to 9.8%)" in text(page)
-    assert "(paper: 37.6% to 55.2%)" in text(page)
+    assert tables.sharing_sentence(recorded) in text(sharing)
+    assert "(paper: 6.1% to 9.8%)" in text(sharing)
+    assert "(paper: 37.6% to 55.2%)" in text(sharing)
     # Each chart's shaded band is named: the paper's range.
-    assert text(page).count("Shaded band: the paper's range for the same kind of sharing") \
+    assert text(sharing).count("Shaded band: the paper's range for the same kind of sharing") \
         == 2
-    assert "What differs from the paper, and why" in text(page)
-    assert "An estimate, not a run: beam choices are modelled stochastically" in text(page)
+    assert "What differs from the paper, and why" in text(sharing)
+    assert "An estimate, not a run: beam choices are modelled stochastically" in text(sharing)
 
 
 def test_sharing_measures_on_the_live_engine_when_asked() -> None:
     from backend.engine.sharing import instruction_prompts, measure_sharing
 
-    at = start()
+    at = start(SHARING)
     at.selectbox(key="cmp_share_model").set_value("tiny-byte")
     at.number_input(key="cmp_share_prompts").set_value(2)
     at.number_input(key="cmp_share_new").set_value(8).run()
@@ -144,7 +170,7 @@ def test_sharing_measures_on_the_live_engine_when_asked() -> None:
 
 
 def test_block_size_simulation_button() -> None:
-    at = start()
+    at = start(BLOCK_SIZE)
     at.number_input(key="cmp_blk_requests").set_value(200)
     at.button(key="cmp_blk_sim").click().run()
     assert not at.exception and not at.error
@@ -170,7 +196,7 @@ def test_seed_example_follows_its_controls() -> None:
 
 
 def test_simulator_run_orders_policies_like_figure_2() -> None:
-    at = start()
+    at = start(SIMULATOR)
     at.number_input(key="cmp_sim_requests").set_value(300)
     at.button(key="cmp_sim_run").click().run()
     assert not at.exception and not at.error
@@ -188,7 +214,7 @@ def test_simulator_run_orders_policies_like_figure_2() -> None:
 
 
 def test_bad_input_gets_a_message_not_a_traceback() -> None:
-    at = start()
+    at = start(SIMULATOR)
     # A 1000-slot KV cache cannot hold ShareGPT's longest requests.
     at.number_input(key="cmp_sim_requests").set_value(300)
     at.number_input(key="cmp_sim_capacity").set_value(1000)
@@ -200,11 +226,11 @@ def test_bad_input_gets_a_message_not_a_traceback() -> None:
     at.button(key="cmp_sim_run").click().run()
     assert any(e.value == "Choose at least one policy." for e in at.error)
     # 16 slots cannot hold requests of up to 256 tokens.
-    at.number_input(key="cmp_map_capacity").set_value(16).run()
+    open_tab(at, MAPS).number_input(key="cmp_map_capacity").set_value(16).run()
     assert not at.exception
     assert any(e.value.endswith("can never fit in an arena of 16 slots") for e in at.error)
     # A 70B model's weights do not fit in 40 GiB.
-    at.selectbox(key="cmp_calc_model").set_value("Llama-3.1-70B").run()
+    open_tab(at, CALCULATOR).selectbox(key="cmp_calc_model").set_value("Llama-3.1-70B").run()
     assert not at.exception
     assert any("do not leave room for KV in 40 GiB" in e.value for e in at.error)
 
@@ -215,7 +241,7 @@ def refusals(at: AppTest) -> list[list[str]]:
 
 
 def test_a_number_past_a_fields_range_stops_its_section_with_the_fields_name() -> None:
-    at = start()
+    at = start(SWAP)
     runs = len([b for b in at.button if b.key == "cmp_swap_run"])
     assert runs == 1
     # The browser sends the number as typed (the fields carry no bounds), so the section
@@ -228,16 +254,19 @@ def test_a_number_past_a_fields_range_stops_its_section_with_the_fields_name() -
     at.number_input(key="cmp_swap_slots").set_value(10).run()
     assert ["Requests must be 2 to 64; got 100",
             "Device pool (token slots) must be 64 to 8,192; got 10"] in refusals(at)
-    at.number_input(key="cmp_seed_new_len").set_value(40).run()
+    open_tab(at, SEED).number_input(key="cmp_seed_new_len").set_value(40).run()
     assert ["D's final length must be 2 to 16; got 40"] in refusals(at)
-    at.number_input(key="cmp_calc_gpu").set_value(0.5).run()
+    open_tab(at, CALCULATOR).number_input(key="cmp_calc_gpu").set_value(0.5).run()
     assert ["GPU memory (GiB) must be 1 to 4,096; got 0.5"] in refusals(at)
     # The calculator's request length, drawn after the GPU field, is still there to fix.
     at.number_input(key="cmp_calc_len").set_value(0).run()
     assert ["GPU memory (GiB) must be 1 to 4,096; got 0.5",
             "Request length (tokens) must be 1 to 1,000,000; got 0"] in refusals(at)
     # The other sections are drawn as before, and numbers in range bring the section back.
-    assert [b for b in at.button if b.key == "cmp_sim_run"]
+    assert [b for b in open_tab(at, SIMULATOR).button if b.key == "cmp_sim_run"]
+    open_tab(at, SWAP)
+    assert ["Requests must be 2 to 64; got 100",
+            "Device pool (token slots) must be 64 to 8,192; got 10"] in refusals(at)
     at.number_input(key="cmp_swap_requests").set_value(8).run()
     assert ["Device pool (token slots) must be 64 to 8,192; got 10"] in refusals(at)
     assert not [b for b in at.button if b.key == "cmp_swap_run"]
@@ -247,7 +276,7 @@ def test_a_number_past_a_fields_range_stops_its_section_with_the_fields_name() -
 
 
 def test_each_part_of_the_sharing_tab_stops_on_its_own_numbers() -> None:
-    at = start()
+    at = start(SHARING)
     at.number_input(key="cmp_share_new").set_value(1000).run()
     assert ["Max new tokens must be 4 to 256; got 1,000"] in refusals(at)
     assert not [b for b in at.button if b.key == "cmp_share_run"]
@@ -257,7 +286,7 @@ def test_each_part_of_the_sharing_tab_stops_on_its_own_numbers() -> None:
 
 
 def test_swap_or_recompute_runs_the_engines_and_says_what_they_did() -> None:
-    at = start()
+    at = start(SWAP)
     assert any("Press Run" in c.value for c in at.caption)
     at.multiselect(key="cmp_swap_sizes").set_value([2, 8])
     at.number_input(key="cmp_swap_requests").set_value(8)
@@ -328,7 +357,7 @@ def test_in_the_app_its_sidebar_says_what_it_runs_not_the_playgrounds_pool() -> 
 
 
 def test_a_max_length_past_half_the_arena_is_said_to_run_one_at_a_time() -> None:
-    at = start()
+    at = start(MAPS)
     assert not [c for c in at.caption if "holds one request at a time" in c.value]
     at.number_input(key="cmp_map_max_len").set_value(8192).run()
     assert not at.exception

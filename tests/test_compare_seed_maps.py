@@ -12,7 +12,7 @@ from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import frames as views
 from backend.views.compare import seed as seed_views
 from backend.views.compare import tables
-from tests.test_compare_page import start, text
+from tests.compare_support import BLOCK_SIZE, start, text
 
 # ---- freed blocks: the block manager's own order ----------------------------------------
 
@@ -152,7 +152,7 @@ def test_block_run_caption_names_the_run_and_what_changed() -> None:
 
 
 def test_block_size_result_is_marked_once_the_fields_change() -> None:
-    at = start()
+    at = start(BLOCK_SIZE)
     at.number_input(key="cmp_blk_requests").set_value(200)
     at.button(key="cmp_blk_sim").click().run()
     assert not at.exception and not at.error

@@ -4,7 +4,6 @@ budgets, the preemption explanation, timelines, and issue 13's crash and progres
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,25 +15,16 @@ from backend.lab.traces import recorded_trace, replay_trace
 from backend.lab.workloads import make_trace
 from backend.views.compare import deployment as dep_views
 from backend.views.compare import tables
+from tests import compare_support as support
+from tests.compare_support import BLOCK_SIZE, DEPLOYMENT, SIMULATOR, open_tab, text
 from tests.test_app_reliability import unescaped_images
 from ui import bars as ui_bars
 from ui.compare import sim_runs
 from ui.compare.sim_runs import RUNS
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "compare.py")
 
-
-def start() -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.run()
-    assert not at.exception
-    return at
-
-
-def text(at: AppTest) -> str:
-    parts = [e.value for kind in ("markdown", "caption", "success", "warning", "info", "code")
-             for e in getattr(at, kind)]
-    return "\n".join(str(p) for p in parts)
+def start(tab: str = SIMULATOR) -> AppTest:
+    return support.start(tab, timeout=180)
 
 
 def chart_titles(at: AppTest) -> list[str]:
@@ -55,14 +45,14 @@ def test_simulate_every_block_size_after_a_run_does_not_crash() -> None:
     at.number_input(key="cmp_sim_requests").set_value(200)
     at.button(key="cmp_sim_run").click().run()
     assert not at.exception and not at.error
-    at.number_input(key="cmp_blk_requests").set_value(200)
+    open_tab(at, BLOCK_SIZE).number_input(key="cmp_blk_requests").set_value(200)
     at.button(key="cmp_blk_sim").click().run()
     assert not at.exception and not at.error
     ends = [simulate_workload("sharegpt", SimConfig("paged", block_size=b), requests=200,
                               rate=4.0) for b in (1, 256)]
     assert tables.block_batch_sentence(ends) in text(at)
     # A fresh session on the same server, with everything cached.
-    fresh = start()
+    fresh = start(BLOCK_SIZE)
     fresh.number_input(key="cmp_blk_requests").set_value(200)
     fresh.button(key="cmp_blk_sim").click().run()
     assert not fresh.exception and not fresh.error
@@ -183,7 +173,7 @@ def test_an_uploaded_trace_is_checked_whole() -> None:
 
 
 def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> None:
-    at = start()
+    at = start(DEPLOYMENT)
     at.selectbox(key="cmp_dep_trace").set_value("azure-code").run()
     d = dep.deployment("azure-code")
     assert dep_views.preset_sentence(d) in text(at)

@@ -6,7 +6,6 @@ stop a button saying why."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,7 @@ from backend.lab.workloads import Trace, make_trace
 from backend.views.compare import charts, preemptions, tables
 from backend.views.compare import deployment as dep_views
 from backend.views.compare.timeline import timeline_chart, timeline_frame
-
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "compare.py")
+from tests.compare_support import CALCULATOR, SHARING, SIMULATOR, SWAP, open_tab, start
 
 
 @pytest.fixture(scope="module")
@@ -185,14 +183,12 @@ def calculator(at: AppTest, model: str, kv: int, length: int) -> AppTest:
 
 
 def test_the_page_writes_counts_and_sizes_to_be_read() -> None:
-    at = AppTest.from_file(PAGE, default_timeout=120)
-    at.run()
-    assert not at.exception
+    at = start(SHARING)
     # Sharing: the recording's machine, not "1 thread(s)".
     recorded = [c.value for c in at.caption if "instruction prompts" in c.value]
     assert len(recorded) == 1 and "thread(s)" not in recorded[0]
     assert "x86_64, 1 thread in" in recorded[0]
-    calculator(at, "Gemma-2-9B", 1, 1)
+    calculator(open_tab(at, CALCULATOR), "Gemma-2-9B", 1, 1)
     assert not at.exception
     assert [m.label for m in at.metric if m.label.startswith("Requests of")] == [
         "Requests of 1 token"]
@@ -262,8 +258,7 @@ def test_a_busy_timeline_keeps_its_own_scale() -> None:
 
 
 def test_swap_or_recompute_without_block_sizes_says_why() -> None:
-    at = AppTest.from_file(PAGE, default_timeout=120)
-    at.run()
+    at = start(SWAP)
     captions = [c.value for c in at.caption]
     assert ("Press Run: 4 block sizes, three engine runs each; a bar shows their "
             "progress.") in captions
@@ -282,8 +277,7 @@ def test_swap_or_recompute_without_block_sizes_says_why() -> None:
 def test_the_simulators_label_says_the_rate_as_the_deployment_tab_does() -> None:
     full = recorded_trace("azure-conv")
     assert dep_views.rate_text(full.rate) == "5.53"
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.run()
+    at = start(SIMULATOR, timeout=180)
     at.selectbox(key="cmp_sim_workload").set_value("azure-conv").run()
     at.number_input(key="cmp_sim_trace_requests_azure-conv").set_value(400)
     at.number_input(key="cmp_sim_time_scale").set_value(0.01)

@@ -19,6 +19,12 @@ from backend.lab.sim.simulator import SimResult
 from backend.views.compare import frames as views
 from backend.views.text import plain_md
 
+# The page's tabs, in order. TAB_KEY holds the open one and is the address's parameter
+# (`/fragmentation?tab=Sharing`): only the open tab is drawn (pages/compare.py).
+TAB_KEY = "tab"
+TABS = ("The seed's example", "One workload, two memories", "Trace simulator",
+        "Real deployment", "Block size", "Swap or recompute", "Sharing", "Memory calculator")
+
 SYNTHETIC_NOTE = ("Our numbers come from PagedLab's simulator on synthetic or recorded traces "
                   "(arrivals and lengths only, a fixed time per iteration), not from the "
                   "paper's testbed (a real model serving real request datasets on a real "
