@@ -19,7 +19,7 @@ def test_an_int_in_range_is_returned_as_given(value: int, low: int, high: int | 
     (257, 1, 256, "block_size must be an integer in 1..256, got 257"),
     (10**9, 1, 65_536, "block_size must be an integer in 1..65,536, got 1,000,000,000"),
     (-1, 0, None, "block_size must be an integer >= 0, got -1"),
-    (True, 0, 256, "block_size must be an integer in 0..256, got True"),   # a bool is no count
+    (True, 0, 256, "block_size must be an integer in 0..256, got true"),   # a bool is no count
     # A whole number a file wrote as a float: how to write it.
     (1.0, 1, 256, "block_size must be an integer in 1..256, got 1.0 (write it as 1, without "
                   "a decimal point or exponent)"),
@@ -31,7 +31,7 @@ def test_an_int_in_range_is_returned_as_given(value: int, low: int, high: int | 
     (2.5, 1, 256, "block_size must be an integer in 1..256, got 2.5"),
     (1e300, 1, 256, "block_size must be an integer in 1..256, got 1e+300"),
     ("12", 1, None, "block_size must be an integer >= 1, got '12'"),
-    (None, 1, 256, "block_size must be an integer in 1..256, got None"),
+    (None, 1, 256, "block_size must be an integer in 1..256, got null"),
 ])
 def test_a_refusal_names_the_field_the_requirement_and_the_value(
         value: object, low: int, high: int | None, message: str) -> None:

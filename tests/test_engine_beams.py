@@ -196,7 +196,7 @@ def test_restore_refuses_inconsistent_beams() -> None:
         (lambda r: r.update(beam_width=4), "different beam_width"),
         (lambda r: r.update(cum_logprob=0.5), "cum_logprob must be a finite"),
         # false is an int to Python, and was read as a log-probability of 0.
-        (lambda r: r.update(cum_logprob=False), r"\.cum_logprob must be a number, got False"),
+        (lambda r: r.update(cum_logprob=False), r"\.cum_logprob must be a number, got false"),
         (lambda r: r.pop("group"), "carries the group"),
     ]:
         bad = json.loads(json.dumps(snap))

@@ -373,5 +373,5 @@ def test_a_restored_greedy_config_says_so_and_its_temperature_can_be_changed() -
     # A refused value names the field as the sidebar does.
     at.sidebar.number_input(key="cfg_temperature").set_value(-1.0).run()
     assert [shown(e.value) for e in at.sidebar.error] == [
-        "Temperature must be >= 0 (0 is greedy), got -1.0"]
+        "Temperature must be >= 0 (0, or anything under 1e-05, is greedy), got -1.0"]
     assert engine(at).config.temperature == 0.7

@@ -91,7 +91,7 @@ def test_tiny_byte_keeps_its_salt_and_direct_construction_cannot_mismatch() -> N
     (30.0, "config: num_layers must be an integer, got 30.0 (write it as 30, without a "
            "decimal point or exponent)"),
     ("30", "config: num_layers must be an integer, got '30'"),
-    (True, "config: num_layers must be an integer, got True"),
+    (True, "config: num_layers must be an integer, got true"),
     (29, "config: num_layers is 29 but smollm2-135m has num_layers 30; a real model's "
          "dimensions come from its weights (leave it out)"),
 ])

@@ -310,10 +310,10 @@ def test_a_key_named_twice_is_refused_not_read_as_its_last() -> None:
 
 def test_true_for_a_text_field_is_named_as_not_text() -> None:
     reader = FieldReader({"name": True, "err": False}, "snapshot.kernel")
-    with pytest.raises(PagedLabError, match=r"^snapshot\.kernel\.name must be str, got True$"):
+    with pytest.raises(PagedLabError, match=r"^snapshot\.kernel\.name must be a string, got true$"):
         reader.get("name", str)
     with pytest.raises(PagedLabError,
-                       match=r"^snapshot\.kernel\.err must be a number, got False$"):
+                       match=r"^snapshot\.kernel\.err must be a number, got false$"):
         reader.get("err", (int, float))
 
 

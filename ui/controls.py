@@ -178,7 +178,10 @@ def _add_form() -> None:
                            "A to Z, then R27, R28, ….")
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
                       persist_state="session",
-                      help="Physical blocks to hold the prompt, in order; each must be free.")
+                      help="Physical blocks to hold the prompt, in order; each must be free. "
+                           "A pinned request is admitted at once on them, so its prompt is "
+                           "not looked up in the prefix cache (its full blocks still enter "
+                           "it for later prompts).")
         c1, c2 = st.columns(2)
         whole_input(c1, "Parallel samples (n)", value=None, step=1, key="add_n", placeholder="1",
                     help=f"1 to {MAX_SAMPLES}. n > 1: the engine prefills the prompt "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from backend.sessions.forms import NO_LIMIT_AT_0
+
 # What each config field is called on screen (without its unit, which a refusal's
 # numbers follow).
 FIELD_LABELS = {
@@ -29,7 +31,13 @@ def labelled(problem: str) -> str:
     must be an integer in 1..65,536, got 0" reads "Pool size must be 1 to 65,536; got 0",
     as a refused Steps or Max new tokens field does."""
     text = problem.removeprefix("settings: ")
-    text = _RANGE.sub(r"must be \1 to \2; got \3", text)
+    field = _FIELD_NAME.search(text)
+    # A limit's field takes blank or 0 too (no limit), which the backend's range omits.
+    limit = field is not None and field.group(1) in NO_LIMIT_AT_0 and field.group(1) != \
+        "watermark_blocks"
+    either = ", or blank or 0 for no limit" if limit else ""
+    text = _RANGE.sub(rf"must be \1 to \2{either}; got \3", text)
+    text = text.replace(" (or None: no limit)", "")
     text = _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
     # A line that began after the prefix ("the model's weights would take …") starts a
     # sentence of its own.

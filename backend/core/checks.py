@@ -23,11 +23,38 @@ MAX_JSON_INT = 2**53 - 1
 MAX_COUNTER = 2**52
 
 
+# Past this many characters a quoted value is cut short: a file's values are anyone's.
+SHOWN_CHARS = 40
+
+
 def shown(value: object) -> str:
-    """`value` as a message quotes it: an int with thousands separators, else its repr."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return repr(value)
+    """`value` as a message quotes it, in JSON's words: an int with thousands separators
+    (a long one cut short, with its count of digits), a string or number as written
+    (cut short past SHOWN_CHARS), null, true and false; an array or object by its kind."""
+    if isinstance(value, bool) or value is None:
+        return json_kind(value)
+    if isinstance(value, int):
+        digits = len(str(abs(value)))
+        if digits <= SHOWN_CHARS:
+            return f"{value:,}"
+        return f"{str(value)[:13]}… ({digits:,} digits)"
+    if isinstance(value, list | dict):
+        return json_kind(value)
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 1] + "…"
+
+
+def json_kind(value: object) -> str:
+    """What JSON calls `value`'s kind: "null", "true", "an integer", "an array", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    for kind, name in ((int, "an integer"), (float, "a number"), (str, "a string"),
+                       (list, "an array"), (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
 
 
 def int_requirement(low: int, high: int | None = None) -> str:

@@ -18,8 +18,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from backend.core.budgets import MAX_BUDGET, SchedulerBudgets
-from backend.core.checks import check_int, written_as_float
+from backend.core.checks import check_int, json_kind, shown, written_as_float
 from backend.core.errors import PagedLabError
+
+# A temperature under this is greedy (vLLM's _SAMPLING_EPS): logits divided by 1e-320
+# overflow to infinities, whose argmax is the lowest id among them, not the largest logit.
+GREEDY_BELOW = 1e-5
 
 Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -202,7 +206,7 @@ class EngineConfig:
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise PagedLabError(f"{where} must be an object, got {type(data).__name__}")
+            raise PagedLabError(f"{where} must be an object, got {json_kind(data)}")
         known = {f.name for f in fields(EngineConfig)}
         unknown = sorted(set(data) - known - ignore)
         if unknown:
@@ -222,7 +226,7 @@ class EngineConfig:
                 v = data[key]
                 if isinstance(v, bool) or not isinstance(v, int):
                     # 30.0 equals 30, but a count written as a float is refused everywhere.
-                    raise PagedLabError(f"{where}: {key} must be an integer, got {v!r}"
+                    raise PagedLabError(f"{where}: {key} must be an integer, got {shown(v)}"
                                         + written_as_float(v))
                 if v != have:
                     raise PagedLabError(f"{where}: {key} is {v!r} but {model} has {key} "
@@ -276,12 +280,13 @@ def _check_field(key: str, v: Any, where: str) -> Any:
             return _int_in(key, v, 1, MAX_BLOCK_SIZE, where)
         case "prefix_caching":
             if not isinstance(v, bool):
-                raise PagedLabError(f"{where}: prefix_caching must be true or false, got {v!r}")
+                raise PagedLabError(f"{where}: prefix_caching must be true or false, "
+                                    f"got {shown(v)}")
             return v
         case "allocation":
             if not isinstance(v, str) or v not in ("fifo", "random"):
                 raise PagedLabError(f"{where}: allocation must be \"fifo\" or \"random\", "
-                                    f"got {v!r}")
+                                    f"got {shown(v)}")
             return v
         case "seed":
             return _int_in(key, v, 0, 2**63 - 1, where)
@@ -300,19 +305,20 @@ def _check_field(key: str, v: Any, where: str) -> Any:
         case "dtype":
             if not isinstance(v, str) or v not in DTYPE_BYTES:
                 raise PagedLabError(f"{where}: dtype must be one of "
-                                    f"{', '.join(DTYPE_BYTES)}, got {v!r}")
+                                    f"{', '.join(DTYPE_BYTES)}, got {shown(v)}")
             return v
         case "max_new_tokens":
             return None if v is None else _int_in(key, v, 1, MAX_NEW_TOKENS, where)
         case "model":
             if not isinstance(v, str) or v not in MODELS:
                 raise PagedLabError(f"{where}: model must be one of "
-                                    f"{', '.join(repr(m) for m in MODELS)}, got {v!r}")
+                                    f"{', '.join(repr(m) for m in MODELS)}, got {shown(v)}")
             return v
         case "temperature":
             t = _number(key, v, where)
             if t is not None and t < 0:
-                raise PagedLabError(f"{where}: temperature must be >= 0 (0 is greedy), got {t}")
+                raise PagedLabError(f"{where}: temperature must be >= 0 (0, or anything under "
+                                    f"{GREEDY_BELOW:g}, is greedy), got {t}")
             return t
         case "top_p":
             p = _number(key, v, where)
@@ -326,7 +332,7 @@ def _check_field(key: str, v: Any, where: str) -> Any:
         case "preemption":
             if not isinstance(v, str) or v not in ("recompute", "swap"):
                 raise PagedLabError(f"{where}: preemption must be \"recompute\" or \"swap\", "
-                                    f"got {v!r}")
+                                    f"got {shown(v)}")
             return v
         case "num_cpu_blocks":
             return _int_in(key, v, 0, MAX_NUM_BLOCKS, where)
@@ -338,11 +344,11 @@ def _number(key: str, v: Any, where: str) -> float | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise PagedLabError(f"{where}: {key} must be a number or null, got {v!r}")
+        raise PagedLabError(f"{where}: {key} must be a number or null, got {shown(v)}")
     try:
         f = float(v)
     except OverflowError:
-        raise PagedLabError(f"{where}: {key} is out of range, got {v!r}") from None
+        raise PagedLabError(f"{where}: {key} is out of range, got {shown(v)}") from None
     if not math.isfinite(f):
-        raise PagedLabError(f"{where}: {key} must be finite, got {v!r}")
+        raise PagedLabError(f"{where}: {key} must be finite, got {shown(v)}")
     return f

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from backend.core.checks import check_int, unicode_text
+from backend.core.checks import check_int, json_kind, shown, unicode_text
 from backend.core.errors import PagedLabError
 from backend.core.words import counted, legible
 
@@ -99,7 +99,7 @@ ANNOTATIONS = {"op", "narration", "expect"}
 
 def check_request_id(value: Any, field: str = "request") -> str:
     if not isinstance(value, str) or not value.strip():
-        raise PagedLabError(f"{field} must be a non-empty string, got {value!r}")
+        raise PagedLabError(f"{field} must be a non-empty string, got {shown(value)}")
     if len(value) > MAX_ID_CHARS:
         raise PagedLabError(f"{field} must be at most {MAX_ID_CHARS} characters; got "
                             f"{len(value):,}")
@@ -114,7 +114,7 @@ def _int(value: Any, field: str, lo: int, hi: int) -> int:
 
 def _int_list(value: Any, field: str, lo: int, hi: int, max_len: int) -> tuple[int, ...]:
     if not isinstance(value, list):
-        raise PagedLabError(f"{field} must be a list of integers, got {type(value).__name__}")
+        raise PagedLabError(f"{field} must be an array of integers, got {json_kind(value)}")
     if len(value) > max_len:
         raise PagedLabError(f"{field} has {len(value):,} entries; the limit is {max_len:,}")
     return tuple(_int(v, f"{field}[{i}]", lo, hi) for i, v in enumerate(value))
@@ -127,7 +127,7 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
     bytes); None defers that check to the engine, which knows its model.
     """
     if not isinstance(data, dict):
-        raise PagedLabError(f"an operation must be an object, got {type(data).__name__}")
+        raise PagedLabError(f"an operation must be an object, got {json_kind(data)}")
     name = data.get("op")
     if not isinstance(name, str) or name not in _FIELDS:
         raise PagedLabError(f"unknown op {name!r}; expected one of {', '.join(OP_NAMES)}")

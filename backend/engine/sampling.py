@@ -7,9 +7,9 @@ preempted request regenerates the same tokens after recomputation, a moved
 block changes nothing, and a forked child (another id) diverges from its
 parent.
 
-`temperature` divides the logits (0: greedy, the largest logit, ties to the
-lowest token id, no noise drawn); `top_p` keeps the most probable tokens whose
-probabilities, taken in order (ties by token id), first reach p. For
+`temperature` divides the logits (0, or under GREEDY_BELOW as in vLLM: greedy,
+the largest logit, ties to the lowest token id, no noise drawn); `top_p` keeps
+the most probable tokens whose probabilities, taken in order (ties by token id), first reach p. For
 tiny-byte samples are restricted to printable ASCII so generated text can be
 read on screen (prompts may hold any byte); with neither setting given its
 draw is exactly the one it always was.
@@ -21,6 +21,7 @@ import hashlib
 
 import torch
 
+from backend.core.config import GREEDY_BELOW
 from backend.core.words import visible_byte
 
 PRINTABLE_LO, PRINTABLE_HI = 32, 126
@@ -47,7 +48,7 @@ def sample_token(logits: torch.Tensor, seed: int, request_id: str, position: int
     banned = _NOT_PRINTABLE if printable_only else None
     if banned is not None:
         assert scores.numel() == 256, "printable_only is for byte vocabularies"
-    if temperature == 0:
+    if temperature is not None and temperature < GREEDY_BELOW:
         if banned is not None:
             scores = scores.masked_fill(banned, float("-inf"))
         return int(torch.argmax(scores))  # the first of equal maxima: the lowest id

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import MAX_JSON_INT, check_int, written_as_float
+from backend.core.checks import MAX_JSON_INT, check_int, shown, written_as_float
 from backend.core.errors import PagedLabError
 
 
@@ -208,15 +208,18 @@ class FieldReader:
         if v is None and optional:
             return None
         if isinstance(v, bool | float) and kind is int:
-            raise PagedLabError(f"{self.where}.{key} must be an integer, got {v!r}"
+            raise PagedLabError(f"{self.where}.{key} must be an integer, got {shown(v)}"
                                 + written_as_float(v))
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if isinstance(v, bool) and bool not in kinds and (int in kinds or float in kinds):
             # A bool is an int to isinstance: a number field would take false as 0.
-            raise PagedLabError(f"{self.where}.{key} must be a number, got {v!r}")
+            raise PagedLabError(f"{self.where}.{key} must be a number, got {shown(v)}")
         if not isinstance(v, kind):
-            name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-            raise PagedLabError(f"{self.where}.{key} must be {name}, got {v!r}")
+            raise PagedLabError(f"{self.where}.{key} must be {_wanted(kinds)}, got {shown(v)}")
+        if float in kinds and isinstance(v, int) and not isinstance(v, bool) \
+                and abs(v) > sys.float_info.max:
+            # JSON has no size limit; a float does, and every such field is read as one.
+            raise PagedLabError(f"{self.where}.{key} must be a finite number, got {shown(v)}")
         return v
 
     def int_list(self, key: str, lo: int, hi: int) -> list[int]:
@@ -224,6 +227,15 @@ class FieldReader:
         for i, x in enumerate(v):
             check_int(x, f"{self.where}.{key}[{i}]", lo, hi)
         return v
+
+
+def _wanted(kinds: tuple[type, ...]) -> str:
+    """What a field takes, in JSON's words: "a number", "a string", "an array"..."""
+    if float in kinds:
+        return "a number"
+    names = {int: "an integer", str: "a string", list: "an array", dict: "an object",
+             bool: "true or false"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 # A key longer than this is cut short in a path: a file's keys are anyone's text.

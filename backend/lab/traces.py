@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backend.core.checks import check_int
+from backend.core.checks import check_int, shown
 from backend.core.errors import PagedLabError
 from backend.lab.sim.simulator import DEFAULT_RATE
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
@@ -92,11 +92,11 @@ def _seconds(text: str) -> float | None:
             float(text)
         except ValueError:
             return None
-        raise PagedLabError(f"TIMESTAMP {text!r}: a number of seconds is written in plain "
+        raise PagedLabError(f"TIMESTAMP {shown(text)}: a number of seconds is written in plain "
                             "digits, such as 1.5 (no sign, exponent or separators)")
     value = float(text)
     if value > MAX_SECONDS:
-        raise PagedLabError(f"TIMESTAMP {text!r} is past the largest number of seconds, "
+        raise PagedLabError(f"TIMESTAMP {shown(text)} is past the largest number of seconds, "
                             f"{MAX_SECONDS:,.0f} (about 31,700 years)")
     return value
 
@@ -130,7 +130,7 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
         names = [h.strip() for h in header]
         if sorted(names) != sorted(COLUMNS):
             raise PagedLabError(f"{name}: the header must name the columns "
-                                f"{', '.join(COLUMNS)}, got {','.join(names)!r}")
+                                f"{', '.join(COLUMNS)}, got {shown(','.join(names))}")
         at = [names.index(c) for c in COLUMNS]
         times: list[int | float] = []   # nanoseconds (dates) or seconds
         prompts: list[int] = []
@@ -156,22 +156,22 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
                 raise fail(str(exc)) from None
             if ns is None and sec is None:
                 raise fail(f"TIMESTAMP must be a date and time (2023-11-16 18:17:03.97) or "
-                           f"a number of seconds, got {stamp!r}")
+                           f"a number of seconds, got {shown(stamp)}")
             if dated is None:
                 dated = ns is not None
             elif dated != (ns is not None):
                 kind = "a date and time" if dated else "a number of seconds"
-                raise fail(f"TIMESTAMP {stamp!r} is not {kind} like row 1's")
+                raise fail(f"TIMESTAMP {shown(stamp)} is not {kind} like row 1's")
             value = ns if ns is not None else sec
             assert value is not None
             if times and value < times[-1]:
-                raise fail(f"TIMESTAMP {stamp!r} is earlier than the row before it; "
+                raise fail(f"TIMESTAMP {shown(stamp)} is earlier than the row before it; "
                            "the rows must be in arrival order")
             for what, raw, into in (("ContextTokens", ctx, prompts),
                                      ("GeneratedTokens", gen, outputs)):
                 count = _tokens(raw)
                 if count is None:
-                    raise fail(f"{what} must be an integer in 1..{MAX_TOKENS:,}, got {raw!r}")
+                    raise fail(f"{what} must be an integer in 1..{MAX_TOKENS:,}, got {shown(raw)}")
                 into.append(count)
             times.append(value)
     except csv.Error as e:
@@ -216,7 +216,7 @@ def checked_time_scale(value: object) -> float:
     if not (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and 0 < value <= MAX_TIME_SCALE):
         raise PagedLabError(f"time scale must be a number in (0, {MAX_TIME_SCALE:g}], "
-                            f"got {value!r}")
+                            f"got {shown(value)}")
     return float(value)
 
 

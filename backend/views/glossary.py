@@ -53,14 +53,18 @@ METRICS: dict[str, str] = {
     "prefix_hit_tokens": "The tokens in those blocks.",
     "prefix_queries": "Prompts looked up in the prefix cache.",
     "prefix_floor_tokens": "Lost to the block floor: prompt tokens a block-granular cache can "
-                           "never serve, the partial last block and the last token, which is "
-                           "always computed.",
+                           "never serve. The last prompt token is always computed (its logits "
+                           "give the first new token), so the block holding it is too: the "
+                           "partial last block, or, for a prompt that fills its blocks "
+                           "exactly, the whole last block (16 tokens in blocks of 4: 4 lost).",
+    "swapped": "Requests preempted by swap: their K/V waits in the host pool, holding no "
+               "device block, until room lets them swap back in.",
     "preemptions": "Times a request's blocks were taken back because the pool ran out.",
 }
 
 REQUEST_FIELDS: dict[str, str] = {
-    "status": "running (holds blocks), waiting (queued, holds none) or finished (released "
-              "them).",
+    "status": "running (holds blocks), waiting (queued, holds none), swapped (preempted by "
+              "swap: its K/V in the host pool) or finished (released them).",
     "block_table": "The request's block table: entry i is the physical block that holds its "
                    "logical block i.",
     "num_tokens": "Prompt and generated tokens so far.",

@@ -52,6 +52,9 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
                    "Requests holding blocks and decoding in every step."),
         MetricItem("Requests", "Waiting requests", str(status.count("waiting")),
                    "Requests queued for room in the pool (new or preempted)."),
+        *([MetricItem("Requests", "Swapped requests", str(status.count("swapped")),
+                      METRICS["swapped"])]
+          if c.get("preemption") == "swap" or "swapped" in status else []),
         MetricItem("Requests", "Finished requests", str(status.count("finished")),
                    finished_help),
         MetricItem("Requests", "Preemptions", str(m["preemptions"]),

@@ -44,8 +44,14 @@ def token_pieces(snap: Snapshot, tokens: list[int]) -> list[str]:
 
 def quoted_piece(piece: str) -> str:
     """A token's piece in quotes, so a leading space shows. Not `repr`: a piece writes
-    a line break as the two characters \\n already, which `repr` would double."""
-    return "'" + piece + "'"
+    a line break as the two characters \\n already, which `repr` would double. A piece
+    holding a single quote takes double quotes (`"'"`, not `'''`), and one holding both
+    escapes its single quotes (a piece writes a backslash as two already)."""
+    if "'" not in piece:
+        return "'" + piece + "'"
+    if '"' not in piece:
+        return '"' + piece + '"'
+    return "'" + piece.replace("'", "\\'") + "'"
 
 
 def split_characters(snap: Snapshot, tokens: list[int]) -> list[str | None]:
