@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
@@ -28,6 +29,7 @@ from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
 from ui import layout, translator
+from ui.memo import memo
 from ui.numbers import number_text, whole, whole_input
 
 # Requests whose text is laid out by block; the table above lists every request.
@@ -164,11 +166,13 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
             format_func=lambda p: f"{p * views.PAGE_SIZE}–{min(n, (p + 1) * views.PAGE_SIZE) - 1}")
     focus = _focus(snap, prefix)
     if pages > 1:
-        odf, ospec = views.overview_spec(snap)
+        odf, ospec = memo("overview", snap, None, lambda: views.overview_spec(snap))
         with fitted(ospec, f"{prefix}overview_box"):
             st.vega_lite_chart(odf, ospec, width="stretch", key=f"{prefix}overview")
     st.markdown(f"**{views.grid_title(snap, page)}**")
-    df, spec = views.grid_spec(snap, page=page, focus_blocks=focus.blocks, titled=False)
+    df, spec = memo("grid", snap, (page, focus.blocks),
+                    lambda: views.grid_spec(snap, page=page, focus_blocks=focus.blocks,
+                                            titled=False))
     with fitted(spec, f"{prefix}grid_box"):
         st.vega_lite_chart(df, spec, key=f"{prefix}grid",
                            on_select=lambda: _on_grid_select(prefix),
@@ -239,8 +243,9 @@ def block_tables(snap: Snapshot, focus: Focus | None = None, prefix: str = "") -
                  "backslash is a character of its own." if model_of(snap) == TINY_BYTE else "")
         st.caption("Each request's text, split where its blocks split: L = logical block, "
                    "P = physical block, ×N = shared by N tables, · = an empty slot." + coded)
-        st.html(views.layouts_html(snap, shown, highlight_blocks=focus.blocks,
-                                   focused=focus.requests))
+        st.html(memo("layouts", snap, (tuple(shown), focus.blocks, focus.requests),
+                     lambda: views.layouts_html(snap, shown, highlight_blocks=focus.blocks,
+                                                focused=focus.requests)))
     hidden = len(order) - len(shown)
     finished = len(snap["requests"]) - len(live)
     notes = []
@@ -316,11 +321,16 @@ def _beam_group(snap: Snapshot, group: views.BeamGroup, prefix: str) -> None:
 
 def events(snap: Snapshot) -> None:
     total = len(snap["events"])
-    df = views.events_frame(snap)
+    df, html = memo("events", snap, None, lambda: _event_log(snap))
     shown = f"newest {len(df)} of {total}" if total > len(df) else f"{total}"
     st.caption(f"Newest first ({shown} events).")
     with st.container(height=340):
-        st.html(views.event_log_html(df))
+        st.html(html)
+
+
+def _event_log(snap: Snapshot) -> tuple[pd.DataFrame, str]:
+    df = views.events_frame(snap)
+    return df, views.event_log_html(df)
 
 
 # ---- the lower half of a state view ----------------------------------------------
