@@ -321,6 +321,8 @@ def test_a_snapshot_over_the_limit_is_not_saved_and_the_row_says_so(tmp_path: Pa
 
 def _corrupt(store: SessionStore, sql: str, *args: Any) -> None:
     with sqlite3.connect(store.path) as db:
+        # Damage written past PagedLab's own rules (its trigger included).
+        db.execute("DROP TRIGGER IF EXISTS sessions_revised")
         db.execute(sql, args)
 
 
@@ -389,6 +391,7 @@ def test_a_file_that_is_no_database_is_refused_when_opened(tmp_path: Path) -> No
 def _as_layout_1(path: Path) -> None:
     """Make `path` what PagedLab wrote before rows had a revision."""
     with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER sessions_revised")
         db.execute("ALTER TABLE sessions DROP COLUMN revision")
         db.execute("PRAGMA user_version=1")
 
@@ -418,6 +421,27 @@ def test_a_store_of_the_layout_before_revisions_is_upgraded_in_place(tmp_path: P
     assert not upgraded.claim(sid, "another tab", if_unchanged=0)
     after = opened[1].load(sid)
     assert after is not None and after.holder == "a tab" and after.revision != 0
+
+
+def test_a_server_of_the_layout_before_still_writing_the_upgraded_file_is_refused(
+        tmp_path: Path) -> None:
+    # Its writes would leave the revision as it was, so a tab that read the row before
+    # them could take it over and put it back to what it read. The file refuses them.
+    store, tab, _ = _saved(tmp_path)
+    sid = tab.id or ""
+    before = store.load(sid)
+    assert before is not None
+    with sqlite3.connect(store.path) as db:
+        for old_write in ("UPDATE sessions SET updated=1, step=99 WHERE id=?",
+                          "UPDATE sessions SET holder='old server' WHERE id=?",
+                          "UPDATE sessions SET note='behind' WHERE id=?"):
+            with pytest.raises(sqlite3.IntegrityError, match="upgraded by a newer PagedLab"):
+                db.execute(old_write, (sid,))
+    after = store.load(sid)
+    assert after is not None and after.revision == before.revision
+    assert after.holder == before.holder and after.snapshot == before.snapshot
+    # PagedLab's own writes change it, and pass.
+    assert store.claim(sid, "a tab", if_unchanged=before.revision)
 
 
 def test_a_database_of_another_layout_is_refused(tmp_path: Path) -> None:

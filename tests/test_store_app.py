@@ -260,7 +260,8 @@ def test_a_damaged_row_is_refused_and_the_page_still_works(
         browser: dict[str, str | None], data_dir: Path) -> None:
     session_id = worked(open_app())
     with sqlite3.connect(data_dir / FILE_NAME) as db:
-        db.execute("UPDATE sessions SET snapshot=? WHERE id=?", (b"garbage", session_id))
+        db.execute("UPDATE sessions SET snapshot=?, revision=revision+1 WHERE id=?",
+                   (b"garbage", session_id))
     before = rows(data_dir)
     at = open_app(session_id)
     assert "could not be opened: its snapshot is damaged" in texts(at.error)

@@ -12,7 +12,10 @@ Layout (`PRAGMA user_version` 2; each row also carries its own `format`):
               secret: whose session it is), holder (the one tab that writes
               it), revision (a random number every write replaces: what a tab
               read is still the row only while it is unchanged, whatever the
-              clock does), format, created, updated, label, step, settings (JSON),
+              clock does; a trigger refuses a write that keeps it, so a server
+              of an older PagedLab still running on the upgraded file fails to
+              save, saying why, rather than write past it), format, created,
+              updated, label, step, settings (JSON),
               snapshot (zlib JSON), snapshot_bytes, base (zlib JSON or NULL:
               the snapshot the operation log starts from), ops_complete,
               stored_bytes, note (why the row is behind the live session)
@@ -72,24 +75,29 @@ DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 # a read waits only while a checkpoint resets the log).
 BUSY_TIMEOUT_S = 5.0
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, browser TEXT NOT NULL, holder TEXT NOT NULL,
     revision INTEGER NOT NULL DEFAULT 0, format INTEGER NOT NULL, created REAL NOT NULL,
     updated REAL NOT NULL,
     label TEXT NOT NULL, step INTEGER NOT NULL, settings TEXT NOT NULL,
     snapshot BLOB NOT NULL, snapshot_bytes INTEGER NOT NULL, base BLOB,
-    ops_complete INTEGER NOT NULL, stored_bytes INTEGER NOT NULL, note TEXT);
-CREATE INDEX IF NOT EXISTS sessions_by_browser ON sessions (browser, updated);
-CREATE INDEX IF NOT EXISTS sessions_by_updated ON sessions (updated);
-CREATE TABLE IF NOT EXISTS ops (
+    ops_complete INTEGER NOT NULL, stored_bytes INTEGER NOT NULL, note TEXT)""",
+    "CREATE INDEX IF NOT EXISTS sessions_by_browser ON sessions (browser, updated)",
+    "CREATE INDEX IF NOT EXISTS sessions_by_updated ON sessions (updated)",
+    """CREATE TABLE IF NOT EXISTS ops (
     session TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-    seq INTEGER NOT NULL, op TEXT NOT NULL, PRIMARY KEY (session, seq));
-CREATE TABLE IF NOT EXISTS steps (
+    seq INTEGER NOT NULL, op TEXT NOT NULL, PRIMARY KEY (session, seq))""",
+    """CREATE TABLE IF NOT EXISTS steps (
     session TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
     step INTEGER NOT NULL, body BLOB NOT NULL, num_events INTEGER NOT NULL,
-    PRIMARY KEY (session, step));
-"""
+    PRIMARY KEY (session, step))""",
+    # Every write of a row's content replaces its revision; an older PagedLab's does not.
+    """CREATE TRIGGER IF NOT EXISTS sessions_revised BEFORE UPDATE OF holder, step,
+    settings, snapshot, note ON sessions WHEN NEW.revision = OLD.revision
+    BEGIN SELECT RAISE(ABORT, 'this store was upgraded by a newer PagedLab, which this
+    server must be too: its writes leave a session''s revision as it was'); END""",
+)
 # Layout 1 (before rows had a revision): its rows read as revision 0 until their next write.
 _FROM_LAYOUT_1 = "ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 0"
 
@@ -172,9 +180,8 @@ class SessionStore:
             if layout == 1:
                 self._db.execute(_FROM_LAYOUT_1)
             if layout != DB_LAYOUT:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
+                for statement in _SCHEMA:
+                    self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={DB_LAYOUT}")
 
     def close(self) -> None:
