@@ -1,7 +1,8 @@
 """Contiguous vs paged: the fragmentation lab, the trace simulator and the memory calculator.
 
 Runs inside app.py's navigation or alone (`streamlit run pages/compare.py`); it needs
-no engine and keeps its own widget state under the `cmp_` prefix.
+no engine and keeps its own widget state under the `cmp_` prefix, the open tab under
+`tab` (also the address's parameter). Only the open tab's section is drawn.
 """
 
 # ruff: noqa: E402 (the imports of ui/ follow the search-path fix and the hand-over below)

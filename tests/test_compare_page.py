@@ -262,7 +262,8 @@ def test_a_number_past_a_fields_range_stops_its_section_with_the_fields_name() -
     at.number_input(key="cmp_calc_len").set_value(0).run()
     assert ["GPU memory (GiB) must be 1 to 4,096; got 0.5",
             "Request length (tokens) must be 1 to 1,000,000; got 0"] in refusals(at)
-    # The other sections are drawn as before, and numbers in range bring the section back.
+    # Another tab's section is drawn as usual, this one still refuses when opened again,
+    # and numbers in range bring it back.
     assert [b for b in open_tab(at, SIMULATOR).button if b.key == "cmp_sim_run"]
     open_tab(at, SWAP)
     assert ["Requests must be 2 to 64; got 100",

@@ -24,6 +24,7 @@ from backend.engine.ops import Add, Step
 from backend.engine.sampling import sample_token
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, parse_snapshot_text
+from backend.sessions.forms import config_from_fields
 from backend.views.metrics import metric_items
 from backend.views.tokens import quoted_piece
 from tests.test_engine_swap import swapped_engine
@@ -69,7 +70,7 @@ def test_the_command_line_says_it_in_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("value", "said"), [
     (None, "null"), (True, "true"), ([1], "an array"), ({}, "an object"), ("x", "'x'"),
-    (12345, "12,345"), ("y" * 100, "'" + "y" * 38 + "…"),
+    (12345, "12,345"), ("y" * 100, "'" + "y" * 40 + "…'"),
     (-HUGE, "-100000000000… (401 digits)")])
 def test_values_are_quoted_in_json_words_and_cut_short(value: object, said: str) -> None:
     assert shown(value) == said
@@ -77,6 +78,10 @@ def test_values_are_quoted_in_json_words_and_cut_short(value: object, said: str)
 
 @pytest.mark.parametrize(("scenario", "said"), [
     ({"steps": [None]}, "an operation must be an object, got null"),
+    ({"steps": [{"op": None}]}, "step 1 (?): unknown op null; expected one of add,"),
+    ({"steps": [{"op": "x" * 500}]}, "step 1 (?): unknown op '" + "x" * 40 + "…'; expected"),
+    ({"steps": [{"op": "add", "request": "A", "messages": [{"role": None, "content": ""}]}]},
+     "messages[0].role must be one of system, user, assistant, got null"),
     ({"config": [], "steps": []}, "config must be an object, got an array"),
     ({"config": {"num_blocks": 8, "block_size": 4, "temperature": HUGE}, "steps": []},
      "temperature is out of range, got 1000000000000… (401 digits)"),
@@ -135,10 +140,14 @@ def test_swapped_requests_are_counted_beside_running_and_waiting() -> None:
     assert "Swapped requests" not in {m.label for m in metric_items(_snapshot())}
 
 
+def _refusal(**fields: object) -> str:
+    """What the sidebar's fields `fields` are refused with, as the page says it."""
+    with pytest.raises(PagedLabError) as err:
+        config_from_fields(fields, EngineConfig(num_blocks=32, block_size=4))
+    return labelled(str(err.value))
+
+
 def test_a_limit_field_says_blank_or_0_is_no_limit() -> None:
-    problem = ("settings: max_num_seqs must be an integer in 1..1,073,741,824, got -1 "
-               "(or None: no limit)")
-    assert labelled(problem) == ("Max running requests must be 1 to 1,073,741,824, or blank "
-                                 "or 0 for no limit; got -1")
-    assert labelled("settings: num_blocks must be an integer in 1..65,536, got 0") == \
-        "Pool size must be 1 to 65,536; got 0"
+    assert _refusal(max_num_seqs=-1) == ("Max running requests must be 1 to 1,073,741,824, "
+                                         "or blank or 0 for no limit; got -1")
+    assert _refusal(num_blocks=0) == "Pool size must be 1 to 65,536; got 0"

@@ -17,7 +17,7 @@ from typing import Any
 
 import streamlit as st
 
-from backend.core.config import REAL_MODELS, EngineConfig
+from backend.core.config import GREEDY_BELOW, REAL_MODELS, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.io.restore import restore_notes
@@ -195,6 +195,9 @@ def _departures(c: EngineConfig) -> str:
         parts.append(f"swap preemption to {counted(c.num_cpu_blocks, 'host block')}")
     if c.temperature == 0:
         parts.append("greedy (temperature 0: every sample takes the most likely token)")
+    elif c.temperature is not None and c.temperature < GREEDY_BELOW:
+        parts.append(f"greedy (temperature {c.temperature:g}, under {GREEDY_BELOW:g}: every "
+                     "sample takes the most likely token)")
     elif c.temperature is not None:
         parts.append(f"temperature {c.temperature:g}")
     if c.top_p is not None:

@@ -37,7 +37,6 @@ def labelled(problem: str) -> str:
         "watermark_blocks"
     either = ", or blank or 0 for no limit" if limit else ""
     text = _RANGE.sub(rf"must be \1 to \2{either}; got \3", text)
-    text = text.replace(" (or None: no limit)", "")
     text = _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
     # A line that began after the prefix ("the model's weights would take …") starts a
     # sentence of its own.

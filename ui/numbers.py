@@ -171,6 +171,6 @@ def section(draw: Callable[[], None]) -> None:
     try:
         draw()
     except OutOfRangeError as exc:
-        # One line per refused field (a hard break between them); the other sections
-        # are drawn as usual.
+        # One line per refused field (a hard break between them); the page's other
+        # sections (another part of the same tab) are drawn as usual.
         st.error("  \n".join(plain_md(line) for line in str(exc).splitlines()))

@@ -18,6 +18,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from backend.core.config import (
     DTYPE_BYTES,
+    GREEDY_BELOW,
     MAX_BLOCK_SIZE,
     MAX_NUM_BLOCKS,
     REAL_MODELS,
@@ -205,8 +206,9 @@ def _sampling_fields(model: str) -> None:
                     value=_applied("cfg_temperature"), key="cfg_temperature",
                     persist_state="session",
                     placeholder=f"{1.0 if temperature is None else temperature:g} (model's)",
-                    help="Divides the logits before the seeded draw: 0 always takes the most "
-                         "likely token (greedy, so parallel samples all agree), higher "
+                    help="Divides the logits before the seeded draw: 0 (or anything under "
+                         f"{GREEDY_BELOW:g}) always takes the most likely token (greedy, so "
+                         "parallel samples all agree), higher "
                          "spreads the choice. Blank: the model's own.")
     c2.number_input("Top-p", step=0.05, format="%g",
                     value=_applied("cfg_top_p"), key="cfg_top_p", persist_state="session",

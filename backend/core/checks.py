@@ -41,7 +41,13 @@ def shown(value: object) -> str:
     if isinstance(value, list | dict):
         return json_kind(value)
     text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 1] + "…"
+    if len(text) <= SHOWN_CHARS:
+        return text
+    if isinstance(value, str):
+        # Cut inside its quotes, so it still reads as a string: 'xxxx…'.
+        cut = repr(value[:SHOWN_CHARS])
+        return cut[:-1] + "…" + cut[-1]
+    return text[:SHOWN_CHARS - 1] + "…"
 
 
 def json_kind(value: object) -> str:

@@ -104,7 +104,7 @@ def check_request_id(value: Any, field: str = "request") -> str:
         raise PagedLabError(f"{field} must be at most {MAX_ID_CHARS} characters; got "
                             f"{len(value):,}")
     if not value.isprintable():
-        raise PagedLabError(f"{field} {value!r} contains unprintable characters")
+        raise PagedLabError(f"{field} {shown(value)} contains unprintable characters")
     return value
 
 
@@ -130,14 +130,14 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
         raise PagedLabError(f"an operation must be an object, got {json_kind(data)}")
     name = data.get("op")
     if not isinstance(name, str) or name not in _FIELDS:
-        raise PagedLabError(f"unknown op {name!r}; expected one of {', '.join(OP_NAMES)}")
+        raise PagedLabError(f"unknown op {shown(name)}; expected one of {', '.join(OP_NAMES)}")
     required, optional = _FIELDS[name]
     missing = sorted(required - set(data))
     if missing:
-        raise PagedLabError(f"missing field {missing[0]!r}")
+        raise PagedLabError(f"missing field {shown(missing[0])}")
     extra = sorted(set(data) - required - optional - ANNOTATIONS)
     if extra:
-        raise PagedLabError(f"unknown field {extra[0]!r} for op {name!r}")
+        raise PagedLabError(f"unknown field {shown(extra[0])} for op {name!r}")
     match name:
         case "add":
             return _parse_add(data, MAX_TOKEN_ID if vocab_size is None else vocab_size - 1)
@@ -169,7 +169,7 @@ def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
         role, content = m["role"], m["content"]
         if not isinstance(role, str) or role not in ROLES:
             raise PagedLabError(f"messages[{i}].role must be one of {', '.join(ROLES)}, "
-                                f"got {role!r}")
+                                f"got {shown(role)}")
         if not isinstance(content, str):
             raise PagedLabError(f"messages[{i}].content must be a string")
         size += unicode_text(content, f"messages[{i}].content")

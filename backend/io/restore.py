@@ -20,7 +20,7 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from backend.core.checks import MAX_JSON_INT, check_int, unicode_text
+from backend.core.checks import MAX_JSON_INT, check_int, shown, unicode_text
 from backend.core.config import EngineConfig
 from backend.core.errors import IntegrityError, PagedLabError
 from backend.core.words import agrees, counted
@@ -55,7 +55,7 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     # PagedLab can read it, but it is one PagedLab writes.
     if "device" in cfg_data and cfg_data["device"] not in ("cpu", "cuda"):
         raise PagedLabError(f"snapshot.config.device must be 'cpu' or 'cuda' (where the "
-                            f"state was taken), got {cfg_data['device']!r}")
+                            f"state was taken), got {shown(cfg_data['device'])}")
     if "bytes_per_block" in cfg_data:
         claimed = check_int(cfg_data["bytes_per_block"], "snapshot.config.bytes_per_block", 1,
                             MAX_JSON_INT)

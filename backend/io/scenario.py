@@ -32,7 +32,7 @@ from backend.core.checks import unicode_text
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import Op, Step, parse_op
+from backend.engine.ops import OP_NAMES, Op, Step, parse_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
 from backend.io.json_input import (
@@ -141,7 +141,8 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
     steps: list[ScenarioStep] = []
     for i, raw in enumerate(steps_raw, start=1):
         op_name = raw.get("op") if isinstance(raw, dict) else None
-        label = op_name if isinstance(op_name, str) else None
+        # A name no op has is the file's text, quoted (cut short) by the reason only.
+        label = op_name if op_name in OP_NAMES else None
         try:
             op = parse_op(raw, vocab_size=vocab_size or config.vocab_size)
             narration = raw.get("narration")
