@@ -136,6 +136,13 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             page.get_by_role("option", name="azure-code").click()
             expect(panel.get_by_text("Llama-3-8B on one H200.")).to_be_visible()
             panel.get_by_role("button", name="Replay the whole trace").click()
+            # Another tab opened while it replays stops the page's run, not the replay:
+            # back on this tab, its bar goes on and its result comes.
+            expect(panel.get_by_test_id("stProgress")).to_be_visible(timeout=60_000)
+            open_tab(page, "Memory calculator", charts=False)
+            expect(page.get_by_text("819,200 bytes per token (800 KiB)")).to_be_visible()
+            open_tab(page, "Real deployment", charts=False)
+            panel = page.get_by_role("tabpanel", name="Real deployment")
             expect(panel.get_by_text("the direction of the paper's Figure 13")).to_be_visible(
                 timeout=120_000)
             expect(panel.get_by_text("NOT the direction")).to_have_count(0)

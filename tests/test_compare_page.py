@@ -14,6 +14,7 @@ from backend.lab.compare.block_sizes import trace_block_sweep
 from backend.lab.compare.seed_example import seed_example
 from backend.lab.memory_calc import kv_capacity
 from backend.lab.sim.simulator import SimConfig, simulate_workload
+from backend.lab.workloads import make_trace
 from backend.views.compare import tables
 from tests.compare_support import (
     BLOCK_SIZE,
@@ -367,3 +368,26 @@ def test_a_max_length_past_half_the_arena_is_said_to_run_one_at_a_time() -> None
     at.number_input(key="cmp_map_max_len").set_value(400).run()
     assert ("The max policy reserves 400 slots, more than half the 768-slot arena, for each "
             "request: it holds one request at a time.") in [c.value for c in at.caption]
+
+
+def test_a_run_that_ended_while_its_tab_was_closed_is_shown_when_it_opens() -> None:
+    # The replay runs in a thread the session keeps (ui/compare/background.py): a page
+    # run stopped by a click on another tab leaves it at work, and the next run that
+    # draws its tab records its result, with the inputs it was started with.
+    from ui.compare import background
+    from ui.compare.sim_runs import run_cached
+
+    at = start(SWAP)
+    trace_key = ("synthetic", "alpaca", 50, 4.0, 3)
+    configs = [SimConfig("paged", 2048, bs, 4096) for bs in (1, 2, 4, 8, 16, 32, 64, 128)]
+    runs = run_cached(trace_key, make_trace("alpaca", 50, 4.0, 3), configs, lambda f, t: None)
+    job = background.Job(("alpaca", 50, 3), "Simulating...", result=runs)
+    job.ended.set()
+    at.session_state["cmp_blocks_sim_job"] = job
+    open_tab(at, BLOCK_SIZE)
+    assert "Last run: alpaca, 50 requests, seed 3" in text(at)
+    assert tables.block_batch_sentence([r.result for r in runs]) in text(at)
+    # Recorded once: the job is gone, and the result stays with the page.
+    assert "cmp_blocks_sim_job" not in at.session_state
+    assert "Last run: alpaca, 50 requests, seed 3" in text(open_tab(at, BLOCK_SIZE))
+

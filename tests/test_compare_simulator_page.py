@@ -16,7 +16,7 @@ from backend.lab.workloads import make_trace
 from backend.views.compare import deployment as dep_views
 from backend.views.compare import tables
 from tests import compare_support as support
-from tests.compare_support import BLOCK_SIZE, DEPLOYMENT, SIMULATOR, open_tab, text
+from tests.compare_support import BLOCK_SIZE, CALCULATOR, DEPLOYMENT, SIMULATOR, open_tab, text
 from tests.test_app_reliability import unescaped_images
 from ui import bars as ui_bars
 from ui.compare import sim_runs
@@ -213,3 +213,31 @@ def test_an_uploaded_traces_file_name_is_shown_as_text() -> None:
     assert not at.exception and not at.error
     last = [c.value for c in at.caption if c.value.startswith("Last run")]
     assert len(last) == 1 and "example" in last[0] and not unescaped_images(last[0]), last
+
+
+def test_an_uploaded_trace_is_replayed_again_after_another_tab() -> None:
+    # An uploader forgets its file when its tab is not drawn; the trace parsed from it
+    # is kept, said to be, and replayed, until the person removes or replaces it.
+    at = start()
+    at.selectbox(key="cmp_sim_workload").set_value("upload").run()
+    good = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,300,40\n2,50,10\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("mine.csv", good, "text/csv")).run()
+    open_tab(at, CALCULATOR)
+    open_tab(at, SIMULATOR)
+    assert at.file_uploader(key="cmp_sim_upload").value is None
+    said = [c.value for c in at.caption]
+    assert any(c.startswith("Replaying mine.csv, uploaded before") for c in said), said
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    assert "Last run: mine.csv, the first 3 of 3 requests" in text(at)
+    # Still kept on the runs after (the uploader is drawn, and still shows no file).
+    at.run()
+    assert any(c.value.startswith("Replaying mine.csv") for c in at.caption)
+    # A file removed from a drawn uploader is gone.
+    at.file_uploader(key="cmp_sim_upload").set_value(("other.csv", good, "text/csv")).run()
+    assert not any(c.value.startswith("Replaying") for c in at.caption)
+    at.file_uploader(key="cmp_sim_upload").set_value(None).run()
+    assert not at.exception
+    assert "Upload a trace to replay it, one row per request." in [c.value for c in at.caption]
+    at.button(key="cmp_sim_run").click().run()
+    assert any(e.value == "Upload a trace first." for e in at.error)

@@ -11,12 +11,13 @@ from backend.lab.sim.simulator import SimConfig, SimResult
 from backend.lab.workloads import make_trace
 from backend.views.compare import charts, tables
 from ui import layout, numbers
-from ui.compare import in_percent, refuse
-from ui.compare.sim_runs import run_with_bar
+from ui.compare import background, in_percent, refuse
+from ui.compare.sim_runs import run_cached
 
 BLOCK_SIM_RATE = 4.0
 BLOCK_SIM_CAPACITY = 15360
 BLOCK_SIM_STATE = "cmp_blocks_sim_last"
+BLOCK_SIM_JOB = "cmp_blocks_sim_job"   # a sweep at work (ui/compare/background.py)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -88,15 +89,19 @@ def block_size_section() -> None:
         key = ("synthetic", workload, int(requests), BLOCK_SIM_RATE, int(seed))
         configs = [SimConfig("paged", BLOCK_SIM_CAPACITY, bs, DEFAULT_MAX_LEN)
                    for bs in SWEEP_BLOCK_SIZES]
-        try:
-            runs = run_with_bar(key, make_trace(workload, int(requests), BLOCK_SIM_RATE,
-                                                int(seed)), configs)
-        except PagedLabError as e:
-            refuse(e)
-        else:
+        wanted = (workload, int(requests), int(seed))
+        background.start(BLOCK_SIM_JOB, wanted, lambda advance: run_cached(
+            key, make_trace(wanted[0], wanted[1], BLOCK_SIM_RATE, wanted[2]), configs,
+            advance), "Simulating...")
+    try:
+        job = background.follow(BLOCK_SIM_JOB)
+    except PagedLabError as e:
+        refuse(e)
+    else:
+        if job is not None:
             # Kept with the inputs it ran: the fields may change before the next run.
-            st.session_state[BLOCK_SIM_STATE] = ((workload, int(requests), int(seed)),
-                                                 [r.result for r in runs])
+            st.session_state[BLOCK_SIM_STATE] = (job.inputs, [r.result for r in job.result])
+            background.forget(BLOCK_SIM_JOB)
     last: tuple[tables.BlockRunInputs, list[SimResult]] | None = st.session_state.get(
         BLOCK_SIM_STATE)
     if last and last[1]:

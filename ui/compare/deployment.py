@@ -12,12 +12,13 @@ from backend.lab import deployment as dep
 from backend.lab.traces import MAX_TIME_SCALE
 from backend.views.compare import deployment as views
 from ui import numbers
-from ui.compare import refuse
+from ui.compare import background, refuse
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
-from ui.compare.sim_runs import run_with_bar
+from ui.compare.sim_runs import run_cached
 from ui.compare.simulator import TRACE_NOTE
 
 DEPLOY_STATE = "cmp_dep_last"
+DEPLOY_JOB = "cmp_dep_job"   # a replay at work (ui/compare/background.py)
 
 
 def deployment_section() -> None:
@@ -44,14 +45,21 @@ def deployment_section() -> None:
         return
     st.markdown(views.preset_sentence(d))
     if c[2].button("Replay the whole trace", type="primary", key="cmp_dep_run"):
-        try:
-            runs = run_with_bar(("deployment", workload, scale), d.trace, d.configs())
-        except PagedLabError as e:
-            st.session_state.pop(DEPLOY_STATE, None)
-            refuse(e)
-        else:
-            st.session_state[DEPLOY_STATE] = {"workload": workload, "scale": scale,
-                                              "runs": runs}
+        key, trace, configs = ("deployment", workload, scale), d.trace, d.configs()
+        background.start(DEPLOY_JOB, (workload, scale),
+                         lambda advance: run_cached(key, trace, configs, advance),
+                         "Simulating...")
+    try:
+        job = background.follow(DEPLOY_JOB)
+    except PagedLabError as e:
+        st.session_state.pop(DEPLOY_STATE, None)
+        refuse(e)
+    else:
+        if job is not None:
+            ran_workload, ran_scale = job.inputs
+            st.session_state[DEPLOY_STATE] = {"workload": ran_workload, "scale": ran_scale,
+                                              "runs": job.result}
+            background.forget(DEPLOY_JOB)
     last: dict[str, Any] | None = st.session_state.get(DEPLOY_STATE)
     if last is None:
         # No time is promised: it depends on the server and its load (the bar shows

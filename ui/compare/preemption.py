@@ -10,10 +10,11 @@ from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs
 from backend.kernels import select_kernels
 from backend.views.compare import swap_recompute as views
 from ui import layout, numbers
-from ui.bars import progress_bar
-from ui.compare import refuse
+from ui.bars import Advance
+from ui.compare import background, refuse
 
 STATE = "cmp_swap_last"
+JOB = "cmp_swap_job"   # engine runs at work (ui/compare/background.py)
 NO_SIZES = ("Choose at least one block size to run: each is run on the engine three times "
             "(never preempting, swapping, recomputing).")
 
@@ -44,19 +45,25 @@ def preemption_section() -> None:
     # A disabled button says nothing by itself: the caption under it says why.
     if st.button("Run on the engine", key="cmp_swap_run", disabled=not sizes,
                  help=None if sizes else NO_SIZES):
-        with progress_bar("Running the engines...") as advance:
+        chosen, count, pool = sorted(sizes), int(requests), int(slots)
+
+        def work(advance: Advance) -> list[PreemptionRun]:
             def show(done: int, total: int) -> bool:
                 advance(done / total, f"Engine run {done} of {total} finished")
                 return True
 
-            try:
-                measured = swap_vs_recompute(sorted(sizes),
-                                             workload=Workload.overloaded(int(requests)),
-                                             capacity_tokens=int(slots), progress=show)
-            except PagedLabError as exc:
-                refuse(exc)
-            else:
-                st.session_state[STATE] = (int(slots), measured)
+            return swap_vs_recompute(chosen, workload=Workload.overloaded(count),
+                                     capacity_tokens=pool, progress=show)
+
+        background.start(JOB, pool, work, "Running the engines...")
+    try:
+        job = background.follow(JOB)
+    except PagedLabError as exc:
+        refuse(exc)
+    else:
+        if job is not None:
+            st.session_state[STATE] = (job.inputs, job.result)
+            background.forget(JOB)
     if not sizes:
         st.caption(NO_SIZES)
     # The runs, with the pool they were asked for (the field may have changed since).

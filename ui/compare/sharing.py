@@ -21,14 +21,15 @@ from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
 from ui import layout, numbers
-from ui.bars import progress_bar
-from ui.compare import in_percent, refuse
+from ui.bars import Advance, progress_bar
+from ui.compare import background, in_percent, refuse
 
 WIDTHS = (2, 4, 6)
 KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
                                               ("beam", "beam search"))
 MAX_ENTRIES = 32
 LIVE = "cmp_share_live_results"
+LIVE_JOB = "cmp_share_live_job"   # engine runs at work (ui/compare/background.py)
 _THREADS = re.compile(r"(\d+) thread\(s\)")
 
 # Finished experiments, shared by every session. A plain bounded cache, not
@@ -171,24 +172,31 @@ def _live() -> None:
         block = c[3].selectbox("Block size", SWEEP_BLOCK_SIZES, index=4,
                                key="cmp_share_block", persist_state="session")
     if st.button("Measure on the engine", key="cmp_share_run"):
-        kinds = len(KINDS)
-        with progress_bar("Starting the engines...") as advance:
-            try:
-                results: list[SharingResult] = []
-                for i, (kind, words) in enumerate(KINDS):
-                    def show(done: int, total: int, i: int = i, words: str = words) -> bool:
-                        advance((i + done / total) / kinds,
-                                f"{words}: run {done} of {total} finished")
-                        return True
+        chosen, count, size, limit = model, int(prompts), int(block), int(new)
 
-                    results += measure_sharing(kind, WIDTHS,
-                                               instruction_prompts()[:int(prompts)],
-                                               model=model, block_size=int(block),
-                                               max_new_tokens=int(new), progress=show)
-            except PagedLabError as exc:
-                refuse(exc)
-            else:
-                st.session_state[LIVE] = results
+        def work(advance: Advance) -> list[SharingResult]:
+            kinds = len(KINDS)
+            results: list[SharingResult] = []
+            for i, (kind, words) in enumerate(KINDS):
+                def show(done: int, total: int, i: int = i, words: str = words) -> bool:
+                    advance((i + done / total) / kinds,
+                            f"{words}: run {done} of {total} finished")
+                    return True
+
+                results += measure_sharing(kind, WIDTHS, instruction_prompts()[:count],
+                                           model=chosen, block_size=size,
+                                           max_new_tokens=limit, progress=show)
+            return results
+
+        background.start(LIVE_JOB, None, work, "Starting the engines...")
+    try:
+        job = background.follow(LIVE_JOB)
+    except PagedLabError as exc:
+        refuse(exc)
+    else:
+        if job is not None:
+            st.session_state[LIVE] = job.result
+            background.forget(LIVE_JOB)
     measured: list[SharingResult] | None = st.session_state.get(LIVE)
     if measured:
         _show(measured, "cmp_share_live")

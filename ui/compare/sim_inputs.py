@@ -24,6 +24,7 @@ from backend.lab.traces import (
 )
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
 from backend.views.compare.deployment import as_typed, rate_text
+from backend.views.text import plain_md
 from ui.compare import refuse
 from ui.numbers import Fields
 
@@ -38,6 +39,7 @@ SOURCE_LABELS = {
     UPLOAD: "a CSV trace of my own",
 }
 _UPLOAD_STATE = "cmp_sim_upload_trace"   # (digest, Trace) of the last upload parsed
+_UPLOAD_KEPT = "cmp_sim_upload_kept"     # replaying it after its uploader forgot the file
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,22 +53,39 @@ class TraceChoice:
 
 
 def _uploaded(prefix: str) -> tuple[str, Trace] | None:
-    """The uploaded trace, parsed whole (once per file), or None after saying why."""
+    """The uploaded trace, parsed whole (once per file), or None after saying why.
+
+    A file uploader forgets its file when a run does not draw it (another tab was
+    open), so the trace parsed from it is kept and used again until the person
+    removes it from a drawn uploader, uploads another, or picks another workload."""
+    ss = st.session_state
+    # The uploader's key is in session state only if the run before drew it.
+    drawn_before = f"{prefix}_upload" in ss
     f = st.file_uploader(
         "Trace (CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens)", type=["csv"],
         key=f"{prefix}_upload", max_upload_size=MAX_UPLOAD_BYTES >> 20,
         help=f"At most {MAX_UPLOAD_BYTES >> 20} MiB. TIMESTAMP is a date and time "
              "(2023-11-16 18:17:03.98) or seconds; rows in arrival order.")
+    kept = ss.get(_UPLOAD_STATE)
     if f is None:
+        if kept is not None and (not drawn_before or ss.get(_UPLOAD_KEPT)):
+            ss[_UPLOAD_KEPT] = True
+            st.caption(plain_md(f"Replaying {kept[1].workload}, uploaded before (the "
+                                "uploader shows no file after another tab); upload "
+                                "another to replace it."))
+            return kept[0], kept[1]
+        # Removed from the uploader, or none yet: nothing kept.
+        ss.pop(_UPLOAD_STATE, None)
+        ss.pop(_UPLOAD_KEPT, None)
         st.caption("Upload a trace to replay it, one row per request.")
         return None
+    ss.pop(_UPLOAD_KEPT, None)
     data = f.read(MAX_UPLOAD_BYTES + 1)
     if len(data) > MAX_UPLOAD_BYTES:
         refuse(f"{f.name} is larger than {MAX_UPLOAD_BYTES >> 20} MiB; the page replays "
                  "smaller traces (the command line takes up to 64 MiB).")
         return None
     digest = hashlib.sha256(data).hexdigest()
-    kept = st.session_state.get(_UPLOAD_STATE)
     if kept is not None and kept[0] == digest:
         return digest, kept[1]
     try:

@@ -16,17 +16,20 @@ from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.contiguous import DEFAULT_MAX_LEN, next_pow2
 from backend.lab.sim.simulator import MAX_CAPACITY_TOKENS, POLICIES, SimConfig, SimRun
+from backend.lab.workloads import Trace
 from backend.views.compare import frames as views
 from backend.views.compare import preemptions
 from backend.views.text import plain_md
 from ui import layout, numbers
-from ui.compare import SYNTHETIC_NOTE, label, refuse
-from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, trace_inputs
+from ui.bars import Advance
+from ui.compare import SYNTHETIC_NOTE, background, label, refuse
+from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, TraceChoice, trace_inputs
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
-from ui.compare.sim_runs import run_with_bar
+from ui.compare.sim_runs import run_cached, run_with_bar
 from ui.numbers import Fields
 
 SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
+SIM_JOB = "cmp_sim_job"      # a run at work (ui/compare/background.py)
 TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023 (Microsoft Azure, CC BY "
               "4.0; Patel et al., \"Splitwise: Efficient generative LLM inference using phase "
               "splitting\", ISCA 2024), replayed with arrivals and lengths as recorded; see "
@@ -84,6 +87,13 @@ def _watermarks(last: dict[str, Any]) -> None:
         st.caption("The same trace through paged memory, keeping more blocks free at "
                    "admission: fewer preemptions and less recomputation, for a slightly "
                    "smaller batch.")
+
+
+def _replay(choice: TraceChoice, configs: list[SimConfig], advance: Advance
+            ) -> tuple[Trace, list[SimRun]]:
+    """The trace built and replayed under each config: a background job's work."""
+    trace = choice.build()
+    return trace, run_cached(choice.key, trace, configs, advance)
 
 
 def _refuse_keeping_last(message: str | Exception) -> None:
@@ -144,15 +154,23 @@ def simulator_section() -> None:
                            for p in ordered]
                 for cfg in configs:
                     cfg.validate()
-                trace = choice.build()
-                ran = run_with_bar(choice.key, trace, configs)
             except PagedLabError as e:
                 _refuse_keeping_last(e)
             else:
-                st.session_state[SIM_STATE] = {
-                    "label": choice.label, "capacity": int(capacity), "budgets": budgets,
-                    "runs": ran, "trace_key": choice.key, "trace": trace,
-                    "configs": configs}
+                background.start(SIM_JOB, {"label": choice.label, "capacity": int(capacity),
+                                           "budgets": budgets, "trace_key": choice.key,
+                                           "configs": configs},
+                                 lambda advance: _replay(choice, configs, advance),
+                                 "Simulating...")
+    try:
+        job = background.follow(SIM_JOB)
+    except PagedLabError as e:
+        _refuse_keeping_last(e)
+    else:
+        if job is not None:
+            trace, ran = job.result
+            st.session_state[SIM_STATE] = {**job.inputs, "runs": ran, "trace": trace}
+            background.forget(SIM_JOB)
     last: dict[str, Any] | None = st.session_state.get(SIM_STATE)
     if last is None:
         st.caption("Choose the parameters and press Run simulation.")
