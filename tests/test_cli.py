@@ -113,7 +113,7 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     ('{"config": {"blok_size": 4}, "steps": []}', "config: unknown field 'blok_size'"),
     ('{"config": {"num_heads": 4, "num_kv_heads": 3}, "steps": []}', "multiple of num_kv_heads"),
     ("[]", "a scenario must be a JSON object"),
-    ('{"steps": [{"op": ["add"]}]}', "unknown op ['add']"),
+    ('{"steps": [{"op": ["add"]}]}', "op must be the name of an operation"),
     ('{"config": {"dtype": [1]}, "steps": []}', "config: dtype must be one of"),
     ('{"steps": [{"op": "add", "request": "A", "prompt": "\\ud800"}]}', "lone surrogate"),
     ('{"steps": [{"op": "add", "request": "A", "prompt": "hi"}], "steps": []}',

@@ -78,8 +78,10 @@ def test_values_are_quoted_in_json_words_and_cut_short(value: object, said: str)
 
 @pytest.mark.parametrize(("scenario", "said"), [
     ({"steps": [None]}, "an operation must be an object, got null"),
-    ({"steps": [{"op": None}]}, "step 1 (?): unknown op null; expected one of add,"),
-    ({"steps": [{"op": "x" * 500}]}, "step 1 (?): unknown op '" + "x" * 40 + "…'; expected"),
+    ({"steps": [{"op": None}]}, "step 1 (?): op must be the name of an operation, one of "
+                                "add, grow, fork, finish, step, shuffle; got null"),
+    ({"steps": [{"op": "x" * 500}]},
+     "step 1 (" + "x" * 40 + "…): unknown op '" + "x" * 40 + "…'; expected"),
     ({"steps": [{"op": "add", "request": "A", "messages": [{"role": None, "content": ""}]}]},
      "messages[0].role must be one of system, user, assistant, got null"),
     ({"config": [], "steps": []}, "config must be an object, got an array"),

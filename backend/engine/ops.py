@@ -129,7 +129,10 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
     if not isinstance(data, dict):
         raise PagedLabError(f"an operation must be an object, got {json_kind(data)}")
     name = data.get("op")
-    if not isinstance(name, str) or name not in _FIELDS:
+    if not isinstance(name, str):
+        raise PagedLabError(f"op must be the name of an operation, one of "
+                            f"{', '.join(OP_NAMES)}; got {shown(name)}")
+    if name not in _FIELDS:
         raise PagedLabError(f"unknown op {shown(name)}; expected one of {', '.join(OP_NAMES)}")
     required, optional = _FIELDS[name]
     missing = sorted(required - set(data))

@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import unicode_text
+from backend.core.checks import SHOWN_CHARS, unicode_text
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import OP_NAMES, Op, Step, parse_op
+from backend.engine.ops import Op, Step, parse_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
 from backend.io.json_input import (
@@ -141,8 +141,9 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
     steps: list[ScenarioStep] = []
     for i, raw in enumerate(steps_raw, start=1):
         op_name = raw.get("op") if isinstance(raw, dict) else None
-        # A name no op has is the file's text, quoted (cut short) by the reason only.
-        label = op_name if op_name in OP_NAMES else None
+        # The file's text: a long one is cut short, as the reason quotes it.
+        label = None if not isinstance(op_name, str) else (
+            op_name if len(op_name) <= SHOWN_CHARS else op_name[:SHOWN_CHARS] + "…")
         try:
             op = parse_op(raw, vocab_size=vocab_size or config.vocab_size)
             narration = raw.get("narration")
