@@ -321,8 +321,9 @@ def test_a_snapshot_over_the_limit_is_not_saved_and_the_row_says_so(tmp_path: Pa
 
 def _corrupt(store: SessionStore, sql: str, *args: Any) -> None:
     with sqlite3.connect(store.path) as db:
-        # Damage written past PagedLab's own rules (its trigger included).
+        # Damage written past PagedLab's own rules (its triggers included).
         db.execute("DROP TRIGGER IF EXISTS sessions_revised")
+        db.execute("DROP TRIGGER IF EXISTS sessions_revised_new")
         db.execute(sql, args)
 
 
@@ -392,6 +393,7 @@ def _as_layout_1(path: Path) -> None:
     """Make `path` what PagedLab wrote before rows had a revision."""
     with sqlite3.connect(path) as db:
         db.execute("DROP TRIGGER sessions_revised")
+        db.execute("DROP TRIGGER sessions_revised_new")
         db.execute("ALTER TABLE sessions DROP COLUMN revision")
         db.execute("PRAGMA user_version=1")
 
@@ -411,7 +413,7 @@ def test_a_store_of_the_layout_before_revisions_is_upgraded_in_place(tmp_path: P
         t.join()
     assert len(opened) == 2
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
     upgraded = opened[0]
     row = upgraded.load(sid)
     assert row is not None and row.revision == 0
@@ -437,11 +439,37 @@ def test_a_server_of_the_layout_before_still_writing_the_upgraded_file_is_refuse
                           "UPDATE sessions SET note='behind' WHERE id=?"):
             with pytest.raises(sqlite3.IntegrityError, match="upgraded by a newer PagedLab"):
                 db.execute(old_write, (sid,))
+        # Its whole-session write: the row deleted and inserted again, with no revision.
+        db.execute("CREATE TEMP TABLE kept AS SELECT * FROM sessions WHERE id=?", (sid,))
+        columns = [c[1] for c in db.execute("PRAGMA table_info(sessions)")
+                   if c[1] != "revision"]
+        listed = ", ".join(columns)
+        db.execute("DELETE FROM sessions WHERE id=?", (sid,))
+        with pytest.raises(sqlite3.IntegrityError, match="give a session no revision"):
+            db.execute(f"INSERT INTO sessions ({listed}) SELECT {listed} FROM kept")
+        db.rollback()
     after = store.load(sid)
     assert after is not None and after.revision == before.revision
     assert after.holder == before.holder and after.snapshot == before.snapshot
     # PagedLab's own writes change it, and pass.
     assert store.claim(sid, "a tab", if_unchanged=before.revision)
+
+
+def test_a_store_of_the_layout_without_triggers_gets_them(tmp_path: Path) -> None:
+    store, tab, _ = _saved(tmp_path)
+    store.close()
+    with sqlite3.connect(store.path) as db:
+        db.execute("DROP TRIGGER sessions_revised")
+        db.execute("DROP TRIGGER sessions_revised_new")
+        db.execute("PRAGMA user_version=2")
+    SessionStore(store.path, StoreLimits()).close()
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert sorted(r[0] for r in db.execute(
+            "SELECT name FROM sqlite_master WHERE type='trigger'")) == [
+            "sessions_revised", "sessions_revised_new"]
+        with pytest.raises(sqlite3.IntegrityError, match="upgraded by a newer PagedLab"):
+            db.execute("UPDATE sessions SET step=99 WHERE id=?", (tab.id,))
 
 
 def test_a_database_of_another_layout_is_refused(tmp_path: Path) -> None:

@@ -6,15 +6,17 @@ WAL with synchronous=NORMAL: readers never wait for the writer, and a killed
 server keeps every transaction it committed (an operating-system crash may
 lose the last few; PagedLab's sessions are worth that trade).
 
-Layout (`PRAGMA user_version` 2; each row also carries its own `format`):
+Layout (`PRAGMA user_version` 3; each row also carries its own `format`):
 
     sessions  id (random, in the address), browser (SHA-256 of the browser's
               secret: whose session it is), holder (the one tab that writes
               it), revision (a random number every write replaces: what a tab
               read is still the row only while it is unchanged, whatever the
-              clock does; a trigger refuses a write that keeps it, so a server
-              of an older PagedLab still running on the upgraded file fails to
-              save, saying why, rather than write past it), format, created,
+              clock does; never 0, which an older PagedLab's rows read as.
+              Triggers refuse an update that keeps it and an insert without
+              one, so a server of an older PagedLab still running on the
+              upgraded file fails to save, saying why, rather than write past
+              it), format, created,
               updated, label, step, settings (JSON),
               snapshot (zlib JSON), snapshot_bytes, base (zlib JSON or NULL:
               the snapshot the operation log starts from), ops_complete,
@@ -67,7 +69,7 @@ from backend.sessions.rows import (
 )
 
 FILE_NAME = "sessions.sqlite3"
-DB_LAYOUT = 2
+DB_LAYOUT = 3
 ID_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 MIN_ID, MAX_ID = 16, 64
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
@@ -92,23 +94,29 @@ _SCHEMA = (
     session TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
     step INTEGER NOT NULL, body BLOB NOT NULL, num_events INTEGER NOT NULL,
     PRIMARY KEY (session, step))""",
-    # Every write of a row's content replaces its revision; an older PagedLab's does not.
+    # Every write of a row's content replaces its revision; an older PagedLab's does not:
+    # its updates keep it, and its inserts (a session written whole) give none.
     """CREATE TRIGGER IF NOT EXISTS sessions_revised BEFORE UPDATE OF holder, step,
     settings, snapshot, note ON sessions WHEN NEW.revision = OLD.revision
     BEGIN SELECT RAISE(ABORT, 'this store was upgraded by a newer PagedLab, which this
     server must be too: its writes leave a session''s revision as it was'); END""",
+    """CREATE TRIGGER IF NOT EXISTS sessions_revised_new BEFORE INSERT ON sessions
+    WHEN NEW.revision = 0
+    BEGIN SELECT RAISE(ABORT, 'this store was upgraded by a newer PagedLab, which this
+    server must be too: its writes give a session no revision'); END""",
 )
 # Layout 1 (before rows had a revision): its rows read as revision 0 until their next write.
+# Layout 2 had the column but not yet the triggers, which the schema adds.
 _FROM_LAYOUT_1 = "ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 0"
 
 
 def _new_revision() -> int:
-    """A revision no earlier write of the row had, as far as 63 random bits go.
+    """A revision no earlier write of the row had, as far as 63 random bits go; never 0.
 
     Random, not a counter: a row deleted and written again starts afresh, and
     a counter starting afresh could come back to the number a tab read before.
     """
-    return secrets.randbits(63)
+    return 1 + secrets.randbelow(2**63 - 1)
 
 
 def valid_token(value: object) -> bool:
@@ -168,15 +176,16 @@ class SessionStore:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     def _upgrade(self, path: Path) -> None:
-        """A new file gets the tables; a layout-1 file its revision column. One
+        """A new file gets the tables; a layout-1 file its revision column, and a layout-1
+        or 2 file the triggers that guard it. One
         transaction, the layout read again inside it: of two servers starting on one
         file, the second finds the work done, and a failure leaves the file as it was."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             layout = self._layout()
-            if layout not in (0, 1, DB_LAYOUT):
+            if layout not in (0, 1, 2, DB_LAYOUT):
                 raise StoreError(f"{path} has session layout {layout}; this PagedLab reads "
-                                 f"layouts 1 and {DB_LAYOUT}")
+                                 f"layouts 1 to {DB_LAYOUT}")
             if layout == 1:
                 self._db.execute(_FROM_LAYOUT_1)
             if layout != DB_LAYOUT:

@@ -8,6 +8,12 @@ section shows its bar by polling it (`follow`): a rerun stops the polling, not
 the work, and the next run that draws the section follows it again and takes
 its result, whichever tab was open meanwhile.
 
+Bounds: one job per section and browser session; at most MAX_JOBS at work on the
+server at once (they share its CPUs, and hold Python's lock for most of their
+time); and a job whose browser session has ended (its tab closed, and Streamlit's
+two minutes for a reconnect past) is stopped at its next progress report, as a
+closed tab's page run used to be.
+
 The work reads no session state and draws nothing (it runs outside any page
 run); what it needs is passed in, and it reports progress through the
 `Advance` it is given. A section records the result with the inputs the job
@@ -17,16 +23,32 @@ was started with (`Job.inputs`): the fields may have changed since.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import streamlit as st
 
+from backend.core.errors import PagedLabError
 from ui.bars import Advance
 
 # How often a followed job's bar is redrawn.
 POLL_S = 0.25
+# Jobs at work on the server at once, every session's together.
+MAX_JOBS = 2
+_SLOTS = threading.BoundedSemaphore(MAX_JOBS)
+# The session-state key of the object whose end stops the session's jobs.
+_OWNER = "cmp_jobs_owner"
+
+BUSY = ("The server is already running {n} long runs (every visitor's together); press "
+        "again when one of them has ended.")
+STILL_GOING = ("The run started earlier ({what}) is still going, or waiting to be shown: "
+               "its result comes below when it ends; press again then for another.")
+
+
+class StoppedError(Exception):
+    """Raised inside a job's work by its progress report once its session has ended."""
 
 
 @dataclass(eq=False)
@@ -35,29 +57,51 @@ class Job:
 
     inputs: Any
     text: str
+    what: str = ""
     fraction: float = 0.0
     result: Any = None
     error: BaseException | None = None
     ended: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def advance(self, fraction: float, text: str) -> None:
+        """The work's progress report; raises StoppedError once the job is to stop."""
+        if self.stop.is_set():
+            raise StoppedError
         # Two attribute writes, each atomic: a poll between them shows the new fraction
         # with the old text for one redraw at most.
         self.fraction, self.text = min(max(fraction, 0.0), 1.0), text
 
 
-def running(key: str) -> bool:
-    """Whether this browser session's job `key` is still at work."""
-    job: Job | None = st.session_state.get(key)
-    return job is not None and not job.ended.is_set()
+class _Owner:
+    """Kept only in the session's state: collected with it, it stops the session's jobs."""
+
+    def __init__(self) -> None:
+        self.jobs: weakref.WeakSet[Job] = weakref.WeakSet()
+        weakref.finalize(self, _stop_all, self.jobs)
 
 
-def start(key: str, inputs: Any, work: Callable[[Advance], Any], text: str) -> None:
-    """Mutates: run `work(advance)` in a thread as this session's job `key`, unless one is
-    running already (a second click while it runs changes nothing: `follow` shows it)."""
-    if running(key):
-        return
-    job = Job(inputs, text)
+def _stop_all(jobs: weakref.WeakSet[Job]) -> None:
+    for job in list(jobs):
+        job.stop.set()
+
+
+def start(key: str, inputs: Any, work: Callable[[Advance], Any], text: str,
+          what: str = "") -> str | None:
+    """Mutates: run `work(advance)` in a thread as this session's job `key`.
+
+    Returns None once it is started, or why it was not: this section's earlier job
+    is still at work or not yet shown (`what` names a job's inputs in that message),
+    or the server runs MAX_JOBS already. The page shows the reason."""
+    ss = st.session_state
+    earlier: Job | None = ss.get(key)
+    if earlier is not None:
+        return STILL_GOING.format(what=earlier.what or "its fields as they were then")
+    if not _SLOTS.acquire(blocking=False):
+        return BUSY.format(n=MAX_JOBS)
+    owner: _Owner = ss.setdefault(_OWNER, _Owner())
+    job = Job(inputs, text, what)
+    owner.jobs.add(job)
 
     def body() -> None:
         try:
@@ -65,17 +109,21 @@ def start(key: str, inputs: Any, work: Callable[[Advance], Any], text: str) -> N
         except BaseException as exc:   # handed to the page run that follows the job
             job.error = exc
         finally:
+            _SLOTS.release()
             job.ended.set()
 
-    st.session_state[key] = job
+    ss[key] = job
     threading.Thread(target=body, name=f"pagedlab-{key}", daemon=True).start()
+    return None
 
 
 def follow(key: str) -> Job | None:
     """This session's job `key` once it has ended, its bar drawn here until then; None if
-    there is none. Raises what the work raised (the job is then forgotten); a job that
-    ended well stays until `forget`, so a run stopped before recording it records it
-    the next time."""
+    there is none.
+
+    A job that ended well, or refused (PagedLabError), stays until `forget`, so that a
+    page run stopped before it recorded the result, or drew the refusal, does so the
+    next time; the refusal is raised. Any other failure is forgotten and raised."""
     job: Job | None = st.session_state.get(key)
     if job is None:
         return None
@@ -86,11 +134,12 @@ def follow(key: str) -> Job | None:
             bar.progress(job.fraction, text=job.text)
         bar.empty()
     if job.error is not None:
-        forget(key)
+        if not isinstance(job.error, PagedLabError):
+            forget(key)
         raise job.error
     return job
 
 
 def forget(key: str) -> None:
-    """Mutates: the job `key`'s result is recorded; drop it."""
+    """Mutates: the job `key`'s outcome is recorded (or its refusal drawn); drop it."""
     st.session_state.pop(key, None)

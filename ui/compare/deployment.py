@@ -46,14 +46,17 @@ def deployment_section() -> None:
     st.markdown(views.preset_sentence(d))
     if c[2].button("Replay the whole trace", type="primary", key="cmp_dep_run"):
         key, trace, configs = ("deployment", workload, scale), d.trace, d.configs()
-        background.start(DEPLOY_JOB, (workload, scale),
-                         lambda advance: run_cached(key, trace, configs, advance),
-                         "Simulating...")
+        busy = background.start(DEPLOY_JOB, (workload, scale),
+                                lambda advance: run_cached(key, trace, configs, advance),
+                                "Simulating...", f"{workload}, time / {views.as_typed(scale)}")
+        if busy:
+            st.warning(busy)
     try:
         job = background.follow(DEPLOY_JOB)
     except PagedLabError as e:
         st.session_state.pop(DEPLOY_STATE, None)
         refuse(e)
+        background.forget(DEPLOY_JOB)
     else:
         if job is not None:
             ran_workload, ran_scale = job.inputs

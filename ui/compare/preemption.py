@@ -55,11 +55,16 @@ def preemption_section() -> None:
             return swap_vs_recompute(chosen, workload=Workload.overloaded(count),
                                      capacity_tokens=pool, progress=show)
 
-        background.start(JOB, pool, work, "Running the engines...")
+        busy = background.start(JOB, pool, work, "Running the engines...",
+                                f"block sizes {', '.join(map(str, chosen))}, {count} requests, "
+                                f"{pool:,} slots")
+        if busy:
+            st.warning(busy)
     try:
         job = background.follow(JOB)
     except PagedLabError as exc:
         refuse(exc)
+        background.forget(JOB)
     else:
         if job is not None:
             st.session_state[STATE] = (job.inputs, job.result)

@@ -188,11 +188,15 @@ def _live() -> None:
                                            max_new_tokens=limit, progress=show)
             return results
 
-        background.start(LIVE_JOB, None, work, "Starting the engines...")
+        busy = background.start(LIVE_JOB, None, work, "Starting the engines...",
+                                f"{chosen}, {counted(count, 'prompt')}")
+        if busy:
+            st.warning(busy)
     try:
         job = background.follow(LIVE_JOB)
     except PagedLabError as exc:
         refuse(exc)
+        background.forget(LIVE_JOB)
     else:
         if job is not None:
             st.session_state[LIVE] = job.result

@@ -57,7 +57,8 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
 
     A file uploader forgets its file when a run does not draw it (another tab was
     open), so the trace parsed from it is kept and used again until the person
-    removes it from a drawn uploader, uploads another, or picks another workload."""
+    removes it from a drawn uploader, uploads another, or picks another workload
+    (`trace_inputs`); a refused file lets it go too."""
     ss = st.session_state
     # The uploader's key is in session state only if the run before drew it.
     drawn_before = f"{prefix}_upload" in ss
@@ -75,13 +76,13 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
                                 "another to replace it."))
             return kept[0], kept[1]
         # Removed from the uploader, or none yet: nothing kept.
-        ss.pop(_UPLOAD_STATE, None)
-        ss.pop(_UPLOAD_KEPT, None)
+        _forget_upload()
         st.caption("Upload a trace to replay it, one row per request.")
         return None
     ss.pop(_UPLOAD_KEPT, None)
     data = f.read(MAX_UPLOAD_BYTES + 1)
     if len(data) > MAX_UPLOAD_BYTES:
+        _forget_upload()
         refuse(f"{f.name} is larger than {MAX_UPLOAD_BYTES >> 20} MiB; the page replays "
                  "smaller traces (the command line takes up to 64 MiB).")
         return None
@@ -91,11 +92,16 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
     try:
         trace = parse_trace_csv(data, f.name)
     except PagedLabError as e:
-        st.session_state.pop(_UPLOAD_STATE, None)
+        _forget_upload()
         refuse(e)
         return None
     st.session_state[_UPLOAD_STATE] = (digest, trace)
     return digest, trace
+
+
+def _forget_upload() -> None:
+    st.session_state.pop(_UPLOAD_STATE, None)
+    st.session_state.pop(_UPLOAD_KEPT, None)
 
 
 def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
@@ -107,6 +113,10 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
                             help="Synthetic: Poisson arrivals, lengths shaped like the "
                                  "dataset. Recorded: the Azure LLM inference trace 2023, "
                                  "code or conversation, arrivals and lengths as logged.")
+    if source != UPLOAD:
+        # Another workload picked: an upload kept from before is let go (the uploader,
+        # drawn again later, shows no file, and a line would name one nobody chose).
+        _forget_upload()
     if source in WORKLOADS:
         requests = int(f.number(c[1], "Requests", 1, PAGE_MAX_REQUESTS, 1000, step=100,
                                 key=f"{prefix}_requests"))

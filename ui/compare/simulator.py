@@ -157,15 +157,18 @@ def simulator_section() -> None:
             except PagedLabError as e:
                 _refuse_keeping_last(e)
             else:
-                background.start(SIM_JOB, {"label": choice.label, "capacity": int(capacity),
-                                           "budgets": budgets, "trace_key": choice.key,
-                                           "configs": configs},
-                                 lambda advance: _replay(choice, configs, advance),
-                                 "Simulating...")
+                busy = background.start(
+                    SIM_JOB, {"label": choice.label, "capacity": int(capacity),
+                              "budgets": budgets, "trace_key": choice.key, "configs": configs},
+                    lambda advance: _replay(choice, configs, advance), "Simulating...",
+                    choice.label)
+                if busy:
+                    st.warning(busy)
     try:
         job = background.follow(SIM_JOB)
     except PagedLabError as e:
         _refuse_keeping_last(e)
+        background.forget(SIM_JOB)
     else:
         if job is not None:
             trace, ran = job.result
