@@ -3,6 +3,9 @@ and bad input answered with a message instead of a traceback."""
 
 from __future__ import annotations
 
+import gc
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -10,10 +13,11 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import trace_block_sweep
 from backend.lab.compare.seed_example import seed_example
 from backend.lab.memory_calc import kv_capacity
-from backend.lab.sim.simulator import SimConfig, simulate_workload
+from backend.lab.sim.simulator import SimConfig, SimRun, simulate_workload
 from backend.lab.workloads import make_trace
 from backend.views.compare import tables
 from tests.compare_support import (
@@ -29,7 +33,9 @@ from tests.compare_support import (
     start,
     text,
 )
-from ui.compare import TAB_KEY, TABS
+from ui.compare import TAB_KEY, TABS, background
+from ui.compare.block_size import BLOCK_SIM_JOB as JOB
+from ui.compare.sim_runs import run_cached
 
 
 def metric(at: AppTest, label: str) -> str:
@@ -370,24 +376,86 @@ def test_a_max_length_past_half_the_arena_is_said_to_run_one_at_a_time() -> None
             "request: it holds one request at a time.") in [c.value for c in at.caption]
 
 
-def test_a_run_that_ended_while_its_tab_was_closed_is_shown_when_it_opens() -> None:
-    # The replay runs in a thread the session keeps (ui/compare/background.py): a page
-    # run stopped by a click on another tab leaves it at work, and the next run that
-    # draws its tab records its result, with the inputs it was started with.
-    from ui.compare import background
-    from ui.compare.sim_runs import run_cached
-
-    at = start(SWAP)
-    trace_key = ("synthetic", "alpaca", 50, 4.0, 3)
+def _sweep_runs(seed: int) -> list[SimRun]:
     configs = [SimConfig("paged", 2048, bs, 4096) for bs in (1, 2, 4, 8, 16, 32, 64, 128)]
-    runs = run_cached(trace_key, make_trace("alpaca", 50, 4.0, 3), configs, lambda f, t: None)
-    job = background.Job(("alpaca", 50, 3), "Simulating...", result=runs)
-    job.ended.set()
-    at.session_state["cmp_blocks_sim_job"] = job
+    return run_cached(("synthetic", "alpaca", 50, 4.0, seed),
+                      make_trace("alpaca", 50, 4.0, seed), configs, lambda f, t: None)
+
+
+def _end_later(job: background.Job, seconds: float, **outcome: object) -> None:
+    """End `job` from another thread after `seconds`, as its work would."""
+    def end() -> None:
+        time.sleep(seconds)
+        for name, value in outcome.items():
+            setattr(job, name, value)
+        job.ended.set()
+    threading.Thread(target=end, daemon=True).start()
+
+
+def test_a_run_at_work_while_its_tab_was_closed_is_followed_and_shown() -> None:
+    # The sweep runs in a thread the session keeps: a page run stopped by a click on
+    # another tab leaves it at work, and the next run that draws its tab follows it to
+    # its end and records its result, with the inputs it was started with.
+    at = start(SWAP)
+    runs = _sweep_runs(3)
+    job = background.Job(("alpaca", 50, 3), "Simulating...")
+    at.session_state[JOB] = job
+    _end_later(job, 0.5, result=runs)
     open_tab(at, BLOCK_SIZE)
     assert "Last run: alpaca, 50 requests, seed 3" in text(at)
     assert tables.block_batch_sentence([r.result for r in runs]) in text(at)
     # Recorded once: the job is gone, and the result stays with the page.
-    assert "cmp_blocks_sim_job" not in at.session_state
+    assert JOB not in at.session_state
     assert "Last run: alpaca, 50 requests, seed 3" in text(open_tab(at, BLOCK_SIZE))
 
+
+def test_a_click_while_a_run_is_at_work_says_so_and_changes_nothing() -> None:
+    at = start(BLOCK_SIZE)
+    job = background.Job(("alpaca", 50, 3), "Simulating...", "alpaca, 50 requests, seed 3")
+    at.session_state[JOB] = job
+    _end_later(job, 0.5, result=_sweep_runs(3))
+    at.number_input(key="cmp_blk_seed").set_value(7)
+    at.button(key="cmp_blk_sim").click().run()
+    assert [w.value for w in at.warning] == [background.STILL_GOING.format(
+        what="alpaca, 50 requests, seed 3")]
+    # The run at work is the one shown, said to be from before the fields' seed 7.
+    assert "Last run: alpaca, 50 requests, seed 3" in text(at)
+    assert "seed 7" in text(at)
+
+
+def test_a_refused_run_is_said_once_and_then_let_go() -> None:
+    at = start(SWAP)
+    job = background.Job(("alpaca", 50, 3), "Simulating...")
+    at.session_state[JOB] = job
+    _end_later(job, 0.2, error=PagedLabError("the trace is empty"))
+    open_tab(at, BLOCK_SIZE)
+    assert [e.value for e in at.error] == ["The trace is empty"]
+    assert JOB not in at.session_state
+    at.run()
+    assert not at.error
+
+
+def test_the_server_runs_two_long_runs_at_most() -> None:
+    at = start(BLOCK_SIZE)
+    taken = [background._SLOTS.acquire(blocking=False) for _ in range(background.MAX_JOBS)]
+    try:
+        assert all(taken)
+        at.button(key="cmp_blk_sim").click().run()
+        assert [w.value for w in at.warning] == [background.BUSY.format(n=background.MAX_JOBS)]
+        assert JOB not in at.session_state
+    finally:
+        for _ in taken:
+            background._SLOTS.release()
+    at.button(key="cmp_blk_sim").click().run()
+    assert not at.warning and "Last run: sharegpt, 1,000 requests, seed 0" in text(at)
+
+
+def test_a_job_whose_session_ended_stops_at_its_next_report() -> None:
+    owner = background._Owner()
+    job = background.Job(None, "")
+    owner.jobs.add(job)
+    job.advance(0.5, "half")
+    del owner
+    gc.collect()
+    with pytest.raises(background.StoppedError):
+        job.advance(0.6, "more")

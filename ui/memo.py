@@ -9,8 +9,10 @@ with the count of its events, name the state; the memo keeps them alive, so no
 id is reused while an entry holds it. A snapshot built anew (another device's,
 a scenario frame) is simply another state.
 
-Views are pure functions of the snapshot and the arguments given, and nothing
-mutates what they return, so an entry is right for as long as it is kept.
+Views are pure functions of the snapshot and the arguments given, so an entry is
+right for as long as it is kept. What they return is drawn as it is: Streamlit
+copies a chart's spec before it adds to it, apart from filling in a legend's blank
+title, which gives the same spec each time.
 """
 
 from __future__ import annotations
