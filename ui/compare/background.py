@@ -140,6 +140,29 @@ def follow(key: str) -> Job | None:
     return job
 
 
+def begin(key: str, inputs: Any, work: Callable[[Advance], Any], text: str,
+          what: str = "") -> None:
+    """Mutates: `start`, saying on the page why the job was not started, if it was not."""
+    reason = start(key, inputs, work, text, what)
+    if reason is not None:
+        st.warning(reason)
+
+
+def take(key: str, record: Callable[[Job], None],
+         refused: Callable[[PagedLabError], None]) -> None:
+    """Mutates: follow the job `key` (`follow`); hand it to `record` once it has ended
+    well, or its refusal to `refused`; then forget it."""
+    try:
+        job = follow(key)
+    except PagedLabError as exc:
+        refused(exc)
+        forget(key)
+        return
+    if job is not None:
+        record(job)
+        forget(key)
+
+
 def forget(key: str) -> None:
     """Mutates: the job `key`'s outcome is recorded (or its refusal drawn); drop it."""
     st.session_state.pop(key, None)

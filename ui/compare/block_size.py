@@ -90,21 +90,15 @@ def block_size_section() -> None:
         configs = [SimConfig("paged", BLOCK_SIM_CAPACITY, bs, DEFAULT_MAX_LEN)
                    for bs in SWEEP_BLOCK_SIZES]
         wanted = (workload, int(requests), int(seed))
-        busy = background.start(BLOCK_SIM_JOB, wanted, lambda advance: run_cached(
+        background.begin(BLOCK_SIM_JOB, wanted, lambda advance: run_cached(
             key, make_trace(wanted[0], wanted[1], BLOCK_SIM_RATE, wanted[2]), configs,
             advance), "Simulating...", f"{workload}, {int(requests):,} requests, seed {int(seed)}")
-        if busy:
-            st.warning(busy)
-    try:
-        job = background.follow(BLOCK_SIM_JOB)
-    except PagedLabError as e:
-        refuse(e)
-        background.forget(BLOCK_SIM_JOB)
-    else:
-        if job is not None:
-            # Kept with the inputs it ran: the fields may change before the next run.
-            st.session_state[BLOCK_SIM_STATE] = (job.inputs, [r.result for r in job.result])
-            background.forget(BLOCK_SIM_JOB)
+
+    def record(job: background.Job) -> None:
+        # Kept with the inputs it ran: the fields may change before the next run.
+        st.session_state[BLOCK_SIM_STATE] = (job.inputs, [r.result for r in job.result])
+
+    background.take(BLOCK_SIM_JOB, record, refuse)
     last: tuple[tables.BlockRunInputs, list[SimResult]] | None = st.session_state.get(
         BLOCK_SIM_STATE)
     if last and last[1]:

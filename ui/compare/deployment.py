@@ -21,6 +21,17 @@ DEPLOY_STATE = "cmp_dep_last"
 DEPLOY_JOB = "cmp_dep_job"   # a replay at work (ui/compare/background.py)
 
 
+def _record(job: background.Job) -> None:
+    ran_workload, ran_scale = job.inputs
+    st.session_state[DEPLOY_STATE] = {"workload": ran_workload, "scale": ran_scale,
+                                      "runs": job.result}
+
+
+def _refused(exc: PagedLabError) -> None:
+    st.session_state.pop(DEPLOY_STATE, None)
+    refuse(exc)
+
+
 def deployment_section() -> None:
     st.markdown(
         "The simulator at serving scale: real model shapes, a real GPU's memory and a whole "
@@ -46,23 +57,10 @@ def deployment_section() -> None:
     st.markdown(views.preset_sentence(d))
     if c[2].button("Replay the whole trace", type="primary", key="cmp_dep_run"):
         key, trace, configs = ("deployment", workload, scale), d.trace, d.configs()
-        busy = background.start(DEPLOY_JOB, (workload, scale),
-                                lambda advance: run_cached(key, trace, configs, advance),
-                                "Simulating...", f"{workload}, time / {views.as_typed(scale)}")
-        if busy:
-            st.warning(busy)
-    try:
-        job = background.follow(DEPLOY_JOB)
-    except PagedLabError as e:
-        st.session_state.pop(DEPLOY_STATE, None)
-        refuse(e)
-        background.forget(DEPLOY_JOB)
-    else:
-        if job is not None:
-            ran_workload, ran_scale = job.inputs
-            st.session_state[DEPLOY_STATE] = {"workload": ran_workload, "scale": ran_scale,
-                                              "runs": job.result}
-            background.forget(DEPLOY_JOB)
+        background.begin(DEPLOY_JOB, (workload, scale),
+                         lambda advance: run_cached(key, trace, configs, advance),
+                         "Simulating...", f"{workload}, time / {views.as_typed(scale)}")
+    background.take(DEPLOY_JOB, _record, _refused)
     last: dict[str, Any] | None = st.session_state.get(DEPLOY_STATE)
     if last is None:
         # No time is promised: it depends on the server and its load (the bar shows

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs_recompute
 from backend.kernels import select_kernels
@@ -55,20 +54,15 @@ def preemption_section() -> None:
             return swap_vs_recompute(chosen, workload=Workload.overloaded(count),
                                      capacity_tokens=pool, progress=show)
 
-        busy = background.start(JOB, pool, work, "Running the engines...",
-                                f"block sizes {', '.join(map(str, chosen))}, {count} requests, "
-                                f"{pool:,} slots")
-        if busy:
-            st.warning(busy)
-    try:
-        job = background.follow(JOB)
-    except PagedLabError as exc:
-        refuse(exc)
-        background.forget(JOB)
-    else:
-        if job is not None:
-            st.session_state[STATE] = (job.inputs, job.result)
-            background.forget(JOB)
+        background.begin(JOB, pool, work, "Running the engines...",
+                         f"block sizes {', '.join(map(str, chosen))}, {count} requests, "
+                         f"{pool:,} slots")
+
+    def record(job: background.Job) -> None:
+        # With the pool it was asked for: the field may change before the next run.
+        st.session_state[STATE] = (job.inputs, job.result)
+
+    background.take(JOB, record, refuse)
     if not sizes:
         st.caption(NO_SIZES)
     # The runs, with the pool they were asked for (the field may have changed since).

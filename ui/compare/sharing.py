@@ -188,19 +188,13 @@ def _live() -> None:
                                            max_new_tokens=limit, progress=show)
             return results
 
-        busy = background.start(LIVE_JOB, None, work, "Starting the engines...",
-                                f"{chosen}, {counted(count, 'prompt')}")
-        if busy:
-            st.warning(busy)
-    try:
-        job = background.follow(LIVE_JOB)
-    except PagedLabError as exc:
-        refuse(exc)
-        background.forget(LIVE_JOB)
-    else:
-        if job is not None:
-            st.session_state[LIVE] = job.result
-            background.forget(LIVE_JOB)
+        background.begin(LIVE_JOB, None, work, "Starting the engines...",
+                         f"{chosen}, {counted(count, 'prompt')}")
+
+    def record(job: background.Job) -> None:
+        st.session_state[LIVE] = job.result
+
+    background.take(LIVE_JOB, record, refuse)
     measured: list[SharingResult] | None = st.session_state.get(LIVE)
     if measured:
         _show(measured, "cmp_share_live")

@@ -96,6 +96,11 @@ def _replay(choice: TraceChoice, configs: list[SimConfig], advance: Advance
     return trace, run_cached(choice.key, trace, configs, advance)
 
 
+def _record(job: background.Job) -> None:
+    trace, ran = job.result
+    st.session_state[SIM_STATE] = {**job.inputs, "runs": ran, "trace": trace}
+
+
 def _refuse_keeping_last(message: str | Exception) -> None:
     """A refusal that leaves the earlier run on screen (it may have taken minutes), said
     to be from before these parameters, never as if it answered them."""
@@ -157,23 +162,12 @@ def simulator_section() -> None:
             except PagedLabError as e:
                 _refuse_keeping_last(e)
             else:
-                busy = background.start(
+                background.begin(
                     SIM_JOB, {"label": choice.label, "capacity": int(capacity),
                               "budgets": budgets, "trace_key": choice.key, "configs": configs},
                     lambda advance: _replay(choice, configs, advance), "Simulating...",
                     choice.label)
-                if busy:
-                    st.warning(busy)
-    try:
-        job = background.follow(SIM_JOB)
-    except PagedLabError as e:
-        _refuse_keeping_last(e)
-        background.forget(SIM_JOB)
-    else:
-        if job is not None:
-            trace, ran = job.result
-            st.session_state[SIM_STATE] = {**job.inputs, "runs": ran, "trace": trace}
-            background.forget(SIM_JOB)
+    background.take(SIM_JOB, _record, _refuse_keeping_last)
     last: dict[str, Any] | None = st.session_state.get(SIM_STATE)
     if last is None:
         st.caption("Choose the parameters and press Run simulation.")
