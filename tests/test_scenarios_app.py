@@ -426,8 +426,8 @@ def upload(at: AppTest, name: str, data: bytes) -> AppTest:
      "Scenario file refused: bad.json: step 1 (jump): unknown op 'jump'; expected one of add, "
      "grow, fork, finish, step, shuffle"),
     (b"[" * 100_000 + b"]" * 100_000,
-     "Scenario file refused: bad.json is not valid JSON: maximum recursion depth exceeded "
-     "while decoding a JSON array from a unicode string"),
+     "Scenario file refused: bad.json nests arrays or objects deeper than PagedLab reads "
+     "(no file of PagedLab's nests more than a few levels)"),
     # A JSON escape can write half of a character's surrogate pair, which no text holds:
     # shown as it was, it stopped the page for the session.
     (json.dumps({"name": "caf\udce9", "steps": []}).encode(),

@@ -41,8 +41,13 @@ def decode_json(data: str | bytes, what: str) -> Any:
         raise PagedLabError(f"{what} is not valid JSON: it is not UTF-8 text (byte "
                             f"0x{byte:02x} at offset {at:,}); it may be a binary file"
                             ) from None
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except json.JSONDecodeError as exc:
         raise PagedLabError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        # Python's words ("maximum recursion depth exceeded while decoding a JSON array
+        # from a unicode string") say how the reader failed, not what is in the file.
+        raise PagedLabError(f"{what} nests arrays or objects deeper than PagedLab reads "
+                            "(no file of PagedLab's nests more than a few levels)") from None
     except ValueError:
         # The one other ValueError: an integer longer than Python converts (its message
         # advises a call to sys.set_int_max_str_digits, which no user can make).
