@@ -16,8 +16,7 @@ Layout (`PRAGMA user_version` 3; each row also carries its own `format`):
               Triggers refuse an update that keeps it and an insert without
               one, so a server of an older PagedLab still running on the
               upgraded file fails to save, saying why, rather than write past
-              it), format, created,
-              updated, label, step, settings (JSON),
+              it), format, created, updated, label, step, settings (JSON),
               snapshot (zlib JSON), snapshot_bytes, base (zlib JSON or NULL:
               the snapshot the operation log starts from), ops_complete,
               stored_bytes, note (why the row is behind the live session)
@@ -177,9 +176,9 @@ class SessionStore:
 
     def _upgrade(self, path: Path) -> None:
         """A new file gets the tables; a layout-1 file its revision column, and a layout-1
-        or 2 file the triggers that guard it. One
-        transaction, the layout read again inside it: of two servers starting on one
-        file, the second finds the work done, and a failure leaves the file as it was."""
+        or 2 file the triggers that guard it. One transaction, the layout read again
+        inside it: of two servers starting on one file, the second finds the work done,
+        and a failure leaves the file as it was."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             layout = self._layout()
