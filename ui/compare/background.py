@@ -97,11 +97,20 @@ def start(key: str, inputs: Any, work: Callable[[Advance], Any], text: str,
     earlier: Job | None = ss.get(key)
     if earlier is not None:
         return STILL_GOING.format(what=earlier.what or "its fields as they were then")
-    if not _SLOTS.acquire(blocking=False):
-        return BUSY.format(n=MAX_JOBS)
-    owner: _Owner = ss.setdefault(_OWNER, _Owner())
+    owner: _Owner | None = ss.get(_OWNER)
+    if owner is None:
+        owner = ss[_OWNER] = _Owner()
     job = Job(inputs, text, what)
     owner.jobs.add(job)
+    if not _SLOTS.acquire(blocking=False):
+        return BUSY.format(n=MAX_JOBS)
+    try:
+        ss[key] = job
+    except BaseException:
+        # A superseded page run raises at its next session-state access: no thread
+        # then, so the slot goes back at once.
+        _SLOTS.release()
+        raise
 
     def body() -> None:
         try:
@@ -112,7 +121,6 @@ def start(key: str, inputs: Any, work: Callable[[Advance], Any], text: str,
             _SLOTS.release()
             job.ended.set()
 
-    ss[key] = job
     threading.Thread(target=body, name=f"pagedlab-{key}", daemon=True).start()
     return None
 
