@@ -241,3 +241,25 @@ def test_an_uploaded_trace_is_replayed_again_after_another_tab() -> None:
     assert "Upload a trace to replay it, one row per request." in [c.value for c in at.caption]
     at.button(key="cmp_sim_run").click().run()
     assert any(e.value == "Upload a trace first." for e in at.error)
+
+
+def test_the_watermark_sweep_replays_paged_memory_and_keeps_its_table() -> None:
+    at = start()
+    at.number_input(key="cmp_sim_requests").set_value(300)
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    last = at.session_state["cmp_sim_last"]
+    paged = next(r for r in last["runs"] if r.result.policy == "paged")
+    assert paged.result.preemptions > 0
+    at.button(key="cmp_sim_watermarks").click().run()
+    assert not at.exception and not at.error
+    table = next(d.value for d in at.dataframe if "watermark blocks" in d.value.columns)
+    cfg = next(c for c in last["configs"] if c.policy == "paged")
+    blocks = cfg.capacity_tokens // cfg.block_size
+    assert len(table) == len({int(f * blocks) for f in (0.01, 0.02, 0.05, 0.1)}
+                             | {int(cfg.watermark * blocks)})
+    # Kept with the run it extends, after another tab.
+    open_tab(at, CALCULATOR)
+    again = [d.value for d in open_tab(at, SIMULATOR).dataframe
+             if "watermark blocks" in d.value.columns]
+    assert len(again) == 1 and again[0].equals(table)

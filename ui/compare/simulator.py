@@ -25,11 +25,12 @@ from ui.bars import Advance
 from ui.compare import SYNTHETIC_NOTE, background, label, refuse
 from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, TraceChoice, trace_inputs
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
-from ui.compare.sim_runs import run_cached, run_with_bar
+from ui.compare.sim_runs import run_cached
 from ui.numbers import Fields
 
 SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
 SIM_JOB = "cmp_sim_job"      # a run at work (ui/compare/background.py)
+MARKS_JOB = "cmp_sim_marks_job"   # the watermark sweep at work
 TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023 (Microsoft Azure, CC BY "
               "4.0; Patel et al., \"Splitwise: Efficient generative LLM inference using phase "
               "splitting\", ISCA 2024), replayed with arrivals and lengths as recorded; see "
@@ -75,12 +76,16 @@ def _watermarks(last: dict[str, Any]) -> None:
     if st.button(f"Replay paged memory with watermarks of {', '.join(map(str, marks))} blocks",
                  key="cmp_sim_watermarks"):
         configs = [replace(cfg, watermark_blocks=w) for w in marks]
-        try:
-            runs = run_with_bar(last["trace_key"], last["trace"], configs)
-        except PagedLabError as e:
-            refuse(e)
-        else:
-            last["watermarks"] = [r.result for r in runs]
+        trace_key, trace = last["trace_key"], last["trace"]
+        # Kept with the run it extends (`last`): a new run meanwhile gets none of it.
+        background.begin(MARKS_JOB, last, lambda advance: run_cached(
+            trace_key, trace, configs, advance), "Simulating...",
+            f"watermarks of {', '.join(map(str, marks))} blocks")
+
+    def record(job: background.Job) -> None:
+        job.inputs["watermarks"] = [r.result for r in job.result]
+
+    background.take(MARKS_JOB, record, refuse)
     if last.get("watermarks"):
         st.dataframe(preemptions.watermark_frame(last["watermarks"]), hide_index=True,
                      key="cmp_sim_watermark_table")
