@@ -129,7 +129,7 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
      "step 1 (step): expect['x'][0] is not valid Unicode text"),
     ('{"steps": [{"op": "step", "count": ' + "9" * 5000 + "}]}",
      "holds an integer of more than 4,300 digits; no field takes one that long"),
-    ("[" * 100_000 + "]" * 100_000, "is not valid JSON"),
+    ("[" * 100_000 + "]" * 100_000, "nests arrays or objects deeper than PagedLab reads"),
     ('{"config": {"num_layers": 8, "num_heads": 32, "num_kv_heads": 32, "head_dim": 256},'
      ' "steps": []}', "weights would take"),
 ])
