@@ -82,7 +82,8 @@ def test_the_progress_text_agrees_with_its_bar(monkeypatch: pytest.MonkeyPatch) 
     RUNS.clear()
     trace = make_trace("sharegpt", 500, 4.0)
     configs = [SimConfig(p) for p in ("max", "pow2", "oracle", "paged")]  # type: ignore[arg-type]
-    sim_runs.run_with_bar(("test", 500), trace, configs)
+    with ui_bars.progress_bar("Simulating...") as advance:
+        sim_runs.run_cached(("test", 500), trace, configs, advance)
     [bar] = bars
     updates = bar.shown[1:]
     assert len(updates) > 40 and updates[-1][0] == 1.0

@@ -32,11 +32,14 @@ def labelled(problem: str) -> str:
     as a refused Steps or Max new tokens field does."""
     text = problem.removeprefix("settings: ")
     field = _FIELD_NAME.search(text)
-    # A limit's field takes blank or 0 too (no limit), which the backend's range omits.
-    limit = field is not None and field.group(1) in NO_LIMIT_AT_0 and field.group(1) != \
-        "watermark_blocks"
-    either = ", or blank or 0 for no limit" if limit else ""
-    text = _RANGE.sub(rf"must be \1 to \2{either}; got \3", text)
+    limit = field is not None and field.group(1) in NO_LIMIT_AT_0
+
+    def said(m: re.Match[str]) -> str:
+        # A limit's field takes blank or 0 too (no limit): say so where its range does not.
+        either = ", or blank or 0 for no limit" if limit and m[1] != "0" else ""
+        return f"must be {m[1]} to {m[2]}{either}; got {m[3]}"
+
+    text = _RANGE.sub(said, text)
     text = _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
     # A line that began after the prefix ("the model's weights would take …") starts a
     # sentence of its own.
