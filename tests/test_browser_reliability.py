@@ -492,3 +492,37 @@ def test_four_sessions_at_once_each_see_only_their_own_requests(
     finally:
         for page in pages:
             page.context.close()
+
+
+# ---- a reload near the server's K/V limit --------------------------------------------------
+
+def test_a_reload_gets_the_pool_its_closed_session_held(
+        browser: Browser, monkeypatch: pytest.MonkeyPatch, screenshots: Path) -> None:
+    """A server of 1 MiB of K/V and a pool of 400 blocks (0.78 MiB): after a reload the
+    old session, which Streamlit keeps two minutes for a reconnect, still held its
+    pool, and the same pool in the new session was refused for those two minutes. The
+    server's limit now ends the session no browser is connected to."""
+    monkeypatch.setenv("PAGEDLAB_SERVER_KV_MIB", "1")
+    with serve("app.py", "test_browser_reliability_reload_limit") as url:
+        page = browser.new_context(viewport={"width": 1500, "height": 1400}).new_page()
+        page.set_default_timeout(T)
+        try:
+            for visit in ("first", "after the reload"):
+                if visit == "first":
+                    page.goto(f"{url}/lab")
+                else:
+                    page.reload()
+                shows(page.get_by_role("button", name="Add request"))
+                idle(page)
+                metric = page.locator(".pl-metric[data-label='Free blocks']")
+                expect(metric).to_have_text("32", timeout=T)
+                sidebar = page.get_by_test_id("stSidebar")
+                pool = sidebar.get_by_role("spinbutton", name="Pool size (blocks)")
+                pool.fill("400")
+                pool.press("Tab")
+                expect(metric).to_have_text("400", timeout=T)
+                idle(page)
+                expect(sidebar.get_by_test_id("stAlert")).to_have_count(0)
+            shoot(page, screenshots / "26-reload-near-the-server-limit.png")
+        finally:
+            page.context.close()

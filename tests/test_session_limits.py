@@ -284,3 +284,95 @@ def test_a_pool_past_the_server_is_told_so_before_the_sessions_own_limit() -> No
     budget.claim_unchecked(_config(512), "s1")            # 1 MiB
     with pytest.raises(PagedLabError, match=r"^1\.5 MiB of K/V is more than the 1\.0 MiB"):
         budget.check(_config(768), "s1")
+
+
+class _Tabs:
+    """Browser sessions as a reclaimer sees them: each owner's engines, and which
+    owners' tabs have gone. Ending a gone one drops its engines, in a reference
+    cycle (as a session's state holds them), or later, from another thread."""
+
+    def __init__(self, budget: KVBudget, *, later_s: float = 0.0) -> None:
+        self.budget, self.later_s = budget, later_s
+        self.engines: dict[str, list[Engine]] = {}
+        self.gone: set[str] = set()
+        self.asked: list[frozenset[str]] = []
+
+    def open(self, owner: str, num_blocks: int) -> Engine:
+        cfg = _config(num_blocks)
+        engine = self.budget.built(self.budget.claim(cfg, owner),
+                                   lambda: Engine(cfg, kernel="torch"))
+        self.engines.setdefault(owner, []).append(engine)
+        return engine
+
+    def end_gone(self, owners: frozenset[str]) -> bool:
+        self.asked.append(owners)
+        ending = [o for o in owners & self.gone if o in self.engines]
+
+        def end() -> None:
+            for owner in ending:
+                for engine in self.engines.pop(owner):
+                    engine.me = engine  # type: ignore[attr-defined]
+        if self.later_s:
+            threading.Timer(self.later_s, end).start()
+        else:
+            end()
+        return bool(ending)
+
+
+def test_a_closed_tabs_engines_are_given_back_when_the_server_needs_them() -> None:
+    """A reload leaves the old session's pool to the server until Streamlit drops it: the
+    new session's pool of the same size is no longer refused, since the reclaimer ends
+    the session no browser holds; an open tab's session is never ended."""
+    budget = KVBudget(per_session=512 * MIB, per_server=MIB)
+    tabs = _Tabs(budget)
+    tabs.open("open", 128)                                # 0.25 MiB, its tab still open
+    tabs.open("reloaded", 256)                            # 0.5 MiB
+    mine = tabs.open("new", 16)
+    # No reclaimer: refused, and told to wait for Streamlit's two minutes.
+    with pytest.raises(PagedLabError, match=r"or again in a few minutes \(a browser tab"):
+        budget.check(_config(256), "new", replacing=mine)
+    budget.set_reclaimer(tabs.end_gone)
+    # The tab that closed is not gone yet (a reconnect may come): refused, and only
+    # the other owners were asked about.
+    with pytest.raises(PagedLabError, match=r"Try a smaller pool, or again when other "
+                                            r"sessions have ended$"):
+        budget.claim(_config(256), "new", replacing=mine)
+    assert tabs.asked == [frozenset({"open", "reloaded"})]
+    assert budget.in_use() == (128 + 256 + 16) * 2048
+    tabs.gone.add("reloaded")
+    gc.disable()      # its engines are dropped in a cycle: only a collection frees them
+    try:
+        budget.claim(_config(256), "new", replacing=mine)
+    finally:
+        gc.enable()
+    assert "reloaded" not in tabs.engines and "open" in tabs.engines
+    assert budget.in_use("reloaded") == 0
+
+
+def test_a_claim_waits_for_the_ended_sessions_engines_and_no_longer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = KVBudget(per_session=512 * MIB, per_server=MIB)
+    tabs = _Tabs(budget, later_s=0.3)
+    budget.set_reclaimer(tabs.end_gone)
+    tabs.open("reloaded", 384)
+    tabs.gone.add("reloaded")
+    budget.claim(_config(384), "new")                     # waits until they are dropped
+    assert budget.in_use("reloaded") == 0
+    # Nothing more to end: refused at once, without waiting for anything.
+    tabs.open("open", 128)
+
+    def no_wait(seconds: float) -> None:
+        raise AssertionError(f"waited {seconds} s with no session ending")
+    monkeypatch.setattr(budget_module.time, "sleep", no_wait)
+    with pytest.raises(PagedLabError, match=r"server's sessions hold 1\.0 MiB"):
+        budget.claim(_config(256), "late")
+
+
+def test_the_reclaimer_is_not_asked_about_a_sessions_own_limit() -> None:
+    budget = KVBudget(per_session=MIB, per_server=4 * MIB)
+    tabs = _Tabs(budget)
+    budget.set_reclaimer(tabs.end_gone)
+    tabs.open("mine", 384)
+    with pytest.raises(PagedLabError, match=r"this session's engines already hold"):
+        budget.claim(_config(384), "mine")
+    assert tabs.asked == []

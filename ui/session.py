@@ -38,6 +38,7 @@ import weakref
 from typing import Any, Literal
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
@@ -52,7 +53,7 @@ from backend.sessions.playground import (
     preset_of,
 )
 from backend.sessions.progress import Work
-from ui import progress, store
+from ui import progress, reclaim, store
 
 ENGINE = "engine"
 SETTINGS = "settings"
@@ -162,6 +163,10 @@ def init() -> None:
         ss[OWNER] = secrets.token_hex(8)
     if progress.WORK not in ss:
         ss[progress.WORK] = Work()
+        ctx = get_script_run_ctx()
+        if ctx is not None:
+            # So that the server's K/V limit can end this session once its tab has gone.
+            reclaim.register(ss[OWNER], ctx.session_id, ss[progress.WORK])
     if store.TAB not in ss:
         store.start_tab()
     if SETTINGS not in ss:

@@ -10,6 +10,11 @@ is in use and what would fit.
 
 The limits come from the environment, in MiB: PAGEDLAB_SESSION_KV_MIB
 (default 512) and PAGEDLAB_SERVER_KV_MIB (default 4096).
+
+A browser tab that closed (or reloaded) leaves its session, and its engines, to
+the server for a while in case it reconnects. When the server's limit refuses a
+new engine, a `Reclaimer` the front end sets may end such sessions, and the
+claim waits briefly for their engines to be collected before it refuses.
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ DEFAULT_SESSION_MIB = 512
 DEFAULT_SERVER_MIB = 4096
 # How often a refused form check may collect garbage, server-wide (`KVBudget._reserve`).
 COLLECT_EVERY_S = 10.0
+# How long a check or claim waits for the sessions a reclaimer ended to give their
+# engines back, and how often it collects garbage meanwhile.
+RECLAIM_WAIT_S = 3.0
+RECLAIM_POLL_S = 0.1
+
+# Asked with the owners (other than the one asking) whose engines fill the server:
+# ends those whose browser tabs have gone, and says whether it ended any. Their
+# engines are given back as they are collected.
+Reclaimer = Callable[[frozenset[str]], bool]
 
 
 def _mib(value: int) -> str:
@@ -53,6 +67,12 @@ def _env_mib(name: str, default: int) -> int:
 class _Holding:
     owner: str
     nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    text: str
+    server_full: bool     # other sessions' engines fill the server (a reclaimer may help)
 
 
 def engine_bytes(engine: Engine) -> int:
@@ -76,6 +96,11 @@ class KVBudget:
         self._keys: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
         self._next = 0
         self._collected = -math.inf     # when a check last collected garbage
+        self._reclaimer: Reclaimer | None = None
+
+    def set_reclaimer(self, reclaimer: Reclaimer | None) -> None:
+        """Mutates: who may end gone sessions when the server is full (see the module)."""
+        self._reclaimer = reclaimer
 
     def _may_collect(self) -> bool:
         """Whether a form's check may collect garbage now (see `_reserve`)."""
@@ -135,7 +160,7 @@ class KVBudget:
             f"session may hold at most {_mib(self.per_session)}, which leaves room for "
             f"{fits:,} host blocks")
 
-    def _problem(self, need: int, owner: str, replacing: Engine | None) -> str | None:
+    def _problem(self, need: int, owner: str, replacing: Engine | None) -> _Refusal | None:
         """Why `need` more bytes for `owner` would pass a limit, or None. Call with the
         lock held. `replacing`'s holding is given back first."""
         freed = 0
@@ -147,17 +172,36 @@ class KVBudget:
         total = sum(h.nbytes for h in self._held.values()) - freed
         if need > self.per_server:
             # No wait helps: the server could never hold it, even with no other session.
-            return (f"{_mib(need)} of K/V is more than the {_mib(self.per_server)} the "
-                    "server's sessions may hold together. Try a smaller pool")
+            return _Refusal(f"{_mib(need)} of K/V is more than the {_mib(self.per_server)} the "
+                            "server's sessions may hold together. Try a smaller pool", False)
         if mine + need > self.per_session:
-            return (f"this session's engines already hold {_mib(mine)} of K/V; {_mib(need)} "
-                    f"more would pass the {_mib(self.per_session)} a session may hold")
+            return _Refusal(f"this session's engines already hold {_mib(mine)} of K/V; "
+                            f"{_mib(need)} more would pass the {_mib(self.per_session)} a "
+                            "session may hold", False)
         if total + need > self.per_server:
-            return (f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} more would "
-                    f"pass its limit of {_mib(self.per_server)}. Try a smaller pool, or again "
-                    "in a few minutes (a browser tab keeps its engines for about two "
-                    "minutes after it closes, in case it reconnects)")
+            wait = ("again when other sessions have ended" if self._reclaimer is not None
+                    else "again in a few minutes (a browser tab keeps its engines for "
+                         "about two minutes after it closes, in case it reconnects)")
+            return _Refusal(f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} "
+                            f"more would pass its limit of {_mib(self.per_server)}. Try a "
+                            f"smaller pool, or {wait}", True)
         return None
+
+    def _try(self, need: int, owner: str, replacing: Engine | None,
+             keep: bool) -> tuple[int | None, _Refusal | None]:
+        """One locked check of `need` (with `keep`, counted when it passes): the claim's key
+        (None unless kept) and no refusal, or None and the refusal."""
+        with self._lock:
+            self._drain()
+            problem = self._problem(need, owner, replacing)
+            if problem is not None:
+                return None, problem
+            return (self._count(owner, need) if keep else None), None
+
+    def _others(self, owner: str) -> frozenset[str]:
+        with self._lock:
+            self._drain()
+            return frozenset(h.owner for h in self._held.values() if h.owner != owner)
 
     def _reserve(self, config: EngineConfig, owner: str, replacing: Engine | None,
                  keep: bool) -> int | None:
@@ -165,24 +209,33 @@ class KVBudget:
         in the same locked step (the key of the claim). Raises PagedLabError."""
         self.check_size(config)
         need = config.kv_bytes + config.host_kv_bytes
-        problem = None
-        for attempt in range(2):
-            if attempt:
-                # Engines dropped but not yet collected (reference cycles) still count:
-                # collect them before refusing, since their memory is about to come back.
-                # A claim always does; a form's question (`check`, asked on every run of
-                # a page while refused) at most every COLLECT_EVERY_S seconds across the
-                # server: a full collection holds the GIL, every session's, for tens of
-                # milliseconds.
-                if not keep and not self._may_collect():
-                    break
+        key, problem = self._try(need, owner, replacing, keep)
+        if problem is None:
+            return key
+        # Engines dropped but not yet collected (reference cycles) still count: collect
+        # them before refusing, since their memory is about to come back. A claim always
+        # does; a form's question (`check`, asked on every run of a page while refused)
+        # at most every COLLECT_EVERY_S seconds across the server: a full collection
+        # holds the GIL, every session's, for tens of milliseconds.
+        if keep or self._may_collect():
+            gc.collect()
+            key, problem = self._try(need, owner, replacing, keep)
+            if problem is None:
+                return key
+        assert problem is not None
+        reclaimer = self._reclaimer
+        if problem.server_full and reclaimer is not None and reclaimer(self._others(owner)):
+            # Sessions of closed tabs are ending: their engines come back as the ended
+            # sessions are collected. Only a newly ended session makes anyone wait.
+            deadline = time.monotonic() + RECLAIM_WAIT_S
+            while time.monotonic() < deadline:
+                time.sleep(RECLAIM_POLL_S)
                 gc.collect()
-            with self._lock:
-                self._drain()
-                problem = self._problem(need, owner, replacing)
+                key, problem = self._try(need, owner, replacing, keep)
                 if problem is None:
-                    return self._count(owner, need) if keep else None
-        raise PagedLabError(problem)
+                    return key
+        assert problem is not None
+        raise PagedLabError(problem.text)
 
     def check(self, config: EngineConfig, owner: str, *,
               replacing: Engine | None = None) -> None:
