@@ -52,7 +52,7 @@ def test_a_fraction_in_a_controls_field_is_refused_by_name_and_changes_nothing()
     at = add(start())
     before = export_snapshot(engine(at))
     for key, label in [("batch_n", "Steps"), ("req_grow_n", "Grow by (tokens)"),
-                       ("add_len", "Random tokens (N)"), ("add_max_new", "Max new tokens"),
+                       ("add_len", "N random tokens"), ("add_max_new", "Max new tokens"),
                        ("add_n", "Parallel samples (n)"), ("add_beam", "Beam width")]:
         at.number_input(key=key).set_value(2.5)
         button = {"batch_n": "btn_step_n", "req_grow_n": "btn_grow"}.get(key, "btn_add")

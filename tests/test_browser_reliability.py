@@ -208,7 +208,7 @@ def test_a_number_past_a_fields_range_or_a_fraction_is_refused_as_typed(
         length.press("Tab")
         click(page, "Add request")
         shows(page.get_by_test_id("stAlert").first,
-              "Refused: Random tokens (N) must be a whole number; got 2.5")
+              "Refused: N random tokens must be a whole number; got 2.5")
         steps.fill("1e5")
         steps.press("Tab")
         idle(page)

@@ -338,6 +338,25 @@ def test_check_flag_compares_narrated_numbers(tmp_path: Path,
     assert err == "mismatch: step 2 (grow): metrics.used_blocks: expected 5, got 4\n"
 
 
+def test_check_mismatches_quote_values_as_the_file_writes_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON's words, as in the scenario file: "running", not 'running'; true, null and
+    arrays as written; a long value cut short."""
+    scenario = {"config": {"block_size": 4}, "steps": [
+        {"op": "add", "request": "A", "prompt": "123456789",
+         "expect": {"requests.A.status": True, "requests.A.block_table": None,
+                    "requests.A.num_tokens": "9", "text.A": "x" * 300}}]}
+    code, err = run_cli(capsys, "run", write(tmp_path, scenario), "--check", "--kernel", "torch")
+    assert code == 1
+    lines = err.splitlines()
+    assert lines[:3] == [
+        'mismatch: step 1 (add): requests.A.status: expected true, got "running"',
+        "mismatch: step 1 (add): requests.A.block_table: expected null, got [0, 1, 2]",
+        'mismatch: step 1 (add): requests.A.num_tokens: expected "9", got 9']
+    assert lines[3] == ('mismatch: step 1 (add): text.A: expected "' + "x" * 198 + "…, got "
+                        '"123456789"')
+
+
 def test_check_from_a_snapshot_numbers_mismatches_as_errors_are(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # From a snapshot at step 6, a mismatch and a refusal both name the scenario's own

@@ -107,7 +107,7 @@ def _on_add() -> None:
         ss = st.session_state
         fields = {
             "request": request_id("add_id", "Request id"), "prompt": ss["add_prompt"],
-            "prompt_len": whole_number("add_len", "Random tokens (N)", 1, MAX_PROMPT_TOKENS),
+            "prompt_len": whole_number("add_len", "N random tokens", 1, MAX_PROMPT_TOKENS),
             "max_new_tokens": whole_number("add_max_new", "Max new tokens", 1,
                                            MAX_PROMPT_TOKENS),
             "blocks": ss["add_pins"],

@@ -21,6 +21,7 @@ objects and lists.
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from collections.abc import Callable, Iterator
@@ -334,7 +335,21 @@ def check_expectation(path: str, want: Any, snapshot: dict[str, Any], engine: En
         return Verdict(False, False, None, f"{path}: not found ({reason})")
     if _same(got, want):
         return Verdict(True, True, got, None)
-    return Verdict(False, True, got, f"{path}: expected {want!r}, got {got!r}")
+    return Verdict(False, True, got, f"{path}: expected {_written(want)}, got {_written(got)}")
+
+
+# How much of a value a mismatch line quotes: a block table or a request's text may be long.
+MISMATCH_CHARS = 200
+
+
+def _written(value: Any) -> str:
+    """`value` as the scenario file writes it, in JSON ("running", true, null, [0, 1]),
+    cut short past MISMATCH_CHARS."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= MISMATCH_CHARS else text[:MISMATCH_CHARS - 1] + "…"
 
 
 def _same(got: Any, want: Any) -> bool:
