@@ -184,6 +184,12 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             # Every model's shape, the source column included, without scrolling.
             tables_fit(page, 2)
             shot(page, "6-calculator")
+            # A panel left open is open again when its tab is: Streamlit drops the state
+            # of a widget a run does not draw, and it came back closed.
+            open_tab(page, "Sharing")
+            estimate = page.locator("details", has_text="Estimate for a whole Alpaca-like")
+            expect(estimate).to_have_attribute("open", "")
+            expect(estimate.get_by_test_id("stDataFrame")).to_be_visible()
             # Only the open tab is drawn; one drawn again shows its last run as it was,
             # and the address names it, so a reload opens it.
             open_tab(page, "Trace simulator")

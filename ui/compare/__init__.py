@@ -31,6 +31,23 @@ SYNTHETIC_NOTE = ("Our numbers come from PagedLab's simulator on synthetic or re
                   "GPU): compare the ordering and the size of the gaps, not the digits.")
 
 
+def panel(title: str, key: str) -> Any:
+    """A collapsible panel (st.expander) that opens as it was left, also after another tab.
+
+    Only the open tab is drawn, and Streamlit forgets the state of a widget a run did
+    not draw: a panel opened, then another tab and back, came back closed. Its state
+    is copied to a key of the page's own when it changes (a rerun of the tab), and
+    given back as the panel's initial state.
+    """
+    ss = st.session_state
+    kept = f"{key}_kept"
+
+    def note() -> None:
+        ss[kept] = bool(ss.get(key))
+
+    return st.expander(title, expanded=bool(ss.get(kept, False)), key=key, on_change=note)
+
+
 def label(policy: str) -> str:
     return views.POLICY_LABELS[policy]
 

@@ -11,7 +11,7 @@ from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.views.compare import charts
 from backend.views.compare import frames as views
 from ui import layout, numbers
-from ui.compare import SYNTHETIC_NOTE, breakdown, label, refuse
+from ui.compare import SYNTHETIC_NOTE, breakdown, label, panel, refuse
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -35,7 +35,7 @@ def maps_section() -> None:
     # Two fields a line where the page is narrow (beside the sidebar in a 1024 px window),
     # rather than four of some 120 px.
     layout.wrap_below("cmp_map_fields", [200, 200, 200, 200])
-    with (st.expander("Workload and memory", expanded=False, key="cmp_map_open"),
+    with (panel("Workload and memory", "cmp_map_open"),
           st.container(key="cmp_map_fields"), numbers.fields() as f):
         c = st.columns(4)
         workload = c[0].selectbox("Workload", ["alpaca", "sharegpt"], key="cmp_map_workload",

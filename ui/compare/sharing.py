@@ -22,7 +22,7 @@ from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
 from ui import layout, numbers
 from ui.bars import Advance, progress_bar
-from ui.compare import background, in_percent, refuse
+from ui.compare import background, in_percent, panel, refuse
 
 WIDTHS = (2, 4, 6)
 KINDS: tuple[tuple[SharingKind, str], ...] = (("parallel", "parallel sampling"),
@@ -114,8 +114,8 @@ def sharing_section() -> None:
     # Each part stops on its own numbers: the other is drawn as usual.
     numbers.section(_live)
     # Keyed, so it stays open when a refusal above it changes the page's elements.
-    with st.expander("Estimate for a whole Alpaca-like workload (modelled, not run)",
-                     key="cmp_share_estimate_open"):
+    with panel("Estimate for a whole Alpaca-like workload (modelled, not run)",
+               "cmp_share_estimate_open"):
         numbers.section(_estimate)
 
 

@@ -22,7 +22,7 @@ from backend.views.compare import preemptions
 from backend.views.text import plain_md
 from ui import layout, numbers
 from ui.bars import Advance
-from ui.compare import SYNTHETIC_NOTE, background, label, refuse
+from ui.compare import SYNTHETIC_NOTE, background, label, panel, refuse
 from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, TraceChoice, trace_inputs
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_cached
@@ -40,8 +40,8 @@ TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023 (Microsof
 def _budget_inputs(f: Fields) -> dict[str, int | None]:
     """vLLM's scheduler knobs in `f`'s group; an empty field is no limit (the watermark:
     1% of the pool)."""
-    with st.expander("Scheduler budgets (vLLM's max_num_seqs, max_num_batched_tokens, "
-                     "watermark)", key="cmp_sim_budgets_open"):
+    with panel("Scheduler budgets (vLLM's max_num_seqs, max_num_batched_tokens, watermark)",
+               "cmp_sim_budgets_open"):
         c = st.columns(3)
         seqs = f.number(
             c[0], "max_num_seqs", 1, 1 << 20, None, step=1, key="cmp_sim_max_num_seqs",
