@@ -122,6 +122,11 @@ def test_a_config_says_which_temperatures_are_greedy() -> None:
         EngineConfig.from_json({"num_blocks": 8, "block_size": 4, "temperature": -1})
 
 
+def test_a_temperature_of_minus_0_is_written_back_as_0() -> None:
+    config = EngineConfig.from_json({"num_blocks": 8, "block_size": 4, "temperature": -0.0})
+    assert json.dumps(config.to_json()["temperature"]) == "0.0"
+
+
 @pytest.mark.parametrize(("piece", "quoted"), [
     (" cat", "' cat'"), ("'", '"\'"'), ("it's", '"it\'s"'), ('"', "'\"'"),
     ("'\"", "'\\'\"'")])

@@ -319,7 +319,8 @@ def _check_field(key: str, v: Any, where: str) -> Any:
             if t is not None and t < 0:
                 raise PagedLabError(f"{where}: temperature must be >= 0 (0, or anything under "
                                     f"{GREEDY_BELOW:g}, is greedy), got {t}")
-            return t
+            # + 0.0 reads -0.0 (which passes the check) as 0.0, so it is written back as 0.
+            return None if t is None else t + 0.0
         case "top_p":
             p = _number(key, v, where)
             if p is not None and not 0 < p <= 1:
