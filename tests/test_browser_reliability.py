@@ -526,3 +526,42 @@ def test_a_reload_gets_the_pool_its_closed_session_held(
             shoot(page, screenshots / "26-reload-near-the-server-limit.png")
         finally:
             page.context.close()
+
+
+def test_a_closed_tabs_long_run_gives_its_slot_back_on_a_quiet_server(
+        browser: Browser, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streamlit drops a disconnected session only when another session connects or
+    disconnects: on a quiet server a closed tab's replay held one of the server's two
+    slots for long runs until it ended, however long after the reconnect window. With a
+    window of 2 s, the closed tab's session is ended and its replay stopped."""
+    monkeypatch.setenv("STREAMLIT_SERVER_DISCONNECTED_SESSION_TTL", "2")
+    with serve("app.py", "test_browser_reliability_quiet_reaper") as url:
+        pages: list[Page] = []
+        try:
+            # Both tabs open first: a connection after the close would make Streamlit
+            # drop the closed one itself.
+            for _ in range(2):
+                page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
+                page.set_default_timeout(T)
+                page.goto(f"{url}/fragmentation?tab=Real+deployment")
+                shows(page.get_by_role("button", name="Replay the whole trace"))
+                idle(page)
+                pages.append(page)
+            closing, staying = pages
+            # azure-conv, the default: four replays of 19,365 requests, 13 s or more.
+            panel = closing.get_by_role("tabpanel", name="Real deployment")
+            panel.get_by_role("button", name="Replay the whole trace").click()
+            shows(panel.get_by_test_id("stProgress"))
+            closing.context.close()
+            pages.remove(closing)
+            # The window, the reaper's next look and the replay's next progress report.
+            staying.wait_for_timeout(6_000)
+            staying.get_by_role("button", name="Replay the whole trace").click()
+            shows(staying.get_by_test_id("stProgress"))
+            staying.get_by_role("tab", name="Trace simulator").click()
+            staying.get_by_role("button", name="Run simulation").click()
+            shows(staying.get_by_text("Last run: sharegpt, 1,000 requests"))
+            expect(staying.get_by_text("The server is already running")).to_have_count(0)
+        finally:
+            for page in pages:
+                page.context.close()

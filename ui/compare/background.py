@@ -10,8 +10,8 @@ its result, whichever tab was open meanwhile.
 
 Bounds: one job per section and browser session; at most MAX_JOBS at work on the
 server at once (they share its CPUs, and hold Python's lock for most of their
-time); and a job whose browser session has ended (its tab closed, and Streamlit's
-two minutes for a reconnect past, or the server's K/V limit ended it sooner: see
+time); and a job whose browser session has ended (its tab closed, and the time
+for a reconnect past, or the server's K/V limit ended it sooner: see
 ui/reclaim.py) is stopped at its next progress report, as a closed tab's page run
 used to be.
 
