@@ -65,6 +65,10 @@ ALIASES = [st.Page(_opener(target), title=title, url_path=name, visibility="hidd
 # fragmentation, …"), and the first run's imports of torch, Triton and the backend
 # take seconds, its first engine longer.
 page = st.navigation([HOME, *PAGES, *ALIASES])
+# Each page its own browser title ("Scenarios · PagedLab"): one title for all three left a
+# screen reader's tab list and the browser's history unable to tell them apart.
+st.set_page_config(page_title=page.title if page.title == "PagedLab" else
+                   f"{page.title} · PagedLab")
 
 from ui import start  # noqa: E402  (slow: see above)
 

@@ -63,6 +63,9 @@ def _title(piece: str, split: str | None) -> str:
 
 # A tiny-byte token written by its code ("\\n", "\\x1b") is tinted, so it reads apart
 # from the characters "\\" and "n" typed into a prompt, each a token of its own.
+# The dots of a partial block's empty slots: faint on purpose, and decorative, since the
+# chip's label says the same in words ("3/4, partial").
+EMPTY_SLOT_COLOUR = "#BBBBBB"
 _ESCAPE_STYLE = "color:#6A3D9A;background:rgba(106,61,154,0.10);border-radius:2px;"
 _NAMED_BYTES = {"\\n": "a line break", "\\t": "a tab", "\\r": "a carriage return"}
 
@@ -123,9 +126,9 @@ def chip_html(chunk: Chunk, color: str, *, highlight: bool = False) -> str:
     done = len(chunk.pieces) - chunk.pending
     text = pieces_html(chunk, 0, done)
     if chunk.pending:
-        text += ("<span style='color:#999;text-decoration:line-through'>"
+        text += ("<span style='color:#6E6E6E;text-decoration:line-through'>"
                  f"{pieces_html(chunk, done)}</span>")
-    text += "<span style='color:#BBB'>" + "·" * (
+    text += f"<span style='color:{EMPTY_SLOT_COLOUR}'>" + "·" * (
         chunk.block_size - len(chunk.pieces)) + "</span>"
     border = INK if highlight else "#D0D0D0"
     bg = "#FFF8DC" if highlight else "#FAFAFA"
@@ -205,10 +208,12 @@ def _rgba(hex_color: str, opacity: float) -> str:
     return f"rgba({r},{g},{b},{opacity:g})"
 
 
+# White 11 px text on each: 4.5:1 or more (the palette's own hues had 2.3 to 4.0 for
+# some), the hues kept.
 _KIND_BADGE = {
-    "alloc": "#0072B2", "free": "#7F7F7F", "share": "#009E73", "cow": "#D55E00",
-    "prefix_hit": "#CC79A7", "evict": "#7F6A00", "preempt": "#B2182B", "move": "#56B4E9",
-    "swap_out": "#6A3D9A", "swap_in": "#33A02C", "fork": "#B8860B",
+    "alloc": "#0072B2", "free": "#6B6B6B", "share": "#00785A", "cow": "#B34E00",
+    "prefix_hit": "#A8437F", "evict": "#7F6A00", "preempt": "#B2182B", "move": "#1F6FA0",
+    "swap_out": "#6A3D9A", "swap_in": "#237A1E", "fork": "#8A6508",
 }
 
 
@@ -252,7 +257,7 @@ def metrics_html(items: list[MetricItem]) -> str:
             for m in ms)
         cards.append(f"<div style='flex:1 1 210px;border:1px solid #E3E6EA;border-radius:6px;"
                      f"padding:6px 10px;background:#FBFCFD'><div style='font-size:11px;"
-                     f"text-transform:uppercase;letter-spacing:.04em;color:#777;"
+                     f"text-transform:uppercase;letter-spacing:.04em;color:#666;"
                      f"margin-bottom:2px'>{escape(group)}</div>{rows}</div>")
     return ("<div class='pl-metrics' style='display:flex;flex-wrap:wrap;gap:8px;"
             "font-size:13px'>" + "".join(cards) + "</div>")
