@@ -806,3 +806,19 @@ def test_a_beam_search_says_what_sharing_saves_to_a_tenth_halves_rounded_up() ->
     # 51 of 80 is 63.75%: computed in floats (1 - 29/80) it lands under the half.
     group = views.BeamGroup("B", 3, 3, 0, 0, 0, held_blocks=29, unshared_blocks=80)
     assert group.summary.endswith("(63.8% saved)")
+
+
+def test_the_grid_and_the_event_log_are_named_for_a_screen_reader(shared: Engine) -> None:
+    snap = export_snapshot(shared)
+    _, spec = grid.grid_spec(snap)
+    states = [b["state"] for b in snap["blocks"]]
+    shared_blocks = sum(b["state"] == "used" and b["ref_count"] >= 2 for b in snap["blocks"])
+    assert spec["description"] == (
+        f"Physical blocks 0–31 (4 slots each): {states.count('used')} used, {shared_blocks} "
+        f"of them shared, {states.count('cached')} cached, {states.count('free')} free. "
+        "Each block is described in turn; the block tables below give every request's "
+        "blocks in text.")
+    assert shared_blocks and states.count("cached")
+    log = views.event_log_html(views.events_frame(snap))
+    assert log.startswith("<div class='pl-events' role='log' aria-label='Event log, newest "
+                          "first'")

@@ -233,7 +233,9 @@ def event_log_html(events: pd.DataFrame) -> str:
                     f"border-bottom:1px solid #EEE'>"
                     f"<span style='flex:0 0 58px;color:#555'>step {step}</span>{badge}"
                     f"<span style='flex:1 1 auto;min-width:0'>{escape(text)}</span></div>")
-    return "<div class='pl-events' style='font-size:13px'>" + "".join(rows) + "</div>"
+    # A log to assistive technology: named, and read as a list of lines, newest first.
+    return ("<div class='pl-events' role='log' aria-label='Event log, newest first' "
+            "style='font-size:13px'>" + "".join(rows) + "</div>")
 
 
 def metrics_html(items: list[MetricItem]) -> str:
