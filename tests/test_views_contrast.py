@@ -4,6 +4,7 @@ number)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Step
 from backend.io.snapshot import export_snapshot
 from backend.views import grid, html
+from backend.views.compare import charts
 
 WHITE = "#FFFFFF"
 
@@ -96,3 +98,16 @@ def test_event_badges_and_muted_playground_text_can_be_read() -> None:
         if full.upper() == html.EMPTY_SLOT_COLOUR:
             continue            # the empty slots' dots: the chip's label says it in words
         assert contrast(full, "#FAFAFA") >= 4.5, colour
+
+
+def test_the_compare_pages_memory_states_differ_in_lightness_as_said() -> None:
+    """charts.py's promise: each state at least 1.3 times the luminance of the next
+    darker (+0.05, WCAG's flare), except token states and external fragmentation, the
+    two darkest, which differ in hue (blue against red)."""
+    by_kind = dict(zip(charts.KIND_DOMAIN, charts.KIND_COLORS, strict=True))
+    order = ["token states", "external fragmentation", "internal fragmentation",
+             "reservation", "free"]
+    for darker, lighter in itertools.pairwise(order):
+        assert _luminance(by_kind[darker]) < _luminance(by_kind[lighter])
+        ratio = contrast(by_kind[darker], by_kind[lighter])
+        assert darker == "token states" or ratio >= 1.3, (darker, lighter, ratio)

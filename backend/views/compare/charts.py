@@ -3,8 +3,10 @@
 Every chart colours the five memory states the same way, and every chart
 that uses colour also names the states (legend, tooltip or axis), so they
 stay distinguishable without it. The palette keeps the kinds apart in
-lightness too: dark token states, light reservation, mid internal
-fragmentation, dark red external fragmentation, pale free space.
+lightness too (relative luminance at least 1.3 times the next darker's, so
+they read apart in grey and for colour-blind eyes), except the two darkest,
+which differ in hue: dark blue token states, dark red external fragmentation,
+mid orange internal fragmentation, light blue reservation, pale free space.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import pandas as pd
 from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER
 
 KIND_DOMAIN: list[str] = list(KIND_LABELS.values())
-KIND_COLORS: list[str] = ["#1f4e8c", "#8fbce6", "#f0a04b", "#b2182b", "#e6e6e6"]
+# Internal fragmentation's orange, darker than reservation's light blue: the two had the
+# same lightness (1.07:1), alike in grey.
+INTERNAL_COLOR = "#d98a2b"
+KIND_COLORS: list[str] = ["#1f4e8c", "#8fbce6", INTERNAL_COLOR, "#b2182b", "#e6e6e6"]
 
 
 # A banded (nominal) axis gets 34 px per band. Not as a Vega-Lite step: Streamlit's theme
@@ -198,8 +203,8 @@ def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
     """Tail waste and table entries against block size (log 2 axis), side by side."""
     x = alt.X("block size:Q", scale=alt.Scale(type="log", base=2),
               axis=alt.Axis(values=[int(v) for v in df["block size"]]))
-    waste = alt.Chart(df).mark_line(point=alt.OverlayMarkDef(color="#f0a04b"),
-                                    color="#f0a04b").encode(
+    waste = alt.Chart(df).mark_line(point=alt.OverlayMarkDef(color=INTERNAL_COLOR),
+                                    color=INTERNAL_COLOR).encode(
         x=x, y=alt.Y("tail waste:Q", axis=alt.Axis(format="%"),
                      title="tail waste (share of allocated slots)"),
         tooltip=["block size:Q", alt.Tooltip("tail waste:Q", format=".1%")],
