@@ -66,9 +66,10 @@ ALIASES = [st.Page(_opener(target), title=title, url_path=name, visibility="hidd
 # take seconds, its first engine longer.
 page = st.navigation([HOME, *PAGES, *ALIASES])
 # Each page its own browser title ("Scenarios · PagedLab"): one title for all three left a
-# screen reader's tab list and the browser's history unable to tell them apart.
-st.set_page_config(page_title=page.title if page.title == "PagedLab" else
-                   f"{page.title} · PagedLab")
+# screen reader's tab list and the browser's history unable to tell them apart. (Run bare,
+# as by a process spawned from the server, a page has no title: see ALIASES.)
+title = getattr(page, "title", "PagedLab")
+st.set_page_config(page_title=title if title == "PagedLab" else f"{title} · PagedLab")
 
 from ui import start  # noqa: E402  (slow: see above)
 

@@ -7,6 +7,8 @@ on a CPU; `test_default_kernel_is_triton` runs the default Triton kernel.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -528,3 +530,13 @@ def test_an_id_is_measured_without_the_blanks_around_it() -> None:
     at = add(start(), rid=f"  {rid} ")
     assert list(engine(at).requests) == [rid]
     assert status(at)[1].startswith(f"Step 1: add {rid} ")
+
+
+def test_app_runs_bare_as_a_process_spawned_from_the_server_runs_it() -> None:
+    """multiprocessing's spawn start (the simulator's sweep) runs app.py as __mp_main__,
+    with no server: a page then has no title, and reading one stopped the process."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", "import runpy; runpy.run_path('app.py', run_name='__mp_main__')"],
+        cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+import time
 
 import pytest
 
@@ -291,8 +292,8 @@ class _Tabs:
     owners' tabs have gone. Ending a gone one drops its engines, in a reference
     cycle (as a session's state holds them), or later, from another thread."""
 
-    def __init__(self, budget: KVBudget, *, later_s: float = 0.0) -> None:
-        self.budget, self.later_s = budget, later_s
+    def __init__(self, budget: KVBudget, *, later_s: float = 0.0, cycle: bool = True) -> None:
+        self.budget, self.later_s, self.cycle = budget, later_s, cycle
         self.engines: dict[str, list[Engine]] = {}
         self.gone: set[str] = set()
         self.asked: list[frozenset[str]] = []
@@ -304,19 +305,24 @@ class _Tabs:
         self.engines.setdefault(owner, []).append(engine)
         return engine
 
-    def end_gone(self, owners: frozenset[str]) -> bool:
-        self.asked.append(owners)
-        ending = [o for o in owners & self.gone if o in self.engines]
+    def end_gone(self, held: dict[str, int], shortfall: int) -> frozenset[str]:
+        self.asked.append(frozenset(held))
+        assert all(held[o] == sum(e.cache.total_bytes for e in self.engines[o])
+                   for o in held if o in self.engines)
+        ending = [o for o in set(held) & self.gone if o in self.engines]
+        if sum(held[o] for o in ending) < shortfall:
+            return frozenset()
 
         def end() -> None:
             for owner in ending:
                 for engine in self.engines.pop(owner):
-                    engine.me = engine  # type: ignore[attr-defined]
+                    if self.cycle:
+                        engine.me = engine  # type: ignore[attr-defined]
         if self.later_s:
             threading.Timer(self.later_s, end).start()
         else:
             end()
-        return bool(ending)
+        return frozenset(ending)
 
 
 def test_a_closed_tabs_engines_are_given_back_when_the_server_needs_them() -> None:
@@ -376,3 +382,61 @@ def test_the_reclaimer_is_not_asked_about_a_sessions_own_limit() -> None:
     with pytest.raises(PagedLabError, match=r"this session's engines already hold"):
         budget.claim(_config(384), "mine")
     assert tabs.asked == []
+
+
+def test_a_claim_waits_for_sessions_another_claim_ended_and_forgets_them_in_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two claims at once: the first ends the gone session, the second finds nothing
+    left to end but waits for those engines too. A session whose engines are never
+    given back (a leak) is waited for once, RECLAIM_WAIT_S at most, then forgotten."""
+    monkeypatch.setattr(budget_module, "RECLAIM_WAIT_S", 0.5)
+    budget = KVBudget(per_session=512 * MIB, per_server=MIB)
+    tabs = _Tabs(budget, later_s=0.2)
+    budget.set_reclaimer(lambda held, shortfall: frozenset())   # ends nothing itself
+    tabs.open("reloaded", 384)
+    tabs.gone.add("reloaded")
+    budget.ending(tabs.end_gone({"reloaded": 384 * 2048}, 1))    # another claim's doing
+    budget.claim(_config(384), "new")
+    assert budget.in_use("reloaded") == 0
+    # A leak: ended, but its engine never collected.
+    tabs.open("leaked", 128)
+    budget.ending(frozenset({"leaked"}))
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+
+    def counted_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        real_sleep(seconds)
+    monkeypatch.setattr(budget_module.time, "sleep", counted_sleep)
+    for _ in range(2):
+        with pytest.raises(PagedLabError, match=r"server's sessions hold"):
+            budget.claim(_config(256), "late")
+    waited = len(sleeps)
+    assert 1 <= waited <= 0.5 / budget_module.RECLAIM_POLL_S + 1
+    with pytest.raises(PagedLabError, match=r"server's sessions hold"):
+        budget.claim(_config(256), "late")
+    assert len(sleeps) == waited            # forgotten: no wait any more
+
+
+def test_gone_sessions_are_not_ended_when_they_would_not_make_the_room() -> None:
+    budget = KVBudget(per_session=512 * MIB, per_server=MIB)
+    tabs = _Tabs(budget)
+    budget.set_reclaimer(tabs.end_gone)
+    tabs.open("open", 384)
+    tabs.open("gone", 64)
+    tabs.gone.add("gone")
+    with pytest.raises(PagedLabError, match=r"server's sessions hold"):
+        budget.claim(_config(256), "new")                 # 64 blocks free would not do
+    assert "gone" in tabs.engines and budget.in_use("gone") == 64 * 2048
+
+
+def test_a_claim_gets_the_room_of_engines_freed_the_moment_their_session_ends() -> None:
+    """No reference cycle: the ended session's engines are freed as it ends, before
+    the claim looks again; it must still look again."""
+    budget = KVBudget(per_session=512 * MIB, per_server=MIB)
+    tabs = _Tabs(budget, cycle=False)
+    budget.set_reclaimer(tabs.end_gone)
+    tabs.open("reloaded", 384)
+    tabs.gone.add("reloaded")
+    budget.claim(_config(384), "new")
+    assert budget.in_use("reloaded") == 0 and budget.in_use("new") == 384 * 2048

@@ -13,14 +13,17 @@ engines and background runs. Two things went wrong with that:
   session itself, before its window has quite passed (`_reap_after`).
 - A tab that reloads leaves its old session holding its pool while the new one
   starts: a pool near the server's limit was refused for two minutes after a
-  reload. The budget asks `end_gone` before it refuses: it ends the sessions,
-  among those whose engines fill the server, that no browser is connected to.
+  reload. The budget asks `end_gone` before it refuses: it ends sessions that no
+  browser is connected to, largest first, when together they hold the room.
 
 Either way the ended session's engines are given back as they are collected, and
-its background runs stop at their next progress report. Nothing is lost that a
-reconnect would have found: a Playground session is saved after every
-operation, and a tab that comes back gets a new session, which reopens it from
-its address. A session with a browser connected is never ended.
+its background runs stop at their next progress report. A tab that reconnects
+after that gets a new session: the Playground reopens its saved session (saved
+after every operation) from its address, while a Scenarios position and a
+*Contiguous vs paged* run in progress are lost, as they would have been at the
+end of the window. A session with a browser connected is not ended; one whose
+tab reconnects in the instant between the check and the end keeps its browser
+but is no longer resumed after its next disconnect.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import gc
 import threading
 import time
 import weakref
+from collections import deque
 
 from streamlit import config
 from streamlit.logger import get_logger
@@ -42,34 +46,51 @@ _lock = threading.Lock()
 _sessions: dict[str, str] = {}
 # When an owner's session was first seen with no browser connected (time.monotonic).
 _gone_since: dict[str, float] = {}
+# Owners whose session state was collected. Appended by a finalizer, which runs inside
+# whatever allocation starts a collection, in any thread, maybe one holding `_lock`:
+# so it takes no lock, and every locked section drains this first.
+_forgotten: deque[str] = deque()
 _reaper: threading.Thread | None = None
+
+
+def _drain() -> None:
+    """Drop the owners whose state was collected. Call with `_lock` held."""
+    while _forgotten:
+        owner = _forgotten.popleft()
+        _sessions.pop(owner, None)
+        _gone_since.pop(owner, None)
 
 
 def register(owner: str, session_id: str, lives_with: object) -> None:
     """Mutates: `owner`'s engines belong to the Streamlit session `session_id`, until
     `lives_with` (an object of that session's state) is collected."""
     global _reaper
+    # AppTest stands a mock in for the runtime during each run: nothing to reap there.
+    served = Runtime.exists() and not config.get_option("global.appTest")
     with _lock:
+        _drain()
         _sessions[owner] = session_id
-        start = _reaper is None and Runtime.exists()
+        start = served and _reaper is None
         if start:
             ttl = float(config.get_option("server.disconnectedSessionTTL"))
             _reaper = threading.Thread(target=_reap_forever, args=(ttl,),
                                        name="pagedlab-reaper", daemon=True)
-    weakref.finalize(lives_with, _forget, owner)
+    weakref.finalize(lives_with, _forgotten.append, owner)
     SERVER_BUDGET.set_reclaimer(end_gone)
     if start and _reaper is not None:
         _reaper.start()
 
 
-def _forget(owner: str) -> None:
+def _no_browser(runtime: Runtime, owner: str) -> bool:
     with _lock:
-        _sessions.pop(owner, None)
-        _gone_since.pop(owner, None)
+        _drain()
+        session_id = _sessions.get(owner)
+    return session_id is not None and not runtime.is_active_session(session_id)
 
 
 def _end(runtime: Runtime, owner: str, why: str) -> bool:
-    """End `owner`'s session, unless another thread did first; whether this one did.
+    """End `owner`'s session, unless another thread did first or its tab has just come
+    back; whether this call did.
 
     `clear_user_info_for_session` is Streamlit's thread-safe way to end a stored
     (disconnected) session: it marks the session so that no reconnect resumes it,
@@ -77,33 +98,40 @@ def _end(runtime: Runtime, owner: str, why: str) -> bool:
     is all it does here.
     """
     with _lock:
-        session_id = _sessions.pop(owner, None)
+        _drain()
+        session_id = _sessions.get(owner)
+        if session_id is None or runtime.is_active_session(session_id):
+            return False
+        del _sessions[owner]
         _gone_since.pop(owner, None)
-    if session_id is None:
-        return False
     _LOG.info("ending session %s: %s", session_id, why)
     runtime.clear_user_info_for_session(session_id)
     return True
 
 
-def _no_browser(runtime: Runtime, owner: str) -> bool:
-    with _lock:
-        session_id = _sessions.get(owner)
-    return session_id is not None and not runtime.is_active_session(session_id)
+def end_gone(held: dict[str, int], shortfall: int) -> frozenset[str]:
+    """The budget's reclaimer: end sessions that no browser is connected to, largest
+    holding first, until their bytes cover `shortfall`; none if all of them would not.
+    `held` is the bytes each other owner holds. Returns the owners ended."""
+    if not Runtime.exists() or config.get_option("global.appTest"):
+        return frozenset()
+    return _end_enough(Runtime.instance(), held, shortfall)
 
 
-def end_gone(owners: frozenset[str]) -> bool:
-    """End the sessions of `owners` that no browser is connected to; whether any was.
-    Called by the budget from any session's script thread."""
-    if not Runtime.exists():
-        return False
-    runtime = Runtime.instance()
-    ended = False
-    for owner in owners:
-        if _no_browser(runtime, owner) and _end(runtime, owner,
-                                                "the server's K/V limit needs its engines"):
-            ended = True
-    return ended
+def _end_enough(runtime: Runtime, held: dict[str, int], shortfall: int) -> frozenset[str]:
+    gone = sorted(((nbytes, owner) for owner, nbytes in held.items()
+                   if _no_browser(runtime, owner)), reverse=True)
+    if sum(nbytes for nbytes, _ in gone) < shortfall:
+        return frozenset()      # ending them would not make the room: keep them
+    ended: set[str] = set()
+    freed = 0
+    for nbytes, owner in gone:
+        if freed >= shortfall:
+            break
+        if _end(runtime, owner, "the server's K/V limit needs its engines"):
+            ended.add(owner)
+            freed += nbytes
+    return frozenset(ended)
 
 
 def _tick(ttl: float) -> float:
@@ -122,31 +150,40 @@ def _reap_after(ttl: float) -> float:
 
 
 def _reap_forever(ttl: float) -> None:
-    """Every tick, end the sessions that have had no browser for `_reap_after(ttl)`."""
+    """Every tick, end the sessions that have had no browser for `_reap_after(ttl)`.
+    A tick that fails is logged and the next one tries again."""
     tick, after = _tick(ttl), _reap_after(ttl)
-    ended = False
+    ended: frozenset[str] = frozenset()
     while True:
         time.sleep(tick)
-        if ended:
-            # Those ended last time are closed by now: collect their state, whose
-            # engines and jobs sit in reference cycles.
-            gc.collect()
-        ended = _reap(Runtime.instance(), time.monotonic(), after)
+        try:
+            if ended:
+                # Those ended last time are closed by now: collect their state, whose
+                # engines and jobs sit in reference cycles.
+                gc.collect()
+            ended = frozenset()
+            if Runtime.exists():
+                ended = _reap(Runtime.instance(), time.monotonic(), after)
+                SERVER_BUDGET.ending(ended)
+        except Exception:
+            _LOG.exception("ending the sessions of closed tabs failed; trying again")
 
 
-def _reap(runtime: Runtime, now: float, after: float) -> bool:
-    """End the sessions seen with no browser since `now - after` or before; whether any."""
+def _reap(runtime: Runtime, now: float, after: float) -> frozenset[str]:
+    """End the sessions seen with no browser since `now - after` or before; the owners
+    ended."""
     with _lock:
+        _drain()
         owners = list(_sessions)
-    ended = False
+    ended: set[str] = set()
     for owner in owners:
-        if not _no_browser(runtime, owner):
-            with _lock:
-                _gone_since.pop(owner, None)
-            continue
+        browser = not _no_browser(runtime, owner)
         with _lock:
+            _drain()
+            if browser or owner not in _sessions:
+                _gone_since.pop(owner, None)
+                continue
             since = _gone_since.setdefault(owner, now)
-        if now - since >= after and _end(runtime, owner,
-                                          f"no browser for {now - since:.0f} s"):
-            ended = True
-    return ended
+        if now - since >= after and _end(runtime, owner, f"no browser for {now - since:.0f} s"):
+            ended.add(owner)
+    return frozenset(ended)

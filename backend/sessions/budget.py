@@ -13,8 +13,10 @@ The limits come from the environment, in MiB: PAGEDLAB_SESSION_KV_MIB
 
 A browser tab that closed (or reloaded) leaves its session, and its engines, to
 the server for a while in case it reconnects. When the server's limit refuses a
-new engine, a `Reclaimer` the front end sets may end such sessions, and the
-claim waits briefly for their engines to be collected before it refuses.
+new engine, a `Reclaimer` the front end sets may end such sessions, when their
+engines would make the room; the check or claim then waits briefly for those
+engines to be collected (and for those of sessions ended just before, by another
+claim or by the front end: `ending`) before it refuses.
 """
 
 from __future__ import annotations
@@ -39,15 +41,17 @@ DEFAULT_SESSION_MIB = 512
 DEFAULT_SERVER_MIB = 4096
 # How often a refused form check may collect garbage, server-wide (`KVBudget._reserve`).
 COLLECT_EVERY_S = 10.0
-# How long a check or claim waits for the sessions a reclaimer ended to give their
-# engines back, and how often it collects garbage meanwhile.
+# How long a check or claim waits for ended sessions to give their engines back, and
+# how often it collects garbage meanwhile (each collection holds the GIL, every
+# session's, for up to a tenth of a second on a loaded server).
 RECLAIM_WAIT_S = 3.0
-RECLAIM_POLL_S = 0.1
+RECLAIM_POLL_S = 0.25
 
-# Asked with the owners (other than the one asking) whose engines fill the server:
-# ends those whose browser tabs have gone, and says whether it ended any. Their
-# engines are given back as they are collected.
-Reclaimer = Callable[[frozenset[str]], bool]
+# Asked with the bytes each other owner holds and the bytes short: ends the sessions of
+# owners whose browser tabs have gone, if together they hold at least that much, and
+# returns the owners it ended (none otherwise). Their engines are given back as they
+# are collected.
+Reclaimer = Callable[[dict[str, int], int], frozenset[str]]
 
 
 def _mib(value: int) -> str:
@@ -72,7 +76,9 @@ class _Holding:
 @dataclass(frozen=True, slots=True)
 class _Refusal:
     text: str
-    server_full: bool     # other sessions' engines fill the server (a reclaimer may help)
+    # Bytes the server is short of because other sessions' engines fill it (0 when
+    # another limit refuses: no other session's ending would help).
+    shortfall: int = 0
 
 
 def engine_bytes(engine: Engine) -> int:
@@ -97,10 +103,21 @@ class KVBudget:
         self._next = 0
         self._collected = -math.inf     # when a check last collected garbage
         self._reclaimer: Reclaimer | None = None
+        # Owners whose sessions were ended and whose engines may not be collected yet,
+        # with when to stop waiting for them (a session that is never collected, by some
+        # leak, would otherwise make every refusal wait).
+        self._ending: dict[str, float] = {}
 
     def set_reclaimer(self, reclaimer: Reclaimer | None) -> None:
         """Mutates: who may end gone sessions when the server is full (see the module)."""
         self._reclaimer = reclaimer
+
+    def ending(self, owners: frozenset[str]) -> None:
+        """Mutates: these owners' sessions have been ended; a check or claim the server
+        refuses waits a moment for their engines (see the module)."""
+        until = time.monotonic() + RECLAIM_WAIT_S
+        with self._lock:
+            self._ending.update(dict.fromkeys(owners, until))
 
     def _may_collect(self) -> bool:
         """Whether a form's check may collect garbage now (see `_reserve`)."""
@@ -173,18 +190,18 @@ class KVBudget:
         if need > self.per_server:
             # No wait helps: the server could never hold it, even with no other session.
             return _Refusal(f"{_mib(need)} of K/V is more than the {_mib(self.per_server)} the "
-                            "server's sessions may hold together. Try a smaller pool", False)
+                            "server's sessions may hold together. Try a smaller pool")
         if mine + need > self.per_session:
             return _Refusal(f"this session's engines already hold {_mib(mine)} of K/V; "
                             f"{_mib(need)} more would pass the {_mib(self.per_session)} a "
-                            "session may hold", False)
+                            "session may hold")
         if total + need > self.per_server:
             wait = ("again when other sessions have ended" if self._reclaimer is not None
                     else "again in a few minutes (a browser tab keeps its engines for "
                          "about two minutes after it closes, in case it reconnects)")
             return _Refusal(f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} "
                             f"more would pass its limit of {_mib(self.per_server)}. Try a "
-                            f"smaller pool, or {wait}", True)
+                            f"smaller pool, or {wait}", total + need - self.per_server)
         return None
 
     def _try(self, need: int, owner: str, replacing: Engine | None,
@@ -198,10 +215,26 @@ class KVBudget:
                 return None, problem
             return (self._count(owner, need) if keep else None), None
 
-    def _others(self, owner: str) -> frozenset[str]:
+    def _others(self, owner: str) -> dict[str, int]:
+        """The bytes each owner but `owner` holds."""
+        held: dict[str, int] = {}
         with self._lock:
             self._drain()
-            return frozenset(h.owner for h in self._held.values() if h.owner != owner)
+            for h in self._held.values():
+                if h.owner != owner:
+                    held[h.owner] = held.get(h.owner, 0) + h.nbytes
+        return held
+
+    def _awaited(self) -> bool:
+        """Mutates: whether an ending owner still holds bytes, within RECLAIM_WAIT_S of
+        its ending (the others are forgotten)."""
+        now = time.monotonic()
+        with self._lock:
+            self._drain()
+            holding = {h.owner for h in self._held.values()}
+            self._ending = {o: until for o, until in self._ending.items()
+                            if o in holding and now < until}
+            return bool(self._ending)
 
     def _reserve(self, config: EngineConfig, owner: str, replacing: Engine | None,
                  keep: bool) -> int | None:
@@ -223,18 +256,25 @@ class KVBudget:
             if problem is None:
                 return key
         assert problem is not None
+        if not problem.shortfall:
+            raise PagedLabError(problem.text)
         reclaimer = self._reclaimer
-        if problem.server_full and reclaimer is not None and reclaimer(self._others(owner)):
-            # Sessions of closed tabs are ending: their engines come back as the ended
-            # sessions are collected. Only a newly ended session makes anyone wait.
-            deadline = time.monotonic() + RECLAIM_WAIT_S
-            while time.monotonic() < deadline:
-                time.sleep(RECLAIM_POLL_S)
-                gc.collect()
-                key, problem = self._try(need, owner, replacing, keep)
-                if problem is None:
-                    return key
-        assert problem is not None
+        ended = (reclaimer(self._others(owner), problem.shortfall) if reclaimer is not None
+                 else frozenset())
+        self.ending(ended)
+        # Sessions that this or another claim (or the front end) ended: their engines
+        # come back as those sessions are collected. Wait for them while one of them
+        # still holds bytes, up to RECLAIM_WAIT_S from its ending; each round asks
+        # whether to go on before it tries, so engines let go after a try are seen by
+        # the next one, and any this call ended get at least one try.
+        waiting = bool(ended) or self._awaited()
+        while waiting:
+            time.sleep(RECLAIM_POLL_S)
+            gc.collect()
+            waiting = self._awaited()
+            key, problem = self._try(need, owner, replacing, keep)
+            if problem is None:
+                return key
         raise PagedLabError(problem.text)
 
     def check(self, config: EngineConfig, owner: str, *,
@@ -243,10 +283,12 @@ class KVBudget:
 
         `replacing` is the owner's engine that the new one replaces: its bytes
         are given back with it (see `claim`), so they are not counted against it.
-        Changes nothing: a form's answer, cheap enough for every run of a page (before
+        Counts nothing: a form's answer, cheap enough for every run of a page (before
         refusing it collects engines dropped but not yet collected at most every
-        COLLECT_EVERY_S seconds, where `claim` always does). To build the engine,
-        `claim` its bytes.
+        COLLECT_EVERY_S seconds, where `claim` always does). When other sessions fill
+        the server it may, as a claim does, end sessions whose tabs have gone and wait
+        up to RECLAIM_WAIT_S for their engines, once per such session. To build the
+        engine, `claim` its bytes.
         """
         self._reserve(config, owner, replacing, keep=False)
 

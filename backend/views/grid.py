@@ -144,8 +144,9 @@ def grid_frame(snap: Snapshot, *, page: int = 0,
                                                                                     bool)
     df["focus"] = focus
     df["alpha"] = np.where(focus, 1.0, 0.18)
-    # Text fades less than the cells: at 0.18 it read at 1.4:1. At 0.7 it is 6:1.
-    df["text_alpha"] = np.where(focus, 1.0, 0.7)
+    # Text and filled-slot bars fade less than the cells: at 0.18 text read at 1.4:1.
+    # At 0.85 a block's number still has 4.5:1 over its faded cell.
+    df["text_alpha"] = np.where(focus, 1.0, 0.85)
     focused = focus & bool(focus_blocks)
     df["stroke"] = np.where(focused | shared, INK, np.where(cached, CACHED_STROKE, MUTED))
     df["stroke_w"] = np.where(focused, 3.0, np.where(shared, 2.0,
@@ -223,7 +224,7 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         "transform": [{"filter": "datum.num_filled > 0"}],
         "mark": {"type": "rect", "aria": False},
         "encoding": {"x": q("x0", xs), "x2": {"field": "bar_x1"}, "y": q("bar_y0", ys),
-                     "y2": {"field": "y1"}, "fill": raw("bar_color"), "opacity": alpha},
+                     "y2": {"field": "y1"}, "fill": raw("bar_color"), "opacity": text_alpha},
     }
     text_field = "mark" if dense else "label"
 

@@ -1,0 +1,118 @@
+"""ui/reclaim.py: which closed tabs' sessions are ended, and when.
+
+The real Streamlit runtime is driven by the browser tests (a reload near the
+server's limit, a closed tab's long run on a quiet server). Here a stand-in for
+the two runtime calls the module makes sets each session's connection by hand, to
+check the timing and the choice without waiting minutes.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+from streamlit.runtime import Runtime
+
+from ui import reclaim
+
+
+class _Sessions:
+    """Streamlit's two answers the module uses: is a session connected, and end it."""
+
+    def __init__(self) -> None:
+        self.connected: set[str] = set()
+        self.ended: list[str] = []
+
+    def is_active_session(self, session_id: str) -> bool:
+        return session_id in self.connected
+
+    def clear_user_info_for_session(self, session_id: str) -> None:
+        self.ended.append(session_id)
+
+
+class _State:
+    """An object of a session's state, in a reference cycle as the real ones are."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def sessions() -> Iterator[tuple[_Sessions, Runtime, list[_State]]]:
+    reclaim._sessions.clear()
+    reclaim._gone_since.clear()
+    fake = _Sessions()
+    states: list[_State] = []
+    for owner in ("a", "b", "c"):
+        states.append(_State())
+        reclaim.register(owner, f"sid-{owner}", states[-1])
+    yield fake, cast("Runtime", cast("Any", fake)), states
+    reclaim._sessions.clear()
+    reclaim._gone_since.clear()
+
+
+def test_the_window_is_kept_and_the_end_falls_inside_it() -> None:
+    assert reclaim._reap_after(120) == 90 and reclaim._tick(120) == 10
+    for ttl in (1, 2, 10, 60, 120, 600, 3600):
+        tick, after = reclaim._tick(ttl), reclaim._reap_after(ttl)
+        # Seen up to a tick late, ended up to a tick after `after`: inside the window.
+        assert after + 2 * tick < ttl or after == 0
+
+
+def test_a_session_is_ended_after_its_time_with_no_browser_and_never_with_one(
+        sessions: tuple[_Sessions, Runtime, list[_State]]) -> None:
+    fake, runtime, _ = sessions
+    fake.connected = {"sid-a", "sid-c"}
+    assert reclaim._reap(runtime, now=0.0, after=90.0) == frozenset()
+    # The tab of c closes at 30 s, and b's, gone from the start, is ended at 90 s.
+    fake.connected = {"sid-a"}
+    assert reclaim._reap(runtime, now=30.0, after=90.0) == frozenset()
+    assert reclaim._reap(runtime, now=89.0, after=90.0) == frozenset()
+    assert reclaim._reap(runtime, now=90.0, after=90.0) == {"b"}
+    # c comes back at 100 s: its clock starts again when it leaves once more.
+    fake.connected = {"sid-a", "sid-c"}
+    assert reclaim._reap(runtime, now=100.0, after=90.0) == frozenset()
+    fake.connected = {"sid-a"}
+    assert reclaim._reap(runtime, now=150.0, after=90.0) == frozenset()
+    assert reclaim._reap(runtime, now=239.0, after=90.0) == frozenset()
+    assert reclaim._reap(runtime, now=240.0, after=90.0) == {"c"}
+    assert fake.ended == ["sid-b", "sid-c"]
+    assert reclaim._reap(runtime, now=1e6, after=90.0) == frozenset()   # a: connected
+
+
+def test_the_limit_ends_gone_sessions_largest_first_and_only_if_they_make_the_room(
+        sessions: tuple[_Sessions, Runtime, list[_State]]) -> None:
+    fake, runtime, _ = sessions
+    fake.connected = {"sid-a"}
+    held = {"a": 500, "b": 100, "c": 300}
+    assert reclaim._end_enough(runtime, held, 401) == frozenset()    # b + c hold 400
+    assert fake.ended == []
+    assert reclaim._end_enough(runtime, held, 250) == {"c"}          # c alone makes it
+    assert reclaim._end_enough(runtime, held, 250) == frozenset()    # b: 100 < 250
+    assert reclaim._end_enough(runtime, held, 50) == {"b"}
+    assert fake.ended == ["sid-c", "sid-b"]
+
+
+def test_a_session_collected_while_the_modules_lock_is_held_does_not_deadlock(
+        sessions: tuple[_Sessions, Runtime, list[_State]]) -> None:
+    """The finalizer that forgets an owner runs inside whatever allocation starts a
+    collection, in whatever thread: one holding the module's lock must not wait on
+    itself forever."""
+    _, _, states = sessions
+    states.clear()                         # a, b and c's states: garbage, in cycles
+    done = threading.Event()
+
+    def collect_under_the_lock() -> None:
+        with reclaim._lock:
+            gc.collect()
+        done.set()
+
+    thread = threading.Thread(target=collect_under_the_lock, daemon=True)
+    thread.start()
+    assert done.wait(timeout=30), "deadlocked: a finalizer waited on the held lock"
+    with reclaim._lock:
+        reclaim._drain()
+        assert reclaim._sessions == {}
