@@ -11,10 +11,12 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from streamlit.runtime import Runtime
+from streamlit.testing.v1 import AppTest
 
 from ui import reclaim
 
@@ -83,17 +85,25 @@ def test_a_session_is_ended_after_its_time_with_no_browser_and_never_with_one(
     assert reclaim._reap(runtime, now=1e6, after=90.0) == frozenset()   # a: connected
 
 
-def test_the_limit_ends_gone_sessions_largest_first_and_only_if_they_make_the_room(
+def test_the_limit_ends_as_few_gone_sessions_as_make_the_room_and_none_if_they_cannot(
         sessions: tuple[_Sessions, Runtime, list[_State]]) -> None:
     fake, runtime, _ = sessions
     fake.connected = {"sid-a"}
     held = {"a": 500, "b": 100, "c": 300}
     assert reclaim._end_enough(runtime, held, 401) == frozenset()    # b + c hold 400
     assert fake.ended == []
-    assert reclaim._end_enough(runtime, held, 250) == {"c"}          # c alone makes it
-    assert reclaim._end_enough(runtime, held, 250) == frozenset()    # b: 100 < 250
-    assert reclaim._end_enough(runtime, held, 50) == {"b"}
-    assert fake.ended == ["sid-c", "sid-b"]
+    assert reclaim._end_enough(runtime, held, 80) == {"b"}           # the smallest that does
+    assert reclaim._end_enough(runtime, held, 250) == {"c"}
+    assert reclaim._end_enough(runtime, held, 1) == frozenset()      # none left
+    assert fake.ended == ["sid-b", "sid-c"]
+
+
+def test_without_one_that_makes_the_room_alone_the_largest_go_first(
+        sessions: tuple[_Sessions, Runtime, list[_State]]) -> None:
+    fake, runtime, _ = sessions
+    held = {"a": 100, "b": 300, "c": 200}
+    assert reclaim._end_enough(runtime, held, 450) == {"b", "c"}
+    assert fake.ended == ["sid-b", "sid-c"]
 
 
 def test_a_session_collected_while_the_modules_lock_is_held_does_not_deadlock(
@@ -116,3 +126,13 @@ def test_a_session_collected_while_the_modules_lock_is_held_does_not_deadlock(
     with reclaim._lock:
         reclaim._drain()
         assert reclaim._sessions == {}
+
+
+def test_no_reaper_runs_under_apptest() -> None:
+    """AppTest stands a mock in for the runtime during each run: a reaper started there
+    died when the mock went, with a warning against whichever test ran then."""
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"),
+                           default_timeout=180).run()
+    assert not at.exception
+    assert reclaim._reaper is None
+    assert reclaim._sessions, "the session was registered all the same"

@@ -398,7 +398,7 @@ def test_a_claim_waits_for_sessions_another_claim_ended_and_forgets_them_in_time
     budget.ending(tabs.end_gone({"reloaded": 384 * 2048}, 1))    # another claim's doing
     budget.claim(_config(384), "new")
     assert budget.in_use("reloaded") == 0
-    # A leak: ended, but its engine never collected.
+    # A leak: ended, but its engine never collected (it alone would make the room).
     tabs.open("leaked", 128)
     budget.ending(frozenset({"leaked"}))
     sleeps: list[float] = []
@@ -410,12 +410,42 @@ def test_a_claim_waits_for_sessions_another_claim_ended_and_forgets_them_in_time
     monkeypatch.setattr(budget_module.time, "sleep", counted_sleep)
     for _ in range(2):
         with pytest.raises(PagedLabError, match=r"server's sessions hold"):
-            budget.claim(_config(256), "late")
+            budget.claim(_config(128), "late")
     waited = len(sleeps)
     assert 1 <= waited <= 0.5 / budget_module.RECLAIM_POLL_S + 1
     with pytest.raises(PagedLabError, match=r"server's sessions hold"):
-        budget.claim(_config(256), "late")
+        budget.claim(_config(128), "late")
     assert len(sleeps) == waited            # forgotten: no wait any more
+
+
+def test_no_wait_for_ended_sessions_that_could_not_make_the_room_and_none_ended_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim short of more than ending sessions hold does not wait for them; and room
+    already on its way back (a session another claim ended) is not made again by
+    ending one more."""
+    budget = KVBudget(per_session=512 * MIB, per_server=MIB)
+    tabs = _Tabs(budget)
+    budget.set_reclaimer(tabs.end_gone)
+    tabs.open("open", 128)                       # blocks of 2 KiB; the server holds 512
+    tabs.open("g1", 160)
+    tabs.open("g2", 128)
+    tabs.gone |= {"g1", "g2"}
+    # g1 is ending (another claim's doing) but not yet collected.
+    budget.ending(frozenset({"g1"}))
+
+    def no_wait(seconds: float) -> None:
+        raise AssertionError(f"waited {seconds} s for what could not make the room")
+    monkeypatch.setattr(budget_module.time, "sleep", no_wait)
+    with pytest.raises(PagedLabError, match=r"server's sessions hold"):
+        budget.claim(_config(400), "big")    # short by 304 blocks: g1 and g2 hold 288
+    assert tabs.asked[-1] == frozenset({"open", "g2"})       # g1's room counted, not asked
+    assert "g2" in tabs.engines                              # and g2 kept: not enough
+    monkeypatch.undo()
+    tabs.asked.clear()
+    # Short by 104 blocks: g1's 160, on their way, cover it; g2 is not ended for it.
+    tabs.engines.pop("g1")
+    budget.claim(_config(200), "small")
+    assert tabs.asked == [] and "g2" in tabs.engines
 
 
 def test_gone_sessions_are_not_ended_when_they_would_not_make_the_room() -> None:

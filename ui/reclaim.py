@@ -14,7 +14,7 @@ engines and background runs. Two things went wrong with that:
 - A tab that reloads leaves its old session holding its pool while the new one
   starts: a pool near the server's limit was refused for two minutes after a
   reload. The budget asks `end_gone` before it refuses: it ends sessions that no
-  browser is connected to, largest first, when together they hold the room.
+  browser is connected to, as few as will do, when together they hold the room.
 
 Either way the ended session's engines are given back as they are collected, and
 its background runs stop at their next progress report. A tab that reconnects
@@ -110,24 +110,29 @@ def _end(runtime: Runtime, owner: str, why: str) -> bool:
 
 
 def end_gone(held: dict[str, int], shortfall: int) -> frozenset[str]:
-    """The budget's reclaimer: end sessions that no browser is connected to, largest
-    holding first, until their bytes cover `shortfall`; none if all of them would not.
-    `held` is the bytes each other owner holds. Returns the owners ended."""
+    """The budget's reclaimer: end sessions that no browser is connected to, whose bytes
+    cover `shortfall`; none if all of them would not. `held` is the bytes each other
+    owner holds. Returns the owners ended."""
     if not Runtime.exists() or config.get_option("global.appTest"):
         return frozenset()
     return _end_enough(Runtime.instance(), held, shortfall)
 
 
 def _end_enough(runtime: Runtime, held: dict[str, int], shortfall: int) -> frozenset[str]:
-    gone = sorted(((nbytes, owner) for owner, nbytes in held.items()
-                   if _no_browser(runtime, owner)), reverse=True)
-    if sum(nbytes for nbytes, _ in gone) < shortfall:
-        return frozenset()      # ending them would not make the room: keep them
+    """As few sessions as will do: the smallest one that covers `shortfall` alone, or
+    else the largest first until they do. Stops when those left no longer could (a tab
+    came back, or another thread ended one first)."""
+    gone = sorted((nbytes, owner) for owner, nbytes in held.items()
+                  if _no_browser(runtime, owner))
+    alone = [(nbytes, owner) for nbytes, owner in gone if nbytes >= shortfall]
+    order = alone[:1] + [g for g in reversed(gone) if g not in alone[:1]]
+    left = sum(nbytes for nbytes, _ in gone)
     ended: set[str] = set()
     freed = 0
-    for nbytes, owner in gone:
-        if freed >= shortfall:
+    for nbytes, owner in order:
+        if freed >= shortfall or freed + left < shortfall:
             break
+        left -= nbytes
         if _end(runtime, owner, "the server's K/V limit needs its engines"):
             ended.add(owner)
             freed += nbytes

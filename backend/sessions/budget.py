@@ -107,6 +107,10 @@ class KVBudget:
         # with when to stop waiting for them (a session that is never collected, by some
         # leak, would otherwise make every refusal wait).
         self._ending: dict[str, float] = {}
+        # One reclaim at a time, from reading what others hold to noting what it ended:
+        # two at once would each end sessions for room the other's are already making.
+        self._reclaiming = threading.Lock()
+        self._swept = -math.inf          # when a wait last collected garbage
 
     def set_reclaimer(self, reclaimer: Reclaimer | None) -> None:
         """Mutates: who may end gone sessions when the server is full (see the module)."""
@@ -215,26 +219,42 @@ class KVBudget:
                 return None, problem
             return (self._count(owner, need) if keep else None), None
 
-    def _others(self, owner: str) -> dict[str, int]:
-        """The bytes each owner but `owner` holds."""
+    def _others(self, owner: str) -> tuple[dict[str, int], int]:
+        """The bytes each owner but `owner` holds, leaving out those ending, and the
+        bytes those ending still hold (room on its way back)."""
         held: dict[str, int] = {}
+        coming = 0
         with self._lock:
             self._drain()
             for h in self._held.values():
-                if h.owner != owner:
+                if h.owner in self._ending:
+                    coming += h.nbytes
+                elif h.owner != owner:
                     held[h.owner] = held.get(h.owner, 0) + h.nbytes
-        return held
+        return held, coming
 
-    def _awaited(self) -> bool:
-        """Mutates: whether an ending owner still holds bytes, within RECLAIM_WAIT_S of
-        its ending (the others are forgotten)."""
+    def _awaited(self) -> int:
+        """Mutates: the bytes ending owners still hold, counting only those within
+        RECLAIM_WAIT_S of their ending (the others are forgotten)."""
         now = time.monotonic()
         with self._lock:
             self._drain()
-            holding = {h.owner for h in self._held.values()}
+            holding: dict[str, int] = {}
+            for h in self._held.values():
+                holding[h.owner] = holding.get(h.owner, 0) + h.nbytes
             self._ending = {o: until for o, until in self._ending.items()
                             if o in holding and now < until}
-            return bool(self._ending)
+            return sum(holding[o] for o in self._ending)
+
+    def _sweep(self) -> None:
+        """Collect garbage for the waits, at most every RECLAIM_POLL_S across the server:
+        each waiting check or claim collecting on its own would multiply the GIL's cost."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._swept < RECLAIM_POLL_S:
+                return
+            self._swept = now
+        gc.collect()
 
     def _reserve(self, config: EngineConfig, owner: str, replacing: Engine | None,
                  keep: bool) -> int | None:
@@ -259,23 +279,27 @@ class KVBudget:
         if not problem.shortfall:
             raise PagedLabError(problem.text)
         reclaimer = self._reclaimer
-        ended = (reclaimer(self._others(owner), problem.shortfall) if reclaimer is not None
-                 else frozenset())
-        self.ending(ended)
+        if reclaimer is not None:
+            with self._reclaiming:
+                self._awaited()             # forgets those ending too long
+                held, coming = self._others(owner)
+                if coming < problem.shortfall:
+                    self.ending(reclaimer(held, problem.shortfall - coming))
         # Sessions that this or another claim (or the front end) ended: their engines
-        # come back as those sessions are collected. Wait for them while one of them
-        # still holds bytes, up to RECLAIM_WAIT_S from its ending; each round asks
-        # whether to go on before it tries, so engines let go after a try are seen by
-        # the next one, and any this call ended get at least one try.
-        waiting = bool(ended) or self._awaited()
-        while waiting:
-            time.sleep(RECLAIM_POLL_S)
-            gc.collect()
-            waiting = self._awaited()
+        # come back as those sessions are collected (at once, those in no reference
+        # cycle). Try again, and wait while what they still hold would make the room,
+        # for RECLAIM_WAIT_S at most. Each round counts what they hold before it tries,
+        # so engines let go after a try are seen by the next one.
+        deadline = time.monotonic() + RECLAIM_WAIT_S
+        while True:
+            coming = self._awaited()
             key, problem = self._try(need, owner, replacing, keep)
             if problem is None:
                 return key
-        raise PagedLabError(problem.text)
+            if not 0 < problem.shortfall <= coming or time.monotonic() >= deadline:
+                raise PagedLabError(problem.text)
+            time.sleep(RECLAIM_POLL_S)
+            self._sweep()
 
     def check(self, config: EngineConfig, owner: str, *,
               replacing: Engine | None = None) -> None:
@@ -286,9 +310,10 @@ class KVBudget:
         Counts nothing: a form's answer, cheap enough for every run of a page (before
         refusing it collects engines dropped but not yet collected at most every
         COLLECT_EVERY_S seconds, where `claim` always does). When other sessions fill
-        the server it may, as a claim does, end sessions whose tabs have gone and wait
-        up to RECLAIM_WAIT_S for their engines, once per such session. To build the
-        engine, `claim` its bytes.
+        the server it may, as a claim does, end sessions whose tabs have gone, and
+        wait up to RECLAIM_WAIT_S while ended sessions' engines would make the room:
+        a session is ended once, so a page waits once for it. To build the engine,
+        `claim` its bytes.
         """
         self._reserve(config, owner, replacing, keep=False)
 
