@@ -169,7 +169,6 @@ def _reap_forever(ttl: float) -> None:
             ended = frozenset()
             if Runtime.exists():
                 ended = _reap(Runtime.instance(), time.monotonic(), after)
-                SERVER_BUDGET.ending(ended)
         except Exception:
             _LOG.exception("ending the sessions of closed tabs failed; trying again")
 
@@ -191,4 +190,6 @@ def _reap(runtime: Runtime, now: float, after: float) -> frozenset[str]:
             since = _gone_since.setdefault(owner, now)
         if now - since >= after and _end(runtime, owner, f"no browser for {now - since:.0f} s"):
             ended.add(owner)
+            # Told at once, so that a failure later in this tick loses no such word.
+            SERVER_BUDGET.ending(frozenset({owner}))
     return frozenset(ended)
