@@ -117,11 +117,11 @@ def grid_frame(snap: Snapshot, *, page: int = 0,
     used = state == "used"
     cached = state == "cached"
     slot = df["owner_slot"].to_numpy()
-    owner_colors = np.array(PALETTE)[np.where(slot >= 0, slot, 0) % len(PALETTE)]
-    df["cell_color"] = np.where(used, owner_colors, np.where(cached, CACHED_FILL, FREE_FILL))
+    colour = np.where(slot >= 0, slot, 0) % len(PALETTE)
+    df["cell_color"] = np.where(used, np.array(PALETTE)[colour],
+                                np.where(cached, CACHED_FILL, FREE_FILL))
     df["cell_opacity"] = np.where(used, 0.35, np.where(cached, 0.6, 1.0))
-    bar_colors = np.array(BAR_PALETTE)[np.where(slot >= 0, slot, 0) % len(BAR_PALETTE)]
-    df["bar_color"] = np.where(used, bar_colors, CACHED_BAR)
+    df["bar_color"] = np.where(used, np.array(BAR_PALETTE)[colour], CACHED_BAR)
     refs = df["ref_count"].to_numpy()
     shared = refs >= 2
     times = np.char.add("×", refs.astype(str))

@@ -61,11 +61,11 @@ def _title(piece: str, split: str | None) -> str:
     return f"{piece}: bytes of {split}, a character split across tokens"
 
 
-# A tiny-byte token written by its code ("\\n", "\\x1b") is tinted, so it reads apart
-# from the characters "\\" and "n" typed into a prompt, each a token of its own.
 # The dots of a partial block's empty slots: faint on purpose, and decorative, since the
 # chip's label says the same in words ("3/4, partial").
 EMPTY_SLOT_COLOUR = "#BBBBBB"
+# A tiny-byte token written by its code ("\\n", "\\x1b") is tinted, so it reads apart
+# from the characters "\\" and "n" typed into a prompt, each a token of its own.
 _ESCAPE_STYLE = "color:#6A3D9A;background:rgba(106,61,154,0.10);border-radius:2px;"
 _NAMED_BYTES = {"\\n": "a line break", "\\t": "a tab", "\\r": "a carriage return"}
 
