@@ -63,15 +63,15 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
                                session.get_history())
         shown, prefix = (snap, "") if past is None else (past, timeline.PAST_PREFIX)
         panels.metrics(shown)
-        st.subheader("Physical block pool")
+        st.header("Physical block pool")
         focus = panels.pool(shown, prefix)
         panels.tables_events_kernel(shown, focus, engine if past is None else None, prefix,
                                     to_newest="go back to the live state")
         control_run.playground_panel(engine, session.get_oplog(), snap)
         whatif.panel(engine)
-        st.subheader("Timeline", help=timeline.HELP)
+        st.header("Timeline", help=timeline.HELP)
         timeline.section(engine, session.get_history())
-        st.subheader("Export and import")
+        st.header("Export and import")
         if past is not None:
             st.caption(f"Showing the past: the snapshot, grid and tables below are of step "
                        f"{past['step']}'s state, as shown above; the run's zip and *Session "
@@ -84,5 +84,5 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
                                   session.get_history())
 
 exports.import_panel()
-st.subheader("Sessions")
+st.header("Sessions")
 store.sessions_panel(resume.open_other, engine_actions.new_session)

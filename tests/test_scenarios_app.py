@@ -130,7 +130,7 @@ def test_every_scenario_steps_through_with_its_numbers_checked(path: Path) -> No
     scenario = load_scenario(path)
     at = open_tour(path.stem)
     assert viewed_step(at) == 0
-    assert f"#### {scenario.name}" in markdown(at)
+    assert f"## {scenario.name}" in markdown(at)
     assert at.query_params == {"scenario": path.stem, "step": "0"}
     n = scenario.config.num_blocks
     visible = 0
@@ -400,7 +400,7 @@ def test_choosing_a_scenario_starts_it_and_updates_the_link() -> None:
     at = open_tour()
     assert run_of(at).key == NAMES[0] and at.query_params["scenario"] == NAMES[0]
     at.selectbox(key="tour_pick").select("13-cache-revival").run()
-    assert "#### Cached blocks outlive their request" in markdown(at)
+    assert "## Cached blocks outlive their request" in markdown(at)
     assert at.query_params == {"scenario": "13-cache-revival", "step": "0"}
     assert metrics(at)["Used blocks"] == "0 / 10"
 
@@ -493,7 +493,7 @@ def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
     upload(at, "mine.json", json.dumps(mine).encode())
     assert [s.value for s in at.success] == [
         "Loaded mine.json: “My story”, 4 steps. Press Next to apply the first."]
-    assert "#### My story" in markdown(at)
+    assert "## My story" in markdown(at)
     assert at.selectbox(key="tour_pick").value == "upload"
     # An uploaded file has no address: the link carries no scenario.
     assert "scenario" not in at.query_params

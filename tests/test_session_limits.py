@@ -6,6 +6,7 @@ import gc
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -399,20 +400,23 @@ def test_a_claim_waits_for_sessions_another_claim_ended_and_forgets_them_in_time
     budget.claim(_config(384), "new")
     assert budget.in_use("reloaded") == 0
     # A leak: ended, but its engine never collected (it alone would make the room).
-    tabs.open("leaked", 128)
-    budget.ending(frozenset({"leaked"}))
+    # On a clock that only the waits move, so that a busy machine's pauses between
+    # these lines cannot use up the wait before it starts.
+    clock = [time.monotonic()]
     sleeps: list[float] = []
-    real_sleep = time.sleep
 
     def counted_sleep(seconds: float) -> None:
         sleeps.append(seconds)
-        real_sleep(seconds)
-    monkeypatch.setattr(budget_module.time, "sleep", counted_sleep)
+        clock[0] += seconds
+    monkeypatch.setattr(budget_module, "time",
+                        SimpleNamespace(monotonic=lambda: clock[0], sleep=counted_sleep))
+    tabs.open("leaked", 128)
+    budget.ending(frozenset({"leaked"}))
     for _ in range(2):
         with pytest.raises(PagedLabError, match=r"server's sessions hold"):
             budget.claim(_config(128), "late")
     waited = len(sleeps)
-    assert 1 <= waited <= 0.5 / budget_module.RECLAIM_POLL_S + 1
+    assert waited == 0.5 / budget_module.RECLAIM_POLL_S   # the whole wait, once
     with pytest.raises(PagedLabError, match=r"server's sessions hold"):
         budget.claim(_config(128), "late")
     assert len(sleeps) == waited            # forgotten: no wait any more

@@ -20,8 +20,10 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork, Grow
 from backend.io.snapshot import export_snapshot
 from backend.views import tour as tour_views
+from backend.views.glossary import EVENTS
 from tests.test_app import add, html, start
 from tests.test_scenarios_app import checks, open_tour
+from ui import panels
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
 # JSON's marks: braces, and a quoted key before a colon.
@@ -76,6 +78,19 @@ def test_metrics_carry_their_meaning_as_a_visible_tooltip() -> None:
     by_label = {label: unescape(tip) for tip, label in terms.items()}
     assert "block-granular cache" in by_label["Lost to the block floor"]
     assert len(by_label) == len(views.metric_items(export_snapshot(e)))
+    # The same meanings where a keyboard reaches them (a title shows only on hover):
+    # a closed disclosure under the cards, one term and meaning per number.
+    meanings = re.search(r"<details class='pl-meanings'.*?</details>", page)
+    assert meanings is not None, page
+    listed = dict(re.findall(r"<dt[^>]*>([^<]+)</dt><dd[^>]*>([^<]+)</dd>", meanings.group()))
+    assert {unescape(k): unescape(v) for k, v in listed.items()} == by_label
+
+
+def test_the_event_log_heading_help_says_every_kind() -> None:
+    """The kinds' badges explain themselves on hover only; the heading's help, which
+    opens on focus, lists each with the same sentence."""
+    for kind, what in EVENTS.items():
+        assert f"- **{kind}**: {what}" in panels.HELP["events"], kind
 
 
 def test_checks_event_kinds_and_columns_say_what_they_mean() -> None:

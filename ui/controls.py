@@ -43,7 +43,9 @@ def status_line() -> None:
     if not msg:
         return
     kind, text = msg
-    {"error": st.error, "success": st.success, "info": st.info}[kind](plain_md(text))
+    # Keyed for ui/a11y.py, which reads a new outcome out to a screen reader.
+    with st.container(key="status_line"):
+        {"error": st.error, "success": st.success, "info": st.info}[kind](plain_md(text))
 
 
 # One click of Step N runs at most this many iterations (the engine takes up to

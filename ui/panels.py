@@ -25,6 +25,7 @@ from backend.engine.engine import Engine
 from backend.engine.results import logit_tolerance
 from backend.kernels import TorchKernels
 from backend.views import Snapshot, verify
+from backend.views.glossary import EVENTS
 from backend.views.host_pool import has_host_pool, host_summary, host_view
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
@@ -43,10 +44,10 @@ HELP = {
     "tables": "Each request's block table maps its logical blocks (0, 1, 2, ...) to physical "
               "blocks anywhere in the pool: the indirection that lets KV memory be allocated a "
               "block at a time. Hover a column's name for what it counts.",
-    "events": "What the allocator did, newest first: alloc, free, fork (a new request sharing "
-              "its parent's blocks), share, cow (copy-on-write), prefix_hit, evict (a cached "
-              "block reused), preempt, move, swap_out and swap_in (swap preemption). Hover a "
-              "kind for what it means.",
+    # Every kind with its meaning: a kind's badge says it on hover, which no keyboard
+    # reaches; this tooltip opens on focus too.
+    "events": "What the allocator did, newest first. Each kind (its badge says the same on "
+              "hover):\n\n" + "\n".join(f"- **{kind}**: {what}" for kind, what in EVENTS.items()),
     "kernel": "Which attention kernel ran the last model step, where, how long it took, and the "
               "largest difference between its output and a plain torch reference computed "
               "over the same paged cache (max |paged − contiguous reference|).",
@@ -178,10 +179,10 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
                            on_select=lambda: _on_grid_select(prefix),
                            selection_mode=views.SELECTION, width="stretch")
     st.caption("Click a block to see who holds it (double-click clears); hover for details.")
-    if focus.refused:
-        st.error(focus.caption)
-    elif focus.caption:
-        st.markdown(focus.caption)
+    if focus.caption:
+        # Keyed for ui/a11y.py, which reads the inspected block out to a screen reader.
+        said = st.container(key=f"{prefix}focus_said")
+        (said.error if focus.refused else said.markdown)(focus.caption)
     st.html(views.legend_html(snap))
     if has_host_pool(snap):
         _host_pool(snap, focus, prefix)
@@ -346,7 +347,7 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
     says how to reach, as an imperative ("view step 3"); None when no state
     shown is theirs (a scenario step stopped part-way took them past it).
     """
-    st.subheader("Block tables", help=HELP["tables"])
+    st.header("Block tables", help=HELP["tables"])
     block_tables(snap, focus, prefix)
     # Side by side where the page is wide; one under the other where it is not (a 1024 px
     # window with the sidebar open left the translator 190 px: "Laye/r").
@@ -354,12 +355,12 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
     with st.container(key=f"{prefix}lower"):
         log, side = st.columns([3, 2], gap="large")
     with log:
-        st.subheader("Event log", help=HELP["events"])
+        st.header("Event log", help=HELP["events"])
         events(snap)
     with side:
-        st.subheader("Kernel", help=HELP["kernel"])
+        st.header("Kernel", help=HELP["kernel"])
         kernel(snap, engine, prefix=prefix)
-        st.subheader("Address translator", help=HELP["translator"])
+        st.header("Address translator", help=HELP["translator"])
         if engine is not None:
             translator.panel(engine, prefix=prefix)
         else:

@@ -7,24 +7,19 @@ server's first run) come after the navigation reaches the browser.
 
 from __future__ import annotations
 
-import streamlit as st
 import torch
 from streamlit.navigation.page import StreamlitPage
 
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
-from ui import clicks, entry, numbers, resume, session, sidebar, store
+from ui import a11y, clicks, entry, numbers, resume, session, sidebar, store
 
 # One thread per torch op: the server runs many sessions' steps side by side on a small
 # CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
 # makes a step ten or more times slower (docs/BENCHMARKS.md, SmolLM2). Sessions already
 # run in parallel threads; the pool would only contend with them.
 torch.set_num_threads(1)
-
-
-# The keyboard focus's outline: the page's ink, 15:1 on white.
-FOCUS_RING = "#1F2328"
 
 
 def run(page: StreamlitPage) -> None:
@@ -35,11 +30,7 @@ def run(page: StreamlitPage) -> None:
     resume.at_start()
     sidebar.render()
     store.write_cookie()
-    # A focus ring that shows: Streamlit's is the primary colour at half strength, about
-    # 2:1 on white, below WCAG's 3:1 for a control's outline. (Style only: Streamlit
-    # sends it outside the page's elements, so nothing moves.)
-    st.html(f"<style>:focus-visible {{ outline: 2px solid {FOCUS_RING} !important; "
-            "outline-offset: 2px; }</style>")
+    a11y.install()
     with entry.app_page():
         top = clicks.slot()
         page.run()

@@ -134,9 +134,13 @@ def messages() -> None:
     """The outcome of the last action, once."""
     t = state()
     shown, t.messages = t.messages, []
-    for kind, text in shown:
-        # Messages quote file names, scenario names and link values: plain text.
-        {"error": st.error, "info": st.info, "success": st.success}[kind](plain_md(text))
+    if not shown:
+        return
+    # Keyed for ui/a11y.py, which reads new messages out to a screen reader.
+    with st.container(key="tour_messages"):
+        for kind, text in shown:
+            # Messages quote file names, scenario names and link values: plain text.
+            {"error": st.error, "info": st.info, "success": st.success}[kind](plain_md(text))
 
 
 def picker(run: TourRun) -> None:

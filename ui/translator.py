@@ -13,6 +13,7 @@ from functools import partial
 
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from backend import views
 from backend.core.errors import PagedLabError
@@ -27,6 +28,12 @@ from backend.views.translate import (
     token_md,
 )
 from ui.numbers import Fields
+
+
+def _said(prefix: str) -> DeltaGenerator:
+    """Where the translation or its refusal goes: keyed for ui/a11y.py, which reads its
+    new text out to a screen reader."""
+    return st.container(key=f"{prefix}tr_said")
 
 
 def _fields(running: list[str], num_tokens: dict[str, int], layers: int,
@@ -57,10 +64,10 @@ def _fields(running: list[str], num_tokens: dict[str, int], layers: int,
     layer = group.number(c3, "Layer", 0, layers - 1, None, key=f"{prefix}tr_layer",
                          help=f"0 to {layers - 1}: the model's layers.")
     if group.problems:
-        st.error("  \n".join(plain_md(line) for line in group.problems))
+        _said(prefix).error("  \n".join(plain_md(line) for line in group.problems))
         return None
     if pos is None or layer is None:
-        st.caption("Type a token position and a layer.")
+        _said(prefix).caption("Type a token position and a layer.")
         return None
     return rid, pos, layer
 
@@ -76,14 +83,15 @@ def panel(engine: Engine, prefix: str = "") -> None:
     if picked is None:
         return
     rid, pos, layer = picked
+    said = _said(prefix)
     try:
         addr, key, _value = engine.read_kv(rid, pos, layer)
     except PagedLabError as exc:  # a stale position after the request changed
-        st.error(plain_md(str(exc)))
+        said.error(plain_md(str(exc)))
         return
     bs = engine.config.block_size
-    st.markdown(arithmetic_md(addr, bs, engine.block_table(rid)))
-    st.caption(f"{token_md(engine.requests[rid].tokens, addr, bs, engine.token_pieces)} · key "
+    said.markdown(arithmetic_md(addr, bs, engine.block_table(rid)))
+    said.caption(f"{token_md(engine.requests[rid].tokens, addr, bs, engine.token_pieces)} · key "
                f"vector read from layer {layer}'s K tensor at slot {addr.slot}, shape "
                f"{list(key.shape)} (KV heads × head dim)")
     vdf, vspec = views.vector_spec(key.numpy())
@@ -114,20 +122,21 @@ def past_panel(snap: Snapshot, to_newest: str | None, prefix: str = "") -> None:
     if picked is None:
         return
     rid, pos, layer = picked
+    said = _said(prefix)
     try:
         addr = snapshot_address(snap, rid, pos)
     except PagedLabError as exc:  # a position a budgeted prompt has not computed yet
-        st.error(plain_md(str(exc)))
+        said.error(plain_md(str(exc)))
         return
     req = snapshot_request(snap, rid)
     bs = int(snap["config"]["block_size"])
-    st.markdown(arithmetic_md(addr, bs, req["block_table"]))
-    st.caption(token_md(req["tokens"], addr, bs, partial(views.token_pieces, snap)))
+    said.markdown(arithmetic_md(addr, bs, req["block_table"]))
+    said.caption(token_md(req["tokens"], addr, bs, partial(views.token_pieces, snap)))
     if to_newest is None:
-        st.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live "
+        said.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live "
                    "K/V tensors, which went on past this state into a step that was stopped "
                    "part-way: no state shown here is theirs.")
     else:
-        st.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live "
+        said.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live "
                    f"K/V tensors, which hold the newest state: {plain_md(to_newest)} to see "
                    "it.")

@@ -242,7 +242,8 @@ def metrics_html(items: list[MetricItem]) -> str:
     """The metrics as compact cards, one per group; each value carries its label.
 
     `data-label` lets a reader of the page's HTML (a test, a scraper) find a
-    number by its name; each label is a term whose tooltip explains it.
+    number by its name; each label is a term whose tooltip explains it, and a
+    closed "What these numbers mean" below the cards says the same to a keyboard.
     """
     groups: dict[str, list[MetricItem]] = {}
     for m in items:
@@ -261,5 +262,13 @@ def metrics_html(items: list[MetricItem]) -> str:
                      f"padding:6px 10px;background:#FBFCFD'><div style='font-size:11px;"
                      f"text-transform:uppercase;letter-spacing:.04em;color:#666;"
                      f"margin-bottom:2px'>{escape(group)}</div>{rows}</div>")
+    # The tooltips again, where a keyboard reaches them: a title shows only to a mouse.
+    meanings = "".join(
+        f"<dt style='font-weight:600;font-size:13px;margin:4px 0 0 0;padding:0'>"
+        f"{escape(m.label)}</dt><dd style='font-size:13px;margin:0 0 0 12px;padding:0'>"
+        f"{escape(m.help)}</dd>" for m in items)
+    glossary = ("<details class='pl-meanings' style='flex:1 1 100%;color:#444'>"
+                "<summary style='cursor:pointer;color:#444'>What these numbers mean</summary>"
+                f"<dl style='margin:4px 0 0 0'>{meanings}</dl></details>")
     return ("<div class='pl-metrics' style='display:flex;flex-wrap:wrap;gap:8px;"
-            "font-size:13px'>" + "".join(cards) + "</div>")
+            "font-size:13px'>" + "".join(cards) + glossary + "</div>")

@@ -78,7 +78,7 @@ def maps_section() -> None:
             # The chart's average in numbers: the same figures as the table below.
             st.caption(" ".join(c for c in (shown["caption"], shown["shares"]) if c))
     st.markdown(data["finish"])
-    st.subheader("Time-averaged breakdown on this workload")
+    st.header("Time-averaged breakdown on this workload")
     breakdown(data["table"], "cmp_map_table")
     st.markdown(views.batch_gain_sentence(data["table"]))
     st.altair_chart(charts.breakdown_bars(views.memory_long(data["table"])), width="stretch",

@@ -1,0 +1,31 @@
+"""ui/a11y.py's script, read as the browser gets it; its behaviour is checked in
+Chromium (tests/test_browser_a11y.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ui import a11y
+
+UI = Path(__file__).resolve().parents[1] / "ui"
+
+
+def test_the_script_gets_the_read_out_keys_and_no_placeholder() -> None:
+    text = a11y.script()
+    assert "__READ_OUT__" not in text
+    assert f"const READ_OUT = {json.dumps(a11y.READ_OUT)};" in text
+    # Installed once per tab, however many runs draw it.
+    assert "if (window.__pagedlabA11y) return;" in text
+
+
+def test_every_read_out_key_names_a_container_the_pages_draw() -> None:
+    """A renamed container would silently stop being read out."""
+    keys = set()
+    for path in UI.rglob("*.py"):
+        # key="status_line", key=f"{prefix}focus_said": the literal part of the key.
+        keys |= {m.group(1) for m in re.finditer(r'key=f?"(?:\{\w+\})?(\w+)"',
+                                                  path.read_text(encoding="utf-8"))}
+    missing = [k for k in a11y.READ_OUT if not any(key.endswith(k) for key in keys)]
+    assert not missing, missing

@@ -1,0 +1,170 @@
+"""The page with a keyboard and a screen reader, in a real Chromium (ui/a11y.py).
+
+A control that its own press disables or removes keeps the focus on the page; a
+result drawn in place is put in the polite live region; headings go down one
+level at a time, and their help buttons are named for them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+pytestmark = pytest.mark.browser
+
+T = 60_000
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+
+# The focused element: its tag, text or label, widget key and whether it is disabled.
+FOCUSED = """() => {
+  const a = document.activeElement;
+  const box = a.closest('[class*="st-key-"]');
+  return {tag: a.tagName, text: (a.innerText || a.getAttribute('aria-label') || '').trim(),
+          key: box ? [...box.classList].find((c) => c.startsWith('st-key-')) : null,
+          disabled: a.disabled === true};
+}"""
+
+# Every drawn heading's level, in the main area and in the sidebar.
+HEADINGS = """(where) => [...document.querySelectorAll(
+    `[data-testid='${where}'] :is(h1, h2, h3, h4, h5, h6)`)]
+  .filter((h) => h.getClientRects().length > 0)
+  .map((h) => [Number(h.tagName[1]), h.innerText.trim()])"""
+
+
+def idle(page: Page) -> None:
+    page.wait_for_timeout(300)
+    page.wait_for_selector(IDLE, timeout=T)
+
+
+def focused_on(page: Page, key: str) -> None:
+    """The focus reaches the enabled control of widget `key` (not the page's body)."""
+    page.wait_for_function(
+        """(key) => { const a = document.activeElement;
+                      return a !== document.body && !a.disabled
+                        && a.closest('.' + key) !== null; }""",
+        arg=f"st-key-{key}", timeout=T)
+
+
+def test_focus_moves_on_when_the_pressed_control_is_disabled_or_removed(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1400})
+    page.set_default_timeout(T)
+    try:
+        page.goto(f"{app_url}/lab")
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=T)
+        idle(page)   # what the first run draws is the page, not news to read out
+        add.click()
+        live = page.locator("#pagedlab-live")
+        # The outcome, drawn in place, is read out.
+        expect(live).to_contain_text("Step 1: add A", timeout=T)
+        idle(page)
+
+        # Finish on the only request disables itself (nothing left to finish): the
+        # focus goes on to the next control, Step, not to the page's body.
+        page.get_by_role("button", name="Finish", exact=True).first.focus()
+        page.keyboard.press("Enter")
+        expect(live).to_contain_text("Step 2: finish A", timeout=T)
+        idle(page)
+        focused_on(page, "btn_step")
+        assert page.evaluate(FOCUSED)["text"] == "Step"
+
+        # Back to live at the top of a past state goes away with it: the focus stays on
+        # the page, on a control that is there.
+        add.click()
+        expect(live).to_contain_text("Step 3: add B", timeout=T)
+        pick = page.get_by_role("spinbutton", name="Show the state after iteration")
+        pick.fill("0")
+        pick.press("Enter")
+        top = page.locator(".st-key-tl_live_top button").first
+        expect(top).to_be_visible(timeout=T)
+        idle(page)
+        top.focus()
+        page.keyboard.press("Enter")
+        expect(page.locator(".st-key-tl_live_top")).to_have_count(0, timeout=T)
+        idle(page)
+        page.wait_for_function("() => document.activeElement !== document.body", timeout=T)
+        now = page.evaluate(FOCUSED)
+        assert now["tag"] in ("BUTTON", "INPUT", "TEXTAREA", "DIV", "SUMMARY", "A"), now
+        assert not now["disabled"], now
+        page.screenshot(path=screenshots / "a11y-focus.png")
+    except BaseException:
+        page.screenshot(path=screenshots / "a11y-focus-failed.png", full_page=True)
+        raise
+    finally:
+        page.close()
+
+
+def test_results_drawn_in_place_are_read_out(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1400})
+    page.set_default_timeout(T)
+    try:
+        page.goto(f"{app_url}/lab")
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=T)
+        idle(page)
+        add.click()
+        live = page.locator("#pagedlab-live")
+        expect(live).to_contain_text("Step 1: add A", timeout=T)
+        idle(page)
+        # The inspected block (the outcome line is unchanged, so this is what is read).
+        block = page.get_by_role("spinbutton", name="Inspect a block")
+        block.fill("1")
+        block.press("Enter")
+        expect(live).to_contain_text("Block 1: used, ref count 1, 4/4 slots filled",
+                                     timeout=T)
+        # A block outside the pool: the refusal is read.
+        block.fill("999")
+        block.press("Enter")
+        expect(live).to_contain_text("There is no block 999", timeout=T)
+
+        # Scenarios: each Next's narration, and focus kept when Next is spent.
+        page.goto(f"{app_url}/tour")
+        nxt = page.get_by_role("button", name="Next", exact=True)
+        expect(nxt).to_be_enabled(timeout=T)
+        idle(page)
+        total = int(page.locator(".st-key-tour_narration").inner_text()
+                    .split(" of ", 1)[1].split(":", 1)[0])
+        for n in range(1, total + 1):
+            nxt.focus()
+            page.keyboard.press("Enter")
+            expect(live).to_contain_text(f"Step {n} of {total}:", timeout=T)
+            idle(page)
+        expect(nxt).to_be_disabled(timeout=T)
+        page.wait_for_function("() => document.activeElement !== document.body", timeout=T)
+        assert not page.evaluate(FOCUSED)["disabled"]
+        page.screenshot(path=screenshots / "a11y-read-out.png")
+    except BaseException:
+        page.screenshot(path=screenshots / "a11y-read-out-failed.png", full_page=True)
+        raise
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("path", ["lab", "tour", "fragmentation"])
+def test_headings_go_down_one_level_at_a_time_and_name_their_help(browser: Browser, app_url: str,
+                                              path: str) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(T)
+    try:
+        page.goto(f"{app_url}/{path}")
+        expect(page.locator("[data-testid='stMain'] h1")).to_be_visible(timeout=T)
+        idle(page)
+        main = page.evaluate(HEADINGS, "stMain")
+        assert main[0][0] == 1, main
+        for (was, _), (now, text) in itertools.pairwise(main):
+            assert now <= was + 1, f"{text!r} is h{now} after h{was}: {main}"
+        # The sidebar's sections come before the page's h1: h2, as the page's are.
+        side = page.evaluate(HEADINGS, "stSidebar")
+        assert side and {level for level, _ in side} == {2}, side
+        # A section's help button is named for its section, as a field's is.
+        expect(page.get_by_role("button", name="Help", exact=True)).to_have_count(0,
+                                                                                 timeout=T)
+        if path == "lab":
+            expect(page.get_by_role("button", name="Help for Event log")).to_have_count(1)
+    finally:
+        page.close()
