@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Locator, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +123,12 @@ def browser(chromium_path: str) -> Iterator[Browser]:
 def screenshots() -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     return SCREENSHOTS
+
+
+def in_app(page: Page) -> Locator:
+    """The app's own elements: without the screen reader's live region (ui/a11y.py),
+    which repeats the newest result's words outside them."""
+    return page.locator("[data-testid='stApp']")
 
 
 def scroll_to(locator: Locator, timeout_s: float = 120.0) -> None:

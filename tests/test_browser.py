@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS
+from tests.browser_support import CHROMIUM_ARGS, in_app
 
 pytestmark = pytest.mark.browser
 
@@ -52,13 +52,13 @@ def test_share_fork_and_copy_on_write_in_the_browser(app_url: str, chromium_path
             page.goto(app_url)
             add = page.get_by_role("button", name="Add request")
             expect(add).to_be_visible(timeout=60_000)
-            shows(page.get_by_text("No events yet."))
+            shows(in_app(page).get_by_text("No events yet."))
 
             # Two requests with the same prompt: B's full prompt blocks are A's.
             add.click()
-            shows(page.get_by_text("Step 1: add A"))
+            shows(in_app(page).get_by_text("Step 1: add A"))
             add.click()
-            shows(page.get_by_text("Step 2: add B"))
+            shows(in_app(page).get_by_text("Step 2: add B"))
             metric_is(page, "Shared blocks", "5")
             layouts = page.locator(".pl-layouts")
             shows(layouts, "L0 → P0 ×2")
@@ -69,25 +69,25 @@ def test_share_fork_and_copy_on_write_in_the_browser(app_url: str, chromium_path
             page.get_by_role("textbox", name="Child id").press("Tab")
             page.get_by_role("button", name="Fork").click()
             # (Markdown typesets the "->" of the status line as an arrow.)
-            shows(page.get_by_text("Step 3: fork B → B2"))
+            shows(in_app(page).get_by_text("Step 3: fork B → B2"))
             shows(layouts, "L0 → P0 ×3")
             shows(layouts, "L5 → P6 ×2")                 # the shared, partly filled tail
             shoot(page, screenshots / "02-forked.png")
 
             page.get_by_role("button", name="Grow", exact=True).click()
-            shows(page.get_by_text("Step 4: grow B2 +1"))
+            shows(in_app(page).get_by_text("Step 4: grow B2 +1"))
             shows(page.locator(".pl-events"), "request B2 wrote into shared block 6: copied it "
                                               "to block 7 first (copy-on-write)")
             metric_is(page, "Copy-on-write copies", "1")
             metric_is(page, "Shared blocks", "5")
             shows(layouts, "L5 → P7")
-            shows(page.get_by_text("Last model step ran on triton-interpreter"))
+            shows(in_app(page).get_by_text("Last model step ran on triton-interpreter"))
             shoot(page, screenshots / "03-copy-on-write.png")
 
             # Clicking a cell of the grid selects that block and names its holders.
             page.locator("path[aria-label^='Block 0:']").click()
-            shows(page.get_by_text(re.compile(r"Block 0: used, ref count 3, 4/4 slots filled, "
-                                              r".*held by A, B, B2")))
+            shows(in_app(page).get_by_text(re.compile(
+                r"Block 0: used, ref count 3, 4/4 slots filled, .*held by A, B, B2")))
             shoot(page, screenshots / "04-block-selected.png")
         finally:
             browser.close()
@@ -113,19 +113,19 @@ def test_a_4096_block_pool_is_paged_and_clickable(app_url: str, chromium_path: s
             # The prompt box still holds its text: a length given wins over it.
             page.get_by_role("spinbutton", name="…or N random tokens").fill("1000")
             page.get_by_role("button", name="Add request").click()
-            shows(page.get_by_text("Step 1: add A (1,000 random tokens)"))
+            shows(in_app(page).get_by_text("Step 1: add A (1,000 random tokens)"))
             metric_is(page, "Used blocks", "250 / 4096")
             # Four pages of 1,024 cells; the first is shown.
             expect(page.get_by_role("combobox", name="Blocks shown")).to_have_value(
                 "0–1023", timeout=T)
-            shows(page.get_by_text("Physical blocks 0–1023 of 4096"))
+            shows(in_app(page).get_by_text("Physical blocks 0–1023 of 4096"))
             # A dense page is drawn on a canvas: click where block 249's cell is (column
             # 25, row 7 of the 32 x 32 cells of 23 x 20 px; the cells start at the top left).
             canvas = page.get_by_test_id("stVegaLiteChart").nth(1).locator("canvas")
             box = canvas.bounding_box()
             assert box is not None
             page.mouse.click(box["x"] + 25.5 * 23, box["y"] + 7.5 * 20)
-            shows(page.get_by_text(re.compile(r"Block 249: used, ref count 1, 4/4 slots "
+            shows(in_app(page).get_by_text(re.compile(r"Block 249: used, ref count 1, 4/4 slots "
                                               r"filled, .*held by A")))
             shoot(page, screenshots / "05-4096-blocks.png")
         finally:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
+from tests.browser_support import in_app
+
 pytestmark = pytest.mark.browser
 
 T = 60_000
@@ -29,7 +31,7 @@ def test_step_n_twice_then_step_applies_three_whole_operations(
         add = page.get_by_role("button", name="Add request")
         expect(add).to_be_visible(timeout=T)
         add.click()
-        expect(page.get_by_text("Step 1: add A")).to_be_visible(timeout=T)
+        expect(in_app(page).get_by_text("Step 1: add A")).to_be_visible(timeout=T)
         steps = page.get_by_role("spinbutton", name="Steps")
         steps.fill("8")
         steps.press("Tab")
@@ -40,14 +42,14 @@ def test_step_n_twice_then_step_applies_three_whole_operations(
         page.wait_for_timeout(300)
         page.get_by_role("button", name="Step", exact=True).click()
         # The last click's operation, once everything before it has run.
-        last = page.get_by_text(re.compile(r"^Step [34]: step · generated 1 token"))
+        last = in_app(page).get_by_text(re.compile(r"^Step [34]: step · generated 1 token"))
         expect(last).to_be_visible(timeout=T)
         # Step 3: one Step N counted (23 prompt tokens + 8 + 1); Step 4: both (+ 8 + 8 + 1).
         tokens = {"3": 32, "4": 40}[last.inner_text().split(":")[0].split()[1]]
         expect(page.locator(".pl-metric[data-label='Filled slots']")).to_have_text(
             f"{tokens} / {tokens}", timeout=T)
         expect(page.locator("[data-testid='stException']")).to_have_count(0)
-        expect(page.get_by_text("This app has encountered an error")).to_have_count(0)
+        expect(in_app(page).get_by_text("This app has encountered an error")).to_have_count(0)
         page.screenshot(path=screenshots / "double-click.png", full_page=True)
     except BaseException:
         page.screenshot(path=screenshots / "double-click-failed.png", full_page=True)
@@ -78,12 +80,12 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
             "0 / 8192", timeout=T)
         page.get_by_role("spinbutton", name="Max new tokens").fill("20000")
         add.click()
-        expect(page.get_by_text("Step 1: add A")).to_be_visible(timeout=T)
+        expect(in_app(page).get_by_text("Step 1: add A")).to_be_visible(timeout=T)
         steps = page.get_by_role("spinbutton", name="Steps")
         steps.fill("10000")
         steps.press("Tab")
         page.get_by_role("button", name="Step N").click()
-        expect(page.get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
+        expect(in_app(page).get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
         add.click()
         page.wait_for_timeout(500)
         page.get_by_role("button", name="Finish").click()
@@ -92,7 +94,7 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
         page.wait_for_timeout(500)
         page.get_by_role("button", name="Stop stepping").first.click()
         # Finish acts on A, the request picked when it was clicked.
-        expect(page.get_by_text(re.compile(r"^Step 4: finish A"))).to_be_visible(timeout=T)
+        expect(in_app(page).get_by_text(re.compile(r"^Step 4: finish A"))).to_be_visible(timeout=T)
         # Step 3 was the add: B is the request left to pick.
         picker = page.locator(".st-key-req_pick").get_by_role("combobox")
         expect(picker).to_have_value(re.compile(r"^B · running"), timeout=T)

@@ -24,7 +24,7 @@ from playwright.sync_api import (
     expect,
 )
 
-from tests.browser_support import serve
+from tests.browser_support import in_app, serve
 
 pytestmark = pytest.mark.browser
 
@@ -437,7 +437,7 @@ def test_a_click_while_a_new_models_weights_load_lands_on_the_new_engine(
             idle(page)
             # SmolLM2's tokenizer: 7 tokens (tiny-byte's would be 23, one per byte).
             picked(page, "B · running · 7 tokens")
-            expect(page.get_by_text(re.compile(r"events: 1 prefix_hit"))).to_have_count(1)
+            expect(in_app(page).get_by_text(re.compile(r"events: 1 prefix_hit"))).to_have_count(1)
             expect(sidebar.get_by_role("button", name="Apply and reset")).to_have_count(0)
             shows(sidebar, "loaded in this process")
             shoot(page, screenshots / "25-add-during-model-load.png")

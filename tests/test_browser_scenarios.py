@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS
+from tests.browser_support import CHROMIUM_ARGS, in_app
 from tests.test_browser import T, metric_is, shoot, shows
 
 pytestmark = pytest.mark.browser
@@ -113,12 +113,12 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             assert viewed(page) == stopped_at and 4 <= stopped_at < 6
             # The view is where the play got to: a step under way when Pause was clicked
             # is shown once taken, not left one behind ("Viewing step 4 · 5 applied").
-            shows(page.get_by_text(re.compile(
+            shows(in_app(page).get_by_text(re.compile(
                 rf"Viewing step {stopped_at} of 6 · {stopped_at} applied so far")))
             # Play again runs to the end and stops by itself.
             page.get_by_role("button", name="Play", exact=True).click()
             step_shown(page, 6)
-            shows(page.get_by_text("Played to the end: step 6 of 6."))
+            shows(in_app(page).get_by_text("Played to the end: step 6 of 6."))
             expect(page.get_by_role("button", name="Play", exact=True)).to_be_disabled(timeout=T)
             shoot(page, screenshots / "tour-03-played-to-the-end.png")
 
@@ -126,18 +126,19 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             page.goto(f"{app_url}/tour?scenario=01-contiguous-problem&step=5")
             shows(page.get_by_role("heading", name="The contiguous allocation problem"))
             shows(page.locator(".st-key-tour_narration"), "Step 5 of 5:")
-            shows(page.get_by_text("D waits with 4 tokens: a request that will reach 5 tokens"))
+            shows(in_app(page).get_by_text(
+                "D waits with 4 tokens: a request that will reach 5 tokens"))
             expect(page.locator(".pl-check[data-ok='0']")).to_have_count(0)
             shoot(page, screenshots / "tour-04-contiguous-arena.png")
 
             # Continue in the Playground: it takes this state and keeps working.
             page.get_by_role("button", name="Continue in the Playground").click()
             shows(page.get_by_role("heading", name="Playground"))
-            shows(page.get_by_text("Restored “The contiguous allocation problem”: step 5"))
+            shows(in_app(page).get_by_text("Restored “The contiguous allocation problem”: step 5"))
             metric_is(page, "Used blocks", "12 / 16")
             shows(page.get_by_role("heading", name="Export and import"))
             page.get_by_role("button", name="Step", exact=True).click()
-            shows(page.get_by_text("Step 6: step"))
+            shows(in_app(page).get_by_text("Step 6: step"))
             shoot(page, screenshots / "tour-05-continued-in-the-playground.png")
         finally:
             browser.close()

@@ -23,7 +23,14 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from backend.io.cli import main
-from tests.browser_support import CHROMIUM_ARGS, ROOT, _free_port, _wait_healthy, scroll_to
+from tests.browser_support import (
+    CHROMIUM_ARGS,
+    ROOT,
+    _free_port,
+    _wait_healthy,
+    in_app,
+    scroll_to,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -99,7 +106,7 @@ def new_page(browser: Browser) -> Page:
 
 
 def status(page: Page, text: str | re.Pattern[str]) -> None:
-    expect(page.get_by_text(text).first).to_be_visible(timeout=T)
+    expect(in_app(page).get_by_text(text).first).to_be_visible(timeout=T)
 
 
 def settled(page: Page) -> None:
@@ -227,8 +234,8 @@ def test_step_n_shows_progress_and_stops_between_iterations(
         expect(bar).to_be_visible(timeout=T)
         shoot(page, screenshots, "05-step-n-progress")
         page.get_by_role("button", name="Stop stepping").first.click()
-        done = page.get_by_text(re.compile(r"Stopped after \d+ of 2000 iterations\. Step 2: "
-                                           r"step x\d+"))
+        done = in_app(page).get_by_text(re.compile(
+            r"Stopped after \d+ of 2000 iterations\. Step 2: step x\d+"))
         expect(done).to_be_visible(timeout=T)
         settled(page)
         found = re.search(r"Stopped after (\d+) of", done.inner_text())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS
+from tests.browser_support import CHROMIUM_ARGS, in_app
 from tests.test_browser import T, metric_is, shoot, shows
 from ui.numbers import UNREADABLE
 from ui.session import DEFAULT_STEP_N
@@ -92,9 +92,9 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             shows(sidebar, "Next step runs on torch")
             # Two requests: the grid, tables, layouts, translator and its K chart all drawn.
             add.click()
-            shows(page.get_by_text("Step 1: add A"))
+            shows(in_app(page).get_by_text("Step 1: add A"))
             add.click()
-            shows(page.get_by_text("Step 2: add B"))
+            shows(in_app(page).get_by_text("Step 2: add B"))
             metric_is(page, "Shared blocks", "5")
             expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2, timeout=T)
             no_sideways_scroll(page)
@@ -144,7 +144,8 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             for n in range(1, 6):
                 nxt.click()
                 shows(page.locator(".st-key-tour_narration"), f"Step {n} of 5:")
-            shows(page.get_by_text("D waits with 4 tokens: a request that will reach 5 tokens"))
+            shows(in_app(page).get_by_text(
+                "D waits with 4 tokens: a request that will reach 5 tokens"))
             no_sideways_scroll(page)
             labels_fit(page, "tour_")
             shoot(page, screenshots / "ui-1024-scenarios.png")

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, Request, Route, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS
+from tests.browser_support import CHROMIUM_ARGS, in_app
 from tests.test_browser import T, shows
 
 pytestmark = pytest.mark.browser
@@ -64,7 +64,7 @@ def _use_lab(page: Page) -> None:
     shows(page.get_by_test_id("stSidebar").get_by_text("Next step runs on torch"))
     page.locator("[data-testid='stApp'][data-test-script-state='notRunning']").wait_for()
     add.click()
-    shows(page.get_by_text("Step 1: add A"))
+    shows(in_app(page).get_by_text("Step 1: add A"))
     page.locator("path[aria-label^='Block 0:']").hover()           # a cell's tooltip
     page.get_by_role("button", name="Grow", exact=True).hover()                # a button's help
     page.wait_for_timeout(1000)
