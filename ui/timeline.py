@@ -34,7 +34,12 @@ from backend.sessions.history import History
 from backend.sessions.playground import kept_snapshot, kept_steps
 from backend.views.compare.timeline import binned, timeline_chart
 from backend.views.text import plain_md
-from backend.views.timeline import latency_frame, timeline_frame, unlisted_note
+from backend.views.timeline import (
+    latency_frame,
+    strip_description,
+    timeline_frame,
+    unlisted_note,
+)
 from ui import clicks, session
 from ui.numbers import number_text, whole, whole_input
 
@@ -281,7 +286,7 @@ def _details(engine: Engine, history: History) -> None:
 def strip_chart(df: pd.DataFrame, history: History) -> alt.LayerChart:
     """Used blocks per row as bars to click, each row's iteration the selection; a row
     whose step's state the history no longer keeps is grey."""
-    shown, _ = binned(df.drop(columns=["prefix_hit_rate"]))
+    shown, per = binned(df.drop(columns=["prefix_hit_rate"]))
     kept = kept_steps(history)
     steps = df.set_index("iteration")["step"]
     data = pd.DataFrame({
@@ -308,7 +313,8 @@ def strip_chart(df: pd.DataFrame, history: History) -> alt.LayerChart:
     # row with no block used has no bar to click.
     target = alt.Chart(data).mark_bar(size=size, opacity=0.01, color="#1f4e8c").encode(
         x=x, y=alt.Y("top:Q"), tooltip=tooltip).add_params(pick)
-    return alt.LayerChart(layer=[bars, target]).properties(height=170)
+    return alt.LayerChart(layer=[bars, target]).properties(
+        height=170, description=strip_description(data, per))
 
 
 def _on_strip() -> None:

@@ -10,6 +10,7 @@ directly, and an export can turn the same chart into PNG or SVG.
     glossary what the pages' terms mean (tooltips); settings: a config as rows
     html     metrics, event log and layout cards; tour: the Scenarios page's views
     text     user text as Markdown that Streamlit shows as written (plain_md, md_code)
+    describe the words of a chart's text alternative (its description, the aria-label)
     compare/ the "Contiguous vs paged" page's frames, charts and tables
 
 May import: engine, lab, models (a tokenizer, never weights), paging and core

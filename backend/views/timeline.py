@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from backend.core.words import counted
 from backend.engine.timeline import COLUMNS, EngineTimeline
+from backend.views.describe import span
 
 LATENCY_COLUMNS = ("request", "arrived", "first_token", "finished", "generated",
                    "ttft_iterations", "tpot_iterations", "ttft_ms", "tpot_ms")
@@ -33,6 +35,25 @@ def timeline_frame(tl: EngineTimeline, num_blocks: int, block_size: int) -> pd.D
     df.insert(df.columns.get_loc("prefix_hit_tokens") + 1, "prefix_hit_rate",
               (df["prefix_hit_tokens"] / queried.where(queried > 0)).astype("Float64"))
     return df
+
+
+def strip_description(data: pd.DataFrame, per: int = 1) -> str:
+    """The Playground's strip of bars to click, in a sentence: how many bars over which
+    iterations, the most blocks used, and how many rows' states are no longer kept.
+    `data` is what the strip draws (iteration, used_blocks, kept), `per` the iterations
+    each bar stands for."""
+    if data.empty:
+        return "Blocks used per iteration: no iteration yet."
+    lo, hi = int(data["iteration"].iloc[0]), int(data["iteration"].iloc[-1])
+    each = "iteration" if per == 1 else f"{per:,} iterations"
+    top = data.loc[data["used_blocks"].idxmax()]
+    gone = int((data["kept"] != "kept").sum())
+    grey = (f"; the state after {gone:,} of them is no longer kept (grey)" if gone else
+            "; the state after each is kept")
+    return (f"Blocks used, one bar to click per {each} ({counted(len(data), 'bar')}, "
+            f"iterations {span(lo, hi)}), to show the state after it: at most "
+            f"{top['used_blocks']:,.{0 if per == 1 else 1}f} used (iteration "
+            f"{int(top['iteration']):,}){grey}.")
 
 
 def unlisted_note(tl: EngineTimeline, request_ids: list[str]) -> str:

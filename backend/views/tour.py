@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from backend.core.words import counted, visible
+from backend.views.describe import capped, span
 from backend.views.glossary import path_help
 from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
 from backend.views.html import term_html
@@ -278,8 +279,27 @@ def arena_spec(arena: dict[str, Any], snap: Snapshot) -> tuple[pd.DataFrame, dic
         "autosize": {"type": "pad"},
         "config": {"view": {"stroke": None}},
         "layer": layers,
+        # The chart's aria-label; each run of slots keeps its own (the "aria" column).
+        "description": arena_description(df, arena),
     }
     return df, spec
+
+
+def arena_description(df: pd.DataFrame, arena: dict[str, Any]) -> str:
+    """The arena in two sentences, from the runs `arena_frame` draws: each request's
+    region and the slots in each state ("A contiguous arena of 16 slots (oracle
+    reservations, first fit), one region per request: A in slots 0–5 and C in slots
+    9–13. Slots by state: tokens 8, ...")."""
+    owned = df[df["owner"] != ""]
+    regions = [f"{owner} in slots {span(int(rows['x0'].min()), int(rows['x1'].max()) - 1)}"
+               for owner, rows in owned.groupby("owner", sort=False)]
+    where = (f"one region per request: {capped(regions)}" if regions else "no request in it")
+    lengths = df.groupby("kind", sort=False)["length"].sum()
+    states = ", ".join(f"{label} {int(lengths[label]):,}" for label, _, _ in
+                       ARENA_KINDS.values() if label in lengths)
+    return (f"A contiguous arena of {counted(arena['capacity'], 'slot')} "
+            f"({arena['policy']} reservations, first fit), {where}. Slots by state: "
+            f"{states}.")
 
 
 def _ticks(capacity: int) -> list[int]:

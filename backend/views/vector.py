@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from backend.core.words import counted
+from backend.views.describe import MAX_LISTED
 from backend.views.grid import INK, PALETTE
 
 
@@ -62,7 +64,21 @@ def vector_spec(vector: np.ndarray, name: str = "K") -> tuple[pd.DataFrame, dict
 
     spec = {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        # The chart's aria-label: the stacked heads as one picture.
+        "description": _description(vector, labels, name),
         "spacing": 6,
         "vconcat": [head_chart(h) for h in range(heads)],
     }
     return df, spec
+
+
+def _description(vector: np.ndarray, labels: list[str], name: str) -> str:
+    """Each head's range (its title above its bars) and the component largest in size."""
+    heads, dim = vector.shape
+    h, c = np.unravel_index(int(np.abs(vector).argmax()), vector.shape)
+    shown = labels[:MAX_LISTED]
+    more = f"; and {counted(heads - MAX_LISTED, 'more head')}" if heads > MAX_LISTED else ""
+    return (f"The {name} vector, one bar per component for each of its "
+            f"{counted(heads, 'KV head')} ({counted(dim, 'component')} each): "
+            + "; ".join(shown) + more + f". Largest in size: component {int(c)} of head "
+            f"{int(h)}, {float(vector[h, c]):.2f}.")

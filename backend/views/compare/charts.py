@@ -7,6 +7,9 @@ lightness too (relative luminance at least 1.3 times the next darker's, so
 they read apart in grey and for colour-blind eyes), except the two darkest,
 which differ in hue: dark blue token states, dark red external fragmentation,
 mid orange internal fragmentation, light blue reservation, pale free space.
+
+Every chart's top-level `description` (its aria-label) says what it draws and its
+main figures, from the frame it draws (backend.views.describe).
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+from collections.abc import Callable
 
 import altair as alt
 import pandas as pd
 
+from backend.core.words import counted, percent
 from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER
+from backend.views.describe import MAX_LISTED, joined, number, span
 
 KIND_DOMAIN: list[str] = list(KIND_LABELS.values())
 # Internal fragmentation's orange, darker than reservation's light blue: the two had the
@@ -88,7 +94,26 @@ def slot_strip(df: pd.DataFrame, title: str, *, width: int = 520) -> alt.LayerCh
             "datum.kind == 'token states' || datum.kind == 'external fragmentation'",
             alt.value("white"), alt.value("black")))
     return (cells + text).properties(title=title, width=width,
-                                     height=len(stages) * BAND_PX, autosize=FIT_WIDTH)
+                                     height=len(stages) * BAND_PX, autosize=FIT_WIDTH,
+                                     description=_strip_description(df, title, stages))
+
+
+def _kind_counts(kinds: pd.Series) -> str:
+    """'token states 5, reservation 9, free 2': the slots of each state present, in the
+    legend's order."""
+    counts = kinds.value_counts()
+    return ", ".join(f"{kind} {int(counts[kind]):,}" for kind in KIND_DOMAIN if kind in counts)
+
+
+def _strip_description(df: pd.DataFrame, title: str, stages: list[str]) -> str:
+    """'16 slots, one region per request, slots by state at 3 stages: 1. A, B and C
+    arrive: token states 5, reservation 9, free 2; ...' (the first MAX_LISTED stages)."""
+    told = [f"{stage}: {_kind_counts(df.loc[df['stage'] == stage, 'kind'])}"
+            for stage in stages[:MAX_LISTED]]
+    more = (f"; and {counted(len(stages) - MAX_LISTED, 'more stage')}"
+            if len(stages) > MAX_LISTED else "")
+    return (f"{title}, slots by state at {counted(len(stages), 'stage')}: "
+            + "; ".join(told) + more + ".")
 
 
 def kind_legend(columns: int = 3) -> alt.LayerChart:
@@ -103,8 +128,10 @@ def kind_legend(columns: int = 3) -> alt.LayerChart:
     # Its own size (three 200 px columns): Streamlit's theme asks every chart to fit its
     # column, which Vega-Lite cannot do for a chart sized in steps and says so in the
     # browser's console, on every redraw of the tab.
-    return (swatch + label).properties(width=alt.Step(200), height=alt.Step(24),
-                                       autosize=alt.AutoSizeParams(type="pad"))
+    return (swatch + label).properties(
+        width=alt.Step(200), height=alt.Step(24), autosize=alt.AutoSizeParams(type="pad"),
+        description=f"Legend of the memory maps below: the {len(KIND_DOMAIN)} states a "
+                    f"slot can be in, {joined(KIND_DOMAIN)}, each with its colour.")
 
 
 def memory_map(df: pd.DataFrame, title: str, capacity: int, x_domain: tuple[int, int],
@@ -118,7 +145,30 @@ def memory_map(df: pd.DataFrame, title: str, capacity: int, x_domain: tuple[int,
         color=_kind_color(legend=False),
         tooltip=[alt.Tooltip("iteration:Q", format=",d"), "kind:N", "owner:N",
                  alt.Tooltip("start:Q", format=",d"), alt.Tooltip("slots:Q", format=",d")],
-    ).properties(title=title, height=height)
+    ).properties(title=title, height=height, description=_map_description(df, title, capacity))
+
+
+def _shares(weights: pd.Series) -> str:
+    """'token states 41.2%, reservation 20.0%, ...': each state's share of `weights` (a
+    total per kind), in the legend's order, those present only."""
+    total = float(weights.sum())
+    return ", ".join(f"{kind} {percent(float(weights[kind]) / total)}"
+                     for kind in KIND_DOMAIN if kind in weights and weights[kind] > 0)
+
+
+def _map_description(df: pd.DataFrame, title: str, capacity: int) -> str:
+    """The map's slots and iterations, the requests its columns show (a long run's columns
+    sample it, so a short-lived request may fall between them) and each state's share of
+    the area drawn (slots times iterations)."""
+    if df.empty:
+        return f"{title}: the state of each of {capacity:,} slots, with nothing to draw."
+    area = ((df["end"] - df["start"]) * (df["iteration_end"] - df["iteration"])).groupby(
+        df["kind"]).sum()
+    owners = df.loc[df["owner"] != "", "owner"].nunique()
+    its = span(int(df["iteration"].min()), int(df["iteration_end"].max()) - 1)
+    return (f"{title}: the state of each of {capacity:,} slots (vertical) at iterations "
+            f"{its} (horizontal), {counted(owners, 'request')} shown. Of the area drawn: "
+            f"{_shares(area)}.")
 
 
 def fractions_area(df: pd.DataFrame, x_domain: tuple[int, int], *, height: int = 210
@@ -136,7 +186,22 @@ def fractions_area(df: pd.DataFrame, x_domain: tuple[int, int], *, height: int =
         order=alt.Order("order:Q", sort="ascending"),
         tooltip=[alt.Tooltip("iteration:Q", format=",d"), "kind:N",
                  alt.Tooltip("fraction:Q", format=".1%")],
-    ).properties(height=height)
+    ).properties(height=height, description=_fractions_description(df))
+
+
+def _fractions_description(df: pd.DataFrame) -> str:
+    """Each state's mean share over the points drawn, and the token states' peak."""
+    if df.empty:
+        return "Share of memory in each state over time: nothing to draw."
+    points = df["iteration"].nunique()
+    its = span(int(df["iteration"].min()), int(df["iteration"].max()))
+    tokens = df[df["kind"] == KIND_LABELS["token_states"]]
+    peak = (f" Token states peak at {percent(float(tokens['fraction'].max()))} (iteration "
+            f"{int(tokens.loc[tokens['fraction'].idxmax(), 'iteration']):,})."
+            if not tokens.empty else "")
+    return (f"Share of memory in each state over iterations {its}, stacked to 100%. Mean over "
+            f"the {counted(points, 'point')} drawn: "
+            f"{_shares(df.groupby('kind')['fraction'].sum())}.{peak}")
 
 
 def breakdown_bars(df: pd.DataFrame, *, title: str = "Where the KV memory goes") -> alt.Chart:
@@ -149,7 +214,23 @@ def breakdown_bars(df: pd.DataFrame, *, title: str = "Where the KV memory goes")
         color=_kind_color(),
         order=alt.Order("order:Q", sort="ascending"),
         tooltip=["policy:N", "kind:N", alt.Tooltip("fraction:Q", format=".1%")],
-    ).properties(title=title, height=len(policies) * BAND_PX, autosize=FIT_WIDTH)
+    ).properties(title=title, height=len(policies) * BAND_PX, autosize=FIT_WIDTH,
+                 description=_breakdown_description(df, title, policies))
+
+
+def _breakdown_description(df: pd.DataFrame, title: str, policies: list[str]) -> str:
+    """Per policy, its token-state share and the largest of its other shares."""
+    told = []
+    for policy in policies:
+        rows = df[df["policy"] == policy].set_index("kind")["fraction"]
+        total = float(rows.sum())
+        share = float(rows.get(KIND_LABELS["token_states"], 0.0)) / total if total else 0.0
+        rest = rows.drop(KIND_LABELS["token_states"], errors="ignore")
+        other = (f" (the largest other: {rest.idxmax()} {percent(float(rest.max()) / total)})"
+                 if total and not rest.empty and rest.max() > 0 else "")
+        told.append(f"{policy} {percent(share)}{other}")
+    return (f"{title}: one bar per policy, split into the time-averaged share of KV capacity "
+            f"in each state. Token states: {'; '.join(told)}.")
 
 
 def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = False,
@@ -174,7 +255,9 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
     if paper_field is None:
         labels = base.mark_text(baseline="bottom", dy=-3).encode(
             y=f"{field}:Q", text=alt.Text(f"{field}:Q", format=fmt))
-        return (bars + labels).properties(title=title, height=240)
+        return (bars + labels).properties(
+            title=title, height=240,
+            description=_policy_description(df, policies, field, title, fmt, paper_field))
     # At the bar's foot, in white: the paper's tick can fall anywhere near the bar's top
     # (just above it, inside it), where a label would sit under it. A bar too short to
     # hold its label has it above its top instead.
@@ -196,7 +279,28 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
         y=f"{paper_field}:Q",
         tooltip=["policy:N", alt.Tooltip(f"{paper_field}:Q", format=fmt,
                                          title="paper (Figure 2)")]))
-    return alt.LayerChart(layer=layers).properties(title=title, height=240)
+    return alt.LayerChart(layer=layers).properties(
+        title=title, height=240,
+        description=_policy_description(df, policies, field, title, fmt, paper_field))
+
+
+def _policy_description(df: pd.DataFrame, policies: list[str], field: str, title: str,
+                        fmt: str, paper_field: str | None) -> str:
+    """'Mean batch size, one bar per policy: max 7.3, ..., paged 30.2.' and the paper's
+    ticks, each value written as its bar's label (`fmt`)."""
+    by = df.set_index("policy")
+
+    def values(column: str) -> str:
+        return ", ".join(f"{p} {_formatted(float(by.loc[p, column]), fmt)}" for p in policies)
+
+    paper = (f" Red ticks mark the paper's Figure 2 values: {values(paper_field)}."
+             if paper_field is not None else "")
+    return f"{title}, one bar per policy: {values(field)}.{paper}"
+
+
+def _formatted(x: float, fmt: str) -> str:
+    """`x` as Vega's d3-format `fmt` writes a bar's label ('.1%', ',.0f' or '.1f')."""
+    return percent(x) if fmt.endswith("%") else format(x, fmt)
 
 
 def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
@@ -208,7 +312,9 @@ def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
         x=x, y=alt.Y("tail waste:Q", axis=alt.Axis(format="%"),
                      title="tail waste (share of allocated slots)"),
         tooltip=["block size:Q", alt.Tooltip("tail waste:Q", format=".1%")],
-    ).properties(title="Tail waste grows with the block size", width=260, height=240)
+    ).properties(title="Tail waste grows with the block size", width=260, height=240,
+                 description=_sweep_description(df, "tail waste", "Tail waste (the share of "
+                                                "allocated slots left empty)", percent))
     # Ticks at 1, 2, 5, 10, 20, ...: Vega-Lite's own on a log scale read 1, 3, 20, 100, 300.
     lo, hi = float(df["table entries at finish"].min()), float(df["table entries at finish"].max())
     ticks = [m * 10**e for e in range(-1, 8) for m in (1, 2, 5) if lo / 2 <= m * 10**e <= hi * 2]
@@ -217,8 +323,36 @@ def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:
                      axis=alt.Axis(values=ticks, format=",~g"),
                      title="block-table entries at a request's end"),
         tooltip=["block size:Q", alt.Tooltip("table entries at finish:Q", format=".2f")],
-    ).properties(title="Table entries shrink with it", width=260, height=240)
-    return alt.hconcat(waste, entries)
+    ).properties(title="Table entries shrink with it", width=260, height=240,
+                 description=_sweep_description(
+                     df, "table entries at finish", "Block-table entries at a request's end",
+                     lambda x: number(x, 2)))
+    # The page draws the two apart, each with its own description; drawn together (an
+    # export), the pair says both.
+    both = f"{waste.description} {entries.description}"
+    return alt.hconcat(waste, entries).properties(description=both)
+
+
+def _sweep_description(df: pd.DataFrame, field: str, what: str,
+                       shown: Callable[[float], str]) -> str:
+    """'Tail waste ..., one point per block size (9 sizes, 1 to 256): from 0.0% at block
+    size 1 to 71.0% at block size 256': each size's value, or past MAX_LISTED sizes the
+    smallest and largest size's."""
+    rows = df.sort_values("block size")
+    points = [f"{shown(float(v))} at block size {int(b)}"
+              for b, v in zip(rows["block size"], rows[field], strict=True)]
+    # Past MAX_LISTED sizes the ends say the trend: the table below lists every size.
+    told = (f"from {points[0]} to {points[-1]}" if len(points) > MAX_LISTED else
+            joined(points))
+    return f"{what}, {_sizes(rows['block size'])}: {told}."
+
+
+def _sizes(sizes: pd.Series) -> str:
+    """'one point per block size (9 sizes, 1 to 256)', or 'at block size 16' alone."""
+    lo, hi = int(sizes.min()), int(sizes.max())
+    if len(sizes) == 1:
+        return f"at block size {lo}"
+    return f"one point per block size ({counted(len(sizes), 'size')}, {lo} to {hi})"
 
 
 def block_batch_line(df: pd.DataFrame) -> alt.Chart:
@@ -235,7 +369,22 @@ def block_batch_line(df: pd.DataFrame) -> alt.Chart:
         y=alt.Y("mean batch size:Q", scale=scale, axis=alt.Axis(format=",.2~f")),
         tooltip=["block size:Q", alt.Tooltip("mean batch size:Q", format=".2f"),
                  alt.Tooltip("internal fragmentation:Q", format=".2%"), "preemptions:Q"],
-    ).properties(title="Mean batch size in the simulator", height=240)
+    ).properties(title="Mean batch size in the simulator", height=240,
+                 description=_batch_description(df))
+
+
+def _batch_description(df: pd.DataFrame) -> str:
+    """The block sizes run and the highest and lowest mean batch among them."""
+    high = df.loc[df["mean batch size"].idxmax()]
+    low = df.loc[df["mean batch size"].idxmin()]
+
+    def at(row: pd.Series) -> str:
+        return f"{number(float(row['mean batch size']), 2)} at block size {int(row['block size'])}"
+
+    said = f"Mean batch size the paged simulator reached, {_sizes(df['block size'])}: "
+    if len(df) == 1:
+        return said + f"{number(float(high['mean batch size']), 2)}."
+    return said + f"highest {at(high)}, lowest {at(low)}."
 
 
 def sharing_bars(df: pd.DataFrame) -> alt.FacetChart:
@@ -253,4 +402,18 @@ def sharing_bars(df: pd.DataFrame) -> alt.FacetChart:
     # Two panels of 200 px and the axis fit the page beside the sidebar of a 1024 px window.
     return alt.layer(band, bars, labels, data=df).properties(width=200, height=240).facet(
         column=alt.Column("kind:N", title=None, sort=["parallel sampling", "beam search"])
-    ).resolve_scale(y="independent")
+    ).resolve_scale(y="independent").properties(description=_sharing_description(df))
+
+
+def _sharing_description(df: pd.DataFrame) -> str:
+    """Per kind, the share saved at each n and the paper's range."""
+    told = []
+    for kind in [k for k in ("parallel sampling", "beam search") if k in set(df["kind"])]:
+        rows = df[df["kind"] == kind].sort_values("n")
+        saved = ", ".join(f"{percent(float(v))} at n = {int(n)}"
+                          for n, v in zip(rows["n"], rows["saved"], strict=True))
+        paper = rows.iloc[0]
+        told.append(f"{kind} {saved} (the paper: {percent(float(paper['paper low']))} to "
+                    f"{percent(float(paper['paper high']))})")
+    return ("Block memory saved by sharing, one bar per samples or beam width, beside the "
+            f"paper's range (Figure 15) as a shaded band: {'; '.join(told)}.")

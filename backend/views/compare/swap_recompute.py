@@ -15,7 +15,9 @@ from collections.abc import Sequence
 import altair as alt
 import pandas as pd
 
+from backend.core.words import sentence
 from backend.engine.measure import PreemptionRun
+from backend.views.describe import MAX_LISTED, joined
 
 
 def runs_frame(runs: Sequence[PreemptionRun]) -> pd.DataFrame:
@@ -60,7 +62,23 @@ def overhead_chart(runs: Sequence[PreemptionRun], *, width: int = 520) -> alt.Ch
         strokeDash=alt.StrokeDash("method:N", title=None, legend=legend),
         tooltip=["block size:O", "method:N", alt.Tooltip("ms:Q", format=",.2f")],
     ).properties(width=width, height=300,
-                 title="Preemption overhead by block size, measured on this engine")
+                 title="Preemption overhead by block size, measured on this engine",
+                 description=_overhead_description(df))
+
+
+def _overhead_description(df: pd.DataFrame) -> str:
+    """Each method's milliseconds at each block size (the first and last size past
+    MAX_LISTED of them)."""
+    told = []
+    for method in dict.fromkeys(df["method"]):
+        rows = df[df["method"] == method].sort_values("block size")
+        points = [f"{ms:,.2f} ms at block size {int(b)}"
+                  for b, ms in zip(rows["block size"], rows["ms"], strict=True)]
+        told.append(f"{method} " + (f"from {points[0]} to {points[-1]}"
+                                    if len(points) > MAX_LISTED else joined(points)))
+    said = "; ".join(told) if told else "no run preempted"
+    return ("Preemption overhead by block size, measured on this engine: the time each "
+            f"method spent on its preemptions, one line per method. {sentence(said)}.")
 
 
 def _copy_sentence(lo: PreemptionRun, hi: PreemptionRun) -> str:

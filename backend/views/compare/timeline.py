@@ -13,7 +13,9 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from backend.core.words import counted
 from backend.lab.sim.timeline import Timeline
+from backend.views.describe import span
 
 # Panels: title, the series in it (column, label), and whether they are summed per bin.
 _REQUESTS = (("running", "running"), ("waiting", "waiting"))
@@ -183,4 +185,37 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
         _panel(_long(shown, _TOKENS), "Tokens per iteration" + note, "tokens", x,
                width=width),
         pre,
-    ).resolve_scale(color="independent", strokeDash="independent")
+    ).resolve_scale(color="independent", strokeDash="independent").properties(
+        description=timeline_description(df, paged=paged, per=per))
+
+
+def _most(df: pd.DataFrame, col: str) -> int:
+    return int(df[col].max())
+
+
+def timeline_description(df: pd.DataFrame, *, paged: bool, per: int = 1) -> str:
+    """The four panels in one sentence, from every iteration (not the points' means): the
+    most requests running and waiting, the most memory in use of the pool, the tokens
+    processed and the preemptions in all."""
+    lo, hi = int(df["iteration"].iloc[0]), int(df["iteration"].iloc[-1])
+    busy = f"{len(df):,} busy" if len(df) < hi - lo + 1 else ""
+    mean = f"each point the mean of {per:,} iterations" if per > 1 else ""
+    notes = "; ".join(n for n in (busy, mean) if n)
+    requests = (f"at most {counted(_most(df, 'running'), 'request')} running and "
+                f"{_most(df, 'waiting'):,} waiting")
+    if _requests(df) != _REQUESTS:
+        requests += f" and {_most(df, _SWAPPED[0]):,} swapped out"
+    first = df.iloc[0]
+    if paged:
+        pool = sum(int(first[col]) for col, _ in _BLOCKS)
+        memory = f"at most {_most(df, 'used_blocks'):,} of {counted(pool, 'block')} used"
+    else:
+        pool = sum(int(first[col]) for col in _WHOLE_POOL["free_slots"])
+        memory = (f"at most {_most(df, 'token_slots'):,} of {counted(pool, 'slot')} holding "
+                  f"tokens and {_most(df, 'allocated_slots'):,} held by the policy")
+    tokens = (f"{int(df['prefill_tokens'].sum()):,} prefill and "
+              f"{counted(int(df['decode_tokens'].sum()), 'decode token')} in all")
+    return (f"Timeline of iteration{'s' if hi > lo else ''} {span(lo, hi)}"
+            + (f" ({notes})" if notes else "")
+            + f" in four panels: {requests}; {memory}; {tokens}; "
+            f"{counted(int(df['preemptions'].sum()), 'preemption')}.")
