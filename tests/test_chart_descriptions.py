@@ -34,6 +34,7 @@ from backend.views.compare import deployment as dep_views
 from backend.views.compare import frames as views
 from backend.views.compare import seed as seed_views
 from backend.views.compare.timeline import timeline_chart, timeline_frame
+from backend.views.grid import overview_spec
 from backend.views.timeline import timeline_frame as engine_frame
 from backend.views.vector import vector_spec
 from ui.timeline import strip_chart
@@ -320,3 +321,18 @@ def test_the_scenario_arena_gives_each_region_and_state() -> None:
                                f"request: {where}. Slots by state: {states}.")
     # Each run of slots keeps its own label.
     assert spec["layer"][0]["encoding"]["description"] == {"field": "aria", "type": "nominal"}
+
+
+def test_the_whole_pool_overview_sums_up_the_pool_and_its_busiest_run() -> None:
+    e = Engine(EngineConfig(num_blocks=200, block_size=4), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt_len": 90}))
+    snap = export_snapshot(e)
+    states = Counter(b["state"] for b in snap["blocks"])
+    held = [i for i, b in enumerate(snap["blocks"]) if b["state"] == "used"]
+    # 90 tokens in 4-slot blocks: 23 blocks, all in the first run of 64.
+    assert len(held) == 23 and max(held) < 64
+    _, spec = overview_spec(snap)
+    assert spec["description"] == (
+        f"Whole pool of 200 blocks in runs of 64: {states['used']} used, "
+        f"{states['cached']} cached, {states['free']} free; the most used run, blocks "
+        "0–63, has 23 used. The grid below draws the page picked in Blocks shown.")
