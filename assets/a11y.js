@@ -1,15 +1,18 @@
 // PagedLab's keyboard and screen-reader help, installed once per browser tab by
 // ui/a11y.py (st.html runs it in the page's own document). Three jobs:
 //
-// 1. Keep the keyboard focus. A button that its own click disables (Finish on the
+// 1. Keep the keyboard focus. A button that its own press disables (Finish on the
 //    last running request, Next on the last step, Play at the end) or removes (Back
 //    to live) drops the focus to the page's body: a screen reader is then nowhere
-//    and Tab starts over. The focus moves instead to the same control if the page
-//    redrew it, else to the next control that can take it, else the previous one.
+//    and Tab starts over. Once the run has drawn the page, the focus moves instead
+//    to the same control if the page drew it again, else to the next control after
+//    where it was, else the one before. Focus a mouse gave is left to the mouse.
 // 2. Read out results. Streamlit redraws a result in place, which a screen reader
 //    does not announce. The containers whose keys end in one of READ_OUT are
-//    watched; when their text changes after a run, the new text of the first of
-//    them to change is put in a polite live region.
+//    watched (a key may end in "--N", a number that tells one message from the
+//    same words said again); when their text changes after a run, the new text of
+//    the first of them to change is put in a polite live region. What a page's
+//    first run draws is not news: the screen reader reads the page itself.
 // 3. Name the section headings' help buttons after their sections.
 (() => {
   if (window.__pagedlabA11y) return;
@@ -18,16 +21,20 @@
   const READ_OUT = __READ_OUT__;
   const FOCUSABLE = "a[href], button, input, select, textarea, summary, [tabindex]";
   const KEY = "st-key-";
+  const running = () => document.querySelector("[data-testid='stApp']")
+    ?.getAttribute("data-test-script-state") !== "notRunning";
 
   const keyOf = (el) => {
     const box = el.closest(`[class*="${KEY}"]`);
     return box ? [...box.classList].find((c) => c.startsWith(KEY)) ?? null : null;
   };
   // Can take the focus now: in the page, enabled, drawn (Streamlit keeps hidden copies
-  // of its buttons for measuring), not hidden from assistive technology.
+  // of its buttons for measuring), not hidden from assistive technology, not in a
+  // collapsed sidebar (drawn off the screen), not a heading's link (shown on hover).
   const usable = (el) => el.isConnected && !el.disabled && el.tabIndex >= 0
     && el.getAttribute("aria-disabled") !== "true" && el.getClientRects().length > 0
-    && !el.closest("[inert], [aria-hidden='true']");
+    && !el.closest("[inert], [aria-hidden='true'], [data-testid='stHeaderActionElements'], "
+      + "[data-testid='stSidebar'][aria-expanded='false']");
   const controls = (root) => [...root.querySelectorAll(FOCUSABLE)].filter(usable);
   const lost = () => {
     const now = document.activeElement;
@@ -35,22 +42,10 @@
   };
 
   // ---- 1. the focus ------------------------------------------------------------------
-  let last = null;   // the control that last had the focus
-  let trail = [];    // its ancestors then: where it was, should it be removed
+  let last = null;   // the control the keyboard last focused
   let key = null;    // its widget's key: how to find it again if redrawn
-
-  document.addEventListener("focusin", (e) => {
-    const el = e.target;
-    if (!(el instanceof Element) || el === document.body) return;
-    last = el;
-    key = keyOf(el);
-    trail = [];
-    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) trail.push(a);
-  });
-  // A click on something that takes no focus puts it on the body on purpose.
-  document.addEventListener("pointerdown", (e) => {
-    if (!(e.target instanceof Element) || !e.target.closest(FOCUSABLE)) last = null;
-  }, true);
+  let around = [];   // the controls after and before it then, and their keys: where
+                     // it was, should it be removed
 
   const following = (el) => controls(document).find(
     (c) => el.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING
@@ -58,19 +53,46 @@
   const preceding = (el) => controls(document).reverse().find(
     (c) => el.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_PRECEDING);
 
+  document.addEventListener("focusin", (e) => {
+    const el = e.target;
+    // The browser's own judgement of who moved the focus: :focus-visible is false for
+    // a button a mouse clicked. A mouse user's focus is where the mouse put it.
+    if (!(el instanceof Element) || el === document.body || !el.matches(":focus-visible")) {
+      last = null;
+      return;
+    }
+    last = el;
+    key = keyOf(el);
+    around = [following(el), preceding(el)].filter((c) => c !== undefined)
+      .map((c) => [c, keyOf(c)]);
+  });
+  // A click on something that takes no focus puts it on the body on purpose.
+  document.addEventListener("pointerdown", () => { last = null; }, true);
+
+  const byKey = (k) => {
+    const box = k === null ? null : document.querySelector(`.${CSS.escape(k)}`);
+    return box ? controls(box)[0] ?? null : null;
+  };
+
+  // Where the focus goes when `last` cannot keep it: the next control after it (the
+  // one before, at the end), from the page as it is if it is still there, else from
+  // the controls that were around it (themselves, or what the page drew for their
+  // keys: a redraw can replace them).
+  const after = () => {
+    if (last.isConnected) return following(last) ?? preceding(last) ?? null;
+    for (const [c, k] of around) {
+      const found = usable(c) ? c : byKey(k);
+      if (found) return found;
+    }
+    return null;
+  };
+
   const refocus = () => {
     if (last === null || !lost() || usable(last)) return;
-    let target = null;
-    if (key !== null) {
-      const box = document.querySelector(`.${CSS.escape(key)}`);
-      if (box) target = controls(box)[0] ?? null;
-    }
-    // Where it was: itself if still in the page, else its nearest ancestor that is.
-    const place = last.isConnected ? last : trail.find((a) => a.isConnected);
-    if (target === null && place) {
-      if (place !== last) target = controls(place)[0] ?? null;
-      target = target ?? following(place) ?? preceding(place) ?? null;
-    }
+    let target = byKey(key);
+    // Anything else waits for the run to draw the page: until then a control that
+    // stays may be missing for a moment.
+    if (target === null && !running()) target = after();
     if (target !== null) target.focus();
   };
 
@@ -85,13 +107,16 @@
   document.body.appendChild(live);
 
   const heard = new Map();   // watched key -> its text when last read
-  let settled = false;       // the tab's first run has been drawn
+  let settled = false;       // this page's first run has been drawn and read
+  let page = location.pathname;
+  let ran = true;            // a run of this page has started (the one that drew this)
 
   const watched = () => {
     const found = new Map();
     for (const box of document.querySelectorAll(`[class*="${KEY}"]`)) {
       for (const c of box.classList) {
-        if (c.startsWith(KEY) && READ_OUT.some((s) => c.endsWith(s))) {
+        const name = c.slice(KEY.length).replace(/--\d+$/, "");
+        if (c.startsWith(KEY) && READ_OUT.some((s) => name.endsWith(s))) {
           found.set(c, box.innerText.trim());
         }
       }
@@ -99,18 +124,25 @@
     return found;
   };
 
+  // Another page: what its first run draws is that page, not news.
+  const checkPage = () => {
+    if (location.pathname === page) return;
+    page = location.pathname;
+    settled = false;
+    ran = false;
+  };
+
   const readOut = () => {
-    const app = document.querySelector("[data-testid='stApp']");
-    if (app && app.getAttribute("data-test-script-state") !== "notRunning") return;
+    checkPage();
+    if (running() || !ran) return;
     const now = watched();
     // One action can change several (an Add also redraws the translator): the first
-    // changed in READ_OUT's order is the action's own result. What the tab's first
-    // run draws is read by the screen reader with the rest of the page.
+    // changed in READ_OUT's order is the action's own result.
     let said = null;
     for (const ending of READ_OUT) {
       for (const [k, text] of now) {
-        if (said === null && settled && k.endsWith(ending) && text !== ""
-            && heard.get(k) !== text) said = text;
+        if (said === null && settled && k.replace(/--\d+$/, "").endsWith(ending)
+            && text !== "" && heard.get(k) !== text) said = text;
       }
     }
     settled = true;
@@ -144,7 +176,11 @@
       readSoon = window.setTimeout(() => { readSoon = null; nameHelp(); readOut(); }, ms);
     }
   };
-  new MutationObserver(() => {
+  new MutationObserver((changes) => {
+    // The address changes as the new page's run starts, so this sees the change first
+    // and that run's end after it.
+    checkPage();
+    if (changes.some((c) => c.attributeName === "data-test-script-state")) ran = true;
     // Chromium moves the focus off a disabled control when it next renders.
     window.requestAnimationFrame(() => window.setTimeout(refocus, 0));
     readLater(250);

@@ -278,7 +278,7 @@ def test_the_playground_charts_give_the_engine_s_figures() -> None:
     assert said.startswith(f"Timeline of iterations 0–{rows - 1} in four panels: at most 2 "
                            "requests running and 0 waiting; at most "
                            f"{most_used} of 24 blocks used; 40 prefill and ")
-    # Two steps kept: the second add and the last step's four rows; the first five rows'
+    # Two steps kept: the second add's row and the last step's four; the first four rows'
     # states are gone.
     assert described(strip_chart(df, history)) == (
         f"Blocks used, one bar to click per iteration ({rows} bars, iterations 0–{rows - 1}), "

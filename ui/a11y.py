@@ -18,7 +18,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "assets" / "a11y.js"
 # Keys (as endings, so that a page's prefix is covered) of the containers whose new
 # text a screen reader is told: the result of the last action, a scenario step's
 # narration, the inspected block and the translated address. When one action changes
-# several, only the first in this order is read: it is that action's own result.
+# several, only the first in this order is read: it is that action's own result. A key
+# may be followed by "--N", a number that makes the same words said again new.
 READ_OUT = ("status_line", "tour_messages", "tour_narration", "focus_said", "tr_said")
 
 # The hidden container that holds the script (a script draws nothing, but Streamlit
@@ -32,7 +33,10 @@ STYLE = (
     # A focus ring that shows: Streamlit's is the primary colour at half strength,
     # about 2:1 on white, below WCAG's 3:1 for a control's outline.
     f":focus-visible {{ outline: 2px solid {FOCUS_RING} !important; outline-offset: 2px; }}"
-    f" .st-key-{HOLDER} {{ display: none; }}"
+    # The holder and the wrapper Streamlit puts around it, which would still take the
+    # page's gap between elements.
+    f" .st-key-{HOLDER}, [data-testid='stLayoutWrapper']:has(> .st-key-{HOLDER})"
+    " { display: none; }"
     # Sections are h2 under the page's h1 (no level skipped), drawn as Streamlit draws
     # an h3, which they were: its size, in the page and in the sidebar, and spacing.
     " h2 { font-size: 1.75rem !important; padding: 0.75rem 0 1rem !important; }"

@@ -42,9 +42,10 @@ def status_line() -> None:
     msg = st.session_state.get(session.FLASH)
     if not msg:
         return
-    kind, text = msg
-    # Keyed for ui/a11y.py, which reads a new outcome out to a screen reader.
-    with st.container(key="status_line"):
+    kind, text, number = msg
+    # Keyed for ui/a11y.py, which reads a new outcome out to a screen reader: by its
+    # number, the same words said again are new.
+    with st.container(key=f"status_line--{number}"):
         {"error": st.error, "success": st.success, "info": st.info}[kind](plain_md(text))
 
 

@@ -60,6 +60,7 @@ from ui.session import (
     FlashKind,
     collect,
     flash,
+    flash_of,
     get_engine,
     get_history,
     get_oplog,
@@ -134,7 +135,7 @@ class OpSession:
         self.queued.put(store.NOTE, None)
 
     def flash(self, kind: FlashKind, text: str) -> None:
-        self.queued.put(FLASH, (kind, text))
+        self.queued.put(FLASH, flash_of(kind, text))
 
 
 @dataclass(frozen=True, slots=True)

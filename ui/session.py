@@ -33,6 +33,7 @@ browser's latest one (ui/resume.py).
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import weakref
 from typing import Any, Literal
@@ -110,6 +111,16 @@ TIMELINE_PICK = "tl_iteration"
 STEP_PICK = "tl_step"
 
 FlashKind = Literal["error", "success", "info"]
+# The status line's message: its kind, its words and its number. Numbered so that the
+# same words said again (a refusal repeated) are a new message to a screen reader
+# (ui/a11y.py); process-wide, so that no two messages of a session share one.
+Flash = tuple[FlashKind, str, int]
+_FLASHES = itertools.count(1)
+
+
+def flash_of(kind: FlashKind, text: str) -> Flash:
+    """A new status-line message."""
+    return (kind, text, next(_FLASHES))
 
 
 def config_fields(config: EngineConfig) -> dict[str, Any]:
@@ -278,4 +289,4 @@ def current_snapshot(engine: Engine) -> dict[str, Any]:
 # ---- status line -------------------------------------------------------------
 
 def flash(kind: FlashKind, text: str) -> None:
-    st.session_state[FLASH] = (kind, text)
+    st.session_state[FLASH] = flash_of(kind, text)

@@ -14,6 +14,8 @@ and the row would jump under the pointer.
 
 from __future__ import annotations
 
+import itertools
+
 import streamlit as st
 
 from backend.core.errors import PagedLabError
@@ -33,6 +35,8 @@ from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0)
+# Numbers each drawing of the messages (see `messages`).
+_SAID = itertools.count(1)
 
 
 # ---- callbacks ---------------------------------------------------------------------------
@@ -136,8 +140,10 @@ def messages() -> None:
     shown, t.messages = t.messages, []
     if not shown:
         return
-    # Keyed for ui/a11y.py, which reads new messages out to a screen reader.
-    with st.container(key="tour_messages"):
+    # Keyed for ui/a11y.py, which reads new messages out to a screen reader; each
+    # message is drawn once, so each draw is numbered as new (the same words again:
+    # "Played to the end" after a second play).
+    with st.container(key=f"tour_messages--{next(_SAID)}"):
         for kind, text in shown:
             # Messages quote file names, scenario names and link values: plain text.
             {"error": st.error, "info": st.info, "success": st.success}[kind](plain_md(text))
