@@ -34,6 +34,14 @@ HEADINGS = """(where) => [...document.querySelectorAll(
   .map((h) => [Number(h.tagName[1]), h.innerText.trim()])"""
 
 
+# How the script's holder is laid out: the wrapper Streamlit puts around it, which would
+# take the page's 1rem gap between elements, and the holder.
+HOLDER_DISPLAY = """() => {
+  const holder = document.querySelector('.st-key-pagedlab_a11y');
+  return [getComputedStyle(holder.parentElement).display, getComputedStyle(holder).display];
+}"""
+
+
 def idle(page: Page) -> None:
     page.wait_for_timeout(300)
     page.wait_for_selector(IDLE, timeout=T)
@@ -189,6 +197,11 @@ def test_headings_go_down_one_level_at_a_time_and_name_their_help(browser: Brows
         idle(page)
         main = page.evaluate(HEADINGS, "stMain")
         assert main[0][0] == 1, main
+        # The script's hidden holder, drawn before the page, leaves no gap above its title
+        # (once the style it holds is in: Streamlit draws an html element a moment after
+        # its place).
+        page.wait_for_function(f"() => ({HOLDER_DISPLAY})().every((d) => d === 'none')",
+                               timeout=T)
         for (was, _), (now, text) in itertools.pairwise(main):
             assert now <= was + 1, f"{text!r} is h{now} after h{was}: {main}"
         # The sidebar's sections come before the page's h1: h2, as the page's are.
