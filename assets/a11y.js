@@ -6,7 +6,8 @@
 //    to live) drops the focus to the page's body: a screen reader is then nowhere
 //    and Tab starts over. Once the run has drawn the page, the focus moves instead
 //    to the same control if the page drew it again, else to the next control after
-//    where it was, else the one before. Focus a mouse gave is left to the mouse.
+//    where it was, else the one before. Focus a mouse gave is left to the mouse, and
+//    focus that moved with no run (a chart's full screen) to the browser.
 // 2. Read out results. Streamlit redraws a result in place, which a screen reader
 //    does not announce. The containers whose keys end in one of READ_OUT are
 //    watched (a key may end in "--N", a number that tells one message from the
@@ -42,54 +43,87 @@
   };
 
   // ---- 1. the focus ------------------------------------------------------------------
-  let last = null;   // the control the keyboard last focused
-  let key = null;    // its widget's key: how to find it again if redrawn
-  let around = [];   // the controls after and before it then, and their keys: where
-                     // it was, should it be removed
+  let last = null;     // the control the keyboard last focused
+  let like = null;     // what it is, to know it again redrawn: [tag, type]
+  let key = null;      // its widget's key: where to look for it redrawn
+  let around = [];     // the controls after and before it then, and their keys
+  let trail = [];      // its ancestors then, each with the index of the child on the
+                       // way down: where it was, should all of those go
+  let runs = 0;        // the changes of run state seen in this tab
+  let runsThen = 0;    // ... when it was focused
+  let keyboard = false;  // the last input was a key, not a pointer
 
   const following = (el) => controls(document).find(
     (c) => el.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING
       && !el.contains(c));
   const preceding = (el) => controls(document).reverse().find(
     (c) => el.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_PRECEDING);
+  const kind = (el) => [el.tagName, el.getAttribute("type") ?? el.getAttribute("role")];
 
+  document.addEventListener("keydown", () => { keyboard = true; }, true);
+  // A mouse user's focus is where the mouse put it; a click on something that takes
+  // no focus puts it on the body on purpose.
+  document.addEventListener("pointerdown", () => { keyboard = false; last = null; }, true);
   document.addEventListener("focusin", (e) => {
     const el = e.target;
-    // The browser's own judgement of who moved the focus: :focus-visible is false for
-    // a button a mouse clicked. A mouse user's focus is where the mouse put it.
-    if (!(el instanceof Element) || el === document.body || !el.matches(":focus-visible")) {
+    if (!(el instanceof Element) || el === document.body
+        || !(keyboard || el.matches(":focus-visible"))) {
       last = null;
       return;
     }
     last = el;
+    like = kind(el);
     key = keyOf(el);
     around = [following(el), preceding(el)].filter((c) => c !== undefined)
       .map((c) => [c, keyOf(c)]);
+    trail = [];
+    for (let c = el, a = el.parentElement; a && a !== document.body; c = a, a = a.parentElement) {
+      trail.push([a, [...a.children].indexOf(c)]);
+    }
+    runsThen = runs;
   });
-  // A click on something that takes no focus puts it on the body on purpose.
-  document.addEventListener("pointerdown", () => { last = null; }, true);
 
-  const byKey = (k) => {
+  // The control a widget's box `k` holds of the same kind as `want` ([tag, type]); none
+  // if it holds none or several (a box around a section, not a widget's own).
+  const byKey = (k, want) => {
     const box = k === null ? null : document.querySelector(`.${CSS.escape(k)}`);
-    return box ? controls(box)[0] ?? null : null;
+    if (!box) return null;
+    const same = controls(box).filter((c) => kind(c).join() === want.join()
+      && !(c.getAttribute("aria-label") ?? "").startsWith("Help for "));
+    return same.length === 1 ? same[0] : null;
   };
 
   // Where the focus goes when `last` cannot keep it: the next control after it (the
   // one before, at the end), from the page as it is if it is still there, else from
   // the controls that were around it (themselves, or what the page drew for their
-  // keys: a redraw can replace them).
+  // keys: a redraw can replace them), else from what is now where it was in its
+  // nearest ancestor still in the page.
   const after = () => {
     if (last.isConnected) return following(last) ?? preceding(last) ?? null;
     for (const [c, k] of around) {
-      const found = usable(c) ? c : byKey(k);
+      const found = usable(c) ? c : k === null ? null : byKey(k, kind(c));
       if (found) return found;
     }
-    return null;
+    const at = trail.findIndex(([a]) => a.isConnected);
+    if (at < 0) return null;
+    const [place, from] = trail[at];
+    const children = [...place.children];
+    for (const child of children.slice(from)) {
+      const found = usable(child) ? child : controls(child)[0];
+      if (found) return found;
+    }
+    for (const child of children.slice(0, from).reverse()) {
+      const found = usable(child) ? child : controls(child).at(-1);
+      if (found) return found;
+    }
+    return following(place) ?? preceding(place) ?? null;
   };
 
   const refocus = () => {
-    if (last === null || !lost() || usable(last)) return;
-    let target = byKey(key);
+    // Only a run moves it: what the browser or a widget did by itself (a chart's full
+    // screen, a list box opening) is theirs.
+    if (last === null || !lost() || usable(last) || runs === runsThen) return;
+    let target = byKey(key, like);
     // Anything else waits for the run to draw the page: until then a control that
     // stays may be missing for a moment.
     if (target === null && !running()) target = after();
@@ -180,7 +214,10 @@
     // The address changes as the new page's run starts, so this sees the change first
     // and that run's end after it.
     checkPage();
-    if (changes.some((c) => c.attributeName === "data-test-script-state")) ran = true;
+    if (changes.some((c) => c.attributeName === "data-test-script-state")) {
+      ran = true;
+      runs += 1;   // a run started or ended: either way, one ran
+    }
     // Chromium moves the focus off a disabled control when it next renders.
     window.requestAnimationFrame(() => window.setTimeout(refocus, 0));
     readLater(250);

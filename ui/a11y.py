@@ -17,10 +17,12 @@ SCRIPT = Path(__file__).resolve().parents[1] / "assets" / "a11y.js"
 
 # Keys (as endings, so that a page's prefix is covered) of the containers whose new
 # text a screen reader is told: the result of the last action, a scenario step's
-# narration, the inspected block and the translated address. When one action changes
+# narration, what a timeline pick shows, the inspected block and the translated
+# address. When one action changes
 # several, only the first in this order is read: it is that action's own result. A key
 # may be followed by "--N", a number that makes the same words said again new.
-READ_OUT = ("status_line", "tour_messages", "tour_narration", "focus_said", "tr_said")
+READ_OUT = ("status_line", "tour_messages", "tour_narration", "tl_banner", "focus_said",
+            "tr_said")
 
 # The hidden container that holds the script (a script draws nothing, but Streamlit
 # gives every element a place in the page's flow; hidden, it takes none).

@@ -168,21 +168,23 @@ def banner(p: Picked | None, history: History) -> dict[str, Any] | None:
     snapshot to draw (None: draw the live state)."""
     if p is None:
         return None
+    # Keyed for ui/a11y.py, which reads what a pick shows out to a screen reader.
+    said = st.container(key="tl_banner")
     if p.live:
-        st.info(f"{_of_step(p)}, the latest: this is the live state.")
+        said.info(f"{_of_step(p)}, the latest: this is the live state.")
         return None
     if p.snapshot is None:
         kept = kept_steps(history)
         held = f" (steps {kept[0]}–{kept[1]})" if kept is not None else ""
-        st.warning(f"{_of_step(p)}, whose state is no longer kept: the history holds the "
-                   f"newest {session.MAX_HISTORY} operations at most{held}. Showing the "
-                   "live state.")
+        said.warning(f"{_of_step(p)}, whose state is no longer kept: the history holds the "
+                     f"newest {session.MAX_HISTORY} operations at most{held}. Showing the "
+                     "live state.")
         clicks.button(st, "Back to live", key="tl_live_top", on_click=_back_to_live)
         return None
     where = "The history" if p.iteration is None else f"{_of_step(p)}; the history"
-    st.info(f"Showing the past: the state after step {p.step}. {where} keeps the state "
-            "after each operation, not each iteration. The live engine is unchanged, and "
-            "the controls above act on it.")
+    said.info(f"Showing the past: the state after step {p.step}. {where} keeps the state "
+              "after each operation, not each iteration. The live engine is unchanged, and "
+              "the controls above act on it.")
     clicks.button(st, "Back to live", key="tl_live_top", type="primary",
                   on_click=_back_to_live)
     snap: dict[str, Any] = p.snapshot
