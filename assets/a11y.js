@@ -74,8 +74,7 @@
     last = el;
     like = kind(el);
     key = keyOf(el);
-    around = [following(el), preceding(el)].filter((c) => c !== undefined)
-      .map((c) => [c, keyOf(c)]);
+    around = [following(el), preceding(el)].map((c) => (c ? [c, keyOf(c)] : null));
     trail = [];
     for (let c = el, a = el.parentElement; a && a !== document.body; c = a, a = a.parentElement) {
       trail.push([a, [...a.children].indexOf(c)]);
@@ -94,16 +93,17 @@
   };
 
   // Where the focus goes when `last` cannot keep it: the next control after it (the
-  // one before, at the end), from the page as it is if it is still there, else from
-  // the controls that were around it (themselves, or what the page drew for their
-  // keys: a redraw can replace them), else from what is now where it was in its
-  // nearest ancestor still in the page.
+  // one before, at the end), from the page as it is if it is still there, else the
+  // control that followed it then (itself, or what the page drew for its key: a redraw
+  // can replace it), else what is now where it was in its nearest ancestor still in
+  // the page (what followed it may have gone with it), else the control before it then.
+  const then = ([c, k]) => (usable(c) ? c : k === null ? null : byKey(k, kind(c)));
   const after = () => {
     if (last.isConnected) return following(last) ?? preceding(last) ?? null;
-    for (const [c, k] of around) {
-      const found = usable(c) ? c : k === null ? null : byKey(k, kind(c));
-      if (found) return found;
-    }
+    const [next, before] = around;
+    return (next && then(next)) ?? where() ?? (before && then(before)) ?? null;
+  };
+  const where = () => {
     const at = trail.findIndex(([a]) => a.isConnected);
     if (at < 0) return null;
     const [place, from] = trail[at];
