@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import ConsoleMessage, Locator, Page, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS, scroll_to
+from tests.browser_support import CHROMIUM_ARGS, in_app, scroll_to
 from tests.test_browser import T, metric_is, shoot, shows
 
 pytestmark = pytest.mark.browser
@@ -199,7 +199,8 @@ def test_swap_preemption_draws_the_host_pool_and_the_timeline_shows_a_past_state
             pick = page.get_by_role("spinbutton", name="Show the state after iteration")
             pick.fill("0")
             pick.press("Enter")
-            banner = page.get_by_text(re.compile(r"^Showing the past: the state after step 1\."))
+            banner = in_app(page).get_by_text(
+                re.compile(r"^Showing the past: the state after step 1\."))
             shows(banner)
             shows(banner, "Iteration 0 belongs to step 1")
             idle(page)
