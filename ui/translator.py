@@ -91,9 +91,9 @@ def panel(engine: Engine, prefix: str = "") -> None:
         return
     bs = engine.config.block_size
     said.markdown(arithmetic_md(addr, bs, engine.block_table(rid)))
-    said.caption(f"{token_md(engine.requests[rid].tokens, addr, bs, engine.token_pieces)} · key "
-               f"vector read from layer {layer}'s K tensor at slot {addr.slot}, shape "
-               f"{list(key.shape)} (KV heads × head dim)")
+    said.caption(f"{token_md(engine.requests[rid].tokens, addr, bs, engine.token_pieces)} · "
+                 f"key vector read from layer {layer}'s K tensor at slot {addr.slot}, shape "
+                 f"{list(key.shape)} (KV heads × head dim)")
     vdf, vspec = views.vector_spec(key.numpy())
     st.vega_lite_chart(vdf, vspec, width="stretch", key=f"{prefix}tr_chart")
     kdf = pd.DataFrame(key.numpy(), index=[f"K head {h}" for h in range(key.shape[0])])
@@ -134,9 +134,9 @@ def past_panel(snap: Snapshot, to_newest: str | None, prefix: str = "") -> None:
     said.caption(token_md(req["tokens"], addr, bs, partial(views.token_pieces, snap)))
     if to_newest is None:
         said.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live "
-                   "K/V tensors, which went on past this state into a step that was stopped "
-                   "part-way: no state shown here is theirs.")
+                     "K/V tensors, which went on past this state into a step that was "
+                     "stopped part-way: no state shown here is theirs.")
     else:
         said.caption(f"Layer {layer}'s key vector at slot {addr.slot} is read from the live "
-                   f"K/V tensors, which hold the newest state: {plain_md(to_newest)} to see "
-                   "it.")
+                     f"K/V tensors, which hold the newest state: {plain_md(to_newest)} to "
+                     "see it.")

@@ -1,4 +1,5 @@
-"""Counts in messages and labels: "1 slot", "2 slots", "1,024 blocks"; the verb
+"""Counts in messages and labels: "1 slot", "2 slots", "1,024 blocks"; lists as prose,
+"A, B and C"; the verb
 that follows a count: "1 table holds it", "2 tables hold it"; a message's first
 word capitalised where it is a plain word; and user text made safe to show on one
 line."""
@@ -6,6 +7,7 @@ line."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from decimal import ROUND_HALF_UP, Decimal
 
 # A first word of lower-case letters only, ending the message or followed by a blank,
@@ -24,6 +26,14 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     """`n` (with thousands separators) and `noun`, in the plural (`plural`, else
     noun + "s") unless `n` is 1."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def joined(items: Sequence[object]) -> str:
+    """'A', 'A and B', 'A, B and C' ('' for none)."""
+    words = [str(x) for x in items]
+    if len(words) <= 1:
+        return "".join(words)
+    return ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def percent(x: float) -> str:

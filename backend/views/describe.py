@@ -4,24 +4,19 @@ Vega-Lite's top-level `description` becomes the chart's aria-label; without one 
 screen reader names every chart "Vega visualization". Each chart builder says in a
 sentence or two what it draws and its main figures (`grid.grid_description` is the
 model), computed from the frame it draws. These helpers keep those sentences alike:
-lists joined as prose, long ones cut short, numbers written as the charts write them.
+lists joined as prose (backend.core.words.joined), long ones cut short, numbers written
+as the charts write them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from backend.core.words import joined
+
 # A chart's description names at most this many items of a list (bars, stages, heads):
 # read aloud, a longer list buries the sentence's point.
 MAX_LISTED = 5
-
-
-def joined(items: Sequence[object]) -> str:
-    """'A', 'A and B', 'A, B and C' ('' for none)."""
-    words = [str(x) for x in items]
-    if len(words) <= 1:
-        return "".join(words)
-    return ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def capped(items: Sequence[object], limit: int = MAX_LISTED) -> str:
@@ -30,6 +25,13 @@ def capped(items: Sequence[object], limit: int = MAX_LISTED) -> str:
     if len(words) <= limit:
         return joined(words)
     return ", ".join(words[:limit]) + f" and {len(words) - limit:,} more"
+
+
+def trend(points: Sequence[str]) -> str:
+    """`joined`, or past MAX_LISTED points the first and the last, which say the trend
+    ('from 0.0% at block size 1 to 71.0% at block size 256'): a table beside the chart
+    lists every point."""
+    return f"from {points[0]} to {points[-1]}" if len(points) > MAX_LISTED else joined(points)
 
 
 def span(lo: int, hi: int) -> str:

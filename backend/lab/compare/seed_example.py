@@ -36,7 +36,7 @@ from typing import Literal
 
 from backend.core.checks import check_int
 from backend.core.errors import OutOfBlocksError, PagedLabError
-from backend.core.words import agrees, counted
+from backend.core.words import agrees, counted, joined
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, ContiguousArena
 from backend.lab.contiguous_types import FitAnswer, MemoryBreakdown, Segment
 from backend.paging.block_manager import BlockManager
@@ -177,7 +177,7 @@ def _next_step_shortfall(pool: BlockManager, new_len: int) -> tuple[int, str]:
     free = pool.num_free_blocks
     if len(full) <= free:
         return 0, ""
-    names = ", ".join(full[:-1]) + " and " + full[-1] if len(full) > 1 else full[0]
+    names = joined(full)
     return len(full) - free, (
         f". The next decode step needs {counted(len(full), 'new block')} ({names} "
         f"{agrees(len(full), 'has a full', 'each have a full')} last block) and {free} "

@@ -22,9 +22,9 @@ from collections.abc import Callable
 import altair as alt
 import pandas as pd
 
-from backend.core.words import counted, percent
+from backend.core.words import counted, joined, percent
 from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER
-from backend.views.describe import MAX_LISTED, joined, number, span
+from backend.views.describe import MAX_LISTED, number, span, trend
 
 KIND_DOMAIN: list[str] = list(KIND_LABELS.values())
 # Internal fragmentation's orange, darker than reservation's light blue: the two had the
@@ -341,10 +341,7 @@ def _sweep_description(df: pd.DataFrame, field: str, what: str,
     rows = df.sort_values("block size")
     points = [f"{shown(float(v))} at block size {int(b)}"
               for b, v in zip(rows["block size"], rows[field], strict=True)]
-    # Past MAX_LISTED sizes the ends say the trend: the table below lists every size.
-    told = (f"from {points[0]} to {points[-1]}" if len(points) > MAX_LISTED else
-            joined(points))
-    return f"{what}, {_sizes(rows['block size'])}: {told}."
+    return f"{what}, {_sizes(rows['block size'])}: {trend(points)}."
 
 
 def _sizes(sizes: pd.Series) -> str:

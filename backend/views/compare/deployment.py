@@ -9,7 +9,7 @@ from itertools import groupby, pairwise
 import altair as alt
 import pandas as pd
 
-from backend.core.words import counted, percent
+from backend.core.words import counted, joined, percent
 from backend.lab import deployment as dep
 from backend.lab.sim.simulator import SimResult, SimRun
 from backend.views.compare.frames import PAPER_SYSTEMS, POLICY_ORDER
@@ -95,11 +95,6 @@ def figure13_holds(results: Sequence[SimResult]) -> bool:
     return len(values) == 4 and all(a < b for a, b in pairwise(values))
 
 
-def _listed(names: Sequence[str]) -> str:
-    """'A', 'A and B', 'A, B and C'."""
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
 def figure13_sentence(results: Sequence[SimResult]) -> str:
     """'Mean batched requests: Orca (Max) 109.3 < ...' (each pair compared as shown: <, =
     or >) and what that says against the paper's Figure 13."""
@@ -123,7 +118,7 @@ def figure13_sentence(results: Sequence[SimResult]) -> str:
                 "introduction above says; a larger time scale makes it bind, the regime of "
                 "the paper's Figure 13.")
     # Never backwards, but some systems level: memory has not yet set them apart.
-    level = [_listed([s for s, _ in g]) for _, g in groupby(zip(systems, shown, strict=True),
+    level = [joined([s for s, _ in g]) for _, g in groupby(zip(systems, shown, strict=True),
                                                              key=lambda p: p[1])]
     level = [names for names in level if " and " in names]
     return (said + ": the paper's direction where the values differ, but "
@@ -185,7 +180,7 @@ def length_note(d: dep.Deployment, runs: Sequence[SimRun]) -> str:
                 "trace's own concurrency, the same for every policy.")
     everyone = len(filled) == len({r.result.policy for r in runs})
     return (said + (" Once memory is full" if everyone else
-                    f" Memory filled for {_listed(filled)} only (a request waited for room); "
+                    f" Memory filled for {joined(filled)} only (a request waited for room); "
                     "once it is full")
             + " the mean batch is set by what fits; once the burst is served, the last long "
             "outputs run almost alone (see the timeline).")

@@ -21,10 +21,10 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from backend.core.words import counted, percent
+from backend.core.words import counted, joined, percent
 from backend.lab.sim.simulator import SimResult, SimRun
 from backend.views.compare.deployment import rate_text
-from backend.views.describe import MAX_LISTED, joined
+from backend.views.describe import MAX_LISTED
 
 
 def preemption_note(results: Sequence[SimResult]) -> str:

@@ -10,9 +10,10 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from backend.core.words import agrees, counted
+from backend.core.words import agrees, counted, joined
 from backend.lab.compare.seed_example import SEED_REQUESTS, SeedEvent, SeedExample
 from backend.views.compare.frames import KIND_LABELS, POLICY_LABELS
+from backend.views.describe import span
 
 
 def seed_arena_slots(ex: SeedExample) -> pd.DataFrame:
@@ -73,25 +74,19 @@ _FREE_QUEUE = ("The pool hands out blocks from the front of its free queue, as v
                "block never used")
 
 
-def _names(items: Sequence[object]) -> str:
-    """'A', 'A and B', 'A, B and C'."""
-    words = [str(x) for x in items]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
 def _span(start: int, size: int) -> str:
     """A region's slots as a range: '6–8', or '6' for one slot."""
-    return str(start) if size == 1 else f"{start}–{start + size - 1}"
+    return span(start, start + size - 1)
 
 
 def _slots(events: Sequence[SeedEvent]) -> str:
     """The regions of arena events: 'slots 0–5, 6–8 and 9–13'."""
     one = len(events) == 1 and events[0].size == 1
-    return f"{'slot' if one else 'slots'} {_names([_span(e.start, e.size) for e in events])}"
+    return f"{'slot' if one else 'slots'} {joined([_span(e.start, e.size) for e in events])}"
 
 
 def _blocks(blocks: Sequence[int]) -> str:
-    return f"{'block' if len(blocks) == 1 else 'blocks'} {_names(blocks)}"
+    return f"{'block' if len(blocks) == 1 else 'blocks'} {joined(blocks)}"
 
 
 def _step_name(step: int) -> str:
@@ -109,7 +104,7 @@ def _waits(events: Sequence[SeedEvent], unit: str) -> list[str]:
         groups.setdefault((e.size, e.free, e.largest), []).append(e.request)
     out = []
     for (size, free, largest), rids in groups.items():
-        who = f"{_names(rids)} {agrees(len(rids), 'waits', 'wait')}"
+        who = f"{joined(rids)} {agrees(len(rids), 'waits', 'wait')}"
         need = f"{'each needs' if len(rids) > 1 else 'it needs'} {counted(size, unit)}"
         only = f"only {free} {agrees(free, 'is', 'are')} free"
         if unit == "slot":
@@ -162,7 +157,7 @@ def seed_arena_story(ex: SeedExample) -> str:
     else:
         rule = ("exactly its final length" if ex.policy == "oracle" else
                 "the next power of two of its final length")
-        asks = f"each request reserves {rule}: {_names(rids)} ask for {_names(sizes)} slots"
+        asks = f"each request reserves {rule}: {joined(rids)} ask for {joined(sizes)} slots"
     arrival = [e for e in ex.arena_log if e.step == 0]
     placed = [e for e in arrival if e.kind == "placed"]
     waiting = [e for e in arrival if e.kind == "waits"]
@@ -171,7 +166,7 @@ def seed_arena_story(ex: SeedExample) -> str:
     else:
         fit = "; ".join(_waits(waiting, "slot"))
         if placed:
-            fit = (f"{_names([e.request for e in placed])} "
+            fit = (f"{joined([e.request for e in placed])} "
                    f"{agrees(len(placed), 'fits', 'fit')} ({_slots(placed)}); {fit}")
     parts = [f"Under **{POLICY_LABELS[ex.policy]}** {asks}; {fit}."]
     parts += _steps(ex.arena_log, _arena_step)
@@ -180,13 +175,13 @@ def seed_arena_story(ex: SeedExample) -> str:
         for seg in ex.arena[1].segments:
             if seg.owner is not None and seg.kind == "token_states":
                 held[seg.owner] = held.get(seg.owner, 0) + seg.length
-        running = _names([f"{r} holds {held[r]} of its {final[r]} tokens"
+        running = joined([f"{r} holds {held[r]} of its {final[r]} tokens"
                           for r in rids if r in held])
         parts.append(f"In the two decode steps no request finishes: {running}.")
     still = list(ex.arena[1].waiting)
     if still:
         them = agrees(len(still), "it has", "they have")
-        parts.append(f"{_names(still)} {agrees(len(still), 'is', 'are')} still waiting when "
+        parts.append(f"{joined(still)} {agrees(len(still), 'is', 'are')} still waiting when "
                      f"D arrives: under this policy {them} not run at all.")
     return " ".join(parts)
 
@@ -199,9 +194,9 @@ def seed_pool_story(ex: SeedExample) -> str:
     if not placed:
         start = "nothing starts at once"
     else:
-        who = "all three" if not waiting else _names([e.request for e in placed])
+        who = "all three" if not waiting else joined([e.request for e in placed])
         sizes = [e.size for e in placed]
-        took = (f"{_names(sizes)} blocks of {ex.block_size}" if len(set(sizes)) > 1 else
+        took = (f"{joined(sizes)} blocks of {ex.block_size}" if len(set(sizes)) > 1 else
                 f"{counted(sizes[0], 'block')} of {ex.block_size}"
                 + (" each" if len(sizes) > 1 else ""))
         start = f"{who} {agrees(len(placed), 'starts', 'start')} at once ({took})"
@@ -211,7 +206,7 @@ def seed_pool_story(ex: SeedExample) -> str:
     parts += _steps(ex.pool_log, _pool_step)
     still = list(ex.pool[1].waiting)
     if still:
-        parts.append(f"{_names(still)} {agrees(len(still), 'is', 'are')} still waiting "
+        parts.append(f"{joined(still)} {agrees(len(still), 'is', 'are')} still waiting "
                      "when D arrives.")
     return " ".join(parts)
 
@@ -224,7 +219,7 @@ def seed_reuse_sentence(ex: SeedExample) -> str:
         return ("" if ex.d_table is None else
                 f"D takes {_blocks(ex.d_table)}, never used before: no request has "
                 f"finished in the pool yet. {_FREE_QUEUE}.")
-    finishers = _names([e.request for e in ex.pool_log if e.kind == "finishes"])
+    finishers = joined([e.request for e in ex.pool_log if e.kind == "finishes"])
     if ex.d_table is None:
         # Any free block would do (a table need not list neighbours), but too few are free.
         return (f"D waits even though {_blocks(sorted(ex.freed))} that {finishers} freed "
@@ -235,7 +230,7 @@ def seed_reuse_sentence(ex: SeedExample) -> str:
     fresh = [b for b in ex.d_table if b not in freed]
     if reused:
         text = (f"D takes {_blocks(reused)} that {finishers} freed"
-                + (f", and {_names(fresh)}, never used before" if fresh else "")
+                + (f", and {joined(fresh)}, never used before" if fresh else "")
                 + f". {_FREE_QUEUE}, so D reached {finishers}'s blocks once the never-used "
                 "ones ran out (a block table need not list neighbours: any free block will "
                 "do).")

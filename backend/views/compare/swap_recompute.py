@@ -17,7 +17,7 @@ import pandas as pd
 
 from backend.core.words import sentence
 from backend.engine.measure import PreemptionRun
-from backend.views.describe import MAX_LISTED, joined
+from backend.views.describe import trend
 
 
 def runs_frame(runs: Sequence[PreemptionRun]) -> pd.DataFrame:
@@ -74,8 +74,7 @@ def _overhead_description(df: pd.DataFrame) -> str:
         rows = df[df["method"] == method].sort_values("block size")
         points = [f"{ms:,.2f} ms at block size {int(b)}"
                   for b, ms in zip(rows["block size"], rows["ms"], strict=True)]
-        told.append(f"{method} " + (f"from {points[0]} to {points[-1]}"
-                                    if len(points) > MAX_LISTED else joined(points)))
+        told.append(f"{method} {trend(points)}")
     said = "; ".join(told) if told else "no run preempted"
     return ("Preemption overhead by block size, measured on this engine: the time each "
             f"method spent on its preemptions, one line per method. {sentence(said)}.")
