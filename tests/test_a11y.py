@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from ui import a11y
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,8 +18,10 @@ PAGES = ROOT / "pages"
 
 def test_the_script_gets_the_read_out_keys_and_no_placeholder() -> None:
     text = a11y.script()
-    assert "__READ_OUT__" not in text
+    assert "__" not in text.replace("window.__pagedlabA11y", "")
     assert f"const READ_OUT = {json.dumps(a11y.READ_OUT)};" in text
+    assert f"const PAGE_TABS = {json.dumps(a11y.PAGE_TABS)};" in text
+    assert f"const PLAYING = {json.dumps(a11y.PLAYING)};" in text
     # Installed once per tab, however many runs draw it.
     assert "if (window.__pagedlabA11y) return;" in text
 
@@ -31,5 +35,14 @@ def test_every_read_out_key_names_a_container_the_pages_draw() -> None:
         keys |= {m.group(1) for m in re.finditer(
             r'container\([^)]*key=f?"(?:\{\w+\})?(\w+)(?:--\{\w+(?:\(\w+\))?\})?"',
             path.read_text(encoding="utf-8"))}
+        # a11y.said("cmp_seed", "result"): a container keyed by its ending.
+        keys |= {m.group(1) for m in re.finditer(r'a11y\.said\([^,]+, "(\w+)"',
+                                                  path.read_text(encoding="utf-8"))}
     missing = [k for k in a11y.READ_OUT if not any(key.endswith(k) for key in keys)]
     assert not missing, (missing, sorted(keys))
+
+
+def test_said_takes_only_a_read_out_ending() -> None:
+    """A container keyed with an ending the script does not watch would be silent."""
+    with pytest.raises(ValueError, match="READ_OUT"):
+        a11y.said("cmp_seed", "outcome")

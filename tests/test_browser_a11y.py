@@ -1,8 +1,9 @@
 """The page with a keyboard and a screen reader, in a real Chromium (ui/a11y.py).
 
 A control that its own press disables or removes keeps the focus on the page; a
-result drawn in place is put in the polite live region; headings go down one
-level at a time, and their help buttons are named for them.
+result drawn in place (a Playground action's, a scenario step's, a Contiguous vs
+paged section's) is put in the polite live region; headings go down one level at a
+time, and their help buttons are named for them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ HEADINGS = """(where) => [...document.querySelectorAll(
 HOLDER_DISPLAY = """() => {
   const holder = document.querySelector('.st-key-pagedlab_a11y');
   return [getComputedStyle(holder.parentElement).display, getComputedStyle(holder).display];
+}"""
+
+# Starts keeping everything the live region says, in order, in window.__heard.
+HEARD = """() => {
+  window.__heard = [];
+  const live = document.getElementById('pagedlab-live');
+  new MutationObserver(() => { if (live.textContent) window.__heard.push(live.textContent); })
+    .observe(live, {childList: true, characterData: true, subtree: true});
 }"""
 
 
@@ -121,12 +130,19 @@ def test_focus_moves_on_when_the_pressed_control_is_disabled_or_removed(
         delete.click()
         cancel = page.get_by_role("button", name="Cancel", exact=True)
         expect(cancel).to_be_visible(timeout=T)
+        # The question, drawn below the Delete that keeps the focus, is read out.
+        expect(live).to_contain_text("for good? Its address stops working", timeout=T)
         idle(page)
         keyboard_focus(page, cancel)
         page.keyboard.press("Enter")
         expect(cancel).to_have_count(0, timeout=T)
         idle(page)
         expect(delete).to_be_focused(timeout=T)
+        # Asked again and confirmed: what the deletion did is read out.
+        delete.click()
+        page.get_by_role("button", name="Delete for good").click()
+        expect(live).to_contain_text("Deleted saved session", timeout=T)
+        idle(page)
         page.screenshot(path=screenshots / "a11y-focus.png")
     except BaseException:
         page.screenshot(path=screenshots / "a11y-focus-failed.png", full_page=True)
@@ -189,17 +205,63 @@ def test_results_drawn_in_place_are_read_out(
         page.keyboard.press("Enter")
         expect(live).to_contain_text("Step 1 of 5:", timeout=T)
         idle(page)
+        # Every step a play shows is read, though the play's runs follow each other with
+        # hardly a pause: each run's end reads what it drew.
+        page.evaluate(HEARD)
         keyboard_focus(page, page.get_by_role("button", name="Play", exact=True))
         page.keyboard.press("Enter")
         expect(live).to_contain_text("Played to the end", timeout=T)
         expect(nxt).to_be_disabled(timeout=T)
         idle(page)
+        heard = page.evaluate("window.__heard")
+        for n in (2, 3, 4):
+            assert any(said.startswith(f"Step {n} of 5:") for said in heard), heard
         page.wait_for_function("() => document.activeElement !== document.body", timeout=T)
         now = page.evaluate(FOCUSED)
         assert not now["disabled"] and not now["heading"], now
         page.screenshot(path=screenshots / "a11y-read-out.png")
     except BaseException:
         page.screenshot(path=screenshots / "a11y-read-out-failed.png", full_page=True)
+        raise
+    finally:
+        page.close()
+
+
+def test_the_compare_page_reads_a_sections_new_result(browser: Browser, app_url: str,
+                                                      screenshots: Path) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(T)
+    live = page.locator("#pagedlab-live")
+    try:
+        page.goto(f"{app_url}/fragmentation")
+        length = page.get_by_role("spinbutton", name="D's final length")
+        expect(length).to_be_visible(timeout=T)
+        idle(page)
+        # A field's change redraws the section's result below it: read out.
+        length.fill("9")
+        length.press("Enter")
+        expect(live).to_contain_text("Under contiguous, exact final length", timeout=T)
+        expect(live).to_contain_text("will reach 9", timeout=T)
+        idle(page)
+        # A number out of range stops the section: the refusal is read.
+        length.fill("99")
+        length.press("Enter")
+        expect(live).to_contain_text("D's final length must be 2 to 16; got 99", timeout=T)
+        idle(page)
+        # Another tab draws only itself, as another page would: nothing is read ...
+        page.evaluate("document.getElementById('pagedlab-live').textContent = ''")
+        page.get_by_role("tab", name="Memory calculator").click()
+        gpu = page.get_by_role("spinbutton", name="GPU memory (GiB)")
+        expect(gpu).to_be_visible(timeout=T)
+        idle(page)
+        page.wait_for_timeout(1000)
+        expect(live).to_have_text("")
+        # ... until one of its fields changes what it shows.
+        gpu.fill("80")
+        gpu.press("Enter")
+        expect(live).to_contain_text("Left for KV", timeout=T)
+    except BaseException:
+        page.screenshot(path=screenshots / "a11y-compare-failed.png", full_page=True)
         raise
     finally:
         page.close()

@@ -3,26 +3,43 @@
 `install` puts assets/a11y.js in the page once per run (the script itself runs once
 per browser tab): it keeps the keyboard focus on the page when a control it was on
 becomes disabled or goes away, and reads out the results drawn in the containers
-named by READ_OUT when they change. `STYLE` is the page's style for the same ends.
+named by READ_OUT when they change (`said` draws one). `play_state` tells it that a
+scenario is playing. `STYLE` is the page's style for the same ends.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 SCRIPT = Path(__file__).resolve().parents[1] / "assets" / "a11y.js"
 
 # Keys (as endings, so that a page's prefix is covered) of the containers whose new
 # text a screen reader is told: the result of the last action, a scenario step's
-# narration, what a timeline pick shows, the inspected block and the translated
-# address. When one action changes
-# several, only the first in this order is read: it is that action's own result. A key
-# may be followed by "--N", a number that makes the same words said again new.
+# narration, what a timeline pick shows, the inspected block, the translated address,
+# a saved session's note (a Delete's outcome), a Delete's question, and on the
+# Contiguous vs paged page a section's refusal and its result (`said`). When one action
+# changes several, only the first in this order is read: it is that action's own
+# result. A key may be followed by "--N", a number that makes the same words said
+# again new.
 READ_OUT = ("status_line", "tour_messages", "tour_narration", "tl_banner", "focus_said",
-            "tr_said")
+            "tr_said", "store_note", "delete_asked", "refused", "result")
+
+# The container of a page's tabs that each draw only themselves (pages/compare.py): a
+# change of tab is read as a change of page, whose first drawing is not news.
+PAGE_TABS = "cmp_tabs"
+
+# A hidden container drawn while a scenario plays (`play_state`): a play's runs follow each
+# other with hardly a pause, at times none the browser sees, so while it is drawn the
+# script reads what changed as soon as it is drawn, not only when a run ends.
+PLAYING = "pagedlab_playing"
+
+# Numbers each drawing of a `said(..., again=True)` container.
+_DRAWN = itertools.count(1)
 
 # The hidden container that holds the script (a script draws nothing, but Streamlit
 # gives every element a place in the page's flow; hidden, it takes none).
@@ -35,9 +52,11 @@ STYLE = (
     # A focus ring that shows: Streamlit's is the primary colour at half strength,
     # about 2:1 on white, below WCAG's 3:1 for a control's outline.
     f":focus-visible {{ outline: 2px solid {FOCUS_RING} !important; outline-offset: 2px; }}"
-    # The holder and the wrapper Streamlit puts around it, which would still take the
-    # page's gap between elements.
-    f" .st-key-{HOLDER}, [data-testid='stLayoutWrapper']:has(> .st-key-{HOLDER})"
+    # The holder and the play's mark, and the wrappers Streamlit puts around them, which
+    # would still take the page's gap between elements.
+    f" .st-key-{HOLDER}, [data-testid='stLayoutWrapper']:has(> .st-key-{HOLDER}),"
+    f" [class*='st-key-{PLAYING}'],"
+    f" [data-testid='stLayoutWrapper']:has(> [class*='st-key-{PLAYING}'])"
     " { display: none; }"
     # Sections are h2 under the page's h1 (no level skipped), drawn as Streamlit draws
     # an h3, which they were: its size, in the page and in the sidebar, and spacing.
@@ -47,8 +66,10 @@ STYLE = (
 
 
 def script() -> str:
-    """assets/a11y.js with READ_OUT filled in."""
-    return SCRIPT.read_text(encoding="utf-8").replace("__READ_OUT__", json.dumps(READ_OUT))
+    """assets/a11y.js with READ_OUT, PAGE_TABS and PLAYING filled in."""
+    return (SCRIPT.read_text(encoding="utf-8").replace("__READ_OUT__", json.dumps(READ_OUT))
+            .replace("__PAGE_TABS__", json.dumps(PAGE_TABS))
+            .replace("__PLAYING__", json.dumps(PLAYING)))
 
 
 def install() -> None:
@@ -61,3 +82,25 @@ def install() -> None:
     with st.container(key=HOLDER):
         st.html(f"<style>{STYLE}</style><script>{script()}</script>",
                 unsafe_allow_javascript=True)
+
+
+def play_state(playing: bool) -> None:
+    """Mark this run's page as a scenario's play, or not (see PLAYING). Drawn on every
+    run of the page, before what the play changes, so that the elements after it keep
+    their places (and are not drawn anew) as a play starts and stops."""
+    with st.container(key=PLAYING if playing else f"{PLAYING}_not"):
+        st.html("<span></span>")
+
+
+def said(name: str, ending: str, *, again: bool = False) -> DeltaGenerator:
+    """A container for a result that assets/a11y.js reads out when a run changes it.
+
+    `ending` is one of READ_OUT (its place there says which of several changes is read);
+    `name` tells this container from others with the same ending. With `again`, each
+    drawing is numbered, so the same words drawn by the next run are read again: a
+    refusal that still stands after another field changed.
+    """
+    if ending not in READ_OUT:
+        raise ValueError(f"{ending!r} is not one of READ_OUT")
+    number = f"--{next(_DRAWN)}" if again else ""
+    return st.container(key=f"{name}_{ending}{number}")

@@ -37,6 +37,7 @@ import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.views.text import plain_md
+from ui import a11y
 
 Number = int | float
 
@@ -172,5 +173,7 @@ def section(draw: Callable[[], None]) -> None:
         draw()
     except OutOfRangeError as exc:
         # One line per refused field (a hard break between them); the page's other
-        # sections (another part of the same tab) are drawn as usual.
-        st.error("  \n".join(plain_md(line) for line in str(exc).splitlines()))
+        # sections (another part of the same tab) are drawn as usual. Read out to a
+        # screen reader, again after each run it still stands (ui/a11y.py).
+        with a11y.said("fields", "refused", again=True):
+            st.error("  \n".join(plain_md(line) for line in str(exc).splitlines()))

@@ -182,7 +182,9 @@ def notes() -> None:
     if ss.get(PROBLEM):
         st.warning(plain_md(f"Sessions are not saved on this server: {ss[PROBLEM]}"))
     if ss.get(NOTE):
-        st.info(plain_md(ss[NOTE]))
+        # Keyed for ui/a11y.py, which reads a new note (a Delete's outcome) out.
+        with st.container(key="store_note"):
+            st.info(plain_md(ss[NOTE]))
 
 
 def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], None],
@@ -227,8 +229,12 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
                       args=(info.id,), width="stretch")
         if st.session_state.get(CONFIRM_DELETE) == info.id:
             # Below the row, not in Delete's place: a double click must not confirm.
-            st.warning(plain_md(f"Delete session {short(info.id)} for good? Its address "
-                                "stops working; this cannot be undone."))
+            # Keyed for ui/a11y.py: read out, since the question is drawn below the
+            # Delete that keeps the focus.
+            with st.container(key="store_delete_asked"):
+                st.warning(plain_md(f"Delete session {short(info.id)} for good? Its "
+                                    "address stops working; this cannot be undone. "
+                                    "Delete for good, or Cancel, below."))
             c_yes, c_no, _ = st.columns([2, 1, 5])
             clicks.button(c_yes, "Delete for good", key=f"btn_delete_confirm_{info.id}",
                           type="primary", on_click=delete_saved, args=(info.id,),

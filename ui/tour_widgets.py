@@ -30,7 +30,7 @@ from backend.sessions.tour import (
 )
 from backend.views import tour as tour_views
 from backend.views.text import md_code, notes_text, plain_md
-from ui import clicks, engine_actions, tour
+from ui import a11y, clicks, engine_actions, tour
 from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
 
@@ -212,6 +212,8 @@ def controls(run: TourRun) -> None:
     if run.stopped is not None:
         # Plain text: a grow names its request, the file's own text.
         st.warning(plain_md(run.stopped))
+    # While playing, each step's narration is read out as it is drawn (ui/a11y.py).
+    a11y.play_state(t.playing)
 
 
 def step_bar(run: TourRun) -> None:

@@ -18,6 +18,7 @@ from backend.core.words import sentence
 from backend.lab.sim.simulator import SimResult
 from backend.views.compare import frames as views
 from backend.views.text import plain_md
+from ui import a11y
 
 # The page's tabs, in order. TAB_KEY holds the open one and is the address's parameter
 # (`/fragmentation?tab=Sharing`): only the open tab is drawn (pages/compare.py).
@@ -55,8 +56,10 @@ def label(policy: str) -> str:
 def refuse(message: str | Exception) -> None:
     """A section's refusal as one error line, shown as plain text: a message may quote a
     file name, which must not render as Markdown (or fetch what it names). It starts
-    with a capital, like the page's per-field messages, unless it starts with a name."""
-    st.error(plain_md(sentence(str(message))))
+    with a capital, like the page's per-field messages, unless it starts with a name.
+    Read out to a screen reader, again after each run it still stands (ui/a11y.py)."""
+    with a11y.said("cmp", "refused", again=True):
+        st.error(plain_md(sentence(str(message))))
 
 
 def breakdown(results: Sequence[SimResult], key: str) -> None:

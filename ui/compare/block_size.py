@@ -10,7 +10,7 @@ from backend.lab.contiguous import DEFAULT_MAX_LEN
 from backend.lab.sim.simulator import SimConfig, SimResult
 from backend.lab.workloads import make_trace
 from backend.views.compare import charts, tables
-from ui import layout, numbers
+from ui import a11y, layout, numbers
 from ui.compare import background, in_percent, refuse
 from ui.compare.sim_runs import run_cached
 
@@ -45,7 +45,9 @@ def block_size_section() -> None:
     except PagedLabError as e:
         refuse(e)
         return
-    st.markdown("**The trade-off in numbers:** " + tables.block_tradeoff_sentence(points))
+    # Read out when a field's change redraws it (ui/a11y.py).
+    with a11y.said("cmp_blk", "result"):
+        st.markdown("**The trade-off in numbers:** " + tables.block_tradeoff_sentence(points))
     df = tables.block_sweep_frame(points)
     # The two charts in columns of their own rather than as one picture: side by side
     # they are some 650 px, wider than the page beside the sidebar in a 1024 px window,
@@ -105,6 +107,7 @@ def block_size_section() -> None:
         ran, done = last
         st.caption(tables.block_run_caption(ran, (workload, int(requests), int(seed)),
                                             rate=BLOCK_SIM_RATE, capacity=BLOCK_SIM_CAPACITY))
-        st.markdown(tables.block_batch_sentence(done))
+        with a11y.said("cmp_blk_sim", "result"):
+            st.markdown(tables.block_batch_sentence(done))
         st.altair_chart(charts.block_batch_line(tables.block_batch_frame(done)),
                         width="stretch", key="cmp_blk_batch_chart")

@@ -8,7 +8,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.lab.memory_calc import DEFAULT_BLOCK_SIZES, MODELS, binary_size, kv_capacity
 from backend.views.compare import tables
-from ui import layout, numbers
+from ui import a11y, layout, numbers
 from ui.compare import refuse
 
 # Counts with thousands separators, as the page's text writes them.
@@ -42,7 +42,8 @@ def calculator_section() -> None:
                            key="cmp_calc_len")
     model = MODELS[name]
     per_token = model.kv_bytes_per_token(int(kv_bytes))
-    st.markdown(
+    # Read out when a field's change redraws it (ui/a11y.py), as are the metrics below.
+    a11y.said("cmp_calc", "result").markdown(
         f"**{name}**: 2 x {model.num_layers} layers x {model.num_kv_heads} KV heads x "
         f"{model.head_dim} x {counted(int(kv_bytes), 'byte')} = **{per_token:,} bytes per "
         f"token ({binary_size(per_token)})**"
@@ -64,7 +65,7 @@ def calculator_section() -> None:
         # Two metrics a line where the page is narrow (beside the sidebar in a 1024 px
         # window): four in a row cut the last one's label ("Requests of 2,048 t...").
         layout.wrap_below("cmp_calc_metrics", [200, 200, 200, 200])
-        with st.container(key="cmp_calc_metrics"):
+        with a11y.said("cmp_calc_fit", "result"), st.container(key="cmp_calc_metrics"):
             m = st.columns(4)
         m[0].metric("Weights", binary_size(cap.weight_bytes))
         m[1].metric("Left for KV", binary_size(cap.kv_bytes))

@@ -11,7 +11,7 @@ from backend.core.words import counted
 from backend.lab import deployment as dep
 from backend.lab.traces import MAX_TIME_SCALE
 from backend.views.compare import deployment as views
-from ui import numbers
+from ui import a11y, numbers
 from ui.compare import background, refuse
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_cached
@@ -74,7 +74,9 @@ def deployment_section() -> None:
     wall = sum(r.wall_s for r in results)
     st.caption(f"Last run: {last['workload']}, time / {views.as_typed(last['scale'])}; the "
                f"four replays took {wall:.1f} s on this server.")
-    st.markdown("**" + views.figure13_sentence(results) + "**")
+    # Read out when a run's results are drawn (ui/a11y.py), before the comparison's.
+    with a11y.said("cmp_dep_fig13", "result"):
+        st.markdown("**" + views.figure13_sentence(results) + "**")
     st.altair_chart(views.figure13_chart(views.figure13_frame(results)), width="stretch",
                     key="cmp_dep_fig13")
     st.markdown(views.length_note(dep.deployment(last["workload"], time_scale=last["scale"]),

@@ -10,7 +10,7 @@ from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.views.compare import charts
 from backend.views.compare import frames as views
-from ui import layout, numbers
+from ui import a11y, layout, numbers
 from ui.compare import SYNTHETIC_NOTE, breakdown, label, panel, refuse
 
 
@@ -77,7 +77,9 @@ def maps_section() -> None:
                             width="stretch", key=f"cmp_area_{side}")
             # The chart's average in numbers: the same figures as the table below.
             st.caption(" ".join(c for c in (shown["caption"], shown["shares"]) if c))
-    st.markdown(data["finish"])
+    # Read out when a field's change redraws it (ui/a11y.py).
+    with a11y.said("cmp_map", "result"):
+        st.markdown(data["finish"])
     st.header("Time-averaged breakdown on this workload")
     breakdown(data["table"], "cmp_map_table")
     st.markdown(views.batch_gain_sentence(data["table"]))

@@ -8,7 +8,7 @@ from backend.core.words import counted
 from backend.engine.measure import BLOCK_SIZES, PreemptionRun, Workload, swap_vs_recompute
 from backend.kernels import select_kernels
 from backend.views.compare import swap_recompute as views
-from ui import layout, numbers
+from ui import a11y, layout, numbers
 from ui.bars import Advance
 from ui.compare import background, refuse
 
@@ -76,7 +76,9 @@ def preemption_section() -> None:
         return
     device = select_kernels("auto", "torch").device.type
     asked, runs = kept
-    st.markdown(views.summary(runs, device, asked))
+    # Read out when the runs' results are drawn (ui/a11y.py).
+    with a11y.said("cmp_swap", "result"):
+        st.markdown(views.summary(runs, device, asked))
     st.altair_chart(views.overhead_chart(runs), key="cmp_swap_chart")
     table = views.runs_frame(runs)
     # Every run in view: three per block size.

@@ -9,7 +9,7 @@ from backend.core.words import counted, sentence
 from backend.lab.compare.seed_example import seed_example
 from backend.views.compare import charts
 from backend.views.compare import seed as seed_views
-from ui import layout, numbers
+from ui import a11y, layout, numbers
 from ui.compare import label, refuse
 
 
@@ -42,9 +42,11 @@ def seed_section() -> None:
         return
     # Told from the run itself: under "max" B and C never start in the arena, under
     # "pow2" C waits, so one fixed sentence would be wrong for two policies of three.
-    st.markdown(seed_views.seed_arena_story(ex))
-    st.markdown(seed_views.seed_pool_story(ex) + " Then D arrives with "
-                f"{counted(ex.new_len - 1, 'token')} and will reach {ex.new_len}.")
+    # Read out when a field's change redraws them (ui/a11y.py).
+    with a11y.said("cmp_seed", "result"):
+        st.markdown(seed_views.seed_arena_story(ex))
+        st.markdown(seed_views.seed_pool_story(ex) + " Then D arrives with "
+                    f"{counted(ex.new_len - 1, 'token')} and will reach {ex.new_len}.")
     st.header("Contiguous arena")
     st.altair_chart(charts.slot_strip(seed_views.seed_arena_slots(ex), f"{ex.capacity} slots, one "
                                       "region per request"), key="cmp_seed_arena_chart")

@@ -20,7 +20,7 @@ from backend.engine.sharing import (
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
-from ui import layout, numbers
+from ui import a11y, layout, numbers
 from ui.bars import Advance, progress_bar
 from ui.compare import background, in_percent, panel, refuse
 
@@ -79,7 +79,9 @@ def _sharing(requests: int, block_size: int) -> list[SharingResult]:
 def _show(results: list[SharingResult], key: str) -> None:
     """Sentence, bars against the paper's band, and the table of block counts."""
     df = tables.sharing_frame(results)
-    st.markdown(tables.sharing_sentence(results))
+    # Read out when a run's results are drawn (ui/a11y.py).
+    with a11y.said(key, "result"):
+        st.markdown(tables.sharing_sentence(results))
     st.altair_chart(charts.sharing_bars(df), key=f"{key}_chart")
     st.caption("Shaded band: the paper's range for the same kind of sharing (Figure 15).")
     shown, saved = in_percent(df, "saved", help="block memory that sharing saved, "

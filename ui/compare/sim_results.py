@@ -15,6 +15,7 @@ from backend.lab.sim.simulator import SimRun
 from backend.views.compare import charts, preemptions
 from backend.views.compare import frames as views
 from backend.views.compare.timeline import timeline_chart, timeline_frame
+from ui import a11y
 from ui.compare import breakdown, label
 
 
@@ -25,7 +26,9 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True,
     deployment's Figure 13) would show the same four bars twice."""
     results = [r.result for r in runs]
     metrics = views.policy_metrics(results)
-    st.markdown(views.batch_gain_sentence(results))
+    # Read out when a run's results are drawn (ui/a11y.py).
+    with a11y.said(prefix, "result"):
+        st.markdown(views.batch_gain_sentence(results))
     # Of the memory held, as the paper's Figure 2 (it has no free share), so that its
     # ticks compare like with like; the breakdown below counts the free memory too.
     shares = charts.policy_bars(metrics, views.HELD_ROW, "Token states of memory held",
