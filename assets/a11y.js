@@ -38,7 +38,7 @@
   const usable = (el) => el.isConnected && !el.disabled && el.tabIndex >= 0
     && el.getAttribute("aria-disabled") !== "true" && el.getClientRects().length > 0
     && !el.closest("[inert], [aria-hidden='true'], [data-testid='stHeaderActionElements'], "
-      + "[data-testid='stSidebar'][aria-expanded='false']");
+      + "[data-testid='stSidebar'][data-collapsed='true']");
   const controls = (root) => [...root.querySelectorAll(FOCUSABLE)].filter(usable);
   const lost = () => {
     const now = document.activeElement;
@@ -132,6 +132,28 @@
     if (target === null && !running()) target = after();
     if (target !== null) target.focus();
   };
+
+  // The sidebar's collapse and expand buttons go away as they work (the other one takes
+  // over): the focus follows to the other one, not to the page's body, from where Tab
+  // would start over.
+  const SIDEBAR_BUTTONS = {
+    "[data-testid='stSidebarCollapseButton'] button": "[data-testid='stExpandSidebarButton']",
+    "[data-testid='stExpandSidebarButton']": "[data-testid='stSidebarCollapseButton'] button",
+  };
+  document.addEventListener("click", (e) => {
+    if (!keyboard || !(e.target instanceof Element)) return;
+    for (const [from, to] of Object.entries(SIDEBAR_BUTTONS)) {
+      if (e.target.closest(from)) {
+        let tries = 20;   // until the other button is drawn: a frame or two
+        const move = () => {
+          const other = document.querySelector(to);
+          if (other && usable(other)) other.focus();
+          else if (--tries > 0) window.setTimeout(move, 50);
+        };
+        window.setTimeout(move, 50);
+      }
+    }
+  }, true);
 
   // ---- 2. the read-out ---------------------------------------------------------------
   const live = document.createElement("div");

@@ -267,6 +267,41 @@ def test_the_compare_page_reads_a_sections_new_result(browser: Browser, app_url:
         page.close()
 
 
+def test_the_sidebar_collapses_and_expands_from_the_keyboard(browser: Browser,
+                                                             app_url: str) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(T)
+    sidebar = page.locator("[data-testid='stSidebar']")
+    collapse = page.get_by_role("button", name="Collapse sidebar")
+    expand = page.get_by_role("button", name="Expand sidebar")
+    try:
+        page.goto(f"{app_url}/fragmentation")
+        expect(page.locator("[data-testid='stMain'] h1")).to_be_visible(timeout=T)
+        idle(page)
+        # Tab reaches the collapse button (Streamlit hides it until the pointer is over
+        # the sidebar), which shows while it has the focus.
+        page.keyboard.press("Tab")   # the "Skip to main content" link
+        page.keyboard.press("Tab")
+        expect(collapse).to_be_focused()
+        expect(collapse).to_have_css("opacity", "1")
+        # Collapsed: the focus goes to the expand button, and Tab leaves the sidebar's
+        # controls, now off the page, out.
+        page.keyboard.press("Enter")
+        expect(sidebar).to_have_attribute("data-collapsed", "true")
+        expect(expand).to_be_focused()
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.closest(\"[data-testid='stSidebar']\")"
+                             " === null")
+        page.keyboard.press("Shift+Tab")
+        expect(expand).to_be_focused()
+        # Expanded again: the focus goes back to the collapse button.
+        page.keyboard.press("Enter")
+        expect(sidebar).to_have_attribute("data-collapsed", "false")
+        expect(collapse).to_be_focused()
+    finally:
+        page.close()
+
+
 @pytest.mark.parametrize("path", ["lab", "tour", "fragmentation"])
 def test_headings_go_down_one_level_at_a_time_and_name_their_help(browser: Browser, app_url: str,
                                               path: str) -> None:

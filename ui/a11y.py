@@ -58,6 +58,19 @@ STYLE = (
     f" [class*='st-key-{PLAYING}'],"
     f" [data-testid='stLayoutWrapper']:has(> [class*='st-key-{PLAYING}'])"
     " { display: none; }"
+    # The sidebar's collapse button: Streamlit hides it (visibility) until the pointer is
+    # over the sidebar, which also keeps the keyboard from reaching it. Transparent
+    # instead, it takes the focus, and shows while it has it.
+    " [data-testid='stSidebar']:not([data-collapsed='true'])"
+    " [data-testid='stSidebarCollapseButton'] { visibility: visible !important; opacity: 0; }"
+    " [data-testid='stSidebar']:hover [data-testid='stSidebarCollapseButton'],"
+    " [data-testid='stSidebar'] [data-testid='stSidebarCollapseButton']:focus-within"
+    " { opacity: 1; }"
+    # A collapsed sidebar is moved off the page, its controls still in the Tab order:
+    # Tab went from the expand button into an unseen sidebar. Hidden once it has slid
+    # away (a visibility transition waits its duration only on the way out).
+    " [data-testid='stSidebar'][data-collapsed='true'] { visibility: hidden;"
+    " transition: visibility 0.3s; }"
     # Sections are h2 under the page's h1 (no level skipped), drawn as Streamlit draws
     # an h3, which they were: its size, in the page and in the sidebar, and spacing.
     " h2 { font-size: 1.75rem !important; padding: 0.75rem 0 1rem !important; }"
