@@ -15,6 +15,8 @@
 //    them to change is put in a polite live region: as a run ends, and while a
 //    scenario plays, as it is drawn. What a page's (or a Contiguous vs paged tab's)
 //    first run draws is not news: the screen reader reads the page itself.
+//    A button that goes away as it works with no run (the sidebar's collapse, a
+//    chart's full screen) hands the focus to the one that takes over.
 // 3. Name the section headings' help buttons after their sections.
 (() => {
   if (window.__pagedlabA11y) return;
@@ -133,26 +135,42 @@
     if (target !== null) target.focus();
   };
 
-  // The sidebar's collapse and expand buttons go away as they work (the other one takes
-  // over): the focus follows to the other one, not to the page's body, from where Tab
-  // would start over.
-  const SIDEBAR_BUTTONS = {
-    "[data-testid='stSidebarCollapseButton'] button": "[data-testid='stExpandSidebarButton']",
-    "[data-testid='stExpandSidebarButton']": "[data-testid='stSidebarCollapseButton'] button",
+  // Buttons that go away as they work, another taking over, with no run: the sidebar's
+  // collapse and expand buttons, a chart's full screen and its close. The focus follows
+  // to the other one, not to the page's body, from where Tab would start over.
+  // [the pressed button, the one that takes over, the box to find it in]
+  const COUNTERPARTS = [
+    ["[data-testid='stSidebarCollapseButton'] button", "[data-testid='stExpandSidebarButton']",
+      null],
+    ["[data-testid='stExpandSidebarButton']", "[data-testid='stSidebarCollapseButton'] button",
+      null],
+    ["button[aria-label='Fullscreen']", "button[aria-label='Close fullscreen']",
+      "[data-testid='stFullScreenFrame']"],
+    ["button[aria-label='Close fullscreen']", "button[aria-label='Fullscreen']",
+      "[data-testid='stFullScreenFrame']"],
+  ];
+  const handOver = (pressed) => {
+    for (const [from, to, within] of COUNTERPARTS) {
+      if (!pressed.closest(from)) continue;
+      const box = within === null ? document : pressed.closest(within);
+      let tries = 20;   // until the other button is drawn: a frame or two
+      const move = () => {
+        const other = box?.querySelector(to);
+        if (other && usable(other)) other.focus();
+        else if (--tries > 0) window.setTimeout(move, 50);
+      };
+      window.setTimeout(move, 50);
+      return;
+    }
   };
   document.addEventListener("click", (e) => {
-    if (!keyboard || !(e.target instanceof Element)) return;
-    for (const [from, to] of Object.entries(SIDEBAR_BUTTONS)) {
-      if (e.target.closest(from)) {
-        let tries = 20;   // until the other button is drawn: a frame or two
-        const move = () => {
-          const other = document.querySelector(to);
-          if (other && usable(other)) other.focus();
-          else if (--tries > 0) window.setTimeout(move, 50);
-        };
-        window.setTimeout(move, 50);
-      }
-    }
+    if (keyboard && e.target instanceof Element) handOver(e.target);
+  }, true);
+  // Escape closes a chart's full screen as its close button does.
+  document.addEventListener("keydown", (e) => {
+    const close = e.key === "Escape"
+      && document.querySelector("button[aria-label='Close fullscreen']");
+    if (close) handOver(close);
   }, true);
 
   // ---- 2. the read-out ---------------------------------------------------------------

@@ -267,8 +267,8 @@ def test_the_compare_page_reads_a_sections_new_result(browser: Browser, app_url:
         page.close()
 
 
-def test_the_sidebar_collapses_and_expands_from_the_keyboard(browser: Browser,
-                                                             app_url: str) -> None:
+def test_the_sidebar_and_a_charts_full_screen_work_from_the_keyboard(
+        browser: Browser, app_url: str) -> None:
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(T)
     sidebar = page.locator("[data-testid='stSidebar']")
@@ -298,6 +298,22 @@ def test_the_sidebar_collapses_and_expands_from_the_keyboard(browser: Browser,
         page.keyboard.press("Enter")
         expect(sidebar).to_have_attribute("data-collapsed", "false")
         expect(collapse).to_be_focused()
+
+        # A chart's full screen, opened and closed from the keyboard (its close button,
+        # or Escape), keeps the focus on that chart's toolbar, not the page's body.
+        chart = page.locator("[data-testid='stFullScreenFrame']").filter(
+            has=page.locator("[aria-label^='16 slots']")).first
+        full = chart.get_by_role("button", name="Fullscreen", exact=True)
+        close = chart.get_by_role("button", name="Close fullscreen")
+        keyboard_focus(page, full)
+        page.keyboard.press("Enter")
+        expect(close).to_be_focused()
+        page.keyboard.press("Enter")
+        expect(full).to_be_focused()
+        page.keyboard.press("Enter")
+        expect(close).to_be_focused()
+        page.keyboard.press("Escape")
+        expect(full).to_be_focused()
     finally:
         page.close()
 
