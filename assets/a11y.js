@@ -6,8 +6,9 @@
 //    to live) drops the focus to the page's body: a screen reader is then nowhere
 //    and Tab starts over. Once the run has drawn the page, the focus moves instead
 //    to the same control if the page drew it again, else to the next control after
-//    where it was, else the one before. Focus a mouse gave is left to the mouse, and
-//    focus that moved with no run (a chart's full screen) to the browser.
+//    where it was, else the one before. Focus a mouse gave is left to the mouse.
+//    A button that goes away as it works with no run (the sidebar's collapse, a
+//    chart's full screen) hands the focus to the one that takes over.
 // 2. Read out results. Streamlit redraws a result in place, which a screen reader
 //    does not announce. The containers whose keys end in one of READ_OUT are
 //    watched (a key may end in "--N", a number that tells one message from the
@@ -15,8 +16,6 @@
 //    them to change is put in a polite live region: as a run ends, and while a
 //    scenario plays, as it is drawn. What a page's (or a Contiguous vs paged tab's)
 //    first run draws is not news: the screen reader reads the page itself.
-//    A button that goes away as it works with no run (the sidebar's collapse, a
-//    chart's full screen) hands the focus to the one that takes over.
 // 3. Name the section headings' help buttons after their sections.
 (() => {
   if (window.__pagedlabA11y) return;
