@@ -68,15 +68,16 @@ def breakdown(results: Sequence[SimResult], key: str) -> None:
     there. A wider page's room goes equally to the columns that are not pinned; the
     measures are, so the policies alone grow, each wide enough for its long name
     ("contiguous, next power of two") on a 1400 px page. Each header's tooltip names
-    its policy in full."""
+    its policy in full, and the paper's system for it (the cells say "Orca" alone)."""
     df = views.breakdown_table(results)
     col = st.column_config.Column
     # Every row in view, none behind a scrollbar (Streamlit's default height shows ten).
     st.dataframe(df, hide_index=True, key=key, width="stretch", height=35 * (len(df) + 1) + 3,
                  column_config={
                      "measure": col(width=150, pinned=True),
-                     **{c: col(width=100, help=label(c)) for c in df.columns
-                        if c != "measure"}})
+                     **{c: col(width=100, help=f"{label(c)}; in the paper: "
+                                                f"{views.PAPER_SYSTEMS[c]}")
+                        for c in df.columns if c != "measure"}})
 
 
 def in_percent(df: pd.DataFrame, column: str, label: str | None = None,

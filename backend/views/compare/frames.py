@@ -169,17 +169,23 @@ def breakdown_table(results: Sequence[SimResult]) -> pd.DataFrame:
     batch sizes, preemptions, the five time-averaged shares, the token-state share of the
     memory held (`held_token_share`), and the paper's Figure 2 token-state share beside
     it. Policies side by side, as the paper's systems are,
-    and narrow enough for a page: ten measures across would not be."""
+    and narrow enough for a page: ten measures across would not be.
+
+    Each cell fits a policy's 100 px column beside the sidebar in a 1024 px window
+    (ui.compare.breakdown): "contiguous, next power of two" and "26.8% (Orca (Pow2))"
+    were cut there. The column's name (max, pow2, oracle) says which contiguous policy
+    and which Orca, and its tooltip names both in full."""
     ordered = sorted(results, key=lambda r: POLICY_ORDER.index(r.policy))
     rows: list[tuple[str, list[str]]] = [
-        ("memory", [POLICY_LABELS[r.policy] for r in ordered]),
+        ("memory", ["paged" if r.policy == "paged" else "contiguous" for r in ordered]),
         ("mean batch", [f"{r.mean_batch_size:.2f}" for r in ordered]),
         ("max batch", [f"{r.max_batch_size:,}" for r in ordered]),
         ("preemptions", [f"{r.preemptions:,}" for r in ordered]),
         *((KIND_LABELS[k], [pct(r.memory[k]) for r in ordered]) for k in SEGMENT_KINDS),
         (HELD_ROW, [pct(held_token_share(r)) for r in ordered]),
         ("paper: token states", [f"{pct(PAPER_TOKEN_SHARE[r.policy])} "
-                                 f"({PAPER_SYSTEMS[r.policy]})" for r in ordered]),
+                                 f"({PAPER_SYSTEMS[r.policy].split(' (')[0]})"
+                                 for r in ordered]),
     ]
     return pd.DataFrame([[measure, *values] for measure, values in rows],
                         columns=["measure", *(r.policy for r in ordered)])
