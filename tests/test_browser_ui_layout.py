@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS, in_app
+from tests.browser_support import CHROMIUM_ARGS, in_app, scroll_to
 from tests.test_browser import T, metric_is, shoot, shows
 from ui.numbers import UNREADABLE
 from ui.session import DEFAULT_STEP_N
@@ -151,3 +151,52 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             shoot(page, screenshots / "ui-1024-scenarios.png")
         finally:
             browser.close()
+
+
+# The event log's scrolling box (itself or the nearest ancestor that scrolls, short of the
+# page's own main section): its height, whether it scrolls, and how tall the log's rows
+# are together.
+EVENT_BOX = """() => {
+    const log = document.querySelector('.pl-events');
+    const main = document.querySelector('[data-testid=stMain]');
+    let box = log;
+    while (box && box !== main
+           && !['auto', 'scroll'].includes(getComputedStyle(box).overflowY)) {
+        box = box.parentElement;
+    }
+    if (box === main) box = null;
+    return {box: box ? box.getBoundingClientRect().height : null, rows: log.scrollHeight,
+            scrolls: box ? box.scrollHeight > box.clientHeight + 1 : false};
+}"""
+
+
+def test_the_event_log_is_as_tall_as_its_rows_up_to_a_cap(
+        app_url: str, browser: Browser, screenshots: Path) -> None:
+    """A fixed 340 px box left "No events yet." in a tall empty frame and showed a long log
+    in a strip: the box follows its rows, and scrolls only past its cap (70% of the
+    window's height, at most 560 px)."""
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        page.set_default_timeout(T)
+        page.goto(f"{app_url}/lab")
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=60_000)
+        sidebar = page.get_by_test_id("stSidebar")
+        sidebar.get_by_text("torch", exact=True).click()       # Triton's interpreter is slow
+        shows(sidebar, "Next step runs on torch")
+        shows(in_app(page).get_by_text("No events yet."))
+        empty = page.evaluate(EVENT_BOX)
+        assert empty["box"] is None or empty["box"] <= empty["rows"] + 4, empty
+        # 120 tokens in blocks of 4: 30 of the 32 blocks taken, a line each.
+        page.get_by_role("spinbutton", name="…or N random tokens").fill("120")
+        add.click()
+        shows(in_app(page).get_by_text("Step 1: add A (120 random tokens)"))
+        log = page.get_by_role("log", name="Event log, newest first")
+        expect(log).to_be_visible()
+        full = page.evaluate(EVENT_BOX)
+        cap = min(560, 0.7 * VIEWPORT["height"])
+        assert full["scrolls"] and 340 < full["box"] <= cap + 1, full
+        scroll_to(log)
+        shoot(page, screenshots / "ui-1024-event-log.png")
+    finally:
+        page.close()

@@ -325,8 +325,9 @@ def events(snap: Snapshot) -> None:
     df, html = memo("events", snap, None, lambda: _event_log(snap))
     shown = f"newest {len(df)} of {total}" if total > len(df) else f"{total}"
     st.caption(f"Newest first ({shown} events).")
-    with st.container(height=340):
-        st.html(html)
+    # Not in a fixed-height container: the log's own box follows its rows up to a cap and
+    # scrolls past it (views.event_log_html).
+    st.html(html)
 
 
 def _event_log(snap: Snapshot) -> tuple[pd.DataFrame, str]:

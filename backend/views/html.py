@@ -217,8 +217,15 @@ _KIND_BADGE = {
 }
 
 
+# The event log's tallest: as high as its rows up to this, then it scrolls. A fixed box
+# left a few events in a tall empty frame and many in a strip; this keeps about 25 rows in
+# view beside the kernel and translator, and leaves a short window room for its heading.
+EVENT_LOG_MAX_HEIGHT = "min(560px, 70vh)"
+
+
 def event_log_html(events: pd.DataFrame) -> str:
-    """The event log (newest first): step, a labelled kind and the plain-English line."""
+    """The event log (newest first): step, a labelled kind and the plain-English line,
+    as tall as its rows up to `EVENT_LOG_MAX_HEIGHT`, scrolling past it."""
     if events.empty:
         return "<div class='pl-events' style='color:#666'>No events yet.</div>"
     rows = []
@@ -235,7 +242,10 @@ def event_log_html(events: pd.DataFrame) -> str:
                     f"<span style='flex:1 1 auto;min-width:0'>{escape(text)}</span></div>")
     # A log to assistive technology: named, and read as a list of lines, newest first.
     return ("<div class='pl-events' role='log' aria-label='Event log, newest first' "
-            "style='font-size:13px'>" + "".join(rows) + "</div>")
+            # Framed, as the box it was: a row cut at its foot reads as more to scroll.
+            f"style='font-size:13px;max-height:{EVENT_LOG_MAX_HEIGHT};overflow-y:auto;"
+            "border:1px solid #DDD;border-radius:8px;padding:4px 10px'>"
+            + "".join(rows) + "</div>")
 
 
 def metrics_html(items: list[MetricItem]) -> str:
