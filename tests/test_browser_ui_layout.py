@@ -41,6 +41,18 @@ LABELS = """keys => keys.map(k => [...document.querySelectorAll(`.st-key-${k} bu
     })"""
 
 
+# The fields whose placeholder is wider than the room the field gives its text.
+PLACEHOLDERS_CUT = """() => [...document.querySelectorAll(
+        '[data-testid=stMain] input[placeholder], [data-testid=stMain] textarea[placeholder]')]
+    .filter(i => i.offsetParent !== null && i.placeholder).flatMap(i => {
+        const s = getComputedStyle(i);
+        const ctx = document.createElement('canvas').getContext('2d');
+        ctx.font = `${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+        const room = i.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+        const width = ctx.measureText(i.placeholder).width;
+        return width > room + 0.5 ? [`${i.ariaLabel}: ${i.placeholder}`] : [];
+    })"""
+
 # How wide each keyed field's input is drawn.
 WIDTHS = """keys => keys.map(k => document.querySelector(`.st-key-${k} input`).clientWidth)"""
 # Where each event row's text lines start, from the row's left edge: the nearest of them.
@@ -99,6 +111,11 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2, timeout=T)
             no_sideways_scroll(page)
             labels_fit(page, "")
+            # The session's scenario file, below them ("Session as …" in a quarter row).
+            scenario = page.evaluate(LABELS, ["dl_scenario"])
+            assert not scenario[0]["cut"], scenario
+            # No field's hint cut short ("click or type an" in Inspect a block).
+            assert page.evaluate(PLACEHOLDERS_CUT) == []
             # The block tables' columns are wider than this page, so their grid scrolls
             # sideways: a line says so, and only while it does (a 1400 px window fits it).
             narrow = page.get_by_text("The table is wider than the page")

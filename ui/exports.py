@@ -202,7 +202,9 @@ def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
         st.caption(plain_md(f"Scenario file: not available, {problem}."))
         return
     name = f"playground-scenario-step-{snap['step']:04d}.json"
-    c = st.columns(4)
+    # Two to a row: a quarter of the page cut "Session as a scenario" to "Session as …"
+    # at 1024 px with the sidebar open.
+    c = st.columns(2)
     _button(c[0], "Session as a scenario", partial(_scenario_bytes, config, oplog.base,
                                                    tuple(oplog.ops), snap, history),
             name, "application/json", "dl_scenario",
