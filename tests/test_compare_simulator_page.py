@@ -155,6 +155,12 @@ def test_an_uploaded_trace_is_checked_whole() -> None:
     assert not at.exception
     assert any(e.value == "mine.csv: row 2 (line 3): GeneratedTokens must be an integer in "
                "1..16,777,216, got '-3'" for e in at.error)
+    # Run with the refused file still in the uploader: said as such, not "upload one".
+    at.button(key="cmp_sim_run").click().run()
+    said = [e.value for e in at.error]
+    assert "Upload a trace first." not in said
+    assert ("The uploaded trace was refused (the reason is under the uploader): upload a "
+            "corrected file.") in said, said
     good = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,300,40\n2,50,10\n"
     at.file_uploader(key="cmp_sim_upload").set_value(("mine.csv", good, "text/csv")).run()
     at.button(key="cmp_sim_run").click().run()

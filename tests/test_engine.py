@@ -21,6 +21,7 @@ from backend.engine.sampling import sample_token
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, snapshot_json
 from backend.models.batch import ForwardBatch, ForwardOutput
+from backend.sessions.playground import summarize
 from backend.views.verify import verdict
 
 NAN = float("nan")
@@ -206,6 +207,8 @@ def test_a_request_that_outgrows_the_whole_pool_finishes() -> None:
     r = e.apply(Step(3))
     assert e.request("A").finish_reason == "capacity" and "A" in r.finished
     assert e.request("A").num_tokens == 4
+    # The status line says why, not only the block tables.
+    assert "finished A (capacity: too long for the pool)" in summarize(r, export_snapshot(e))
 
 
 def test_nine_tokens_fill_three_blocks_and_the_thirteenth_takes_a_fourth() -> None:

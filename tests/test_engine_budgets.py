@@ -175,6 +175,61 @@ def test_max_num_seqs_caps_the_running_batch() -> None:
         assert len(e.running) <= 2
 
 
+def refusal(e: Engine, op: dict[str, Any]) -> str:
+    """The engine's refusal of `op`, checked to leave the state as it was."""
+    before = state(e)
+    with pytest.raises(PagedLabError) as refused:
+        e.apply(parse_op(op))
+    assert state(e) == before
+    return str(refused.value)
+
+
+def test_a_waiting_request_s_refusal_names_what_holds_it_back() -> None:
+    """Grow or fork on a request that has not started says which of admission's rules
+    holds it back, with advice that works: "wait for room in the pool" was said of
+    every waiting request, also of one a budget held back with the pool nearly free."""
+    grow_c = {"op": "grow", "request": "C", "tokens": 1}
+    # max_num_seqs: A and B run, C and D wait with 36 of 48 blocks free.
+    e = engine(max_num_seqs=2)
+    apply(e, *PROMPTS)
+    assert refusal(e, grow_c) == (
+        "cannot grow request 'C': it has not started: 2 requests are running, and "
+        "max_num_seqs is 2; finish one first")
+    # D is behind C, first come, first served.
+    assert refusal(e, {"op": "fork", "request": "D", "child": "D2"}) == (
+        "cannot fork request 'D': it has not started: it is queued behind 1 request, first "
+        "come, first served ('C' starts first); step the batch")
+    # The token budget: B and E's decodes take both of its tokens (A's prompt, prefilled
+    # in chunks, gets a token when one of them waits its turn), so C, which waited for
+    # the pool at first, stays out.
+    e = engine(num_blocks=12, max_num_batched_tokens=2)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 23, "max_new_tokens": 1},
+          {"op": "add", "request": "B", "prompt_len": 1, "max_new_tokens": 30},
+          {"op": "add", "request": "E", "prompt_len": 1, "max_new_tokens": 30},
+          {"op": "add", "request": "C", "prompt_len": 20, "max_new_tokens": 4})
+    for _ in range(13):
+        apply(e, {"op": "step"})
+    assert e.running == ["A", "B", "E"] and e.requests["A"].prefilling
+    assert refusal(e, grow_c) == (
+        "cannot grow request 'C': it has not started: the running requests take the whole "
+        "token budget first, and max_num_batched_tokens is 2; finish one first")
+    # The pool: 12 blocks of 4. A's 23 tokens take 6 and B's 9 take 3, each with room for
+    # its next token; C's 28 tokens need 7 and its first generated token an 8th: 3 are free.
+    e = engine(num_blocks=12)
+    apply(e, PROMPTS[0], PROMPTS[1], PROMPTS[2])
+    assert list(e.waiting) == ["C"]
+    assert refusal(e, grow_c) == (
+        "cannot grow request 'C': it has not started: it is waiting for room in the pool: "
+        "it needs 8 new blocks, and 3 are free beyond what the running requests still "
+        "need; step the batch to admit it as they finish")
+    # Once A finishes, C's blocks are free: the next step starts it.
+    apply(e, {"op": "finish", "request": "A"})
+    assert refusal(e, grow_c).endswith("it has not started: its blocks are free now: the "
+                                       "next step starts it")
+    apply(e, {"op": "step"})
+    assert e.requests["C"].status == "running"
+
+
 def test_watermark_keeps_blocks_free_at_admission() -> None:
     # 12 blocks of 4: A's 23 tokens take 6 (its next token fits in the 6th), leaving 6;
     # B's 9 take 3, which leaves 3 free: enough for a watermark of 3, not of 4.

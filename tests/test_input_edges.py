@@ -158,3 +158,10 @@ def test_a_limit_field_says_blank_or_0_is_no_limit() -> None:
     assert _refusal(max_num_seqs=-1) == ("Max running requests must be 1 to 1,073,741,824, "
                                          "or blank or 0 for no limit; got -1")
     assert _refusal(num_blocks=0) == "Pool size must be 1 to 65,536; got 0"
+
+
+def test_no_metric_s_meaning_repeats_its_name() -> None:
+    """"What these numbers mean" writes each as "name — meaning": a meaning that opens
+    with the name read "Copy-on-write copies — Copy-on-write copies: private copies ..."."""
+    for item in [*metric_items(export_snapshot(swapped_engine())), *metric_items(_snapshot())]:
+        assert not item.help.lower().startswith(item.label.lower()), item

@@ -180,6 +180,20 @@ def test_events_frame_is_newest_first_with_plain_english(shared: Engine) -> None
     assert len(views.events_frame(export_snapshot(shared), limit=3)) == 3
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_freed_block_keeps_a_cached_prefix_only_where_the_pool_caches(caching: bool) -> None:
+    e = Engine(EngineConfig(num_blocks=8, block_size=4, prefix_caching=caching),
+               kernel="torch")
+    for op in (Add("A", prompt_len=9), Finish("A")):
+        e.apply(op)
+    df = views.events_frame(export_snapshot(e))
+    frees = list(df[df["kind"] == "free"]["what happened"])
+    assert len(frees) == 3
+    for line in frees:
+        assert line.startswith("request A released block ")
+        assert ("keeping its cached prefix" in line) is caching, line
+
+
 def test_metric_items_match_the_allocator(shared: Engine) -> None:
     items = {m.label: m.value for m in views.metric_items(export_snapshot(shared))}
     m = shared.metrics()

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from backend.core.budgets import IterationBudget, fits_with_watermark
 from backend.core.config import EngineConfig
+from backend.core.words import agrees, counted
 from backend.engine.request import FinishReason, Request
 from backend.engine.results import Outcome
 from backend.engine.swap import HostPool
@@ -197,6 +198,56 @@ class Admission(ABC):
             budget.admitted(seqs)
             reserve += own
         return admitted
+
+    def why_waiting(self, rid: str) -> str:
+        """Why waiting request `rid` has not started: the first of admission's rules that
+        holds it back at the next iteration, with the advice that would let it start.
+        Reads only (the plans it makes allocate nothing).
+
+        The rules in admission's order: swapped requests come back first; then the
+        queue's head (first come, first served); max_num_seqs; the token budget, spent
+        first on the running requests; the pool's free blocks beyond what the running
+        requests still need, with the watermark kept free.
+        """
+        if self.swapped:
+            n = len(self.swapped)
+            return (f"{counted(n, 'swapped-out request')} {agrees(n, 'comes', 'come')} back "
+                    "first; step the batch")
+        unit = self._queued_unit(self.waiting)
+        if rid not in {r.id for r in unit}:
+            ahead = list(self.waiting).index(rid)
+            return (f"it is queued behind {counted(ahead, 'request')}, first come, first "
+                    f"served ({self.waiting[0]!r} starts first); step the batch")
+        budgets = self.config.budgets
+        running = len(self.running)
+        seqs = sum(1 + r.forks_to_come for r in unit)
+        if budgets.max_num_seqs is not None and running + seqs > budgets.max_num_seqs:
+            starting = "" if seqs == 1 else f" and it starts {seqs} sequences"
+            return (f"{counted(running, 'request')} {agrees(running, 'is', 'are')} running"
+                    f"{starting}, and max_num_seqs is {budgets.max_num_seqs}; finish one first")
+        # Decodes first, one token each, then the prompts still prefilling.
+        tokens = budgets.max_num_batched_tokens
+        decodes = sum(1 for r in self.running if not self.requests[r].prefilling)
+        spent = decodes + sum(self.requests[r].uncomputed for r in self.running)
+        if tokens is not None and spent >= tokens:
+            advice = ("finish one first" if decodes >= tokens else
+                      "step the batch: the prompts still prefilling take it first")
+            return (f"the running requests take the whole token budget first, and "
+                    f"max_num_batched_tokens is {tokens}; {advice}")
+        plans = [self.manager.plan_prompt(r.tokens) for r in unit]
+        bs = self.config.block_size
+        need = (sum(p.num_new_blocks for p in plans)
+                + sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit))
+        free = plans[0].num_available - self._reserve() - (
+            0 if len(plans) == 1 else sum(len(p.hit_blocks) for p in plans))
+        keep = self.config.watermark_blocks or 0
+        if fits_with_watermark(free, need, keep):
+            return "its blocks are free now: the next step starts it"
+        kept = f" with the watermark's {counted(keep, 'block')} kept free" if keep else ""
+        return (f"it is waiting for room in the pool: it needs {counted(need, 'new block')}"
+                f"{kept}, and {max(free, 0):,} {agrees(max(free, 0), 'is', 'are')} free "
+                "beyond what the running requests still need; step the batch to admit it "
+                "as they finish")
 
     def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int) -> bool:
         """`_fits` for requests admitted together (a beam group): their new blocks summed,

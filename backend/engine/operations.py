@@ -211,8 +211,8 @@ def running_request(engine: Engine, request_id: str, action: str) -> Request:
     """The request `action` may act on now, or a refusal saying why it may not."""
     req = engine.request(request_id)
     if req.status == "waiting":
-        raise PagedLabError(f"cannot {action} request {req.id!r}: it is waiting for room in "
-                            "the pool (step the batch to admit it)")
+        raise PagedLabError(f"cannot {action} request {req.id!r}: it has not started: "
+                            f"{engine.scheduler.why_waiting(req.id)}")
     if req.status == "finished":
         raise PagedLabError(f"cannot {action} request {req.id!r}: it has finished")
     if req.status == "swapped":

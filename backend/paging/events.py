@@ -98,14 +98,16 @@ def _opt_str(v: Any) -> str | None:
     return v
 
 
-def describe(event: Event, swapped: bool = False, swap_mode: bool = False) -> str:
+def describe(event: Event, swapped: bool = False, swap_mode: bool = False,
+             caching: bool = True) -> str:
     """One plain-English line for the event log.
 
     `swapped`: for a preempt event, whether the request's blocks went to the host
     pool (swap preemption writes a swap_out event per block just before it), not
     released to be recomputed; the event itself does not say. `swap_mode`: whether
     the engine preempts by swapping, so that a preemption without it found the host
-    pool too full.
+    pool too full. `caching`: whether the pool keeps prefix-cache keys (a freed block
+    then may keep its cached prefix).
     """
     who = f"request {event.request}" if event.request is not None else "the engine"
     b = event.block
@@ -118,8 +120,9 @@ def describe(event: Event, swapped: bool = False, swap_mode: bool = False) -> st
                 return f"{who} released block {b}; still held by {counted(rc, 'other holder')}"
             # The event does not say whether the block keeps a prefix-cache key: a full
             # block of a prefix-caching pool stays "cached" (a hit) until it is reused.
+            keeps = ", keeping its cached prefix if it has one" if caching else ""
             return (f"{who} released block {b}; no one holds it (ref count 0), so it is back "
-                    "in the free queue, keeping its cached prefix if it has one")
+                    f"in the free queue{keeps}")
         case "share":
             return f"{who} shares block {b} (ref count now {rc})"
         case "cow":

@@ -243,7 +243,11 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
     # ("B.7, B.11", not "B.11, B.7").
     dropped = sorted((rid for rid in result.finished if reasons.get(rid) == "dropped"),
                      key=_numbered)
-    finished = [rid for rid in result.finished if reasons.get(rid) != "dropped"]
+    # A request the pool could not hold says so here, not only in the block tables: the
+    # others finished as asked (by hand, at their limit, at end of sequence).
+    finished = [f"{rid} (capacity: too long for the pool)"
+                if reasons.get(rid) == "capacity" else rid
+                for rid in result.finished if reasons.get(rid) != "dropped"]
     if finished:
         parts.append("finished " + ", ".join(finished))
     if dropped:

@@ -47,16 +47,15 @@ METRICS: dict[str, str] = {
     "shared_blocks": "Used blocks with ref count ≥ 2: forks and prefix hits.",
     "blocks_saved_by_sharing": "Block-table entries minus distinct used blocks: the blocks "
                                "sharing avoided.",
-    "cow_copies": "Copy-on-write copies: private copies made before writing into a shared, "
-                  "partly filled block.",
+    "cow_copies": "Private copies made before writing into a shared, partly filled block.",
     "prefix_hit_blocks": "Prompt blocks served from the prefix cache instead of recomputed.",
     "prefix_hit_tokens": "The tokens in those blocks.",
     "prefix_queries": "Prompts looked up in the prefix cache.",
-    "prefix_floor_tokens": "Lost to the block floor: prompt tokens a block-granular cache can "
-                           "never serve. The last prompt token is always computed (its logits "
-                           "give the first new token), so the block holding it is too: the "
-                           "partial last block, or, for a prompt that fills its blocks "
-                           "exactly, the whole last block (16 tokens in blocks of 4: 4 lost).",
+    "prefix_floor_tokens": "Prompt tokens a block-granular cache can never serve. The last "
+                           "prompt token is always computed (its logits give the first new "
+                           "token), so the block holding it is too: the partial last block, "
+                           "or, for a prompt that fills its blocks exactly, the whole last "
+                           "block (16 tokens in blocks of 4: 4 lost).",
     "swapped": "Requests preempted by swap: their K/V waits in the host pool, holding no "
                "device block, until room lets them swap back in.",
     "preemptions": "Times a request's blocks were taken back because the pool ran out.",

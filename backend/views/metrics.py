@@ -51,7 +51,9 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
         MetricItem("Requests", "Running requests", str(status.count("running")),
                    "Requests holding blocks and decoding in every step."),
         MetricItem("Requests", "Waiting requests", str(status.count("waiting")),
-                   "Requests queued for room in the pool (new or preempted)."),
+                   "Requests queued to start (new or preempted), first come, first served: "
+                   "each waits for room in the pool and within the scheduler's budgets. "
+                   "Grow or Fork on one says what holds it back."),
         *([MetricItem("Requests", "Swapped requests", str(status.count("swapped")),
                       METRICS["swapped"])]
           if c.get("preemption") == "swap" or "swapped" in status else []),

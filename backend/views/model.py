@@ -348,13 +348,15 @@ def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
     # the event before a preempt tells which kind it was, even when it is not shown.
     before = [every[i - 1] if i > 0 else None for i in range(len(every) - 1, first - 1, -1)]
     swap_mode = snap["config"].get("preemption") == "swap"
+    caching = snap["config"].get("prefix_caching", True) is not False
     return pd.DataFrame({
         "step": [e.step for e in events],
         "kind": [e.kind for e in events],
         "request": [e.request or "" for e in events],
         "block": [e.block for e in events],
         "what happened": [describe(e, swapped=prev is not None and prev["kind"] == "swap_out"
-                                   and prev["request"] == e.request, swap_mode=swap_mode)
+                                   and prev["request"] == e.request, swap_mode=swap_mode,
+                                   caching=caching)
                           for e, prev in zip(events, before, strict=True)],
     }, columns=["step", "kind", "request", "block", "what happened"])
 

@@ -36,8 +36,12 @@ def calculator_section() -> None:
                                   format_func=lambda b: {4: "fp32 (4 bytes)",
                                                          2: "fp16 / bf16 (2 bytes)",
                                                          1: "fp8 (1 byte)"}[b])
-        reserve = c[1].slider("Reserve (activations, runtime)", 0.0, 0.5, 0.1, 0.01,
-                              key="cmp_calc_reserve", persist_state="session")
+        # A share, not GiB: said by its label and help (40 GiB at 0.10 keeps 4 GiB).
+        reserve = c[1].slider("Reserve (share of GPU memory)", 0.0, 0.5, 0.1, 0.01,
+                              key="cmp_calc_reserve", persist_state="session",
+                              help="The share of the GPU's memory kept for activations and "
+                                   "the runtime, neither weights nor KV cache: 0.10 of 40 "
+                                   "GiB keeps 4 GiB.")
         req_len = f.number(c[2], "Request length (tokens)", 1, 1_000_000, 2048,
                            key="cmp_calc_len")
     model = MODELS[name]

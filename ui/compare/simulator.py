@@ -153,7 +153,11 @@ def simulator_section() -> None:
         if not policies:
             _refuse_keeping_last("Choose at least one policy.")
         elif choice is None:
-            _refuse_keeping_last("Upload a trace first.")
+            # The uploader still shows a file it refused: say so, not "upload one".
+            held = st.session_state.get("cmp_sim_upload") is not None
+            _refuse_keeping_last("The uploaded trace was refused (the reason is under the "
+                                 "uploader): upload a corrected file." if held else
+                                 "Upload a trace first.")
         else:
             ordered = [p for p in views.POLICY_ORDER if p in policies]
             try:
