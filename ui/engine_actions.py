@@ -182,9 +182,13 @@ def load_weights(settings: Settings, work: Work) -> Shown:
 
 
 def _departures(c: EngineConfig) -> str:
-    """The scheduler and sampling settings that differ from the defaults, for the line
-    that announces a new or restored engine ("; at most 2 running, greedy")."""
+    """The cache, scheduler and sampling settings that differ from the defaults, for the
+    line that announces a new or restored engine ("; at most 2 running, greedy")."""
     parts = []
+    # Off after a scenario that turned it off (Continue in the Playground keeps a
+    # scenario's settings): two same prompts then share nothing, which surprises.
+    if not c.prefix_caching:
+        parts.append("prefix caching off")
     if c.max_num_seqs is not None:
         parts.append(f"at most {c.max_num_seqs:,} running")
     if c.max_num_batched_tokens is not None:
