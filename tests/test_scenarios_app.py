@@ -561,7 +561,8 @@ def test_continue_from_here_puts_that_state_into_the_playground() -> None:
     assert export_snapshot(engine) == frame.snapshot
     assert [s.value for s in at.success] == [
         "Restored “The contiguous allocation problem”: step 3, 3 requests, 16 "
-        "blocks of 1 slot; K/V recomputed from the tokens. Keep working from here."]
+        "blocks of 1 slot; prefix caching off; K/V recomputed from the tokens. Keep "
+        "working from here."]
     # The sidebar shows the scenario's pool, so nothing asks to apply other settings.
     assert at.sidebar.number_input(key="cfg_num_blocks").value == 16
     assert at.sidebar.number_input(key="cfg_block_size").value == 1
