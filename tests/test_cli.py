@@ -398,6 +398,32 @@ def test_an_operation_stopped_half_way_is_one_line_not_a_traceback(
         main(["run", str(write(tmp_path, CONTRACT_EXAMPLE)), "--kernel", "torch"])
 
 
+@pytest.mark.parametrize("restoring", [False, True])
+def test_an_engine_the_machine_cannot_build_is_one_line_not_a_traceback(
+        restoring: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pool the limits allow can still be more than the machine's memory: torch's
+    # allocator then raises as the K/V tensors are made, from the config or a snapshot.
+    from backend.engine.engine import Engine
+
+    snap = tmp_path / "snap.json"
+    assert run_cli(capsys, "run", write(tmp_path, CONTRACT_EXAMPLE), "--out", snap,
+                   "--kernel", "torch")[0] == 0
+
+    def no_memory(*_: Any, **__: Any) -> None:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory\n(error code 12)")
+
+    monkeypatch.setattr(Engine, "__init__", no_memory)
+    out = tmp_path / "out.json"
+    args: list[str | Path] = ["run", write(tmp_path, {"steps": []}), "--out", out,
+                              "--kernel", "torch"]
+    code, err = run_cli(capsys, *args, *(["--from", snap] if restoring else []))
+    assert code == 70 and not out.exists()
+    assert err == ("error: PagedLab could not build the engine (RuntimeError: "
+                   "DefaultCPUAllocator: can't allocate memory\\n(error code 12)); a failure "
+                   "of PagedLab or of the machine, not of the file; --out was not written\n")
+
+
 def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     scenario = write(tmp_path, {"steps": [{"op": "finish", "request": "ghost"}]})
     proc = subprocess.run([sys.executable, "-m", "backend", "run", str(scenario), "--kernel",

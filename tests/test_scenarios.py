@@ -147,6 +147,37 @@ def test_paths_that_lead_nowhere_are_mismatches_not_crashes() -> None:
     assert all("not found" in f for f in failures)
 
 
+def test_an_event_kind_no_event_has_is_a_mismatch_not_a_zero() -> None:
+    """A misspelt kind ("alloc_block", "COW", "") counted 0, so an expectation of 0
+    passed whatever ran."""
+    sc = parse_scenario({"steps": [{"op": "add", "request": "A", "prompt": "hello"}]})
+    engine = Engine(sc.config, kernel="torch")
+    _, _, result = next(run_steps(engine, sc.steps))
+    expect = {"events.alloc": 2, "step_events.alloc": 2, "events.alloc_block": 0,
+              "step_events.COW": 0, "events.": 0}
+    failures = check_expectations(expect, export_snapshot(engine), engine, result)
+    assert [f.split(": not found (no event kind ")[0] for f in failures] == [
+        "events.alloc_block", "step_events.COW", "events."]
+    assert "(the kinds: alloc, free, share, cow, " in failures[0]
+
+
+def test_a_contiguous_region_is_named_by_an_id_with_dots() -> None:
+    """Samples and beams are ID.k: "contiguous.regions.B.3" read as region "B"."""
+    sc = parse_scenario({"contiguous": {"capacity": 32, "policy": "oracle"}, "steps": [
+        {"op": "add", "request": "A", "prompt": "hello", "max_new_tokens": 2},
+        {"op": "add", "request": "B.3", "prompt": "hi", "max_new_tokens": 2}]})
+    engine = Engine(sc.config, kernel="torch")
+    mirror = sc.mirror()
+    *_, (_, _, result) = run_steps(engine, sc.steps, mirror=mirror)
+    regions = mirror.state()["regions"]
+    assert set(regions) == {"A", "B.3"}
+    expect = {"contiguous.regions.B.3.tokens": regions["B.3"]["tokens"],
+              "contiguous.regions.B.3": regions["B.3"], "contiguous.regions.A.start": 0,
+              "contiguous.regions.B.4": 1}
+    failures = check_expectations(expect, export_snapshot(engine), engine, result, mirror)
+    assert failures == ["contiguous.regions.B.4: not found (no region 'B')"]
+
+
 def test_a_position_that_is_no_number_or_past_the_list_says_so_in_words() -> None:
     sc = parse_scenario({"steps": [{"op": "add", "request": "A", "prompt": "hello"}]})
     engine = Engine(sc.config, kernel="torch")

@@ -144,6 +144,22 @@ def test_cli_replays_a_csv_of_ones_own(tmp_path: Path, capsys: pytest.CaptureFix
     assert (data["workload"], data["requests"]) == (str(trace), 3)
     assert (data["prompt_tokens"], data["output_tokens"]) == (180, 35)
 
+    # An --out that names the trace itself is refused, the trace left as it was.
+    before = trace.read_bytes()
+    assert run_cli(["--workload", str(trace), "--policy", "paged", "--out", str(trace)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {str(trace)!r} is the trace file itself: "
+                                       "the result would replace it; name another file\n")
+    assert trace.read_bytes() == before
+
+
+def test_cli_reports_a_trace_named_with_a_line_break_on_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "a\nb.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,x,5\n")
+    assert run_cli(["--workload", str(bad), "--policy", "paged"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a\\nb.csv" in err, err
+
 
 @pytest.mark.parametrize(("body", "message"), [
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n1.5,x,3\n",

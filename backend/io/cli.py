@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.io.json_input import file_kind
+from backend.io.report import say
 from backend.io.restore import restore_engine, restore_notes
 from backend.io.scenario import (
     ScenarioError,
@@ -70,7 +70,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # With the usage line: "arguments are required: command" alone names no command.
         # argparse wraps a long usage over several lines; it is joined back into one.
-        _say("error", f"{message}; {' '.join(self.format_usage().split())}")
+        say("error", f"{message}; {' '.join(self.format_usage().split())}")
         raise SystemExit(2)
 
 
@@ -116,18 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args)
 
 
-def _say(kind: str, message: str) -> None:
-    """One `kind: message` line on stderr, however many lines the message held.
-
-    Messages quote what the user gave (paths, expectation paths); a line
-    break in one must not make a reader, or a script, see two reports.
-    """
-    one = message.replace("\r", "\\r").replace("\n", "\\n")
-    sys.stderr.write(f"{kind}: {one}\n")
-
-
 def _fail(message: str) -> int:
-    _say("error", message)
+    say("error", message)
     return 2
 
 
@@ -137,6 +127,7 @@ def _run(args: argparse.Namespace) -> int:
     problem: str | None = None
     mismatches = checked = ran = 0
     notes: list[str] = []
+    building = False   # the engine is being built (restored, or made from the config)
     try:
         _refuse_over_scenario(args.out, args.scenario, "--out")
         if args.snapshots is not None:
@@ -149,7 +140,9 @@ def _run(args: argparse.Namespace) -> int:
                 raise PagedLabError(
                     f"{str(args.from_snapshot)!r} is a scenario (it has 'steps'), not a "
                     "snapshot: --from takes a snapshot, such as one --out wrote")
+            building = True
             engine = restore_engine(data, device=args.device, kernel=args.kernel)
+            building = False
             notes = restore_notes(engine)
         try:
             scenario = load_scenario(
@@ -162,7 +155,9 @@ def _run(args: argparse.Namespace) -> int:
             scenario, failure = exc.partial, exc
         notes += scenario.notes()
         if engine is None:
+            building = True
             engine = Engine(scenario.config, device=args.device, kernel=args.kernel)
+            building = False
         else:
             check_config_matches(scenario, engine.config)
         mirror = scenario.mirror() if args.check and args.from_snapshot is None else None
@@ -179,7 +174,7 @@ def _run(args: argparse.Namespace) -> int:
             if args.check and step.expect:
                 for line in check_expectations(step.expect, export_snapshot(engine), engine,
                                                result, mirror):
-                    _say("mismatch", f"step {i} ({step.op.op}): {line}")
+                    say("mismatch", f"step {i} ({step.op.op}): {line}")
                     mismatches += 1
                 checked += len(step.expect)
         if failure is not None:
@@ -189,14 +184,23 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:  # a file could not be read or written
         problem = f"cannot use {exc.filename or 'a file'}: {exc.strerror}"
     except Exception as exc:
+        # PAGEDLAB_DEBUG=1 shows the traceback of either failure below.
+        if os.environ.get("PAGEDLAB_DEBUG") == "1":
+            raise
+        if building:
+            # The engine's K/V tensors could not be made (the machine out of memory for a
+            # pool the limits allow, or a bug): one line, not a traceback, and no --out,
+            # since there is no engine to write.
+            say("error", f"PagedLab could not build the engine ({exc.__class__.__name__}: "
+                          f"{exc}); a failure of PagedLab or of the machine, not of the "
+                          "file; --out was not written")
+            return EXIT_INTERNAL
         if engine is None or engine.broken is None:
             raise
         # An operation stopped half-way (a bug in PagedLab, or the machine ran out of
         # memory): one line, not a traceback, and no --out, since the state is one no
-        # sequence of operations produces. PAGEDLAB_DEBUG=1 shows the traceback.
-        if os.environ.get("PAGEDLAB_DEBUG") == "1":
-            raise
-        _say("error", f"step {ran + 1} ({scenario.steps[ran].op.op}): PagedLab stopped "
+        # sequence of operations produces.
+        say("error", f"step {ran + 1} ({scenario.steps[ran].op.op}): PagedLab stopped "
                       f"half-way through it ({exc.__class__.__name__}: {exc}); a failure of "
                       "PagedLab or of the machine, not of the file; --out was not written")
         return EXIT_INTERNAL
@@ -208,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
         # dropped without a word (a failure's one line leaves them out: it is what to
         # mend).
         for note in notes:
-            _say("note", note)
+            say("note", note)
         if args.check and not mismatches:
             # Quiet success would not tell "all met" from "nothing checked".
             print(f"checked {counted(checked, 'expectation')} in "

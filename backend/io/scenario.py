@@ -43,6 +43,7 @@ from backend.io.json_input import (
     read_bounded,
     unread_note,
 )
+from backend.paging.events import EVENT_KINDS
 
 MAX_SCENARIO_BYTES = 4 << 20
 # A snapshot file named on the command line (uploads in the app have a smaller bound,
@@ -259,7 +260,11 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
             # a snapshot holds none (`run --from` with a scenario that names one).
             raise KeyError("no contiguous arena is followed in this run: the scenario names "
                            "none, or the run started from a snapshot, which holds none")
-        node: Any = mirror.state()
+        state = mirror.state()
+        if len(parts) >= 3 and parts[1] in ("regions", "out_of_step"):
+            what = "region" if parts[1] == "regions" else "request out of step"
+            return _by_id(state[parts[1]], parts[2:], path, what)
+        node: Any = state
         for part in parts[1:]:
             node = _child(node, part, path)
         return node
@@ -271,25 +276,33 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
             raise KeyError(f"{position!r} is no token position (0, 1, ...)")
         return {k: v for k, v in asdict(engine.translate(rid, int(position))).items()
                 if k != "position"}
-    if head == "events" and len(parts) == 2:
-        return sum(1 for e in snapshot["events"] if e["kind"] == parts[1])
-    if head == "step_events" and len(parts) == 2:
+    if head in ("events", "step_events") and len(parts) == 2:
+        # A kind no event has would count 0 and pass an expectation of 0 forever.
+        if parts[1] not in EVENT_KINDS:
+            raise KeyError(f"no event kind {parts[1]!r} (the kinds: {', '.join(EVENT_KINDS)})")
+        if head == "events":
+            return sum(1 for e in snapshot["events"] if e["kind"] == parts[1])
         return 0 if result is None else sum(1 for e in result.events if e.kind == parts[1])
     if head == "text" and len(parts) >= 2:
         return engine.text(".".join(parts[1:]))
     if head == "requests" and len(parts) >= 2:
-        ids = {r["id"]: r for r in snapshot["requests"]}
-        for end in range(len(parts), 1, -1):
-            node = ids.get(".".join(parts[1:end]))
-            if node is not None:
-                for part in parts[end:]:
-                    node = _child(node, part, path)
-                return node
-        raise KeyError(f"no request {parts[1]!r}")
+        return _by_id({r["id"]: r for r in snapshot["requests"]}, parts[1:], path, "request")
     node = snapshot
     for part in parts:
         node = _child(node, part, path)
     return node
+
+
+def _by_id(by_id: dict[str, Any], parts: list[str], path: str, what: str) -> Any:
+    """The value under a request id that may hold dots (samples and beams are ID.k): the
+    longest id that `parts` start with, then the fields after it."""
+    for end in range(len(parts), 0, -1):
+        node = by_id.get(".".join(parts[:end]))
+        if node is not None:
+            for part in parts[end:]:
+                node = _child(node, part, path)
+            return node
+    raise KeyError(f"no {what} {parts[0]!r}")
 
 
 def _child(node: Any, part: str, path: str) -> Any:

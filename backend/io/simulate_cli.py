@@ -26,6 +26,7 @@ from backend.core.checks import check_int, int_requirement, write_it_as
 from backend.core.errors import PagedLabError
 from backend.core.words import percent
 from backend.io.json_input import read_bounded
+from backend.io.report import say
 from backend.lab.sim.simulator import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY_TOKENS,
@@ -229,6 +230,14 @@ def summary(result: SimResult) -> str:
             f"memory: {mem}")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` are one existing file (a workload's name is no file)."""
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the command for parsed `args`; returns the exit status (0, or 2 for bad input)."""
     try:
@@ -251,6 +260,11 @@ def run_simulate(args: argparse.Namespace) -> int:
 
         if args.out is not None and not Path(args.out).parent.is_dir():
             raise _BadInputError(f"cannot write {args.out}: its folder does not exist")
+        if args.out is not None and _same_file(Path(args.out), Path(args.workload)):
+            # As `run` refuses an --out over its scenario: the result would replace the
+            # trace it came from.
+            raise _BadInputError(f"--out {args.out!r} is the trace file itself: the result "
+                                 "would replace it; name another file")
         shown = [0]  # tenths of the trace reported so far
         started = time.monotonic()
 
@@ -264,7 +278,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
         result = simulate(trace, config, progress=progress)
     except (_BadInputError, PagedLabError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        say("error", str(e))
         return 2
     payload: dict[str, Any] = result.to_json()
     text = json.dumps(payload, indent=2) + "\n"
@@ -274,7 +288,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     try:
         Path(args.out).write_text(text, encoding="utf-8")
     except OSError as e:
-        print(f"error: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
+        say("error", f"cannot write {args.out}: {e.strerror or e}")
         return 2
     print(summary(result))
     return 0
