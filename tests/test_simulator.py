@@ -475,6 +475,16 @@ def test_a_request_that_can_never_run_is_refused() -> None:
                                   watermark=0.0))
     with pytest.raises(PagedLabError, match="can never fit in an arena of 128 slots"):
         simulate(trace, SimConfig(policy="oracle", capacity_tokens=128))
+    # With the default watermark, 1% of the pool, the capacity suggested is one whose own
+    # watermark still leaves the request room: it runs, and a block less would not.
+    long = trace_of([100_000], [10])
+    with pytest.raises(PagedLabError) as refused:
+        simulate(long, SimConfig(policy="paged", capacity_tokens=15_360, block_size=16))
+    least = int(str(refused.value).rsplit("at least ", 1)[1].split(" tokens")[0].replace(",", ""))
+    assert simulate(long, SimConfig(policy="paged", capacity_tokens=least,
+                                    block_size=16)).requests == 1
+    with pytest.raises(PagedLabError, match="use a capacity of at least"):
+        simulate(long, SimConfig(policy="paged", capacity_tokens=least - 16, block_size=16))
     with pytest.raises(PagedLabError, match=r"of 150 tokens can never fit in an arena of 1 slot$"):
         simulate(trace, SimConfig(policy="oracle", capacity_tokens=1))
     with pytest.raises(PagedLabError, match="block_size must be"):

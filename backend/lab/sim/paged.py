@@ -47,6 +47,8 @@ class PagedPolicy:
         # vLLM v0: watermark_blocks = int(watermark * num_gpu_blocks).
         self.watermark_blocks = (int(watermark * num_blocks) if watermark_blocks is None
                                  else watermark_blocks)
+        # The share the watermark follows when no count was given (it grows with the pool).
+        self.watermark_share = watermark if watermark_blocks is None else None
         self._ids: list[str] = []
         self._synced: list[int] = []   # tokens the manager holds, per request
 
@@ -74,7 +76,7 @@ class PagedPolicy:
                 f"pool's {self.num_blocks:,}: no request could ever be admitted; use a "
                 f"watermark under {self.num_blocks:,}")
         if need > room:
-            least = (need + self.watermark_blocks) * self.block_size
+            least = self.least_blocks(need) * self.block_size
             raise PagedLabError(
                 f"the longest request needs {longest:,} tokens ({need:,} blocks of "
                 f"{self.block_size}) but the pool admits at most {room:,} blocks "
@@ -82,6 +84,17 @@ class PagedPolicy:
                 f"use a capacity of at least {least:,} tokens")
         self._ids = [str(i) for i in range(len(final_len))]
         self._synced = [0] * len(final_len)
+
+    def least_blocks(self, need: int) -> int:
+        """The fewest blocks whose pool admits a request of `need` blocks: with a
+        watermark given as a share of the pool, a larger pool keeps more free, so the
+        capacity suggested for the longest request must count its own watermark."""
+        if self.watermark_share is None:
+            return need + self.watermark_blocks
+        blocks = need + int(self.watermark_share * need)
+        while blocks - int(self.watermark_share * blocks) < need:
+            blocks += 1
+        return blocks
 
     def try_admit(self, i: int, tokens: int, final_len: int) -> bool:
         m = self.manager
