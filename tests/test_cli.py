@@ -322,6 +322,12 @@ def test_from_refuses_a_conflicting_config(tmp_path: Path,
     other = write(tmp_path, {"config": {"block_size": 8}, "steps": []}, "o.json")
     code, err = run_cli(capsys, "run", other, "--from", first)
     assert code == 2 and "config.block_size is 8 but the snapshot was taken with 4" in err
+    # In JSON's words: null, true, a string in double quotes (not None, True, 'fifo').
+    other = write(tmp_path, {"config": {"max_new_tokens": 5, "prefix_caching": False},
+                             "steps": []}, "o.json")
+    code, err = run_cli(capsys, "run", other, "--from", first)
+    assert code == 2 and "config.max_new_tokens is 5 but the snapshot was taken with null" \
+        in err
 
 
 def test_check_flag_compares_narrated_numbers(tmp_path: Path,

@@ -117,7 +117,7 @@ def test_from_on_the_command_line(middle: dict[str, Any], tmp_path: Path,
     wrong = tmp_path / "tiny.json"
     wrong.write_text(json.dumps({"config": {"model": "tiny-byte"}, "steps": []}))
     assert main(["run", str(wrong), "--from", str(snap), "--kernel", "torch"]) == 2
-    assert "config.model is 'tiny-byte' but the snapshot was taken with 'smollm2-135m'" in \
+    assert 'config.model is "tiny-byte" but the snapshot was taken with "smollm2-135m"' in \
         capsys.readouterr().err
 
 

@@ -206,8 +206,9 @@ def check_config_matches(scenario: Scenario, config: EngineConfig) -> None:
     want = scenario.config.to_json()
     for key in sorted(scenario.config_fields):
         if have[key] != want[key]:
-            raise ScenarioError(f"config.{key} is {want[key]!r} but the snapshot was taken "
-                                f"with {have[key]!r}")
+            # In JSON's words, as the files write them (null, true, "fifo").
+            raise ScenarioError(f"config.{key} is {_written(want[key])} but the snapshot was "
+                                f"taken with {_written(have[key])}")
 
 
 def run_steps(engine: Engine, steps: tuple[ScenarioStep, ...], first: int = 1,
