@@ -294,12 +294,16 @@ def test_an_inconsistent_snapshot_is_refused_and_the_state_kept(change: Any,
                               "0xc3 at offset 7); it may be a binary file"),
     (b"\x89PNG\r\n\x1a\n", "snapshot is not valid JSON: it is not UTF-8 text (byte 0x89 at "
                            "offset 0); it may be a binary file"),
+    (b"\xff\xfe{\"schema_version\": 1}", "snapshot is not valid JSON: its first bytes mark "
+                                        "it as UTF-16-LE text, which it is not; save it as "
+                                        "UTF-8"),
     (b"[]", "snapshot must be a JSON object"),
     (b"{}", "snapshot: missing field 'schema_version'"),
     (b'{"name": "s", "config": {}, "steps": []}', "snapshot: missing field "
      "'schema_version'; this is a scenario file (it has 'steps'): open it on the Scenarios "
      "page, or run it with python -m backend run"),
-], ids=["truncated", "not-utf8", "png", "a-list", "empty-object", "a-scenario"])
+], ids=["truncated", "not-utf8", "png", "utf-16-mark", "a-list", "empty-object",
+        "a-scenario"])
 def test_a_malformed_snapshot_is_refused(data: bytes, message: str) -> None:
     at = shared_state()
     before = playground_state(at)

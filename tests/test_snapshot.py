@@ -91,6 +91,12 @@ def test_a_fork_is_one_fork_event_then_a_share_per_block_and_restores_exactly() 
         broken = copy.deepcopy(snap)
         next(ev for ev in broken["events"] if ev["kind"] == "fork").update(bad)
         refused(broken, "a fork event names the new request and nothing else")
+    # A share's count is bounded as the file's other counts are.
+    for count, why in ((-1, "its ref_count is negative"),
+                       (2**53, "its ref_count 9,007,199,254,740,992 is past")):
+        broken = copy.deepcopy(snap)
+        next(ev for ev in broken["events"] if ev["kind"] == "share")["ref_count"] = count
+        refused(broken, why)
 
 
 def test_sharers_with_different_tokens_are_refused() -> None:

@@ -79,7 +79,14 @@ def test_a_csv_of_ones_own_in_any_column_order() -> None:
 @pytest.mark.parametrize(("body", "message"), [
     (b"", "the file is empty"),
     (HEADER.encode(), "the trace holds no request"),
-    (b"TIMESTAMP,ContextTokens\n0,1\n", "the header must name the columns"),
+    (b"TIMESTAMP,ContextTokens\n0,1\n", "the header must name the columns TIMESTAMP, "
+                                       "ContextTokens, GeneratedTokens (missing "
+                                       "GeneratedTokens)"),
+    # What differs is said, not the header cut short (which hid the extra column).
+    (b"TIMESTAMP,ContextTokens,GeneratedTokens,Extra\n0,1,1,1\n",
+     "(not a column of the trace: 'Extra')"),
+    (b"TIMESTAMP,ContextTokens,ContextTokens,GeneratedTokens\n0,1,1,1\n",
+     "(named twice: ContextTokens)"),
     ((HEADER + "0,10,5,9\n").encode(), "row 1 (line 2): expected 3 fields"),
     ((HEADER + "0,10,5\n1,10\n").encode(), "row 2 (line 3): expected 3 fields"),
     ((HEADER + "0,10,5\nyesterday,10,5\n").encode(),

@@ -341,6 +341,10 @@ def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
                        "dst or ref_count)")
         elif e.ref_count is not None and e.ref_count < 0:
             problem = "its ref_count is negative"
+        elif e.ref_count is not None and e.ref_count > MAX_JSON_INT:
+            # Counts are bounded as every other count of the file (README: up to 2^53 - 1),
+            # beyond which a JavaScript reader of the file would round them.
+            problem = f"its ref_count {e.ref_count:,} is past {MAX_JSON_INT:,}"
         if problem:
             raise PagedLabError(f"inconsistent snapshot: events[{i}]: {problem}")
         out.append(e)

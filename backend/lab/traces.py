@@ -129,8 +129,18 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
                                 f"header {','.join(COLUMNS)}")
         names = [h.strip() for h in header]
         if sorted(names) != sorted(COLUMNS):
+            # Said by what differs: a header cut at 40 characters hid an extra column
+            # ("got 'TIMESTAMP,ContextTokens,GeneratedTokens,…'").
+            extra = [n for n in names if n not in COLUMNS]
+            missing = [c for c in COLUMNS if c not in names]
+            twice = sorted({n for n in names if n in COLUMNS and names.count(n) > 1})
+            what = "; ".join(part for part in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"not a column of the trace: {', '.join(shown(n) for n in extra[:3])}"
+                + (f" and {len(extra) - 3:,} more" if len(extra) > 3 else "") if extra else "",
+                f"named twice: {', '.join(twice)}" if twice else "") if part)
             raise PagedLabError(f"{name}: the header must name the columns "
-                                f"{', '.join(COLUMNS)}, got {shown(','.join(names))}")
+                                f"{', '.join(COLUMNS)} ({what})")
         at = [names.index(c) for c in COLUMNS]
         times: list[int | float] = []   # nanoseconds (dates) or seconds
         prompts: list[int] = []
