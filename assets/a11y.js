@@ -13,16 +13,16 @@
 //    does not announce. The containers whose keys end in one of READ_OUT are
 //    watched (a key may end in "--N", a number that tells one message from the
 //    same words said again); when their text changes, the new text of the first of
-//    them to change is put in a polite live region: as a run ends, and while a
-//    scenario plays, as it is drawn. What a page's (or a Contiguous vs paged tab's)
-//    first run draws is not news: the screen reader reads the page itself.
+//    them to change is put in a polite live region: once a run has drawn the page,
+//    and while a scenario plays, as it is drawn. What a page's (or a Contiguous vs
+//    paged tab's) first run draws is not news: the screen reader reads the page.
 // 3. Name the section headings' help buttons after their sections.
 (() => {
   if (window.__pagedlabA11y) return;
   window.__pagedlabA11y = true;
 
   const READ_OUT = __READ_OUT__;
-  const PAGE_TABS = __PAGE_TABS__;
+  const TAB_PARAM = __TAB_PARAM__;
   const PLAYING = __PLAYING__;
   const FOCUSABLE = "a[href], button, input, select, textarea, summary, [tabindex]";
   const KEY = "st-key-";
@@ -184,14 +184,10 @@
 
   const heard = new Map();   // watched key -> its text when last read
   let settled = false;       // this page's first run has been drawn and read
-  // The page, by its title, and the open tab of its PAGE_TABS (each tab there draws
-  // only itself, as a page of its own). Not the address: Streamlit changes that as the
-  // new page's run ends, at times after this script has seen the end.
-  const here = () => {
-    const title = document.querySelector("[data-testid='stMain'] h1");
-    const tab = document.querySelector(`.${KEY}${PAGE_TABS} [role='tab'][aria-selected='true']`);
-    return `${title?.innerText.trim() ?? ""}\n${tab?.innerText.trim() ?? ""}`;
-  };
+  // The page, and on the Contiguous vs paged page its open tab (the address's TAB_PARAM):
+  // each tab draws only itself, as a page of its own. The address changes late in the
+  // new page's run, so reads wait for a quiet moment after it.
+  const here = () => `${location.pathname}?${new URLSearchParams(location.search).get(TAB_PARAM)}`;
   let page = here();
   let ran = true;            // a run of this page has started (the one that drew this)
 
@@ -216,14 +212,13 @@
     ran = false;
   };
 
-  // `ended`: called as a run ends. The page is that run's, even if the next run has
-  // already started (a scenario's play starts it within a tenth of a second). While a
-  // scenario plays, what a run has drawn so far is read: the browser may see no end
-  // between two of its runs.
-  const readOut = (ended = false) => {
+  // Read once a run has drawn the page; while a scenario plays, as soon as a run has
+  // drawn it: a play's runs follow each other with 20-130 ms between them, too short
+  // for a quiet moment after a run's end, and at times with none the browser sees.
+  const readOut = () => {
     checkPage();
     const playing = document.querySelector(`.${KEY}${PLAYING}`) !== null;
-    if ((running() && !ended && !playing) || !ran) return;
+    if ((running() && !playing) || !ran) return;
     const now = watched();
     // One action can change several (an Add also redraws the translator): the first
     // changed in READ_OUT's order is the action's own result.
@@ -272,9 +267,6 @@
     if (changes.some((c) => c.attributeName === "data-test-script-state")) {
       ran = true;
       runs += 1;   // a run started or ended: either way, one ran
-      // Read as soon as a run ends, not at the next quiet moment: during a play the
-      // next run starts at once, and the 250 ms wait below missed most steps.
-      if (!running()) readOut(true);
     }
     // Chromium moves the focus off a disabled control when it next renders.
     window.requestAnimationFrame(() => window.setTimeout(refocus, 0));

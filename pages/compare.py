@@ -24,7 +24,7 @@ from ui import entry
 # First, before the slow imports below: a fresh server's /compare (ui/entry.py).
 entry.through_app()
 
-from ui import a11y, layout, sidebar
+from ui import layout, sidebar
 from ui.compare import TAB_KEY, TABS
 from ui.compare.block_size import block_size_section
 from ui.compare.calculator import calculator_section
@@ -52,8 +52,8 @@ st.caption(
     "the tables' \"token states (held)\", free memory left out, is the one to compare with them.")
 # Eight tabs fit one line on a wide page; beside the sidebar in a 1024 px window they
 # take two, every name in view (the sidebar's notes call the tabs by these names).
-layout.wrap_tabs(a11y.PAGE_TABS)
-with st.container(key=a11y.PAGE_TABS):
+layout.wrap_tabs("cmp_tabs")
+with st.container(key="cmp_tabs"):
     # Only the open tab is drawn: each builds its own charts and tables (a second or
     # more of a CPU for some), so drawing all eight made every field's change wait for
     # all of them. The address names the open tab (`?tab=Sharing`), so a link or a

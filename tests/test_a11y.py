@@ -20,7 +20,7 @@ def test_the_script_gets_the_read_out_keys_and_no_placeholder() -> None:
     text = a11y.script()
     assert "__" not in text.replace("window.__pagedlabA11y", "")
     assert f"const READ_OUT = {json.dumps(a11y.READ_OUT)};" in text
-    assert f"const PAGE_TABS = {json.dumps(a11y.PAGE_TABS)};" in text
+    assert f"const TAB_PARAM = {json.dumps(a11y.TAB_PARAM)};" in text
     assert f"const PLAYING = {json.dumps(a11y.PLAYING)};" in text
     # Installed once per tab, however many runs draw it.
     assert "if (window.__pagedlabA11y) return;" in text
@@ -46,3 +46,11 @@ def test_said_takes_only_a_read_out_ending() -> None:
     """A container keyed with an ending the script does not watch would be silent."""
     with pytest.raises(ValueError, match="READ_OUT"):
         a11y.said("cmp_seed", "outcome")
+
+
+def test_the_tab_parameter_is_the_compare_page_s() -> None:
+    """A tab change is told from the address: a renamed parameter would read every
+    newly opened tab out as news."""
+    from ui.compare import TAB_KEY
+
+    assert a11y.TAB_PARAM == TAB_KEY

@@ -384,7 +384,7 @@ def test_each_address_opens_its_page_on_a_fresh_server(browser: Browser, screens
                 # The tab the link names is the one open, and the only one drawn.
                 expect(page.get_by_role("tab", name="Memory calculator")).to_have_attribute(
                     "aria-selected", "true")
-                shows(page.get_by_text("819,200 bytes per token (800 KiB)"))
+                shows(in_app(page).get_by_text("819,200 bytes per token (800 KiB)"))
                 expect(page.get_by_text("5 slots are free in total")).to_have_count(0)
             if path != "/lab":
                 return

@@ -20,7 +20,7 @@ from backend.lab.compare.block_sizes import trace_block_sweep
 from backend.lab.sim.simulator import SimConfig, simulate_workload
 from backend.views.compare import frames as views
 from backend.views.compare import tables
-from tests.browser_support import CHROMIUM_ARGS, SCREENSHOTS, scroll_to, serve
+from tests.browser_support import CHROMIUM_ARGS, SCREENSHOTS, in_app, scroll_to, serve
 
 pytestmark = pytest.mark.browser
 
@@ -95,13 +95,14 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
                 timeout=60_000)
 
             open_tab(page, "The seed's example")
-            expect(page.get_by_text("5 slots are free in total but the largest hole is 3")
+            expect(in_app(page).get_by_text("5 slots are free in total but the largest hole is 3")
                    ).to_be_visible()
-            expect(page.get_by_text("block table [11, 12, 13, 14]")).to_be_visible()
+            expect(in_app(page).get_by_text("block table [11, 12, 13, 14]")).to_be_visible()
             shot(page, "1-seed")
 
             open_tab(page, "One workload, two memories")
-            expect(page.get_by_text("The last request finished in iteration")).to_be_visible()
+            expect(in_app(page).get_by_text("The last request finished in iteration")
+                   ).to_be_visible()
             panel = page.get_by_role("tabpanel", name="One workload, two memories")
             # Legend, two maps, two area charts and the breakdown bars.
             expect(panel.locator(".vega-embed")).to_have_count(6)
@@ -110,10 +111,10 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             # Nothing is drawn here until a run.
             open_tab(page, "Trace simulator", charts=False)
             page.get_by_role("button", name="Run simulation").click()
-            expect(page.get_by_text(gain)).to_be_visible()
-            expect(page.get_by_text("Last run: sharegpt, 1,000 requests")).to_be_visible()
+            expect(in_app(page).get_by_text(gain)).to_be_visible()
+            expect(in_app(page).get_by_text("Last run: sharegpt, 1,000 requests")).to_be_visible()
             panel = page.get_by_role("tabpanel", name="Trace simulator")
-            expect(page.get_by_text(f"Why {paged.preemptions:,} preemptions for 1,000 "
+            expect(in_app(page).get_by_text(f"Why {paged.preemptions:,} preemptions for 1,000 "
                                     "requests.")).to_be_visible()
             # Policy bars (3), breakdown, the preemption histogram and the timeline.
             expect(panel.locator(".vega-embed")).to_have_count(6)
@@ -123,10 +124,10 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
 
             # Issue 13: with the run above cached, this button crashed every session.
             open_tab(page, "Block size")
-            expect(page.get_by_text(tradeoff)).to_be_visible()
+            expect(in_app(page).get_by_text(tradeoff)).to_be_visible()
             tables_fit(page, 1)     # every column of the sweep in view
             page.get_by_role("button", name="Simulate every block size").click()
-            expect(page.get_by_text("In the simulator, block size 1:")).to_be_visible()
+            expect(in_app(page).get_by_text("In the simulator, block size 1:")).to_be_visible()
             expect(page.locator(".stException")).to_have_count(0)
             shot(page, "4-block-size")
 
@@ -140,7 +141,7 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             # back on this tab, its bar goes on and its result comes.
             expect(panel.get_by_test_id("stProgress")).to_be_visible(timeout=60_000)
             open_tab(page, "Memory calculator", charts=False)
-            expect(page.get_by_text("819,200 bytes per token (800 KiB)")).to_be_visible()
+            expect(in_app(page).get_by_text("819,200 bytes per token (800 KiB)")).to_be_visible()
             open_tab(page, "Real deployment", charts=False)
             panel = page.get_by_role("tabpanel", name="Real deployment")
             expect(panel.get_by_text("the direction of the paper's Figure 13")).to_be_visible(
@@ -160,7 +161,7 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             shot(page, "4d-swap")
 
             open_tab(page, "Sharing")
-            expect(page.get_by_text(sharing)).to_be_visible()
+            expect(in_app(page).get_by_text(sharing)).to_be_visible()
             tables_fit(page, 1)
             shot(page, "5-sharing")
             # A refusal in "Run it here" leaves the estimate below it open.
@@ -172,15 +173,15 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             prompts = page.get_by_role("tabpanel", name="Sharing").get_by_label("Prompts")
             prompts.fill("0")
             prompts.press("Enter")
-            expect(page.get_by_text("Prompts must be 1 to 16; got 0")).to_be_visible()
+            expect(in_app(page).get_by_text("Prompts must be 1 to 16; got 0")).to_be_visible()
             expect(estimate).to_have_attribute("open", "")
             prompts.fill("4")
             prompts.press("Enter")
-            expect(page.get_by_text("Prompts must be 1 to 16; got 0")).to_have_count(0)
+            expect(in_app(page).get_by_text("Prompts must be 1 to 16; got 0")).to_have_count(0)
 
             open_tab(page, "Memory calculator", charts=False)   # tables and metrics only
-            expect(page.get_by_text("819,200 bytes per token (800 KiB)")).to_be_visible()
-            expect(page.get_by_text("15,447", exact=True)).to_be_visible()
+            expect(in_app(page).get_by_text("819,200 bytes per token (800 KiB)")).to_be_visible()
+            expect(in_app(page).get_by_text("15,447", exact=True)).to_be_visible()
             # Every model's shape, the source column included, without scrolling.
             tables_fit(page, 2)
             shot(page, "6-calculator")
@@ -193,7 +194,7 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             # Only the open tab is drawn; one drawn again shows its last run as it was,
             # and the address names it, so a reload opens it.
             open_tab(page, "Trace simulator")
-            expect(page.get_by_text("Last run: sharegpt, 1,000 requests")).to_be_visible()
+            expect(in_app(page).get_by_text("Last run: sharegpt, 1,000 requests")).to_be_visible()
             expect(page).to_have_url(re.compile(r"[?&]tab=Trace(\+|%20)simulator"))
             page.reload()
             expect(page.get_by_role("tab", name="Trace simulator")).to_have_attribute(
