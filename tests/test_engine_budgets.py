@@ -211,8 +211,8 @@ def test_a_waiting_request_s_refusal_names_what_holds_it_back() -> None:
         apply(e, {"op": "step"})
     assert e.running == ["A", "B", "E"] and e.requests["A"].prefilling
     assert refusal(e, grow_c) == (
-        "cannot grow request 'C': it has not started: the running requests take the whole "
-        "token budget first, and max_num_batched_tokens is 2; finish one first")
+        "cannot grow request 'C': it has not started: the running requests take the token "
+        "budget first, and max_num_batched_tokens is 2; finish one first")
     # The pool: 12 blocks of 4. A's 23 tokens take 6 and B's 9 take 3, each with room for
     # its next token; C's 28 tokens need 7 and its first generated token an 8th: 3 are free.
     e = engine(num_blocks=12)
@@ -228,6 +228,49 @@ def test_a_waiting_request_s_refusal_names_what_holds_it_back() -> None:
                                        "next step starts it")
     apply(e, {"op": "step"})
     assert e.requests["C"].status == "running"
+
+
+def test_a_waiting_request_s_refusal_is_true_in_the_harder_cases() -> None:
+    """What `why_waiting` says next is what the next step does: a head that can never fit
+    is ended, a beam group needs a token per beam, a preempted request is said to be
+    one, and "finish N first" counts the sequences a group starts."""
+    # Preempted (recompute) B, grown past the pool less its watermark: the next step ends
+    # it, as the refusal says; before, it was told to step the batch to be admitted.
+    e = engine(num_blocks=8, watermark_blocks=2)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 1, "max_new_tokens": 60},
+          {"op": "add", "request": "B", "prompt_len": 17, "max_new_tokens": 60})
+    while "B" not in e.waiting:
+        apply(e, {"op": "step"})
+    assert e.requests["B"].num_preemptions == 1
+    assert refusal(e, {"op": "fork", "request": "B", "child": "Z"}) == (
+        "cannot fork request 'B': it was preempted and waits to be recomputed: it can never "
+        "fit the pool (with its watermark): the next step ends it (finish reason capacity)")
+    apply(e, {"op": "step"})
+    assert e.requests["B"].finish_reason == "capacity"
+    # A beam group of 3 with 2 tokens of the budget left after the running requests: it
+    # waits, though its blocks are free (it was told the next step starts it).
+    e = engine(num_blocks=8, max_num_batched_tokens=3)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 1, "max_new_tokens": 40},
+          {"op": "add", "request": "B", "prompt_len": 4, "max_new_tokens": 40},
+          {"op": "add", "request": "G", "prompt_len": 2, "max_new_tokens": 30,
+           "beam_width": 3})
+    for _ in range(37):
+        apply(e, {"op": "step"})
+    assert list(e.waiting) == ["G.0", "G.1", "G.2"]
+    assert refusal(e, {"op": "grow", "request": "G.2", "tokens": 1}).endswith(
+        "the running requests take the token budget first (its 3 beams need one each), and "
+        "max_num_batched_tokens is 3; step the batch: the prompts still prefilling take it "
+        "first")
+    assert not e.apply(parse_op({"op": "step"})).admitted
+    # Three parallel samples beside four running requests, with max_num_seqs 4: finishing
+    # one is not enough, and the advice says how many.
+    e = engine(max_num_seqs=4)
+    apply(e, *({"op": "add", "request": x, "prompt_len": 3, "max_new_tokens": 40}
+               for x in "ABCD"),
+          {"op": "add", "request": "G", "prompt_len": 3, "max_new_tokens": 5, "n": 3})
+    assert refusal(e, {"op": "grow", "request": "G.0", "tokens": 1}).endswith(
+        "4 requests are running and it starts 3 sequences, and max_num_seqs is 4; finish 3 "
+        "first")
 
 
 def test_watermark_keeps_blocks_free_at_admission() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from backend.core.budgets import IterationBudget, fits_with_watermark
@@ -58,6 +58,13 @@ class Admission(ABC):
 
     @abstractmethod
     def finish(self, req: Request, reason: FinishReason) -> None: ...
+
+    # The Scheduler's reading of its running list, which `why_waiting` follows.
+    @abstractmethod
+    def units(self, reqs: Iterator[Request]) -> Iterator[list[Request]]: ...
+
+    @abstractmethod
+    def _room(self, rid: str, spare_blocks: int) -> int: ...
 
     @abstractmethod
     def next_admission(self) -> int: ...
@@ -200,54 +207,90 @@ class Admission(ABC):
         return admitted
 
     def why_waiting(self, rid: str) -> str:
-        """Why waiting request `rid` has not started: the first of admission's rules that
-        holds it back at the next iteration, with the advice that would let it start.
-        Reads only (the plans it makes allocate nothing).
+        """Why waiting request `rid` has not started (or, preempted, started again):
+        the first of admission's rules that holds it back at the next iteration, with
+        the advice that would let it in. Reads only (its plans allocate nothing).
 
-        The rules in admission's order: swapped requests come back first; then the
-        queue's head (first come, first served); max_num_seqs; the token budget, spent
-        first on the running requests; the pool's free blocks beyond what the running
-        requests still need, with the watermark kept free.
+        The rules in `plan`'s and `admit`'s order: swapped requests come back first;
+        first come, first served (the queue's head, a beam group whole); a head that
+        could never fit is ended; max_num_seqs; the token budget, spent first on the
+        running requests' decodes and prefill chunks (a beam group needs a token per
+        beam); the pool's free blocks beyond what the running requests still need, with
+        the watermark kept free.
         """
         if self.swapped:
             n = len(self.swapped)
             return (f"{counted(n, 'swapped-out request')} {agrees(n, 'comes', 'come')} back "
                     "first; step the batch")
         unit = self._queued_unit(self.waiting)
+        head = self.waiting[0]
+        never = self._never_fit(sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit))
         if rid not in {r.id for r in unit}:
             ahead = list(self.waiting).index(rid)
+            first = (f"{head!r}, which can never fit the pool, ends at the next step"
+                     if never else f"{head!r} starts first")
             return (f"it is queued behind {counted(ahead, 'request')}, first come, first "
-                    f"served ({self.waiting[0]!r} starts first); step the batch")
+                    f"served ({first}); step the batch")
+        if never:
+            return ("it can never fit the pool (with its watermark): the next step ends it "
+                    "(finish reason capacity)")
         budgets = self.config.budgets
         running = len(self.running)
         seqs = sum(1 + r.forks_to_come for r in unit)
         if budgets.max_num_seqs is not None and running + seqs > budgets.max_num_seqs:
+            over = running + seqs - budgets.max_num_seqs
             starting = "" if seqs == 1 else f" and it starts {seqs} sequences"
             return (f"{counted(running, 'request')} {agrees(running, 'is', 'are')} running"
-                    f"{starting}, and max_num_seqs is {budgets.max_num_seqs}; finish one first")
-        # Decodes first, one token each, then the prompts still prefilling.
+                    f"{starting}, and max_num_seqs is {budgets.max_num_seqs}; finish "
+                    f"{'one' if over == 1 else f'{over:,}'} first")
         tokens = budgets.max_num_batched_tokens
-        decodes = sum(1 for r in self.running if not self.requests[r].prefilling)
-        spent = decodes + sum(self.requests[r].uncomputed for r in self.running)
-        if tokens is not None and spent >= tokens:
-            advice = ("finish one first" if decodes >= tokens else
-                      "step the batch: the prompts still prefilling take it first")
-            return (f"the running requests take the whole token budget first, and "
-                    f"max_num_batched_tokens is {tokens}; {advice}")
+        if tokens is not None:
+            left, decoding = self._tokens_left_for_admission(tokens)
+            if left < len(unit):
+                # A beam group starts whole, a token per beam.
+                needs = "" if len(unit) == 1 else f" (its {len(unit)} beams need one each)"
+                advice = ("finish one first" if decoding + len(unit) > tokens else
+                          "step the batch: the prompts still prefilling take it first")
+                return (f"the running requests take the token budget first{needs}, and "
+                        f"max_num_batched_tokens is {tokens}; {advice}")
         plans = [self.manager.plan_prompt(r.tokens) for r in unit]
         bs = self.config.block_size
-        need = (sum(p.num_new_blocks for p in plans)
+        # A beam group's prefix hits are counted as taken from the evictable blocks
+        # (`_fits_all`): said as blocks it needs, not as fewer free ones.
+        hits = 0 if len(plans) == 1 else sum(len(p.hit_blocks) for p in plans)
+        need = (sum(p.num_new_blocks for p in plans) + hits
                 + sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit))
-        free = plans[0].num_available - self._reserve() - (
-            0 if len(plans) == 1 else sum(len(p.hit_blocks) for p in plans))
+        free = max(plans[0].num_available - self._reserve(), 0)
         keep = self.config.watermark_blocks or 0
         if fits_with_watermark(free, need, keep):
             return "its blocks are free now: the next step starts it"
         kept = f" with the watermark's {counted(keep, 'block')} kept free" if keep else ""
         return (f"it is waiting for room in the pool: it needs {counted(need, 'new block')}"
-                f"{kept}, and {max(free, 0):,} {agrees(max(free, 0), 'is', 'are')} free "
-                "beyond what the running requests still need; step the batch to admit it "
-                "as they finish")
+                f"{kept}, and {free:,} {agrees(free, 'is', 'are')} free beyond what the "
+                "running requests still need; step the batch to admit it as they finish")
+
+    def _tokens_left_for_admission(self, tokens: int) -> tuple[int, int]:
+        """`plan`'s spending of a token budget of `tokens`, read only: what is left when
+        admission comes, and how many tokens the decodes took. Decodes first, a beam
+        group whole or not at all, then each prefill's next chunk as far as the budget
+        and the free blocks go."""
+        left = tokens
+        units = self.units(self.requests[r] for r in self.running)
+        reserved: list[str] = []
+        for unit in units:
+            if not any(r.prefilling for r in unit) and left >= len(unit):
+                left -= len(unit)
+                reserved += [r.id for r in unit]
+        decoding = tokens - left
+        spare = self.manager.num_free_blocks - sum(
+            self.manager.blocks_needed_to_append(r, 1) for r in reserved)
+        for r in self.running:
+            req = self.requests[r]
+            if req.prefilling and left > 0:
+                take = min(req.uncomputed, self._room(r, spare), left)
+                left -= take
+                spare -= self.manager.blocks_needed_to_append(r, take)
+        return left, decoding
 
     def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int) -> bool:
         """`_fits` for requests admitted together (a beam group): their new blocks summed,

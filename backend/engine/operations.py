@@ -211,7 +211,9 @@ def running_request(engine: Engine, request_id: str, action: str) -> Request:
     """The request `action` may act on now, or a refusal saying why it may not."""
     req = engine.request(request_id)
     if req.status == "waiting":
-        raise PagedLabError(f"cannot {action} request {req.id!r}: it has not started: "
+        state = ("it was preempted and waits to be recomputed" if req.num_preemptions
+                 else "it has not started")
+        raise PagedLabError(f"cannot {action} request {req.id!r}: {state}: "
                             f"{engine.scheduler.why_waiting(req.id)}")
     if req.status == "finished":
         raise PagedLabError(f"cannot {action} request {req.id!r}: it has finished")
