@@ -143,9 +143,10 @@
       null],
     ["[data-testid='stExpandSidebarButton']", "[data-testid='stSidebarCollapseButton'] button",
       null],
-    ["button[aria-label='Fullscreen']", "button[aria-label='Close fullscreen']",
+    // (A chart with a text alternative names them "Fullscreen: ...".)
+    ["button[aria-label^='Fullscreen']", "button[aria-label^='Close fullscreen']",
       "[data-testid='stFullScreenFrame']"],
-    ["button[aria-label='Close fullscreen']", "button[aria-label='Fullscreen']",
+    ["button[aria-label^='Close fullscreen']", "button[aria-label^='Fullscreen']",
       "[data-testid='stFullScreenFrame']"],
   ];
   const handOver = (pressed) => {
@@ -168,7 +169,7 @@
   // Escape closes a chart's full screen as its close button does.
   document.addEventListener("keydown", (e) => {
     const close = e.key === "Escape"
-      && document.querySelector("button[aria-label='Close fullscreen']");
+      && document.querySelector("button[aria-label^='Close fullscreen']");
     if (close) handOver(close);
   }, true);
 
@@ -191,9 +192,13 @@
   let page = here();
   let ran = true;            // a run of this page has started (the one that drew this)
 
-  const watched = () => {
+  // Mid-run (a play), a box Streamlit has not drawn again yet is stale: its text may be
+  // half the old step's.
+  const watched = (midRun = false) => {
     const found = new Map();
     for (const box of document.querySelectorAll(`[class*="${KEY}"]`)) {
+      const stale = "[data-stale='true']";
+      if (midRun && (box.closest(stale) || box.querySelector(stale))) continue;
       for (const c of box.classList) {
         const name = c.slice(KEY.length).replace(/--\d+$/, "");
         if (c.startsWith(KEY) && READ_OUT.some((s) => name.endsWith(s))) {
@@ -219,7 +224,8 @@
     checkPage();
     const playing = document.querySelector(`.${KEY}${PLAYING}`) !== null;
     if ((running() && !playing) || !ran) return;
-    const now = watched();
+    const midRun = running();
+    const now = watched(midRun);
     // One action can change several (an Add also redraws the translator): the first
     // changed in READ_OUT's order is the action's own result.
     let said = null;
@@ -230,7 +236,9 @@
       }
     }
     settled = true;
-    heard.clear();
+    // Mid-run, a stale box keeps what was heard of it, so that drawn again with the
+    // same words it is not news.
+    if (!midRun) heard.clear();
     for (const [k, text] of now) heard.set(k, text);
     if (said !== null) {
       // Emptied first, so that the same words said twice are announced twice.

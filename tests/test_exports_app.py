@@ -295,8 +295,8 @@ def test_an_inconsistent_snapshot_is_refused_and_the_state_kept(change: Any,
     (b"\x89PNG\r\n\x1a\n", "snapshot is not valid JSON: it is not UTF-8 text (byte 0x89 at "
                            "offset 0); it may be a binary file"),
     (b"\xff\xfe{\"schema_version\": 1}", "snapshot is not valid JSON: its first bytes mark "
-                                        "it as UTF-16-LE text, which it is not; save it as "
-                                        "UTF-8"),
+                                        "it as UTF-16-LE text, which it is not; it may be a "
+                                        "binary file, or else save it as UTF-8"),
     (b"[]", "snapshot must be a JSON object"),
     (b"{}", "snapshot: missing field 'schema_version'"),
     (b'{"name": "s", "config": {}, "steps": []}', "snapshot: missing field "

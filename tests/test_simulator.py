@@ -485,6 +485,11 @@ def test_a_request_that_can_never_run_is_refused() -> None:
                                     block_size=16)).requests == 1
     with pytest.raises(PagedLabError, match="use a capacity of at least"):
         simulate(long, SimConfig(policy="paged", capacity_tokens=least - 16, block_size=16))
+    # Near the largest capacity, a 1% watermark leaves no capacity that would do: said.
+    huge = trace_of([16_776_000], [10])
+    with pytest.raises(PagedLabError, match="no capacity up to 16,777,216 tokens admits it "
+                                            "with this watermark; use a watermark of 0"):
+        simulate(huge, SimConfig(policy="paged", capacity_tokens=15_360, block_size=16))
     with pytest.raises(PagedLabError, match=r"of 150 tokens can never fit in an arena of 1 slot$"):
         simulate(trace, SimConfig(policy="oracle", capacity_tokens=1))
     with pytest.raises(PagedLabError, match="block_size must be"):

@@ -83,7 +83,7 @@ def test_a_csv_of_ones_own_in_any_column_order() -> None:
                                        "ContextTokens, GeneratedTokens (missing "
                                        "GeneratedTokens)"),
     # What differs is said, not the header cut short (which hid the extra column).
-    (b"TIMESTAMP,ContextTokens,GeneratedTokens,Extra\n0,1,1,1\n",
+    (b"TIMESTAMP,ContextTokens,GeneratedTokens,Extra,Extra\n0,1,1,1,1\n",
      "(not a column of the trace: 'Extra')"),
     (b"TIMESTAMP,ContextTokens,ContextTokens,GeneratedTokens\n0,1,1,1\n",
      "(named twice: ContextTokens)"),

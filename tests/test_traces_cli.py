@@ -150,6 +150,12 @@ def test_cli_replays_a_csv_of_ones_own(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().err == (f"error: --out {str(trace)!r} is the trace file itself: "
                                        "the result would replace it; name another file\n")
     assert trace.read_bytes() == before
+    # A workload's name is no file, even where a file of that name is at hand.
+    named = tmp_path / "alpaca"
+    named.write_text("not a trace")
+    assert run_cli(["--workload", "alpaca", "--requests", "5", "--policy", "paged",
+                    "--out", str(named)]) == 0
+    assert json.loads(named.read_text())["requests"] == 5
 
 
 def test_cli_reports_a_trace_named_with_a_line_break_on_one_line(

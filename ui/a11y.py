@@ -9,8 +9,8 @@ scenario is playing. `STYLE` is the page's style for the same ends.
 
 from __future__ import annotations
 
-import itertools
 import json
+import zlib
 from pathlib import Path
 
 import streamlit as st
@@ -39,9 +39,6 @@ TAB_PARAM = "tab"
 # script reads what changed as soon as it is drawn, not only when a run ends.
 PLAYING = "pagedlab_playing"
 
-# Numbers each drawing of a `said(..., again=True)` container.
-_DRAWN = itertools.count(1)
-
 # The hidden container that holds the script (a script draws nothing, but Streamlit
 # gives every element a place in the page's flow; hidden, it takes none).
 HOLDER = "pagedlab_a11y"
@@ -59,14 +56,16 @@ STYLE = (
     f" [class*='st-key-{PLAYING}'],"
     f" [data-testid='stLayoutWrapper']:has(> [class*='st-key-{PLAYING}'])"
     " { display: none; }"
-    # The sidebar's collapse button: Streamlit hides it (visibility) until the pointer is
-    # over the sidebar, which also keeps the keyboard from reaching it. Transparent
-    # instead, it takes the focus, and shows while it has it.
+    # The sidebar's collapse button: where there is a pointer, Streamlit hides it
+    # (visibility) until the pointer is over the sidebar, which also keeps the keyboard
+    # from reaching it. Transparent instead, it takes the focus, and shows while it has
+    # it. (On a touch screen or a narrow window Streamlit shows it always.)
+    " @media (hover: hover) and (min-width: 577px) {"
     " [data-testid='stSidebar']:not([data-collapsed='true'])"
     " [data-testid='stSidebarCollapseButton'] { visibility: visible !important; opacity: 0; }"
     " [data-testid='stSidebar']:hover [data-testid='stSidebarCollapseButton'],"
     " [data-testid='stSidebar'] [data-testid='stSidebarCollapseButton']:focus-within"
-    " { opacity: 1; }"
+    " { opacity: 1; } }"
     # A collapsed sidebar is moved off the page, its controls still in the Tab order:
     # Tab went from the expand button into an unseen sidebar. Hidden once it has slid
     # away (a visibility transition waits its duration only on the way out).
@@ -100,21 +99,27 @@ def install() -> None:
 
 def play_state(playing: bool) -> None:
     """Mark this run's page as a scenario's play, or not (see PLAYING). Drawn on every
-    run of the page, before what the play changes, so that the elements after it keep
-    their places (and are not drawn anew) as a play starts and stops."""
+    run of the page, before the narration it is for, under one of two keys, so that it
+    keeps its place, and the elements after it theirs, as a play starts and stops."""
     with st.container(key=PLAYING if playing else f"{PLAYING}_not"):
         st.html("<span></span>")
 
 
-def said(name: str, ending: str, *, again: bool = False) -> DeltaGenerator:
+def said(name: str, ending: str) -> DeltaGenerator:
     """A container for a result that assets/a11y.js reads out when a run changes it.
 
     `ending` is one of READ_OUT (its place there says which of several changes is read);
-    `name` tells this container from others with the same ending. With `again`, each
-    drawing is numbered, so the same words drawn by the next run are read again: a
-    refusal that still stands after another field changed.
+    `name` tells this container from others with the same ending. The same words drawn
+    again are not news: a refusal that still stands is not read again after another
+    field changed (its section's new result is).
     """
     if ending not in READ_OUT:
         raise ValueError(f"{ending!r} is not one of READ_OUT")
-    number = f"--{next(_DRAWN)}" if again else ""
-    return st.container(key=f"{name}_{ending}{number}")
+    return st.container(key=f"{name}_{ending}")
+
+
+def refused(text: str) -> DeltaGenerator:
+    """`said` for a refusal of `text`, keyed by its words: two refusals in one run (an
+    upload's and the Run button's) need keys of their own, and the same refusal drawn
+    again is the same container, not news."""
+    return said(f"r{zlib.crc32(text.encode()):08x}", "refused")

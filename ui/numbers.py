@@ -174,6 +174,6 @@ def section(draw: Callable[[], None]) -> None:
     except OutOfRangeError as exc:
         # One line per refused field (a hard break between them); the page's other
         # sections (another part of the same tab) are drawn as usual. Read out to a
-        # screen reader, again after each run it still stands (ui/a11y.py).
-        with a11y.said("fields", "refused", again=True):
+        # screen reader when it is new (ui/a11y.py).
+        with a11y.refused(str(exc)):
             st.error("  \n".join(plain_md(line) for line in str(exc).splitlines()))

@@ -40,8 +40,8 @@ def decode_json(data: str | bytes, what: str) -> Any:
             # mark, or zero bytes): it is that reading that failed, not UTF-8.
             encoding = exc.encoding.upper().replace("UTF", "UTF-", 1).replace("--", "-")
             raise PagedLabError(f"{what} is not valid JSON: its first bytes mark it as "
-                                f"{encoding} text, which it is not; save it as UTF-8"
-                                ) from None
+                                f"{encoding} text, which it is not; it may be a binary file, "
+                                "or else save it as UTF-8") from None
         # Offsets count from after a byte-order mark, which the codec strips first.
         bom = isinstance(data, bytes) and data.startswith(codecs.BOM_UTF8)
         at = exc.start + (len(codecs.BOM_UTF8) if bom else 0)

@@ -256,15 +256,16 @@ def run_simulate(args: argparse.Namespace) -> int:
                            watermark_blocks=_optional_int(args.watermark_blocks,
                                                           "--watermark-blocks", 0))
         config.validate()
+        # Before the trace is read: as `run` refuses an --out over its scenario, the
+        # result would replace the CSV it came from (a workload's name is no file).
+        if (args.out is not None and args.workload not in WORKLOAD_NAMES
+                and _same_file(Path(args.out), Path(args.workload))):
+            raise _BadInputError(f"--out {args.out!r} is the trace file itself: the result "
+                                 "would replace it; name another file")
         trace = _trace(args)
 
         if args.out is not None and not Path(args.out).parent.is_dir():
             raise _BadInputError(f"cannot write {args.out}: its folder does not exist")
-        if args.out is not None and _same_file(Path(args.out), Path(args.workload)):
-            # As `run` refuses an --out over its scenario: the result would replace the
-            # trace it came from.
-            raise _BadInputError(f"--out {args.out!r} is the trace file itself: the result "
-                                 "would replace it; name another file")
         shown = [0]  # tenths of the trace reported so far
         started = time.monotonic()
 

@@ -131,7 +131,7 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
         if sorted(names) != sorted(COLUMNS):
             # Said by what differs: a header cut at 40 characters hid an extra column
             # ("got 'TIMESTAMP,ContextTokens,GeneratedTokens,…'").
-            extra = [n for n in names if n not in COLUMNS]
+            extra = list(dict.fromkeys(n for n in names if n not in COLUMNS))
             missing = [c for c in COLUMNS if c not in names]
             twice = sorted({n for n in names if n in COLUMNS and names.count(n) > 1})
             what = "; ".join(part for part in (

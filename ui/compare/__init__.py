@@ -57,9 +57,10 @@ def refuse(message: str | Exception) -> None:
     """A section's refusal as one error line, shown as plain text: a message may quote a
     file name, which must not render as Markdown (or fetch what it names). It starts
     with a capital, like the page's per-field messages, unless it starts with a name.
-    Read out to a screen reader, again after each run it still stands (ui/a11y.py)."""
-    with a11y.said("cmp", "refused", again=True):
-        st.error(plain_md(sentence(str(message))))
+    Read out to a screen reader when it is new (ui/a11y.py)."""
+    text = sentence(str(message))
+    with a11y.refused(text):
+        st.error(plain_md(text))
 
 
 def breakdown(results: Sequence[SimResult], key: str) -> None:

@@ -23,6 +23,8 @@ from backend.core.words import counted
 from backend.paging.block_manager import BlockManager
 
 DEFAULT_WATERMARK = 0.01
+# The largest KV capacity a simulation takes, in token slots.
+MAX_CAPACITY_TOKENS = 1 << 24
 
 
 class PagedPolicy:
@@ -77,11 +79,15 @@ class PagedPolicy:
                 f"watermark under {self.num_blocks:,}")
         if need > room:
             least = self.least_blocks(need) * self.block_size
+            # Past the largest capacity only a smaller watermark makes room.
+            advice = (f"use a capacity of at least {least:,} tokens"
+                      if least <= MAX_CAPACITY_TOKENS else
+                      f"no capacity up to {MAX_CAPACITY_TOKENS:,} tokens admits it with this "
+                      "watermark; use a watermark of 0 blocks")
             raise PagedLabError(
                 f"the longest request needs {longest:,} tokens ({need:,} blocks of "
                 f"{self.block_size}) but the pool admits at most {room:,} blocks "
-                f"({self.num_blocks:,} blocks, {self.watermark_blocks:,} kept free); "
-                f"use a capacity of at least {least:,} tokens")
+                f"({self.num_blocks:,} blocks, {self.watermark_blocks:,} kept free); {advice}")
         self._ids = [str(i) for i in range(len(final_len))]
         self._synced = [0] * len(final_len)
 

@@ -53,7 +53,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
 from backend.lab.sim.contiguous import ContiguousPolicyMemory
-from backend.lab.sim.paged import DEFAULT_WATERMARK, PagedPolicy
+from backend.lab.sim.paged import DEFAULT_WATERMARK, MAX_CAPACITY_TOKENS, PagedPolicy
 from backend.lab.sim.replay import MemoryPolicy, Progress, ReplayTotals, replay
 from backend.lab.sim.timeline import Timeline, TimelineRecorder
 from backend.lab.workloads import Trace, make_trace
@@ -72,7 +72,6 @@ DEFAULT_ITERATION_S = 0.04
 # Above what the default paged configuration serves on ShareGPT (about 2.3
 # requests/s), so that every policy is memory-bound, as in the paper's Figure 2.
 DEFAULT_RATE = 4.0
-MAX_CAPACITY_TOKENS = 1 << 24
 MAX_BLOCKS = 1 << 20
 MEMORY_KEYS = ("token_states", "reservation", "internal_fragmentation",
                "external_fragmentation", "free")
