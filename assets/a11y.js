@@ -211,8 +211,9 @@
 
   // Another page or tab: what its first run draws is that page, not news.
   const checkPage = () => {
-    if (here() === page) return;
-    page = here();
+    const now = here();
+    if (now === page) return;
+    page = now;
     settled = false;
     ran = false;
   };

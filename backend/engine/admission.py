@@ -59,12 +59,14 @@ class Admission(ABC):
     @abstractmethod
     def finish(self, req: Request, reason: FinishReason) -> None: ...
 
-    # The Scheduler's reading of its running list, which `why_waiting` follows.
+    # The Scheduler's spending of an iteration's budget, which `why_waiting` repeats on a
+    # budget of its own.
     @abstractmethod
-    def units(self, reqs: Iterator[Request]) -> Iterator[list[Request]]: ...
+    def _decodes_first(self, budget: IterationBudget) -> list[str]: ...
 
     @abstractmethod
-    def _room(self, rid: str, spare_blocks: int) -> int: ...
+    def _prefill_chunks(self, budget: IterationBudget,
+                        decoding: list[str]) -> Iterator[tuple[Request, int]]: ...
 
     @abstractmethod
     def next_admission(self) -> int: ...
@@ -245,7 +247,12 @@ class Admission(ABC):
                     f"{'one' if over == 1 else f'{over:,}'} first")
         tokens = budgets.max_num_batched_tokens
         if tokens is not None:
-            left, decoding = self._tokens_left_for_admission(tokens)
+            # The budget as `plan` spends it before admission: decodes, then prefill
+            # chunks (counted, not appended).
+            budget = IterationBudget(budgets, running)
+            for _ in self._prefill_chunks(budget, self._decodes_first(budget)):
+                pass
+            left, decoding = budget.tokens_left or 0, budget.decode_tokens
             if left < len(unit):
                 # A beam group starts whole, a token per beam.
                 needs = "" if len(unit) == 1 else f" (its {len(unit)} beams need one each)"
@@ -268,29 +275,6 @@ class Admission(ABC):
         return (f"it is waiting for room in the pool: it needs {counted(need, 'new block')}"
                 f"{kept}, and {free:,} {agrees(free, 'is', 'are')} free beyond what the "
                 "running requests still need; step the batch to admit it as they finish")
-
-    def _tokens_left_for_admission(self, tokens: int) -> tuple[int, int]:
-        """`plan`'s spending of a token budget of `tokens`, read only: what is left when
-        admission comes, and how many tokens the decodes took. Decodes first, a beam
-        group whole or not at all, then each prefill's next chunk as far as the budget
-        and the free blocks go."""
-        left = tokens
-        units = self.units(self.requests[r] for r in self.running)
-        reserved: list[str] = []
-        for unit in units:
-            if not any(r.prefilling for r in unit) and left >= len(unit):
-                left -= len(unit)
-                reserved += [r.id for r in unit]
-        decoding = tokens - left
-        spare = self.manager.num_free_blocks - sum(
-            self.manager.blocks_needed_to_append(r, 1) for r in reserved)
-        for r in self.running:
-            req = self.requests[r]
-            if req.prefilling and left > 0:
-                take = min(req.uncomputed, self._room(r, spare), left)
-                left -= take
-                spare -= self.manager.blocks_needed_to_append(r, take)
-        return left, decoding
 
     def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int) -> bool:
         """`_fits` for requests admitted together (a beam group): their new blocks summed,

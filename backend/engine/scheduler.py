@@ -93,13 +93,7 @@ class Scheduler(Admission):
         """
         plan = IterationPlan(IterationBudget(self.config.budgets, len(self.running)))
         budget = plan.budget
-        for unit in self.units(self.requests[rid] for rid in self.running):
-            # A beam group decodes all its beams in one iteration, or none of them.
-            left = budget.tokens_left
-            if (not any(r.prefilling for r in unit)
-                    and (left is None or left >= len(unit))):
-                budget.decode(len(unit))
-                plan.reserved.update(r.id for r in unit)
+        plan.reserved.update(self._decodes_first(budget))
         self._continue_prefills(plan)
         while (not plan.prefills and not plan.reserved and budget.tokens_left != 0
                and len(self.running) > 1
@@ -114,22 +108,42 @@ class Scheduler(Admission):
         plan.prefills += self.admit(budget)
         return plan
 
-    def _continue_prefills(self, plan: IterationPlan) -> None:
-        """Mutates: the next chunk of each request mid-prefill, as far as the budget's
-        tokens and the free blocks go (leaving the decodes' next blocks free)."""
-        budget = plan.budget
+    def _decodes_first(self, budget: IterationBudget) -> list[str]:
+        """Spends `budget` on the running requests' decodes, in admission order; the ids
+        that decode. A beam group decodes all its beams in one iteration, or none of
+        them. (`budget` only is changed: `why_waiting` spends a copy of its own.)"""
+        decoding: list[str] = []
+        for unit in self.units(self.requests[rid] for rid in self.running):
+            left = budget.tokens_left
+            if (not any(r.prefilling for r in unit)
+                    and (left is None or left >= len(unit))):
+                budget.decode(len(unit))
+                decoding += [r.id for r in unit]
+        return decoding
+
+    def _prefill_chunks(self, budget: IterationBudget,
+                        decoding: list[str]) -> Iterator[tuple[Request, int]]:
+        """Spends `budget` on the next chunk of each request mid-prefill, as far as its
+        tokens and the free blocks go (leaving the decodes' next blocks free): each
+        request with the tokens it takes. Reads the pool as it is when each is yielded;
+        appending them is the caller's."""
         spare = self.manager.num_free_blocks - sum(
-            self.manager.blocks_needed_to_append(rid, 1) for rid in plan.reserved)
+            self.manager.blocks_needed_to_append(rid, 1) for rid in decoding)
         for rid in self.running:
             req = self.requests[rid]
             if req.prefilling:
                 take = budget.prefill_chunk(min(req.uncomputed, self._room(rid, spare)))
                 if take:
                     spare -= self.manager.blocks_needed_to_append(rid, take)
-                    start = req.num_computed
-                    self.manager.append(rid, req.tokens[start:start + take])
-                    req.uncomputed -= take
-                    plan.prefills.append((req, start, start + take))
+                    yield req, take
+
+    def _continue_prefills(self, plan: IterationPlan) -> None:
+        """Mutates: the next chunk of each request mid-prefill (`_prefill_chunks`)."""
+        for req, take in self._prefill_chunks(plan.budget, list(plan.reserved)):
+            start = req.num_computed
+            self.manager.append(req.id, req.tokens[start:start + take])
+            req.uncomputed -= take
+            plan.prefills.append((req, start, start + take))
 
     def _room(self, rid: str, spare_blocks: int) -> int:
         """How many tokens `rid` could take now: its last block's free slots plus
