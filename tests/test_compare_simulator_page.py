@@ -222,6 +222,22 @@ def test_an_uploaded_traces_file_name_is_shown_as_text() -> None:
     assert len(last) == 1 and "example" in last[0] and not unescaped_images(last[0]), last
 
 
+def test_a_trace_is_known_by_its_content_not_its_file_name() -> None:
+    # A CSV saved as .txt is replayed; a picture is refused with the trace reader's reason.
+    at = start()
+    at.selectbox(key="cmp_sim_workload").set_value("upload").run()
+    good = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,300,40\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("trace.txt", good, "text/plain")).run()
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    assert any(c.value.startswith("Last run") and "trace.txt" in c.value for c in at.caption)
+    at.file_uploader(key="cmp_sim_upload").set_value(
+        ("picture.png", b"\x89PNG\r\n\x1a\n\x00", "image/png")).run()
+    assert not at.exception
+    assert any("picture.png: not UTF-8 text (byte 0x89 at offset 0); it may be a binary file"
+               in e.value for e in at.error), [e.value for e in at.error]
+
+
 def test_an_uploaded_trace_is_replayed_again_after_another_tab() -> None:
     # An uploader forgets its file when its tab is not drawn; the trace parsed from it
     # is kept, said to be, and replayed, until the person removes or replaces it.

@@ -358,6 +358,23 @@ def test_after_a_refusal_a_good_snapshot_still_imports() -> None:
     assert not target.error and playground_state(target) == good
 
 
+def test_a_snapshot_is_known_by_its_content_not_its_file_name() -> None:
+    # A snapshot saved as .txt is restored; a picture is refused with PagedLab's reason
+    # beside it, not a file-type chip that stays beside later uploads.
+    good = playground_state(add(start()))
+    target = shared_state()
+    target.file_uploader(key="import_snapshot").set_value(
+        ("saved.txt", good, "text/plain")).run()
+    assert not target.exception and not target.error
+    assert playground_state(target) == good
+    target.file_uploader(key="import_snapshot").set_value(
+        ("picture.png", b"\x89PNG\r\n\x1a\n\x00", "image/png")).run()
+    assert playground_state(target) == good
+    assert ("Last upload, picture.png: refused: snapshot is not valid JSON: it is not UTF-8 "
+            "text (byte 0x89 at offset 0); it may be a binary file. The playground is "
+            "unchanged.") in [c.value for c in target.caption]
+
+
 def test_a_restored_greedy_config_says_so_and_its_temperature_can_be_changed() -> None:
     # A scenario's or snapshot's temperature 0 (greedy) is part of the state restored: the
     # line says so and the sidebar shows it, rather than parallel samples that all agree

@@ -477,6 +477,15 @@ def test_an_uploaded_scenario_of_no_steps_says_there_is_nothing_to_apply() -> No
     assert at.button(key="tour_next").disabled
 
 
+def test_a_scenario_is_known_by_its_content_not_its_file_name() -> None:
+    at = open_tour("03-growth")
+    at.file_uploader(key="tour_file").set_value(
+        ("story.txt", json.dumps({"name": "Just a pool", "steps": []}).encode(),
+         "text/plain")).run()
+    assert not at.exception and not at.error
+    assert next(s.value for s in at.success).startswith("Loaded story.txt: “Just a pool”")
+
+
 def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
     mine = {
         "name": "My story", "description": "Two steps, then a mistake.",

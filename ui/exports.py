@@ -152,8 +152,10 @@ def _on_import() -> None:
 
 def import_panel() -> None:
     """Upload a snapshot to restore that exact state and keep working from it."""
+    # No type filter: the content is checked, and a snapshot saved as .txt is still one;
+    # a filter's refusal would be Streamlit's chip, which stays beside later uploads.
     st.file_uploader(
-        "Upload a snapshot (JSON)", type=["json"], key=IMPORT_KEY, on_change=_on_import,
+        "Upload a snapshot (JSON)", key=IMPORT_KEY, on_change=_on_import,
         max_upload_size=MAX_SNAPSHOT_BYTES >> 20,
         help="A snapshot downloaded here or written by `python -m backend run --out`. Its "
              "requests, blocks, reference counts, cached hashes, tokens and events are "

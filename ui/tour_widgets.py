@@ -167,8 +167,9 @@ def picker(run: TourRun) -> None:
     c1.selectbox("Scenario", keys, key="tour_pick", format_func=label, on_change=_on_pick)
     with c2.popover("Upload your own scenario", icon=":material/upload_file:",
                     width="stretch", key="tour_upload_popover"):
+        # No type filter, as for snapshots (ui/exports.py): the content is checked.
         st.file_uploader(
-            "Scenario file (JSON)", type=["json"], key="tour_file", on_change=_on_upload,
+            "Scenario file (JSON)", key="tour_file", on_change=_on_upload,
             max_upload_size=MAX_SCENARIO_BYTES >> 20,
             help="CONTRACT.md's scenario format: config, steps, and optionally a narration "
                  "and expected numbers per step. Its form is checked whole before anything "

@@ -62,8 +62,9 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
     ss = st.session_state
     # The uploader's key is in session state only if the run before drew it.
     drawn_before = f"{prefix}_upload" in ss
+    # No type filter, as for snapshots (ui/exports.py): the content is checked.
     f = st.file_uploader(
-        "Trace (CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens)", type=["csv"],
+        "Trace (CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens)",
         key=f"{prefix}_upload", max_upload_size=MAX_UPLOAD_BYTES >> 20,
         help=f"At most {MAX_UPLOAD_BYTES >> 20} MiB. TIMESTAMP is a date and time "
              "(2023-11-16 18:17:03.98) or seconds; rows in arrival order.")
