@@ -411,7 +411,7 @@ def test_a_number_past_a_controls_range_is_refused_by_name_and_changes_nothing()
             ("batch_n", 0, "Steps must be 1 to 10,000; got 0"),
             ("req_grow_n", -3, "Grow by (tokens) must be 1 to 65,536; got -3"),
             ("add_len", -5, "N random tokens must be 1 to 65,536; got -5"),
-            ("add_max_new", 100_000, "Max new tokens must be 1 to 65,536; got 100,000"),
+            ("add_max_new", 2_000_000, "Max new tokens must be 1 to 1,000,000; got 2,000,000"),
             ("add_n", 1_000, "Parallel samples (n) must be 1 to 64; got 1,000"),
             ("add_beam", 0, "Beam width must be 1 to 64; got 0")]:
         at.number_input(key=key).set_value(value)

@@ -191,11 +191,11 @@ def test_a_number_past_a_fields_range_or_a_fraction_is_refused_as_typed(
               "Refused: Steps must be 1 to 10,000; got 20,000")
         expect(page.locator(".pl-metric[data-label='Filled slots']")).to_have_text("23 / 24")
         max_new = page.get_by_role("spinbutton", name="Max new tokens")
-        max_new.fill("100000")
+        max_new.fill("2000000")
         max_new.press("Tab")
         click(page, "Add request")
         shows(page.get_by_test_id("stAlert").first,
-              "Refused: Max new tokens must be 1 to 65,536; got 100,000")
+              "Refused: Max new tokens must be 1 to 1,000,000; got 2,000,000")
         # Emptied, the field is blank again (the sidebar's default), not a number.
         max_new.fill("")
         max_new.press("Tab")

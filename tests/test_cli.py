@@ -85,6 +85,11 @@ BAD_STEPS = [
     ({"op": "fork", "request": "A"}, "error: step 2 (fork): missing field 'child'"),
     ({"op": "add", "request": "Q", "prompt_tokens": [1, 256]},
      "error: step 2 (add): prompt_tokens[1] must be an integer in 0..255"),
+    ({"op": "add", "request": "Q", "prompt": None},
+     "error: step 2 (add): prompt must be a non-empty string, got null"),
+    # An add's own limit goes as far as the config's default may (a restore's too).
+    ({"op": "add", "request": "Q", "prompt": "hi", "max_new_tokens": 1_000_001},
+     "error: step 2 (add): max_new_tokens must be an integer in 1..1,000,000, got 1,000,001"),
 ]
 
 
@@ -105,6 +110,18 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert snap["step"] == 1 and [r["id"] for r in snap["requests"]] == ["A"]
 
 
+def test_an_adds_limit_may_be_as_large_as_the_configs_default(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = {"config": {"max_new_tokens": 1_000_000}, "steps": [
+        {"op": "add", "request": "A", "prompt": "hello", "max_new_tokens": 1_000_000}]}
+    out = tmp_path / "out.json"
+    code, err = run_cli(capsys, "run", write(tmp_path, scenario), "--out", out,
+                        "--kernel", "torch")
+    assert code == 0, err
+    snap = json.loads(out.read_text())
+    assert snap["requests"][0]["max_new_tokens"] == 1_000_000
+
+
 @pytest.mark.parametrize(("text", "line"), [
     ("{not json", "is not valid JSON"),
     ('{"steps": 3}', 'a scenario needs a "steps" list'),
@@ -121,6 +138,9 @@ def test_bad_steps_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
      "counts)"),
     ('{"steps": [{"op": "add", "request": "A", "request": "B", "prompt": "hi"}]}',
      "names 'request' twice"),
+    ('{"name": null, "steps": []}', "error: name must be a string, got null"),
+    ('{"name": "x", "description": 7, "steps": []}',
+     "error: description must be a string, got an integer"),
     ('{"description": "\\udce9", "steps": []}',
      "description is not valid Unicode text (it holds a lone surrogate)"),
     ('{"name": "' + "n" * 201 + '", "steps": []}',
@@ -176,9 +196,29 @@ def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -
                           "run [-h] [--out OUT]") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["run", "s.json", "--kern", "torch"], "--kern torch (options are written in full: --kern "
+                                           "is short for --kernel)"),
+    (["run", "s.json", "--o=a.json"], "--o=a.json (options are written in full: --o is short "
+                                      "for --out)"),
+    (["simulate", "--max-num", "3"], "--max-num 3 (options are written in full: --max-num is "
+                                     "short for --max-num-seqs or --max-num-batched-tokens)"),
+])
+def test_an_abbreviated_option_is_refused_naming_it_in_full(
+        argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # CONTRACT.md fixes the options' names: an abbreviation taken today would change
+    # meaning the day another option starts the same way.
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: unrecognized arguments: {hint}; usage: python -m backend "
+                          f"{argv[0]} [-h]") and err.count("\n") == 1
+
+
 @pytest.mark.parametrize(("argv", "option"), [
     (["run", "s.json", "--out", "a.json", "--out=b.json"], "--out"),
-    (["run", "s.json", "--kernel", "torch", "--kern", "torch"], "--kernel"),
+    (["run", "s.json", "--kernel", "torch", "--kernel=torch"], "--kernel"),
     (["run", "s.json", "--from", "a.json", "--from", "a.json"], "--from"),
     (["simulate", "--workload", "alpaca", "--policy", "paged", "--policy", "max"], "--policy"),
     (["simulate", "--max-num-seqs", "2", "--max_num_seqs", "3"],
@@ -425,9 +465,12 @@ def test_an_engine_the_machine_cannot_build_is_one_line_not_a_traceback(
                               "--kernel", "torch"]
     code, err = run_cli(capsys, *args, *(["--from", snap] if restoring else []))
     assert code == 70 and not out.exists()
-    assert err == ("error: PagedLab could not build the engine (RuntimeError: "
-                   "DefaultCPUAllocator: can't allocate memory\\n(error code 12)); a failure "
-                   "of PagedLab or of the machine, not of the file; --out was not written\n")
+    whose = (f" from {str(snap)!r} (RuntimeError: DefaultCPUAllocator: can't allocate "
+             "memory\\n(error code 12)); a failure of the machine, or a snapshot that "
+             "PagedLab's checks let through" if restoring else
+             " (RuntimeError: DefaultCPUAllocator: can't allocate memory\\n(error code 12)); "
+             "a failure of PagedLab or of the machine, not of the file")
+    assert err == f"error: PagedLab could not build the engine{whose}; --out was not written\n"
 
 
 def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:

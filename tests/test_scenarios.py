@@ -173,9 +173,17 @@ def test_a_contiguous_region_is_named_by_an_id_with_dots() -> None:
     assert set(regions) == {"A", "B.3"}
     expect = {"contiguous.regions.B.3.tokens": regions["B.3"]["tokens"],
               "contiguous.regions.B.3": regions["B.3"], "contiguous.regions.A.start": 0,
-              "contiguous.regions.B.4": 1}
+              "contiguous.regions.B.4": 1, "contiguous.regions.B.4.tokens": 1,
+              "requests.B.4.block_table": [], "requests.B.3.bogus": 1,
+              "contiguous.out_of_step.A.x": 1}
     failures = check_expectations(expect, export_snapshot(engine), engine, result, mirror)
-    assert failures == ["contiguous.regions.B.4: not found (no region 'B')"]
+    # A missing id is named whole, up to the field after it.
+    assert failures == ["contiguous.regions.B.4: not found (no region 'B.4')",
+                        "contiguous.regions.B.4.tokens: not found (no region 'B.4')",
+                        "requests.B.4.block_table: not found (no request 'B.4')",
+                        "requests.B.3.bogus: not found (no field 'bogus')",
+                        "contiguous.out_of_step.A.x: not found (there is no request out of "
+                        "step at all)"]
 
 
 def test_a_position_that_is_no_number_or_past_the_list_says_so_in_words() -> None:

@@ -211,6 +211,18 @@ def test_a_restored_kernel_report_is_marked_until_a_step_replaces_it(
     assert e.kernel_report.max_abs_err is not None and e.kernel_report.max_abs_err < 1e-4
 
 
+@pytest.mark.parametrize("key", ["num_seqs", "num_query_tokens"])
+def test_a_null_kernel_count_is_refused_not_written_back_as_0(snap: dict[str, Any],
+                                                              key: str) -> None:
+    # A count is 0 before any step, never null: read as 0, the round trip would change
+    # the file.
+    bad = copy.deepcopy(snap)
+    bad["kernel"][key] = None
+    with pytest.raises(PagedLabError, match=rf"^snapshot\.kernel\.{key} must be an integer "
+                                            r"in 0\.\.[0-9,]+, got null$"):
+        restored(bad)
+
+
 def test_a_fresh_engines_kernel_report_is_its_own() -> None:
     e = engine_after([Add("A", prompt="abcdefgh")])
     assert not e.kernel_report.restored

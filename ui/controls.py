@@ -11,6 +11,7 @@ from functools import partial
 
 import streamlit as st
 
+from backend.core.config import MAX_NEW_TOKENS
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import (
@@ -112,7 +113,7 @@ def _on_add() -> None:
             "request": request_id("add_id", "Request id"), "prompt": ss["add_prompt"],
             "prompt_len": whole_number("add_len", "N random tokens", 1, MAX_PROMPT_TOKENS),
             "max_new_tokens": whole_number("add_max_new", "Max new tokens", 1,
-                                           MAX_PROMPT_TOKENS),
+                                           MAX_NEW_TOKENS),
             "blocks": ss["add_pins"],
             "n": whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
             "beam_width": whole_number("add_beam", "Beam width", 1, MAX_SAMPLES),
@@ -173,7 +174,7 @@ def _add_form() -> None:
                          "the add.")
         whole_input(c2, "Max new tokens", value=None, step=1, key="add_max_new",
                     placeholder="default",
-                    help=f"1 to {MAX_PROMPT_TOKENS:,}. Blank: the sidebar's default.")
+                    help=f"1 to {MAX_NEW_TOKENS:,}. Blank: the sidebar's default.")
         c1, c2 = st.columns(2)
         c1.text_input("Request id", key="add_id", placeholder="auto (e.g. A)",
                       persist_state="session",

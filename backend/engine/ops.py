@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backend.core.checks import check_int, json_kind, shown, unicode_text
+from backend.core.config import MAX_NEW_TOKENS
 from backend.core.errors import PagedLabError
 from backend.core.words import counted, legible
 
@@ -194,7 +195,8 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
         messages = _parse_messages(data["messages"])
     elif "prompt" in data:
         if not isinstance(data["prompt"], str) or not data["prompt"]:
-            raise PagedLabError("prompt must be a non-empty string")
+            raise PagedLabError("prompt must be a non-empty string, got "
+                                + shown(data["prompt"]))
         prompt = data["prompt"]
         size = unicode_text(prompt, "prompt")
         if size > MAX_PROMPT_TOKENS:
@@ -209,7 +211,7 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
     max_new: int | Inherit | None = INHERIT
     if "max_new_tokens" in data:
         v = data["max_new_tokens"]
-        max_new = None if v is None else _int(v, "max_new_tokens", 1, MAX_GROW_TOKENS)
+        max_new = None if v is None else _int(v, "max_new_tokens", 1, MAX_NEW_TOKENS)
     blocks = None
     if "blocks" in data and data["blocks"] is not None:
         blocks = _int_list(data["blocks"], "blocks", 0, 2**31 - 1, MAX_PROMPT_TOKENS)

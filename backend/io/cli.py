@@ -62,6 +62,12 @@ class _Parser(argparse.ArgumentParser):
 
     commands: dict[str, argparse.ArgumentParser]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Options are taken as written in full: CONTRACT.md fixes their names, and an
+        # abbreviation (`--kern`) would change meaning the day an option shares it.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         if args and args[0].startswith("-") and "action" not in kwargs:
             kwargs["action"] = _Once
@@ -108,12 +114,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         # argparse would report these with the top-level usage, which shows no option
         # of the command they were given to.
-        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        command = parser.commands[args.command]
+        command.error(f"unrecognized arguments: {' '.join(unknown)}"
+                      + _written_in_full(command, unknown))
     if args.command == "simulate":
         from backend.io.simulate_cli import run_simulate
 
         return run_simulate(args)
     return _run(args)
+
+
+def _written_in_full(command: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """For an unknown option that starts an option's name (`--kern`), the names it could
+    be short for."""
+    known = [name for action in command._actions for name in action.option_strings
+             if name.startswith("--")]
+    hints = []
+    for arg in unknown:
+        given = arg.split("=", 1)[0]
+        if given.startswith("--") and len(given) > 2:
+            names = [name for name in known if name.startswith(given)]
+            if names:
+                hints.append(f"{given} is short for {' or '.join(names)}")
+    return f" (options are written in full: {'; '.join(hints)})" if hints else ""
 
 
 def _fail(message: str) -> int:
@@ -128,6 +151,7 @@ def _run(args: argparse.Namespace) -> int:
     mismatches = checked = ran = 0
     notes: list[str] = []
     building = False   # the engine is being built (restored, or made from the config)
+    restoring: str | None = None   # " from 'SNAPSHOT'" while it is restored
     try:
         _refuse_over_scenario(args.out, args.scenario, "--out")
         if args.snapshots is not None:
@@ -140,9 +164,9 @@ def _run(args: argparse.Namespace) -> int:
                 raise PagedLabError(
                     f"{str(args.from_snapshot)!r} is a scenario (it has 'steps'), not a "
                     "snapshot: --from takes a snapshot, such as one --out wrote")
-            building = True
+            building, restoring = True, f" from {str(args.from_snapshot)!r}"
             engine = restore_engine(data, device=args.device, kernel=args.kernel)
-            building = False
+            building, restoring = False, None
             notes = restore_notes(engine)
         try:
             scenario = load_scenario(
@@ -191,9 +215,12 @@ def _run(args: argparse.Namespace) -> int:
             # The engine's K/V tensors could not be made (the machine out of memory for a
             # pool the limits allow, or a bug): one line, not a traceback, and no --out,
             # since there is no engine to write.
-            say("error", f"PagedLab could not build the engine ({exc.__class__.__name__}: "
-                          f"{exc}); a failure of PagedLab or of the machine, not of the "
-                          "file; --out was not written")
+            # From a snapshot, the file may be to blame too: one its checks let through.
+            whose = ("of PagedLab or of the machine, not of the file" if restoring is None
+                     else "of the machine, or a snapshot that PagedLab's checks let through")
+            say("error", f"PagedLab could not build the engine{restoring or ''} "
+                          f"({exc.__class__.__name__}: {exc}); a failure {whose}; --out was "
+                          "not written")
             return EXIT_INTERNAL
         if engine is None or engine.broken is None:
             raise

@@ -253,8 +253,11 @@ def _restore_into(engine: Engine, top: FieldReader) -> FieldReader:
     ms = k.get("time_ms", (int, float), optional=True)
     if any(v is not None and not (math.isfinite(v) and v >= 0) for v in (err, ms)):
         raise PagedLabError("snapshot.kernel: max_abs_err and time_ms must be finite and >= 0")
-    seqs, toks = (check_int(k.get(key, int, optional=True) or 0, f"snapshot.kernel.{key}", 0,
-                            MAX_JSON_INT) for key in ("num_seqs", "num_query_tokens"))
+    # Counts, never null in a snapshot (0 before any step): a null would come back as 0,
+    # and the round trip would change the file.
+    seqs, toks = (check_int(k.get(key, object) if key in k.data else 0,
+                            f"snapshot.kernel.{key}", 0, MAX_JSON_INT)
+                  for key in ("num_seqs", "num_query_tokens"))
     # Kept as the file has it (the round trip is exact), but marked: no step of this
     # engine measured it, and the Kernel panel says so until a step replaces it.
     name = k.get("name", str, optional=True)

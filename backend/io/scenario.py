@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import SHOWN_CHARS, unicode_text
+from backend.core.checks import SHOWN_CHARS, json_kind, unicode_text
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
@@ -114,8 +114,9 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
         raise ScenarioError("a scenario must be a JSON object")
     name = data.get("name", "untitled")
     description = data.get("description", "")
-    if not isinstance(name, str) or not isinstance(description, str):
-        raise ScenarioError("name and description must be strings")
+    for field, value in (("name", name), ("description", description)):
+        if not isinstance(value, str):
+            raise ScenarioError(f"{field} must be a string, got {json_kind(value)}")
     try:
         unicode_text(name, "name")
         unicode_text(description, "description")
@@ -303,7 +304,13 @@ def _by_id(by_id: dict[str, Any], parts: list[str], path: str, what: str) -> Any
             for part in parts[end:]:
                 node = _child(node, part, path)
             return node
-    raise KeyError(f"no {what} {parts[0]!r}")
+    # Name the id the path meant: it runs to the first part that is a field of the
+    # records (`requests.B.4.block_table` looks for 'B.4', not 'B'), else to the end.
+    if not by_id:
+        raise KeyError(f"there is no {what} at all")
+    fields = {key for record in by_id.values() if isinstance(record, dict) for key in record}
+    end = next((i for i in range(1, len(parts)) if parts[i] in fields), len(parts))
+    raise KeyError(f"no {what} {'.'.join(parts[:end])!r}")
 
 
 def _child(node: Any, part: str, path: str) -> Any:
@@ -319,6 +326,8 @@ def _child(node: Any, part: str, path: str) -> Any:
                              f"{len(node):,} {'entry' if len(node) == 1 else 'entries'}")
         return node[index]
     if isinstance(node, dict):
+        if part not in node:
+            raise KeyError(f"no field {part!r}")
         return node[part]
     raise KeyError(path)
 
