@@ -881,3 +881,72 @@ def test_kernels_compile_for_hopper() -> None:
     """)
     print(out)
     assert out.strip().endswith("ok")
+
+
+@pytest.mark.slow
+def test_a_compile_waits_for_an_interpreted_launch_in_another_thread() -> None:
+    """On a GPU server the sidebar offers Device cpu (the interpreter) beside cuda. The
+    interpreter swaps its own functions into triton.language while it runs, so a GPU
+    session compiling a new shape at that moment built with them and failed
+    ("'block_argument' object has no attribute 'dtype'"): compiles take its lock."""
+    out = _run_child("""
+        import threading, time, triton.compiler, torch
+        from triton.runtime.jit import JITFunction
+        from backend.core.config import EngineConfig
+        from backend.engine.engine import Engine
+        from backend.engine.ops import Add, Step
+        from backend.kernels import attention, cache_ops, launch as L
+        assert not attention.is_interpreted(attention._paged_attention_kernel)
+        # The compile a JIT kernel binds at its first launch is the locked one.
+        from triton.compiler import compile as bound
+        assert getattr(bound, "pagedlab_locked", False)
+        kc = torch.empty(16, 16, 2, 32)
+        write = cache_ops.plan_write_kv(torch.empty(5, 2, 32), torch.empty(5, 2, 32), kc, kc,
+                                        torch.arange(5), interpret=True)
+        # While an interpreted launch holds the lock, a compile waits for it.
+        held, release, compiled = threading.Event(), threading.Event(), threading.Event()
+        def interpreted_launch():
+            with L.INTERPRETER_LOCK:
+                held.set()
+                release.wait(60)
+        def compile_():
+            attention.compile_for_gpu(write)
+            compiled.set()
+        threading.Thread(target=interpreted_launch).start()
+        held.wait(60)
+        worker = threading.Thread(target=compile_)
+        worker.start()
+        assert not compiled.wait(2), "compiled while an interpreted launch ran"
+        release.set()
+        worker.join(120)
+        assert compiled.is_set()
+        # And for real: interpreted engines stepping in one thread, compiles in another.
+        errors, done = [], threading.Event()
+        def engines():
+            n = 0
+            while not done.is_set():
+                try:
+                    e = Engine(EngineConfig(num_blocks=32, block_size=4, seed=n), device="cpu",
+                               kernel="triton")
+                    e.apply(Add("A", prompt_len=12, max_new_tokens=50))
+                    for _ in range(4):
+                        e.apply(Step(1))
+                    n += 1
+                except Exception as exc:
+                    errors.append(repr(exc)[:300])
+            print("interpreted engine runs:", n)
+        stepping = threading.Thread(target=engines)
+        stepping.start()
+        time.sleep(1)
+        try:
+            for _ in range(3):
+                attention.compile_for_gpu(write)
+        except Exception as exc:
+            errors.append(repr(exc)[-300:])
+        done.set()
+        stepping.join(300)
+        assert not errors, errors
+        print("ok")
+    """)
+    print(out)
+    assert out.strip().endswith("ok")

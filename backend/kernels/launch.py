@@ -25,8 +25,33 @@ _VARIANTS_LOCK = threading.Lock()
 # grid, the semantic object its patched builtins call), so two interpreted
 # launches in two threads (two browser sessions stepping at once) corrupt each
 # other: "x >= grid_dim[0]" or "Did you forget to add @triton.jit?". Every
-# interpreted launch holds this lock. Compiled launches and torch need none.
+# interpreted launch holds this lock, and so does every compile: for the length of
+# a launch the interpreter swaps its own functions into triton.language, so a GPU
+# session compiling a new kernel shape beside a session on Device cpu would build
+# with them ("'block_argument' object has no attribute 'dtype'"). A compiled kernel
+# already built, and torch, need no lock.
 INTERPRETER_LOCK = threading.RLock()
+
+
+def _compile_under_lock() -> None:
+    """Make Triton's compile take INTERPRETER_LOCK, for the JIT's first launch of a shape
+    (which reads `triton.compiler.compile` when it first binds a kernel, after this
+    module's import) and for `compile_for_gpu` alike."""
+    import triton.compiler
+
+    compile_ = triton.compiler.compile
+    if getattr(compile_, "pagedlab_locked", False):
+        return
+
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with INTERPRETER_LOCK:
+            return compile_(*args, **kwargs)
+
+    locked.pagedlab_locked = True  # type: ignore[attr-defined]
+    triton.compiler.compile = locked
+
+
+_compile_under_lock()
 
 
 def kernel_variant(kernel: Any, interpret: bool) -> Any:
@@ -133,7 +158,7 @@ def compile_for_gpu(launch: Launch, *, arch: int = 90) -> Any:
             raise TypeError(f"cannot specialise argument {name}={value!r}")
     source = ASTSource(fn, signature, constants, attrs)
     options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return triton.compiler.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 @lru_cache(maxsize=8)
