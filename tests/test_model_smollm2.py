@@ -195,6 +195,38 @@ def test_a_request_that_samples_end_of_sequence_finishes() -> None:
     assert engine.request("B").finish_reason == "eos"
 
 
+def test_loaded_weights_are_handed_out_while_another_dtype_loads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A session switching to bfloat16 (seconds of loading) held up every other session
+    # that needed the float32 weights already loaded.
+    loaded = registry.preload(SMOLLM2, "float32", "cpu")
+    reading, release = threading.Event(), threading.Event()
+    original = registry.read_gguf
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        reading.set()
+        release.wait(120)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "read_gguf", slow)
+    key = (SMOLLM2, "bfloat16", "cpu")
+    registry._weights.pop(key, None)
+    loader = threading.Thread(target=registry.preload, args=(SMOLLM2, "bfloat16", "cpu"))
+    loader.start()
+    try:
+        assert reading.wait(60)
+        got: list[Any] = []
+        hit = threading.Thread(target=lambda: got.append(
+            registry.preload(SMOLLM2, "float32", "cpu")))
+        hit.start()
+        hit.join(10)
+        assert got == [loaded], "waited for another dtype's load"
+    finally:
+        release.set()
+        loader.join(300)
+        registry._weights.pop(key, None)    # give the memory back
+
+
 def test_weights_are_loaded_once_under_concurrency_and_shared(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []

@@ -9,10 +9,11 @@
 
 A real model's weights are read and dequantized once per process for each
 (device, dtype) and then shared read-only by every engine (every browser
-session): engines only read them, under torch.inference_mode. Loading is
-guarded by a lock, so concurrent first uses wait for one load instead of
-racing to do several. A missing package is a PagedLabError of one line that
-names the install command.
+session): engines only read them, under torch.inference_mode. Each load is
+guarded by a lock of its own, so concurrent first uses of the same weights wait
+for one load instead of racing to do several, and weights already loaded are
+handed out at once, also while another dtype or device loads. A missing
+package is a PagedLabError of one line that names the install command.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from backend.models.tokenizer import BPETokenizer, ByteCodec, TextCodec
 
 _lock = threading.Lock()
 _weights: dict[tuple[str, str, str], LlamaWeights] = {}
+# One lock per (model, dtype, device) load, so that a load (seconds) holds up only the
+# sessions waiting for those weights, not one asking for weights already loaded.
+_load_locks: dict[tuple[str, str, str], threading.Lock] = {}
 _codecs: dict[str, TextCodec] = {TINY_BYTE: ByteCodec()}
 
 
@@ -71,12 +75,18 @@ def preload(model: str, dtype: str = "float32", device: torch.device | str = "cp
     if dims is None:
         raise PagedLabError(f"{model!r} has no pretrained weights to load")
     key = _key(model, dtype, device)
+    weights = _weights.get(key)
+    if weights is not None:
+        return weights
     with _lock:
+        load_lock = _load_locks.setdefault(key, threading.Lock())
+    with load_lock:
         weights = _weights.get(key)
         if weights is None:
             contents = read_gguf(find_gguf(), dims, progress)
             weights = LlamaWeights.from_gguf(contents, TORCH_DTYPES[dtype], torch.device(device))
-            _codecs.setdefault(model, BPETokenizer(contents.vocab))
+            with _lock:
+                _codecs.setdefault(model, BPETokenizer(contents.vocab))
             _weights[key] = weights
             if progress:
                 progress(1.0, "loaded")
