@@ -41,21 +41,29 @@ def block_tradeoff_sentence(points: Sequence[BlockSizePoint], picks: Sequence[in
 
 
 def block_batch_frame(results: Sequence[SimResult]) -> pd.DataFrame:
-    """Paged simulator results by block size: mean batch, internal fragmentation, preemptions."""
+    """Paged simulator results by block size: mean batch, internal fragmentation (a share
+    of the KV capacity, time-averaged), preemptions."""
     return pd.DataFrame([{"block size": r.block_size, "mean batch size": r.mean_batch_size,
-                          "internal fragmentation": r.memory["internal_fragmentation"],
+                          "internal fragmentation of capacity":
+                              r.memory["internal_fragmentation"],
                           "preemptions": r.preemptions} for r in results])
 
 
 def block_batch_sentence(results: Sequence[SimResult]) -> str:
-    """The smallest and largest block sizes' mean batch and internal fragmentation."""
+    """The smallest and largest block sizes' mean batch and internal fragmentation.
+
+    The fragmentation is the simulator's, a time-averaged share of the whole KV capacity
+    (free slots included), beside a table whose tail waste is a share of the slots
+    allocated: the sentence names its base, or the two read as one figure twice.
+    """
     if not results:
         return ""
     ends = sorted(results, key=lambda r: r.block_size or 0)
     parts = [f"block size {r.block_size}: mean batch {r.mean_batch_size:.1f}, "
-             f"{pct(r.memory['internal_fragmentation'])} internal fragmentation"
-             for r in (ends[0], ends[-1])]
-    return "In the simulator, " + "; ".join(parts) + "."
+             f"{pct(r.memory['internal_fragmentation'])} of the KV capacity lost to internal "
+             "fragmentation" for r in (ends[0], ends[-1])]
+    return ("In the simulator, " + "; ".join(parts) + " (time-averaged over the run; the "
+            "table's tail waste is a share of the slots allocated, so it reads higher).")
 
 
 # The inputs a block-size simulation ran with: workload, requests, seed.
