@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from backend.core.words import counted, visible
+from backend.views.compare.frames import PAPER_SYSTEMS, POLICY_SHORT
 from backend.views.describe import capped, span
 from backend.views.glossary import path_help
 from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
@@ -287,9 +288,9 @@ def arena_spec(arena: dict[str, Any], snap: Snapshot) -> tuple[pd.DataFrame, dic
 
 def arena_description(df: pd.DataFrame, arena: dict[str, Any]) -> str:
     """The arena in two sentences, from the runs `arena_frame` draws: each request's
-    region and the slots in each state ("A contiguous arena of 16 slots (oracle
-    reservations, first fit), one region per request: A in slots 0–5 and C in slots
-    9–13. Slots by state: tokens 8, ...")."""
+    region and the slots in each state ("A contiguous arena of 16 slots (reservations of
+    the exact final length, first fit: the paper's Orca (Oracle)), one region per request:
+    A in slots 0–5 and C in slots 9–13. Slots by state: tokens 8, ...")."""
     owned = df[df["owner"] != ""]
     regions = [f"{owner} in slots {span(int(rows['x0'].min()), int(rows['x1'].max()) - 1)}"
                for owner, rows in owned.groupby("owner", sort=False)]
@@ -298,8 +299,14 @@ def arena_description(df: pd.DataFrame, arena: dict[str, Any]) -> str:
     states = ", ".join(f"{label} {int(lengths[label]):,}" for label, _, _ in
                        ARENA_KINDS.values() if label in lengths)
     return (f"A contiguous arena of {counted(arena['capacity'], 'slot')} "
-            f"({arena['policy']} reservations, first fit), {where}. Slots by state: "
-            f"{states}.")
+            f"({_reservations(arena['policy'])}), {where}. Slots by state: {states}.")
+
+
+def _reservations(policy: str) -> str:
+    """How an arena's policy reserves, in the words the Contiguous vs paged page uses and
+    with the paper's name for it: "oracle" alone named none of them."""
+    return (f"reservations of the {POLICY_SHORT[policy]}, first fit: the paper's "
+            f"{PAPER_SYSTEMS[policy]}")
 
 
 def _ticks(capacity: int) -> list[int]:
@@ -314,7 +321,7 @@ def arena_caption(arena: dict[str, Any]) -> str:
     as a whole (the paper counts only those never to be used)."""
     b = arena["breakdown"]
     unused = b["reservation"] + b["internal_fragmentation"]
-    return (f"{arena['capacity']} slots ({arena['policy']} reservations, first fit): "
+    return (f"{arena['capacity']} slots ({_reservations(arena['policy'])}): "
             f"{b['token_states']} holding tokens · {b['reservation']} reserved for future tokens · "
             f"{b['internal_fragmentation']} reserved, never used (the paper's internal "
             "fragmentation) · "
