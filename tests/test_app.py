@@ -508,6 +508,12 @@ def test_verify_against_a_full_recomputation() -> None:
     assert found[0].endswith("They agree: each layer's keys and values, and the logits, "
                              "within 0.001 of their largest value (of 1 where values are "
                              "smaller): float rounding of float32.")
+    # A click elsewhere keeps the verdict; the engine's next operation ends it.
+    click(at, "btn_control")
+    assert [s.value for s in at.success if "recomputed without paging" in s.value] == found
+    click(at, "btn_step")
+    assert not [s.value for s in at.success if "recomputed without paging" in s.value]
+    click(at, "verify")
     # A block's keys changed behind the engine's back: the recomputation disagrees.
     e = engine(at)
     block = e.block_table("A")[0]

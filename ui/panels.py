@@ -32,6 +32,7 @@ from backend.views.tokens import model_of
 from ui import layout, translator
 from ui.memo import memo
 from ui.numbers import number_text, whole, whole_input
+from ui.session import keep_result, kept_result
 
 # Requests whose text is laid out by block; the table above lists every request.
 MAX_LAYOUTS = 12
@@ -419,4 +420,10 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
         verdict, said = verify.verdict(engine.verify_recomputation(),
                                        logit_tolerance(engine.config.dtype),
                                        engine.config.dtype)
+        keep_result(f"{prefix}verify_result", engine, (engine.step, verdict, said))
+    # Kept until the engine's next operation: a click elsewhere (Run the control, a tab
+    # of the grid) reruns the page, and the verdict vanished with the button's click.
+    kept = kept_result(f"{prefix}verify_result", engine)
+    if kept is not None and kept[0] == engine.step:
+        _, verdict, said = kept
         {"agree": st.success, "overflow": st.warning, "disagree": st.error}[verdict](said)
