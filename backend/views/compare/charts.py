@@ -365,7 +365,8 @@ def block_batch_line(df: pd.DataFrame) -> alt.Chart:
                 axis=alt.Axis(values=[int(v) for v in df["block size"]])),
         y=alt.Y("mean batch size:Q", scale=scale, axis=alt.Axis(format=",.2~f")),
         tooltip=["block size:Q", alt.Tooltip("mean batch size:Q", format=".2f"),
-                 alt.Tooltip("internal fragmentation of capacity:Q", format=".2%"), "preemptions:Q"],
+                 alt.Tooltip("internal fragmentation of capacity:Q", format=".2%"),
+                 "preemptions:Q"],
     ).properties(title="Mean batch size in the simulator", height=240,
                  description=_batch_description(df))
 
