@@ -217,6 +217,40 @@ def test_reload_link_copy_and_a_killed_server_keep_the_session(
         raise
 
 
+def test_two_tabs_opened_together_on_a_first_visit_share_the_browsers_secret(
+        server: Server, browser: Browser, screenshots: Path) -> None:
+    # Each tab minted a secret and set the cookie, the last one winning: the other tab's
+    # session then belonged to a secret the browser no longer presented, and its link
+    # opened in a third tab of the same browser was "another browser's session".
+    context = browser.new_context(viewport={"width": 1440, "height": 1400})
+    context.set_default_timeout(T)
+    first, second = context.new_page(), context.new_page()
+    try:
+        first.goto(f"{server.url}/lab", wait_until="commit")
+        second.goto(f"{server.url}/lab", wait_until="commit")
+        ids = []
+        for page, rid in ((first, "One"), (second, "Two")):
+            settled(page)
+            page.get_by_role("textbox", name="Request id").fill(rid)
+            page.get_by_role("button", name="Add request").click()
+            status(page, f"Step 1: add {rid}")
+            settled(page)
+            ids.append(session_id(page))
+        assert len([c for c in context.cookies() if c["name"] == "pagedlab_browser"]) == 1
+        for sid in ids:
+            third = context.new_page()
+            third.goto(f"{server.url}/lab?session={sid}")
+            status(third, "Reopened this session: step 1")
+            settled(third)
+            expect(in_app(third).get_by_text("another browser's session")).to_have_count(0)
+            third.close()
+    except BaseException:
+        shoot(second, screenshots, "two-tabs-failed")
+        raise
+    finally:
+        context.close()
+
+
 def test_step_n_shows_progress_and_stops_between_iterations(
         server: Server, browser: Browser, screenshots: Path, tmp_path: Path) -> None:
     page = new_page(browser)

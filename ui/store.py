@@ -100,10 +100,28 @@ def write_cookie() -> None:
         return
     # The secret is URL-safe base64 (checked or made by us): nothing in it needs quoting.
     assert valid_token(secret)
-    script = (f"<script>document.cookie = '{COOKIE}={secret}; path=/; "
-              f"max-age={COOKIE_DAYS * 86400}; SameSite=Lax';</script>")
+    script = _COOKIE_SCRIPT.replace("SECRET", secret).replace(
+        "MAX_AGE", str(COOKIE_DAYS * 86400))
     with st.sidebar:
         st.html(script, unsafe_allow_javascript=True)
+
+
+# Two tabs opened together on a first visit both mint a secret; had each simply set the
+# cookie, the last would win and the other tab's sessions would belong to a secret the
+# browser no longer presents (its link a copy, its session not listed). So the first
+# valid cookie stands, and a tab that finds another's reloads once, to present it.
+# Once: should the server not see the cookie (a proxy on another path), no loop.
+_COOKIE_SCRIPT = f"""<script>
+(() => {{
+  const found = document.cookie.match(/(?:^|;\\s*){COOKIE}=([A-Za-z0-9_-]{{16,64}})(?:;|$)/);
+  if (!found) {{
+    document.cookie = '{COOKIE}=SECRET; path=/; max-age=MAX_AGE; SameSite=Lax';
+  }} else if (found[1] !== 'SECRET' && !sessionStorage.getItem('{COOKIE}_reloaded')) {{
+    sessionStorage.setItem('{COOKIE}_reloaded', '1');
+    location.reload();
+  }}
+}})();
+</script>"""
 
 
 def requested_id() -> tuple[str | None, str | None]:
