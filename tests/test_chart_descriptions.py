@@ -316,9 +316,9 @@ def test_the_scenario_arena_gives_each_region_and_state() -> None:
                                         "fragmentation)", "free": "free"}
     states = ", ".join(f"{labels[k]} {b[k]}" for k in labels if b[k])
     _, spec = tour_views.arena_spec(arena, run.frame(5).snapshot)
-    assert described(spec) == (f"A contiguous arena of {arena['capacity']} slots "
-                               "(reservations of the exact final length, first fit: the "
-                               "paper's Orca (Oracle)), one region per "
+    assert described(spec) == (f"A contiguous arena of {arena['capacity']} slots, "
+                               "reservations of the exact final length as in the paper's "
+                               "Orca (Oracle), first fit; one region per "
                                f"request: {where}. Slots by state: {states}.")
     # Each run of slots keeps its own label.
     assert spec["layer"][0]["encoding"]["description"] == {"field": "aria", "type": "nominal"}

@@ -466,8 +466,8 @@ def test_an_engine_the_machine_cannot_build_is_one_line_not_a_traceback(
     code, err = run_cli(capsys, *args, *(["--from", snap] if restoring else []))
     assert code == 70 and not out.exists()
     whose = (f" from {str(snap)!r} (RuntimeError: DefaultCPUAllocator: can't allocate "
-             "memory\\n(error code 12)); a failure of the machine, or a snapshot that "
-             "PagedLab's checks let through" if restoring else
+             "memory\\n(error code 12)); a failure of PagedLab or of the machine, or a "
+             "snapshot that PagedLab's checks let through" if restoring else
              " (RuntimeError: DefaultCPUAllocator: can't allocate memory\\n(error code 12)); "
              "a failure of PagedLab or of the machine, not of the file")
     assert err == f"error: PagedLab could not build the engine{whose}; --out was not written\n"

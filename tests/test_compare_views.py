@@ -402,7 +402,8 @@ def test_the_simulators_fragmentation_names_its_base_beside_the_tables() -> None
         f"internal fragmentation; block size 256: mean batch {large.mean_batch_size:.1f}, "
         f"{percent(large.memory['internal_fragmentation'])} of the KV capacity lost to "
         "internal fragmentation (time-averaged over the run; the table's tail waste is a "
-        "share of the slots allocated, so it reads higher).")
+        "share of the slots allocated, averaged over each request's life, so the two "
+        "differ).")
     assert "internal fragmentation of capacity" in tables.block_batch_frame(runs).columns
 
 

@@ -899,7 +899,12 @@ def test_a_compile_waits_for_an_interpreted_launch_in_another_thread() -> None:
         assert not attention.is_interpreted(attention._paged_attention_kernel)
         # The compile a JIT kernel binds at its first launch is the locked one.
         from triton.compiler import compile as bound
-        assert getattr(bound, "pagedlab_locked", False)
+        import importlib, triton
+        assert getattr(bound, "pagedlab_lock", None) is L.INTERPRETER_LOCK
+        assert triton.compile is bound
+        # A reload of the module keeps one lock for compiles and interpreted launches.
+        lock = L.INTERPRETER_LOCK
+        assert importlib.reload(L).INTERPRETER_LOCK is lock
         kc = torch.empty(16, 16, 2, 32)
         write = cache_ops.plan_write_kv(torch.empty(5, 2, 32), torch.empty(5, 2, 32), kc, kc,
                                         torch.arange(5), interpret=True)

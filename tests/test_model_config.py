@@ -192,7 +192,8 @@ def test_prompt_tokens_are_checked_against_the_scenarios_model() -> None:
 
 
 @pytest.mark.parametrize(("messages", "match"), [
-    ([], "non-empty list"),
+    ([], "non-empty list of {role, content} objects, got an empty array"),
+    (None, "non-empty list of {role, content} objects, got null"),
     ([{"role": "robot", "content": "hi"}], "role must be one of"),
     ([{"role": "user"}], "exactly role and content"),
     ([{"role": "user", "content": 3}], "content must be a string"),

@@ -165,19 +165,21 @@ def test_a_contiguous_region_is_named_by_an_id_with_dots() -> None:
     """Samples and beams are ID.k: "contiguous.regions.B.3" read as region "B"."""
     sc = parse_scenario({"contiguous": {"capacity": 32, "policy": "oracle"}, "steps": [
         {"op": "add", "request": "A", "prompt": "hello", "max_new_tokens": 2},
-        {"op": "add", "request": "B.3", "prompt": "hi", "max_new_tokens": 2}]})
+        {"op": "add", "request": "B.3", "prompt": "hi", "max_new_tokens": 2},
+        {"op": "add", "request": "B", "prompt": "ho", "max_new_tokens": 2}]})
     engine = Engine(sc.config, kernel="torch")
     mirror = sc.mirror()
     *_, (_, _, result) = run_steps(engine, sc.steps, mirror=mirror)
     regions = mirror.state()["regions"]
-    assert set(regions) == {"A", "B.3"}
+    assert set(regions) == {"A", "B.3", "B"}
     expect = {"contiguous.regions.B.3.tokens": regions["B.3"]["tokens"],
               "contiguous.regions.B.3": regions["B.3"], "contiguous.regions.A.start": 0,
               "contiguous.regions.B.4": 1, "contiguous.regions.B.4.tokens": 1,
               "requests.B.4.block_table": [], "requests.B.3.bogus": 1,
               "contiguous.out_of_step.A.x": 1}
     failures = check_expectations(expect, export_snapshot(engine), engine, result, mirror)
-    # A missing id is named whole, up to the field after it.
+    # A missing id is named whole, up to the field after it, also beside a shorter id
+    # ('B.4' beside 'B' is no field '4' of 'B').
     assert failures == ["contiguous.regions.B.4: not found (no region 'B.4')",
                         "contiguous.regions.B.4.tokens: not found (no region 'B.4')",
                         "requests.B.4.block_table: not found (no request 'B.4')",

@@ -215,8 +215,8 @@ def test_the_arena_map_follows_the_contiguous_mirror() -> None:
         "not fit: 5 slots are free in total but the largest hole is 3 (external "
         "fragmentation).")
     assert tv.arena_caption(arena) == (
-        "16 slots (reservations of the exact final length, first fit: the paper's Orca "
-        "(Oracle)): 8 holding tokens · 3 reserved for future "
+        "16 slots, reservations of the exact final length as in the paper's Orca (Oracle), "
+        "first fit: 8 holding tokens · 3 reserved for future "
         "tokens · 0 reserved, never used (the paper's internal fragmentation) · 5 external "
         "fragmentation · 0 free. Reserved but empty now: 3 (the text's internal "
         "fragmentation: unused space inside an allocation).")

@@ -5,9 +5,11 @@ the browser knows:
 
 - The browser's secret lives in a cookie (`pagedlab_browser`). Streamlit can
   read cookies (st.context.cookies) but not set them, so a first visit gets a
-  new secret and a line of JavaScript that sets the cookie; every later
-  Streamlit session of that browser (a reload, a new tab, a restarted server)
-  presents it. A link opened in another browser has no such cookie.
+  new secret and a few lines of JavaScript that set the cookie (or, where
+  another tab of that first visit set one first, reload to present that one:
+  `_cookie_script`); every later Streamlit session of that browser (a reload,
+  a new tab, a restarted server) presents it. A link opened in another browser
+  has no such cookie.
 - The session's id is the Playground's address: `/lab?session=ID`, written
   by the page once the session has state. Other pages keep their own
   parameters; a reload there resumes the browser's latest session.
@@ -18,6 +20,7 @@ the browser knows:
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -98,27 +101,43 @@ def write_cookie() -> None:
     secret = st.session_state.get(SECRET)
     if not isinstance(secret, str) or _cookie() == secret:
         return
-    # The secret is URL-safe base64 (checked or made by us): nothing in it needs quoting.
+    # URL-safe base64 (checked or made by us): nothing in it needs quoting in a cookie.
     assert valid_token(secret)
-    script = _COOKIE_SCRIPT.replace("SECRET", secret).replace(
-        "MAX_AGE", str(COOKIE_DAYS * 86400))
     with st.sidebar:
-        st.html(script, unsafe_allow_javascript=True)
+        st.html(_cookie_script(secret), unsafe_allow_javascript=True)
 
 
-# Two tabs opened together on a first visit both mint a secret; had each simply set the
-# cookie, the last would win and the other tab's sessions would belong to a secret the
-# browser no longer presents (its link a copy, its session not listed). So the first
-# valid cookie stands, and a tab that finds another's reloads once, to present it.
-# Once: should the server not see the cookie (a proxy on another path), no loop.
-_COOKIE_SCRIPT = f"""<script>
+def _cookie_script(secret: str) -> str:
+    """The script that gives the browser `secret`, unless another tab gave it one first.
+
+    Two tabs opened together on a first visit both mint a secret; had each simply set
+    the cookie, the last would win, and the other tab's sessions would belong to a
+    secret the browser no longer presents (its link a copy, its session not listed).
+    So the first valid cookie stands, and a tab that finds another's reloads to present
+    it. It looks twice, the second time a moment later, since a cookie another tab has
+    just set may not be seen at once. It reloads once for a given cookie: should the
+    server never see the cookie (a proxy that drops it), no loop.
+    """
+    return f"""<script>
 (() => {{
-  const found = document.cookie.match(/(?:^|;\\s*){COOKIE}=([A-Za-z0-9_-]{{16,64}})(?:;|$)/);
-  if (!found) {{
-    document.cookie = '{COOKIE}=SECRET; path=/; max-age=MAX_AGE; SameSite=Lax';
-  }} else if (found[1] !== 'SECRET' && !sessionStorage.getItem('{COOKIE}_reloaded')) {{
-    sessionStorage.setItem('{COOKIE}_reloaded', '1');
+  const mine = {json.dumps(secret)};
+  const seen = () => (document.cookie.match(
+    /(?:^|;\\s*){COOKIE}=([A-Za-z0-9_-]{{16,64}})(?:;|$)/) || [])[1];
+  const adopt = (other) => {{
+    if (sessionStorage.getItem('{COOKIE}_reloaded_for') === other) return;
+    sessionStorage.setItem('{COOKIE}_reloaded_for', other);
     location.reload();
+  }};
+  const first = seen();
+  if (first === undefined) {{
+    document.cookie = '{COOKIE}=' + mine + '; path=/; max-age={COOKIE_DAYS * 86400}; '
+                      + 'SameSite=Lax';
+    setTimeout(() => {{
+      const now = seen();
+      if (now !== undefined && now !== mine) adopt(now);
+    }}, 800);
+  }} else if (first !== mine) {{
+    adopt(first);
   }}
 }})();
 </script>"""

@@ -162,7 +162,8 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
 
 def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not value:
-        raise PagedLabError("messages must be a non-empty list of {role, content} objects")
+        raise PagedLabError("messages must be a non-empty list of {role, content} objects, "
+                            f"got {'an empty array' if value == [] else json_kind(value)}")
     if len(value) > MAX_MESSAGES:
         raise PagedLabError(f"messages has {len(value):,} entries; the limit is {MAX_MESSAGES:,}")
     out: list[tuple[str, str]] = []

@@ -217,7 +217,8 @@ def _run(args: argparse.Namespace) -> int:
             # since there is no engine to write.
             # From a snapshot, the file may be to blame too: one its checks let through.
             whose = ("of PagedLab or of the machine, not of the file" if restoring is None
-                     else "of the machine, or a snapshot that PagedLab's checks let through")
+                     else "of PagedLab or of the machine, or a snapshot that PagedLab's "
+                          "checks let through")
             say("error", f"PagedLab could not build the engine{restoring or ''} "
                           f"({exc.__class__.__name__}: {exc}); a failure {whose}; --out was "
                           "not written")

@@ -298,19 +298,24 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
 def _by_id(by_id: dict[str, Any], parts: list[str], path: str, what: str) -> Any:
     """The value under a request id that may hold dots (samples and beams are ID.k): the
     longest id that `parts` start with, then the fields after it."""
-    for end in range(len(parts), 0, -1):
-        node = by_id.get(".".join(parts[:end]))
-        if node is not None:
-            for part in parts[end:]:
-                node = _child(node, part, path)
-            return node
-    # Name the id the path meant: it runs to the first part that is a field of the
-    # records (`requests.B.4.block_table` looks for 'B.4', not 'B'), else to the end.
     if not by_id:
         raise KeyError(f"there is no {what} at all")
     fields = {key for record in by_id.values() if isinstance(record, dict) for key in record}
-    end = next((i for i in range(1, len(parts)) if parts[i] in fields), len(parts))
-    raise KeyError(f"no {what} {'.'.join(parts[:end])!r}")
+    # The id the path means runs to the first part that is a field of the records
+    # (`requests.B.4.block_table` means 'B.4', also where a 'B' exists), else to the end.
+    meant = next((i for i in range(1, len(parts)) if parts[i] in fields), len(parts))
+    for end in range(len(parts), 0, -1):
+        node = by_id.get(".".join(parts[:end]))
+        if node is None:
+            continue
+        if end < meant and (meant < len(parts) or parts[end].isdigit()):
+            # A shorter id, and the parts after it are no field: the id meant is missing
+            # ('B.4' beside 'B'), not a field of 'B' called '4'.
+            break
+        for part in parts[end:]:
+            node = _child(node, part, path)
+        return node
+    raise KeyError(f"no {what} {'.'.join(parts[:meant])!r}")
 
 
 def _child(node: Any, part: str, path: str) -> Any:

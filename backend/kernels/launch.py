@@ -4,6 +4,7 @@ many programs of a compiled kernel an SM keeps resident)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import tempfile
@@ -30,28 +31,35 @@ _VARIANTS_LOCK = threading.Lock()
 # session compiling a new kernel shape beside a session on Device cpu would build
 # with them ("'block_argument' object has no attribute 'dtype'"). A compiled kernel
 # already built, and torch, need no lock.
-INTERPRETER_LOCK = threading.RLock()
+def _compile_under_lock() -> threading.RLock:
+    """The interpreter's lock, with Triton's compile made to take it: for the JIT's first
+    launch of a shape (which reads `triton.compiler.compile` when it first binds a
+    kernel, after this module's import), for `compile_for_gpu`, and for callers of the
+    `triton.compile` alias alike.
 
-
-def _compile_under_lock() -> None:
-    """Make Triton's compile take INTERPRETER_LOCK, for the JIT's first launch of a shape
-    (which reads `triton.compiler.compile` when it first binds a kernel, after this
-    module's import) and for `compile_for_gpu` alike."""
+    A second import of this module (a reload) finds the wrapper in place and takes its
+    lock, so that compiles and interpreted launches still share one.
+    """
     import triton.compiler
 
+    installed = getattr(triton.compiler.compile, "pagedlab_lock", None)
+    if isinstance(installed, type(threading.RLock())):
+        return installed
+    lock = threading.RLock()
     compile_ = triton.compiler.compile
-    if getattr(compile_, "pagedlab_locked", False):
-        return
 
+    @functools.wraps(compile_)
     def locked(*args: Any, **kwargs: Any) -> Any:
-        with INTERPRETER_LOCK:
+        with lock:
             return compile_(*args, **kwargs)
 
-    locked.pagedlab_locked = True  # type: ignore[attr-defined]
+    locked.pagedlab_lock = lock  # type: ignore[attr-defined]
     triton.compiler.compile = locked
+    triton.compile = locked
+    return lock
 
 
-_compile_under_lock()
+INTERPRETER_LOCK = _compile_under_lock()
 
 
 def kernel_variant(kernel: Any, interpret: bool) -> Any:

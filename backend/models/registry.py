@@ -85,8 +85,11 @@ def preload(model: str, dtype: str = "float32", device: torch.device | str = "cp
         if weights is None:
             contents = read_gguf(find_gguf(), dims, progress)
             weights = LlamaWeights.from_gguf(contents, TORCH_DTYPES[dtype], torch.device(device))
-            with _lock:
-                _codecs.setdefault(model, BPETokenizer(contents.vocab))
+            if model not in _codecs:
+                # Built outside `_lock`; should codec_for build one meanwhile, its stays.
+                codec = BPETokenizer(contents.vocab)
+                with _lock:
+                    _codecs.setdefault(model, codec)
             _weights[key] = weights
             if progress:
                 progress(1.0, "loaded")

@@ -288,9 +288,9 @@ def arena_spec(arena: dict[str, Any], snap: Snapshot) -> tuple[pd.DataFrame, dic
 
 def arena_description(df: pd.DataFrame, arena: dict[str, Any]) -> str:
     """The arena in two sentences, from the runs `arena_frame` draws: each request's
-    region and the slots in each state ("A contiguous arena of 16 slots (reservations of
-    the exact final length, first fit: the paper's Orca (Oracle)), one region per request:
-    A in slots 0–5 and C in slots 9–13. Slots by state: tokens 8, ...")."""
+    region and the slots in each state ("A contiguous arena of 16 slots, reservations of
+    the exact final length as in the paper's Orca (Oracle), first fit; one region per
+    request: A in slots 0–5 and C in slots 9–13. Slots by state: tokens 8, ...")."""
     owned = df[df["owner"] != ""]
     regions = [f"{owner} in slots {span(int(rows['x0'].min()), int(rows['x1'].max()) - 1)}"
                for owner, rows in owned.groupby("owner", sort=False)]
@@ -298,15 +298,16 @@ def arena_description(df: pd.DataFrame, arena: dict[str, Any]) -> str:
     lengths = df.groupby("kind", sort=False)["length"].sum()
     states = ", ".join(f"{label} {int(lengths[label]):,}" for label, _, _ in
                        ARENA_KINDS.values() if label in lengths)
-    return (f"A contiguous arena of {counted(arena['capacity'], 'slot')} "
-            f"({_reservations(arena['policy'])}), {where}. Slots by state: {states}.")
+    return (f"A contiguous arena of {counted(arena['capacity'], 'slot')}, "
+            f"{_reservations(arena['policy'])}; {where}. Slots by state: {states}.")
 
 
 def _reservations(policy: str) -> str:
     """How an arena's policy reserves, in the words the Contiguous vs paged page uses and
-    with the paper's name for it: "oracle" alone named none of them."""
-    return (f"reservations of the {POLICY_SHORT[policy]}, first fit: the paper's "
-            f"{PAPER_SYSTEMS[policy]}")
+    with the paper's name for it: "oracle" alone named none of them. The final length is
+    the arena's (prompt + max_new_tokens, backend/io/contiguous_mirror.py)."""
+    return (f"reservations of the {POLICY_SHORT[policy]} as in the paper's "
+            f"{PAPER_SYSTEMS[policy]}, first fit")
 
 
 def _ticks(capacity: int) -> list[int]:
@@ -321,7 +322,7 @@ def arena_caption(arena: dict[str, Any]) -> str:
     as a whole (the paper counts only those never to be used)."""
     b = arena["breakdown"]
     unused = b["reservation"] + b["internal_fragmentation"]
-    return (f"{arena['capacity']} slots ({_reservations(arena['policy'])}): "
+    return (f"{arena['capacity']} slots, {_reservations(arena['policy'])}: "
             f"{b['token_states']} holding tokens · {b['reservation']} reserved for future tokens · "
             f"{b['internal_fragmentation']} reserved, never used (the paper's internal "
             "fragmentation) · "

@@ -63,7 +63,8 @@ def block_batch_sentence(results: Sequence[SimResult]) -> str:
              f"{pct(r.memory['internal_fragmentation'])} of the KV capacity lost to internal "
              "fragmentation" for r in (ends[0], ends[-1])]
     return ("In the simulator, " + "; ".join(parts) + " (time-averaged over the run; the "
-            "table's tail waste is a share of the slots allocated, so it reads higher).")
+            "table's tail waste is a share of the slots allocated, averaged over each "
+            "request's life, so the two differ).")
 
 
 # The inputs a block-size simulation ran with: workload, requests, seed.
