@@ -238,6 +238,20 @@ def test_a_trace_is_known_by_its_content_not_its_file_name() -> None:
                in e.value for e in at.error), [e.value for e in at.error]
 
 
+def test_two_sessions_uploading_one_file_under_two_names_each_keep_their_own_name() -> None:
+    # Runs are shared by content between sessions; a run carries the trace's name, and
+    # another session's file name is not this session's to see.
+    data = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,300,40\n2,50,10\n"
+    for name in ("first-name.csv", "second-name.csv"):
+        at = start()
+        at.selectbox(key="cmp_sim_workload").set_value("upload").run()
+        at.file_uploader(key="cmp_sim_upload").set_value((name, data, "text/csv")).run()
+        at.button(key="cmp_sim_run").click().run()
+        assert not at.exception and not at.error
+        runs = at.session_state["cmp_sim_last"]["runs"]
+        assert runs and {r.result.workload for r in runs} == {name}
+
+
 def test_an_uploaded_trace_is_replayed_again_after_another_tab() -> None:
     # An uploader forgets its file when its tab is not drawn; the trace parsed from it
     # is kept, said to be, and replayed, until the person removes or replaces it.

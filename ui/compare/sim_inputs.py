@@ -152,6 +152,10 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
     built = replay_trace(full, requests=requests, time_scale=scale)
     scaled = f", time / {as_typed(scale)}" if scale != 1 else ""
     # The mean rate as the real-deployment tab says it, so one trace reads the same in both.
-    return TraceChoice(("recorded", digest, requests, scale), lambda: built,
+    # An upload's runs are shared by content, but keyed by its name too: a run carries the
+    # trace's name (`SimResult.workload`), and another session's file name is not this
+    # session's to see.
+    key = ("recorded", digest, requests, scale) + ((name,) if source == UPLOAD else ())
+    return TraceChoice(key, lambda: built,
                        f"{name}, the first {requests:,} of {len(full):,} requests "
                        f"(mean {rate_text(built.rate)}/s{scaled})", int(full.final_len.max()))
