@@ -101,6 +101,34 @@ def test_the_timeline_counts_its_rows_and_downloads_them_with_the_latencies(
     assert len(shown) == 1 and list(shown[0]["request"]) == ["A", "B"]
 
 
+def test_the_open_timeline_follows_every_operation_and_a_reset() -> None:
+    """Its charts are built again only when the timeline changed (ui/timeline.py _charts):
+    a rerun with nothing new draws the same specs, an operation or a new engine others."""
+    def specs(at: AppTest) -> list[tuple[str, list[bytes]]]:
+        return [(c.proto.spec, [d.data.data for d in c.proto.datasets])
+                for c in at.get("vega_lite_chart") if "iteration" in c.proto.spec]
+
+    at = open_details(click(add(start()), "btn_step"))
+    before = specs(at)
+    assert len(before) == 2                             # the timeline and the strip
+    at.run()
+    assert specs(at) == before                          # reused: nothing changed
+    at.session_state["tl_charts"] = None
+    at.run()
+    assert specs(at) == before                          # built anew: the same specs
+    for key in ("btn_step", "btn_grow", "btn_fork", "btn_finish"):
+        click(at, key)
+        now = specs(at)
+        assert now != before and "iterations 0–" in caption(at, "belongs to this engine"), key
+        before = now
+    rows = len(engine(at).timeline.rows)
+    assert f"{rows} rows" in caption(at, "belongs to this engine")
+    click(click(at, "btn_reset"), "btn_reset_confirm")
+    assert "Nothing run yet" in caption(at, "Nothing run yet") and not specs(at)
+    open_details(click(add(at), "btn_step"))           # (a reset closes the section)
+    assert len(specs(at)) == 2 and specs(at) != before
+
+
 def test_picking_an_earlier_iteration_shows_that_steps_state_and_leaves_the_engine() -> None:
     at = add(add(start()), "abcdefgh-ijklmnop")
     e = engine(at)
