@@ -328,14 +328,17 @@ def strip_chart(df: pd.DataFrame, history: History) -> alt.LayerChart:
     # A few rows keep narrow bars: one row's bar would fill the whole width.
     size = 24 if len(data) < 16 else alt.Undefined
     x = alt.X("iteration:O", title="iteration", axis=alt.Axis(labelOverlap=True, labelAngle=0))
-    tooltip = ["iteration:Q", "step:Q", alt.Tooltip("used_blocks:Q", format=",.1f"), "kept:N"]
+    # Channel objects, not shorthand strings or condition dicts: Altair wraps those
+    # through `from_dict`, which hashes its whole schema each time (some 5 ms a channel).
+    tooltip = [alt.Tooltip("iteration:Q"), alt.Tooltip("step:Q"),
+               alt.Tooltip("used_blocks:Q", format=",.1f"), alt.Tooltip("kept:N")]
     data["top"] = max(1.0, float(data["used_blocks"].max()))
     bars = alt.Chart(data).mark_bar(size=size).encode(
         x=x, y=alt.Y("used_blocks:Q", title="blocks used"),
         color=alt.Color("kept:N", title=None,
                         scale=alt.Scale(domain=["kept", "not kept"],
                                         range=["#1f4e8c", "#BBBBBB"])),
-        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.45)),
+        opacity=alt.OpacityValue(**alt.condition(pick, alt.value(1.0), alt.value(0.45))),
         tooltip=tooltip)
     # Over each bar, its column's whole height as the click target, all but invisible: a
     # row with no block used has no bar to click.

@@ -147,7 +147,7 @@ def _panel(data: pd.DataFrame, title: str, y_title: str, x: alt.X, *, width: int
         strokeDash=alt.StrokeDash("series:N", title=None, sort=labels, legend=legend),
         tooltip=[alt.Tooltip("iteration:Q", format=",d"),
                  alt.Tooltip("time_s:Q", format=",.2f", title="time (s)"),
-                 "series:N", alt.Tooltip("value:Q", format=",.1f")],
+                 alt.Tooltip("series:N"), alt.Tooltip("value:Q", format=",.1f")],
     ).properties(title=title, width=width, height=130)
 
 
