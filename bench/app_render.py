@@ -13,9 +13,11 @@ engine step alone, split into kernel, reference check and model):
 
 Two pools: 32 running requests over 256 blocks of 16 (the goal: a step
 re-renders in at most 150 ms of server time), and 64 requests over 4,096 blocks
-(the grid drawn a page of 1,024 blocks at a time).
+(the grid drawn a page of 1,024 blocks at a time). `--timeline-open` measures
+with the Timeline's *Chart, latencies and downloads* section open, which draws
+two more charts on every run.
 
-    python bench/app_render.py [--runs 15] [--kernel torch|triton]
+    python bench/app_render.py [--runs 15] [--kernel torch|triton] [--timeline-open]
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ APP = str(ROOT / "app.py")
 
 
 def setup(num_blocks: int, block_size: int, requests: int, prompt_len: int,
-          kernel: str = "torch") -> AppTest:
+          kernel: str = "torch", timeline_open: bool = False) -> AppTest:
     """The app with `kernel`, the given pool, and `requests` running requests."""
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.segmented_control(key="dev_kernel").set_value(kernel).run()
@@ -56,6 +58,8 @@ def setup(num_blocks: int, block_size: int, requests: int, prompt_len: int,
     for i in range(requests):
         engine.apply(Add(f"r{i}", prompt_len=prompt_len))
     assert len(engine.running) == requests, "the pool is too small for the requests"
+    # The section runs its content only while open (on_change="rerun").
+    at.session_state["tl_open"] = timeline_open
     at.run()
     assert not at.exception
     return at
@@ -91,6 +95,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--kernel", choices=["torch", "triton"], default="torch")
+    parser.add_argument("--timeline-open", action="store_true",
+                        help="with the Timeline's chart section open")
     args = parser.parse_args()
     st.set_option("client.showErrorDetails", "full")
     rows = []
@@ -98,16 +104,17 @@ def main() -> None:
     # for every timed step, so no preemption muddles the figures.
     steps = 2 + 2 * args.runs
     prompt_len = min(100, 128 - steps)
-    rows += measure("32 requests / 256 blocks", setup(256, 16, 32, prompt_len, args.kernel),
-                    args.runs)
-    rows += measure("64 requests / 4096 blocks", setup(4096, 16, 64, 500, args.kernel),
-                    args.runs)
+    rows += measure("32 requests / 256 blocks",
+                    setup(256, 16, 32, prompt_len, args.kernel, args.timeline_open), args.runs)
+    rows += measure("64 requests / 4096 blocks",
+                    setup(4096, 16, 64, 500, args.kernel, args.timeline_open), args.runs)
 
     print(f"# Playground re-render, server side ({datetime.date.today().isoformat()})")
     print(f"# {cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} "
           f"{platform.release()}, Python {platform.python_version()}, torch "
           f"{torch.__version__} ({torch.get_num_threads()} threads), streamlit "
-          f"{st.__version__}, kernel {args.kernel} on cpu, {args.runs} runs each")
+          f"{st.__version__}, kernel {args.kernel} on cpu, {args.runs} runs each"
+          + (", Timeline chart section open" if args.timeline_open else ""))
     print(f"{'pool':<28}{'what':<56}{'median ms':>10}{'p90 ms':>9}")
     for label, what, ms in rows:
         p90 = statistics.quantiles(ms, n=10)[-1] if len(ms) >= 2 else ms[0]
