@@ -197,7 +197,10 @@ def legend_html(snap: Snapshot, request_ids: list[str] | None = None) -> str:
                               c=_rgba(e.fill, e.opacity),
                               style="dashed" if e.dashed else "solid")
             swatch = f"<span style='{style}'></span>"
-        parts.append(f"<span style='margin-right:12px;white-space:nowrap'>{swatch}{text}</span>")
+        # Each entry moves to the next line whole; one longer than the line (the cached
+        # entry on a phone) wraps inside itself rather than running off the page.
+        parts.append(f"<span style='margin-right:12px;display:inline-block;max-width:100%'>"
+                     f"{swatch}{text}</span>")
     return "<div class='pl-legend' style='font-size:12px;line-height:1.9'>" + " ".join(parts) \
         + "</div>"
 
