@@ -76,7 +76,9 @@ def test_binned_keeps_sums_and_means() -> None:
     sizes = np.minimum(per, span - np.arange(len(small)) * per)
     assert (small["running"] * sizes).sum() == pytest.approx(df["running"].sum())
     chart = timeline_chart(df, paged=True).to_dict()
-    titles = [p["title"] for p in chart["vconcat"]]
+    # A binned panel's note is its subtitle: the title is then an object.
+    titles = [p["title"]["text"] if isinstance(p["title"], dict) else p["title"]
+              for p in chart["vconcat"]]
     assert titles[0].startswith("Requests") and titles[1].startswith("Blocks")
     assert titles[3].startswith("Preemptions")
     # At most 600 points per series reach the browser.

@@ -241,7 +241,8 @@ def test_a_light_traces_timeline_has_ticks_beyond_zero() -> None:
     assert tips["iteration"] == ",d"
     per = -(-(int(df["iteration"].iloc[-1] - df["iteration"].iloc[0]) + 1) // 600)
     assert per >= 1000
-    assert f"(mean of {per:,} iterations per point" in requests["title"]
+    assert requests["title"]["text"] == "Requests"
+    assert requests["title"]["subtitle"].startswith(f"(mean of {per:,} iterations per point")
     assert preempted["title"].startswith(f"Preemptions (per {per:,} iterations)")
 
 

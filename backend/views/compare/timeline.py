@@ -125,8 +125,8 @@ _SERIES_COLORS = ["#1f4e8c", "#e08214", "#b2182b"]
 MARKED_POINTS = 60
 
 
-def _panel(data: pd.DataFrame, title: str, y_title: str, x: alt.X, *, width: int
-           ) -> alt.Chart:
+def _panel(data: pd.DataFrame, title: str | alt.TitleParams, y_title: str, x: alt.X, *,
+           width: int) -> alt.Chart:
     labels = list(dict.fromkeys(data["series"]))
     marked = data["iteration"].nunique() <= MARKED_POINTS
     # Every panel counts whole things (requests, blocks, tokens): no 0.5 ticks. Means
@@ -164,10 +164,16 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
     x = alt.X("iteration:Q", title="iteration",
               scale=alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False),
               axis=alt.Axis(format=",d", tickMinStep=1))
-    note = f" (mean of {per:,} iterations per point, idle ones included)" if per > 1 else ""
-    memory = (_panel(_long(shown, _BLOCKS), "Blocks" + note, "blocks", x, width=width)
+    note = f"(mean of {per:,} iterations per point, idle ones included)" if per > 1 else ""
+
+    def titled(name: str) -> str | alt.TitleParams:
+        # The note on a line of its own: a title as long as the panel is wide took its
+        # width from the plot (a 390 px phone drew each plot some 40 px wide).
+        return alt.TitleParams(name, subtitle=note) if note else name
+
+    memory = (_panel(_long(shown, _BLOCKS), titled("Blocks"), "blocks", x, width=width)
               if paged else
-              _panel(_long(shown, _SLOTS), "Token slots" + note, "slots", x, width=width))
+              _panel(_long(shown, _SLOTS), titled("Token slots"), "slots", x, width=width))
     top = max(1, int(shown["preemptions"].max()))
     pre = alt.Chart(shown).mark_bar(color="#b2182b").encode(
         x=x, y=alt.Y("preemptions:Q", title="preemptions",
@@ -180,9 +186,9 @@ def timeline_chart(df: pd.DataFrame, *, paged: bool, width: int = 640,
                  + ("" if shown["preemptions"].any() else ": none in this run"),
                  width=width, height=90)
     return alt.vconcat(
-        _panel(_long(shown, _requests(df)), "Requests" + note, "requests", x, width=width),
+        _panel(_long(shown, _requests(df)), titled("Requests"), "requests", x, width=width),
         memory,
-        _panel(_long(shown, _TOKENS), "Tokens per iteration" + note, "tokens", x,
+        _panel(_long(shown, _TOKENS), titled("Tokens per iteration"), "tokens", x,
                width=width),
         pre,
     ).resolve_scale(color="independent", strokeDash="independent").properties(
