@@ -82,7 +82,17 @@ def _show(results: list[SharingResult], key: str) -> None:
     # Read out when a run's results are drawn (ui/a11y.py).
     with a11y.said(key, "result"):
         st.markdown(tables.sharing_sentence(results))
-    st.altair_chart(charts.sharing_bars(df), key=f"{key}_chart")
+    # One chart per kind, in columns that wrap: as one faceted picture the two panels are
+    # some 560 px wide, and a phone's page (about 360 px) cut off the second. Each keeps
+    # its 200 px panel (some 268 px with its axis), and side by side they still fit
+    # beside the sidebar of a 1024 px window (a page of 564 px).
+    kinds = [k for k in ("parallel sampling", "beam search") if k in set(df["kind"])]
+    layout.wrap_below(f"{key}_charts", [270] * len(kinds))
+    with st.container(key=f"{key}_charts"):
+        places = st.columns(len(kinds)) if kinds else []
+    for place, kind in zip(places, kinds, strict=True):
+        place.altair_chart(charts.sharing_bars(df[df["kind"] == kind]),
+                           key=f"{key}_chart" + ("" if kind == kinds[0] else "_2"))
     st.caption("Shaded band: the paper's range for the same kind of sharing (Figure 15).")
     shown, saved = in_percent(df, "saved", help="block memory that sharing saved, "
                                                 "time-averaged over the run")
