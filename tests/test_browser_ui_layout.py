@@ -170,6 +170,42 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
             browser.close()
 
 
+# Every chart's right edge, and the window's width.
+CHART_EDGES = """() => ({width: window.innerWidth, right: [...document.querySelectorAll(
+    '[data-testid=stMain] .vega-embed')].map(e => Math.round(e.getBoundingClientRect().right))})"""
+
+
+def test_on_a_phone_nothing_scrolls_sideways_and_the_sharing_charts_are_whole(
+        app_url: str, chromium_path: str, screenshots: Path) -> None:
+    # 390 px: the grid's legend kept its longest entry on one line and scrolled the page
+    # sideways; the Sharing tab drew its two panels as one 560 px picture, the second cut.
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
+                                     args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 390, "height": 844},
+                                          is_mobile=True, has_touch=True)
+            page = context.new_page()
+            page.set_default_timeout(T)
+            page.goto(f"{app_url}/lab")
+            add = page.get_by_role("button", name="Add request")
+            expect(add).to_be_visible(timeout=60_000)
+            add.click()
+            shows(in_app(page).get_by_text("Step 1: add A"))
+            shows(page.locator(".pl-legend"), "cached")
+            no_sideways_scroll(page)
+            shoot(page, screenshots / "ui-390-playground.png")
+            page.goto(f"{app_url}/fragmentation?tab=Sharing")
+            panel = page.get_by_role("tabpanel", name="Sharing")
+            expect(panel.locator(".vega-embed")).to_have_count(2, timeout=T)
+            no_sideways_scroll(page)
+            edges = page.evaluate(CHART_EDGES)
+            assert edges["right"] and max(edges["right"]) <= edges["width"], edges
+            shoot(page, screenshots / "ui-390-sharing.png")
+        finally:
+            browser.close()
+
+
 # The event log's scrolling box (itself or the nearest ancestor that scrolls, short of the
 # page's own main section): its height, whether it scrolls, and how tall the log's rows
 # are together.
