@@ -202,6 +202,15 @@ def test_on_a_phone_nothing_scrolls_sideways_and_the_sharing_charts_are_whole(
             edges = page.evaluate(CHART_EDGES)
             assert edges["right"] and max(edges["right"]) <= edges["width"], edges
             shoot(page, screenshots / "ui-390-sharing.png")
+            # The maps' legend wraps (a three-column chart cut a label and ran another
+            # into the next swatch).
+            page.goto(f"{app_url}/fragmentation?tab=One+workload%2C+two+memories")
+            legend = page.locator(".pl-kind-legend")
+            shows(legend, "external fragmentation")
+            no_sideways_scroll(page)
+            box = legend.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= 390, box
+            shoot(page, screenshots / "ui-390-maps.png")
         finally:
             browser.close()
 

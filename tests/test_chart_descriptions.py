@@ -94,9 +94,11 @@ def test_a_strip_of_many_stages_names_the_first_five() -> None:
     assert said.endswith("; and 2 more stages.")
 
 
-def test_the_maps_legend_names_every_state() -> None:
-    said = described(charts.kind_legend())
-    assert all(name in said for name in NAMES.values())
+def test_the_maps_legend_names_every_state_in_its_colour() -> None:
+    legend = charts.kind_legend_html()
+    for name, color in zip(charts.KIND_DOMAIN, charts.KIND_COLORS, strict=True):
+        assert f"background:{color}'></span>{name}</span>" in legend
+    assert all(name in legend for name in NAMES.values())
 
 
 # ---- one workload, two memories --------------------------------------------------------

@@ -451,8 +451,6 @@ def test_every_chart_builds() -> None:
     # would hold the legend and axes too and squeeze the rows.
     assert strip["height"] == 34 * arena["stage"].nunique()
     assert strip["autosize"] == {"type": "fit-x", "contains": "padding"}
-    # The legend keeps its own size (no fit request for Vega-Lite to drop with a warning).
-    assert charts.kind_legend().to_dict()["autosize"] == {"type": "pad"}
     points = trace_block_sweep("alpaca", 100, 0)
     sweep = tables.block_sweep_frame(points)
     # Every field the chart encodes is a column of its frame (a renamed column would

@@ -64,7 +64,7 @@ def maps_section() -> None:
                    "at a time.")
     if data["axes"]:
         st.caption(data["axes"])
-    st.altair_chart(charts.kind_legend(), key="cmp_map_legend")
+    st.html(charts.kind_legend_html())
     left, right = st.columns(2, gap="medium")
     for col, side, title in ((left, "left", f"Contiguous: {views.POLICY_SHORT[policy]}"),
                              (right, "right", f"Paged: blocks of {block_size}")):

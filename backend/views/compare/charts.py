@@ -22,7 +22,7 @@ from collections.abc import Callable
 import altair as alt
 import pandas as pd
 
-from backend.core.words import counted, joined, percent
+from backend.core.words import counted, percent
 from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER
 from backend.views.describe import MAX_LISTED, number, span, trend
 
@@ -116,27 +116,26 @@ def _strip_description(df: pd.DataFrame, title: str, stages: list[str]) -> str:
             + "; ".join(told) + more + ".")
 
 
-def kind_legend(columns: int = 3) -> alt.LayerChart:
-    """The five states as labelled swatches in a small grid: the shared legend of the maps."""
-    df = pd.DataFrame({"kind": KIND_DOMAIN,
-                       "col": [i % columns for i in range(len(KIND_DOMAIN))],
-                       "row": [i // columns for i in range(len(KIND_DOMAIN))]})
-    base = alt.Chart(df).encode(x=alt.X("col:O", axis=None), y=alt.Y("row:O", axis=None))
-    swatch = base.mark_square(size=200, filled=True, opacity=1, stroke="#555",
-                              strokeWidth=0.5, xOffset=-80).encode(color=_kind_color(legend=False))
-    label = base.mark_text(align="left", dx=-68, fontSize=13).encode(text="kind:N")
-    # Its own size (three 200 px columns): Streamlit's theme asks every chart to fit its
-    # column, which Vega-Lite cannot do for a chart sized in steps and says so in the
-    # browser's console, on every redraw of the tab.
-    return (swatch + label).properties(
-        width=alt.Step(200), height=alt.Step(24), autosize=alt.AutoSizeParams(type="pad"),
-        description=f"Legend of the memory maps below: the {len(KIND_DOMAIN)} states a "
-                    f"slot can be in, {joined(KIND_DOMAIN)}, each with its colour.")
+def kind_legend_html() -> str:
+    """The five states as labelled swatches, the shared legend of the maps below it.
+
+    HTML rather than a chart: its entries wrap to the page's width (a grid of three
+    200 px columns was cut, and ran one label into the next swatch, on a phone), and a
+    screen reader reads its words.
+    """
+    swatch = ("display:inline-block;width:14px;height:14px;border-radius:2px;"
+              "border:1px solid #555;margin:0 6px -2px 0;background:{c}")
+    parts = [f"<span style='display:inline-block;margin-right:16px'>"
+             f"<span style='{swatch.format(c=color)}'></span>{kind}</span>"
+             for kind, color in zip(KIND_DOMAIN, KIND_COLORS, strict=True)]
+    return ("<div class='pl-kind-legend' style='font-size:13px;line-height:1.9'>"
+            + "".join(parts) + "</div>")
 
 
 def memory_map(df: pd.DataFrame, title: str, capacity: int, x_domain: tuple[int, int],
                *, height: int = 360) -> alt.Chart:
-    """x = iteration, y = slot, colour = state: the memory over time (legend: kind_legend)."""
+    """x = iteration, y = slot, colour = state: the memory over time (legend:
+    kind_legend_html)."""
     return alt.Chart(df).mark_rect().encode(
         x=alt.X("iteration:Q", title="iteration", scale=alt.Scale(domain=list(x_domain))),
         x2="iteration_end:Q",
