@@ -22,15 +22,7 @@ from triton.runtime.interpreter import InterpretedFunction
 _VARIANTS: dict[int, Any] = {}
 _VARIANTS_LOCK = threading.Lock()
 
-# Triton's interpreter keeps the launch it is running in process-wide state (the
-# grid, the semantic object its patched builtins call), so two interpreted
-# launches in two threads (two browser sessions stepping at once) corrupt each
-# other: "x >= grid_dim[0]" or "Did you forget to add @triton.jit?". Every
-# interpreted launch holds this lock, and so does every compile: for the length of
-# a launch the interpreter swaps its own functions into triton.language, so a GPU
-# session compiling a new kernel shape beside a session on Device cpu would build
-# with them ("'block_argument' object has no attribute 'dtype'"). A compiled kernel
-# already built, and torch, need no lock.
+
 def _compile_under_lock() -> threading.RLock:
     """The interpreter's lock, with Triton's compile made to take it: for the JIT's first
     launch of a shape (which reads `triton.compiler.compile` when it first binds a
@@ -59,6 +51,15 @@ def _compile_under_lock() -> threading.RLock:
     return lock
 
 
+# Triton's interpreter keeps the launch it is running in process-wide state (the
+# grid, the semantic object its patched builtins call), so two interpreted
+# launches in two threads (two browser sessions stepping at once) corrupt each
+# other: "x >= grid_dim[0]" or "Did you forget to add @triton.jit?". Every
+# interpreted launch holds this lock, and so does every compile: for the length of
+# a launch the interpreter swaps its own functions into triton.language, so a GPU
+# session compiling a new kernel shape beside a session on Device cpu would build
+# with them ("'block_argument' object has no attribute 'dtype'"). A compiled kernel
+# already built, and torch, need no lock.
 INTERPRETER_LOCK = _compile_under_lock()
 
 
