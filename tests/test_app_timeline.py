@@ -127,6 +127,10 @@ def test_the_open_timeline_follows_every_operation_and_a_reset() -> None:
     assert "Nothing run yet" in caption(at, "Nothing run yet") and not specs(at)
     open_details(click(add(at), "btn_step"))           # (a reset closes the section)
     assert len(specs(at)) == 2 and specs(at) != before
+    # Closed, the section keeps nothing: a long timeline's frame is megabytes.
+    at.session_state["tl_open"] = False
+    at.run()
+    assert "tl_charts" not in at.session_state
 
 
 def test_picking_an_earlier_iteration_shows_that_steps_state_and_leaves_the_engine() -> None:

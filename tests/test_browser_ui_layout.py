@@ -1,4 +1,5 @@
-"""The pages at 1024 x 768 in a real Chromium: nothing scrolls sideways, every download label fits.
+"""The pages at 1024 x 768, and on a 390 px phone, in a real Chromium: nothing scrolls
+sideways, every download label fits.
 
 A laptop window of 1024 px with the sidebar open leaves the main column about
 560 px. Streamlit scrolls its main section (`stMain`), not the document, so both

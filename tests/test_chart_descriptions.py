@@ -99,6 +99,9 @@ def test_the_maps_legend_names_every_state_in_its_colour() -> None:
     for name, color in zip(charts.KIND_DOMAIN, charts.KIND_COLORS, strict=True):
         assert f"background:{color}'></span>{name}</span>" in legend
     assert all(name in legend for name in NAMES.values())
+    # Read as a list under a name that says what it is the legend of.
+    assert "role='list' aria-label='Legend of the memory maps below" in legend
+    assert legend.count("role='listitem'") == len(charts.KIND_DOMAIN)
 
 
 # ---- one workload, two memories --------------------------------------------------------

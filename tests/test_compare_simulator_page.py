@@ -250,6 +250,10 @@ def test_two_sessions_uploading_one_file_under_two_names_each_keep_their_own_nam
         assert not at.exception and not at.error
         runs = at.session_state["cmp_sim_last"]["runs"]
         assert runs and {r.result.workload for r in runs} == {name}
+    # In one session too: the same bytes uploaded again under another name are that name.
+    at.file_uploader(key="cmp_sim_upload").set_value(("renamed.csv", data, "text/csv")).run()
+    at.button(key="cmp_sim_run").click().run()
+    assert "Last run: renamed.csv, the first 3 of 3 requests" in text(at)
 
 
 def test_an_uploaded_trace_is_replayed_again_after_another_tab() -> None:

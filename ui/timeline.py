@@ -197,6 +197,8 @@ def section(engine: Engine, history: History) -> None:
     latency table and the downloads."""
     rows = _rows(engine)
     if not rows:
+        # The charts kept for another engine's timeline go (they hold its rows).
+        st.session_state.pop(_CHARTS, None)
         # A restored or reopened engine starts a new timeline at the step it holds.
         since = ("yet" if not engine.step else
                  f"since this engine was restored at step {engine.step}")
@@ -217,6 +219,10 @@ def section(engine: Engine, history: History) -> None:
                      on_change="rerun") as box:
         if box.open:
             _details(engine, history)
+        else:
+            # Kept only while the section is open: its frame and charts are megabytes
+            # for a long timeline.
+            st.session_state.pop(_CHARTS, None)
 
 
 def _picker(first: int, last: int) -> None:

@@ -92,7 +92,7 @@ def _show(results: list[SharingResult], key: str) -> None:
         places = st.columns(len(kinds)) if kinds else []
     for place, kind in zip(places, kinds, strict=True):
         place.altair_chart(charts.sharing_bars(df[df["kind"] == kind]),
-                           key=f"{key}_chart" + ("" if kind == kinds[0] else "_2"))
+                           key=f"{key}_chart_{kind.split()[0]}")
     st.caption("Shaded band: the paper's range for the same kind of sharing (Figure 15).")
     shown, saved = in_percent(df, "saved", help="block memory that sharing saved, "
                                                 "time-averaged over the run")

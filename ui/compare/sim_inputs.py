@@ -88,7 +88,7 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
                  "smaller traces (the command line takes up to 64 MiB).")
         return None
     digest = hashlib.sha256(data).hexdigest()
-    if kept is not None and kept[0] == digest:
+    if kept is not None and kept[0] == digest and kept[1].workload == f.name:
         return digest, kept[1]
     try:
         trace = parse_trace_csv(data, f.name)

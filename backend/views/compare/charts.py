@@ -125,10 +125,11 @@ def kind_legend_html() -> str:
     """
     swatch = ("display:inline-block;width:14px;height:14px;border-radius:2px;"
               "border:1px solid #555;margin:0 6px -2px 0;background:{c}")
-    parts = [f"<span style='display:inline-block;margin-right:16px'>"
+    parts = [f"<span role='listitem' style='display:inline-block;margin-right:16px'>"
              f"<span style='{swatch.format(c=color)}'></span>{kind}</span>"
              for kind, color in zip(KIND_DOMAIN, KIND_COLORS, strict=True)]
-    return ("<div class='pl-kind-legend' style='font-size:13px;line-height:1.9'>"
+    return ("<div class='pl-kind-legend' role='list' aria-label='Legend of the memory maps "
+            "below: the state of each slot' style='font-size:13px;line-height:1.9'>"
             + "".join(parts) + "</div>")
 
 
@@ -385,7 +386,8 @@ def _batch_description(df: pd.DataFrame) -> str:
 
 
 def sharing_bars(df: pd.DataFrame) -> alt.FacetChart:
-    """Saved share per n, one panel per kind, with the paper's range as a band."""
+    """Saved share per n, one panel per kind in `df` (the Sharing tab draws one kind a
+    chart, so that the two wrap on a phone), with the paper's range as a band."""
     # No data on the layers: a faceted layer takes its data from the top.
     base = alt.Chart().encode(x=alt.X("n:O", title="samples / beam width",
                                       axis=alt.Axis(labelAngle=0)))
@@ -396,7 +398,8 @@ def sharing_bars(df: pd.DataFrame) -> alt.FacetChart:
         y=alt.Y("saved:Q", title="block memory saved by sharing", axis=alt.Axis(format="%")),
         tooltip=["kind:N", "n:O", alt.Tooltip("saved:Q", format=".1%"), "paper range:N"])
     labels = base.mark_text(dy=-7).encode(y="saved:Q", text=alt.Text("saved:Q", format=".1%"))
-    # Two panels of 200 px and the axis fit the page beside the sidebar of a 1024 px window.
+    # A panel of 200 px and its axis: two such charts side by side fit the page beside
+    # the sidebar of a 1024 px window.
     return alt.layer(band, bars, labels, data=df).properties(width=200, height=240).facet(
         column=alt.Column("kind:N", title=None, sort=["parallel sampling", "beam search"])
     ).resolve_scale(y="independent").properties(description=_sharing_description(df))
