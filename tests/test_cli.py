@@ -85,6 +85,9 @@ BAD_STEPS = [
     ({"op": "fork", "request": "A"}, "error: step 2 (fork): missing field 'child'"),
     ({"op": "add", "request": "Q", "prompt_tokens": [1, 256]},
      "error: step 2 (add): prompt_tokens[1] must be an integer in 0..255"),
+    ({"op": "grow", "request": "A", "tokenz": 2},
+     "error: step 2 (grow): unknown field 'tokenz' for op 'grow' (its fields: expect, "
+     "narration, op, request, tokens)"),
     ({"op": "add", "request": "Q", "prompt": None},
      "error: step 2 (add): prompt must be a non-empty string, got null"),
     # An add's own limit goes as far as the config's default may (a restore's too).
@@ -535,7 +538,14 @@ def test_check_from_a_snapshot_says_why_no_arena_is_followed(
     assert code == 1
     assert err == ("mismatch: step 1 (add): contiguous.free_total: not found (no contiguous "
                    "arena is followed in this run: the scenario names none, or the run started "
-                   "from a snapshot, which holds none)\n")
+                   "from a snapshot, which holds none)\n"
+                   "note: the scenario's contiguous arena is not followed in a run from a "
+                   "snapshot (a snapshot holds no arena to start it from)\n")
+    # Without --check too: the arena is not dropped without a word.
+    code, err = run_cli(capsys, "run", arena, "--from", state, "--kernel", "torch")
+    assert code == 0 and err == ("note: the scenario's contiguous arena is not followed in a "
+                                 "run from a snapshot (a snapshot holds no arena to start it "
+                                 "from)\n")
 
 
 def test_from_with_a_malformed_scenario_still_writes_the_snapshot_state(

@@ -141,7 +141,9 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
         raise PagedLabError(f"missing field {shown(missing[0])}")
     extra = sorted(set(data) - required - optional - ANNOTATIONS)
     if extra:
-        raise PagedLabError(f"unknown field {shown(extra[0])} for op {name!r}")
+        fields = ", ".join(sorted(required | optional | ANNOTATIONS))
+        raise PagedLabError(f"unknown field {shown(extra[0])} for op {name!r} (its fields: "
+                            f"{fields})")
     match name:
         case "add":
             return _parse_add(data, MAX_TOKEN_ID if vocab_size is None else vocab_size - 1)

@@ -178,6 +178,11 @@ def _run(args: argparse.Namespace) -> int:
             # is the one just before the failing step, as for a refused step.
             scenario, failure = exc.partial, exc
         notes += scenario.notes()
+        if args.from_snapshot is not None and scenario.contiguous is not None:
+            # Said, not dropped without a word: the arena would start empty beside a
+            # state that already holds requests, so none is followed.
+            notes.append("the scenario's contiguous arena is not followed in a run from a "
+                         "snapshot (a snapshot holds no arena to start it from)")
         if engine is None:
             building = True
             engine = Engine(scenario.config, device=args.device, kernel=args.kernel)
