@@ -523,6 +523,34 @@ def test_out_naming_the_scenario_itself_is_refused_and_the_file_kept(
     assert json.loads(state.read_text())["step"] == step + 1
 
 
+def test_from_a_config_that_leaves_fields_out_is_checked_with_the_snapshots_values(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # README: fields the scenario leaves out keep the snapshot's values. Swap without a
+    # host pool of its own was refused ("needs a host pool"), though the snapshot has one.
+    first = write(tmp_path, {"config": {"num_blocks": 12, "block_size": 4,
+                                        "preemption": "swap", "num_cpu_blocks": 8},
+                             "steps": [{"op": "add", "request": "A", "prompt_len": 9}]},
+                  "first.json")
+    state = tmp_path / "state.json"
+    assert run_cli(capsys, "run", first, "--out", state, "--kernel", "torch")[0] == 0
+    more = write(tmp_path, {"config": {"block_size": 4, "preemption": "swap"},
+                            "steps": [{"op": "step", "expect": {"config.num_cpu_blocks": 8}}]},
+                 "more.json")
+    code, err = run_cli(capsys, "run", more, "--from", state, "--check", "--kernel", "torch")
+    assert code == 0, err
+    # The file's own mistake is still its own, and a field that differs is named.
+    for config, said in [({"preemption": "swap", "num_cpu_blocks": 0},
+                          'error: config: preemption "swap" needs a host pool'),
+                         ({"block_size": 8},
+                          "error: config.block_size is 8 but the snapshot was taken with 4"),
+                         ({"model": "smollm2-135m"},
+                          'error: config.model is "smollm2-135m" but the snapshot was taken '
+                          'with "tiny-byte"')]:
+        bad = write(tmp_path, {"config": config, "steps": []}, "bad.json")
+        code, err = run_cli(capsys, "run", bad, "--from", state, "--kernel", "torch")
+        assert code == 2 and err.startswith(said), err
+
+
 def test_check_from_a_snapshot_says_why_no_arena_is_followed(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A snapshot holds no contiguous arena, so a run from one follows none; the mismatch

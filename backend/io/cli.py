@@ -170,7 +170,8 @@ def _run(args: argparse.Namespace) -> int:
             notes = restore_notes(engine)
         try:
             scenario = load_scenario(
-                args.scenario, vocab_size=None if engine is None else engine.config.vocab_size)
+                args.scenario, vocab_size=None if engine is None else engine.config.vocab_size,
+                base=None if engine is None else engine.config)
         except ScenarioError as exc:
             if exc.partial is None:
                 raise

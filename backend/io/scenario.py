@@ -103,12 +103,17 @@ class ScenarioError(PagedLabError):
         super().__init__(where + reason)
 
 
-def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
+def parse_scenario(data: Any, *, vocab_size: int | None = None,
+                   base: EngineConfig | None = None) -> Scenario:
     """Validate a scenario object completely before anything runs.
 
     Steps' token ids are checked against `vocab_size`, by default the vocabulary of
     the scenario's own model; a run from a snapshot passes the snapshot's, since its
     model is the one the steps run on (a config naming another is refused anyway).
+    A run from a snapshot also passes its config as `base`: the fields the scenario
+    leaves out keep the snapshot's values, so a config is checked whole with them
+    (`preemption: "swap"` takes the snapshot's `num_cpu_blocks`). Whether the fields
+    it gives agree with the snapshot is `check_config_matches`'s to say.
     """
     if not isinstance(data, dict):
         raise ScenarioError("a scenario must be a JSON object")
@@ -127,7 +132,7 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None) -> Scenario:
                             f"the description holds prose), got {len(name):,}")
     raw_config = data.get("config", {})
     try:
-        config = EngineConfig.from_json(raw_config)
+        config = _config(raw_config, base)
     except PagedLabError as exc:
         raise ScenarioError(str(exc)) from None
     contiguous = None
@@ -183,7 +188,25 @@ def _check_texts(value: Any, where: str) -> None:
             _check_texts(item, f"{where}[{i}]")
 
 
-def load_scenario(path: Path, *, vocab_size: int | None = None) -> Scenario:
+def _config(raw: Any, base: EngineConfig | None) -> EngineConfig:
+    """The scenario's config: `raw` alone, or over `base`'s fields (see parse_scenario).
+
+    Over a base, a field the file gets wrong on its own is refused in its own words;
+    only a combination (swap without a host pool of its own) takes the base's value.
+    """
+    if base is None or not isinstance(raw, dict) or raw.get("model", base.model) != base.model:
+        # Another model: its dimensions are not the base's, and check_config_matches
+        # refuses it by name.
+        return EngineConfig.from_json(raw)
+    try:
+        return EngineConfig.from_json({**base.to_json(), **raw})
+    except PagedLabError:
+        EngineConfig.from_json(raw)     # the file's own mistake, if it has one
+        raise
+
+
+def load_scenario(path: Path, *, vocab_size: int | None = None,
+                  base: EngineConfig | None = None) -> Scenario:
     """The scenario file at `path`, parsed (see `parse_scenario`)."""
     raw = read_json(path, "scenario")
     # A snapshot is the other JSON file PagedLab writes: say where it goes instead of
@@ -192,7 +215,7 @@ def load_scenario(path: Path, *, vocab_size: int | None = None) -> Scenario:
         raise PagedLabError(f"{str(path)!r} is a snapshot (it has 'schema_version'), not a "
                             "scenario: start from its state with python -m backend run "
                             f"SCENARIO --from {shlex.quote(str(path))}")
-    return parse_scenario(raw, vocab_size=vocab_size)
+    return parse_scenario(raw, vocab_size=vocab_size, base=base)
 
 
 def read_json(path: Path, what: str) -> Any:
