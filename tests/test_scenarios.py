@@ -176,6 +176,7 @@ def test_a_contiguous_region_is_named_by_an_id_with_dots() -> None:
               "contiguous.regions.B.3": regions["B.3"], "contiguous.regions.A.start": 0,
               "contiguous.regions.B.4": 1, "contiguous.regions.B.4.tokens": 1,
               "requests.B.4.block_table": [], "requests.B.3.bogus": 1,
+              "requests.B.3.statu": "running",
               "contiguous.out_of_step.A.x": 1}
     failures = check_expectations(expect, export_snapshot(engine), engine, result, mirror)
     # A missing id is named whole, up to the field after it, also beside a shorter id
@@ -184,6 +185,8 @@ def test_a_contiguous_region_is_named_by_an_id_with_dots() -> None:
                         "contiguous.regions.B.4.tokens: not found (no region 'B.4')",
                         "requests.B.4.block_table: not found (no request 'B.4')",
                         "requests.B.3.bogus: not found (no field 'bogus')",
+                        "requests.B.3.statu: not found (no field 'statu'; did you mean "
+                        "'status'?)",
                         "contiguous.out_of_step.A.x: not found (there is no request out of "
                         "step at all)"]
 

@@ -21,6 +21,7 @@ objects and lists.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import shlex
@@ -355,7 +356,9 @@ def _child(node: Any, part: str, path: str) -> Any:
         return node[index]
     if isinstance(node, dict):
         if part not in node:
-            raise KeyError(f"no field {part!r}")
+            near = difflib.get_close_matches(part, [k for k in node if isinstance(k, str)], 1)
+            raise KeyError(f"no field {part!r}" + (f"; did you mean {near[0]!r}?" if near
+                                                    else ""))
         return node[part]
     raise KeyError(path)
 
