@@ -122,6 +122,9 @@ def test_a_4096_block_pool_is_paged_and_clickable(app_url: str, chromium_path: s
             # A dense page is drawn on a canvas: click where block 249's cell is (column
             # 25, row 7 of the 32 x 32 cells of 23 x 20 px; the cells start at the top left).
             canvas = page.get_by_test_id("stVegaLiteChart").nth(1).locator("canvas")
+            # Vega draws its canvas after the element appears (a box of None if asked
+            # before, which a loaded machine showed once).
+            expect(canvas).to_be_visible(timeout=T)
             box = canvas.bounding_box()
             assert box is not None
             page.mouse.click(box["x"] + 25.5 * 23, box["y"] + 7.5 * 20)
