@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from tests.browser_support import CHROMIUM_ARGS, in_app, scroll_to
+from tests.browser_support import in_app, scroll_to
 from tests.test_browser import T, metric_is, shoot, shows
 from ui.numbers import UNREADABLE
 from ui.session import DEFAULT_STEP_N
@@ -89,86 +89,83 @@ def labels_fit(page: Page, prefix: str) -> None:
 
 
 def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
-        app_url: str, chromium_path: str, screenshots: Path) -> None:
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.set_default_timeout(T)
-            page.goto(f"{app_url}/lab")
-            add = page.get_by_role("button", name="Add request")
-            expect(add).to_be_visible(timeout=60_000)
-            sidebar = page.get_by_test_id("stSidebar")
-            expect(sidebar).to_be_visible(timeout=T)         # open: the narrow case
-            sidebar.get_by_text("torch", exact=True).click()
-            shows(sidebar, "Next step runs on torch")
-            # Two requests: the grid, tables, layouts, translator and its K chart all drawn.
-            add.click()
-            shows(in_app(page).get_by_text("Step 1: add A"))
-            add.click()
-            shows(in_app(page).get_by_text("Step 2: add B"))
-            metric_is(page, "Shared blocks", "5")
-            expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2, timeout=T)
-            no_sideways_scroll(page)
-            labels_fit(page, "")
-            # The session's scenario file, below them ("Session as …" in a quarter row).
-            scenario = page.evaluate(LABELS, ["dl_scenario"])
-            assert not scenario[0]["cut"], scenario
-            # No field's hint cut short ("click or type an" in Inspect a block).
-            assert page.evaluate(PLACEHOLDERS_CUT) == []
-            # The block tables' columns are wider than this page, so their grid scrolls
-            # sideways: a line says so, and only while it does (a 1400 px window fits it).
-            narrow = page.get_by_text("The table is wider than the page")
-            expect(narrow).to_be_visible()
-            page.set_viewport_size({"width": 1400, "height": 768})
-            expect(narrow).to_be_hidden()
-            page.set_viewport_size(VIEWPORT)
-            expect(narrow).to_be_visible()
-            # The three control panels wrap and the event log stacks over the kernel and
-            # translator, so no field is squeezed ("Laye/r", "e.g. 9, 2, :") and an event
-            # keeps its block number on its line.
-            fields_fit(page, ["add_id", "add_pins", "add_len", "req_child", "batch_n",
-                              "tr_pos"])
-            fields_fit(page, ["tr_layer"], 50)      # a layer has one or two digits
-            starts = page.evaluate(EVENT_TEXT_LEFT)
-            assert starts and min(starts) >= 120, starts      # right of step and badge
-            shoot(page, screenshots / "ui-1024-playground.png")
-            # Text the browser cannot read as a number never reaches the page: a line
-            # under the field says so, drawn by the browser alone, until it holds one.
-            steps = page.locator(".st-key-batch_n input")
-            box = page.locator(".st-key-batch_n [data-testid=stNumberInput]")
-            after = "e => getComputedStyle(e, '::after').content"
-            steps.click()
-            steps.press("Control+a")
-            steps.press("Backspace")
-            steps.type("1e309")
-            assert box.evaluate(after) == f'"{UNREADABLE}"'
-            steps.press("Control+a")
-            steps.type("4")
-            assert box.evaluate(after) == "none"
-            # Enter on such text puts back the value the page drew the field with.
-            steps.press("Control+a")
-            steps.type("-")
-            assert box.evaluate(after) == f'"{UNREADABLE}"'
-            steps.press("Enter")
-            expect(steps).to_have_value(str(DEFAULT_STEP_N))
-            assert box.evaluate(after) == "none"
+        app_url: str, browser: Browser, screenshots: Path) -> None:
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        page.set_default_timeout(T)
+        page.goto(f"{app_url}/lab")
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=60_000)
+        sidebar = page.get_by_test_id("stSidebar")
+        expect(sidebar).to_be_visible(timeout=T)         # open: the narrow case
+        sidebar.get_by_text("torch", exact=True).click()
+        shows(sidebar, "Next step runs on torch")
+        # Two requests: the grid, tables, layouts, translator and its K chart all drawn.
+        add.click()
+        shows(in_app(page).get_by_text("Step 1: add A"))
+        add.click()
+        shows(in_app(page).get_by_text("Step 2: add B"))
+        metric_is(page, "Shared blocks", "5")
+        expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(2, timeout=T)
+        no_sideways_scroll(page)
+        labels_fit(page, "")
+        # The session's scenario file, below them ("Session as …" in a quarter row).
+        scenario = page.evaluate(LABELS, ["dl_scenario"])
+        assert not scenario[0]["cut"], scenario
+        # No field's hint cut short ("click or type an" in Inspect a block).
+        assert page.evaluate(PLACEHOLDERS_CUT) == []
+        # The block tables' columns are wider than this page, so their grid scrolls
+        # sideways: a line says so, and only while it does (a 1400 px window fits it).
+        narrow = page.get_by_text("The table is wider than the page")
+        expect(narrow).to_be_visible()
+        page.set_viewport_size({"width": 1400, "height": 768})
+        expect(narrow).to_be_hidden()
+        page.set_viewport_size(VIEWPORT)
+        expect(narrow).to_be_visible()
+        # The three control panels wrap and the event log stacks over the kernel and
+        # translator, so no field is squeezed ("Laye/r", "e.g. 9, 2, :") and an event
+        # keeps its block number on its line.
+        fields_fit(page, ["add_id", "add_pins", "add_len", "req_child", "batch_n",
+                          "tr_pos"])
+        fields_fit(page, ["tr_layer"], 50)      # a layer has one or two digits
+        starts = page.evaluate(EVENT_TEXT_LEFT)
+        assert starts and min(starts) >= 120, starts      # right of step and badge
+        shoot(page, screenshots / "ui-1024-playground.png")
+        # Text the browser cannot read as a number never reaches the page: a line
+        # under the field says so, drawn by the browser alone, until it holds one.
+        steps = page.locator(".st-key-batch_n input")
+        box = page.locator(".st-key-batch_n [data-testid=stNumberInput]")
+        after = "e => getComputedStyle(e, '::after').content"
+        steps.click()
+        steps.press("Control+a")
+        steps.press("Backspace")
+        steps.type("1e309")
+        assert box.evaluate(after) == f'"{UNREADABLE}"'
+        steps.press("Control+a")
+        steps.type("4")
+        assert box.evaluate(after) == "none"
+        # Enter on such text puts back the value the page drew the field with.
+        steps.press("Control+a")
+        steps.type("-")
+        assert box.evaluate(after) == f'"{UNREADABLE}"'
+        steps.press("Enter")
+        expect(steps).to_have_value(str(DEFAULT_STEP_N))
+        assert box.evaluate(after) == "none"
 
-            # The Scenarios page, with the contiguous arena under the grid.
-            sidebar.get_by_role("link", name="Scenarios").click()
-            shows(page.get_by_role("heading", name="The contiguous allocation problem"))
-            nxt = page.get_by_role("button", name="Next", exact=True)
-            for n in range(1, 6):
-                nxt.click()
-                shows(page.locator(".st-key-tour_narration"), f"Step {n} of 5:")
-            shows(in_app(page).get_by_text(
-                "D waits with 4 tokens: a request that will reach 5 tokens"))
-            no_sideways_scroll(page)
-            labels_fit(page, "tour_")
-            shoot(page, screenshots / "ui-1024-scenarios.png")
-        finally:
-            browser.close()
+        # The Scenarios page, with the contiguous arena under the grid.
+        sidebar.get_by_role("link", name="Scenarios").click()
+        shows(page.get_by_role("heading", name="The contiguous allocation problem"))
+        nxt = page.get_by_role("button", name="Next", exact=True)
+        for n in range(1, 6):
+            nxt.click()
+            shows(page.locator(".st-key-tour_narration"), f"Step {n} of 5:")
+        shows(in_app(page).get_by_text(
+            "D waits with 4 tokens: a request that will reach 5 tokens"))
+        no_sideways_scroll(page)
+        labels_fit(page, "tour_")
+        shoot(page, screenshots / "ui-1024-scenarios.png")
+    finally:
+        page.close()
 
 
 # Every chart's right edge, and the window's width.
@@ -177,43 +174,40 @@ CHART_EDGES = """() => ({width: window.innerWidth, right: [...document.querySele
 
 
 def test_on_a_phone_nothing_scrolls_sideways_and_the_sharing_charts_are_whole(
-        app_url: str, chromium_path: str, screenshots: Path) -> None:
+        app_url: str, browser: Browser, screenshots: Path) -> None:
     # 390 px: the grid's legend kept its longest entry on one line and scrolled the page
     # sideways; the Sharing tab drew its two panels as one 560 px picture, the second cut.
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 390, "height": 844},
-                                          is_mobile=True, has_touch=True)
-            page = context.new_page()
-            page.set_default_timeout(T)
-            page.goto(f"{app_url}/lab")
-            add = page.get_by_role("button", name="Add request")
-            expect(add).to_be_visible(timeout=60_000)
-            add.click()
-            shows(in_app(page).get_by_text("Step 1: add A"))
-            shows(page.locator(".pl-legend"), "cached")
-            no_sideways_scroll(page)
-            shoot(page, screenshots / "ui-390-playground.png")
-            page.goto(f"{app_url}/fragmentation?tab=Sharing")
-            panel = page.get_by_role("tabpanel", name="Sharing")
-            expect(panel.locator(".vega-embed")).to_have_count(2, timeout=T)
-            no_sideways_scroll(page)
-            edges = page.evaluate(CHART_EDGES)
-            assert edges["right"] and max(edges["right"]) <= edges["width"], edges
-            shoot(page, screenshots / "ui-390-sharing.png")
-            # The maps' legend wraps (a three-column chart cut a label and ran another
-            # into the next swatch).
-            page.goto(f"{app_url}/fragmentation?tab=One+workload%2C+two+memories")
-            legend = page.locator(".pl-kind-legend")
-            shows(legend, "external fragmentation")
-            no_sideways_scroll(page)
-            box = legend.bounding_box()
-            assert box is not None and box["x"] + box["width"] <= 390, box
-            shoot(page, screenshots / "ui-390-maps.png")
-        finally:
-            browser.close()
+    context = browser.new_context(viewport={"width": 390, "height": 844},
+                                  is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(T)
+        page.goto(f"{app_url}/lab")
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=60_000)
+        add.click()
+        shows(in_app(page).get_by_text("Step 1: add A"))
+        shows(page.locator(".pl-legend"), "cached")
+        no_sideways_scroll(page)
+        shoot(page, screenshots / "ui-390-playground.png")
+        page.goto(f"{app_url}/fragmentation?tab=Sharing")
+        panel = page.get_by_role("tabpanel", name="Sharing")
+        expect(panel.locator(".vega-embed")).to_have_count(2, timeout=T)
+        no_sideways_scroll(page)
+        edges = page.evaluate(CHART_EDGES)
+        assert edges["right"] and max(edges["right"]) <= edges["width"], edges
+        shoot(page, screenshots / "ui-390-sharing.png")
+        # The maps' legend wraps (a three-column chart cut a label and ran another
+        # into the next swatch).
+        page.goto(f"{app_url}/fragmentation?tab=One+workload%2C+two+memories")
+        legend = page.locator(".pl-kind-legend")
+        shows(legend, "external fragmentation")
+        no_sideways_scroll(page)
+        box = legend.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 390, box
+        shoot(page, screenshots / "ui-390-maps.png")
+    finally:
+        context.close()
 
 
 # The event log's scrolling box (itself or the nearest ancestor that scrolls, short of the
