@@ -23,7 +23,7 @@ from typing import Any
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
-from backend.io.json_input import file_kind
+from backend.io.json_input import file_kind, same_file
 from backend.io.report import say
 from backend.io.restore import restore_engine, restore_notes
 from backend.io.scenario import (
@@ -263,11 +263,7 @@ def _refuse_over_scenario(path: Path | None, scenario: Path, option: str) -> Non
     """A snapshot written over the scenario file itself would replace it: refused, for
     --out before anything runs, for a --snapshots file before it is written. (--out over
     --from's snapshot is allowed: it moves that state on, in place.)"""
-    try:
-        same = path is not None and path.exists() and path.samefile(scenario)
-    except OSError:
-        return      # the scenario is missing or unreadable: its own read says so
-    if same:
+    if path is not None and same_file(path, scenario):
         raise PagedLabError(f"{option} {str(path)!r} is the scenario file itself: the "
                             "snapshot would replace it; name another file")
 

@@ -102,6 +102,15 @@ def _special_kind(mode: int) -> str | None:
     return "a special file"
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` are one existing file: an output named after an input would
+    replace it. A missing or unreadable one is no match (its own read says so)."""
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
+
+
 def read_bounded(path: Path, what: str, limit: int) -> bytes:
     """A regular file's bytes, at most `limit` of them; anything else is a PagedLabError.
 

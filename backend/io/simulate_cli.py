@@ -25,7 +25,7 @@ from backend.core.budgets import MAX_BUDGET
 from backend.core.checks import check_int, int_requirement, write_it_as
 from backend.core.errors import PagedLabError
 from backend.core.words import percent
-from backend.io.json_input import read_bounded
+from backend.io.json_input import read_bounded, same_file
 from backend.io.report import say
 from backend.lab.sim.simulator import (
     DEFAULT_BLOCK_SIZE,
@@ -230,14 +230,6 @@ def summary(result: SimResult) -> str:
             f"memory: {mem}")
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether `a` and `b` are one existing file (a workload's name is no file)."""
-    try:
-        return a.exists() and b.exists() and a.samefile(b)
-    except OSError:
-        return False
-
-
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the command for parsed `args`; returns the exit status (0, or 2 for bad input)."""
     try:
@@ -259,7 +251,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         # Before the trace is read: as `run` refuses an --out over its scenario, the
         # result would replace the CSV it came from (a workload's name is no file).
         if (args.out is not None and args.workload not in WORKLOAD_NAMES
-                and _same_file(Path(args.out), Path(args.workload))):
+                and same_file(Path(args.out), Path(args.workload))):
             raise _BadInputError(f"--out {args.out!r} is the trace file itself: the result "
                                  "would replace it; name another file")
         trace = _trace(args)

@@ -34,8 +34,9 @@ def _compile_under_lock() -> threading.RLock:
     """
     import triton.compiler
 
-    installed = getattr(triton.compiler.compile, "pagedlab_lock", None)
-    if isinstance(installed, type(threading.RLock())):
+    installed: threading.RLock | None = getattr(triton.compiler.compile, "pagedlab_lock",
+                                                 None)
+    if installed is not None:
         return installed
     lock = threading.RLock()
     compile_ = triton.compiler.compile
