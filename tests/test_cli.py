@@ -167,34 +167,32 @@ def test_malformed_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
         assert json.loads(out.read_text())["step"] == 0
 
 
+def usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """What `argv` prints on stderr, checked to be a usage error: argparse exits 2."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
 def test_missing_file_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(capsys, "run", tmp_path / "nope.json")
     assert code == 2 and err.startswith("error: cannot read scenario")
-    with pytest.raises(SystemExit) as exc:
-        main(["run", str(tmp_path / "x.json"), "--kernel", "cuda-magic"])
-    assert exc.value.code == 2
-    assert capsys.readouterr().err.startswith("error: argument --kernel")
+    err = usage_error(capsys, ["run", str(tmp_path / "x.json"), "--kernel", "cuda-magic"])
+    assert err.startswith("error: argument --kernel")
 
 
 def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main([])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
+    err = usage_error(capsys, [])
     assert err.startswith("error: the following arguments are required: command; usage: "
                           "python -m backend")
     assert "{run,simulate}" in err and err.count("\n") == 1
     # A subcommand's usage is longer than argparse's line: still one line, no "\n".
-    with pytest.raises(SystemExit):
-        main(["run", "x.json", "--kernel", "bogus"])
-    err = capsys.readouterr().err
+    err = usage_error(capsys, ["run", "x.json", "--kernel", "bogus"])
     assert err.count("\n") == 1 and "\\n" not in err and "  " not in err
     assert "; usage: python -m backend run [-h] [--out OUT]" in err
     # An option the command does not know: reported with that command's usage.
-    with pytest.raises(SystemExit) as exc:
-        main(["run", "x.json", "--bogus"])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
+    err = usage_error(capsys, ["run", "x.json", "--bogus"])
     assert err.startswith("error: unrecognized arguments: --bogus; usage: python -m backend "
                           "run [-h] [--out OUT]") and err.count("\n") == 1
 
@@ -211,10 +209,7 @@ def test_an_abbreviated_option_is_refused_naming_it_in_full(
         argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
     # CONTRACT.md fixes the options' names: an abbreviation taken today would change
     # meaning the day another option starts the same way.
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
+    err = usage_error(capsys, argv)
     assert err.startswith(f"error: unrecognized arguments: {hint}; usage: python -m backend "
                           f"{argv[0]} [-h]") and err.count("\n") == 1
 
@@ -231,10 +226,7 @@ def test_an_option_given_twice_is_refused(argv: list[str], option: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     # argparse keeps the last value without a word; which file was written, or which
     # policy ran, would then depend on the order of a long command line.
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
+    err = usage_error(capsys, argv)
     assert err.startswith(f"error: argument {option}: given twice; give it once; usage: "
                           f"python -m backend {argv[0]} ") and err.count("\n") == 1
     # A flag without a value may be repeated: it says the same thing twice.
