@@ -20,6 +20,7 @@ from backend.engine.sharing import (
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.sharing import SharingKind, SharingResult, sharing_experiment
 from backend.views.compare import charts, tables
+from backend.views.compare.frames import sharing_kinds
 from ui import a11y, layout, numbers
 from ui.bars import Advance, progress_bar
 from ui.compare import background, in_percent, panel, refuse
@@ -86,7 +87,7 @@ def _show(results: list[SharingResult], key: str) -> None:
     # some 560 px wide, and a phone's page (about 360 px) cut off the second. Each keeps
     # its 200 px panel (some 268 px with its axis), and side by side they still fit
     # beside the sidebar of a 1024 px window (a page of 564 px).
-    kinds = [k for k in ("parallel sampling", "beam search") if k in set(df["kind"])]
+    kinds = sharing_kinds(df)
     layout.wrap_below(f"{key}_charts", [270] * len(kinds))
     with st.container(key=f"{key}_charts"):
         places = st.columns(len(kinds)) if kinds else []

@@ -23,7 +23,7 @@ import altair as alt
 import pandas as pd
 
 from backend.core.words import counted, percent
-from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER
+from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER, SHARING_KINDS, sharing_kinds
 from backend.views.describe import MAX_LISTED, number, span, trend
 
 KIND_DOMAIN: list[str] = list(KIND_LABELS.values())
@@ -401,14 +401,14 @@ def sharing_bars(df: pd.DataFrame) -> alt.FacetChart:
     # A panel of 200 px and its axis: two such charts side by side fit the page beside
     # the sidebar of a 1024 px window.
     return alt.layer(band, bars, labels, data=df).properties(width=200, height=240).facet(
-        column=alt.Column("kind:N", title=None, sort=["parallel sampling", "beam search"])
+        column=alt.Column("kind:N", title=None, sort=list(SHARING_KINDS.values()))
     ).resolve_scale(y="independent").properties(description=_sharing_description(df))
 
 
 def _sharing_description(df: pd.DataFrame) -> str:
     """Per kind, the share saved at each n and the paper's range."""
     told = []
-    for kind in [k for k in ("parallel sampling", "beam search") if k in set(df["kind"])]:
+    for kind in sharing_kinds(df):
         rows = df[df["kind"] == kind].sort_values("n")
         saved = ", ".join(f"{percent(float(v))} at n = {int(n)}"
                           for n, v in zip(rows["n"], rows["saved"], strict=True))

@@ -40,6 +40,16 @@ PAPER_SYSTEMS: dict[str, str] = {"max": "Orca (Max)", "pow2": "Orca (Pow2)",
                                  "oracle": "Orca (Oracle)", "paged": "vLLM"}
 
 
+# The sharing kinds as the Sharing tab names them, in the order it shows them.
+SHARING_KINDS: dict[str, str] = {"parallel": "parallel sampling", "beam": "beam search"}
+
+
+def sharing_kinds(df: pd.DataFrame) -> list[str]:
+    """The sharing kinds `df`'s "kind" column holds, in SHARING_KINDS' order."""
+    present = set(df["kind"])
+    return [k for k in SHARING_KINDS.values() if k in present]
+
+
 def pct(x: float) -> str:
     """A fraction as a percentage with one decimal: 0.2044 -> '20.4%' (`words.percent`)."""
     return percent(x)

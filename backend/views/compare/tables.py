@@ -12,7 +12,7 @@ from backend.lab.compare.block_sizes import BlockSizePoint
 from backend.lab.memory_calc import MODELS, KVCapacity, binary_size
 from backend.lab.sharing import SharingResult
 from backend.lab.sim.simulator import SimResult
-from backend.views.compare.frames import pct
+from backend.views.compare.frames import SHARING_KINDS, pct
 
 # ---- block size ------------------------------------------------------------------
 
@@ -93,9 +93,8 @@ def block_run_caption(ran: BlockRunInputs, fields: BlockRunInputs, *, rate: floa
 
 def sharing_frame(results: Sequence[SharingResult]) -> pd.DataFrame:
     """One row per (kind, n): saved share of block memory beside the paper's range."""
-    names = {"parallel": "parallel sampling", "beam": "beam search"}
     return pd.DataFrame([{
-        "kind": names[r.kind], "n": r.n, "saved": r.saved_fraction,
+        "kind": SHARING_KINDS[r.kind], "n": r.n, "saved": r.saved_fraction,
         "paper low": r.paper_low, "paper high": r.paper_high,
         "paper range": f"{pct(r.paper_low)} - {pct(r.paper_high)}",
         "copy-on-write copies": r.trace.cow_copies,
