@@ -4,6 +4,7 @@ sweep, the tables and the charts, with hand-worked numbers."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.core.words import percent
+from backend.core.words import percent, tenths
 from backend.engine.control import ControlReport, RequestComparison
 from backend.engine.measure import PreemptionRun
 from backend.lab.compare.block_sizes import block_size_sweep, trace_block_sweep
@@ -327,7 +328,7 @@ def test_breakdown_table_and_gain_sentence() -> None:
     assert shares == sorted(shares)        # Figure 2's order: max < pow2 < oracle < paged
     assert m["mean batch size"].idxmax() == 3
     gain = by["paged"].mean_batch_size / by["max"].mean_batch_size
-    assert f"{gain:.1f}x max" in views.batch_gain_sentence(results)
+    assert f"{tenths(gain)}x max" in views.batch_gain_sentence(results)
     long = views.memory_long(results)
     assert np.allclose(long.groupby("policy")["fraction"].sum(), 1.0)
     assert views.batch_gain_sentence([by["max"]]) == ""
@@ -340,6 +341,23 @@ def test_breakdown_table_and_gain_sentence() -> None:
     note = views.free_memory_note(light)
     assert note.startswith(f"Free memory counts in these shares: {most.policy} left "
                            f"{percent(most.memory['free'])} of its memory free on average")
+
+
+def test_a_mean_batch_reads_alike_in_the_sentence_and_on_its_bar() -> None:
+    # 1.25 is an exact half: Python's own formatting reads 1.2, the browser's 1.3. The
+    # sentence and the bar's label (written server-side, with its tooltip) say the same.
+    paged, pow2 = (replace(simulate_workload("alpaca", SimConfig(p), requests=20),
+                           mean_batch_size=b) for p, b in (("paged", 1.25), ("pow2", 1.0)))
+    assert views.batch_gain_sentence([paged, pow2]) == (
+        "Paged memory ran a mean batch of 1.3 requests: 1.3x pow2.")
+    spec = charts.policy_bars(views.policy_metrics([paged, pow2]), "mean batch size",
+                              "Mean batch size").to_dict()
+    labels = {row["policy"]: row["mean batch size label"]
+              for row in next(iter(spec["datasets"].values()))}
+    assert labels == {"paged": "1.3", "pow2": "1.0"}
+    assert spec["layer"][1]["encoding"]["text"]["field"] == "mean batch size label"
+    assert spec["layer"][0]["encoding"]["tooltip"][1]["field"] == "mean batch size label"
+    assert "paged 1.3" in spec["description"]
 
 
 # ---- block size ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.core.words import agrees, counted, percent, sentence
+from backend.core.words import agrees, counted, percent, sentence, tenths
 
 
 def test_counted_and_agrees() -> None:
@@ -21,6 +21,13 @@ def test_percent_rounds_halves_up_as_a_reader_does() -> None:
     assert [percent(x) for x in (13 / 16, 9 / 48, 1 / 16)] == ["81.3%", "18.8%", "6.3%"]
     assert [percent(x) for x in (0, 1, 0.2044, 2 / 3, 0.9999)] == [
         "0.0%", "100.0%", "20.4%", "66.7%", "100.0%"]
+
+
+def test_tenths_round_halves_up_with_thousands_separators() -> None:
+    assert [tenths(x) for x in (1.25, 2.25, -1.25, 1.15, 0.04, 3.0)] == [
+        "1.3", "2.3", "-1.3", "1.2", "0.0", "3.0"]
+    assert tenths(12_345.65) == "12,345.7"
+    assert tenths(float("inf")) == "inf"
 
 
 @pytest.mark.parametrize(("message", "shown"), [

@@ -6,6 +6,7 @@ line."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from decimal import ROUND_HALF_UP, Decimal
@@ -52,6 +53,15 @@ def percent_of(part: int, whole: int) -> str:
 def _tenths(pct: Decimal) -> str:
     """A percentage to one decimal, halves rounded up, followed by "%"."""
     return f"{pct.quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)}%"
+
+
+def tenths(x: float) -> str:
+    """`x` to one decimal, with thousands separators, halves rounded up as `percent`
+    rounds them: a mean batch of 1.25 reads "1.3" in a sentence as on a chart's bar,
+    whose label the browser writes (Python's own formatting reads "1.2")."""
+    if not math.isfinite(x):
+        return f"{x:,.1f}"
+    return f"{Decimal(repr(float(x))).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP):,}"
 
 
 def agrees(n: int, singular: str, plural: str) -> str:

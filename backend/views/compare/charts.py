@@ -22,7 +22,7 @@ from collections.abc import Callable
 import altair as alt
 import pandas as pd
 
-from backend.core.words import counted, percent
+from backend.core.words import counted, percent, tenths
 from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER, SHARING_KINDS, sharing_kinds
 from backend.views.describe import MAX_LISTED, number, span, trend
 
@@ -239,6 +239,12 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
     """One bar per policy for `field`, labelled with its value; optional paper ticks."""
     policies = [p for p in POLICY_ORDER if p in set(df["policy"])]
     fmt = ".1%" if percent else ",.0f" if integer else ".1f"
+    # The labels and tooltips are written here, as the page's sentences write the same
+    # values: the browser's own formatting rounds an exact half up (1.25 reads 1.3) where
+    # Python's rounds it to even, and its binary reading of 1.15 gives 1.1.
+    df = df.assign(**{f"{c} label": [_formatted(float(v), fmt) for v in df[c]]
+                      for c in (field, paper_field) if c is not None})
+    label = f"{field} label:N"
     # Whole counts get whole ticks (all zeros would otherwise read 0.000000), and all
     # zeros a scale from 0 to 1, which keeps the zero line at the foot of the plot (a
     # one-value scale puts it in the middle).
@@ -251,10 +257,10 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
                                         axis=alt.Axis(labelAngle=0)))
     bars = base.mark_bar(color="#1f4e8c").encode(
         y=alt.Y(f"{field}:Q", title=title, axis=axis, scale=scale),
-        tooltip=["policy:N", alt.Tooltip(f"{field}:Q", format=fmt)])
+        tooltip=["policy:N", alt.Tooltip(label, title=field)])
     if paper_field is None:
         labels = base.mark_text(baseline="bottom", dy=-3).encode(
-            y=f"{field}:Q", text=alt.Text(f"{field}:Q", format=fmt))
+            y=f"{field}:Q", text=alt.Text(label))
         return (bars + labels).properties(
             title=title, height=240,
             description=_policy_description(df, policies, field, title, fmt, paper_field))
@@ -264,7 +270,7 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
     # The threshold as the filters write it, so that each bar is in exactly one of them.
     low = float(f"{0.12 * float(max(df[field].max(), df[paper_field].max())):.6g}")
     tall = df[field] >= low
-    text = alt.Text(f"{field}:Q", format=fmt)
+    text = alt.Text(label)
     layers = [bars]
     # Each label layer only where it labels a bar: a layer whose filter leaves no row has
     # an empty scale domain, which Vega-Lite reports in the browser's console.
@@ -277,7 +283,7 @@ def policy_bars(df: pd.DataFrame, field: str, title: str, *, percent: bool = Fal
             baseline="bottom", dy=-3).encode(y=f"{field}:Q", text=text))
     layers.append(base.mark_tick(color="#b2182b", thickness=3, size=36).encode(
         y=f"{paper_field}:Q",
-        tooltip=["policy:N", alt.Tooltip(f"{paper_field}:Q", format=fmt,
+        tooltip=["policy:N", alt.Tooltip(f"{paper_field} label:N",
                                          title="paper (Figure 2)")]))
     return alt.LayerChart(layer=layers).properties(
         title=title, height=240,
@@ -299,8 +305,8 @@ def _policy_description(df: pd.DataFrame, policies: list[str], field: str, title
 
 
 def _formatted(x: float, fmt: str) -> str:
-    """`x` as Vega's d3-format `fmt` writes a bar's label ('.1%', ',.0f' or '.1f')."""
-    return percent(x) if fmt.endswith("%") else format(x, fmt)
+    """`x` as a bar's label writes it ('.1%', ',.0f' or '.1f'), halves rounded up."""
+    return percent(x) if fmt.endswith("%") else tenths(x) if fmt == ".1f" else format(x, fmt)
 
 
 def block_sweep_lines(df: pd.DataFrame) -> alt.HConcatChart:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from backend.core.words import percent
+from backend.core.words import percent, tenths
 from backend.lab.compare.memory_maps import MapReplay, MapSegment, replay_maps, small_trace
 from backend.lab.contiguous_types import SEGMENT_KINDS
 from backend.lab.sim.simulator import SimConfig, SimResult, simulate
@@ -229,11 +229,12 @@ def batch_gain_sentence(results: Sequence[SimResult]) -> str:
     paged = by.get("paged")
     if paged is None:
         return ""
-    parts = [f"{paged.mean_batch_size / by[p].mean_batch_size:.1f}x {p}"
+    parts = [f"{tenths(paged.mean_batch_size / by[p].mean_batch_size)}x {p}"
              for p in POLICY_ORDER[:3] if p in by]
     if not parts:
         return ""
-    return (f"Paged memory ran a mean batch of {paged.mean_batch_size:.1f} requests: "
+    # tenths: the rounding of the Mean batch size chart's labels, so the two agree.
+    return (f"Paged memory ran a mean batch of {tenths(paged.mean_batch_size)} requests: "
             + ", ".join(parts) + ".")
 
 
@@ -260,7 +261,7 @@ def free_memory_note(results: Sequence[SimResult]) -> str:
 def finish_sentence(contiguous: MapReplay, paged: MapReplay) -> str:
     """In which iteration each memory finished the same requests, and the mean batch it ran."""
     def done(r: MapReplay) -> str:
-        return (f"iteration {r.frames[-1].iteration} (mean batch {r.mean_batch_size:.1f}, "
+        return (f"iteration {r.frames[-1].iteration} (mean batch {tenths(r.mean_batch_size)}, "
                 f"{r.preemptions} preemptions)")
     return (f"The last request finished in {done(contiguous)} in contiguous memory "
             f"({contiguous.policy}) and in {done(paged)} in paged memory.")

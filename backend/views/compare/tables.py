@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from backend.core.words import counted
+from backend.core.words import counted, tenths
 from backend.lab.compare.block_sizes import BlockSizePoint
 from backend.lab.memory_calc import MODELS, KVCapacity, binary_size
 from backend.lab.sharing import SharingResult
@@ -59,7 +59,7 @@ def block_batch_sentence(results: Sequence[SimResult]) -> str:
     if not results:
         return ""
     ends = sorted(results, key=lambda r: r.block_size or 0)
-    parts = [f"block size {r.block_size}: mean batch {r.mean_batch_size:.1f}, "
+    parts = [f"block size {r.block_size}: mean batch {tenths(r.mean_batch_size)}, "
              f"{pct(r.memory['internal_fragmentation'])} of the KV capacity lost to internal "
              "fragmentation" for r in (ends[0], ends[-1])]
     return ("In the simulator, " + "; ".join(parts) + " (time-averaged over the run; the "
