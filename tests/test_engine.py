@@ -21,7 +21,7 @@ from backend.engine.sampling import sample_token
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot, snapshot_json
 from backend.models.batch import ForwardBatch, ForwardOutput
-from backend.sessions.playground import summarize
+from backend.sessions.summary import summarize
 from backend.views.verify import verdict
 
 NAN = float("nan")

@@ -35,9 +35,9 @@ from backend.sessions.playground import (
     kept_snapshot,
     kept_steps,
     preset_of,
-    summarize,
     switch_kernels,
 )
+from backend.sessions.summary import summarize
 from backend.views import grid
 from backend.views.html import request_layout_html
 from backend.views.model import BLOCK_TABLE_COLUMN, status_text
@@ -439,6 +439,49 @@ def test_summarize_tells_a_freed_block_from_one_still_held() -> None:
     e.apply(Step(1))
     alone = summarize(e.apply(Finish("B")), export_snapshot(e))
     assert re.search(r"events: \d+ free$", alone), alone
+
+
+def test_summarize_tells_prefill_chunks_forked_samples_and_released_host_blocks() -> None:
+    # A token budget of 4 prefills a 10-token prompt in chunks over three operations,
+    # each chunk's block allocated as it is reached; the last chunk leaves 2 tokens of
+    # the budget for the first decode.
+    e = engine(max_num_batched_tokens=4)
+    assert summarize(e.apply(Add("A", prompt_len=10)), export_snapshot(e)) == (
+        "Step 1: add A (10 random tokens) · admitted A · prefilled A: 4 tokens (4 of 10 "
+        "computed) · events: 1 alloc")
+    assert summarize(e.apply(Step(1)), export_snapshot(e)) == (
+        "Step 2: step · prefilled A: 4 tokens (8 of 10 computed) · events: 1 alloc")
+    assert summarize(e.apply(Step(1)), export_snapshot(e)) == (
+        "Step 3: step · prefilled A: 2 tokens (10 of 10 computed) · generated 1 token · "
+        "events: 1 alloc")
+    # A whole prompt at once: an add says admitted alone, a step admitting it says more.
+    f = engine(max_num_seqs=1)
+    assert "prefilled" not in summarize(f.apply(Add("A", prompt_len=6, max_new_tokens=1)),
+                                        export_snapshot(f))
+    f.apply(Add("B", prompt_len=6))
+    f.apply(Step(1))      # A generates its one token and finishes
+    assert summarize(f.apply(Step(1)), export_snapshot(f)).startswith(
+        "Step 4: step · admitted B · prefilled B: 6 tokens · generated 1 token")
+    # Parallel samples: the line names every sample, not only the first.
+    g = engine()
+    said = summarize(g.apply(Add("N", prompt_len=6, n=3)), export_snapshot(g))
+    assert "admitted N.0 · forked N.1 and N.2 from N.0 · " in said, said
+    # A fork by hand says its child once, in the operation's own words.
+    assert "forked" not in summarize(g.apply(Fork("N.0", "M")), export_snapshot(g))
+    # A swapped-out request finished in the host pool: the blocks it gave back there.
+    h = engine(num_blocks=8, preemption="swap", num_cpu_blocks=8)
+    h.apply(Add("S1", prompt_len=10, max_new_tokens=20))
+    h.apply(Add("S2", prompt_len=10, max_new_tokens=20))
+    for _ in range(30):
+        if h.swapped:
+            break
+        h.apply(Step(1))
+    (victim,) = h.swapped
+    held = len(h.scheduler.host.tables[victim])
+    line = summarize(h.apply(Finish(victim)), export_snapshot(h))
+    assert line == f"Step {h.step}: finish {victim} · finished {victim} · " \
+                   f"{held} host blocks of {victim} released", line
+    assert h.scheduler.host.num_used == 0
 
 
 def test_switch_kernels_keeps_the_state_exactly(shared: Engine) -> None:

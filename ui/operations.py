@@ -43,8 +43,9 @@ from backend.sessions import saved
 from backend.sessions.budget import SERVER_BUDGET
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
-from backend.sessions.playground import Settings, apply_or_recover, has_state, summarize
+from backend.sessions.playground import Settings, apply_or_recover, has_state
 from backend.sessions.progress import Work
+from backend.sessions.summary import summarize
 from ui import progress, store
 from ui.labels import op_refusal
 from ui.progress import Shown

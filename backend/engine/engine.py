@@ -46,6 +46,7 @@ from backend.engine.results import (
     KernelReport,
     OpResult,
     Outcome,
+    Prefill,
     Verification,
 )
 from backend.engine.runner import ModelRunner
@@ -315,7 +316,8 @@ class Engine:
         self.step += 1
         o = self.scheduler.outcome
         return OpResult(self.step, op, tuple(self.manager.events[before:]), tuple(o.admitted),
-                        tuple(o.preempted), tuple(o.finished), tuple(o.generated))
+                        tuple(o.preempted), tuple(o.finished), tuple(o.generated),
+                        tuple(o.prefilled), tuple(o.host_released))
 
     def _record_row(self) -> None:
         """Mutates the timeline: a row for what ran since the last one in this operation."""
@@ -326,6 +328,9 @@ class Engine:
     def prefill(self, work: list[Chunk]) -> None:
         """Run prefill chunks, then fork the parallel samples of prompts now complete."""
         self.runner.prefill(work, self.manager)
+        self.scheduler.outcome.prefilled += [Prefill(req.id, end - start, req.num_computed,
+                                                     req.num_tokens)
+                                             for req, start, end in work if end > start]
         for req, _, _ in work:
             if req.pending_samples and req.status == "running" and not req.prefilling:
                 operations.spawn_samples(self, req)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from backend.engine.ops import Op
 from backend.paging.block_types import AllocatorMetrics
@@ -39,9 +40,25 @@ class KernelReport:
     restored: bool = False
 
 
+class Prefill(NamedTuple):
+    """One prefill chunk an operation ran: `tokens` of `request`'s prompt (or of its
+    history, recomputed after a preemption) computed, after which `computed` of its
+    `total` tokens have their K/V in the cache."""
+
+    request: str
+    tokens: int
+    computed: int
+    total: int
+
+
 @dataclass(frozen=True, slots=True)
 class OpResult:
-    """What one operation did."""
+    """What one operation did.
+
+    `host_released`: (request, host blocks) for each swapped-out request that finished
+    while its K/V sat in the host pool; those blocks are not the allocator's, so no
+    event of its log tells of them.
+    """
 
     step: int
     op: Op
@@ -50,6 +67,8 @@ class OpResult:
     preempted: tuple[str, ...]
     finished: tuple[str, ...]
     generated: tuple[tuple[str, int], ...]   # (request, token) in generation order
+    prefilled: tuple[Prefill, ...] = ()
+    host_released: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +134,5 @@ class Outcome:
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     generated: list[tuple[str, int]] = field(default_factory=list)
+    prefilled: list[Prefill] = field(default_factory=list)
+    host_released: list[tuple[str, int]] = field(default_factory=list)

@@ -271,7 +271,7 @@ class Scheduler(Admission):
             self.waiting.remove(req.id)
         elif req.status == "swapped":
             assert self.host is not None
-            self.host.release(req.id)
+            self.outcome.host_released.append((req.id, len(self.host.release(req.id))))
             self.swapped.remove(req.id)
             req.uncomputed = 0
         req.status = "finished"

@@ -19,10 +19,8 @@ from backend.core.config import (
     EngineConfig,
 )
 from backend.core.errors import PagedLabError
-from backend.core.words import counted
 from backend.engine.engine import Engine
-from backend.engine.ops import Op, describe_op
-from backend.engine.request import numbered
+from backend.engine.ops import Op
 from backend.engine.results import OpResult
 from backend.io.recompute import Progress as RestoreProgress
 from backend.io.restore import restore_engine
@@ -217,67 +215,6 @@ def switch_kernels(engine: Engine, device: str, kernel: str, owner: str | None =
     if owner is None:
         return make()
     return budget.built(budget.claim(engine.config, owner, replacing=engine), make)
-
-
-def _numbered(rid: str) -> tuple[str, int, str]:
-    """Sort key of an id by its trailing number where it has one: B.7 before B.11."""
-    named = numbered(rid)
-    return (rid, -1, rid) if named is None else (*named, rid)
-
-
-def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
-    """One line saying what an applied operation did, for the page's status line.
-
-    `snapshot` is the state it left: a beam search's finished beams are told apart
-    by their finish reason, those it dropped from those that finished.
-    """
-    parts = [f"Step {result.step}: {describe_op(result.op)}"]
-    if result.admitted:
-        parts.append("admitted " + ", ".join(result.admitted))
-    if result.generated:
-        parts.append(f"generated {counted(len(result.generated), 'token')}")
-    if result.preempted:
-        parts.append("preempted " + ", ".join(result.preempted))
-    reasons = {r["id"]: r["finish_reason"] for r in snapshot["requests"]}
-    # A round drops beams in score order; listed by number they read as a set
-    # ("B.7, B.11", not "B.11, B.7").
-    dropped = sorted((rid for rid in result.finished if reasons.get(rid) == "dropped"),
-                     key=_numbered)
-    # A request the pool could not hold says so here, not only in the block tables: the
-    # others finished as asked (by hand, at their limit, at end of sequence).
-    finished = [f"{rid} (capacity: too long for the pool)"
-                if reasons.get(rid) == "capacity" else rid
-                for rid in result.finished if reasons.get(rid) != "dropped"]
-    if finished:
-        parts.append("finished " + ", ".join(finished))
-    if dropped:
-        parts.append("dropped " + ", ".join(dropped))
-    kinds: dict[str, int] = {}
-    for e in result.events:
-        kinds[e.kind] = kinds.get(e.kind, 0) + 1
-    if kinds:
-        parts.append("events: " + ", ".join(f"{n} {k}{_free_split(result) if k == 'free' else ''}"
-                                            for k, n in kinds.items()))
-    return " · ".join(parts)
-
-
-def _free_split(result: OpResult) -> str:
-    """What a count of `free` events means. A free of a block another holder has only
-    lowers its reference count; that holder may free it later in the same operation
-    (a finished beam search, a whole batch), so "still held" counts only the blocks
-    whose last free here left a holder: "4 free (2 back to the free queue, 2 only
-    lowered a count; 2 still held)"."""
-    frees = [e for e in result.events if e.kind == "free"]
-    back = sum(1 for e in frees if not e.ref_count)
-    lowered = len(frees) - back
-    if not lowered:
-        return ""
-    last = {e.block: e.ref_count for e in frees}
-    held = sum(1 for count in last.values() if count)
-    if not back:
-        return f" (each only lowered a count; {held} still held)"
-    return (f" ({back} back to the free queue, {lowered} only lowered a count"
-            + (f"; {held} still held)" if held else ")"))
 
 
 def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:

@@ -50,7 +50,8 @@ from backend.io.scenario import (
 )
 from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import SERVER_BUDGET, KVBudget
-from backend.sessions.playground import summarize, switch_kernels
+from backend.sessions.playground import switch_kernels
+from backend.sessions.summary import summarize
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "assets" / "scenarios"
 

@@ -1,0 +1,133 @@
+"""The status line: one line saying what an applied operation did.
+
+The Playground shows it after every action and the Scenarios page beside every
+step, so it tells what the engine did that the event log alone does not: the
+requests admitted, preempted and finished, the prompt tokens each prefill chunk
+computed, the parallel samples forked on their own, and the host blocks a finished
+swapped-out request gave back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.core.words import counted, joined
+from backend.engine.ops import Add, Fork, describe_op
+from backend.engine.request import numbered
+from backend.engine.results import OpResult, Prefill
+
+# Past this many prefill chunks or forked requests in one operation, the line counts
+# them instead of naming each (a step that admits a whole queue, a beam round).
+NAMED_AT_MOST = 4
+
+
+def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
+    """One line saying what an applied operation did, for the page's status line.
+
+    `snapshot` is the state it left: a beam search's finished beams are told apart
+    by their finish reason, those it dropped from those that finished, and a
+    forked request by its parent.
+    """
+    parts = [f"Step {result.step}: {describe_op(result.op)}"]
+    if result.admitted:
+        parts.append("admitted " + ", ".join(result.admitted))
+    prefills = _prefills(result)
+    if prefills:
+        parts.append(prefills)
+    forks = _forks(result, snapshot)
+    if forks:
+        parts.append(forks)
+    if result.generated:
+        parts.append(f"generated {counted(len(result.generated), 'token')}")
+    if result.preempted:
+        parts.append("preempted " + ", ".join(result.preempted))
+    reasons = {r["id"]: r["finish_reason"] for r in snapshot["requests"]}
+    # A round drops beams in score order; listed by number they read as a set
+    # ("B.7, B.11", not "B.11, B.7").
+    dropped = sorted((rid for rid in result.finished if reasons.get(rid) == "dropped"),
+                     key=_numbered)
+    # A request the pool could not hold says so here, not only in the block tables: the
+    # others finished as asked (by hand, at their limit, at end of sequence).
+    finished = [f"{rid} (capacity: too long for the pool)"
+                if reasons.get(rid) == "capacity" else rid
+                for rid in result.finished if reasons.get(rid) != "dropped"]
+    if finished:
+        parts.append("finished " + ", ".join(finished))
+    if dropped:
+        parts.append("dropped " + ", ".join(dropped))
+    for rid, n in result.host_released:
+        parts.append(f"{counted(n, 'host block')} of {rid} released")
+    kinds: dict[str, int] = {}
+    for e in result.events:
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    if kinds:
+        parts.append("events: " + ", ".join(f"{n} {k}{_free_split(result) if k == 'free' else ''}"
+                                            for k, n in kinds.items()))
+    return " · ".join(parts)
+
+
+def _prefills(result: OpResult) -> str:
+    """'prefilled A: 2 tokens (4 of 10 computed)', for the chunks worth telling.
+
+    An `add` that prefills its whole prompt at once says "admitted" and no more, as
+    it always has; its chunk is told when a token budget (max_num_batched_tokens)
+    leaves part of the prompt for later steps. A step tells every chunk it ran: the
+    prompts it admitted, and the rest of those cut into chunks.
+    """
+    told = [p for p in result.prefilled
+            if not isinstance(result.op, Add) or p.computed < p.total]
+    if not told:
+        return ""
+    if len(told) > NAMED_AT_MOST:
+        return (f"prefilled {counted(sum(p.tokens for p in told), 'token')} of "
+                f"{counted(len({p.request for p in told}), 'request')}")
+    return "prefilled " + "; ".join(_chunk(p) for p in told)
+
+
+def _chunk(p: Prefill) -> str:
+    """'A: 10 tokens' for a whole prompt at once, else with how far its prefill is."""
+    said = f"{p.request}: {counted(p.tokens, 'token')}"
+    return said if p.tokens == p.total else f"{said} ({p.computed:,} of {p.total:,} computed)"
+
+
+def _forks(result: OpResult, snapshot: dict[str, Any]) -> str:
+    """'forked N.1 and N.2 from N.0': the requests an operation forked on its own (a
+    parallel sampling's samples, a beam search's beams). A `fork` says its child in
+    its own words."""
+    if isinstance(result.op, Fork):
+        return ""
+    children = [e.request for e in result.events if e.kind == "fork" and e.request]
+    if not children:
+        return ""
+    if len(children) > NAMED_AT_MOST:
+        return f"forked {counted(len(children), 'request')}"
+    parent = {r["id"]: r["parent"] for r in snapshot["requests"]}
+    by_parent: dict[str, list[str]] = {}
+    for child in children:
+        by_parent.setdefault(parent.get(child) or "?", []).append(child)
+    return "forked " + "; ".join(f"{joined(kids)} from {p}" for p, kids in by_parent.items())
+
+
+def _numbered(rid: str) -> tuple[str, int, str]:
+    """Sort key of an id by its trailing number where it has one: B.7 before B.11."""
+    named = numbered(rid)
+    return (rid, -1, rid) if named is None else (*named, rid)
+
+
+def _free_split(result: OpResult) -> str:
+    """What a count of `free` events means. A free of a block another holder has only
+    lowers its reference count; that holder may free it later in the same operation
+    (a finished beam search, a whole batch), so "still held" counts only the blocks
+    whose last free here left a holder: "4 free (2 back to the free queue, 2 only
+    lowered a count; 2 still held)"."""
+    frees = [e for e in result.events if e.kind == "free"]
+    back = sum(1 for e in frees if not e.ref_count)
+    lowered = len(frees) - back
+    if not lowered:
+        return ""
+    last = {e.block: e.ref_count for e in frees}
+    held = sum(1 for count in last.values() if count)
+    if not back:
+        return f" (each only lowered a count; {held} still held)"
+    return (f" ({back} back to the free queue, {lowered} only lowered a count"
+            + (f"; {held} still held)" if held else ")"))
