@@ -104,6 +104,8 @@ def test_an_azure_trace_with_budgets_on_the_page() -> None:
     # The trace's own defaults: room for its longest request (14,089 tokens) in every policy.
     assert at.number_input(key="cmp_sim_capacity_16384").value == 65_536
     assert at.number_input(key="cmp_sim_max_len_16384").value == 16_384
+    assert ("This trace's longest request holds 14,089 tokens: Capacity and Max reservation "
+            "start at 65,536 and 16,384 for it") in text(at)
     at.number_input(key="cmp_sim_capacity_16384").set_value(60_000)
     # The budgets are whole numbers: a fraction is refused by its field's name, and
     # nothing runs on a number nobody typed.
@@ -161,11 +163,21 @@ def test_an_uploaded_trace_is_checked_whole() -> None:
     assert "Upload a trace first." not in said
     assert ("The uploaded trace was refused (the reason is under the uploader): upload a "
             "corrected file.") in said, said
+    # A trace whose requests fit the usual reservation keeps the usual fields, and what was
+    # typed in them, without a word about defaults.
+    at.number_input(key="cmp_sim_capacity").set_value(12_000)
     good = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,300,40\n2,50,10\n"
     at.file_uploader(key="cmp_sim_upload").set_value(("mine.csv", good, "text/csv")).run()
+    assert "longest request holds" not in text(at)
     at.button(key="cmp_sim_run").click().run()
     assert not at.exception and not at.error
-    assert "Last run: mine.csv, the first 3 of 3 requests" in text(at)
+    assert "Last run: mine.csv, the first 3 of 3 requests (mean 1/s), 12,000 token slots" \
+        in text(at)
+    # One arrival has no rate to give.
+    one = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("one.csv", one, "text/csv")).run()
+    at.button(key="cmp_sim_run").click().run()
+    assert "Last run: one.csv, the first 1 of 1 requests (one arrival, no rate)" in text(at)
     # A request as long as a trace may hold: the page's own defaults stay within the
     # fields' range (they were 4x it, refused before anything was typed) and the run says
     # what cannot fit.

@@ -119,6 +119,29 @@ def test_cli_replays_an_azure_trace_prefix(tmp_path: Path) -> None:
     assert data["time_scale"] == pytest.approx(50.0 / prefix.rate)
 
 
+def test_cli_max_policy_reserves_what_a_recorded_trace_needs(tmp_path: Path) -> None:
+    # Azure's requests run past the 2,048-token default: without --max-len the max policy
+    # reserves the next power of two that holds the longest (7,841 tokens in azure-code's
+    # first 300), so every policy replays every workload.
+    out = tmp_path / "R.json"
+    assert run_cli(["--workload", "azure-code", "--policy", "max", "--requests", "300",
+                    "--capacity-tokens", "40000", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    longest = int(replay_trace(recorded_trace("azure-code"), requests=300).final_len.max())
+    assert longest > 4096 and data["max_len"] == 8192
+    assert data["mean_batch_size"] <= 40000 // 8192
+    # Given, --max-len is the reservation, here and for a synthetic trace.
+    assert run_cli(["--workload", "azure-code", "--policy", "max", "--requests", "300",
+                    "--capacity-tokens", "40000", "--max_len", "10000", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["max_len"] == 10000
+    assert run_cli(["--workload", "sharegpt", "--policy", "max", "--requests", "50",
+                    "--max-len", "4096", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["max_len"] == 4096
+    assert run_cli(["--workload", "sharegpt", "--policy", "max", "--requests", "50",
+                    "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["max_len"] == 2048
+
+
 def test_cli_takes_the_scheduler_budgets_by_either_spelling(tmp_path: Path) -> None:
     out = tmp_path / "R.json"
     rc = run_cli(["--workload", "azure-conv", "--policy", "paged", "--requests", "400",
@@ -227,8 +250,11 @@ def test_cli_reads_a_trace_file_only_up_to_its_limit(
      "ever be admitted; use a watermark under 960"),
     (["--workload", "alpaca", "--policy", "paged", "--capacity-tokens", "1"],
      "error: a capacity of 1 token holds no block of 16 tokens"),
-    (["--workload", "azure-conv", "--policy", "max"],
-     "error: the longest request cannot run"),
+    (["--workload", "azure-conv", "--policy", "max", "--max-len", "2048"],
+     "error: the longest request cannot run: a request of 14,089 tokens is longer than the "
+     "maximum sequence length 2,048 that the max policy reserves"),
+    (["--workload", "alpaca", "--policy", "max", "--max-len", "0"],
+     "error: --max-len must be an integer in 1..16,777,216, got 0"),
 ])
 def test_cli_trace_and_budget_flags_are_checked(argv: list[str], message: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:

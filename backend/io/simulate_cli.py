@@ -17,6 +17,7 @@ import math
 import re
 import sys
 import time
+from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from backend.core.errors import PagedLabError
 from backend.core.words import percent
 from backend.io.json_input import read_bounded, same_file
 from backend.io.report import say
+from backend.lab.contiguous import DEFAULT_MAX_LEN
 from backend.lab.sim.simulator import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY_TOKENS,
@@ -36,6 +38,7 @@ from backend.lab.sim.simulator import (
     POLICIES,
     SimConfig,
     SimResult,
+    max_len_for,
     simulate,
 )
 from backend.lab.traces import (
@@ -69,8 +72,8 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy", metavar="{paged,max,pow2,oracle}",
         help="paged: PagedLab's block manager (preempts and recomputes when full); "
-             "max / pow2 / oracle: one contiguous region per request of 2048 slots / the "
-             "next power of two of its final length / exactly its final length (each "
+             "max / pow2 / oracle: one contiguous region per request of --max-len slots / "
+             "the next power of two of its final length / exactly its final length (each "
              "capped at the capacity); required")
     parser.add_argument(
         "--requests", metavar="N",
@@ -94,6 +97,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         "--block-size", metavar="B",
         help=f"tokens per block for the paged policy, 1..256 (default {DEFAULT_BLOCK_SIZE}; "
              "ignored by the contiguous policies)")
+    parser.add_argument(
+        "--max-len", "--max_len", dest="max_len", metavar="L",
+        help=f"max policy: the slots reserved per request, the model's context length, "
+             f"1..{MAX_CAPACITY_TOKENS} (default {DEFAULT_MAX_LEN}, or for a trace with "
+             "longer requests the next power of two that holds its longest; ignored by "
+             "the other policies)")
     parser.add_argument("--seed", metavar="S",
                         help="synthetic trace seed, an integer >= 0 (default 0)")
     parser.add_argument(
@@ -240,8 +249,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         capacity = _int(args.capacity_tokens, "--capacity-tokens", DEFAULT_CAPACITY_TOKENS,
                         1, MAX_CAPACITY_TOKENS)
         block_size = _int(args.block_size, "--block-size", DEFAULT_BLOCK_SIZE, 1, 256)
+        max_len = _int(args.max_len, "--max-len", DEFAULT_MAX_LEN, 1, MAX_CAPACITY_TOKENS)
         config = SimConfig(policy=policy, capacity_tokens=capacity,  # type: ignore[arg-type]
-                           block_size=block_size,
+                           block_size=block_size, max_len=max_len,
                            max_num_seqs=_optional_int(args.max_num_seqs, "--max-num-seqs", 1),
                            max_num_batched_tokens=_optional_int(
                                args.max_num_batched_tokens, "--max-num-batched-tokens", 1),
@@ -255,6 +265,10 @@ def run_simulate(args: argparse.Namespace) -> int:
             raise _BadInputError(f"--out {args.out!r} is the trace file itself: the result "
                                  "would replace it; name another file")
         trace = _trace(args)
+        if args.max_len is None:
+            # A recorded trace's requests run past 2,048 tokens: the max policy reserves
+            # what its longest needs, as the page's field defaults to, not a refusal.
+            config = replace(config, max_len=max_len_for(int(trace.final_len.max())))
 
         if args.out is not None and not Path(args.out).parent.is_dir():
             raise _BadInputError(f"cannot write {args.out}: its folder does not exist")

@@ -14,8 +14,8 @@ import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
-from backend.lab.contiguous import DEFAULT_MAX_LEN, next_pow2
-from backend.lab.sim.simulator import MAX_CAPACITY_TOKENS, POLICIES, SimConfig, SimRun
+from backend.lab.contiguous import DEFAULT_MAX_LEN
+from backend.lab.sim.simulator import MAX_CAPACITY_TOKENS, POLICIES, SimConfig, SimRun, max_len_for
 from backend.lab.workloads import Trace
 from backend.views.compare import frames as views
 from backend.views.compare import preemptions
@@ -131,10 +131,12 @@ def simulator_section() -> None:
         # enough.
         # Within the fields' own range, however long an uploaded trace's longest request
         # (a default past it would be refused before the person typed anything).
+        # A trace whose requests all fit the usual 2,048 keeps the usual fields, and what
+        # was typed in them.
         longest = choice.longest if choice is not None else None
         cap0, len0, suffix = 15360, DEFAULT_MAX_LEN, ""
-        if longest is not None:
-            len0 = min(MAX_CAPACITY_TOKENS, max(DEFAULT_MAX_LEN, next_pow2(longest)))
+        if longest is not None and max_len_for(longest) > DEFAULT_MAX_LEN:
+            len0 = max_len_for(longest)
             cap0, suffix = min(MAX_CAPACITY_TOKENS, 4 * len0), f"_{len0}"
         c = st.columns(4)
         capacity = f.number(c[0], "Capacity (token slots)", 1, MAX_CAPACITY_TOKENS, cap0, step=1024,
@@ -149,6 +151,11 @@ def simulator_section() -> None:
         policies = st.multiselect("Policies", list(POLICIES), default=list(POLICIES),
                                   key="cmp_sim_policies",
                                   persist_state="session", format_func=label)
+    if suffix:
+        st.caption(f"This trace's longest request holds {longest:,} tokens: Capacity and Max "
+                   f"reservation start at {cap0:,} and {len0:,} for it, so that every policy "
+                   "can hold it (fields of its own: the usual ones keep what was typed in "
+                   "them).")
     if st.button("Run simulation", type="primary", key="cmp_sim_run"):
         if not policies:
             _refuse_keeping_last("Choose at least one policy.")

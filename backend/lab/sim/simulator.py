@@ -51,7 +51,7 @@ from backend.core.budgets import SchedulerBudgets
 from backend.core.checks import check_int
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
-from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN
+from backend.lab.contiguous import CONTIGUOUS_POLICIES, DEFAULT_MAX_LEN, next_pow2
 from backend.lab.sim.contiguous import ContiguousPolicyMemory
 from backend.lab.sim.paged import DEFAULT_WATERMARK, MAX_CAPACITY_TOKENS, PagedPolicy
 from backend.lab.sim.replay import MemoryPolicy, Progress, ReplayTotals, replay
@@ -161,6 +161,15 @@ class SimResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def max_len_for(longest: int) -> int:
+    """The max policy's reservation when none is given, for a trace whose longest
+    request (prompt plus output) is `longest` tokens: the model's context length,
+    DEFAULT_MAX_LEN (the paper's OPT models'), or for a trace with longer requests (the
+    Azure traces run to 14k tokens) the next power of two that holds them, so that every
+    request can run; at most MAX_CAPACITY_TOKENS."""
+    return min(MAX_CAPACITY_TOKENS, max(DEFAULT_MAX_LEN, next_pow2(longest)))
 
 
 def make_policy(config: SimConfig) -> MemoryPolicy:
