@@ -350,7 +350,8 @@ def test_config_change_asks_before_discarding_state() -> None:
     at = add(start())
     kept = engine(at)
     at.sidebar.number_input(key="cfg_num_blocks").set_value(64).run()
-    assert any("1 request and 1 step will be discarded" in w.value for w in at.warning)
+    assert any("1 request and 1 step leave the page and stay saved, under Recent sessions"
+               in w.value for w in at.warning)
     assert engine(at) is kept and len(kept.requests) == 1     # nothing lost yet
     # Keep current: the field goes back, the warning goes away.
     click(at, "btn_keep_config")

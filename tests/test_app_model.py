@@ -97,7 +97,7 @@ def test_switching_back_to_tiny_byte_asks_first_and_brings_its_sizes_back() -> N
     kept = engine(at)
     pick_model(at, TINY_BYTE)
     assert engine(at) is kept                              # nothing lost before confirming
-    assert any("will be discarded" in w.value for w in at.sidebar.warning)
+    assert any("leave the page and stay saved" in w.value for w in at.sidebar.warning)
     click(at, "btn_apply_config")
     e = engine(at)
     assert e.config.model == TINY_BYTE and not e.requests

@@ -231,7 +231,7 @@ def test_max_num_seqs_keeps_requests_waiting_and_a_change_asks_before_resetting(
     assert (table.loc["A", "status"], table.loc["B", "status"]) == ("running", "waiting")
     kept = engine(at)
     at.sidebar.number_input(key="cfg_watermark_blocks").set_value(4).run()
-    assert any("will be discarded" in w.value for w in at.warning)
+    assert any("leave the page and stay saved" in w.value for w in at.warning)
     assert engine(at) is kept and kept.config.watermark_blocks is None
     click(at, "btn_apply_config")
     new = engine(at)

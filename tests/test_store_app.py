@@ -327,6 +327,28 @@ def test_continuing_a_scenario_keeps_the_playgrounds_saved_state(
     assert sid(at) == first_id and state(at) == before
 
 
+def test_apply_and_reset_keeps_the_replaced_state_saved(
+        browser: dict[str, str | None], data_dir: Path) -> None:
+    at = open_app()
+    first_id = worked(at)
+    before = state(at)
+    at.number_input(key="cfg_num_blocks").set_value(16).run()
+    assert any("leave the page and stay saved, under Recent sessions" in w.value
+               for w in at.warning)
+    at.button(key="btn_apply_config").click().run()
+    assert not at.exception
+    # A new engine under a new id, once it has state; the old one is in the list, whole.
+    assert engine(at).config.num_blocks == 16 and not engine(at).requests
+    assert (f"The state it replaced stays saved as session {store.short(first_id)}, under "
+            "Recent sessions.") in texts(at.info)
+    at.button(key="btn_add").click().run()
+    second_id = sid(at)
+    assert second_id != first_id
+    assert sorted(r[0] for r in rows(data_dir)) == sorted([first_id, second_id])
+    at.button(key=f"btn_open_{first_id}").click().run()
+    assert sid(at) == first_id and state(at) == before
+
+
 def test_the_session_exports_as_a_scenario_that_replays_checked(
         browser: dict[str, str | None], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

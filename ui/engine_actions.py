@@ -210,9 +210,10 @@ def _departures(c: EngineConfig) -> str:
 
 
 def _replace_engine(settings_for: Callable[[Settings], Settings], message: str, *,
-                    detach: bool = False) -> None:
+                    detach: bool = False, keep: bool = False) -> None:
     """A fresh engine with `settings_for(the applied settings)`; `detach`: under a new
-    session id (the old row stays).
+    session id (the old row stays); `keep`: the same where the old state has anything
+    to keep, said in the message.
 
     Under the current engine's lock, weights included (`operations.holding_current`): an
     operation still running on it finishes (and is saved) first, one clicked meanwhile
@@ -228,7 +229,8 @@ def _replace_engine(settings_for: Callable[[Settings], Settings], message: str, 
         if sess is None:
             flash("error", REPLACED_TOO_OFTEN)
         else:
-            loaded = _replace_held(sess, work, settings_for(sess.settings), message, detach)
+            loaded = _replace_held(sess, work, settings_for(sess.settings), message,
+                                   detach, keep)
     collect()
     loaded.finish()
     for waited in shown:
@@ -236,7 +238,7 @@ def _replace_engine(settings_for: Callable[[Settings], Settings], message: str, 
 
 
 def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
-                  detach: bool) -> Shown:
+                  detach: bool, keep: bool) -> Shown:
     """`_replace_engine` with the engine's lock held; the weight load's Shown."""
     loaded = Shown()
     try:
@@ -245,7 +247,11 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     except PagedLabError as exc:
         sess.flash("error", f"Refused: {exc}")
         return loaded
-    if detach:
+    # Kept only where there is something to keep, in a saved row (not an unsaved copy
+    # of another browser's session, nor an engine nothing was done on).
+    kept = (sess.tab.id if keep and sess.tab.store is not None and has_state(sess.engine)
+            else None)
+    if detach or kept is not None:
         sess.detach()
     elif sess.tab.id is None:
         # A copy not saved yet (another browser's link): the fresh engine is not that
@@ -259,7 +265,9 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
                        f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
                        f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
-                       f"{_departures(c)}.")
+                       f"{_departures(c)}."
+                       + ("" if kept is None else f" The state it replaced stays saved as "
+                          f"session {store.short(kept)}, under Recent sessions."))
     return loaded
 
 
@@ -344,8 +352,11 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
 
 
 def apply_config(config: EngineConfig) -> None:
-    """Start a new engine with `config` (the current state is discarded)."""
-    _replace_engine(lambda s: Settings(config, s.device, s.kernel), "New engine")
+    """Start a new engine with `config`, under a new session id when the current one has
+    state: that state stays saved, under Recent sessions, as a restore keeps the state
+    it replaces (settings are no reason to lose work)."""
+    _replace_engine(lambda s: Settings(config, s.device, s.kernel), "New engine",
+                    keep=True)
 
 
 def room_problem(config: EngineConfig) -> str | None:
