@@ -76,7 +76,7 @@ def test_metrics_carry_their_meaning_as_a_visible_tooltip() -> None:
     page = views.metrics_html(views.metric_items(export_snapshot(e)))
     terms = dict(re.findall(r"<span class='pl-term' title='([^']+)'[^>]*>([^<]+)</span>", page))
     by_label = {label: unescape(tip) for tip, label in terms.items()}
-    assert "block-granular cache" in by_label["Lost to the block floor"]
+    assert "block-granular cache" in by_label["Uncacheable prompt tail"]
     assert len(by_label) == len(views.metric_items(export_snapshot(e)))
     # The same meanings where a keyboard reaches them (a title shows only on hover):
     # a closed disclosure under the cards, one term and meaning per number.

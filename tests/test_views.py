@@ -214,7 +214,7 @@ def test_metric_items_match_the_allocator(shared: Engine) -> None:
     # Three prompts looked up: 23 + 23 + 13 tokens; B hit five blocks.
     assert items["Prefix-cache queries"] == "3 (59 tokens)"
     assert items["Prefix-cache hits"] == "5 blocks (20 tokens)"
-    assert items["Lost to the block floor"] == f"{m.allocator.prefix_floor_tokens} tokens"
+    assert items["Uncacheable prompt tail"] == f"{m.allocator.prefix_floor_tokens} tokens"
     assert items["Bytes per block"] == "2.0 KiB" and items["Total KV bytes"] == "64.0 KiB"
 
 

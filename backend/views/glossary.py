@@ -51,7 +51,9 @@ METRICS: dict[str, str] = {
     "prefix_hit_blocks": "Prompt blocks served from the prefix cache instead of recomputed.",
     "prefix_hit_tokens": "The tokens in those blocks.",
     "prefix_queries": "Prompts looked up in the prefix cache.",
-    "prefix_floor_tokens": "Prompt tokens a block-granular cache can never serve. The last "
+    "prefix_floor_tokens": "Prompt tokens a block-granular cache can never serve (a "
+                           "snapshot's prefix_floor_tokens: past the floor of whole blocks "
+                           "before the last token). The last "
                            "prompt token is always computed (its logits give the first new "
                            "token), so the block holding it is too: the partial last block, "
                            "or, for a prompt that fills its blocks exactly, the whole last "

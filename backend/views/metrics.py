@@ -90,7 +90,7 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
         MetricItem("Prefix cache", "Prefix-cache hits",
                    f"{counted(m['prefix_hit_blocks'], 'block')} "
                    f"({counted(hit_tokens, 'token')})", METRICS["prefix_hit_blocks"]),
-        MetricItem("Prefix cache", "Lost to the block floor", counted(floor, "token"),
+        MetricItem("Prefix cache", "Uncacheable prompt tail", counted(floor, "token"),
                    METRICS["prefix_floor_tokens"]),
         MetricItem("Memory", "Bytes per block", format_bytes(bpb),
                    "2 (K and V) × layers × KV heads × head dim × block size × bytes per "
