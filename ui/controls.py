@@ -179,7 +179,8 @@ def _add_form() -> None:
         c1.text_input("Request id", key="add_id", placeholder="auto (e.g. A)",
                       persist_state="session",
                       help=f"At most {MAX_ID_CHARS} characters. Blank: the first free letter "
-                           "A to Z, then R27, R28, ….")
+                           "A to Z, then R27, R28, …. With parallel samples or a beam "
+                           "width, it names the group: its requests are ID.0, ID.1, ….")
         c2.text_input("Pin to blocks", key="add_pins", placeholder="e.g. 9, 2, 14",
                       persist_state="session",
                       help="Physical blocks to hold the prompt, in order; each must be free. "
