@@ -221,7 +221,7 @@ def block_tables(snap: Snapshot, focus: Focus | None = None, prefix: str = "") -
     # until the pointer is over it.
     row = row_height or 35
     visible = 12 if row_height is None else 6
-    # The widths fit a 1400 px window beside the sidebar; in a narrower one the table
+    # The widths fit a 1366 px window beside the sidebar; in a narrower one the table
     # scrolls sideways, with each row's request pinned in view, and a line says so.
     with st.container(key=f"{prefix}req_table"):
         layout.note_below(f"{prefix}req_table", sum(widths.get(c, 0) for c in df.columns) + 2,

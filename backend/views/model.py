@@ -232,12 +232,13 @@ def table_text(table: list[int], num_tokens: int, block_size: int,
 BLOCK_TABLE_COLUMN = "block table (logical→physical)"
 # The block tables' columns: widths (px) their headers and values fit in ("finished
 # (max new tokens)", "generated").
-# Together at most the 940 px a 1400 px window gives the table beside the sidebar (a
-# wider table grows every column in proportion; a narrower one would hide the block
-# table's end): the block table takes the rest, less while beams add a "log p" column.
+# Together (with the grid's 2 px border) at most the 906 px a 1366 px window, the
+# commonest laptop width, gives the table beside the sidebar (a wider table grows every
+# column in proportion; a narrower one would hide the block table's end): the block
+# table takes the rest, less while beams add a "log p" column.
 REQUEST_COLUMN_WIDTHS: dict[str, int] = {
     "request": 76, "status": 166, "parent": 60, "prompt": 62, "generated": 82,
-    "tokens": 60, "blocks": 58, "preempted": 82, BLOCK_TABLE_COLUMN: 280, "log p": 70,
+    "tokens": 60, "blocks": 58, "preempted": 82, BLOCK_TABLE_COLUMN: 256, "log p": 70,
 }
 CHAR_PX = 6               # a block table's characters average 5.4 px; breaks fall short
 LINE_PX = 20
