@@ -67,6 +67,15 @@ def test_each_pair_is_compared_as_it_is(four: list[SimResult]) -> None:
                             "the values differ, but Orca (Pow2), Orca (Oracle) and vLLM batch "
                             "the same")
     assert "NOT" not in level
+    # An exact half (1.25, 1.3 as shown) and 1.3 read the same in the sentence, on the
+    # bars' labels and in the chart's description: halves up, written server-side.
+    tie = batches(four, 1.0, 1.25, 1.3, 2.0)
+    assert "Orca (Pow2) 1.3 = Orca (Oracle) 1.3" in dep_views.figure13_sentence(tie)
+    spec = dep_views.figure13_chart(dep_views.figure13_frame(tie)).to_dict()
+    labels = [row["label"] for row in next(iter(spec["datasets"].values()))]
+    assert labels == ["1.0", "1.3", "1.3", "2.0"]
+    assert spec["layer"][1]["encoding"]["text"]["field"] == "label"
+    assert "Orca (Pow2) 1.3, Orca (Oracle) 1.3" in spec["description"]
 
 
 def test_the_length_note_says_memory_was_full_only_where_it_filled() -> None:

@@ -27,7 +27,11 @@ def test_tenths_round_halves_up_with_thousands_separators() -> None:
     assert [tenths(x) for x in (1.25, 2.25, -1.25, 1.15, 0.04, 3.0)] == [
         "1.3", "2.3", "-1.3", "1.2", "0.0", "3.0"]
     assert tenths(12_345.65) == "12,345.7"
-    assert tenths(float("inf")) == "inf"
+    # Not finite, or past where a float has halves to round: Python's formatting, never
+    # an error from Decimal's 28 digits; a percentage alike.
+    assert [tenths(x) for x in (float("inf"), float("nan"))] == ["inf", "nan"]
+    assert tenths(1e27) == f"{1e27:,.1f}" and percent(1e27) == f"{100 * 1e27:,.1f}%"
+    assert percent(float("nan")) == "nan%"
 
 
 @pytest.mark.parametrize(("message", "shown"), [

@@ -41,27 +41,29 @@ def percent(x: float) -> str:
     """A fraction as a percentage with one decimal, halves rounded up as a reader would:
     13/16 reads "81.3%", where Python's own formatting rounds an exact half to even
     ("81.2%", yet "18.8%" for 9/48)."""
-    return _tenths(Decimal(repr(100 * x)))
+    return tenths(100 * x) + "%"
 
 
 def percent_of(part: int, whole: int) -> str:
     """`part` of `whole` as `percent` shows a fraction, computed exactly: 51/80 reads
     "63.8%", where the float 1 - 29/80 lands just under the half and reads "63.7%"."""
-    return _tenths(Decimal(100 * part) / Decimal(whole))
+    return f"{(Decimal(100 * part) / Decimal(whole)).quantize(_TENTH, ROUND_HALF_UP)}%"
 
 
-def _tenths(pct: Decimal) -> str:
-    """A percentage to one decimal, halves rounded up, followed by "%"."""
-    return f"{pct.quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)}%"
+_TENTH = Decimal("0.1")
+# Past this, a float's neighbours are further apart than a tenth: no half to round,
+# and Decimal's 28 digits would not hold the quantized value.
+_NO_HALVES = 2.0**52
 
 
 def tenths(x: float) -> str:
-    """`x` to one decimal, with thousands separators, halves rounded up as `percent`
-    rounds them: a mean batch of 1.25 reads "1.3" in a sentence as on a chart's bar,
-    whose label the browser writes (Python's own formatting reads "1.2")."""
-    if not math.isfinite(x):
+    """`x` to one decimal, with thousands separators, halves rounded up as a reader
+    would: a mean batch of 1.25 reads "1.3" (Python's own formatting rounds an exact
+    half to even: "1.2"). The simulator's sentences and its bars' labels both use it,
+    so the two agree. Not a finite number: "nan", "inf"."""
+    if not math.isfinite(x) or abs(x) >= _NO_HALVES:
         return f"{x:,.1f}"
-    return f"{Decimal(repr(float(x))).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP):,}"
+    return f"{Decimal(repr(float(x))).quantize(_TENTH, rounding=ROUND_HALF_UP):,}"
 
 
 def agrees(n: int, singular: str, plural: str) -> str:

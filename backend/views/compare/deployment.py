@@ -9,7 +9,7 @@ from itertools import groupby, pairwise
 import altair as alt
 import pandas as pd
 
-from backend.core.words import counted, joined, percent
+from backend.core.words import counted, joined, percent, tenths
 from backend.lab import deployment as dep
 from backend.lab.sim.simulator import SimResult, SimRun
 from backend.views.compare.frames import PAPER_SYSTEMS, POLICY_ORDER
@@ -83,9 +83,9 @@ def figure13_frame(results: Sequence[SimResult]) -> pd.DataFrame:
 
 
 def _shown(value: float) -> float:
-    # What the sentence and the chart's labels show (one decimal): values compared at
+    # What the sentence and the chart's labels show (words.tenths): values compared at
     # this precision, so that two bars labelled 29.1 are never said to differ.
-    return round(value, 1)
+    return float(tenths(value).replace(",", ""))
 
 
 def figure13_holds(results: Sequence[SimResult]) -> bool:
@@ -101,7 +101,7 @@ def figure13_sentence(results: Sequence[SimResult]) -> str:
     df = figure13_frame(results)
     systems = df["system"].tolist()
     values = df["mean batched requests"].tolist()
-    parts = [f"{s} {v:,.1f}" for s, v in zip(systems, values, strict=True)]
+    parts = [f"{s} {tenths(v)}" for s, v in zip(systems, values, strict=True)]
     if len(parts) < 4:
         return "Mean batched requests: " + ", ".join(parts) + "."
     shown = [_shown(v) for v in values]
@@ -130,15 +130,17 @@ def figure13_sentence(results: Sequence[SimResult]) -> str:
 def figure13_chart(df: pd.DataFrame) -> alt.LayerChart:
     """One bar per system, labelled with its mean batch (the paper's Figure 13 layout)."""
     order = df["system"].tolist()
+    # Labels written here, as the sentence writes them (the browser rounds 1.25 to 1.3,
+    # Python's own formatting to 1.2).
+    df = df.assign(label=[tenths(v) for v in df["mean batched requests"]])
     base = alt.Chart(df).encode(x=alt.X("system:N", sort=order, title=None,
                                         axis=alt.Axis(labelAngle=0)))
     bars = base.mark_bar(color="#1f4e8c").encode(
         y=alt.Y("mean batched requests:Q", title="mean batched requests"),
-        tooltip=["system:N", alt.Tooltip("mean batched requests:Q", format=",.1f")])
+        tooltip=["system:N", alt.Tooltip("label:N", title="mean batched requests")])
     text = base.mark_text(baseline="bottom", dy=-3).encode(
-        y="mean batched requests:Q", text=alt.Text("mean batched requests:Q", format=",.1f"))
-    told = ", ".join(f"{s} {v:,.1f}" for s, v in zip(order, df["mean batched requests"],
-                                                     strict=True))
+        y="mean batched requests:Q", text=alt.Text("label:N"))
+    told = ", ".join(f"{s} {t}" for s, t in zip(order, df["label"], strict=True))
     return (bars + text).properties(
         title="Mean batched requests (cf. the paper's Figure 13)", height=260,
         description=f"Mean batched requests, one bar per system (cf. the paper's Figure 13): "
