@@ -24,8 +24,9 @@ from backend.engine.engine import Engine
 from backend.io.cli import main
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
+from backend.sessions.rows import StoreError
 from backend.sessions.saved import COPY_NOTE, new_id
-from backend.sessions.store import FILE_NAME
+from backend.sessions.store import FILE_NAME, SessionStore
 from backend.views.text import md_escape
 from tests.test_app import shown
 from ui import exports, store
@@ -347,6 +348,33 @@ def test_apply_and_reset_keeps_the_replaced_state_saved(
     assert sorted(r[0] for r in rows(data_dir)) == sorted([first_id, second_id])
     at.button(key=f"btn_open_{first_id}").click().run()
     assert sid(at) == first_id and state(at) == before
+
+
+def test_apply_and_reset_after_a_failed_save_says_the_row_is_behind(
+        browser: dict[str, str | None], data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_app()
+    first_id = worked(at)
+    saved_step = engine(at).step
+
+    def failing(*_: Any) -> None:
+        raise StoreError("the session store failed: disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(SessionStore, "write_op", failing)
+        m.setattr(SessionStore, "write_full", failing)
+        at.button(key="btn_add").click().run()
+    assert engine(at).step == saved_step + 1
+    at.number_input(key="cfg_num_blocks").set_value(16).run()
+    # Not "stay saved": the row holds the state of an earlier step.
+    warned = " ".join(w.value for w in at.warning)
+    assert "Recent sessions keeps them as last saved, before the operations that could not " \
+           "be saved" in warned and "stay saved" not in warned
+    at.button(key="btn_apply_config").click().run()
+    assert (f"Session {store.short(first_id)}, under Recent sessions, holds the state it "
+            "replaced as last saved, before the operations that could not be saved.") \
+        in texts(at.info)
+    at.button(key=f"btn_open_{first_id}").click().run()
+    assert sid(at) == first_id and engine(at).step == saved_step
 
 
 def test_the_session_exports_as_a_scenario_that_replays_checked(

@@ -13,13 +13,14 @@ the lock's rules in ui/operations.py.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import streamlit as st
 
 from backend.core.config import GREEDY_BELOW, REAL_MODELS, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
+from backend.engine.engine import Engine
 from backend.io.restore import restore_notes
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
@@ -247,10 +248,7 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     except PagedLabError as exc:
         sess.flash("error", f"Refused: {exc}")
         return loaded
-    # Kept only where there is something to keep, in a saved row (not an unsaved copy
-    # of another browser's session, nor an engine nothing was done on).
-    kept = (sess.tab.id if keep and sess.tab.store is not None and has_state(sess.engine)
-            else None)
+    kept = _kept(sess) if keep else None
     if detach or kept is not None:
         sess.detach()
     elif sess.tab.id is None:
@@ -265,10 +263,42 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
                        f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
                        f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
-                       f"{_departures(c)}."
-                       + ("" if kept is None else f" The state it replaced stays saved as "
-                          f"session {store.short(kept)}, under Recent sessions."))
+                       f"{_departures(c)}." + _kept_sentence(kept))
     return loaded
+
+
+class Kept(NamedTuple):
+    """The saved row that keeps a state a replacement takes off the page: its id, and
+    whether it holds that state whole (no save has failed since)."""
+
+    id: str
+    whole: bool
+
+
+def kept_row(tab: saved.Tab, engine: Engine) -> Kept | None:
+    """The row that keeps `engine`'s state when a replacement takes it off the page, or
+    None: only a saved row (not an unsaved copy of another browser's session) of an
+    engine something was done on. Read before `detach`, which forgets it."""
+    if tab.store is None or tab.id is None or not has_state(engine):
+        return None
+    return Kept(tab.id, tab.synced and tab.pending_claim is None)
+
+
+def _kept(sess: OpSession) -> Kept | None:
+    return kept_row(sess.tab, sess.engine)
+
+
+def _kept_sentence(kept: Kept | None) -> str:
+    """What the message adds about the replaced state: where it stays, and, when the
+    store failed since, that the row holds an earlier step ('Not saved after step N'
+    says which)."""
+    if kept is None:
+        return ""
+    if kept.whole:
+        return (f" The state it replaced stays saved as session {store.short(kept.id)}, "
+                "under Recent sessions.")
+    return (f" Session {store.short(kept.id)}, under Recent sessions, holds the state it "
+            "replaced as last saved, before the operations that could not be saved.")
 
 
 def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
@@ -294,7 +324,7 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
             problem = REPLACED_TOO_OFTEN
         else:
             s = sess.settings
-            kept = sess.tab.id if sess.tab.store is not None and has_state(sess.engine) else None
+            kept = _kept(sess)
             if config is not None:
                 try:
                     loaded = load_weights(Settings(config, s.device, s.kernel), work)
@@ -311,7 +341,7 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
 
 
 def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
-                  kept: str | None) -> tuple[str | None, Shown]:
+                  kept: Kept | None) -> tuple[str | None, Shown]:
     """`restore_snapshot` with the old engine's lock held and the weights loaded: the
     reason it was refused (None: restored), and the Shown of its progress bar."""
     s, old = sess.settings, sess.engine
@@ -340,8 +370,7 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
             set_fields(live.settings, sess.queued)
             sess.save(live, snapshot, whole=True)
             c = engine.config
-            before = ("" if kept is None else f" The state it replaced stays saved as session "
-                      f"{store.short(kept)}, under Recent sessions.")
+            before = _kept_sentence(kept)
             sess.flash("success", f"Restored {source}: step {engine.step}, "
                                   f"{counted(len(engine.requests), 'request')}, "
                                   f"{counted(c.num_blocks, 'block')} "

@@ -352,13 +352,14 @@ def _confirm_or_apply() -> None:
     engine = session.get_engine()
     # Apply and reset keeps a saved session's state under Recent sessions
     # (engine_actions.apply_config); an unsaved one has nowhere to stay.
-    tab = store.get_tab()
-    kept = tab.store is not None and tab.id is not None
+    kept = engine_actions.kept_row(store.get_tab(), engine)
     st.warning(f"These settings need a new engine: the current "
                f"{counted(len(engine.requests), 'request')} and "
                f"{counted(engine.step, 'step')} "
-               + ("leave the page and stay saved, under Recent sessions." if kept else
-                  "will be discarded."))
+               + ("will be discarded." if kept is None else
+                  "leave the page and stay saved, under Recent sessions." if kept.whole else
+                  "leave the page; Recent sessions keeps them as last saved, before the "
+                  "operations that could not be saved."))
     # One above the other: side by side in the sidebar, "Apply and reset" was cut to
     # "Apply and r…" at any window width.
     clicks.button(st, "Apply and reset", key="btn_apply_config", type="primary",
