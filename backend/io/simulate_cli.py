@@ -187,8 +187,9 @@ def _optional_int(value: str | None, flag: str, low: int) -> int | None:
     return None if value is None else _int(value, flag, 0, low, MAX_BUDGET)
 
 
-def _trace(args: argparse.Namespace) -> Trace:
-    """The trace `--workload` names, prefixed and rescaled by the flags."""
+def _trace(args: argparse.Namespace) -> tuple[Trace, int]:
+    """The trace `--workload` names, prefixed and rescaled by the flags, and the longest
+    request (prompt plus output) of the whole trace it was cut from."""
     workload = args.workload
     rate = _float(args.rate, "--rate", "a number of requests per second", MIN_RATE, MAX_RATE)
     scale = _float(args.time_scale, "--time-scale", "a number", 1e-6, MAX_TIME_SCALE)
@@ -197,8 +198,9 @@ def _trace(args: argparse.Namespace) -> Trace:
     seed = _int(args.seed, "--seed", 0, 0, MAX_SEED)
     if workload in WORKLOAD_NAMES and workload not in RECORDED:
         requests = _int(args.requests, "--requests", DEFAULT_REQUESTS, 1, MAX_REQUESTS)
-        return workload_trace(workload, requests=requests, rate=rate, seed=seed,
-                              time_scale=scale)
+        trace = workload_trace(workload, requests=requests, rate=rate, seed=seed,
+                               time_scale=scale)
+        return trace, int(trace.final_len.max())
     if workload in RECORDED:
         recorded = recorded_trace(workload)
     elif workload.lower().endswith(".csv") or "/" in workload or Path(workload).is_file():
@@ -214,7 +216,8 @@ def _trace(args: argparse.Namespace) -> Trace:
         if prefix > n:
             raise _BadInputError(f"--requests must be at most {n:,}, the requests "
                                  f"{recorded.workload} holds, got {prefix:,}")
-    return replay_trace(recorded, requests=prefix, rate=rate, time_scale=scale)
+    return (replay_trace(recorded, requests=prefix, rate=rate, time_scale=scale),
+            int(recorded.final_len.max()))
 
 
 def _choice(value: str | None, flag: str, choices: tuple[str, ...]) -> str:
@@ -264,11 +267,12 @@ def run_simulate(args: argparse.Namespace) -> int:
                 and same_file(Path(args.out), Path(args.workload))):
             raise _BadInputError(f"--out {args.out!r} is the trace file itself: the result "
                                  "would replace it; name another file")
-        trace = _trace(args)
+        trace, longest = _trace(args)
         if args.max_len is None:
             # A recorded trace's requests run past 2,048 tokens: the max policy reserves
-            # what its longest needs, as the page's field defaults to, not a refusal.
-            config = replace(config, max_len=max_len_for(int(trace.final_len.max())))
+            # what the whole trace's longest needs, as the page's field defaults to (a
+            # context length is the deployment's, not the prefix's), not a refusal.
+            config = replace(config, max_len=max_len_for(longest))
 
         if args.out is not None and not Path(args.out).parent.is_dir():
             raise _BadInputError(f"cannot write {args.out}: its folder does not exist")
