@@ -40,7 +40,7 @@ from backend.sessions.playground import (
 from backend.sessions.summary import summarize
 from backend.views import grid
 from backend.views.html import request_layout_html
-from backend.views.model import BLOCK_TABLE_COLUMN, status_text
+from backend.views.model import BLOCK_TABLE_COLUMN, requests_frame, requests_layout, status_text
 from backend.views.settings import config_items
 from backend.views.text import NBSP, WORD_JOINER, is_plain, md_code, md_escape, plain_md
 from backend.views.tokens import token_text
@@ -396,6 +396,19 @@ def test_an_added_prompt_is_labelled_as_written_with_control_characters_visible(
     assert describe_op(Add("R", prompt="a\u202eb")) == "add R ('a\\u202eb')"
 
 
+def test_the_block_tables_columns_fit_a_1366_px_window(shared: Engine) -> None:
+    # 906 px: what a 1366 px window gives the table beside the sidebar (measured in
+    # Chromium; tests/test_browser_ui_layout.py checks it there), less the grid's border.
+    beams = engine()
+    beams.apply(Add("B", prompt="hello", beam_width=3, max_new_tokens=4))
+    beams.apply(Step(2))
+    for snap in (export_snapshot(shared), export_snapshot(beams)):
+        df = requests_frame(snap)
+        widths, _ = requests_layout(df)
+        assert sum(widths[c] for c in df.columns) + 2 <= 906, df.columns
+    assert "log p" in df.columns
+
+
 def test_summarize_names_what_happened(shared: Engine) -> None:
     text = summarize(shared.apply(Shuffle(seed=3)), export_snapshot(shared))
     assert text.startswith("Step 7: shuffle (seed 3)")
@@ -447,12 +460,12 @@ def test_summarize_tells_prefill_chunks_forked_samples_and_released_host_blocks(
     # the budget for the first decode.
     e = engine(max_num_batched_tokens=4)
     assert summarize(e.apply(Add("A", prompt_len=10)), export_snapshot(e)) == (
-        "Step 1: add A (10 random tokens) · admitted A · prefilled A: 4 tokens (4 of 10 "
-        "computed) · events: 1 alloc")
+        "Step 1: add A (10 random tokens) · admitted A · prefilled A: 4 tokens (4 of 10 in "
+        "the cache) · events: 1 alloc")
     assert summarize(e.apply(Step(1)), export_snapshot(e)) == (
-        "Step 2: step · prefilled A: 4 tokens (8 of 10 computed) · events: 1 alloc")
+        "Step 2: step · prefilled A: 4 tokens (8 of 10 in the cache) · events: 1 alloc")
     assert summarize(e.apply(Step(1)), export_snapshot(e)) == (
-        "Step 3: step · prefilled A: 2 tokens (10 of 10 computed) · generated 1 token · "
+        "Step 3: step · prefilled A: 2 tokens (10 of 10 in the cache) · generated 1 token · "
         "events: 1 alloc")
     # A whole prompt at once: an add says admitted alone, a step admitting it says more.
     f = engine(max_num_seqs=1)
@@ -462,6 +475,27 @@ def test_summarize_tells_prefill_chunks_forked_samples_and_released_host_blocks(
     f.apply(Step(1))      # A generates its one token and finishes
     assert summarize(f.apply(Step(1)), export_snapshot(f)).startswith(
         "Step 4: step · admitted B · prefilled B: 6 tokens · generated 1 token")
+    # Past four chunks or forks in one operation, the line counts them: a step admitting
+    # five waiting prompts once A's finish frees the pool, an add of six samples.
+    w = engine(num_blocks=8)
+    w.apply(Add("A", prompt_len=28, max_new_tokens=1))
+    for rid in "BCDEF":
+        w.apply(Add(rid, prompt_len=2, max_new_tokens=3))
+    w.apply(Step(1))
+    assert summarize(w.apply(Step(1)), export_snapshot(w)).startswith(
+        "Step 8: step · admitted B, C, D, E, F · prefilled 10 tokens of 5 requests · "
+        "generated 5 tokens")
+    six = engine()
+    assert "admitted N.0 · forked 5 requests · " in summarize(
+        six.apply(Add("N", prompt_len=3, n=6)), export_snapshot(six))
+    # Prefix-cache hits are in the cache as a chunk's tokens are: B computes 2 of its 10.
+    h = engine(num_blocks=8)
+    h.apply(Add("A", prompt_len=28, max_new_tokens=1))
+    h.apply(Add("B", prompt_tokens=(*h.requests["A"].tokens[:8], 1, 2)))
+    h.apply(Step(1))
+    assert summarize(h.apply(Step(1)), export_snapshot(h)) == (
+        "Step 4: step · admitted B · prefilled B: 2 tokens (10 of 10 in the cache) · "
+        "generated 1 token · events: 2 prefix_hit, 1 alloc")
     # Parallel samples: the line names every sample, not only the first.
     g = engine()
     said = summarize(g.apply(Add("N", prompt_len=6, n=3)), export_snapshot(g))
@@ -469,19 +503,21 @@ def test_summarize_tells_prefill_chunks_forked_samples_and_released_host_blocks(
     # A fork by hand says its child once, in the operation's own words.
     assert "forked" not in summarize(g.apply(Fork("N.0", "M")), export_snapshot(g))
     # A swapped-out request finished in the host pool: the blocks it gave back there.
-    h = engine(num_blocks=8, preemption="swap", num_cpu_blocks=8)
-    h.apply(Add("S1", prompt_len=10, max_new_tokens=20))
-    h.apply(Add("S2", prompt_len=10, max_new_tokens=20))
+    sw = engine(num_blocks=8, preemption="swap", num_cpu_blocks=8)
+    sw.apply(Add("S1", prompt_len=10, max_new_tokens=20))
+    sw.apply(Add("S2", prompt_len=10, max_new_tokens=20))
     for _ in range(30):
-        if h.swapped:
+        if sw.swapped:
             break
-        h.apply(Step(1))
-    (victim,) = h.swapped
-    held = len(h.scheduler.host.tables[victim])
-    line = summarize(h.apply(Finish(victim)), export_snapshot(h))
-    assert line == f"Step {h.step}: finish {victim} · finished {victim} · " \
+        sw.apply(Step(1))
+    (victim,) = sw.swapped
+    host = sw.scheduler.host
+    assert host is not None
+    held = len(host.tables[victim])
+    line = summarize(sw.apply(Finish(victim)), export_snapshot(sw))
+    assert line == f"Step {sw.step}: finish {victim} · finished {victim} · " \
                    f"{held} host blocks of {victim} released", line
-    assert h.scheduler.host.num_used == 0
+    assert host.num_used == 0
 
 
 def test_switch_kernels_keeps_the_state_exactly(shared: Engine) -> None:

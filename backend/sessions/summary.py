@@ -67,7 +67,8 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
 
 
 def _prefills(result: OpResult) -> str:
-    """'prefilled A: 2 tokens (4 of 10 computed)', for the chunks worth telling.
+    """'prefilled A: 2 tokens (4 of 10 in the cache)', for the chunks worth telling
+    (past NAMED_AT_MOST of them, their tokens and requests counted).
 
     An `add` that prefills its whole prompt at once says "admitted" and no more, as
     it always has; its chunk is told when a token budget (max_num_batched_tokens)
@@ -85,9 +86,11 @@ def _prefills(result: OpResult) -> str:
 
 
 def _chunk(p: Prefill) -> str:
-    """'A: 10 tokens' for a whole prompt at once, else with how far its prefill is."""
+    """'A: 10 tokens' for a whole prompt at once, else with how many of its tokens have
+    their K/V in the cache now: this chunk's, earlier chunks' and prefix-cache hits."""
     said = f"{p.request}: {counted(p.tokens, 'token')}"
-    return said if p.tokens == p.total else f"{said} ({p.computed:,} of {p.total:,} computed)"
+    return (said if p.tokens == p.total
+            else f"{said} ({p.computed:,} of {p.total:,} in the cache)")
 
 
 def _forks(result: OpResult, snapshot: dict[str, Any]) -> str:
@@ -104,7 +107,8 @@ def _forks(result: OpResult, snapshot: dict[str, Any]) -> str:
     parent = {r["id"]: r["parent"] for r in snapshot["requests"]}
     by_parent: dict[str, list[str]] = {}
     for child in children:
-        by_parent.setdefault(parent.get(child) or "?", []).append(child)
+        # Every forked request has a parent, and is in the snapshot taken after its fork.
+        by_parent.setdefault(parent[child], []).append(child)
     return "forked " + "; ".join(f"{joined(kids)} from {p}" for p, kids in by_parent.items())
 
 
