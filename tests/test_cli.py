@@ -127,12 +127,14 @@ def test_an_adds_limit_may_be_as_large_as_the_configs_default(
 
 @pytest.mark.parametrize(("text", "line"), [
     ("{not json", "is not valid JSON"),
-    ('{"steps": 3}', 'a scenario needs a "steps" list'),
+    ('{"steps": 3}', 'a scenario needs a "steps" list (it may be empty), got an integer'),
+    ('{"config": {}}', 'a scenario needs a "steps" list (it may be empty), got none'),
     ('{"config": {"block_size": 999}, "steps": []}',
      "config: block_size must be an integer in 1..256"),
     ('{"config": {"blok_size": 4}, "steps": []}', "config: unknown field 'blok_size'"),
     ('{"config": {"num_heads": 4, "num_kv_heads": 3}, "steps": []}', "multiple of num_kv_heads"),
-    ("[]", "a scenario must be a JSON object"),
+    ("[]", "a scenario must be a JSON object, got an array"),
+    ("null", "a scenario must be a JSON object, got null"),
     ('{"steps": [{"op": ["add"]}]}', "op must be the name of an operation"),
     ('{"config": {"dtype": [1]}, "steps": []}', "config: dtype must be one of"),
     ('{"steps": [{"op": "add", "request": "A", "prompt": "\\ud800"}]}', "lone surrogate"),

@@ -297,7 +297,7 @@ def test_an_inconsistent_snapshot_is_refused_and_the_state_kept(change: Any,
     (b"\xff\xfe{\"schema_version\": 1}", "snapshot is not valid JSON: its first bytes mark "
                                         "it as UTF-16-LE text, which it is not; it may be a "
                                         "binary file, or else save it as UTF-8"),
-    (b"[]", "snapshot must be a JSON object"),
+    (b"[]", "snapshot must be a JSON object, got an array"),
     (b"{}", "snapshot: missing field 'schema_version'"),
     (b'{"name": "s", "config": {}, "steps": []}', "snapshot: missing field "
      "'schema_version'; this is a scenario file (it has 'steps'): open it on the Scenarios "

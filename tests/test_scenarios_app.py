@@ -416,7 +416,8 @@ def upload(at: AppTest, name: str, data: bytes) -> AppTest:
 @pytest.mark.parametrize(("data", "message"), [
     (b"{not json", "Scenario file refused: bad.json is not valid JSON: Expecting property name "
                    "enclosed in double quotes: line 1 column 2 (char 1)"),
-    (b"[1, 2]", "Scenario file refused: bad.json: a scenario must be a JSON object"),
+    (b"[1, 2]", "Scenario file refused: bad.json: a scenario must be a JSON object, got an "
+                "array"),
     (json.dumps({"config": {"block_size": 0}, "steps": []}).encode(),
      "Scenario file refused: bad.json: config: block_size must be an integer in 1..256, got 0"),
     (json.dumps({"steps": [{"op": "add", "request": "A", "prompt": "hi"},

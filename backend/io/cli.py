@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from backend.core.checks import json_kind
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
@@ -159,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.from_snapshot is not None:
             data = read_json(args.from_snapshot, "snapshot")
             if not isinstance(data, dict):
-                raise PagedLabError("snapshot must be a JSON object")
+                raise PagedLabError(f"snapshot must be a JSON object, got {json_kind(data)}")
             if file_kind(data) == "scenario":
                 raise PagedLabError(
                     f"{str(args.from_snapshot)!r} is a scenario (it has 'steps'), not a "

@@ -117,7 +117,7 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None,
     it gives agree with the snapshot is `check_config_matches`'s to say.
     """
     if not isinstance(data, dict):
-        raise ScenarioError("a scenario must be a JSON object")
+        raise ScenarioError(f"a scenario must be a JSON object, got {json_kind(data)}")
     name = data.get("name", "untitled")
     description = data.get("description", "")
     for field, value in (("name", name), ("description", description)):
@@ -144,7 +144,8 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None,
             raise ScenarioError(str(exc)) from None
     steps_raw = data.get("steps")
     if not isinstance(steps_raw, list):
-        raise ScenarioError("a scenario needs a \"steps\" list (it may be empty)")
+        got = "none" if "steps" not in data else json_kind(steps_raw)
+        raise ScenarioError(f"a scenario needs a \"steps\" list (it may be empty), got {got}")
     if len(steps_raw) > MAX_STEPS:
         raise ScenarioError(f"a scenario may have at most {MAX_STEPS:,} steps")
     steps: list[ScenarioStep] = []

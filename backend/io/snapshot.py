@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from backend.core.checks import json_kind
 from backend.core.config import TINY_BYTE
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
@@ -154,7 +155,7 @@ def parse_snapshot_text(text: str | bytes) -> dict[str, Any]:
                             f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
     data = decode_json(text, "snapshot")
     if not isinstance(data, dict):
-        raise PagedLabError("snapshot must be a JSON object")
+        raise PagedLabError(f"snapshot must be a JSON object, got {json_kind(data)}")
     if file_kind(data) == "scenario":
         # The other JSON file PagedLab reads: say which one this is and where it goes.
         raise PagedLabError("snapshot: missing field 'schema_version'; this is a scenario "
