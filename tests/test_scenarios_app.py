@@ -194,6 +194,10 @@ def test_back_and_the_slider_show_earlier_states_without_recomputing() -> None:
     assert "A2 forks from A" in markdown(at)
     assert run_of(at).taken == 3 and run_of(at).engine is engine and engine.step == 3
     assert at.query_params["step"] == "2"
+    # The next step is one the engine has run: Next shows it, and the line says so.
+    said = [c.value for c in at.caption]
+    assert [c for c in said if c.startswith("Next: step 3, ")
+            and c.endswith("(already applied: Next views it).")], said
     # The slider: step 1, A alone in three blocks.
     assert (at.slider(key="tour_slider").min, at.slider(key="tour_slider").max) == (0, 3)
     at.slider(key="tour_slider").set_value(1).run()

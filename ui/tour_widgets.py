@@ -273,7 +273,9 @@ def narration(run: TourRun, frame: Frame) -> None:
             st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, was stopped: the run "
                        "ends here.")
         elif upcoming is not None:
-            st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}.")
+            # Viewing the past, Next shows a step the engine has run, not runs it.
+            done = " (already applied: Next views it)" if frame.step < run.taken else ""
+            st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}{done}.")
         elif frame.step == run.total:
             st.caption("This is the last step.")
     # Short enough for the narration column beside an open sidebar on a 1024 px window.
