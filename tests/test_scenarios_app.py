@@ -284,7 +284,7 @@ def test_a_link_opens_a_given_step() -> None:
 def test_a_parameter_given_twice_is_said_and_written_back_once() -> None:
     at = open_tour("08-fork-copy-on-write", ["3", "4"])   # &step=3&step=4
     assert viewed_step(at) == 4
-    assert "The link gives step 2 times; the last, '4', is used." in [
+    assert "The link gives step twice; the last, '4', is used." in [
         i.value for i in at.info]
     assert at.query_params == {"scenario": "08-fork-copy-on-write", "step": "4"}
 
@@ -328,6 +328,12 @@ def test_the_link_keeps_steps_applied_past_the_view() -> None:
         "The link's applied '3' counts only beside a scenario and a step; it is ignored."]
     unknown = open_tour("no-such", "2", applied="3")
     assert not unknown.info and len(unknown.error) == 1
+    # Beside a step that is no step of the scenario, the step's error says so too.
+    past = open_tour("08-fork-copy-on-write", "9", applied="2")
+    assert [e.value for e in past.error] == [
+        "The link's step '9' is not a step of this scenario (0 to 6); showing step 0. Its "
+        "applied '2' is ignored with it."]
+    assert viewed_step(past) == 0 and not past.info
 
 
 @pytest.mark.parametrize("behind", [1, 2])

@@ -238,7 +238,8 @@ def _apply_link() -> None:
     for key in LINK_PARAMS:
         given = params.get_all(key)
         if len(given) > 1:
-            say("info", f"The link gives {key} {len(given)} times; the last, "
+            times = "twice" if len(given) == 2 else f"{len(given)} times"
+            say("info", f"The link gives {key} {times}; the last, "
                         f"{_quoted(given[-1])}, is used.")
     stems = shipped_paths()
     if name is not None and (t.run is None or name != t.run.key):
@@ -261,8 +262,10 @@ def _apply_link() -> None:
         return
     n = parse_step(step, run.total)
     if n is None:
+        dropped = ("" if applied is None else
+                   f" Its applied {_quoted(applied)} is ignored with it.")
         say("error", f"The link's step {_quoted(step)} is not a step of this scenario (0 to "
-                      f"{run.total}); showing step 0.")
+                      f"{run.total}); showing step 0.{dropped}")
         t.view = 0
         return
     # Steps the link says were applied past the view are taken again (a reload after
