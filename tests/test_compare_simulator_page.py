@@ -20,6 +20,7 @@ from tests.compare_support import BLOCK_SIZE, CALCULATOR, DEPLOYMENT, SIMULATOR,
 from tests.test_app_reliability import unescaped_images
 from ui import bars as ui_bars
 from ui.compare import sim_runs
+from ui.compare.sim_inputs import MAX_UPLOAD_BYTES
 from ui.compare.sim_runs import RUNS
 
 
@@ -150,6 +151,9 @@ def test_an_azure_trace_with_budgets_on_the_page() -> None:
 def test_an_uploaded_trace_is_checked_whole() -> None:
     at = start()
     at.selectbox(key="cmp_sim_workload").set_value("upload").run()
+    # Past the page's limit the browser still sends the file, to be refused on the page.
+    assert at.file_uploader(key="cmp_sim_upload").proto.max_upload_size_mb << 20 \
+        >= 2 * MAX_UPLOAD_BYTES
     at.button(key="cmp_sim_run").click().run()
     assert any(e.value == "Upload a trace first." for e in at.error)
     bad = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n1,100,-3\n"

@@ -341,6 +341,9 @@ def test_a_snapshot_of_another_schema_version_is_refused() -> None:
 def test_an_oversized_snapshot_is_refused_unread() -> None:
     at = shared_state()
     before = playground_state(at)
+    # Past the limit, the browser still sends the file, to be refused here on the page.
+    assert at.file_uploader(key="import_snapshot").proto.max_upload_size_mb << 20 \
+        >= 2 * MAX_SNAPSHOT_BYTES
     upload(at, b" " * (MAX_SNAPSHOT_BYTES + 1), "huge.json")
     assert [e.value for e in at.error] == [
         f"Refused the snapshot in 'huge.json': it is {MAX_SNAPSHOT_BYTES + 1:,} bytes; the "

@@ -465,6 +465,10 @@ def test_a_malformed_scenario_upload_names_the_problem(data: bytes, message: str
 
 def test_an_oversized_scenario_upload_is_refused_unread() -> None:
     at = open_tour("03-growth")
+    # The browser lets a file past the limit through (twice the limit), so that this
+    # refusal, on the page, is what a person sees, not Streamlit's mark on the file's chip.
+    assert at.file_uploader(key="tour_file").proto.max_upload_size_mb << 20 \
+        >= 2 * MAX_SCENARIO_BYTES
     upload(at, "huge.json", b" " * (MAX_SCENARIO_BYTES + 1))
     assert [e.value for e in at.error] == [
         f"Scenario file refused: huge.json is {MAX_SCENARIO_BYTES + 1:,} bytes; the limit is "

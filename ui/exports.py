@@ -38,6 +38,7 @@ from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.views.text import plain_md
 from ui import engine_actions, session
+from ui.uploads import uploader_mib
 
 Snapshot = dict[str, Any]
 
@@ -156,7 +157,7 @@ def import_panel() -> None:
     # a filter's refusal would be Streamlit's chip, which stays beside later uploads.
     st.file_uploader(
         "Upload a snapshot (JSON)", key=IMPORT_KEY, on_change=_on_import,
-        max_upload_size=MAX_SNAPSHOT_BYTES >> 20,
+        max_upload_size=uploader_mib(MAX_SNAPSHOT_BYTES),
         help="A snapshot downloaded here or written by `python -m backend run --out`. Its "
              "requests, blocks, reference counts, cached hashes, tokens and events are "
              "restored exactly, K/V recomputed from the tokens; the pool and model settings "

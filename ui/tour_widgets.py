@@ -33,6 +33,7 @@ from backend.views.text import md_code, notes_text, plain_md
 from ui import a11y, clicks, engine_actions, tour
 from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
+from ui.uploads import uploader_mib
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0)
 # Numbers each drawing of the messages (see `messages`).
@@ -170,7 +171,7 @@ def picker(run: TourRun) -> None:
         # No type filter, as for snapshots (ui/exports.py): the content is checked.
         st.file_uploader(
             "Scenario file (JSON)", key="tour_file", on_change=_on_upload,
-            max_upload_size=MAX_SCENARIO_BYTES >> 20,
+            max_upload_size=uploader_mib(MAX_SCENARIO_BYTES),
             help="CONTRACT.md's scenario format: config, steps, and optionally a narration "
                  "and expected numbers per step. Its form is checked whole before anything "
                  "runs; a step the engine refuses (a request that does not exist) stops the "

@@ -27,6 +27,7 @@ from backend.views.compare.deployment import as_typed, rate_text
 from backend.views.text import plain_md
 from ui.compare import refuse
 from ui.numbers import Fields
+from ui.uploads import uploader_mib
 
 PAGE_MAX_REQUESTS = 20_000   # the CLI handles 100k; the page stays interactive
 MAX_UPLOAD_BYTES = 8 << 20   # some 220,000 rows of the Azure format
@@ -65,7 +66,7 @@ def _uploaded(prefix: str) -> tuple[str, Trace] | None:
     # No type filter, as for snapshots (ui/exports.py): the content is checked.
     f = st.file_uploader(
         "Trace (CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens)",
-        key=f"{prefix}_upload", max_upload_size=MAX_UPLOAD_BYTES >> 20,
+        key=f"{prefix}_upload", max_upload_size=uploader_mib(MAX_UPLOAD_BYTES),
         help=f"At most {MAX_UPLOAD_BYTES >> 20} MiB. TIMESTAMP is a date and time "
              "(2023-11-16 18:17:03.98) or seconds; rows in arrival order.")
     kept = ss.get(_UPLOAD_STATE)
