@@ -247,7 +247,12 @@ def test_the_arena_says_who_waits_and_who_fell_behind_the_paged_pool() -> None:
 def test_paths_read_as_words() -> None:
     assert tv.describe_path("requests.A.block_table") == "A's block table"
     assert tv.describe_path("blocks.2.ref_count") == "block 2: ref count"
-    assert tv.describe_path("metrics.cow_copies") == "cow copies"
+    # A metric as its card on the page names it, so a student can find it there.
+    assert tv.describe_path("metrics.cow_copies") == "Copy-on-write copies"
+    assert tv.describe_path("metrics.internal_waste_slots") == "Internal waste"
+    assert tv.describe_path("metrics.prefix_hit_tokens") == "Prefix-cache hits (tokens)"
+    assert tv.describe_path("kernel.num_seqs") == "kernel: sequences in its last step"
+    assert tv.describe_path("metrics.some_count") == "some count"
     assert tv.describe_path("address.A.6") == "address of A's token 6"
     # Sample and beam ids hold dots: the id runs to the field after it.
     assert tv.describe_path("requests.B.13.finish_reason") == "B.13's finish reason"

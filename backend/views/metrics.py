@@ -15,6 +15,26 @@ from backend.views.glossary import METRICS
 from backend.views.model import format_bytes
 from backend.views.tokens import Snapshot
 
+# The metrics panel's name for each snapshot metric it shows: a scenario's checks name a
+# metric as its card does, so a student finds it on screen. Where one card shows two
+# metrics (hits in blocks and tokens), the unit tells them apart.
+CARD_NAMES: dict[str, str] = {
+    "preemptions": "Preemptions",
+    "used_blocks": "Used blocks",
+    "cached_blocks": "Cached blocks",
+    "free_blocks": "Free blocks",
+    "filled_slots": "Filled slots",
+    "internal_waste_slots": "Internal waste",
+    "shared_blocks": "Shared blocks",
+    "blocks_saved_by_sharing": "Blocks saved by sharing",
+    "cow_copies": "Copy-on-write copies",
+    "prefix_queries": "Prefix-cache queries",
+    "prefix_query_tokens": "Prefix-cache queries (tokens)",
+    "prefix_hit_blocks": "Prefix-cache hits (blocks)",
+    "prefix_hit_tokens": "Prefix-cache hits (tokens)",
+    "prefix_floor_tokens": "Uncacheable prompt tail",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class MetricItem:
@@ -59,30 +79,31 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
           if c.get("preemption") == "swap" or "swapped" in status else []),
         MetricItem("Requests", "Finished requests", str(status.count("finished")),
                    finished_help),
-        MetricItem("Requests", "Preemptions", str(m["preemptions"]),
+        MetricItem("Requests", CARD_NAMES["preemptions"], str(m["preemptions"]),
                    METRICS["preemptions"]),
-        MetricItem("Blocks", "Used blocks", f"{used} / {n}",
+        MetricItem("Blocks", CARD_NAMES["used_blocks"], f"{used} / {n}",
                    METRICS["used_blocks"]),
-        MetricItem("Blocks", "Cached blocks", str(m["cached_blocks"]),
+        MetricItem("Blocks", CARD_NAMES["cached_blocks"], str(m["cached_blocks"]),
                    METRICS["cached_blocks"]),
-        MetricItem("Blocks", "Free blocks", str(m["free_blocks"]),
+        MetricItem("Blocks", CARD_NAMES["free_blocks"], str(m["free_blocks"]),
                    f"{METRICS['free_blocks']} Blocks the free queue can hand out: "
                    f"{m['free_blocks'] + m['cached_blocks']} (free and cached)."),
         MetricItem("Blocks", "Block usage", percent(used / n if n else 0.0),
                    "Used blocks over all blocks."),
         MetricItem("Slots", "Slot occupancy", percent(occupancy),
                    "Filled token slots over the slots of used blocks: the rest is tail waste."),
-        MetricItem("Slots", "Filled slots", f"{m['filled_slots']} / {slots_in_used}",
+        MetricItem("Slots", CARD_NAMES["filled_slots"], f"{m['filled_slots']} / {slots_in_used}",
                    METRICS["filled_slots"]),
-        MetricItem("Slots", "Internal waste", counted(m['internal_waste_slots'], 'slot'),
+        MetricItem("Slots", CARD_NAMES["internal_waste_slots"],
+                   counted(m['internal_waste_slots'], 'slot'),
                    f"Empty slots inside used blocks: at most {bs - 1} per unshared request."),
-        MetricItem("Sharing", "Shared blocks", str(m["shared_blocks"]),
+        MetricItem("Sharing", CARD_NAMES["shared_blocks"], str(m["shared_blocks"]),
                    METRICS["shared_blocks"]),
-        MetricItem("Sharing", "Blocks saved by sharing", str(saved),
+        MetricItem("Sharing", CARD_NAMES["blocks_saved_by_sharing"], str(saved),
                    METRICS["blocks_saved_by_sharing"]),
         MetricItem("Sharing", "Bytes saved by sharing", format_bytes(saved * bpb),
                    "Blocks saved by sharing × bytes per block."),
-        MetricItem("Sharing", "Copy-on-write copies", str(m["cow_copies"]),
+        MetricItem("Sharing", CARD_NAMES["cow_copies"], str(m["cow_copies"]),
                    METRICS["cow_copies"]),
         MetricItem("Prefix cache", "Prefix-cache queries",
                    f"{queries} ({counted(q_tokens, 'token')})",
@@ -90,7 +111,7 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
         MetricItem("Prefix cache", "Prefix-cache hits",
                    f"{counted(m['prefix_hit_blocks'], 'block')} "
                    f"({counted(hit_tokens, 'token')})", METRICS["prefix_hit_blocks"]),
-        MetricItem("Prefix cache", "Uncacheable prompt tail", counted(floor, "token"),
+        MetricItem("Prefix cache", CARD_NAMES["prefix_floor_tokens"], counted(floor, "token"),
                    METRICS["prefix_floor_tokens"]),
         MetricItem("Memory", "Bytes per block", format_bytes(bpb),
                    "2 (K and V) × layers × KV heads × head dim × block size × bytes per "

@@ -19,6 +19,7 @@ from backend.views.describe import capped, span
 from backend.views.glossary import path_help
 from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
 from backend.views.html import term_html
+from backend.views.metrics import CARD_NAMES
 from backend.views.model import Snapshot, owner_index
 
 MAX_VALUE_CHARS = 120
@@ -116,6 +117,12 @@ def value_text(path: str, value: Any) -> str:
     return format_value(value)
 
 
+# The kernel panel's fields as its lines say them.
+KERNEL_NAMES = {"num_seqs": "kernel: sequences in its last step",
+                "num_query_tokens": "kernel: query tokens in its last step",
+                "max_abs_err": "kernel: max |paged − contiguous reference|"}
+
+
 def describe_path(path: str) -> str:
     """An expectation's path in words: 'requests.A.block_table' -> "A's block table"."""
     parts = path.split(".")
@@ -133,9 +140,9 @@ def describe_path(path: str) -> str:
     if head == "blocks" and len(rest) == 2:
         return f"block {rest[0]}: {words(rest[1])}"
     if head == "metrics" and len(rest) == 1:
-        return words(rest[0])
+        return CARD_NAMES.get(rest[0], words(rest[0]))
     if head == "kernel" and len(rest) == 1:
-        return f"kernel {words(rest[0])}"
+        return KERNEL_NAMES.get(rest[0], f"kernel {words(rest[0])}")
     if head == "address" and len(rest) >= 2:
         return f"address of {'.'.join(rest[:-1])}'s token {rest[-1]}"
     if head == "events" and len(rest) == 1:
