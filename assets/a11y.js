@@ -55,6 +55,7 @@
                        // way down: where it was, should all of those go
   let runs = 0;        // the changes of run state seen in this tab
   let runsThen = 0;    // ... when it was focused
+  let pathThen = null; // the page it was on
   let keyboard = false;  // the last input was a key, not a pointer
 
   const following = (el) => controls(document).find(
@@ -84,6 +85,7 @@
       trail.push([a, [...a.children].indexOf(c)]);
     }
     runsThen = runs;
+    pathThen = location.pathname;
   });
 
   // The control a widget's box `k` holds of the same kind as `want` ([tag, type]); none
@@ -127,6 +129,18 @@
     // Only a run moves it: what the browser or a widget did by itself (a chart's full
     // screen, a list box opening) is theirs.
     if (last === null || !lost() || usable(last) || runs === runsThen) return;
+    if (location.pathname !== pathThen) {
+      // The control took the person to another page (Continue in the Playground): its
+      // neighbours there are nothing they chose. The new page's heading takes the focus,
+      // where Tab goes on from its top, once its run has drawn it.
+      const title = running() ? null : document.querySelector("[data-testid='stMain'] h1");
+      if (title !== null) {
+        title.tabIndex = -1;
+        title.focus();
+        last = null;
+      }
+      return;
+    }
     let target = byKey(key, like);
     // Anything else waits for the run to draw the page: until then a control that
     // stays may be missing for a moment.

@@ -151,6 +151,33 @@ def test_focus_moves_on_when_the_pressed_control_is_disabled_or_removed(
         page.close()
 
 
+def test_a_control_that_opens_another_page_leaves_the_focus_on_its_heading(
+        browser: Browser, app_url: str) -> None:
+    # Continue in the Playground goes to another page: the focus goes to its title, from
+    # where Tab walks the page from the top, not to a control halfway down it (the block
+    # grid's toolbar, as the rule for a control that went away once gave).
+    page = browser.new_page(viewport={"width": 1366, "height": 900})
+    page.set_default_timeout(T)
+    try:
+        page.goto(f"{app_url}/tour?scenario=03-growth&step=0")
+        go = page.get_by_role("button", name="Continue in the Playground")
+        expect(go).to_be_visible(timeout=T)
+        idle(page)
+        keyboard_focus(page, go)
+        page.keyboard.press("Enter")
+        expect(page.get_by_role("heading", name="Playground", level=1)).to_be_visible(
+            timeout=T)
+        idle(page)
+        page.wait_for_function("() => document.activeElement.tagName === 'H1'", timeout=T)
+        assert page.evaluate(FOCUSED)["text"].startswith("Playground")
+        page.keyboard.press("Tab")
+        # Tab goes on from the top of the new page's main area.
+        assert page.evaluate("() => document.querySelector(\"[data-testid='stMain']\")"
+                             ".contains(document.activeElement)")
+    finally:
+        page.close()
+
+
 def test_results_drawn_in_place_are_read_out(
         browser: Browser, app_url: str, screenshots: Path) -> None:
     page = browser.new_page(viewport={"width": 1440, "height": 1400})
