@@ -104,8 +104,18 @@
   // can replace it), else what is now where it was in its nearest ancestor still in
   // the page (what followed it may have gone with it), else the control before it then.
   const then = ([c, k]) => (usable(c) ? c : k === null ? null : byKey(k, kind(c)));
+  // A button whose press disabled it hands the focus to a button of its own row where
+  // one follows it, else the next control: Next on a scenario's last step (Play is
+  // disabled with it) goes to Reset, not to the speed slider, where Enter does nothing
+  // and an arrow key changes the speed.
+  const rowButton = (el) => {
+    const row = el.tagName === "BUTTON" ? el.closest("[data-testid='stHorizontalBlock']") : null;
+    if (row === null) return null;
+    return controls(row).find((c) => c.tagName === "BUTTON"
+      && el.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING) ?? null;
+  };
   const after = () => {
-    if (last.isConnected) return following(last) ?? preceding(last) ?? null;
+    if (last.isConnected) return rowButton(last) ?? following(last) ?? preceding(last) ?? null;
     const [next, before] = around;
     return (next && then(next)) ?? where() ?? (before && then(before)) ?? null;
   };

@@ -174,6 +174,17 @@ def test_a_control_that_opens_another_page_leaves_the_focus_on_its_heading(
         # Tab goes on from the top of the new page's main area.
         assert page.evaluate("() => document.querySelector(\"[data-testid='stMain']\")"
                              ".contains(document.activeElement)")
+        # Next on a scenario's last step disables itself and Play: the focus goes on to
+        # the row's next button, Reset, not to the speed slider between them.
+        page.goto(f"{app_url}/tour?scenario=03-growth&step=3")
+        nxt = page.get_by_role("button", name="Next", exact=True)
+        expect(nxt).to_be_enabled(timeout=T)
+        idle(page)
+        keyboard_focus(page, nxt)
+        page.keyboard.press("Enter")
+        expect(nxt).to_be_disabled(timeout=T)
+        idle(page)
+        focused_on(page, "tour_reset")
     finally:
         page.close()
 
