@@ -413,6 +413,24 @@ def test_choosing_a_scenario_starts_it_and_updates_the_link() -> None:
     assert "## Cached blocks outlive their request" in markdown(at)
     assert at.query_params == {"scenario": "13-cache-revival", "step": "0"}
     assert metrics(at)["Used blocks"] == "0 / 10"
+    # Nothing was applied: nothing is left behind, and nothing is said.
+    assert not at.info
+    # A scenario left after some steps is not kept: the page says so, and how to get back.
+    click(at, "tour_next")
+    click(at, "tour_next")
+    at.selectbox(key="tour_pick").select("03-growth").run()
+    assert [i.value for i in at.info] == [
+        "Left “Cached blocks outlive their request” after 2 of its 8 steps: picking it again "
+        "starts it over (the browser's Back returns to it where it was)."]
+    assert run_of(at).key == "03-growth" and run_of(at).taken == 0
+    # An upload has no address to go back to.
+    upload(at, "mine.json", json.dumps({"name": "Mine", "steps": [
+        {"op": "add", "request": "A", "prompt": "hi"}]}).encode())
+    click(at, "tour_next")
+    at.selectbox(key="tour_pick").select("03-growth").run()
+    assert [i.value for i in at.info] == [
+        "Left “Mine (uploaded: mine.json)” after 1 of its 1 step: upload it again to start "
+        "it over."]
 
 
 # ---- uploads -----------------------------------------------------------------------------

@@ -89,8 +89,16 @@ def _on_slider() -> None:
 def _on_pick() -> None:
     # Read before waiting for the state's lock (see ui/tour.py's `state`).
     key, ctx = st.session_state["tour_pick"], tour.LoadContext.read()
-    with tour.held():
-        load(key, ctx)
+    with tour.held() as t:
+        left = t.run
+        if load(key, ctx) and left is not None and left.taken and left.key != key:
+            # Its run is not kept (an engine per scenario would keep its K/V): say so,
+            # and how to get back to it, rather than lose it without a word.
+            back = ("upload it again to start it over" if left.key == UPLOAD else
+                    "picking it again starts it over (the browser's Back returns to it "
+                    "where it was)")
+            say("info", f"Left “{left.title}” after {left.taken} of its "
+                        f"{counted(left.total, 'step')}: {back}.")
 
 
 def _on_upload() -> None:
