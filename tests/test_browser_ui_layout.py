@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.browser_support import in_app, scroll_to
 from tests.test_browser import T, metric_is, shoot, shows
@@ -88,18 +88,26 @@ def labels_fit(page: Page, prefix: str) -> None:
     assert len(set(texts)) == len(texts) == len(DOWNLOADS), texts
 
 
+def open_playground(page: Page, app_url: str, *, torch: bool = True) -> Locator:
+    """The Playground opened in `page`, its kernel switched to torch (Triton's interpreter
+    is slow) unless `torch` is False; its Add request button."""
+    page.set_default_timeout(T)
+    page.goto(f"{app_url}/lab")
+    add = page.get_by_role("button", name="Add request")
+    expect(add).to_be_visible(timeout=60_000)
+    if torch:
+        sidebar = page.get_by_test_id("stSidebar")
+        expect(sidebar).to_be_visible(timeout=T)
+        sidebar.get_by_text("torch", exact=True).click()
+        shows(sidebar, "Next step runs on torch")
+    return add
+
+
 def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
         app_url: str, browser: Browser, screenshots: Path) -> None:
     page = browser.new_page(viewport=VIEWPORT)
     try:
-        page.set_default_timeout(T)
-        page.goto(f"{app_url}/lab")
-        add = page.get_by_role("button", name="Add request")
-        expect(add).to_be_visible(timeout=60_000)
-        sidebar = page.get_by_test_id("stSidebar")
-        expect(sidebar).to_be_visible(timeout=T)         # open: the narrow case
-        sidebar.get_by_text("torch", exact=True).click()
-        shows(sidebar, "Next step runs on torch")
+        add = open_playground(page, app_url)      # the sidebar open: the narrow case
         # Two requests: the grid, tables, layouts, translator and its K chart all drawn.
         add.click()
         shows(in_app(page).get_by_text("Step 1: add A"))
@@ -154,7 +162,7 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
         assert box.evaluate(after) == "none"
 
         # The Scenarios page, with the contiguous arena under the grid.
-        sidebar.get_by_role("link", name="Scenarios").click()
+        page.get_by_test_id("stSidebar").get_by_role("link", name="Scenarios").click()
         shows(page.get_by_role("heading", name="The contiguous allocation problem"))
         nxt = page.get_by_role("button", name="Next", exact=True)
         for n in range(1, 6):
@@ -182,10 +190,7 @@ def test_on_a_phone_nothing_scrolls_sideways_and_the_sharing_charts_are_whole(
                                   is_mobile=True, has_touch=True)
     try:
         page = context.new_page()
-        page.set_default_timeout(T)
-        page.goto(f"{app_url}/lab")
-        add = page.get_by_role("button", name="Add request")
-        expect(add).to_be_visible(timeout=60_000)
+        add = open_playground(page, app_url, torch=False)
         add.click()
         shows(in_app(page).get_by_text("Step 1: add A"))
         shows(page.locator(".pl-legend"), "cached")
@@ -235,13 +240,7 @@ def test_the_event_log_is_as_tall_as_its_rows_up_to_a_cap(
     window's height, at most 560 px)."""
     page = browser.new_page(viewport=VIEWPORT)
     try:
-        page.set_default_timeout(T)
-        page.goto(f"{app_url}/lab")
-        add = page.get_by_role("button", name="Add request")
-        expect(add).to_be_visible(timeout=60_000)
-        sidebar = page.get_by_test_id("stSidebar")
-        sidebar.get_by_text("torch", exact=True).click()       # Triton's interpreter is slow
-        shows(sidebar, "Next step runs on torch")
+        add = open_playground(page, app_url)
         shows(in_app(page).get_by_text("No events yet."))
         empty = page.evaluate(EVENT_BOX)
         assert empty["box"] is None or empty["box"] <= empty["rows"] + 4, empty
