@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,35 +121,33 @@ def test_cli_replays_an_azure_trace_prefix(tmp_path: Path) -> None:
 
 
 def test_cli_max_policy_reserves_what_a_recorded_trace_needs(tmp_path: Path) -> None:
+    out = tmp_path / "R.json"
+
+    def reserved(workload: str, *flags: str) -> dict[str, Any]:
+        """RESULT.json of the max policy on `workload` with `flags`."""
+        assert run_cli(["--workload", workload, "--policy", "max", *flags,
+                        "--out", str(out)]) == 0
+        data: dict[str, Any] = json.loads(out.read_text())
+        return data
+
     # Azure's requests run past the 2,048-token default: without --max-len the max policy
     # reserves the next power of two that holds the whole trace's longest (7,841 tokens in
     # azure-code: 8,192), as the page's field does, so every policy replays every workload.
-    out = tmp_path / "R.json"
     assert int(recorded_trace("azure-code").final_len.max()) == 7841
-    assert run_cli(["--workload", "azure-code", "--policy", "max", "--requests", "300",
-                    "--capacity-tokens", "40000", "--out", str(out)]) == 0
-    data = json.loads(out.read_text())
+    data = reserved("azure-code", "--requests", "300", "--capacity-tokens", "40000")
     assert data["max_len"] == 8192 and data["mean_batch_size"] <= 40000 // 8192
     # Also for a prefix whose own longest is shorter: azure-conv's first 5 reach 934
     # tokens, the whole trace 14,089 (16,384).
     assert int(replay_trace(recorded_trace("azure-conv"), requests=5).final_len.max()) == 934
-    assert run_cli(["--workload", "azure-conv", "--policy", "max", "--requests", "5",
-                    "--capacity-tokens", "70000", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["max_len"] == 16384
+    assert reserved("azure-conv", "--requests", "5",
+                    "--capacity-tokens", "70000")["max_len"] == 16384
     # At most the capacity: azure-conv's 16,384 in the default 15,360 slots.
-    assert run_cli(["--workload", "azure-conv", "--policy", "max", "--requests", "5",
-                    "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["max_len"] == 15360
+    assert reserved("azure-conv", "--requests", "5")["max_len"] == 15360
     # Given, --max-len is the reservation, here and for a synthetic trace.
-    assert run_cli(["--workload", "azure-code", "--policy", "max", "--requests", "300",
-                    "--capacity-tokens", "40000", "--max_len", "10000", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["max_len"] == 10000
-    assert run_cli(["--workload", "sharegpt", "--policy", "max", "--requests", "50",
-                    "--max-len", "4096", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["max_len"] == 4096
-    assert run_cli(["--workload", "sharegpt", "--policy", "max", "--requests", "50",
-                    "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["max_len"] == 2048
+    assert reserved("azure-code", "--requests", "300", "--capacity-tokens", "40000",
+                    "--max_len", "10000")["max_len"] == 10000
+    assert reserved("sharegpt", "--requests", "50", "--max-len", "4096")["max_len"] == 4096
+    assert reserved("sharegpt", "--requests", "50")["max_len"] == 2048
 
 
 def test_cli_takes_the_scheduler_budgets_by_either_spelling(tmp_path: Path) -> None:

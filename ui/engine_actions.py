@@ -248,7 +248,7 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     except PagedLabError as exc:
         sess.flash("error", f"Refused: {exc}")
         return loaded
-    kept = _kept(sess) if keep else None
+    kept = kept_row(sess.tab, sess.engine) if keep else None
     if detach or kept is not None:
         sess.detach()
     elif sess.tab.id is None:
@@ -283,9 +283,6 @@ def kept_row(tab: saved.Tab, engine: Engine) -> Kept | None:
         return None
     return Kept(tab.id, tab.synced and tab.pending_claim is None)
 
-
-def _kept(sess: OpSession) -> Kept | None:
-    return kept_row(sess.tab, sess.engine)
 
 
 def _kept_sentence(kept: Kept | None) -> str:
@@ -324,7 +321,7 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
             problem = REPLACED_TOO_OFTEN
         else:
             s = sess.settings
-            kept = _kept(sess)
+            kept = kept_row(sess.tab, sess.engine)
             if config is not None:
                 try:
                     loaded = load_weights(Settings(config, s.device, s.kernel), work)
