@@ -19,6 +19,7 @@ from backend.engine.prompts import prompt_ids
 from backend.engine.request import Request, kept_for_sample
 
 if TYPE_CHECKING:
+    from backend.core.config import EngineConfig
     from backend.engine.engine import Engine
 
 
@@ -202,9 +203,17 @@ def finish(engine: Engine, op: Finish) -> None:
 
 def shuffle(engine: Engine, op: Shuffle) -> None:
     """Mutates: move every used block to another physical block, tables rewritten."""
-    seed = op.seed if op.seed is not None else (engine.config.seed * 1_000_003 + engine.step)
+    seed = (op.seed if op.seed is not None
+            else default_shuffle_seed(engine.config, engine.step + 1))
     moves = engine.manager.apply_remap(engine.manager.plan_remap(seed))
     engine.runner.move_blocks([m.src for m in moves], [m.dst for m in moves])
+
+
+def default_shuffle_seed(config: EngineConfig, step: int) -> int:
+    """The seed of a `shuffle` that gives none, as operation `step` (the step its events
+    carry): the config's seed and the step, so that each such shuffle moves blocks
+    differently."""
+    return config.seed * 1_000_003 + step - 1
 
 
 def running_request(engine: Engine, request_id: str, action: str) -> Request:

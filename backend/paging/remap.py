@@ -11,7 +11,7 @@ imports it.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 from backend.core.errors import PagedLabError
 from backend.paging.block_pool import BlockPool
@@ -25,13 +25,20 @@ def plan_remap(pool: BlockPool, seed: int) -> dict[int, int]:
     exception). Free and cached blocks are permuted too; their place in
     the free queue is kept.
     """
-    n = pool.num_blocks
+    return remap_permutation(pool.num_blocks, {b.id for b in pool.blocks if b.ref_count > 0},
+                             seed)
+
+
+def remap_permutation(num_blocks: int, used: Container[int], seed: int) -> dict[int, int]:
+    """`plan_remap` of a pool of `num_blocks` whose blocks `used` have references: a
+    function of these alone, so a snapshot restore can repeat a shuffle's plan."""
+    n = num_blocks
     rng = random.Random(seed)
     perm = list(range(n))
     rng.shuffle(perm)
     if n > 1:
         for b in range(n):
-            if perm[b] == b and pool.blocks[b].ref_count > 0:
+            if perm[b] == b and b in used:
                 # Swapping with any other index removes this fixed point
                 # without creating another (perm is a bijection).
                 j = rng.randrange(n - 1)
