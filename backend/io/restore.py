@@ -29,6 +29,7 @@ from backend.engine.request import Request
 from backend.engine.results import KernelReport
 from backend.io.json_input import FieldReader, listed_by_id, non_negative, unread_note
 from backend.io.recompute import Progress, recompute_kv
+from backend.io.restore_derive import DERIVABLE, derive_missing, derived_note
 from backend.io.restore_host import restore_host
 from backend.io.restore_requests import read_requests, read_scheduler
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
@@ -61,9 +62,15 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
                             MAX_JSON_INT)
         if claimed != config.bytes_per_block:
             raise PagedLabError(_bytes_per_block_differs(config, claimed))
+    derived = derive_missing(data, config)
+    if derived:
+        # A file with the contract's fields alone: the completed file is read instead,
+        # and checked the same way (the derived fields count as read).
+        top = FieldReader({**data, **derived}, "snapshot")
+        top.accept("schema_version", "config")
     engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference)
     try:
-        metrics = _restore_into(engine, top)
+        metrics = _restore_into(engine, top, derived="prefix_cache" in derived)
         engine.manager.check_integrity()
         recompute_kv(engine, progress)
         engine.check_requests()
@@ -73,31 +80,40 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     # blocks then has no edited block or request behind it to name instead.
     _check_totals(engine, metrics)
     unread = tuple(top.unread())
-    if unread:
-        with _UNREAD_LOCK:
-            _UNREAD[engine] = unread
+    if unread or derived:
+        with _RECORD_LOCK:
+            _RECORD[engine] = (unread, tuple(k for k in DERIVABLE if k in derived))
     return engine
 
 
-# The fields of each restored engine's snapshot that restore did not read, until
-# the engine is collected (engines that read every field are not listed).
-_UNREAD: weakref.WeakKeyDictionary[Engine, tuple[str, ...]] = weakref.WeakKeyDictionary()
-_UNREAD_LOCK = threading.Lock()
+# Per restored engine, until it is collected: the fields of its snapshot that restore
+# did not read, and those it derived (engines with neither are not listed).
+_RECORD: weakref.WeakKeyDictionary[Engine, tuple[tuple[str, ...], tuple[str, ...]]] = (
+    weakref.WeakKeyDictionary())
+_RECORD_LOCK = threading.Lock()
 
 
 def unread_fields(engine: Engine) -> tuple[str, ...]:
     """The path of each field ("snapshot.requests[0].max_new_tokns") that the snapshot
     `engine` was restored from holds and restore did not read, in file order. Empty for
     an engine no restore built, or whose snapshot held only fields PagedLab reads."""
-    with _UNREAD_LOCK:
-        return _UNREAD.get(engine, ())
+    with _RECORD_LOCK:
+        return _RECORD.get(engine, ((), ()))[0]
+
+
+def derived_fields(engine: Engine) -> tuple[str, ...]:
+    """The fields of DERIVABLE that the snapshot `engine` was restored from lacked and
+    restore derived from its other fields (restore_derive.py); empty for any other."""
+    with _RECORD_LOCK:
+        return _RECORD.get(engine, ((), ()))[1]
 
 
 def restore_notes(engine: Engine) -> list[str]:
-    """What the user who restored `engine` should be told besides the state: at most one
-    sentence, without its final full stop (shown as "Note: ...."), naming the fields
-    restore ignored (`unread_fields`, the first NOTED_FIELDS of them, the rest counted)."""
-    return unread_note(unread_fields(engine))
+    """What the user who restored `engine` should be told besides the state: at most two
+    sentences, each without its final full stop (shown as "Note: ...."): the fields
+    restore ignored (`unread_fields`, the first NOTED_FIELDS of them, the rest counted),
+    and the fields it derived (`derived_fields`)."""
+    return [*unread_note(unread_fields(engine)), *derived_note(derived_fields(engine))]
 
 
 def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:
@@ -112,9 +128,10 @@ def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:
             "it implies")
 
 
-def _restore_into(engine: Engine, top: FieldReader) -> FieldReader:
+def _restore_into(engine: Engine, top: FieldReader, *, derived: bool) -> FieldReader:
     """Everything but the K/V and the totals' check into `engine`; returns the reader of
-    `snapshot.metrics`, whose derived totals `_check_totals` compares at the end."""
+    `snapshot.metrics`, whose derived totals `_check_totals` compares at the end.
+    `derived`: the prefix cache was derived from the requests' tokens, not read."""
     c = engine.config
     bs = c.block_size
     m = engine.manager
@@ -172,6 +189,12 @@ def _restore_into(engine: Engine, top: FieldReader) -> FieldReader:
                                 f"its ref_count and hash make it {want!r}")
         check_int(filled, f"{r.where}.num_filled", 0, bs)
         if digest is not None and digest not in nodes:
+            if derived:
+                raise PagedLabError(
+                    f"{r.where}.hash {digest} is not the key of any request's tokens, and "
+                    "the snapshot has no prefix_cache to give its tokens (PagedLab keys a "
+                    "block by SHA-256 of the model's settings, the key before it and the "
+                    "block's token ids; README, Snapshots)")
             raise PagedLabError(f"{r.where}.hash {digest} is missing from "
                                 "snapshot.prefix_cache")
         block = pool.blocks[i]

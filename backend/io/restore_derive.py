@@ -1,0 +1,292 @@
+"""What a snapshot with only the contract's fields leaves out, derived from what it holds.
+
+CONTRACT.md's snapshot lists the config, blocks, requests, events and totals. An
+exact restore needs four things more, which PagedLab's own snapshots add
+(backend/io/snapshot.py): the free queue's order, the tokens behind each
+prefix-cache key, the scheduler's queues and the random allocator's pick count.
+A file written by another tool, or by hand, lacks them. `derive_missing` builds
+each one the file lacks from the fields it has; restore.py then checks the
+completed file exactly as it checks one of PagedLab's own.
+
+- `prefix_cache`: every key a block holds, and the keys it chains through,
+  hashed again from the tokens of the requests. Finished requests keep their
+  tokens, so a cached block's tokens are found there.
+- `free_queue`: the allocator's queue replayed through the event log, as
+  BlockPool runs it. A block leaves the queue when an event hands it out, and
+  joins the back when its last reference is freed. Blocks no event touched
+  keep their place from the start, in id order, ahead of every freed block.
+- `scheduler`: the running requests in the order they were last admitted. A
+  new beam goes beside its group, as Scheduler.insert_fork places it. The
+  preempted requests come first among the waiting, the most recent first,
+  since the scheduler requeues them at the front; the others follow in
+  arrival order. Swapped requests are ordered likewise, by their last
+  `swap_out`.
+- `allocator.random_picks`: under `allocation: "random"`, one pick per block
+  handed out that no eviction freed.
+
+The log does not fix everything. A `shuffle` relabels the never-filled free
+blocks without an event. One that gave no seed (the Playground's) is planned
+again from the seed it used, and kept if the plan repeats every logged move;
+after one with a seed of its own, those blocks take the ids left to them in
+ascending order, each in a place such a block held; one that moved no data
+logged nothing, so the replay cannot see it at all. Under random allocation, a
+pinned `add`, or a pick whose probes met no never-filled block, is not told
+apart in the log from the other kind. Events a file leaves out cannot be
+replayed.
+None of this changes the blocks, tables, tokens or totals: those are the
+file's own and are checked as such. It changes only the order in which later
+steps take blocks and admit requests.
+
+Nothing here raises on malformed input: a part it cannot read is skipped, and
+the strict restore names the problem in the file's own terms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from backend.core.config import EngineConfig
+from backend.engine.operations import default_shuffle_seed
+from backend.paging.hashing import hash_prompt_blocks
+from backend.paging.remap import remap_permutation
+
+# The fields derive_missing can build, in the order its note names them.
+DERIVABLE = ("free_queue", "prefix_cache", "scheduler", "allocator")
+
+# Events that put their request in the running list if it is not there yet: every
+# admission allocates (or shares, or revives) at least one block, and a fork names
+# the new request first.
+_ADMITTING = frozenset({"alloc", "prefix_hit", "share", "cow", "evict", "fork", "swap_in"})
+
+
+def derive_missing(data: dict[str, Any], config: EngineConfig) -> dict[str, Any]:
+    """The DERIVABLE fields `data` lacks, derived from its other fields; {} if none is
+    missing. `config` is the snapshot's own, already checked; `data` is not changed."""
+    missing = [key for key in DERIVABLE if key not in data]
+    if not missing:
+        return {}
+    blocks = _objects(data, "blocks")
+    requests = _objects(data, "requests")
+    events = _objects(data, "events")
+    out: dict[str, Any] = {}
+    if "free_queue" in missing:
+        out["free_queue"] = _free_queue(blocks, events, config)
+    if "prefix_cache" in missing:
+        out["prefix_cache"] = _prefix_cache(blocks, requests, config)
+    if "scheduler" in missing:
+        out["scheduler"] = _scheduler(requests, events, swap=config.num_cpu_blocks > 0)
+    if "allocator" in missing:
+        out["allocator"] = {"random_picks": _random_picks(events)
+                            if config.allocation == "random" else 0}
+    return out
+
+
+def derived_note(names: Sequence[str]) -> list[str]:
+    """The note for a restore that derived the fields `names` (in DERIVABLE's order):
+    at most one sentence, without its final full stop, as restore_notes gives them."""
+    if not names:
+        return []
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+    return [f"the snapshot has no {listed}, which PagedLab's snapshots add; "
+            f"{'it was' if len(names) == 1 else 'they were'} derived from its events, "
+            "blocks and requests (README, Snapshots)"]
+
+
+# ---- lenient readers: what cannot be read is skipped, and refused later by name ----
+
+def _objects(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = data.get(key)
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# ---- the four fields -------------------------------------------------------
+
+def _prefix_cache(blocks: list[dict[str, Any]], requests: list[dict[str, Any]],
+                  config: EngineConfig) -> list[dict[str, Any]]:
+    """Every key a block holds and each key it chains through, parents first."""
+    wanted = {b["hash"] for b in blocks if isinstance(b.get("hash"), str)}
+    if not wanted:
+        return []
+    bs = config.block_size
+    salt = config.cache_salt()
+    top_id = config.vocab_size - 1
+    nodes: dict[str, dict[str, Any]] = {}
+    for r in requests:
+        tokens = r.get("tokens")
+        if not isinstance(tokens, list) or not all(
+                _int(t) is not None and 0 <= t <= top_id for t in tokens):
+            continue
+        # No request holds more blocks than the pool, so no key lies deeper.
+        chain = hash_prompt_blocks(tokens[:config.num_blocks * bs], bs, salt)
+        deepest = max((i for i, key in enumerate(chain) if key.digest in wanted), default=-1)
+        for key in chain[:deepest + 1]:
+            nodes.setdefault(key.digest, {"hash": key.digest, "parent": key.parent_digest,
+                                          "tokens": list(key.tokens)})
+    return list(nodes.values())
+
+
+def _free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]],
+                config: EngineConfig) -> list[int]:
+    """The ids of the ref-count-0 blocks in the order the allocator hands them out."""
+    n = config.num_blocks
+    queue: dict[int, None] = dict.fromkeys(range(n))   # insertion-ordered
+    refs: dict[int, int] = {}
+    i = 0
+    while i < len(events):
+        e = events[i]
+        kind = e.get("kind")
+        if kind == "move":
+            # One shuffle: the moves of one step, side by side in the log.
+            moves: dict[int, int] = {}
+            while (i < len(events) and events[i].get("kind") == "move"
+                   and events[i].get("step") == e.get("step")):
+                src, dst = _int(events[i].get("src")), _int(events[i].get("dst"))
+                if src is not None and dst is not None:
+                    moves[src] = dst
+                i += 1
+            step = _int(e.get("step"))
+            queue, refs = _relabel(queue, refs, moves, n, _plan(
+                moves, refs, n, None if step is None else default_shuffle_seed(config, step)))
+            continue
+        i += 1
+        block = _int(e.get("block"))
+        if block is None or not 0 <= block < n:
+            continue
+        logged = _int(e.get("ref_count"))   # PagedLab writes it; the contract does not
+        if kind == "evict":
+            queue.pop(block, None)
+        elif kind in ("alloc", "cow", "prefix_hit", "share"):
+            fresh = kind in ("alloc", "cow")
+            refs[block] = logged if logged is not None else 1 if fresh else refs.get(block, 0) + 1
+            queue.pop(block, None)
+            src = _int(e.get("src"))
+            if kind == "cow" and src is not None:
+                # The shared source gives up one reference, with no event of its own.
+                refs[src] = max(refs.get(src, 0) - 1, 0)
+        elif kind == "free":
+            refs[block] = left = logged if logged is not None else max(refs.get(block, 0) - 1, 0)
+            if left == 0:
+                queue.pop(block, None)
+                queue[block] = None
+    zero = {b for b in (_int(x.get("id")) for x in blocks if _int(x.get("ref_count")) == 0)
+            if b is not None}
+    ordered = [b for b in queue if b in zero]
+    # Blocks the log leaves free but the replay does not (a file without the events
+    # that freed them): after the others, by id.
+    placed = set(ordered)
+    return ordered + sorted(zero - placed)
+
+
+def _plan(moves: dict[int, int], refs: dict[int, int], num_blocks: int,
+          seed: int | None) -> dict[int, int] | None:
+    """The whole permutation of a shuffle that gave no seed of its own (the Playground's),
+    if the seed such a shuffle uses at its step repeats every logged move; else None.
+
+    The log names only the blocks whose data moved; the plan also says where each
+    never-filled block went, which decides the free queue's ids after it."""
+    if seed is None:
+        return None
+    used = {b for b, count in refs.items() if count > 0}
+    plan = remap_permutation(num_blocks, used, seed)
+    # Every used block moves, and the moves are exactly the plan's for the blocks
+    # that hold data (used, or cached: a cached block is a logged move's source).
+    agrees = (all(plan[src] == dst for src, dst in moves.items())
+              and all(b in moves for b in used if plan[b] != b))
+    return plan if agrees else None
+
+
+def _relabel(queue: dict[int, None], refs: dict[int, int], moves: dict[int, int],
+             num_blocks: int, plan: dict[int, int] | None
+             ) -> tuple[dict[int, None], dict[int, int]]:
+    """The queue and counts after a shuffle whose used and cached blocks moved by `moves`
+    (by `plan`, the whole permutation, when it is known).
+
+    A never-filled block moves without an event. Its place in the queue is kept, as
+    BlockPool.relabel keeps it; without `plan` its new id is unknown, and such places
+    take the ids no used or moved block took, a block that may have kept its id first,
+    the rest in ascending order."""
+    refs = {moves.get(b, b): n for b, n in refs.items() if n > 0}
+    if plan is not None:
+        return dict.fromkeys(plan[b] for b in queue), refs
+    held = set(refs) | {moves[b] for b in queue if b in moves}
+    left = [b for b in range(num_blocks) if b not in held]
+    unknown = {b for b in queue if b not in moves}
+    kept = unknown.intersection(left)
+    spare = iter(b for b in left if b not in kept)
+    out: dict[int, None] = {}
+    for b in queue:
+        new = moves.get(b, b if b in kept else next(spare, None))
+        if new is not None:
+            out[new] = None
+    return out, refs
+
+
+def _scheduler(requests: list[dict[str, Any]], events: list[dict[str, Any]], *,
+               swap: bool) -> dict[str, Any]:
+    """The scheduler's queues and admissions count, replayed from the events."""
+    status = {r["id"]: r.get("status") for r in requests if isinstance(r.get("id"), str)}
+    beam_group = {r["id"]: r["group"] for r in requests if isinstance(r.get("id"), str)
+                  and r.get("beam_width") is not None and isinstance(r.get("group"), str)}
+    # Each running request's place as a sort key: (its admission's index in the log, 0),
+    # and for a new beam, its group's last beam's key with the second part one more, so
+    # that it sorts right after that beam and before anything admitted later. Only the
+    # group's beams share a first part, so no one else's key falls in between. Keys and
+    # dicts keep every event O(1) (a group's beams are few), whatever the file holds.
+    running: dict[str, tuple[int, int]] = {}
+    group_running: dict[str, dict[str, tuple[int, int]]] = {}
+    last_preempt: dict[str, int] = {}
+    last_swap_out: dict[str, int] = {}
+    admissions = 0
+    for i, e in enumerate(events):
+        rid = e.get("request")
+        kind = e.get("kind")
+        if not isinstance(rid, str) or rid not in status:
+            continue
+        group = beam_group.get(rid)
+        if kind in ("preempt", "swap_out", "free"):
+            if kind == "preempt":
+                last_preempt[rid] = i
+            elif kind == "swap_out":
+                last_swap_out[rid] = i
+            running.pop(rid, None)
+            if group is not None:
+                group_running.get(group, {}).pop(rid, None)
+        elif kind in _ADMITTING and rid not in running:
+            admissions += 1
+            beside = group_running.get(group, {}) if group is not None else {}
+            if kind == "fork" and beside:
+                last = max(beside.values())
+                key = (last[0], last[1] + 1)
+            else:
+                key = (i, 0)
+            running[rid] = key
+            if group is not None:
+                group_running.setdefault(group, {})[rid] = key
+
+    def queue(state: str, last: dict[str, int]) -> list[str]:
+        ids = [rid for rid, s in status.items() if s == state]
+        requeued = sorted((rid for rid in ids if rid in last), key=lambda rid: -last[rid])
+        return requeued + [rid for rid in ids if rid not in last]
+
+    # A running request no event admitted (a file without its events) comes after the
+    # others, in arrival order.
+    live = [rid for rid, s in status.items() if s == "running"]
+    live.sort(key=lambda rid: running.get(rid, (len(events), 0)))
+    out: dict[str, Any] = {"waiting": queue("waiting", last_preempt), "running": live,
+                           "admissions": max(admissions, len(live))}
+    if swap:
+        out["swapped"] = queue("swapped", last_swap_out)
+    return out
+
+
+def _random_picks(events: list[dict[str, Any]]) -> int:
+    """Blocks handed out (alloc, cow) less those an eviction freed, which random
+    allocation takes from the queue's front instead of picking."""
+    handed = sum(1 for e in events if e.get("kind") in ("alloc", "cow"))
+    evicted = sum(1 for e in events if e.get("kind") == "evict")
+    return max(handed - evicted, 0)
