@@ -38,6 +38,8 @@ tour_widgets.picker(run)
 st.markdown(f"## {plain_md(run.title)}")
 st.markdown(plain_md(run.scenario.description))
 tour_widgets.controls(run)
+# Where Play's long steps show their bar, by the controls (Next's shows at the top).
+play_bar = st.empty()
 
 story, numbers = st.columns([1, 1], gap="large")
 with story:
@@ -59,4 +61,4 @@ st.header("Download this step")
 exports.downloads(snap, stem=run.key if run.key != tour.UPLOAD else "scenario", prefix="tour_",
                   run=run.snapshots(),
                   run_help="The same files as `python -m backend run --snapshots DIR`.")
-tour.finish(run)
+tour.finish(run, play_bar)

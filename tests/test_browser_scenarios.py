@@ -176,3 +176,54 @@ def test_a_pause_during_a_fast_play_shows_the_step_the_play_reached(
         shoot(page, screenshots / "tour-06-paused-fast-play.png")
     finally:
         page.close()
+
+
+def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    # An uploaded scenario may ask for thousands of iterations, under the page's 60 s
+    # limit; Next's step (a callback) draws its bar at the top of the page, Play's by
+    # the controls, and neither stays once the step is done.
+    story = {"name": "Long step", "config": {"num_blocks": 64, "block_size": 16},
+             "steps": [{"op": "add", "request": "A", "prompt_len": 20},
+                       {"op": "step", "count": 150}, {"op": "step", "count": 150}]}
+    page = browser.new_page(viewport={"width": 1366, "height": 1200})
+    try:
+        page.set_default_timeout(T)
+        page.goto(f"{app_url}/tour?scenario=03-growth")
+        shows(page.get_by_role("button", name="Next", exact=True))
+        page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
+        page.get_by_role("button", name="Upload your own scenario").click()
+        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[{
+            "name": "long.json", "mimeType": "application/json",
+            "buffer": json.dumps(story).encode()}])
+        shows(page.get_by_test_id("stMain"), "Long step (uploaded: long.json)")
+        page.keyboard.press("Escape")
+        page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
+        nxt = page.get_by_role("button", name="Next", exact=True)
+        nxt.click()
+        shows(page.get_by_test_id("stMain"), "Viewing step 1 of 3")
+        page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
+        bar = page.get_by_test_id("stProgress")
+        said = re.compile(r"^Step 2, step x150: \d+ iterations? of 150 done, \d+ s of the "
+                          r"60 s limit$")
+        nxt.click()
+        expect(bar).to_have_count(1)
+        assert said.match(bar.inner_text().strip()), bar.inner_text()
+        # At the top: above the page's title.
+        title = page.get_by_role("heading", name="Scenarios", exact=True).bounding_box()
+        box = bar.bounding_box()
+        assert box is not None and title is not None and box["y"] < title["y"]
+        shows(page.get_by_test_id("stMain"), "Viewing step 2 of 3")
+        expect(bar).to_have_count(0)
+        # Play's bar sits under the controls' caption.
+        page.get_by_role("button", name="Play", exact=True).click()
+        expect(bar).to_have_count(1)
+        assert bar.inner_text().strip().startswith("Step 3, step x150: ")
+        caption = page.get_by_text("Viewing step 2 of 3").bounding_box()
+        box = bar.bounding_box()
+        assert box is not None and caption is not None and box["y"] > caption["y"]
+        shoot(page, screenshots / "tour-07-long-step-bar.png")
+        shows(page.get_by_test_id("stMain"), "Viewing step 3 of 3")
+        expect(bar).to_have_count(0)
+    finally:
+        page.close()

@@ -162,6 +162,19 @@ def test_a_step_past_the_time_limit_stops_between_iterations_and_ends_the_run() 
     assert whole.engine.step == whole.frames[-1].snapshot["step"] == 2
 
 
+def test_a_step_reports_each_iteration_and_a_grow_each_token_to_its_bar() -> None:
+    # The Scenarios page draws a bar from these (ui.progress.timed) while a long step runs.
+    run = TourRun(parse_scenario({"config": {"num_blocks": 64}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "step", "count": 3},
+        {"op": "grow", "request": "A", "tokens": 2}]}), "upload", "mine", kernel="torch")
+    heard: list[tuple[int, int]] = []
+    for _ in range(3):
+        assert run.advance(lambda done, total: heard.append((done, total))) is not None
+    # A grow is asked between two tokens (whether to go on), so not after its last.
+    assert heard == [(1, 3), (2, 3), (3, 3), (1, 2)]
+
+
 def test_kernels_can_change_between_steps() -> None:
     run = TourRun(shipped_scenario("03-growth"), "03", "t", kernel="torch")
     run.run_to(2)

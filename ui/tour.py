@@ -36,16 +36,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import streamlit as st
 
 from backend.core.errors import PagedLabError
+from backend.engine.ops import Grow, describe_op
 from backend.io.scenario import Scenario
 from backend.sessions.playground import Settings
 from backend.sessions.tour import Frame, TourRun, parse_step, shipped_paths, shipped_scenario
-from ui import session
-from ui.progress import Queued
+from ui import progress, session
+from ui.progress import Queued, Shown
 
 TOUR = "tour"
 UPLOAD = "upload"            # the key of a scenario a person uploaded
@@ -282,8 +283,9 @@ def _quoted(value: str) -> str:
     return repr(value if len(value) <= MAX_QUOTED else value[:MAX_QUOTED - 1] + "…")
 
 
-def finish(run: TourRun) -> None:
-    """After drawing: write the link, and take the next step if playing."""
+def finish(run: TourRun, bar: Any) -> None:
+    """After drawing: write the link, and take the next step if playing (a long one
+    with its bar in `bar`, a placeholder the page keeps by its controls)."""
     t = state()
     _write_link(run)
     if not t.playing:
@@ -297,18 +299,38 @@ def finish(run: TourRun) -> None:
         if not t.playing or t.run is not run:
             return      # paused (or another scenario opened) during the wait: no step
         before = t.view
+        shown = Shown()
         if t.view < run.taken:
             t.view += 1
-        elif run.advance() is not None:
-            t.view = run.taken
         else:
-            t.playing = False
+            frame, shown = advance(run, bar)
+            if frame is not None:
+                t.view = run.taken
+            else:
+                t.playing = False
         if t.view != before:
             t.left_by_play |= {before}
             if t.url is not None:
                 # `_write_link` above wrote the link of the step left.
                 t.links_left_by_play |= {t.url}
+    shown.finish()
     st.rerun()
+
+
+def advance(run: TourRun, where: Any = st) -> tuple[Frame | None, Shown]:
+    """`run.advance()` with a bar while a long `step` or `grow` runs (ui.progress.timed,
+    drawn at `where`).
+
+    The caller updates the state, then calls the Shown's `finish`: Streamlit may
+    have superseded this run meanwhile, and what it raised is raised only then."""
+    if not run.can_advance:
+        return None, Shown()
+    op = run.scenario.steps[run.taken].op
+    label = f"Step {run.taken + 1}, {describe_op(op)}"
+    unit = "token" if isinstance(op, Grow) else "iteration"
+    with progress.timed(label, unit, run.step_time_limit_s, where) as (shown, moved):
+        frame = run.advance(moved)
+    return frame, shown
 
 
 def slid_to(value: int) -> None:

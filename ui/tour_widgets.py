@@ -55,8 +55,11 @@ def _on_next() -> None:
     run = _run()
     if t.view < run.taken:
         t.view += 1
-    elif run.advance() is not None:
+        return
+    frame, shown = tour.advance(run)
+    if frame is not None:
         t.view = run.taken
+    shown.finish()
 
 
 @tour.one_at_a_time

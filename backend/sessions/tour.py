@@ -26,6 +26,7 @@ No Streamlit here: ui/tour.py keeps one `TourRun` per browser session.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -274,13 +275,15 @@ class TourRun:
         """The operation of the step after `step`, if the scenario has one."""
         return describe_op(self.scenario.steps[step].op) if step < self.total else None
 
-    def advance(self) -> Frame | None:
+    def advance(self, progress: Callable[[int, int], None] | None = None) -> Frame | None:
         """Mutates: apply the next step and keep its frame.
 
         Returns None when there is no next step, the engine refused it or it ran
         out of time. A refusal sets `error` (the CLI's one line, naming the step)
         and the engine keeps the state before that step; a `step` still running
         after `step_time_limit_s` stops between two iterations and sets `stopped`.
+        `progress(done, total)` hears of each iteration of a `step` and each token
+        of a `grow`.
         """
         if not self.can_advance:
             return None
@@ -289,6 +292,8 @@ class TourRun:
         deadline = time.monotonic() + self.step_time_limit_s
 
         def in_time(done: int, total: int) -> bool:
+            if progress is not None:
+                progress(done, total)
             return time.monotonic() < deadline
 
         try:
