@@ -24,9 +24,10 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Shuffle, Step
+from backend.io import restore_derive
 from backend.io.cli import main
 from backend.io.restore import derived_fields, restore_engine, restore_notes
-from backend.io.restore_derive import DERIVABLE
+from backend.io.restore_derive import contract_only
 from backend.io.scenario import load_scenario, run_steps
 from backend.io.snapshot import export_snapshot
 from bench.soak import contract_round_trip, soak_sequence
@@ -34,15 +35,13 @@ from tests.test_app import engine as app_engine
 from tests.test_app import start
 from tests.test_exports_app import upload
 
-SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "assets" / "scenarios").glob("*.json"))
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted((ROOT / "assets" / "scenarios").glob("*.json"))
 
 
 def bare(snap: dict[str, Any]) -> dict[str, Any]:
-    """`snap` with the contract's fields only."""
-    out = {k: copy.deepcopy(v) for k, v in snap.items() if k not in DERIVABLE}
-    for e in out["events"]:
-        e.pop("ref_count", None)
-    return out
+    """`snap` with the contract's fields only, a copy to edit."""
+    return copy.deepcopy(contract_only(snap))
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
@@ -67,9 +66,10 @@ def test_every_step_of_every_scenario_restores_from_the_contracts_fields(path: P
 ], ids=["swap", "budgets", "swap-and-budgets"])
 def test_random_runs_with_swap_and_budgets_restore_from_the_contracts_fields(
         config: dict[str, Any]) -> None:
-    # soak_sequence ends with contract_round_trip and raises if anything differs.
+    # soak_sequence runs contract_round_trip after every operation (until a shuffle the
+    # log cannot follow) and at the end, and raises if anything differs.
     for seed in range(3):
-        soak_sequence({**config, "seed": seed}, seed=seed, num_ops=45)
+        soak_sequence({**config, "seed": seed}, seed=seed, num_ops=45, contract_every=1)
 
 
 def test_a_shuffle_without_a_seed_is_planned_again_and_the_free_queue_is_exact() -> None:
@@ -194,8 +194,9 @@ def test_a_contract_only_file_is_still_checked_like_any_other() -> None:
         restore_engine(snap, kernel="torch")
     garbled = bare(export_snapshot(e))
     garbled["events"] = "none"
-    with pytest.raises(PagedLabError, match=r"events"):
+    with pytest.raises(PagedLabError) as err:
         restore_engine(garbled, kernel="torch")
+    assert str(err.value).startswith("snapshot.events must be ")
 
 
 def test_the_playground_restores_a_contract_only_upload_and_says_what_it_derived() -> None:
@@ -213,3 +214,106 @@ def test_the_playground_restores_a_contract_only_upload_and_says_what_it_derived
     restored = export_snapshot(app_engine(at))
     assert {k: v for k, v in restored.items() if k != "events"} == {
         k: v for k, v in snap.items() if k != "events"}
+
+
+def test_beams_forked_beside_a_later_request_stay_beside_their_group() -> None:
+    # B is admitted after A's beams; the beams A forks later still run beside A's group
+    # (Scheduler.insert_fork), which the derived order repeats, from the `fork` events
+    # or, in a log without them (CONTRACT lists `fork` as an addition), from the
+    # `share` events that admit the new beams.
+    e = Engine(EngineConfig.from_json({"num_blocks": 40, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt_len=6, beam_width=3, max_new_tokens=6), Add("B", prompt_len=5),
+               Step(3)):
+        e.apply(op)
+    snap = export_snapshot(e)
+    running = snap["scheduler"]["running"]
+    assert running[-1] == "B" and len(running) == 4, running
+    assert contract_round_trip(snap) is None
+    no_forks = bare(snap)
+    no_forks["events"] = [ev for ev in no_forks["events"] if ev["kind"] != "fork"]
+    assert export_snapshot(restore_engine(no_forks, kernel="torch"))["scheduler"] == \
+        snap["scheduler"]
+
+
+def test_a_preempted_request_the_log_does_not_show_is_still_requeued_first() -> None:
+    # C was preempted (num_preemptions 1) and waits at the front of the queue, ahead of D,
+    # which never ran; without its `preempt` event the count alone puts it there.
+    e = Engine(EngineConfig.from_json({"num_blocks": 6, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt_len=9), Add("C", prompt_len=9), Step(4), Add("D", prompt_len=4)):
+        e.apply(op)
+    snap = export_snapshot(e)
+    waiting = snap["scheduler"]["waiting"]
+    assert waiting == ["C", "D"], snap["scheduler"]
+    assert contract_round_trip(snap) is None
+    unlogged = bare(snap)
+    unlogged["events"] = [ev for ev in unlogged["events"] if ev["kind"] != "preempt"]
+    assert export_snapshot(restore_engine(unlogged, kernel="torch"))["scheduler"]["waiting"] \
+        == waiting
+
+
+def test_a_random_pool_that_evicted_continues_with_the_same_picks() -> None:
+    # Evictions happen once every free block is cached; those blocks come from the
+    # queue's front, not from a pick, so the count leaves them out.
+    cfg = EngineConfig.from_json({"num_blocks": 8, "block_size": 4, "allocation": "random"})
+    e = Engine(cfg, kernel="torch")
+    for op in (Add("A", prompt_len=16), Add("B", prompt_len=12), Finish("A"), Finish("B"),
+               Add("C", prompt_len=20)):
+        e.apply(op)
+    snap = export_snapshot(e)
+    assert any(ev["kind"] == "evict" for ev in snap["events"])
+    restored = restore_engine(bare(snap), kernel="torch")
+    assert restored.manager.pool.random_picks == e.manager.pool.random_picks > 0
+    assert contract_round_trip(snap) is None
+
+
+@pytest.mark.parametrize("src", [99, -1])
+def test_a_move_event_outside_the_pool_is_refused_by_the_strict_check(src: int) -> None:
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt_len=6), Shuffle()):
+        e.apply(op)
+    snap = bare(export_snapshot(e))
+    snap["events"].append({"step": 2, "kind": "move", "request": None, "block": 3,
+                           "src": src, "dst": 3})
+    with pytest.raises(PagedLabError) as err:
+        restore_engine(snap, kernel="torch")
+    assert str(err.value) == (f"inconsistent snapshot: events[{len(snap['events']) - 1}]: "
+                              "it names a block outside the pool")
+
+
+def test_derivation_past_its_bounds_is_refused_naming_the_field_to_give(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bounds keep a hostile file from costing minutes; a real engine's file is far
+    # below them, so they are lowered here to reach them with a small one.
+    docs = (ROOT / "README.md").read_text() + (ROOT / "docs" / "CONTRACT.md").read_text()
+    for bound in (restore_derive.MAX_HASHED_BLOCKS, restore_derive.MAX_SHUFFLE_WORK):
+        assert docs.count(f"{bound:,}") >= 2, bound
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt="abcdefghijkl"), Finish("A"), Add("B", prompt_len=5), Shuffle(),
+               Shuffle()):
+        e.apply(op)
+    snap = export_snapshot(e)
+    monkeypatch.setattr(restore_derive, "MAX_HASHED_BLOCKS", 2)
+    with pytest.raises(PagedLabError, match=r"^snapshot: without prefix_cache, .* more than 2 "
+                                            r"blocks; give its prefix_cache \(PagedLab's"):
+        restore_engine(bare(snap), kernel="torch")
+    monkeypatch.setattr(restore_derive, "MAX_HASHED_BLOCKS", 100)
+    monkeypatch.setattr(restore_derive, "MAX_SHUFFLE_WORK", 20)
+    with pytest.raises(PagedLabError, match=r"^snapshot: without free_queue, .* pool of 16 "
+                                            r"blocks are too many to replay \(more than 20 "):
+        restore_engine(bare(snap), kernel="torch")
+    # Given those fields, nothing needs deriving past a bound.
+    restore_engine({**bare(snap), "free_queue": snap["free_queue"],
+                    "prefix_cache": snap["prefix_cache"]}, kernel="torch")
+
+
+def test_fields_ignored_and_fields_derived_are_both_said() -> None:
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
+    e.apply(Add("A", prompt="abcdefgh"))
+    snap = bare(export_snapshot(e))
+    snap["requests"][0]["colour"] = "blue"
+    restored = restore_engine(snap, kernel="torch")
+    assert restore_notes(restored) == [
+        "snapshot.requests[0].colour is not a field PagedLab reads; it was ignored",
+        "the snapshot has no free_queue, prefix_cache, scheduler and allocator, which "
+        "PagedLab's snapshots add; they were derived from its events, blocks and requests "
+        "(README, Snapshots)"]

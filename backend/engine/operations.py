@@ -203,6 +203,7 @@ def finish(engine: Engine, op: Finish) -> None:
 
 def shuffle(engine: Engine, op: Shuffle) -> None:
     """Mutates: move every used block to another physical block, tables rewritten."""
+    # engine.step counts the operations done; this one's events carry the next number.
     seed = (op.seed if op.seed is not None
             else default_shuffle_seed(engine.config, engine.step + 1))
     moves = engine.manager.apply_remap(engine.manager.plan_remap(seed))

@@ -16,11 +16,11 @@ completed file exactly as it checks one of PagedLab's own.
   joins the back when its last reference is freed. Blocks no event touched
   keep their place from the start, in id order, ahead of every freed block.
 - `scheduler`: the running requests in the order they were last admitted. A
-  new beam goes beside its group, as Scheduler.insert_fork places it. The
-  preempted requests come first among the waiting, the most recent first,
-  since the scheduler requeues them at the front; the others follow in
-  arrival order. Swapped requests are ordered likewise, by their last
-  `swap_out`.
+  beam admitted while others of its group run goes beside them, where
+  Scheduler.insert_fork puts a new one. The preempted requests come first
+  among the waiting, the most recent first, since the scheduler requeues them
+  at the front; the others follow in arrival order. Swapped requests are
+  ordered likewise, by their last `swap_out`.
 - `allocator.random_picks`: under `allocation: "random"`, one pick per block
   handed out that no eviction freed.
 
@@ -37,8 +37,10 @@ None of this changes the blocks, tables, tokens or totals: those are the
 file's own and are checked as such. It changes only the order in which later
 steps take blocks and admit requests.
 
-Nothing here raises on malformed input: a part it cannot read is skipped, and
-the strict restore names the problem in the file's own terms.
+Malformed input raises nothing here: a part it cannot read is skipped, and the
+strict restore names the problem in the file's own terms. Only work past a bound
+a real engine's file stays far below (MAX_HASHED_BLOCKS, MAX_SHUFFLE_WORK) is
+refused, naming the field whose presence would have spared it.
 """
 
 from __future__ import annotations
@@ -47,12 +49,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
 from backend.engine.operations import default_shuffle_seed
+from backend.io.snapshot import hash_node_json
 from backend.paging.hashing import hash_prompt_blocks
 from backend.paging.remap import remap_permutation
 
 # The fields derive_missing can build, in the order its note names them.
 DERIVABLE = ("free_queue", "prefix_cache", "scheduler", "allocator")
+
+# Blocks of the requests' tokens hashed to find the cached blocks' tokens (about 3 us
+# each): a few seconds at most, on a file the size limit allows.
+MAX_HASHED_BLOCKS = 500_000
+# Block ids visited replaying shuffles: each one relabels the whole pool.
+MAX_SHUFFLE_WORK = 5_000_000
 
 # Events that put their request in the running list if it is not there yet: every
 # admission allocates (or shares, or revives) at least one block, and a fork names
@@ -62,7 +72,8 @@ _ADMITTING = frozenset({"alloc", "prefix_hit", "share", "cow", "evict", "fork", 
 
 def derive_missing(data: dict[str, Any], config: EngineConfig) -> dict[str, Any]:
     """The DERIVABLE fields `data` lacks, derived from its other fields; {} if none is
-    missing. `config` is the snapshot's own, already checked; `data` is not changed."""
+    missing. `config` is the snapshot's own, already checked; `data` is not changed.
+    Raises PagedLabError only for work past MAX_HASHED_BLOCKS or MAX_SHUFFLE_WORK."""
     missing = [key for key in DERIVABLE if key not in data]
     if not missing:
         return {}
@@ -79,6 +90,16 @@ def derive_missing(data: dict[str, Any], config: EngineConfig) -> dict[str, Any]
     if "allocator" in missing:
         out["allocator"] = {"random_picks": _random_picks(events)
                             if config.allocation == "random" else 0}
+    return out
+
+
+def contract_only(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """`snapshot` as a tool that knows only CONTRACT.md would write it: without the
+    DERIVABLE fields and without each event's `ref_count`. Copies what it changes."""
+    out = {k: v for k, v in snapshot.items() if k not in DERIVABLE}
+    if isinstance(out.get("events"), list):
+        out["events"] = [{k: v for k, v in e.items() if k != "ref_count"}
+                         if isinstance(e, dict) else e for e in out["events"]]
     return out
 
 
@@ -104,6 +125,12 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _block(value: Any, num_blocks: int) -> int | None:
+    """`value` if it is a block id of the pool, else None."""
+    b = _int(value)
+    return b if b is not None and 0 <= b < num_blocks else None
+
+
 # ---- the four fields -------------------------------------------------------
 
 def _prefix_cache(blocks: list[dict[str, Any]], requests: list[dict[str, Any]],
@@ -116,17 +143,26 @@ def _prefix_cache(blocks: list[dict[str, Any]], requests: list[dict[str, Any]],
     salt = config.cache_salt()
     top_id = config.vocab_size - 1
     nodes: dict[str, dict[str, Any]] = {}
+    hashed = 0
     for r in requests:
         tokens = r.get("tokens")
         if not isinstance(tokens, list) or not all(
                 _int(t) is not None and 0 <= t <= top_id for t in tokens):
             continue
         # No request holds more blocks than the pool, so no key lies deeper.
-        chain = hash_prompt_blocks(tokens[:config.num_blocks * bs], bs, salt)
+        tokens = tokens[:config.num_blocks * bs]
+        hashed += len(tokens) // bs
+        if hashed > MAX_HASHED_BLOCKS:
+            raise PagedLabError(
+                f"snapshot: without prefix_cache, its requests' tokens are hashed block by "
+                f"block to find the cached blocks' tokens, and this file's are more than "
+                f"{MAX_HASHED_BLOCKS:,} blocks; give its prefix_cache (PagedLab's snapshots "
+                "carry it)")
+        chain = hash_prompt_blocks(tokens, bs, salt)
         deepest = max((i for i, key in enumerate(chain) if key.digest in wanted), default=-1)
         for key in chain[:deepest + 1]:
-            nodes.setdefault(key.digest, {"hash": key.digest, "parent": key.parent_digest,
-                                          "tokens": list(key.tokens)})
+            if key.digest not in nodes:
+                nodes[key.digest] = hash_node_json(key)
     return list(nodes.values())
 
 
@@ -136,6 +172,7 @@ def _free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]],
     n = config.num_blocks
     queue: dict[int, None] = dict.fromkeys(range(n))   # insertion-ordered
     refs: dict[int, int] = {}
+    work = 0
     i = 0
     while i < len(events):
         e = events[i]
@@ -145,17 +182,24 @@ def _free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]],
             moves: dict[int, int] = {}
             while (i < len(events) and events[i].get("kind") == "move"
                    and events[i].get("step") == e.get("step")):
-                src, dst = _int(events[i].get("src")), _int(events[i].get("dst"))
+                src, dst = _block(events[i].get("src"), n), _block(events[i].get("dst"), n)
                 if src is not None and dst is not None:
                     moves[src] = dst
                 i += 1
+            work += n
+            if work > MAX_SHUFFLE_WORK:
+                raise PagedLabError(
+                    "snapshot: without free_queue, its order is replayed through the "
+                    f"events, and this file's shuffles of a pool of {n:,} blocks are too "
+                    f"many to replay (more than {MAX_SHUFFLE_WORK:,} block moves); give its "
+                    "free_queue (PagedLab's snapshots carry it)")
             step = _int(e.get("step"))
             queue, refs = _relabel(queue, refs, moves, n, _plan(
                 moves, refs, n, None if step is None else default_shuffle_seed(config, step)))
             continue
         i += 1
-        block = _int(e.get("block"))
-        if block is None or not 0 <= block < n:
+        block = _block(e.get("block"), n)
+        if block is None:
             continue
         logged = _int(e.get("ref_count"))   # PagedLab writes it; the contract does not
         if kind == "evict":
@@ -164,7 +208,7 @@ def _free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]],
             fresh = kind in ("alloc", "cow")
             refs[block] = logged if logged is not None else 1 if fresh else refs.get(block, 0) + 1
             queue.pop(block, None)
-            src = _int(e.get("src"))
+            src = _block(e.get("src"), n)
             if kind == "cow" and src is not None:
                 # The shared source gives up one reference, with no event of its own.
                 refs[src] = max(refs.get(src, 0) - 1, 0)
@@ -173,7 +217,7 @@ def _free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]],
             if left == 0:
                 queue.pop(block, None)
                 queue[block] = None
-    zero = {b for b in (_int(x.get("id")) for x in blocks if _int(x.get("ref_count")) == 0)
+    zero = {b for b in (_block(x.get("id"), n) for x in blocks if _int(x.get("ref_count")) == 0)
             if b is not None}
     ordered = [b for b in queue if b in zero]
     # Blocks the log leaves free but the replay does not (a file without the events
@@ -233,10 +277,13 @@ def _scheduler(requests: list[dict[str, Any]], events: list[dict[str, Any]], *,
     beam_group = {r["id"]: r["group"] for r in requests if isinstance(r.get("id"), str)
                   and r.get("beam_width") is not None and isinstance(r.get("group"), str)}
     # Each running request's place as a sort key: (its admission's index in the log, 0),
-    # and for a new beam, its group's last beam's key with the second part one more, so
-    # that it sorts right after that beam and before anything admitted later. Only the
-    # group's beams share a first part, so no one else's key falls in between. Keys and
-    # dicts keep every event O(1) (a group's beams are few), whatever the file holds.
+    # and for a beam admitted while beams of its group run, the group's last beam's key
+    # with the second part one more, so that it sorts right after that beam and before
+    # anything admitted later. That is where the scheduler puts a new beam (insert_fork),
+    # and a group readmitted beam by beam ends up the same way; the log need not hold
+    # the `fork` events. Only the group's beams share a first part, so no one else's
+    # key falls in between. Keys and dicts keep every event O(1) (a group's beams are
+    # few), whatever the file holds.
     running: dict[str, tuple[int, int]] = {}
     group_running: dict[str, dict[str, tuple[int, int]]] = {}
     last_preempt: dict[str, int] = {}
@@ -259,7 +306,7 @@ def _scheduler(requests: list[dict[str, Any]], events: list[dict[str, Any]], *,
         elif kind in _ADMITTING and rid not in running:
             admissions += 1
             beside = group_running.get(group, {}) if group is not None else {}
-            if kind == "fork" and beside:
+            if beside:
                 last = max(beside.values())
                 key = (last[0], last[1] + 1)
             else:
@@ -268,10 +315,17 @@ def _scheduler(requests: list[dict[str, Any]], events: list[dict[str, Any]], *,
             if group is not None:
                 group_running.setdefault(group, {})[rid] = key
 
+    preempted = {r["id"] for r in requests if isinstance(r.get("id"), str)
+                 and (_int(r.get("num_preemptions")) or 0) > 0}
+
     def queue(state: str, last: dict[str, int]) -> list[str]:
         ids = [rid for rid, s in status.items() if s == state]
         requeued = sorted((rid for rid in ids if rid in last), key=lambda rid: -last[rid])
-        return requeued + [rid for rid in ids if rid not in last]
+        # Preempted by its own count though the log holds no event of it: requeued at
+        # the front all the same, after those the log orders.
+        unlogged = [rid for rid in ids if rid not in last and rid in preempted]
+        return requeued + unlogged + [rid for rid in ids
+                                      if rid not in last and rid not in preempted]
 
     # A running request no event admitted (a file without its events) comes after the
     # others, in arrival order.

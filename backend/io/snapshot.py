@@ -125,10 +125,8 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
         "scheduler": {"waiting": list(engine.waiting), "running": list(engine.running),
                       "admissions": engine.scheduler.admissions},
         "free_queue": [b.id for b in pool.free_queue],
-        "prefix_cache": [
-            {"hash": n.digest, "parent": n.parent_digest, "tokens": list(n.tokens)}
-            for n in sorted(nodes.values(), key=lambda n: (n.depth(), n.digest))
-        ],
+        "prefix_cache": [hash_node_json(n)
+                         for n in sorted(nodes.values(), key=lambda n: (n.depth(), n.digest))],
         "allocator": {"random_picks": pool.random_picks},
     }
     if host is not None:
@@ -141,6 +139,11 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
         snap["metrics"]["swap_outs"] = host.swap_outs
         snap["metrics"]["swap_ins"] = host.swap_ins
     return snap
+
+
+def hash_node_json(key: BlockHash) -> dict[str, Any]:
+    """One entry of a snapshot's `prefix_cache`: a key's digest, its parent's, its tokens."""
+    return {"hash": key.digest, "parent": key.parent_digest, "tokens": list(key.tokens)}
 
 
 def snapshot_json(engine: Engine) -> str:
