@@ -29,7 +29,7 @@ from backend.engine.request import Request
 from backend.engine.results import KernelReport
 from backend.io.json_input import FieldReader, listed_by_id, non_negative, unread_note
 from backend.io.recompute import Progress, recompute_kv
-from backend.io.restore_derive import DERIVABLE, derive_missing, derived_note
+from backend.io.restore_derive import Derived, derive_missing, derived_note
 from backend.io.restore_host import restore_host
 from backend.io.restore_requests import read_requests, read_scheduler
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
@@ -63,14 +63,14 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
         if claimed != config.bytes_per_block:
             raise PagedLabError(_bytes_per_block_differs(config, claimed))
     derived = derive_missing(data, config)
-    if derived:
+    if derived.fields:
         # A file with the contract's fields alone: the completed file is read instead,
         # and checked the same way (the derived fields count as read).
-        top = FieldReader({**data, **derived}, "snapshot")
+        top = FieldReader({**data, **derived.fields}, "snapshot")
         top.accept("schema_version", "config")
     engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference)
     try:
-        metrics = _restore_into(engine, top, derived="prefix_cache" in derived)
+        metrics = _restore_into(engine, top, derived="prefix_cache" in derived.fields)
         engine.manager.check_integrity()
         recompute_kv(engine, progress)
         engine.check_requests()
@@ -80,15 +80,15 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     # blocks then has no edited block or request behind it to name instead.
     _check_totals(engine, metrics)
     unread = tuple(top.unread())
-    if unread or derived:
+    if unread or derived.fields:
         with _RECORD_LOCK:
-            _RECORD[engine] = (unread, tuple(k for k in DERIVABLE if k in derived))
+            _RECORD[engine] = (unread, derived)
     return engine
 
 
 # Per restored engine, until it is collected: the fields of its snapshot that restore
-# did not read, and those it derived (engines with neither are not listed).
-_RECORD: weakref.WeakKeyDictionary[Engine, tuple[tuple[str, ...], tuple[str, ...]]] = (
+# did not read, and what it derived (engines with neither are not listed).
+_RECORD: weakref.WeakKeyDictionary[Engine, tuple[tuple[str, ...], Derived]] = (
     weakref.WeakKeyDictionary())
 _RECORD_LOCK = threading.Lock()
 
@@ -98,22 +98,23 @@ def unread_fields(engine: Engine) -> tuple[str, ...]:
     `engine` was restored from holds and restore did not read, in file order. Empty for
     an engine no restore built, or whose snapshot held only fields PagedLab reads."""
     with _RECORD_LOCK:
-        return _RECORD.get(engine, ((), ()))[0]
+        return _RECORD.get(engine, ((), Derived()))[0]
 
 
-def derived_fields(engine: Engine) -> tuple[str, ...]:
-    """The fields of DERIVABLE that the snapshot `engine` was restored from lacked and
-    restore derived from its other fields (restore_derive.py); empty for any other."""
+def derived_fields(engine: Engine) -> Derived:
+    """What restore derived of DERIVABLE's fields for the snapshot `engine` was restored
+    from, which lacked them (restore_derive.py); nothing for any other engine."""
     with _RECORD_LOCK:
-        return _RECORD.get(engine, ((), ()))[1]
+        return _RECORD.get(engine, ((), Derived()))[1]
 
 
 def restore_notes(engine: Engine) -> list[str]:
-    """What the user who restored `engine` should be told besides the state: at most two
-    sentences, each without its final full stop (shown as "Note: ...."): the fields
-    restore ignored (`unread_fields`, the first NOTED_FIELDS of them, the rest counted),
-    and the fields it derived (`derived_fields`)."""
-    return [*unread_note(unread_fields(engine)), *derived_note(derived_fields(engine))]
+    """What the user who restored `engine` should be told besides the state, as sentences
+    without their final full stop (shown as "Note: ...."): the fields restore ignored
+    (`unread_fields`, the first NOTED_FIELDS of them, the rest counted), the fields it
+    derived, and what of them the log could not fix (`derived_fields`)."""
+    derived = derived_fields(engine)
+    return [*unread_note(unread_fields(engine)), *derived_note(derived.names, derived.caveats)]
 
 
 def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:
@@ -342,7 +343,9 @@ def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
         r.accept(*Event._fields)
         try:
             e = Event.from_json(r.data)
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
+            raise PagedLabError(f"snapshot.events[{i}]: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
             raise PagedLabError(f"snapshot.events[{i}]: malformed event ({exc})") from None
         # A swap's host side names a block of the host pool.
         host = e.dst if e.kind == "swap_out" else e.src if e.kind == "swap_in" else None

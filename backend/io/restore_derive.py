@@ -46,10 +46,12 @@ refused, naming the field whose presence would have spared it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import joined
 from backend.engine.operations import default_shuffle_seed
 from backend.io.snapshot import hash_node_json
 from backend.paging.hashing import hash_prompt_blocks
@@ -70,27 +72,53 @@ MAX_SHUFFLE_WORK = 5_000_000
 _ADMITTING = frozenset({"alloc", "prefix_hit", "share", "cow", "evict", "fork", "swap_in"})
 
 
-def derive_missing(data: dict[str, Any], config: EngineConfig) -> dict[str, Any]:
-    """The DERIVABLE fields `data` lacks, derived from its other fields; {} if none is
-    missing. `config` is the snapshot's own, already checked; `data` is not changed.
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """What `derive_missing` built: the fields, as PagedLab's snapshots write them, and
+    what of them the log could not fix, in words (sentences without a full stop)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    caveats: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The derived fields, in DERIVABLE's order."""
+        return tuple(key for key in DERIVABLE if key in self.fields)
+
+
+def derive_missing(data: dict[str, Any], config: EngineConfig) -> Derived:
+    """The DERIVABLE fields `data` lacks, derived from its other fields (none if it lacks
+    none). `config` is the snapshot's own, already checked; `data` is not changed.
     Raises PagedLabError only for work past MAX_HASHED_BLOCKS or MAX_SHUFFLE_WORK."""
     missing = [key for key in DERIVABLE if key not in data]
     if not missing:
-        return {}
+        return Derived()
     blocks = _objects(data, "blocks")
     requests = _objects(data, "requests")
-    events = _objects(data, "events")
+    # An event whose kind is no string is the strict reader's to refuse, by name.
+    events = [e for e in _objects(data, "events") if isinstance(e.get("kind"), str)]
     out: dict[str, Any] = {}
+    caveats: list[str] = []
     if "free_queue" in missing:
-        out["free_queue"] = _free_queue(blocks, events, config)
+        out["free_queue"], blind = _free_queue(blocks, events, config)
+        if blind:
+            which = (f"the shuffle of step {blind[0]}" if len(blind) == 1
+                     else f"the shuffles of steps {joined(blind)}")
+            caveats.append(f"the log does not say where {which} put the never-filled "
+                           "blocks, so their order in the derived free_queue is a guess")
     if "prefix_cache" in missing:
         out["prefix_cache"] = _prefix_cache(blocks, requests, config)
     if "scheduler" in missing:
         out["scheduler"] = _scheduler(requests, events, swap=config.num_cpu_blocks > 0)
     if "allocator" in missing:
-        out["allocator"] = {"random_picks": _random_picks(events)
-                            if config.allocation == "random" else 0}
-    return out
+        random = config.allocation == "random"
+        out["allocator"] = {"random_picks": _random_picks(events) if random else 0}
+        if random:
+            caveats.append("under random allocation the log does not tell a pinned add's "
+                           "blocks from picked ones, so the derived random_picks, and the "
+                           "allocator's next picks, may differ from the run that wrote the "
+                           "file")
+    return Derived(out, tuple(caveats))
 
 
 def contract_only(snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -103,15 +131,17 @@ def contract_only(snapshot: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def derived_note(names: Sequence[str]) -> list[str]:
-    """The note for a restore that derived the fields `names` (in DERIVABLE's order):
-    at most one sentence, without its final full stop, as restore_notes gives them."""
+def derived_note(names: Sequence[str], caveats: Sequence[str] = ()) -> list[str]:
+    """The notes for a restore that derived the fields `names` (in DERIVABLE's order),
+    with what the log could not fix: sentences without their full stop, as
+    restore_notes gives them."""
     if not names:
         return []
-    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
-    return [f"the snapshot has no {listed}, which PagedLab's snapshots add; "
-            f"{'it was' if len(names) == 1 else 'they were'} derived from its events, "
-            "blocks and requests (README, Snapshots)"]
+    one = len(names) == 1
+    return [f"{joined(names)}, {'a field' if one else 'fields'} PagedLab's own snapshots "
+            f"add beyond the contract, {'was' if one else 'were'} not in the file: "
+            f"{'it was' if one else 'they were'} derived from its events, blocks and "
+            "requests (README, Snapshots)", *caveats]
 
 
 # ---- lenient readers: what cannot be read is skipped, and refused later by name ----
@@ -167,17 +197,16 @@ def _prefix_cache(blocks: list[dict[str, Any]], requests: list[dict[str, Any]],
 
 
 def _free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]],
-                config: EngineConfig) -> list[int]:
-    """The ids of the ref-count-0 blocks in the order the allocator hands them out."""
+                config: EngineConfig) -> tuple[list[int], list[int]]:
+    """The ids of the ref-count-0 blocks in the order the allocator hands them out, and
+    the steps of the shuffles after which the never-filled blocks' order is a guess."""
     n = config.num_blocks
-    queue: dict[int, None] = dict.fromkeys(range(n))   # insertion-ordered
-    refs: dict[int, int] = {}
-    work = 0
+    replay = _QueueReplay(n)
+    blind: list[int] = []
     i = 0
     while i < len(events):
         e = events[i]
-        kind = e.get("kind")
-        if kind == "move":
+        if e.get("kind") == "move":
             # One shuffle: the moves of one step, side by side in the log.
             moves: dict[int, int] = {}
             while (i < len(events) and events[i].get("kind") == "move"
@@ -186,44 +215,105 @@ def _free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]],
                 if src is not None and dst is not None:
                     moves[src] = dst
                 i += 1
-            work += n
-            if work > MAX_SHUFFLE_WORK:
+            replay.work += n
+            if replay.work > MAX_SHUFFLE_WORK:
                 raise PagedLabError(
                     "snapshot: without free_queue, its order is replayed through the "
                     f"events, and this file's shuffles of a pool of {n:,} blocks are too "
                     f"many to replay (more than {MAX_SHUFFLE_WORK:,} block moves); give its "
                     "free_queue (PagedLab's snapshots carry it)")
             step = _int(e.get("step"))
-            queue, refs = _relabel(queue, refs, moves, n, _plan(
-                moves, refs, n, None if step is None else default_shuffle_seed(config, step)))
+            plan = _plan(moves, replay.refs, n,
+                         None if step is None else default_shuffle_seed(config, step))
+            if plan is None and step is not None:
+                blind.append(step)
+            replay.relabel(moves, plan)
             continue
+        replay.event(i, e)
         i += 1
-        block = _block(e.get("block"), n)
+    zero = {b for b in (_block(x.get("id"), n) for x in blocks if _int(x.get("ref_count")) == 0)
+            if b is not None}
+    return replay.order(zero), blind
+
+
+class _QueueReplay:
+    """BlockPool's free queue, followed event by event.
+
+    `queue` maps each queued block to its place: the index of the event that
+    appended it (blocks never handed out: id - num_blocks, so in id order ahead of
+    every freed one). Appends take ever larger indices, so the dict's order is the
+    queue's, and a relabel keeps each place. `refs` counts the references the log
+    shows; `last_free` keeps each block's last `free`, which places a block the
+    counts never brought to 0 (a log that writes a `free` only when a block is
+    free at last, not one per reference as PagedLab's does)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.queue: dict[int, int] = {b: b - num_blocks for b in range(num_blocks)}
+        self.refs: dict[int, int] = {}
+        self.last_free: dict[int, int] = {}
+        self.work = 0
+
+    def event(self, index: int, e: dict[str, Any]) -> None:
+        kind = e.get("kind")
+        block = _block(e.get("block"), self.num_blocks)
         if block is None:
-            continue
+            return
+        refs = self.refs
         logged = _int(e.get("ref_count"))   # PagedLab writes it; the contract does not
         if kind == "evict":
-            queue.pop(block, None)
+            self.queue.pop(block, None)
         elif kind in ("alloc", "cow", "prefix_hit", "share"):
             fresh = kind in ("alloc", "cow")
             refs[block] = logged if logged is not None else 1 if fresh else refs.get(block, 0) + 1
-            queue.pop(block, None)
-            src = _block(e.get("src"), n)
+            self.queue.pop(block, None)
+            src = _block(e.get("src"), self.num_blocks)
             if kind == "cow" and src is not None:
                 # The shared source gives up one reference, with no event of its own.
                 refs[src] = max(refs.get(src, 0) - 1, 0)
         elif kind == "free":
             refs[block] = left = logged if logged is not None else max(refs.get(block, 0) - 1, 0)
+            self.last_free[block] = index
             if left == 0:
-                queue.pop(block, None)
-                queue[block] = None
-    zero = {b for b in (_block(x.get("id"), n) for x in blocks if _int(x.get("ref_count")) == 0)
-            if b is not None}
-    ordered = [b for b in queue if b in zero]
-    # Blocks the log leaves free but the replay does not (a file without the events
-    # that freed them): after the others, by id.
-    placed = set(ordered)
-    return ordered + sorted(zero - placed)
+                self.queue.pop(block, None)
+                self.queue[block] = index
+
+    def relabel(self, moves: dict[int, int], plan: dict[int, int] | None) -> None:
+        """After a shuffle whose used and cached blocks moved by `moves` (by `plan`, the
+        whole permutation, when it is known).
+
+        A never-filled block moves without an event. Its place in the queue is kept,
+        as BlockPool.relabel keeps it; without `plan` its new id is unknown, and such
+        places take the ids no used or moved block took: a block whose id is still
+        left keeps it, the other places take the rest in ascending order."""
+        held = {b for b, count in self.refs.items() if count > 0}
+        # Held blocks always move with an event; so do cached ones, which are queued.
+        self.refs = {moves.get(b, b): self.refs[b] for b in held}
+        self.last_free = {moves.get(b, b): self.last_free[b] for b in held
+                          if b in self.last_free}
+        if plan is not None:
+            self.queue = {plan[b]: place for b, place in self.queue.items()}
+            return
+        taken = set(self.refs) | {moves[b] for b in self.queue if b in moves}
+        left = [b for b in range(self.num_blocks) if b not in taken]
+        kept = {b for b in self.queue if b not in moves}.intersection(left)
+        spare = iter(b for b in left if b not in kept)
+        out: dict[int, int] = {}
+        for b, place in self.queue.items():
+            new = moves.get(b, b if b in kept else next(spare, None))
+            if new is not None:
+                out[new] = place
+        self.queue = out
+
+    def order(self, zero: set[int]) -> list[int]:
+        """The blocks of `zero` (ref count 0 in the file) in queue order."""
+        placed = [(place, b) for b, place in self.queue.items() if b in zero]
+        late = [(self.last_free[b], b) for b in zero.difference(self.queue)
+                if b in self.last_free]
+        ordered = [b for _, b in sorted(placed + late)]
+        # Blocks the log leaves free but never frees (a file without those events):
+        # after the others, by id.
+        return ordered + sorted(zero.difference(ordered))
 
 
 def _plan(moves: dict[int, int], refs: dict[int, int], num_blocks: int,
@@ -236,38 +326,15 @@ def _plan(moves: dict[int, int], refs: dict[int, int], num_blocks: int,
     if seed is None:
         return None
     used = {b for b, count in refs.items() if count > 0}
+    # Every used block moves with an event: without one, no plan can agree.
+    if not used.issubset(moves) and num_blocks > 1:
+        return None
     plan = remap_permutation(num_blocks, used, seed)
-    # Every used block moves, and the moves are exactly the plan's for the blocks
-    # that hold data (used, or cached: a cached block is a logged move's source).
+    # The moves are exactly the plan's for the blocks that hold data (used, or
+    # cached: a cached block is a logged move's source).
     agrees = (all(plan[src] == dst for src, dst in moves.items())
               and all(b in moves for b in used if plan[b] != b))
     return plan if agrees else None
-
-
-def _relabel(queue: dict[int, None], refs: dict[int, int], moves: dict[int, int],
-             num_blocks: int, plan: dict[int, int] | None
-             ) -> tuple[dict[int, None], dict[int, int]]:
-    """The queue and counts after a shuffle whose used and cached blocks moved by `moves`
-    (by `plan`, the whole permutation, when it is known).
-
-    A never-filled block moves without an event. Its place in the queue is kept, as
-    BlockPool.relabel keeps it; without `plan` its new id is unknown, and such places
-    take the ids no used or moved block took, a block that may have kept its id first,
-    the rest in ascending order."""
-    refs = {moves.get(b, b): n for b, n in refs.items() if n > 0}
-    if plan is not None:
-        return dict.fromkeys(plan[b] for b in queue), refs
-    held = set(refs) | {moves[b] for b in queue if b in moves}
-    left = [b for b in range(num_blocks) if b not in held]
-    unknown = {b for b in queue if b not in moves}
-    kept = unknown.intersection(left)
-    spare = iter(b for b in left if b not in kept)
-    out: dict[int, None] = {}
-    for b in queue:
-        new = moves.get(b, b if b in kept else next(spare, None))
-        if new is not None:
-            out[new] = None
-    return out, refs
 
 
 def _scheduler(requests: list[dict[str, Any]], events: list[dict[str, Any]], *,
