@@ -14,7 +14,7 @@ import pandas as pd
 from backend.core.words import counted
 from backend.views.glossary import EVENTS
 from backend.views.grid import CACHED_LABEL, INK, PALETTE
-from backend.views.legend import legend_entries
+from backend.views.legend import legend_entries, swatch_html
 from backend.views.metrics import MetricItem
 from backend.views.model import (
     Chunk,
@@ -181,8 +181,6 @@ def legend_html(snap: Snapshot, request_ids: list[str] | None = None) -> str:
 
     The entries are legend.legend_entries, the ones an exported grid draws too.
     """
-    sw = ("display:inline-block;width:12px;height:12px;border-radius:2px;margin:0 4px -1px 0;"
-          "border:{w}px {style} {b};background:{c};")
     parts = []
     for e in legend_entries(snap, request_ids):
         text = escape(e.text)
@@ -191,12 +189,8 @@ def legend_html(snap: Snapshot, request_ids: list[str] | None = None) -> str:
             text = text.replace(CACHED_LABEL, f"<i>{CACHED_LABEL}</i>", 1)
         elif e.kind == "shared":
             text = text.replace("×N", "<b>×N</b>", 1)
-        swatch = ""
-        if e.swatch:
-            style = sw.format(w=max(1, round(e.stroke_w)), b=e.stroke,
-                              c=_rgba(e.fill, e.opacity),
-                              style="dashed" if e.dashed else "solid")
-            swatch = f"<span style='{style}'></span>"
+        swatch = (swatch_html(_rgba(e.fill, e.opacity), e.stroke, dashed=e.dashed,
+                              border_w=max(1, round(e.stroke_w))) if e.swatch else "")
         # Each entry moves to the next line whole; one longer than the line (the cached
         # entry on a phone) wraps inside itself rather than running off the page.
         parts.append(f"<span style='margin-right:12px;display:inline-block;max-width:100%'>"

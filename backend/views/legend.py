@@ -36,6 +36,17 @@ CACHED_TEXT = (f"{CACHED_LABEL} = in the free queue with its K/V kept for a pref
                "(dashed border)")
 
 
+def swatch_html(background: str, border: str, *, width: int = 12, height: int = 12,
+                border_w: int = 1, dashed: bool = False,
+                margin: str = "0 4px -1px 0") -> str:
+    """One swatch of a page's legend: a small box filled `background` and edged `border`
+    (dashed or solid), set in the line of text it explains. The grid's, the arena's and
+    the memory maps' legends draw theirs with it, so they look alike."""
+    return (f"<span style='display:inline-block;width:{width}px;height:{height}px;"
+            f"border-radius:2px;margin:{margin};border:{border_w}px "
+            f"{'dashed' if dashed else 'solid'} {border};background:{background}'></span>")
+
+
 @dataclass(frozen=True, slots=True)
 class LegendEntry:
     kind: EntryKind

@@ -19,6 +19,7 @@ from backend.views.describe import capped, span
 from backend.views.glossary import path_help
 from backend.views.grid import CACHED_FILL, INK, MUTED, PALETTE
 from backend.views.html import term_html
+from backend.views.legend import swatch_html
 from backend.views.metrics import CARD_NAMES
 from backend.views.model import Snapshot, owner_index
 
@@ -365,19 +366,16 @@ def arena_message(arena: dict[str, Any]) -> str | None:
 
 def arena_legend_html() -> str:
     """What the arena's fills and marks mean, in words next to each swatch."""
-    sw = ("display:inline-block;width:18px;height:12px;border-radius:2px;margin:0 4px -1px 0;"
-          "border:1px {style} {b};background:{c};")
     items = [
-        (sw.format(style="solid", b=MUTED, c="rgba(0,114,178,.35)"), "A = A's tokens"),
-        (sw.format(style="dashed", b=MUTED, c="rgba(0,114,178,.08)"),
-         "A reserved = room kept for A's future tokens"),
-        (sw.format(style="dashed", b=MUTED, c="#FFF"),
-         "A unused = reserved beyond A's final length (internal fragmentation)"),
-        (sw.format(style="dashed", b=MUTED, c=EXTERNAL_FILL),
+        ("rgba(0,114,178,.35)", False, "A = A's tokens"),
+        ("rgba(0,114,178,.08)", True, "A reserved = room kept for A's future tokens"),
+        ("#FFF", True, "A unused = reserved beyond A's final length (internal fragmentation)"),
+        (EXTERNAL_FILL, True,
          "hole = free, but too small for the waiting request (external fragmentation)"),
-        (sw.format(style="solid", b=MUTED, c="#FFF"), "free"),
+        ("#FFF", False, "free"),
     ]
-    parts = [f"<span style='margin-right:12px'><span style='{style}'></span>{escape(text)}"
-             f"</span>" for style, text in items]
+    parts = [f"<span style='margin-right:12px'>"
+             f"{swatch_html(fill, MUTED, width=18, dashed=dashed)}{escape(text)}</span>"
+             for fill, dashed, text in items]
     return ("<div class='pl-arena-legend' style='font-size:12px;line-height:1.9'>"
             + "".join(parts) + "</div>")

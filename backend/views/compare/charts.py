@@ -25,6 +25,7 @@ import pandas as pd
 from backend.core.words import counted, percent, tenths
 from backend.views.compare.frames import KIND_LABELS, POLICY_ORDER, SHARING_KINDS, sharing_kinds
 from backend.views.describe import MAX_LISTED, number, span, trend
+from backend.views.legend import swatch_html
 
 KIND_DOMAIN: list[str] = list(KIND_LABELS.values())
 # Internal fragmentation's orange, darker than reservation's light blue: the two had the
@@ -123,10 +124,9 @@ def kind_legend_html() -> str:
     200 px columns was cut, and ran one label into the next swatch, on a phone), and a
     screen reader reads its words.
     """
-    swatch = ("display:inline-block;width:14px;height:14px;border-radius:2px;"
-              "border:1px solid #555;margin:0 6px -2px 0;background:{c}")
     parts = [f"<span role='listitem' style='display:inline-block;margin-right:16px'>"
-             f"<span style='{swatch.format(c=color)}'></span>{kind}</span>"
+             f"{swatch_html(color, '#555', width=14, height=14, margin='0 6px -2px 0')}"
+             f"{kind}</span>"
              for kind, color in zip(KIND_DOMAIN, KIND_COLORS, strict=True)]
     return ("<div class='pl-kind-legend' role='list' aria-label='Legend of the memory maps "
             "below: the state of each slot' style='font-size:13px;line-height:1.9'>"
