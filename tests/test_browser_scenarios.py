@@ -182,10 +182,11 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         browser: Browser, app_url: str, screenshots: Path) -> None:
     # An uploaded scenario may ask for thousands of iterations, under the page's 60 s
     # limit; Next's step (a callback) draws its bar at the top of the page, Play's by
-    # the controls, and neither stays once the step is done.
+    # the controls, neither stays once the step is done, and Stop ends one part-way.
     story = {"name": "Long step", "config": {"num_blocks": 64, "block_size": 16},
              "steps": [{"op": "add", "request": "A", "prompt_len": 20},
-                       {"op": "step", "count": 150}, {"op": "step", "count": 150}]}
+                       {"op": "step", "count": 150}, {"op": "step", "count": 150},
+                       {"op": "step", "count": 100000}]}
     page = browser.new_page(viewport={"width": 1366, "height": 1200})
     try:
         page.set_default_timeout(T)
@@ -201,7 +202,7 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
         nxt = page.get_by_role("button", name="Next", exact=True)
         nxt.click()
-        shows(page.get_by_test_id("stMain"), "Viewing step 1 of 3")
+        shows(page.get_by_test_id("stMain"), "Viewing step 1 of 4")
         page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
         bar = page.get_by_test_id("stProgress")
         said = re.compile(r"^Step 2, step x150: \d+ iterations? of 150 done, \d+ s of the "
@@ -213,17 +214,25 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         title = page.get_by_role("heading", name="Scenarios", exact=True).bounding_box()
         box = bar.bounding_box()
         assert box is not None and title is not None and box["y"] < title["y"]
-        shows(page.get_by_test_id("stMain"), "Viewing step 2 of 3")
+        shows(page.get_by_test_id("stMain"), "Viewing step 2 of 4")
         expect(bar).to_have_count(0)
         # Play's bar sits under the controls' caption.
         page.get_by_role("button", name="Play", exact=True).click()
         expect(bar).to_have_count(1)
         assert bar.inner_text().strip().startswith("Step 3, step x150: ")
-        caption = page.get_by_text("Viewing step 2 of 3").bounding_box()
+        caption = page.get_by_text("Viewing step 2 of 4").bounding_box()
         box = bar.bounding_box()
         assert box is not None and caption is not None and box["y"] > caption["y"]
         shoot(page, screenshots / "tour-07-long-step-bar.png")
-        shows(page.get_by_test_id("stMain"), "Viewing step 3 of 3")
+        # The play goes on to step 4, of 100,000 iterations: stopped by its button.
+        shows(page.get_by_test_id("stMain"), "Viewing step 3 of 4")
+        expect(bar).to_have_count(1)
+        assert bar.inner_text().strip().startswith("Step 4, step x100000: ")
+        page.get_by_role("button", name="Stop this step").click()
+        shows(page.get_by_test_id("stMain"), re.compile(
+            r"Step 4, step x100000, was stopped as asked, at iteration [\d,]+ of 100,000\. "
+            r"The run ends at step 3; Reset starts it again\."))
         expect(bar).to_have_count(0)
+        expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible()
     finally:
         page.close()

@@ -26,7 +26,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Shuffle, Step
-from backend.io import restore_derive
+from backend.io import restore_derive, restore_queue
 from backend.io.cli import main
 from backend.io.restore import derived_fields, restore_engine, restore_notes
 from backend.io.restore_derive import contract_only
@@ -286,7 +286,7 @@ def test_derivation_past_its_bounds_is_refused_naming_the_field_to_give(
     # The bounds keep a hostile file from costing minutes; a real engine's file is far
     # below them, so they are lowered here to reach them with a small one.
     docs = (ROOT / "README.md").read_text() + (ROOT / "docs" / "CONTRACT.md").read_text()
-    for bound in (restore_derive.MAX_HASHED_BLOCKS, restore_derive.MAX_SHUFFLE_WORK):
+    for bound in (restore_derive.MAX_HASHED_BLOCKS, restore_queue.MAX_SHUFFLE_WORK):
         assert docs.count(f"{bound:,}") >= 2, bound
     e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
     for op in (Add("A", prompt="abcdefghijkl"), Finish("A"), Add("B", prompt_len=5), Shuffle(),
@@ -298,7 +298,7 @@ def test_derivation_past_its_bounds_is_refused_naming_the_field_to_give(
                                             r"blocks; give its prefix_cache \(PagedLab's"):
         restore_engine(bare(snap), kernel="torch")
     monkeypatch.setattr(restore_derive, "MAX_HASHED_BLOCKS", 100)
-    monkeypatch.setattr(restore_derive, "MAX_SHUFFLE_WORK", 20)
+    monkeypatch.setattr(restore_queue, "MAX_SHUFFLE_WORK", 20)
     with pytest.raises(PagedLabError, match=r"^snapshot: without free_queue, .* pool of 16 "
                                             r"blocks are too many to replay \(more than 20 "):
         restore_engine(bare(snap), kernel="torch")
@@ -341,8 +341,8 @@ def test_what_the_log_cannot_fix_is_said_in_the_note() -> None:
         e.apply(op)
     notes = restore_notes(restore_engine(bare(export_snapshot(e)), kernel="torch"))
     assert notes == [ALL_DERIVED, "the log does not say where the shuffles of steps 2 and 4 "
-                     "put the never-filled blocks, so their order in the derived free_queue "
-                     "is a guess"]
+                     "put the free blocks that hold no cached data, so their order in the "
+                     "derived free_queue is a guess"]
     # The Playground's shuffle gives no seed: planned again, nothing to warn of.
     e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
     for op in (Add("A", prompt_len=6), Shuffle()):

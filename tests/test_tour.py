@@ -169,10 +169,27 @@ def test_a_step_reports_each_iteration_and_a_grow_each_token_to_its_bar() -> Non
         {"op": "step", "count": 3},
         {"op": "grow", "request": "A", "tokens": 2}]}), "upload", "mine", kernel="torch")
     heard: list[tuple[int, int]] = []
+
+    def hear(done: int, total: int) -> bool:
+        heard.append((done, total))
+        return True
+
     for _ in range(3):
-        assert run.advance(lambda done, total: heard.append((done, total))) is not None
+        assert run.advance(hear) is not None
     # A grow is asked between two tokens (whether to go on), so not after its last.
     assert heard == [(1, 3), (2, 3), (3, 3), (1, 2)]
+
+
+def test_a_step_its_user_stops_ends_the_run_at_the_step_before() -> None:
+    # The Scenarios page's "Stop this step": the progress callback says no.
+    run = TourRun(parse_scenario({"config": {"num_blocks": 64}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "step", "count": 50}]}), "upload", "mine", kernel="torch")
+    assert run.advance() is not None
+    assert run.advance(lambda done, total: done < 3) is None
+    assert run.stopped == ("Step 2, step x50, was stopped as asked, at iteration 3 of 50. "
+                           "The run ends at step 1; Reset starts it again.")
+    assert run.error is None and not run.can_advance and run.taken == 1
 
 
 def test_kernels_can_change_between_steps() -> None:

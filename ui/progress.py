@@ -418,35 +418,3 @@ def restoring(text: str) -> Iterator[tuple[Shown, Callable[[int, int], None]]]:
         if bar is not None:
             shown.call(bar.empty)
 
-
-@contextmanager
-def timed(label: str, unit: str, limit_s: float, where: Any = st
-          ) -> Iterator[tuple[Shown, Callable[[int, int], None]]]:
-    """A bar for a scenario's step, which runs under a time limit and has no Stop
-    button, and the callback that moves it; the caller calls the Shown's `finish`.
-
-    Shown once the step has run SHOW_AFTER_S, it says how far the step is (in `unit`s:
-    iterations, tokens) and how much of the `limit_s` it has used. `label` is plain
-    text (a scenario's request ids are the file's). `where`: `st` (from a callback,
-    the top of the page) or a placeholder the page keeps for it."""
-    shown = Shown()
-    started = time.monotonic()
-    bar: Any = None
-
-    def moved(done: int, total: int) -> None:
-        nonlocal bar
-        elapsed = time.monotonic() - started
-        if elapsed < SHOW_AFTER_S or not total:
-            return
-        text = plain_md(f"{label}: {counted(done, unit)} of {total:,} done, "
-                        f"{elapsed:.0f} s of the {limit_s:g} s limit")
-        if bar is None:
-            bar = shown.call(where.progress, done / total, text=text)
-        else:
-            shown.call(bar.progress, done / total, text=text)
-
-    try:
-        yield shown, moved
-    finally:
-        if bar is not None:
-            shown.call(bar.empty)

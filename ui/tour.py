@@ -36,17 +36,19 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from backend.core.errors import PagedLabError
 from backend.engine.ops import Grow, describe_op
 from backend.io.scenario import Scenario
 from backend.sessions.playground import Settings
 from backend.sessions.tour import Frame, TourRun, parse_step, shipped_paths, shipped_scenario
-from ui import progress, session
+from ui import session, tour_progress
 from ui.progress import Queued, Shown
+from ui.tour_progress import Timed
 
 TOUR = "tour"
 UPLOAD = "upload"            # the key of a scenario a person uploaded
@@ -83,6 +85,8 @@ class TourState:
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
     messages: list[tuple[MessageKind, str]] = field(default_factory=list)  # shown once
     goto_playground: bool = False
+    # The step under way, while one runs (its bar's record, for the runs that wait).
+    stepping: Timed | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
@@ -111,14 +115,28 @@ def state() -> TourState:
 
 @contextmanager
 def held() -> Iterator[TourState]:
-    """This session's scenario state, with its lock held (see the module doc)."""
+    """This session's scenario state, with its lock held (see the module doc). While
+    another run holds it stepping, that step's bar shows here (ui/tour_progress.py)."""
     t = state()
-    with t.lock:
-        outer, _HELD.state = getattr(_HELD, "state", None), t
-        try:
-            yield t
-        finally:
-            _HELD.state = outer
+    shown = Shown()
+    tour_progress.acquire_showing(t.lock, lambda: t.stepping, shown, stop_stepping)
+    outer, _HELD.state = getattr(_HELD, "state", None), t
+    try:
+        yield t
+    finally:
+        _HELD.state = outer
+        t.lock.release()
+    # What Streamlit raised while this run waited, now that the click has acted.
+    shown.finish()
+
+
+def stop_stepping() -> None:
+    """Ask the step under way, if one is, to stop between two iterations: the Stop
+    button's callback, and a click's that would throw the step's result away (Reset,
+    another scenario), before it waits for the lock the step holds."""
+    step = state().stepping
+    if step is not None:
+        step.stop.set()
 
 
 def one_at_a_time(callback: Callable[..., None]) -> Callable[..., None]:
@@ -283,9 +301,9 @@ def _quoted(value: str) -> str:
     return repr(value if len(value) <= MAX_QUOTED else value[:MAX_QUOTED - 1] + "…")
 
 
-def finish(run: TourRun, bar: Any) -> None:
+def finish(run: TourRun, slot: DeltaGenerator) -> None:
     """After drawing: write the link, and take the next step if playing (a long one
-    with its bar in `bar`, a placeholder the page keeps by its controls)."""
+    with its bar in `slot`, a placeholder the page keeps by its controls)."""
     t = state()
     _write_link(run)
     if not t.playing:
@@ -303,7 +321,7 @@ def finish(run: TourRun, bar: Any) -> None:
         if t.view < run.taken:
             t.view += 1
         else:
-            frame, shown = advance(run, bar)
+            frame, shown = advance(run, slot)
             if frame is not None:
                 t.view = run.taken
             else:
@@ -317,19 +335,24 @@ def finish(run: TourRun, bar: Any) -> None:
     st.rerun()
 
 
-def advance(run: TourRun, where: Any = st) -> tuple[Frame | None, Shown]:
-    """`run.advance()` with a bar while a long `step` or `grow` runs (ui.progress.timed,
-    drawn at `where`).
+def advance(run: TourRun, where: DeltaGenerator | None = None) -> tuple[Frame | None, Shown]:
+    """`run.advance()` with a bar while a long `step` or `grow` runs, drawn at `where`
+    (ui/tour_progress.py). Called with the state's lock held.
 
     The caller updates the state, then calls the Shown's `finish`: Streamlit may
     have superseded this run meanwhile, and what it raised is raised only then."""
     if not run.can_advance:
         return None, Shown()
     op = run.scenario.steps[run.taken].op
-    label = f"Step {run.taken + 1}, {describe_op(op)}"
-    unit = "token" if isinstance(op, Grow) else "iteration"
-    with progress.timed(label, unit, run.step_time_limit_s, where) as (shown, moved):
-        frame = run.advance(moved)
+    step = Timed(f"Step {run.taken + 1}, {describe_op(op)}",
+                 "token" if isinstance(op, Grow) else "iteration", run.step_time_limit_s)
+    t = state()
+    with tour_progress.stepping(step, stop_stepping, where) as (shown, move):
+        t.stepping = step       # what a click that waits for the lock shows meanwhile
+        try:
+            frame = run.advance(move)
+        finally:
+            t.stepping = None
     return frame, shown
 
 

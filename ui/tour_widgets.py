@@ -78,6 +78,7 @@ def _on_play_pause(playing: bool) -> None:
 
 def _on_reset() -> None:
     ctx = tour.LoadContext.read()
+    tour.stop_stepping()
     with tour.held():
         load(_run().key, ctx)
 
@@ -92,6 +93,7 @@ def _on_slider() -> None:
 def _on_pick() -> None:
     # Read before waiting for the state's lock (see ui/tour.py's `state`).
     key, ctx = st.session_state["tour_pick"], tour.LoadContext.read()
+    tour.stop_stepping()
     with tour.held() as t:
         left = t.run
         if load(key, ctx) and left is not None and left.taken and left.key != key:
@@ -120,6 +122,7 @@ def _on_upload() -> None:
         say("error", f"Scenario file refused: {exc}")
         return
     ctx = tour.LoadContext.read()
+    tour.stop_stepping()
     with tour.held() as t:
         t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
         if load(UPLOAD, ctx):

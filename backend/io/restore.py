@@ -70,7 +70,7 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
         top.accept("schema_version", "config")
     engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference)
     try:
-        metrics = _restore_into(engine, top, derived="prefix_cache" in derived.fields)
+        metrics = _restore_into(engine, top, cache_derived="prefix_cache" in derived.fields)
         engine.manager.check_integrity()
         recompute_kv(engine, progress)
         engine.check_requests()
@@ -82,7 +82,7 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     unread = tuple(top.unread())
     if unread or derived.fields:
         with _RECORD_LOCK:
-            _RECORD[engine] = (unread, derived)
+            _RECORD[engine] = (unread, derived.brief())
     return engine
 
 
@@ -129,10 +129,10 @@ def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:
             "it implies")
 
 
-def _restore_into(engine: Engine, top: FieldReader, *, derived: bool) -> FieldReader:
+def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> FieldReader:
     """Everything but the K/V and the totals' check into `engine`; returns the reader of
     `snapshot.metrics`, whose derived totals `_check_totals` compares at the end.
-    `derived`: the prefix cache was derived from the requests' tokens, not read."""
+    `cache_derived`: the prefix cache was derived from the requests' tokens, not read."""
     c = engine.config
     bs = c.block_size
     m = engine.manager
@@ -190,7 +190,7 @@ def _restore_into(engine: Engine, top: FieldReader, *, derived: bool) -> FieldRe
                                 f"its ref_count and hash make it {want!r}")
         check_int(filled, f"{r.where}.num_filled", 0, bs)
         if digest is not None and digest not in nodes:
-            if derived:
+            if cache_derived:
                 raise PagedLabError(
                     f"{r.where}.hash {digest} is not the key of any request's tokens, and "
                     "the snapshot has no prefix_cache to give its tokens (PagedLab keys a "

@@ -275,7 +275,7 @@ class TourRun:
         """The operation of the step after `step`, if the scenario has one."""
         return describe_op(self.scenario.steps[step].op) if step < self.total else None
 
-    def advance(self, progress: Callable[[int, int], None] | None = None) -> Frame | None:
+    def advance(self, progress: Callable[[int, int], bool] | None = None) -> Frame | None:
         """Mutates: apply the next step and keep its frame.
 
         Returns None when there is no next step, the engine refused it or it ran
@@ -283,17 +283,20 @@ class TourRun:
         and the engine keeps the state before that step; a `step` still running
         after `step_time_limit_s` stops between two iterations and sets `stopped`.
         `progress(done, total)` hears of each iteration of a `step` and each token
-        of a `grow`.
+        of a `grow`; False from it stops the step there too, as asked by its user.
         """
         if not self.can_advance:
             return None
         i = self.taken + 1
         step = self.scenario.steps[i - 1]
         deadline = time.monotonic() + self.step_time_limit_s
+        asked = False
 
         def in_time(done: int, total: int) -> bool:
-            if progress is not None:
-                progress(done, total)
+            nonlocal asked
+            if progress is not None and not progress(done, total):
+                asked = True
+                return False
             return time.monotonic() < deadline
 
         try:
@@ -321,10 +324,16 @@ class TourRun:
                 assert isinstance(result.op, Grow) and isinstance(step.op, Grow)
                 where = f"after {result.op.tokens:,} of its {step.op.tokens:,} tokens"
             limit = f"{self.step_time_limit_s:g} s"
-            self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped at the {limit} "
-                            f"limit, {where}: this page gives one step at most {limit} of "
-                            f"the shared server. The run ends at step {i - 1}; the command "
-                            "line (python -m backend run) takes the file whole.")
+            if asked:
+                self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped as asked, "
+                                f"{where}. The run ends at step {i - 1}; Reset starts it "
+                                "again.")
+            else:
+                self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped at the "
+                                f"{limit} limit, {where}: this page gives one step at most "
+                                f"{limit} of the shared server. The run ends at step "
+                                f"{i - 1}; the command line (python -m backend run) takes "
+                                "the file whole.")
             return None
         snap = export_snapshot(self.engine)
         checks = () if not step.expect else check_rows(step.expect, snap, self.engine, result,

@@ -1,0 +1,156 @@
+"""The Scenarios page's bar for a long step, and for the clicks that wait behind it.
+
+A scenario's `step` or `grow` runs under a time limit (TourRun.step_time_limit_s).
+While it runs, its own run draws a bar saying how far it is and how much of the
+limit it has used, with a Stop button: a Next click's at the top of the page
+(what a callback draws goes there), Play's in a placeholder the page keeps under
+its controls. A click meanwhile starts a new run, whose callback waits for the
+scenario's lock (ui.tour.held) and shows the same bar from the same record
+(`Timed`), so the page says what it is waiting for; a Stop, a Reset or another
+scenario sets the record's flag first, and the step stops between two
+iterations (TourRun.advance ends the run at the step before). Streamlit's
+control exceptions go through ui.progress.Shown, as on the Playground
+(ui/progress.py), whose Step N has the same kind of bar.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
+
+from backend.core.words import counted
+from backend.views.text import plain_md
+from ui.progress import POLL_S, SHOW_AFTER_S, Shown
+
+# The Stop buttons' keys: the stepping run's bar's, and a waiting run's.
+STOP_KEYS = ("tour_stop_step", "tour_stop_wait")
+# A bar redrawn at most this often: a torch step may run thousands of iterations a
+# second, and each redraw is a message to the browser.
+REDRAW_S = 0.1
+
+
+@dataclass(slots=True)
+class Timed:
+    """A scenario step under way, as its bar shows it. Written by the stepping thread
+    (`moved`) and read by waiting ones: each field is one assignment, so a reader sees
+    an old count at worst."""
+
+    label: str              # plain text: "Step 2, step x1500"
+    unit: str               # "iteration" or "token"
+    limit_s: float
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0
+    total: int = 0
+    # Set by a Stop click, a Reset or another scenario picked, from the run they start
+    # (without the lock, which the step holds): the step stops between two iterations.
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def moved(self, done: int, total: int) -> bool:
+        """TourRun.advance's progress callback: False once a stop was asked."""
+        self.done, self.total = done, total
+        return not self.stop.is_set()
+
+    def text(self) -> str:
+        # Whole seconds, rounded up: a bar shown after 0.3 s never says "0 s".
+        elapsed = math.ceil(time.monotonic() - self.started)
+        return plain_md(f"{self.label}: {counted(self.done, self.unit)} of {self.total:,} "
+                        f"done, {elapsed} s of the {self.limit_s:g} s limit")
+
+
+class TimedBar:
+    """A bar showing a Timed, with a Stop button under it, at `where` (a placeholder;
+    None: the page, which from a callback is its top). Drawn once the step has run
+    SHOW_AFTER_S (quicker ones would only flicker), redrawn at most every REDRAW_S.
+    `key` names this bar's button (STOP_KEYS)."""
+
+    def __init__(self, shown: Shown, key: str, on_stop: Callable[[], None],
+                 where: DeltaGenerator | None = None) -> None:
+        self.shown = shown
+        self.key = key
+        self.on_stop = on_stop
+        self.where: Any = st if where is None else where
+        self._slot: Any = None
+        self._bar: Any = None
+        self._drawn = 0.0
+
+    def show(self, step: Timed) -> None:
+        now = time.monotonic()
+        if now - step.started < SHOW_AFTER_S or not step.total:
+            return
+        if self._slot is not None and now - self._drawn < REDRAW_S:
+            return
+        self._drawn = now
+        fraction = min(1.0, step.done / step.total)
+        if self._slot is None:
+            self._slot = self.shown.call(self.where.empty)
+            box = None if self._slot is None else self.shown.call(self._slot.container)
+            if box is None:
+                return
+            with box:
+                self._bar = self.shown.call(st.progress, fraction, text=step.text())
+                # The click's callback runs in the run it starts, before that run waits
+                # for the lock. It finds the step under way through the session, not
+                # through this step: Streamlit may call the callback an earlier run
+                # registered under this key (the previous step's bar).
+                self.shown.call(st.button, "Stop this step", key=self.key,
+                                on_click=self.on_stop,
+                                help="Stop after the current iteration: the run then ends "
+                                     "at the step before this one, and Reset starts it "
+                                     "again.")
+        elif self._bar is not None:
+            self.shown.call(self._bar.progress, fraction, text=step.text())
+
+    def clear(self) -> None:
+        if self._slot is not None:
+            self.shown.call(self._slot.empty)
+            self._slot = self._bar = None
+
+
+@contextmanager
+def stepping(step: Timed, on_stop: Callable[[], None], where: DeltaGenerator | None = None
+             ) -> Iterator[tuple[Shown, Callable[[int, int], bool]]]:
+    """While `step` runs in this thread: its bar at `where`, whose Stop button calls
+    `on_stop`, and the progress callback that moves both. The caller calls the Shown's
+    `finish` once it has updated the scenario's state."""
+    shown = Shown()
+    bar = TimedBar(shown, "tour_stop_step", on_stop, where)
+
+    def move(done: int, total: int) -> bool:
+        going = step.moved(done, total)
+        bar.show(step)
+        return going
+
+    try:
+        yield shown, move
+    finally:
+        bar.clear()
+
+
+def acquire_showing(lock: threading.Lock, current: Callable[[], Timed | None],
+                    shown: Shown, on_stop: Callable[[], None]) -> None:
+    """Take `lock`; while another run holds it, show the bar of `current()`'s step (a
+    Timed, or None when nothing is stepping) at the top of the page, its Stop button
+    calling `on_stop`."""
+    if lock.acquire(blocking=False):
+        return
+    bar = TimedBar(shown, "tour_stop_wait", on_stop)
+    while not lock.acquire(timeout=POLL_S):
+        step = current()
+        if step is not None:
+            bar.show(step)
+            # A Stop click's callback may not have run: Streamlit runs this run's
+            # callbacks one after another, and an earlier one (a Play click's, which
+            # Streamlit may dispatch again) can be this very wait. The click is in the
+            # run's widget values all the same.
+            if not step.stop.is_set() and any(shown.call(st.session_state.get, key, False)
+                                              for key in STOP_KEYS):
+                on_stop()
+    bar.clear()
