@@ -344,6 +344,8 @@ def test_an_oversized_snapshot_is_refused_unread() -> None:
     # Past the limit, the browser still sends the file, to be refused here on the page.
     assert at.file_uploader(key="import_snapshot").proto.max_upload_size_mb << 20 \
         >= 2 * MAX_SNAPSHOT_BYTES
+    # The uploader's own line says 64MB; its help gives PagedLab's limit.
+    assert "At most 32 MiB: " in at.file_uploader(key="import_snapshot").proto.help
     upload(at, b" " * (MAX_SNAPSHOT_BYTES + 1), "huge.json")
     assert [e.value for e in at.error] == [
         f"Refused the snapshot in 'huge.json': it is {MAX_SNAPSHOT_BYTES + 1:,} bytes; the "

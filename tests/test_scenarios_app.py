@@ -487,6 +487,7 @@ def test_an_oversized_scenario_upload_is_refused_unread() -> None:
     # refusal, on the page, is what a person sees, not Streamlit's mark on the file's chip.
     assert at.file_uploader(key="tour_file").proto.max_upload_size_mb << 20 \
         >= 2 * MAX_SCENARIO_BYTES
+    assert "At most 4 MiB: " in at.file_uploader(key="tour_file").proto.help
     upload(at, "huge.json", b" " * (MAX_SCENARIO_BYTES + 1))
     assert [e.value for e in at.error] == [
         f"Scenario file refused: huge.json is {MAX_SCENARIO_BYTES + 1:,} bytes; the limit is "

@@ -39,9 +39,14 @@ from tests.test_app import start
 from tests.test_exports_app import upload
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL_DERIVED = ("free_queue, prefix_cache, scheduler and allocator, fields PagedLab's own "
-               "snapshots add beyond the contract, were not in the file: they were derived "
-               "from its events, blocks and requests (README, Snapshots)")
+REBUILT = ("the file lacks free_queue (the order free blocks are handed out in), "
+           "prefix_cache (the tokens behind each cached block), scheduler (the order of the "
+           "request queues) and allocator (the random allocator's pick count), fields "
+           "PagedLab's own snapshots add beyond the contract; they were rebuilt from its "
+           "events, blocks and requests")
+ALL_DERIVED = (f"{REBUILT}, so the next steps run as they would have in the run that wrote "
+               "it (README, Snapshots)")
+
 SCENARIOS = sorted((ROOT / "assets" / "scenarios").glob("*.json"))
 
 
@@ -160,8 +165,10 @@ def test_only_the_missing_fields_are_derived_and_named() -> None:
     restored = restore_engine(partial, kernel="torch")
     assert derived_fields(restored).names == ("free_queue",)
     assert restore_notes(restored) == [
-        "free_queue, a field PagedLab's own snapshots add beyond the contract, was not in "
-        "the file: it was derived from its events, blocks and requests (README, Snapshots)"]
+        "the file lacks free_queue (the order free blocks are handed out in), a field "
+        "PagedLab's own snapshots add beyond the contract; it was rebuilt from its events, "
+        "blocks and requests, so the next steps run as they would have in the run that "
+        "wrote it (README, Snapshots)"]
     assert export_snapshot(restored) == snap
     # A complete file derives nothing and says nothing.
     whole = restore_engine(copy.deepcopy(snap), kernel="torch")
@@ -177,9 +184,28 @@ def test_a_cached_block_whose_tokens_no_request_holds_is_refused_by_name() -> No
     cached["hash"] = "0123456789abcdef"
     with pytest.raises(PagedLabError) as err:
         restore_engine(snap, kernel="torch")
-    assert str(err.value).startswith(
-        f"snapshot.blocks[{cached['id']}].hash 0123456789abcdef is not the key of any "
-        "request's tokens, and the snapshot has no prefix_cache to give its tokens")
+    assert str(err.value) == (
+        f"snapshot.blocks[{cached['id']}].hash 0123456789abcdef is not the key PagedLab gives "
+        "any request's tokens: this cached block (no request holds it) needs its tokens to "
+        "recompute its K/V, and without the prefix_cache PagedLab's snapshots add they are "
+        "nowhere in the file. Copy the hash from a PagedLab snapshot of the same config, or "
+        "list the block as free (hash null); README, Snapshots, says how a key is computed")
+    # Listed as free instead, as the message says, the file restores.
+    freed = bare(export_snapshot(e))
+    block = freed["blocks"][cached["id"]]
+    block.update(state="free", hash=None, num_filled=0)
+    freed["metrics"]["cached_blocks"] -= 1
+    freed["metrics"]["free_blocks"] += 1
+    restore_engine(freed, kernel="torch")
+    # A held block's hash that is no key of its own tokens is named as such.
+    held = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
+    held.apply(Add("B", prompt="abcdefghij"))
+    foreign = bare(export_snapshot(held))
+    foreign["blocks"][0]["hash"] = "fedcba9876543210"
+    with pytest.raises(PagedLabError) as err:
+        restore_engine(foreign, kernel="torch")
+    assert str(err.value).startswith("snapshot.blocks[0].hash fedcba9876543210 is not the key "
+                                     "PagedLab gives the tokens of the request holding it")
     # With PagedLab's prefix_cache the same edit is named as it always was.
     full = export_snapshot(e)
     full["blocks"][cached["id"]]["hash"] = "0123456789abcdef"
@@ -340,7 +366,9 @@ def test_what_the_log_cannot_fix_is_said_in_the_note() -> None:
     for op in (Add("A", prompt_len=6), Shuffle(seed=3), Step(), Shuffle(seed=4)):
         e.apply(op)
     notes = restore_notes(restore_engine(bare(export_snapshot(e)), kernel="torch"))
-    assert notes == [ALL_DERIVED, "the log does not say where the shuffles of steps 2 and 4 "
+    # With a caveat, the first note no longer says the next steps run as they would have.
+    assert notes == [f"{REBUILT} (README, Snapshots)",
+                     "the log does not say where the shuffles of steps 2 and 4 "
                      "put the free blocks that hold no cached data, so their order in the "
                      "derived free_queue is a guess"]
     # The Playground's shuffle gives no seed: planned again, nothing to warn of.
@@ -354,6 +382,7 @@ def test_what_the_log_cannot_fix_is_said_in_the_note() -> None:
                                        "allocation": "random"}), kernel="torch")
     e.apply(Add("A", prompt_len=6))
     notes = restore_notes(restore_engine(bare(export_snapshot(e)), kernel="torch"))
+    assert notes[0] == f"{REBUILT} (README, Snapshots)"
     assert notes[1].startswith("under random allocation the log does not tell a pinned add's "
                                "blocks from picked ones")
 

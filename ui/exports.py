@@ -38,7 +38,7 @@ from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.views.text import plain_md
 from ui import engine_actions, session
-from ui.uploads import uploader_mib
+from ui.uploads import limit_help, uploader_mib
 
 Snapshot = dict[str, Any]
 
@@ -162,7 +162,7 @@ def import_panel() -> None:
              "requests, blocks, reference counts, cached hashes, tokens and events are "
              "restored exactly, K/V recomputed from the tokens; the pool and model settings "
              "become the snapshot's. A malformed or inconsistent file is refused and the "
-             "current state kept.")
+             "current state kept." + limit_help(MAX_SNAPSHOT_BYTES))
     note = st.session_state.get(IMPORT_NOTE)
     held = st.session_state.get(IMPORT_KEY)
     if note is not None and (held is None or held.name != note[0]):

@@ -33,7 +33,7 @@ from backend.views.text import md_code, notes_text, plain_md
 from ui import a11y, clicks, engine_actions, tour
 from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
-from ui.uploads import uploader_mib
+from ui.uploads import limit_help, uploader_mib
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0)
 # Numbers each drawing of the messages (see `messages`).
@@ -190,7 +190,7 @@ def picker(run: TourRun) -> None:
                  "and expected numbers per step. Its form is checked whole before anything "
                  "runs; a step the engine refuses (a request that does not exist) stops the "
                  "run at that step, with the reason. An upload is not saved: a reload of the "
-                 "page forgets it.")
+                 "page forgets it." + limit_help(MAX_SCENARIO_BYTES))
 
 
 def controls(run: TourRun) -> None:

@@ -17,3 +17,10 @@ def uploader_mib(limit_bytes: int) -> int:
     """`max_upload_size` (MiB, as Streamlit counts it) for PagedLab's limit of
     `limit_bytes`: HEADROOM times it, rounded up to a whole MiB."""
     return -(-HEADROOM * limit_bytes // (1 << 20))
+
+
+def limit_help(limit_bytes: int) -> str:
+    """The sentence an uploader's help ends with: PagedLab's limit, which the uploader's
+    own line ("... MB per file") shows HEADROOM times over."""
+    return (f" At most {limit_bytes >> 20} MiB: the uploader's own line allows more so that "
+            "a larger file is refused here with its size, not only marked red on its chip.")

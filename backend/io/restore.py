@@ -190,12 +190,20 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
                                 f"its ref_count and hash make it {want!r}")
         check_int(filled, f"{r.where}.num_filled", 0, bs)
         if digest is not None and digest not in nodes:
+            if cache_derived and ref == 0:
+                raise PagedLabError(
+                    f"{r.where}.hash {digest} is not the key PagedLab gives any request's "
+                    "tokens: this cached block (no request holds it) needs its tokens to "
+                    "recompute its K/V, and without the prefix_cache PagedLab's snapshots "
+                    "add they are nowhere in the file. Copy the hash from a PagedLab "
+                    "snapshot of the same config, or list the block as free (hash null); "
+                    "README, Snapshots, says how a key is computed")
             if cache_derived:
                 raise PagedLabError(
-                    f"{r.where}.hash {digest} is not the key of any request's tokens, and "
-                    "the snapshot has no prefix_cache to give its tokens (PagedLab keys a "
-                    "block by SHA-256 of the model's settings, the key before it and the "
-                    "block's token ids; README, Snapshots)")
+                    f"{r.where}.hash {digest} is not the key PagedLab gives the tokens of "
+                    "the request holding it: a hash must be PagedLab's (README, Snapshots, "
+                    "says how a key is computed; a PagedLab snapshot of the same config has "
+                    "them)")
             raise PagedLabError(f"{r.where}.hash {digest} is missing from "
                                 "snapshot.prefix_cache")
         block = pool.blocks[i]

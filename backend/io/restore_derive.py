@@ -134,6 +134,13 @@ def contract_only(snapshot: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# What each DERIVABLE field holds, in words for the note.
+_MEANING = {"free_queue": "the order free blocks are handed out in",
+            "prefix_cache": "the tokens behind each cached block",
+            "scheduler": "the order of the request queues",
+            "allocator": "the random allocator's pick count"}
+
+
 def derived_note(names: Sequence[str], caveats: Sequence[str] = ()) -> list[str]:
     """The notes for a restore that derived the fields `names` (in DERIVABLE's order),
     with what the log could not fix: sentences without their full stop, as
@@ -141,10 +148,15 @@ def derived_note(names: Sequence[str], caveats: Sequence[str] = ()) -> list[str]
     if not names:
         return []
     one = len(names) == 1
-    return [f"{joined(names)}, {'a field' if one else 'fields'} PagedLab's own snapshots "
-            f"add beyond the contract, {'was' if one else 'were'} not in the file: "
-            f"{'it was' if one else 'they were'} derived from its events, blocks and "
-            "requests (README, Snapshots)", *caveats]
+    told = joined([f"{name} ({_MEANING[name]})" for name in names])
+    # Without a caveat the rebuilt state is the writer's (tests/test_snapshot_contract_only
+    # checks it on every shipped scenario's every step); a caveat says what may differ.
+    same = "" if caveats else (", so the next steps run as they would have in the run "
+                               "that wrote it")
+    return [f"the file lacks {told}, {'a field' if one else 'fields'} PagedLab's own "
+            f"snapshots add beyond the contract; {'it was' if one else 'they were'} "
+            f"rebuilt from its events, blocks and requests{same} (README, Snapshots)",
+            *caveats]
 
 
 # ---- the four fields -------------------------------------------------------
