@@ -15,6 +15,7 @@ control exceptions go through ui.progress.Shown, as on the Playground
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -30,8 +31,11 @@ from backend.core.words import counted
 from backend.views.text import plain_md
 from ui.progress import POLL_S, SHOW_AFTER_S, Shown
 
-# The Stop buttons' keys: the stepping run's bar's, and a waiting run's.
-STOP_KEYS = ("tour_stop_step", "tour_stop_wait")
+# The Stop buttons' keys start with this, then say whose bar (the stepping run's or a
+# waiting run's) and number it: one run may wait more than once, and two buttons of one
+# key in one run would be an error.
+STOP_KEY = "tour_stop_"
+_BARS = itertools.count(1)
 # A bar redrawn at most this often: a torch step may run thousands of iterations a
 # second, and each redraw is a message to the browser.
 REDRAW_S = 0.1
@@ -69,12 +73,12 @@ class TimedBar:
     """A bar showing a Timed, with a Stop button under it, at `where` (a placeholder;
     None: the page, which from a callback is its top). Drawn once the step has run
     SHOW_AFTER_S (quicker ones would only flicker), redrawn at most every REDRAW_S.
-    `key` names this bar's button (STOP_KEYS)."""
+    `whose` goes into its button's key (STOP_KEY)."""
 
-    def __init__(self, shown: Shown, key: str, on_stop: Callable[[], None],
+    def __init__(self, shown: Shown, whose: str, on_stop: Callable[[], None],
                  where: DeltaGenerator | None = None) -> None:
         self.shown = shown
-        self.key = key
+        self.key = f"{STOP_KEY}{whose}_{next(_BARS)}"
         self.on_stop = on_stop
         self.where: Any = st if where is None else where
         self._slot: Any = None
@@ -97,9 +101,8 @@ class TimedBar:
             with box:
                 self._bar = self.shown.call(st.progress, fraction, text=step.text())
                 # The click's callback runs in the run it starts, before that run waits
-                # for the lock. It finds the step under way through the session, not
-                # through this step: Streamlit may call the callback an earlier run
-                # registered under this key (the previous step's bar).
+                # for the lock (when no other callback of that run waits first: see
+                # acquire_showing), and finds the step under way through the session.
                 self.shown.call(st.button, "Stop this step", key=self.key,
                                 on_click=self.on_stop,
                                 help="Stop after the current iteration: the run then ends "
@@ -121,7 +124,7 @@ def stepping(step: Timed, on_stop: Callable[[], None], where: DeltaGenerator | N
     `on_stop`, and the progress callback that moves both. The caller calls the Shown's
     `finish` once it has updated the scenario's state."""
     shown = Shown()
-    bar = TimedBar(shown, "tour_stop_step", on_stop, where)
+    bar = TimedBar(shown, "step", on_stop, where)
 
     def move(done: int, total: int) -> bool:
         going = step.moved(done, total)
@@ -141,7 +144,7 @@ def acquire_showing(lock: threading.Lock, current: Callable[[], Timed | None],
     calling `on_stop`."""
     if lock.acquire(blocking=False):
         return
-    bar = TimedBar(shown, "tour_stop_wait", on_stop)
+    bar = TimedBar(shown, "wait", on_stop)
     while not lock.acquire(timeout=POLL_S):
         step = current()
         if step is not None:
@@ -150,7 +153,13 @@ def acquire_showing(lock: threading.Lock, current: Callable[[], Timed | None],
             # callbacks one after another, and an earlier one (a Play click's, which
             # Streamlit may dispatch again) can be this very wait. The click is in the
             # run's widget values all the same.
-            if not step.stop.is_set() and any(shown.call(st.session_state.get, key, False)
-                                              for key in STOP_KEYS):
+            if not step.stop.is_set() and shown.call(_stop_clicked):
                 on_stop()
     bar.clear()
+
+
+def _stop_clicked() -> bool:
+    """Whether this run was started by a click on a Stop button (its value is True for
+    this run only)."""
+    return any(isinstance(key, str) and key.startswith(STOP_KEY)
+               and st.session_state.get(key) is True for key in list(st.session_state))
