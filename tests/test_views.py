@@ -915,3 +915,23 @@ def test_the_grid_and_the_event_log_are_named_for_a_screen_reader(shared: Engine
     log = views.event_log_html(views.events_frame(snap))
     assert log.startswith("<div class='pl-events' role='log' aria-label='Event log, newest "
                           "first'")
+
+
+def test_summarize_says_a_request_preempted_then_readmitted_in_one_step() -> None:
+    # The parts go by kind: "admitted B · ... · preempted B" read as if B ended preempted,
+    # though it ran again before the step ended.
+    e = Engine(EngineConfig(num_blocks=6, block_size=4), kernel="torch")
+    e.apply(Add("A", prompt_len=9, max_new_tokens=5))
+    e.apply(Add("C", prompt_len=9))
+    result = e.apply(Step(8))
+    snap = export_snapshot(e)
+    assert "C" in result.preempted
+    status = {r["id"]: r["status"] for r in snap["requests"]}
+    assert status["C"] == "running"
+    assert "preempted C (then readmitted)" in summarize(result, snap)
+    # One still waiting at the end is preempted, as before.
+    e = Engine(EngineConfig(num_blocks=6, block_size=4), kernel="torch")
+    e.apply(Add("A", prompt_len=9))
+    e.apply(Add("C", prompt_len=9))
+    result = e.apply(Step(4))
+    assert "· preempted C ·" in summarize(result, export_snapshot(e))

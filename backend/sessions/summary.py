@@ -39,8 +39,14 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
         parts.append(forks)
     if result.generated:
         parts.append(f"generated {counted(len(result.generated), 'token')}")
+    status = {r["id"]: r["status"] for r in snapshot["requests"]}
     if result.preempted:
-        parts.append("preempted " + ", ".join(result.preempted))
+        # The parts go by kind, not by time: one preempted and admitted again within the
+        # same step is said to be, or "admitted B · preempted B" reads as if it ended
+        # preempted.
+        parts.append("preempted " + ", ".join(
+            f"{rid} (then readmitted)" if status.get(rid) == "running" else rid
+            for rid in dict.fromkeys(result.preempted)))
     reasons = {r["id"]: r["finish_reason"] for r in snapshot["requests"]}
     # A round drops beams in score order; listed by number they read as a set
     # ("B.7, B.11", not "B.11, B.7").
