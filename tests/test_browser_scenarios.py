@@ -230,8 +230,8 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         assert bar.inner_text().strip().startswith("Step 4, step x100000: ")
         page.get_by_role("button", name="Stop this step").click()
         shows(page.get_by_test_id("stMain"), re.compile(
-            r"Step 4, step x100000, was stopped as asked, at iteration [\d,]+ of 100,000\. "
-            r"The run ends at step 3; Reset starts it again\."))
+            r"Step 4, step x100000, was stopped as you asked, at iteration [\d,]+ of "
+            r"100,000\. The run ends at step 3; Reset runs the scenario again from step 0\."))
         expect(bar).to_have_count(0)
         expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible()
     finally:

@@ -187,8 +187,9 @@ def test_a_step_its_user_stops_ends_the_run_at_the_step_before() -> None:
         {"op": "step", "count": 50}]}), "upload", "mine", kernel="torch")
     assert run.advance() is not None
     assert run.advance(lambda done, total: done < 3) is None
-    assert run.stopped == ("Step 2, step x50, was stopped as asked, at iteration 3 of 50. "
-                           "The run ends at step 1; Reset starts it again.")
+    assert run.stopped == ("Step 2, step x50, was stopped as you asked, at iteration 3 of "
+                           "50. The run ends at step 1; Reset runs the scenario again from "
+                           "step 0.")
     assert run.error is None and not run.can_advance and run.taken == 1
 
 

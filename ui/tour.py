@@ -114,12 +114,17 @@ def state() -> TourState:
 
 
 @contextmanager
-def held() -> Iterator[TourState]:
+def held(*, stop: bool = False) -> Iterator[TourState]:
     """This session's scenario state, with its lock held (see the module doc). While
-    another run holds it stepping, that step's bar shows here (ui/tour_progress.py)."""
+    another run holds it stepping, that step's bar shows here (ui/tour_progress.py);
+    with `stop` (a click that throws the run away: Reset, another scenario, an
+    upload), every step seen meanwhile is stopped instead of waited out."""
     t = state()
+    if getattr(_HELD, "state", None) is t:
+        # The lock is no RLock: a second hold in this thread would wait for itself.
+        raise RuntimeError("the scenario state's lock is already held by this thread")
     shown = Shown()
-    tour_progress.acquire_showing(t.lock, lambda: t.stepping, shown, stop_stepping)
+    tour_progress.acquire_showing(t.lock, lambda: t.stepping, shown, stop=stop)
     outer, _HELD.state = getattr(_HELD, "state", None), t
     try:
         yield t
@@ -130,13 +135,12 @@ def held() -> Iterator[TourState]:
     shown.finish()
 
 
-def stop_stepping() -> None:
-    """Ask the step under way, if one is, to stop between two iterations: the Stop
-    button's callback, and a click's that would throw the step's result away (Reset,
-    another scenario), before it waits for the lock the step holds."""
-    step = state().stepping
-    if step is not None:
-        step.stop.set()
+def stop_step(step: Timed) -> None:
+    """A Stop button's callback: stop `step` (that bar's, not whichever step runs by the
+    time the click is heard) and the play, if one is on: a click that lands just as the
+    step ends should not let the play go on."""
+    step.stop.set()
+    state().playing = False
 
 
 def one_at_a_time(callback: Callable[..., None]) -> Callable[..., None]:
@@ -347,7 +351,7 @@ def advance(run: TourRun, where: DeltaGenerator | None = None) -> tuple[Frame | 
     step = Timed(f"Step {run.taken + 1}, {describe_op(op)}",
                  "token" if isinstance(op, Grow) else "iteration", run.step_time_limit_s)
     t = state()
-    with tour_progress.stepping(step, stop_stepping, where) as (shown, move):
+    with tour_progress.stepping(step, stop_step, where) as (shown, move):
         t.stepping = step       # what a click that waits for the lock shows meanwhile
         try:
             frame = run.advance(move)

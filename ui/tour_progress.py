@@ -56,6 +56,9 @@ class Timed:
     # Set by a Stop click, a Reset or another scenario picked, from the run they start
     # (without the lock, which the step holds): the step stops between two iterations.
     stop: threading.Event = field(default_factory=threading.Event)
+    # The keys of the Stop buttons drawn for this step: a click on one of them stops
+    # this step only, never a later one.
+    keys: list[str] = field(default_factory=list)
 
     def moved(self, done: int, total: int) -> bool:
         """TourRun.advance's progress callback: False once a stop was asked."""
@@ -63,8 +66,9 @@ class Timed:
         return not self.stop.is_set()
 
     def text(self) -> str:
-        # Whole seconds, rounded up: a bar shown after 0.3 s never says "0 s".
-        elapsed = math.ceil(time.monotonic() - self.started)
+        # Whole seconds, rounded up (a bar shown after 0.3 s never says "0 s"), and
+        # never past the limit, which stops the step between two iterations.
+        elapsed = min(math.ceil(time.monotonic() - self.started), math.ceil(self.limit_s))
         return plain_md(f"{self.label}: {counted(self.done, self.unit)} of {self.total:,} "
                         f"done, {elapsed} s of the {self.limit_s:g} s limit")
 
@@ -75,10 +79,10 @@ class TimedBar:
     SHOW_AFTER_S (quicker ones would only flicker), redrawn at most every REDRAW_S.
     `whose` goes into its button's key (STOP_KEY)."""
 
-    def __init__(self, shown: Shown, whose: str, on_stop: Callable[[], None],
+    def __init__(self, shown: Shown, whose: str, on_stop: Callable[[Timed], None],
                  where: DeltaGenerator | None = None) -> None:
         self.shown = shown
-        self.key = f"{STOP_KEY}{whose}_{next(_BARS)}"
+        self.whose = whose
         self.on_stop = on_stop
         self.where: Any = st if where is None else where
         self._slot: Any = None
@@ -101,13 +105,15 @@ class TimedBar:
             with box:
                 self._bar = self.shown.call(st.progress, fraction, text=step.text())
                 # The click's callback runs in the run it starts, before that run waits
-                # for the lock (when no other callback of that run waits first: see
-                # acquire_showing), and finds the step under way through the session.
-                self.shown.call(st.button, "Stop this step", key=self.key,
-                                on_click=self.on_stop,
-                                help="Stop after the current iteration: the run then ends "
-                                     "at the step before this one, and Reset starts it "
-                                     "again.")
+                # for the lock, unless another callback of that run waits first: then
+                # acquire_showing finds the click by its key.
+                key = f"{STOP_KEY}{self.whose}_{next(_BARS)}"
+                step.keys.append(key)
+                self.shown.call(st.button, "Stop this step", key=key,
+                                on_click=self.on_stop, args=(step,),
+                                help="Stop after the current iteration (or token, for a "
+                                     "grow): the run then ends at the step before this "
+                                     "one, and Reset runs the scenario again from step 0.")
         elif self._bar is not None:
             self.shown.call(self._bar.progress, fraction, text=step.text())
 
@@ -118,7 +124,8 @@ class TimedBar:
 
 
 @contextmanager
-def stepping(step: Timed, on_stop: Callable[[], None], where: DeltaGenerator | None = None
+def stepping(step: Timed, on_stop: Callable[[Timed], None],
+             where: DeltaGenerator | None = None
              ) -> Iterator[tuple[Shown, Callable[[int, int], bool]]]:
     """While `step` runs in this thread: its bar at `where`, whose Stop button calls
     `on_stop`, and the progress callback that moves both. The caller calls the Shown's
@@ -138,28 +145,46 @@ def stepping(step: Timed, on_stop: Callable[[], None], where: DeltaGenerator | N
 
 
 def acquire_showing(lock: threading.Lock, current: Callable[[], Timed | None],
-                    shown: Shown, on_stop: Callable[[], None]) -> None:
-    """Take `lock`; while another run holds it, show the bar of `current()`'s step (a
-    Timed, or None when nothing is stepping) at the top of the page, its Stop button
-    calling `on_stop`."""
+                    shown: Shown, *, stop: bool = False) -> None:
+    """Take `lock`. While another run holds it, show the bar of `current()`'s step (a
+    Timed, or None when nothing is stepping) at the top of the page, with a Stop
+    button of its own; with `stop`, stop each step seen instead of waiting it out."""
     if lock.acquire(blocking=False):
         return
-    bar = TimedBar(shown, "wait", on_stop)
-    while not lock.acquire(timeout=POLL_S):
-        step = current()
-        if step is not None:
+    bar: TimedBar | None = None
+    shown_for: Timed | None = None
+    got = False
+    try:
+        while not (got := lock.acquire(timeout=POLL_S)):
+            step = current()
+            if step is None:
+                continue
+            if stop or _stop_clicked(step, shown):
+                # A Stop click's own callback may not have run yet: Streamlit runs a
+                # run's callbacks one after another, and an earlier one may be waiting
+                # here. The click is in this run's widget values all the same.
+                step.stop.set()
+            if bar is None or step is not shown_for:
+                # A later step: its own bar, whose button stops that step only.
+                if bar is not None:
+                    bar.clear()
+                bar, shown_for = TimedBar(shown, "wait", _stop_only), step
             bar.show(step)
-            # A Stop click's callback may not have run: Streamlit runs this run's
-            # callbacks one after another, and an earlier one (a Play click's, which
-            # Streamlit may dispatch again) can be this very wait. The click is in the
-            # run's widget values all the same.
-            if not step.stop.is_set() and shown.call(_stop_clicked):
-                on_stop()
-    bar.clear()
+        if bar is not None:
+            bar.clear()
+    except BaseException:
+        # Nothing that goes wrong while drawing may leave the lock taken for good.
+        if got:
+            lock.release()
+        raise
 
 
-def _stop_clicked() -> bool:
-    """Whether this run was started by a click on a Stop button (its value is True for
-    this run only)."""
-    return any(isinstance(key, str) and key.startswith(STOP_KEY)
-               and st.session_state.get(key) is True for key in list(st.session_state))
+def _stop_only(step: Timed) -> None:
+    """A waiting bar's Stop callback: that bar's step, nothing else."""
+    step.stop.set()
+
+
+def _stop_clicked(step: Timed, shown: Shown) -> bool:
+    """Whether this run was started by a click on one of `step`'s Stop buttons (a
+    button's value is True for the run its click starts)."""
+    return any(shown.call(st.session_state.get, key) is True for key in list(step.keys))

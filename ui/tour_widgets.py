@@ -69,17 +69,19 @@ def _on_back() -> None:
     t.view = max(0, t.view - 1)
 
 
-@tour.one_at_a_time
 def _on_play_pause(playing: bool) -> None:
     # Sets rather than toggles: Streamlit may replay a click's callback when the run
-    # it started is cut short, and a toggle would then undo itself.
+    # it started is cut short, and a toggle would then undo itself. One store, so no
+    # lock: waiting for it behind a long step would hold up the click's other
+    # callbacks (a Stop) for that step's whole length; `finish` reads the flag under
+    # the lock before each step of a play.
     state().playing = playing
 
 
 def _on_reset() -> None:
     ctx = tour.LoadContext.read()
-    tour.stop_stepping()
-    with tour.held():
+    # Its run is thrown away: a step under way is stopped, not waited out.
+    with tour.held(stop=True):
         load(_run().key, ctx)
 
 
@@ -93,8 +95,7 @@ def _on_slider() -> None:
 def _on_pick() -> None:
     # Read before waiting for the state's lock (see ui/tour.py's `state`).
     key, ctx = st.session_state["tour_pick"], tour.LoadContext.read()
-    tour.stop_stepping()
-    with tour.held() as t:
+    with tour.held(stop=True) as t:
         left = t.run
         if load(key, ctx) and left is not None and left.taken and left.key != key:
             # Its run is not kept (an engine per scenario would keep its K/V): say so,
@@ -122,8 +123,7 @@ def _on_upload() -> None:
         say("error", f"Scenario file refused: {exc}")
         return
     ctx = tour.LoadContext.read()
-    tour.stop_stepping()
-    with tour.held() as t:
+    with tour.held(stop=True) as t:
         t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
         if load(UPLOAD, ctx):
             # A file of no steps is a config to look at: there is nothing to apply.
@@ -284,7 +284,8 @@ def narration(run: TourRun, frame: Frame) -> None:
             st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, was refused: the run "
                        "ends here.")
         elif upcoming is not None and run.stopped is not None and frame.step == run.taken:
-            # At the time limit, or half-way by a failure: the warning above says which.
+            # At the time limit, by its Stop button, or half-way by a failure: the
+            # warning above says which.
             st.caption(f"Step {frame.step + 1}, {md_code(upcoming)}, was stopped: the run "
                        "ends here.")
         elif upcoming is not None:

@@ -325,9 +325,9 @@ class TourRun:
                 where = f"after {result.op.tokens:,} of its {step.op.tokens:,} tokens"
             limit = f"{self.step_time_limit_s:g} s"
             if asked:
-                self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped as asked, "
-                                f"{where}. The run ends at step {i - 1}; Reset starts it "
-                                "again.")
+                self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped as you "
+                                f"asked, {where}. The run ends at step {i - 1}; Reset runs "
+                                "the scenario again from step 0.")
             else:
                 self.stopped = (f"Step {i}, {describe_op(step.op)}, was stopped at the "
                                 f"{limit} limit, {where}: this page gives one step at most "
