@@ -278,12 +278,13 @@ class TourRun:
     def advance(self, progress: Callable[[int, int], bool] | None = None) -> Frame | None:
         """Mutates: apply the next step and keep its frame.
 
-        Returns None when there is no next step, the engine refused it or it ran
-        out of time. A refusal sets `error` (the CLI's one line, naming the step)
-        and the engine keeps the state before that step; a `step` still running
-        after `step_time_limit_s` stops between two iterations and sets `stopped`.
-        `progress(done, total)` hears of each iteration of a `step` and each token
-        of a `grow`; False from it stops the step there too, as asked by its user.
+        Returns None when there is no next step, the engine refused it, or it ran
+        out of time or was stopped. A refusal sets `error` (the CLI's one line,
+        naming the step) and the engine keeps the state before that step; a `step`
+        still running after `step_time_limit_s` stops between two iterations and
+        sets `stopped`. `progress(done, total)` hears of each iteration of a `step`
+        and each token of a `grow`; False from it stops the step there too (its
+        user's Stop), and `stopped` says so.
         """
         if not self.can_advance:
             return None
