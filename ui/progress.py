@@ -231,6 +231,41 @@ def _stop_button(where: str) -> None:
                    "engine is consistent.")
 
 
+class SlotBar:
+    """A progress bar in a placeholder of its own at `where` (`st`, the page; or a
+    placeholder), with what `under` draws beneath it (a Stop button), drawn on the
+    first `show` and moved by the later ones. Every Streamlit call goes through
+    `shown`, so a superseded run draws nothing more and raises nothing."""
+
+    def __init__(self, shown: Shown, where: Any = st) -> None:
+        self.shown = shown
+        self.where = where
+        self._slot: Any = None
+        self._bar: Any = None
+
+    @property
+    def drawn(self) -> bool:
+        return self._slot is not None
+
+    def show(self, fraction: float, text: str, under: Callable[[], None] | None = None) -> None:
+        if self._slot is None:
+            self._slot = self.shown.call(self.where.empty)
+            box = None if self._slot is None else self.shown.call(self._slot.container)
+            if box is None:
+                return
+            with box:
+                self._bar = self.shown.call(st.progress, fraction, text=text)
+                if under is not None:
+                    under()
+        elif self._bar is not None:
+            self.shown.call(self._bar.progress, fraction, text=text)
+
+    def clear(self) -> None:
+        if self._slot is not None:
+            self.shown.call(self._slot.empty)
+            self._slot = self._bar = None
+
+
 class Bar:
     """A progress bar with a Stop button, drawn on first use (see SHOW_AFTER_S)."""
 
@@ -238,32 +273,19 @@ class Bar:
         self.shown = shown
         self.where = where
         self.stoppable = stoppable
-        self._slot: Any = None
-        self._bar: Any = None
+        self._bar = SlotBar(shown)
 
     def show(self, state: WorkState) -> None:
         if state.fraction is not None:
             fraction = state.fraction
         else:
             fraction = min(1.0, state.done / state.total) if state.total else 0.0
-        if self._slot is None:
-            self._slot = self.shown.call(st.empty)
-            if self._slot is None:
-                return
-            box = self.shown.call(self._slot.container)
-            if box is None:
-                return
-            with box:
-                self._bar = self.shown.call(st.progress, fraction, text=_bar_text(state))
-                if self.stoppable and state.stoppable:
-                    self.shown.call(_stop_button, self.where)
-            return
-        if self._bar is not None:
-            self.shown.call(self._bar.progress, fraction, text=_bar_text(state))
+        stop = self.stoppable and state.stoppable
+        self._bar.show(fraction, _bar_text(state),
+                       (lambda: self.shown.call(_stop_button, self.where)) if stop else None)
 
     def clear(self) -> None:
-        if self._slot is not None:
-            self.shown.call(self._slot.empty)
+        self._bar.clear()
 
 
 class _Line:
@@ -417,4 +439,3 @@ def restoring(text: str) -> Iterator[tuple[Shown, Callable[[int, int], None]]]:
     finally:
         if bar is not None:
             shown.call(bar.empty)
-

@@ -22,14 +22,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from backend.core.words import counted
 from backend.views.text import plain_md
-from ui.progress import POLL_S, SHOW_AFTER_S, Shown
+from ui.progress import POLL_S, SHOW_AFTER_S, Shown, SlotBar
 
 # The Stop buttons' keys start with this, then say whose bar (the stepping run's or a
 # waiting run's) and number it: one run may wait more than once, and two buttons of one
@@ -84,43 +83,33 @@ class TimedBar:
         self.shown = shown
         self.whose = whose
         self.on_stop = on_stop
-        self.where: Any = st if where is None else where
-        self._slot: Any = None
-        self._bar: Any = None
+        self._bar = SlotBar(shown, st if where is None else where)
         self._drawn = 0.0
 
     def show(self, step: Timed) -> None:
         now = time.monotonic()
         if now - step.started < SHOW_AFTER_S or not step.total:
             return
-        if self._slot is not None and now - self._drawn < REDRAW_S:
+        if self._bar.drawn and now - self._drawn < REDRAW_S:
             return
         self._drawn = now
-        fraction = min(1.0, step.done / step.total)
-        if self._slot is None:
-            self._slot = self.shown.call(self.where.empty)
-            box = None if self._slot is None else self.shown.call(self._slot.container)
-            if box is None:
-                return
-            with box:
-                self._bar = self.shown.call(st.progress, fraction, text=step.text())
-                # The click's callback runs in the run it starts, before that run waits
-                # for the lock, unless another callback of that run waits first: then
-                # acquire_showing finds the click by its key.
-                key = f"{STOP_KEY}{self.whose}_{next(_BARS)}"
-                step.keys.append(key)
-                self.shown.call(st.button, "Stop this step", key=key,
-                                on_click=self.on_stop, args=(step,),
-                                help="Stop after the current iteration (or token, for a "
-                                     "grow): the run then ends at the step before this "
-                                     "one, and Reset runs the scenario again from step 0.")
-        elif self._bar is not None:
-            self.shown.call(self._bar.progress, fraction, text=step.text())
+
+        def stop_button() -> None:
+            # The click's callback runs in the run it starts, before that run waits for
+            # the lock, unless another callback of that run waits first: then
+            # acquire_showing finds the click by its key.
+            key = f"{STOP_KEY}{self.whose}_{next(_BARS)}"
+            step.keys.append(key)
+            self.shown.call(st.button, "Stop this step", key=key, on_click=self.on_stop,
+                            args=(step,),
+                            help="Stop after the current iteration (or token, for a grow): "
+                                 "the run then ends at the step before this one, and Reset "
+                                 "runs the scenario again from step 0.")
+
+        self._bar.show(min(1.0, step.done / step.total), step.text(), stop_button)
 
     def clear(self) -> None:
-        if self._slot is not None:
-            self.shown.call(self._slot.empty)
-            self._slot = self._bar = None
+        self._bar.clear()
 
 
 @contextmanager
