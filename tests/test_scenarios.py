@@ -11,6 +11,13 @@ from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Grow, Shuffle
 from backend.io.cli import main
+from backend.io.expect_paths import (
+    BLOCK_FIELDS,
+    METRIC_FIELDS,
+    SNAPSHOT_FIELDS,
+    SWAP_METRIC_FIELDS,
+    SWAP_SNAPSHOT_FIELDS,
+)
 from backend.io.scenario import check_expectations, load_scenario, parse_scenario, run_steps
 from backend.io.snapshot import export_snapshot
 
@@ -35,6 +42,7 @@ def test_scenario_narrates_every_step_with_numbers(path: Path) -> None:
     for step in sc.steps:
         assert step.narration and len(step.narration) > 10
         assert step.expect, f"{path.name}: a step without numbers to check"
+    assert sc.notes() == []   # no expectation that can never be met
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=NAMES)
@@ -232,3 +240,59 @@ def test_same_tells_true_from_1_at_any_depth() -> None:
     assert not _same(1, True) and _same(True, True) and _same([False], [False])
     assert _same([1.0 + 1e-12, 2], [1, 2]) and _same((1, 2), [1, 2])
     assert not _same([1, 2], [1, 2, 3]) and not _same({"a": 1}, {"b": 1})
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["recompute", "swap"])
+def test_the_fields_expectation_paths_are_checked_against_are_a_snapshots(swap: bool) -> None:
+    """expect_paths.py's lists name exactly what export_snapshot writes, host pool or not."""
+    config = (EngineConfig(num_blocks=8, preemption="swap", num_cpu_blocks=4) if swap
+              else EngineConfig(num_blocks=8))
+    engine = Engine(config, kernel="torch")
+    engine.apply(Add("A", prompt="hello"))
+    snap = export_snapshot(engine)
+    assert set(snap) == SNAPSHOT_FIELDS | (SWAP_SNAPSHOT_FIELDS if swap else set())
+    assert set(snap["metrics"]) == METRIC_FIELDS | (SWAP_METRIC_FIELDS if swap else set())
+    assert {key for b in snap["blocks"] + snap.get("cpu_blocks", []) for key in b} \
+        == BLOCK_FIELDS
+
+
+def test_an_expectation_no_run_could_meet_is_named_when_the_file_is_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt path said "not found" only when its step ran, perhaps a long run later."""
+    expect = {"metric.used_blocks": 1, "metrics.used_blocks": 1, "events.evicted": 0,
+              "events.alloc": 1, "blocks.8.ref_count": 1, "blocks.7.refcount": 1,
+              "blocks.7.ref_count": 0, "contiguous.free": 3, "metrics.swap_outs": 0,
+              "address.A.x": 1, "address.A.0": {}, "requests.A.status": "running",
+              "requests.Z.nothing": 1, "kernel.max_abs_err": 0}
+    sc = parse_scenario({"config": {"num_blocks": 8}, "steps": [
+        {"op": "add", "request": "A", "prompt": "hi"}, {"op": "step", "expect": expect}]})
+    assert [(step, path) for step, path, _ in sc.unmeetable] == [
+        (2, "metric.used_blocks"), (2, "events.evicted"), (2, "blocks.8.ref_count"),
+        (2, "blocks.7.refcount"), (2, "contiguous.free"), (2, "metrics.swap_outs"),
+        (2, "address.A.x")]
+    assert sc.notes() == [
+        "these expectations can never be met, and fail when their steps run: "
+        "step 2's metric.used_blocks (no field 'metric'; did you mean 'metrics'?); "
+        "step 2's events.evicted (no event kind 'evicted'; did you mean 'evict'?); "
+        "step 2's blocks.8.ref_count (block 8 is past the pool's 8 blocks); and 4 more"]
+    reasons = {path: reason for _, path, reason in sc.unmeetable}
+    assert reasons["blocks.7.refcount"] == "no block field 'refcount'; did you mean 'ref_count'?"
+    assert reasons["contiguous.free"] == "the scenario names no contiguous arena"
+    assert reasons["metrics.swap_outs"] == ("the metric 'swap_outs' is kept only with swap "
+                                            "preemption")
+    # Each does fail when its step runs, as the note says: what the file reader names
+    # is what the run-time check finds missing.
+    engine = Engine(sc.config, kernel="torch")
+    *_, (_, _, result) = run_steps(engine, sc.steps)
+    failures = check_expectations(expect, export_snapshot(engine), engine, result)
+    missing = [f.split(":")[0] for f in failures if "not found" in f]
+    assert missing[:-1] == [path for _, path, _ in sc.unmeetable]
+    assert missing[-1] == "requests.Z.nothing"   # an id: left to the run
+    # The command line says so before it runs, once, as a note.
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps({"steps": [{"op": "add", "request": "A", "prompt": "hi",
+                                           "expect": {"metric.used_blocks": 1}}]}))
+    assert main(["run", str(path), "--kernel", "torch"]) == 0
+    assert capsys.readouterr().err == (
+        "note: this expectation can never be met, and fails when its step runs: step 1's "
+        "metric.used_blocks (no field 'metric'; did you mean 'metrics'?)\n")

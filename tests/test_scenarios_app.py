@@ -511,6 +511,17 @@ def test_an_uploaded_scenario_of_no_steps_says_there_is_nothing_to_apply() -> No
     assert at.button(key="tour_next").disabled
 
 
+def test_an_uploaded_expectation_no_run_could_meet_is_named_on_load() -> None:
+    at = open_tour("03-growth")
+    upload(at, "typo.json", json.dumps({"name": "Typo", "steps": [
+        {"op": "add", "request": "A", "prompt": "hi",
+         "expect": {"metric.used_blocks": 1}}]}).encode())
+    assert [s.value for s in at.success] == [
+        "Loaded typo.json: “Typo”, 1 step. Press Next to apply the first. Note: this "
+        "expectation can never be met, and fails when its step runs: step 1's "
+        "metric.used_blocks (no field 'metric'; did you mean 'metrics'?)."]
+
+
 def test_a_scenario_is_known_by_its_content_not_its_file_name() -> None:
     at = open_tour("03-growth")
     at.file_uploader(key="tour_file").set_value(

@@ -37,6 +37,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Op, Step, parse_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
+from backend.io.expect_paths import unmeetable, unmeetable_note
 from backend.io.json_input import (
     decode_json,
     field_path,
@@ -78,11 +79,15 @@ class Scenario:
     contiguous: ContiguousSpec | None = None
     # Top-level fields the reader does not know, in the file's order (see TOP_FIELDS).
     unread: tuple[str, ...] = ()
+    # (step, path, reason) of each expectation no run could meet (expect_paths.py).
+    unmeetable: tuple[tuple[int, str, str], ...] = ()
 
     def notes(self) -> list[str]:
-        """What the reader should be told besides the steps: at most one sentence,
-        without its full stop, naming the top-level fields that were ignored."""
-        return unread_note([field_path("scenario", key) for key in self.unread])
+        """What the reader should be told besides the steps: sentences without their
+        full stop, naming the top-level fields that were ignored and the expectations
+        that can never be met."""
+        return (unread_note([field_path("scenario", key) for key in self.unread])
+                + unmeetable_note(list(self.unmeetable)))
 
     def mirror(self) -> ContiguousMirror | None:
         """A fresh contiguous arena to run beside this scenario's engine, if it names one."""
@@ -172,8 +177,10 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None,
             raise ScenarioError(str(exc), i, label, partial) from None
         steps.append(ScenarioStep(op, narration, expect))
     unread = tuple(key for key in data if key not in TOP_FIELDS)
+    never = unmeetable(((i, s.expect) for i, s in enumerate(steps, start=1)), config,
+                       has_arena=contiguous is not None)
     return Scenario(name, description, config, frozenset(raw_config or {}), tuple(steps),
-                    contiguous, unread)
+                    contiguous, unread, tuple(never))
 
 
 def _check_texts(value: Any, where: str) -> None:
