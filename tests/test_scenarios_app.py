@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from backend.core.config import EngineConfig
 from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
+from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import export_snapshot
 from backend.sessions import tour as tour_session
 from backend.sessions.playground import Settings
@@ -26,6 +28,7 @@ from backend.sessions.tour import TourRun
 from backend.views.text import plain_md
 from backend.views.tour import value_text
 from tests.test_app import click, html, markdown, metrics
+from tests.test_store_scenario import OPS, _session
 from ui import tour
 from ui.progress import Queued
 
@@ -698,3 +701,22 @@ def test_a_control_that_waited_starts_a_run_without_session_state(
     written: dict[str, Any] = {}
     ctx.queued.apply(written)
     assert written["tour_pick"] == "03-growth" and written["tour_focus_req"] is None
+
+
+def test_a_session_exported_as_a_scenario_steps_through_here_with_every_check_met() -> None:
+    """The Playground's export says to step through its file on this page: it does, and
+    every expectation the file carries is met at its step."""
+    config = EngineConfig(num_blocks=32, block_size=4)
+    engine, log, known = _session(config, OPS[:8])
+    data = scenario_json(log.scenario(config, export_snapshot(engine), known, name="mine",
+                                      description="explored")).encode()
+    at = open_tour("03-growth")
+    upload(at, "playground-scenario-step-0008.json", data)
+    assert [s.value for s in at.success] == [
+        "Loaded playground-scenario-step-0008.json: “mine”, 8 steps. Press Next to apply "
+        "the first."]
+    for step in range(1, 9):
+        click(at, "tour_next")
+        rows = checks(at)
+        assert viewed_step(at) == step and rows
+        assert all(ok for ok, _ in rows.values()), (step, rows)

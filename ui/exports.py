@@ -215,12 +215,15 @@ def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
             "(CONTRACT.md) whose last step expects exactly this state.")
     if oplog.base is None:
         # File names are ours (a step number), so the command may be shown as code.
-        st.caption(f"Replay and check it: `python -m backend run {name} --check` rebuilds "
-                   "this state and compares it with the file's expect values.")
+        st.caption("Step through it on the *Scenarios* page (*Upload your own scenario*): "
+                   "each step runs on a fresh engine and its expectations are checked beside "
+                   f"it. From a terminal, `python -m backend run {name} --check` does the "
+                   "same.")
         return
     base_name = f"playground-base-step-{oplog.base_step:04d}.json"
     _button(c[1], "Its starting snapshot", partial(snapshot_bytes, oplog.base), base_name,
             "application/json", "dl_scenario_base",
             "The restored snapshot this session started from: the scenario replays from it.")
-    st.caption(f"This session started from a restored snapshot, so its scenario replays "
-               f"from that: `python -m backend run {name} --from {base_name} --check`.")
+    st.caption("This session started from a restored snapshot, so its scenario replays "
+               "from that snapshot, which the *Scenarios* page cannot start from; from a "
+               f"terminal: `python -m backend run {name} --from {base_name} --check`.")
