@@ -42,7 +42,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import MAX_GROW_TOKENS, MAX_STEP_COUNT, parse_op
-from backend.io.restore import restore_engine
+from backend.io.restore import restore_engine, restore_notes
 from backend.io.restore_derive import contract_only
 from backend.io.snapshot import export_snapshot
 
@@ -252,13 +252,18 @@ def contract_round_trip(snapshot: dict[str, Any], *, exact_queue: bool = True,
                         exact_picks: bool = True) -> str | None:
     """What differs (None: nothing) when `snapshot` is restored from the contract's fields
     alone (no free_queue, prefix_cache, scheduler or allocator, no event's ref_count) and
-    exported again. What the log cannot fix (README, Snapshots) is compared only where
-    the caller says the run made it fixable: the free queue's order after a shuffle
-    that gave its own seed or moved no data (`exact_queue`), and a random pool's pick
-    count, which a pinned add or a pick whose probes found no never-filled block
-    leaves unknown (`exact_picks`)."""
+    exported again, or a contradiction the restore reported in the log PagedLab wrote.
+    What the log cannot fix (README, Snapshots) is compared only where the caller says
+    the run made it fixable: the free queue's order after a shuffle that gave its own
+    seed or moved no data (`exact_queue`), and a random pool's pick count, which a
+    pinned add or a pick whose probes found no never-filled block leaves unknown
+    (`exact_picks`)."""
     bare = contract_only(snapshot)
-    got = export_snapshot(restore_engine(bare, kernel="torch"))
+    restored = restore_engine(bare, kernel="torch")
+    # A log PagedLab wrote adds up: no contradiction may be reported in it.
+    if said := [n for n in restore_notes(restored) if "contradicts itself" in n]:
+        return f"a log PagedLab wrote was called contradictory: {said[0]}"
+    got = export_snapshot(restored)
     for key, want in snapshot.items():
         have = got.get(key)
         if key == "events":

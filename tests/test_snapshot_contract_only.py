@@ -427,3 +427,45 @@ def test_the_readme_recipe_for_a_blocks_hash_gives_pagedlabs_hash() -> None:
     wide = hashlib.sha256(real.cache_salt().encode() + b"\0" + first.encode() + b"\0"
                           + struct.pack("<4I", 5, 6, 7, 300)).hexdigest()[:16]
     assert block_digest(first, [5, 6, 7, 300], real.cache_salt()) == wide
+
+
+def test_a_log_that_contradicts_itself_is_said_to_leave_the_order_a_guess() -> None:
+    """A log cut short at its start, or written by hand, restored with a guessed queue
+    order and no word; the strict checks still hold the blocks and tables."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 8, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt_len=10), Add("B", prompt_len=5), Finish("A")):
+        e.apply(op)
+    snap = bare(export_snapshot(e))
+    assert restore_notes(restore_engine(copy.deepcopy(snap), kernel="torch")) == [ALL_DERIVED]
+    # Cut short: the log starts after A's blocks were allocated, so it frees blocks it
+    # shows no reference to (A held 0, 1, 2; B 3, 4).
+    cut = copy.deepcopy(snap)
+    cut["events"] = [ev for ev in cut["events"] if ev["kind"] != "alloc" or ev["block"] > 2]
+    notes = restore_notes(restore_engine(cut, kernel="torch"))
+    assert notes == [f"{REBUILT} (README, Snapshots)",
+                     "the event log contradicts itself (events[2] frees block 2, which the log "
+                     "shows no reference to; 3 such contradictions in all): it may be cut "
+                     "short at its start or written by hand, so the derived free_queue's "
+                     "order is a guess around those blocks"]
+    # A block the file lists free that the log took and never gave back.
+    kept = copy.deepcopy(snap)
+    kept["events"] = [ev for ev in kept["events"]
+                      if not (ev["kind"] == "free" and ev["block"] == 1)]
+    assert restore_notes(restore_engine(kept, kernel="torch"))[1].startswith(
+        "the event log contradicts itself (block 1 is free in the file, but the log never "
+        "gives it back)")
+    # Allocating a block the log shows held.
+    twice = copy.deepcopy(snap)
+    twice["events"].insert(1, {**twice["events"][0]})
+    assert "(events[1] allocates block 0, which the log shows held" in \
+        restore_notes(restore_engine(twice, kernel="torch"))[1]
+    # Two blocks moved to one in a shuffle.
+    e = Engine(EngineConfig.from_json({"num_blocks": 8, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt_len=10), Shuffle(seed=3)):
+        e.apply(op)
+    moved = bare(export_snapshot(e))
+    moves = [ev for ev in moved["events"] if ev["kind"] == "move"]
+    moves[1]["dst"] = moves[0]["dst"]
+    assert restore_notes(restore_engine(moved, kernel="torch"))[2].startswith(
+        f"the event log contradicts itself (the shuffle of step 2 moves two blocks to block "
+        f"{moves[0]['dst']})")

@@ -102,13 +102,20 @@ def derive_missing(data: dict[str, Any], config: EngineConfig) -> Derived:
     out: dict[str, Any] = {}
     caveats: list[str] = []
     if "free_queue" in missing:
-        out["free_queue"], blind = replay_free_queue(blocks, events, config)
-        if blind:
+        replayed = replay_free_queue(blocks, events, config)
+        out["free_queue"] = replayed.free_queue
+        if blind := replayed.blind:
             which = (f"the shuffle of step {blind[0]}" if len(blind) == 1
                      else f"the shuffles of steps {joined(blind)}")
             caveats.append(f"the log does not say where {which} put the free blocks that "
                            "hold no cached data, so their order in the derived free_queue "
                            "is a guess")
+        if replayed.first_doubt is not None:
+            more = (f"; {replayed.doubts:,} such contradictions in all" if replayed.doubts > 1
+                    else "")
+            caveats.append(f"the event log contradicts itself ({replayed.first_doubt}{more}): "
+                           "it may be cut short at its start or written by hand, so the "
+                           "derived free_queue's order is a guess around those blocks")
     if "prefix_cache" in missing:
         out["prefix_cache"] = _prefix_cache(blocks, requests, config)
     if "scheduler" in missing:

@@ -20,6 +20,7 @@ shuffles past MAX_SHUFFLE_WORK are refused, naming the field to give instead.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from backend.core.config import EngineConfig
@@ -50,11 +51,24 @@ def as_block(value: Any, num_blocks: int) -> int | None:
     return b if b is not None and 0 <= b < num_blocks else None
 
 
+@dataclass(frozen=True, slots=True)
+class QueueReplay:
+    """What replay_free_queue found: the order, and what in it is a guess."""
+
+    free_queue: list[int]
+    # The steps of the shuffles after which the order of the free blocks holding no
+    # cached data is a guess.
+    blind: list[int]
+    # Where the log contradicts itself (see _QueueReplay.doubt): the first such place
+    # in words, and how many there are; the order around those blocks is a guess too.
+    first_doubt: str | None
+    doubts: int
+
+
 def replay_free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]],
-                      config: EngineConfig) -> tuple[list[int], list[int]]:
-    """The ids of the ref-count-0 blocks in the order the allocator hands them out, and
-    the steps of the shuffles after which the order of the free blocks holding no
-    cached data is a guess."""
+                      config: EngineConfig) -> QueueReplay:
+    """The ids of the ref-count-0 blocks in the order the allocator hands them out, with
+    what the log leaves uncertain."""
     n = config.num_blocks
     replay = _QueueReplay(n)
     blind: list[int] = []
@@ -68,6 +82,10 @@ def replay_free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]]
                    and events[i].get("step") == e.get("step")):
                 src, dst = as_block(events[i].get("src"), n), as_block(events[i].get("dst"), n)
                 if src is not None and dst is not None:
+                    if src in moves or dst in moves.values():
+                        replay.doubt(f"the shuffle of step {e.get('step')} moves "
+                                     + (f"block {src} twice" if src in moves
+                                        else f"two blocks to block {dst}"))
                     moves[src] = dst
                 i += 1
             replay.work += n
@@ -88,7 +106,10 @@ def replay_free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]]
         i += 1
     zero = {b for b in (as_block(x.get("id"), n) for x in blocks if as_int(x.get("ref_count")) == 0)
             if b is not None}
-    return replay.order(zero), blind
+    # After a shuffle the log cannot follow, the ids are a guess: a block it misses
+    # may be one the guess gave another id, not one the log never gave back.
+    order = replay.order(zero, guessed=bool(blind))
+    return QueueReplay(order, blind, replay.first_doubt, replay.doubts)
 
 
 class _QueueReplay:
@@ -100,7 +121,13 @@ class _QueueReplay:
     queue's, and a relabel keeps each place. `refs` counts the references the log
     shows; `last_free` keeps each block's last `free`, which places a block the
     counts never brought to 0 (a log that writes a `free` only when a block is
-    free at last, not one per reference as PagedLab's does)."""
+    free at last, not one per reference as PagedLab's does).
+
+    `doubt` counts where the log cannot be what any allocator wrote (a `free` of a
+    block it shows no reference to, an `alloc` of a block it shows held, two
+    blocks moved to one, a free block it never gave back): a log cut short at its
+    start, or written by hand. The replay goes on, and the order it gives is a
+    guess around those blocks."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
@@ -108,6 +135,14 @@ class _QueueReplay:
         self.refs: dict[int, int] = {}
         self.last_free: dict[int, int] = {}
         self.work = 0
+        self.first_doubt: str | None = None
+        self.doubts = 0
+
+    def doubt(self, what: str) -> None:
+        # Only the first is kept in words: a hostile log may hold millions.
+        if self.first_doubt is None:
+            self.first_doubt = what
+        self.doubts += 1
 
     def event(self, index: int, e: dict[str, Any]) -> None:
         kind = e.get("kind")
@@ -120,6 +155,8 @@ class _QueueReplay:
             self.queue.pop(block, None)
         elif kind in ("alloc", "cow", "prefix_hit", "share"):
             fresh = kind in ("alloc", "cow")
+            if fresh and refs.get(block, 0) > 0:
+                self.doubt(f"events[{index}] allocates block {block}, which the log shows held")
             refs[block] = logged if logged is not None else 1 if fresh else refs.get(block, 0) + 1
             self.queue.pop(block, None)
             src = as_block(e.get("src"), self.num_blocks)
@@ -127,6 +164,9 @@ class _QueueReplay:
                 # The shared source gives up one reference, with no event of its own.
                 refs[src] = max(refs.get(src, 0) - 1, 0)
         elif kind == "free":
+            if refs.get(block, 0) == 0:
+                self.doubt(f"events[{index}] frees block {block}, which the log shows no "
+                           "reference to")
             refs[block] = left = logged if logged is not None else max(refs.get(block, 0) - 1, 0)
             self.last_free[block] = index
             if left == 0:
@@ -161,15 +201,19 @@ class _QueueReplay:
                 out[new] = place
         self.queue = out
 
-    def order(self, zero: set[int]) -> list[int]:
-        """The blocks of `zero` (ref count 0 in the file) in queue order."""
+    def order(self, zero: set[int], guessed: bool = False) -> list[int]:
+        """The blocks of `zero` (ref count 0 in the file) in queue order (its ids a
+        guess after a shuffle the log cannot follow: `guessed`)."""
         placed = [(place, b) for b, place in self.queue.items() if b in zero]
         late = [(self.last_free[b], b) for b in zero.difference(self.queue)
                 if b in self.last_free]
         ordered = [b for _, b in sorted(placed + late)]
-        # Blocks the log leaves free but never frees (a file without those events):
-        # after the others, by id.
-        return ordered + sorted(zero.difference(ordered))
+        # Blocks the file lists free that the log took and never gave back: after
+        # the others, by id.
+        never = sorted(zero.difference(ordered))
+        for b in [] if guessed else never:
+            self.doubt(f"block {b} is free in the file, but the log never gives it back")
+        return ordered + never
 
 
 def _plan(moves: dict[int, int], refs: dict[int, int], num_blocks: int,
