@@ -935,3 +935,23 @@ def test_summarize_says_a_request_preempted_then_readmitted_in_one_step() -> Non
     e.apply(Add("C", prompt_len=9))
     result = e.apply(Step(4))
     assert "· preempted C ·" in summarize(result, export_snapshot(e))
+
+
+def test_summarize_says_swapped_out_and_swapped_in_not_admitted() -> None:
+    """With swap preemption a request coming back from the host pool is swapped in (its
+    K/V copied back, nothing recomputed), not "admitted" as if new; one preempted to the
+    host pool is said to be swapped out."""
+    e = Engine(EngineConfig(num_blocks=6, block_size=4, preemption="swap", num_cpu_blocks=8),
+               kernel="torch")
+    e.apply(Add("A", prompt_len=9, max_new_tokens=5))
+    e.apply(Add("C", prompt_len=9))
+    lines = []
+    while not e.idle and len(lines) < 40:
+        result = e.apply(Step())
+        lines.append(summarize(result, export_snapshot(e)))
+    outs = [line for line in lines if "preempted C (swapped out)" in line]
+    ins = [line for line in lines if "swapped in C" in line]
+    assert outs and ins, lines
+    assert lines.index(outs[0]) < lines.index(ins[0])
+    assert not any("admitted C" in line for line in lines[lines.index(outs[0]):])
+    assert "swap_in" in ins[0] and "swap_out" in outs[0]

@@ -2,9 +2,9 @@
 
 The Playground shows it after every action and the Scenarios page beside every
 step, so it tells what the engine did that the event log alone does not: the
-requests admitted, preempted and finished, the prompt tokens each prefill chunk
-computed, the parallel samples forked on their own, and the host blocks a finished
-swapped-out request gave back.
+requests admitted, swapped in, preempted (swapped out) and finished, the prompt
+tokens each prefill chunk computed, the parallel samples forked on their own, and
+the host blocks a finished swapped-out request gave back.
 """
 
 from __future__ import annotations
@@ -29,8 +29,15 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
     forked request by its parent.
     """
     parts = [f"Step {result.step}: {describe_op(result.op)}"]
-    if result.admitted:
-        parts.append("admitted " + ", ".join(result.admitted))
+    # Swap preemption: a request whose K/V came back from the host pool was swapped in,
+    # not admitted afresh (nothing recomputed); one preempted to it was swapped out.
+    swapped_in = {e.request for e in result.events if e.kind == "swap_in"}
+    swapped_out = {e.request for e in result.events if e.kind == "swap_out"}
+    admitted = [rid for rid in result.admitted if rid not in swapped_in]
+    if admitted:
+        parts.append("admitted " + ", ".join(admitted))
+    if back := [rid for rid in dict.fromkeys(result.admitted) if rid in swapped_in]:
+        parts.append("swapped in " + ", ".join(back))
     prefills = _prefills(result)
     if prefills:
         parts.append(prefills)
@@ -45,7 +52,7 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
         # same step is said to be, or "admitted B · preempted B" reads as if it ended
         # preempted.
         parts.append("preempted " + ", ".join(
-            f"{rid} (then readmitted)" if status.get(rid) == "running" else rid
+            _preempted(rid, rid in swapped_out, status.get(rid) == "running")
             for rid in dict.fromkeys(result.preempted)))
     reasons = {r["id"]: r["finish_reason"] for r in snapshot["requests"]}
     # A round drops beams in score order; listed by number they read as a set
@@ -70,6 +77,14 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
         parts.append("events: " + ", ".join(f"{n} {k}{_free_split(result) if k == 'free' else ''}"
                                             for k, n in kinds.items()))
     return " · ".join(parts)
+
+
+def _preempted(rid: str, swapped: bool, running: bool) -> str:
+    """A preempted request as the status line names it: 'C', 'C (swapped out)', and
+    'C (then readmitted)' or 'C (swapped out, then back in)' when it ends running."""
+    if swapped:
+        return f"{rid} (swapped out, then back in)" if running else f"{rid} (swapped out)"
+    return f"{rid} (then readmitted)" if running else rid
 
 
 def _prefills(result: OpResult) -> str:

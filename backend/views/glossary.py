@@ -10,7 +10,8 @@ from __future__ import annotations
 EVENTS: dict[str, str] = {
     "alloc": "A request took a free block (the free queue's front, or a seeded random one).",
     "free": "A request let go of a block: its reference count fell by one. At 0 the block is "
-            "free, or cached if it holds a full block of a prompt.",
+            "free, or cached if it is full (prompt or generated tokens) and prefix caching "
+            "is on.",
     "share": "A block got one more holder (a fork): nothing is copied, its reference count "
              "rises.",
     "cow": "Copy-on-write: a request was about to write into a block other tables share, so "
@@ -50,7 +51,9 @@ METRICS: dict[str, str] = {
     "cow_copies": "Private copies made before writing into a shared, partly filled block.",
     "prefix_hit_blocks": "Prompt blocks served from the prefix cache instead of recomputed.",
     "prefix_hit_tokens": "The tokens in those blocks.",
-    "prefix_queries": "Prompts looked up in the prefix cache.",
+    "prefix_queries": "Lookups in the prefix cache: one for each prompt admitted, and one "
+                      "each time a preempted request's tokens are admitted again "
+                      "(recomputed, or swapped back in).",
     "prefix_floor_tokens": "Prompt tokens a block-granular cache can never serve (a "
                            "snapshot's prefix_floor_tokens: past the floor of whole blocks "
                            "before the last token). The last "
@@ -70,7 +73,9 @@ REQUEST_FIELDS: dict[str, str] = {
                    "logical block i.",
     "num_tokens": "Prompt and generated tokens so far.",
     "prompt_len": "Tokens in the prompt.",
-    "num_preemptions": "Times this request was preempted and later recomputed.",
+    "num_preemptions": "Times this request was preempted: its blocks taken back, its K/V "
+                       "recomputed when it resumes (or, with swap preemption, copied back "
+                       "from the host pool).",
     "finish_reason": "Why it finished: by hand (Finish, or a finish operation), reached "
                      "its max new tokens, end of sequence, capacity (even an empty pool "
                      "could not hold its next token), or dropped (a beam none of whose "

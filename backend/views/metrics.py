@@ -107,7 +107,7 @@ def metric_items(snap: Snapshot) -> list[MetricItem]:
                    METRICS["cow_copies"]),
         MetricItem("Prefix cache", "Prefix-cache queries",
                    f"{queries} ({counted(q_tokens, 'token')})",
-                   "Prompts looked up in the prefix cache, and their tokens."),
+                   METRICS["prefix_queries"] + " In brackets, the tokens looked up."),
         MetricItem("Prefix cache", "Prefix-cache hits",
                    f"{counted(m['prefix_hit_blocks'], 'block')} "
                    f"({counted(hit_tokens, 'token')})", METRICS["prefix_hit_blocks"]),

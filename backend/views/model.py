@@ -259,7 +259,8 @@ REQUEST_COLUMN_HELP: dict[str, str] = {
                                       "(n/size) marks a partly filled last block. The layouts "
                                       "below show every entry with its text.",
     "preempted": "Times this request was preempted (its blocks taken back when the pool ran "
-                 "out) and later recomputed.",
+                 "out); its K/V is recomputed when it resumes, or with swap preemption "
+                 "copied back from the host pool.",
     "log p": "A beam's cumulative log-probability: the sum of its generated tokens' "
              "log-probabilities under the model. Each round keeps the extensions with the "
              "highest; shown only while there are beams.",
