@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from backend.io.cli import main
+from backend.sessions.store import FILE_NAME
 from tests.browser_support import (
     CHROMIUM_ARGS,
     ROOT,
@@ -294,4 +296,68 @@ def test_step_n_shows_progress_and_stops_between_iterations(
         assert main(["run", str(path), "--check"]) == 0
     except BaseException:
         shoot(page, screenshots, "progress-failed")
+        raise
+
+
+def test_a_reload_or_a_second_tab_during_step_n_stops_it_and_opens_what_it_reached(
+        server: Server, browser: Browser, screenshots: Path) -> None:
+    """Streamlit lets a reloaded page's run go on: the new page opened the state before
+    the Step N, and the step, saving when done, became an unlisted copy."""
+    page = new_page(browser)
+    try:
+        page.goto(server.url)
+        # A request that decodes far longer than the test takes: the default pool's 128
+        # slots would end a fast machine's Step N by capacity before the reload.
+        pool = page.get_by_role("spinbutton", name="Pool size (blocks)")
+        pool.fill("8192")
+        pool.press("Tab")
+        expect(page.locator(".pl-metric[data-label='Used blocks']")).to_have_text(
+            "0 / 8192", timeout=T)
+        page.get_by_role("spinbutton", name="Max new tokens").fill("20000")
+        page.get_by_role("button", name="Add request").click()
+        status(page, "Step 1: add A")
+        settled(page)
+        sid = session_id(page)
+
+        def step_n(p: Page) -> None:
+            steps = p.get_by_role("spinbutton", name="Steps")
+            steps.fill("2000")
+            steps.press("Tab")
+            p.get_by_role("button", name="Step N").click()
+            expect(p.get_by_text(re.compile(r"iteration \d+ of 2000")).first).to_be_visible(
+                timeout=T)
+
+        step_n(page)
+        page.reload()
+        reopened = in_app(page).get_by_text(re.compile(
+            r"Reopened this session: step 2, .* This session's other page \(this one before a "
+            r"reload, or another tab\) was in the middle of “Stepping the batch \(2000 "
+            r"iterations\)” \(iteration [\d,]+ of 2,000 when this page opened\): it was "
+            r"stopped after its current iteration and saved first"))
+        expect(reopened).to_be_visible(timeout=T)
+        settled(page)
+        shoot(page, screenshots, "07-reloaded-during-step-n")
+        assert session_id(page) == sid
+        ran = int(filled(page).split(" / ")[0]) - 23
+        assert 1 <= ran < 2000
+        # One session, holding the step that ran: no copy was made of it.
+        rows = sqlite3.connect(server.data / FILE_NAME).execute(
+            "SELECT id FROM sessions").fetchall()
+        assert rows == [(sid,)]
+
+        # A second tab on the link: the first tab's step stops and says why.
+        step_n(page)
+        second = page.context.new_page()
+        second.set_default_timeout(T)
+        second.goto(f"{server.url}/lab?session={sid}")
+        expect(in_app(second).get_by_text(re.compile(
+            r"Reopened this session: step 3, .* was in the middle of “Stepping the batch"))
+               ).to_be_visible(timeout=T)
+        expect(in_app(page).get_by_text(re.compile(
+            r"Stopped after \d+ of 2000 iterations: this session was opened in another tab, "
+            r"which goes on from here\. Step 3: step x\d+"))).to_be_visible(timeout=T)
+        settled(second)
+        assert filled(second) == filled(page)
+    except BaseException:
+        shoot(page, screenshots, "reload-during-step-failed")
         raise

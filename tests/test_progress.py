@@ -24,7 +24,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Add, Grow, Step
 from backend.io.snapshot import export_snapshot
 from backend.sessions.playground import Settings, apply_or_recover
-from backend.sessions.progress import Work, WorkState, tracker
+from backend.sessions.progress import OPENED_ELSEWHERE, SessionRuns, Work, WorkState, tracker
 from backend.views.text import plain_md
 from ui import progress as ui_progress
 from ui.progress import Shown
@@ -467,3 +467,81 @@ def test_a_spinner_left_by_a_superseded_run_is_closed_now_not_by_the_collector()
     live.exit(cm)
     with pytest.raises(StopException):
         live.finish()
+
+
+def test_a_page_opening_a_session_stops_its_other_pages_run_and_waits_for_its_save() -> None:
+    """A reload during Step N: the new page stops the old page's run, which Streamlit
+    lets go on, and waits until that run has saved, so it opens what the run reached."""
+    runs = SessionRuns()
+    config = EngineConfig(num_blocks=32, block_size=4)
+    engine = Engine(config, kernel="torch")
+    setup = [Add("A", prompt="The cat sat on the mat."), Add("B", prompt_len=9)]
+    for op in setup:
+        engine.apply(op)
+    before = export_snapshot(engine)
+    old, new = Work(), Work()
+    third = threading.Event()
+    saved: list[int] = []
+    outcome: list[Any] = []
+
+    def old_page() -> None:
+        with runs.running("sid", "browser", old):
+            old.begin("Step 200", 200)
+
+            def display(done: int, total: int) -> bool:
+                if done == 3:
+                    third.set()
+                return True
+
+            applied = apply_or_recover(engine, Step(200), before,
+                                       Settings(config, "cpu", "torch"), "o",
+                                       tracker(old, display))
+            old.end()
+            outcome.append(applied.result)
+            saved.append(engine.step)   # "the save": done before the run is unlisted
+
+    thread = threading.Thread(target=old_page)
+    thread.start()
+    assert third.wait(timeout=60)
+    # Another browser, or this page's own run, is not stopped.
+    assert runs.stop_and_wait("sid", "another browser", new, timeout=0.1) is None
+    assert runs.stop_and_wait("sid", "browser", old, timeout=0.1) is None
+    assert runs.stop_and_wait("other sid", "browser", new, timeout=0.1) is None
+    stopped = runs.stop_and_wait("sid", "browser", new, timeout=60)
+    assert len(saved) == 1   # the wait ends only once the run has saved
+    assert old.stop_reason == OPENED_ELSEWHERE   # for the line its own page shows
+    thread.join(timeout=60)
+    assert stopped is not None and stopped.ended
+    assert stopped.state is not None and stopped.state.label == "Step 200"
+    assert 3 <= stopped.state.done < 200
+    # It ended between two iterations, well short of its 200, and saved before the
+    # wait was over.
+    assert isinstance(outcome[0].op, Step) and 3 <= outcome[0].op.count < 200
+    assert saved == [engine.step]
+    assert runs.stop_and_wait("sid", "browser", new, timeout=0.1) is None   # unlisted
+
+
+def test_a_run_that_does_not_stop_in_time_is_said_not_to_have_ended() -> None:
+    runs = SessionRuns()
+    work = Work()
+    release = threading.Event()
+
+    def loading() -> None:
+        with runs.running("sid", "browser", work):
+            work.begin("Loading weights", stoppable=False)
+            release.wait(timeout=60)
+            work.end()
+
+    thread = threading.Thread(target=loading)
+    thread.start()
+    try:
+        for _ in range(200):
+            if work.state is not None:
+                break
+            threading.Event().wait(0.01)
+        stopped = runs.stop_and_wait("sid", "browser", Work(), timeout=0.2)
+        assert stopped is not None and not stopped.ended
+        assert stopped.state is not None and stopped.state.label == "Loading weights"
+    finally:
+        release.set()
+        thread.join(timeout=60)

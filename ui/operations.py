@@ -44,7 +44,7 @@ from backend.sessions.budget import SERVER_BUDGET
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Settings, apply_or_recover, has_state
-from backend.sessions.progress import Work
+from backend.sessions.progress import SESSION_RUNS, Work
 from backend.sessions.summary import summarize
 from ui import progress, store
 from ui.labels import op_refusal
@@ -255,7 +255,15 @@ def apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:
 
 def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
                 shown: list[Shown]) -> OpResult | None:
-    """`apply` with the engine's lock held: no session state, only `sess`."""
+    """`apply` with the engine's lock held: no session state, only `sess`. Listed as
+    running on the tab's saved session until it has saved, so that a page opening that
+    session meanwhile (this one reloaded) stops it and opens what it reached."""
+    with SESSION_RUNS.running(sess.tab.id, sess.tab.browser, work):
+        return _apply_listed(sess, work, make_op, shown)
+
+
+def _apply_listed(sess: OpSession, work: Work, make_op: MakeOp,
+                  shown: list[Shown]) -> OpResult | None:
     engine = sess.engine
     try:
         before = snapshot_now(engine, sess.history)
@@ -288,10 +296,12 @@ def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
     sess.save(saved.Live(engine, sess.settings, sess.history, sess.oplog), snapshot, op=logged)
     line = summarize(result, snapshot)
     if isinstance(op, Step) and isinstance(result.op, Step) and result.op.count < op.count:
-        why = ": nothing was left to run" if engine.idle else ""
+        why = (f": {work.stop_reason}" if work.stop_reason else
+               ": nothing was left to run" if engine.idle else "")
         line = f"Stopped after {result.op.count} of {op.count} iterations{why}. {line}"
     elif isinstance(op, Grow) and isinstance(result.op, Grow) and result.op.tokens < op.tokens:
-        line = f"Stopped after {result.op.tokens} of {op.tokens} tokens. {line}"
+        why = f": {work.stop_reason}" if work.stop_reason else ""
+        line = f"Stopped after {result.op.tokens} of {op.tokens} tokens{why}. {line}"
     sess.flash("success", line)
     # Back to the live state: what the operation did is what the person wants to see.
     sess.queued.put(TIMELINE_PICK, None)

@@ -17,13 +17,16 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.sessions import saved
-from backend.sessions.progress import Work
+from backend.sessions.progress import SESSION_RUNS, Work
 from backend.sessions.rows import StoreUnavailableError
 from backend.views.text import notes_text
 from ui import engine_actions, operations, progress, session, store
 from ui.progress import Shown
 
 STARTED = "store_started"   # set once the first run's reopening was tried
+# How long opening a session waits for another page's run on it to stop and save: one
+# iteration of a step, or one token of a grow, even a real model's at a large batch.
+STOP_WAIT_S = 20.0
 
 
 def _describe(engine: Engine) -> str:
@@ -94,9 +97,30 @@ def _open(sess: operations.OpSession, sid: str, take_now: bool = True
     return (opened if opened is not None else problem), shown
 
 
-def _say_opened(sess: operations.OpSession, opened: saved.Opened, how: str) -> None:
+def _stop_other_page(sess: operations.OpSession, sid: str, work: Work) -> str:
+    """Stop what another page of this browser runs on `sid` (see SessionRuns), waiting
+    for it to save; the note that says so, or ""."""
+    stopped = SESSION_RUNS.stop_and_wait(sid, sess.tab.browser, work, STOP_WAIT_S)
+    if stopped is None:
+        return ""
+    state = stopped.state
+    what = "an operation" if state is None else f"“{state.label}”"
+    if state is not None and state.total > 1:
+        what += f" ({state.unit} {state.done:,} of {state.total:,} when this page opened)"
+    where = "This session's other page (this one before a reload, or another tab)"
+    if stopped.ended:
+        return (f" {where} was in the middle of {what}: it was stopped after its current "
+                f"{'iteration' if state is None else state.unit} and saved first, so this "
+                "is the state it reached.")
+    return (f" {where} was in the middle of {what}, which did not stop within "
+            f"{STOP_WAIT_S:.0f} s: this is the state saved before it, and what it does "
+            "is saved as a copy.")
+
+
+def _say_opened(sess: operations.OpSession, opened: saved.Opened, how: str,
+                stopped: str = "") -> None:
     engine = opened.live.engine
-    notes = notes_text(opened.notes)
+    notes = notes_text(opened.notes) + stopped
     if opened.copied:
         sess.flash("info", f"This link is another browser's session: you are working on a "
                            f"copy of it ({_describe(engine)}), saved under a new address "
@@ -117,13 +141,16 @@ def _reopen(sid: str, where: str, how: str, failed: str, take_now: bool = True) 
         if sess is None:
             session.flash("error", f"{operations.REPLACED_TOO_OFTEN} {failed}")
         else:
+            # A bare address's latest session is taken only at the first save (to read
+            # it leaves the page at work alone): only a named one stops that page's run.
+            stopped = _stop_other_page(sess, sid, work) if take_now else ""
             shown.append(_load_model_of(sess, sid, work))
             outcome, opening = _open(sess, sid, take_now)
             shown.append(opening)
             if isinstance(outcome, str):
                 sess.flash("error", f"{outcome} {failed}")
             else:
-                _say_opened(sess, outcome, how)
+                _say_opened(sess, outcome, how, stopped)
     session.collect()
     for s in shown:
         s.finish()

@@ -17,7 +17,8 @@ that ran.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 
@@ -46,6 +47,8 @@ class Work:
         self._lock = threading.Lock()
         self._state: WorkState | None = None
         self._stop = False
+        # Why the last operation was asked to stop, when not by its own page's Stop.
+        self._reason: str | None = None
 
     def begin(self, label: str, total: int = 0, *, stoppable: bool = True,
               unit: str = "iteration") -> None:
@@ -53,6 +56,7 @@ class Work:
         with self._lock:
             self._state = WorkState(label, 0, total, False, stoppable, unit=unit)
             self._stop = False
+            self._reason = None
 
     def report(self, label: str, fraction: float) -> None:
         """Mutates: an operation begun without iterations (a weight load) says where it is."""
@@ -72,8 +76,9 @@ class Work:
             self._state = None
             self._stop = False
 
-    def request_stop(self) -> bool:
-        """Mutates: ask the running operation to stop after its current iteration.
+    def request_stop(self, reason: str | None = None) -> bool:
+        """Mutates: ask the running operation to stop after its current iteration;
+        `reason` says why, when it is not the page's own Stop (`stop_reason`).
 
         False when nothing is running (the click came too late: nothing to stop) or what
         runs cannot be stopped.
@@ -82,12 +87,20 @@ class Work:
             if self._state is None or not self._state.stoppable:
                 return False
             self._stop = True
+            self._reason = reason
             self._state = replace(self._state, stopping=True)
             return True
 
     def should_go(self) -> bool:
         with self._lock:
             return not self._stop
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the last operation begun was stopped by another page, if it was; kept
+        after it ends, for the line that reports it."""
+        with self._lock:
+            return self._reason
 
     @property
     def state(self) -> WorkState | None:
@@ -110,3 +123,74 @@ def tracker(work: Work, display: Display | None = None) -> Callable[[int, int], 
         return keep and work.should_go()
 
     return progress
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """An operation that another page was running on a saved session, asked to stop so
+    that this page could open the session: where it was when asked, and whether it
+    ended (and saved what it did) within the wait."""
+
+    state: WorkState | None
+    ended: bool
+
+
+class SessionRuns:
+    """The operation running on each saved session, across the server's browser sessions.
+
+    A reload of the Playground during a Step N starts a new browser session, but
+    Streamlit lets the old one's run go on after its page has gone: the new page
+    would open the row as saved before the step, and the step, saving when done,
+    would find the row taken and save itself as an unlisted copy. So the page that
+    opens a session first stops what runs on it (its Stop, between two
+    iterations) and waits until that run has saved (`stop_and_wait`); it then
+    opens the state that run reached. A second tab opening the session does the
+    same to the first tab's run, which goes on as a copy at its next save, as it
+    would anyway. Only the same browser's pages stop each other's runs: another
+    browser opening a link gets a copy and leaves the owner's run alone.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # session id -> (the running operation's Work, the browser running it, set once
+        # it has ended and saved)
+        self._runs: dict[str, tuple[Work, str, threading.Event]] = {}
+
+    @contextmanager
+    def running(self, sid: str | None, browser: str, work: Work) -> Iterator[None]:
+        """While an operation (its save included) runs on saved session `sid` (None: a
+        session with no row yet, which no other page can open)."""
+        if sid is None:
+            yield
+            return
+        done = threading.Event()
+        with self._lock:
+            self._runs[sid] = (work, browser, done)
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._runs.get(sid, (None, None, None))[2] is done:
+                    del self._runs[sid]
+            done.set()
+
+    def stop_and_wait(self, sid: str, browser: str, mine: Work,
+                      timeout: float) -> Stopped | None:
+        """Stop the operation another page of `browser` runs on `sid`, and wait up to
+        `timeout` seconds for it to end; None if none runs (or it is `mine`, this page's
+        own, or another browser's)."""
+        with self._lock:
+            entry = self._runs.get(sid)
+        if entry is None or entry[0] is mine or entry[1] != browser:
+            return None
+        work, _, done = entry
+        state = work.state
+        work.request_stop(OPENED_ELSEWHERE)
+        return Stopped(state, done.wait(timeout))
+
+
+# What a run stopped by SessionRuns.stop_and_wait says on its own page, if it is still open.
+OPENED_ELSEWHERE = "this session was opened in another tab, which goes on from here"
+
+# One per server process: every browser session's runs are listed here.
+SESSION_RUNS = SessionRuns()
