@@ -345,9 +345,6 @@ CORRUPTIONS = {
     "op-unknown": ("UPDATE ops SET op='{\"op\": \"explode\"}' WHERE seq=2", (), "unknown op"),
     "op-missing": ("DELETE FROM ops WHERE seq=5", (), "ends at step 5"),
     "op-gap": ("DELETE FROM ops WHERE seq=1", (), "damaged at entry 1"),
-    "history": ("UPDATE steps SET num_events=100000 WHERE step=3", (), "history step 3"),
-    "history-last": ("UPDATE steps SET body=(SELECT body FROM steps s WHERE s.step=5) "
-                     "WHERE step=6", (), "history step 6"),
     "flag": ("UPDATE sessions SET ops_complete=5", (), "neither 0 nor 1"),
 }
 
@@ -368,6 +365,40 @@ def test_a_damaged_row_is_refused_with_a_message_and_left_alone(tmp_path: Path,
         assert db.execute("SELECT * FROM sessions").fetchall() == before
     # The list reads no state, so it still shows the row (to open or delete it).
     assert [s.id for s in store.recent(ME)] == [tab.id]
+
+
+HISTORY_DAMAGE = {
+    "history": ("UPDATE steps SET num_events=100000 WHERE step=3",
+                "history step 3 is damaged"),
+    "history-last": ("UPDATE steps SET body=(SELECT body FROM steps s WHERE s.step=5) "
+                     "WHERE step=6", "history step 6 is damaged"),
+    "history-zlib": ("UPDATE steps SET body=X'00' WHERE step=2", "history step 2 is cut short"),
+}
+
+
+@pytest.mark.parametrize("name", list(HISTORY_DAMAGE))
+def test_a_damaged_history_opens_the_session_without_it_and_says_so(tmp_path: Path,
+                                                                    name: str) -> None:
+    """The history only keeps the timeline's earlier states; the snapshot holds the session
+    whole. One damaged history step locked the whole session out."""
+    store, tab, live = _saved(tmp_path)
+    sql, where = HISTORY_DAMAGE[name]
+    _corrupt(store, sql)
+    reader = Tab(store, ME)
+    opened = open_saved(reader, tab.id or "", "o", budget=BUDGET)
+    assert opened is not None and reader.id == tab.id and not opened.copied
+    assert _state(export_snapshot(opened.live.engine)) == _state(export_snapshot(live.engine))
+    assert [s["step"] for s in opened.live.history] == [live.engine.step]
+    assert opened.notes == [
+        f"its earlier steps could not be read back (its {where}), so it opens "
+        "without them: its timeline's past states start at this step, and the next save "
+        "writes the session whole"]
+    # The next save writes it whole: the damaged step is gone, and it opens cleanly.
+    assert _apply(opened.live, Step(1), reader) is None
+    again = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
+    assert again is not None and again.notes == []
+    assert [s["step"] for s in again.live.history] == [live.engine.step,
+                                                       live.engine.step + 1]
 
 
 def test_a_state_the_restore_refuses_is_refused_and_left_alone(tmp_path: Path) -> None:

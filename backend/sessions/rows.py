@@ -177,6 +177,9 @@ class StoredSession:
     ops_complete: bool
     steps: list[tuple[int, dict[str, Any], int]]   # (step, body, num_events), oldest first
     note: str | None
+    # Why its history of earlier steps could not be read back (then `steps` is empty): the
+    # session still opens, from its snapshot, without them (saved.resume says so).
+    history_problem: str | None = None
 
     def owned_by(self, browser: str) -> bool:
         return hmac.compare_digest(self.browser, browser)
@@ -216,12 +219,18 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
             raise StoreError(f"its operation {i} is not a JSON object")
         log.append(op)
     history: list[tuple[int, dict[str, Any], int]] = []
-    for step, blob, num_events in steps:
-        body = _unpack(blob, limits.max_snapshot_bytes, f"its history step {step}")
-        if not (isinstance(body, dict) and isinstance(num_events, int)
-                and 0 <= num_events <= len(snapshot["events"]) and body.get("step") == step):
-            raise StoreError(f"its history step {step!r} is damaged")
-        history.append((int(step), body, num_events))
+    problem = None
+    try:
+        for step, blob, num_events in steps:
+            body = _unpack(blob, limits.max_snapshot_bytes, f"its history step {step}")
+            if not (isinstance(body, dict) and isinstance(num_events, int)
+                    and 0 <= num_events <= len(snapshot["events"])
+                    and body.get("step") == step):
+                raise StoreError(f"its history step {step!r} is damaged")
+            history.append((int(step), body, num_events))
+    except StoreError as exc:
+        # Only the timeline's earlier states: the snapshot holds the session whole.
+        history, problem = [], str(exc)
     return StoredSession(sid, str(browser), str(holder), int(revision), settings, snapshot,
                          base, log, bool(complete), history,
-                         None if note is None else str(note))
+                         None if note is None else str(note), problem)

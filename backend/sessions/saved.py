@@ -178,20 +178,23 @@ def detached(snapshot: Snapshot) -> Snapshot:
         for r in requests]}
 
 
-def _history(stored: StoredSession) -> History:
-    """The history the row keeps, up to the step before its snapshot's at most."""
+def _history(stored: StoredSession) -> tuple[History, str | None]:
+    """The history the row keeps, up to the step before its snapshot's at most; or, if
+    it cannot be read back, none and why (the session opens without it)."""
+    if stored.history_problem is not None:
+        return History(), stored.history_problem
     events = stored.snapshot["events"]
     history = History()
     try:
         for _, body, n in stored.steps:
             history.record({k: (events[:n] if k == "events" else v) for k, v in body.items()})
     except (KeyError, TypeError, AttributeError):
-        raise StoreError("its history is damaged") from None
+        return History(), "its history is damaged"
     last = history.latest()
     if last is not None and last["step"] == stored.snapshot.get("step") \
             and last != stored.snapshot:
-        raise StoreError("its history's last step differs from its snapshot")
-    return history
+        return History(), "its history's last step differs from its snapshot"
+    return history, None
 
 
 def _oplog(stored: StoredSession, config: EngineConfig, step: int) -> OpLog:
@@ -226,14 +229,29 @@ def resume(stored: StoredSession, owner: str, *, replacing: Engine | None = None
     The engine is restored exactly from the snapshot (K/V recomputed from the
     tokens) on the saved device and kernel, counted against `owner`'s K/V
     budget with `replacing` given back. Raises PagedLabError (StoreError for
-    a damaged row) naming the problem; then nothing was built.
+    a damaged row) naming the problem; then nothing was built. A history of
+    earlier steps that cannot be read back is left out, with a note: the
+    snapshot holds the session whole.
     """
+    live, notes, _ = _resume(stored, owner, replacing=replacing, budget=budget,
+                             progress=progress)
+    return live, notes
+
+
+def _resume(stored: StoredSession, owner: str, *, replacing: Engine | None,
+            budget: KVBudget, progress: RestoreProgress | None
+            ) -> tuple[Live, list[str], bool]:
+    """`resume`, and whether the row's history was left out (to be written anew)."""
     try:
         settings, notes = settings_from_json(stored.settings)
     except PagedLabError as exc:
         raise StoreError(str(exc)) from None
     # Everything that is only data is checked before the (costly) restore.
-    history = _history(stored)
+    history, damaged = _history(stored)
+    if damaged is not None:
+        notes.append(f"its earlier steps could not be read back ({damaged}), so it opens "
+                     "without them: its timeline's past states start at this step, and "
+                     "the next save writes the session whole")
     oplog = _oplog(stored, settings.config, int(stored.snapshot.get("step", -1)))
     engine = restore_for_session(detached(stored.snapshot), settings, owner,
                                  replacing=replacing, budget=budget, progress=progress)
@@ -246,7 +264,7 @@ def resume(stored: StoredSession, owner: str, *, replacing: Engine | None = None
         history.record(now)
     if stored.note:
         notes.append(stored.note)
-    return Live(engine, settings, history, oplog), notes
+    return Live(engine, settings, history, oplog), notes, damaged is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +296,8 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
     stored = store.load(sid)
     if stored is None:
         return None
-    live, notes = resume(stored, owner, replacing=replacing, budget=budget, progress=progress)
+    live, notes, rewrite = _resume(stored, owner, replacing=replacing, budget=budget,
+                                   progress=progress)
     copied = not stored.owned_by(tab.browser)
     if copied:
         # Its row comes with its first save (see the module doc).
@@ -295,7 +314,8 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
                                       if_unchanged=stored.revision)
         # Not taken over yet, the row may move on under the tab that holds it: the first
         # save takes it, then writes it whole.
-        tab.id, tab.synced, tab.address = sid, claimed, None
+        # A history that could not be read back is written anew, whole, at the next save.
+        tab.id, tab.synced, tab.address = sid, claimed and not rewrite, None
         tab.pending_claim = None if claimed else stored.revision
         tab.unnamed = not take_now
     return Opened(live, copied, notes)
