@@ -95,6 +95,13 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
         page.get_by_role("button", name="Stop stepping").first.click()
         # Finish acts on A, the request picked when it was clicked.
         expect(in_app(page).get_by_text(re.compile(r"^Step 4: finish A"))).to_be_visible(timeout=T)
+        # What ran before it while it waited stays above it, in order: the stopped step's
+        # line was lost behind the waiting clicks' own.
+        lines = page.locator("[class*='st-key-status_line'] [data-testid='stAlert']")
+        expect(lines).to_have_count(3, timeout=T)
+        said = lines.all_inner_texts()
+        assert re.match(r"Stopped after \d+ of 10000 iterations\. Step 2: step x\d+", said[0])
+        assert said[1].startswith("Step 3: add B") and said[2].startswith("Step 4: finish A")
         # Step 3 was the add: B is the request left to pick.
         picker = page.locator(".st-key-req_pick").get_by_role("combobox")
         expect(picker).to_have_value(re.compile(r"^B · running"), timeout=T)

@@ -545,3 +545,36 @@ def test_a_run_that_does_not_stop_in_time_is_said_not_to_have_ended() -> None:
     finally:
         release.set()
         thread.join(timeout=60)
+
+
+def test_a_click_that_waited_keeps_the_messages_of_what_ran_meanwhile_above_its_own() -> None:
+    """An upload that waited behind a Step N said only "Refused the snapshot ... unchanged",
+    though the Step N had just changed the engine: its line was lost."""
+    from ui.operations import MAX_EARLIER, OpSession
+    from ui.session import FLASH
+
+    q = ui_progress.Queued()
+
+    def op_session(seen: int) -> OpSession:
+        return OpSession(None, None, None, None, "o", None, q, 0, seen)  # type: ignore[arg-type]
+
+    step_n = op_session(0)
+    waiting = op_session(0)     # read before the Step N ended, then waited for the lock
+    step_n.flash("success", "Stopped after 40 of 300 iterations. Step 2: step x40")
+    waiting.flash("error", "Refused the snapshot: ... The playground is unchanged.")
+    kind, _, _, earlier = q.last(FLASH)
+    assert (kind, earlier) == ("error", (("success", "Stopped after 40 of 300 iterations. "
+                                                     "Step 2: step x40"),))
+    # Its own second message replaces its first, keeping what came before it.
+    waiting.flash("info", "Second word")
+    assert q.last(FLASH)[3] == earlier
+    # A later click, read after those ended, starts afresh.
+    later = op_session(q.last(FLASH)[2])
+    later.flash("success", "Step 3: add B")
+    assert q.last(FLASH)[3] == ()
+    # At most MAX_EARLIER stay: a queue of clicks keeps the latest ones.
+    clicks = [op_session(q.last(FLASH)[2]) for _ in range(MAX_EARLIER + 2)]
+    for i, c in enumerate(clicks):
+        c.flash("success", f"Step {4 + i}")
+    assert [t for _, t in q.last(FLASH)[3]] == [f"Step {4 + i}" for i in range(1, MAX_EARLIER + 1)]
+    assert q.last(FLASH)[1] == f"Step {4 + MAX_EARLIER + 1}"

@@ -43,11 +43,13 @@ def status_line() -> None:
     msg = st.session_state.get(session.FLASH)
     if not msg:
         return
-    kind, text, number = msg
+    kind, text, number, earlier = msg
     # Keyed for ui/a11y.py, which reads a new outcome out to a screen reader: by its
     # number, the same words said again are new.
     with st.container(key=f"status_line--{number}"):
-        {"error": st.error, "success": st.success, "info": st.info}[kind](plain_md(text))
+        for was_kind, was_text in (*earlier, (kind, text)):
+            {"error": st.error, "success": st.success, "info": st.info}[was_kind](
+                plain_md(was_text))
 
 
 # One click of Step N runs at most this many iterations (the engine takes up to

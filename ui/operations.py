@@ -25,11 +25,12 @@ backend/sessions/saved.py): its snapshot, settings, history and log.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import streamlit as st
@@ -61,6 +62,7 @@ from ui.session import (
     FlashKind,
     collect,
     flash,
+    flash_number,
     flash_of,
     get_engine,
     get_history,
@@ -86,12 +88,18 @@ class OpSession:
     queued: progress.Queued
     # How many times the session's engine or settings were replaced (`replace`).
     generation: int
+    # The number of the last status-line message when this was read (see `flash`), and
+    # those of the messages this operation has put since.
+    seen_flash: int = 0
+    mine: set[int] = field(default_factory=set)
 
     @staticmethod
     def read() -> OpSession:
+        q = queued()
+        seen = max(flash_number(st.session_state.get(FLASH)), flash_number(q.last(FLASH)))
         return OpSession(get_engine(), get_settings(), get_history(), get_oplog(),
-                         get_owner(), store.get_tab(), queued(),
-                         st.session_state.get(GENERATION, 0))
+                         get_owner(), store.get_tab(), q,
+                         st.session_state.get(GENERATION, 0), seen)
 
     def save(self, live: saved.Live, snapshot: dict[str, Any], *,
              op: dict[str, Any] | None = None, whole: bool = False) -> None:
@@ -118,8 +126,9 @@ class OpSession:
         q.put(HISTORY, live.history)
         q.put(OPLOG, live.oplog)
         q.put(GENERATION, self.generation + 1)
-        after = OpSession(live.engine, live.settings, live.history, live.oplog, self.owner,
-                          self.tab, q, self.generation + 1)
+        after = dataclasses.replace(self, engine=live.engine, settings=live.settings,
+                                    history=live.history, oplog=live.oplog,
+                                    generation=self.generation + 1)
         with _SUCCESSORS_LOCK:
             _SUCCESSORS[self.engine] = _Successor(weakref.ref(live.engine), live.settings,
                                                   live.history, live.oplog,
@@ -136,7 +145,16 @@ class OpSession:
         self.queued.put(store.NOTE, None)
 
     def flash(self, kind: FlashKind, text: str) -> None:
-        self.queued.put(FLASH, flash_of(kind, text))
+        """Set the status line. Messages of other operations of this session that ended
+        while this one waited its turn stay above it (at most MAX_EARLIER): a click
+        that waited behind a Step N would otherwise hide what the Step N did."""
+        prev = self.queued.last(FLASH)
+        earlier: tuple[tuple[FlashKind, str], ...] = ()
+        if prev is not None and prev[2] > self.seen_flash:
+            earlier = prev[3] if prev[2] in self.mine else (*prev[3], (prev[0], prev[1]))
+        message = flash_of(kind, text, earlier[-MAX_EARLIER:])
+        self.mine.add(message[2])
+        self.queued.put(FLASH, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +187,9 @@ def _successor(sess: OpSession) -> OpSession | None:
     if record is None or new is None:
         # A new engine that is gone belonged to a session that ended: nothing to follow.
         return None
-    return OpSession(new, record.settings, record.history, record.oplog, sess.owner,
-                     sess.tab, sess.queued, record.generation)
+    return dataclasses.replace(sess, engine=new, settings=record.settings,
+                               history=record.history, oplog=record.oplog,
+                               generation=record.generation)
 
 
 # Tries at taking the current engine's lock while other runs keep replacing it.
@@ -206,6 +225,9 @@ def holding_current(where: str, work: Work, shown: list[Shown]) -> Iterator[OpSe
         sess = after
     yield None
 
+
+# How many messages of operations that ended while another waited stay above its own.
+MAX_EARLIER = 3
 
 REPLACED_TOO_OFTEN = "The engine kept being replaced while this waited; try again."
 

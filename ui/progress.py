@@ -121,6 +121,8 @@ class Queued:
         self._writes: dict[str, list[tuple[Any, Any]]] = {}
         self._expected: weakref.WeakSet[Expected] = weakref.WeakSet()
         self._busy: set[str] = set()     # keys whose write a run is making now
+        # Each key's last unconditional write, kept once applied (see `last`).
+        self._last: dict[str, Any] = {}
 
     def expect(self, key: str, value: Any) -> Expected:
         """What `key` holds when an operation is clicked (`value`), for a conditional
@@ -145,6 +147,14 @@ class Queued:
             self._writes.pop(key, None)
             writes.append((value, if_still))
             self._writes[key] = writes
+            if if_still is _ANY:
+                self._last[key] = value
+
+    def last(self, key: str) -> Any:
+        """The last value put for `key` unconditionally, applied or not (None if none):
+        what a run that may no longer read session state can learn of another's write."""
+        with self._lock:
+            return self._last.get(key)
 
     def write(self, state: Any, key: str, value: Any) -> None:
         """Mutates: `state[key] = value` now, an app's own write (a page correcting a pick

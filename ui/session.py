@@ -111,16 +111,23 @@ TIMELINE_PICK = "tl_iteration"
 STEP_PICK = "tl_step"
 
 FlashKind = Literal["error", "success", "info"]
-# The status line's message: its kind, its words and its number. Numbered so that the
-# same words said again (a refusal repeated) are a new message to a screen reader
-# (ui/a11y.py); process-wide, so that no two messages of a session share one.
-Flash = tuple[FlashKind, str, int]
+# The status line's message: its kind, its words, its number, and the messages of the
+# operations that ended while it waited its turn, shown above it (kind and words). Numbered
+# so that the same words said again (a refusal repeated) are a new message to a screen
+# reader (ui/a11y.py); process-wide, so that no two messages of a session share one.
+Flash = tuple[FlashKind, str, int, tuple[tuple[FlashKind, str], ...]]
 _FLASHES = itertools.count(1)
 
 
-def flash_of(kind: FlashKind, text: str) -> Flash:
+def flash_of(kind: FlashKind, text: str,
+             earlier: tuple[tuple[FlashKind, str], ...] = ()) -> Flash:
     """A new status-line message."""
-    return (kind, text, next(_FLASHES))
+    return (kind, text, next(_FLASHES), earlier)
+
+
+def flash_number(flash: Flash | None) -> int:
+    """A message's number (0 for none): later messages have larger ones."""
+    return 0 if flash is None else flash[2]
 
 
 def config_fields(config: EngineConfig) -> dict[str, Any]:
