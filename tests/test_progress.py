@@ -485,7 +485,7 @@ def test_a_page_opening_a_session_stops_its_other_pages_run_and_waits_for_its_sa
     outcome: list[Any] = []
 
     def old_page() -> None:
-        with runs.running("sid", "browser", old):
+        with runs.running("sid", "browser", "tab 1", old):
             old.begin("Step 200", 200)
 
             def display(done: int, total: int) -> bool:
@@ -503,11 +503,14 @@ def test_a_page_opening_a_session_stops_its_other_pages_run_and_waits_for_its_sa
     thread = threading.Thread(target=old_page)
     thread.start()
     assert third.wait(timeout=60)
-    # Another browser, or this page's own run, is not stopped.
-    assert runs.stop_and_wait("sid", "another browser", new, timeout=0.1) is None
-    assert runs.stop_and_wait("sid", "browser", old, timeout=0.1) is None
-    assert runs.stop_and_wait("other sid", "browser", new, timeout=0.1) is None
-    stopped = runs.stop_and_wait("sid", "browser", new, timeout=60)
+    # Another browser, a tab that no longer writes the row, or this page's own run, is
+    # not stopped.
+    assert runs.stop_and_wait("sid", "another browser", "tab 1", new, timeout=0.1) is None
+    assert runs.stop_and_wait("sid", "browser", "tab 2", new, timeout=0.1) is None
+    assert runs.stop_and_wait("sid", "browser", "tab 1", old, timeout=0.1) is None
+    assert runs.stop_and_wait("other sid", "browser", "tab 1", new, timeout=0.1) is None
+    assert old.state is not None and not old.state.stopping
+    stopped = runs.stop_and_wait("sid", "browser", "tab 1", new, timeout=60)
     assert len(saved) == 1   # the wait ends only once the run has saved
     assert old.stop_reason == OPENED_ELSEWHERE   # for the line its own page shows
     thread.join(timeout=60)
@@ -518,7 +521,7 @@ def test_a_page_opening_a_session_stops_its_other_pages_run_and_waits_for_its_sa
     # wait was over.
     assert isinstance(outcome[0].op, Step) and 3 <= outcome[0].op.count < 200
     assert saved == [engine.step]
-    assert runs.stop_and_wait("sid", "browser", new, timeout=0.1) is None   # unlisted
+    assert runs.stop_and_wait("sid", "browser", "tab 1", new, timeout=0.1) is None  # unlisted
 
 
 def test_a_run_that_does_not_stop_in_time_is_said_not_to_have_ended() -> None:
@@ -527,7 +530,7 @@ def test_a_run_that_does_not_stop_in_time_is_said_not_to_have_ended() -> None:
     release = threading.Event()
 
     def loading() -> None:
-        with runs.running("sid", "browser", work):
+        with runs.running("sid", "browser", "tab", work):
             work.begin("Loading weights", stoppable=False)
             release.wait(timeout=60)
             work.end()
@@ -539,7 +542,7 @@ def test_a_run_that_does_not_stop_in_time_is_said_not_to_have_ended() -> None:
             if work.state is not None:
                 break
             threading.Event().wait(0.01)
-        stopped = runs.stop_and_wait("sid", "browser", Work(), timeout=0.2)
+        stopped = runs.stop_and_wait("sid", "browser", "tab", Work(), timeout=0.2)
         assert stopped is not None and not stopped.ended
         assert stopped.state is not None and stopped.state.label == "Loading weights"
     finally:
@@ -578,3 +581,46 @@ def test_a_click_that_waited_keeps_the_messages_of_what_ran_meanwhile_above_its_
         c.flash("success", f"Step {4 + i}")
     assert [t for _, t in q.last(FLASH)[3]] == [f"Step {4 + i}" for i in range(1, MAX_EARLIER + 1)]
     assert q.last(FLASH)[1] == f"Step {4 + MAX_EARLIER + 1}"
+
+
+def test_a_stop_asked_before_the_run_begins_counting_still_stops_it() -> None:
+    """A run is listed before its Work begins, and `begin` clears a stop asked earlier:
+    the stop is asked again until the run ends."""
+    runs = SessionRuns()
+    work = Work()
+    listed, ran = threading.Event(), []
+
+    def run() -> None:
+        with runs.running("sid", "browser", "tab", work):
+            listed.set()
+            threading.Event().wait(0.3)     # building the operation, before `begin`
+            work.begin("Step 100", 100)
+            done = 0
+            while done < 100 and work.should_go():
+                done += 1
+                work.update(done, 100)
+                threading.Event().wait(0.01)
+            work.end()
+            ran.append(done)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert listed.wait(timeout=60)
+    stopped = runs.stop_and_wait("sid", "browser", "tab", Work(), timeout=60)
+    thread.join(timeout=60)
+    assert stopped is not None and stopped.ended
+    assert ran and ran[0] < 100
+
+
+def test_every_run_of_the_rows_tab_is_stopped_and_none_of_a_tab_that_lost_it() -> None:
+    runs = SessionRuns()
+    owner_a, owner_b, stale = Work(), Work(), Work()
+    for w in (owner_a, owner_b, stale):
+        w.begin("Step 100", 100)
+    with runs.running("sid", "browser", "owner", owner_a), \
+            runs.running("sid", "browser", "owner", owner_b), \
+            runs.running("sid", "browser", "stale tab", stale):
+        stopped = runs.stop_and_wait("sid", "browser", "owner", Work(), timeout=0.3)
+        assert stopped is not None and not stopped.ended   # they run on in this test
+        assert [w.state is not None and w.state.stopping
+                for w in (owner_a, owner_b, stale)] == [True, True, False]

@@ -359,6 +359,20 @@ def test_a_log_that_frees_a_shared_block_once_still_queues_it_where_it_was_freed
                       if not (ev["kind"] == "free" and full["ref_count"] > 0)]
     assert export_snapshot(restore_engine(once, kernel="torch"))["free_queue"] == \
         snap["free_queue"]
+    # Such a log does not contradict itself when the block is handed out again.
+    e = Engine(EngineConfig.from_json({"num_blocks": 3, "block_size": 4,
+                                       "prefix_caching": False}), kernel="torch")
+    for op in (Add("A", prompt_len=3), Fork("A", "A2"), Finish("A"), Finish("A2"),
+               Add("C", prompt_len=11)):
+        e.apply(op)
+    snap = export_snapshot(e)
+    assert [b for r in snap["requests"] if r["id"] == "C" for b in r["block_table"]] == [1, 2, 0]
+    once = bare(snap)
+    once["events"] = [ev for ev, full in zip(once["events"], snap["events"], strict=True)
+                      if not (ev["kind"] == "free" and full["ref_count"] > 0)]
+    restored = restore_engine(once, kernel="torch")
+    assert restore_notes(restored) == [ALL_DERIVED]
+    assert export_snapshot(restored)["free_queue"] == snap["free_queue"]
 
 
 def test_what_the_log_cannot_fix_is_said_in_the_note() -> None:

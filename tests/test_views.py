@@ -955,3 +955,13 @@ def test_summarize_says_swapped_out_and_swapped_in_not_admitted() -> None:
     assert lines.index(outs[0]) < lines.index(ins[0])
     assert not any("admitted C" in line for line in lines[lines.index(outs[0]):])
     assert "swap_in" in ins[0] and "swap_out" in outs[0]
+    # A request first admitted, then swapped out and in within one Step N, is both.
+    e = Engine(EngineConfig(num_blocks=4, block_size=4, preemption="swap", num_cpu_blocks=8),
+               kernel="torch")
+    for rid, n in (("A", 5), ("B", 5), ("C", 3)):
+        e.apply(Add(rid, prompt_len=n))
+    result = e.apply(Step(30))
+    assert result.admitted.count("C") == 2 and result.swapped_in.count("C") == 1
+    line = summarize(result, export_snapshot(e))
+    assert "· admitted C · swapped in B, C ·" in line
+    assert "C (swapped out, then back in)" in line

@@ -216,9 +216,9 @@ def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
     if oplog.base is None:
         # File names are ours (a step number), so the command may be shown as code.
         st.caption("Step through it on the *Scenarios* page (*Upload your own scenario*): "
-                   "each step runs on a fresh engine and its expectations are checked beside "
-                   f"it. From a terminal, `python -m backend run {name} --check` does the "
-                   "same.")
+                   "it replays on a fresh engine, one step at a time, each step's "
+                   f"expectations checked beside it. From a terminal, `python -m backend run "
+                   f"{name} --check` does the same.")
         return
     base_name = f"playground-base-step-{oplog.base_step:04d}.json"
     _button(c[1], "Its starting snapshot", partial(snapshot_bytes, oplog.base), base_name,

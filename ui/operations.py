@@ -280,7 +280,7 @@ def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
     """`apply` with the engine's lock held: no session state, only `sess`. Listed as
     running on the tab's saved session until it has saved, so that a page opening that
     session meanwhile (this one reloaded) stops it and opens what it reached."""
-    with SESSION_RUNS.running(sess.tab.id, sess.tab.browser, work):
+    with SESSION_RUNS.running(sess.tab.id, sess.tab.browser, sess.tab.holder, work):
         return _apply_listed(sess, work, make_op, shown)
 
 

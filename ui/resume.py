@@ -100,7 +100,14 @@ def _open(sess: operations.OpSession, sid: str, take_now: bool = True
 def _stop_other_page(sess: operations.OpSession, sid: str, work: Work) -> str:
     """Stop what another page of this browser runs on `sid` (see SessionRuns), waiting
     for it to save; the note that says so, or ""."""
-    stopped = SESSION_RUNS.stop_and_wait(sid, sess.tab.browser, work, STOP_WAIT_S)
+    store = sess.tab.store
+    try:
+        holder = None if store is None else store.holder(sid)
+    except PagedLabError:
+        return ""     # opening it will say what is wrong with the store
+    if holder is None:
+        return ""
+    stopped = SESSION_RUNS.stop_and_wait(sid, sess.tab.browser, holder, work, STOP_WAIT_S)
     if stopped is None:
         return ""
     state = stopped.state

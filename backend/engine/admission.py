@@ -137,6 +137,7 @@ class Admission(ABC):
                 req.admitted = self.next_admission()
                 self.running.append(req.id)
                 self.outcome.admitted.append(req.id)
+                self.outcome.swapped_in.append(req.id)
             budget.admitted(seqs)
             reserve += own
 

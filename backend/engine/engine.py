@@ -317,7 +317,7 @@ class Engine:
         o = self.scheduler.outcome
         return OpResult(self.step, op, tuple(self.manager.events[before:]), tuple(o.admitted),
                         tuple(o.preempted), tuple(o.finished), tuple(o.generated),
-                        tuple(o.prefilled), tuple(o.host_released))
+                        tuple(o.prefilled), tuple(o.host_released), tuple(o.swapped_in))
 
     def _record_row(self) -> None:
         """Mutates the timeline: a row for what ran since the last one in this operation."""

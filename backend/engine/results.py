@@ -57,7 +57,8 @@ class OpResult:
 
     `host_released`: (request, host blocks) for each swapped-out request that finished
     while its K/V sat in the host pool; those blocks are not the allocator's, so no
-    event of its log tells of them.
+    event of its log tells of them. `swapped_in`: the admissions of `admitted` that
+    brought a swapped-out request's K/V back from the host pool (one per admission).
     """
 
     step: int
@@ -69,6 +70,7 @@ class OpResult:
     generated: tuple[tuple[str, int], ...]   # (request, token) in generation order
     prefilled: tuple[Prefill, ...] = ()
     host_released: tuple[tuple[str, int], ...] = ()
+    swapped_in: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +138,4 @@ class Outcome:
     generated: list[tuple[str, int]] = field(default_factory=list)
     prefilled: list[Prefill] = field(default_factory=list)
     host_released: list[tuple[str, int]] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)

@@ -78,15 +78,17 @@ def replay_free_queue(blocks: list[dict[str, Any]], events: list[dict[str, Any]]
         if e.get("kind") == "move":
             # One shuffle: the moves of one step, side by side in the log.
             moves: dict[int, int] = {}
+            targets: set[int] = set()    # moves' values, for an O(1) look-up per move
             while (i < len(events) and events[i].get("kind") == "move"
                    and events[i].get("step") == e.get("step")):
                 src, dst = as_block(events[i].get("src"), n), as_block(events[i].get("dst"), n)
                 if src is not None and dst is not None:
-                    if src in moves or dst in moves.values():
+                    if src in moves or dst in targets:
                         replay.doubt(f"the shuffle of step {e.get('step')} moves "
                                      + (f"block {src} twice" if src in moves
                                         else f"two blocks to block {dst}"))
                     moves[src] = dst
+                    targets.add(dst)
                 i += 1
             replay.work += n
             if replay.work > MAX_SHUFFLE_WORK:
@@ -137,6 +139,9 @@ class _QueueReplay:
         self.work = 0
         self.first_doubt: str | None = None
         self.doubts = 0
+        # Blocks whose last event was a `free`: in a log that frees a block only when it
+        # is free at last, the counts may leave it held though it is free.
+        self.freed_last: set[int] = set()
 
     def doubt(self, what: str) -> None:
         # Only the first is kept in words: a hostile log may hold millions.
@@ -155,8 +160,9 @@ class _QueueReplay:
             self.queue.pop(block, None)
         elif kind in ("alloc", "cow", "prefix_hit", "share"):
             fresh = kind in ("alloc", "cow")
-            if fresh and refs.get(block, 0) > 0:
+            if fresh and refs.get(block, 0) > 0 and block not in self.freed_last:
                 self.doubt(f"events[{index}] allocates block {block}, which the log shows held")
+            self.freed_last.discard(block)
             refs[block] = logged if logged is not None else 1 if fresh else refs.get(block, 0) + 1
             self.queue.pop(block, None)
             src = as_block(e.get("src"), self.num_blocks)
@@ -169,6 +175,7 @@ class _QueueReplay:
                            "reference to")
             refs[block] = left = logged if logged is not None else max(refs.get(block, 0) - 1, 0)
             self.last_free[block] = index
+            self.freed_last.add(block)
             if left == 0:
                 self.queue.pop(block, None)
                 self.queue[block] = index
@@ -185,6 +192,7 @@ class _QueueReplay:
         held = {b for b, count in self.refs.items() if count > 0}
         # A held block always moves with an event (remap moves every used block).
         self.refs = {moves.get(b, b): self.refs[b] for b in held}
+        self.freed_last = {moves.get(b, b) for b in self.freed_last if b in held}
         self.last_free = {moves.get(b, b): self.last_free[b] for b in held
                           if b in self.last_free}
         if plan is not None:

@@ -17,6 +17,7 @@ that ran.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -135,8 +136,19 @@ class Stopped:
     ended: bool
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """An operation running on a saved session: its Work, the browser and the tab
+    (`holder`, saved.Tab's) running it, and an event set once it has ended and saved."""
+
+    work: Work
+    browser: str
+    holder: str
+    done: threading.Event
+
+
 class SessionRuns:
-    """The operation running on each saved session, across the server's browser sessions.
+    """The operations running on each saved session, across the server's browser sessions.
 
     A reload of the Playground during a Step N starts a new browser session, but
     Streamlit lets the old one's run go on after its page has gone: the new page
@@ -146,48 +158,64 @@ class SessionRuns:
     iterations) and waits until that run has saved (`stop_and_wait`); it then
     opens the state that run reached. A second tab opening the session does the
     same to the first tab's run, which goes on as a copy at its next save, as it
-    would anyway. Only the same browser's pages stop each other's runs: another
-    browser opening a link gets a copy and leaves the owner's run alone.
+    would anyway. Only the runs of the tab that writes the row are stopped (their
+    saves land in it): another browser opening a link gets a copy and leaves the
+    owner's run alone, and so is a tab that lost the row, whose save becomes a copy.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # session id -> (the running operation's Work, the browser running it, set once
-        # it has ended and saved)
-        self._runs: dict[str, tuple[Work, str, threading.Event]] = {}
+        self._runs: dict[str, list[_Run]] = {}
 
     @contextmanager
-    def running(self, sid: str | None, browser: str, work: Work) -> Iterator[None]:
+    def running(self, sid: str | None, browser: str, holder: str,
+                work: Work) -> Iterator[None]:
         """While an operation (its save included) runs on saved session `sid` (None: a
-        session with no row yet, which no other page can open)."""
+        session with no row yet, which no other page can open) in tab `holder`."""
         if sid is None:
             yield
             return
-        done = threading.Event()
+        run = _Run(work, browser, holder, threading.Event())
         with self._lock:
-            self._runs[sid] = (work, browser, done)
+            self._runs.setdefault(sid, []).append(run)
         try:
             yield
         finally:
             with self._lock:
-                if self._runs.get(sid, (None, None, None))[2] is done:
-                    del self._runs[sid]
-            done.set()
+                runs = self._runs.get(sid, [])
+                if run in runs:
+                    runs.remove(run)
+                if not runs:
+                    self._runs.pop(sid, None)
+            run.done.set()
 
-    def stop_and_wait(self, sid: str, browser: str, mine: Work,
+    def stop_and_wait(self, sid: str, browser: str, holder: str | None, mine: Work,
                       timeout: float) -> Stopped | None:
-        """Stop the operation another page of `browser` runs on `sid`, and wait up to
-        `timeout` seconds for it to end; None if none runs (or it is `mine`, this page's
-        own, or another browser's)."""
+        """Stop the operations that tab `holder` (the row's writer) of `browser` runs on
+        `sid`, and wait up to `timeout` seconds for them to end and save; None if none
+        runs (`mine`, this page's own, is left alone)."""
         with self._lock:
-            entry = self._runs.get(sid)
-        if entry is None or entry[0] is mine or entry[1] != browser:
+            runs = [r for r in self._runs.get(sid, ()) if r.browser == browser
+                    and r.holder == holder and r.work is not mine]
+        if not runs:
             return None
-        work, _, done = entry
-        state = work.state
-        work.request_stop(OPENED_ELSEWHERE)
-        return Stopped(state, done.wait(timeout))
+        state = runs[0].work.state
+        deadline = time.monotonic() + timeout
+        while True:
+            left = [r for r in runs if not r.done.is_set()]
+            if not left:
+                return Stopped(state, True)
+            if time.monotonic() >= deadline:
+                return Stopped(state, False)
+            # Asked again until it ends: a run listed before it began counting (its
+            # Work's `begin` clears a stop asked earlier) would not hear a first ask.
+            for r in left:
+                r.work.request_stop(OPENED_ELSEWHERE)
+            left[0].done.wait(min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
 
+
+# How often stop_and_wait asks again while it waits.
+STOP_POLL_S = 0.1
 
 # What a run stopped by SessionRuns.stop_and_wait says on its own page, if it is still open.
 OPENED_ELSEWHERE = "this session was opened in another tab, which goes on from here"

@@ -228,8 +228,9 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
                     and body.get("step") == step):
                 raise StoreError(f"its history step {step!r} is damaged")
             history.append((int(step), body, num_events))
-    except StoreError as exc:
-        # Only the timeline's earlier states: the snapshot holds the session whole.
+    except PagedLabError as exc:
+        # Only the timeline's earlier states: the snapshot holds the session whole. (Its
+        # JSON reader raises PagedLabError itself: a body that is not valid JSON.)
         history, problem = [], str(exc)
     return StoredSession(sid, str(browser), str(holder), int(revision), settings, snapshot,
                          base, log, bool(complete), history,

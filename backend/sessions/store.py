@@ -384,6 +384,13 @@ class SessionStore:
         return [SessionInfo(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4]),
                             None if r[5] is None else str(r[5])) for r in rows]
 
+    def holder(self, sid: str) -> str | None:
+        """The tab that writes row `sid` now (see saved.py), or None if there is no such
+        row. Reads one column: cheap, unlike `load`."""
+        with self._read() as db:
+            row = db.execute("SELECT holder FROM sessions WHERE id=?", (sid,)).fetchone()
+        return None if row is None else str(row[0])
+
     def latest(self, browser: str) -> str | None:
         """The id of `browser`'s most recently used unexpired session, if it has one."""
         found = self.recent(browser, limit=1)

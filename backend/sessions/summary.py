@@ -9,6 +9,7 @@ the host blocks a finished swapped-out request gave back.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from backend.core.words import counted, joined
@@ -30,14 +31,20 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
     """
     parts = [f"Step {result.step}: {describe_op(result.op)}"]
     # Swap preemption: a request whose K/V came back from the host pool was swapped in,
-    # not admitted afresh (nothing recomputed); one preempted to it was swapped out.
-    swapped_in = {e.request for e in result.events if e.kind == "swap_in"}
-    swapped_out = {e.request for e in result.events if e.kind == "swap_out"}
-    admitted = [rid for rid in result.admitted if rid not in swapped_in]
+    # not admitted afresh (nothing recomputed); one preempted to it was swapped out. A
+    # request first admitted, then swapped out and in within one Step N, is both.
+    swaps = Counter(result.swapped_in)
+    admitted = []
+    for rid in result.admitted:
+        if swaps[rid]:
+            swaps[rid] -= 1
+        else:
+            admitted.append(rid)
     if admitted:
-        parts.append("admitted " + ", ".join(admitted))
-    if back := [rid for rid in dict.fromkeys(result.admitted) if rid in swapped_in]:
-        parts.append("swapped in " + ", ".join(back))
+        parts.append("admitted " + ", ".join(dict.fromkeys(admitted)))
+    if result.swapped_in:
+        parts.append("swapped in " + ", ".join(dict.fromkeys(result.swapped_in)))
+    swapped_out = {e.request for e in result.events if e.kind == "swap_out"}
     prefills = _prefills(result)
     if prefills:
         parts.append(prefills)
