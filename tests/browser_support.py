@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,3 +147,15 @@ def scroll_to(locator: Locator, timeout_s: float = 120.0) -> None:
             if "not attached" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def room_for_a_long_step(page: Page, timeout_ms: int = 120_000) -> None:
+    """Set the Playground for a request that decodes far longer than a test takes: a pool
+    of 8,192 blocks (the default's 128 slots would end a fast machine's Step N by
+    capacity within a second) and 20,000 new tokens for the next Add."""
+    pool = page.get_by_role("spinbutton", name="Pool size (blocks)")
+    pool.fill("8192")
+    pool.press("Tab")
+    expect(page.locator(".pl-metric[data-label='Used blocks']")).to_have_text(
+        "0 / 8192", timeout=timeout_ms)
+    page.get_by_role("spinbutton", name="Max new tokens").fill("20000")

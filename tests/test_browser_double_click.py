@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.browser_support import in_app
+from tests.browser_support import in_app, room_for_a_long_step
 
 pytestmark = pytest.mark.browser
 
@@ -69,16 +69,10 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
         page.goto(app_url)
         add = page.get_by_role("button", name="Add request")
         expect(add).to_be_visible(timeout=T)
-        # A request that keeps decoding far longer than the test takes (a pool with room
-        # for 20,000 tokens: the default's 128 slots end it by capacity), and a Step N
+        # A request that keeps decoding far longer than the test takes, and a Step N
         # that runs until it is stopped: on a slow machine a step of a few seconds could
         # end, and the Add's pick of B reach the browser, before Finish was clicked.
-        pool = page.get_by_role("spinbutton", name="Pool size (blocks)")
-        pool.fill("8192")
-        pool.press("Tab")
-        expect(page.locator(".pl-metric[data-label='Used blocks']")).to_have_text(
-            "0 / 8192", timeout=T)
-        page.get_by_role("spinbutton", name="Max new tokens").fill("20000")
+        room_for_a_long_step(page, T)
         add.click()
         expect(in_app(page).get_by_text("Step 1: add A")).to_be_visible(timeout=T)
         steps = page.get_by_role("spinbutton", name="Steps")

@@ -31,6 +31,7 @@ from tests.browser_support import (
     _free_port,
     _wait_healthy,
     in_app,
+    room_for_a_long_step,
     scroll_to,
 )
 
@@ -306,14 +307,7 @@ def test_a_reload_or_a_second_tab_during_step_n_stops_it_and_opens_what_it_reach
     page = new_page(browser)
     try:
         page.goto(server.url)
-        # A request that decodes far longer than the test takes: the default pool's 128
-        # slots would end a fast machine's Step N by capacity before the reload.
-        pool = page.get_by_role("spinbutton", name="Pool size (blocks)")
-        pool.fill("8192")
-        pool.press("Tab")
-        expect(page.locator(".pl-metric[data-label='Used blocks']")).to_have_text(
-            "0 / 8192", timeout=T)
-        page.get_by_role("spinbutton", name="Max new tokens").fill("20000")
+        room_for_a_long_step(page)
         page.get_by_role("button", name="Add request").click()
         status(page, "Step 1: add A")
         settled(page)
