@@ -106,3 +106,42 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
         raise
     finally:
         page.close()
+
+
+def test_an_upload_refused_after_waiting_behind_step_n_keeps_its_line_above(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    """"Refused the snapshot ... The playground is unchanged" was all the page said,
+    though the Step N it waited behind had just changed the engine."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1800})
+    try:
+        page.set_default_timeout(T)
+        page.goto(app_url)
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=T)
+        room_for_a_long_step(page, T)
+        add.click()
+        expect(in_app(page).get_by_text("Step 1: add A")).to_be_visible(timeout=T)
+        steps = page.get_by_role("spinbutton", name="Steps")
+        steps.fill("10000")
+        steps.press("Tab")
+        page.get_by_role("button", name="Step N").click()
+        expect(in_app(page).get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
+        # A snapshot whose blocks the restore refuses: it waits for the step's lock first.
+        bad = {"name": "bad.json", "mimeType": "application/json",
+               "buffer": b'{"schema_version": 1, "config": {"num_blocks": 4}}'}
+        page.locator(".st-key-import_snapshot").get_by_test_id(
+            "stFileUploaderDropzoneInput").set_input_files(files=[bad])
+        page.wait_for_timeout(500)
+        page.get_by_role("button", name="Stop stepping").first.click()
+        lines = page.locator("[class*='st-key-status_line'] [data-testid='stAlert']")
+        expect(lines).to_have_count(2, timeout=T)
+        said = lines.all_inner_texts()
+        assert re.match(r"Stopped after \d+ of 10000 iterations\. Step 2: step x\d+", said[0])
+        assert said[1].startswith("Refused the snapshot in 'bad.json': ")
+        assert said[1].endswith("The playground is unchanged.")
+        page.screenshot(path=screenshots / "refused-after-step-n.png", full_page=True)
+    except BaseException:
+        page.screenshot(path=screenshots / "refused-after-step-n-failed.png", full_page=True)
+        raise
+    finally:
+        page.close()

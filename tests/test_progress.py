@@ -556,7 +556,7 @@ def test_a_click_that_waited_keeps_the_messages_of_what_ran_meanwhile_above_its_
     from ui.operations import MAX_EARLIER, OpSession
     from ui.session import FLASH
 
-    q = ui_progress.Queued()
+    q = ui_progress.Queued(remembered=(FLASH,))
 
     def op_session(seen: int) -> OpSession:
         return OpSession(None, None, None, None, "o", None, q, 0, seen)  # type: ignore[arg-type]
@@ -624,3 +624,41 @@ def test_every_run_of_the_rows_tab_is_stopped_and_none_of_a_tab_that_lost_it() -
         assert stopped is not None and not stopped.ended   # they run on in this test
         assert [w.state is not None and w.state.stopping
                 for w in (owner_a, owner_b, stale)] == [True, True, False]
+
+
+def test_a_run_queued_behind_the_stopped_one_is_stopped_too() -> None:
+    """A click waiting behind the Step N starts its own run once the step ends: the page
+    opening the session waits for that one as well, or it would run on unseen."""
+    runs = SessionRuns()
+    work = Work()        # one browser session: both runs share its Work
+    lock = threading.Lock()
+    first_going, ran = threading.Event(), []
+
+    def run(name: str) -> None:
+        with runs.running("sid", "browser", "tab", work), lock:
+            work.begin(name, 300)
+            done = 0
+            while done < 300 and work.should_go():
+                done += 1
+                work.update(done, 300)
+                first_going.set()
+                threading.Event().wait(0.005)
+            work.end()
+            ran.append((name, done))
+
+    first = threading.Thread(target=run, args=("first",))
+    first.start()
+    assert first_going.wait(timeout=60)
+    queued = threading.Thread(target=run, args=("queued",))
+    queued.start()
+    for _ in range(500):        # the queued click is listed while it waits for the lock
+        with runs._lock:
+            if len(runs._runs.get("sid", [])) == 2:
+                break
+        threading.Event().wait(0.01)
+    stopped = runs.stop_and_wait("sid", "browser", "tab", Work(), timeout=60)
+    first.join(timeout=60)
+    queued.join(timeout=60)
+    assert stopped is not None and stopped.ended
+    assert [name for name, _ in ran] == ["first", "queued"]
+    assert all(done < 300 for _, done in ran), ran

@@ -483,3 +483,22 @@ def test_a_log_that_contradicts_itself_is_said_to_leave_the_order_a_guess() -> N
     assert restore_notes(restore_engine(moved, kernel="torch"))[2].startswith(
         f"the event log contradicts itself (the shuffle of step 2 moves two blocks to block "
         f"{moves[0]['dst']})")
+
+
+def test_a_logged_count_that_leaves_a_block_held_makes_its_next_alloc_a_contradiction() -> None:
+    """Only a log without counts may free a block once, at last: where the log gives
+    `ref_count` 1 after a free, an alloc of that block contradicts it."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 3, "block_size": 4,
+                                       "prefix_caching": False}), kernel="torch")
+    for op in (Add("A", prompt_len=3), Fork("A", "A2"), Finish("A"), Finish("A2"),
+               Add("C", prompt_len=11)):
+        e.apply(op)
+    snap = copy.deepcopy(export_snapshot(e))
+    for key in ("free_queue", "prefix_cache", "scheduler", "allocator"):
+        snap.pop(key)
+    # Keep the counts, but drop A2's free of block 0: the log leaves it held (count 1).
+    last_free = max(i for i, ev in enumerate(snap["events"])
+                    if ev["kind"] == "free" and ev["block"] == 0)
+    del snap["events"][last_free]
+    notes = restore_notes(restore_engine(snap, kernel="torch"))
+    assert any("allocates block 0, which the log shows held" in n for n in notes), notes

@@ -298,11 +298,14 @@ def _kept_sentence(kept: Kept | None) -> str:
             "replaced as last saved, before the operations that could not be saved.")
 
 
-def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
+def restore_snapshot(data: dict[str, Any], source: str,
+                     refused: Callable[[str], str] | None = None) -> str | None:
     """Replace the engine by the exact state a snapshot describes.
 
     Returns None on success (the status line says what was restored), else
-    the reason it was refused, with the current engine kept. For callbacks
+    the reason it was refused, with the current engine kept; with `refused`, the
+    status line also says `refused(reason)`, through the session the restore held
+    (so the lines of operations it waited behind stay above it). For callbacks
     only: it also sets the sidebar's fields to the snapshot's config, which
     Streamlit allows only before the sidebar is drawn. The device and kernel
     stay the sidebar's. `source` names where the snapshot came from.
@@ -330,6 +333,11 @@ def restore_snapshot(data: dict[str, Any], source: str) -> str | None:
             if problem is None:
                 problem, restored = _restore_held(data, source, sess, kept)
                 shown.append(restored)
+        if problem is not None and refused is not None:
+            if sess is None:
+                flash("error", refused(problem))
+            else:
+                sess.flash("error", refused(problem))
     collect()
     loaded.finish()
     for waited in shown:

@@ -130,19 +130,28 @@ def _on_import() -> None:
     if uploaded is None:   # the file was removed from the uploader (import_panel drops its note)
         return
     source = f"the snapshot in {uploaded.name!r}"
+
+    def refused(problem: str) -> str:
+        return f"Refused {source}: {problem}. The playground is unchanged."
+
     problem = None
+    said = False    # the restore said its own refusal
     # The size is known before reading: an oversized file is never read into memory.
     if uploaded.size > MAX_SNAPSHOT_BYTES:
         problem = (f"it is {uploaded.size:,} bytes; the limit is "
                    f"{MAX_SNAPSHOT_BYTES >> 20} MiB")
     else:
         try:
-            problem = engine_actions.restore_snapshot(parse_snapshot_text(uploaded.getvalue()),
-                                               source)
+            data = parse_snapshot_text(uploaded.getvalue())
         except PagedLabError as exc:
             problem = str(exc)
-    if problem is not None:
-        session.flash("error", f"Refused {source}: {problem}. The playground is unchanged.")
+        else:
+            # A refusal after waiting behind an operation is said by the restore, below
+            # that operation's line (see OpSession.flash).
+            problem = engine_actions.restore_snapshot(data, source, refused)
+            said = True
+    if problem is not None and not said:
+        session.flash("error", refused(problem))
     # The status line is at the top of the page, and the next operation replaces it; the
     # uploader may be far below it. So the note beside the file says the outcome itself.
     st.session_state[IMPORT_NOTE] = (

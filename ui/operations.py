@@ -91,7 +91,7 @@ class OpSession:
     # The number of the last status-line message when this was read (see `flash`), and
     # those of the messages this operation has put since.
     seen_flash: int = 0
-    mine: set[int] = field(default_factory=set)
+    mine: set[int] = field(default_factory=set, compare=False)
 
     @staticmethod
     def read() -> OpSession:
@@ -262,7 +262,13 @@ def apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:
         return
     shown: list[Shown] = []
     work = progress.get_work()
-    with holding_current("wait", work, shown) as sess:
+    tab = store.get_tab()
+    # Listed as running on the tab's saved session from before it waits for the engine
+    # until it has saved, so that a page opening that session meanwhile (this one
+    # reloaded) stops it and opens what it reached: a click waiting behind a Step N is
+    # listed before the Step N ends, so no gap between the two lets that page through.
+    with SESSION_RUNS.running(tab.id, tab.browser, tab.holder, work), \
+            holding_current("wait", work, shown) as sess:
         if sess is None:
             flash("error", REPLACED_TOO_OFTEN)
         else:
@@ -277,15 +283,7 @@ def apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:
 
 def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
                 shown: list[Shown]) -> OpResult | None:
-    """`apply` with the engine's lock held: no session state, only `sess`. Listed as
-    running on the tab's saved session until it has saved, so that a page opening that
-    session meanwhile (this one reloaded) stops it and opens what it reached."""
-    with SESSION_RUNS.running(sess.tab.id, sess.tab.browser, sess.tab.holder, work):
-        return _apply_listed(sess, work, make_op, shown)
-
-
-def _apply_listed(sess: OpSession, work: Work, make_op: MakeOp,
-                  shown: list[Shown]) -> OpResult | None:
+    """`apply` with the engine's lock held: no session state, only `sess`."""
     engine = sess.engine
     try:
         before = snapshot_now(engine, sess.history)

@@ -114,14 +114,16 @@ class Queued:
     the next run's, which `ui.session` calls before anything reads those keys.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, remembered: Collection[str] = ()) -> None:
         self._lock = threading.Lock()
         # key -> its writes, oldest first: (value, the value the key must still hold for
         # the write to land). Keys in the order their last write was made.
         self._writes: dict[str, list[tuple[Any, Any]]] = {}
         self._expected: weakref.WeakSet[Expected] = weakref.WeakSet()
         self._busy: set[str] = set()     # keys whose write a run is making now
-        # Each key's last unconditional write, kept once applied (see `last`).
+        # The last unconditional write of each key in `remembered`, kept once applied
+        # (see `last`): only small values (the status line), never an engine.
+        self._remembered = frozenset(remembered)
         self._last: dict[str, Any] = {}
 
     def expect(self, key: str, value: Any) -> Expected:
@@ -147,12 +149,13 @@ class Queued:
             self._writes.pop(key, None)
             writes.append((value, if_still))
             self._writes[key] = writes
-            if if_still is _ANY:
+            if if_still is _ANY and key in self._remembered:
                 self._last[key] = value
 
     def last(self, key: str) -> Any:
-        """The last value put for `key` unconditionally, applied or not (None if none):
-        what a run that may no longer read session state can learn of another's write."""
+        """The last value put for `key` (one of `remembered`) unconditionally, applied or
+        not (None if none): what a run that may no longer read session state can learn
+        of another's write."""
         with self._lock:
             return self._last.get(key)
 

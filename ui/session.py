@@ -174,7 +174,7 @@ def init() -> None:
     """
     ss = st.session_state
     if QUEUED not in ss:
-        ss[QUEUED] = progress.Queued()
+        ss[QUEUED] = progress.Queued(remembered=(FLASH,))
     collect()
     if OWNER not in ss:
         # Names this session's engines in the server's K/V budget.

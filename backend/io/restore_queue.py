@@ -175,7 +175,9 @@ class _QueueReplay:
                            "reference to")
             refs[block] = left = logged if logged is not None else max(refs.get(block, 0) - 1, 0)
             self.last_free[block] = index
-            self.freed_last.add(block)
+            if logged is None:
+                # A logged count is the writer's word: a block it leaves held is held.
+                self.freed_last.add(block)
             if left == 0:
                 self.queue.pop(block, None)
                 self.queue[block] = index

@@ -194,24 +194,28 @@ class SessionRuns:
         """Stop the operations that tab `holder` (the row's writer) of `browser` runs on
         `sid`, and wait up to `timeout` seconds for them to end and save; None if none
         runs (`mine`, this page's own, is left alone)."""
-        with self._lock:
-            runs = [r for r in self._runs.get(sid, ()) if r.browser == browser
-                    and r.holder == holder and r.work is not mine]
+        def listed() -> list[_Run]:
+            with self._lock:
+                return [r for r in self._runs.get(sid, ()) if r.browser == browser
+                        and r.holder == holder and r.work is not mine]
+
+        runs = listed()
         if not runs:
             return None
         state = runs[0].work.state
         deadline = time.monotonic() + timeout
-        while True:
-            left = [r for r in runs if not r.done.is_set()]
-            if not left:
-                return Stopped(state, True)
+        while runs:
             if time.monotonic() >= deadline:
                 return Stopped(state, False)
             # Asked again until it ends: a run listed before it began counting (its
             # Work's `begin` clears a stop asked earlier) would not hear a first ask.
-            for r in left:
+            for r in runs:
                 r.work.request_stop(OPENED_ELSEWHERE)
-            left[0].done.wait(min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+            runs[0].done.wait(min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+            # Listed afresh: a click that waited behind the stopped run starts its own,
+            # which must not run on unseen either.
+            runs = listed()
+        return Stopped(state, True)
 
 
 # How often stop_and_wait asks again while it waits.
