@@ -100,16 +100,25 @@ def _open(sess: operations.OpSession, sid: str, take_now: bool = True
 def _stop_other_page(sess: operations.OpSession, sid: str, work: Work) -> str:
     """Stop what another page of this browser runs on `sid` (see SessionRuns), waiting
     for it to save; the note that says so, or ""."""
-    store = sess.tab.store
+    rows = sess.tab.store
     try:
-        holder = None if store is None else store.holder(sid)
+        holder = None if rows is None else rows.holder(sid)
     except PagedLabError:
         return ""     # opening it will say what is wrong with the store
-    if holder is None:
+    if rows is None or holder is None:
         return ""
     stopped = SESSION_RUNS.stop_and_wait(sid, sess.tab.browser, holder, work, STOP_WAIT_S)
     if stopped is None:
         return ""
+    try:
+        still = rows.holder(sid) == holder
+    except PagedLabError:
+        still = False
+    if not still:
+        # Another tab took the session meanwhile: what the stopped run saved went to a
+        # copy, or was overtaken; opening it says what the session holds now.
+        return (" This session's other page was stopped, and another tab took the session "
+                "meanwhile: this is the state that tab saved.")
     state = stopped.state
     what = "an operation" if state is None else f"“{state.label}”"
     if state is not None and state.total > 1:
