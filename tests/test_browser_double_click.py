@@ -86,7 +86,7 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
         # Both clicks wait for the step; a Stop (a third click, superseding the Finish's
         # run in turn) ends it, and the two waiting clicks act in the order they came.
         page.wait_for_timeout(500)
-        page.get_by_role("button", name="Stop stepping").first.click()
+        page.get_by_role("button", name="Stop stepping").filter(visible=True).first.click()
         # Finish acts on A, the request picked when it was clicked.
         expect(in_app(page).get_by_text(re.compile(r"^Step 4: finish A"))).to_be_visible(timeout=T)
         # What ran before it while it waited stays above it, in order: the stopped step's
@@ -132,7 +132,8 @@ def test_an_upload_refused_after_waiting_behind_step_n_keeps_its_line_above(
         page.locator(".st-key-import_snapshot").get_by_test_id(
             "stFileUploaderDropzoneInput").set_input_files(files=[bad])
         page.wait_for_timeout(500)
-        page.get_by_role("button", name="Stop stepping").first.click()
+        # The visible one: the page may still hold a hidden one its waiting run drew.
+        page.get_by_role("button", name="Stop stepping").filter(visible=True).first.click()
         lines = page.locator("[class*='st-key-status_line'] [data-testid='stAlert']")
         expect(lines).to_have_count(2, timeout=T)
         said = lines.all_inner_texts()
