@@ -159,3 +159,9 @@ def room_for_a_long_step(page: Page, timeout_ms: int = 120_000) -> None:
     expect(page.locator(".pl-metric[data-label='Used blocks']")).to_have_text(
         "0 / 8192", timeout=timeout_ms)
     page.get_by_role("spinbutton", name="Max new tokens").fill("20000")
+
+
+def status_lines(page: Page) -> Locator:
+    """The Playground status line's messages, oldest first: those of operations a click
+    waited behind stand above its own."""
+    return page.locator("[class*='st-key-status_line'] [data-testid='stAlert']")

@@ -13,13 +13,38 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.browser_support import in_app, room_for_a_long_step
+from tests.browser_support import in_app, room_for_a_long_step, status_lines
 
 pytestmark = pytest.mark.browser
 
 T = 60_000
+
+
+def step_until_stopped(page: Page, app_url: str) -> Locator:
+    """The Playground with request A and a Step N of 10,000 iterations running, one that
+    runs until it is stopped; the Add request button."""
+    page.set_default_timeout(T)
+    page.goto(app_url)
+    add = page.get_by_role("button", name="Add request")
+    expect(add).to_be_visible(timeout=T)
+    # A request that keeps decoding far longer than the test takes: on a slow machine a
+    # step of a few seconds could end before the clicks that are to wait behind it.
+    room_for_a_long_step(page, T)
+    add.click()
+    expect(in_app(page).get_by_text("Step 1: add A")).to_be_visible(timeout=T)
+    steps = page.get_by_role("spinbutton", name="Steps")
+    steps.fill("10000")
+    steps.press("Tab")
+    page.get_by_role("button", name="Step N").click()
+    expect(in_app(page).get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
+    return add
+
+
+def stop_stepping(page: Page) -> None:
+    # The visible one: the page may still hold a hidden one a waiting run drew.
+    page.get_by_role("button", name="Stop stepping").filter(visible=True).first.click()
 
 
 def test_step_n_twice_then_step_applies_three_whole_operations(
@@ -65,33 +90,21 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
     # state after the wait); now it acts first, then the Finish, and the page shows both.
     page = browser.new_page(viewport={"width": 1440, "height": 1800})
     try:
-        page.set_default_timeout(T)
-        page.goto(app_url)
-        add = page.get_by_role("button", name="Add request")
-        expect(add).to_be_visible(timeout=T)
-        # A request that keeps decoding far longer than the test takes, and a Step N
-        # that runs until it is stopped: on a slow machine a step of a few seconds could
-        # end, and the Add's pick of B reach the browser, before Finish was clicked.
-        room_for_a_long_step(page, T)
-        add.click()
-        expect(in_app(page).get_by_text("Step 1: add A")).to_be_visible(timeout=T)
-        steps = page.get_by_role("spinbutton", name="Steps")
-        steps.fill("10000")
-        steps.press("Tab")
-        page.get_by_role("button", name="Step N").click()
-        expect(in_app(page).get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
+        # A Step N that runs until it is stopped: a step of a few seconds could end, and
+        # the Add's pick of B reach the browser, before Finish was clicked.
+        add = step_until_stopped(page, app_url)
         add.click()
         page.wait_for_timeout(500)
         page.get_by_role("button", name="Finish").click()
         # Both clicks wait for the step; a Stop (a third click, superseding the Finish's
         # run in turn) ends it, and the two waiting clicks act in the order they came.
         page.wait_for_timeout(500)
-        page.get_by_role("button", name="Stop stepping").filter(visible=True).first.click()
+        stop_stepping(page)
         # Finish acts on A, the request picked when it was clicked.
         expect(in_app(page).get_by_text(re.compile(r"^Step 4: finish A"))).to_be_visible(timeout=T)
         # What ran before it while it waited stays above it, in order: the stopped step's
         # line was lost behind the waiting clicks' own.
-        lines = page.locator("[class*='st-key-status_line'] [data-testid='stAlert']")
+        lines = status_lines(page)
         expect(lines).to_have_count(3, timeout=T)
         said = lines.all_inner_texts()
         assert re.match(r"Stopped after \d+ of 10000 iterations\. Step 2: step x\d+", said[0])
@@ -114,27 +127,15 @@ def test_an_upload_refused_after_waiting_behind_step_n_keeps_its_line_above(
     though the Step N it waited behind had just changed the engine."""
     page = browser.new_page(viewport={"width": 1440, "height": 1800})
     try:
-        page.set_default_timeout(T)
-        page.goto(app_url)
-        add = page.get_by_role("button", name="Add request")
-        expect(add).to_be_visible(timeout=T)
-        room_for_a_long_step(page, T)
-        add.click()
-        expect(in_app(page).get_by_text("Step 1: add A")).to_be_visible(timeout=T)
-        steps = page.get_by_role("spinbutton", name="Steps")
-        steps.fill("10000")
-        steps.press("Tab")
-        page.get_by_role("button", name="Step N").click()
-        expect(in_app(page).get_by_text(re.compile("Stepping the batch"))).to_be_visible(timeout=T)
+        step_until_stopped(page, app_url)
         # A snapshot whose blocks the restore refuses: it waits for the step's lock first.
         bad = {"name": "bad.json", "mimeType": "application/json",
                "buffer": b'{"schema_version": 1, "config": {"num_blocks": 4}}'}
         page.locator(".st-key-import_snapshot").get_by_test_id(
             "stFileUploaderDropzoneInput").set_input_files(files=[bad])
         page.wait_for_timeout(500)
-        # The visible one: the page may still hold a hidden one its waiting run drew.
-        page.get_by_role("button", name="Stop stepping").filter(visible=True).first.click()
-        lines = page.locator("[class*='st-key-status_line'] [data-testid='stAlert']")
+        stop_stepping(page)
+        lines = status_lines(page)
         expect(lines).to_have_count(2, timeout=T)
         said = lines.all_inner_texts()
         assert re.match(r"Stopped after \d+ of 10000 iterations\. Step 2: step x\d+", said[0])

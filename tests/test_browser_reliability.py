@@ -24,7 +24,7 @@ from playwright.sync_api import (
     expect,
 )
 
-from tests.browser_support import in_app, serve
+from tests.browser_support import in_app, serve, status_lines
 
 pytestmark = pytest.mark.browser
 
@@ -75,7 +75,7 @@ def as_written(text: str) -> re.Pattern[str]:
 def status_line(page: Page, text: str | re.Pattern[str]) -> None:
     """Wait for the status line's newest message to say `text` (and not a refusal): the
     messages of operations it waited behind stand above it."""
-    shows(page.locator("[class*='st-key-status_line'] [data-testid='stAlert']").last, text)
+    shows(status_lines(page).last, text)
 
 
 def picker(page: Page) -> Locator:
@@ -437,8 +437,7 @@ def test_a_click_while_a_new_models_weights_load_lands_on_the_new_engine(
             status_line(page, "Step 2: add B")
             idle(page)
             # What ran while the clicks waited stands above, in order.
-            lines = page.locator("[class*='st-key-status_line'] [data-testid='stAlert']")
-            said = lines.all_inner_texts()
+            said = status_lines(page).all_inner_texts()
             assert said[0].startswith("New engine: ") and said[-1].startswith("Step 2: add B")
             # SmolLM2's tokenizer: 7 tokens (tiny-byte's would be 23, one per byte).
             picked(page, "B · running · 7 tokens")

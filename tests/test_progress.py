@@ -21,7 +21,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
-from backend.engine.ops import Add, Grow, Step
+from backend.engine.ops import Add, Grow, Op, Step
 from backend.io.snapshot import export_snapshot
 from backend.sessions.playground import Settings, apply_or_recover
 from backend.sessions.progress import OPENED_ELSEWHERE, SessionRuns, Work, WorkState, tracker
@@ -189,13 +189,18 @@ def test_two_runs_applying_at_once_land_a_keys_writes_once_and_in_order() -> Non
     assert state == {"req_pick": "X"} and not q.apply(state)
 
 
-def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
+def _two_requests() -> tuple[EngineConfig, Engine, list[Op], dict[str, Any]]:
+    """An engine with requests A and B admitted: its config, the adds, its snapshot."""
     config = EngineConfig(num_blocks=32, block_size=4)
     engine = Engine(config, kernel="torch")
-    setup = [Add("A", prompt="The cat sat on the mat."), Add("B", prompt_len=9)]
+    setup: list[Op] = [Add("A", prompt="The cat sat on the mat."), Add("B", prompt_len=9)]
     for op in setup:
         engine.apply(op)
-    before = export_snapshot(engine)
+    return config, engine, setup, export_snapshot(engine)
+
+
+def test_a_stop_from_another_thread_ends_the_step_between_two_iterations() -> None:
+    config, engine, setup, before = _two_requests()
     work = Work()
     work.begin("Stepping", 200)
     third = threading.Event()
@@ -473,12 +478,7 @@ def test_a_page_opening_a_session_stops_its_other_pages_run_and_waits_for_its_sa
     """A reload during Step N: the new page stops the old page's run, which Streamlit
     lets go on, and waits until that run has saved, so it opens what the run reached."""
     runs = SessionRuns()
-    config = EngineConfig(num_blocks=32, block_size=4)
-    engine = Engine(config, kernel="torch")
-    setup = [Add("A", prompt="The cat sat on the mat."), Add("B", prompt_len=9)]
-    for op in setup:
-        engine.apply(op)
-    before = export_snapshot(engine)
+    config, engine, _, before = _two_requests()
     old, new = Work(), Work()
     third = threading.Event()
     saved: list[int] = []
