@@ -141,6 +141,12 @@ def random_op(rng: random.Random, engine: Engine, snapshot: dict[str, Any],
                        weights=[5, 4, 2, 2, 3, 1])[0]
     if kind == "add":
         op: dict[str, Any] = {"op": "add", "request": new_id(), **_prompt(rng, capacity // 3)}
+        # Two requests in five carry one of two cache salts, picked by the id's number
+        # and not drawn from `rng`, so every other choice of a seed's sequence is as it
+        # was before salts existed.
+        salt = next_id[0] % 5
+        if salt < 2:
+            op["cache_salt"] = f"tenant-{salt}"
         if rng.random() < 0.3:
             op["max_new_tokens"] = rng.randint(1, 8)
         if rng.random() < 0.2:

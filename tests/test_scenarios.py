@@ -29,7 +29,7 @@ def test_every_claim_of_the_seed_has_a_scenario() -> None:
     topics = ["contiguous-problem", "block-table", "growth", "tail-waste", "continuous-batching",
               "prefix-sharing", "exact-tokens", "fork-copy-on-write", "parallel-sampling",
               "beam-search", "moving-blocks", "preemption", "cache-revival",
-              "internal-fragmentation"]
+              "internal-fragmentation", "cache-salt"]
     for topic in topics:
         assert any(topic in n for n in NAMES), topic
 

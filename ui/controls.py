@@ -25,6 +25,7 @@ from backend.engine.ops import (
     check_request_id,
 )
 from backend.engine.results import OpResult
+from backend.paging.hashing import MAX_CACHE_SALT_CHARS
 from backend.sessions.forms import add_op, next_child_id, op_from
 from backend.views.text import plain_md
 from ui import clicks, layout, operations, session
@@ -119,7 +120,7 @@ def _on_add() -> None:
             "blocks": ss["add_pins"],
             "n": whole_number("add_n", "Parallel samples (n)", 1, MAX_SAMPLES),
             "beam_width": whole_number("add_beam", "Beam width", 1, MAX_SAMPLES),
-            "chat": bool(ss.get("add_chat"))}
+            "chat": bool(ss.get("add_chat")), "cache_salt": ss.get("add_salt")}
         picked.append(session.queued().expect("req_pick", ss.get("req_pick")))
         return lambda engine: add_op(
             **fields, existing=engine.requests, vocab_size=engine.config.vocab_size,
@@ -135,6 +136,7 @@ def _on_add() -> None:
         q.put("add_id", "")
         q.put("add_pins", "")
         q.put("add_len", None)
+        q.put("add_salt", "")
         # With n samples or beams the requests are ID.0, ID.1, ...; pick the first.
         grouped = result.op.n is not None or result.op.beam_width is not None
         # Unless the person picked another request while the add waited for the engine.
@@ -202,6 +204,17 @@ def _add_form() -> None:
                          "A beam extended twice forks (blocks shared, copy-on-write at "
                          "the next write); one with no survivor is dropped and frees "
                          "its blocks. Needs Max new tokens (or the sidebar's default).")
+        st.text_input("Cache salt", key="add_salt", placeholder="none",
+                      persist_state="session",
+                      help=f"At most {MAX_CACHE_SALT_CHARS} characters; cleared after the add. "
+                           "As vLLM's cache_salt: the request's prefix-cache keys are "
+                           "salted with it, so it shares cached blocks only with requests "
+                           "of the same salt, whatever the tokens. Engines key a block by "
+                           "what its K/V depend on beyond the tokens (the model, an adapter) "
+                           "and by what must not share a cache (another tenant); the salt "
+                           "stands in for these here. The model computes the same K/V with "
+                           "or without it: only the keys differ. Add the same prompt with "
+                           "and without one to watch the prefix hits stop.")
         clicks.button(st, "Add request", key="btn_add", type="primary", on_click=_on_add,
                       submit=True)
 

@@ -118,14 +118,16 @@ class Admission(ABC):
             seqs = sum(1 + r.forks_to_come for r in unit)
             if not budget.may_start(seqs):
                 break
-            plans = [self.manager.plan_prompt(r.tokens[:r.num_computed]) for r in unit]
+            plans = [self.manager.plan_prompt(r.tokens[:r.num_computed],
+                                              cache_salt=r.cache_salt) for r in unit]
             own = sum((1 if r.num_computed % bs == 0 and not r.prefilling else 0)
                       + r.forks_to_come for r in unit)
             if not self._fits_all(plans, own, reserve):
                 break
             for req in unit:
                 self.swapped.popleft()
-                alloc = self.manager.allocate(req.id, req.tokens[:req.num_computed])
+                alloc = self.manager.allocate(req.id, req.tokens[:req.num_computed],
+                                              cache_salt=req.cache_salt)
                 host = self.host.tables[req.id]
                 first = len(alloc.hit_blocks)
                 src, dst = host[first:], list(alloc.block_table[first:])
@@ -180,7 +182,7 @@ class Admission(ABC):
             left = budget.tokens_left
             if not budget.may_start(seqs) or (left is not None and left < len(unit)):
                 break
-            plans = [self.manager.plan_prompt(r.tokens) for r in unit]
+            plans = [self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit]
             # Its own first token's block if the prompt ends on a boundary, and one per
             # sequence to be forked (a copy of the shared last block, or a new one).
             own = sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
@@ -191,7 +193,8 @@ class Admission(ABC):
                 # A beam's allocation can revive or evict blocks the next beam's plan
                 # counted on: plan each again right before it takes its blocks (the fit
                 # test above held for any outcome).
-                plan = plans[0] if i == 0 else self.manager.plan_prompt(req.tokens)
+                plan = plans[0] if i == 0 else self.manager.plan_prompt(
+                    req.tokens, cache_salt=req.cache_salt)
                 cached = len(plan.hit_blocks) * bs
                 # Leave a token of the budget for each beam after this one: a chunk of 0
                 # would allocate only its cached prefix, whose last block the allocator
@@ -261,7 +264,7 @@ class Admission(ABC):
                           "step the batch: the prompts still prefilling take it first")
                 return (f"the running requests take the token budget first{needs}, and "
                         f"max_num_batched_tokens is {tokens}; {advice}")
-        plans = [self.manager.plan_prompt(r.tokens) for r in unit]
+        plans = [self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit]
         bs = self.config.block_size
         # A beam group's prefix hits are counted as taken from the evictable blocks
         # (`_fits_all`): said as blocks it needs, not as fewer free ones.

@@ -178,7 +178,8 @@ def run_round(engine: Engine, live: list[Request]) -> list[tuple[Request, int]]:
         child = Request(f"{parent.group}.{index}", parent.prompt_len, list(parent.tokens),
                         parent.max_new_tokens, arrival=len(engine.requests),
                         parent=parent.id, group=parent.group,
-                        beam_width=parent.beam_width, cum_logprob=ext.score)
+                        beam_width=parent.beam_width, cum_logprob=ext.score,
+                        cache_salt=parent.cache_salt)
         engine.requests[child.id] = child
         index = next_index(members, engine.requests, index + 1)
         if ext.token == eos:

@@ -45,7 +45,7 @@ def add(engine: Engine, op: Add) -> None:
     max_new = engine.config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
     assert max_new != INHERIT
     # Raises for a prompt that can never fit and for bad pins.
-    engine.manager.plan_prompt(tokens, pinned=op.blocks)
+    engine.manager.plan_prompt(tokens, pinned=op.blocks, cache_salt=op.cache_salt)
     if engine.scheduler.never_admissible(len(tokens), watermark=False):
         raise PagedLabError(
             f"a prompt of {len(tokens):,} tokens fills all {engine.config.num_blocks:,} "
@@ -70,7 +70,8 @@ def add(engine: Engine, op: Add) -> None:
     req = Request(rid, len(tokens), tokens, max_new, arrival=len(engine.requests),
                   group=None if op.n is None and width is None else group,
                   pending_samples=len(ids) - 1 if width is None else 0,
-                  beam_width=width, cum_logprob=None if width is None else 0.0)
+                  beam_width=width, cum_logprob=None if width is None else 0.0,
+                  cache_salt=op.cache_salt)
     engine.requests[rid] = req
     engine.timeline.arrived(rid)
     if op.blocks is not None:
@@ -126,7 +127,8 @@ def spawn_samples(engine: Engine, first: Request) -> None:
         child = Request(child_id, first.prompt_len, list(first.tokens),
                         first.max_new_tokens, arrival=len(engine.requests), parent=first.id,
                         status="running", admitted=engine.scheduler.next_admission(),
-                        logits=first.logits.clone(), group=first.group)
+                        logits=first.logits.clone(), group=first.group,
+                        cache_salt=first.cache_salt)
         engine.requests[child_id] = child
         engine.running.append(child_id)
         engine.timeline.forked(first.id, child_id)
@@ -187,7 +189,8 @@ def fork(engine: Engine, op: Fork) -> None:
     engine.manager.fork(parent.id, child_id)
     child = Request(child_id, parent.prompt_len, list(parent.tokens), parent.max_new_tokens,
                     arrival=len(engine.requests), parent=parent.id, status="running",
-                    admitted=engine.scheduler.next_admission(), logits=parent.logits.clone())
+                    admitted=engine.scheduler.next_admission(), logits=parent.logits.clone(),
+                    cache_salt=parent.cache_salt)
     engine.requests[child_id] = child
     engine.running.append(child_id)
     engine.timeline.arrived(child_id)

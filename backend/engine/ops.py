@@ -14,6 +14,7 @@ from backend.core.checks import check_int, json_kind, shown, unicode_text
 from backend.core.config import MAX_NEW_TOKENS
 from backend.core.errors import PagedLabError
 from backend.core.words import counted, legible
+from backend.paging.hashing import check_cache_salt
 
 MAX_STEP_COUNT = 100_000
 MAX_GROW_TOKENS = 65_536
@@ -47,6 +48,9 @@ class Add:
     n: int | None = None
     # Beam search of this width (beams REQUEST.0, REQUEST.1, ...; backend/engine/beams.py).
     beam_width: int | None = None
+    # The request's cache salt (vLLM's cache_salt): its blocks share only with blocks
+    # cached under the same salt. None: unsalted.
+    cache_salt: str | None = None
     op: Literal["add"] = "add"
 
 
@@ -88,7 +92,7 @@ OP_NAMES = ("add", "grow", "fork", "finish", "step", "shuffle")
 _FIELDS: dict[str, tuple[set[str], set[str]]] = {
     # op: (required, optional). "op" itself, "narration" and "expect" are always allowed.
     "add": ({"request"}, {"prompt", "prompt_tokens", "prompt_len", "messages", "max_new_tokens",
-                          "blocks", "n", "beam_width"}),
+                          "blocks", "n", "beam_width", "cache_salt"}),
     "grow": ({"request"}, {"tokens"}),
     "fork": ({"request", "child"}, set()),
     "finish": ({"request"}, set()),
@@ -237,7 +241,11 @@ def _parse_add(data: dict[str, Any], top_id: int) -> Add:
                                 "grow until they end or reach it")
         # Beams forked later take the next numbers; the id must leave room for them.
         check_request_id(f"{request}.{MAX_BEAM_ID}")
-    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages, n, width)
+    salt = data.get("cache_salt")
+    if salt is not None:
+        salt = check_cache_salt(salt)
+    return Add(request, prompt, prompt_tokens, prompt_len, max_new, blocks, messages, n, width,
+               salt)
 
 
 def quoted(text: str, limit: int = 24) -> str:
@@ -264,7 +272,8 @@ def describe_op(op: Op) -> str:
             samples = "" if op.n is None else f" x{op.n} samples"
             if op.beam_width is not None:
                 samples = f" beam width {op.beam_width}"
-            return f"add {op.request} ({what}){samples}"
+            salt = "" if op.cache_salt is None else f" salt {quoted(op.cache_salt)}"
+            return f"add {op.request} ({what}){samples}{salt}"
         case Grow():
             return f"grow {op.request} +{op.tokens}"
         case Fork():

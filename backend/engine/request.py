@@ -53,6 +53,10 @@ class Request:
     # beam's cumulative log-probability over its generated tokens (backend/engine/beams.py).
     beam_width: int | None = None
     cum_logprob: float | None = None
+    # `add`'s cache_salt: its blocks are keyed under this salt and share only with
+    # blocks cached under the same one (hashing.SaltRoot). Forks, samples and beams
+    # inherit it. None: unsalted.
+    cache_salt: str | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -244,7 +244,8 @@ class Scheduler(Admission):
         it; the rest of its prompt is prefilled later (`uncomputed`). Returns the cached
         token count."""
         tokens = req.tokens if stop is None or stop == req.num_tokens else req.tokens[:stop]
-        alloc = self.manager.allocate(req.id, tokens, pinned=pinned, prompt_len=req.num_tokens)
+        alloc = self.manager.allocate(req.id, tokens, pinned=pinned, prompt_len=req.num_tokens,
+                                      cache_salt=req.cache_salt)
         req.uncomputed = req.num_tokens - len(tokens)
         req.status = "running"
         req.admitted = self.next_admission()

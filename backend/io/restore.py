@@ -35,7 +35,13 @@ from backend.io.restore_requests import read_requests, read_scheduler
 from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
 from backend.paging.events import Event
-from backend.paging.hashing import BlockHash, block_digest
+from backend.paging.hashing import (
+    BlockHash,
+    SaltRoot,
+    block_digest,
+    check_cache_salt,
+    salt_root_digest,
+)
 
 
 def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = "auto",
@@ -151,6 +157,20 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
         digest = r.get("hash", str)
         parent_digest = r.get("parent", str, optional=True)
         tokens = r.int_list("tokens", 0, top_id)
+        salt = r.get("cache_salt", str, optional=True)
+        if salt is not None or not tokens:
+            # A cache salt's root: no parent, no tokens, a digest naming the salt.
+            if salt is None or tokens or parent_digest is not None:
+                raise PagedLabError(f"{r.where}: a key with no tokens is a cache salt's root, "
+                                    "with a cache_salt, no parent and no tokens")
+            check_cache_salt(salt, f"{r.where}.cache_salt")
+            if salt_root_digest(c.cache_salt(), salt) != digest:
+                raise PagedLabError(f"{r.where}: hash {digest} is not the root key of cache "
+                                    f"salt {shown(salt)}")
+            if digest in nodes:
+                raise PagedLabError(f"{r.where}: hash {digest} is listed twice")
+            nodes[digest] = SaltRoot(digest, salt)
+            continue
         if len(tokens) != bs:
             raise PagedLabError(f"{r.where}: a full block holds {bs} tokens, not {len(tokens)}")
         if parent_digest is not None and parent_digest not in nodes:
@@ -243,9 +263,10 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
         table = tables[rid]
         held = req.num_computed
         full = held // bs
-        last_hash = pool.blocks[table[full - 1]].hash if full else None
+        root = m.salt_root(req.cache_salt) if c.prefix_caching else None
+        last_hash = pool.blocks[table[full - 1]].hash if full else root
         tail = req.tokens[full * bs:held] if c.prefix_caching else []
-        m.seqs[rid] = SeqBlocks(rid, list(table), held, tail, last_hash)
+        m.seqs[rid] = SeqBlocks(rid, list(table), held, tail, last_hash, root=root)
     mt = top.object("metrics")
     m.cow_copies = non_negative(mt, "cow_copies")
     m.prefix_hit_blocks = non_negative(mt, "prefix_hit_blocks")

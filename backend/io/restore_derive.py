@@ -54,7 +54,7 @@ from backend.io.restore_queue import (
     replay_free_queue,
 )
 from backend.io.snapshot import hash_node_json
-from backend.paging.hashing import hash_prompt_blocks
+from backend.paging.hashing import hash_prompt_blocks, salt_root
 
 # The fields derive_missing can build, in the order its note names them.
 DERIVABLE = ("free_queue", "prefix_cache", "scheduler", "allocator")
@@ -195,8 +195,16 @@ def _prefix_cache(blocks: list[dict[str, Any]], requests: list[dict[str, Any]],
                 f"block to find the cached blocks' tokens, and this file's are more than "
                 f"{MAX_HASHED_BLOCKS:,} blocks; give its prefix_cache (PagedLab's snapshots "
                 "carry it)")
-        chain = hash_prompt_blocks(tokens, bs, salt)
+        # A salted request's chain starts from its salt's root (listed before its
+        # first key); a malformed salt is named when the request is read.
+        cache_salt = r.get("cache_salt")
+        root = (salt_root(salt, cache_salt) if isinstance(cache_salt, str) and cache_salt
+                else None)
+        chain = hash_prompt_blocks(tokens, bs, salt, root)
         deepest = max((i for i, key in enumerate(chain) if key.digest in wanted), default=-1)
+        if root is not None and deepest >= 0:
+            chain.insert(0, root)
+            deepest += 1
         for key in chain[:deepest + 1]:
             if key.digest not in nodes:
                 nodes[key.digest] = hash_node_json(key)

@@ -17,6 +17,7 @@ from backend.engine.ops import check_request_id
 from backend.engine.request import FINISH_REASONS, Request, kept_for_sample
 from backend.io.json_input import FieldReader
 from backend.io.restore_beams import beam_fields, check_beam_groups
+from backend.paging.hashing import check_cache_salt
 
 Tables = dict[str, list[int]]   # request id -> its block table, as the snapshot lists it
 
@@ -122,13 +123,17 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
             raise PagedLabError(f"{r.where}.pending_samples belongs to the first sample of a "
                                 "group whose prompt is not computed yet")
         width, cum = beam_fields(r, group, max_new, reason)
+        salt = r.get("cache_salt", str, optional=True)
+        if salt is not None:
+            check_cache_salt(salt, f"{r.where}.cache_salt")
         # A copy: the engine appends to its requests' tokens, and `data` may be
         # a History frame or a saved session's row that must stay as it was.
         requests[rid] = Request(rid, prompt_len, list(tokens), max_new, arrival=len(requests),
                                 parent=parent, status=status, num_preemptions=preemptions,
                                 finish_reason=reason if status == "finished" else None,
                                 uncomputed=len(tokens) - held, group=group,
-                                pending_samples=pending, beam_width=width, cum_logprob=cum)
+                                pending_samples=pending, beam_width=width, cum_logprob=cum,
+                                cache_salt=salt)
         tables[rid] = table
     for i, rid in enumerate(requests):
         first = kept_for_sample(requests, rid)

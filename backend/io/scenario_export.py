@@ -74,6 +74,8 @@ def op_to_json(op: Op) -> dict[str, Any]:
                 out["n"] = op.n
             if op.beam_width is not None:
                 out["beam_width"] = op.beam_width
+            if op.cache_salt is not None:
+                out["cache_salt"] = op.cache_salt
             return out
         case Grow():
             return {"op": "grow", "request": op.request, "tokens": op.tokens}

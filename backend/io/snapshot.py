@@ -30,7 +30,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.request import Request
 from backend.io.json_input import decode_json, file_kind
-from backend.paging.hashing import BlockHash
+from backend.paging.hashing import BlockHash, SaltRoot
 
 SCHEMA_VERSION = 1
 MAX_SNAPSHOT_BYTES = 32 << 20
@@ -106,7 +106,9 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
              **({"pending_samples": r.pending_samples} if r.pending_samples else {}),
              # Beam search: the group's width, and the beam's cumulative log-probability.
              **({"beam_width": r.beam_width, "cum_logprob": r.cum_logprob}
-                if r.beam_width is not None else {})}
+                if r.beam_width is not None else {}),
+             # `add`'s cache_salt: its chain starts from the salt's root key.
+             **({"cache_salt": r.cache_salt} if r.cache_salt is not None else {})}
             for r in engine.requests.values()
         ],
         "events": [e.to_json() for e in m.events],
@@ -142,8 +144,12 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
 
 
 def hash_node_json(key: BlockHash) -> dict[str, Any]:
-    """One entry of a snapshot's `prefix_cache`: a key's digest, its parent's, its tokens."""
-    return {"hash": key.digest, "parent": key.parent_digest, "tokens": list(key.tokens)}
+    """One entry of a snapshot's `prefix_cache`: a key's digest, its parent's, its tokens;
+    a cache salt's root (no parent, no tokens) also names its salt."""
+    node = {"hash": key.digest, "parent": key.parent_digest, "tokens": list(key.tokens)}
+    if isinstance(key, SaltRoot):
+        node["cache_salt"] = key.cache_salt
+    return node
 
 
 def snapshot_json(engine: Engine) -> str:

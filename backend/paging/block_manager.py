@@ -68,7 +68,8 @@ class BlockManager(BlockTables):
 
     def allocate(self, seq_id: str, tokens: Sequence[int] | int, *,
                  pinned: Sequence[int] | None = None,
-                 prompt_len: int | None = None) -> Allocation:
+                 prompt_len: int | None = None,
+                 cache_salt: str | None = None) -> Allocation:
         """Mutates: admit a sequence with its prompt tokens.
 
         Full prompt blocks already in the prefix cache are shared (their ref
@@ -77,12 +78,15 @@ class BlockManager(BlockTables):
         "free": ref count 0 and no cached prefix; no cache lookup then).
         `prompt_len` is the whole prompt's length when `tokens` is only its first
         prefill chunk (which finds the same hits): the prefix-cache query counts
-        the prompt, not the chunk.
+        the prompt, not the chunk. A `cache_salt` (checked by the caller) keys the
+        sequence's blocks under that salt: it shares only blocks cached under it.
         Raises PagedLabError for a duplicate id or bad input, OutOfBlocksError
         if the pool lacks room right now.
         """
         check_new_id(seq_id, self.seqs)
-        plan, toks = self._plan(tokens, pinned)
+        # Without prefix caching nothing is keyed, so a salt changes nothing.
+        root = self.salt_root(cache_salt) if self.prefix_caching else None
+        plan, toks = self._plan(tokens, pinned, root)
         if not plan.fits_now:
             raise OutOfBlocksError(
                 f"request {seq_id!r} needs {counted(plan.num_new_blocks, 'free block')} but "
@@ -157,10 +161,10 @@ class BlockManager(BlockTables):
         self._table_entries += len(table)
         self._logical_tokens += length
         tail = length % bs
-        self.seqs[seq_id] = SeqBlocks(  # tail tokens, last hash, tail block
+        self.seqs[seq_id] = SeqBlocks(  # tail tokens, last hash, tail block, root
             seq_id, table, length,
             toks[length - tail:] if tail and caching and not isinstance(toks, int) else [],
-            keys[-1] if keys else None, blocks[table[-1]],
+            keys[-1] if keys else root, blocks[table[-1]], root,
         )
         return Allocation(tuple(table), len(plan.hit_blocks) * bs, plan.hit_blocks, tuple(new))
 
@@ -298,7 +302,7 @@ class BlockManager(BlockTables):
         self._logical_tokens += parent.num_tokens
         self.seqs[child_id] = SeqBlocks(child_id, list(parent.block_table), parent.num_tokens,
                                         list(parent.tail_tokens), parent.last_hash,
-                                        parent.tail_block)
+                                        parent.tail_block, parent.root)
 
     def free(self, seq_id: str, *, preempted: bool = False) -> list[int]:
         """Mutates: release a sequence's blocks; returns those whose count reached 0.

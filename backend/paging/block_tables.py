@@ -40,7 +40,7 @@ from backend.paging.checks import (
     prompt_tokens,
 )
 from backend.paging.events import Event, EventLog
-from backend.paging.hashing import BlockHash, hash_prompt_blocks
+from backend.paging.hashing import BlockHash, SaltRoot, hash_prompt_blocks, salt_root
 from backend.paging.integrity import check_integrity
 
 __all__ = ["BlockTables"]
@@ -64,6 +64,8 @@ class BlockTables:
         self.cache_salt = cache_salt
         self.pool = BlockPool(num_blocks, allocation=allocation, seed=seed)
         self.seqs: dict[str, SeqBlocks] = {}
+        # One root key per request cache salt in use (hashing.SaltRoot).
+        self._roots: dict[str, SaltRoot] = {}
         self._log = EventLog()
         self.record_events = record_events
         self.step = 0
@@ -126,19 +128,32 @@ class BlockTables:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def salt_root(self, cache_salt: str | None) -> SaltRoot | None:
+        """The root key of chains salted with `cache_salt` (None: unsalted, no root).
+
+        The caller has checked the salt (hashing.check_cache_salt)."""
+        if cache_salt is None:
+            return None
+        root = self._roots.get(cache_salt)
+        if root is None:
+            root = self._roots[cache_salt] = salt_root(self.cache_salt, cache_salt)
+        return root
+
     def plan_prompt(self, tokens: Sequence[int] | int, *,
-                    pinned: Sequence[int] | None = None) -> PromptPlan:
+                    pinned: Sequence[int] | None = None,
+                    cache_salt: str | None = None) -> PromptPlan:
         """Reads only: how a prompt would be placed now. Raises on bad input.
 
         `tokens` may be a bare count when prefix caching is off (nothing then
         depends on the ids). Raises PagedLabError for a malformed prompt,
         invalid pins, or a prompt that could never fit in the pool even if it
-        were empty.
+        were empty. With a `cache_salt`, only blocks cached under the same salt
+        are hits.
         """
-        return self._plan(tokens, pinned)[0]
+        return self._plan(tokens, pinned, self.salt_root(cache_salt))[0]
 
-    def _plan(self, tokens: Sequence[int] | int, pinned: Sequence[int] | None
-              ) -> tuple[PromptPlan, list[int] | int]:
+    def _plan(self, tokens: Sequence[int] | int, pinned: Sequence[int] | None,
+              root: BlockHash | None = None) -> tuple[PromptPlan, list[int] | int]:
         """`plan_prompt`, and the validated tokens (a new list) or the bare count."""
         bs = self.block_size
         pool = self.pool
@@ -161,7 +176,7 @@ class BlockTables:
         hits: list[int] = []
         queued_hits = 0
         if self.prefix_caching and not isinstance(toks, int):
-            parent: BlockHash | None = None
+            parent = root
             if pinned is None:
                 # A request always computes at least its last prompt token (its
                 # logits start the generation), so only blocks wholly before it
@@ -170,7 +185,7 @@ class BlockTables:
                 # index; its key is the cached block's own. BlockPool.find,
                 # inlined (one per full block of every prompt).
                 by_content = pool.by_content.get
-                parent_digest = None
+                parent_digest = None if root is None else root.digest
                 frozen = tuple(toks)  # its slices are the blocks' tuples, made once each
                 for start in range(0, (length - 1) // bs * bs, bs):
                     block = by_content((parent_digest, frozen[start:start + bs]))

@@ -26,6 +26,10 @@ class SeqBlocks:
     # remap leaves it right); None where a table was written directly (a
     # restore), until `recount` sets it.
     tail_block: Block | None = None
+    # The root of the sequence's chain when its request has a cache salt
+    # (hashing.SaltRoot): the parent of its first block's key, and its
+    # last_hash until a block fills. None for an unsalted sequence.
+    root: BlockHash | None = None
 
 
 # PromptPlan and Allocation are built on every admission (and a plan on every

@@ -15,6 +15,19 @@ Each `BlockHash` keeps its parent and its own tokens, so a lookup can re-check
 the tokens (a digest match alone is never trusted) and the full token prefix
 of any cached block can be recovered by walking the chain, which is what lets
 a snapshot restore recompute a cached block's K/V.
+
+A request may also carry a cache salt of its own (vLLM's `cache_salt`): a
+name for anything its K/V must not be shared across that the tokens do not
+show (a tenant, an adapter, a system setting). Its chain then starts from a
+`SaltRoot`, a key with no tokens and no block, whose digest commits to the
+salt; the first block's key names it as its parent, so the same tokens under
+two salts never share a block:
+
+    unsalted:         h0 = H(salt, -, t0..t3)
+    cache_salt "a":   r  = H(salt|cache_salt=a, -, nothing)
+                      h0 = H(salt, r, t0..t3)
+
+A root holds no tokens, so walking a chain for its tokens passes it unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +37,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from backend.core.checks import shown
+from backend.core.errors import PagedLabError
 
 DIGEST_HEX_CHARS = 16
 
@@ -68,6 +84,51 @@ class BlockHash:
     def depth(self) -> int:
         """Logical index of the block this key describes (0 for the first block)."""
         return self._depth
+
+
+class SaltRoot(BlockHash):
+    """The parentless, tokenless key a salted request's chain starts from.
+
+    Never a block's key: only the parent of a salted chain's first block.
+    Its depth is -1, so the first block is still logical block 0.
+    """
+
+    __slots__ = ("cache_salt",)
+
+    def __init__(self, digest: str, cache_salt: str) -> None:
+        super().__init__(digest, None, ())
+        self._depth = -1
+        self.cache_salt = cache_salt
+
+
+MAX_CACHE_SALT_CHARS = 64
+
+
+def check_cache_salt(value: object, field: str = "cache_salt") -> str:
+    """A request's cache salt: 1..64 printable characters. Raises PagedLabError."""
+    if not isinstance(value, str) or not value:
+        raise PagedLabError(f"{field} must be a non-empty string, got {shown(value)}")
+    if len(value) > MAX_CACHE_SALT_CHARS:
+        raise PagedLabError(f"{field} must be at most {MAX_CACHE_SALT_CHARS} characters; got "
+                            f"{len(value):,}")
+    if not value.isprintable():
+        raise PagedLabError(f"{field} {shown(value)} contains unprintable characters")
+    return value
+
+
+def salt_root_digest(salt: str, cache_salt: str) -> str:
+    """The digest of a cache salt's root under the model settings `salt`.
+
+    SHA-256 of ``salt|cache_salt=S 0x00 0x00``: no block's input has that form
+    (a block's hashed salt is the bare model salt, followed by 0x00), and a
+    printable salt holds no 0x00, so a root never shares a digest with a block.
+    """
+    return block_digest(None, (), f"{salt}|cache_salt={cache_salt}")
+
+
+def salt_root(salt: str, cache_salt: str) -> SaltRoot:
+    """The root key of chains salted with `cache_salt` under the model settings `salt`."""
+    return SaltRoot(salt_root_digest(salt, cache_salt), cache_salt)
 
 
 def block_digest(parent_digest: str | None, tokens: Sequence[int], salt: str) -> str:

@@ -13,7 +13,7 @@ from backend.core.errors import IntegrityError
 from backend.core.words import agrees, counted
 from backend.paging.block_pool import BlockPool
 from backend.paging.block_types import AllocatorMetrics, SeqBlocks
-from backend.paging.hashing import block_digest
+from backend.paging.hashing import BlockHash, SaltRoot, block_digest, salt_root_digest
 
 
 def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: AllocatorMetrics,
@@ -42,6 +42,11 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
         if len(set(seq.block_table)) != len(seq.block_table):
             problems.append(f"request {seq.seq_id!r} holds a block twice: {seq.block_table}")
         holders.update(seq.block_table)
+        root = seq.root
+        if root is not None and (not isinstance(root, SaltRoot) or root.digest
+                                 != salt_root_digest(cache_salt, root.cache_salt)):
+            problems.append(f"request {seq.seq_id!r}: its cache salt's root key does not "
+                            "match the salt")
         expect = -(-seq.num_tokens // bs)
         if seq.num_tokens < 1 or len(seq.block_table) != expect:
             problems.append(f"request {seq.seq_id!r} has {seq.num_tokens} tokens but "
@@ -62,15 +67,17 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
             if prefix_caching and full and key is None:
                 problems.append(f"request {seq.seq_id!r}: full block {b} has no hash")
             if key is not None:
-                prev = pool.blocks[seq.block_table[i - 1]].hash if i else None
+                prev = pool.blocks[seq.block_table[i - 1]].hash if i else seq.root
                 want_parent = None if prev is None else prev.digest
                 if (i and prev is None) or key.parent_digest != want_parent:
                     origin = f"block {seq.block_table[i - 1]}" if i else "the start"
+                    why = "" if i else _salts_differ(key.parent, seq.root)
                     problems.append(f"request {seq.seq_id!r}: block {b}'s hash does not chain "
-                                    f"from {origin}")
+                                    f"from {origin}{why}")
         if prefix_caching:
             full_blocks = seq.num_tokens // bs
-            last = pool.blocks[seq.block_table[full_blocks - 1]].hash if full_blocks else None
+            last = (pool.blocks[seq.block_table[full_blocks - 1]].hash if full_blocks
+                    else seq.root)
             if seq.last_hash is not last and (
                     last is None or seq.last_hash is None
                     or seq.last_hash.digest != last.digest):
@@ -157,3 +164,14 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
     if problems:
         raise IntegrityError(f"{counted(len(problems), 'invariant')} broken: "
                              + "; ".join(problems[:8]))
+
+
+def _salts_differ(keyed: BlockHash | None, root: BlockHash | None) -> str:
+    """Why a first block's key does not chain from its sequence's root, where the
+    two name different cache salts ("" where they agree)."""
+    have, want = (k.cache_salt if isinstance(k, SaltRoot) else None for k in (keyed, root))
+    if have == want:
+        return ""
+    block = "with no cache salt" if have is None else f"under cache salt {have!r}"
+    request = "has no cache salt" if want is None else f"has cache salt {want!r}"
+    return f": the block is keyed {block}, and the request {request}"

@@ -25,6 +25,7 @@ from backend.core.config import (
 from backend.core.errors import PagedLabError
 from backend.engine.ops import Add, Op, parse_op
 from backend.engine.request import Request, kept_for_sample
+from backend.paging.hashing import check_cache_salt
 from backend.sessions.budget import SERVER_BUDGET, KVBudget
 
 
@@ -80,7 +81,7 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
            existing: set[str] | dict[str, Any], vocab_size: int,
            prompt_tokens: Sequence[int] | None = None, n: int | None = None,
            beam_width: int | None = None, default_max_new: int | None = None,
-           chat: bool = False) -> Add:
+           chat: bool = False, cache_salt: str | None = None) -> Add:
     """The `add` operation for the Add form. Raises PagedLabError for a bad combination,
     named by the form's labels (the scenario parser would name its own fields).
 
@@ -88,6 +89,7 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
     sidebar's "Default max new tokens"); a beam search needs one of the two.
     `chat` sends the text as one user message through the model's chat template
     (as a scenario's `messages`), so the prompt ends with the assistant's turn open.
+    `cache_salt`, stripped, salts the request's prefix-cache keys (blank: none).
 
     `vocab_size` is the engine's model's (256 for tiny-byte's bytes, 49,152 for
     SmolLM2): the op is parsed as a scenario on that model would be, so
@@ -121,6 +123,9 @@ def add_op(*, request: str | None, prompt: str | None, prompt_len: int | None,
         data["n"] = int(n)
     if beam_width is not None:
         data["beam_width"] = int(beam_width)
+    salt = (cache_salt or "").strip()
+    if salt:
+        data["cache_salt"] = check_cache_salt(salt, "Cache salt")
     op = parse_op(data, vocab_size=vocab_size)
     assert isinstance(op, Add)
     return op

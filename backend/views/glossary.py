@@ -82,6 +82,10 @@ REQUEST_FIELDS: dict[str, str] = {
                      "extensions a round of beam search kept).",
     "tokens": "Token ids: bytes for the tiny-byte model, vocabulary ids for a real one.",
     "parent": "The request it was forked from: it shares all the parent's blocks at first.",
+    "cache_salt": "Its cache salt (as vLLM's cache_salt): its blocks' keys are salted with "
+                  "it, so it shares prefix-cache blocks only with requests of the same "
+                  "salt, never with unsalted ones, whatever the tokens. Forks, samples and "
+                  "beams inherit it.",
 }
 
 BLOCK_FIELDS: dict[str, str] = {

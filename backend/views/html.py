@@ -156,6 +156,8 @@ def request_layout_html(snap: Snapshot, request_id: str, *,
         note = (f" — prefilling: {computed} of {req['num_tokens']} tokens computed; the rest "
                 "take their blocks as the token budget schedules them")
     parent = f", forked from {escape(req['parent'])}" if req["parent"] else ""
+    if req.get("cache_salt"):
+        parent += f", cache salt '{escape(req['cache_salt'])}'"
     head = (f"<div style='margin:6px 0 2px 0;font-size:14px'>"
             f"{'▶ ' if focused else ''}<b>{escape(request_id)}</b> "
             f"<span style='color:#555'>({escape(status)}, {counted(req['num_tokens'], 'token')}, "

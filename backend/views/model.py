@@ -239,7 +239,11 @@ BLOCK_TABLE_COLUMN = "block table (logical→physical)"
 REQUEST_COLUMN_WIDTHS: dict[str, int] = {
     "request": 76, "status": 166, "parent": 60, "prompt": 62, "generated": 82,
     "tokens": 60, "blocks": 58, "preempted": 82, BLOCK_TABLE_COLUMN: 256, "log p": 70,
+    "cache salt": 80,
 }
+# Columns shown only while some request has their field; each takes its width from
+# the block table's.
+OPTIONAL_COLUMNS = ("log p", "cache salt")
 CHAR_PX = 6               # a block table's characters average 5.4 px; breaks fall short
 LINE_PX = 20
 MAX_TABLE_LINES = 4
@@ -264,6 +268,7 @@ REQUEST_COLUMN_HELP: dict[str, str] = {
     "log p": "A beam's cumulative log-probability: the sum of its generated tokens' "
              "log-probabilities under the model. Each round keeps the extensions with the "
              "highest; shown only while there are beams.",
+    "cache salt": REQUEST_FIELDS["cache_salt"] + " Shown only while a request has one.",
 }
 
 
@@ -274,8 +279,10 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
     bs = int(snap["config"]["block_size"])
     rows = []
     beams = any("beam_width" in req for req in snap["requests"])
+    salted = any("cache_salt" in req for req in snap["requests"])
+    optional = [*(["log p"] if beams else []), *(["cache salt"] if salted else [])]
     # What MAX_TABLE_LINES lines of the column hold, less half a line for the breaks.
-    per_line = _table_width(beams) // CHAR_PX
+    per_line = _table_width(optional) // CHAR_PX
     max_chars = MAX_TABLE_LINES * per_line - per_line // 2
     live = [r for r in snap["requests"] if r["status"] != "finished"]
     for req in live + [r for r in snap["requests"] if r["status"] == "finished"]:
@@ -286,6 +293,7 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
             "status": status_text(req),
             "parent": req["parent"] or "",
             "log p": "" if cum is None else f"{cum:.3f}",
+            "cache salt": req.get("cache_salt") or "",
             "prompt": req["prompt_len"],
             "generated": req["num_tokens"] - req["prompt_len"],
             "tokens": req["num_tokens"],
@@ -298,7 +306,7 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
         })
     # The block table right after the status: it is what the table is about, and so in
     # view beside the sidebar in a 1024 px window, where the counts after it scroll.
-    cols = ["request", "status", BLOCK_TABLE_COLUMN, "parent", *(["log p"] if beams else []),
+    cols = ["request", "status", BLOCK_TABLE_COLUMN, "parent", *optional,
             "prompt", "generated", "tokens", "blocks", "preempted"]
     return pd.DataFrame(rows, columns=cols)
 
@@ -318,10 +326,10 @@ def finished_frame(snap: Snapshot) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
 
 
-def _table_width(beams: bool) -> int:
-    """The block table column's width (px): the "log p" column, when shown, takes its share."""
-    return REQUEST_COLUMN_WIDTHS[BLOCK_TABLE_COLUMN] - (REQUEST_COLUMN_WIDTHS["log p"]
-                                                         if beams else 0)
+def _table_width(optional: list[str]) -> int:
+    """The block table column's width (px): each optional column shown takes its share."""
+    return REQUEST_COLUMN_WIDTHS[BLOCK_TABLE_COLUMN] - sum(REQUEST_COLUMN_WIDTHS[c]
+                                                           for c in optional)
 
 
 def requests_layout(df: pd.DataFrame) -> tuple[dict[str, int], int | None]:
@@ -332,8 +340,8 @@ def requests_layout(df: pd.DataFrame) -> tuple[dict[str, int], int | None]:
     lines, which Streamlit wraps the text in (rows over 64 px); longer still,
     `requests_frame` shows its ends, and the layouts under the table every entry.
     """
-    beams = "log p" in df.columns
-    widths = {**REQUEST_COLUMN_WIDTHS, BLOCK_TABLE_COLUMN: _table_width(beams)}
+    optional = [c for c in OPTIONAL_COLUMNS if c in df.columns]
+    widths = {**REQUEST_COLUMN_WIDTHS, BLOCK_TABLE_COLUMN: _table_width(optional)}
     longest = int(df[BLOCK_TABLE_COLUMN].str.len().max()) if len(df) else 0
     lines = -(-longest // (widths[BLOCK_TABLE_COLUMN] // CHAR_PX))
     if lines <= 1:
