@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from tests.test_app import PROMPT, add, engine, start, status
+from tests.test_app import PROMPT, add, click, engine, markdown, start, status
 from tests.test_app_timeline import requests_table
 
 
@@ -33,6 +33,23 @@ def test_a_salted_prompt_shares_only_with_its_own_salt() -> None:
     assert e.manager.prefix_hit_blocks == 10
     table = requests_table(at)
     assert [table.loc[r, "cache salt"] for r in "ABCD"] == ["", "tenant-b", "tenant-b", ""]
+    # Inspecting a block says the salt its key is made under, cached or used.
+    click_finish(at, "B")
+    click_finish(at, "C")
+    salted_block = next(b for b in e.manager.pool.blocks
+                        if b.state == "cached" and b.hash is not None)
+    at.number_input(key="focus_block").set_value(salted_block.id).run()
+    text = markdown(at)
+    assert (f"Block **{salted_block.id}**: cached, ref count 0, 4/4 slots filled, hash "
+            f"{salted_block.hash.digest[:8]} (keyed under cache salt 'tenant-b'), held by no "
+            "request.") in text
+    at.number_input(key="focus_block").set_value(0).run()
+    assert "cache salt" not in markdown(at)
+
+
+def click_finish(at: AppTest, rid: str) -> None:
+    at.selectbox(key="req_pick").set_value(rid).run()
+    click(at, "btn_finish")
 
 
 def test_a_bad_salt_is_refused_by_its_label_and_changes_nothing() -> None:

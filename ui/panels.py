@@ -109,9 +109,15 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
         held = f"held by {plain_md(', '.join(holders))}" if holders else "held by no request"
         text = (f"Block **{blk}**: {b['state']}, ref count {b['ref_count']}, "
                 f"{b['num_filled']}/{snap['config']['block_size']} slots filled, "
-                f"hash {plain_md((b['hash'] or '—')[:8])}, {held}.")
+                f"hash {plain_md((b['hash'] or '—')[:8])}{_salted(snap, blk)}, {held}.")
         return Focus(frozenset({blk}), frozenset(holders), text)
     return Focus(frozenset(), frozenset(), "")
+
+
+def _salted(snap: Snapshot, block_id: int) -> str:
+    """' (keyed under cache salt ...)' for a block whose key is salted, else ''."""
+    salt = views.block_cache_salt(snap, block_id)
+    return "" if salt is None else f" (keyed under cache salt {plain_md(repr(salt))})"
 
 
 def _on_focus_request(prefix: str) -> None:

@@ -85,7 +85,8 @@ class BlockManager(BlockTables):
         """
         check_new_id(seq_id, self.seqs)
         # Without prefix caching nothing is keyed, so a salt changes nothing.
-        root = self.salt_root(cache_salt) if self.prefix_caching else None
+        root = (self.salt_root(cache_salt) if cache_salt is not None and self.prefix_caching
+                else None)
         plan, toks = self._plan(tokens, pinned, root)
         if not plan.fits_now:
             raise OutOfBlocksError(

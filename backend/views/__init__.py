@@ -48,7 +48,7 @@ from backend.views.model import (
     table_text,
     text_by_block,
 )
-from backend.views.tokens import TOOLTIP_TOKENS, block_tokens, token_pieces
+from backend.views.tokens import TOOLTIP_TOKENS, block_cache_salt, block_tokens, token_pieces
 from backend.views.vector import vector_spec
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "Snapshot",
     "beam_groups",
     "beams_frame",
+    "block_cache_salt",
     "block_tokens",
     "blocks_frame",
     "event_log_html",

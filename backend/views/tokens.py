@@ -133,3 +133,25 @@ def block_tokens(snap: Snapshot, block_ids: Collection[int]) -> dict[int, str]:
         out[b] = text + ("…" if len(found[b]) > n else "")
         at += n
     return out
+
+
+def block_cache_salt(snap: Snapshot, block_id: int) -> str | None:
+    """The cache salt block `block_id`'s key is made under (None: unsalted or no key).
+
+    Read from the key's chain in the snapshot's `prefix_cache`, so a cached block
+    that no request holds says it too. A chain is at most a pool's blocks long (and
+    the walk stops there, whatever a file holds).
+    """
+    digest = snap["blocks"][block_id]["hash"]
+    if digest is None:
+        return None
+    nodes = {n["hash"]: n for n in snap.get("prefix_cache", [])}
+    for _ in range(len(snap["blocks"]) + 1):
+        node = nodes.get(digest)
+        if node is None:
+            return None
+        if node["parent"] is None:
+            salt = node.get("cache_salt")
+            return salt if isinstance(salt, str) else None
+        digest = node["parent"]
+    return None
