@@ -93,6 +93,44 @@ def test_share_fork_and_copy_on_write_in_the_browser(app_url: str, chromium_path
             browser.close()
 
 
+def test_a_cache_salt_keeps_the_same_prompt_apart_in_the_browser(
+        app_url: str, chromium_path: str, screenshots: Path) -> None:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
+                                     args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1366, "height": 2200})
+            page.set_default_timeout(T)
+            page.goto(app_url)
+            add = page.get_by_role("button", name="Add request")
+            expect(add).to_be_visible(timeout=60_000)
+            salt = page.get_by_role("textbox", name="Cache salt")
+
+            add.click()
+            shows(in_app(page).get_by_text("Step 1: add A"))
+            # The same prompt under a salt: none of A's blocks match B's keys.
+            salt.fill("tenant-b")
+            salt.press("Tab")
+            add.click()
+            shows(in_app(page).get_by_text("Step 2: add B ('The cat sat on the mat.') salt "
+                                           "'tenant-b'"))
+            metric_is(page, "Shared blocks", "0")
+            expect(salt).to_have_value("", timeout=T)      # a one-off, like the pins
+            layouts = page.locator(".pl-layouts")
+            shows(layouts, "prompt 23, cache salt 'tenant-b'")
+            # Under the same salt again: C shares B's five full blocks.
+            salt.fill("tenant-b")
+            salt.press("Tab")
+            add.click()
+            shows(in_app(page).get_by_text(re.compile(r"Step 3: add C .* salt 'tenant-b' · "
+                                                      r"admitted C · events: 5 prefix_hit")))
+            metric_is(page, "Shared blocks", "5")
+            shows(layouts, "L0 → P6 ×2")
+            shoot(page, screenshots / "05-cache-salt.png")
+        finally:
+            browser.close()
+
+
 def test_a_4096_block_pool_is_paged_and_clickable(app_url: str, chromium_path: str,
                                                   screenshots: Path) -> None:
     with sync_playwright() as pw:
