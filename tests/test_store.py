@@ -341,10 +341,6 @@ CORRUPTIONS = {
                       "not valid JSON"),
     "snapshot-bomb": ("UPDATE sessions SET snapshot=?", (zlib.compress(b" " * (40 * MIB)),),
                       "inflates past"),
-    "op-json": ("UPDATE ops SET op='{\"op\": \"grow\"' WHERE seq=2", (), "not valid JSON"),
-    "op-unknown": ("UPDATE ops SET op='{\"op\": \"explode\"}' WHERE seq=2", (), "unknown op"),
-    "op-missing": ("DELETE FROM ops WHERE seq=5", (), "ends at step 5"),
-    "op-gap": ("DELETE FROM ops WHERE seq=1", (), "damaged at entry 1"),
     "flag": ("UPDATE sessions SET ops_complete=5", (), "neither 0 nor 1"),
 }
 
@@ -403,6 +399,51 @@ def test_a_damaged_history_opens_the_session_without_it_and_says_so(tmp_path: Pa
     assert again is not None and again.notes == []
     assert [s["step"] for s in again.live.history] == [live.engine.step,
                                                        live.engine.step + 1]
+
+
+OPLOG_DAMAGE = {
+    "op-json": ("UPDATE ops SET op='{\"op\": \"grow\"' WHERE seq=2",
+                "its operation 2 is not valid JSON"),
+    "op-unknown": ("UPDATE ops SET op='{\"op\": \"explode\"}' WHERE seq=2",
+                   "its operation 3: unknown op 'explode'"),
+    "op-missing": ("DELETE FROM ops WHERE seq=5",
+                   "its operation log ends at step 5 but its snapshot is step 6"),
+    "op-gap": ("DELETE FROM ops WHERE seq=1", "its operation log is damaged at entry 1"),
+    "base": ("UPDATE sessions SET base=X'00'", "its base snapshot is cut short"),
+}
+
+
+@pytest.mark.parametrize("name", list(OPLOG_DAMAGE))
+def test_a_damaged_operation_log_opens_the_session_without_it_and_says_so(
+        tmp_path: Path, name: str) -> None:
+    """The operation log only turns the session into a scenario file; the snapshot holds
+    the session whole. One damaged operation locked the whole session out."""
+    store, tab, live = _saved(tmp_path)
+    sql, where = OPLOG_DAMAGE[name]
+    _corrupt(store, sql)
+    reader = Tab(store, ME)
+    opened = open_saved(reader, tab.id or "", "o", budget=BUDGET)
+    assert opened is not None and reader.id == tab.id and not opened.copied
+    assert _state(export_snapshot(opened.live.engine)) == _state(export_snapshot(live.engine))
+    [note] = opened.notes
+    assert note.startswith(f"its operation log could not be read back ({where}")
+    assert note.endswith("), so it opens without it: it can no longer be exported as a "
+                         "scenario (its snapshot still can), and the next save writes the "
+                         "session whole")
+    log = opened.live.oplog
+    assert not log.complete and log.ops == [] and log.base is None
+    why = log.why_not_exportable()
+    assert why is not None and why.startswith(
+        f"its operation log could not be read back when the session was opened ({where}")
+    # The next save writes it whole, as a session whose log is not kept: it opens
+    # cleanly, and still says why it has no scenario file.
+    assert _apply(opened.live, Step(1), reader) is None
+    again = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
+    assert again is not None and again.notes == []
+    assert not again.live.oplog.complete
+    assert again.live.oplog.why_not_exportable() == (
+        "its operation log is no longer kept: it passed 10,000 operations or 4 MiB, or "
+        "could not be read back when the session was opened")
 
 
 def test_a_state_the_restore_refuses_is_refused_and_left_alone(tmp_path: Path) -> None:

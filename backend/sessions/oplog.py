@@ -10,6 +10,7 @@ what turns a session into a scenario file (backend/io/scenario_export.py).
 Bounded: at most MAX_OPS operations and MAX_OP_BYTES of their JSON. A log
 that passes either bound stops being kept (`complete` False, its operations
 dropped): a partial log replays to some other state, so it is worth nothing.
+A saved session whose log cannot be read back opens without one the same way.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class OpLog:
     ops: list[dict[str, Any]] = field(default_factory=list)
     complete: bool = True
     nbytes: int = 0
+    # Why it is not kept, where this process knows (a log read back from a saved
+    # session as not kept does not say why).
+    dropped: str | None = None
 
     @property
     def base_step(self) -> int:
@@ -55,6 +59,14 @@ class OpLog:
         self.ops = []
         self.complete = True
         self.nbytes = 0
+        self.dropped = None
+
+    def drop(self, why: str) -> None:
+        """Mutates: stop keeping the log (see the module doc), because `why`."""
+        self.complete = False
+        self.ops = []
+        self.nbytes = 0
+        self.dropped = why
 
     def append(self, op: Op) -> dict[str, Any] | None:
         """Mutates: log one applied operation; its JSON, or None when the log is not kept."""
@@ -63,9 +75,8 @@ class OpLog:
         data = op_to_json(op)
         size = op_bytes(data)
         if len(self.ops) >= MAX_OPS or self.nbytes + size > MAX_OP_BYTES:
-            self.complete = False
-            self.ops = []
-            self.nbytes = 0
+            self.drop(f"its operation log passed {MAX_OPS:,} operations or "
+                      f"{MAX_OP_BYTES >> 20} MiB, so it is no longer kept")
             return None
         self.ops.append(data)
         self.nbytes += size
@@ -74,8 +85,10 @@ class OpLog:
     def why_not_exportable(self) -> str | None:
         """Why this log cannot become a scenario file, or None when it can."""
         if not self.complete:
-            return (f"its operation log passed {MAX_OPS:,} operations or "
-                    f"{MAX_OP_BYTES >> 20} MiB, so it is no longer kept")
+            return self.dropped or (
+                f"its operation log is no longer kept: it passed {MAX_OPS:,} operations or "
+                f"{MAX_OP_BYTES >> 20} MiB, or could not be read back when the session was "
+                "opened")
         if not self.ops and self.base is None:
             return "no operation has been applied yet"
         if not self.ops:

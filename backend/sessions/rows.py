@@ -180,6 +180,10 @@ class StoredSession:
     # Why its history of earlier steps could not be read back (then `steps` is empty): the
     # session still opens, from its snapshot, without them (saved.resume says so).
     history_problem: str | None = None
+    # Why its operation log (or the base snapshot it starts from) could not be read back
+    # (then `base` is None, `ops` empty and `ops_complete` False): the session opens
+    # without it, so it can no longer be exported as a scenario.
+    ops_problem: str | None = None
 
     def owned_by(self, browser: str) -> bool:
         return hmac.compare_digest(self.browser, browser)
@@ -201,23 +205,15 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
     snapshot = _unpack(snap_blob, limits.max_snapshot_bytes, "its snapshot")
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("events"), list):
         raise StoreError("its snapshot is not a snapshot object")
-    base = None
-    if base_blob is not None:
-        base = _unpack(base_blob, limits.max_snapshot_bytes, "its base snapshot")
-        if not isinstance(base, dict) or not isinstance(base.get("step"), int):
-            raise StoreError("its base snapshot is not a snapshot object")
     if complete not in (0, 1):
         raise StoreError("its operation log's flag is neither 0 nor 1")
-    if len(ops) > MAX_OPS:
-        raise StoreError(f"its operation log holds {len(ops):,} operations; at most {MAX_OPS:,}")
-    log: list[dict[str, Any]] = []
-    for i, (seq, text) in enumerate(ops):
-        if seq != i or not isinstance(text, str) or len(text) > MAX_OP_BYTES:
-            raise StoreError(f"its operation log is damaged at entry {i}")
-        op = decode_json(text, f"its operation {i}")
-        if not isinstance(op, dict):
-            raise StoreError(f"its operation {i} is not a JSON object")
-        log.append(op)
+    ops_problem = None
+    try:
+        base, log = _oplog(base_blob, ops, limits)
+    except PagedLabError as exc:
+        # Only what turns the session into a scenario file: the snapshot holds the
+        # session whole. (Its JSON reader raises PagedLabError itself.)
+        base, log, complete, ops_problem = None, [], 0, str(exc)
     history: list[tuple[int, dict[str, Any], int]] = []
     problem = None
     try:
@@ -234,4 +230,26 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
         history, problem = [], str(exc)
     return StoredSession(sid, str(browser), str(holder), int(revision), settings, snapshot,
                          base, log, bool(complete), history,
-                         None if note is None else str(note), problem)
+                         None if note is None else str(note), problem, ops_problem)
+
+
+def _oplog(base_blob: Any, ops: list[tuple[Any, ...]], limits: StoreLimits
+           ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A row's base snapshot (None: a fresh engine) and operation log, read back and
+    checked for shape. Raises PagedLabError naming the first thing that is wrong."""
+    base = None
+    if base_blob is not None:
+        base = _unpack(base_blob, limits.max_snapshot_bytes, "its base snapshot")
+        if not isinstance(base, dict) or not isinstance(base.get("step"), int):
+            raise StoreError("its base snapshot is not a snapshot object")
+    if len(ops) > MAX_OPS:
+        raise StoreError(f"its operation log holds {len(ops):,} operations; at most {MAX_OPS:,}")
+    log: list[dict[str, Any]] = []
+    for i, (seq, text) in enumerate(ops):
+        if seq != i or not isinstance(text, str) or len(text) > MAX_OP_BYTES:
+            raise StoreError(f"its operation log is damaged at entry {i}")
+        op = decode_json(text, f"its operation {i}")
+        if not isinstance(op, dict):
+            raise StoreError(f"its operation {i} is not a JSON object")
+        log.append(op)
+    return base, log

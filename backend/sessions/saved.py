@@ -197,7 +197,22 @@ def _history(stored: StoredSession) -> tuple[History, str | None]:
     return history, None
 
 
-def _oplog(stored: StoredSession, config: EngineConfig, step: int) -> OpLog:
+def _oplog(stored: StoredSession, config: EngineConfig, step: int) -> tuple[OpLog, str | None]:
+    """The operation log the row keeps; or, if it cannot be read back, one not kept and
+    why (the session opens without it: only a scenario export needs it)."""
+    problem = stored.ops_problem
+    if problem is None:
+        try:
+            return _checked_oplog(stored, config, step), None
+        except PagedLabError as exc:
+            problem = str(exc)
+    log = OpLog()
+    log.drop(f"its operation log could not be read back when the session was opened "
+             f"({problem})")
+    return log, problem
+
+
+def _checked_oplog(stored: StoredSession, config: EngineConfig, step: int) -> OpLog:
     log = OpLog(stored.base, [], stored.ops_complete)
     if stored.base is not None:
         try:
@@ -230,8 +245,8 @@ def resume(stored: StoredSession, owner: str, *, replacing: Engine | None = None
     tokens) on the saved device and kernel, counted against `owner`'s K/V
     budget with `replacing` given back. Raises PagedLabError (StoreError for
     a damaged row) naming the problem; then nothing was built. A history of
-    earlier steps that cannot be read back is left out, with a note: the
-    snapshot holds the session whole.
+    earlier steps, or an operation log, that cannot be read back is left out,
+    with a note: the snapshot holds the session whole.
     """
     live, notes, _ = _resume(stored, owner, replacing=replacing, budget=budget,
                              progress=progress)
@@ -241,7 +256,8 @@ def resume(stored: StoredSession, owner: str, *, replacing: Engine | None = None
 def _resume(stored: StoredSession, owner: str, *, replacing: Engine | None,
             budget: KVBudget, progress: RestoreProgress | None
             ) -> tuple[Live, list[str], bool]:
-    """`resume`, and whether the row's history was left out (to be written anew)."""
+    """`resume`, and whether the row's history or operation log was left out (the row is
+    then written anew, whole, at the next save)."""
     try:
         settings, notes = settings_from_json(stored.settings)
     except PagedLabError as exc:
@@ -252,7 +268,11 @@ def _resume(stored: StoredSession, owner: str, *, replacing: Engine | None,
         notes.append(f"its earlier steps could not be read back ({damaged}), so it opens "
                      "without them: its timeline's past states start at this step, and "
                      "the next save writes the session whole")
-    oplog = _oplog(stored, settings.config, int(stored.snapshot.get("step", -1)))
+    oplog, lost = _oplog(stored, settings.config, int(stored.snapshot.get("step", -1)))
+    if lost is not None:
+        notes.append(f"its operation log could not be read back ({lost}), so it opens "
+                     "without it: it can no longer be exported as a scenario (its snapshot "
+                     "still can), and the next save writes the session whole")
     engine = restore_for_session(detached(stored.snapshot), settings, owner,
                                  replacing=replacing, budget=budget, progress=progress)
     if engine.config.to_json() != settings.config.to_json():
@@ -264,7 +284,7 @@ def _resume(stored: StoredSession, owner: str, *, replacing: Engine | None,
         history.record(now)
     if stored.note:
         notes.append(stored.note)
-    return Live(engine, settings, history, oplog), notes, damaged is not None
+    return Live(engine, settings, history, oplog), notes, damaged is not None or lost is not None
 
 
 @dataclass(frozen=True, slots=True)
