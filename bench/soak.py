@@ -238,11 +238,34 @@ def soak_sequence(config: dict[str, Any], seed: int, num_ops: int, *,
             raise SoakError(f"{where}, after op {i} {raw}: {exc}") from exc
     stats.events.update(e.kind for e in engine.events)
     text = json.dumps(export_snapshot(engine))
-    again = json.dumps(export_snapshot(restore_engine(json.loads(text), kernel="torch")))
+    restored = restore_engine(json.loads(text), kernel="torch")
+    again = json.dumps(export_snapshot(restored))
     if again != text:
         raise SoakError(f"{where}: export, restore, export gave a different snapshot")
+    if problem := kv_differs(engine, restored):
+        raise SoakError(f"{where}: restored, {problem}")
     _contract_check(engine, where, exact_queue=not blind_shuffle)
     return stats
+
+
+def kv_differs(live: Engine, restored: Engine, atol: float = 1e-4) -> str | None:
+    """Where a restored engine's K/V differ from the live one's (None: nowhere): every
+    filled slot of every used or cached block of the device pool, in every layer. A
+    restore recomputes K/V from tokens, so they agree to float rounding."""
+    bs = live.config.block_size
+    slots = [b.id * bs + s for b in live.manager.pool.blocks
+             if b.state != "free" for s in range(b.num_filled)]
+    if not slots:
+        return None
+    for layer in range(live.config.num_layers):
+        for what, want, got in zip(("K", "V"), live.cache.read_slots(layer, slots),
+                                   restored.cache.read_slots(layer, slots), strict=True):
+            worst = float((want - got).abs().amax())
+            if not worst <= atol:
+                at = int((want - got).abs().flatten(1).amax(1).argmax())
+                return (f"layer {layer}'s {what} differ by {worst:.3g} (block "
+                        f"{slots[at] // bs}, slot {slots[at] % bs})")
+    return None
 
 
 def _contract_check(engine: Engine, where: str, *, exact_queue: bool = True) -> None:

@@ -9,6 +9,7 @@ unsalted one does. Snapshots carry it and restore it exactly.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from typing import Any
 
@@ -88,6 +89,10 @@ def test_a_salted_key_chains_from_the_salts_root() -> None:
     root = salt_root("model-settings", "tenant-b")
     assert root.tokens == () and root.parent is None and root.depth() == -1
     assert root.digest == salt_root_digest("model-settings", "tenant-b")
+    # As docs/CONTRACT.md says, for a tool that computes keys itself.
+    assert root.digest == hashlib.sha256(
+        b"model-settings|cache_salt=tenant-b\x00\x00").hexdigest()[:16]
+    assert root.digest == block_digest(None, (), "model-settings|cache_salt=tenant-b")
     keys = hash_prompt_blocks(PROMPT, 4, "model-settings", root)
     assert keys[0].parent_digest == root.digest and keys[0].depth() == 0
     assert keys[0].digest == block_digest(root.digest, PROMPT[:4], "model-settings")
@@ -133,6 +138,7 @@ def run(e: Engine) -> None:
     e.apply(Grow("B2", 2))
     e.apply(Step(2))
     e.apply(Finish("B"))
+    e.apply(Add("D", prompt_tokens=tuple(PROMPT), cache_salt="tenant-b"))
 
 
 def test_forks_and_samples_inherit_the_salt_and_hits_stay_within_it() -> None:
@@ -142,7 +148,7 @@ def test_forks_and_samples_inherit_the_salt_and_hits_stay_within_it() -> None:
     assert [reqs[r].cache_salt for r in ("A", "B", "B2", "C.0", "C.1")] == [
         None, "tenant-b", "tenant-b", "tenant-b", "tenant-b"]
     hits = {ev.request for ev in e.events if ev.kind == "prefix_hit"}
-    assert hits == {"C.0"}
+    assert hits == {"C.0", "D"}
     a_blocks = set(e.manager.block_table("A"))
     assert not a_blocks & set(e.manager.block_table("C.0"))
     e.check_integrity()
@@ -181,10 +187,10 @@ def test_snapshots_carry_the_salt_and_restore_exactly() -> None:
     assert snapshot_json(again) == text
     # The restored engine goes on as the first: a new tenant-b request hits B's blocks.
     for x in (e, again):
-        x.apply(Add("D", prompt_tokens=tuple(PROMPT), cache_salt="tenant-b"))
+        x.apply(Add("E", prompt_tokens=tuple(PROMPT), cache_salt="tenant-b"))
     went_on = [{k: v for k, v in export_snapshot(x).items() if k != "kernel"} for x in (e, again)]
     assert went_on[0] == went_on[1]
-    assert len([ev for ev in again.events if ev.kind == "prefix_hit" and ev.request == "D"]) == 7
+    assert len([ev for ev in again.events if ev.kind == "prefix_hit" and ev.request == "E"]) == 7
     # From the contract's fields alone, the salted chains are derived from the requests.
     bare = restore_engine(copy.deepcopy(contract_only(json.loads(snapshot_json(e)))),
                           kernel="torch")
@@ -197,14 +203,38 @@ def unlogged(snap: dict[str, Any]) -> dict[str, Any]:
                                for ev in snap["events"]]}
 
 
+def test_cached_salted_blocks_get_their_own_kv_back_from_a_restore() -> None:
+    """Cached salted blocks no request holds are recomputed from their chain's tokens:
+    a request that takes them back after a restore attends over the right K/V."""
+    e = engine()
+    e.apply(Add("A", prompt_tokens=tuple(PROMPT), cache_salt="s"))
+    e.apply(Finish("A"))
+    restored = restore_engine(json.loads(snapshot_json(e)), kernel="torch")
+    for x in (e, restored):
+        x.apply(Add("B", prompt_tokens=tuple(PROMPT), cache_salt="s"))
+        assert len([ev for ev in x.events if ev.kind == "prefix_hit"]) == 7
+        x.apply(Grow("B", 4))
+    assert restored.requests["B"].tokens == e.requests["B"].tokens
+    ref = restored.model.forward_contiguous(restored.requests["B"].tokens)
+    for got, want in zip(kv_through_table(restored, "B"), [*ref.keys, *ref.values],
+                         strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda s: _request(s, "B2").__setitem__("cache_salt", "tenant-x"),
+    (lambda s: _request(s, "D").__setitem__("cache_salt", "tenant-x"),
      "block 8's hash does not chain from the start: the block is keyed under cache salt "
      "'tenant-b', and the request has cache salt 'tenant-x'"),
+    (lambda s: _request(s, "D").pop("cache_salt"),
+     "keyed under cache salt 'tenant-b', and the request has no cache salt"),
+    (lambda s: _request(s, "B2").__setitem__("cache_salt", "tenant-x"),
+     "its cache salt is 'tenant-x', but that of 'B', which it came from, is 'tenant-b': a "
+     "fork, sample or beam keeps the salt of the request it came from"),
+    (lambda s: _request(s, "C.1").pop("cache_salt"),
+     "its cache salt is none, but that of 'C.0', which it came from, is 'tenant-b'"),
     (lambda s: _request(s, "B2").__setitem__("cache_salt", "a\x00b"), "unprintable"),
     (lambda s: _request(s, "B2").__setitem__("cache_salt", 7), "cache_salt"),
-    (lambda s: _request(s, "B2").pop("cache_salt"),
-     "keyed under cache salt 'tenant-b', and the request has no cache salt"),
+
     (lambda s: _root(s).__setitem__("cache_salt", "tenant-x"), "is not the root key"),
     (lambda s: _root(s).__setitem__("tokens", [1, 2, 3, 4]),
      "a key with no tokens is a cache salt's root"),

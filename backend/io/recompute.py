@@ -111,7 +111,9 @@ def _cached_chains(engine: Engine, held: set[int]
             chain.append(node)
             node = node.parent
         chain.reverse()
-        targets = [(depth, b) for depth, link in enumerate(chain)
-                   for b in pending.get(link.digest, [])]
+        # By each key's own depth: a salted chain starts from its salt's root, a key
+        # with no block and no tokens (depth -1), so a link's place in the list is
+        # not its logical block.
+        targets = [(link.depth(), b) for link in chain for b in pending.get(link.digest, [])]
         out.append(([t for link in chain for t in link.tokens], targets))
     return out

@@ -46,6 +46,8 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
     host = engine.host
     requests: dict[str, Request] = {}
     tables: dict[str, list[int]] = {}
+    # Each group's first request listed: its samples and beams share its cache salt.
+    group_first: dict[str, Request] = {}
     for r in top.objects("requests"):
         raw = r.data
         rid = check_request_id(r.get("id", str), f"{r.where}.id")
@@ -126,6 +128,13 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
         salt = r.get("cache_salt", str, optional=True)
         if salt is not None:
             check_cache_salt(salt, f"{r.where}.cache_salt")
+        kin = requests[parent] if parent is not None else (
+            None if group is None else group_first.get(group))
+        if kin is not None and kin.cache_salt != salt:
+            raise PagedLabError(
+                f"{r.where}: its cache salt is {_salt_words(salt)}, but that of "
+                f"{kin.id!r}, which it came from, is {_salt_words(kin.cache_salt)}: a "
+                "fork, sample or beam keeps the salt of the request it came from")
         # A copy: the engine appends to its requests' tokens, and `data` may be
         # a History frame or a saved session's row that must stay as it was.
         requests[rid] = Request(rid, prompt_len, list(tokens), max_new, arrival=len(requests),
@@ -135,6 +144,8 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
                                 pending_samples=pending, beam_width=width, cum_logprob=cum,
                                 cache_salt=salt)
         tables[rid] = table
+        if group is not None:
+            group_first.setdefault(group, requests[rid])
     for i, rid in enumerate(requests):
         first = kept_for_sample(requests, rid)
         if first is not None:
@@ -174,3 +185,7 @@ def read_scheduler(top: FieldReader, requests: dict[str, Request]) -> Queues:
     if admissions < len(running):
         raise PagedLabError("snapshot.scheduler.admissions is smaller than the running count")
     return Queues(waiting, running, swapped, admissions)
+
+
+def _salt_words(salt: str | None) -> str:
+    return "none" if salt is None else repr(salt)

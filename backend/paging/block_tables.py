@@ -45,6 +45,9 @@ from backend.paging.integrity import check_integrity
 
 __all__ = ["BlockTables"]
 
+# Cache salts whose root keys are kept for reuse (more are made again as needed).
+MAX_ROOTS = 1024
+
 
 class BlockTables:
     """The state of a `BlockManager` and its read-only methods.
@@ -136,6 +139,9 @@ class BlockTables:
             return None
         root = self._roots.get(cache_salt)
         if root is None:
+            if len(self._roots) >= MAX_ROOTS:
+                # Only a memo: a root is its digest, and sequences keep their own.
+                self._roots.clear()
             root = self._roots[cache_salt] = salt_root(self.cache_salt, cache_salt)
         return root
 

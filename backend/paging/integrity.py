@@ -71,7 +71,10 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
                 want_parent = None if prev is None else prev.digest
                 if (i and prev is None) or key.parent_digest != want_parent:
                     origin = f"block {seq.block_table[i - 1]}" if i else "the start"
-                    why = "" if i else _salts_differ(key.parent, seq.root)
+                    # Salts are named only where both are known: a key that is itself a
+                    # root has no parent, and without prefix caching no root is kept.
+                    why = ("" if i or not key.tokens or not prefix_caching
+                           else _salts_differ(key.parent, seq.root))
                     problems.append(f"request {seq.seq_id!r}: block {b}'s hash does not chain "
                                     f"from {origin}{why}")
         if prefix_caching:
