@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from backend.core.errors import PagedLabError
 from backend.paging.block_pool import Block
-from backend.paging.hashing import BlockHash
+from backend.paging.hashing import BlockHash, SaltRoot
 
 
 @dataclass(slots=True)
@@ -29,7 +29,7 @@ class SeqBlocks:
     # The root of the sequence's chain when its request has a cache salt
     # (hashing.SaltRoot): the parent of its first block's key, and its
     # last_hash until a block fills. None for an unsalted sequence.
-    root: BlockHash | None = None
+    root: SaltRoot | None = None
 
 
 # PromptPlan and Allocation are built on every admission (and a plan on every

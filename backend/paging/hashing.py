@@ -27,7 +27,9 @@ two salts never share a block:
     cache_salt "a":   r  = H(salt|cache_salt=a, -, nothing)
                       h0 = H(salt, r, t0..t3)
 
-A root holds no tokens, so walking a chain for its tokens passes it unchanged.
+A root holds no tokens, so joining a chain's tokens passes it unchanged; but
+a walk that numbers the links must go by `depth()` (the root's is -1), not by
+a link's place in the walk.
 """
 
 from __future__ import annotations
