@@ -50,6 +50,7 @@ from backend.sessions.store import (
     data_dir,
     valid_token,
 )
+from ui.engine_actions import Kept, kept_row
 
 CONFIG = EngineConfig(num_blocks=24, block_size=4)
 ME, THEM = browser_key(new_id()), browser_key(new_id())
@@ -341,7 +342,9 @@ CORRUPTIONS = {
                       "not valid JSON"),
     "snapshot-bomb": ("UPDATE sessions SET snapshot=?", (zlib.compress(b" " * (40 * MIB)),),
                       "inflates past"),
-    "flag": ("UPDATE sessions SET ops_complete=5", (), "neither 0 nor 1"),
+    "snapshot-step": ("UPDATE sessions SET snapshot=?",
+                      (zlib.compress(b'{"events": [], "step": "six"}'),),
+                      "not a snapshot object"),
 }
 
 
@@ -389,6 +392,7 @@ def test_a_damaged_history_opens_the_session_without_it_and_says_so(tmp_path: Pa
     assert opened is not None and reader.id == tab.id and not opened.copied
     assert _state(export_snapshot(opened.live.engine)) == _state(export_snapshot(live.engine))
     assert [s["step"] for s in opened.live.history] == [live.engine.step]
+    assert kept_row(reader, opened.live.engine) == Kept(tab.id, True)
     [note] = opened.notes
     assert note.startswith(f"its earlier steps could not be read back (its {where}")
     assert note.endswith("), so it opens without them: its timeline's past states start at "
@@ -403,13 +407,13 @@ def test_a_damaged_history_opens_the_session_without_it_and_says_so(tmp_path: Pa
 
 OPLOG_DAMAGE = {
     "op-json": ("UPDATE ops SET op='{\"op\": \"grow\"' WHERE seq=2",
-                "its operation 2 is not valid JSON"),
+                "the operation of step 3 is not valid JSON"),
     "op-unknown": ("UPDATE ops SET op='{\"op\": \"explode\"}' WHERE seq=2",
-                   "its operation 3: unknown op 'explode'"),
-    "op-missing": ("DELETE FROM ops WHERE seq=5",
-                   "its operation log ends at step 5 but its snapshot is step 6"),
-    "op-gap": ("DELETE FROM ops WHERE seq=1", "its operation log is damaged at entry 1"),
+                   "the operation of step 3: unknown op 'explode'"),
+    "op-missing": ("DELETE FROM ops WHERE seq=5", "it ends at step 5 but the snapshot is step 6"),
+    "op-gap": ("DELETE FROM ops WHERE seq=1", "its entry for step 2 is missing or damaged"),
     "base": ("UPDATE sessions SET base=X'00'", "its base snapshot is cut short"),
+    "flag": ("UPDATE sessions SET ops_complete=5", "its flag is neither 0 nor 1"),
 }
 
 
@@ -426,15 +430,17 @@ def test_a_damaged_operation_log_opens_the_session_without_it_and_says_so(
     assert opened is not None and reader.id == tab.id and not opened.copied
     assert _state(export_snapshot(opened.live.engine)) == _state(export_snapshot(live.engine))
     [note] = opened.notes
-    assert note.startswith(f"its operation log could not be read back ({where}")
-    assert note.endswith("), so it opens without it: it can no longer be exported as a "
-                         "scenario (its snapshot still can), and the next save writes the "
-                         "session whole")
+    assert note.startswith(f"its operation log is damaged ({where}")
+    assert note.endswith("), so it opens without it: its state is whole, but it can no longer "
+                         "be exported as a scenario or replayed in a control run, and the "
+                         "next save writes the session whole")
     log = opened.live.oplog
     assert not log.complete and log.ops == [] and log.base is None
     why = log.why_not_exportable()
     assert why is not None and why.startswith(
-        f"its operation log could not be read back when the session was opened ({where}")
+        f"its operation log was found damaged when the session was opened ({where}")
+    # The row holds the state meanwhile: a replacement of the engine is told so.
+    assert kept_row(reader, opened.live.engine) == Kept(tab.id, True)
     # The next save writes it whole, as a session whose log is not kept: it opens
     # cleanly, and still says why it has no scenario file.
     assert _apply(opened.live, Step(1), reader) is None
@@ -443,7 +449,7 @@ def test_a_damaged_operation_log_opens_the_session_without_it_and_says_so(
     assert not again.live.oplog.complete
     assert again.live.oplog.why_not_exportable() == (
         "its operation log is no longer kept: it passed 10,000 operations or 4 MiB, or "
-        "could not be read back when the session was opened")
+        "was found damaged when the session was opened")
 
 
 def test_a_state_the_restore_refuses_is_refused_and_left_alone(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
             problem = ("this engine started from a restored snapshot, so there is no "
                        "fresh start to replay from")
         if problem is not None:
-            st.caption(f"No control run: {problem}.")
+            st.caption(plain_md(f"No control run: {problem}."))
             return
         if st.button("Run the control", key="btn_control"):
             _on_run(engine, oplog)

@@ -87,7 +87,7 @@ class OpLog:
         if not self.complete:
             return self.dropped or (
                 f"its operation log is no longer kept: it passed {MAX_OPS:,} operations or "
-                f"{MAX_OP_BYTES >> 20} MiB, or could not be read back when the session was "
+                f"{MAX_OP_BYTES >> 20} MiB, or was found damaged when the session was "
                 "opened")
         if not self.ops and self.base is None:
             return "no operation has been applied yet"

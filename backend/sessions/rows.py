@@ -203,13 +203,12 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
     if not isinstance(settings, dict):
         raise StoreError("its settings are not a JSON object")
     snapshot = _unpack(snap_blob, limits.max_snapshot_bytes, "its snapshot")
-    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("events"), list):
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("events"), list) \
+            or type(snapshot.get("step")) is not int:
         raise StoreError("its snapshot is not a snapshot object")
-    if complete not in (0, 1):
-        raise StoreError("its operation log's flag is neither 0 nor 1")
     ops_problem = None
     try:
-        base, log = _oplog(base_blob, ops, limits)
+        base, log = _oplog(base_blob, complete, ops, limits)
     except PagedLabError as exc:
         # Only what turns the session into a scenario file: the snapshot holds the
         # session whole. (Its JSON reader raises PagedLabError itself.)
@@ -233,23 +232,27 @@ def check_row(sid: str, row: tuple[Any, ...], ops: list[tuple[Any, ...]],
                          None if note is None else str(note), problem, ops_problem)
 
 
-def _oplog(base_blob: Any, ops: list[tuple[Any, ...]], limits: StoreLimits
+def _oplog(base_blob: Any, complete: Any, ops: list[tuple[Any, ...]], limits: StoreLimits
            ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """A row's base snapshot (None: a fresh engine) and operation log, read back and
-    checked for shape. Raises PagedLabError naming the first thing that is wrong."""
+    checked for shape. Raises PagedLabError naming the first thing that is wrong; an
+    operation by the step it made."""
+    if complete not in (0, 1):
+        raise StoreError("its flag is neither 0 nor 1")
     base = None
     if base_blob is not None:
         base = _unpack(base_blob, limits.max_snapshot_bytes, "its base snapshot")
-        if not isinstance(base, dict) or not isinstance(base.get("step"), int):
+        if not isinstance(base, dict) or type(base.get("step")) is not int:
             raise StoreError("its base snapshot is not a snapshot object")
     if len(ops) > MAX_OPS:
-        raise StoreError(f"its operation log holds {len(ops):,} operations; at most {MAX_OPS:,}")
+        raise StoreError(f"it holds {len(ops):,} operations; at most {MAX_OPS:,}")
+    first = 1 if base is None else base["step"] + 1
     log: list[dict[str, Any]] = []
     for i, (seq, text) in enumerate(ops):
         if seq != i or not isinstance(text, str) or len(text) > MAX_OP_BYTES:
-            raise StoreError(f"its operation log is damaged at entry {i}")
-        op = decode_json(text, f"its operation {i}")
+            raise StoreError(f"its entry for step {first + i} is missing or damaged")
+        op = decode_json(text, f"the operation of step {first + i}")
         if not isinstance(op, dict):
-            raise StoreError(f"its operation {i} is not a JSON object")
+            raise StoreError(f"the operation of step {first + i} is not a JSON object")
         log.append(op)
     return base, log

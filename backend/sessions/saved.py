@@ -87,6 +87,9 @@ class Tab:
     holder: str = field(default_factory=new_id)
     id: str | None = None
     synced: bool = False           # the row holds everything up to the last operation
+    # The row holds the state, but left out what could not be read back when it was
+    # opened (its history or operation log): the next save writes it whole.
+    rewrite: bool = False
     # While `id` is None, the id the address keeps naming: another browser's session
     # opened as a copy not saved yet, or one that could not be opened for a passing
     # reason (the store locked or unavailable), so that a reload opens it again.
@@ -104,7 +107,7 @@ class Tab:
         """Mutates: this tab has no row (its next save creates one, under a new id); the
         address names `address` meanwhile (a copy's link), or nothing."""
         self.id, self.synced, self.address = None, False, address
-        self.pending_claim, self.unnamed = None, False
+        self.pending_claim, self.unnamed, self.rewrite = None, False, False
 
     def keep_in_address(self, sid: str) -> bool:
         """Mutates: `sid`, which the address named, could not be opened for a passing
@@ -207,8 +210,7 @@ def _oplog(stored: StoredSession, config: EngineConfig, step: int) -> tuple[OpLo
         except PagedLabError as exc:
             problem = str(exc)
     log = OpLog()
-    log.drop(f"its operation log could not be read back when the session was opened "
-             f"({problem})")
+    log.drop(f"its operation log was found damaged when the session was opened ({problem})")
     return log, problem
 
 
@@ -227,12 +229,12 @@ def _checked_oplog(stored: StoredSession, config: EngineConfig, step: int) -> Op
         try:
             parse_op(op, vocab_size=config.vocab_size)
         except PagedLabError as exc:
-            raise StoreError(f"its operation {i + 1}: {exc}") from None
+            raise StoreError(f"the operation of step {log.base_step + i + 1}: {exc}") from None
     log.ops = list(stored.ops)
     log.nbytes = sum(op_bytes(o) for o in log.ops)
     if log.base_step + len(log.ops) != step:
-        raise StoreError(f"its operation log ends at step {log.base_step + len(log.ops)} but "
-                         f"its snapshot is step {step}")
+        raise StoreError(f"it ends at step {log.base_step + len(log.ops)} but the snapshot is "
+                         f"step {step}")
     return log
 
 
@@ -268,11 +270,12 @@ def _resume(stored: StoredSession, owner: str, *, replacing: Engine | None,
         notes.append(f"its earlier steps could not be read back ({damaged}), so it opens "
                      "without them: its timeline's past states start at this step, and "
                      "the next save writes the session whole")
-    oplog, lost = _oplog(stored, settings.config, int(stored.snapshot.get("step", -1)))
+    oplog, lost = _oplog(stored, settings.config, stored.snapshot["step"])
     if lost is not None:
-        notes.append(f"its operation log could not be read back ({lost}), so it opens "
-                     "without it: it can no longer be exported as a scenario (its snapshot "
-                     "still can), and the next save writes the session whole")
+        notes.append(f"its operation log is damaged ({lost}), so it opens without it: its "
+                     "state is whole, but it can no longer be exported as a scenario or "
+                     "replayed in a control run, and the next save writes the session "
+                     "whole")
     engine = restore_for_session(detached(stored.snapshot), settings, owner,
                                  replacing=replacing, budget=budget, progress=progress)
     if engine.config.to_json() != settings.config.to_json():
@@ -334,8 +337,9 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
                                       if_unchanged=stored.revision)
         # Not taken over yet, the row may move on under the tab that holds it: the first
         # save takes it, then writes it whole.
-        # A history that could not be read back is written anew, whole, at the next save.
-        tab.id, tab.synced, tab.address = sid, claimed and not rewrite, None
+        # A history or log that could not be read back is written anew, whole, at the
+        # next save; the row still holds the state meanwhile.
+        tab.id, tab.synced, tab.address, tab.rewrite = sid, claimed, None, rewrite
         tab.pending_claim = None if claimed else stored.revision
         tab.unnamed = not take_now
     return Opened(live, copied, notes)
@@ -379,11 +383,11 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
                 tab.start_anew()
                 copy = new_id()
                 store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
-                tab.id, tab.synced = copy, True
+                tab.id, tab.synced, tab.rewrite = copy, True, False
                 return MOVED_ON_NOTE
             tab.pending_claim, tab.unnamed = None, False
         outcome = Write.MISSING
-        if tab.synced and not whole:
+        if tab.synced and not whole and not tab.rewrite:
             head = make_head(settings_json(live.settings), snapshot, label_of(snapshot),
                              store.limits)
             log = live.oplog
@@ -401,9 +405,9 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
         if outcome is Write.TAKEN:
             copy = new_id()
             store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
-            tab.id, tab.synced = copy, True
+            tab.id, tab.synced, tab.rewrite = copy, True, False
             return COPY_NOTE
-        tab.synced = True
+        tab.synced, tab.rewrite = True, False
         return REVIVED_NOTE if outcome is Write.REVIVED else None
     except TooLargeError as exc:
         tab.synced = False
