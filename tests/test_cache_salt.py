@@ -232,7 +232,8 @@ def test_cached_salted_blocks_get_their_own_kv_back_from_a_restore() -> None:
      "fork, sample or beam keeps the salt of the request it came from"),
     (lambda s: _request(s, "C.1").pop("cache_salt"),
      "its cache salt is none, but that of 'C.0', which it came from, is 'tenant-b'"),
-    (lambda s: _request(s, "B2").__setitem__("cache_salt", "a\x00b"), "unprintable"),
+    (lambda s: _request(s, "B2").__setitem__("cache_salt", "a\x00b"),
+     "contains U\\+0000, which is not a printable character"),
     (lambda s: _request(s, "B2").__setitem__("cache_salt", 7), "cache_salt"),
 
     (lambda s: _root(s).__setitem__("cache_salt", "tenant-x"), "is not the root key"),
@@ -272,7 +273,11 @@ def test_the_add_operation_reads_and_writes_its_salt() -> None:
     ("", "cache_salt must be a non-empty string"),
     (3, "cache_salt must be a non-empty string"),
     ("x" * (MAX_CACHE_SALT_CHARS + 1), f"at most {MAX_CACHE_SALT_CHARS} characters"),
-    ("tab\there", "unprintable"),
+    ("tab\there", "contains U\\+0009, which is not a printable character"),
+    ("no\xa0break", "contains U\\+00A0"),
+    ("   ", "cache_salt must be a non-empty string"),
+    (" a", "cache_salt ' a' begins or ends with a space"),
+    ("a ", "begins or ends with a space"),
 ])
 def test_a_bad_salt_is_refused_by_name(salt: Any, message: str) -> None:
     with pytest.raises(PagedLabError, match=message):
@@ -285,7 +290,7 @@ def test_the_add_form_salts_a_request_and_names_a_bad_salt_by_its_label() -> Non
                       blocks=None, existing={}, vocab_size=256, cache_salt=salt)
     assert form("  tenant-b ").cache_salt == "tenant-b"
     assert form("   ").cache_salt is None and form(None).cache_salt is None
-    with pytest.raises(PagedLabError, match=r"^Cache salt .* unprintable"):
+    with pytest.raises(PagedLabError, match=r"^Cache salt .* U\+0007, which is not a printable"):
         form("a\x07b")
 
 

@@ -460,12 +460,12 @@ def test_summarize_tells_prefill_chunks_forked_samples_and_released_host_blocks(
     # the budget for the first decode.
     e = engine(max_num_batched_tokens=4)
     assert summarize(e.apply(Add("A", prompt_len=10)), export_snapshot(e)) == (
-        "Step 1: add A (10 random tokens) · admitted A · prefilled A: 4 tokens (4 of 10 in "
-        "the cache) · events: 1 alloc")
+        "Step 1: add A (10 random tokens) · admitted A · prefilled A: 4 tokens (4 of 10 now "
+        "have K/V) · events: 1 alloc")
     assert summarize(e.apply(Step(1)), export_snapshot(e)) == (
-        "Step 2: step · prefilled A: 4 tokens (8 of 10 in the cache) · events: 1 alloc")
+        "Step 2: step · prefilled A: 4 tokens (8 of 10 now have K/V) · events: 1 alloc")
     assert summarize(e.apply(Step(1)), export_snapshot(e)) == (
-        "Step 3: step · prefilled A: 2 tokens (10 of 10 in the cache) · generated 1 token · "
+        "Step 3: step · prefilled A: 2 tokens (10 of 10 now have K/V) · generated 1 token · "
         "events: 1 alloc")
     # A whole prompt at once: an add says admitted alone, a step admitting it says more.
     f = engine(max_num_seqs=1)
@@ -494,7 +494,7 @@ def test_summarize_tells_prefill_chunks_forked_samples_and_released_host_blocks(
     h.apply(Add("B", prompt_tokens=(*h.requests["A"].tokens[:8], 1, 2)))
     h.apply(Step(1))
     assert summarize(h.apply(Step(1)), export_snapshot(h)) == (
-        "Step 4: step · admitted B · prefilled B: 2 tokens (10 of 10 in the cache) · "
+        "Step 4: step · admitted B · prefilled B: 2 tokens (10 of 10 now have K/V) · "
         "generated 1 token · events: 2 prefix_hit, 1 alloc")
     # Parallel samples: the line names every sample, not only the first.
     g = engine()

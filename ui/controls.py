@@ -206,15 +206,17 @@ def _add_form() -> None:
                          "its blocks. Needs Max new tokens (or the sidebar's default).")
         st.text_input("Cache salt", key="add_salt", placeholder="none",
                       persist_state="session",
-                      help=f"At most {MAX_CACHE_SALT_CHARS} characters; cleared after the add. "
+                      help=f"At most {MAX_CACHE_SALT_CHARS} printable characters (spaces at "
+                           "either end are dropped); cleared after the add. "
                            "As vLLM's cache_salt: the request's prefix-cache keys are "
                            "salted with it, so it shares cached blocks only with requests "
                            "of the same salt, whatever the tokens. Engines key a block by "
                            "what its K/V depend on beyond the tokens (the model, an adapter) "
                            "and by what must not share a cache (another tenant); the salt "
                            "stands in for these here. The model computes the same K/V with "
-                           "or without it: only the keys differ. Add the same prompt with "
-                           "and without one to watch the prefix hits stop.")
+                           "or without it: only the keys differ, and with prefix caching off "
+                           "it changes nothing. Add the same prompt with and without one to "
+                           "watch the prefix hits stop.")
         clicks.button(st, "Add request", key="btn_add", type="primary", on_click=_on_add,
                       submit=True)
 

@@ -107,14 +107,21 @@ MAX_CACHE_SALT_CHARS = 64
 
 
 def check_cache_salt(value: object, field: str = "cache_salt") -> str:
-    """A request's cache salt: 1..64 printable characters. Raises PagedLabError."""
-    if not isinstance(value, str) or not value:
+    """A request's cache salt: 1..64 printable characters, no space at either end (the
+    Add form drops those, so a file may not keep them: one salt, one spelling).
+    Raises PagedLabError."""
+    if not isinstance(value, str) or not value.strip():
         raise PagedLabError(f"{field} must be a non-empty string, got {shown(value)}")
     if len(value) > MAX_CACHE_SALT_CHARS:
         raise PagedLabError(f"{field} must be at most {MAX_CACHE_SALT_CHARS} characters; got "
                             f"{len(value):,}")
-    if not value.isprintable():
-        raise PagedLabError(f"{field} {shown(value)} contains unprintable characters")
+    odd = next((c for c in value if not c.isprintable()), None)
+    if odd is not None:
+        raise PagedLabError(f"{field} {shown(value)} contains U+{ord(odd):04X}, which is not a "
+                            "printable character (letters, digits, punctuation and the plain "
+                            "space are)")
+    if value != value.strip():
+        raise PagedLabError(f"{field} {shown(value)} begins or ends with a space")
     return value
 
 

@@ -95,7 +95,7 @@ def _preempted(rid: str, swapped: bool, running: bool) -> str:
 
 
 def _prefills(result: OpResult) -> str:
-    """'prefilled A: 2 tokens (4 of 10 in the cache)', for the chunks worth telling
+    """'prefilled A: 2 tokens (4 of 10 now have K/V)', for the chunks worth telling
     (past NAMED_AT_MOST of them, their tokens and requests counted).
 
     An `add` that prefills its whole prompt at once says "admitted" and no more, as
@@ -115,10 +115,11 @@ def _prefills(result: OpResult) -> str:
 
 def _chunk(p: Prefill) -> str:
     """'A: 10 tokens' for a whole prompt at once, else with how many of its tokens have
-    their K/V in the cache now: this chunk's, earlier chunks' and prefix-cache hits."""
+    their K/V now: this chunk's, earlier chunks' and prefix-cache hits ("in the cache"
+    read as prefix-cache hits)."""
     said = f"{p.request}: {counted(p.tokens, 'token')}"
     return (said if p.tokens == p.total
-            else f"{said} ({p.computed:,} of {p.total:,} in the cache)")
+            else f"{said} ({p.computed:,} of {p.total:,} now have K/V)")
 
 
 def _forks(result: OpResult, snapshot: dict[str, Any]) -> str:

@@ -242,8 +242,11 @@ REQUEST_COLUMN_WIDTHS: dict[str, int] = {
     "cache salt": 80,
 }
 # Columns shown only while some request has their field; each takes its width from
-# the block table's.
+# the block table's, down to MIN_TABLE_PX: past that (beams and salts together) the
+# table grows wider and scrolls sideways rather than wrap a block table in a column
+# a dozen entries wide.
 OPTIONAL_COLUMNS = ("log p", "cache salt")
+MIN_TABLE_PX = 176
 CHAR_PX = 6               # a block table's characters average 5.4 px; breaks fall short
 LINE_PX = 20
 MAX_TABLE_LINES = 4
@@ -327,9 +330,10 @@ def finished_frame(snap: Snapshot) -> pd.DataFrame:
 
 
 def _table_width(optional: list[str]) -> int:
-    """The block table column's width (px): each optional column shown takes its share."""
-    return REQUEST_COLUMN_WIDTHS[BLOCK_TABLE_COLUMN] - sum(REQUEST_COLUMN_WIDTHS[c]
-                                                           for c in optional)
+    """The block table column's width (px): each optional column shown takes its share,
+    down to MIN_TABLE_PX."""
+    return max(MIN_TABLE_PX, REQUEST_COLUMN_WIDTHS[BLOCK_TABLE_COLUMN]
+               - sum(REQUEST_COLUMN_WIDTHS[c] for c in optional))
 
 
 def requests_layout(df: pd.DataFrame) -> tuple[dict[str, int], int | None]:
