@@ -34,7 +34,14 @@ from backend.paging.hashing import (
     salt_root_digest,
 )
 from backend.sessions.forms import add_op
-from backend.views.model import BLOCK_TABLE_COLUMN, requests_frame, requests_layout
+from backend.views.model import (
+    BLOCK_TABLE_COLUMN,
+    MIN_TABLE_PX,
+    OPTIONAL_COLUMNS,
+    REQUEST_COLUMN_WIDTHS,
+    requests_frame,
+    requests_layout,
+)
 from tests.test_engine import kv_through_table
 
 PROMPT = list(b"You are a helpful assistant. Hi!")   # 32 tokens: 8 full blocks of 4
@@ -308,3 +315,16 @@ def test_the_block_tables_show_a_salt_column_only_while_a_request_has_one() -> N
     shown = sum(widths[c] for c in df.columns)
     assert shown == sum(plain_widths[c] for c in plain.columns)
     assert widths[BLOCK_TABLE_COLUMN] == plain_widths[BLOCK_TABLE_COLUMN] - widths["cache salt"]
+
+
+def test_beside_beams_a_salt_column_widens_the_table_rather_than_squeeze_the_block_table(
+        ) -> None:
+    e = engine()
+    e.apply(Add("A", prompt_tokens=tuple(PROMPT), beam_width=2, cache_salt="tenant-b"))
+    df = requests_frame(export_snapshot(e))
+    assert {"log p", "cache salt"} <= set(df.columns)
+    widths, _ = requests_layout(df)
+    assert widths[BLOCK_TABLE_COLUMN] == MIN_TABLE_PX
+    # Wider than the usual row (which fits beside the sidebar of a 1366 px window).
+    assert sum(widths[c] for c in df.columns) > sum(
+        w for c, w in REQUEST_COLUMN_WIDTHS.items() if c not in OPTIONAL_COLUMNS)
