@@ -271,6 +271,26 @@ def test_a_damaged_row_is_refused_and_the_page_still_works(
     assert not at.exception and sid(at) != session_id
 
 
+def test_a_damaged_operation_log_opens_the_session_and_the_export_says_why(
+        browser: dict[str, str | None], data_dir: Path) -> None:
+    session_id = worked(open_app())
+    want = state(open_app(session_id))
+    with sqlite3.connect(data_dir / FILE_NAME) as db:
+        db.execute("UPDATE ops SET op='{\"op\": ' WHERE session=? AND seq=1", (session_id,))
+    at = open_app(session_id)
+    # Opened, said as news (not a success), with the damage named by its step.
+    assert at.success == [] and sid(at) == session_id and state(at) == want
+    said = texts(at.info)
+    assert "its operation log is damaged (the operation of step 2 is not valid JSON" in said
+    captions = texts(at.caption)
+    assert ("Scenario file: not available, its operation log was found damaged when the "
+            "session was opened (the operation of step 2 is not valid JSON") in captions
+    # It goes on: the next operation saves the session whole, and it reopens cleanly.
+    at.button(key="btn_add").click().run()
+    again = open_app(session_id)
+    assert "damaged" not in texts(again.info) and engine(again).step == engine(at).step
+
+
 def test_the_sessions_list_opens_and_deletes(browser: dict[str, str | None],
                                              data_dir: Path) -> None:
     at = open_app()

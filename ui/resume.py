@@ -143,8 +143,8 @@ def _say_opened(sess: operations.OpSession, opened: saved.Opened, how: str,
                            f"from your first operation on; the original is unchanged."
                            f"{notes}")
     else:
-        sess.flash("success", f"{how}: {_describe(engine)}, K/V recomputed from the "
-                              f"tokens.{notes}")
+        sess.flash("info" if opened.damaged else "success",
+                   f"{how}: {_describe(engine)}, K/V recomputed from the tokens.{notes}")
 
 
 def _reopen(sid: str, where: str, how: str, failed: str, take_now: bool = True) -> None:

@@ -296,6 +296,9 @@ class Opened:
     copied: bool        # another browser's session: a copy, saved under a new id at its
                         # first save
     notes: list[str]
+    # Its history or operation log could not be read back and was left out (a note
+    # says which): the state is whole, but the page says it as news, not as a success.
+    damaged: bool = False
 
 
 def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = None,
@@ -342,7 +345,7 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
         tab.id, tab.synced, tab.address, tab.rewrite = sid, claimed, None, rewrite
         tab.pending_claim = None if claimed else stored.revision
         tab.unnamed = not take_now
-    return Opened(live, copied, notes)
+    return Opened(live, copied, notes, rewrite)
 
 
 # ---- saving ------------------------------------------------------------------------------
