@@ -648,3 +648,17 @@ def test_the_help_says_what_simulate_replays(capsys: pytest.CaptureFixture[str])
     out = " ".join(capsys.readouterr().out.split())
     assert "replay a trace (synthetic, a recorded Azure trace or a CSV) through one" in out
     assert "replay a synthetic trace" not in out
+
+
+def test_a_reader_that_goes_away_ends_the_output_without_a_traceback() -> None:
+    """`simulate ... | head -1`: stdout's reader closes before the result is written."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend", "simulate", "--workload", "sharegpt", "--policy",
+         "paged", "--requests", "200"],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert err == ""
