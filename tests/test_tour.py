@@ -15,6 +15,7 @@ from backend.sessions.budget import MIB, KVBudget
 from backend.sessions.tour import TourRun, check_rows, parse_scenario_upload, shipped_scenario
 from backend.views import tour as tv
 from backend.views.metrics import metric_items
+from ui.tour_progress import Timed
 
 
 def test_frames_keep_every_state_and_the_engine_only_moves_forward() -> None:
@@ -176,8 +177,10 @@ def test_a_step_reports_each_iteration_and_a_grow_each_token_to_its_bar() -> Non
 
     for _ in range(3):
         assert run.advance(hear) is not None
-    # A grow is asked between two tokens (whether to go on), so not after its last.
-    assert heard == [(1, 3), (2, 3), (3, 3), (1, 2)]
+    # A grow is asked between two tokens (whether to go on), so not after its last. The
+    # control's share of each (the same operation on the control engine) asks the same,
+    # with the bar kept full.
+    assert heard == [(1, 3), (2, 3), (3, 3), (3, 3), (3, 3), (3, 3), (1, 2), (2, 2)]
 
 
 def test_a_step_its_user_stops_ends_the_run_at_the_step_before() -> None:
@@ -191,6 +194,47 @@ def test_a_step_its_user_stops_ends_the_run_at_the_step_before() -> None:
                            "50. The run ends at step 1; Reset runs the scenario again from "
                            "step 0.")
     assert run.error is None and not run.can_advance and run.taken == 1
+
+
+def test_the_control_goes_no_further_than_a_request_the_run_finished() -> None:
+    """A request that fills the scenario's whole pool finishes there ("capacity"); the
+    control's roomy pool would let it decode every remaining iteration of a long step
+    (100,000 here: minutes of work, with no time limit). It stops at the same length."""
+    run = TourRun(parse_scenario({"config": {"num_blocks": 8, "block_size": 4}, "steps": [
+        {"op": "add", "request": "A", "prompt_len": 4},
+        {"op": "step", "count": 100_000},
+        {"op": "add", "request": "B", "prompt_len": 4}]}), "upload", "mine", kernel="torch")
+    assert run.control is not None
+    assert run.run_to(3) == 3
+    user, control = run.engine.requests["A"], run.control.control.requests["A"]
+    assert user.finish_reason == "capacity" and user.num_tokens == 32
+    assert control.status == "finished" and control.tokens == user.tokens
+    report = run.frame(3).control
+    assert report is not None and report.agrees and report.not_replayed == ()
+
+
+def test_a_control_step_its_user_stops_ends_the_control_there() -> None:
+    # The same Stop stops the control's share of a step; it then follows no later step.
+    run = TourRun(parse_scenario({"config": {"num_blocks": 64}, "steps": [
+        {"op": "add", "request": "A", "prompt": "abcd"},
+        {"op": "step", "count": 50},
+        {"op": "step", "count": 2}]}), "upload", "mine", kernel="torch")
+    assert run.advance() is not None
+    heard: list[tuple[int, int]] = []
+
+    def stop_in_the_control(done: int, total: int) -> bool:
+        heard.append((done, total))
+        # The run's own 50 iterations, then the control's: stopped at its third.
+        return len(heard) < 53
+
+    frame = run.advance(stop_in_the_control)
+    assert frame is not None and run.stopped is None
+    assert frame.control is not None and frame.control.not_replayed == (
+        "step 2: the control was stopped part-way through it, so it follows no later step",)
+    assert run.control is not None and run.control.stopped_at == 2
+    control_tokens = list(run.control.control.requests["A"].tokens)
+    assert run.advance() is not None
+    assert run.control.control.requests["A"].tokens == control_tokens
 
 
 def test_kernels_can_change_between_steps() -> None:
@@ -342,3 +386,15 @@ def test_a_run_that_replaces_another_gets_its_room() -> None:
                      replacing=first)
     assert second.control is not None and second.control_problem is None
     assert budget.in_use("s1") == one_run and first.engine is not second.engine
+
+
+def test_a_bar_says_when_its_step_waits_for_the_control_run() -> None:
+    bar = Timed("Step 2, step x3", "iteration", 60.0)
+    bar.moved(2, 3)
+    assert bar.text().startswith("Step 2, step x3: 2 iterations of 3 done, ")
+    bar.moved(3, 3)
+    assert bar.text().startswith("Step 2, step x3: 3 iterations of 3 done, ")
+    assert bar.all_done is not None
+    bar.all_done -= 2.5       # the control run has taken 2.5 s so far
+    assert bar.text() == ("Step 2, step x3: all 3 iterations done; its control run (the same "
+                          "operation without the perturbations): 3 s of the 60 s limit")

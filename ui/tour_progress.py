@@ -38,6 +38,9 @@ _BARS = itertools.count(1)
 # A bar redrawn at most this often: a torch step may run thousands of iterations a
 # second, and each redraw is a message to the browser.
 REDRAW_S = 0.1
+# A bar whose step's iterations are all done says it waits for the control run once
+# that has taken this long (a quick control is not worth a change of words).
+CONTROL_SAID_AFTER_S = 1.0
 
 
 @dataclass(slots=True)
@@ -58,16 +61,28 @@ class Timed:
     # The keys of the Stop buttons drawn for this step: a click on one of them stops
     # this step only, never a later one.
     keys: list[str] = field(default_factory=list)
+    # When the step's last iteration was done: the control run's share of the step
+    # (the same operation on the control engine, which reports every iteration as
+    # the last, under a time limit of its own) runs from then.
+    all_done: float | None = None
 
     def moved(self, done: int, total: int) -> bool:
         """TourRun.advance's progress callback: False once a stop was asked."""
         self.done, self.total = done, total
+        if done >= total and self.all_done is None:
+            self.all_done = time.monotonic()
         return not self.stop.is_set()
 
     def text(self) -> str:
         # Whole seconds, rounded up (a bar shown after 0.3 s never says "0 s"), and
         # never past the limit, which stops the step between two iterations.
-        elapsed = min(math.ceil(time.monotonic() - self.started), math.ceil(self.limit_s))
+        now = time.monotonic()
+        if self.all_done is not None and now - self.all_done >= CONTROL_SAID_AFTER_S:
+            elapsed = min(math.ceil(now - self.all_done), math.ceil(self.limit_s))
+            return plain_md(f"{self.label}: all {counted(self.total, self.unit)} done; its "
+                            f"control run (the same operation without the perturbations): "
+                            f"{elapsed} s of the {self.limit_s:g} s limit")
+        elapsed = min(math.ceil(now - self.started), math.ceil(self.limit_s))
         return plain_md(f"{self.label}: {counted(self.done, self.unit)} of {self.total:,} "
                         f"done, {elapsed} s of the {self.limit_s:g} s limit")
 

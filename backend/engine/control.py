@@ -175,6 +175,9 @@ class ControlRun:
         self._positions: dict[str, set[int]] = {}
         self._worst: dict[str, float] = {}
         self.not_replayed: list[str] = []
+        # The user's step after which the control follows no more (an operation of it
+        # stopped part-way: its state is no longer that run's without the perturbations).
+        self.stopped_at: int | None = None
 
     def apply(self, op: Op, engine: Engine) -> None:
         """Mutates: `op` on the user's `engine` (a refusal raises, as `Engine.apply` does),
@@ -182,20 +185,52 @@ class ControlRun:
         engine.apply(op)
         self.follow(op, engine)
 
-    def follow(self, op: Op, engine: Engine) -> None:
+    def follow(self, op: Op, engine: Engine,
+               keep_going: Callable[[int, int], bool] | None = None) -> None:
         """Mutates: `op`, which `engine` just applied, on the control (left out as the
         module docstring says, or noted if the control refuses it); then compare the
-        logits both hold at the same positions."""
+        logits both hold at the same positions.
+
+        `keep_going(done, total)` hears of each iteration of the control's `step` (each
+        token of its `grow`); False stops it there, and the control then follows no
+        later operation (noted in the report)."""
+        if self.stopped_at is not None:
+            return
         if isinstance(op, Shuffle):
             self.not_replayed.append(f"step {engine.step}: shuffle (no block moves in the "
                                      "control)")
         else:
+            self._end_where_finished(engine)
             control_op = replace(op, blocks=None) if isinstance(op, Add) else op
             try:
-                self.control.apply(control_op)
+                done = self.control.apply(control_op, progress=keep_going)
             except PagedLabError as exc:
                 self.not_replayed.append(f"step {engine.step}: refused in the control: {exc}")
+            else:
+                if done.op != control_op:
+                    self.stopped_at = engine.step
+                    self.not_replayed.append(
+                        f"step {engine.step}: the control was stopped part-way through it, "
+                        "so it follows no later step")
         self._compare(engine)
+
+    def _end_where_finished(self, engine: Engine) -> None:
+        """Mutates the control: a request the user's run has finished goes no further in
+        the control than it went there.
+
+        That run holds no later position of it to compare, and the control's roomy
+        pool would otherwise let it decode on: a request that filled the user's whole
+        pool (finished, "capacity") would run every remaining iteration of a long
+        step in the control. Its limit is lowered to the length it finished at (a beam
+        keeps its group's: the search reads it)."""
+        for rid, req in engine.requests.items():
+            twin = self.control.requests.get(rid)
+            if (req.status != "finished" or twin is None or twin.status == "finished"
+                    or twin.beam_width is not None):
+                continue
+            limit = max(0, req.num_tokens - twin.prompt_len)
+            if twin.max_new_tokens is None or twin.max_new_tokens > limit:
+                twin.max_new_tokens = limit
 
     def _compare(self, engine: Engine) -> None:
         sides = ((engine, self._pending[0], self._pending[1]),

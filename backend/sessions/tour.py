@@ -341,7 +341,16 @@ class TourRun:
                                                        self.mirror)
         report = None
         if self.control is not None:
-            self.control.follow(step.op, self.engine)
+            # The control's share of the step: its own time limit, the same Stop. The
+            # bar stays full meanwhile (the step's iterations are done; its clock runs on).
+            control_deadline = time.monotonic() + self.step_time_limit_s
+
+            def control_in_time(done: int, total: int) -> bool:
+                if progress is not None and not progress(total, total):
+                    return False
+                return time.monotonic() < control_deadline
+
+            self.control.follow(step.op, self.engine, control_in_time)
             report = self.control.report(self.engine)
         frame = Frame(i, snap, describe_op(step.op), step.narration, summarize(result, snap),
                       checks, arena_state(self.mirror), report)
