@@ -10,16 +10,19 @@ add: but each whole, and the state exactly what those operations make.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.browser_support import in_app, room_for_a_long_step, status_lines
 
 pytestmark = pytest.mark.browser
 
 T = 60_000
+TRY_MS = 3_000
 
 
 def step_until_stopped(page: Page, app_url: str) -> Locator:
@@ -43,8 +46,19 @@ def step_until_stopped(page: Page, app_url: str) -> Locator:
 
 
 def stop_stepping(page: Page) -> None:
-    # The visible one: the page may still hold a hidden one a waiting run drew.
-    page.get_by_role("button", name="Stop stepping").filter(visible=True).first.click()
+    """Click the visible Stop stepping button. The page may also hold copies a waiting
+    run drew, and one visible when found may be hidden before the click lands (its run
+    moved on); Playwright would wait on that one, so each try is short and the button
+    is found again."""
+    deadline = time.monotonic() + T / 1000
+    while True:
+        try:
+            page.get_by_role("button", name="Stop stepping").filter(visible=True).first.click(
+                timeout=TRY_MS)
+            return
+        except PlaywrightTimeoutError:
+            if time.monotonic() > deadline:
+                raise
 
 
 def test_step_n_twice_then_step_applies_three_whole_operations(
