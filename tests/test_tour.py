@@ -389,7 +389,13 @@ def test_a_run_that_replaces_another_gets_its_room() -> None:
 
 
 def test_a_bar_says_when_its_step_waits_for_the_control_run() -> None:
-    bar = Timed("Step 2, step x3", "iteration", 60.0)
+    # Without a control, the time after the last iteration is the step's own.
+    alone = Timed("Step 2, step x3", "iteration", 60.0)
+    alone.moved(3, 3)
+    assert alone.all_done is not None
+    alone.all_done -= 2.5
+    assert alone.text().startswith("Step 2, step x3: 3 iterations of 3 done, ")
+    bar = Timed("Step 2, step x3", "iteration", 60.0, has_control=True)
     bar.moved(2, 3)
     assert bar.text().startswith("Step 2, step x3: 2 iterations of 3 done, ")
     bar.moved(3, 3)

@@ -349,7 +349,8 @@ def advance(run: TourRun, where: DeltaGenerator | None = None) -> tuple[Frame | 
         return None, Shown()
     op = run.scenario.steps[run.taken].op
     step = Timed(f"Step {run.taken + 1}, {describe_op(op)}",
-                 "token" if isinstance(op, Grow) else "iteration", run.step_time_limit_s)
+                 "token" if isinstance(op, Grow) else "iteration", run.step_time_limit_s,
+                 has_control=run.control is not None and run.control.stopped_at is None)
     t = state()
     with tour_progress.stepping(step, stop_step, where) as (shown, move):
         t.stepping = step       # what a click that waits for the lock shows meanwhile

@@ -52,6 +52,9 @@ class Timed:
     label: str              # plain text: "Step 2, step x1500"
     unit: str               # "iteration" or "token"
     limit_s: float
+    # A control run follows the step (TourRun.control, not stopped): only then is the
+    # time after its last iteration the control's.
+    has_control: bool = False
     started: float = field(default_factory=time.monotonic)
     done: int = 0
     total: int = 0
@@ -77,7 +80,8 @@ class Timed:
         # Whole seconds, rounded up (a bar shown after 0.3 s never says "0 s"), and
         # never past the limit, which stops the step between two iterations.
         now = time.monotonic()
-        if self.all_done is not None and now - self.all_done >= CONTROL_SAID_AFTER_S:
+        if (self.has_control and self.all_done is not None
+                and now - self.all_done >= CONTROL_SAID_AFTER_S):
             elapsed = min(math.ceil(now - self.all_done), math.ceil(self.limit_s))
             return plain_md(f"{self.label}: all {counted(self.total, self.unit)} done; its "
                             f"control run (the same operation without the perturbations): "
