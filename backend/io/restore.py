@@ -263,7 +263,7 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
         table = tables[rid]
         held = req.num_computed
         full = held // bs
-        root = m.salt_root(req.cache_salt) if c.prefix_caching else None
+        root = m.salt_root(req.cache_salt)
         last_hash = pool.blocks[table[full - 1]].hash if full else root
         tail = req.tokens[full * bs:held] if c.prefix_caching else []
         m.seqs[rid] = SeqBlocks(rid, list(table), held, tail, last_hash, root=root)

@@ -84,9 +84,8 @@ class BlockManager(BlockTables):
         if the pool lacks room right now.
         """
         check_new_id(seq_id, self.seqs)
-        # Without prefix caching nothing is keyed, so a salt changes nothing.
-        root = (self.salt_root(cache_salt) if cache_salt is not None and self.prefix_caching
-                else None)
+        # Tested here first: an unsalted request (most) makes no call.
+        root = None if cache_salt is None else self.salt_root(cache_salt)
         plan, toks = self._plan(tokens, pinned, root)
         if not plan.fits_now:
             raise OutOfBlocksError(

@@ -132,10 +132,11 @@ class BlockTables:
         return -(-num_tokens // self.block_size)
 
     def salt_root(self, cache_salt: str | None) -> SaltRoot | None:
-        """The root key of chains salted with `cache_salt` (None: unsalted, no root).
+        """The root key of chains salted with `cache_salt` (None: unsalted, no root; and
+        without prefix caching, where nothing is keyed, a salt changes nothing).
 
         The caller has checked the salt (hashing.check_cache_salt)."""
-        if cache_salt is None:
+        if cache_salt is None or not self.prefix_caching:
             return None
         root = self._roots.get(cache_salt)
         if root is None:
