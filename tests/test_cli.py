@@ -204,8 +204,9 @@ def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -
                                            "is short for --kernel)"),
     (["run", "s.json", "--o=a.json"], "--o=a.json (options are written in full: --o is short "
                                       "for --out)"),
-    (["simulate", "--max-num", "3"], "--max-num 3 (options are written in full: --max-num is "
-                                     "short for --max-num-seqs or --max-num-batched-tokens)"),
+    (["simulate", "--workload", "alpaca", "--policy", "paged", "--max-num", "3"],
+     "--max-num 3 (options are written in full: --max-num is "
+     "short for --max-num-seqs or --max-num-batched-tokens)"),
 ])
 def test_an_abbreviated_option_is_refused_naming_it_in_full(
         argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -10,16 +9,18 @@ from typing import Any
 import pytest
 
 from backend.io import simulate_cli
-from backend.io.simulate_cli import add_simulate_arguments, run_simulate
+from backend.io.cli import main
 from backend.lab.traces import recorded_trace, replay_trace
 
 # ---- the command line --------------------------------------------------------------
 
 
 def run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backend simulate")
-    add_simulate_arguments(parser)
-    return run_simulate(parser.parse_args(argv))
+    """`python -m backend simulate ARGV` in this process: its exit status."""
+    try:
+        return main(["simulate", *argv])
+    except SystemExit as exit_:  # argparse's own refusals (a missing option)
+        return int(exit_.code or 0)
 
 
 def test_cli_writes_result_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,9 +45,11 @@ def test_cli_writes_result_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "error: --workload is required: one of sharegpt, alpaca, azure-code, azure-conv or "
-         "a path to a CSV trace"),
-    (["--workload", "alpaca"], "error: --policy is required"),
+    # Both missing options are named at once, with a usage line that shows them required.
+    ([], "error: the following arguments are required: --workload, --policy; usage: python -m "
+         "backend simulate [-h] --workload {sharegpt,alpaca,azure-code,azure-conv,TRACE.csv} "
+         "--policy {paged,max,pow2,oracle} [--requests N]"),
+    (["--workload", "alpaca"], "error: the following arguments are required: --policy; usage:"),
     (["--workload", "lmsys", "--policy", "paged"], "error: --workload must be one of"),
     (["--workload", "alpaca", "--policy", "lru"], "error: --policy must be one of"),
     (["--workload", "alpaca", "--policy", "paged", "--requests", "0"],

@@ -64,17 +64,19 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `simulate` flags to `parser` (values are validated by `run_simulate`)."""
     parser.add_argument(
         "--workload", metavar="{sharegpt,alpaca,azure-code,azure-conv,TRACE.csv}",
+        # Required here, not in run_simulate, so that the usage line shows it so.
+        required=True,
         help="sharegpt (mean 161 prompt + 338 output tokens) or alpaca (19 + 58): synthetic, "
              "Poisson arrivals; azure-code (8,819 requests, 2,048 + 28) or azure-conv "
              "(19,366, 1,155 + 211): the Azure LLM inference trace 2023, arrivals and "
              "lengths as recorded; or a CSV file with columns TIMESTAMP,ContextTokens,"
-             f"GeneratedTokens (at most {MAX_TRACE_BYTES >> 20} MiB); required")
+             f"GeneratedTokens (at most {MAX_TRACE_BYTES >> 20} MiB)")
     parser.add_argument(
-        "--policy", metavar="{paged,max,pow2,oracle}",
+        "--policy", metavar="{paged,max,pow2,oracle}", required=True,
         help="paged: PagedLab's block manager (preempts and recomputes when full); "
              "max / pow2 / oracle: one contiguous region per request of --max-len slots / "
              "the next power of two of its final length / exactly its final length (each "
-             "capped at the capacity); required")
+             "capped at the capacity)")
     parser.add_argument(
         "--requests", metavar="N",
         help=f"synthetic: requests in the trace, 1..{MAX_REQUESTS} (default "
@@ -220,9 +222,7 @@ def _trace(args: argparse.Namespace) -> tuple[Trace, int]:
             int(recorded.final_len.max()))
 
 
-def _choice(value: str | None, flag: str, choices: tuple[str, ...]) -> str:
-    if value is None:
-        raise _BadInputError(f"{flag} is required: one of {', '.join(choices)}")
+def _choice(value: str, flag: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise _BadInputError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
     return value
@@ -245,9 +245,6 @@ def summary(result: SimResult) -> str:
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the command for parsed `args`; returns the exit status (0, or 2 for bad input)."""
     try:
-        if args.workload is None:
-            raise _BadInputError(f"--workload is required: one of "
-                                 f"{', '.join(WORKLOAD_NAMES)} or a path to a CSV trace")
         policy = _choice(args.policy, "--policy", POLICIES)
         capacity = _int(args.capacity_tokens, "--capacity-tokens", DEFAULT_CAPACITY_TOKENS,
                         1, MAX_CAPACITY_TOKENS)
