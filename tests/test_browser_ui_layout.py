@@ -1,5 +1,5 @@
-"""The pages at 1024 x 768, and on a 390 px phone, in a real Chromium: nothing scrolls
-sideways, every download label fits.
+"""The pages at 1024 x 768 (and 800 px for button labels), and on a 390 px phone, in a
+real Chromium: nothing scrolls sideways, every download label fits.
 
 A laptop window of 1024 px with the sidebar open leaves the main column about
 560 px. Streamlit scrolls its main section (`stMain`), not the document, so both
@@ -173,6 +173,48 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
         no_sideways_scroll(page)
         labels_fit(page, "tour_")
         shoot(page, screenshots / "ui-1024-scenarios.png")
+    finally:
+        page.close()
+
+
+# The visible Open and Delete buttons of the saved-session rows: label, cut short, top.
+SESSION_BUTTONS = """() => [...document.querySelectorAll(
+        '[class*="st-key-btn_open_"] button, [class*="st-key-btn_delete_"] button')]
+    .filter(b => b.offsetParent !== null).map(b => {
+        const box = b.querySelector('[data-testid=stMarkdownContainer]');
+        return {text: box.innerText.trim(), cut: box.scrollWidth > box.clientWidth + 1,
+                top: Math.round(b.getBoundingClientRect().top)};
+    })"""
+
+
+@pytest.mark.parametrize("width", [800, 1024])
+def test_narrower_than_planned_no_button_label_is_cut(
+        width: int, app_url: str, browser: Browser, screenshots: Path) -> None:
+    """Buttons in columns of fixed shares were cut to "Snaps…", "Grid (P…" (two alike) and
+    "O…"/"D…" for Open and Delete at 800 px with the sidebar open, "Del…" at 1024: each
+    row's buttons are now as wide as their labels and wrap where the page is narrow."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    try:
+        add = open_playground(page, app_url, torch=False)
+        add.click()
+        shows(in_app(page).get_by_text("Step 1: add A"))
+        # A second session, so that the first is listed with its Open and Delete.
+        page.get_by_role("button", name="New session").click()
+        listed = page.locator("[class*='st-key-btn_open_'] button").filter(visible=True)
+        expect(listed).to_have_count(1, timeout=T)
+        add.click()
+        shows(in_app(page).get_by_text("Step 1: add A"))
+        labels_fit(page, "")
+        scenario = page.evaluate(LABELS, ["dl_scenario"])
+        assert not scenario[0]["cut"], scenario
+        row = page.evaluate(SESSION_BUTTONS)
+        assert [b["text"] for b in row] == ["Open", "Delete"], row
+        assert not any(b["cut"] for b in row), row
+        # Side by side on the session's line, not one under the other.
+        assert row[0]["top"] == row[1]["top"], row
+        no_sideways_scroll(page)
+        scroll_to(listed)
+        shoot(page, screenshots / f"ui-{width}-sessions.png")
     finally:
         page.close()
 

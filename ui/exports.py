@@ -66,11 +66,20 @@ def _zip(snapshots: Sequence[Snapshot] | History) -> bytes:
     return run_zip(list(snapshots))
 
 
-def _button(col: Any, label: str, data: bytes | Callable[[], bytes], file_name: str, mime: str,
+def _button(row: Any, label: str, data: bytes | Callable[[], bytes], file_name: str, mime: str,
             key: str, help_text: str, *, icon: bool = True) -> None:
-    col.download_button(label, data=data, file_name=file_name, mime=mime, key=key,
-                        on_click="ignore", help=help_text, width="stretch",
+    # As wide as its label: in a column of a fixed share of the page a label is cut
+    # short with "…" wherever the page is narrower than planned (800 px with the sidebar
+    # open left "Snaps…" and two "Grid (…" buttons).
+    row.download_button(label, data=data, file_name=file_name, mime=mime, key=key,
+                        on_click="ignore", help=help_text, width="content",
                         icon=":material/download:" if icon else None)
+
+
+def _row() -> Any:
+    """A row of buttons as wide as their labels, wrapping onto another line where the
+    page is too narrow for all of them."""
+    return st.container(horizontal=True, gap="small")
 
 
 def downloads(snap: Snapshot, *, stem: str, prefix: str,
@@ -82,37 +91,35 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
     """
     name = f"{stem}-step-{snap['step']:04d}"
     page = st.session_state.get(f"{prefix}grid_page") or 0
-    # A label in a column is cut short with "…" where it does not fit, and at 1024 px
-    # with the sidebar open a column of four holds about ten characters: short labels,
-    # the details in each button's help.
-    c = st.columns(4)
-    _button(c[0], "Snapshot", partial(snapshot_bytes, snap), f"{name}.json",
+    # Short labels, the details in each button's help.
+    row = _row()
+    _button(row, "Snapshot", partial(snapshot_bytes, snap), f"{name}.json",
             "application/json",
             f"{prefix}dl_snapshot",
             "This state as a snapshot file, JSON (CONTRACT.md): upload it on the Playground, "
             "or pass it to `python -m backend run --from`.")
-    _button(c[1], "Grid (PNG)", partial(_png, snap, page), f"{name}-grid.png",
+    _button(row, "Grid (PNG)", partial(_png, snap, page), f"{name}-grid.png",
             "image/png", f"{prefix}dl_png", "The block grid and its legend as a picture, for "
                                             "slides.")
-    _button(c[2], "Grid (SVG)", partial(_svg, snap, page), f"{name}-grid.svg",
+    _button(row, "Grid (SVG)", partial(_svg, snap, page), f"{name}-grid.svg",
             "image/svg+xml", f"{prefix}dl_svg", "The block grid and its legend as a vector "
                                                 "drawing.")
     if run:
         first, last = run[0]["step"], run[-1]["step"]
-        _button(c[3], "Run (zip)", partial(_zip, run),
+        _button(row, "Run (zip)", partial(_zip, run),
                 f"{stem}-run-steps-{first:04d}-{last:04d}.zip", "application/zip",
                 f"{prefix}dl_zip",
                 f"The whole run: {counted(len(run), 'snapshot')}, one per step, steps "
                 f"{first}–{last} (step-NNNN.json). {run_help}")
     else:
-        c[3].caption("No steps yet: the run's zip appears after the first step.")
-    # The tables three to a row, a row per format: six to a row cut every label short.
-    csv_row, parquet_row = st.columns(len(TABLES)), st.columns(len(TABLES))
-    for i, t in enumerate(TABLES):
-        _button(csv_row[i], f"{t.capitalize()} (CSV)", partial(_csv, snap, t),
+        st.caption("No steps yet: the run's zip appears after the first step.")
+    # A row per format, the tables in the same order in each.
+    csv_row, parquet_row = _row(), _row()
+    for t in TABLES:
+        _button(csv_row, f"{t.capitalize()} (CSV)", partial(_csv, snap, t),
                 f"{name}-{t}.csv", "text/csv", f"{prefix}dl_{t}_csv",
                 f"The {t} table of this step as CSV.", icon=False)
-        _button(parquet_row[i], f"{t.capitalize()} (Parquet)", partial(_parquet, snap, t),
+        _button(parquet_row, f"{t.capitalize()} (Parquet)", partial(_parquet, snap, t),
                 f"{name}-{t}.parquet", "application/vnd.apache.parquet",
                 f"{prefix}dl_{t}_parquet", f"The {t} table of this step as Parquet.",
                 icon=False)
@@ -214,10 +221,8 @@ def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
         st.caption(plain_md(f"Scenario file: not available, {problem}."))
         return
     name = f"playground-scenario-step-{snap['step']:04d}.json"
-    # Two to a row: a quarter of the page cut "Session as a scenario" to "Session as …"
-    # at 1024 px with the sidebar open.
-    c = st.columns(2)
-    _button(c[0], "Session as a scenario", partial(_scenario_bytes, config, oplog.base,
+    row = _row()
+    _button(row, "Session as a scenario", partial(_scenario_bytes, config, oplog.base,
                                                    tuple(oplog.ops), snap, history),
             name, "application/json", "dl_scenario",
             "Every operation since the engine started or was restored, as a scenario file "
@@ -230,7 +235,7 @@ def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
                    f"{name} --check` does the same.")
         return
     base_name = f"playground-base-step-{oplog.base_step:04d}.json"
-    _button(c[1], "Its starting snapshot", partial(snapshot_bytes, oplog.base), base_name,
+    _button(row, "Its starting snapshot", partial(snapshot_bytes, oplog.base), base_name,
             "application/json", "dl_scenario_base",
             "The restored snapshot this session started from: the scenario replays from it.")
     st.caption("This session started from a restored snapshot, so its scenario replays "

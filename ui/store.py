@@ -256,14 +256,18 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
         return
     st.markdown("**Recent sessions in this browser**")
     for info in others:
-        c_text, c_open, c_del = st.columns([6, 1, 1], vertical_alignment="center")
+        # The buttons as wide as their words, the line taking what is left (wrapped onto
+        # more lines where the page is narrow): in columns of fixed shares, "Delete" was
+        # cut to "Del…" at 1024 px with the sidebar open.
+        row = st.container(horizontal=True, vertical_alignment="center", gap="small",
+                           wrap=False)
         note = " · behind: see when opened" if info.note else ""
-        c_text.markdown(plain_md(f"{short(info.id)} · step {info.step} · {info.label} · "
-                                 f"used {_ago(info.updated)}{note}"))
-        clicks.button(c_open, "Open", key=f"btn_open_{info.id}", on_click=open_saved,
-                      args=(info.id,), width="stretch")
-        clicks.button(c_del, "Delete", key=f"btn_delete_{info.id}", on_click=ask_delete,
-                      args=(info.id,), width="stretch")
+        row.markdown(plain_md(f"{short(info.id)} · step {info.step} · {info.label} · "
+                              f"used {_ago(info.updated)}{note}"), width="stretch")
+        clicks.button(row, "Open", key=f"btn_open_{info.id}", on_click=open_saved,
+                      args=(info.id,))
+        clicks.button(row, "Delete", key=f"btn_delete_{info.id}", on_click=ask_delete,
+                      args=(info.id,))
         if st.session_state.get(CONFIRM_DELETE) == info.id:
             # Below the row, not in Delete's place: a double click must not confirm.
             # Keyed for ui/a11y.py: read out, since the question is drawn below the
@@ -272,9 +276,7 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
                 st.warning(plain_md(f"Delete session {short(info.id)} for good? Its "
                                     "address stops working; this cannot be undone. "
                                     "Delete for good, or Cancel, below."))
-            c_yes, c_no, _ = st.columns([2, 1, 5])
-            clicks.button(c_yes, "Delete for good", key=f"btn_delete_confirm_{info.id}",
-                          type="primary", on_click=delete_saved, args=(info.id,),
-                          width="stretch")
-            clicks.button(c_no, "Cancel", key="btn_delete_cancel", on_click=cancel_delete,
-                          width="stretch")
+            answer = st.container(horizontal=True, gap="small")
+            clicks.button(answer, "Delete for good", key=f"btn_delete_confirm_{info.id}",
+                          type="primary", on_click=delete_saved, args=(info.id,))
+            clicks.button(answer, "Cancel", key="btn_delete_cancel", on_click=cancel_delete)
