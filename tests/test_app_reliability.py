@@ -76,6 +76,12 @@ class HeldLabel:
         return at
 
 
+def test_the_request_picker_counts_one_token_in_the_singular() -> None:
+    at = start()
+    add(at, "x")
+    assert at.selectbox(key="req_pick").options == ["A · running · 1 token"]
+
+
 def test_the_request_picker_acts_on_the_picked_request_after_the_counts_change() -> None:
     at = start()
     held = HeldLabel("req_pick")

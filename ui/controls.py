@@ -13,6 +13,7 @@ import streamlit as st
 
 from backend.core.config import MAX_NEW_TOKENS
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.engine.ops import (
     MAX_GROW_TOKENS,
@@ -272,7 +273,7 @@ def _on_finish() -> None:
 def _request_label(engine: Engine, rid: str) -> str:
     """What the picker shows for a request; its value stays the id."""
     req = engine.requests[rid]
-    return f"{rid} · {req.status} · {req.num_tokens} tokens"
+    return f"{rid} · {req.status} · {counted(req.num_tokens, 'token')}"
 
 
 def _request_controls(engine: Engine) -> None:
