@@ -229,6 +229,11 @@ def test_max_num_seqs_keeps_requests_waiting_and_a_change_asks_before_resetting(
     add(add(at), "abcdefgh")
     table = requests_table(at)
     assert (table.loc["A", "status"], table.loc["B", "status"]) == ("running", "waiting")
+    # The status line says why B waits, naming the setting as the sidebar does (a
+    # waiting add said only "add B (...)").
+    assert status(at) == ("success", "Step 2: add B ('abcdefgh') · B waits: 1 request is "
+                                     "running, and Max running requests (sidebar, Scheduler) "
+                                     "is 1; finish one first")
     kept = engine(at)
     at.sidebar.number_input(key="cfg_watermark_blocks").set_value(4).run()
     assert any("leave the page and stay saved" in w.value for w in at.warning)

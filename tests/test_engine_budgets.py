@@ -22,6 +22,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot
+from backend.sessions.summary import summarize
 from bench.soak import soak_configs, soak_sequence
 
 
@@ -228,6 +229,27 @@ def test_a_waiting_request_s_refusal_names_what_holds_it_back() -> None:
                                        "next step starts it")
     apply(e, {"op": "step"})
     assert e.requests["C"].status == "running"
+
+
+def test_an_add_left_waiting_says_why_in_its_result_and_status_line() -> None:
+    e = engine(max_num_seqs=1)
+    first = e.apply(parse_op({"op": "add", "request": "A", "prompt_len": 5}))
+    assert first.waits == () and first.admitted == ("A",)
+    second = e.apply(parse_op({"op": "add", "request": "B", "prompt_len": 5}))
+    held = "1 request is running, and max_num_seqs is 1; finish one first"
+    assert second.waits == (("B", held),) and second.admitted == ()
+    line = summarize(second, export_snapshot(e))
+    assert line == f"Step 2: add B (5 random tokens) · B waits: {held}"
+    # A page may reword the reason (the Playground names its sidebar's fields).
+    assert summarize(second, export_snapshot(e), why=str.upper).endswith(held.upper())
+    # Behind B, first come, first served.
+    third = e.apply(parse_op({"op": "add", "request": "C", "prompt_len": 5}))
+    assert third.waits == (("C", "it is queued behind 1 request, first come, first served "
+                                  "('B' starts first); step the batch"),)
+    # What the result said is what the scheduler says of the request now.
+    assert [why for _, why in third.waits] == [e.scheduler.why_waiting("C")]
+    # Only an add says it: a step that leaves requests waiting does not.
+    assert e.apply(parse_op({"op": "step"})).waits == ()
 
 
 def test_a_waiting_request_s_refusal_is_true_in_the_harder_cases() -> None:

@@ -314,7 +314,8 @@ def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
     snapshot = export_snapshot(engine)
     sess.history.record(snapshot)
     sess.save(saved.Live(engine, sess.settings, sess.history, sess.oplog), snapshot, op=logged)
-    line = summarize(result, snapshot)
+    # Why an added request waits, in the sidebar's words (max_num_seqs).
+    line = summarize(result, snapshot, why=op_refusal)
     if isinstance(op, Step) and isinstance(result.op, Step) and result.op.count < op.count:
         why = (f": {work.stop_reason}" if work.stop_reason else
                ": nothing was left to run" if engine.idle else "")

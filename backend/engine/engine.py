@@ -313,11 +313,16 @@ class Engine:
             self.timeline.end(counted=False)
             raise
         self.timeline.end()
+        # An added request that did not start says why (asked before the step counts it,
+        # as the next iteration will ask).
+        waits = ((op.request, self.scheduler.why_waiting(op.request)),) if (
+            isinstance(op, Add) and op.request in self.waiting) else ()
         self.step += 1
         o = self.scheduler.outcome
         return OpResult(self.step, op, tuple(self.manager.events[before:]), tuple(o.admitted),
                         tuple(o.preempted), tuple(o.finished), tuple(o.generated),
-                        tuple(o.prefilled), tuple(o.host_released), tuple(o.swapped_in))
+                        tuple(o.prefilled), tuple(o.host_released), tuple(o.swapped_in),
+                        waits)
 
     def _record_row(self) -> None:
         """Mutates the timeline: a row for what ran since the last one in this operation."""

@@ -59,6 +59,8 @@ class OpResult:
     while its K/V sat in the host pool; those blocks are not the allocator's, so no
     event of its log tells of them. `swapped_in`: the admissions of `admitted` that
     brought a swapped-out request's K/V back from the host pool (one per admission).
+    `waits`: (request, why) for the request an `add` left waiting, with the first of
+    admission's rules that holds it back (Scheduler.why_waiting).
     """
 
     step: int
@@ -71,6 +73,7 @@ class OpResult:
     prefilled: tuple[Prefill, ...] = ()
     host_released: tuple[tuple[str, int], ...] = ()
     swapped_in: tuple[str, ...] = ()
+    waits: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,14 +2,16 @@
 
 The Playground shows it after every action and the Scenarios page beside every
 step, so it tells what the engine did that the event log alone does not: the
-requests admitted, swapped in, preempted (swapped out) and finished, the prompt
-tokens each prefill chunk computed, the parallel samples forked on their own, and
-the host blocks a finished swapped-out request gave back.
+requests admitted (or, just added, left waiting, and why), swapped in, preempted
+(swapped out) and finished, the prompt tokens each prefill chunk computed, the
+parallel samples forked on their own, and the host blocks a finished swapped-out
+request gave back.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from backend.core.words import counted, joined
@@ -22,12 +24,14 @@ from backend.engine.results import OpResult, Prefill
 NAMED_AT_MOST = 4
 
 
-def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
+def summarize(result: OpResult, snapshot: dict[str, Any],
+              why: Callable[[str], str] = str) -> str:
     """One line saying what an applied operation did, for the page's status line.
 
     `snapshot` is the state it left: a beam search's finished beams are told apart
     by their finish reason, those it dropped from those that finished, and a
-    forked request by its parent.
+    forked request by its parent. `why` rewords the reason an added request waits
+    (a page names the config fields as its settings do).
     """
     parts = [f"Step {result.step}: {describe_op(result.op)}"]
     # Swap preemption: a request whose K/V came back from the host pool was swapped in,
@@ -44,6 +48,8 @@ def summarize(result: OpResult, snapshot: dict[str, Any]) -> str:
         parts.append("admitted " + ", ".join(dict.fromkeys(admitted)))
     if result.swapped_in:
         parts.append("swapped in " + ", ".join(dict.fromkeys(result.swapped_in)))
+    # An added request that did not start: why, or the line would only say it was added.
+    parts += [f"{rid} waits: {why(reason)}" for rid, reason in result.waits]
     swapped_out = {e.request for e in result.events if e.kind == "swap_out"}
     prefills = _prefills(result)
     if prefills:
