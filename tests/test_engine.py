@@ -465,3 +465,25 @@ def test_a_grow_refusal_counts_blocks_as_the_metrics_do() -> None:
     assert str(refused.value) == (
         "request 'B' needs 5 free blocks to grow by 17 tokens but only 4 can be taken "
         "(2 free, 2 cached); finish a request, or use step, which preempts")
+
+
+def test_a_grow_refusal_says_when_max_new_tokens_leave_fewer_than_asked() -> None:
+    """A grow decodes at most what the request's max new tokens leave: a refusal that
+    counted those said "to grow by 7 tokens" for a grow of 50, without saying why."""
+    e = make("torch", num_blocks=6, block_size=4)
+    e.apply(Add("A", prompt="abcdefgh", max_new_tokens=9))     # two blocks each
+    e.apply(Add("B", prompt="zyxwvuts"))
+    assert export_snapshot(e)["metrics"]["free_blocks"] == 2
+    with pytest.raises(PagedLabError) as refused:
+        e.apply(Grow("A", 50))
+    assert str(refused.value) == (
+        "request 'A' needs 3 free blocks to grow by 9 tokens (its max new tokens leave 9 "
+        "of the 50 asked) but only 2 are free; finish a request, or use step, which preempts")
+    # The pool itself too small for them: the same words.
+    e = make("torch", num_blocks=4, block_size=4)
+    e.apply(Add("A", prompt="abcdefgh", max_new_tokens=9))
+    with pytest.raises(PagedLabError) as refused:
+        e.apply(Grow("A", 50))
+    assert str(refused.value) == (
+        "request 'A' would need 5 blocks for 17 tokens (its max new tokens leave 9 of the "
+        "50 asked) but the pool has only 4")

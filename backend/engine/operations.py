@@ -146,11 +146,16 @@ def grow(engine: Engine, op: Grow,
     req = running_request(engine, op.request, "grow")
     _not_a_beam(req, "grow")
     n = op.tokens if req.remaining is None else min(op.tokens, req.remaining)
+    # A refusal counts the tokens the grow would decode: the ones asked, unless its max
+    # new tokens leave fewer, which it then says, since the number differs from the one
+    # asked for.
+    capped = "" if n == op.tokens else (
+        f" (its max new tokens leave {n:,} of the {op.tokens:,} asked)")
     total = engine.manager.blocks_for(req.num_tokens + n)
     if total > engine.config.num_blocks:
         raise PagedLabError(
             f"request {req.id!r} would need {total:,} blocks for {req.num_tokens + n:,} "
-            f"tokens but the pool has only {engine.config.num_blocks:,}")
+            f"tokens{capped} but the pool has only {engine.config.num_blocks:,}")
     needed = engine.manager.blocks_needed_to_append(req.id, n)
     free = engine.manager.num_free_blocks
     if needed > free:
@@ -162,8 +167,8 @@ def grow(engine: Engine, op: Grow,
                 "cached)")
         raise PagedLabError(
             f"request {req.id!r} needs {counted(needed, 'free block')} to grow by "
-            f"{counted(n, 'token')} but only {have}; finish a request, or use step, which "
-            "preempts")
+            f"{counted(n, 'token')}{capped} but only {have}; finish a request, or use step, "
+            "which preempts")
     stopped_at = None
     for done in range(1, n + 1):
         engine.decode([(req, engine.take_next_token(req))])
