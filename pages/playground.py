@@ -65,10 +65,11 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
         panels.metrics(shown)
         st.header("Physical block pool")
         focus = panels.pool(shown, prefix)
+        to_newest = "go back to the live state"
         panels.tables_events_kernel(shown, focus, engine if past is None else None, prefix,
-                                    to_newest="go back to the live state")
+                                    to_newest=to_newest)
         control_run.playground_panel(engine, session.get_oplog(), snap)
-        whatif.panel(engine)
+        whatif.panel(engine, None if past is None else int(past["step"]), to_newest)
         st.header("Timeline", help=timeline.HELP)
         timeline.section(engine, session.get_history())
         st.header("Export and import")

@@ -109,6 +109,17 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     assert said in [shown_text(c.value) for c in at.caption]
     # A copy of the pool: the engine generated nothing and moved nothing.
     assert [r.tokens for r in e.requests.values()] == before
+    # With a past step on show, the panel reads nothing: the K/V tensors hold the newest
+    # state, whose tokens beside the past state's tables read as that state's.
+    at.number_input(key="tl_iteration").set_value(0).run()
+    assert not at.exception
+    assert not [m for m in at.markdown if "Table order**" in m.value]
+    assert "whatif_pick" not in [s.key for s in at.selectbox]
+    assert (f"The page shows step 1's state; this reads a request's blocks from the live "
+            f"K/V tensors, which hold the newest state, step {e.step}: go back to the live "
+            "state to use it.") in [shown_text(c.value) for c in at.caption]
+    click(at, "tl_live_top")
+    assert [m for m in at.markdown if "Table order**" in m.value]
     # A new engine at the same step, with a request A of its own: the reading was of the
     # old engine's A, so it is gone, not shown as this one's.
     click(at, "btn_reset")

@@ -69,11 +69,22 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
                           "its own temperature and top-p, which reshape it.")})
 
 
-def panel(engine: Engine) -> None:
+def panel(engine: Engine, past_step: int | None = None, to_newest: str = "") -> None:
+    """The panel, over the live engine. `past_step`: the step whose state the page shows
+    instead (a timeline pick), where the panel only says how to reach the live state
+    (`to_newest`, an imperative): it reads the live K/V tensors, which hold the newest
+    state, and its requests, blocks and tokens beside a past state's tables read as if
+    they were that state's."""
     # Its content runs only while it is open (on_change="rerun"), as the control run's.
     with st.expander("What if a request's blocks were read in physical order?",
                      key="whatif_open", on_change="rerun") as box:
         if not box.open:
+            return
+        if past_step is not None:
+            st.caption(plain_md(
+                f"The page shows step {past_step:,}'s state; this reads a request's blocks "
+                f"from the live K/V tensors, which hold the newest state, step "
+                f"{engine.step:,}: {to_newest} to use it."))
             return
         st.caption(
             "Recomputes one request's next-token prediction on a copy of the pool, through "
