@@ -400,6 +400,16 @@ def test_invalid_settings_are_explained_and_not_applied() -> None:
     assert [w.value for w in at.main.warning] == [
         "The sidebar's settings are not applied: Pool size must be 1 to 65,536; got "
         "1,000,000,000. The engine keeps its current ones."]
+    # Two fields out of range: both named, one line each (only the first was).
+    at.sidebar.number_input(key="cfg_block_size").set_value(0).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Pool size must be 1 to 65,536; got 1,000,000,000  \nBlock size must be 1 to 256; "
+        "got 0"]
+    assert [w.value for w in at.main.warning] == [
+        "The sidebar's settings are not applied: Pool size must be 1 to 65,536; got "
+        "1,000,000,000; Block size must be 1 to 256; got 0. The engine keeps its current ones."]
+    assert engine(at) is kept and not at.exception
+    at.sidebar.number_input(key="cfg_block_size").set_value(4).run()
     at.sidebar.number_input(key="cfg_num_blocks").set_value(32).run()
     assert not at.sidebar.error and not at.main.warning and engine(at) is kept
 

@@ -160,6 +160,23 @@ def test_a_limit_field_says_blank_or_0_is_no_limit() -> None:
     assert _refusal(num_blocks=0) == "Pool size must be 1 to 65,536; got 0"
 
 
+def test_every_field_refused_is_named_on_a_line_of_its_own() -> None:
+    """The config's check stops at its first bad field: the sidebar named only the pool
+    size, then, once fixed, the block size. Each line in its own field's words."""
+    assert _refusal(num_blocks=-7, block_size=0, seed=-1, temperature=-0.5,
+                    max_num_seqs=-2).splitlines() == [
+        "Pool size must be 1 to 65,536; got -7",
+        "Block size must be 1 to 256; got 0",
+        "Seed must be 0 to 9,223,372,036,854,775,807; got -1",
+        "Temperature must be >= 0 (0, or anything under 1e-05, is greedy), got -0.5",
+        "Max running requests must be 1 to 1,073,741,824, or blank or 0 for no limit; got -2"]
+    # One alone keeps the config's own words: a real model's pool past a session's room
+    # says how many blocks fit rather than the range.
+    assert _refusal(model="smollm2-135m", num_blocks=70_000, seed=0).startswith(
+        "Pool size: 70,000 blocks of 180 KiB would take 12,304.7 MiB of K/V, but a browser "
+        "session may hold at most 512.0 MiB, which is 2,912 blocks of this size")
+
+
 def test_no_metric_s_meaning_repeats_its_name() -> None:
     """"What these numbers mean" writes each as "name — meaning": a meaning that opens
     with the name read "Copy-on-write copies — Copy-on-write copies: private copies ..."."""

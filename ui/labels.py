@@ -29,7 +29,12 @@ _SCHEDULER_NAME = re.compile(r"\b(max_num_seqs|max_num_batched_tokens)\b")
 def labelled(problem: str) -> str:
     """A refusal of the sidebar's config in the sidebar's words: "settings: num_blocks
     must be an integer in 1..65,536, got 0" reads "Pool size must be 1 to 65,536; got 0",
-    as a refused Steps or Max new tokens field does."""
+    as a refused Steps or Max new tokens field does. A refusal of several fields has a
+    line for each."""
+    return "\n".join(_labelled_line(line) for line in problem.splitlines())
+
+
+def _labelled_line(problem: str) -> str:
     text = problem.removeprefix("settings: ")
     field = _FIELD_NAME.search(text)
     limit = field is not None and field.group(1) in NO_LIMIT_AT_0
@@ -41,9 +46,9 @@ def labelled(problem: str) -> str:
 
     text = _RANGE.sub(said, text)
     text = _FIELD_NAME.sub(lambda m: FIELD_LABELS[m.group(1)], text)
-    # A line that began after the prefix ("the model's weights would take …") starts a
-    # sentence of its own.
-    return "\n".join(line[:1].upper() + line[1:] for line in text.splitlines())
+    # Each line a sentence of its own, with or without the prefix ("the model's weights
+    # would take …").
+    return text[:1].upper() + text[1:]
 
 
 def op_refusal(problem: str) -> str:

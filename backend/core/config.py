@@ -272,6 +272,14 @@ def _int_in(key: str, v: Any, lo: int, hi: int, where: str) -> int:
     return check_int(v, f"{where}: {key}", lo, hi)
 
 
+def check_field(key: str, value: Any, where: str = "config") -> Any:
+    """One config field's value checked on its own (its type and range), as `from_json`
+    checks it; the value as the config keeps it. Raises PagedLabError. The checks that
+    tie fields together (heads and KV heads, the watermark and the pool) are
+    `from_json`'s."""
+    return _check_field(key, value, where)
+
+
 def _check_field(key: str, v: Any, where: str) -> Any:
     match key:
         case "num_blocks":

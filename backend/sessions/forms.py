@@ -21,6 +21,7 @@ from backend.core.config import (
     REAL_MODELS,
     TINY_BYTE,
     EngineConfig,
+    check_field,
 )
 from backend.core.errors import PagedLabError
 from backend.engine.ops import Add, Op, parse_op
@@ -180,10 +181,27 @@ def config_from_fields(fields: dict[str, Any], base: EngineConfig,
         data = {k: v for k, v in data.items() if k not in DIM_FIELDS}
     elif model == TINY_BYTE and base.model != TINY_BYTE:
         data = {k: v for k, v in data.items() if k not in DIM_FIELDS or k in fields}
+    _check_each(data, fields)
     _check_past_range(data, budget)
     config = EngineConfig.from_json(data, where="settings")
     budget.check_size(config)
     return config
+
+
+def _check_each(data: dict[str, Any], given: dict[str, Any]) -> None:
+    """Every field given checked on its own: where two or more are refused, each is
+    named, one line apiece (a person fixing two sees both; the config's own check stops
+    at the first). One alone is left to that check, which words some better (a pool
+    past the session's limit)."""
+    problems = []
+    for key in given:
+        if key in data:
+            try:
+                check_field(key, data[key], "settings")
+            except PagedLabError as exc:
+                problems.append(str(exc))
+    if len(problems) > 1:
+        raise PagedLabError("\n".join(problems))
 
 
 def _check_past_range(data: dict[str, Any], budget: KVBudget) -> None:
