@@ -569,3 +569,70 @@ def test_a_closed_tabs_long_run_gives_its_slot_back_on_a_quiet_server(
         finally:
             for page in pages:
                 page.context.close()
+
+
+def test_a_closed_tabs_step_n_stops_and_saves_what_it_ran(browser: Browser,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Step N runs in its session's script thread: a closed tab's went on for minutes
+    after its session was ended, holding its pool and saving nothing, and a person
+    opening its link got a copy of the state before it. With a reconnect window of 2 s,
+    the ended session's step stops and is saved as far as it ran."""
+    monkeypatch.setenv("STREAMLIT_SERVER_DISCONNECTED_SESSION_TTL", "2")
+    with serve("app.py", "test_browser_reliability_closed_step_n") as url:
+        pages: list[Page] = []
+        try:
+            for _ in range(2):   # both open first, as in the test above
+                page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
+                page.set_default_timeout(T)
+                page.goto(f"{url}/lab")
+                shows(page.get_by_role("button", name="Add request"))
+                idle(page)
+                pages.append(page)
+            closing, staying = pages
+            sidebar = closing.get_by_test_id("stSidebar")
+            sidebar.get_by_text("torch", exact=True).click()
+            shows(sidebar, "Next step runs on torch")
+            # Room for a Step N of 10,000 iterations (the most one takes) of one request: it
+            # never runs out of work.
+            pool = sidebar.get_by_role("spinbutton", name="Pool size (blocks)")
+            pool.fill("30000")
+            pool.press("Tab")
+            expect(closing.locator(".pl-metric[data-label='Free blocks']")).to_have_text(
+                "30000", timeout=T)
+            idle(closing)
+            closing.get_by_role("button", name="Add request").click()
+            shows(in_app(closing).get_by_text("Step 1: add A"))
+            idle(closing)
+            sid = closing.evaluate("new URLSearchParams(location.search).get('session')")
+            assert sid
+            steps = closing.get_by_role("spinbutton", name="Steps")
+            steps.fill("10000")
+            steps.press("Tab")
+            closing.get_by_role("button", name="Step N").click()
+            shows(closing.get_by_text(re.compile(r"Stepping the batch \(10000 iterations\)")))
+            closing.context.close()
+            pages.remove(closing)
+            # Another browser opening the link gets a copy of what was saved: the state
+            # after the step, once the closed tab's session has ended and the step stopped
+            # (the window, the reaper's next look and an iteration: a few seconds).
+            opened = staying.get_by_text(re.compile(r"you are working on a copy of it \(step "
+                                                    r"(\d+),"))
+            saved = None
+            for _ in range(15):
+                staying.goto(f"{url}/lab?session={sid}")
+                shows(opened)
+                idle(staying)
+                found = re.search(r"copy of it \(step (\d+),", opened.inner_text())
+                assert found is not None
+                saved = int(found.group(1))
+                if saved == 2:
+                    break
+                staying.wait_for_timeout(2_000)
+            assert saved == 2, "the closed tab's step was not stopped and saved"
+            # Stopped part-way: fewer than the 10,000 iterations asked for.
+            tokens = int(staying.locator(".pl-metric[data-label='Filled slots']").inner_text()
+                         .split("/")[0].replace(",", "").strip())
+            assert 23 < tokens < 23 + 10_000, tokens
+        finally:
+            for page in pages:
+                page.context.close()

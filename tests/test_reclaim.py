@@ -18,6 +18,7 @@ import pytest
 from streamlit.runtime import Runtime
 from streamlit.testing.v1 import AppTest
 
+from backend.sessions.progress import Work
 from ui import reclaim
 
 
@@ -35,10 +36,11 @@ class _Sessions:
         self.ended.append(session_id)
 
 
-class _State:
-    """An object of a session's state, in a reference cycle as the real ones are."""
+class _State(Work):
+    """A session's Work, in a reference cycle as the real session states are."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.me = self
 
 
@@ -46,6 +48,7 @@ class _State:
 def sessions() -> Iterator[tuple[_Sessions, Runtime, list[_State]]]:
     reclaim._sessions.clear()
     reclaim._gone_since.clear()
+    reclaim._works.clear()
     fake = _Sessions()
     states: list[_State] = []
     for owner in ("a", "b", "c"):
@@ -54,6 +57,7 @@ def sessions() -> Iterator[tuple[_Sessions, Runtime, list[_State]]]:
     yield fake, cast("Runtime", cast("Any", fake)), states
     reclaim._sessions.clear()
     reclaim._gone_since.clear()
+    reclaim._works.clear()
 
 
 def test_the_window_is_kept_and_the_end_falls_inside_it() -> None:
@@ -83,6 +87,27 @@ def test_a_session_is_ended_after_its_time_with_no_browser_and_never_with_one(
     assert reclaim._reap(runtime, now=240.0, after=90.0) == {"c"}
     assert fake.ended == ["sid-b", "sid-c"]
     assert reclaim._reap(runtime, now=1e6, after=90.0) == frozenset()   # a: connected
+
+
+def test_an_ended_session_s_operation_in_progress_is_asked_to_stop(
+        sessions: tuple[_Sessions, Runtime, list[_State]]) -> None:
+    """A closed tab's Step N ran on in its script thread after its session was ended,
+    saving nothing and keeping its pool, for as long as its iterations took."""
+    fake, runtime, (a, b, c) = sessions
+    for work in (a, b, c):
+        work.begin("Stepping the batch (10000 iterations)", 10_000)
+    fake.connected = {"sid-a"}
+    assert reclaim._reap(runtime, now=0.0, after=90.0) == frozenset()
+    assert b.should_go() and c.should_go()
+    # b's window ends; c's tab is still away, and a's connected: theirs go on.
+    assert reclaim._reap(runtime, now=90.0, after=90.0) == {"b", "c"}
+    assert not b.should_go() and b.stop_reason == "its tab was closed"
+    assert not c.should_go()
+    assert a.should_go() and a.stop_reason is None
+    # The server's K/V limit ends one the same way.
+    fake.connected = set()
+    assert reclaim._end_enough(runtime, {"a": 100}, 50) == {"a"}
+    assert not a.should_go() and a.stop_reason == "its tab was closed"
 
 
 def test_the_limit_ends_as_few_gone_sessions_as_make_the_room_and_none_if_they_cannot(

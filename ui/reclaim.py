@@ -17,7 +17,12 @@ engines and background runs. Two things went wrong with that:
   browser is connected to, as few as will do, when together they hold the room.
 
 Either way the ended session's engines are given back as they are collected, and
-its background runs stop at their next progress report. A tab that reconnects
+its background runs stop at their next progress report. So does an operation its
+tab left running (a Step N of thousands of iterations): it runs in the session's
+script thread, which Streamlit stops only at its next drawing, and a drawing's
+stop cannot tell a closed tab from a second click (after which the step goes on).
+The session's `Work` is asked to stop it instead, as a Stop button would: the
+step ends after its current iteration and is saved as far as it got. A tab that reconnects
 after that gets a new session: the Playground reopens its saved session (saved
 after every operation) from its address, while a Scenarios position and a
 *Contiguous vs paged* run in progress are lost, as they would have been at the
@@ -39,6 +44,7 @@ from streamlit.logger import get_logger
 from streamlit.runtime import Runtime
 
 from backend.sessions.budget import SERVER_BUDGET
+from backend.sessions.progress import Work
 
 _LOG = get_logger(__name__)
 _lock = threading.Lock()
@@ -46,6 +52,8 @@ _lock = threading.Lock()
 _sessions: dict[str, str] = {}
 # When an owner's session was first seen with no browser connected (time.monotonic).
 _gone_since: dict[str, float] = {}
+# An owner's session's Work: what its operation in progress is asked to stop through.
+_works: dict[str, weakref.ref[Work]] = {}
 # Owners whose session state was collected. Appended by a finalizer, which runs inside
 # whatever allocation starts a collection, in any thread, maybe one holding `_lock`:
 # so it takes no lock, and every locked section drains this first.
@@ -59,23 +67,26 @@ def _drain() -> None:
         owner = _forgotten.popleft()
         _sessions.pop(owner, None)
         _gone_since.pop(owner, None)
+        _works.pop(owner, None)
 
 
-def register(owner: str, session_id: str, lives_with: object) -> None:
+def register(owner: str, session_id: str, work: Work) -> None:
     """Mutates: `owner`'s engines belong to the Streamlit session `session_id`, until
-    `lives_with` (an object of that session's state) is collected."""
+    `work` (that session's Work, in its state) is collected; ending the session asks
+    `work` to stop what it runs."""
     global _reaper
     # AppTest stands a mock in for the runtime during each run: nothing to reap there.
     served = Runtime.exists() and not config.get_option("global.appTest")
     with _lock:
         _drain()
         _sessions[owner] = session_id
+        _works[owner] = weakref.ref(work)
         start = served and _reaper is None
         if start:
             ttl = float(config.get_option("server.disconnectedSessionTTL"))
             _reaper = threading.Thread(target=_reap_forever, args=(ttl,),
                                        name="pagedlab-reaper", daemon=True)
-    weakref.finalize(lives_with, _forgotten.append, owner)
+    weakref.finalize(work, _forgotten.append, owner)
     SERVER_BUDGET.set_reclaimer(end_gone)
     if start and _reaper is not None:
         _reaper.start()
@@ -104,8 +115,14 @@ def _end(runtime: Runtime, owner: str, why: str) -> bool:
             return False
         del _sessions[owner]
         _gone_since.pop(owner, None)
+        ref = _works.pop(owner, None)
     _LOG.info("ending session %s: %s", session_id, why)
     runtime.clear_user_info_for_session(session_id)
+    work = None if ref is None else ref()
+    if work is not None:
+        # Between two iterations, as a Stop click would; the line it leaves is read by no
+        # one, but the saved session holds the state reached.
+        work.request_stop("its tab was closed")
     return True
 
 
