@@ -25,6 +25,7 @@ st.set_page_config(page_title="PagedLab", page_icon=ICON, layout="wide")
 # setup and sidebar. That handling finds a page only by file name, so pages/lab.py,
 # tour.py and fragmentation.py exist for it: each just runs this script.
 PAGES = [
+    # (ui/start.py's PLAYGROUND_PATH: the address that names a saved session.)
     st.Page("pages/playground.py", title="Playground", icon=":material/science:",
             url_path="lab"),
     st.Page("pages/scenarios.py", title="Scenarios", icon=":material/auto_stories:",

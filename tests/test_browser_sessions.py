@@ -355,3 +355,46 @@ def test_a_reload_or_a_second_tab_during_step_n_stops_it_and_opens_what_it_reach
     except BaseException:
         shoot(page, screenshots, "reload-during-step-failed")
         raise
+
+
+def test_back_and_forward_open_the_sessions_their_addresses_name(
+        server: Server, browser: Browser, screenshots: Path) -> None:
+    """Back wrote this tab's session back into the address it had gone back to: the
+    page stayed, every entry passed over was rewritten to it, and Back never left it."""
+    page = new_page(browser)
+    try:
+        page.goto(f"{server.url}/lab")
+        add = page.get_by_role("button", name="Add request")
+        add.click()
+        status(page, "Step 1: add A")
+        settled(page)
+        first = session_id(page)
+        page.get_by_role("button", name="New session").click()
+        expect(page).to_have_url(re.compile(r"/lab$"), timeout=T)
+        settled(page)
+        add.click()
+        status(page, "Step 1: add A")
+        settled(page)
+        second = session_id(page)
+        assert second != first
+        page.locator(f".st-key-btn_open_{first} button").filter(visible=True).click()
+        status(page, f"Opened session {first[:8]}…")
+        settled(page)
+        assert session_id(page) == first
+        # Back: the session the entry before names, opened as a link would be.
+        page.go_back()
+        status(page, f"Opened session {second[:8]}… (the browser's Back or Forward)")
+        settled(page)
+        assert session_id(page) == second
+        assert filled(page) == "23 / 24"
+        shoot(page, screenshots, "08-back")
+        # Forward: the one Back left.
+        page.go_forward()
+        status(page, f"Opened session {first[:8]}… (the browser's Back or Forward)")
+        settled(page)
+        assert session_id(page) == first
+    except BaseException:
+        shoot(page, screenshots, "history-failed")
+        raise
+    finally:
+        page.context.close()

@@ -12,6 +12,7 @@ does (ui/operations.py).
 from __future__ import annotations
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
@@ -199,6 +200,24 @@ def at_start() -> None:
     # The latest session, reopened for a bare address: at this tab's first save, so
     # that a tab opened to read, or on another page, leaves the tab at work alone.
     _reopen(sid, "start", how, "This is a new session.", take_now=named)
+
+
+def follow_history() -> None:
+    """In a run the browser's Back or Forward started: open the session the address
+    names, when it is not this tab's. The address was otherwise written back to this
+    tab's session, rewriting the entry gone back to, so Back never left it.
+
+    An address naming no session (the entry before a session's first operation) is
+    left to name this tab's session again, as before: which state that entry showed
+    (an empty engine, or the latest session reopened) is not known here."""
+    ctx = get_script_run_ctx()
+    if ctx is None or not ctx.is_history_navigation:
+        return
+    sid, problem = store.requested_id()
+    if sid is None or problem is not None or sid == store.get_tab().shown_id:
+        return
+    _reopen(sid, "history", f"Opened session {store.short(sid)} (the browser's Back or "
+                            "Forward)", "This session is unchanged.")
 
 
 def open_other(sid: str) -> None:

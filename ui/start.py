@@ -21,6 +21,9 @@ from ui import a11y, clicks, entry, numbers, resume, session, sidebar, store
 # run in parallel threads; the pool would only contend with them.
 torch.set_num_threads(1)
 
+# The Playground's url_path (app.py): the page whose address names a saved session.
+PLAYGROUND_PATH = "lab"
+
 
 def run(page: StreamlitPage) -> None:
     """Set up this browser session, draw the shared sidebar, then run `page`."""
@@ -28,6 +31,10 @@ def run(page: StreamlitPage) -> None:
     numbers.mark_unreadable()
     # Before the sidebar is drawn: reopening a session sets the sidebar's fields.
     resume.at_start()
+    if page.url_path == PLAYGROUND_PATH:
+        # The session the address names is the Playground's (other pages keep it only
+        # in passing).
+        resume.follow_history()
     sidebar.render()
     store.write_cookie()
     a11y.install()
