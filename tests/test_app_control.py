@@ -4,6 +4,7 @@ comparison computes, and a session without a fresh start says why it has none.""
 
 from __future__ import annotations
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend.engine.control import compare_with_control
@@ -12,6 +13,7 @@ from backend.views.control import control_sentence
 from tests.test_app import add, click, engine, start
 from tests.test_app import shown as shown_text
 from tests.test_scenarios_app import open_tour, run_of
+from ui import control_run
 
 
 def panel(at: AppTest) -> list[str]:
@@ -58,6 +60,28 @@ def test_the_playground_replays_its_operations_beside_a_control() -> None:
     click(at, "btn_step")
     assert any(c.value.startswith("As of 4 operations; the session has 5 now")
                for c in at.caption)
+
+
+def test_the_playground_s_replay_stops_at_its_time_limit_saying_how_far_it_got(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay redoes every operation on two engines: a session of long steps on a real
+    model held the page (and a server thread) for as long again, twice, with no limit."""
+    at = start()
+    add(at, "Paging moves nothing:", max_new=12)
+    add(at, "Blocks of another text", max_new=12)
+    click(at, "btn_step")
+    # No time at all: the first operation is replayed, then the limit is found passed.
+    monkeypatch.setattr(control_run, "REPLAY_LIMIT_S", 0)
+    click(at, "btn_control")
+    assert [w.value for w in at.warning if w.value.startswith("Stopped")] == [
+        "Stopped at the 0 s limit after replaying 1 of 3 operations whole: the comparison "
+        "covers the tokens both runs reached by then."]
+    # Still a comparison, over what both reached: A's prompt.
+    assert [s.value for s in at.success if s.value.startswith("Same:")]
+    monkeypatch.setattr(control_run, "REPLAY_LIMIT_S", 120)
+    click(at, "btn_control")
+    assert not [w for w in at.warning if w.value.startswith("Stopped")]
+    assert [s.value for s in at.success if s.value.startswith("Same:")]
 
 
 def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:

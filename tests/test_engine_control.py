@@ -8,6 +8,7 @@ engine must show up as a difference, or the comparison proves nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,48 @@ def test_the_control_leaves_out_pins_and_moves_and_is_bounded() -> None:
     with pytest.raises(PagedLabError, match="control run of these operations needs a pool"):
         control_config(huge, [Add("A", prompt_len=60_000, max_new_tokens=None),
                               Step(60_000)])
+
+
+def test_a_replay_stopped_part_way_says_where_and_compares_only_what_both_reached() -> None:
+    """The Playground's replay stops at its time limit within an operation (a long step)
+    on either engine: the report says how many operations it replayed whole, and what
+    it compared is still a true comparison, with no position one side never reached."""
+    config = EngineConfig.from_json({"num_blocks": 32, "block_size": 4, "temperature": 0})
+    ops = [parse_op({"op": "add", "request": "A", "prompt": "Paging moves nothing:",
+                     "max_new_tokens": 40}),
+           parse_op({"op": "add", "request": "B", "prompt": "Blocks of another text",
+                     "max_new_tokens": 40}),
+           Step(3), Step(30), Step(2)]
+    full = compare_with_control(config, ops)
+    assert full.stopped_after is None and full.agrees
+
+    # Stopped in the user's side of the long step, after 5 of its iterations (the first
+    # step's 3 iterations on each side come first).
+    calls = 0
+
+    def iterations(limit: int) -> Callable[[int, int], bool]:
+        def keep_going(done: int, total: int) -> bool:
+            nonlocal calls
+            calls += 1
+            return calls < limit
+        return keep_going
+
+    report = compare_with_control(config, ops, keep_going=iterations(3 + 3 + 5))
+    assert report.stopped_after == (3, 5)
+    assert report.agrees and report.positions_compared > 0
+    by = {r.request: r for r in report.requests}
+    # The user's engine ran 5 iterations of the 30; the control none of them.
+    assert len(by["A"].tokens) == len(by["A"].control_tokens) + 5
+    assert by["A"].compared_tokens == len(by["A"].control_tokens)
+    # Stopped in the control's side of it: the user's engine ran all 30.
+    calls = 0
+    report = compare_with_control(config, ops, keep_going=iterations(3 + 3 + 30 + 7))
+    assert report.stopped_after == (3, 5) and report.agrees
+    # Its own part-way note is the replay's stop, said once by stopped_after.
+    assert report.not_replayed == ()
+    by = {r.request: r for r in report.requests}
+    assert len(by["A"].control_tokens) < len(by["A"].tokens)
+    # Stopped between two operations by `progress`.
+    report = compare_with_control(config, ops, progress=lambda done, total: done < 2)
+    assert report.stopped_after == (2, 5) and report.agrees
+    assert compare_with_control(config, ops, progress=lambda d, t: True).stopped_after is None

@@ -7,22 +7,32 @@ asked (backend/engine/control.py says what is compared).
 
 from __future__ import annotations
 
+import math
+import time
+
 import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.control import ControlReport, compare_with_control, control_config
 from backend.engine.engine import Engine
-from backend.engine.ops import parse_op
+from backend.engine.ops import Op, describe_op, parse_op
 from backend.sessions.budget import SERVER_BUDGET
 from backend.sessions.oplog import OpLog
 from backend.views import Snapshot
 from backend.views.control import WITHOUT, control_frame, control_sentence
 from backend.views.text import plain_md
-from ui.bars import progress_bar
+from ui.bars import Advance, progress_bar
 from ui.session import get_owner, keep_result, kept_result
 
 TITLE = "Control run: the same operations without the perturbations"
+# How long the Playground's replay may run: its two engines redo every operation of the
+# session, and a session of long steps on a real model would otherwise hold the page
+# (and a server thread) for as long again, twice.
+REPLAY_LIMIT_S = 120
+# The replay's bar is redrawn at most this often: a step may run thousands of
+# iterations a second, and each redraw is a message to the browser.
+REDRAW_S = 0.1
 # What a control run is for: its panel opens by itself once one of these happened.
 PERTURBATIONS = frozenset({"move", "preempt", "prefix_hit", "swap_out"})
 PLAYGROUND = "control_report"
@@ -77,13 +87,55 @@ def scenario_panel(report: ControlReport | None, problem: str | None, snap: Snap
             st.caption(problem or "Take a step: the control follows every step.")
 
 
+class _Replay:
+    """The replay's bar and clock: where it is (an operation, an iteration of it), and
+    whether it is still within REPLAY_LIMIT_S.
+
+    The bar is redrawn at most every REDRAW_S, from within an operation too, so it moves
+    during a long step and a click elsewhere (a new run, which stops this one at its
+    next drawing) ends the replay within an iteration, not after a whole operation."""
+
+    def __init__(self, ops: list[Op], advance: Advance) -> None:
+        self.ops = ops
+        self.advance = advance
+        self.started = time.monotonic()
+        self.done = 0            # operations replayed whole
+        # How far into the next one, as the bar shows it: never back, though both
+        # engines count their iterations of it from 0.
+        self.within = 0.0
+        self._drawn = 0.0
+
+    def after_op(self, done: int, total: int) -> bool:
+        self.done, self.within = done, 0.0
+        self._draw(force=True)
+        return self._in_time()
+
+    def within_op(self, done: int, total: int) -> bool:
+        self.within = max(self.within, done / total if total else 0.0)
+        self._draw()
+        return self._in_time()
+
+    def _in_time(self) -> bool:
+        return time.monotonic() - self.started < REPLAY_LIMIT_S
+
+    def _draw(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._drawn < REDRAW_S:
+            return
+        self._drawn = now
+        n = len(self.ops)
+        elapsed = min(math.ceil(now - self.started), REPLAY_LIMIT_S)
+        doing = (f"operation {self.done + 1:,} of {n:,} ({describe_op(self.ops[self.done])})"
+                 if self.done < n else f"all {n:,} operations")
+        self.advance((self.done + self.within) / n,
+                     plain_md(f"Replaying {doing} on both engines: {elapsed} s of the "
+                              f"{REPLAY_LIMIT_S} s limit"))
+
+
 def _on_run(engine: Engine, oplog: OpLog) -> None:
     ops = [parse_op(op, vocab_size=engine.config.vocab_size) for op in oplog.ops]
     with progress_bar("Replaying the operations on both engines...") as advance:
-        def step(done: int, total: int) -> bool:
-            advance(done / total, f"Replayed {done} of {total} operations")
-            return True
-
+        replay = _Replay(ops, advance)
         # The replay's two engines are this session's memory while they run.
         claims: list[int] = []
         try:
@@ -91,7 +143,8 @@ def _on_run(engine: Engine, oplog: OpLog) -> None:
             claims.append(SERVER_BUDGET.claim(control_config(engine.config, ops),
                                               get_owner()))
             report = compare_with_control(engine.config, ops, device=engine.device.type,
-                                          progress=step)
+                                          progress=replay.after_op,
+                                          keep_going=replay.within_op)
         except PagedLabError as exc:
             keep_result(PLAYGROUND, engine, (len(oplog.ops), str(exc)))
         else:
@@ -124,5 +177,12 @@ def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
                        "run it again to include them.")
         if isinstance(result, str):
             st.error(plain_md(result))
-        else:
-            show(result, engine)
+            return
+        if result.stopped_after is not None:
+            # (Its only stop: a click elsewhere ends the replay with its run, keeping
+            # nothing.)
+            done, total = result.stopped_after
+            st.warning(f"Stopped at the {REPLAY_LIMIT_S} s limit after replaying {done:,} "
+                       f"of {total:,} operations whole: the comparison covers the tokens "
+                       "both runs reached by then.")
+        show(result, engine)

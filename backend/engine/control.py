@@ -72,6 +72,10 @@ class ControlReport:
     requests: tuple[RequestComparison, ...]
     not_replayed: tuple[str, ...]    # operations the control left out, and why
     control_config: EngineConfig
+    # A replay (compare_with_control) stopped before its end: the operations it replayed
+    # whole, of how many. None: it ran to the end (or the report is of a run followed
+    # step by step, ControlRun).
+    stopped_after: tuple[int, int] | None = None
 
     @property
     def same(self) -> bool:
@@ -270,16 +274,39 @@ class ControlRun:
 
 def compare_with_control(config: EngineConfig, ops: Sequence[Op], *, kernel: str = "torch",
                          device: str = "auto",
-                         progress: Callable[[int, int], bool] | None = None) -> ControlReport:
+                         progress: Callable[[int, int], bool] | None = None,
+                         keep_going: Callable[[int, int], bool] | None = None
+                         ) -> ControlReport:
     """Replay `ops` from a fresh engine of `config` and on its control; the comparison.
 
-    `progress(done, total)` after each operation; False stops there (the report
-    then covers the operations replayed).
+    `progress(done, total)` after each operation; False stops there. `keep_going(done,
+    total)` within an operation, after each iteration of a `step` (each token of a
+    `grow`) on either engine; False stops the replay there, part-way through that
+    operation. A replay stopped either way reports the operations it replayed whole
+    (`stopped_after`), and compares what both engines reached: a position one of them
+    never reached is not compared, so a stop costs coverage, never a false difference.
     """
     engine = Engine(config, device=device, kernel=kernel, check_reference=False)
     run = ControlRun(config, ops, device=engine.device.type, kernel=kernel)
+    stopped_after = None
     for i, op in enumerate(ops, start=1):
-        run.apply(op, engine)
-        if progress is not None and not progress(i, len(ops)):
+        done = engine.apply(op, progress=keep_going)
+        if done.op != op:
+            # Stopped part-way on this side: the control need not follow it.
+            run._compare(engine)
+            stopped_after = i - 1
             break
-    return run.report(engine)
+        run.follow(op, engine, keep_going)
+        if run.stopped_at is not None:
+            # Its note (the last) is said by stopped_after: the replay stopped, not the
+            # control alone.
+            run.not_replayed.pop()
+            stopped_after = i - 1
+            break
+        if progress is not None and not progress(i, len(ops)):
+            stopped_after = i if i < len(ops) else None
+            break
+    report = run.report(engine)
+    if stopped_after is None:
+        return report
+    return replace(report, stopped_after=(stopped_after, len(ops)))
