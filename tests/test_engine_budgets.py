@@ -250,6 +250,18 @@ def test_an_add_left_waiting_says_why_in_its_result_and_status_line() -> None:
     assert [why for _, why in third.waits] == [e.scheduler.why_waiting("C")]
     # Only an add says it: a step that leaves requests waiting does not.
     assert e.apply(parse_op({"op": "step"})).waits == ()
+    # Parallel samples and beams wait as their first request, ID.0 (the others are
+    # forked from it): that is the one named.
+    e = engine(max_num_seqs=3, max_new_tokens=8)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 5})
+    samples = e.apply(parse_op({"op": "add", "request": "N", "prompt_len": 5, "n": 3}))
+    assert list(e.waiting) == ["N.0"]
+    assert samples.waits == (("N.0", "1 request is running and it starts 3 sequences, and "
+                                     "max_num_seqs is 3; finish one first"),)
+    beams = e.apply(parse_op({"op": "add", "request": "B", "prompt_len": 5,
+                              "beam_width": 2}))
+    assert beams.waits == (("B.0", "it is queued behind 1 request, first come, first served "
+                                   "('N.0' starts first); step the batch"),)
 
 
 def test_a_waiting_request_s_refusal_is_true_in_the_harder_cases() -> None:

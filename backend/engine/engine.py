@@ -315,8 +315,9 @@ class Engine:
         self.timeline.end()
         # An added request that did not start says why (asked before the step counts it,
         # as the next iteration will ask).
-        waits = ((op.request, self.scheduler.why_waiting(op.request)),) if (
-            isinstance(op, Add) and op.request in self.waiting) else ()
+        queued = operations.first_id(op) if isinstance(op, Add) else None
+        waits = ((queued, self.scheduler.why_waiting(queued)),) if (
+            queued is not None and queued in self.waiting) else ()
         self.step += 1
         o = self.scheduler.outcome
         return OpResult(self.step, op, tuple(self.manager.events[before:]), tuple(o.admitted),

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from backend.engine.engine import Engine
 
 
+def first_id(op: Add) -> str:
+    """The request an `add` creates first, the one that waits when it cannot start:
+    ID, or ID.0 for parallel samples and beams (the others are forked from it)."""
+    return op.request if op.n is None and op.beam_width is None else f"{op.request}.0"
+
+
 def add(engine: Engine, op: Add) -> None:
     """Mutates: a new request, admitted at once (and prefilled) if nothing waits ahead.
 
@@ -40,6 +46,7 @@ def add(engine: Engine, op: Add) -> None:
     if width is not None and any(r.group == group for r in engine.requests.values()):
         raise PagedLabError(f"group {group!r} already exists; pick another id")
     rid = ids[0]
+    assert rid == first_id(op)
     # The prompt of `add ID` whatever n is (a random prompt is seeded by the id).
     tokens = prompt_ids(op, engine.model, engine.config.seed, group)
     max_new = engine.config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
