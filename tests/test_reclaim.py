@@ -99,15 +99,38 @@ def test_an_ended_session_s_operation_in_progress_is_asked_to_stop(
     fake.connected = {"sid-a"}
     assert reclaim._reap(runtime, now=0.0, after=90.0) == frozenset()
     assert b.should_go() and c.should_go()
-    # b's window ends; c's tab is still away, and a's connected: theirs go on.
+    # b's and c's windows end; a is connected: its step goes on.
     assert reclaim._reap(runtime, now=90.0, after=90.0) == {"b", "c"}
     assert not b.should_go() and b.stop_reason == "its tab was closed"
     assert not c.should_go()
     assert a.should_go() and a.stop_reason is None
+    # A click that was waiting behind b's step (for the engine's lock) begins once it
+    # ends: it stops too, at its first iteration.
+    b.end()
+    b.begin("Stepping the batch (10000 iterations)", 10_000)
+    assert not b.should_go() and b.stop_reason == "its tab was closed"
     # The server's K/V limit ends one the same way.
     fake.connected = set()
     assert reclaim._end_enough(runtime, {"a": 100}, 50) == {"a"}
     assert not a.should_go() and a.stop_reason == "its tab was closed"
+
+
+def test_a_tab_back_just_as_its_session_is_ended_keeps_its_step(
+        sessions: tuple[_Sessions, Runtime, list[_State]]) -> None:
+    """The end and a reconnect may cross: the session then keeps its browser (see the
+    module), and its step is not stopped as if its tab had closed."""
+    _, _, (a, _, _) = sessions
+
+    class Returning(_Sessions):
+        def clear_user_info_for_session(self, session_id: str) -> None:
+            super().clear_user_info_for_session(session_id)
+            self.connected.add(session_id)      # the tab reconnects meanwhile
+
+    back = Returning()
+    a.begin("Stepping the batch (10000 iterations)", 10_000)
+    assert reclaim._end(cast("Runtime", cast("Any", back)), "a", "test")
+    assert back.ended == ["sid-a"]
+    assert a.should_go() and a.stop_reason is None
 
 
 def test_the_limit_ends_as_few_gone_sessions_as_make_the_room_and_none_if_they_cannot(

@@ -21,8 +21,9 @@ its background runs stop at their next progress report. So does an operation its
 tab left running (a Step N of thousands of iterations): it runs in the session's
 script thread, which Streamlit stops only at its next drawing, and a drawing's
 stop cannot tell a closed tab from a second click (after which the step goes on).
-The session's `Work` is asked to stop it instead, as a Stop button would: the
-step ends after its current iteration and is saved as far as it got. A tab that reconnects
+The session's `Work` is closed instead: the step ends after its current iteration,
+as a Stop button would end it, and is saved as far as it got, and a click that
+was waiting behind it stops at its first iteration. A tab that reconnects
 after that gets a new session: the Playground reopens its saved session (saved
 after every operation) from its address, while a Scenarios position and a
 *Contiguous vs paged* run in progress are lost, as they would have been at the
@@ -119,10 +120,12 @@ def _end(runtime: Runtime, owner: str, why: str) -> bool:
     _LOG.info("ending session %s: %s", session_id, why)
     runtime.clear_user_info_for_session(session_id)
     work = None if ref is None else ref()
-    if work is not None:
-        # Between two iterations, as a Stop click would; the line it leaves is read by no
-        # one, but the saved session holds the state reached.
-        work.request_stop("its tab was closed")
+    # Unless the tab came back in the meantime (it keeps its session, see the module).
+    if work is not None and not runtime.is_active_session(session_id):
+        # Between two iterations, as a Stop click would, and every operation that was
+        # waiting behind it at its first: the line each leaves is read by no one, but
+        # the saved session holds the state reached.
+        work.close("its tab was closed")
     return True
 
 

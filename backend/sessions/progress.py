@@ -50,14 +50,18 @@ class Work:
         self._stop = False
         # Why the last operation was asked to stop, when not by its own page's Stop.
         self._reason: str | None = None
+        # Why the session was ended (`close`): every operation stops, at its first report.
+        self._closed: str | None = None
 
     def begin(self, label: str, total: int = 0, *, stoppable: bool = True,
               unit: str = "iteration") -> None:
-        """Mutates: an operation starts; a stop asked for before it does not apply to it."""
+        """Mutates: an operation starts; a stop asked for before it does not apply to it
+        (unless the session was closed)."""
         with self._lock:
-            self._state = WorkState(label, 0, total, False, stoppable, unit=unit)
-            self._stop = False
-            self._reason = None
+            closed = self._closed is not None
+            self._state = WorkState(label, 0, total, closed, stoppable, unit=unit)
+            self._stop = closed
+            self._reason = self._closed
 
     def report(self, label: str, fraction: float) -> None:
         """Mutates: an operation begun without iterations (a weight load) says where it is."""
@@ -75,7 +79,7 @@ class Work:
     def end(self) -> None:
         with self._lock:
             self._state = None
-            self._stop = False
+            self._stop = self._closed is not None
 
     def request_stop(self, reason: str | None = None) -> bool:
         """Mutates: ask the running operation to stop after its current iteration;
@@ -91,6 +95,17 @@ class Work:
             self._reason = reason
             self._state = replace(self._state, stopping=True)
             return True
+
+    def close(self, reason: str) -> None:
+        """Mutates: the session is being ended, because `reason`: what runs stops after
+        its current iteration, as with `request_stop`, and so does every operation that
+        begins after (a click that was waiting behind it), at its first. For good: no
+        tab comes back to an ended session."""
+        with self._lock:
+            self._closed = self._reason = reason
+            self._stop = True
+            if self._state is not None:
+                self._state = replace(self._state, stopping=True)
 
     def should_go(self) -> bool:
         with self._lock:
