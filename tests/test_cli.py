@@ -208,6 +208,19 @@ def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -
      "--max-num 3 (options are written in full: --max-num is "
      "short for --max-num-seqs or --max-num-batched-tokens)"),
 ])
+def test_a_required_option_given_abbreviated_is_named_in_full(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse reports the missing option before the argument it did not know, which is
+    # that option abbreviated: the hint is given there too.
+    err = usage_error(capsys, ["simulate", "--workload", "alpaca", "--polic", "paged"])
+    assert err.startswith("error: the following arguments are required: --policy (options "
+                          "are written in full: --polic is short for --policy); usage: "
+                          "python -m backend simulate [-h] --workload") and err.count("\n") == 1
+    err = usage_error(capsys, ["simulate", "--worklo=alpaca", "--policy", "paged"])
+    assert err.startswith("error: the following arguments are required: --workload (options "
+                          "are written in full: --worklo is short for --workload); usage:")
+
+
 def test_an_abbreviated_option_is_refused_naming_it_in_full(
         argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
     # CONTRACT.md fixes the options' names: an abbreviation taken today would change

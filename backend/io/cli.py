@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ class _Parser(argparse.ArgumentParser):
     """
 
     commands: dict[str, argparse.ArgumentParser]
+    given: list[str]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Options are taken as written in full: CONTRACT.md fixes their names, and an
@@ -74,7 +76,19 @@ class _Parser(argparse.ArgumentParser):
             kwargs["action"] = _Once
         return super().add_argument(*args, **kwargs)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # Kept for `error`: argparse reports a missing required option before the
+        # arguments it did not know, which may be that option abbreviated.
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("the following arguments are required"):
+            # `--polic paged` for `--policy paged`: say so, as for any abbreviation.
+            known = {name for action in self._actions for name in action.option_strings}
+            unknown = [arg for arg in getattr(self, "given", ())
+                       if arg.startswith("--") and arg.split("=", 1)[0] not in known]
+            message += _written_in_full(self, unknown)
         # With the usage line: "arguments are required: command" alone names no command.
         # argparse wraps a long usage over several lines; it is joined back into one.
         say("error", f"{message}; {' '.join(self.format_usage().split())}")
