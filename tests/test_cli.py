@@ -199,15 +199,6 @@ def test_usage_errors_carry_the_usage_line(capsys: pytest.CaptureFixture[str]) -
                           "run [-h] [--out OUT]") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize(("argv", "hint"), [
-    (["run", "s.json", "--kern", "torch"], "--kern torch (options are written in full: --kern "
-                                           "is short for --kernel)"),
-    (["run", "s.json", "--o=a.json"], "--o=a.json (options are written in full: --o is short "
-                                      "for --out)"),
-    (["simulate", "--workload", "alpaca", "--policy", "paged", "--max-num", "3"],
-     "--max-num 3 (options are written in full: --max-num is "
-     "short for --max-num-seqs or --max-num-batched-tokens)"),
-])
 def test_a_required_option_given_abbreviated_is_named_in_full(
         capsys: pytest.CaptureFixture[str]) -> None:
     # argparse reports the missing option before the argument it did not know, which is
@@ -221,6 +212,15 @@ def test_a_required_option_given_abbreviated_is_named_in_full(
                           "are written in full: --worklo is short for --workload); usage:")
 
 
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["run", "s.json", "--kern", "torch"], "--kern torch (options are written in full: --kern "
+                                           "is short for --kernel)"),
+    (["run", "s.json", "--o=a.json"], "--o=a.json (options are written in full: --o is short "
+                                      "for --out)"),
+    (["simulate", "--workload", "alpaca", "--policy", "paged", "--max-num", "3"],
+     "--max-num 3 (options are written in full: --max-num is "
+     "short for --max-num-seqs or --max-num-batched-tokens)"),
+])
 def test_an_abbreviated_option_is_refused_naming_it_in_full(
         argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
     # CONTRACT.md fixes the options' names: an abbreviation taken today would change
