@@ -409,6 +409,12 @@ def test_invalid_settings_are_explained_and_not_applied() -> None:
         "The sidebar's settings are not applied: Pool size must be 1 to 65,536; got "
         "1,000,000,000; Block size must be 1 to 256; got 0. The engine keeps its current ones."]
     assert engine(at) is kept and not at.exception
+    # A fraction in one field and a number out of range in another: both, in the
+    # sidebar's order (a fraction alone was named).
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(1.5).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Pool size must be a whole number; got 1.5  \nBlock size must be 1 to 256; got 0"]
+    assert engine(at) is kept and not at.exception
     at.sidebar.number_input(key="cfg_block_size").set_value(4).run()
     at.sidebar.number_input(key="cfg_num_blocks").set_value(32).run()
     assert not at.sidebar.error and not at.main.warning and engine(at) is kept

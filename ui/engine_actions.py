@@ -25,7 +25,7 @@ from backend.io.restore import restore_notes
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
 from backend.sessions.budget import SERVER_BUDGET
-from backend.sessions.forms import config_from_fields
+from backend.sessions.forms import config_from_fields, field_problem
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import (
@@ -94,7 +94,8 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
     """The config the sidebar's fields describe, or the reason they describe none.
 
     Every field holding a fraction is named, one per line (a person fixing two sees
-    both); the config's own checks, which need whole numbers, come after.
+    both), and with them every other field out of its range; the config's checks across
+    fields, which need whole numbers, come after.
     """
     ss = st.session_state
     applied = get_settings().config
@@ -102,7 +103,7 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
     # drawn for it, are not read (nor refused) either.
     real = ss.get("cfg_model_name", applied.model) in REAL_MODELS
     fields: dict[str, Any] = {}
-    problems: list[str] = []
+    fractions: dict[str, str] = {}
     for key, name in CONFIG_KEYS.items():
         if key in ss and not (real and key in DIM_KEYS):
             try:
@@ -113,9 +114,13 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
                     # disabled now, so it cannot be fixed; the pool is unused anyway.
                     fields[name] = applied.num_cpu_blocks
                 else:
-                    problems.append(str(exc))
-    if problems:
-        return None, "\n".join(problems)
+                    fractions[name] = str(exc)
+    if fractions:
+        # With the fields read whole that are out of range (checked one by one, as
+        # config_from_fields would), in the sidebar's order.
+        problems = [fractions[name] if name in fractions else field_problem(name, fields[name])
+                    for name in CONFIG_KEYS.values() if name in fractions or name in fields]
+        return None, "\n".join(p for p in problems if p is not None)
     try:
         return config_from_fields(fields, applied), None
     except PagedLabError as exc:

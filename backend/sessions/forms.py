@@ -188,18 +188,26 @@ def config_from_fields(fields: dict[str, Any], base: EngineConfig,
     return config
 
 
+def field_problem(key: str, value: Any) -> str | None:
+    """Why the sidebar's config field `key` cannot hold `value` on its own (its type and
+    range, a limit's 0 read as blank), or None. The config's checks across fields come
+    later, from `config_from_fields`."""
+    if key in NO_LIMIT_AT_0 and value == 0 and not isinstance(value, bool):
+        value = None
+    try:
+        check_field(key, value, "settings")
+    except PagedLabError as exc:
+        return str(exc)
+    return None
+
+
 def _check_each(data: dict[str, Any], given: dict[str, Any]) -> None:
     """Every field given checked on its own: where two or more are refused, each is
     named, one line apiece (a person fixing two sees both; the config's own check stops
     at the first). One alone is left to that check, which words some better (a pool
     past the session's limit)."""
-    problems = []
-    for key in given:
-        if key in data:
-            try:
-                check_field(key, data[key], "settings")
-            except PagedLabError as exc:
-                problems.append(str(exc))
+    problems = [p for key in given if key in data
+                if (p := field_problem(key, data[key])) is not None]
     if len(problems) > 1:
         raise PagedLabError("\n".join(problems))
 
