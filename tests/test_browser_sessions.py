@@ -360,11 +360,24 @@ def test_a_reload_or_a_second_tab_during_step_n_stops_it_and_opens_what_it_reach
 def test_back_and_forward_open_the_sessions_their_addresses_name(
         server: Server, browser: Browser, screenshots: Path) -> None:
     """Back wrote this tab's session back into the address it had gone back to: the
-    page stayed, every entry passed over was rewritten to it, and Back never left it."""
+    page stayed, every entry passed over was rewritten to it, and Back never left it.
+    Back during a Step N stops the step, which saves what it ran, as a reload does."""
     page = new_page(browser)
     try:
         page.goto(f"{server.url}/lab")
         add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=T)
+        settled(page)
+        sidebar = page.get_by_test_id("stSidebar")
+        sidebar.get_by_text("torch", exact=True).click()
+        expect(sidebar.get_by_text("Next step runs on torch")).to_be_visible(timeout=T)
+        # Room for a Step N of 10,000 iterations of one request.
+        pool = sidebar.get_by_role("spinbutton", name="Pool size (blocks)")
+        pool.fill("30000")
+        pool.press("Tab")
+        expect(page.locator(".pl-metric[data-label='Free blocks']")).to_have_text(
+            "30000", timeout=T)
+        settled(page)
         add.click()
         status(page, "Step 1: add A")
         settled(page)
@@ -381,18 +394,30 @@ def test_back_and_forward_open_the_sessions_their_addresses_name(
         status(page, f"Opened session {first[:8]}…")
         settled(page)
         assert session_id(page) == first
-        # Back: the session the entry before names, opened as a link would be.
+        # A long step on it, under way when Back is pressed.
+        steps = page.get_by_role("spinbutton", name="Steps")
+        steps.fill("10000")
+        steps.press("Tab")
+        page.get_by_role("button", name="Step N").click()
+        expect(page.get_by_text(re.compile(r"Stepping the batch \(10000 iterations\): "
+                                           r"iteration \d+"))).to_be_visible(timeout=T)
+        # Back: the step stops and saves, and the session the entry before names opens,
+        # as a link would open it.
         page.go_back()
+        status(page, re.compile(r"Stopped after \d+ of 10000 iterations: Back or Forward "
+                                r"opened another session"))
         status(page, f"Opened session {second[:8]}… (the browser's Back or Forward)")
         settled(page)
         assert session_id(page) == second
         assert filled(page) == "23 / 24"
         shoot(page, screenshots, "08-back")
-        # Forward: the one Back left.
+        # Forward: the one Back left, as far as its step ran.
         page.go_forward()
         status(page, f"Opened session {first[:8]}… (the browser's Back or Forward)")
         settled(page)
         assert session_id(page) == first
+        tokens = int(filled(page).split("/")[0].replace(",", "").strip())
+        assert 23 < tokens < 23 + 10_000, tokens
     except BaseException:
         shoot(page, screenshots, "history-failed")
         raise

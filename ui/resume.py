@@ -216,6 +216,10 @@ def follow_history() -> None:
     sid, problem = store.requested_id()
     if sid is None or problem is not None or sid == store.get_tab().shown_id:
         return
+    # A Step N or Grow this tab is running would otherwise go on to its end (with the
+    # address already naming the other session) before the session could be replaced:
+    # stopped after its current iteration, it saves what it ran, as on a reload.
+    progress.get_work().request_stop("Back or Forward opened another session")
     _reopen(sid, "history", f"Opened session {store.short(sid)} (the browser's Back or "
                             "Forward)", "This session is unchanged.")
 
