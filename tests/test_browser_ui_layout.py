@@ -177,6 +177,13 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
         page.close()
 
 
+# Every visible button of the main section whose label is cut short (an ellipsis).
+CUT_BUTTONS = """() => [...document.querySelectorAll('[data-testid=stMain] button')]
+    .filter(b => b.offsetParent !== null).flatMap(b => {
+        const box = b.querySelector('[data-testid=stMarkdownContainer]');
+        return box && box.scrollWidth > box.clientWidth + 1 ? [box.innerText.trim()] : [];
+    })"""
+
 # The visible Open and Delete buttons of the saved-session rows: label, cut short, top.
 SESSION_BUTTONS = """() => [...document.querySelectorAll(
         '[class*="st-key-btn_open_"] button, [class*="st-key-btn_delete_"] button')]
@@ -191,8 +198,9 @@ SESSION_BUTTONS = """() => [...document.querySelectorAll(
 def test_narrower_than_planned_no_button_label_is_cut(
         width: int, app_url: str, browser: Browser, screenshots: Path) -> None:
     """Buttons in columns of fixed shares were cut to "Snaps…", "Grid (P…" (two alike) and
-    "O…"/"D…" for Open and Delete at 800 px with the sidebar open, "Del…" at 1024: each
-    row's buttons are now as wide as their labels and wrap where the page is narrow."""
+    "O…"/"D…" for Open and Delete at 800 px with the sidebar open, "Del…" at 1024, and the
+    Scenarios page's to "B…", "R…" and "Upload your own …": each row's buttons are now as
+    wide as their labels and wrap where the page is narrow."""
     page = browser.new_page(viewport={"width": width, "height": 900})
     try:
         add = open_playground(page, app_url, torch=False)
@@ -215,6 +223,16 @@ def test_narrower_than_planned_no_button_label_is_cut(
         no_sideways_scroll(page)
         scroll_to(listed)
         shoot(page, screenshots / f"ui-{width}-sessions.png")
+        assert page.evaluate(CUT_BUTTONS) == []
+        # The Scenarios page's controls ("B…", "R…", "Upload your own …" at 800 px).
+        page.get_by_test_id("stSidebar").get_by_role("link", name="Scenarios").click()
+        nxt = page.get_by_role("button", name="Next", exact=True)
+        expect(nxt).to_be_enabled(timeout=T)
+        nxt.click()
+        shows(page.locator(".st-key-tour_narration"), "Step 1 of 5:")
+        assert page.evaluate(CUT_BUTTONS) == []
+        no_sideways_scroll(page)
+        shoot(page, screenshots / f"ui-{width}-scenarios-controls.png")
     finally:
         page.close()
 

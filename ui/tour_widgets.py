@@ -178,10 +178,12 @@ def picker(run: TourRun) -> None:
             return t.uploaded[0] if t.uploaded else key
         return f"{key[:2]} · {shipped_scenario(key).name}"
 
-    c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
-    c1.selectbox("Scenario", keys, key="tour_pick", format_func=label, on_change=_on_pick)
-    with c2.popover("Upload your own scenario", icon=":material/upload_file:",
-                    width="stretch", key="tour_upload_popover"):
+    # The picker takes what the upload's button leaves, which is as wide as its label
+    # (in a column of a fixed share it was cut to "Upload your own …" at 800 px).
+    row = st.container(horizontal=True, vertical_alignment="bottom", gap="small")
+    row.selectbox("Scenario", keys, key="tour_pick", format_func=label, on_change=_on_pick)
+    with row.popover("Upload your own scenario", icon=":material/upload_file:",
+                     key="tour_upload_popover"):
         # No type filter, as for snapshots (ui/exports.py): the content is checked.
         st.file_uploader(
             "Scenario file (JSON)", key="tour_file", on_change=_on_upload,
@@ -197,25 +199,26 @@ def controls(run: TourRun) -> None:
     """Back, Next, Play or Pause, speed, Reset; the slider over the steps taken."""
     t = state()
     can_next = t.view < run.taken or run.can_advance
-    # The slider gives up width first: at 1024 px beside the sidebar, a wider one cut the
-    # buttons' labels to "Re…".
-    c = st.columns([1, 1, 1, 1.2, 1], vertical_alignment="bottom")
-    clicks.button(c[0], "Back", key="tour_back", on_click=_on_back, disabled=t.view == 0,
-                  icon=":material/arrow_back:", width="stretch", help="View the previous step.")
-    clicks.button(c[1], "Next", key="tour_next", on_click=_on_next, disabled=not can_next,
-                  type="primary", icon=":material/arrow_forward:", width="stretch",
+    # The buttons as wide as their labels, the slider taking what is left, the row
+    # wrapping where the page is narrow: in columns of fixed shares the labels were cut
+    # to "B…" and "R…" at 800 px beside the sidebar.
+    c = st.container(horizontal=True, vertical_alignment="bottom", gap="small")
+    clicks.button(c, "Back", key="tour_back", on_click=_on_back, disabled=t.view == 0,
+                  icon=":material/arrow_back:", help="View the previous step.")
+    clicks.button(c, "Next", key="tour_next", on_click=_on_next, disabled=not can_next,
+                  type="primary", icon=":material/arrow_forward:",
                   help="Apply the next step (or view it, if it was already applied).")
     if t.playing:
-        clicks.button(c[2], "Pause", key="tour_play", on_click=_on_play_pause, args=(False,),
-                      icon=":material/pause:", width="stretch", help="Stop playing at this step.")
+        clicks.button(c, "Pause", key="tour_play", on_click=_on_play_pause, args=(False,),
+                      icon=":material/pause:", help="Stop playing at this step.")
     else:
-        clicks.button(c[2], "Play", key="tour_play", on_click=_on_play_pause, args=(True,),
-                      disabled=not can_next, icon=":material/play_arrow:", width="stretch",
+        clicks.button(c, "Play", key="tour_play", on_click=_on_play_pause, args=(True,),
+                      disabled=not can_next, icon=":material/play_arrow:",
                       help="Step forward at the chosen speed until the end.")
-    c[3].select_slider("Seconds per step", SPEEDS, key="tour_speed", persist_state="session",
-                       format_func=lambda s: f"{s:g} s")
-    clicks.button(c[4], "Reset", key="tour_reset", on_click=_on_reset, icon=":material/replay:",
-                  width="stretch", help="Start this scenario again from a fresh engine.")
+    c.select_slider("Seconds per step", SPEEDS, key="tour_speed", persist_state="session",
+                    format_func=lambda s: f"{s:g} s")
+    clicks.button(c, "Reset", key="tour_reset", on_click=_on_reset, icon=":material/replay:",
+                  help="Start this scenario again from a fresh engine.")
     if run.taken >= 1:
         st.slider("Steps taken so far: view any of them", 0, run.taken, key="tour_slider",
                   on_change=_on_slider, help="Step 0 is the fresh engine. Looking back "
@@ -237,13 +240,12 @@ def step_bar(run: TourRun) -> None:
     watching the grid and tables steps on without scrolling up to the controls."""
     t = state()
     can_next = t.view < run.taken or run.can_advance
-    # Wide enough for "Previous step" in full beside the sidebar in a 1024 px window.
-    c = st.columns([1.8, 1.6, 3], vertical_alignment="center")
-    clicks.button(c[0], "Previous step", key="tour_back_pool", on_click=_on_back,
-                  disabled=t.view == 0, icon=":material/arrow_back:", width="stretch")
-    clicks.button(c[1], "Next step", key="tour_next_pool", on_click=_on_next, disabled=not can_next,
-                  icon=":material/arrow_forward:", width="stretch")
-    c[2].caption(f"Showing step **{t.view}** of {run.total} below.")
+    c = st.container(horizontal=True, vertical_alignment="center", gap="small")
+    clicks.button(c, "Previous step", key="tour_back_pool", on_click=_on_back,
+                  disabled=t.view == 0, icon=":material/arrow_back:")
+    clicks.button(c, "Next step", key="tour_next_pool", on_click=_on_next, disabled=not can_next,
+                  icon=":material/arrow_forward:")
+    c.caption(f"Showing step **{t.view}** of {run.total} below.", width="content")
 
 
 def narration(run: TourRun, frame: Frame) -> None:
@@ -294,9 +296,11 @@ def narration(run: TourRun, frame: Frame) -> None:
             st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}{done}.")
         elif frame.step == run.total:
             st.caption("This is the last step.")
-    # Short enough for the narration column beside an open sidebar on a 1024 px window.
+    # Its label wraps where the narration's column is narrower than it (800 px beside
+    # the sidebar cut it to "Continue in …").
     clicks.button(st, "Continue in the Playground", key="tour_continue",
                   on_click=_on_continue, icon=":material/call_split:", width="stretch",
+                  wrap=True,
                   help="Put this exact state into the Playground and switch there. What "
                        "the Playground held stays saved as a session of its own (Recent "
                        "sessions), and this scenario run is kept.")
