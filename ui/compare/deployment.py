@@ -55,7 +55,8 @@ def deployment_section() -> None:
         refuse(e)
         return
     st.markdown(views.preset_sentence(d))
-    if c[2].button("Replay the whole trace", type="primary", key="cmp_dep_run"):
+    # Its label wraps in a third of a narrow page (cut to "Replay the whole …" at 800 px).
+    if c[2].button("Replay the whole trace", type="primary", key="cmp_dep_run", wrap=True):
         key, trace, configs = ("deployment", workload, scale), d.trace, d.configs()
         background.begin(DEPLOY_JOB, (workload, scale),
                          lambda advance: run_cached(key, trace, configs, advance),
