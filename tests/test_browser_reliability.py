@@ -24,7 +24,7 @@ from playwright.sync_api import (
     expect,
 )
 
-from tests.browser_support import in_app, serve, status_lines
+from tests.browser_support import in_app, room_for_a_long_step, serve, status_lines
 
 pytestmark = pytest.mark.browser
 
@@ -592,13 +592,8 @@ def test_a_closed_tabs_step_n_stops_and_saves_what_it_ran(browser: Browser,
             sidebar = closing.get_by_test_id("stSidebar")
             sidebar.get_by_text("torch", exact=True).click()
             shows(sidebar, "Next step runs on torch")
-            # Room for a Step N of 10,000 iterations (the most one takes) of one request: it
-            # never runs out of work.
-            pool = sidebar.get_by_role("spinbutton", name="Pool size (blocks)")
-            pool.fill("30000")
-            pool.press("Tab")
-            expect(closing.locator(".pl-metric[data-label='Free blocks']")).to_have_text(
-                "30000", timeout=T)
+            # A Step N of 10,000 iterations (the most one takes) never runs out of work.
+            room_for_a_long_step(closing, T)
             idle(closing)
             closing.get_by_role("button", name="Add request").click()
             shows(in_app(closing).get_by_text("Step 1: add A"))

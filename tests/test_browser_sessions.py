@@ -371,12 +371,7 @@ def test_back_and_forward_open_the_sessions_their_addresses_name(
         sidebar = page.get_by_test_id("stSidebar")
         sidebar.get_by_text("torch", exact=True).click()
         expect(sidebar.get_by_text("Next step runs on torch")).to_be_visible(timeout=T)
-        # Room for a Step N of 10,000 iterations of one request.
-        pool = sidebar.get_by_role("spinbutton", name="Pool size (blocks)")
-        pool.fill("30000")
-        pool.press("Tab")
-        expect(page.locator(".pl-metric[data-label='Free blocks']")).to_have_text(
-            "30000", timeout=T)
+        room_for_a_long_step(page)
         settled(page)
         add.click()
         status(page, "Step 1: add A")
