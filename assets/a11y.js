@@ -116,6 +116,12 @@
   };
   const after = () => {
     if (last.isConnected) return rowButton(last) ?? following(last) ?? preceding(last) ?? null;
+    // Drawn anew under its key and disabled (Play, drawn as Pause while it played): the
+    // next button of the row it is in now, as if it had stayed.
+    const again = key === null ? null
+      : document.querySelector(`.${CSS.escape(key)}`)?.querySelector("button") ?? null;
+    const inRow = again === null ? null : rowButton(again);
+    if (inRow !== null) return inRow;
     const [next, before] = around;
     return (next && then(next)) ?? where() ?? (before && then(before)) ?? null;
   };

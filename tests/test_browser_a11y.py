@@ -185,6 +185,17 @@ def test_a_control_that_opens_another_page_leaves_the_focus_on_its_heading(
         expect(nxt).to_be_disabled(timeout=T)
         idle(page)
         focused_on(page, "tour_reset")
+        # Play to the end likewise, though it was drawn as Pause while it played (the
+        # focus went to the slider, where an arrow key changes the speed).
+        page.goto(f"{app_url}/tour?scenario=03-growth&step=3")
+        play = page.get_by_role("button", name="Play", exact=True)
+        expect(play).to_be_enabled(timeout=T)
+        idle(page)
+        keyboard_focus(page, play)
+        page.keyboard.press("Enter")
+        expect(page.get_by_role("button", name="Play", exact=True)).to_be_disabled(timeout=T)
+        idle(page)
+        focused_on(page, "tour_reset")
     finally:
         page.close()
 

@@ -220,6 +220,10 @@ def test_narrower_than_planned_no_button_label_is_cut(
         assert not any(b["cut"] for b in row), row
         # Side by side on the session's line, not one under the other.
         assert row[0]["top"] == row[1]["top"], row
+        # The line does not clip the focus ring of Delete, at its right edge (Streamlit
+        # lets a row kept on one line scroll sideways, which clipped it).
+        assert page.evaluate("""() => getComputedStyle(document.querySelector(
+            "[class*='st-key-pagedlab_row_session_']")).overflowX""") == "visible"
         no_sideways_scroll(page)
         scroll_to(listed)
         shoot(page, screenshots / f"ui-{width}-sessions.png")

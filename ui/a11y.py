@@ -45,11 +45,16 @@ HOLDER = "pagedlab_a11y"
 
 # The keyboard focus's outline: the page's ink, 15:1 on white.
 FOCUS_RING = "#1F2328"
+# Rows kept on one line (a saved session's line and its Open and Delete), whose keys
+# start with this: Streamlit lets such a row scroll sideways, which clips the focus
+# ring of the button at its end.
+UNCLIPPED_ROW = "pagedlab_row_"
 
 STYLE = (
     # A focus ring that shows: Streamlit's is the primary colour at half strength,
     # about 2:1 on white, below WCAG's 3:1 for a control's outline.
     f":focus-visible {{ outline: 2px solid {FOCUS_RING} !important; outline-offset: 2px; }}"
+    f" [class*='st-key-{UNCLIPPED_ROW}'] {{ overflow: visible !important; }}"
     # The holder and the play's mark, and the wrappers Streamlit puts around them, which
     # would still take the page's gap between elements.
     f" .st-key-{HOLDER}, [data-testid='stLayoutWrapper']:has(> .st-key-{HOLDER}),"

@@ -39,6 +39,7 @@ from backend.sessions.store import (
 )
 from backend.views.text import plain_md
 from ui import clicks
+from ui.a11y import UNCLIPPED_ROW
 
 COOKIE = "pagedlab_browser"
 PARAM = "session"
@@ -260,7 +261,7 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
         # more lines where the page is narrow): in columns of fixed shares, "Delete" was
         # cut to "Del…" at 1024 px with the sidebar open.
         row = st.container(horizontal=True, vertical_alignment="center", gap="small",
-                           wrap=False)
+                           wrap=False, key=f"{UNCLIPPED_ROW}session_{info.id}")
         note = " · behind: see when opened" if info.note else ""
         row.markdown(plain_md(f"{short(info.id)} · step {info.step} · {info.label} · "
                               f"used {_ago(info.updated)}{note}"), width="stretch")
