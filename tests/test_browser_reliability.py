@@ -598,7 +598,10 @@ def test_a_closed_tabs_step_n_stops_and_saves_what_it_ran(browser: Browser,
             closing.get_by_role("button", name="Add request").click()
             shows(in_app(closing).get_by_text("Step 1: add A"))
             idle(closing)
-            sid = closing.evaluate("new URLSearchParams(location.search).get('session')")
+            # The address names the session once the add's run has written it.
+            read = "() => new URLSearchParams(location.search).get('session')"
+            closing.wait_for_function(read, timeout=T)
+            sid = closing.evaluate(read)
             assert sid
             steps = closing.get_by_role("spinbutton", name="Steps")
             steps.fill("10000")
