@@ -175,27 +175,19 @@ def test_a_control_that_opens_another_page_leaves_the_focus_on_its_heading(
         assert page.evaluate("() => document.querySelector(\"[data-testid='stMain']\")"
                              ".contains(document.activeElement)")
         # Next on a scenario's last step disables itself and Play: the focus goes on to
-        # the row's next button, Reset, not to the speed slider between them.
-        page.goto(f"{app_url}/tour?scenario=03-growth&step=3")
-        nxt = page.get_by_role("button", name="Next", exact=True)
-        expect(nxt).to_be_enabled(timeout=T)
-        idle(page)
-        keyboard_focus(page, nxt)
-        page.keyboard.press("Enter")
-        expect(nxt).to_be_disabled(timeout=T)
-        idle(page)
-        focused_on(page, "tour_reset")
-        # Play to the end likewise, though it was drawn as Pause while it played (the
-        # focus went to the slider, where an arrow key changes the speed).
-        page.goto(f"{app_url}/tour?scenario=03-growth&step=3")
-        play = page.get_by_role("button", name="Play", exact=True)
-        expect(play).to_be_enabled(timeout=T)
-        idle(page)
-        keyboard_focus(page, play)
-        page.keyboard.press("Enter")
-        expect(page.get_by_role("button", name="Play", exact=True)).to_be_disabled(timeout=T)
-        idle(page)
-        focused_on(page, "tour_reset")
+        # the row's next button, Reset, not to the speed slider between them. Play to the
+        # end likewise, though it was drawn as Pause while it played (the focus went to
+        # the slider, where an arrow key changes the speed).
+        for name in ("Next", "Play"):
+            page.goto(f"{app_url}/tour?scenario=03-growth&step=3")
+            pressed = page.get_by_role("button", name=name, exact=True)
+            expect(pressed).to_be_enabled(timeout=T)
+            idle(page)
+            keyboard_focus(page, pressed)
+            page.keyboard.press("Enter")
+            expect(pressed).to_be_disabled(timeout=T)
+            idle(page)
+            focused_on(page, "tour_reset")
     finally:
         page.close()
 

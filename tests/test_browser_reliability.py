@@ -532,6 +532,19 @@ def test_a_reload_gets_the_pool_its_closed_session_held(
             page.context.close()
 
 
+def _open_both(browser: Browser, address: str, button: str, pages: list[Page]) -> None:
+    """Two people's tabs on `address`, each drawn to its `button`, appended to `pages`
+    (for the caller to close). Both open before either closes: a connection after the
+    close would make Streamlit drop the closed tab's session itself, not PagedLab."""
+    for _ in range(2):
+        page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
+        pages.append(page)
+        page.set_default_timeout(T)
+        page.goto(address)
+        shows(page.get_by_role("button", name=button))
+        idle(page)
+
+
 def test_a_closed_tabs_long_run_gives_its_slot_back_on_a_quiet_server(
         browser: Browser, monkeypatch: pytest.MonkeyPatch) -> None:
     """Streamlit drops a disconnected session only when another session connects or
@@ -542,15 +555,8 @@ def test_a_closed_tabs_long_run_gives_its_slot_back_on_a_quiet_server(
     with serve("app.py", "test_browser_reliability_quiet_reaper") as url:
         pages: list[Page] = []
         try:
-            # Both tabs open first: a connection after the close would make Streamlit
-            # drop the closed one itself.
-            for _ in range(2):
-                page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
-                page.set_default_timeout(T)
-                page.goto(f"{url}/fragmentation?tab=Real+deployment")
-                shows(page.get_by_role("button", name="Replay the whole trace"))
-                idle(page)
-                pages.append(page)
+            _open_both(browser, f"{url}/fragmentation?tab=Real+deployment",
+                       "Replay the whole trace", pages)
             closing, staying = pages
             # azure-conv, the default: four replays of 19,365 requests, 13 s or more.
             panel = closing.get_by_role("tabpanel", name="Real deployment")
@@ -581,13 +587,7 @@ def test_a_closed_tabs_step_n_stops_and_saves_what_it_ran(browser: Browser,
     with serve("app.py", "test_browser_reliability_closed_step_n") as url:
         pages: list[Page] = []
         try:
-            for _ in range(2):   # both open first, as in the test above
-                page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
-                page.set_default_timeout(T)
-                page.goto(f"{url}/lab")
-                shows(page.get_by_role("button", name="Add request"))
-                idle(page)
-                pages.append(page)
+            _open_both(browser, f"{url}/lab", "Add request", pages)
             closing, staying = pages
             sidebar = closing.get_by_test_id("stSidebar")
             sidebar.get_by_text("torch", exact=True).click()

@@ -292,8 +292,8 @@ def compare_with_control(config: EngineConfig, ops: Sequence[Op], *, kernel: str
     for i, op in enumerate(ops, start=1):
         done = engine.apply(op, progress=keep_going)
         if done.op != op:
-            # Stopped part-way on this side: the control need not follow it.
-            run._compare(engine)
+            # Stopped part-way on this side: the control does not follow it, so nothing
+            # this side reached in it has a position to compare with.
             stopped_after = i - 1
             break
         run.follow(op, engine, keep_going)
