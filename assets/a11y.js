@@ -22,7 +22,7 @@
   window.__pagedlabA11y = true;
 
   const READ_OUT = __READ_OUT__;
-  const TAB_PARAM = __TAB_PARAM__;
+  const TAB_KEY = __TAB_KEY__;
   const PLAYING = __PLAYING__;
   const FOCUSABLE = "a[href], button, input, select, textarea, summary, [tabindex]";
   const KEY = "st-key-";
@@ -215,10 +215,17 @@
 
   const heard = new Map();   // watched key -> its text when last read
   let settled = false;       // this page's first run has been drawn and read
-  // The page, and on the Contiguous vs paged page its open tab (the address's TAB_PARAM):
-  // each tab draws only itself, as a page of its own. The address changes late in the
-  // new page's run, so reads wait for a quiet moment after it.
-  const here = () => `${location.pathname}?${new URLSearchParams(location.search).get(TAB_PARAM)}`;
+  let ended = false;         // ... has ended
+  // The page, and on the Contiguous vs paged page its open tab: each tab draws only
+  // itself, as a page of its own. The tab is the one the tab bar (keyed TAB_KEY) shows
+  // selected, which changes on the click itself, before the run it starts; the address's
+  // ?tab= is written at some point of that run or after it, and a read-out keyed to it
+  // took the next field's result for the tab's first drawing.
+  const here = () => {
+    const tab = document.querySelector(
+      `.${KEY}${CSS.escape(TAB_KEY)} [role='tab'][aria-selected='true']`);
+    return `${location.pathname}?${tab?.innerText.trim() ?? ""}`;
+  };
   let page = here();
   let ran = true;            // a run of this page has started (the one that drew this)
 
@@ -246,6 +253,16 @@
     page = now;
     settled = false;
     ran = false;
+    ended = false;
+  };
+
+  // What is drawn now is what was heard: a page's first drawing, and what a run drew.
+  // Mid-run, a stale box keeps what was heard of it, so that drawn again with the same
+  // words it is not news.
+  const hear = (now, midRun) => {
+    settled = true;
+    if (!midRun) heard.clear();
+    for (const [k, text] of now) heard.set(k, text);
   };
 
   // Read once a run has drawn the page; while a scenario plays, as soon as a run has
@@ -266,11 +283,7 @@
             && text !== "" && heard.get(k) !== text) said = text;
       }
     }
-    settled = true;
-    // Mid-run, a stale box keeps what was heard of it, so that drawn again with the
-    // same words it is not news.
-    if (!midRun) heard.clear();
-    for (const [k, text] of now) heard.set(k, text);
+    hear(now, midRun);
     if (said !== null) {
       // Emptied first, so that the same words said twice are announced twice.
       live.textContent = "";
@@ -300,10 +313,15 @@
     }
   };
   new MutationObserver((changes) => {
-    // The address changes as the new page's run starts, so this sees the change first
-    // and that run's end after it.
+    // A new page's address, and a tab's selection, change as its run starts, so this
+    // sees the change first and that run's end after it.
     checkPage();
     if (changes.some((c) => c.attributeName === "data-test-script-state")) {
+      // A click soon after a page's first run ended (sooner than the quiet moment the
+      // read waits for) starts a run before that drawing was heard: it is heard now,
+      // as it stands, or the click's result would be taken for the page's first drawing.
+      if (running() && ended && !settled) hear(watched(), false);
+      if (!running() && ran) ended = true;
       ran = true;
       runs += 1;   // a run started or ended: either way, one ran
     }

@@ -20,7 +20,7 @@ def test_the_script_gets_the_read_out_keys_and_no_placeholder() -> None:
     text = a11y.script()
     assert "__" not in text.replace("window.__pagedlabA11y", "")
     assert f"const READ_OUT = {json.dumps(a11y.READ_OUT)};" in text
-    assert f"const TAB_PARAM = {json.dumps(a11y.TAB_PARAM)};" in text
+    assert f"const TAB_KEY = {json.dumps(a11y.TAB_KEY)};" in text
     assert f"const PLAYING = {json.dumps(a11y.PLAYING)};" in text
     # Installed once per tab, however many runs draw it.
     assert "if (window.__pagedlabA11y) return;" in text
@@ -49,9 +49,9 @@ def test_said_takes_only_a_read_out_ending() -> None:
         a11y.said("cmp_seed", "outcome")
 
 
-def test_the_tab_parameter_is_the_compare_page_s() -> None:
-    """A tab change is told from the address: a renamed parameter would read every
-    newly opened tab out as news."""
+def test_the_tab_key_is_the_compare_page_s() -> None:
+    """A tab change is told from the tab bar keyed TAB_KEY: a renamed key would read
+    every newly opened tab out as news."""
     from ui.compare import TAB_KEY
 
-    assert a11y.TAB_PARAM == TAB_KEY
+    assert a11y.TAB_KEY == TAB_KEY

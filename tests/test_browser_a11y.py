@@ -237,11 +237,13 @@ def test_results_drawn_in_place_are_read_out(
             page.wait_for_timeout(1000)
             expect(live).to_have_text("")
 
-        # Scenarios: Next's narration; Play to the end keeps the focus on the page.
+        # Scenarios: Next's narration, pressed the moment the page's first run ends
+        # (before the quiet moment the read waits for); Play to the end keeps the focus
+        # on the page.
         page.get_by_role("link", name="Scenarios").click()
         nxt = page.get_by_role("button", name="Next", exact=True)
         expect(nxt).to_be_enabled(timeout=T)
-        idle(page)
+        page.wait_for_selector(IDLE, timeout=T)
         keyboard_focus(page, nxt)
         page.keyboard.press("Enter")
         expect(live).to_contain_text("Step 1 of 5:", timeout=T)
@@ -301,6 +303,18 @@ def test_the_compare_page_reads_a_sections_new_result(browser: Browser, app_url:
         gpu.fill("80")
         gpu.press("Enter")
         expect(live).to_contain_text("Left for KV", timeout=T)
+        idle(page)
+        # A change made the moment a tab's first run ends, before the quiet moment the
+        # read waits for, is read, and it alone: the tab's first drawing is not.
+        page.evaluate(HEARD)
+        page.get_by_role("tab", name="The seed's example").click()
+        expect(length).to_be_visible(timeout=T)
+        page.wait_for_selector(IDLE, timeout=T)
+        length.fill("10")
+        length.press("Enter")
+        expect(live).to_contain_text("will reach 10", timeout=T)
+        heard = page.evaluate("window.__heard")
+        assert heard and all("will reach 10" in said for said in heard), heard
     except BaseException:
         page.screenshot(path=screenshots / "a11y-compare-failed.png", full_page=True)
         raise

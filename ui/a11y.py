@@ -29,10 +29,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "assets" / "a11y.js"
 READ_OUT = ("status_line", "tour_messages", "tour_narration", "tl_banner", "focus_said",
             "tr_said", "store_note", "delete_asked", "refused", "result")
 
-# The address's parameter that names the open tab of a page whose tabs each draw only
-# themselves (ui.compare.TAB_KEY): a change of tab is read as a change of page, whose
-# first drawing is not news.
-TAB_PARAM = "tab"
+# The key of the tab bar whose tabs each draw only themselves (ui.compare.TAB_KEY): a
+# change of its open tab is read as a change of page, whose first drawing is not news.
+TAB_KEY = "tab"
 
 # A hidden container drawn while a scenario plays (`play_state`): a play's runs follow each
 # other with hardly a pause, at times none the browser sees, so while it is drawn the
@@ -84,9 +83,9 @@ STYLE = (
 
 
 def script() -> str:
-    """assets/a11y.js with READ_OUT, TAB_PARAM and PLAYING filled in."""
+    """assets/a11y.js with READ_OUT, TAB_KEY and PLAYING filled in."""
     return (SCRIPT.read_text(encoding="utf-8").replace("__READ_OUT__", json.dumps(READ_OUT))
-            .replace("__TAB_PARAM__", json.dumps(TAB_PARAM))
+            .replace("__TAB_KEY__", json.dumps(TAB_KEY))
             .replace("__PLAYING__", json.dumps(PLAYING)))
 
 
