@@ -18,6 +18,7 @@ from tests.test_browser import T, metric_is, shoot, shows
 pytestmark = pytest.mark.browser
 
 STEP = re.compile(r"Step (\d+) of 6:")
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 
 
 def narration(page: Page) -> str:
@@ -140,6 +141,11 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             page.get_by_role("button", name="Step", exact=True).click()
             shows(in_app(page).get_by_text("Step 6: step"))
             shoot(page, screenshots / "tour-05-continued-in-the-playground.png")
+            # One Back returns to the step it continued from (Streamlit changed the
+            # address three times on the way: one entry, assets/history.js).
+            page.go_back()
+            shows(page.locator(".st-key-tour_narration"), "Step 5 of 5:")
+            expect(page).to_have_url(re.compile(r"/tour\?scenario=01-contiguous-problem&step=5$"))
         finally:
             browser.close()
 
@@ -234,5 +240,83 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
             r"100,000\. The run ends at step 3; Reset runs the scenario again from step 0\."))
         expect(bar).to_have_count(0)
         expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible()
+    finally:
+        page.close()
+
+
+def test_one_back_leaves_the_page_and_each_step_is_one_entry(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    """The browser's Back and Forward on the Scenarios page (assets/history.js and the
+    link the page writes): opened from the sidebar or by its address, the page is one
+    entry of the browser's history, each step taken another, and Back to the bare
+    address shows the first scenario's fresh engine, which is what it stood for."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.set_default_timeout(T)
+        heading = page.locator("[data-testid='stMain'] h1")
+        story = page.locator(".st-key-tour_narration")
+        nxt = page.get_by_role("button", name="Next", exact=True)
+        link = re.compile(r"/tour\?scenario=01-contiguous-problem&step=1$")
+
+        def opened(name: str) -> None:
+            expect(heading).to_have_text(name, timeout=T)
+            page.wait_for_selector(IDLE, timeout=T)
+
+        page.goto(f"{app_url}/lab")
+        opened("Playground")
+        # The first scenario's fresh engine is what the bare address opens: it stays
+        # bare, and one Back leaves.
+        page.get_by_role("link", name="Scenarios").click()
+        opened("Scenarios")
+        shows(story, "Step 0 of 5:")
+        expect(page).to_have_url(f"{app_url}/tour")
+        page.go_back()
+        opened("Playground")
+        expect(page).to_have_url(f"{app_url}/lab")
+        # A step is an entry of its own.
+        page.go_forward()
+        opened("Scenarios")
+        nxt.click()
+        shows(story, "Step 1 of 5:")
+        expect(page).to_have_url(link)
+        # Opened again from the sidebar, the page writes its link at once, one entry
+        # with its path, whichever Streamlit writes first: one Back leaves, to a
+        # Playground whose address carries no scenario's link.
+        page.get_by_role("link", name="Playground").click()
+        opened("Playground")
+        page.get_by_role("link", name="Scenarios").click()
+        opened("Scenarios")
+        shows(story, "Step 1 of 5:")
+        expect(page).to_have_url(link)
+        page.go_back()
+        opened("Playground")
+        expect(page).to_have_url(f"{app_url}/lab")
+        # Further back: the step, then the bare entry, which shows step 0 (with the
+        # step applied past it kept), then the Playground.
+        page.go_back()
+        opened("Scenarios")
+        shows(story, "Step 1 of 5:")
+        page.go_back()
+        opened("Scenarios")
+        shows(story, "Step 0 of 5:")
+        expect(page).to_have_url(re.compile(r"scenario=01-contiguous-problem&step=0&applied=1$"))
+        page.go_back()
+        opened("Playground")
+        # Opened by its address, the same: the bare address, Next, and two Backs to
+        # leave, the first to step 0.
+        page.goto(f"{app_url}/tour")
+        opened("Scenarios")
+        shows(story, "Step 0 of 5:")
+        expect(page).to_have_url(f"{app_url}/tour")
+        nxt.click()
+        shows(story, "Step 1 of 5:")
+        page.go_back()
+        opened("Scenarios")
+        shows(story, "Step 0 of 5:")
+        page.go_back()
+        opened("Playground")
+    except BaseException:
+        shoot(page, screenshots / "tour-history-failed.png")
+        raise
     finally:
         page.close()

@@ -89,16 +89,18 @@ def script() -> str:
             .replace("__PLAYING__", json.dumps(PLAYING)))
 
 
-def install() -> None:
-    """The page's style and the script, in a hidden place at the top of the page.
+def install(*more: str) -> None:
+    """The page's style, the script and the scripts `more`, in a hidden place at the
+    top of the page.
 
     Together, so that the style comes with the page's first elements: style alone
     Streamlit sends outside the page's elements, where it arrives after them (the
     headings drawn at h2's size, then shrunk; the page drawn 16 px lower, then
-    raised)."""
+    raised). One element holds them all: each element takes a place in the page's
+    flow, hidden or not, and its wrappers the gap between elements."""
+    scripts = "".join(f"<script>{text}</script>" for text in (script(), *more))
     with st.container(key=HOLDER):
-        st.html(f"<style>{STYLE}</style><script>{script()}</script>",
-                unsafe_allow_javascript=True)
+        st.html(f"<style>{STYLE}</style>{scripts}", unsafe_allow_javascript=True)
 
 
 def play_state(playing: bool) -> None:

@@ -12,7 +12,6 @@ does (ui/operations.py).
 from __future__ import annotations
 
 import streamlit as st
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
@@ -21,7 +20,7 @@ from backend.sessions import saved
 from backend.sessions.progress import SESSION_RUNS, Work
 from backend.sessions.rows import StoreUnavailableError
 from backend.views.text import notes_text
-from ui import engine_actions, operations, progress, session, store
+from ui import engine_actions, history, operations, progress, session, store
 from ui.progress import Shown
 
 STARTED = "store_started"   # set once the first run's reopening was tried
@@ -210,8 +209,7 @@ def follow_history() -> None:
     An address naming no session (the entry before a session's first operation) is
     left to name this tab's session again, as before: which state that entry showed
     (an empty engine, or the latest session reopened) is not known here."""
-    ctx = get_script_run_ctx()
-    if ctx is None or not ctx.is_history_navigation:
+    if not history.went_back_or_forward():
         return
     sid, problem = store.requested_id()
     if sid is None or problem is not None or sid == store.get_tab().shown_id:

@@ -13,7 +13,7 @@ from streamlit.navigation.page import StreamlitPage
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
-from ui import a11y, clicks, entry, numbers, resume, session, sidebar, store
+from ui import a11y, clicks, entry, history, numbers, resume, session, sidebar, store
 
 # One thread per torch op: the server runs many sessions' steps side by side on a small
 # CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
@@ -37,7 +37,7 @@ def run(page: StreamlitPage) -> None:
         resume.follow_history()
     sidebar.render()
     store.write_cookie()
-    a11y.install()
+    a11y.install(history.script())
     with entry.app_page():
         top = clicks.slot()
         page.run()

@@ -46,7 +46,7 @@ from backend.engine.ops import Grow, describe_op
 from backend.io.scenario import Scenario
 from backend.sessions.playground import Settings
 from backend.sessions.tour import Frame, TourRun, parse_step, shipped_paths, shipped_scenario
-from ui import session, tour_progress
+from ui import history, session, tour_progress
 from ui.progress import Queued, Shown
 from ui.tour_progress import Timed
 
@@ -247,6 +247,12 @@ def _apply_link() -> None:
     t = state()
     params = st.query_params
     want: Link = (params.get("scenario"), params.get("step"), params.get("applied"))
+    if want == (None, None, None) and history.went_back_or_forward():
+        # An entry of the browser's history with a bare address is the first scenario's
+        # fresh engine, the one view whose link is not written into a bare address
+        # (_write_link). Opened as a link, not kept as it is: Back from step 1 of it
+        # shows step 0.
+        want = (first_stem(), "0", None)
     if want == t.url or want[:2] == (None, None) or want in t.links_left_by_play:
         # Nothing new: ours (the newest, or one the play left, which a click sent
         # before the browser had the newer ones may carry), or none at all (switching
@@ -387,6 +393,13 @@ def _write_link(run: TourRun) -> None:
         return
     applied = str(run.taken) if run.taken > t.view else None
     want: Link = (run.key, str(t.view), applied)
+    if want == (first_stem(), "0", None) and not any(name in params for name in LINK_PARAMS):
+        # A bare address opens this view: it stays bare. A tab's first run writes its
+        # link before the browser has assets/history.js, and Streamlit's entry for it
+        # came after the bare one, which showed the same: Back went there, and the page
+        # wrote the same link again.
+        t.url = (None, None, None)
+        return
     if (tuple(params.get(name) for name in LINK_PARAMS) != want
             or any(len(params.get_all(name)) > 1 for name in LINK_PARAMS)):
         # All at once: each separate change is an entry in the browser's history, and

@@ -1,0 +1,47 @@
+// PagedLab's rule for the browser's history, installed once per browser tab by
+// ui/start.py beside assets/a11y.js: one entry per thing the person does.
+//
+// Streamlit pushes an entry for every change of the address, and one click can make
+// several: a page opened from the sidebar pushes its bare path and then the link its
+// run writes (Scenarios: ?scenario=…&step=…), or that link on the old page's path
+// first (/lab?scenario=…) and then its own path; "Continue in the Playground" pushed
+// /tour, /tour?session=… and then /lab?session=…. Back went to those in-between
+// addresses, each a page showing the same or the wrong thing: two Backs or three to
+// leave a page, and a Playground address carrying a scenario's link.
+//
+// So the first change of the address after a key or a click is an entry, and the
+// changes after it, until the person acts again, replace that entry. A scenario's play
+// (PLAYING drawn) takes one view after another with no click between: each is an entry
+// of its own, the last included. Streamlit's own Back and Forward runs replace, and are left alone.
+(() => {
+  if (window.__pagedlabHistory) return;
+  window.__pagedlabHistory = true;
+
+  const PLAYING = __PLAYING__;
+  const history = window.history;
+  const push = history.pushState.bind(history);
+  const replace = history.replaceState.bind(history);
+  // The person acted since the address last changed. At first, whether they have acted
+  // on the page at all: Streamlit loads this script a second or so after the tab's
+  // first run, and a click may come before it (an address changed with none before it
+  // fills in the one the tab was opened at).
+  let acted = navigator.userActivation?.hasBeenActive ?? false;
+  for (const type of ["pointerdown", "keydown"]) {
+    document.addEventListener(type, () => { acted = true; }, true);
+  }
+
+  // The last change came in a play: the play's last view, whose run draws the play
+  // stopped, perhaps before its address changes, is an entry too.
+  let played = false;
+
+  history.pushState = (state, unused, url) => {
+    const playing = document.querySelector(`.st-key-${PLAYING}`) !== null;
+    if (acted || playing || played) {
+      push(state, unused, url);
+    } else {
+      replace(state, unused, url);
+    }
+    acted = false;
+    played = playing;
+  };
+})();
