@@ -33,6 +33,8 @@ RAW_JSON = re.compile(r"[{}]|\"\w+\":")
 @pytest.mark.parametrize(("path", "value", "shown"), [
     ("contiguous.regions.A", {"start": 0, "reserved": 6, "tokens": 2, "final_len": 6},
      "slots 0–5 (6 reserved), 2 holding tokens, final length 6"),
+    ("contiguous.regions.B", {"start": 6, "reserved": 3, "tokens": 1, "final_len": 3},
+     "slots 6–8 (3 reserved), 1 holding a token, final length 3"),
     ("address.A.6", {"logical_block": 1, "offset": 2, "physical_block": 2, "slot": 10},
      "logical block 1, offset 2 → physical block 2, slot 10"),
     ("contiguous.holes", [[6, 3], [14, 2]], "slots 6–8 (3), slots 14–15 (2)"),

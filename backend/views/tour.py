@@ -98,7 +98,7 @@ def value_text(path: str, value: Any) -> str:
     try:
         if head == "contiguous" and parts[1:2] == ["regions"] and isinstance(value, dict):
             return _short(f"{_slots(value['start'], value['reserved'])} ({value['reserved']} "
-                          f"reserved), {value['tokens']} holding tokens, final length "
+                          f"reserved), {_holding(value['tokens'])}, final length "
                           f"{value['final_len']}")
         if head == "contiguous" and parts[1:] == ["holes"] and isinstance(value, list):
             return _short(", ".join(f"{_slots(start, length)} ({length})"
@@ -324,6 +324,11 @@ def _ticks(capacity: int) -> list[int]:
     return list(range(0, capacity + 1, step))
 
 
+def _holding(slots: int) -> str:
+    """How many of an arena's slots hold tokens: "2 holding tokens", "1 holding a token"."""
+    return f"{slots} holding {'a token' if slots == 1 else 'tokens'}"
+
+
 def arena_caption(arena: dict[str, Any]) -> str:
     """The arena's slots by state (the paper's Figure 2 categories) in one line, then the
     reserved but empty slots, which the PagedAttention text calls internal fragmentation
@@ -331,7 +336,7 @@ def arena_caption(arena: dict[str, Any]) -> str:
     b = arena["breakdown"]
     unused = b["reservation"] + b["internal_fragmentation"]
     return (f"{arena['capacity']} slots, {_reservations(arena['policy'])}: "
-            f"{b['token_states']} holding tokens · {b['reservation']} reserved for future tokens · "
+            f"{_holding(b['token_states'])} · {b['reservation']} reserved for future tokens · "
             f"{b['internal_fragmentation']} reserved, never used (the paper's internal "
             "fragmentation) · "
             f"{b['external_fragmentation']} external fragmentation · {b['free']} free. "
