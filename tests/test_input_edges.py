@@ -71,7 +71,10 @@ def test_the_command_line_says_it_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("value", "said"), [
     (None, "null"), (True, "true"), ([1], "an array"), ({}, "an object"), ("x", "'x'"),
     (12345, "12,345"), ("y" * 100, "'" + "y" * 40 + "…'"),
-    (-HUGE, "-100000000000… (401 digits)")])
+    (-HUGE, "-100000000000… (401 digits)"), (0.5, "0.5"),
+    (json.loads("NaN"), "NaN (not a number; JSON has no such value)"),
+    (json.loads("1e400"), "Infinity (or a number too large to hold, such as 1e400)"),
+    (json.loads("-Infinity"), "-Infinity (or a number too large to hold, such as -1e400)")])
 def test_values_are_quoted_in_json_words_and_cut_short(value: object, said: str) -> None:
     assert shown(value) == said
 
@@ -87,6 +90,9 @@ def test_values_are_quoted_in_json_words_and_cut_short(value: object, said: str)
     ({"config": [], "steps": []}, "config must be an object, got an array"),
     ({"config": {"num_blocks": 8, "block_size": 4, "temperature": HUGE}, "steps": []},
      "temperature is out of range, got 1000000000000… (401 digits)"),
+    ({"config": {"num_blocks": float("nan"), "block_size": 4}, "steps": []},
+     "num_blocks must be an integer in 1..65,536, got NaN (not a number; JSON has no such "
+     "value)"),
 ])
 def test_a_scenario_is_refused_in_json_words(tmp_path: Path, scenario: dict[str, object],
                                              said: str) -> None:

@@ -11,6 +11,8 @@ requirement and the value given, with thousands separators where they help:
 
 from __future__ import annotations
 
+import math
+
 from backend.core.errors import PagedLabError
 
 # The largest integer every JSON reader keeps exactly (a double's 53-bit mantissa): the
@@ -30,7 +32,8 @@ SHOWN_CHARS = 40
 def shown(value: object) -> str:
     """`value` as a message quotes it, in JSON's words: an int with thousands separators
     (a long one cut short, with its count of digits), a string or number as written
-    (cut short past SHOWN_CHARS), null, true and false; an array or object by its kind."""
+    (cut short past SHOWN_CHARS), null, true and false; an array or object by its kind;
+    NaN and an infinite number in words."""
     if isinstance(value, bool) or value is None:
         return json_kind(value)
     if isinstance(value, int):
@@ -40,6 +43,13 @@ def shown(value: object) -> str:
         return f"{str(value)[:13]}… ({digits:,} digits)"
     if isinstance(value, list | dict):
         return json_kind(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        # Python's reader takes NaN and Infinity, which JSON has no words for, and reads
+        # a number past the largest float (1e400) as infinite: "got inf" said neither.
+        if math.isnan(value):
+            return "NaN (not a number; JSON has no such value)"
+        sign = "-" if value < 0 else ""
+        return f"{sign}Infinity (or a number too large to hold, such as {sign}1e400)"
     text = repr(value)
     if len(text) <= SHOWN_CHARS:
         return text
