@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
+from backend.sessions.tour import shipped_paths, shipped_scenario
 from tests.browser_support import in_app, scroll_to
 from tests.test_browser import T, metric_is, shoot, shows
 from ui.numbers import UNREADABLE
@@ -194,6 +195,18 @@ SESSION_BUTTONS = """() => [...document.querySelectorAll(
     })"""
 
 
+# The width a label needs in the scenario picker's font, and the width its box gives.
+PICKER_FIT = """(label) => {
+  const input = document.querySelector('.st-key-tour_pick input');
+  const style = getComputedStyle(input);
+  const context = document.createElement('canvas').getContext('2d');
+  context.font = style.font;
+  return {need: Math.ceil(context.measureText(label).width),
+          have: input.clientWidth - parseFloat(style.paddingLeft)
+                - parseFloat(style.paddingRight)};
+}"""
+
+
 @pytest.mark.parametrize("width", [800, 1024])
 def test_narrower_than_planned_no_button_label_is_cut(
         width: int, app_url: str, browser: Browser, screenshots: Path) -> None:
@@ -236,6 +249,12 @@ def test_narrower_than_planned_no_button_label_is_cut(
         shows(page.locator(".st-key-tour_narration"), "Step 1 of 5:")
         assert page.evaluate(CUT_BUTTONS) == []
         no_sideways_scroll(page)
+        # The picker holds the longest shipped scenario's name in full ("01 · The
+        # contiguous allocation pr" at 800 px); the upload's button goes below it.
+        longest = max((f"{key[:2]} · {shipped_scenario(key).name}" for key in shipped_paths()),
+                      key=len)
+        fit = page.evaluate(PICKER_FIT, longest)
+        assert fit["need"] <= fit["have"], (longest, fit)
         shoot(page, screenshots / f"ui-{width}-scenarios-controls.png")
     finally:
         page.close()

@@ -36,6 +36,9 @@ from ui.tour import UPLOAD, load, say, state
 from ui.uploads import limit_help, uploader_mib
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0)
+# The scenario picker's least width: the longest shipped name, "14 · Tokens, not text:
+# what a real tokenizer lets blocks share", in full.
+PICKER_REM = 32
 # Numbers each drawing of the messages (see `messages`).
 _SAID = itertools.count(1)
 
@@ -179,7 +182,12 @@ def picker(run: TourRun) -> None:
         return f"{key[:2]} · {shipped_scenario(key).name}"
 
     # The picker takes what the upload's button leaves, which is as wide as its label
-    # (in a column of a fixed share it was cut to "Upload your own …" at 800 px).
+    # (in a column of a fixed share it was cut to "Upload your own …" at 800 px), but
+    # not less than the longest name needs: where the row is narrower than both, the
+    # button goes below. A name still too long for the page ends in an ellipsis, not
+    # mid-word ("what a real tokenizer lets bl").
+    st.html(f"<style>.st-key-tour_pick {{ min-width: min(100%, {PICKER_REM}rem); }}"
+            " .st-key-tour_pick input { text-overflow: ellipsis; }</style>")
     row = st.container(horizontal=True, vertical_alignment="bottom", gap="small")
     row.selectbox("Scenario", keys, key="tour_pick", format_func=label, on_change=_on_pick)
     with row.popover("Upload your own scenario", icon=":material/upload_file:",
