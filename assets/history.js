@@ -12,7 +12,12 @@
 // So the first change of the address after a key or a click is an entry, and the
 // changes after it, until the person acts again, replace that entry. A scenario's play
 // (PLAYING drawn) takes one view after another with no click between: each is an entry
-// of its own, the last included. Streamlit's own Back and Forward runs replace, and are left alone.
+// of its own, the last included. The browser's Back and Forward are not the person
+// acting on the page: a change of the address their run makes (Streamlit's redirect
+// from / to /lab pushes one) replaces the entry gone to, keeping the entries after it
+// for Forward. A Contiguous vs paged tab is in the address (a link opens it), but
+// Streamlit writes it in place (replaceState, not seen here): switching tabs is no
+// entry.
 (() => {
   if (window.__pagedlabHistory) return;
   window.__pagedlabHistory = true;
@@ -24,15 +29,20 @@
   // The person acted since the address last changed. At first, whether they have acted
   // on the page at all: Streamlit loads this script a second or so after the tab's
   // first run, and a click may come before it (an address changed with none before it
-  // fills in the one the tab was opened at).
+  // fills in the one the tab was opened at). A modifier key alone is no act.
   let acted = navigator.userActivation?.hasBeenActive ?? false;
-  for (const type of ["pointerdown", "keydown"]) {
-    document.addEventListener(type, () => { acted = true; }, true);
-  }
+  const MODIFIERS = ["Shift", "Control", "Alt", "AltGraph", "Meta", "CapsLock"];
+  document.addEventListener("pointerdown", () => { acted = true; }, true);
+  document.addEventListener("keydown", (e) => {
+    if (!MODIFIERS.includes(e.key)) acted = true;
+  }, true);
 
   // The last change came in a play: the play's last view, whose run draws the play
   // stopped, perhaps before its address changes, is an entry too.
   let played = false;
+  // A click that changed no address (Step on the Playground) is not left to make the
+  // next Back's redirect an entry, which would drop the entries after it.
+  window.addEventListener("popstate", () => { acted = false; played = false; });
 
   history.pushState = (state, unused, url) => {
     const playing = document.querySelector(`.st-key-${PLAYING}`) !== null;

@@ -18,10 +18,10 @@ from ui.a11y import PLAYING
 
 pytestmark = pytest.mark.browser
 
-# Each case: what happens from /lab, a key pressed ("key"), the address changed (a
-# path), a play's mark drawn or removed ("play", "stop"), the script loaded ("install";
-# first, if not named); the entries that adds, the address then, and the address after
-# one Back.
+# Each case: what happens from /lab, a key pressed ("key", or a modifier alone:
+# "shift"), the address changed (a path), a play's mark drawn or removed ("play",
+# "stop"), the script loaded ("install"; first, if not named); the entries that adds,
+# the address then, and the address after one Back.
 CASES = {
     # A sidebar link: the page's bare path, then its link, one entry.
     "path, then link": (["key", "/tour", "/tour?scenario=s&step=0"], 1,
@@ -49,6 +49,9 @@ CASES = {
                       "/tour?step=2&x=1"], 2, "/tour?step=2&x=1", "/tour?step=1"),
     # A click the script came too late to see is a click (with none, see below).
     "a click before the script": (["key", "install", "/tour"], 1, "/tour", "/lab"),
+    # A modifier alone is no act.
+    "a modifier": (["key", "/tour", "shift", "/tour?scenario=s"], 1, "/tour?scenario=s",
+                   "/lab"),
 }
 
 MARK = """(on) => {
@@ -79,6 +82,8 @@ def entries(page: Page, steps: list[str]) -> tuple[int, str, str]:
         if step == "install":
             run(history.script())
         elif step == "key":
+            page.keyboard.press("Enter")
+        elif step == "shift":
             page.keyboard.press("Shift")
         elif step in ("play", "stop"):
             run(f"({MARK})({json.dumps(step == 'play')})")
@@ -119,5 +124,27 @@ def test_a_tabs_first_link_fills_in_the_address_it_was_opened_at(
         page.wait_for_url(f"{app_url}/lab?session=x")
         # The new page's entry and the blank one a new page starts at: nothing added.
         assert page.evaluate("history.length") == 2
+    finally:
+        page.close()
+
+
+def test_a_back_keeps_the_entries_after_it(browser: Browser, app_url: str) -> None:
+    """A click that changed no address (Step on the Playground), then Back to an address
+    Streamlit redirects (/ to /lab, by a push): the redirect takes the entry gone to, and
+    Forward still has the entry Back left."""
+    page = browser.new_page()
+    try:
+        page.goto(f"{app_url}/_stcore/health")
+        page.add_script_tag(content="history.replaceState(null, '', '/')")
+        page.add_script_tag(content=history.script())
+        page.keyboard.press("Enter")
+        page.add_script_tag(content="history.pushState({}, '', '/lab?session=x')")
+        page.keyboard.press("Enter")       # Step: the address stays
+        length = page.evaluate("history.length")
+        page.go_back()
+        page.add_script_tag(content="history.pushState({}, '', '/lab')")
+        assert page.evaluate("[history.length, location.pathname]") == [length, "/lab"]
+        page.go_forward()
+        assert page.evaluate("location.pathname + location.search") == "/lab?session=x"
     finally:
         page.close()

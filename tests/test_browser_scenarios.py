@@ -19,6 +19,7 @@ pytestmark = pytest.mark.browser
 
 STEP = re.compile(r"Step (\d+) of 6:")
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+STEP_ANY = re.compile(r"Step \d+ of \d+:")
 
 
 def narration(page: Page) -> str:
@@ -317,6 +318,81 @@ def test_one_back_leaves_the_page_and_each_step_is_one_entry(
         opened("Playground")
     except BaseException:
         shoot(page, screenshots / "tour-history-failed.png")
+        raise
+    finally:
+        page.close()
+
+
+def test_back_during_a_play_stops_it_and_a_back_keeps_an_upload(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    """The browser's Back during a play shows the step gone to and stops the play there
+    (it went on and wrote its next step over that entry); leaving the page stops a play;
+    an uploaded scenario, whose address is bare, is still there after a Back to it."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.set_default_timeout(T)
+        heading = page.locator("[data-testid='stMain'] h1")
+        story = page.locator(".st-key-tour_narration")
+        play = page.get_by_role("button", name="Play", exact=True)
+        pause = page.get_by_role("button", name="Pause", exact=True)
+
+        def opened(name: str) -> None:
+            expect(heading).to_have_text(name, timeout=T)
+            page.wait_for_selector(IDLE, timeout=T)
+
+        def stays(text: str) -> None:
+            """`text` is shown, and still is two play steps later (at the slowest speed,
+            or four at the speed a page opened again starts at), no play on."""
+            shows(story, text)
+            page.wait_for_timeout(4500)
+            expect(story).to_contain_text(text, timeout=1000)
+            expect(pause).to_have_count(0, timeout=1000)
+
+        page.goto(f"{app_url}/tour?scenario=05-continuous-batching&step=0")
+        opened("Scenarios")
+        speed = page.get_by_role("slider", name="Seconds per step")
+        speed.focus()
+        speed.press("End")
+        expect(speed).to_have_attribute("aria-valuetext", "2 s", timeout=T)
+        page.wait_for_selector(IDLE, timeout=T)
+        # Back during a play.
+        play.click()
+        shows(story, "Step 2 of ")
+        page.go_back()
+        stays("Step 1 of ")
+        expect(play).to_be_enabled(timeout=T)
+        # Another page during a play, then the page again: where the play was.
+        play.click()
+        shows(story, "Step 2 of ")
+        page.get_by_role("link", name="Playground").click()
+        opened("Playground")
+        page.get_by_role("link", name="Scenarios").click()
+        expect(heading).to_have_text("Scenarios", timeout=T)
+        shows(story, STEP_ANY)
+        shown = STEP_ANY.search(story.inner_text())
+        assert shown is not None
+        stays(shown.group(0))
+        # An upload, a step of it, another page, and Back.
+        page.get_by_role("button", name="Upload your own scenario").click()
+        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[{
+            "name": "mine.json", "mimeType": "application/json",
+            "buffer": json.dumps({"name": "Mine", "steps": [
+                {"op": "add", "request": "A", "prompt": "hi"},
+                {"op": "step"}]}).encode()}])
+        shows(page.get_by_test_id("stMain"), "Mine (uploaded: mine.json)")
+        page.keyboard.press("Escape")
+        page.wait_for_selector(IDLE, timeout=T)
+        page.get_by_role("button", name="Next", exact=True).click()
+        shows(story, "Step 1 of 2:")
+        page.wait_for_selector(IDLE, timeout=T)
+        page.get_by_role("link", name="Contiguous vs paged").click()
+        opened("Contiguous vs paged")
+        page.go_back()
+        opened("Scenarios")
+        shows(page.get_by_test_id("stMain"), "Mine (uploaded: mine.json)")
+        shows(story, "Step 1 of 2:")
+    except BaseException:
+        shoot(page, screenshots / "tour-play-history-failed.png")
         raise
     finally:
         page.close()

@@ -13,7 +13,7 @@ from streamlit.navigation.page import StreamlitPage
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
-from ui import a11y, clicks, entry, history, numbers, resume, session, sidebar, store
+from ui import a11y, clicks, entry, history, numbers, resume, session, sidebar, store, tour
 
 # One thread per torch op: the server runs many sessions' steps side by side on a small
 # CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
@@ -23,6 +23,8 @@ torch.set_num_threads(1)
 
 # The Playground's url_path (app.py): the page whose address names a saved session.
 PLAYGROUND_PATH = "lab"
+# The Scenarios page's: the one a scenario plays on.
+TOUR_PATH = "tour"
 
 
 def run(page: StreamlitPage) -> None:
@@ -35,6 +37,8 @@ def run(page: StreamlitPage) -> None:
         # The session the address names is the Playground's (other pages keep it only
         # in passing).
         resume.follow_history()
+    if page.url_path != TOUR_PATH:
+        tour.left_page()
     sidebar.render()
     store.write_cookie()
     a11y.install(history.script())

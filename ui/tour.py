@@ -135,6 +135,15 @@ def held(*, stop: bool = False) -> Iterator[TourState]:
     shown.finish()
 
 
+def left_page() -> None:
+    """This tab opened another page: a play of the Scenarios page stops where it is. It
+    went on when the page was next opened, and a Back to a step it had shown found it
+    further on, that entry rewritten to its newer step."""
+    t: TourState | None = st.session_state.get(TOUR)
+    if t is not None:
+        t.playing = False
+
+
 def stop_step(step: Timed) -> None:
     """A Stop button's callback: stop `step` (that bar's, not whichever step runs by the
     time the click is heard) and the play, if one is on: a click that lands just as the
@@ -247,13 +256,20 @@ def _apply_link() -> None:
     t = state()
     params = st.query_params
     want: Link = (params.get("scenario"), params.get("step"), params.get("applied"))
-    if want == (None, None, None) and history.went_back_or_forward():
+    went = history.went_back_or_forward()
+    if went:
+        # The browser's Back or Forward during a play: the person went to a view, and
+        # the play stops there (it went on, and wrote its next step over that entry).
+        t.playing = False
+    if (want == (None, None, None) and went
+            and (t.run is None or t.run.key != UPLOAD)):
         # An entry of the browser's history with a bare address is the first scenario's
-        # fresh engine, the one view whose link is not written into a bare address
-        # (_write_link). Opened as a link, not kept as it is: Back from step 1 of it
-        # shows step 0.
+        # fresh engine, the one view of a shipped scenario whose link is not written
+        # into a bare address (_write_link). Opened as a link, not kept as it is: Back
+        # from step 1 of it shows step 0. (An upload's entries are bare too: it stays.)
         want = (first_stem(), "0", None)
-    if want == t.url or want[:2] == (None, None) or want in t.links_left_by_play:
+    if (want == t.url or want[:2] == (None, None)
+            or (not went and want in t.links_left_by_play)):
         # Nothing new: ours (the newest, or one the play left, which a click sent
         # before the browser had the newer ones may carry), or none at all (switching
         # pages drops the parameters).
