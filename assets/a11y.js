@@ -221,12 +221,16 @@
   // selected, which changes on the click itself, before the run it starts; the address's
   // ?tab= is written at some point of that run or after it, and a read-out keyed to it
   // took the next field's result for the tab's first drawing.
+  // A tab bar not drawn (between two drawings of it mid-run) leaves the page as it was.
+  let page = null;
   const here = () => {
     const tab = document.querySelector(
       `.${KEY}${CSS.escape(TAB_KEY)} [role='tab'][aria-selected='true']`);
-    return `${location.pathname}?${tab?.innerText.trim() ?? ""}`;
+    const path = `${location.pathname}?`;
+    if (tab) return `${path}${tab.innerText.trim()}`;
+    return page?.startsWith(path) ? page : path;
   };
-  let page = here();
+  page = here();
   let ran = true;            // a run of this page has started (the one that drew this)
 
   // Mid-run (a play), a box Streamlit has not drawn again yet is stale: its text may be
@@ -330,7 +334,7 @@
     readLater(250);
   }).observe(document.body, {
     subtree: true, childList: true, characterData: true, attributes: true,
-    attributeFilter: ["disabled", "aria-disabled", "data-test-script-state"],
+    attributeFilter: ["disabled", "aria-disabled", "aria-selected", "data-test-script-state"],
   });
   // The run that drew this script may have ended before it ran: what it drew is the
   // page as first read.
