@@ -250,15 +250,24 @@
     return found;
   };
 
-  // Another page or tab: what its first run draws is that page, not news.
-  const checkPage = () => {
+  // Another page or tab: what its first run draws is that page, not news. Looked for
+  // while no run is under way, and as one starts or ends: mid-run, a page is the one its
+  // run started on (a tab bar being drawn again may show no tab selected for a moment).
+  // `when` says whether that run is done: at a run's "end"; "idle" for a new address
+  // seen between runs (Streamlit writes a page's address as its run starts, or after
+  // it ends); not for a tab, which shows selected on the click, before its run, nor
+  // for the browser's Back or Forward ("popstate"), whose address comes first.
+  const checkPage = (when) => {
     const now = here();
     if (now === page) return;
+    const newPath = !page.startsWith(`${location.pathname}?`);
     page = now;
     settled = false;
-    ran = false;
-    ended = false;
+    const drawn = when === "end" || (when === "idle" && newPath);
+    ran = drawn || running();
+    ended = drawn;
   };
+  window.addEventListener("popstate", () => checkPage("popstate"));
 
   // What is drawn now is what was heard: a page's first drawing, and what a run drew.
   // Mid-run, a stale box keeps what was heard of it, so that drawn again with the same
@@ -273,7 +282,7 @@
   // drawn it: a play's runs follow each other with 20-130 ms between them, too short
   // for a quiet moment after a run's end, and at times with none the browser sees.
   const readOut = () => {
-    checkPage();
+    if (!running()) checkPage("idle");
     const playing = document.querySelector(`.${KEY}${PLAYING}`) !== null;
     if ((running() && !playing) || !ran) return;
     const midRun = running();
@@ -317,10 +326,10 @@
     }
   };
   new MutationObserver((changes) => {
-    // A new page's address, and a tab's selection, change as its run starts, so this
-    // sees the change first and that run's end after it.
-    checkPage();
-    if (changes.some((c) => c.attributeName === "data-test-script-state")) {
+    const state = changes.some((c) => c.attributeName === "data-test-script-state");
+    if (!running()) checkPage(state ? "end" : "idle");
+    else if (state) checkPage("start");
+    if (state) {
       // A click soon after a page's first run ended (sooner than the quiet moment the
       // read waits for) starts a run before that drawing was heard: it is heard now,
       // as it stands, or the click's result would be taken for the page's first drawing.
