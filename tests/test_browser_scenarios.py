@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, FilePayload, Page, expect, sync_playwright
 
 from tests.browser_support import CHROMIUM_ARGS, in_app
 from tests.test_browser import T, metric_is, shoot, shows
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.browser
 
 STEP = re.compile(r"Step (\d+) of 6:")
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+HEADING = "[data-testid='stMain'] h1"
 STEP_ANY = re.compile(r"Step \d+ of \d+:")
 
 
@@ -201,9 +202,9 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         shows(page.get_by_role("button", name="Next", exact=True))
         page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
         page.get_by_role("button", name="Upload your own scenario").click()
-        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[{
-            "name": "long.json", "mimeType": "application/json",
-            "buffer": json.dumps(story).encode()}])
+        long: FilePayload = {"name": "long.json", "mimeType": "application/json",
+                             "buffer": json.dumps(story).encode()}
+        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[long])
         shows(page.get_by_test_id("stMain"), "Long step (uploaded: long.json)")
         page.keyboard.press("Escape")
         page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
@@ -245,6 +246,12 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         page.close()
 
 
+def opened(page: Page, name: str) -> None:
+    """The page titled `name` is open, its run done."""
+    expect(page.locator(HEADING)).to_have_text(name, timeout=T)
+    page.wait_for_selector(IDLE, timeout=T)
+
+
 def test_one_back_leaves_the_page_and_each_step_is_one_entry(
         browser: Browser, app_url: str, screenshots: Path) -> None:
     """The browser's Back and Forward on the Scenarios page (assets/history.js and the
@@ -254,29 +261,24 @@ def test_one_back_leaves_the_page_and_each_step_is_one_entry(
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     try:
         page.set_default_timeout(T)
-        heading = page.locator("[data-testid='stMain'] h1")
         story = page.locator(".st-key-tour_narration")
         nxt = page.get_by_role("button", name="Next", exact=True)
         link = re.compile(r"/tour\?scenario=01-contiguous-problem&step=1$")
 
-        def opened(name: str) -> None:
-            expect(heading).to_have_text(name, timeout=T)
-            page.wait_for_selector(IDLE, timeout=T)
-
         page.goto(f"{app_url}/lab")
-        opened("Playground")
+        opened(page, "Playground")
         # The first scenario's fresh engine is what the bare address opens: it stays
         # bare, and one Back leaves.
         page.get_by_role("link", name="Scenarios").click()
-        opened("Scenarios")
+        opened(page, "Scenarios")
         shows(story, "Step 0 of 5:")
         expect(page).to_have_url(f"{app_url}/tour")
         page.go_back()
-        opened("Playground")
+        opened(page, "Playground")
         expect(page).to_have_url(f"{app_url}/lab")
         # A step is an entry of its own.
         page.go_forward()
-        opened("Scenarios")
+        opened(page, "Scenarios")
         nxt.click()
         shows(story, "Step 1 of 5:")
         expect(page).to_have_url(link)
@@ -284,38 +286,38 @@ def test_one_back_leaves_the_page_and_each_step_is_one_entry(
         # with its path, whichever Streamlit writes first: one Back leaves, to a
         # Playground whose address carries no scenario's link.
         page.get_by_role("link", name="Playground").click()
-        opened("Playground")
+        opened(page, "Playground")
         page.get_by_role("link", name="Scenarios").click()
-        opened("Scenarios")
+        opened(page, "Scenarios")
         shows(story, "Step 1 of 5:")
         expect(page).to_have_url(link)
         page.go_back()
-        opened("Playground")
+        opened(page, "Playground")
         expect(page).to_have_url(f"{app_url}/lab")
         # Further back: the step, then the bare entry, which shows step 0 (with the
         # step applied past it kept), then the Playground.
         page.go_back()
-        opened("Scenarios")
+        opened(page, "Scenarios")
         shows(story, "Step 1 of 5:")
         page.go_back()
-        opened("Scenarios")
+        opened(page, "Scenarios")
         shows(story, "Step 0 of 5:")
         expect(page).to_have_url(re.compile(r"scenario=01-contiguous-problem&step=0&applied=1$"))
         page.go_back()
-        opened("Playground")
+        opened(page, "Playground")
         # Opened by its address, the same: the bare address, Next, and two Backs to
         # leave, the first to step 0.
         page.goto(f"{app_url}/tour")
-        opened("Scenarios")
+        opened(page, "Scenarios")
         shows(story, "Step 0 of 5:")
         expect(page).to_have_url(f"{app_url}/tour")
         nxt.click()
         shows(story, "Step 1 of 5:")
         page.go_back()
-        opened("Scenarios")
+        opened(page, "Scenarios")
         shows(story, "Step 0 of 5:")
         page.go_back()
-        opened("Playground")
+        opened(page, "Playground")
     except BaseException:
         shoot(page, screenshots / "tour-history-failed.png")
         raise
@@ -331,14 +333,9 @@ def test_back_during_a_play_stops_it_and_a_back_keeps_an_upload(
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     try:
         page.set_default_timeout(T)
-        heading = page.locator("[data-testid='stMain'] h1")
         story = page.locator(".st-key-tour_narration")
         play = page.get_by_role("button", name="Play", exact=True)
         pause = page.get_by_role("button", name="Pause", exact=True)
-
-        def opened(name: str) -> None:
-            expect(heading).to_have_text(name, timeout=T)
-            page.wait_for_selector(IDLE, timeout=T)
 
         def stays(text: str) -> None:
             """`text` is shown, and still is two play steps later (at the slowest speed,
@@ -349,7 +346,7 @@ def test_back_during_a_play_stops_it_and_a_back_keeps_an_upload(
             expect(pause).to_have_count(0, timeout=1000)
 
         page.goto(f"{app_url}/tour?scenario=05-continuous-batching&step=0")
-        opened("Scenarios")
+        opened(page, "Scenarios")
         speed = page.get_by_role("slider", name="Seconds per step")
         speed.focus()
         speed.press("End")
@@ -365,20 +362,20 @@ def test_back_during_a_play_stops_it_and_a_back_keeps_an_upload(
         play.click()
         shows(story, "Step 2 of ")
         page.get_by_role("link", name="Playground").click()
-        opened("Playground")
+        opened(page, "Playground")
         page.get_by_role("link", name="Scenarios").click()
-        expect(heading).to_have_text("Scenarios", timeout=T)
+        expect(page.locator(HEADING)).to_have_text("Scenarios", timeout=T)
         shows(story, STEP_ANY)
         shown = STEP_ANY.search(story.inner_text())
         assert shown is not None
         stays(shown.group(0))
         # An upload, a step of it, another page, and Back.
         page.get_by_role("button", name="Upload your own scenario").click()
-        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[{
-            "name": "mine.json", "mimeType": "application/json",
-            "buffer": json.dumps({"name": "Mine", "steps": [
-                {"op": "add", "request": "A", "prompt": "hi"},
-                {"op": "step"}]}).encode()}])
+        mine: FilePayload = {"name": "mine.json", "mimeType": "application/json",
+                             "buffer": json.dumps({"name": "Mine", "steps": [
+                                 {"op": "add", "request": "A", "prompt": "hi"},
+                                 {"op": "step"}]}).encode()}
+        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[mine])
         shows(page.get_by_test_id("stMain"), "Mine (uploaded: mine.json)")
         page.keyboard.press("Escape")
         page.wait_for_selector(IDLE, timeout=T)
@@ -386,9 +383,9 @@ def test_back_during_a_play_stops_it_and_a_back_keeps_an_upload(
         shows(story, "Step 1 of 2:")
         page.wait_for_selector(IDLE, timeout=T)
         page.get_by_role("link", name="Contiguous vs paged").click()
-        opened("Contiguous vs paged")
+        opened(page, "Contiguous vs paged")
         page.go_back()
-        opened("Scenarios")
+        opened(page, "Scenarios")
         shows(page.get_by_test_id("stMain"), "Mine (uploaded: mine.json)")
         shows(story, "Step 1 of 2:")
     except BaseException:
