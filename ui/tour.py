@@ -263,11 +263,11 @@ def _apply_link() -> None:
         t.playing = False
     if (want == (None, None, None) and went
             and (t.run is None or t.run.key != UPLOAD)):
-        # An entry of the browser's history with a bare address is the first scenario's
-        # fresh engine, the one view of a shipped scenario whose link is not written
-        # into a bare address (_write_link). Opened as a link, not kept as it is: Back
-        # from step 1 of it shows step 0. (An upload's entries are bare too: it stays.)
-        want = (first_stem(), "0", None)
+        # An entry of the browser's history with a bare address is the view a bare
+        # address stands for (_write_link leaves it bare). Opened as a link, not kept
+        # as it is: Back from step 1 of it shows step 0. (An upload's entries are bare
+        # too: it stays.)
+        want = _bare_link()
     if (want == t.url or want[:2] == (None, None)
             or (not went and want in t.links_left_by_play)):
         # Nothing new: ours (the newest, or one the play left, which a click sent
@@ -320,6 +320,12 @@ def _apply_link() -> None:
         say("info", f"The link's applied {_quoted(applied)} is not a step of this scenario "
                     f"(0 to {run.total}); it is ignored.")
     t.view = min(n, run.run_to(max(n, taken or 0)))
+
+
+def _bare_link() -> Link:
+    """The link a bare /tour stands for: the first scenario's fresh engine, the one view
+    of a shipped scenario whose link is not written into a bare address."""
+    return (first_stem(), "0", None)
 
 
 def _quoted(value: str) -> str:
@@ -409,7 +415,7 @@ def _write_link(run: TourRun) -> None:
         return
     applied = str(run.taken) if run.taken > t.view else None
     want: Link = (run.key, str(t.view), applied)
-    if want == (first_stem(), "0", None) and not any(name in params for name in LINK_PARAMS):
+    if want == _bare_link() and not any(name in params for name in LINK_PARAMS):
         # A bare address opens this view: it stays bare. A tab's first run writes its
         # link before the browser has assets/history.js, and Streamlit's entry for it
         # came after the bare one, which showed the same: Back went there, and the page
