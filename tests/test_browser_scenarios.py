@@ -305,11 +305,20 @@ def test_one_back_leaves_the_page_and_each_step_is_one_entry(
         expect(page).to_have_url(re.compile(r"scenario=01-contiguous-problem&step=0&applied=1$"))
         page.go_back()
         opened(page, "Playground")
-        # Opened by its address, the first scenario's fresh engine keeps it bare.
+        # Opened by its address, the first scenario's fresh engine keeps it bare; a step
+        # is an entry by the time it shows: a Back then goes to step 0, and one more
+        # leaves.
         page.goto(f"{app_url}/tour")
         opened(page, "Scenarios")
         shows(story, "Step 0 of 5:")
         expect(page).to_have_url(f"{app_url}/tour")
+        nxt.click()
+        shows(story, "Step 1 of 5:")
+        page.go_back()
+        opened(page, "Scenarios")
+        shows(story, "Step 0 of 5:")
+        page.go_back()
+        opened(page, "Playground")
     except BaseException:
         shoot(page, screenshots / "tour-history-failed.png")
         raise

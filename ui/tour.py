@@ -221,7 +221,8 @@ def load(key: str, ctx: LoadContext | None = None) -> bool:
 # ---- each rerun, before drawing -------------------------------------------------------
 
 def sync() -> tuple[TourRun, Frame]:
-    """Apply a new link, make sure a run exists on the sidebar's kernel, settle play.
+    """Apply a new link, make sure a run exists on the sidebar's kernel, settle play, and
+    write the link of the view to draw.
 
     Returns the run and the frame to draw. Switches to the Playground when
     "Continue in the Playground" asked for it.
@@ -249,6 +250,10 @@ def sync() -> tuple[TourRun, Frame]:
                 say("info", f"Played to the end: step {run.taken} of {run.total}.")
         # A widget's state may be set only before it is drawn: the slider follows the view.
         st.session_state["tour_slider"] = t.view
+        # The link now, before the view is drawn: the browser has the step's entry by the
+        # time the step shows. Written after drawing, a Back pressed as the step showed
+        # went back past it, from an entry the step had not yet written.
+        _write_link(run)
         return run, run.frame(t.view)
 
 
@@ -334,10 +339,9 @@ def _quoted(value: str) -> str:
 
 
 def finish(run: TourRun, slot: DeltaGenerator) -> None:
-    """After drawing: write the link, and take the next step if playing (a long one
-    with its bar in `slot`, a placeholder the page keeps by its controls)."""
+    """After drawing: take the next step if playing (a long one with its bar in `slot`,
+    a placeholder the page keeps by its controls)."""
     t = state()
-    _write_link(run)
     if not t.playing:
         # This page, its slider and link at the view, is complete: any slider value or
         # link from now on is the person's.
@@ -361,7 +365,7 @@ def finish(run: TourRun, slot: DeltaGenerator) -> None:
         if t.view != before:
             t.left_by_play |= {before}
             if t.url is not None:
-                # `_write_link` above wrote the link of the step left.
+                # `sync` wrote the link of the step left.
                 t.links_left_by_play |= {t.url}
     shown.finish()
     st.rerun()
