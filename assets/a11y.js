@@ -278,6 +278,27 @@
     for (const [k, text] of now) heard.set(k, text);
   };
 
+  // A person who acts on a page whose first drawing has not been heard yet acted on it
+  // as it stands: that is what they had, and what their act's run draws is news. The
+  // runs before it do not always show: a short run's start and end can reach the page
+  // together, its state never changing, and a change made mid-run joins that run
+  // (Streamlit reruns it), with no end between. Only an act on a control counts: not a
+  // Tab, Escape or modifier key, nor a pick of another tab (a page of its own).
+  const NO_ACT = ["Tab", "Escape", "Shift", "Control", "Alt", "AltGraph", "Meta", "CapsLock"];
+  const CONTROL = "button, input, select, textarea, label, [role='slider'], "
+    + "[role='option'], [role='checkbox'], [role='radio'], [role='switch']";
+  const actedOn = (target) => {
+    if (settled || !(target instanceof Element) || !target.closest(CONTROL)
+        || target.closest("[role='tablist'], [data-testid='stSidebarNav']")) return;
+    const midRun = running();
+    hear(watched(midRun), midRun);
+    ran = true;
+  };
+  document.addEventListener("pointerdown", (e) => actedOn(e.target), true);
+  document.addEventListener("keydown", (e) => {
+    if (!NO_ACT.includes(e.key)) actedOn(e.target);
+  }, true);
+
   // Read once a run has drawn the page; while a scenario plays, as soon as a run has
   // drawn it: a play's runs follow each other with 20-130 ms between them, too short
   // for a quiet moment after a run's end, and at times with none the browser sees.
