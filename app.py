@@ -74,4 +74,4 @@ st.set_page_config(page_title=title if title == "PagedLab" else f"{title} · Pag
 
 from ui import start  # noqa: E402  (slow: see above)
 
-start.run(page)
+start.run(page, [p.url_path for p in PAGES])

@@ -18,11 +18,17 @@
 // for Forward. A Contiguous vs paged tab is in the address (a link opens it), but
 // Streamlit writes it in place (replaceState, not seen here): switching tabs is no
 // entry.
+//
+// An address that is no page's (/, and the pages' file names such as /scenarios) only
+// opens a page: app.py's redirect pushes the page's address over it on a tab's first
+// run, before this script loads, and a Back to it opened that same page again, a
+// second Back needed to leave. Back or Forward onto such an entry goes on past it.
 (() => {
   if (window.__pagedlabHistory) return;
   window.__pagedlabHistory = true;
 
   const PLAYING = __PLAYING__;
+  const PAGES = __PAGES__;    // the pages' own addresses, the last part of the path
   const history = window.history;
   const push = history.pushState.bind(history);
   const replace = history.replaceState.bind(history);
@@ -40,9 +46,27 @@
   // The last change came in a play: the play's last view, whose run draws the play
   // stopped, perhaps before its address changes, is an entry too.
   let played = false;
-  // A click that changed no address (Step on the Playground) is not left to make the
-  // next Back's redirect an entry, which would drop the entries after it.
-  window.addEventListener("popstate", () => { acted = false; played = false; });
+  // The entry shown, to tell a Back from a Forward (Chromium's Navigation API; where
+  // there is none, a move onto a redirect's entry is taken for a Back).
+  const at = () => window.navigation?.currentEntry?.index ?? -1;
+  let shown = at();
+  window.addEventListener("popstate", () => {
+    // A click that changed no address (Step on the Playground) is not left to make
+    // this Back's redirect an entry, which would drop the entries after it.
+    acted = false;
+    played = false;
+    const was = shown;
+    shown = at();
+    // An address that is no page's: gone on past, the way the person was going.
+    if (PAGES.includes(location.pathname.split("/").pop())) return;
+    if (was >= 0 && shown > was) {
+      history.forward();
+    } else if (window.navigation?.canGoBack ?? true) {
+      // (With nothing before it, the redirect runs and takes the entry: the page
+      // stays, as it would.)
+      history.back();
+    }
+  });
 
   history.pushState = (state, unused, url) => {
     const playing = document.querySelector(`.st-key-${PLAYING}`) !== null;
@@ -53,5 +77,6 @@
     }
     acted = false;
     played = playing;
+    shown = at();
   };
 })();

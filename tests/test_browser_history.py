@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, Page, expect
 
 from ui import history
 from ui.a11y import PLAYING
 
 pytestmark = pytest.mark.browser
+
+# The pages' url paths, as app.py passes them (any other address only opens a page).
+PAGES = ("lab", "tour", "fragmentation")
+T = 60_000
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 
 # Each case: what happens from /lab, a key pressed ("key", or a modifier alone:
 # "shift"), the address changed (a path), a play's mark drawn or removed ("play",
@@ -80,7 +85,7 @@ def entries(page: Page, steps: list[str]) -> tuple[int, str, str]:
         steps = ["install", *steps]
     for step in steps:
         if step == "install":
-            run(history.script())
+            run(history.script(PAGES))
         elif step == "key":
             page.keyboard.press("Enter")
         elif step == "shift":
@@ -114,7 +119,7 @@ def test_a_tabs_first_link_fills_in_the_address_it_was_opened_at(
         browser: Browser, app_url: str) -> None:
     """Before the person has acted on the page at all. The page runs it itself: any
     script Playwright runs in the page counts as the person's gesture."""
-    first = (f"<script>{history.script()}</script>"
+    first = (f"<script>{history.script(PAGES)}</script>"
              "<script>history.pushState({}, '', '/lab?session=x');</script>")
     page = browser.new_page()
     try:
@@ -136,7 +141,7 @@ def test_a_back_keeps_the_entries_after_it(browser: Browser, app_url: str) -> No
     try:
         page.goto(f"{app_url}/_stcore/health")
         page.add_script_tag(content="history.replaceState(null, '', '/')")
-        page.add_script_tag(content=history.script())
+        page.add_script_tag(content=history.script(PAGES))
         page.keyboard.press("Enter")
         page.add_script_tag(content="history.pushState({}, '', '/lab?session=x')")
         page.keyboard.press("Enter")       # Step: the address stays
@@ -146,5 +151,33 @@ def test_a_back_keeps_the_entries_after_it(browser: Browser, app_url: str) -> No
         assert page.evaluate("[history.length, location.pathname]") == [length, "/lab"]
         page.go_forward()
         assert page.evaluate("location.pathname + location.search") == "/lab?session=x"
+    finally:
+        page.close()
+
+
+def test_a_back_goes_past_an_address_that_only_opens_a_page(browser: Browser,
+                                                            app_url: str) -> None:
+    """/ and a page's file name (/scenarios) open a page by a redirect that pushes the
+    page's own address over theirs: one Back from that page leaves, as from any other,
+    and Forward comes back to it."""
+    page = browser.new_page()
+    heading = page.locator("[data-testid='stMain'] h1")
+    before = f"{app_url}/_stcore/health"
+    try:
+        for address, name, opened in (
+                ("/", "Playground", "/lab"),
+                ("/scenarios?scenario=05-continuous-batching&step=0", "Scenarios",
+                 "/tour?scenario=05-continuous-batching&step=0")):
+            page.goto(before)
+            page.goto(f"{app_url}{address}")
+            expect(heading).to_have_text(name, timeout=T)
+            page.wait_for_selector(IDLE, timeout=T)
+            expect(page).to_have_url(f"{app_url}{opened}")
+            page.wait_for_function("window.__pagedlabHistory === true", timeout=T)
+            page.go_back()
+            page.wait_for_url(before, timeout=T)
+            page.go_forward()
+            expect(heading).to_have_text(name, timeout=T)
+            expect(page).to_have_url(f"{app_url}{opened}", timeout=T)
     finally:
         page.close()

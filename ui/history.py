@@ -5,6 +5,7 @@ does, so that one Back goes back over one click."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from streamlit.runtime.scriptrunner import get_script_run_ctx
@@ -14,10 +15,12 @@ from ui.a11y import PLAYING
 SCRIPT = Path(__file__).resolve().parents[1] / "assets" / "history.js"
 
 
-def script() -> str:
-    """assets/history.js with PLAYING filled in, to run in the page's own document
+def script(pages: Sequence[str]) -> str:
+    """assets/history.js with PLAYING and the pages' url paths (`pages`: every other
+    address only opens one of them) filled in, to run in the page's own document
     (ui.a11y.install)."""
-    return SCRIPT.read_text(encoding="utf-8").replace("__PLAYING__", json.dumps(PLAYING))
+    return (SCRIPT.read_text(encoding="utf-8").replace("__PLAYING__", json.dumps(PLAYING))
+            .replace("__PAGES__", json.dumps(list(pages))))
 
 
 def went_back_or_forward() -> bool:

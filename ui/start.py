@@ -7,6 +7,8 @@ server's first run) come after the navigation reaches the browser.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from streamlit.navigation.page import StreamlitPage
 
@@ -27,8 +29,9 @@ PLAYGROUND_PATH = "lab"
 TOUR_PATH = "tour"
 
 
-def run(page: StreamlitPage) -> None:
-    """Set up this browser session, draw the shared sidebar, then run `page`."""
+def run(page: StreamlitPage, pages: Sequence[str]) -> None:
+    """Set up this browser session, draw the shared sidebar, then run `page`, one of
+    the pages whose url paths are `pages` (any other address only opens one)."""
     session.init()
     numbers.mark_unreadable()
     # Before the sidebar is drawn: reopening a session sets the sidebar's fields.
@@ -41,7 +44,7 @@ def run(page: StreamlitPage) -> None:
         tour.left_page()
     sidebar.render()
     store.write_cookie()
-    a11y.install(history.script())
+    a11y.install(history.script(pages))
     with entry.app_page():
         top = clicks.slot()
         page.run()
