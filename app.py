@@ -24,14 +24,17 @@ st.set_page_config(page_title="PagedLab", page_icon=ICON, layout="wide")
 # rerun) would otherwise run pages/NAME.py by itself, without this script's session
 # setup and sidebar. That handling finds a page only by file name, so pages/lab.py,
 # tour.py and fragmentation.py exist for it: each just runs this script.
+# The pages' url paths, for ui/start.py too: written out, as a page run bare (see
+# ALIASES) has none to read.
+PATHS = ("lab", "tour", "fragmentation")
 PAGES = [
     # (ui/start.py's PLAYGROUND_PATH: the address that names a saved session.)
     st.Page("pages/playground.py", title="Playground", icon=":material/science:",
-            url_path="lab"),
+            url_path=PATHS[0]),
     st.Page("pages/scenarios.py", title="Scenarios", icon=":material/auto_stories:",
-            url_path="tour"),
+            url_path=PATHS[1]),
     st.Page("pages/compare.py", title="Contiguous vs paged", icon=":material/compare:",
-            url_path="fragmentation"),
+            url_path=PATHS[2]),
 ]
 
 
@@ -74,4 +77,4 @@ st.set_page_config(page_title=title if title == "PagedLab" else f"{title} · Pag
 
 from ui import start  # noqa: E402  (slow: see above)
 
-start.run(page, [p.url_path for p in PAGES])
+start.run(page, PATHS)
