@@ -278,25 +278,34 @@
     for (const [k, text] of now) heard.set(k, text);
   };
 
-  // A person who acts on a page whose first drawing has not been heard yet acted on it
-  // as it stands: that is what they had, and what their act's run draws is news. The
-  // runs before it do not always show: a short run's start and end can reach the page
-  // together, its state never changing, and a change made mid-run joins that run
-  // (Streamlit reruns it), with no end between. Only an act on a control counts: not a
-  // Tab, Escape or modifier key, nor a pick of another tab (a page of its own).
-  const NO_ACT = ["Tab", "Escape", "Shift", "Control", "Alt", "AltGraph", "Meta", "CapsLock"];
-  const CONTROL = "button, input, select, textarea, label, [role='slider'], "
-    + "[role='option'], [role='checkbox'], [role='radio'], [role='switch']";
-  const actedOn = (target) => {
-    if (settled || !(target instanceof Element) || !target.closest(CONTROL)
-        || target.closest("[role='tablist'], [data-testid='stSidebarNav']")) return;
+  // A person who changes something on a page whose first drawing has not been heard
+  // yet changed it as it stood: that is what they had, and what their change's run
+  // draws is news. The runs before it do not always show: a short run's start and end
+  // can reach the page together, its state never changing, and a change made mid-run
+  // joins that run (Streamlit reruns it), with no end between. Only what commits a
+  // change counts: Enter or Space, a click on a button or an option, a checkbox's or a
+  // field's committed change, a slider moved. Focusing a field, moving in its text, a
+  // help or full-screen button, or another tab (a page of its own), which change
+  // nothing, would have the rest of the tab's first drawing read as news.
+  const NOT_ACTS = "[role='tablist'], [data-testid='stSidebarNav'], [aria-label^='Help'], "
+    + "[aria-label^='Fullscreen'], [aria-label^='Close fullscreen']";
+  const SLIDER_KEYS = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown", "Home", "End",
+    "PageUp", "PageDown"];
+  const changed = (target, what) => {
+    if (settled || !(target instanceof Element)) return;
+    const control = target.closest(what);
+    if (control === null || control.closest(NOT_ACTS)) return;
     const midRun = running();
     hear(watched(midRun), midRun);
     ran = true;
   };
-  document.addEventListener("pointerdown", (e) => actedOn(e.target), true);
+  document.addEventListener("click", (e) => changed(e.target, "button, [role='option']"), true);
+  document.addEventListener("change", (e) => changed(e.target, "input, select, textarea"), true);
+  document.addEventListener("pointerdown", (e) => changed(e.target, "[role='slider']"), true);
   document.addEventListener("keydown", (e) => {
-    if (!NO_ACT.includes(e.key)) actedOn(e.target);
+    if (e.key === "Enter" || e.key === " ") changed(e.target, "input, select, textarea, "
+      + "button, [role='option'], [role='combobox'], [role='slider']");
+    else if (SLIDER_KEYS.includes(e.key)) changed(e.target, "[role='slider'], [role='radio']");
   }, true);
 
   // Read once a run has drawn the page; while a scenario plays, as soon as a run has

@@ -28,11 +28,14 @@ PAGE = f"""
   <div data-testid="stMain">
     <div class="st-key-section_result">A's result</div>
     <input id="field" aria-label="A field">
+    <button id="apply">Apply</button>
   </div>
 </div>"""
 
 # What a step does to the page: a tab picked, the run state as the page shows it, the
-# result box drawn, a person's key (Enter in the field, or Tab: no act), a pause.
+# result box drawn, a person's act ("enter" in the field, "press" the button) or what
+# changes nothing ("tab" out of the field, "focus" it with a click, "arrow" in its
+# text), a pause.
 STEPS = {
     "pick B": """for (const t of document.querySelectorAll("[role='tab']")) {
                    t.setAttribute('aria-selected', String(t.innerText === 'B')); }""",
@@ -64,8 +67,19 @@ CASES = {
     "a change mid-run": (
         ["pick B", "run", "draw B's first", "enter", "rerun", "run", "draw B's new", "end"],
         ["B's new"]),
-    # A Tab key is no act: the tab's first drawing, drawn on after it, is still not news.
+    # A button pressed mid-run is a change too.
+    "a button mid-run": (
+        ["pick B", "run", "draw B's first", "press", "rerun", "run", "draw B's new", "end"],
+        ["B's new"]),
+    # What changes nothing is no act: the tab's first drawing, drawn on after it, is
+    # still not news.
     "a Tab key mid-run": (["pick B", "run", "draw B's", "tab", "draw B's first", "end"], []),
+    "a field focused mid-run": (["pick B", "run", "draw B's", "focus", "draw B's first", "end"],
+                                []),
+    "an arrow in a field mid-run": (
+        ["pick B", "run", "draw B's", "arrow", "draw B's first", "end"], []),
+    "a field focused before the run": (["pick B", "focus", "run", "draw B's first", "end"],
+                                       []),
 }
 
 
@@ -91,6 +105,12 @@ def heard_after(page: Page, steps: list[str]) -> list[str]:
             page.locator("#field").press("Enter")
         elif step == "tab":
             page.locator("#field").press("Tab")
+        elif step == "focus":
+            page.locator("#field").click()
+        elif step == "arrow":
+            page.locator("#field").press("ArrowRight")
+        elif step == "press":
+            page.locator("#apply").click()
         else:
             run(STEPS[step])
     page.wait_for_timeout(600)          # a read comes 250 ms after the page settles
