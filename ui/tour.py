@@ -252,7 +252,9 @@ def sync() -> tuple[TourRun, Frame]:
         st.session_state["tour_slider"] = t.view
         # The link now, before the view is drawn: the browser has the step's entry by the
         # time the step shows. Written after drawing, a Back pressed as the step showed
-        # went back past it, from an entry the step had not yet written.
+        # went back past it, from an entry the step had not yet written. (The address is
+        # now a moment ahead instead: a Back while a play draws its next step goes to the
+        # step still shown, and stops the play there.)
         _write_link(run)
         return run, run.frame(t.view)
 
