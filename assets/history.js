@@ -58,7 +58,7 @@
     const was = shown;
     shown = at();
     // An address that is no page's: gone on past, the way the person was going.
-    if (PAGES.includes(location.pathname.split("/").pop())) return;
+    if (PAGES.includes(location.pathname.split("/").filter(Boolean).pop() ?? "")) return;
     if (was >= 0 && shown > was) {
       history.forward();
     } else if (window.navigation?.canGoBack ?? true) {
