@@ -13,6 +13,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from ui import paths  # imports nothing: the pages' addresses
+
 # The icon is drawn (backend.views.grid.icon_pixels, saved as this file), not a
 # :material/...: name: the browser would fetch that from Google. Set before the
 # navigation, which would otherwise give the page its first page's material icon.
@@ -24,17 +26,14 @@ st.set_page_config(page_title="PagedLab", page_icon=ICON, layout="wide")
 # rerun) would otherwise run pages/NAME.py by itself, without this script's session
 # setup and sidebar. That handling finds a page only by file name, so pages/lab.py,
 # tour.py and fragmentation.py exist for it: each just runs this script.
-# The pages' url paths, for ui/start.py too: written out, as a page run bare (see
-# ALIASES) has none to read.
-PATHS = ("lab", "tour", "fragmentation")
+# Their url paths are ui/paths.py's (read there by ui/start.py and the history script).
 PAGES = [
-    # (ui/start.py's PLAYGROUND_PATH: the address that names a saved session.)
     st.Page("pages/playground.py", title="Playground", icon=":material/science:",
-            url_path=PATHS[0]),
+            url_path=paths.PLAYGROUND),
     st.Page("pages/scenarios.py", title="Scenarios", icon=":material/auto_stories:",
-            url_path=PATHS[1]),
+            url_path=paths.SCENARIOS),
     st.Page("pages/compare.py", title="Contiguous vs paged", icon=":material/compare:",
-            url_path=PATHS[2]),
+            url_path=paths.COMPARE),
 ]
 
 
@@ -77,4 +76,4 @@ st.set_page_config(page_title=title if title == "PagedLab" else f"{title} · Pag
 
 from ui import start  # noqa: E402  (slow: see above)
 
-start.run(page, PATHS)
+start.run(page)

@@ -15,11 +15,10 @@ from playwright.sync_api import Browser, Page, expect
 
 from ui import history
 from ui.a11y import PLAYING
+from ui.paths import PAGES
 
 pytestmark = pytest.mark.browser
 
-# The pages' url paths, as app.py passes them (any other address only opens a page).
-PAGES = ("lab", "tour", "fragmentation")
 T = 60_000
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 

@@ -7,15 +7,25 @@ server's first run) come after the navigation reaches the browser.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from streamlit.navigation.page import StreamlitPage
 
 # Imported before anything compiles a Triton kernel: on a machine without a GPU it
 # switches Triton to its interpreter (TRITON_INTERPRET must be set first).
 import backend.kernels  # noqa: F401
-from ui import a11y, clicks, entry, history, numbers, resume, session, sidebar, store, tour
+from ui import (
+    a11y,
+    clicks,
+    entry,
+    history,
+    numbers,
+    paths,
+    resume,
+    session,
+    sidebar,
+    store,
+    tour,
+)
 
 # One thread per torch op: the server runs many sessions' steps side by side on a small
 # CPU, where torch's per-op thread pool spins waiting for its threads and a busy machine
@@ -23,28 +33,23 @@ from ui import a11y, clicks, entry, history, numbers, resume, session, sidebar, 
 # run in parallel threads; the pool would only contend with them.
 torch.set_num_threads(1)
 
-# The Playground's url_path (app.py): the page whose address names a saved session.
-PLAYGROUND_PATH = "lab"
-# The Scenarios page's: the one a scenario plays on.
-TOUR_PATH = "tour"
 
 
-def run(page: StreamlitPage, pages: Sequence[str]) -> None:
-    """Set up this browser session, draw the shared sidebar, then run `page`, one of
-    the pages whose url paths are `pages` (any other address only opens one)."""
+def run(page: StreamlitPage) -> None:
+    """Set up this browser session, draw the shared sidebar, then run `page`."""
     session.init()
     numbers.mark_unreadable()
     # Before the sidebar is drawn: reopening a session sets the sidebar's fields.
     resume.at_start()
-    if page.url_path == PLAYGROUND_PATH:
+    if page.url_path == paths.PLAYGROUND:
         # The session the address names is the Playground's (other pages keep it only
         # in passing).
         resume.follow_history()
-    if page.url_path != TOUR_PATH:
+    if page.url_path != paths.SCENARIOS:
         tour.left_page()
     sidebar.render()
     store.write_cookie()
-    a11y.install(history.script(pages))
+    a11y.install(history.script(paths.PAGES))
     with entry.app_page():
         top = clicks.slot()
         page.run()
