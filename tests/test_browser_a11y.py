@@ -333,11 +333,21 @@ def test_the_sidebar_and_a_charts_full_screen_work_from_the_keyboard(
         page.goto(f"{app_url}/fragmentation")
         expect(page.locator("[data-testid='stMain'] h1")).to_be_visible(timeout=T)
         idle(page)
+        # The collapse button drawn, and the page's style (ui/a11y.py's holder) in: that is
+        # an html element, which Streamlit draws a moment after the run that sent it. Until
+        # then the button is hidden as Streamlit hides it, and Tab passes it by.
+        page.wait_for_function("""() => {
+          const b = document.querySelector("[data-testid='stSidebarCollapseButton']");
+          return b !== null && getComputedStyle(b).visibility === 'visible';
+        }""")
         # Tab reaches the collapse button (Streamlit hides it until the pointer is over
         # the sidebar), which shows while it has the focus.
         page.keyboard.press("Tab")   # the "Skip to main content" link
         page.keyboard.press("Tab")
-        expect(collapse).to_be_focused()
+        try:
+            expect(collapse).to_be_focused()
+        except AssertionError as exc:
+            raise AssertionError(f"the focus is on {page.evaluate(FOCUSED)}") from exc
         expect(collapse).to_have_css("opacity", "1")
         # Collapsed: the focus goes to the expand button, and Tab leaves the sidebar's
         # controls, now off the page, out.
