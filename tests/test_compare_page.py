@@ -174,6 +174,11 @@ def test_sharing_measures_on_the_live_engine_when_asked() -> None:
     live = frames[1]
     assert live["saved"].round(7).tolist() == [round(100 * r.saved_fraction, 7) for r in want]
     assert live["copy-on-write copies"].tolist() == [r.trace.cow_copies for r in want]
+    # The result says what it measured, and still does once a field has changed.
+    ran = ("Last run: tiny-byte, 2 instruction prompts, block size 16, up to 8 new tokens.")
+    assert ran in [c.value for c in at.caption]
+    at.number_input(key="cmp_share_new").set_value(16).run()
+    assert ran in [c.value for c in at.caption]
 
 
 def test_block_size_simulation_button() -> None:
@@ -309,6 +314,11 @@ def test_swap_or_recompute_runs_the_engines_and_says_what_they_did() -> None:
     says = text(at)
     assert "every request generated exactly the tokens of the run that never preempted" in says
     assert "in the same steps" in says
+    # The runs say what was run, and still do once a field has changed.
+    ran = "Last run: block sizes 2, 8; 8 requests; 192 token slots."
+    assert ran in [c.value for c in at.caption]
+    at.number_input(key="cmp_swap_requests").set_value(16).run()
+    assert ran in [c.value for c in at.caption]
 
 
 def test_sharing_shows_a_bar_while_it_measures_and_none_once_measured(

@@ -207,9 +207,14 @@ def test_the_page_writes_counts_and_sizes_to_be_read() -> None:
     assert models.set_index("model").loc["Gemma-2-9B", "per 16-token block"] == "2.625 MiB"
     blocks = next(d.value for d in at.dataframe if "per block" in d.value.columns)
     assert blocks.set_index("block size").loc[16, "per block"] == "2.625 MiB"
+    # The model table's bytes are at the chosen dtype, and its caption says which.
+    assert any(c.value.startswith("KV bytes at the KV dtype chosen above, fp8 (1 byte).")
+               for c in at.caption)
     calculator(at, "Gemma-2-9B", 2, 2048)
     models = next(d.value for d in at.dataframe if "per 16-token block" in d.value.columns)
     assert models.set_index("model").loc["Gemma-2-9B", "per 16-token block"] == "5.25 MiB"
+    assert any(c.value.startswith("KV bytes at the KV dtype chosen above, fp16 / bf16 "
+                                  "(2 bytes).") for c in at.caption)
     assert "x 256 x 2 bytes = " in "\n".join(m.value for m in at.markdown)
 
 

@@ -13,6 +13,8 @@ from ui.compare import refuse
 
 # Counts with thousands separators, as the page's text writes them.
 COUNT = st.column_config.NumberColumn(format="localized")
+# The KV dtype field's choices: bytes per element, as the field and the caption name them.
+KV_DTYPES = {2: "fp16 / bf16 (2 bytes)", 4: "fp32 (4 bytes)", 1: "fp8 (1 byte)"}
 
 
 def calculator_section() -> None:
@@ -33,9 +35,7 @@ def calculator_section() -> None:
                                                      4: "4-bit"}[b])
         c = st.columns(3)
         kv_bytes = c[0].selectbox("KV dtype", [2, 4, 1], key="cmp_calc_kv", persist_state="session",
-                                  format_func=lambda b: {4: "fp32 (4 bytes)",
-                                                         2: "fp16 / bf16 (2 bytes)",
-                                                         1: "fp8 (1 byte)"}[b])
+                                  format_func=KV_DTYPES.__getitem__)
         # A share, not GiB: said by its label and help (40 GiB at 0.10 keeps 4 GiB).
         reserve = c[1].slider("Reserve (share of GPU memory)", 0.0, 0.5, 0.1, 0.01,
                               key="cmp_calc_reserve", persist_state="session",
@@ -116,6 +116,9 @@ def calculator_section() -> None:
                          "16-token block", help="KV bytes per block of 16 tokens"),
                      "source": st.column_config.TextColumn(
                          help="the Hugging Face repository whose config.json gave the shape")})
-    st.caption("Shapes from each model's Hugging Face config.json. Grouped-query attention "
+    # The byte columns follow the KV dtype above: said, since the paper's 800 KB per token
+    # (OPT-13B) is for 2 bytes, and at fp8 the table reads 400 KiB.
+    st.caption(f"KV bytes at the KV dtype chosen above, {KV_DTYPES[int(kv_bytes)]}. "
+               "Shapes from each model's Hugging Face config.json. Grouped-query attention "
                "(fewer KV heads than query heads) is why current models need far less KV "
                "memory per token than OPT-13B.")

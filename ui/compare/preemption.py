@@ -18,6 +18,11 @@ NO_SIZES = ("Choose at least one block size to run: each is run on the engine th
             "(never preempting, swapping, recomputing).")
 
 
+def _what(sizes: list[int], requests: int, slots: int) -> str:
+    return (f"block sizes {', '.join(map(str, sizes))}; {counted(requests, 'request')}; "
+            f"{slots:,} token slots")
+
+
 def preemption_section() -> None:
     st.markdown(
         "When the pool runs out, vLLM preempts a request and either **swaps** its blocks to "
@@ -54,19 +59,19 @@ def preemption_section() -> None:
             return swap_vs_recompute(chosen, workload=Workload.overloaded(count),
                                      capacity_tokens=pool, progress=show)
 
-        background.begin(JOB, pool, work, "Running the engines...",
-                         f"block sizes {', '.join(map(str, chosen))}, {count} requests, "
-                         f"{pool:,} slots")
+        background.begin(JOB, (chosen, count, pool), work, "Running the engines...",
+                         _what(chosen, count, pool))
 
     def record(job: background.Job) -> None:
-        # With the pool it was asked for: the field may change before the next run.
+        # With the fields it was asked for: they may change before the next run.
         st.session_state[STATE] = (job.inputs, job.result)
 
     background.take(JOB, record, refuse)
     if not sizes:
         st.caption(NO_SIZES)
-    # The runs, with the pool they were asked for (the field may have changed since).
-    kept: tuple[int, list[PreemptionRun]] | None = st.session_state.get(STATE)
+    # The runs, with the fields they were asked for (which may have changed since).
+    kept: tuple[tuple[list[int], int, int], list[PreemptionRun]] | None = (
+        st.session_state.get(STATE))
     if not kept or not kept[1]:
         if sizes:
             # No time is promised: it depends on the server and its load (a bar shows
@@ -75,7 +80,8 @@ def preemption_section() -> None:
                        "each; a bar shows their progress.")
         return
     device = select_kernels("auto", "torch").device.type
-    asked, runs = kept
+    (chosen, count, asked), runs = kept
+    st.caption(f"Last run: {_what(chosen, count, asked)}.")
     # Read out when the runs' results are drawn (ui/a11y.py).
     with a11y.said("cmp_swap", "result"):
         st.markdown(views.summary(runs, device, asked))

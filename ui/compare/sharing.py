@@ -167,6 +167,11 @@ def _recorded() -> None:
         "range.")
 
 
+def _what(model: str, prompts: int, block_size: int, max_new_tokens: int) -> str:
+    return (f"{model}, {counted(prompts, 'instruction prompt')}, block size {block_size}, up "
+            f"to {max_new_tokens} new tokens")
+
+
 def _live() -> None:
     st.markdown("**Run it here**: the same measurement on this server's engine")
     # Two fields a line where the page is narrow (beside the sidebar in a 1024 px window).
@@ -201,16 +206,18 @@ def _live() -> None:
                                            max_new_tokens=limit, progress=show)
             return results
 
-        background.begin(LIVE_JOB, None, work, "Starting the engines...",
-                         f"{chosen}, {counted(count, 'prompt')}")
+        asked = _what(chosen, count, size, limit)
+        background.begin(LIVE_JOB, asked, work, "Starting the engines...", asked)
 
     def record(job: background.Job) -> None:
-        st.session_state[LIVE] = job.result
+        # With the fields it was asked for: they may change before the next run.
+        st.session_state[LIVE] = (job.inputs, job.result)
 
     background.take(LIVE_JOB, record, refuse)
-    measured: list[SharingResult] | None = st.session_state.get(LIVE)
-    if measured:
-        _show(measured, "cmp_share_live")
+    kept: tuple[str, list[SharingResult]] | None = st.session_state.get(LIVE)
+    if kept and kept[1]:
+        st.caption(f"Last run: {kept[0]}.")
+        _show(kept[1], "cmp_share_live")
     else:
         st.caption("Press the button: tiny-byte over 4 prompts takes a few seconds.")
 
