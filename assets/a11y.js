@@ -55,6 +55,8 @@
                        // way down: where it was, should all of those go
   let runs = 0;        // the changes of run state seen in this tab
   let runsThen = 0;    // ... when it was focused
+  let pressed = false; // Enter or Space on it since: a run of its own may have come and
+                       // gone unseen (its start and end reaching the page together)
   let pathThen = null; // the page it was on
   let keyboard = false;  // the last input was a key, not a pointer
 
@@ -86,6 +88,7 @@
     }
     runsThen = runs;
     pathThen = location.pathname;
+    pressed = false;
   });
 
   // The control a widget's box `k` holds of the same kind as `want` ([tag, type]); none
@@ -142,9 +145,9 @@
   };
 
   const refocus = () => {
-    // Only a run moves it: what the browser or a widget did by itself (a chart's full
-    // screen, a list box opening) is theirs.
-    if (last === null || !lost() || usable(last) || runs === runsThen) return;
+    // Only a run, or the control's own press, moves it: what the browser or a widget did
+    // by itself (a chart's full screen, a list box opening) is theirs.
+    if (last === null || !lost() || usable(last) || (runs === runsThen && !pressed)) return;
     if (location.pathname !== pathThen) {
       // The control took the person to another page (Continue in the Playground): its
       // neighbours there are nothing they chose. The new page's heading takes the focus,
@@ -195,6 +198,13 @@
   };
   document.addEventListener("click", (e) => {
     if (keyboard && e.target instanceof Element) handOver(e.target);
+  }, true);
+  // Pressed from the keyboard: what it does is the page's (a run's), except for the
+  // buttons above, whose counterpart takes the focus.
+  document.addEventListener("keydown", (e) => {
+    if ((e.key === "Enter" || e.key === " ") && last !== null && e.target instanceof Element
+        && last.contains(e.target)
+        && !COUNTERPARTS.some(([from]) => e.target.closest(from))) pressed = true;
   }, true);
   // Escape closes a chart's full screen as its close button does.
   document.addEventListener("keydown", (e) => {

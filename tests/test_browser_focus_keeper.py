@@ -1,0 +1,89 @@
+"""assets/a11y.js's focus keeper in a real Chromium, on runs the page sees and runs it
+does not: a button whose own press disables or removes it hands the keyboard's focus on.
+
+A busy server's short run can reach the page with its start and end together, the run
+state never changing, so the script is driven here directly on a page of Streamlit's
+shape: a row of buttons (Next, Reset), as the Scenarios page's. tests/test_browser_a11y.py
+presses the real pages' buttons.
+"""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Browser, Page
+
+from ui import a11y
+
+pytestmark = pytest.mark.browser
+
+PAGE = """
+<div data-testid="stApp" data-test-script-state="notRunning">
+  <div data-testid="stMain">
+    <input id="field" aria-label="A field">
+    <div data-testid="stHorizontalBlock">
+      <div class="st-key-next"><button id="next">Next</button></div>
+      <div class="st-key-reset"><button id="reset">Reset</button></div>
+    </div>
+    <div class="st-key-chart"><button id="full" aria-label="Fullscreen">⛶</button></div>
+  </div>
+</div>"""
+
+STATE = "document.querySelector('[data-testid=stApp]').setAttribute('data-test-script-state', {})"
+STEPS = {
+    "run": STATE.format("'running'"),
+    "end": STATE.format("'notRunning'"),
+    "disable next": "document.getElementById('next').disabled = true",
+    "remove next": "document.querySelector('.st-key-next').remove()",
+    "hide full": "document.getElementById('full').style.display = 'none'",
+}
+
+# Each case: the control the keyboard focuses, the steps after it ("press" is Enter on the
+# focused control), and where the focus is then (None: the page's body).
+CASES = {
+    # Next on the last step: its run disables it, and the focus goes on to Reset ...
+    "disabled by a run seen": ("next", ["press", "run", "disable next", "end"], "reset"),
+    # ... also when the page never saw that run: its start and end came together.
+    "disabled by a run unseen": ("next", ["press", "disable next"], "reset"),
+    "removed by a run unseen": ("next", ["press", "remove next"], "reset"),
+    # A control the person did not press, changed by no run the page saw, is not the
+    # page's to move: what a widget does by itself (a chart's full screen hiding its
+    # button) is that widget's.
+    "hidden with no press and no run": ("full", ["hide full"], None),
+    # Nor is a full-screen button's own press: its Close button takes the focus
+    # (a chart's, not drawn here), not the control after it.
+    "full screen pressed": ("full", ["press", "hide full"], None),
+}
+
+
+def focus_after(page: Page, start: str, steps: list[str]) -> str | None:
+    """Focus `start` from the keyboard on PAGE with the script installed, do `steps`:
+    the id of the element with the focus then (None: the body)."""
+    page.set_content(PAGE)
+    page.add_script_tag(content=a11y.script())
+    page.wait_for_timeout(300)
+    # Tab to it from the field, as a keyboard user does.
+    page.locator("#field").focus()
+    while page.evaluate("document.activeElement.id") != start:
+        page.keyboard.press("Tab")
+    for step in steps:
+        if step == "press":
+            # The buttons do nothing here: what the press changes are the steps after it,
+            # as its run's drawing would be.
+            page.keyboard.press("Enter")
+        else:
+            page.add_script_tag(content=STEPS[step])
+        page.wait_for_timeout(150)
+    page.wait_for_timeout(300)
+    found: str | None = page.evaluate(
+        "document.activeElement === document.body ? null : document.activeElement.id")
+    return found
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_pressed_button_that_goes_hands_the_focus_on(browser: Browser, case: str) -> None:
+    start, steps, expected = CASES[case]
+    page = browser.new_page()
+    try:
+        assert focus_after(page, start, steps) == expected
+    finally:
+        page.close()
