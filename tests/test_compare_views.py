@@ -22,6 +22,7 @@ from backend.lab.compare.seed_example import seed_example
 from backend.lab.memory_calc import kv_capacity
 from backend.lab.sharing import SharingResult, SharingTrace
 from backend.lab.sim.simulator import SimConfig, simulate, simulate_workload
+from backend.lab.traces import workload_trace
 from backend.lab.workloads import Trace
 from backend.views.compare import charts, preemptions, swap_recompute, tables
 from backend.views.compare import frames as views
@@ -340,7 +341,22 @@ def test_breakdown_table_and_gain_sentence() -> None:
     most = max(light, key=lambda r: r.memory["free"])
     note = views.free_memory_note(light)
     assert note.startswith(f"Free memory counts in these shares: {most.policy} left "
-                           f"{percent(most.memory['free'])} of its memory free on average")
+                           f"{percent(most.memory['free'])} of its memory free on average, "
+                           "so its token-state share is low because this trace did not need")
+    # Free memory while requests often waited for it (long prompts at the queue's head)
+    # was not left free for want of work: the note says what held them back instead.
+    code = workload_trace("azure-code", requests=300)
+    queued = [simulate(code, SimConfig(p, capacity_tokens=10_000)) for p in ("oracle", "paged")]
+    paged = queued[1]
+    assert paged.memory["free"] > views.MOSTLY_FREE
+    waited = paged.memory_wait_iterations / paged.iterations
+    assert waited >= views.OFTEN_WAITED
+    note = views.free_memory_note(queued)
+    assert note.startswith(f"Free memory counts in these shares: paged left "
+                           f"{percent(paged.memory['free'])} of its memory free on average, "
+                           f"yet in {percent(waited)} of its busy iterations requests waited "
+                           "for memory: the next in line needed more than was free")
+    assert "did not need" not in note
 
 
 def test_a_mean_batch_reads_alike_in_the_sentence_and_on_its_bar() -> None:

@@ -106,6 +106,25 @@ def test_oracle_by_hand() -> None:
     assert r.mean_latency_s == 2.5
 
 
+def test_a_request_held_back_by_a_budget_does_not_wait_for_memory() -> None:
+    # r0 and r1: prompt 2, output 2 (3 tokens on admission, 4 at the end). With room for
+    # both but one at a time, r1 waits out r0's 2 iterations for max_num_seqs, none for
+    # memory. In 5 slots of 1 instead it waits as long, for memory: r0 holds 3, then 4.
+    trace = trace_of([2, 2], [2, 2])
+    budget = simulate(trace, SimConfig(policy="paged", capacity_tokens=64, block_size=1,
+                                       watermark=0.0, iteration_s=1.0, max_num_seqs=1))
+    tight = simulate(trace, SimConfig(policy="paged", capacity_tokens=5, block_size=1,
+                                      watermark=0.0, iteration_s=1.0))
+    assert budget.iterations == tight.iterations == 4
+    assert budget.memory_wait_iterations == 0
+    assert tight.memory_wait_iterations == 2
+    # Counted through a quiet span too (iterations the replay skips, nothing changing): the
+    # oracle reserves r0's 7 slots of 8 in it0, and r1 (3 slots) waits until r0 ends in it4.
+    oracle = simulate(trace_of([2, 2], [5, 1]),
+                      SimConfig(policy="oracle", capacity_tokens=8, iteration_s=1.0))
+    assert oracle.iterations == 6 and oracle.memory_wait_iterations == 5
+
+
 def test_paged_preemption_by_hand() -> None:
     # 8 slots = 4 blocks of 2, no watermark. r0: prompt 2, output 4; r1: prompt 2, output 3.
     # it0: both admitted with 3 tokens (2 blocks each): pool full.
@@ -121,6 +140,8 @@ def test_paged_preemption_by_hand() -> None:
     assert r.preemptions == 1
     assert r.recomputed_tokens == 2
     assert r.iterations == 5
+    # r1 waited for memory at the end of it2 (preempted) and it3 (its 3 blocks not free).
+    assert r.memory_wait_iterations == 2
     assert r.mean_batch_size == 7 / 5
     # tokens 6+8+5+6+5 = 30 of 40 slot-iterations; blocks hold 8+8+6+6+6 = 34 slots.
     assert r.memory == {"token_states": 30 / 40, "reservation": 0.0,

@@ -117,6 +117,9 @@ class ReplayTotals:
     # Slot-iterations held for prompt chunks not yet computed (token budgets only).
     pending_prefill_sum: int = 0
     max_batched_tokens: int = 0   # the most tokens one iteration processed
+    # Busy iterations that ended with requests waiting for memory: the next in line did
+    # not fit in what was free, or the iteration preempted (not a budget's doing).
+    memory_wait_iterations: int = 0
     finish_iteration: np.ndarray | None = None
     preemptions_per_request: np.ndarray | None = None
     # Per preemption: iterations between the victim's (re-)admission and its preemption.
@@ -162,6 +165,9 @@ def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.
     next_report = step
     never = 1 << 62
     finishing: list[int] = []
+    # Whether the requests waiting now wait for memory: set at each admission attempt,
+    # and true until the next (a quiet span only grows what is held).
+    for_memory = False
 
     def schedule(i: int, k: int, count: int) -> None:
         # The next iteration request i needs attention: its finish, or its
@@ -205,6 +211,8 @@ def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.
             tot.external_sum += m * policy.external_slots(final[waiting[0]] if waiting else None)
             tot.busy_iterations += m
             tot.batch_sum += m * b
+            if waiting and for_memory:
+                tot.memory_wait_iterations += m
 
         while nxt < n and arr[nxt] <= k:
             waiting.append(nxt)
@@ -255,9 +263,11 @@ def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.
                 prefilling[i] = done + chunk
 
         admitted_before = admitted
+        for_memory = bool(preempted)
         while waiting and not preempted and budget.may_start():
             i = waiting[0]
             if not policy.try_admit(i, prefill[i] + 1, final[i]):
+                for_memory = True
                 break
             waiting.popleft()
             running[i] = None
@@ -285,6 +295,8 @@ def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.
             tot.external_sum += policy.external_slots(final[waiting[0]] if waiting else None)
             tot.busy_iterations += 1
             tot.batch_sum += b
+            if waiting and for_memory:
+                tot.memory_wait_iterations += 1
             tot.max_batch = max(tot.max_batch, b)
             tot.max_batched_tokens = max(tot.max_batched_tokens,
                                          budget.decode_tokens + budget.prefill_tokens)

@@ -157,6 +157,9 @@ class SimResult:
     max_num_batched_tokens: int | None
     watermark_blocks: int | None  # paged: the free blocks admission kept back; else None
     max_batched_tokens: int       # the most tokens (prefill + decode) one iteration ran
+    # Busy iterations that ended with requests waiting for memory (the next in line did
+    # not fit in what was free, or the iteration preempted), not for a budget.
+    memory_wait_iterations: int
     wall_s: float = field(default=0.0, compare=False)  # real seconds the replay took
 
     def to_json(self) -> dict[str, Any]:
@@ -275,6 +278,7 @@ def _result(trace: Trace, config: SimConfig, policy: MemoryPolicy, tot: ReplayTo
         watermark_blocks=(policy.watermark_blocks if isinstance(policy, PagedPolicy)
                           else None),
         max_batched_tokens=tot.max_batched_tokens,
+        memory_wait_iterations=tot.memory_wait_iterations,
         wall_s=wall_s,
     )
 
