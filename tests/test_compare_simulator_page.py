@@ -14,7 +14,7 @@ from backend.lab.sim.simulator import SimConfig, simulate, simulate_workload
 from backend.lab.traces import recorded_trace, replay_trace
 from backend.lab.workloads import make_trace
 from backend.views.compare import deployment as dep_views
-from backend.views.compare import tables
+from backend.views.compare import preemptions, tables
 from tests import compare_support as support
 from tests.compare_support import BLOCK_SIZE, CALCULATOR, DEPLOYMENT, SIMULATOR, open_tab, text
 from tests.test_app_reliability import unescaped_images
@@ -315,6 +315,10 @@ def test_the_watermark_sweep_replays_paged_memory_and_keeps_its_table() -> None:
     blocks = cfg.capacity_tokens // cfg.block_size
     assert len(table) == len({int(f * blocks) for f in (0.01, 0.02, 0.05, 0.1)}
                              | {int(cfg.watermark * blocks)})
+    # Its caption is read from the runs in the table, not a general claim.
+    said = preemptions.watermark_sentence(last["watermarks"])
+    assert said.startswith("The same trace through paged memory, keeping more blocks free")
+    assert said in [c.value for c in at.caption]
     # Kept with the run it extends, after another tab.
     open_tab(at, CALCULATOR)
     again = [d.value for d in open_tab(at, SIMULATOR).dataframe

@@ -4,13 +4,14 @@ preset: frames, binning, charts and sentences, on hand-checked runs."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from backend.lab import deployment as dep
-from backend.lab.sim.simulator import SimConfig, simulate_run
+from backend.lab.sim.simulator import SimConfig, SimResult, simulate_run, simulate_workload
 from backend.lab.workloads import Trace, make_trace
 from backend.views.compare import deployment as dep_views
 from backend.views.compare import preemptions
@@ -156,3 +157,23 @@ def test_an_idle_stretch_reads_as_idle_not_as_the_last_busy_iteration() -> None:
     coarse, per = binned(df, max_points=4)
     assert per > 1 and coarse["running"].max() < df["running"].max()
     assert coarse["time_s"].is_monotonic_increasing
+
+
+def test_the_watermark_sentence_says_what_the_runs_did() -> None:
+    run = simulate_workload("sharegpt", SimConfig("paged"), requests=30)
+
+    def at(blocks: int, preempted: int, recomputed: int, batch: float) -> SimResult:
+        return replace(run, watermark_blocks=blocks, preemptions=preempted,
+                       recomputed_tokens=recomputed, mean_batch_size=batch)
+    # Given in any order; a larger watermark that left the batch as it was is named.
+    runs = [at(204, 0, 0, 46.52), at(40, 130, 2573, 46.52), at(409, 0, 0, 46.47),
+            at(81, 17, 300, 46.52)]
+    assert preemptions.watermark_sentence(runs) == (
+        "The same trace through paged memory, keeping more blocks free at admission: from "
+        "40 to 409 blocks, 130 preemptions became 0 and 2,573 recomputed tokens 0, and the "
+        "mean batch went from 46.52 to 46.47 (still 46.52 at 204 blocks).")
+    # No smaller batch at all: not claimed.
+    assert preemptions.watermark_sentence(runs[:2]).endswith(
+        "from 40 to 204 blocks, 130 preemptions became 0 and 2,573 recomputed tokens 0, "
+        "and the mean batch stayed at 46.52.")
+    assert preemptions.watermark_sentence(runs[:1]) == ""

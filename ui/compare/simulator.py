@@ -89,9 +89,7 @@ def _watermarks(last: dict[str, Any]) -> None:
     if last.get("watermarks"):
         st.dataframe(preemptions.watermark_frame(last["watermarks"]), hide_index=True,
                      key="cmp_sim_watermark_table")
-        st.caption("The same trace through paged memory, keeping more blocks free at "
-                   "admission: fewer preemptions and less recomputation, for a slightly "
-                   "smaller batch.")
+        st.caption(preemptions.watermark_sentence(last["watermarks"]))
 
 
 def _replay(choice: TraceChoice, configs: list[SimConfig], advance: Advance

@@ -194,3 +194,30 @@ def watermark_frame(results: Sequence[SimResult]) -> pd.DataFrame:
         "recomputed tokens": r.recomputed_tokens, "mean batch": round(r.mean_batch_size, 2),
         "requests/s": round(r.throughput_requests_per_s, 3),
     } for r in results])
+
+
+def watermark_sentence(results: Sequence[SimResult]) -> str:
+    """What keeping more blocks free did, read from the runs (sorted by watermark): the
+    preemptions and recomputation at the smallest and largest, and the mean batch, which
+    a larger watermark may leave as it was."""
+    runs = sorted(results, key=lambda r: r.watermark_blocks or 0)
+    if len(runs) < 2:
+        return ""
+    low, high = runs[0], runs[-1]
+    def same(r: SimResult) -> bool:
+        return round(r.mean_batch_size, 2) == round(low.mean_batch_size, 2)
+    if all(same(r) for r in runs):
+        batch = f"and the mean batch stayed at {low.mean_batch_size:.2f}"
+    else:
+        # The largest watermark that left the batch as it was, when one between did.
+        kept = [r for r in runs[1:-1] if same(r)]
+        batch = (f"and the mean batch went from {low.mean_batch_size:.2f} to "
+                 f"{high.mean_batch_size:.2f}" + (
+                     f" (still {low.mean_batch_size:.2f} at {kept[-1].watermark_blocks:,} "
+                     "blocks)" if kept and all(same(r) for r in runs[:runs.index(kept[-1])])
+                     else ""))
+    return (f"The same trace through paged memory, keeping more blocks free at admission: "
+            f"from {low.watermark_blocks:,} to {high.watermark_blocks:,} blocks, "
+            f"{counted(low.preemptions, 'preemption')} became {high.preemptions:,} and "
+            f"{low.recomputed_tokens:,} recomputed tokens {high.recomputed_tokens:,}, "
+            f"{batch}.")
