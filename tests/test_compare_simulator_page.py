@@ -20,7 +20,7 @@ from tests.compare_support import BLOCK_SIZE, CALCULATOR, DEPLOYMENT, SIMULATOR,
 from tests.test_app_reliability import unescaped_images
 from ui import bars as ui_bars
 from ui.compare import sim_runs
-from ui.compare.sim_inputs import MAX_UPLOAD_BYTES
+from ui.compare.sim_inputs import MAX_UPLOAD_BYTES, RECORDED_CREDIT
 from ui.compare.sim_runs import RUNS
 
 
@@ -107,6 +107,9 @@ def test_an_azure_trace_with_budgets_on_the_page() -> None:
     assert at.number_input(key="cmp_sim_max_len_16384").value == 16_384
     assert ("This trace's longest request holds 14,089 tokens: Capacity and Max reservation "
             "start at 65,536 and 16,384 for it") in text(at)
+    # Credited as its license asks, where it is chosen, before any run.
+    assert RECORDED_CREDIT in [c.value for c in at.caption]
+    assert "[AzurePublicDataset](https://github.com/Azure/AzurePublicDataset)" in RECORDED_CREDIT
     at.number_input(key="cmp_sim_capacity_16384").set_value(60_000)
     # The budgets are whole numbers: a fraction is refused by its field's name, and
     # nothing runs on a number nobody typed.

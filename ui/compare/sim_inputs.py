@@ -53,6 +53,12 @@ class TraceChoice:
     longest: int | None = None   # a recorded trace's longest request (final length)
 
 
+# The credit the recorded traces' license asks for (assets/traces/README.md).
+RECORDED_CREDIT = ("Recorded by Microsoft Azure, shared in its [AzurePublicDataset]("
+                   "https://github.com/Azure/AzurePublicDataset) under CC BY 4.0, and described "
+                   "in Patel et al., \"Splitwise\", ISCA 2024.")
+
+
 def _uploaded(prefix: str) -> tuple[str, Trace] | None:
     """The uploaded trace, parsed whole (once per file), or None after saying why.
 
@@ -138,6 +144,9 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
     else:
         full = recorded_trace(source)
         digest, name = source, source
+        # Credited where it is chosen (its license asks for the source and the paper), in
+        # the row's place its two fields leave free.
+        c[3].caption(RECORDED_CREDIT)
     # An upload's fields follow its uploader; a recorded trace's fill the row from the left.
     fields = (c[2], c[3]) if source == UPLOAD else (c[1], c[2])
     most = min(len(full), PAGE_MAX_REQUESTS)

@@ -31,10 +31,11 @@ from ui.numbers import Fields
 SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
 SIM_JOB = "cmp_sim_job"      # a run at work (ui/compare/background.py)
 MARKS_JOB = "cmp_sim_marks_job"   # the watermark sweep at work
-TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023 (Microsoft Azure, CC BY "
-              "4.0; Patel et al., \"Splitwise: Efficient generative LLM inference using phase "
-              "splitting\", ISCA 2024), replayed with arrivals and lengths as recorded; see "
-              "assets/traces/README.md.")
+TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023, from Microsoft Azure's "
+              "[AzurePublicDataset](https://github.com/Azure/AzurePublicDataset) (CC BY 4.0), "
+              "described in Patel et al., \"Splitwise: Efficient generative LLM inference "
+              "using phase splitting\", ISCA 2024; replayed with arrivals and lengths as "
+              "recorded. The files and their license ship with PagedLab, in assets/traces/.")
 
 
 def _budget_inputs(f: Fields) -> dict[str, int | None]:
