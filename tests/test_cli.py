@@ -531,6 +531,25 @@ def test_out_naming_the_scenario_itself_is_refused_and_the_file_kept(
     assert json.loads(state.read_text())["step"] == step + 1
 
 
+def test_out_named_like_a_step_snapshot_in_the_snapshots_directory_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One would replace the other: step-0001.json held step 2's state, without a word.
+    scenario = write(tmp_path, CONTRACT_EXAMPLE)
+    snaps = tmp_path / "snaps"
+    out = snaps / "step-0001.json"
+    code, err = run_cli(capsys, "run", scenario, "--snapshots", snaps, "--out", out,
+                        "--kernel", "torch")
+    assert code == 2
+    assert err == (f"error: --out {str(out)!r} is a name --snapshots {str(snaps)!r} writes "
+                   "a step's snapshot under: one would replace the other; name another file\n")
+    assert list(snaps.iterdir()) == []          # refused before anything ran
+    # Another name there, or that name elsewhere, is fine.
+    for other in (snaps / "final.json", tmp_path / "step-0001.json"):
+        assert run_cli(capsys, "run", scenario, "--snapshots", snaps, "--out", other,
+                       "--kernel", "torch")[0] == 0
+        assert json.loads(other.read_text())["step"] == len(CONTRACT_EXAMPLE["steps"])
+
+
 def test_from_a_config_that_leaves_fields_out_is_checked_with_the_snapshots_values(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # README: fields the scenario leaves out keep the snapshot's values. Swap without a

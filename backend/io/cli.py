@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,8 @@ from backend.io.snapshot import export_snapshot, write_snapshot
 
 # An operation stopped half-way (BSD's EX_SOFTWARE): not bad input, which exits 2.
 EXIT_INTERNAL = 70
+# The names --snapshots writes in its directory: step-0001.json, one per step.
+SNAPSHOT_NAME = re.compile(r"step-\d{4,}\.json")
 
 
 class _Once(argparse.Action):
@@ -171,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
         _refuse_over_scenario(args.out, args.scenario, "--out")
         if args.snapshots is not None:
             _make_dir(args.snapshots)
+            _refuse_among_snapshots(args.out, args.snapshots)
         if args.from_snapshot is not None:
             data = read_json(args.from_snapshot, "snapshot")
             if not isinstance(data, dict):
@@ -281,6 +285,17 @@ def _refuse_over_scenario(path: Path | None, scenario: Path, option: str) -> Non
     if path is not None and same_file(path, scenario):
         raise PagedLabError(f"{option} {str(path)!r} is the scenario file itself: the "
                             "snapshot would replace it; name another file")
+
+
+def _refuse_among_snapshots(out: Path | None, snapshots: Path) -> None:
+    """--out named like a file --snapshots writes, in its directory: one would replace
+    the other (and which step's state the file held would depend on the run). Refused
+    before anything runs."""
+    if (out is not None and SNAPSHOT_NAME.fullmatch(out.name)
+            and same_file(out.parent, snapshots)):
+        raise PagedLabError(f"--out {str(out)!r} is a name --snapshots {str(snapshots)!r} "
+                            "writes a step's snapshot under: one would replace the other; "
+                            "name another file")
 
 
 def _make_dir(path: Path) -> None:
