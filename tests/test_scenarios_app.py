@@ -319,6 +319,16 @@ def test_the_link_keeps_steps_applied_past_the_view() -> None:
             f"The link's applied {bad!r} is not a step of this scenario (0 to "
             f"{run_of(odd).total}); it is ignored."], bad
         assert odd.query_params == {"scenario": "03-growth", "step": "2"}
+    # Fewer than the view's step: that step is applied all the same, and the page says the
+    # count is ignored; as many is what the view applies, and nothing is said.
+    fewer = open_tour("03-growth", "3", applied="1")
+    assert not fewer.error and viewed_step(fewer) == 3 and run_of(fewer).taken == 3
+    assert [i.value for i in fewer.info] == [
+        "The link's applied '1' is fewer than its step 3, whose view applies 3; it is "
+        "ignored."]
+    assert fewer.query_params == {"scenario": "03-growth", "step": "3"}
+    same = open_tour("03-growth", "2", applied="2")
+    assert not same.info and viewed_step(same) == 2 and run_of(same).taken == 2
     # A count without a step is said to be ignored too (the scenario opens at step 0).
     alone = open_tour("03-growth", applied="3")
     assert not alone.error and viewed_step(alone) == 0 and run_of(alone).taken == 0

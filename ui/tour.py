@@ -326,6 +326,10 @@ def _apply_link() -> None:
     if applied is not None and taken is None:
         say("info", f"The link's applied {_quoted(applied)} is not a step of this scenario "
                     f"(0 to {run.total}); it is ignored.")
+    elif taken is not None and taken < n:
+        # The view's own step is applied whatever the link says: fewer is no state.
+        say("info", f"The link's applied {_quoted(applied or '')} is fewer than its step "
+                    f"{n}, whose view applies {n}; it is ignored.")
     t.view = min(n, run.run_to(max(n, taken or 0)))
 
 
