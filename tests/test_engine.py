@@ -193,6 +193,13 @@ def test_max_new_tokens_finishes_in_grow_and_releases_blocks() -> None:
     assert len(r.generated) == 3 and r.finished == ("A",)
     assert e.request("A").num_tokens == 8
     assert e.metrics().allocator.used_blocks == 0
+    # The status line says why the Grow made 3 tokens of the 10 it asked for ...
+    assert "· finished A (max new tokens reached after 3 of the 10 asked) ·" in summarize(
+        r, export_snapshot(e))
+    # ... and nothing of the kind when a Grow made all it asked for, finishing with them.
+    e = run(make(num_blocks=8, block_size=4), [Add("B", prompt="hello", max_new_tokens=3)])
+    r = e.apply(Grow("B", 3))
+    assert r.finished == ("B",) and "· finished B ·" in summarize(r, export_snapshot(e))
 
 
 def test_config_default_max_new_tokens_and_null_override() -> None:

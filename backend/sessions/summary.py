@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from backend.core.words import counted, joined
-from backend.engine.ops import Add, Fork, describe_op
+from backend.engine.ops import Add, Fork, Grow, describe_op
 from backend.engine.request import numbered
 from backend.engine.results import OpResult, Prefill
 
@@ -75,7 +75,7 @@ def summarize(result: OpResult, snapshot: dict[str, Any],
     # A request the pool could not hold says so here, not only in the block tables: the
     # others finished as asked (by hand, at their limit, at end of sequence).
     finished = [f"{rid} (capacity: too long for the pool)"
-                if reasons.get(rid) == "capacity" else rid
+                if reasons.get(rid) == "capacity" else rid + _cut_short(result, rid, reasons)
                 for rid in result.finished if reasons.get(rid) != "dropped"]
     if finished:
         parts.append("finished " + ", ".join(finished))
@@ -90,6 +90,21 @@ def summarize(result: OpResult, snapshot: dict[str, Any],
         parts.append("events: " + ", ".join(f"{n} {k}{_free_split(result) if k == 'free' else ''}"
                                             for k, n in kinds.items()))
     return " · ".join(parts)
+
+
+# A finish that ends a Grow before the tokens it asked for, in the block tables' words.
+_ENDED_BY = {"max_new_tokens": "max new tokens reached", "eos": "end of sequence"}
+
+
+def _cut_short(result: OpResult, rid: str, reasons: dict[str, Any]) -> str:
+    """' (max new tokens reached after 4 of the 200 asked)' when `rid`'s finish ended the
+    Grow of it before its count: the line said it grew +200 and generated 4, not why."""
+    op = result.op
+    ended = _ENDED_BY.get(reasons.get(rid) or "")
+    if not isinstance(op, Grow) or op.request != rid or ended is None:
+        return ""
+    made = sum(1 for who, _ in result.generated if who == rid)
+    return f" ({ended} after {made:,} of the {op.tokens:,} asked)" if made < op.tokens else ""
 
 
 def _preempted(rid: str, swapped: bool, running: bool) -> str:
