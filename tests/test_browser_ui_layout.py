@@ -109,6 +109,10 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
     page = browser.new_page(viewport=VIEWPORT)
     try:
         add = open_playground(page, app_url)      # the sidebar open: the narrow case
+        # No request yet: no line about scrolling a table that holds none.
+        narrow = page.get_by_text("The table is wider than the page")
+        shows(in_app(page).get_by_text("No requests yet: each one added gets a row here."))
+        expect(narrow).to_be_hidden()
         # Two requests: the grid, tables, layouts, translator and its K chart all drawn.
         add.click()
         shows(in_app(page).get_by_text("Step 1: add A"))
@@ -126,7 +130,6 @@ def test_at_1024_px_nothing_scrolls_sideways_and_download_labels_fit(
         # The block tables' columns are wider than this page, so their grid scrolls
         # sideways: a line says so, and only while it does (a 1366 px window, the
         # commonest laptop's, fits it).
-        narrow = page.get_by_text("The table is wider than the page")
         expect(narrow).to_be_visible()
         page.set_viewport_size({"width": 1366, "height": 768})
         expect(narrow).to_be_hidden()

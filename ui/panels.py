@@ -229,8 +229,11 @@ def block_tables(snap: Snapshot, focus: Focus | None = None, prefix: str = "") -
     visible = 12 if row_height is None else 6
     # The widths fit a 1366 px window beside the sidebar; in a narrower one the table
     # scrolls sideways, with each row's request pinned in view, and a line says so.
+    # An empty table has nothing to scroll to, and no request to keep in view: its note
+    # is drawn (keeping the grid's place in the page) but never shown.
+    wide = 0 if df.empty else sum(widths.get(c, 0) for c in df.columns) + 2
     with st.container(key=f"{prefix}req_table"):
-        layout.note_below(f"{prefix}req_table", sum(widths.get(c, 0) for c in df.columns) + 2,
+        layout.note_below(f"{prefix}req_table", wide,
                           "The table is wider than the page: scroll it sideways for the "
                           "rest of its columns (the request stays in view).")
         st.dataframe(df, hide_index=True, width="stretch", row_height=row_height,
