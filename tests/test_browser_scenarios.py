@@ -330,7 +330,8 @@ def test_back_during_a_play_stops_it_and_a_back_keeps_an_upload(
         browser: Browser, app_url: str, screenshots: Path) -> None:
     """The browser's Back during a play shows the step gone to and stops the play there
     (it went on and wrote its next step over that entry); leaving the page stops a play;
-    an uploaded scenario, whose address is bare, is still there after a Back to it."""
+    an uploaded scenario is still there after a Back to it, and its steps are entries of
+    the browser's history as a shipped scenario's are."""
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     try:
         page.set_default_timeout(T)
@@ -389,6 +390,20 @@ def test_back_during_a_play_stops_it_and_a_back_keeps_an_upload(
         opened(page, "Scenarios")
         shows(page.get_by_test_id("stMain"), "Mine (uploaded: mine.json)")
         shows(story, "Step 1 of 2:")
+        upload_at = re.compile(r"/tour\?scenario=upload-[0-9a-f]{12}&step=0(&applied=1)?$")
+        expect(page).to_have_url(re.compile(r"/tour\?scenario=upload-[0-9a-f]{12}&step=1$"))
+        # Back: the upload's step before, then the scenario it was uploaded over, and
+        # Forward to the upload again (the browser's Back and Forward lost it before).
+        page.go_back()
+        expect(page).to_have_url(upload_at)
+        expect(story).not_to_contain_text("Step 1 of 2:", timeout=T)
+        page.go_back()
+        expect(page).to_have_url(re.compile(r"scenario=05-continuous-batching"))
+        expect(page.get_by_test_id("stMain")).not_to_contain_text("Mine (uploaded",
+                                                                 timeout=T)
+        page.go_forward()
+        expect(page).to_have_url(upload_at)
+        shows(page.get_by_test_id("stMain"), "Mine (uploaded: mine.json)")
     except BaseException:
         shoot(page, screenshots / "tour-play-history-failed.png")
         raise

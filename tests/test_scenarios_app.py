@@ -24,13 +24,14 @@ from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import export_snapshot
 from backend.sessions import tour as tour_session
 from backend.sessions.playground import Settings
-from backend.sessions.tour import TourRun
+from backend.sessions.tour import TourRun, shipped_scenario
 from backend.views.text import plain_md
 from backend.views.tour import value_text
 from tests.test_app import click, html, markdown, metrics
 from tests.test_store_scenario import OPS, _session
 from ui import tour
 from ui.progress import Queued
+from ui.tour import upload_link
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
@@ -437,14 +438,14 @@ def test_choosing_a_scenario_starts_it_and_updates_the_link() -> None:
         "Left “Cached blocks outlive their request” after 2 of its 8 steps: picking it again "
         "starts it over (the browser's Back returns to it where it was)."]
     assert run_of(at).key == "03-growth" and run_of(at).taken == 0
-    # An upload has no address to go back to.
+    # So does an upload's (it stays in the picker, and its address is its own).
     upload(at, "mine.json", json.dumps({"name": "Mine", "steps": [
         {"op": "add", "request": "A", "prompt": "hi"}]}).encode())
     click(at, "tour_next")
     at.selectbox(key="tour_pick").select("03-growth").run()
     assert [i.value for i in at.info] == [
-        "Left “Mine (uploaded: mine.json)” after 1 of its 1 step: upload it again to start "
-        "it over."]
+        "Left “Mine (uploaded: mine.json)” after 1 of its 1 step: picking it again starts it "
+        "over (the browser's Back returns to it where it was)."]
 
 
 # ---- uploads -----------------------------------------------------------------------------
@@ -563,9 +564,13 @@ def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
         "Loaded mine.json: “My story”, 4 steps. Press Next to apply the first."]
     assert "## My story" in markdown(at)
     assert at.selectbox(key="tour_pick").value == "upload"
-    # An uploaded file has no address: the link carries no scenario.
-    assert "scenario" not in at.query_params
+    # Its address names it by a digest of the file (an entry of the browser's history
+    # for each step, as a shipped scenario's), which a shipped stem never looks like.
+    link = upload_link(json.dumps(mine).encode())
+    assert at.query_params == {"scenario": link, "step": "0"}
+    assert link.startswith("upload-") and link not in NAMES
     click(at, "tour_next")
+    assert at.query_params == {"scenario": link, "step": "1"}
     assert "A arrives." in markdown(at) and all(ok for ok, _ in checks(at).values())
     click(at, "tour_next")
     # The second step's expectation is wrong on purpose: the page says so.
@@ -585,6 +590,20 @@ def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
     # Picking a shipped scenario again works as before.
     at.selectbox(key="tour_pick").select("03-growth").run()
     assert run_of(at).key == "03-growth" and not at.error
+    # The upload's link (the browser's Back or Forward to it) runs it again to its step.
+    at.query_params.update({"scenario": link, "step": "2"})
+    at.run()
+    assert run_of(at).key == "upload" and viewed_step(at) == 2 and not at.error
+    # A link to an upload this tab does not hold (another session's, or a replaced
+    # file's) says so, and opens the first scenario.
+    other = open_tour()
+    other.query_params.update({"scenario": link, "step": "1"})
+    other.run()
+    assert run_of(other).key == NAMES[0] and viewed_step(other) == 0
+    assert [e.value for e in other.error] == [
+        "The link names an uploaded scenario this tab no longer holds (an upload is not "
+        "saved: a reload forgets it, and another upload replaces it); upload it again. "
+        f"Showing “{shipped_scenario(NAMES[0]).name}” instead."]
 
 
 def test_an_uploaded_step_past_the_time_limit_is_stopped_and_ends_the_run(

@@ -31,6 +31,7 @@ a message and the first scenario or step 0; a bad `applied` is ignored.
 from __future__ import annotations
 
 import functools
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -83,11 +84,20 @@ class TourState:
     # is no link a person opened (see `_apply_link`).
     links_left_by_play: frozenset[Link] = frozenset()
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
+    # The upload's name in the address (`upload_link`): its entries in the browser's
+    # history are its own, and one of a file since replaced is known as such.
+    upload_name: str | None = None
     messages: list[tuple[MessageKind, str]] = field(default_factory=list)  # shown once
     goto_playground: bool = False
     # The step under way, while one runs (its bar's record, for the runs that wait).
     stepping: Timed | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+
+def upload_link(data: bytes) -> str:
+    """An uploaded file's `scenario` in the address: UPLOAD and a digest of its bytes,
+    so that an entry of another file's (one replaced since) is not taken for this one."""
+    return f"{UPLOAD}-{hashlib.sha256(data).hexdigest()[:12]}"
 
 
 def init() -> None:
@@ -268,12 +278,10 @@ def _apply_link() -> None:
         # The browser's Back or Forward during a play: the person went to a view, and
         # the play stops there (it went on, and wrote its next step over that entry).
         t.playing = False
-    if (want == (None, None, None) and went
-            and (t.run is None or t.run.key != UPLOAD)):
+    if want == (None, None, None) and went:
         # An entry of the browser's history with a bare address is the view a bare
         # address stands for (_write_link leaves it bare). Opened as a link, not kept
-        # as it is: Back from step 1 of it shows step 0. (An upload's entries are bare
-        # too: it stays.)
+        # as it is: Back from step 1 of it shows step 0.
         want = _bare_link()
     if (want == t.url or want[:2] == (None, None)
             or (not went and want in t.links_left_by_play)):
@@ -294,9 +302,18 @@ def _apply_link() -> None:
             say("info", f"The link gives {key} {times}; the last, "
                         f"{_quoted(given[-1])}, is used.")
     stems = shipped_paths()
-    if name is not None and (t.run is None or name != t.run.key):
+    if name is not None and (t.run is None or name != _link_name(t.run)):
         if name in stems:
             load(name)
+        elif name == t.upload_name and t.uploaded is not None:
+            load(UPLOAD)         # Back or Forward to the upload's views: a fresh run of it
+        elif name.startswith(f"{UPLOAD}-"):
+            say("error", "The link names an uploaded scenario this tab no longer holds (an "
+                          "upload is not saved: a reload forgets it, and another upload "
+                          "replaces it); upload it again. Showing "
+                          f"“{shipped_scenario(first_stem()).name}” instead.")
+            load(first_stem())
+            step = None
         else:
             say("error", f"The link names no scenario {_quoted(name)}; showing "
                           f"“{shipped_scenario(first_stem()).name}” instead.")
@@ -413,18 +430,17 @@ def slid_to(value: int) -> None:
         t.view = value
 
 
+def _link_name(run: TourRun) -> str:
+    """`run`'s `scenario` in the address: its file's stem, or the upload's name."""
+    name = state().upload_name if run.key == UPLOAD else None
+    return name or run.key
+
+
 def _write_link(run: TourRun) -> None:
     t = state()
     params = st.query_params
-    if run.key == UPLOAD:
-        # An uploaded file has no address: the link would open another scenario.
-        for name in LINK_PARAMS:
-            if name in params:
-                del params[name]
-        t.url = (None, None, None)
-        return
     applied = str(run.taken) if run.taken > t.view else None
-    want: Link = (run.key, str(t.view), applied)
+    want: Link = (_link_name(run), str(t.view), applied)
     if want == _bare_link() and not any(name in params for name in LINK_PARAMS):
         # A bare address opens this view: it stays bare. A tab's first run writes its
         # link before the browser has assets/history.js, and Streamlit's entry for it

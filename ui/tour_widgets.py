@@ -103,11 +103,9 @@ def _on_pick() -> None:
         if load(key, ctx) and left is not None and left.taken and left.key != key:
             # Its run is not kept (an engine per scenario would keep its K/V): say so,
             # and how to get back to it, rather than lose it without a word.
-            back = ("upload it again to start it over" if left.key == UPLOAD else
-                    "picking it again starts it over (the browser's Back returns to it "
-                    "where it was)")
             say("info", f"Left “{left.title}” after {left.taken} of its "
-                        f"{counted(left.total, 'step')}: {back}.")
+                        f"{counted(left.total, 'step')}: picking it again starts it over "
+                        "(the browser's Back returns to it where it was).")
 
 
 def _on_upload() -> None:
@@ -128,6 +126,7 @@ def _on_upload() -> None:
     ctx = tour.LoadContext.read()
     with tour.held(stop=True) as t:
         t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
+        t.upload_name = tour.upload_link(uploaded.getvalue())
         if load(UPLOAD, ctx):
             # A file of no steps is a config to look at: there is nothing to apply.
             then = (" Press Next to apply the first." if scenario.steps else
