@@ -22,7 +22,9 @@ carry the slider and the address of the step the play just left (the browser had
 not yet drawn the next): neither moves the view back.
 
 The link: `?scenario=<file stem>&step=<n>` follows the view, with
-`&applied=<m>` while steps past the view were taken. A link that differs from
+`&applied=<m>` while steps past the view were taken; an upload's scenario is
+`upload-<digest of the file>` (`upload_link`), which only the tab holding that upload
+can open. A link that differs from
 what the page last wrote (a new session, a reload, or an edited address) is
 applied: that scenario, run up to step m (or n), viewing step n. Bad values get
 a message and the first scenario or step 0; a bad `applied` is ignored.
