@@ -355,8 +355,17 @@ def test_breakdown_table_and_gain_sentence() -> None:
     assert note.startswith(f"Free memory counts in these shares: paged left "
                            f"{percent(paged.memory['free'])} of its memory free on average, "
                            f"yet in {percent(waited)} of its busy iterations requests waited "
-                           "for memory: the next in line needed more than was free")
+                           "for memory: the next in line needed more blocks than admission "
+                           "could give it (those free, less the watermark kept back)")
     assert "did not need" not in note
+    # Contiguous memory's free slots are free only while nobody waits for them (those a
+    # waiting request cannot use are external fragmentation): its note is the load's.
+    contiguous = [simulate(code, SimConfig(p, capacity_tokens=20_000, max_len=8192))
+                  for p in ("max", "pow2", "oracle")]
+    most = max(contiguous, key=lambda r: r.memory["free"])
+    assert most.memory["free"] > views.MOSTLY_FREE
+    assert most.memory_wait_iterations / most.iterations >= views.OFTEN_WAITED
+    assert "because this trace did not need the memory" in views.free_memory_note(contiguous)
 
 
 def test_a_mean_batch_reads_alike_in_the_sentence_and_on_its_bar() -> None:

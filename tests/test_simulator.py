@@ -118,6 +118,17 @@ def test_a_request_held_back_by_a_budget_does_not_wait_for_memory() -> None:
     assert budget.iterations == tight.iterations == 4
     assert budget.memory_wait_iterations == 0
     assert tight.memory_wait_iterations == 2
+    # A wait for memory, then one for the budget alone: only the first kind counts. 10
+    # slots of 1, max_num_seqs 2. r0 (7 + 2) runs it0-it1 while r1 (2 + 5, 3 slots on
+    # admission) waits for memory; r1 and r2 (1 + 5) run from it2; r3 (1 + 1) arrives in
+    # it4 and waits for the budget, with two running; in it5 r2's growth preempts it (the
+    # newest), and in it6 it waits for memory again (5 slots, 3 free) until r1 ends.
+    # Memory: it0, it1, it5, it6; it4 is the budget's.
+    mixed = simulate(trace_of([7, 2, 1, 1], [2, 5, 5, 1], [0, 0, 0, 3.5]),
+                     SimConfig(policy="paged", capacity_tokens=10, block_size=1, watermark=0.0,
+                               iteration_s=1.0, max_num_seqs=2))
+    assert mixed.preemptions == 1 and mixed.iterations == 9
+    assert mixed.memory_wait_iterations == 4
     # Counted through a quiet span too (iterations the replay skips, nothing changing): the
     # oracle reserves r0's 7 slots of 8 in it0, and r1 (3 slots) waits until r0 ends in it4.
     oracle = simulate(trace_of([2, 2], [5, 1]),

@@ -241,16 +241,18 @@ def batch_gain_sentence(results: Sequence[SimResult]) -> str:
 # Past this mean share of free memory, a policy's token-state share says more about the
 # load than about the policy: the caption says so.
 MOSTLY_FREE = 0.25
-# From this share of its busy iterations with requests waiting for memory, that policy's
-# free memory was not idle for want of work: the next request did not fit in it.
+# From this share of its busy iterations with requests waiting for memory, a paged
+# policy's free memory was not idle for want of work: the next request did not fit in it.
 OFTEN_WAITED = 0.1
 
 
 def free_memory_note(results: Sequence[SimResult]) -> str:
     """Why a token-state share sits far below the paper's when much memory stayed free
     ('' when every policy used most of its memory): free slots count in the shares. Free
-    memory is the load's (the trace did not need it) unless requests often waited for
-    memory meanwhile: then the next in line did not fit in it."""
+    memory is the load's (the trace did not need it) unless, in paged memory, requests
+    often waited for memory meanwhile: then the next in line did not fit in it. (In
+    contiguous memory, free slots a waiting request cannot use count as external
+    fragmentation, not free: what is free there is free while nobody waits for it.)"""
     idle = [r for r in results if r.memory["free"] > MOSTLY_FREE]
     if not idle:
         return ""
@@ -260,12 +262,12 @@ def free_memory_note(results: Sequence[SimResult]) -> str:
     held = (f"the table's \"{HELD_ROW}\" leaves the free memory out ({most.policy}: "
             f"{pct(held_token_share(most))})")
     waited = most.memory_wait_iterations / most.iterations
-    if waited >= OFTEN_WAITED:
+    if most.block_size is not None and waited >= OFTEN_WAITED:
         return (f"{left}, yet in {pct(waited)} of its busy iterations requests waited for "
-                "memory: the next in line needed more than was free, and those behind it "
-                "waited too. Its token-state share is low because memory sat free that the "
-                "queue could not use, not because the policy wasted what it held; "
-                f"{held}.")
+                "memory: the next in line needed more blocks than admission could give it "
+                "(those free, less the watermark kept back), and those behind it waited "
+                "too. Its token-state share is low because memory sat free that the queue "
+                f"could not use, not because the policy wasted what it held; {held}.")
     return (f"{left}, so its token-state share is low because this trace did not need the "
             "memory, not because the policy wasted it. The paper's shares are for memory "
             "under load: a higher rate (or time scale) or a smaller capacity fills it, and "
