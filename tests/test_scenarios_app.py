@@ -22,6 +22,7 @@ from backend.core.config import EngineConfig
 from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
 from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import export_snapshot
+from backend.sessions import budget as budget_module
 from backend.sessions import tour as tour_session
 from backend.sessions.playground import Settings
 from backend.sessions.tour import TourRun, shipped_scenario
@@ -604,6 +605,29 @@ def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
         "The link names an uploaded scenario this tab no longer holds (an upload is not "
         "saved: a reload forgets it, and another upload replaces it); upload it again. "
         f"Showing “{shipped_scenario(NAMES[0]).name}” instead."]
+
+
+def test_an_upload_whose_run_is_refused_leaves_the_upload_before_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    small = json.dumps({"name": "Small", "config": {"num_blocks": 8, "block_size": 4},
+                        "steps": [{"op": "add", "request": "A", "prompt": "hi"}]}).encode()
+    big = json.dumps({"name": "Big", "config": {"num_blocks": 4096, "block_size": 16},
+                      "steps": []}).encode()
+    at = open_tour("03-growth")
+    upload(at, "small.json", small)
+    link = {"scenario": upload_link(small), "step": "0"}
+    assert run_of(at).title == "Small (uploaded: small.json)" and at.query_params == link
+    # The server's K/V limit refuses the second file's engine: the first stays, shown,
+    # named by the address and the picker, and Reset starts it, not the refused file.
+    monkeypatch.setattr(budget_module.SERVER_BUDGET, "per_session", 1 << 16)
+    upload(at, "big.json", big)
+    assert [e.value for e in at.error] and at.error[0].value.startswith(
+        "Cannot start that scenario: ")
+    assert run_of(at).title == "Small (uploaded: small.json)" and at.query_params == link
+    assert at.selectbox(key="tour_pick").value == "upload"
+    assert "Small (uploaded: small.json)" in at.selectbox(key="tour_pick").options
+    click(at, "tour_reset")
+    assert run_of(at).title == "Small (uploaded: small.json)" and not at.exception
 
 
 def test_an_uploaded_step_past_the_time_limit_is_stopped_and_ends_the_run(

@@ -125,9 +125,14 @@ def _on_upload() -> None:
         return
     ctx = tour.LoadContext.read()
     with tour.held(stop=True) as t:
+        # Held only once its run starts: a refused one (the server's K/V limit) leaves the
+        # upload before it, whose run may be the one shown, and whose link names it.
+        before = t.uploaded, t.upload_name
         t.uploaded = (f"{scenario.name} (uploaded: {uploaded.name})", scenario)
         t.upload_name = tour.upload_link(uploaded.getvalue())
-        if load(UPLOAD, ctx):
+        if not load(UPLOAD, ctx):
+            t.uploaded, t.upload_name = before
+        else:
             # A file of no steps is a config to look at: there is nothing to apply.
             then = (" Press Next to apply the first." if scenario.steps else
                     " It has no step to apply: the view shows its empty pool.")
