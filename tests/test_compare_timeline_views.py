@@ -177,3 +177,7 @@ def test_the_watermark_sentence_says_what_the_runs_did() -> None:
         "from 40 to 204 blocks, 130 preemptions became 0 and 2,573 recomputed tokens 0, "
         "and the mean batch stayed at 46.52.")
     assert preemptions.watermark_sentence(runs[:1]) == ""
+    # Ends alike, a size between not: said, not "from 46.52 to 46.52".
+    dip = [at(40, 130, 2573, 46.52), at(81, 17, 300, 46.4), at(204, 0, 0, 46.52)]
+    assert preemptions.watermark_sentence(dip).endswith(
+        "and the mean batch was 46.52 at both ends, 46.40 at 81 blocks between.")

@@ -65,7 +65,8 @@ def _budget_inputs(f: Fields) -> dict[str, int | None]:
 
 
 def _watermarks(last: dict[str, Any]) -> None:
-    """The paged run again with larger watermarks: what fewer preemptions cost in batch."""
+    """The paged run again with larger watermarks: what keeping more blocks free did to
+    preemptions, recomputation and the mean batch."""
     paged = [c for c in last["configs"] if c.policy == "paged"]
     if not paged or not any(r.result.preemptions for r in last["runs"]):
         return
@@ -90,7 +91,9 @@ def _watermarks(last: dict[str, Any]) -> None:
     if last.get("watermarks"):
         st.dataframe(preemptions.watermark_frame(last["watermarks"]), hide_index=True,
                      key="cmp_sim_watermark_table")
-        st.caption(preemptions.watermark_sentence(last["watermarks"]))
+        said = preemptions.watermark_sentence(last["watermarks"])
+        if said:      # none for one watermark (a pool so small that every share is 0)
+            st.caption(said)
 
 
 def _replay(choice: TraceChoice, configs: list[SimConfig], advance: Advance

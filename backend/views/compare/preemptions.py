@@ -208,14 +208,19 @@ def watermark_sentence(results: Sequence[SimResult]) -> str:
         return round(r.mean_batch_size, 2) == round(low.mean_batch_size, 2)
     if all(same(r) for r in runs):
         batch = f"and the mean batch stayed at {low.mean_batch_size:.2f}"
+    elif same(high):
+        # The ends alike, a size between not: "from 46.52 to 46.52" would hide it.
+        between = ", ".join(f"{r.mean_batch_size:.2f} at {r.watermark_blocks:,} blocks"
+                            for r in runs if not same(r))
+        batch = (f"and the mean batch was {low.mean_batch_size:.2f} at both ends, "
+                 f"{between} between")
     else:
-        # The largest watermark that left the batch as it was, when one between did.
+        # The largest watermark that left the batch as it was, when every one below it did.
         kept = [r for r in runs[1:-1] if same(r)]
+        still = (f" (still {low.mean_batch_size:.2f} at {kept[-1].watermark_blocks:,} blocks)"
+                 if kept and all(same(r) for r in runs[:runs.index(kept[-1])]) else "")
         batch = (f"and the mean batch went from {low.mean_batch_size:.2f} to "
-                 f"{high.mean_batch_size:.2f}" + (
-                     f" (still {low.mean_batch_size:.2f} at {kept[-1].watermark_blocks:,} "
-                     "blocks)" if kept and all(same(r) for r in runs[:runs.index(kept[-1])])
-                     else ""))
+                 f"{high.mean_batch_size:.2f}{still}")
     return (f"The same trace through paged memory, keeping more blocks free at admission: "
             f"from {low.watermark_blocks:,} to {high.watermark_blocks:,} blocks, "
             f"{counted(low.preemptions, 'preemption')} became {high.preemptions:,} and "
