@@ -34,7 +34,10 @@ STEPS = {
     "end": STATE.format("'notRunning'"),
     "disable next": "document.getElementById('next').disabled = true",
     "remove next": "document.querySelector('.st-key-next').remove()",
-    "hide full": "document.getElementById('full').style.display = 'none'",
+    # As a chart's full screen does: its button hidden, and the page's elements changed
+    # (the frame drawn over the page), which the script watches.
+    "hide full": "document.getElementById('full').style.display = 'none';"
+                 " document.body.appendChild(document.createElement('div'))",
 }
 
 # Each case: the control the keyboard focuses, the steps after it ("press" is Enter on the
