@@ -365,8 +365,11 @@ def test_a_claim_waits_for_the_ended_sessions_engines_and_no_longer(
     budget.set_reclaimer(tabs.end_gone)
     tabs.open("reloaded", 384)
     tabs.gone.add("reloaded")
+    started = time.monotonic()
     budget.claim(_config(384), "new")                     # waits until they are dropped
     assert budget.in_use("reloaded") == 0
+    # ... and no longer: it returned as they came back, not at the wait's end.
+    assert time.monotonic() - started < 30.0
     # Nothing more to end: refused at once, without waiting for anything.
     tabs.open("open", 128)
 
@@ -401,8 +404,10 @@ def test_a_claim_waits_for_sessions_another_claim_ended_and_forgets_them_in_time
     tabs.open("reloaded", 384)
     tabs.gone.add("reloaded")
     budget.ending(tabs.end_gone({"reloaded": 384 * 2048}, 1))    # another claim's doing
+    started = time.monotonic()
     budget.claim(_config(384), "new")
     assert budget.in_use("reloaded") == 0
+    assert time.monotonic() - started < 30.0    # as they came back, not at the wait's end
     # A leak: ended, but its engine never collected (it alone would make the room).
     # On a clock that only the waits move, so that a busy machine's pauses between
     # these lines cannot use up the wait before it starts.
