@@ -26,7 +26,7 @@ st.set_page_config(page_title="PagedLab", page_icon=ICON, layout="wide")
 # rerun) would otherwise run pages/NAME.py by itself, without this script's session
 # setup and sidebar. That handling finds a page only by file name, so pages/lab.py,
 # tour.py and fragmentation.py exist for it: each just runs this script.
-# Their url paths are ui/paths.py's (read there by ui/start.py and the history script).
+# Their url paths come from ui/paths.py, which ui/start.py and the history script read too.
 PAGES = [
     st.Page("pages/playground.py", title="Playground", icon=":material/science:",
             url_path=paths.PLAYGROUND),

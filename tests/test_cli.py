@@ -542,7 +542,13 @@ def test_out_named_like_a_step_snapshot_in_the_snapshots_directory_is_refused(
     assert code == 2
     assert err == (f"error: --out {str(out)!r} is a name --snapshots {str(snaps)!r} writes "
                    "a step's snapshot under: one would replace the other; name another file\n")
-    assert list(snaps.iterdir()) == []          # refused before anything ran
+    assert not snaps.exists()                    # refused before anything ran
+    # So is it in a directory that exists already, named another way.
+    snaps.mkdir()
+    code, err = run_cli(capsys, "run", scenario, "--snapshots", tmp_path / "." / "snaps",
+                        "--out", out, "--kernel", "torch")
+    assert code == 2 and "one would replace the other" in err
+    assert list(snaps.iterdir()) == []
     # Another name there, or that name elsewhere, is fine.
     for other in (snaps / "final.json", tmp_path / "step-0001.json"):
         assert run_cli(capsys, "run", scenario, "--snapshots", snaps, "--out", other,

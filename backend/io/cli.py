@@ -173,8 +173,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         _refuse_over_scenario(args.out, args.scenario, "--out")
         if args.snapshots is not None:
-            _make_dir(args.snapshots)
             _refuse_among_snapshots(args.out, args.snapshots)
+            _make_dir(args.snapshots)
         if args.from_snapshot is not None:
             data = read_json(args.from_snapshot, "snapshot")
             if not isinstance(data, dict):
@@ -291,8 +291,10 @@ def _refuse_among_snapshots(out: Path | None, snapshots: Path) -> None:
     """--out named like a file --snapshots writes, in its directory: one would replace
     the other (and which step's state the file held would depend on the run). Refused
     before anything runs."""
+    # The directory may not exist yet: its resolved path tells it too.
     if (out is not None and SNAPSHOT_NAME.fullmatch(out.name)
-            and same_file(out.parent, snapshots)):
+            and (same_file(out.parent, snapshots)
+                 or out.parent.resolve() == snapshots.resolve())):
         raise PagedLabError(f"--out {str(out)!r} is a name --snapshots {str(snapshots)!r} "
                             "writes a step's snapshot under: one would replace the other; "
                             "name another file")
