@@ -39,6 +39,7 @@ from backend.views.model import (
     MIN_TABLE_PX,
     OPTIONAL_COLUMNS,
     REQUEST_COLUMN_WIDTHS,
+    column_label,
     requests_frame,
     requests_layout,
 )
@@ -315,6 +316,10 @@ def test_the_block_tables_show_a_salt_column_only_while_a_request_has_one() -> N
     shown = sum(widths[c] for c in df.columns)
     assert shown == sum(plain_widths[c] for c in plain.columns)
     assert widths[BLOCK_TABLE_COLUMN] == plain_widths[BLOCK_TABLE_COLUMN] - widths["cache salt"]
+    # Its header, too long for that width, is shown in short; the usual width keeps it.
+    assert column_label(BLOCK_TABLE_COLUMN, widths[BLOCK_TABLE_COLUMN]) == "block table (L→P)"
+    assert column_label(BLOCK_TABLE_COLUMN, plain_widths[BLOCK_TABLE_COLUMN]) is None
+    assert column_label("cache salt", widths["cache salt"]) is None
 
 
 def test_beside_beams_a_salt_column_widens_the_table_rather_than_squeeze_the_block_table(

@@ -27,6 +27,7 @@ from backend.kernels import TorchKernels
 from backend.views import Snapshot, verify
 from backend.views.glossary import EVENTS
 from backend.views.host_pool import has_host_pool, host_summary, host_view
+from backend.views.model import column_label
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
 from ui import layout, translator
@@ -238,8 +239,9 @@ def block_tables(snap: Snapshot, focus: Focus | None = None, prefix: str = "") -
                           "rest of its columns (the request stays in view).")
         st.dataframe(df, hide_index=True, width="stretch", row_height=row_height,
                      height=35 + row * min(max(len(df), 1), visible) + 3,
-                     column_config={c: st.column_config.Column(help=h, width=widths.get(c),
-                                                               pinned=c == "request" or None)
+                     column_config={c: st.column_config.Column(
+                         column_label(c, widths.get(c)), help=h, width=widths.get(c),
+                         pinned=c == "request" or None)
                                     for c, h in views.REQUEST_COLUMN_HELP.items()})
     if len(df) > visible:
         st.caption(f"{len(df)} requests, {visible} in view: scroll the table for the "

@@ -247,6 +247,10 @@ REQUEST_COLUMN_WIDTHS: dict[str, int] = {
 # a dozen entries wide.
 OPTIONAL_COLUMNS = ("log p", "cache salt")
 MIN_TABLE_PX = 176
+# The block table column's header in full needs about this width; narrower, it is shown
+# as SHORT_TABLE_HEADER (L and P as the layouts under the table name them).
+FULL_HEADER_PX = 200
+SHORT_TABLE_HEADER = "block table (L→P)"
 CHAR_PX = 6               # a block table's characters average 5.4 px; breaks fall short
 LINE_PX = 20
 MAX_TABLE_LINES = 4
@@ -334,6 +338,15 @@ def _table_width(optional: list[str]) -> int:
     down to MIN_TABLE_PX."""
     return max(MIN_TABLE_PX, REQUEST_COLUMN_WIDTHS[BLOCK_TABLE_COLUMN]
                - sum(REQUEST_COLUMN_WIDTHS[c] for c in optional))
+
+
+def column_label(column: str, width: int | None) -> str | None:
+    """The block tables' header of `column` at `width` px (None: its name): the block
+    table's in short where an optional column (a cache salt, a beam's log p) left it
+    too narrow for the full one, which was cut to "block table (logical→physical"."""
+    if column == BLOCK_TABLE_COLUMN and width is not None and width < FULL_HEADER_PX:
+        return SHORT_TABLE_HEADER
+    return None
 
 
 def requests_layout(df: pd.DataFrame) -> tuple[dict[str, int], int | None]:
