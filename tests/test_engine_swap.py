@@ -19,6 +19,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
+from backend.io import export
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot
 from backend.views.model import events_frame
@@ -101,6 +102,16 @@ def test_swap_events_name_device_and_host_blocks() -> None:
     row = next(r for r in snap["requests"] if r["id"] == rid)
     assert row["status"] == "swapped" and row["block_table"] == e.host.tables[rid]
     assert snap["metrics"]["swapped_requests"] == len(e.swapped)
+    # The exported tables: the swapped request holds none of the device's blocks (its
+    # table's numbers are host blocks, which the requests table says).
+    blocks = export.blocks_table(snap)
+    held = blocks[blocks["holders"].str.split().apply(lambda ids: rid in ids)]
+    assert held.empty, held
+    for b in blocks.itertuples():
+        assert len(b.holders.split()) <= b.ref_count, b
+    requests = export.requests_table(snap).set_index("id")
+    assert requests.loc[rid, "pool"] == "host"
+    assert set(requests.drop(index=rid)["pool"]) == {"device"}
     assert snap["metrics"]["cpu_used_blocks"] == e.host.num_used > 0
     assert [b["state"] for b in snap["cpu_blocks"]].count("used") == e.host.num_used
     for op, word in ((("grow", {"tokens": 1}), "swapped out"),

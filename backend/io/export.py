@@ -33,9 +33,13 @@ INT_LIST_COLUMNS = frozenset({"block_table", "tokens"})
 
 
 def blocks_table(snapshot: dict[str, Any]) -> pd.DataFrame:
-    """One row per physical block: id, state, ref_count, num_filled, hash, holders."""
+    """One row per physical block: id, state, ref_count, num_filled, hash, holders (the
+    requests whose tables hold it: a swapped-out request's table names host blocks, and
+    holds none of these)."""
     holders: dict[int, list[str]] = {}
     for req in snapshot["requests"]:
+        if req["status"] == "swapped":
+            continue
         for b in req["block_table"]:
             holders.setdefault(b, []).append(req["id"])
     rows = [{**b, "holders": " ".join(holders.get(b["id"], []))} for b in snapshot["blocks"]]
@@ -64,6 +68,8 @@ def request_text(snapshot: dict[str, Any], request: dict[str, Any]) -> str | Non
 
 def requests_table(snapshot: dict[str, Any]) -> pd.DataFrame:
     """One row per request; its block table and tokens as lists of ints, and its text.
+    `pool` says whose blocks the table names: the device pool's, or for a swapped-out
+    request the host pool's.
 
     `to_parquet` writes the lists as list<int64>, `to_csv` as space-separated numbers.
     """
@@ -76,16 +82,17 @@ def requests_table(snapshot: dict[str, Any]) -> pd.DataFrame:
             "max_new_tokens": r.get("max_new_tokens"),
             "finish_reason": r.get("finish_reason"),
             "block_table": list(r["block_table"]),
+            "pool": "host" if r["status"] == "swapped" else "device",
             "tokens": list(r["tokens"]),
             "text": request_text(snapshot, r),
         })
     cols = ["id", "status", "parent", "prompt_len", "num_tokens", "num_preemptions",
-            "max_new_tokens", "finish_reason", "block_table", "tokens", "text"]
+            "max_new_tokens", "finish_reason", "block_table", "pool", "tokens", "text"]
     df = pd.DataFrame(rows, columns=cols)
     return df.astype({"id": "string", "status": "string", "parent": "string",
                       "prompt_len": "int64", "num_tokens": "int64", "num_preemptions": "int64",
                       "max_new_tokens": "Int64", "finish_reason": "string",
-                      "text": "string"})
+                      "pool": "string", "text": "string"})
 
 
 def events_table(snapshot: dict[str, Any]) -> pd.DataFrame:
