@@ -57,6 +57,7 @@
   let runsThen = 0;    // ... when it was focused
   let pressed = false; // Enter or Space on it since: a run of its own may have come and
                        // gone unseen (its start and end reaching the page together)
+  let listed = false;  // a list it opened (a select's options) has had the focus since
   let pathThen = null; // the page it was on
   let keyboard = false;  // the last input was a key, not a pointer
 
@@ -71,8 +72,17 @@
   // A mouse user's focus is where the mouse put it; a click on something that takes
   // no focus puts it on the body on purpose.
   document.addEventListener("pointerdown", () => { keyboard = false; last = null; }, true);
+  // A select's list of options, drawn apart from the page (at its end): the focus an
+  // option takes is the select's, which the keeper goes back to once the list has gone.
+  // Taken for a control of its own, the option's neighbours were the page's last
+  // controls, and picking a scenario sent the focus to the bottom of the page.
+  const inList = (el) => el.closest("[role='listbox'], [role='option']") !== null;
   document.addEventListener("focusin", (e) => {
     const el = e.target;
+    if (el instanceof Element && last !== null && inList(el)) {
+      listed = true;
+      return;
+    }
     if (!(el instanceof Element) || el === document.body
         || !(keyboard || el.matches(":focus-visible"))) {
       last = null;
@@ -89,6 +99,7 @@
     runsThen = runs;
     pathThen = location.pathname;
     pressed = false;
+    listed = false;
   });
 
   // The control a widget's box `k` holds of the same kind as `want` ([tag, type]); none
@@ -147,7 +158,15 @@
   const refocus = () => {
     // Only a run, or the control's own press, moves it: what the browser or a widget did
     // by itself (a chart's full screen, a list box opening) is theirs.
-    if (last === null || !lost() || usable(last) || (runs === runsThen && !pressed)) return;
+    if (last === null || !lost() || (runs === runsThen && !pressed)) return;
+    if (usable(last)) {
+      // Still there: the focus fell from a list it opened, which has closed.
+      if (listed) {
+        listed = false;
+        last.focus();
+      }
+      return;
+    }
     if (location.pathname !== pathThen) {
       // The control took the person to another page (Continue in the Playground): its
       // neighbours there are nothing they chose. The new page's heading takes the focus,
@@ -203,7 +222,7 @@
   // buttons above, whose counterpart takes the focus.
   document.addEventListener("keydown", (e) => {
     if ((e.key === "Enter" || e.key === " ") && last !== null && e.target instanceof Element
-        && last.contains(e.target)
+        && (last.contains(e.target) || inList(e.target))
         && !COUNTERPARTS.some(([from]) => e.target.closest(from))) pressed = true;
   }, true);
   // Escape closes a chart's full screen as its close button does.

@@ -1,5 +1,6 @@
 """assets/a11y.js's focus keeper in a real Chromium, on runs the page sees and runs it
-does not: a button whose own press disables or removes it hands the keyboard's focus on.
+does not: a button whose own press disables or removes it hands the keyboard's focus on,
+and an option picked from a select's list gives it back to the select.
 
 A busy server's short run can reach the page with its start and end together, the run
 state never changing, so the script is driven here directly on a page of Streamlit's
@@ -20,19 +21,26 @@ PAGE = """
 <div data-testid="stApp" data-test-script-state="notRunning">
   <div data-testid="stMain">
     <input id="field" aria-label="A field">
+    <div class="st-key-pick"><input id="pick" role="combobox" aria-label="Scenario"></div>
     <div data-testid="stHorizontalBlock">
       <div class="st-key-next"><button id="next">Next</button></div>
       <div class="st-key-reset"><button id="reset">Reset</button></div>
     </div>
     <div class="st-key-chart"><button id="full" aria-label="Fullscreen">⛶</button></div>
   </div>
-</div>"""
+</div>
+<div id="list" role="listbox" hidden><div id="opt" role="option" tabindex="-1">02</div></div>"""
 
 STATE = "document.querySelector('[data-testid=stApp]').setAttribute('data-test-script-state', {})"
 STEPS = {
     "run": STATE.format("'running'"),
     "end": STATE.format("'notRunning'"),
     "disable next": "document.getElementById('next').disabled = true",
+    # A select's options, drawn at the page's end (as Streamlit's are), one taking the
+    # focus as the arrow keys move through them; then the list gone with the choice.
+    "open list": "document.getElementById('list').hidden = false;"
+                 " document.getElementById('opt').focus()",
+    "close list": "document.getElementById('list').remove()",
     "remove next": "document.querySelector('.st-key-next').remove()",
     # As a chart's full screen does: its button hidden, and the page's elements changed
     # (the frame drawn over the page), which the script watches.
@@ -55,6 +63,11 @@ CASES = {
     # Nor is a full-screen button's own press: its Close button takes the focus
     # (a chart's, not drawn here), not the control after it.
     "full screen pressed": ("full", ["press", "hide full"], None),
+    # An option picked from the keyboard: back to its select, not to the control before
+    # the list (the page's last), with its run seen or not.
+    "an option picked, its run unseen": ("pick", ["open list", "press", "close list"], "pick"),
+    "an option picked, its run seen": ("pick", ["open list", "press", "run", "close list",
+                                                "end"], "pick"),
 }
 
 
@@ -83,7 +96,7 @@ def focus_after(page: Page, start: str, steps: list[str]) -> str | None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_pressed_button_that_goes_hands_the_focus_on(browser: Browser, case: str) -> None:
+def test_a_pressed_control_that_goes_hands_the_focus_on(browser: Browser, case: str) -> None:
     start, steps, expected = CASES[case]
     page = browser.new_page()
     try:
