@@ -24,6 +24,7 @@
   const READ_OUT = __READ_OUT__;
   const TAB_KEY = __TAB_KEY__;
   const PLAYING = __PLAYING__;
+  const PLAY_SAYS = __PLAY_SAYS__;
   const FOCUSABLE = "a[href], button, input, select, textarea, summary, [tabindex]";
   const KEY = "st-key-";
   const running = () => document.querySelector("[data-testid='stApp']")
@@ -340,16 +341,24 @@
   // Read once a run has drawn the page; while a scenario plays, as soon as a run has
   // drawn it: a play's runs follow each other with 20-130 ms between them, too short
   // for a quiet moment after a run's end, and at times with none the browser sees.
+  let played = false;   // the last read was of a play's drawing
   const readOut = () => {
     if (!running()) checkPage("idle");
     const playing = document.querySelector(`.${KEY}${PLAYING}`) !== null;
     if ((running() && !playing) || !ran) return;
+    // The first read after a play (a Pause, its end): mid-play the containers drawn
+    // after the narration were often still stale when read, so their newest text was
+    // never heard, and a Pause had the translator's arithmetic read as its result. Only
+    // the play's own words (its narration, a message) are news then.
+    const stopped = played && !playing;
+    played = playing;
     const midRun = running();
     const now = watched(midRun);
     // One action can change several (an Add also redraws the translator): the first
     // changed in READ_OUT's order is the action's own result.
     let said = null;
     for (const ending of READ_OUT) {
+      if (stopped && !PLAY_SAYS.includes(ending)) continue;
       for (const [k, text] of now) {
         if (said === null && settled && k.replace(/--\d+$/, "").endsWith(ending)
             && text !== "" && heard.get(k) !== text) said = text;

@@ -127,3 +127,51 @@ def test_a_tabs_first_drawing_is_not_news_and_a_change_is(browser: Browser,
         assert heard_after(page, steps) == said
     finally:
         page.close()
+
+
+# A scenario's page while it plays: its narration, and the translator drawn after it,
+# which a play's runs often have not drawn again (stale) when the read comes.
+PLAY_PAGE = f"""
+<div data-testid="stApp" data-test-script-state="notRunning">
+  <div data-testid="stMain">
+    <div class="st-key-{a11y.PLAYING}" id="mark"></div>
+    <div class="st-key-tour_narration" id="story">Step 1 of 5</div>
+    <div class="st-key-tour_tr_said" id="said">translator at step 1</div>
+  </div>
+</div>"""
+
+
+@pytest.mark.parametrize("stopped_by", ["pause", "the play's end"])
+def test_after_a_play_only_its_own_words_are_news(browser: Browser, stopped_by: str) -> None:
+    page = browser.new_page()
+    try:
+        page.set_content(PLAY_PAGE)
+        page.add_script_tag(content=a11y.script())
+        page.wait_for_timeout(400)
+        page.add_script_tag(content="""window.heard = [];
+          const live = document.getElementById('pagedlab-live');
+          new MutationObserver(() => { if (live.textContent) window.heard.push(live.textContent); })
+            .observe(live, {childList: true, characterData: true, subtree: true});""")
+
+        def do(js: str, wait: int = 400) -> None:
+            page.add_script_tag(content=js)
+            page.wait_for_timeout(wait)
+        app = "document.querySelector('[data-testid=stApp]')"
+        # A play's step: its narration read as drawn; the translator, stale, redrawn later.
+        do(f"{app}.setAttribute('data-test-script-state', 'running');"
+           "document.getElementById('said').setAttribute('data-stale', 'true');"
+           "document.getElementById('story').innerText = 'Step 2 of 5';")
+        do("document.getElementById('said').innerText = 'translator at step 2';")
+        # The play stops: a Pause's run draws the same step; a play's end says so.
+        end = ("document.getElementById('story').innerText = 'Step 2 of 5';" if
+               stopped_by == "pause" else
+               "document.getElementById('story').insertAdjacentHTML('beforebegin',"
+               " '<div class=\"st-key-tour_messages--1\">Played to the end.</div>');")
+        do("document.getElementById('mark').remove();"
+           "document.getElementById('said').removeAttribute('data-stale');"
+           f"{end} {app}.setAttribute('data-test-script-state', 'notRunning');", 700)
+        heard: list[str] = page.evaluate("window.heard")
+        assert heard == (["Step 2 of 5"] if stopped_by == "pause" else
+                         ["Step 2 of 5", "Played to the end."])
+    finally:
+        page.close()

@@ -37,6 +37,8 @@ TAB_KEY = "tab"
 # other with hardly a pause, at times none the browser sees, so while it is drawn the
 # script reads what changed as soon as it is drawn, not only when a run ends.
 PLAYING = "pagedlab_playing"
+# What of READ_OUT a play says, the only news in the first drawing after it stops.
+PLAY_SAYS = ("tour_messages", "tour_narration")
 
 # The hidden container that holds the script (a script draws nothing, but Streamlit
 # gives every element a place in the page's flow; hidden, it takes none).
@@ -83,10 +85,11 @@ STYLE = (
 
 
 def script() -> str:
-    """assets/a11y.js with READ_OUT, TAB_KEY and PLAYING filled in."""
+    """assets/a11y.js with READ_OUT, TAB_KEY, PLAYING and PLAY_SAYS filled in."""
     return (SCRIPT.read_text(encoding="utf-8").replace("__READ_OUT__", json.dumps(READ_OUT))
             .replace("__TAB_KEY__", json.dumps(TAB_KEY))
-            .replace("__PLAYING__", json.dumps(PLAYING)))
+            .replace("__PLAYING__", json.dumps(PLAYING))
+            .replace("__PLAY_SAYS__", json.dumps(PLAY_SAYS)))
 
 
 def install(*more: str) -> None:
