@@ -226,6 +226,32 @@
         && (last.contains(e.target) || inList(e.target))
         && !COUNTERPARTS.some(([from]) => e.target.closest(from))) pressed = true;
   }, true);
+  // An arrow key on a tab moves the focus and the choice together; the run that starts
+  // draws the tab bar again, which at times drops the focus to the page's body with no
+  // event and no change the observer sees. For a while after such a key (until the
+  // next key or pointer), a focus lost goes back to the tab the bar shows chosen.
+  const TAB_WATCH_MS = 10000;
+  let tabWatch = null;
+  const stopTabWatch = () => {
+    if (tabWatch !== null) window.clearInterval(tabWatch);
+    tabWatch = null;
+  };
+  document.addEventListener("pointerdown", stopTabWatch, true);
+  document.addEventListener("keydown", (e) => {
+    stopTabWatch();
+    const tab = e.target instanceof Element ? e.target.closest("[role='tab']") : null;
+    if (tab === null || !e.key.startsWith("Arrow")) return;
+    const box = keyOf(tab);
+    const until = Date.now() + TAB_WATCH_MS;
+    tabWatch = window.setInterval(() => {
+      if (Date.now() > until) stopTabWatch();
+      else if (lost()) {
+        const bar = box === null ? tab.closest("[role='tablist']")
+          : document.querySelector(`.${CSS.escape(box)} [role='tablist']`);
+        bar?.querySelector("[role='tab'][aria-selected='true']")?.focus();
+      }
+    }, 100);
+  }, true);
   // Escape closes a chart's full screen as its close button does.
   document.addEventListener("keydown", (e) => {
     const close = e.key === "Escape"

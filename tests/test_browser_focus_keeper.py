@@ -22,6 +22,10 @@ PAGE = """
   <div data-testid="stMain">
     <input id="field" aria-label="A field">
     <div class="st-key-pick"><input id="pick" role="combobox" aria-label="Scenario"></div>
+    <div class="st-key-tab"><div role="tablist">
+      <div id="tabA" role="tab" tabindex="0" aria-selected="true">A</div>
+      <div id="tabB" role="tab" tabindex="-1" aria-selected="false">B</div>
+    </div></div>
     <div data-testid="stHorizontalBlock">
       <div class="st-key-next"><button id="next">Next</button></div>
       <div class="st-key-reset"><button id="reset">Reset</button></div>
@@ -41,6 +45,13 @@ STEPS = {
     "open list": "document.getElementById('list').hidden = false;"
                  " document.getElementById('opt').focus()",
     "close list": "document.getElementById('list').remove()",
+    # A tab bar drawn again by the run an arrow key started: the choice moves, and the
+    # focus drops to the page's body.
+    "choose B": "document.getElementById('tabA').setAttribute('aria-selected', 'false');"
+                " document.getElementById('tabB').setAttribute('aria-selected', 'true');"
+                " document.getElementById('tabB').tabIndex = 0;"
+                " document.getElementById('tabA').tabIndex = -1;",
+    "drop focus": "document.activeElement.blur()",
     "remove next": "document.querySelector('.st-key-next').remove()",
     # As a chart's full screen does: its button hidden, and the page's elements changed
     # (the frame drawn over the page), which the script watches.
@@ -68,6 +79,8 @@ CASES = {
     "an option picked, its run unseen": ("pick", ["open list", "press", "close list"], "pick"),
     "an option picked, its run seen": ("pick", ["open list", "press", "run", "close list",
                                                 "end"], "pick"),
+    # An arrow key on a tab: the focus that the bar's redraw drops goes to the tab chosen.
+    "a tab chosen by an arrow key": ("tabA", ["arrow", "choose B", "drop focus"], "tabB"),
 }
 
 
@@ -82,7 +95,9 @@ def focus_after(page: Page, start: str, steps: list[str]) -> str | None:
     while page.evaluate("document.activeElement.id") != start:
         page.keyboard.press("Tab")
     for step in steps:
-        if step == "press":
+        if step == "arrow":
+            page.keyboard.press("ArrowRight")
+        elif step == "press":
             # The buttons do nothing here: what the press changes are the steps after it,
             # as its run's drawing would be.
             page.keyboard.press("Enter")
