@@ -965,3 +965,16 @@ def test_summarize_says_swapped_out_and_swapped_in_not_admitted() -> None:
     line = summarize(result, export_snapshot(e))
     assert "· admitted C · swapped in B, C ·" in line
     assert "C (swapped out, then back in)" in line
+    # A host pool with no room for it: recomputed, and said so (a bare "preempted C"
+    # read as a swap).
+    e = Engine(EngineConfig(num_blocks=6, block_size=4, preemption="swap", num_cpu_blocks=1),
+               kernel="torch")
+    e.apply(Add("A", prompt_len=9, max_new_tokens=5))
+    e.apply(Add("C", prompt_len=9))
+    lines = []
+    while not e.idle and len(lines) < 40:
+        result = e.apply(Step())
+        lines.append(summarize(result, export_snapshot(e)))
+    fell_back = [line for line in lines if "preempted C (recomputed: no room in the host "
+                                           "pool" in line]
+    assert fell_back and not any("swapped out" in line for line in lines), lines

@@ -64,8 +64,9 @@ def summarize(result: OpResult, snapshot: dict[str, Any],
         # The parts go by kind, not by time: one preempted and admitted again within the
         # same step is said to be, or "admitted B · preempted B" reads as if it ended
         # preempted.
+        swap_mode = snapshot["config"].get("preemption") == "swap"
         parts.append("preempted " + ", ".join(
-            _preempted(rid, rid in swapped_out, status.get(rid) == "running")
+            _preempted(rid, rid in swapped_out, status.get(rid) == "running", swap_mode)
             for rid in dict.fromkeys(result.preempted)))
     reasons = {r["id"]: r["finish_reason"] for r in snapshot["requests"]}
     # A round drops beams in score order; listed by number they read as a set
@@ -107,11 +108,16 @@ def _cut_short(result: OpResult, rid: str, reasons: dict[str, Any]) -> str:
     return f" ({ended} after {made:,} of the {op.tokens:,} asked)" if made < op.tokens else ""
 
 
-def _preempted(rid: str, swapped: bool, running: bool) -> str:
+def _preempted(rid: str, swapped: bool, running: bool, swap_mode: bool = False) -> str:
     """A preempted request as the status line names it: 'C', 'C (swapped out)', and
-    'C (then readmitted)' or 'C (swapped out, then back in)' when it ends running."""
+    'C (then readmitted)' or 'C (swapped out, then back in)' when it ends running. With
+    swap preemption, one that was not swapped out (the host pool had no room) is said
+    to be recomputed: a bare 'C' read as a swap."""
     if swapped:
         return f"{rid} (swapped out, then back in)" if running else f"{rid} (swapped out)"
+    if swap_mode:
+        return (f"{rid} (recomputed: no room in the host pool; then readmitted)" if running
+                else f"{rid} (recomputed: no room in the host pool)")
     return f"{rid} (then readmitted)" if running else rid
 
 
