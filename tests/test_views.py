@@ -937,18 +937,25 @@ def test_summarize_says_a_request_preempted_then_readmitted_in_one_step() -> Non
     assert "· preempted C ·" in summarize(result, export_snapshot(e))
 
 
-def test_summarize_says_swapped_out_and_swapped_in_not_admitted() -> None:
-    """With swap preemption a request coming back from the host pool is swapped in (its
-    K/V copied back, nothing recomputed), not "admitted" as if new; one preempted to the
-    host pool is said to be swapped out."""
-    e = Engine(EngineConfig(num_blocks=6, block_size=4, preemption="swap", num_cpu_blocks=8),
-               kernel="torch")
+def _swap_status_lines(num_cpu_blocks: int) -> list[str]:
+    """The status line of each Step of A and C in a 6-block pool with swap preemption and
+    a host pool of `num_cpu_blocks`, until nothing runs (40 Steps at most)."""
+    e = Engine(EngineConfig(num_blocks=6, block_size=4, preemption="swap",
+                            num_cpu_blocks=num_cpu_blocks), kernel="torch")
     e.apply(Add("A", prompt_len=9, max_new_tokens=5))
     e.apply(Add("C", prompt_len=9))
     lines = []
     while not e.idle and len(lines) < 40:
         result = e.apply(Step())
         lines.append(summarize(result, export_snapshot(e)))
+    return lines
+
+
+def test_summarize_says_swapped_out_and_swapped_in_not_admitted() -> None:
+    """With swap preemption a request coming back from the host pool is swapped in (its
+    K/V copied back, nothing recomputed), not "admitted" as if new; one preempted to the
+    host pool is said to be swapped out."""
+    lines = _swap_status_lines(num_cpu_blocks=8)
     outs = [line for line in lines if "preempted C (swapped out)" in line]
     ins = [line for line in lines if "swapped in C" in line]
     assert outs and ins, lines
@@ -967,14 +974,7 @@ def test_summarize_says_swapped_out_and_swapped_in_not_admitted() -> None:
     assert "C (swapped out, then back in)" in line
     # A host pool with no room for it: recomputed, and said so (a bare "preempted C"
     # read as a swap).
-    e = Engine(EngineConfig(num_blocks=6, block_size=4, preemption="swap", num_cpu_blocks=1),
-               kernel="torch")
-    e.apply(Add("A", prompt_len=9, max_new_tokens=5))
-    e.apply(Add("C", prompt_len=9))
-    lines = []
-    while not e.idle and len(lines) < 40:
-        result = e.apply(Step())
-        lines.append(summarize(result, export_snapshot(e)))
+    lines = _swap_status_lines(num_cpu_blocks=1)
     fell_back = [line for line in lines if "preempted C (recomputed: no room in the host "
                                            "pool" in line]
     assert fell_back and not any("swapped out" in line for line in lines), lines
