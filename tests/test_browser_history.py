@@ -15,7 +15,6 @@ from playwright.sync_api import Browser, Page, expect
 
 from ui import history
 from ui.a11y import PLAYING
-from ui.paths import PAGES
 
 pytestmark = pytest.mark.browser
 
@@ -84,7 +83,7 @@ def entries(page: Page, steps: list[str]) -> tuple[int, str, str]:
         steps = ["install", *steps]
     for step in steps:
         if step == "install":
-            run(history.script(PAGES))
+            run(history.script())
         elif step == "key":
             page.keyboard.press("Enter")
         elif step == "shift":
@@ -118,7 +117,7 @@ def test_a_tabs_first_link_fills_in_the_address_it_was_opened_at(
         browser: Browser, app_url: str) -> None:
     """Before the person has acted on the page at all. The page runs it itself: any
     script Playwright runs in the page counts as the person's gesture."""
-    first = (f"<script>{history.script(PAGES)}</script>"
+    first = (f"<script>{history.script()}</script>"
              "<script>history.pushState({}, '', '/lab?session=x');</script>")
     page = browser.new_page()
     try:
@@ -140,7 +139,7 @@ def test_a_back_keeps_the_entries_after_it(browser: Browser, app_url: str) -> No
     try:
         page.goto(f"{app_url}/_stcore/health")
         page.add_script_tag(content="history.replaceState(null, '', '/')")
-        page.add_script_tag(content=history.script(PAGES))
+        page.add_script_tag(content=history.script())
         page.keyboard.press("Enter")
         page.add_script_tag(content="history.pushState({}, '', '/lab?session=x')")
         page.keyboard.press("Enter")       # Step: the address stays

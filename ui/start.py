@@ -34,7 +34,6 @@ from ui import (
 torch.set_num_threads(1)
 
 
-
 def run(page: StreamlitPage) -> None:
     """Set up this browser session, draw the shared sidebar, then run `page`."""
     session.init()
@@ -49,7 +48,7 @@ def run(page: StreamlitPage) -> None:
         tour.left_page()
     sidebar.render()
     store.write_cookie()
-    a11y.install(history.script(paths.PAGES))
+    a11y.install(history.script())
     with entry.app_page():
         top = clicks.slot()
         page.run()
