@@ -29,7 +29,7 @@ def runs_frame(runs: Sequence[PreemptionRun]) -> pd.DataFrame:
         "recomputed tokens": r.recomputed_tokens, "recompute ms": round(r.recompute_ms, 2),
         "swapped blocks": r.swapped_blocks, "swap ms": round(r.swap_ms, 2),
         # NaN, not None: a missing number, which the page's table shows as its placeholder.
-        "µs per block": (round(r.swap_ms * 1e3 / r.swapped_blocks, 1)
+        "µs per block": (round(_per_block(r), 1)
                          if r.swapped_blocks else float("nan")),
         "same tokens": r.same_tokens,
     } for r in runs])
@@ -81,9 +81,14 @@ def _overhead_description(df: pd.DataFrame) -> str:
             f"method spent on its preemptions, one line per method. {sentence(said)}.")
 
 
+def _per_block(r: PreemptionRun) -> float:
+    """Microseconds of swap copying per block moved."""
+    return r.swap_ms * 1e3 / r.swapped_blocks
+
+
 def _per_slot(r: PreemptionRun) -> float:
     """Microseconds of swap copying per token slot moved."""
-    return r.swap_ms * 1e3 / r.swapped_blocks / r.block_size
+    return _per_block(r) / r.block_size
 
 
 def _copy_sentence(swapped: Sequence[PreemptionRun]) -> str:
@@ -91,16 +96,14 @@ def _copy_sentence(swapped: Sequence[PreemptionRun]) -> str:
     per block and per token slot; the paper's point (small blocks cost more per slot)
     judged over every size that swapped, and only where there are two."""
     lo, hi = swapped[0], swapped[-1]
-    per_lo = lo.swap_ms * 1e3 / lo.swapped_blocks
     if lo is hi:
         return (f"Swapping copied {lo.swapped_blocks:,} blocks, only at block size "
-                f"{lo.block_size}: {per_lo:.1f} µs per block, "
-                f"{per_lo / lo.block_size:.2f} µs per token slot. ")
-    per_hi = hi.swap_ms * 1e3 / hi.swapped_blocks
+                f"{lo.block_size}: {_per_block(lo):.1f} µs per block, "
+                f"{_per_slot(lo):.2f} µs per token slot. ")
     said = (f"Swapping copied {lo.swapped_blocks:,} blocks at block size {lo.block_size} and "
-            f"{hi.swapped_blocks:,} at {hi.block_size}: {per_lo:.1f} µs per block against "
-            f"{per_hi:.1f} µs, or {per_lo / lo.block_size:.2f} µs per token slot against "
-            f"{per_hi / hi.block_size:.2f} µs. ")
+            f"{hi.swapped_blocks:,} at {hi.block_size}: {_per_block(lo):.1f} µs per block "
+            f"against {_per_block(hi):.1f} µs, or {_per_slot(lo):.2f} µs per token slot "
+            f"against {_per_slot(hi):.2f} µs. ")
     # As printed: ends that read alike ("5.00 µs against 5.00 µs") are not told apart.
     slots = [round(_per_slot(r), 2) for r in swapped]
     if slots[0] <= slots[-1]:
