@@ -23,7 +23,12 @@ from backend.views.text import plain_md
 from ui import layout, numbers
 from ui.bars import Advance
 from ui.compare import SYNTHETIC_NOTE, background, label, panel, refuse
-from ui.compare.sim_inputs import PAGE_MAX_REQUESTS, TraceChoice, trace_inputs
+from ui.compare.sim_inputs import (
+    PAGE_MAX_REQUESTS,
+    RECORDED_CREDIT,
+    TraceChoice,
+    trace_inputs,
+)
 from ui.compare.sim_results import comparison, preemption_section, timeline_section
 from ui.compare.sim_runs import run_cached
 from ui.numbers import Fields
@@ -31,11 +36,9 @@ from ui.numbers import Fields
 SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
 SIM_JOB = "cmp_sim_job"      # a run at work (ui/compare/background.py)
 MARKS_JOB = "cmp_sim_marks_job"   # the watermark sweep at work
-TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023, from Microsoft Azure's "
-              "[AzurePublicDataset](https://github.com/Azure/AzurePublicDataset) (CC BY 4.0), "
-              "described in Patel et al., \"Splitwise: Efficient generative LLM inference "
-              "using phase splitting\", ISCA 2024; replayed with arrivals and lengths as "
-              "recorded. The files and their license ship with PagedLab, in assets/traces/.")
+TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023, replayed with arrivals "
+              f"and lengths as recorded. {RECORDED_CREDIT} The files and their license ship "
+              "with PagedLab, in assets/traces/.")
 
 
 def _budget_inputs(f: Fields) -> dict[str, int | None]:
