@@ -167,6 +167,23 @@ def test_a_bare_address_reopens_the_browsers_latest_session(
     assert saved.MOVED_ON_NOTE in texts(again.info) + texts(again.warning)
 
 
+def test_replacing_a_reopened_session_not_yet_taken_over_says_it_stays_saved(
+        browser: dict[str, str | None]) -> None:
+    # A bare address shows the latest session without taking it over; no save failed,
+    # so the state it replaces is whole in its row, and the message must not say that
+    # operations could not be saved.
+    session_id = worked(open_app())
+    again = open_app()
+    assert "Reopened your latest session" in texts(again.success)
+    again.sidebar.number_input(key="cfg_num_blocks").set_value(40).run()
+    again.button(key="btn_apply_config").click().run()
+    said = [shown(i.value) for i in again.info if i.value.startswith("New engine: 40 blocks")]
+    assert len(said) == 1, texts(again.info)
+    assert (f"The state it replaced stays saved as session {store.short(session_id)}, "
+            "under Recent sessions.") in said[0], said
+    assert "could not be saved" not in said[0]
+
+
 def test_another_browser_gets_a_copy(browser: dict[str, str | None], data_dir: Path) -> None:
     first = open_app()
     session_id = worked(first)

@@ -286,7 +286,7 @@ def kept_row(tab: saved.Tab, engine: Engine) -> Kept | None:
     engine something was done on. Read before `detach`, which forgets it."""
     if tab.store is None or tab.id is None or not has_state(engine):
         return None
-    return Kept(tab.id, tab.synced and tab.pending_claim is None)
+    return Kept(tab.id, not tab.behind)
 
 
 

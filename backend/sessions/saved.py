@@ -87,6 +87,10 @@ class Tab:
     holder: str = field(default_factory=new_id)
     id: str | None = None
     synced: bool = False           # the row holds everything up to the last operation
+    # A save failed since the row last held this tab's state: the row holds an earlier
+    # step. Not the same as `synced` being False, which a row not taken over yet (see
+    # `pending_claim`) also is, while it holds exactly the state shown.
+    behind: bool = False
     # The row holds the state, but left out what could not be read back when it was
     # opened (its history or operation log): the next save writes it whole.
     rewrite: bool = False
@@ -108,6 +112,7 @@ class Tab:
         address names `address` meanwhile (a copy's link), or nothing."""
         self.id, self.synced, self.address = None, False, address
         self.pending_claim, self.unnamed, self.rewrite = None, False, False
+        self.behind = False
 
     def keep_in_address(self, sid: str) -> bool:
         """Mutates: `sid`, which the address named, could not be opened for a passing
@@ -344,7 +349,7 @@ def open_saved(tab: Tab, sid: str, owner: str, *, replacing: Engine | None = Non
         # next save; the row still holds the state meanwhile.
         tab.id, tab.synced, tab.address, tab.rewrite = sid, claimed, None, rewrite
         tab.pending_claim = None if claimed else stored.revision
-        tab.unnamed = not take_now
+        tab.unnamed, tab.behind = not take_now, False
     return Opened(live, copied, notes, rewrite)
 
 
@@ -377,7 +382,7 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
         if tab.id is None:
             sid = new_id()
             store.create(sid, tab.browser, tab.holder, _full(live, snapshot, store.limits))
-            tab.id, tab.synced, tab.address = sid, True, None
+            tab.id, tab.synced, tab.address, tab.behind = sid, True, None, False
             return None
         if tab.pending_claim is not None:
             if not store.claim(tab.id, tab.holder, if_unchanged=tab.pending_claim):
@@ -386,7 +391,7 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
                 tab.start_anew()
                 copy = new_id()
                 store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
-                tab.id, tab.synced, tab.rewrite = copy, True, False
+                tab.id, tab.synced, tab.rewrite, tab.behind = copy, True, False, False
                 return MOVED_ON_NOTE
             tab.pending_claim, tab.unnamed = None, False
         outcome = Write.MISSING
@@ -408,12 +413,12 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
         if outcome is Write.TAKEN:
             copy = new_id()
             store.create(copy, tab.browser, tab.holder, _full(live, snapshot, store.limits))
-            tab.id, tab.synced, tab.rewrite = copy, True, False
+            tab.id, tab.synced, tab.rewrite, tab.behind = copy, True, False, False
             return COPY_NOTE
-        tab.synced, tab.rewrite = True, False
+        tab.synced, tab.rewrite, tab.behind = True, False, False
         return REVIVED_NOTE if outcome is Write.REVIVED else None
     except TooLargeError as exc:
-        tab.synced = False
+        tab.synced, tab.behind = False, True
         note = f"Not saved after step {snapshot['step']}: {exc}. Download its snapshot to keep it."
         if tab.id is not None:
             # The row keeps its last good state; opening it says why it is behind.
@@ -421,5 +426,5 @@ def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None 
                 store.set_note(tab.id, tab.holder, f"it was saved up to an earlier step: {exc}")
         return note
     except StoreError as exc:
-        tab.synced = False
+        tab.synced, tab.behind = False, True
         return f"Not saved after step {snapshot['step']}: {exc}."
