@@ -34,6 +34,7 @@ from tests.browser_support import (
     room_for_a_long_step,
     scroll_to,
 )
+from ui import resume
 
 pytestmark = pytest.mark.browser
 
@@ -413,6 +414,17 @@ def test_back_and_forward_open_the_sessions_their_addresses_name(
         assert session_id(page) == first
         tokens = int(filled(page).split("/")[0].replace(",", "").strip())
         assert 23 < tokens < 23 + 10_000, tokens
+        # Back twice: to the second session, then onto the entry New session left,
+        # from before its first operation. It names no session: the page stays, and
+        # says so instead of keeping the line of the Back before.
+        page.go_back()
+        status(page, f"Opened session {second[:8]}… (the browser's Back or Forward)")
+        settled(page)
+        page.go_back()
+        status(page, resume.NAMES_NONE.format(f"{second[:8]}…"))
+        settled(page)
+        assert session_id(page) == second
+        expect(in_app(page).get_by_text("(the browser's Back or Forward)")).to_have_count(0)
     except BaseException:
         shoot(page, screenshots, "history-failed")
         raise

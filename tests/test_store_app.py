@@ -331,9 +331,36 @@ def test_the_sessions_list_opens_and_deletes(browser: dict[str, str | None],
     assert not any("for good" in w.value for w in at.warning)
     at.button(key=f"btn_delete_{second_id}").click().run()
     at.button(key=f"btn_delete_confirm_{second_id}").click().run()
-    assert "Deleted saved session" in texts(at.info)
+    # The Delete's outcome replaces the status line: the earlier "Opened session" is not
+    # left above it as if it were news.
+    assert texts(at.info) == (f"Deleted saved session {store.short(second_id)}; its "
+                              "address no longer opens it."), texts(at.info)
+    assert not at.success, texts(at.success)
     assert [r[0] for r in rows(data_dir)] == [first_id]
     assert not [b for b in at.button if b.key == f"btn_open_{second_id}"]
+
+
+def test_a_delete_question_is_dropped_when_another_session_is_opened(
+        browser: dict[str, str | None], data_dir: Path) -> None:
+    at = open_app()
+    first_id = worked(at)
+    at.button(key="btn_new_session").click().run()
+    at.button(key="btn_add").click().run()
+    second_id = sid(at)
+    at.button(key="btn_new_session").click().run()
+    at.button(key="btn_add").click().run()
+    third_id = sid(at)
+    # Asked beside the third session about the first; then the second is opened.
+    at.button(key=f"btn_delete_{first_id}").click().run()
+    assert any("for good" in w.value for w in at.warning)
+    at.button(key=f"btn_open_{second_id}").click().run()
+    assert not any("for good" in w.value for w in at.warning)
+    # Back beside the third, the question does not come back with its live button.
+    at.button(key=f"btn_open_{third_id}").click().run()
+    assert sid(at) == third_id
+    assert not any("for good" in w.value for w in at.warning)
+    assert not [b for b in at.button if b.key == f"btn_delete_confirm_{first_id}"]
+    assert sorted(r[0] for r in rows(data_dir)) == sorted([first_id, second_id, third_id])
 
 
 def test_continuing_a_scenario_keeps_the_playgrounds_saved_state(

@@ -21,7 +21,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "assets" / "a11y.js"
 # Keys (as endings, so that a page's prefix is covered) of the containers whose new
 # text a screen reader is told: the result of the last action, a scenario step's
 # narration, what a timeline pick shows, the inspected block, the translated address,
-# a saved session's note (a Delete's outcome), a Delete's question, and on the
+# a save's note (the tab became a copy, a save failed), a Delete's question, and on the
 # Contiguous vs paged page a section's refusal and its result (`said`). When one action
 # changes several, only the first in this order is read: it is that action's own
 # result. A key may be followed by "--N", a number that makes the same words said

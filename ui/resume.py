@@ -201,6 +201,12 @@ def at_start() -> None:
     _reopen(sid, "start", how, "This is a new session.", take_now=named)
 
 
+# Back or Forward onto an entry from before a session's first operation.
+NAMES_NONE = ("This entry of the browser's history names no saved session (a new session is "
+              "saved from its first operation on, and this one had none), so the page stays "
+              "on session {}. New session, under Sessions, starts an empty one.")
+
+
 def follow_history() -> None:
     """In a run the browser's Back or Forward started: open the session the address
     names, when it is not this tab's. The address was otherwise written back to this
@@ -208,11 +214,16 @@ def follow_history() -> None:
 
     An address naming no session (the entry before a session's first operation) is
     left to name this tab's session again, as before: which state that entry showed
-    (an empty engine, or the latest session reopened) is not known here."""
+    (an empty engine, or the latest session reopened) is not known here. The status line
+    says so, rather than keep the last action's line as if this one had done it."""
     if not history.went_back_or_forward():
         return
     sid, problem = store.requested_id()
-    if sid is None or problem is not None or sid == store.get_tab().shown_id:
+    shown = store.get_tab().shown_id
+    if sid is None and problem is None and shown is not None:
+        session.flash("info", NAMES_NONE.format(store.short(shown)))
+        return
+    if sid is None or problem is not None or sid == shown:
         return
     # A Step N or Grow this tab is running would otherwise go on to its end (with the
     # address already naming the other session) before the session could be replaced:
@@ -225,4 +236,13 @@ def follow_history() -> None:
 def open_other(sid: str) -> None:
     """Callback of a Recent sessions entry's Open: that session replaces this one here."""
     _reopen(sid, "replace", f"Opened session {store.short(sid)}", "This session is unchanged.")
+
+
+def delete_other(sid: str) -> None:
+    """Callback of a Recent sessions entry's Delete for good: its outcome on the status
+    line, in place of the last action's (an earlier "Opened session …" would otherwise
+    read as news above it)."""
+    said = store.delete_saved(sid)
+    if said is not None:
+        session.flash(*said)
 

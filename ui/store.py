@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import streamlit as st
 
@@ -47,7 +48,9 @@ TAB = "store_tab"              # this tab's backend.sessions.saved.Tab
 SECRET = "store_secret"        # this browser's secret: its cookie's, or a new one
 PROBLEM = "store_problem"      # why sessions are not saved (the store cannot be opened)
 NOTE = "store_note"            # what the last save had to say (a copy, a failure), or None
-CONFIRM_DELETE = "store_confirm_delete"  # the listed session a Delete asks about, or None
+# The listed session a Delete asks about, and the session this tab showed when it asked
+# (a question asked beside one session is not left standing beside another), or None.
+CONFIRM_DELETE = "store_confirm_delete"
 COOKIE_DAYS = 400              # browsers cap a cookie's life at about 400 days
 
 _stores: dict[Path, SessionStore] = {}
@@ -191,27 +194,45 @@ def _ago(then: float) -> str:
 
 def ask_delete(sid: str) -> None:
     """Callback of a list entry's Delete: ask before deleting (it cannot be undone)."""
-    st.session_state[CONFIRM_DELETE] = sid
+    st.session_state[CONFIRM_DELETE] = (sid, get_tab().shown_id)
 
 
 def cancel_delete() -> None:
     st.session_state[CONFIRM_DELETE] = None
 
 
-def delete_saved(sid: str) -> None:
-    """Callback of the confirmation's Delete: remove one of this browser's saved sessions."""
-    tab = get_tab()
+def _asked() -> str | None:
+    """The listed session a Delete's question stands for: None once this tab shows
+    another session than when it asked (Open, New session, Back or Forward), which
+    drops the question."""
     ss = st.session_state
-    ss[CONFIRM_DELETE] = None
+    asked = ss.get(CONFIRM_DELETE)
+    if asked is None:
+        return None
+    sid, beside = asked
+    if beside != get_tab().shown_id:
+        ss[CONFIRM_DELETE] = None
+        return None
+    return str(sid)
+
+
+def delete_saved(sid: str) -> tuple[Literal["info", "error"], str] | None:
+    """Mutates the store: remove one of this browser's saved sessions, after its
+    question's Delete for good. What to say on the status line (a Delete is this tab's
+    latest action, and its outcome replaces the line), or None for a row that is this
+    tab's own (not listed, so not asked about)."""
+    tab = get_tab()
+    st.session_state[CONFIRM_DELETE] = None
     if tab.store is None or sid == tab.id:
-        return
+        return None
     try:
         gone = tab.store.delete(sid, tab.browser)
     except StoreError as exc:
-        ss[NOTE] = f"Could not delete session {short(sid)}: {exc}"
-        return
-    ss[NOTE] = (f"Deleted saved session {short(sid)}." if gone
-                else f"Session {short(sid)} was already gone.")
+        return "error", f"Could not delete session {short(sid)}: {exc}"
+    # No period straight after the id's ellipsis ("…."): the sentence goes on.
+    return ("info", f"Deleted saved session {short(sid)}; its address no longer opens it."
+            if gone else f"Session {short(sid)} was already gone (deleted in another tab, "
+                         "or expired); nothing to delete.")
 
 
 def notes() -> None:
@@ -220,14 +241,15 @@ def notes() -> None:
     if ss.get(PROBLEM):
         st.warning(plain_md(f"Sessions are not saved on this server: {ss[PROBLEM]}"))
     if ss.get(NOTE):
-        # Keyed for ui/a11y.py, which reads a new note (a Delete's outcome) out.
+        # Keyed for ui/a11y.py, which reads a new note (a copy, a failed save) out.
         with st.container(key="store_note"):
             st.info(plain_md(ss[NOTE]))
 
 
 def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], None],
-                   limit: int = 12) -> None:
-    """This session's address and this browser's recent sessions: open, delete, start anew."""
+                   delete: Callable[[str], None], limit: int = 12) -> None:
+    """This session's address and this browser's recent sessions: open, delete (`delete`,
+    once asked: see `delete_saved`), start anew."""
     tab = get_tab()
     if tab.store is None:
         st.caption("Sessions are not saved on this server (see the note at the top).")
@@ -253,6 +275,7 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
                   help="Start an empty engine under a new address; this one stays in the "
                        "list.")
     others = [s for s in recent if s.id != tab.id]
+    asked = _asked()
     if not others:
         return
     st.markdown("**Recent sessions in this browser**")
@@ -269,7 +292,7 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
                       args=(info.id,))
         clicks.button(row, "Delete", key=f"btn_delete_{info.id}", on_click=ask_delete,
                       args=(info.id,))
-        if st.session_state.get(CONFIRM_DELETE) == info.id:
+        if asked == info.id:
             # Below the row, not in Delete's place: a double click must not confirm.
             # Keyed for ui/a11y.py: read out, since the question is drawn below the
             # Delete that keeps the focus.
@@ -279,5 +302,5 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
                                     "Delete for good, or Cancel, below."))
             answer = st.container(horizontal=True, gap="small")
             clicks.button(answer, "Delete for good", key=f"btn_delete_confirm_{info.id}",
-                          type="primary", on_click=delete_saved, args=(info.id,))
+                          type="primary", on_click=delete, args=(info.id,))
             clicks.button(answer, "Cancel", key="btn_delete_cancel", on_click=cancel_delete)
