@@ -233,6 +233,13 @@ def test_a_beam_is_not_grown_or_forked_by_hand_and_a_full_pool_is_refused() -> N
     with pytest.raises(PagedLabError, match="need 7 blocks for their first tokens"):
         small.apply(parse_op({"op": "add", "request": "B", "prompt": PROMPT,
                               "beam_width": 5}))
+    # So is one that fits the pool but not beside the watermark admission keeps free.
+    kept = engine(num_blocks=8, watermark_blocks=3, max_new_tokens=8)
+    with pytest.raises(PagedLabError, match="the pool has 8 and admission keeps the "
+                                            "watermark's 3 free: they could never start"):
+        kept.apply(parse_op({"op": "add", "request": "B", "prompt": PROMPT,
+                             "beam_width": 5}))
+    assert not kept.requests
 
 
 def test_new_beams_number_around_an_id_the_user_took() -> None:

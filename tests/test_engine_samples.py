@@ -138,6 +138,31 @@ def test_bad_sampling_requests_are_refused(op: dict[str, Any], message: str) -> 
         e.apply(parse_op({"op": "add", "request": "Q", "prompt": PROMPT, "n": 2}))
 
 
+@pytest.mark.parametrize("config, n, message", [
+    # 27 bytes in blocks of 4: 7 blocks with the first token, and a block for each of the
+    # two other samples' first tokens (a copy of the shared partial last block).
+    ({"num_blocks": 8}, 3, "3 parallel samples of a 27-token prompt need 9 blocks for their "
+                           "first tokens, but the pool has 8: they could never start"),
+    ({"num_blocks": 11, "watermark_blocks": 4}, 2,
+     "2 parallel samples of a 27-token prompt need 8 blocks for their first tokens, but the "
+     "pool has 11 and admission keeps the watermark's 4 free: they could never start"),
+])
+def test_samples_that_could_never_start_are_refused(config: dict[str, Any], n: int,
+                                                    message: str) -> None:
+    # Admitted only with room for every sample's first token, they would wait for ever,
+    # with the advice to step the batch, and hold up every request behind them.
+    e = engine(**config)
+    before = state(e)
+    with pytest.raises(PagedLabError) as refused:
+        e.apply(parse_op({"op": "add", "request": "Q", "prompt": PROMPT, "n": n}))
+    assert str(refused.value) == message
+    assert state(e) == before
+    # One sample fewer fits, and runs to its end.
+    apply(e, {"op": "add", "request": "Q", "prompt": PROMPT, "n": n - 1, "max_new_tokens": 3})
+    run_out(e)
+    assert {r.finish_reason for r in e.requests.values()} == {"max_new_tokens"}, e.requests
+
+
 def test_a_first_sample_finished_before_its_prompt_ran_forks_nothing_and_restores() -> None:
     e = engine(num_blocks=10)
     apply(e, {"op": "add", "request": "A", "prompt_len": 30, "max_new_tokens": 4},

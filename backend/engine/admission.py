@@ -81,6 +81,13 @@ class Admission(ABC):
         could never take them, and first come, first served, nothing behind them either."""
         return self._never_fit(self.manager.blocks_for(num_tokens + 1), watermark=watermark)
 
+    def _unit_never_fits(self, unit: Sequence[Request]) -> bool:
+        """Whether a queued unit's tokens, each with its next one, and the sequences it
+        will fork (whose first tokens each take a block) exceed even an empty pool with
+        the watermark kept free: admission, which waits for all of that, never takes it."""
+        return self._never_fit(sum(self.manager.blocks_for(r.num_tokens + 1) + r.forks_to_come
+                                   for r in unit))
+
     def _never_fit(self, blocks: int, *, watermark: bool = True) -> bool:
         """Whether `blocks` (with the watermark, if `watermark`) exceed even an empty pool."""
         keep = (self.config.watermark_blocks or 0) if watermark else 0
@@ -169,7 +176,7 @@ class Admission(ABC):
         # First come, first served: nothing new starts while a swapped request waits.
         while self.waiting and not self.swapped and budget.may_start():
             unit = self._queued_unit(self.waiting)
-            if self._never_fit(sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit)):
+            if self._unit_never_fits(unit):
                 # A preempted request that grew to fill the whole pool, or all of it but
                 # the watermark (or a beam group that, recomputed beam by beam, no longer
                 # fits in it): waiting, it would hold up every request behind it.
@@ -230,7 +237,7 @@ class Admission(ABC):
                     "first; step the batch")
         unit = self._queued_unit(self.waiting)
         head = self.waiting[0]
-        never = self._never_fit(sum(self.manager.blocks_for(r.num_tokens + 1) for r in unit))
+        never = self._unit_never_fits(unit)
         if rid not in {r.id for r in unit}:
             ahead = list(self.waiting).index(rid)
             first = (f"{head!r}, which can never fit the pool, ends at the next step"

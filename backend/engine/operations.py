@@ -74,6 +74,8 @@ def add(engine: Engine, op: Add) -> None:
                             f"max_num_seqs is {limit}: they could never start")
     if width is not None:
         _check_beam_search(engine, width, len(tokens), max_new)
+    if len(ids) > 1:
+        _check_first_round(engine, len(ids), len(tokens), what)
     req = Request(rid, len(tokens), tokens, max_new, arrival=len(engine.requests),
                   group=None if op.n is None and width is None else group,
                   pending_samples=len(ids) - 1 if width is None else 0,
@@ -111,14 +113,22 @@ def _check_beam_search(engine: Engine, width: int, prompt_len: int,
     if tokens is not None and width > tokens:
         raise PagedLabError(f"a beam width of {width} decodes {width} tokens in one step, but "
                             f"max_num_batched_tokens is {tokens}: it could never run a round")
-    # The prompt's blocks, then for the W first tokens: a copy of the shared last block
+
+
+def _check_first_round(engine: Engine, seqs: int, prompt_len: int, what: str) -> None:
+    """Refuse parallel samples or beams whose first tokens could never all be written:
+    admission takes the group only with the blocks for them (see Scheduler.admit), so it
+    would wait for ever, holding up every request behind it."""
+    # The prompt's blocks, then for the first tokens: a copy of the shared last block
     # for every writer but the last, or, if it is full, a new block for each.
-    first = engine.manager.blocks_for(prompt_len + 1) + width - 1
-    if first > engine.config.num_blocks:
+    first = engine.manager.blocks_for(prompt_len + 1) + seqs - 1
+    keep = engine.config.watermark_blocks or 0
+    if first + keep > engine.config.num_blocks:
+        kept = f" and admission keeps the watermark's {keep:,} free" if keep else ""
         raise PagedLabError(
-            f"{width} beams of a {prompt_len}-token prompt need {first} blocks for their "
-            f"first tokens, but the pool has {engine.config.num_blocks}: they could never "
-            "start")
+            f"{seqs} {what} of a {prompt_len:,}-token prompt need {first:,} blocks for "
+            f"their first tokens, but the pool has {engine.config.num_blocks:,}{kept}: "
+            "they could never start")
 
 
 def spawn_samples(engine: Engine, first: Request) -> None:
