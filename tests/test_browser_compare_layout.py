@@ -35,7 +35,7 @@ TABLES_SHOW: dict[str, list[list[str] | None]] = {
     "Swap or recompute": [["block", "mode", "wall ms", "recomputed", "recompute ms",
                            "swapped", "swap ms"]],
     # The estimate's table is in a closed expander, not drawn.
-    "Sharing": [["kind", "n", "saved", "paper", "peak blocks", "peak unshared"]],
+    "Sharing": [["kind", "n", "saved", "paper", "held", "unshared"]],
     "Memory calculator": [ALL, ["model", "layers", "Q heads", "KV heads", "head dim",
                                 "per token", "16-token block"]],
 }

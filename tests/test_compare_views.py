@@ -467,6 +467,9 @@ def test_sharing_sentence_and_frame() -> None:
     df = tables.sharing_frame(results)
     assert df["paper range"].tolist()[0] == "6.1% - 9.8%"
     assert df["saved"].tolist() == pytest.approx([0.03, 0.08, 0.40, 0.60])
+    # The columns it is computed from are shown beside it.
+    assert (1 - df["block-steps held"] / df["block-steps unshared"]).tolist() == \
+        pytest.approx(df["saved"].tolist())
 
 
 def test_memory_calculator_tables() -> None:

@@ -96,16 +96,23 @@ def _show(results: list[SharingResult], key: str) -> None:
                            key=f"{key}_chart_{kind.split()[0]}")
     st.caption("Shaded band: the paper's range for the same kind of sharing (Figure 15).")
     shown, saved = in_percent(df, "saved", help="block memory that sharing saved, "
-                                                "time-averaged over the run")
+                                                "time-averaged over the run: 1 - held ÷ "
+                                                "unshared, in block-steps")
     # Short headers, the long names as tooltips. The saving, the paper's range and the
-    # peak block counts come first: beside the sidebar in a 1024 px window they are in
-    # view before it scrolls.
+    # block-steps it is computed from come first: beside the sidebar in a 1024 px window
+    # they are in view before it scrolls. The peaks, another measure, follow.
     col, num = st.column_config.Column, st.column_config.NumberColumn
     st.dataframe(shown, hide_index=True, key=f"{key}_table", column_order=[
-        "kind", "n", "saved", "paper range", "peak blocks shared", "peak blocks unshared",
-        "copy-on-write copies", "requests"], column_config={
+        "kind", "n", "saved", "paper range", "block-steps held", "block-steps unshared",
+        "peak blocks shared", "peak blocks unshared", "copy-on-write copies", "requests"],
+        column_config={
         "kind": col(pinned=True), "saved": saved, "paper low": None, "paper high": None,
         "paper range": col("paper", help="the paper's range for this kind (Figure 15)"),
+        "block-steps held": num("held", help="blocks in use, summed over every decode step "
+                                             "(block-steps)"),
+        "block-steps unshared": num(
+            "unshared", help="blocks the same sequences would have held with blocks of their "
+                             "own, summed over every decode step (block-steps)"),
         "copy-on-write copies": num("CoW copies", help="copy-on-write copies the engine made"),
         "peak blocks shared": num("peak blocks", help="the most blocks in use at once"),
         "peak blocks unshared": num(

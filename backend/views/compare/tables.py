@@ -97,6 +97,10 @@ def sharing_frame(results: Sequence[SharingResult]) -> pd.DataFrame:
         "kind": SHARING_KINDS[r.kind], "n": r.n, "saved": r.saved_fraction,
         "paper low": r.paper_low, "paper high": r.paper_high,
         "paper range": f"{pct(r.paper_low)} - {pct(r.paper_high)}",
+        # What `saved` is computed from (1 - held / unshared), so that it can be checked
+        # against the columns beside it; the peaks are another measure.
+        "block-steps held": r.trace.used_block_steps,
+        "block-steps unshared": r.trace.unshared_block_steps,
         "copy-on-write copies": r.trace.cow_copies,
         "peak blocks shared": r.trace.peak_used_blocks,
         "peak blocks unshared": r.trace.peak_unshared_blocks,
