@@ -79,11 +79,19 @@ class PagedPolicy:
                 f"watermark under {self.num_blocks:,}")
         if need > room:
             least = self.least_blocks(need) * self.block_size
-            # Past the largest capacity only a smaller watermark makes room.
-            advice = (f"use a capacity of at least {least:,} tokens"
-                      if least <= MAX_CAPACITY_TOKENS else
-                      f"no capacity up to {MAX_CAPACITY_TOKENS:,} tokens admits it with this "
-                      "watermark; use a watermark of 0 blocks")
+            bare = need * self.block_size
+            # Past the largest capacity only a smaller watermark makes room, and past it
+            # even with none, nothing does.
+            if least <= MAX_CAPACITY_TOKENS:
+                advice = f"use a capacity of at least {least:,} tokens"
+            elif bare <= MAX_CAPACITY_TOKENS:
+                advice = (f"no capacity up to {MAX_CAPACITY_TOKENS:,} tokens admits it with "
+                          "this watermark; use a watermark of 0 blocks and a capacity of at "
+                          f"least {bare:,} tokens")
+            else:
+                advice = (f"that is more than the largest capacity, "
+                          f"{MAX_CAPACITY_TOKENS:,} tokens, so no setting admits it; leave "
+                          "it out of the trace")
             raise PagedLabError(
                 f"the longest request needs {longest:,} tokens ({need:,} blocks of "
                 f"{self.block_size}) but the pool admits at most {room:,} blocks "
