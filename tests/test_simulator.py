@@ -519,14 +519,14 @@ def test_a_request_that_can_never_run_is_refused() -> None:
         simulate(long, SimConfig(policy="paged", capacity_tokens=least - 16, block_size=16))
     # Near the largest capacity, a 1% watermark leaves no capacity that would do: said.
     huge = trace_of([16_776_000], [10])
-    with pytest.raises(PagedLabError, match="no capacity up to 16,777,216 tokens admits it "
+    with pytest.raises(PagedLabError, match=r"no capacity up to 16,777,216 tokens admits it "
                                             "with this watermark; use a watermark of 0 "
                                             "blocks and a capacity of at least 16,776,016 "
                                             "tokens$"):
         simulate(huge, SimConfig(policy="paged", capacity_tokens=15_360, block_size=16))
     # Longer than the largest capacity: no advice to change a setting, since none would do.
     longest = trace_of([16_777_216], [1])
-    with pytest.raises(PagedLabError, match="that is more than the largest capacity, "
+    with pytest.raises(PagedLabError, match=r"that is more than the largest capacity, "
                                             "16,777,216 tokens, so no setting admits it; "
                                             "leave it out of the trace$"):
         simulate(longest, SimConfig(policy="paged", capacity_tokens=15_360, block_size=16,

@@ -16,6 +16,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from backend.core.checks import shown
 from backend.core.config import EngineConfig
 from backend.paging.events import EVENT_KINDS
 
@@ -39,6 +40,17 @@ SPECIAL_HEADS = frozenset({"contiguous", "address", "events", "step_events", "te
                            "requests"})
 # How many unmeetable paths a note names before it counts the rest.
 NAMED_PATHS = 3
+# A path a message quotes whole; a longer one is cut, with its length. The longest a
+# snapshot has (a request's 64-character id and a field) is well under it.
+SHOWN_PATH_CHARS = 120
+
+
+def shown_path(path: str) -> str:
+    """`path` as a message quotes it: whole, or cut short past SHOWN_PATH_CHARS with its
+    length, so that a file's runaway key cannot fill a terminal or a page."""
+    if len(path) <= SHOWN_PATH_CHARS:
+        return path
+    return f"{path[:SHOWN_PATH_CHARS]}… ({len(path):,} characters)"
 
 
 def path_problem(path: str, config: EngineConfig, has_arena: bool) -> str | None:
@@ -53,7 +65,7 @@ def path_problem(path: str, config: EngineConfig, has_arena: bool) -> str | None
             parts[1], EVENT_KINDS, "event kind")
     if head == "address" and len(parts) >= 3:
         pos = parts[-1]
-        return None if pos.isascii() and pos.isdigit() else f"{pos!r} is no token position"
+        return None if pos.isascii() and pos.isdigit() else f"{shown(pos)} is no token position"
     if head in SPECIAL_HEADS:
         return None
     if head not in SNAPSHOT_FIELDS | (SWAP_SNAPSHOT_FIELDS if swap else frozenset()):
@@ -70,7 +82,7 @@ def path_problem(path: str, config: EngineConfig, has_arena: bool) -> str | None
         count = config.num_blocks if head == "blocks" else config.num_cpu_blocks
         index = parts[1]
         if not (index.isascii() and index.isdigit()):
-            return f"{index!r} is no block id (0, 1, ...)"
+            return f"{shown(index)} is no block id (0, 1, ...)"
         if int(index) >= count:
             return f"block {int(index):,} is past the pool's {count:,} blocks"
         if len(parts) >= 3 and parts[2] not in BLOCK_FIELDS:
@@ -81,7 +93,7 @@ def path_problem(path: str, config: EngineConfig, has_arena: bool) -> str | None
 def _unknown(name: str, known: Iterable[str], what: str) -> str:
     """"no field 'metric'; did you mean 'metrics'?", from the names there are."""
     near = difflib.get_close_matches(name, sorted(known), 1)
-    return f"no {what} {name!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+    return f"no {what} {shown(name)}" + (f"; did you mean {near[0]!r}?" if near else "")
 
 
 def unmeetable(expects: Iterable[tuple[int, Mapping[str, Any] | None]], config: EngineConfig,
@@ -98,7 +110,7 @@ def unmeetable_note(found: list[tuple[int, str, str]]) -> list[str]:
     unmeetable expectations with their reasons and counting the rest."""
     if not found:
         return []
-    named = "; ".join(f"step {step}'s {path} ({reason})"
+    named = "; ".join(f"step {step}'s {shown_path(path)} ({reason})"
                       for step, path, reason in found[:NAMED_PATHS])
     more = len(found) - NAMED_PATHS
     rest = f"; and {more:,} more" if more > 0 else ""

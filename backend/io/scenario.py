@@ -30,14 +30,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import SHOWN_CHARS, json_kind, unicode_text
+from backend.core.checks import SHOWN_CHARS, json_kind, shown, unicode_text
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Op, Step, parse_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror, ContiguousSpec
-from backend.io.expect_paths import unmeetable, unmeetable_note
+from backend.io.expect_paths import shown_path, unmeetable, unmeetable_note
 from backend.io.json_input import (
     decode_json,
     field_path,
@@ -185,13 +185,17 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None,
 
 def _check_texts(value: Any, where: str) -> None:
     """Every string in `value` (keys too) is text that can be shown: an expectation's
-    path and value are printed beside the step."""
+    path and value are printed beside the step. Every number is one JSON has: Python's
+    reader also takes NaN, Infinity and 1e400 (read as infinite), which no snapshot
+    holds, and which would be printed back as what the file does not say."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PagedLabError(f"{where} is {shown(value)}: no snapshot holds it")
     if isinstance(value, str):
         unicode_text(value, where)
     elif isinstance(value, dict):
         for key, item in value.items():
             unicode_text(key, f"a key of {where}")
-            _check_texts(item, f"{where}[{key!r}]")
+            _check_texts(item, f"{where}[{shown(key)}]")
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _check_texts(item, f"{where}[{i}]")
@@ -307,13 +311,13 @@ def resolve(path: str, snapshot: dict[str, Any], engine: Engine,
     if head == "address" and len(parts) >= 3:
         rid, position = ".".join(parts[1:-1]), parts[-1]
         if not (position.isascii() and position.isdigit()):
-            raise KeyError(f"{position!r} is no token position (0, 1, ...)")
+            raise KeyError(f"{shown(position)} is no token position (0, 1, ...)")
         return {k: v for k, v in asdict(engine.translate(rid, int(position))).items()
                 if k != "position"}
     if head in ("events", "step_events") and len(parts) == 2:
         # A kind no event has would count 0 and pass an expectation of 0 forever.
         if parts[1] not in EVENT_KINDS:
-            raise KeyError(f"no event kind {parts[1]!r} (the kinds: {', '.join(EVENT_KINDS)})")
+            raise KeyError(f"no event kind {shown(parts[1])} (the kinds: {', '.join(EVENT_KINDS)})")
         if head == "events":
             return sum(1 for e in snapshot["events"] if e["kind"] == parts[1])
         return 0 if result is None else sum(1 for e in result.events if e.kind == parts[1])
@@ -347,7 +351,7 @@ def _by_id(by_id: dict[str, Any], parts: list[str], path: str, what: str) -> Any
         for part in parts[end:]:
             node = _child(node, part, path)
         return node
-    raise KeyError(f"no {what} {'.'.join(parts[:meant])!r}")
+    raise KeyError(f"no {what} {shown('.'.join(parts[:meant]))}")
 
 
 def _child(node: Any, part: str, path: str) -> Any:
@@ -356,7 +360,7 @@ def _child(node: Any, part: str, path: str) -> Any:
         # Digits only: Python would count "-1" from the end and read "1_0" as 10, and
         # its own words for "1e3" or a position past any index are no help here.
         if not (part.isascii() and part.isdigit()):
-            raise IndexError(f"{part!r} is no position in a list (0, 1, ...)")
+            raise IndexError(f"{shown(part)} is no position in a list (0, 1, ...)")
         index = int(part)
         if index >= len(node):
             raise IndexError(f"position {index:,} is past the list's "
@@ -365,7 +369,7 @@ def _child(node: Any, part: str, path: str) -> Any:
     if isinstance(node, dict):
         if part not in node:
             near = difflib.get_close_matches(part, [k for k in node if isinstance(k, str)], 1)
-            raise KeyError(f"no field {part!r}" + (f"; did you mean {near[0]!r}?" if near
+            raise KeyError(f"no field {shown(part)}" + (f"; did you mean {near[0]!r}?" if near
                                                     else ""))
         return node[part]
     raise KeyError(path)
@@ -394,10 +398,11 @@ def check_expectation(path: str, want: Any, snapshot: dict[str, Any], engine: En
     except NOT_FOUND as exc:
         # A KeyError's str() is its argument's repr: quotes around the whole reason.
         reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        return Verdict(False, False, None, f"{path}: not found ({reason})")
+        return Verdict(False, False, None, f"{shown_path(path)}: not found ({reason})")
     if _same(got, want):
         return Verdict(True, True, got, None)
-    return Verdict(False, True, got, f"{path}: expected {_written(want)}, got {_written(got)}")
+    return Verdict(False, True, got,
+                   f"{shown_path(path)}: expected {_written(want)}, got {_written(got)}")
 
 
 # How much of a value a mismatch line quotes: a block table or a request's text may be long.
