@@ -311,6 +311,18 @@ def test_a_binary_file_is_refused_in_a_statement() -> None:
         parse_snapshot_text(b"{\"\xe1\"}")
     assert str(info.value) == ("snapshot is not valid JSON: it is not UTF-8 text (byte 0xe1 "
                                "at offset 2); it may be a binary file")
+    # Valid UTF-8 that is no text (a zip's header, a run of zeros): the parser's "Expecting
+    # value: line 1 column 1 (char 0)" said nothing of the kind.
+    for data, said in ((b"PK\x03\x04" + bytes(20), "U+0003 (at character 2)"),
+                       (b'{"step": 1}\x00', "U+0000 (at character 11)"),
+                       (b'{"a": "x\x01y"}', "U+0001 (at character 8)")):
+        with pytest.raises(PagedLabError) as info:
+            parse_snapshot_text(data)
+        assert str(info.value) == (f"snapshot is not valid JSON: it holds the control "
+                                   f"character {said}, which no JSON text has; it may be a "
+                                   "binary file")
+    # Tabs and line ends are JSON's whitespace: a file with them is read.
+    assert decode_json(b'{\r\n\t"a": 1\r\n}', "snapshot") == {"a": 1}
 
 
 def test_a_key_named_twice_is_refused_not_read_as_its_last() -> None:

@@ -117,6 +117,11 @@ def test_a_csv_of_ones_own_in_any_column_order() -> None:
     (b"\xef\xbb\xbf" + (HEADER + "\xff\xfe,1,2\n").encode("latin-1"),
      "(byte 0xff at offset 43)"),
     ((HEADER + '0,"10\n').encode(), "not valid CSV"),
+    # The csv module's own words ("field larger than field limit (131072)") named its limit,
+    # not what is wrong with the file.
+    ((HEADER + "0," + "1" * 200_000 + ",5\n").encode(),
+     "line 2: not valid CSV (a field is longer than 131,072 characters, where a trace's "
+     "fields are a few dozen; it may not be a trace)"),
 ])
 def test_a_bad_trace_is_refused_naming_its_row(body: bytes, message: str) -> None:
     with pytest.raises(PagedLabError, match=r"^bad\.csv: ") as e:

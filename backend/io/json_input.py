@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import Sequence
@@ -13,6 +14,10 @@ from typing import Any
 
 from backend.core.checks import MAX_JSON_INT, check_int, shown, written_as_float
 from backend.core.errors import PagedLabError
+
+# Control characters JSON has nowhere unescaped, not even inside a string: text that
+# holds one is no JSON file, and most likely not text at all.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 def decode_json(data: str | bytes, what: str) -> Any:
@@ -49,6 +54,14 @@ def decode_json(data: str | bytes, what: str) -> Any:
                             f"0x{byte:02x} at offset {at:,}); it may be a binary file"
                             ) from None
     except json.JSONDecodeError as exc:
+        control = _CONTROL.search(exc.doc)
+        if control is not None:
+            # Decodable but no text: a zip or a dump of zeros. The parser's "Expecting
+            # value: line 1 column 1 (char 0)" told no one so.
+            raise PagedLabError(f"{what} is not valid JSON: it holds the control character "
+                                f"U+{ord(control.group()):04X} (at character "
+                                f"{control.start():,}), which no JSON text has; it may be a "
+                                "binary file") from None
         raise PagedLabError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
         # Python's words ("maximum recursion depth exceeded while decoding a JSON array
