@@ -81,6 +81,11 @@ def test_a_fraction_or_a_rounded_seed_in_the_sidebar_is_refused_and_the_engine_k
         "field rounds a larger number, so it would not be the number typed (a scenario or "
         "snapshot file may give up to 9,223,372,036,854,775,807)"]
     assert engine(at) is kept and not at.exception
+    # Below 0 too, the range said is the field's, not the file's larger one.
+    at.sidebar.number_input(key="cfg_seed").set_value(-1.0).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Seed must be 0 to 9,007,199,254,740,991; got -1"]
+    assert engine(at) is kept and not at.exception
     # Whole numbers as floats apply, as ints (an empty engine applies at once).
     at.sidebar.number_input(key="cfg_seed").set_value(float(MAX_EXACT))
     at.sidebar.number_input(key="cfg_num_blocks").set_value(48.0).run()

@@ -198,6 +198,8 @@ def test_prompt_tokens_are_checked_against_the_scenarios_model() -> None:
     ([{"role": "user"}], "exactly role and content"),
     ([{"role": "user", "content": 3}], "content must be a string"),
     ([{"role": "user", "content": "\ud800"}], "lone surrogate"),
+    ([{"role": "user", "content": "x" * 1_000_000}],
+     "messages hold 1,000,000 bytes of content; the limit is 65,536"),
 ])
 def test_malformed_messages_are_refused(messages: list[object], match: str) -> None:
     with pytest.raises(PagedLabError, match=match):

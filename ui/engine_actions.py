@@ -80,6 +80,9 @@ def _field_value(name: str, value: Any, applied: Any) -> Any:
     if not isinstance(value, float) or name in FRACTION_FIELDS:
         return value
     label = FIELD_LABELS[name]
+    if name == "seed" and value < 0:
+        # The field's own range, not the config's 2^63 - 1, which it refuses past 2^53 - 1.
+        raise PagedLabError(out_of_range(label, 0, MAX_EXACT, value))
     if name == "seed" and abs(value) > MAX_EXACT:
         if isinstance(applied, int) and float(applied) == value:
             return applied

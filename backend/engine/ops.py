@@ -186,8 +186,8 @@ def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
         size += unicode_text(content, f"messages[{i}].content")
         out.append((role, content))
     if size > MAX_PROMPT_TOKENS:
-        raise PagedLabError(f"messages hold {size} bytes of content; the limit is "
-                            f"{MAX_PROMPT_TOKENS}")
+        raise PagedLabError(f"messages hold {size:,} bytes of content; the limit is "
+                            f"{MAX_PROMPT_TOKENS:,}")
     return tuple(out)
 
 

@@ -41,8 +41,8 @@ def prompt_ids(op: Add, model: LanguageModel, seed: int, request_id: str) -> lis
     if not tokens:
         raise PagedLabError("the prompt encodes to no tokens")
     if len(tokens) > MAX_PROMPT_TOKENS:
-        raise PagedLabError(f"the prompt is {len(tokens)} tokens; the limit is "
-                            f"{MAX_PROMPT_TOKENS}")
+        raise PagedLabError(f"the prompt is {len(tokens):,} tokens; the limit is "
+                            f"{MAX_PROMPT_TOKENS:,}")
     return tokens
 
 
