@@ -227,9 +227,16 @@ def test_export_import_export_gives_the_same_file(media: Media) -> None:
     with zipfile.ZipFile(io.BytesIO(media.download(other, "dl_zip"))) as zf:
         assert zf.namelist() == ["step-0005.json", "step-0006.json"]
         assert zf.read("step-0005.json") == exported
+    # The note stays through work on that state, and goes once another engine replaces
+    # it: "restored." beside a new session would describe a state no longer shown.
+    assert "Last upload, prefix.json: restored." in [c.value for c in other.caption]
+    other.button(key="btn_new_session").click().run()
+    assert other.file_uploader(key="import_snapshot").value is not None
+    assert not [c.value for c in other.caption if c.value.startswith("Last upload")]
 
 
 # ---- refused uploads ------------------------------------------------------------------
+
 
 def _bump_ref_count(snap: dict[str, Any]) -> None:
     snap["blocks"][0]["ref_count"] += 1
