@@ -202,9 +202,10 @@ def at_start() -> None:
 
 
 # Back or Forward onto an entry from before a session's first operation.
-NAMES_NONE = ("This entry of the browser's history names no saved session (a new session is "
-              "saved from its first operation on, and this one had none), so the page stays "
-              "on session {}. New session, under Sessions, starts an empty one.")
+NAMES_NONE = ("This entry of the browser's history names no session (its address was bare: an "
+              "empty new session, or your latest session before you acted on it), so the page "
+              "stays on session {}. Sessions, below, lists the others to open, and New "
+              "session starts an empty one.")
 
 
 def follow_history() -> None:
