@@ -268,10 +268,15 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     sess.save(live, export_snapshot(engine), whole=True)
     c = settings.config
     model = "" if c.dims is None else f" on {c.model}"
+    # An engine with no state has no row yet (OpSession.save): until its first operation,
+    # a reload opens the latest saved session, and these settings are not kept.
+    unsaved = (" This engine is saved from its first operation on; a reload before then "
+               "reopens your latest session." if kept is not None and sess.tab.id is None
+               else "")
     sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
                        f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
                        f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
-                       f"{_departures(c)}." + _kept_sentence(kept))
+                       f"{_departures(c)}." + _kept_sentence(kept) + unsaved)
     return loaded
 
 
