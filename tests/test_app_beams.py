@@ -13,6 +13,9 @@ def test_the_add_form_runs_a_beam_search_and_shows_each_beams_score_and_text() -
     at.number_input(key="add_beam").set_value(3)
     add(at, "Once upon a time", max_new=6)
     assert at.selectbox(key="req_pick").value == "A.0"
+    # A one-off, as the salt and pins are: left set, the next add would be a beam search
+    # too without a word.
+    assert at.number_input(key="add_beam").value is None
     for _ in range(2):
         click(at, "btn_step")
     e = engine(at)
@@ -109,3 +112,21 @@ def test_finished_beams_are_pointed_to_their_panel_from_the_finished_list() -> N
         f"{len(beams_done)} more finished beams: see the beam search panels above (collapsed "
         "once a search ends)."]
     assert list(box[0].dataframe[0].value["request"]) == ["B"]
+
+
+def test_parallel_samples_are_a_one_off_and_a_refused_add_keeps_them() -> None:
+    at = start()
+    at.number_input(key="add_n").set_value(3)
+    add(at, "Once upon a time", max_new=2)
+    assert sorted(engine(at).requests) == ["A.0", "A.1", "A.2"]
+    # Cleared: the next add is one request, not three more samples.
+    assert at.number_input(key="add_n").value is None
+    add(at, "Plain text", max_new=1)
+    assert engine(at).requests["B"].group is None and len(engine(at).requests) == 4
+    # Refused (n with a beam width), both stay for the person to fix.
+    at.number_input(key="add_n").set_value(2)
+    at.number_input(key="add_beam").set_value(2)
+    add(at, "Once upon a time", max_new=2)
+    assert "C.0" not in engine(at).requests and at.error
+    assert at.number_input(key="add_n").value == 2
+    assert at.number_input(key="add_beam").value == 2

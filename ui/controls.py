@@ -138,6 +138,10 @@ def _on_add() -> None:
         q.put("add_pins", "")
         q.put("add_len", None)
         q.put("add_salt", "")
+        # Left set, the next add (a chat typed much later, after new settings) would
+        # silently become n samples or a beam search too.
+        q.put("add_n", None)
+        q.put("add_beam", None)
         # With n samples or beams the requests are ID.0, ID.1, ...; pick the first.
         grouped = result.op.n is not None or result.op.beam_width is not None
         # Unless the person picked another request while the add waited for the engine.
@@ -194,12 +198,16 @@ def _add_form() -> None:
                            "it for later prompts).")
         c1, c2 = st.columns(2)
         whole_input(c1, "Parallel samples (n)", value=None, step=1, key="add_n", placeholder="1",
-                    help=f"1 to {MAX_SAMPLES}. n > 1: the engine prefills the prompt "
-                         "once as ID.0 and forks ID.1 .. ID.{n-1} from it, every block "
-                         "shared; each sample then draws its own tokens, and "
-                         "copy-on-write gives it its own last block at its first token.")
+                    help=f"1 to {MAX_SAMPLES}; cleared after the add. n > 1: the engine "
+                         "prefills the prompt once as ID.0 and forks ID.1 .. ID.{n-1} from "
+                         "it, every block shared; each sample then draws its own tokens, "
+                         "and copy-on-write gives it its own last block at its first token. "
+                         "At a low temperature (SmolLM2's default is 0.2) the samples often "
+                         "draw the same tokens: raise Temperature (sidebar, More settings) "
+                         "to watch them diverge.")
         whole_input(c2, "Beam width", value=None, step=1, key="add_beam", placeholder="none",
-                    help=f"1 to {MAX_SAMPLES}; blank: no beam search. Beam search run "
+                    help=f"1 to {MAX_SAMPLES}; blank: no beam search; cleared after the "
+                         "add. Beam search run "
                          "by the engine: each step keeps the W best one-token "
                          "extensions of the live beams by cumulative log-probability. "
                          "A beam extended twice forks (blocks shared, copy-on-write at "
