@@ -10,7 +10,10 @@ them.
 from __future__ import annotations
 
 import copy
+import io
 import json
+import tarfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -311,16 +314,39 @@ def test_a_binary_file_is_refused_in_a_statement() -> None:
         parse_snapshot_text(b"{\"\xe1\"}")
     assert str(info.value) == ("snapshot is not valid JSON: it is not UTF-8 text (byte 0xe1 "
                                "at offset 2); it may be a binary file")
-    # Valid UTF-8 that is no text (a zip's header, a run of zeros): the parser's "Expecting
-    # value: line 1 column 1 (char 0)" said nothing of the kind.
-    for data, said in ((b"PK\x03\x04" + bytes(20), "U+0003 (at character 2)"),
-                       (b'{"step": 1}\x00', "U+0000 (at character 11)"),
-                       (b'{"a": "x\x01y"}', "U+0001 (at character 8)")):
+    # Valid UTF-8 that is no text: a NUL anywhere says so, where the parser said only
+    # "Expecting value: line 1 column 1 (char 0)". A tar archive is one; a zip, whose
+    # bytes do not decode, is refused as not UTF-8.
+    snap = b'{"step": 1}'
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as archive:
+        member = tarfile.TarInfo("snap.json")
+        member.size = len(snap)
+        archive.addfile(member, io.BytesIO(snap))
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        archive.writestr("snap.json", snap)
+    nul = "U+0000 at line 1 column 10, which no JSON text has; it may be a binary file"
+    for data, said in (
+            (tar.getvalue(), nul), (snap + b"\x00", "U+0000 at line 1 column 12, which "
+                                                     "no JSON text has; it may be a binary "
+                                                     "file"),
+            # Another control character where parsing stopped: named with its line and
+            # column, without the guess (an escape pasted from a terminal).
+            (b'{"a":\n  \x1b[31m1}', "U+001B at line 2 column 3, which no JSON text has"),
+            (b'{"a": "x\x01y"}', "U+0001 at line 1 column 9, which no JSON text has")):
         with pytest.raises(PagedLabError) as info:
             parse_snapshot_text(data)
-        assert str(info.value) == (f"snapshot is not valid JSON: it holds the control "
-                                   f"character {said}, which no JSON text has; it may be a "
-                                   "binary file")
+        assert str(info.value) == ("snapshot is not valid JSON: it holds the control "
+                                   f"character {said}")
+    with pytest.raises(PagedLabError) as info:
+        parse_snapshot_text(packed.getvalue())
+    assert "it is not UTF-8 text (byte 0x" in str(info.value)
+    # A control character after the syntax error does not hide the parser's words.
+    with pytest.raises(PagedLabError) as info:
+        parse_snapshot_text(b'{"a": 1,} \x1b')
+    assert str(info.value) == ("snapshot is not valid JSON: Expecting property name enclosed "
+                               "in double quotes: line 1 column 9 (char 8)")
     # Tabs and line ends are JSON's whitespace: a file with them is read.
     assert decode_json(b'{\r\n\t"a": 1\r\n}', "snapshot") == {"a": 1}
 

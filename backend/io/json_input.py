@@ -15,9 +15,27 @@ from typing import Any
 from backend.core.checks import MAX_JSON_INT, check_int, shown, written_as_float
 from backend.core.errors import PagedLabError
 
-# Control characters JSON has nowhere unescaped, not even inside a string: text that
-# holds one is no JSON file, and most likely not text at all.
+# Control characters JSON has nowhere unescaped, not even inside a string.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _control_problem(exc: json.JSONDecodeError) -> str | None:
+    """Why text that failed to parse is no JSON file, where a control character says it
+    better than the parser's "Expecting value: line 1 column 1 (char 0)": a NUL anywhere
+    (no text file has one: a tar archive, a file of zeros, UTF-8 that is not text), or
+    another control character at or before where parsing stopped (an escape pasted from
+    a terminal). None: the parser's own words stand."""
+    doc = exc.doc
+    nul = doc.find("\x00")
+    found = _CONTROL.search(doc, 0, exc.pos + 1) if nul < 0 else None
+    at = nul if nul >= 0 else (found.start() if found is not None else -1)
+    if at < 0:
+        return None
+    line = doc.count("\n", 0, at) + 1
+    column = at - (doc.rfind("\n", 0, at) + 1) + 1
+    said = (f"it holds the control character U+{ord(doc[at]):04X} at line {line:,} column "
+            f"{column:,}, which no JSON text has")
+    return said + ("; it may be a binary file" if nul >= 0 else "")
 
 
 def decode_json(data: str | bytes, what: str) -> Any:
@@ -54,15 +72,8 @@ def decode_json(data: str | bytes, what: str) -> Any:
                             f"0x{byte:02x} at offset {at:,}); it may be a binary file"
                             ) from None
     except json.JSONDecodeError as exc:
-        control = _CONTROL.search(exc.doc)
-        if control is not None:
-            # Decodable but no text: a zip or a dump of zeros. The parser's "Expecting
-            # value: line 1 column 1 (char 0)" told no one so.
-            raise PagedLabError(f"{what} is not valid JSON: it holds the control character "
-                                f"U+{ord(control.group()):04X} (at character "
-                                f"{control.start():,}), which no JSON text has; it may be a "
-                                "binary file") from None
-        raise PagedLabError(f"{what} is not valid JSON: {exc}") from None
+        problem = _control_problem(exc)
+        raise PagedLabError(f"{what} is not valid JSON: {problem or exc}") from None
     except RecursionError:
         # Python's words ("maximum recursion depth exceeded while decoding a JSON array
         # from a unicode string") say how the reader failed, not what is in the file.
