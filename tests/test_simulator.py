@@ -531,6 +531,14 @@ def test_a_request_that_can_never_run_is_refused() -> None:
                                             "leave it out of the trace$"):
         simulate(longest, SimConfig(policy="paged", capacity_tokens=15_360, block_size=16,
                                     watermark=0.0))
+    # As long as the largest capacity, but past it in whole blocks of 3: a block size that
+    # divides it would admit it, and the advice says so rather than that nothing does.
+    with pytest.raises(PagedLabError, match=r"in blocks of 3 that is more than the largest "
+                                            "capacity, 16,777,216 tokens; use a block size "
+                                            "that divides it"):
+        simulate(trace_of([16_777_215], [1]),
+                 SimConfig(policy="paged", capacity_tokens=15_360, block_size=3,
+                           watermark=0.0))
     with pytest.raises(PagedLabError, match=r"of 150 tokens can never fit in an arena of 1 slot$"):
         simulate(trace, SimConfig(policy="oracle", capacity_tokens=1))
     with pytest.raises(PagedLabError, match="block_size must be"):

@@ -80,18 +80,24 @@ class PagedPolicy:
         if need > room:
             least = self.least_blocks(need) * self.block_size
             bare = need * self.block_size
-            # Past the largest capacity only a smaller watermark makes room, and past it
-            # even with none, nothing does.
+            # Past the largest capacity only a smaller watermark makes room, or, where
+            # rounding up to whole blocks is what overflows, a block size that divides
+            # it; a request longer than it fits no setting at all.
             if least <= MAX_CAPACITY_TOKENS:
                 advice = f"use a capacity of at least {least:,} tokens"
-            elif bare <= MAX_CAPACITY_TOKENS:
-                advice = (f"no capacity up to {MAX_CAPACITY_TOKENS:,} tokens admits it with "
-                          "this watermark; use a watermark of 0 blocks and a capacity of at "
-                          f"least {bare:,} tokens")
-            else:
+            elif longest > MAX_CAPACITY_TOKENS:
                 advice = (f"that is more than the largest capacity, "
                           f"{MAX_CAPACITY_TOKENS:,} tokens, so no setting admits it; leave "
                           "it out of the trace")
+            elif bare > MAX_CAPACITY_TOKENS:
+                advice = (f"in blocks of {self.block_size} that is more than the largest "
+                          f"capacity, {MAX_CAPACITY_TOKENS:,} tokens; use a block size that "
+                          "divides it (a power of two), a watermark of 0 blocks and that "
+                          "capacity")
+            else:
+                advice = (f"no capacity up to {MAX_CAPACITY_TOKENS:,} tokens admits it with "
+                          "this watermark; use a watermark of 0 blocks and a capacity of at "
+                          f"least {bare:,} tokens")
             raise PagedLabError(
                 f"the longest request needs {longest:,} tokens ({need:,} blocks of "
                 f"{self.block_size}) but the pool admits at most {room:,} blocks "
