@@ -185,7 +185,7 @@ def test_replacing_a_reopened_session_not_yet_taken_over_says_it_stays_saved(
     # The new engine has no state, so no row: a reload would reopen the latest session,
     # and the message says so rather than let the settings go without a word.
     assert said[0].endswith("This engine is saved from its first operation on; a reload "
-                            "before then reopens your latest session."), said
+                            "before then reopens your latest saved session."), said
     again.button(key="btn_add").click().run()
     assert sid(again) != session_id and engine(again).config.num_blocks == 40
 

@@ -268,16 +268,28 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     sess.save(live, export_snapshot(engine), whole=True)
     c = settings.config
     model = "" if c.dims is None else f" on {c.model}"
-    # An engine with no state has no row yet (OpSession.save): until its first operation,
-    # a reload opens the latest saved session, and these settings are not kept.
     unsaved = (" This engine is saved from its first operation on; a reload before then "
-               "reopens your latest session." if kept is not None and sess.tab.id is None
+               "reopens your latest saved session." if keep and _reload_reopens(sess.tab)
                else "")
     sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
                        f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
                        f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
                        f"{_departures(c)}." + _kept_sentence(kept) + unsaved)
     return loaded
+
+
+def _reload_reopens(tab: saved.Tab) -> bool:
+    """Whether a reload now would reopen a saved session rather than this tab's engine:
+    the tab has no row yet (an engine with no state gets none, OpSession.save) and the
+    browser has a saved session. New settings applied meanwhile are then not kept, a
+    surprise worth a sentence; with nothing saved, a reload gives the defaults, as a
+    first visit does."""
+    if tab.store is None or tab.id is not None:
+        return False
+    try:
+        return tab.store.latest(tab.browser) is not None
+    except PagedLabError:      # the store failed: it says so at the next save
+        return False
 
 
 class Kept(NamedTuple):
