@@ -188,6 +188,13 @@ def test_replacing_a_reopened_session_not_yet_taken_over_says_it_stays_saved(
                             "before then reopens your latest saved session."), said
     again.button(key="btn_add").click().run()
     assert sid(again) != session_id and engine(again).config.num_blocks == 40
+    # So after New session: its empty engine has no row either (and, empty, takes new
+    # settings at once).
+    again.button(key="btn_new_session").click().run()
+    again.sidebar.number_input(key="cfg_num_blocks").set_value(48).run()
+    assert any(i.value.startswith("New engine: 48 blocks") and i.value.endswith(
+        "a reload before then reopens your latest saved session.") for i in again.info), \
+        texts(again.info)
 
 
 def test_another_browser_gets_a_copy(browser: dict[str, str | None], data_dir: Path) -> None:
