@@ -86,4 +86,5 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
 
 exports.import_panel()
 st.header("Sessions")
-store.sessions_panel(resume.open_other, engine_actions.new_session, resume.delete_other)
+store.sessions_panel(session.get_engine(), resume.open_other, engine_actions.new_session,
+                     resume.delete_other)

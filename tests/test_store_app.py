@@ -374,6 +374,14 @@ def test_a_delete_question_is_dropped_when_another_session_is_opened(
     assert not any("for good" in w.value for w in at.warning)
     assert not [b for b in at.button if b.key == f"btn_delete_confirm_{first_id}"]
     assert sorted(r[0] for r in rows(data_dir)) == sorted([first_id, second_id, third_id])
+    # A bare address shows the latest session (third) without naming it, as an empty new
+    # engine names none: the question asked beside the one is still dropped by the other.
+    bare = open_app()
+    assert "Reopened your latest session" in texts(bare.success)
+    bare.button(key=f"btn_delete_{first_id}").click().run()
+    assert any("for good" in w.value for w in bare.warning)
+    bare.button(key="btn_new_session").click().run()
+    assert not any("for good" in w.value for w in bare.warning)
 
 
 def test_continuing_a_scenario_keeps_the_playgrounds_saved_state(

@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 import streamlit as st
 
+from backend.engine.engine import Engine
 from backend.sessions.rows import SessionInfo, StoreError
 from backend.sessions.saved import Tab, new_id
 from backend.sessions.store import (
@@ -48,8 +50,9 @@ TAB = "store_tab"              # this tab's backend.sessions.saved.Tab
 SECRET = "store_secret"        # this browser's secret: its cookie's, or a new one
 PROBLEM = "store_problem"      # why sessions are not saved (the store cannot be opened)
 NOTE = "store_note"            # what the last save had to say (a copy, a failure), or None
-# The listed session a Delete asks about, and the session this tab showed when it asked
-# (a question asked beside one session is not left standing beside another), or None.
+# The listed session a Delete asks about, and (weakly) the engine the page showed when it
+# asked: a question asked beside one session is not left standing beside another (an
+# Open, New session, Back or Forward, a reset replaces the engine), or None.
 CONFIRM_DELETE = "store_confirm_delete"
 COOKIE_DAYS = 400              # browsers cap a cookie's life at about 400 days
 
@@ -192,25 +195,27 @@ def _ago(then: float) -> str:
     return "just now"
 
 
-def ask_delete(sid: str) -> None:
-    """Callback of a list entry's Delete: ask before deleting (it cannot be undone)."""
-    st.session_state[CONFIRM_DELETE] = (sid, get_tab().shown_id)
+def ask_delete(sid: str, engine: Engine) -> None:
+    """Callback of a list entry's Delete, drawn beside `engine`: ask before deleting (it
+    cannot be undone)."""
+    st.session_state[CONFIRM_DELETE] = (sid, weakref.ref(engine))
 
 
 def cancel_delete() -> None:
     st.session_state[CONFIRM_DELETE] = None
 
 
-def _asked() -> str | None:
-    """The listed session a Delete's question stands for: None once this tab shows
-    another session than when it asked (Open, New session, Back or Forward), which
-    drops the question."""
+def _asked(engine: Engine) -> str | None:
+    """The listed session a Delete's question stands for: None once another engine than
+    `engine`, the one it was asked beside, is shown, which drops the question. (Keyed by
+    the engine, not the session id: an empty engine and a latest session not yet taken
+    over both have none.)"""
     ss = st.session_state
     asked = ss.get(CONFIRM_DELETE)
     if asked is None:
         return None
     sid, beside = asked
-    if beside != get_tab().shown_id:
+    if beside() is not engine:
         ss[CONFIRM_DELETE] = None
         return None
     return str(sid)
@@ -246,10 +251,11 @@ def notes() -> None:
             st.info(plain_md(ss[NOTE]))
 
 
-def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], None],
-                   delete: Callable[[str], None], limit: int = 12) -> None:
-    """This session's address and this browser's recent sessions: open, delete (`delete`,
-    once asked: see `delete_saved`), start anew."""
+def sessions_panel(engine: Engine, open_saved: Callable[[str], None],
+                   new_session: Callable[[], None], delete: Callable[[str], None],
+                   limit: int = 12) -> None:
+    """This session's address and this browser's recent sessions beside `engine`, the one
+    the page shows: open, delete (`delete`, once asked: see `delete_saved`), start anew."""
     tab = get_tab()
     if tab.store is None:
         st.caption("Sessions are not saved on this server (see the note at the top).")
@@ -275,7 +281,7 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
                   help="Start an empty engine under a new address; this one stays in the "
                        "list.")
     others = [s for s in recent if s.id != tab.id]
-    asked = _asked()
+    asked = _asked(engine)
     if not others:
         return
     st.markdown("**Recent sessions in this browser**")
@@ -291,7 +297,7 @@ def sessions_panel(open_saved: Callable[[str], None], new_session: Callable[[], 
         clicks.button(row, "Open", key=f"btn_open_{info.id}", on_click=open_saved,
                       args=(info.id,))
         clicks.button(row, "Delete", key=f"btn_delete_{info.id}", on_click=ask_delete,
-                      args=(info.id,))
+                      args=(info.id, engine))
         if asked == info.id:
             # Below the row, not in Delete's place: a double click must not confirm.
             # Keyed for ui/a11y.py: read out, since the question is drawn below the
