@@ -421,7 +421,7 @@ def test_back_and_forward_open_the_sessions_their_addresses_name(
         status(page, f"Opened session {second[:8]}… (the browser's Back or Forward)")
         settled(page)
         page.go_back()
-        status(page, resume.NAMES_NONE.format(f"{second[:8]}…"))
+        status(page, resume.NAMES_NONE.format(f"session {second[:8]}…"))
         settled(page)
         assert session_id(page) == second
         expect(in_app(page).get_by_text("(the browser's Back or Forward)")).to_have_count(0)

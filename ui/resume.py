@@ -203,8 +203,8 @@ def at_start() -> None:
 
 # Back or Forward onto an entry from before a session's first operation.
 NAMES_NONE = ("This entry of the browser's history names no session (its address was bare: an "
-              "empty new session, or your latest session before you acted on it), so the page "
-              "stays on session {}. Sessions, below, lists the others to open, and New "
+              "empty new session, or your latest session before you acted on it), so the "
+              "Playground keeps {}. Sessions, below, lists the others to open, and New "
               "session starts an empty one.")
 
 
@@ -220,9 +220,13 @@ def follow_history() -> None:
     if not history.went_back_or_forward():
         return
     sid, problem = store.requested_id()
-    shown = store.get_tab().shown_id
+    tab = store.get_tab()
+    shown = tab.shown_id
     if sid is None and problem is None and shown is not None:
-        session.flash("info", NAMES_NONE.format(store.short(shown)))
+        # (An address kept without a row of the tab's own is a copy's, or one that could
+        # not be opened: not a session this tab holds.)
+        kept = f"session {store.short(shown)}" if tab.id == shown else "what it showed"
+        session.flash("info", NAMES_NONE.format(kept))
         return
     if sid is None or problem is not None or sid == shown:
         return
@@ -246,4 +250,3 @@ def delete_other(sid: str) -> None:
     said = store.delete_saved(sid)
     if said is not None:
         session.flash(*said)
-
