@@ -346,8 +346,8 @@ def test_the_sessions_list_opens_and_deletes(browser: dict[str, str | None],
     at.button(key=f"btn_delete_confirm_{second_id}").click().run()
     # The Delete's outcome replaces the status line: the earlier "Opened session" is not
     # left above it as if it were news.
-    assert texts(at.info) == (f"Deleted saved session {store.short(second_id)}; its "
-                              "address no longer opens it."), texts(at.info)
+    assert texts(at.info) == (f"Deleted saved session {store.short(second_id)} (a tab that "
+                              "still has it open would save it again)."), texts(at.info)
     assert not at.success, texts(at.success)
     assert [r[0] for r in rows(data_dir)] == [first_id]
     assert not [b for b in at.button if b.key == f"btn_open_{second_id}"]

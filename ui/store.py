@@ -234,8 +234,11 @@ def delete_saved(sid: str) -> tuple[Literal["info", "error"], str] | None:
         gone = tab.store.delete(sid, tab.browser)
     except StoreError as exc:
         return "error", f"Could not delete session {short(sid)}: {exc}"
-    # No period straight after the id's ellipsis ("…."): the sentence goes on.
-    return ("info", f"Deleted saved session {short(sid)}; its address no longer opens it."
+    # No period straight after the id's ellipsis ("…."): the sentence goes on. A tab
+    # still holding the session would save it again (saved.REVIVED_NOTE), so its address
+    # is not said to be dead.
+    return ("info", f"Deleted saved session {short(sid)} (a tab that still has it open "
+                    "would save it again)."
             if gone else f"Session {short(sid)} was already gone (deleted in another tab, "
                          "or expired); nothing to delete.")
 
