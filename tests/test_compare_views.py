@@ -588,22 +588,31 @@ def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
     assert "than recomputing did at block sizes 1, 4 (the runs' wall times" in said
     # Recomputation's cost per token, as measured at every size, not as the paper says.
     said = swap_recompute.summary(runs, "cpu")
-    assert ("Recomputation re-prefilled 40 tokens at block size 1 and 40 at 4, at 125.0 µs "
-            "per token at 1, 125.0 µs per token at 4: about the same per token at every size "
-            "(within 1.5×), as the paper's flat cost. ") in said
+    assert ("Recomputation re-prefilled 40 tokens at block size 1 and 40 at 4; µs per token: "
+            "125.0 at 1, 125.0 at 4. About the same at every size (within 1.5×), as the "
+            "paper's flat cost. ") in said
     said = swap_recompute.summary([*runs[:3], run(4, "recompute", rec_ms=50.0), runs[5]], "cpu")
-    assert ("1250.0 µs per token at 4: not the same at every size here (the highest 10.0× "
-            "the lowest)") in said
+    assert ("µs per token: 125.0 at 1, 1250.0 at 4. Not the same at every size here (the "
+            "highest 10.0× the lowest; each is one timed run). ") in said
     # A peak between the ends is not hidden by ends that agree.
     peak = swap_recompute.summary([*runs, run(16, "recompute", rec_ms=20.0),
                                    run(64, "recompute", rec_ms=5.0)], "cpu")
-    assert ("125.0 µs per token at 4, 500.0 µs per token at 16, 125.0 µs per token at 64: "
-            "not the same at every size here (the highest 4.0× the lowest)") in peak
-    assert "about the same" not in peak
+    assert ("µs per token: 125.0 at 1, 125.0 at 4, 500.0 at 16, 125.0 at 64. Not the same at "
+            "every size here (the highest 4.0× the lowest") in peak
+    assert "About the same" not in peak
     never = PreemptionRun(4, "recompute", 64, 20, 10.0, 0, 0, 0.0, 0, 0.0, True)
     only = swap_recompute.summary([*runs[:3], run(4, "roomy"), never, runs[5]], "cpu")
     assert "Recomputation re-prefilled 40 tokens, only at block size 1 (125.0 µs per token). " \
         in only
+    # Times too short to measure are said so, not compared.
+    untimed = swap_recompute.summary([*runs[:3], run(4, "roomy"), run(4, "recompute"),
+                                      runs[5]], "cpu")
+    assert "µs per token: 125.0 at 1, 0.0 at 4. Not the same at every size here (some too " \
+        "quick to time; each is one timed run). " in untimed
+    zero = swap_recompute.summary([run(1, "recompute"), run(1, "swap", swapped=10, swap_ms=1.0),
+                                   run(4, "recompute"), run(4, "swap", swapped=5, swap_ms=1.0)],
+                                  "cpu")
+    assert "µs per token: 0.0 at 1, 0.0 at 4. Too quick to time at any size. " in zero
     # 64 blocks hold 64 slots at block size 1 but 256 at 4: more than the 64 asked for.
     said = swap_recompute.summary(runs, "cpu", 64)
     assert ("To hold the longest request, the pool took more than the 64 slots asked for "

@@ -184,13 +184,15 @@ def _recompute_sentence(recomputed: Sequence[PreemptionRun]) -> str:
         return (f"Recomputation re-prefilled {lo.recomputed_tokens:,} tokens, only at block "
                 f"size {lo.block_size} ({per(lo):.1f} µs per token). ")
     said = (f"Recomputation re-prefilled {lo.recomputed_tokens:,} tokens at block size "
-            f"{lo.block_size} and {hi.recomputed_tokens:,} at {hi.block_size}, at "
-            + ", ".join(f"{per(r):.1f} µs per token at {r.block_size}" for r in recomputed))
+            f"{lo.block_size} and {hi.recomputed_tokens:,} at {hi.block_size}; µs per token: "
+            + ", ".join(f"{per(r):.1f} at {r.block_size}" for r in recomputed))
     costs = [per(r) for r in recomputed]
     low, high = min(costs), max(costs)
+    if high == 0:
+        return said + ". Too quick to time at any size. "
     if low > 0 and high / low < SAME_WITHIN:
-        return said + (f": about the same per token at every size (within {SAME_WITHIN:g}×), "
-                       "as the paper's flat cost. ")
-    spread = f"the highest {high / low:.1f}× the lowest" if low > 0 else "some took no time"
-    return said + (f": not the same at every size here ({spread}); each figure is one "
-                   "timed run, and prefills this short move by tens of percent from run to run. ")
+        return said + (f". About the same at every size (within {SAME_WITHIN:g}×), as the "
+                       "paper's flat cost. ")
+    spread = (f"the highest {high / low:.1f}× the lowest" if low > 0 else
+              "some too quick to time")
+    return said + f". Not the same at every size here ({spread}; each is one timed run). "
