@@ -212,3 +212,20 @@ def test_an_id_kept_for_a_sample_still_to_be_forked_is_refused() -> None:
         restore_engine(snap, kernel="torch")
     assert str(exc.value) == ("snapshot.requests[2].id 'A.1' is kept for a pending sample "
                               "of 'A.0'")
+
+
+def test_restored_samples_that_could_never_start_end_at_capacity_rather_than_wait() -> None:
+    # `add` refuses such a group; a snapshot can still hold one (here its watermark raised
+    # by hand): admission counts the samples still to fork, says the group can never fit,
+    # and ends it, instead of leaving it at the head of the queue for ever.
+    e = engine(num_blocks=9)
+    apply(e, {"op": "add", "request": "R", "prompt": "hi", "max_new_tokens": 2},
+          {"op": "add", "request": "Q", "prompt": PROMPT, "n": 3, "max_new_tokens": 2})
+    assert e.requests["Q.0"].status == "waiting"
+    snap = export_snapshot(e)
+    snap["config"]["watermark_blocks"] = 1
+    restored = restore_engine(snap, kernel="torch")
+    assert restored.scheduler.why_waiting("Q.0").startswith("it can never fit the pool")
+    run_out(restored)
+    assert restored.requests["Q.0"].finish_reason == "capacity"
+    assert restored.requests["R"].finish_reason == "max_new_tokens"

@@ -636,7 +636,8 @@ def test_reads_do_not_wait_behind_a_save_and_a_save_gives_up_on_a_held_lock(
         note = _apply(live, Step(1), tab)
         assert note == f"Not saved after step {live.engine.step}: the session store failed: " \
                        "database is locked."
-        assert not tab.synced
+        # Behind: the row holds an earlier step (what a replacement's message says).
+        assert not tab.synced and tab.behind
         # While a save holds the writing connection (here: its lock, taken as a save
         # waiting on SQLite holds it), reads still answer: the list and a load.
         found: list[Any] = []
@@ -662,7 +663,7 @@ def test_reads_do_not_wait_behind_a_save_and_a_save_gives_up_on_a_held_lock(
     finally:
         other.execute("ROLLBACK")
         other.close()
-    assert _apply(live, Step(1), tab) is None and tab.synced
+    assert _apply(live, Step(1), tab) is None and tab.synced and not tab.behind
     stored = store.load(tab.id)
     assert stored is not None and stored.snapshot == export_snapshot(live.engine)
 
@@ -683,6 +684,8 @@ def test_a_session_read_while_the_store_is_locked_opens_and_is_taken_over_at_its
         opened = open_saved(again, sid, "o2", budget=BUDGET)
         assert opened is not None and not opened.copied
         assert (again.id, again.shown_id) == (sid, sid) and again.pending_claim is not None
+        # Not synced (not taken over), but not behind: the row holds what it shows.
+        assert not again.synced and not again.behind
     finally:
         other.execute("ROLLBACK")
         other.close()
