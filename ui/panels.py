@@ -53,12 +53,12 @@ HELP = {
     "kernel": "Which attention kernel ran the last model step, where, how long it took, and the "
               "largest difference between its output and a plain torch reference computed "
               "over the same paged cache (max |paged − contiguous reference|). The Triton "
-              "kernel combines the two concerns the seed text keeps apart: paging decides "
-              "where K/V lives (it reads each block where the table points), and "
-              "FlashAttention's tiling decides how the attention arithmetic moves (tile by "
-              "tile with an online softmax, never holding the whole score matrix). Neither "
-              "changes the result, which is why the reference check can hold it to a "
-              "contiguous computation.",
+              "kernel combines two separate concerns: paging decides where K/V lives (it "
+              "reads each block where the table points), and FlashAttention-style tiling "
+              "decides how the attention arithmetic moves (tile by tile with an online "
+              "softmax, never holding the whole score matrix). Neither changes what "
+              "attention computes, only the order of its float sums, so the reference "
+              "check holds it to a contiguous computation within float rounding.",
     "translator": "How a token's position becomes an address in the pool: logical block and "
                   "offset, the block table's entry, the physical block and slot, and the key "
                   "vector stored there.",
