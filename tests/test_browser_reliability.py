@@ -607,7 +607,7 @@ def test_a_closed_tabs_step_n_stops_and_saves_what_it_ran(browser: Browser,
             steps.fill("10000")
             steps.press("Tab")
             closing.get_by_role("button", name="Step N").click()
-            shows(closing.get_by_text(re.compile(r"Stepping the batch \(10000 iterations\)")))
+            shows(closing.get_by_text(re.compile(r"Stepping the batch \(10,000 iterations\)")))
             closing.context.close()
             pages.remove(closing)
             # Another browser opening the link gets a copy of what was saved: the state

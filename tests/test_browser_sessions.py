@@ -266,13 +266,13 @@ def test_step_n_shows_progress_and_stops_between_iterations(
         steps.fill("2000")
         steps.press("Tab")
         page.get_by_role("button", name="Step N").click()
-        bar = page.get_by_text(re.compile(r"Stepping the batch \(2000 iterations\): iteration "
-                                          r"\d+ of 2000"))
+        bar = page.get_by_text(re.compile(r"Stepping the batch \(2,000 iterations\): iteration "
+                                          r"[\d,]+ of 2,000"))
         expect(bar).to_be_visible(timeout=T)
         shoot(page, screenshots, "05-step-n-progress")
         page.get_by_role("button", name="Stop stepping").first.click()
         done = in_app(page).get_by_text(re.compile(
-            r"Stopped after \d+ of 2000 iterations\. Step 2: step x\d+"))
+            r"Stopped after [\d,]+ of 2,000 iterations\. Step 2: step x\d+"))
         expect(done).to_be_visible(timeout=T)
         settled(page)
         found = re.search(r"Stopped after (\d+) of", done.inner_text())
@@ -319,7 +319,7 @@ def test_a_reload_or_a_second_tab_during_step_n_stops_it_and_opens_what_it_reach
             steps.fill("2000")
             steps.press("Tab")
             p.get_by_role("button", name="Step N").click()
-            expect(p.get_by_text(re.compile(r"iteration \d+ of 2000")).first).to_be_visible(
+            expect(p.get_by_text(re.compile(r"iteration [\d,]+ of 2,000")).first).to_be_visible(
                 timeout=T)
 
         step_n(page)
@@ -349,7 +349,7 @@ def test_a_reload_or_a_second_tab_during_step_n_stops_it_and_opens_what_it_reach
             r"Reopened this session: step 3, .* was in the middle of “Stepping the batch"))
                ).to_be_visible(timeout=T)
         expect(in_app(page).get_by_text(re.compile(
-            r"Stopped after \d+ of 2000 iterations: this session was opened in another tab, "
+            r"Stopped after [\d,]+ of 2,000 iterations: this session was opened in another tab, "
             r"which goes on from here\. Step 3: step x\d+"))).to_be_visible(timeout=T)
         settled(second)
         assert filled(second) == filled(page)
@@ -395,12 +395,12 @@ def test_back_and_forward_open_the_sessions_their_addresses_name(
         steps.fill("10000")
         steps.press("Tab")
         page.get_by_role("button", name="Step N").click()
-        expect(page.get_by_text(re.compile(r"Stepping the batch \(10000 iterations\): "
+        expect(page.get_by_text(re.compile(r"Stepping the batch \(10,000 iterations\): "
                                            r"iteration \d+"))).to_be_visible(timeout=T)
         # Back: the step stops and saves, and the session the entry before names opens,
         # as a link would open it.
         page.go_back()
-        status(page, re.compile(r"Stopped after \d+ of 10000 iterations: Back or Forward "
+        status(page, re.compile(r"Stopped after [\d,]+ of 10,000 iterations: Back or Forward "
                                 r"opened another session"))
         status(page, f"Opened session {second[:8]}… (the browser's Back or Forward)")
         settled(page)

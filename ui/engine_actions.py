@@ -75,7 +75,8 @@ def _field_value(name: str, value: Any, applied: Any) -> Any:
     A seed past 2^53 - 1 (a scenario or snapshot may give up to 2^63 - 1) comes back
     from the browser rounded: the number the browser shows for the `applied` seed is
     that seed. Another such number is refused: the seed applied would not be the one
-    typed.
+    typed. A negative seed is refused with the field's range (0 to 2^53 - 1), not the
+    config's larger one.
     """
     if not isinstance(value, float) or name in FRACTION_FIELDS:
         return value

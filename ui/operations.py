@@ -319,10 +319,10 @@ def _apply_held(sess: OpSession, work: Work, make_op: MakeOp,
     if isinstance(op, Step) and isinstance(result.op, Step) and result.op.count < op.count:
         why = (f": {work.stop_reason}" if work.stop_reason else
                ": nothing was left to run" if engine.idle else "")
-        line = f"Stopped after {result.op.count} of {op.count} iterations{why}. {line}"
+        line = f"Stopped after {result.op.count:,} of {op.count:,} iterations{why}. {line}"
     elif isinstance(op, Grow) and isinstance(result.op, Grow) and result.op.tokens < op.tokens:
         why = f": {work.stop_reason}" if work.stop_reason else ""
-        line = f"Stopped after {result.op.tokens} of {op.tokens} tokens{why}. {line}"
+        line = f"Stopped after {result.op.tokens:,} of {op.tokens:,} tokens{why}. {line}"
     sess.flash("success", line)
     # Back to the live state: what the operation did is what the person wants to see.
     sess.queued.put(TIMELINE_PICK, None)

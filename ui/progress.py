@@ -228,11 +228,11 @@ def _wanted(if_still: Any) -> Any:
 def _bar_text(state: WorkState) -> str:
     """The bar's text, as plain text: labels quote request ids, which may hold Markdown."""
     if state.stopping:
-        text = f"{state.label}: stopping after {state.unit} {state.done} of {state.total}…"
+        text = f"{state.label}: stopping after {state.unit} {state.done:,} of {state.total:,}…"
     elif state.fraction is not None:
         text = state.label
     elif state.total:
-        text = f"{state.label}: {state.unit} {state.done} of {state.total}"
+        text = f"{state.label}: {state.unit} {state.done:,} of {state.total:,}"
     else:
         text = f"{state.label}…"
     return plain_md(text)
@@ -383,7 +383,7 @@ def label_of(op: Op) -> str:
     """What an operation is doing, in words, for its bar or spinner."""
     match op:
         case Step():
-            return f"Stepping the batch ({op.count} iterations)"
+            return f"Stepping the batch ({op.count:,} iterations)"
         case Add():
             return f"Adding request {op.request}: prefilling its prompt through the model"
         case Grow():

@@ -369,8 +369,8 @@ def _child(node: Any, part: str, path: str) -> Any:
     if isinstance(node, dict):
         if part not in node:
             near = difflib.get_close_matches(part, [k for k in node if isinstance(k, str)], 1)
-            raise KeyError(f"no field {shown(part)}" + (f"; did you mean {near[0]!r}?" if near
-                                                    else ""))
+            raise KeyError(f"no field {shown(part)}"
+                           + (f"; did you mean {near[0]!r}?" if near else ""))
         return node[part]
     raise KeyError(path)
 

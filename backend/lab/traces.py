@@ -47,16 +47,6 @@ RECORDED: dict[str, str] = {
     "azure-conv": "AzureLLMInferenceTrace_conv.csv",
 }
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-def _csv_words(error: csv.Error) -> str:
-    """What the csv module's error means for a trace, in PagedLab's words where its own
-    name a limit and not the file ("field larger than field limit (131072)")."""
-    said = str(error)
-    if said.startswith("field larger than field limit"):
-        return (f"a field is longer than {csv.field_size_limit():,} characters, where a "
-                "trace's fields are a few dozen; it may not be a trace")
-    return said
-
-
 # A trace file is read whole: 64 MiB is some 1.7 million rows of the Azure format.
 MAX_TRACE_BYTES = 64 << 20
 MAX_TOKENS = 1 << 24       # per request, prompt or output (the simulator's largest capacity)
@@ -116,6 +106,17 @@ def _tokens(text: str) -> int | None:
     if _INT.fullmatch(text) is None or not 1 <= int(text) <= MAX_TOKENS:
         return None
     return int(text)
+
+
+def _csv_words(error: csv.Error) -> str:
+    """What the csv module's error means for a trace: its own words, except where they
+    name the reader's limit rather than the file ("field larger than field limit
+    (131072)")."""
+    said = str(error)
+    if said.startswith("field larger than field limit"):
+        return (f"a field is longer than {csv.field_size_limit():,} characters, where a "
+                "trace's fields are a few dozen; it may not be a trace")
+    return said
 
 
 def parse_trace_csv(data: bytes, name: str) -> Trace:
