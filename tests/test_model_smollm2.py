@@ -23,10 +23,12 @@ from backend.engine.engine import Engine
 from backend.engine.kv_cache import KVCache
 from backend.engine.ops import Add, Finish, Fork, Grow, Shuffle, Step
 from backend.engine.results import logit_tolerance
+from backend.io.snapshot import export_snapshot
 from backend.kernels import select_kernels
 from backend.models import registry
 from backend.models.batch import ForwardBatch
 from backend.models.smollm2 import SmolLM2
+from backend.views.model import finished_frame
 
 pytestmark = pytest.mark.slow
 
@@ -188,6 +190,9 @@ def test_a_request_that_samples_end_of_sequence_finishes() -> None:
     assert req.tokens[-1] == engine.model.eos_token_id == 2
     assert engine.text("A").endswith(
         "<|im_start|>assistant\nThe capital of France is Paris.<|im_end|>")
+    # The Finished list shows the answer without the end-of-sequence token it ended on.
+    finished = finished_frame(export_snapshot(engine)).set_index("request")
+    assert finished.loc["A", "generated text"] == "The capital of France is Paris."
     # grow stops at end-of-sequence too, before its count.
     engine.apply(Add("B", messages=question))
     engine.apply(Grow("B", 20))

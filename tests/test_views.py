@@ -978,3 +978,18 @@ def test_summarize_says_swapped_out_and_swapped_in_not_admitted() -> None:
     fell_back = [line for line in lines if "preempted C (recomputed: no room in the host "
                                            "pool" in line]
     assert fell_back and not any("swapped out" in line for line in lines), lines
+
+
+def test_an_answer_that_ended_on_end_of_sequence_is_shown_without_it() -> None:
+    from backend.views.beams import beams_frame
+    from backend.views.tokens import answer_tokens
+
+    snap = export_snapshot(Engine(EngineConfig(num_blocks=8, block_size=4), kernel="torch"))
+    ended = {"tokens": [72, 105, 33, 10], "prompt_len": 2, "finish_reason": "eos"}
+    assert answer_tokens(ended) == [33]
+    assert answer_tokens({**ended, "finish_reason": "max_new_tokens"}) == [33, 10]
+    # A beam search's complete hypothesis too: its panel reads the answer.
+    beam = {**ended, "id": "B.0", "group": "B", "beam_width": 2, "cum_logprob": -1.0,
+            "status": "finished", "block_table": [], "num_tokens": 4}
+    snap["requests"] = [beam]
+    assert beams_frame(snap, "B")["generated text"].tolist() == ["!"]

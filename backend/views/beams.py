@@ -14,7 +14,7 @@ import pandas as pd
 
 from backend.core.words import counted, percent_of
 from backend.views.model import status_text
-from backend.views.tokens import Snapshot, token_text
+from backend.views.tokens import Snapshot, answer_tokens, token_text
 
 BEAM_COLUMNS = ["beam", "status", "log p", "generated text", "blocks"]
 
@@ -77,12 +77,11 @@ def beams_frame(snap: Snapshot, group: str) -> pd.DataFrame:
             continue
         reason = req.get("finish_reason")
         rank = 3 if reason == "dropped" else _ORDER.get(req["status"], 1)
-        generated = req["tokens"][req["prompt_len"]:]
         rows.append((rank, -float(req["cum_logprob"]), {
             # As the block tables say it: "finished (eos)", "finished (by hand)".
             "beam": req["id"], "status": status_text(req),
             "log p": round(float(req["cum_logprob"]), 3),
-            "generated text": token_text(snap, generated),
+            "generated text": token_text(snap, answer_tokens(req)),
             "blocks": len(req["block_table"]),
         }))
     rows.sort(key=lambda r: (r[0], r[1]))

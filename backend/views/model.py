@@ -24,6 +24,7 @@ from backend.views.glossary import REQUEST_FIELDS
 from backend.views.host_pool import on_device
 from backend.views.tokens import (
     Snapshot,
+    answer_tokens,
     model_of,
     split_characters,
     token_pieces,
@@ -328,7 +329,7 @@ def finished_frame(snap: Snapshot) -> pd.DataFrame:
     rows = [{
         "request": req["id"], "status": status_text(req),
         "prompt": token_text(snap, req["tokens"][:req["prompt_len"]]),
-        "generated text": token_text(snap, req["tokens"][req["prompt_len"]:]),
+        "generated text": token_text(snap, answer_tokens(req)),
     } for req in snap["requests"] if req["status"] == "finished" and "beam_width" not in req]
     return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
 

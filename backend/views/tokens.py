@@ -95,6 +95,14 @@ def token_text(snap: Snapshot, tokens: list[int]) -> str:
         return "".join(f"⟨{t}⟩" for t in tokens)
 
 
+def answer_tokens(req: dict[str, Any]) -> list[int]:
+    """What a snapshot's request `req` generated, as its answer reads: without the
+    end-of-sequence token a request that ended on it holds last ("...Paris.", not
+    "...Paris.<|im_end|>"). The token stays in its block, where the layouts show it."""
+    generated = req["tokens"][req["prompt_len"]:]
+    return generated[:-1] if req.get("finish_reason") == "eos" and generated else generated
+
+
 # A cell's tooltip shows at most this many of its block's tokens (a 256-slot block's
 # text would not fit a tooltip, and a page of 1024 cells must stay quick to build).
 TOOLTIP_TOKENS = 16
