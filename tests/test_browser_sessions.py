@@ -326,14 +326,14 @@ def test_a_reload_or_a_second_tab_during_step_n_stops_it_and_opens_what_it_reach
         page.reload()
         reopened = in_app(page).get_by_text(re.compile(
             r"Reopened this session: step 2, .* This session's other page \(this one before a "
-            r"reload, or another tab\) was in the middle of “Stepping the batch \(2000 "
+            r"reload, or another tab\) was in the middle of “Stepping the batch \(2,000 "
             r"iterations\)” \(iteration [\d,]+ of 2,000 when this page opened\): it was "
             r"stopped after its current iteration and saved first"))
         expect(reopened).to_be_visible(timeout=T)
         settled(page)
         shoot(page, screenshots, "07-reloaded-during-step-n")
         assert session_id(page) == sid
-        ran = int(filled(page).split(" / ")[0]) - 23
+        ran = int(filled(page).split(" / ")[0].replace(",", "")) - 23
         assert 1 <= ran < 2000
         # One session, holding the step that ran: no copy was made of it.
         rows = sqlite3.connect(server.data / FILE_NAME).execute(
