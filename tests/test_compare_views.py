@@ -589,8 +589,8 @@ def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
     # Recomputation's cost per token, as measured at every size, not as the paper says.
     said = swap_recompute.summary(runs, "cpu")
     assert ("Recomputation re-prefilled 40 tokens at block size 1 and 40 at 4; µs per token: "
-            "125.0 at 1, 125.0 at 4. About the same at every size (within 1.5×), as the "
-            "paper's flat cost. ") in said
+            "125.0 at 1, 125.0 at 4. About the same at every size (the highest 1.00× the "
+            "lowest, under 1.5×), as the paper's flat cost. ") in said
     said = swap_recompute.summary([*runs[:3], run(4, "recompute", rec_ms=50.0), runs[5]], "cpu")
     assert ("µs per token: 125.0 at 1, 1250.0 at 4. Not the same at every size here (the "
             "highest 10.0× the lowest; each is one timed run). ") in said

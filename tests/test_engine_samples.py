@@ -142,10 +142,13 @@ def test_bad_sampling_requests_are_refused(op: dict[str, Any], message: str) -> 
     # 27 bytes in blocks of 4: 7 blocks with the first token, and a block for each of the
     # two other samples' first tokens (a copy of the shared partial last block).
     ({"num_blocks": 8}, 3, "3 parallel samples of a 27-token prompt need 9 blocks for their "
-                           "first tokens, but the pool has 8: they could never start"),
+                           "first tokens, but the pool has 8: they could never start (at "
+                           "most 2 fit, or a pool of at least 9 blocks holds them)"),
+    # Where one sample alone would fit, only the pool is suggested.
     ({"num_blocks": 11, "watermark_blocks": 4}, 2,
      "2 parallel samples of a 27-token prompt need 8 blocks for their first tokens, but the "
-     "pool has 11 and admission keeps the watermark's 4 free: they could never start"),
+     "pool has 11 and admission keeps the watermark's 4 free: they could never start (a "
+     "pool of at least 12 blocks holds them)"),
 ])
 def test_samples_that_could_never_start_are_refused(config: dict[str, Any], n: int,
                                                     message: str) -> None:

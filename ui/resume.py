@@ -202,10 +202,9 @@ def at_start() -> None:
 
 
 # Back or Forward onto an entry from before a session's first operation.
-NAMES_NONE = ("This entry of the browser's history names no session (its address was bare: an "
-              "empty new session, or your latest session before you acted on it), so the "
-              "Playground keeps {}. Sessions, below, lists the others to open, and New "
-              "session starts an empty one.")
+NAMES_NONE = ("The page gone back or forward to had no session in its address (an empty new "
+              "session, or your latest session before you acted on it), so the Playground "
+              "keeps {} as it is; Sessions, below, opens the others.")
 
 
 def follow_history() -> None:
@@ -222,10 +221,11 @@ def follow_history() -> None:
     sid, problem = store.requested_id()
     tab = store.get_tab()
     shown = tab.shown_id
+    # (An address kept without a row of the tab's own is a copy's, or one that could not
+    # be opened: not a session this tab holds.)
+    kept = f"session {store.short(shown)}" if shown is not None and tab.id == shown else (
+        "what it showed")
     if sid is None and problem is None and shown is not None:
-        # (An address kept without a row of the tab's own is a copy's, or one that could
-        # not be opened: not a session this tab holds.)
-        kept = f"session {store.short(shown)}" if tab.id == shown else "what it showed"
         session.flash("info", NAMES_NONE.format(kept))
         return
     if sid is None or problem is not None or sid == shown:
@@ -235,7 +235,7 @@ def follow_history() -> None:
     # stopped after its current iteration, it saves what it ran, as on a reload.
     progress.get_work().request_stop("Back or Forward opened another session")
     _reopen(sid, "history", f"Opened session {store.short(sid)} (the browser's Back or "
-                            "Forward)", "This session is unchanged.")
+                            "Forward)", f"The Playground keeps {kept} as it is.")
 
 
 def open_other(sid: str) -> None:

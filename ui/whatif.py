@@ -89,15 +89,15 @@ def panel(engine: Engine, past_step: int | None = None, to_newest: str = "") -> 
         st.caption(
             "Recomputes one request's next-token prediction on a copy of the pool, through "
             "its block table and through the same blocks sorted by physical id. A table not "
-            "in physical order, sorted, reads the token history out of order (the text "
-            "below): only the table says which token is where. The prediction changes "
+            "in physical order, sorted, reads the token history out of order (the text the "
+            "button shows): only the table says which token is where. The prediction changes "
             "only where sorting moves the request's last block away from the end: a table "
             "9, 2, 14 sorts to 2, 9, 14 and keeps its last block last, so the model reads the "
             "same slots and predicts the same, to float rounding; 14, 2, 9 (after a Shuffle, "
             "say) sorts to 2, 9, 14, which moves its last block, 9, into the middle. Why: each "
             "key carries its own position, so attention over the same slots in another order "
             "sums the same; but the kernel reads every slot of each logical block except the "
-            "last, and only the first ones of the last. Moved, the partly filled block, if "
+            "last, and only the filled slots of the last. Moved, the partly filled block, if "
             "any, is read whole, a full one is cut short, and the new token's K/V lands in "
             "another token's slot. Table order gives the engine's logits back.")
         live = [rid for rid in engine.running

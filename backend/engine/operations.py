@@ -121,14 +121,18 @@ def _check_first_round(engine: Engine, seqs: int, prompt_len: int, what: str) ->
     would wait for ever, holding up every request behind it."""
     # The prompt's blocks, then for the first tokens: a copy of the shared last block
     # for every writer but the last, or, if it is full, a new block for each.
-    first = engine.manager.blocks_for(prompt_len + 1) + seqs - 1
+    prompt = engine.manager.blocks_for(prompt_len + 1)
+    first = prompt + seqs - 1
     keep = engine.config.watermark_blocks or 0
     if first + keep > engine.config.num_blocks:
         kept = f" and admission keeps the watermark's {keep:,} free" if keep else ""
+        most = engine.config.num_blocks - keep - prompt + 1
+        fewer = f"at most {most:,} fit, or " if most >= 2 else ""
         raise PagedLabError(
             f"{seqs} {what} of a {prompt_len:,}-token prompt need {first:,} blocks for "
             f"their first tokens, but the pool has {engine.config.num_blocks:,}{kept}: "
-            "they could never start")
+            f"they could never start ({fewer}a pool of at least {first + keep:,} blocks "
+            "holds them)")
 
 
 def spawn_samples(engine: Engine, first: Request) -> None:

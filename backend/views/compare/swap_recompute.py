@@ -191,8 +191,8 @@ def _recompute_sentence(recomputed: Sequence[PreemptionRun]) -> str:
     if high == 0:
         return said + ". Too quick to time at any size. "
     if low > 0 and high / low < SAME_WITHIN:
-        return said + (f". About the same at every size (within {SAME_WITHIN:g}×), as the "
-                       "paper's flat cost. ")
+        return said + (f". About the same at every size (the highest {high / low:.2f}× the "
+                       f"lowest, under {SAME_WITHIN:g}×), as the paper's flat cost. ")
     spread = (f"the highest {high / low:.1f}× the lowest" if low > 0 else
               "some too quick to time")
     return said + f". Not the same at every size here ({spread}; each is one timed run). "
