@@ -131,7 +131,7 @@ def test_focus_moves_on_when_the_pressed_control_is_disabled_or_removed(
         cancel = page.get_by_role("button", name="Cancel", exact=True)
         expect(cancel).to_be_visible(timeout=T)
         # The question, drawn below the Delete that keeps the focus, is read out.
-        expect(live).to_contain_text("for good? Its address stops working", timeout=T)
+        expect(live).to_contain_text("for good? It leaves the list", timeout=T)
         idle(page)
         keyboard_focus(page, cancel)
         page.keyboard.press("Enter")

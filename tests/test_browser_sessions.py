@@ -275,14 +275,14 @@ def test_step_n_shows_progress_and_stops_between_iterations(
             r"Stopped after [\d,]+ of 2,000 iterations\. Step 2: step x\d+"))
         expect(done).to_be_visible(timeout=T)
         settled(page)
-        found = re.search(r"Stopped after (\d+) of", done.inner_text())
+        found = re.search(r"Stopped after ([\d,]+) of", done.inner_text())
         assert found is not None
-        ran = int(found.group(1))
+        ran = int(found.group(1).replace(",", ""))
         assert 1 <= ran < 2000
         # The engine holds exactly the iterations that ran: one token each.
         tokens = 23 + ran
         slots = -(-tokens // 4) * 4
-        assert filled(page) == f"{tokens} / {slots}"
+        assert filled(page) == f"{tokens:,} / {slots:,}"
         expect(page.get_by_role("button", name="Stop stepping")).to_have_count(0)
         shoot(page, screenshots, "06-stopped")
 
@@ -290,7 +290,7 @@ def test_step_n_shows_progress_and_stops_between_iterations(
         page.reload()
         status(page, "Reopened this session: step 2")
         settled(page)
-        assert filled(page) == f"{tokens} / {slots}"
+        assert filled(page) == f"{tokens:,} / {slots:,}"
         with page.expect_download() as info:
             page.get_by_role("button", name="Session as a scenario").click()
         path = tmp_path / info.value.suggested_filename

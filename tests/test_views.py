@@ -985,11 +985,18 @@ def test_an_answer_that_ended_on_end_of_sequence_is_shown_without_it() -> None:
     from backend.views.tokens import answer_tokens
 
     snap = export_snapshot(Engine(EngineConfig(num_blocks=8, block_size=4), kernel="torch"))
-    ended = {"tokens": [72, 105, 33, 10], "prompt_len": 2, "finish_reason": "eos"}
-    assert answer_tokens(ended) == [33]
-    assert answer_tokens({**ended, "finish_reason": "max_new_tokens"}) == [33, 10]
+    snap["config"]["model"] = SMOLLM2
+    eos = 2                   # SmolLM2's <|im_end|>
+    ended = {"tokens": [504, 2830, 33, eos], "prompt_len": 2, "finish_reason": "eos"}
+    assert answer_tokens(snap, ended) == [33]
+    assert answer_tokens(snap, {**ended, "finish_reason": "max_new_tokens"}) == [33, eos]
+    # A file may say "eos" of a request whose last token is not the model's: kept whole.
+    assert answer_tokens(snap, {**ended, "tokens": [504, 2830, 33, 34]}) == [33, 34]
+    # tiny-byte has no end-of-sequence token: nothing is left out.
+    tiny = export_snapshot(Engine(EngineConfig(num_blocks=8, block_size=4), kernel="torch"))
+    assert answer_tokens(tiny, {**ended, "tokens": [72, 105, 33, 2]}) == [33, 2]
     # A beam search's complete hypothesis too: its panel reads the answer.
     beam = {**ended, "id": "B.0", "group": "B", "beam_width": 2, "cum_logprob": -1.0,
             "status": "finished", "block_table": [], "num_tokens": 4}
     snap["requests"] = [beam]
-    assert beams_frame(snap, "B")["generated text"].tolist() == ["!"]
+    assert beams_frame(snap, "B")["generated text"].tolist() == ["1"]   # token 33

@@ -195,10 +195,12 @@ def _ago(then: float) -> str:
     return "just now"
 
 
-def ask_delete(sid: str, engine: Engine) -> None:
-    """Callback of a list entry's Delete, drawn beside `engine`: ask before deleting (it
-    cannot be undone)."""
-    st.session_state[CONFIRM_DELETE] = (sid, weakref.ref(engine))
+def ask_delete(sid: str) -> None:
+    """Callback of a list entry's Delete: ask before deleting (it cannot be undone). The
+    question is bound to the engine it is first drawn beside (`_asked`): the one drawn
+    with the button may be replaced by the very run the click starts (settings sent with
+    it, an operation that waited), and a button's arguments would hold it strongly."""
+    st.session_state[CONFIRM_DELETE] = (sid, None)
 
 
 def cancel_delete() -> None:
@@ -215,7 +217,9 @@ def _asked(engine: Engine) -> str | None:
     if asked is None:
         return None
     sid, beside = asked
-    if beside() is not engine:
+    if beside is None:
+        ss[CONFIRM_DELETE] = (sid, weakref.ref(engine))
+    elif beside() is not engine:
         ss[CONFIRM_DELETE] = None
         return None
     return str(sid)
@@ -300,15 +304,16 @@ def sessions_panel(engine: Engine, open_saved: Callable[[str], None],
         clicks.button(row, "Open", key=f"btn_open_{info.id}", on_click=open_saved,
                       args=(info.id,))
         clicks.button(row, "Delete", key=f"btn_delete_{info.id}", on_click=ask_delete,
-                      args=(info.id, engine))
+                      args=(info.id,))
         if asked == info.id:
             # Below the row, not in Delete's place: a double click must not confirm.
             # Keyed for ui/a11y.py: read out, since the question is drawn below the
             # Delete that keeps the focus.
             with st.container(key="store_delete_asked"):
-                st.warning(plain_md(f"Delete session {short(info.id)} for good? Its "
-                                    "address stops working; this cannot be undone. "
-                                    "Delete for good, or Cancel, below."))
+                st.warning(plain_md(f"Delete session {short(info.id)} for good? It leaves "
+                                    "the list and its address stops opening it, unless a "
+                                    "tab that still has it open saves it again; this "
+                                    "cannot be undone. Delete for good, or Cancel, below."))
             answer = st.container(horizontal=True, gap="small")
             clicks.button(answer, "Delete for good", key=f"btn_delete_confirm_{info.id}",
                           type="primary", on_click=delete, args=(info.id,))

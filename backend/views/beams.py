@@ -81,7 +81,7 @@ def beams_frame(snap: Snapshot, group: str) -> pd.DataFrame:
             # As the block tables say it: "finished (eos)", "finished (by hand)".
             "beam": req["id"], "status": status_text(req),
             "log p": round(float(req["cum_logprob"]), 3),
-            "generated text": token_text(snap, answer_tokens(req)),
+            "generated text": token_text(snap, answer_tokens(snap, req)),
             "blocks": len(req["block_table"]),
         }))
     rows.sort(key=lambda r: (r[0], r[1]))

@@ -329,7 +329,7 @@ def finished_frame(snap: Snapshot) -> pd.DataFrame:
     rows = [{
         "request": req["id"], "status": status_text(req),
         "prompt": token_text(snap, req["tokens"][:req["prompt_len"]]),
-        "generated text": token_text(snap, answer_tokens(req)),
+        "generated text": token_text(snap, answer_tokens(snap, req)),
     } for req in snap["requests"] if req["status"] == "finished" and "beam_width" not in req]
     return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
 

@@ -95,12 +95,21 @@ def token_text(snap: Snapshot, tokens: list[int]) -> str:
         return "".join(f"⟨{t}⟩" for t in tokens)
 
 
-def answer_tokens(req: dict[str, Any]) -> list[int]:
-    """What a snapshot's request `req` generated, as its answer reads: without the
-    end-of-sequence token a request that ended on it holds last ("...Paris.", not
-    "...Paris.<|im_end|>"). The token stays in its block, where the layouts show it."""
+def answer_tokens(snap: Snapshot, req: dict[str, Any]) -> list[int]:
+    """What a snapshot's request `req` generated, as its answer reads: without the model's
+    end-of-sequence token where the request ended on it ("...Paris.", not
+    "...Paris.<|im_end|>"). The request's tokens keep it (the exports' `tokens`); only a
+    last token that is the model's end-of-sequence is left out, whatever `finish_reason`
+    a restored file gave."""
     generated = req["tokens"][req["prompt_len"]:]
-    return generated[:-1] if req.get("finish_reason") == "eos" and generated else generated
+    if not generated or req.get("finish_reason") != "eos":
+        return generated
+    model = model_of(snap)
+    try:
+        eos = None if model == TINY_BYTE else codec_for(model).eos_token_id
+    except PagedLabError:      # the tokenizer is not installed: shown as ids, all of them
+        return generated
+    return generated[:-1] if eos is not None and generated[-1] == eos else generated
 
 
 # A cell's tooltip shows at most this many of its block's tokens (a 256-slot block's
