@@ -607,12 +607,13 @@ def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
     # Times too short to measure are said so, not compared.
     untimed = swap_recompute.summary([*runs[:3], run(4, "roomy"), run(4, "recompute"),
                                       runs[5]], "cpu")
-    assert "µs per token: 125.0 at 1, 0.0 at 4. Not the same at every size here (some too " \
-        "quick to time; each is one timed run). " in untimed
+    assert ("µs per token: 125.0 at 1, 0.0 at 4. Too quick to time at block size 4, so the "
+            "sizes are not compared. ") in untimed
     zero = swap_recompute.summary([run(1, "recompute"), run(1, "swap", swapped=10, swap_ms=1.0),
                                    run(4, "recompute"), run(4, "swap", swapped=5, swap_ms=1.0)],
                                   "cpu")
-    assert "µs per token: 0.0 at 1, 0.0 at 4. Too quick to time at any size. " in zero
+    assert ("µs per token: 0.0 at 1, 0.0 at 4. Too quick to time at block sizes 1, 4, so "
+            "the sizes are not compared. ") in zero
     # 64 blocks hold 64 slots at block size 1 but 256 at 4: more than the 64 asked for.
     said = swap_recompute.summary(runs, "cpu", 64)
     assert ("To hold the longest request, the pool took more than the 64 slots asked for "

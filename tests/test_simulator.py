@@ -535,7 +535,7 @@ def test_a_request_that_can_never_run_is_refused() -> None:
     # divides it would admit it, and the advice says so rather than that nothing does.
     with pytest.raises(PagedLabError, match=r"in blocks of 3 that is more than the largest "
                                             "capacity, 16,777,216 tokens; use a block size "
-                                            "that divides it"):
+                                            "that divides 16,777,216"):
         simulate(trace_of([16_777_215], [1]),
                  SimConfig(policy="paged", capacity_tokens=15_360, block_size=3,
                            watermark=0.0))

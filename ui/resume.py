@@ -221,9 +221,9 @@ def follow_history() -> None:
     sid, problem = store.requested_id()
     tab = store.get_tab()
     shown = tab.shown_id
-    # (An address kept without a row of the tab's own is a copy's, or one that could not
-    # be opened: not a session this tab holds.)
-    kept = f"session {store.short(shown)}" if shown is not None and tab.id == shown else (
+    # A session the tab holds, named; an address kept without a row of the tab's own (a
+    # copy's, or one that could not be opened) is no session this tab holds.
+    kept = f"session {store.short(tab.id)}" if tab.id is not None and not tab.unnamed else (
         "what it showed")
     if sid is None and problem is None and shown is not None:
         session.flash("info", NAMES_NONE.format(kept))

@@ -92,8 +92,8 @@ class PagedPolicy:
             elif bare > MAX_CAPACITY_TOKENS:
                 advice = (f"in blocks of {self.block_size} that is more than the largest "
                           f"capacity, {MAX_CAPACITY_TOKENS:,} tokens; use a block size that "
-                          "divides it (a power of two), a watermark of 0 blocks and that "
-                          "capacity")
+                          f"divides {MAX_CAPACITY_TOKENS:,} (a power of two), a watermark of 0 "
+                          "blocks and that capacity")
             else:
                 advice = (f"no capacity up to {MAX_CAPACITY_TOKENS:,} tokens admits it with "
                           "this watermark; use a watermark of 0 blocks and a capacity of at "

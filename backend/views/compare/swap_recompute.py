@@ -168,6 +168,8 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
 # Recomputation's cost per token at two block sizes counts as the same within this
 # ratio: the paper's is flat, and a CPU's prefill timings move by tens of percent.
 SAME_WITHIN = 1.5
+# A recompute cost per token below this (µs) prints as 0.0, and is not compared.
+UNTIMED_US = 0.05
 
 
 def _recompute_sentence(recomputed: Sequence[PreemptionRun]) -> str:
@@ -181,18 +183,23 @@ def _recompute_sentence(recomputed: Sequence[PreemptionRun]) -> str:
         return ""
     lo, hi = recomputed[0], recomputed[-1]
     if lo is hi:
+        cost = ("too quick to time" if per(lo) < UNTIMED_US else
+                f"{per(lo):.1f} µs per token")
         return (f"Recomputation re-prefilled {lo.recomputed_tokens:,} tokens, only at block "
-                f"size {lo.block_size} ({per(lo):.1f} µs per token). ")
+                f"size {lo.block_size} ({cost}). ")
     said = (f"Recomputation re-prefilled {lo.recomputed_tokens:,} tokens at block size "
             f"{lo.block_size} and {hi.recomputed_tokens:,} at {hi.block_size}; µs per token: "
             + ", ".join(f"{per(r):.1f} at {r.block_size}" for r in recomputed))
+    # Below UNTIMED_US a cost prints as 0.0: not a time to compare.
+    untimed = [r.block_size for r in recomputed if per(r) < UNTIMED_US]
+    if untimed:
+        sizes = ", ".join(map(str, untimed))
+        return said + (f". Too quick to time at block size{'s' * (len(untimed) > 1)} {sizes}, "
+                       "so the sizes are not compared. ")
     costs = [per(r) for r in recomputed]
     low, high = min(costs), max(costs)
-    if high == 0:
-        return said + ". Too quick to time at any size. "
-    if low > 0 and high / low < SAME_WITHIN:
+    if high / low < SAME_WITHIN:
         return said + (f". About the same at every size (the highest {high / low:.2f}× the "
                        f"lowest, under {SAME_WITHIN:g}×), as the paper's flat cost. ")
-    spread = (f"the highest {high / low:.1f}× the lowest" if low > 0 else
-              "some too quick to time")
-    return said + f". Not the same at every size here ({spread}; each is one timed run). "
+    return said + (f". Not the same at every size here (the highest {high / low:.1f}× the "
+                   "lowest; each is one timed run). ")
