@@ -197,6 +197,16 @@ def test_replacing_a_reopened_session_not_yet_taken_over_says_it_stays_saved(
         texts(again.info)
 
 
+def test_new_settings_on_a_first_visit_say_nothing_of_a_reload(
+        browser: dict[str, str | None]) -> None:
+    # With nothing saved in this browser, a reload gives the defaults, as a first visit
+    # does: no sentence about a session it would reopen.
+    at = open_app()
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(40).run()
+    said = [shown(i.value) for i in at.info if i.value.startswith("New engine: 40 blocks")]
+    assert len(said) == 1 and "reload" not in said[0], texts(at.info)
+
+
 def test_another_browser_gets_a_copy(browser: dict[str, str | None], data_dir: Path) -> None:
     first = open_app()
     session_id = worked(first)
