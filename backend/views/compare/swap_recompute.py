@@ -165,8 +165,9 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
     return "".join(parts)
 
 
-# Recomputation's cost per token at two block sizes counts as the same within this
-# ratio: the paper's is flat, and a CPU's prefill timings move by tens of percent.
+# Recomputation's costs per token at every block size count as the same when the highest
+# is within this ratio of the lowest: the paper's is flat, and a CPU's prefill timings
+# move by tens of percent.
 SAME_WITHIN = 1.5
 # A recompute cost per token below this (µs) prints as 0.0, and is not compared.
 UNTIMED_US = 0.05
@@ -187,16 +188,17 @@ def _recompute_sentence(recomputed: Sequence[PreemptionRun]) -> str:
                 f"{per(lo):.1f} µs per token")
         return (f"Recomputation re-prefilled {lo.recomputed_tokens:,} tokens, only at block "
                 f"size {lo.block_size} ({cost}). ")
+    costs = [per(r) for r in recomputed]
     said = (f"Recomputation re-prefilled {lo.recomputed_tokens:,} tokens at block size "
             f"{lo.block_size} and {hi.recomputed_tokens:,} at {hi.block_size}; µs per token: "
-            + ", ".join(f"{per(r):.1f} at {r.block_size}" for r in recomputed))
+            + ", ".join(f"{c:.1f} at {r.block_size}"
+                        for r, c in zip(recomputed, costs, strict=True)))
     # Below UNTIMED_US a cost prints as 0.0: not a time to compare.
-    untimed = [r.block_size for r in recomputed if per(r) < UNTIMED_US]
+    untimed = [r.block_size for r, c in zip(recomputed, costs, strict=True) if c < UNTIMED_US]
     if untimed:
         sizes = ", ".join(map(str, untimed))
         return said + (f". Too quick to time at block size{'s' * (len(untimed) > 1)} {sizes}, "
                        "so the sizes are not compared. ")
-    costs = [per(r) for r in recomputed]
     low, high = min(costs), max(costs)
     if high / low < SAME_WITHIN:
         return said + (f". About the same at every size (the highest {high / low:.2f}× the "
