@@ -23,7 +23,8 @@ from backend.views import Snapshot
 from backend.views.control import WITHOUT, control_frame, control_sentence
 from backend.views.text import plain_md
 from ui.bars import Advance, progress_bar
-from ui.session import get_owner, keep_result, kept_result
+from ui.kept import keep_result, kept_result
+from ui.session import get_owner
 
 TITLE = "Control run: the same operations without the perturbations"
 # How long the Playground's replay may run: its two engines redo every operation of the

@@ -38,6 +38,7 @@ from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.views.text import plain_md
 from ui import engine_actions, session
+from ui.kept import keep_result, kept_result
 from ui.uploads import limit_help, uploader_mib
 
 Snapshot = dict[str, Any]
@@ -129,7 +130,7 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
 
 IMPORT_KEY = "import_snapshot"
 # (file name, outcome) of the last upload, beside the uploader, kept for the engine it
-# left on the page (session.keep_result): once another replaces it (a session opened, Back
+# left on the page (ui/kept.py): once another replaces it (a session opened, Back
 # or Forward, New session, a reset), "restored." would sit beside a state it did not make.
 IMPORT_NOTE = "import_note"
 
@@ -164,7 +165,7 @@ def _on_import() -> None:
         session.flash("error", refused(problem))
     # The status line is at the top of the page, and the next operation replaces it; the
     # uploader may be far below it. So the note beside the file says the outcome itself.
-    session.keep_result(IMPORT_NOTE, session.get_engine(), (
+    keep_result(IMPORT_NOTE, session.get_engine(), (
         uploaded.name, f"Last upload, {uploaded.name}: "
         + (f"refused: {problem}. The playground is unchanged." if problem is not None
            else "restored.")))
@@ -182,7 +183,7 @@ def import_panel() -> None:
              "restored exactly, K/V recomputed from the tokens; the pool and model settings "
              "become the snapshot's. A malformed or inconsistent file is refused and the "
              "current state kept." + limit_help(MAX_SNAPSHOT_BYTES))
-    note = session.kept_result(IMPORT_NOTE, session.get_engine())
+    note = kept_result(IMPORT_NOTE, session.get_engine())
     held = st.session_state.get(IMPORT_KEY)
     if note is not None and (held is None or held.name != note[0]):
         # The file left the uploader (removed, or the uploader not drawn on another page,

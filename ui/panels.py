@@ -31,9 +31,9 @@ from backend.views.model import column_label
 from backend.views.text import plain_md
 from backend.views.tokens import model_of
 from ui import layout, translator
+from ui.kept import keep_result, kept_result
 from ui.memo import memo
 from ui.numbers import number_text, whole, whole_input
-from ui.session import keep_result, kept_result
 
 # Requests whose text is laid out by block; the table above lists every request.
 MAX_LAYOUTS = 12

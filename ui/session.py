@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import secrets
-import weakref
 from typing import Any, Literal
 
 import streamlit as st
@@ -227,28 +226,6 @@ def collect(*, sidebar_drawn: bool = False) -> None:
 def get_engine() -> Engine:
     engine: Engine = st.session_state[ENGINE]
     return engine
-
-
-def keep_result(key: str, engine: Engine, value: Any) -> None:
-    """Keep `value`, computed on `engine`, under `key` until that engine is replaced."""
-    st.session_state[key] = (weakref.ref(engine), value)
-
-
-def kept_result(key: str, engine: Engine) -> Any:
-    """What `keep_result` kept under `key` for `engine`, else None.
-
-    A result computed on an engine the session has since replaced (a new session, a
-    reset, a restore, new settings, another device) is forgotten: its step or operation count may
-    match the new engine's, yet it describes other requests, even another model.
-    """
-    kept = st.session_state.get(key)
-    if kept is None:
-        return None
-    ref, value = kept
-    if ref() is not engine:
-        del st.session_state[key]
-        return None
-    return value
 
 
 def get_settings() -> Settings:

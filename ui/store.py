@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -43,6 +42,7 @@ from backend.sessions.store import (
 from backend.views.text import plain_md
 from ui import clicks
 from ui.a11y import UNCLIPPED_ROW
+from ui.kept import keep_result, kept_result
 
 COOKIE = "pagedlab_browser"
 PARAM = "session"
@@ -50,10 +50,13 @@ TAB = "store_tab"              # this tab's backend.sessions.saved.Tab
 SECRET = "store_secret"        # this browser's secret: its cookie's, or a new one
 PROBLEM = "store_problem"      # why sessions are not saved (the store cannot be opened)
 NOTE = "store_note"            # what the last save had to say (a copy, a failure), or None
-# The listed session a Delete asks about, and (weakly) the engine the page showed when it
-# asked: a question asked beside one session is not left standing beside another (an
-# Open, New session, Back or Forward, a reset replaces the engine), or None.
+# The listed session a Delete asks about, kept (ui/kept.py) for the engine the page
+# showed when it asked: a question asked beside one session is not left standing beside
+# another (an Open, New session, Back or Forward, a reset replaces the engine).
 CONFIRM_DELETE = "store_confirm_delete"
+# The session a Delete just asked about, until the panel draws the question beside an
+# engine (`_asked`).
+ASKED_DELETE = "store_asked_delete"
 COOKIE_DAYS = 400              # browsers cap a cookie's life at about 400 days
 
 _stores: dict[Path, SessionStore] = {}
@@ -200,11 +203,11 @@ def ask_delete(sid: str) -> None:
     question is bound to the engine it is first drawn beside (`_asked`): the one drawn
     with the button may be replaced by the very run the click starts (settings sent with
     it, an operation that waited), and a button's arguments would hold it strongly."""
-    st.session_state[CONFIRM_DELETE] = (sid, None)
+    st.session_state[ASKED_DELETE] = sid
 
 
 def cancel_delete() -> None:
-    st.session_state[CONFIRM_DELETE] = None
+    st.session_state[ASKED_DELETE] = st.session_state[CONFIRM_DELETE] = None
 
 
 def _asked(engine: Engine) -> str | None:
@@ -212,17 +215,11 @@ def _asked(engine: Engine) -> str | None:
     `engine`, the one it was asked beside, is shown, which drops the question. (Keyed by
     the engine, not the session id: an empty engine and a latest session not yet taken
     over both have none.)"""
-    ss = st.session_state
-    asked = ss.get(CONFIRM_DELETE)
-    if asked is None:
-        return None
-    sid, beside = asked
-    if beside is None:
-        ss[CONFIRM_DELETE] = (sid, weakref.ref(engine))
-    elif beside() is not engine:
-        ss[CONFIRM_DELETE] = None
-        return None
-    return str(sid)
+    asked = st.session_state.pop(ASKED_DELETE, None)
+    if asked is not None:
+        keep_result(CONFIRM_DELETE, engine, asked)
+    sid: str | None = kept_result(CONFIRM_DELETE, engine)
+    return sid
 
 
 def delete_saved(sid: str) -> tuple[Literal["info", "error"], str] | None:
@@ -231,7 +228,7 @@ def delete_saved(sid: str) -> tuple[Literal["info", "error"], str] | None:
     latest action, and its outcome replaces the line), or None for a row that is this
     tab's own (not listed, so not asked about)."""
     tab = get_tab()
-    st.session_state[CONFIRM_DELETE] = None
+    cancel_delete()
     if tab.store is None or sid == tab.id:
         return None
     try:

@@ -17,7 +17,7 @@ from backend.engine.whatif import OrderWhatIf, Reading, physical_order
 from backend.views.text import md_code, plain_md
 from backend.views.tokens import quoted_piece
 from backend.views.whatif import draw_note, outcome
-from ui.session import keep_result, kept_result
+from ui.kept import keep_result, kept_result
 
 KEY = "whatif_report"
 
