@@ -121,7 +121,8 @@ def test_a_click_waiting_behind_a_step_still_acts_when_a_later_click_supersedes_
         lines = status_lines(page)
         expect(lines).to_have_count(3, timeout=T)
         said = lines.all_inner_texts()
-        assert re.match(r"Stopped after [\d,]+ of 10,000 iterations\. Step 2: step x\d+", said[0])
+        assert re.match(r"Stopped after [\d,]+ of 10,000 iterations\. Step 2: step ×[\d,]+",
+                        said[0])
         assert said[1].startswith("Step 3: add B") and said[2].startswith("Step 4: finish A")
         # Step 3 was the add: B is the request left to pick.
         picker = page.locator(".st-key-req_pick").get_by_role("combobox")
@@ -152,7 +153,8 @@ def test_an_upload_refused_after_waiting_behind_step_n_keeps_its_line_above(
         lines = status_lines(page)
         expect(lines).to_have_count(2, timeout=T)
         said = lines.all_inner_texts()
-        assert re.match(r"Stopped after [\d,]+ of 10,000 iterations\. Step 2: step x\d+", said[0])
+        assert re.match(r"Stopped after [\d,]+ of 10,000 iterations\. Step 2: step ×[\d,]+",
+                        said[0])
         assert said[1].startswith("Refused the snapshot in 'bad.json': ")
         assert said[1].endswith("The playground is unchanged.")
         page.screenshot(path=screenshots / "refused-after-step-n.png", full_page=True)

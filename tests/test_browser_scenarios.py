@@ -213,7 +213,7 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         shows(page.get_by_test_id("stMain"), "Viewing step 1 of 4")
         page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
         bar = page.get_by_test_id("stProgress")
-        said = re.compile(r"^Step 2, step x150: \d+ iterations? of 150 done, \d+ s of the "
+        said = re.compile(r"^Step 2, step ×150: \d+ iterations? of 150 done, \d+ s of the "
                           r"60 s limit$")
         nxt.click()
         expect(bar).to_have_count(1)
@@ -227,7 +227,7 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         # Play's bar sits under the controls' caption.
         page.get_by_role("button", name="Play", exact=True).click()
         expect(bar).to_have_count(1)
-        assert bar.inner_text().strip().startswith("Step 3, step x150: ")
+        assert bar.inner_text().strip().startswith("Step 3, step ×150: ")
         caption = page.get_by_text("Viewing step 2 of 4").bounding_box()
         box = bar.bounding_box()
         assert box is not None and caption is not None and box["y"] > caption["y"]
@@ -235,10 +235,10 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         # The play goes on to step 4, of 100,000 iterations: stopped by its button.
         shows(page.get_by_test_id("stMain"), "Viewing step 3 of 4")
         expect(bar).to_have_count(1)
-        assert bar.inner_text().strip().startswith("Step 4, step x100000: ")
+        assert bar.inner_text().strip().startswith("Step 4, step ×100,000: ")
         page.get_by_role("button", name="Stop this step").click()
         shows(page.get_by_test_id("stMain"), re.compile(
-            r"Step 4, step x100000, was stopped as you asked, at iteration [\d,]+ of "
+            r"Step 4, step ×100,000, was stopped as you asked, at iteration [\d,]+ of "
             r"100,000\. The run ends at step 3; Reset runs the scenario again from step 0\."))
         expect(bar).to_have_count(0)
         expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible()

@@ -146,7 +146,7 @@ def test_reload_link_copy_and_a_killed_server_keep_the_session(
         steps.fill("3")
         steps.press("Tab")
         page.get_by_role("button", name="Step N").click()
-        status(page, "Step 2: step x3")
+        status(page, "Step 2: step ×3")
         settled(page)
         sid = session_id(page)
         before = filled(page)
@@ -272,7 +272,7 @@ def test_step_n_shows_progress_and_stops_between_iterations(
         shoot(page, screenshots, "05-step-n-progress")
         page.get_by_role("button", name="Stop stepping").first.click()
         done = in_app(page).get_by_text(re.compile(
-            r"Stopped after [\d,]+ of 2,000 iterations\. Step 2: step x\d+"))
+            r"Stopped after [\d,]+ of 2,000 iterations\. Step 2: step ×[\d,]+"))
         expect(done).to_be_visible(timeout=T)
         settled(page)
         found = re.search(r"Stopped after ([\d,]+) of", done.inner_text())
@@ -350,7 +350,7 @@ def test_a_reload_or_a_second_tab_during_step_n_stops_it_and_opens_what_it_reach
                ).to_be_visible(timeout=T)
         expect(in_app(page).get_by_text(re.compile(
             r"Stopped after [\d,]+ of 2,000 iterations: this session was opened in another tab, "
-            r"which goes on from here\. Step 3: step x\d+"))).to_be_visible(timeout=T)
+            r"which goes on from here\. Step 3: step ×[\d,]+"))).to_be_visible(timeout=T)
         settled(second)
         assert filled(second) == filled(page)
     except BaseException:

@@ -293,7 +293,7 @@ def torch_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
 
 
 @pytest.mark.parametrize(("field", "button", "said", "logged"), [
-    ("batch_n", "btn_step_n", "Stopped after 3 of 10 iterations. Step 2: step x3",
+    ("batch_n", "btn_step_n", "Stopped after 3 of 10 iterations. Step 2: step ×3",
      {"op": "step", "count": 3}),
     ("req_grow_n", "btn_grow", "Stopped after 3 of 10 tokens. Step 2: grow A +3",
      {"op": "grow", "request": "A", "tokens": 3}),
@@ -341,7 +341,7 @@ def test_step_n_ends_when_nothing_is_left_to_run(tmp_path: Path,
     assert not at.exception
     # Four iterations generate A's four tokens, and the step ends there.
     assert next(s.value for s in at.success).startswith(
-        "Stopped after 4 of 50 iterations: nothing was left to run. Step 2: step x4 · "
+        "Stopped after 4 of 50 iterations: nothing was left to run. Step 2: step ×4 · "
         "generated 4 tokens · finished A")
     assert at.session_state["oplog"].ops[-1] == {"op": "step", "count": 4}
     engine: Engine = at.session_state["engine"]
@@ -563,11 +563,11 @@ def test_a_click_that_waited_keeps_the_messages_of_what_ran_meanwhile_above_its_
 
     step_n = op_session(0)
     waiting = op_session(0)     # read before the Step N ended, then waited for the lock
-    step_n.flash("success", "Stopped after 40 of 300 iterations. Step 2: step x40")
+    step_n.flash("success", "Stopped after 40 of 300 iterations. Step 2: step ×40")
     waiting.flash("error", "Refused the snapshot: ... The playground is unchanged.")
     kind, _, _, earlier = q.last(FLASH)
     assert (kind, earlier) == ("error", (("success", "Stopped after 40 of 300 iterations. "
-                                                     "Step 2: step x40"),))
+                                                     "Step 2: step ×40"),))
     # Its own second message replaces its first, keeping what came before it.
     waiting.flash("info", "Second word")
     assert q.last(FLASH)[3] == earlier

@@ -645,11 +645,11 @@ def test_an_uploaded_step_past_the_time_limit_is_stopped_and_ends_the_run(
     click(at, "tour_next")
     # Plain text: a grow's message names its request, the file's own text.
     assert [w.value for w in at.warning] == [plain_md(
-        "Step 2, step x100000, was stopped at the 0 s limit, at iteration 1 of 100,000: this "
+        "Step 2, step ×100,000, was stopped at the 0 s limit, at iteration 1 of 100,000: this "
         "page gives one step at most 0 s of the shared server. The run ends at step 1; the "
         "command line (python -m backend run) takes the file whole.")]
     assert viewed_step(at) == 1 and at.button(key="tour_next").disabled
-    assert "Step 2, `step x100000`, was stopped: the run ends here." in [
+    assert "Step 2, `step ×100,000`, was stopped: the run ends here." in [
         c.value for c in at.caption]
     # The engine went past step 1, so the page draws step 1 from its frame, not the engine,
     # and the translator does not send the reader to the step in view for a key vector.

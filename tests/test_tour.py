@@ -138,7 +138,7 @@ def test_a_step_past_the_time_limit_stops_between_iterations_and_ends_the_run() 
     # A step of one iteration is never cut: the limit is checked between two.
     assert run.run_to(4) == 2
     assert run.error is None and run.stopped == (
-        "Step 3, step x100000, was stopped at the 0 s limit, at iteration 1 of 100,000: this "
+        "Step 3, step ×100,000, was stopped at the 0 s limit, at iteration 1 of 100,000: this "
         "page gives one step at most 0 s of the shared server. The run ends at step 2; the "
         "command line (python -m backend run) takes the file whole.")
     assert not run.can_advance and run.advance() is None
@@ -190,7 +190,7 @@ def test_a_step_its_user_stops_ends_the_run_at_the_step_before() -> None:
         {"op": "step", "count": 50}]}), "upload", "mine", kernel="torch")
     assert run.advance() is not None
     assert run.advance(lambda done, total: done < 3) is None
-    assert run.stopped == ("Step 2, step x50, was stopped as you asked, at iteration 3 of "
+    assert run.stopped == ("Step 2, step ×50, was stopped as you asked, at iteration 3 of "
                            "50. The run ends at step 1; Reset runs the scenario again from "
                            "step 0.")
     assert run.error is None and not run.can_advance and run.taken == 1
@@ -390,17 +390,17 @@ def test_a_run_that_replaces_another_gets_its_room() -> None:
 
 def test_a_bar_says_when_its_step_waits_for_the_control_run() -> None:
     # Without a control, the time after the last iteration is the step's own.
-    alone = Timed("Step 2, step x3", "iteration", 60.0)
+    alone = Timed("Step 2, step ×3", "iteration", 60.0)
     alone.moved(3, 3)
     assert alone.all_done is not None
     alone.all_done -= 2.5
-    assert alone.text().startswith("Step 2, step x3: 3 iterations of 3 done, ")
-    bar = Timed("Step 2, step x3", "iteration", 60.0, has_control=True)
+    assert alone.text().startswith("Step 2, step ×3: 3 iterations of 3 done, ")
+    bar = Timed("Step 2, step ×3", "iteration", 60.0, has_control=True)
     bar.moved(2, 3)
-    assert bar.text().startswith("Step 2, step x3: 2 iterations of 3 done, ")
+    assert bar.text().startswith("Step 2, step ×3: 2 iterations of 3 done, ")
     bar.moved(3, 3)
-    assert bar.text().startswith("Step 2, step x3: 3 iterations of 3 done, ")
+    assert bar.text().startswith("Step 2, step ×3: 3 iterations of 3 done, ")
     assert bar.all_done is not None
     bar.all_done -= 2.5       # the control run has taken 2.5 s so far
-    assert bar.text() == ("Step 2, step x3: all 3 iterations done; its control run (the same "
+    assert bar.text() == ("Step 2, step ×3: all 3 iterations done; its control run (the same "
                           "operation without the perturbations): 3 s of the 60 s limit")

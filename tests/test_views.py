@@ -396,6 +396,14 @@ def test_an_added_prompt_is_labelled_as_written_with_control_characters_visible(
     assert describe_op(Add("R", prompt="a\u202eb")) == "add R ('a\\u202eb')"
 
 
+def test_an_operations_counts_read_as_the_counts_beside_them() -> None:
+    # "Step 2, step ×1,500: 91 iterations of 1,500 done": one way of writing a count.
+    assert describe_op(Step(1)) == "step"
+    assert describe_op(Step(100_000)) == "step ×100,000"
+    assert describe_op(Add("S", prompt="hi", n=4)) == "add S ('hi') ×4 samples"
+    assert describe_op(Add("B", prompt="hi", beam_width=2)) == "add B ('hi') beam width 2"
+
+
 def test_the_block_tables_columns_fit_a_1366_px_window(shared: Engine) -> None:
     # 906 px: what a 1366 px window gives the table beside the sidebar (measured in
     # Chromium; tests/test_browser_ui_layout.py checks it there), less the grid's border.

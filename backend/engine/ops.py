@@ -256,7 +256,9 @@ def quoted(text: str, limit: int = 24) -> str:
 
 
 def describe_op(op: Op) -> str:
-    """A short label for logs and the UI: 'add A (11 tokens)', 'step x3'."""
+    """A short label for logs and the UI: 'add A (11 tokens)', 'step ×1,500'. Counts
+    carry thousands separators and "×", as every count beside them does (a progress
+    bar's "Step 2, step ×1,500: 91 iterations of 1,500 done")."""
     match op:
         case Add():
             if op.prompt is not None:
@@ -269,7 +271,7 @@ def describe_op(op: Op) -> str:
                 what = counted(len(op.messages), "message")
             else:
                 what = counted(op.prompt_len or 0, "random token")
-            samples = "" if op.n is None else f" x{op.n} samples"
+            samples = "" if op.n is None else f" ×{op.n:,} samples"
             if op.beam_width is not None:
                 samples = f" beam width {op.beam_width}"
             salt = "" if op.cache_salt is None else f" salt {quoted(op.cache_salt)}"
@@ -281,7 +283,7 @@ def describe_op(op: Op) -> str:
         case Finish():
             return f"finish {op.request}"
         case Step():
-            return "step" if op.count == 1 else f"step x{op.count}"
+            return "step" if op.count == 1 else f"step ×{op.count:,}"
         case Shuffle():
             return "shuffle" if op.seed is None else f"shuffle (seed {op.seed})"
     raise AssertionError(op)
