@@ -15,9 +15,11 @@ from PIL import Image
 from backend import views
 from backend.core.config import SMOLLM2, EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step, describe_op
 from backend.io.export import requests_table
+from backend.io.scenario import load_scenario, run_steps
 from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import KVBudget
 from backend.sessions.forms import (
@@ -435,15 +437,17 @@ def test_summarize_tells_a_freed_block_from_one_still_held() -> None:
     shared = sum(1 for ev in result.events if ev.kind == "free" and ev.ref_count)
     assert freed >= 1 and shared >= 1
     # B still holds A's full prompt blocks: their frees only lower a reference count.
+    # One free per block here: as many blocks held as frees that only lowered a count.
     assert (f"events: {freed + shared} free ({freed} back to the free queue, {shared} only "
-            f"lowered a count; {shared} still held)") in summarize(result, snap)
+            f"lowered a count, leaving {counted(shared, 'block')} held)"
+            ) in summarize(result, snap)
     # Every block still held by another request: nothing is freed.
     f = engine()
     f.apply(Add("A", prompt=PROMPT))
     f.apply(Fork("A", "A.1"))
     held = len(f.block_table("A"))
     assert summarize(f.apply(Finish("A")), export_snapshot(f)).endswith(
-        f" (each only lowered a count; {held} still held)")
+        f" (each only lowered a count, leaving {held} blocks held)")
     # A block whose count one free lowers and another free, in the same operation, takes
     # to 0 is back in the queue, not still held: one Step finishing both A.1 and A.2, forks
     # of A sharing its blocks, after A's Finish.
@@ -456,6 +460,18 @@ def test_summarize_tells_a_freed_block_from_one_still_held() -> None:
     assert "finished A.1, A.2" in both, both
     assert re.search(r"\d+ free \(\d+ back to the free queue, \d+ only lowered a count\)$",
                      both), both
+    # Several frees lowering one block's count (scenario 10's step 4: two dropped beams
+    # and forks release the prompt blocks every beam shares): frees and blocks apart.
+    sc = load_scenario(Path("assets/scenarios/10-beam-search.json"))
+    h = Engine(sc.config)
+    for i, _step, result in run_steps(h, sc.steps):
+        if i == 4:
+            said = summarize(result, export_snapshot(h))
+            assert "12 free (2 back to the free queue, 10 only lowered a count, leaving 5 " \
+                   "blocks held)" in said, said
+            break
+    else:
+        raise AssertionError("scenario 10 has no step 4")
     # Nothing shared: the count alone.
     e.apply(Step(1))
     alone = summarize(e.apply(Finish("B")), export_snapshot(e))

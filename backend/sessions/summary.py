@@ -178,8 +178,9 @@ def _free_split(result: OpResult) -> str:
     """What a count of `free` events means. A free of a block another holder has only
     lowers its reference count; that holder may free it later in the same operation
     (a finished beam search, a whole batch), so "still held" counts only the blocks
-    whose last free here left a holder: "4 free (2 back to the free queue, 2 only
-    lowered a count; 2 still held)"."""
+    whose last free here left a holder. The first two counts are frees, the last is
+    blocks (several frees may lower one block's count), and the words say which: "12
+    free (2 back to the free queue, 10 only lowered a count, leaving 5 blocks held)"."""
     frees = [e for e in result.events if e.kind == "free"]
     back = sum(1 for e in frees if not e.ref_count)
     lowered = len(frees) - back
@@ -188,6 +189,6 @@ def _free_split(result: OpResult) -> str:
     last = {e.block: e.ref_count for e in frees}
     held = sum(1 for count in last.values() if count)
     if not back:
-        return f" (each only lowered a count; {held} still held)"
+        return f" (each only lowered a count, leaving {counted(held, 'block')} held)"
     return (f" ({back} back to the free queue, {lowered} only lowered a count"
-            + (f"; {held} still held)" if held else ")"))
+            + (f", leaving {counted(held, 'block')} held)" if held else ")"))
