@@ -236,11 +236,11 @@ def test_nine_tokens_fill_three_blocks_and_the_thirteenth_takes_a_fourth() -> No
 
 REFUSED: list[tuple[Op, str]] = [
     (Grow("nope"), "does not exist"),
-    (Grow("W"), "waiting"),
+    (Grow("W"), "has not started"),
     (Grow("F"), "finished"),
     (Grow("A", 30), "free block"),
     (Grow("A", 40), "pool has only 10"),
-    (Fork("W", "X"), "waiting"),
+    (Fork("W", "X"), "has not started"),
     (Fork("A", "B"), "already exists"),
     (Finish("F"), "already finished"),
     (Add("A", prompt="again"), "already exists"),

@@ -220,7 +220,7 @@ def test_a_waiting_request_s_refusal_names_what_holds_it_back() -> None:
     apply(e, PROMPTS[0], PROMPTS[1], PROMPTS[2])
     assert list(e.waiting) == ["C"]
     assert refusal(e, grow_c) == (
-        "cannot grow request 'C': it has not started: it is waiting for room in the pool: "
+        "cannot grow request 'C': it has not started: the pool has no room for it yet: "
         "it needs 8 new blocks, and 3 are free beyond what the running requests still "
         "need; step the batch to admit it as they finish")
     # Once A finishes, C's blocks are free: the next step starts it.

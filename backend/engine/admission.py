@@ -283,7 +283,7 @@ class Admission(ABC):
         if fits_with_watermark(free, need, keep):
             return "its blocks are free now: the next step starts it"
         kept = f" with the watermark's {counted(keep, 'block')} kept free" if keep else ""
-        return (f"it is waiting for room in the pool: it needs {counted(need, 'new block')}"
+        return (f"the pool has no room for it yet: it needs {counted(need, 'new block')}"
                 f"{kept}, and {free:,} {agrees(free, 'is', 'are')} free beyond what the "
                 "running requests still need; step the batch to admit it as they finish")
 
