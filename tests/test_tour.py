@@ -403,4 +403,5 @@ def test_a_bar_says_when_its_step_waits_for_the_control_run() -> None:
     assert bar.all_done is not None
     bar.all_done -= 2.5       # the control run has taken 2.5 s so far
     assert bar.text() == ("Step 2, step ×3: all 3 iterations done; its control run (the same "
-                          "operation without the perturbations): 3 s of the 60 s limit")
+                          "operation with no block moves, preemption or prefix hits): 3 s of "
+                          "the 60 s limit")

@@ -26,7 +26,9 @@ from ui.bars import Advance, progress_bar
 from ui.kept import keep_result, kept_result
 from ui.session import get_owner
 
-TITLE = "Control run: the same operations without the perturbations"
+# The perturbations named in the title, since the panel is drawn, closed, on scenarios
+# that have none.
+TITLE = "Control run: the same operations with no block moves, preemption or prefix hits"
 # How long the Playground's replay may run: its two engines redo every operation of the
 # session, and a session of long steps on a real model would otherwise hold the page
 # (and a server thread) for as long again, twice.
@@ -81,7 +83,11 @@ def scenario_panel(report: ControlReport | None, problem: str | None, snap: Snap
                    engine: Engine) -> None:
     with st.expander(TITLE, expanded=perturbed(snap), key=_key("tour_", snap)):
         st.caption(f"A second engine runs this scenario's steps with {WITHOUT}, step by "
-                   "step beside this one, and the two are compared token by token.")
+                   "step beside this one, and the two are compared token by token."
+                   + ("" if perturbed(snap) else
+                      " No block has moved, no request was preempted and no prefix hit "
+                      "happened so far, so both engines have done the same work: the "
+                      "panel opens by itself at the first of these."))
         if report is not None:
             show(report, engine)
         else:

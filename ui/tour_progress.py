@@ -84,8 +84,8 @@ class Timed:
                 and now - self.all_done >= CONTROL_SAID_AFTER_S):
             elapsed = min(math.ceil(now - self.all_done), math.ceil(self.limit_s))
             return plain_md(f"{self.label}: all {counted(self.total, self.unit)} done; its "
-                            f"control run (the same operation without the perturbations): "
-                            f"{elapsed} s of the {self.limit_s:g} s limit")
+                            "control run (the same operation with no block moves, preemption "
+                            f"or prefix hits): {elapsed} s of the {self.limit_s:g} s limit")
         elapsed = min(math.ceil(now - self.started), math.ceil(self.limit_s))
         return plain_md(f"{self.label}: {counted(self.done, self.unit)} of {self.total:,} "
                         f"done, {elapsed} s of the {self.limit_s:g} s limit")
