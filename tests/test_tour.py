@@ -292,9 +292,9 @@ def test_the_arena_map_follows_the_contiguous_mirror() -> None:
     assert tv.arena_caption(arena) == (
         "16 slots, reservations of the exact final length as in the paper's Orca (Oracle), "
         "first fit: 8 holding tokens · 3 reserved for future "
-        "tokens · 0 reserved, never used (the paper's internal fragmentation) · 5 external "
-        "fragmentation · 0 free. Reserved but empty now: 3 (the text's internal "
-        "fragmentation: unused space inside an allocation).")
+        "tokens · 0 reserved, never used · 5 external fragmentation · 0 free. Reserved but "
+        "empty now: 3 (3 + 0), which the text calls internal fragmentation (unused space "
+        "inside an allocation); the paper counts only the 0 never used.")
     data, spec = tv.arena_spec(arena, run.frame(5).snapshot)
     # Valid Vega-Lite (raises if not), as wide as a 16-column block grid.
     alt.LayerChart.from_dict({**spec, "data": {"values": data.to_dict("records")}})

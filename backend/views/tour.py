@@ -331,17 +331,20 @@ def _holding(slots: int) -> str:
 
 def arena_caption(arena: dict[str, Any]) -> str:
     """The arena's slots by state (the paper's Figure 2 categories) in one line, then the
-    reserved but empty slots, which the PagedAttention text calls internal fragmentation
-    as a whole (the paper counts only those never to be used)."""
+    reserved but empty slots as their sum, with the two meanings of "internal
+    fragmentation" said side by side: the PagedAttention text counts all of them (unused
+    space inside an allocation), the paper only those never to be used. Each figure
+    once, so a reader does not meet the term with two numbers and no sum between."""
     b = arena["breakdown"]
-    unused = b["reservation"] + b["internal_fragmentation"]
+    future, never = b["reservation"], b["internal_fragmentation"]
+    unused = future + never
     return (f"{arena['capacity']} slots, {_reservations(arena['policy'])}: "
-            f"{_holding(b['token_states'])} · {b['reservation']} reserved for future tokens · "
-            f"{b['internal_fragmentation']} reserved, never used (the paper's internal "
-            "fragmentation) · "
+            f"{_holding(b['token_states'])} · {future} reserved for future tokens · "
+            f"{never} reserved, never used · "
             f"{b['external_fragmentation']} external fragmentation · {b['free']} free. "
-            f"Reserved but empty now: {unused} (the text's internal fragmentation: unused "
-            "space inside an allocation).")
+            f"Reserved but empty now: {unused} ({future} + {never}), which the text calls "
+            f"internal fragmentation (unused space inside an allocation); the paper counts "
+            f"only the {never} never used.")
 
 
 def arena_message(arena: dict[str, Any]) -> str | None:
