@@ -164,6 +164,19 @@ def test_prefix_hit_reuses_cached_blocks_after_the_owner_finished() -> None:
     m.check_integrity()
 
 
+def test_a_prompt_in_pinned_blocks_is_no_prefix_cache_query() -> None:
+    # Pinned blocks skip the cache lookup, so the metrics panel's query count (and its
+    # help) leaves them out: scenario 02 adds two prompts and shows one query.
+    m = BlockManager(8, 4)
+    m.allocate("A", list(b"The cat sat"), pinned=(5, 2, 7))
+    met = m.metrics()
+    assert (met.prefix_queries, met.prefix_query_tokens, met.prefix_floor_tokens) == (0, 0, 0)
+    m.allocate("B", list(b"The cat"))
+    met = m.metrics()
+    assert (met.prefix_queries, met.prefix_query_tokens, met.prefix_floor_tokens) == (1, 7, 3)
+    m.check_integrity()
+
+
 def test_only_exact_tokens_share() -> None:
     m = BlockManager(16, 4)
     m.allocate("A", list(b"The cat sat on the mat"))

@@ -53,7 +53,8 @@ METRICS: dict[str, str] = {
     "prefix_hit_tokens": "The tokens in those blocks.",
     "prefix_queries": "Lookups in the prefix cache: one for each prompt admitted, and one "
                       "each time a preempted request's tokens are admitted again "
-                      "(recomputed, or swapped back in).",
+                      "(recomputed, or swapped back in). A prompt placed in blocks you "
+                      "picked (Pin to blocks) is not looked up, so it is not counted.",
     "prefix_floor_tokens": "Prompt tokens a block-granular cache can never serve (a "
                            "snapshot's prefix_floor_tokens: past the floor of whole blocks "
                            "before the last token). The last "
