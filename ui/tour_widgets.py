@@ -20,6 +20,7 @@ import streamlit as st
 
 from backend.core.errors import PagedLabError
 from backend.core.words import agrees, counted
+from backend.engine.ops import label_narration
 from backend.io.scenario import MAX_SCENARIO_BYTES
 from backend.sessions.tour import (
     Frame,
@@ -274,7 +275,9 @@ def narration(run: TourRun, frame: Frame) -> None:
             # The step's operation, narration and summary quote the file's request
             # ids and texts: shown as written, never as Markdown.
             st.markdown(f"**Step {frame.step} of {run.total}:** {md_code(frame.label)}")
-            if frame.narration:
+            # An exported Playground session narrates each step as its label, shown
+            # just above: said once.
+            if frame.narration and frame.narration != label_narration(frame.step, frame.label):
                 st.markdown(plain_md(frame.narration))
             if frame.summary:
                 st.caption(plain_md(frame.summary.replace("->", "→")))

@@ -255,6 +255,14 @@ def quoted(text: str, limit: int = 24) -> str:
     return f"'{legible(cut)}'"
 
 
+def label_narration(step: int, label: str) -> str:
+    """The narration a Playground session's exported scenario gives a step: its operation
+    label (`describe_op`) as a sentence, "Step 3: step ×4.", so the file reads on its own.
+    The Scenarios page, which shows the label above it, leaves a narration that is only
+    this unshown."""
+    return f"Step {step}: {label}."
+
+
 def describe_op(op: Op) -> str:
     """A short label for logs and the UI: 'add A (11 tokens)', 'step ×1,500'. Counts
     carry thousands separators and "×", as every count beside them does (a progress

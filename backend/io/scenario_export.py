@@ -39,6 +39,7 @@ from backend.engine.ops import (
     Shuffle,
     Step,
     describe_op,
+    label_narration,
     parse_op,
 )
 
@@ -134,7 +135,7 @@ def export_scenario(config: EngineConfig, ops: Sequence[dict[str, Any]],
         step = first_step + i
         # Parsed again, so a malformed log fails here, not in the file a person downloads.
         op = parse_op(raw, vocab_size=config.vocab_size)
-        entry: dict[str, Any] = {**raw, "narration": f"Step {step}: {describe_op(op)}."}
+        entry: dict[str, Any] = {**raw, "narration": label_narration(step, describe_op(op))}
         if step == last:
             entry["expect"] = final_expect(final)
         elif step in by_step:
