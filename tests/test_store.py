@@ -40,6 +40,7 @@ from backend.sessions.saved import (
     new_id,
     open_saved,
     resume,
+    row_standing,
     save,
 )
 from backend.sessions.store import (
@@ -226,9 +227,13 @@ def test_a_tab_whose_row_another_tab_opened_goes_on_as_a_copy(tmp_path: Path) ->
     store, first, live = _saved(tmp_path)
     sid = first.id
     second = Tab(store, ME)
+    assert row_standing(first) is None
     opened = open_saved(second, sid or "", "o2", budget=BUDGET)
     assert opened is not None
+    # Known before the first tab's next save: its panel says so (ui/store.py).
+    assert (row_standing(first), row_standing(second)) == ("taken", None)
     assert _apply(live, Step(1), first) == COPY_NOTE
+    assert row_standing(first) is None
     assert first.id not in (None, sid)
     # The row stays the second tab's, which goes on writing it.
     assert _apply(opened.live, Grow("A", 1), second) is None
@@ -244,12 +249,14 @@ def test_a_deleted_row_is_written_again_by_its_tab(tmp_path: Path) -> None:
     assert not store.delete(tab.id or "", THEM)       # only its own browser deletes it
     assert store.delete(tab.id or "", ME)
     assert store.load(tab.id or "") is None
+    assert row_standing(tab) == "gone"
     # Saved again under its address, saying so: the person may have deleted it from
     # another tab and would otherwise see it come back unexplained.
     assert _apply(live, Step(1), tab) == REVIVED_NOTE
     stored = store.load(tab.id or "")
     assert stored is not None and len(stored.ops) == 7
     assert _apply(live, Step(1), tab) is None       # once
+    assert row_standing(tab) is None
 
 
 def test_a_session_without_state_writes_nothing_until_it_has_some(tmp_path: Path) -> None:

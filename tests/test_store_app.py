@@ -255,8 +255,15 @@ def test_a_second_tab_takes_the_session_and_the_first_goes_on_as_a_copy(
     first = open_app()
     session_id = worked(first)
     second = open_app(session_id)
+    # Before its next operation, the first tab's Sessions panel says what that will do.
+    first.run()
+    assert [c.value for c in first.caption if c.value.startswith(f"Session {session_id[:8]}")] \
+        == [f"Session {session_id[:8]}… was opened in another tab, which saves it from now "
+            "on: this tab's next operation goes on as a copy under a new address."]
+    assert not [c for c in first.caption if "this one stays yours" in c.value]
     first.button(key="btn_step").click().run()
     assert COPY_NOTE in texts(first.info)
+    assert [c for c in first.caption if "this one stays yours" in c.value]
     assert sid(first) != session_id
     second.button(key="btn_step").click().run()
     assert sid(second) == session_id and not any(COPY_NOTE in i.value for i in second.info)

@@ -31,7 +31,7 @@ import streamlit as st
 
 from backend.engine.engine import Engine
 from backend.sessions.rows import SessionInfo, StoreError
-from backend.sessions.saved import Tab, new_id
+from backend.sessions.saved import Tab, new_id, row_standing
 from backend.sessions.store import (
     FILE_NAME,
     SessionStore,
@@ -255,6 +255,20 @@ def notes() -> None:
             st.info(plain_md(ss[NOTE]))
 
 
+def _saved_as(sid: str, standing: str | None) -> str:
+    """The panel's line on this tab's saved session: its own, or what its next operation
+    will find (saved.row_standing), said before that operation rather than after it."""
+    if standing == "taken":
+        return (f"Session {short(sid)} was opened in another tab, which saves it from now "
+                "on: this tab's next operation goes on as a copy under a new address.")
+    if standing == "gone":
+        return (f"Session {short(sid)} has left the saved sessions (deleted in another tab, "
+                "or dropped past the store's limits): this tab's next operation saves it "
+                "again.")
+    return (f"Saved after every operation as session {short(sid)}: the address names it. "
+            "Opened in another browser, the link gives a copy; this one stays yours.")
+
+
 def sessions_panel(engine: Engine, open_saved: Callable[[str], None],
                    new_session: Callable[[], None], delete: Callable[[str], None],
                    limit: int = 12) -> None:
@@ -278,9 +292,7 @@ def sessions_panel(engine: Engine, open_saved: Callable[[str], None],
                    "names it, so a reload, a restart of the server or the link brings it "
                    "back. A link opened in another browser opens a copy.")
     else:
-        st.caption(plain_md(f"Saved after every operation as session {short(tab.id)}: the "
-                            "address names it. Opened in another browser, the link gives a "
-                            "copy; this one stays yours."))
+        st.caption(plain_md(_saved_as(tab.id, row_standing(tab))))
     clicks.button(st, "New session", key="btn_new_session", on_click=new_session,
                   help="Start an empty engine under a new address; this one stays in the "
                        "list.")

@@ -365,6 +365,23 @@ REVIVED_NOTE = ("This session had left the saved sessions (deleted in another ta
                 "it is back in the list. Delete it there once this tab is closed.")
 
 
+def row_standing(tab: Tab) -> str | None:
+    """What became of the row this tab writes, as its next save will find it: "taken"
+    (another tab opened it and saves it now: this tab goes on as a copy), "gone" (deleted
+    in another tab, or pruned: this tab saves it again), or None (this tab's, or not known:
+    no row yet, one not taken over yet, or the store unreadable). Reads one column, so a
+    page can say it before that save, where it would otherwise call the row its own."""
+    if tab.store is None or tab.id is None or tab.pending_claim is not None:
+        return None
+    try:
+        holder = tab.store.holder(tab.id)
+    except StoreError:
+        return None
+    if holder is None:
+        return "gone"
+    return None if holder == tab.holder else "taken"
+
+
 def save(tab: Tab, live: Live, snapshot: Snapshot, *, op: dict[str, Any] | None = None,
          whole: bool = False) -> str | None:
     """Mutates the store: save `live` (whose snapshot now is `snapshot`) after a change.
