@@ -174,6 +174,26 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
                                                    r"0\.\.9,007,199,254,740,991"),
     ("preemptions", lambda s: s["requests"][0].update(num_preemptions=-1),
      "num_preemptions must be an integer in 0.."),
+    # The contract's fields are there even where null: one left out is no null (a seed
+    # left out would have become 0, a parent left out a request with none).
+    ("no seed", lambda s: s["config"].pop("seed"), r"snapshot\.config: missing field 'seed' "),
+    ("no dims", lambda s: (s["config"].pop("head_dim"), s["config"].pop("block_size")),
+     r"snapshot\.config: missing fields 'block_size', 'head_dim' "),
+    ("no parent", lambda s: s["requests"][1].pop("parent"),
+     r"snapshot\.requests\[1\]: missing field 'parent'"),
+    ("no hash", lambda s: s["blocks"][5].pop("hash"),
+     r"snapshot\.blocks\[5\]: missing field 'hash'"),
+    ("no event request", lambda s: s["events"][0].pop("request"),
+     r"snapshot\.events\[0\]: missing field 'request'"),
+    ("no event block", lambda s: s["events"][2].pop("block"),
+     r"snapshot\.events\[2\]: missing field 'block'"),
+    ("no kernel name", lambda s: s["kernel"].pop("name"),
+     r"snapshot\.kernel: missing field 'name'"),
+    ("no max_abs_err", lambda s: s["kernel"].pop("max_abs_err"),
+     r"snapshot\.kernel: missing field 'max_abs_err'"),
+    ("events reversed", lambda s: s["events"].reverse(),
+     r"events\[1\]: its step 4 comes after an event of step 5: the events are listed in "
+     "the order they happened"),
 ]
 
 

@@ -245,14 +245,18 @@ class FieldReader:
                     out.extend(r.unread())
         return out
 
-    def get(self, key: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+    def get(self, key: str, kind: type | tuple[type, ...], *, optional: bool = False,
+            nullable: bool = False) -> Any:
+        """Field `key`, of `kind`. `optional`: it may be left out or null (None for both);
+        `nullable`: it must be there but may be null (a contract field such as a request's
+        `parent`, which a file leaving it out would otherwise have read as null)."""
         self.asked.add(key)
         if key not in self.data:
             if optional:
                 return None
             raise PagedLabError(f"{self.where}: missing field {key!r}")
         v = self.data[key]
-        if v is None and optional:
+        if v is None and (optional or nullable):
             return None
         if isinstance(v, bool | float) and kind is int:
             raise PagedLabError(f"{self.where}.{key} must be an integer, got {shown(v)}"

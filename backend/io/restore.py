@@ -32,7 +32,7 @@ from backend.io.recompute import Progress, recompute_kv
 from backend.io.restore_derive import Derived, derive_missing, derived_note
 from backend.io.restore_host import restore_host
 from backend.io.restore_requests import read_requests, read_scheduler
-from backend.io.snapshot import CONFIG_EXTRA, SCHEMA_VERSION
+from backend.io.snapshot import CONFIG_EXTRA, CONTRACT_CONFIG, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
 from backend.paging.events import Event
 from backend.paging.hashing import (
@@ -55,8 +55,17 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     if version != SCHEMA_VERSION:
         raise PagedLabError(f"snapshot schema_version is {version}; this PagedLab reads "
                             f"version {SCHEMA_VERSION}")
-    # Its keys are EngineConfig.from_json's to check: it refuses unknown ones.
+    # Its keys are EngineConfig.from_json's to check: it refuses unknown ones. A scenario's
+    # config may leave any field to its default; a snapshot's holds the contract's whole,
+    # since a default put in for a field left out (seed 0) would run the next steps
+    # differently from the engine that wrote the file, without a word.
     cfg_data = dict(top.get("config", dict))
+    missing = [key for key in CONTRACT_CONFIG if key not in cfg_data]
+    if missing:
+        raise PagedLabError(f"snapshot.config: missing field{'s' if len(missing) > 1 else ''} "
+                            f"{', '.join(map(repr, missing))} (a snapshot's config gives "
+                            "every setting the contract lists; only a scenario's may leave "
+                            "them to their defaults)")
     config = EngineConfig.from_json(cfg_data, where="snapshot.config", ignore=CONFIG_EXTRA)
     # Where the state was taken; the restore runs on the device it is given, so any
     # PagedLab can read it, but it is one PagedLab writes.
@@ -198,7 +207,7 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
     for i, r in enumerate(listed_by_id(top, "blocks", c.num_blocks, "pool")):
         ref = r.get("ref_count", int)
         filled = r.get("num_filled", int)
-        digest = r.get("hash", str, optional=True)
+        digest = r.get("hash", str, nullable=True)
         state = r.get("state", str)
         if ref != holders[i]:
             raise PagedLabError(f"inconsistent snapshot: block {i} has ref_count {ref} but "
@@ -302,7 +311,7 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
     engine.scheduler.admissions = queues.admissions
     engine.step = step
     k = top.object("kernel")
-    err = k.get("max_abs_err", (int, float), optional=True)
+    err = k.get("max_abs_err", (int, float), nullable=True)
     ms = k.get("time_ms", (int, float), optional=True)
     if any(v is not None and not (math.isfinite(v) and v >= 0) for v in (err, ms)):
         raise PagedLabError("snapshot.kernel: max_abs_err and time_ms must be finite and >= 0")
@@ -313,12 +322,11 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
                   for key in ("num_seqs", "num_query_tokens"))
     # Kept as the file has it (the round trip is exact), but marked: no step of this
     # engine measured it, and the Kernel panel says so until a step replaces it.
-    name = k.get("name", str, optional=True)
     engine.kernel_report = KernelReport(
         _label("backend", k.get("backend", str)), _label("device", k.get("device", str)),
         None if err is None else float(err),
         None if ms is None else float(ms), seqs, toks,
-        **({} if name is None else {"name": _label("name", name)}), restored=True)
+        name=_label("name", k.get("name", str)), restored=True)
     return mt
 
 
@@ -365,11 +373,17 @@ _TOTAL_OF = {"cow": "cow_copies", "prefix_hit": "prefix_hit_blocks"}
 
 def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
             requests: dict[str, Request]) -> list[Event]:
-    """Events that could have happened: known kinds, blocks, requests, and past steps."""
-    out = []
+    """Events that could have happened: known kinds, blocks, requests, and past steps, in
+    the order of their steps (the log is every event in the order it happened)."""
+    out: list[Event] = []
     for i, r in enumerate(top.objects("events")):
-        # Event.from_json reads exactly the event's own fields.
+        # Event.from_json reads exactly the event's own fields. The contract's four are
+        # always there (`request` and `block` may be null, not left out), so a file
+        # missing one is refused rather than read as if it said null.
         r.accept(*Event._fields)
+        for key in ("step", "kind", "request", "block"):
+            if key not in r.data:
+                raise PagedLabError(f"snapshot.events[{i}]: missing field {key!r}")
         try:
             e = Event.from_json(r.data)
         except KeyError as exc:
@@ -384,6 +398,9 @@ def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
         problem = None
         if not 1 <= e.step <= step:
             problem = f"its step {e.step} is not in 1..{step}"
+        elif out and e.step < out[-1].step:
+            problem = (f"its step {e.step} comes after an event of step {out[-1].step}: the "
+                       "events are listed in the order they happened")
         elif any(not 0 <= b < num_blocks for b in blocks):
             problem = "it names a block outside the pool"
         elif host is not None and not 0 <= host < num_cpu_blocks:

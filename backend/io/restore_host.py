@@ -31,7 +31,7 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
         ref = r.get("ref_count", int)
         state = r.get("state", str)
         n = r.get("num_filled", int)
-        if r.get("hash", str, optional=True) is not None:
+        if r.get("hash", str, nullable=True) is not None:
             raise PagedLabError(f"{r.where}: host blocks are not in the prefix cache (no hash)")
         want_ref, want_filled = 0, 0
         if i in holder:

@@ -92,7 +92,7 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
                     f"blocks of {bs}")
         elif table:
             raise PagedLabError(f"{r.where}: a {status} request holds no blocks")
-        parent = r.get("parent", str, optional=True)
+        parent = r.get("parent", str, nullable=True)
         if parent is not None and parent not in requests:
             raise PagedLabError(f"{r.where}.parent {parent!r} is not an earlier request")
         max_new = r.get("max_new_tokens", int, optional=True)

@@ -36,6 +36,10 @@ SCHEMA_VERSION = 1
 MAX_SNAPSHOT_BYTES = 32 << 20
 # Config fields a snapshot carries that are derived, not settings.
 CONFIG_EXTRA = frozenset({"device", "bytes_per_block"})
+# The config fields every snapshot carries (CONTRACT.md's snapshot example), in its order.
+CONTRACT_CONFIG = ("num_blocks", "block_size", "num_layers", "num_heads", "num_kv_heads",
+                   "head_dim", "dtype", "device", "bytes_per_block", "prefix_caching",
+                   "allocation", "seed")
 
 
 def export_snapshot(engine: Engine) -> dict[str, Any]:
