@@ -83,6 +83,9 @@ def test_values_are_quoted_in_json_words_and_cut_short(value: object, said: str)
     ({"steps": [None]}, "an operation must be an object, got null"),
     ({"steps": [{"op": None}]}, "step 1 (?): op must be the name of an operation, one of "
                                 "add, grow, fork, finish, step, shuffle; got null"),
+    # Left out is not null: said as missing.
+    ({"steps": [{"request": "A"}]}, "step 1 (?): an operation needs an \"op\" field, one of "
+                                    "add, grow, fork, finish, step, shuffle"),
     ({"steps": [{"op": "x" * 500}]},
      "step 1 (" + "x" * 40 + "…): unknown op '" + "x" * 40 + "…'; expected"),
     ({"steps": [{"op": "add", "request": "A", "messages": [{"role": None, "content": ""}]}]},

@@ -133,7 +133,9 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
     """
     if not isinstance(data, dict):
         raise PagedLabError(f"an operation must be an object, got {json_kind(data)}")
-    name = data.get("op")
+    if "op" not in data:
+        raise PagedLabError(f"an operation needs an \"op\" field, one of {', '.join(OP_NAMES)}")
+    name = data["op"]
     if not isinstance(name, str):
         raise PagedLabError(f"op must be the name of an operation, one of "
                             f"{', '.join(OP_NAMES)}; got {shown(name)}")
