@@ -20,6 +20,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.core.config import EngineConfig
 from backend.engine.ops import describe_op
+from backend.io.restore import restore_engine
 from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
 from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import export_snapshot
@@ -756,6 +757,27 @@ def test_a_control_that_waited_starts_a_run_without_session_state(
     written: dict[str, Any] = {}
     ctx.queued.apply(written)
     assert written["tour_pick"] == "03-growth" and written["tour_focus_req"] is None
+
+
+def test_a_session_from_a_restored_snapshot_is_refused_with_the_command_that_replays_it(
+) -> None:
+    """Its steps continue the snapshot's state: on this page's fresh engine most of its
+    checks would fail. Refused, saying so, and the scenario being read is kept."""
+    config = EngineConfig(num_blocks=32, block_size=4)
+    first, _, _ = _session(config, OPS[:5])
+    restored = restore_engine(export_snapshot(first), kernel="torch")
+    engine, log, known = _session(config, OPS[5:8], engine=restored)
+    data = scenario_json(log.scenario(config, export_snapshot(engine), known, name="later",
+                                      description="", base_file="base-0005.json")).encode()
+    at = open_tour("03-growth")
+    click(at, "tour_next")
+    upload(at, "later.json", data)
+    assert [e.value for e in at.error] == [
+        "Scenario file refused: later.json cannot be stepped through here: its steps continue "
+        "a snapshot of step 5 (its from_snapshot: base-0005.json), so they replay only from "
+        "that state: python -m backend run later.json --from base-0005.json --check. This "
+        "page starts every scenario on a fresh engine"]
+    assert run_of(at).key == "03-growth" and viewed_step(at) == 1
 
 
 def test_a_session_exported_as_a_scenario_steps_through_here_with_every_check_met() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -127,14 +128,52 @@ def test_a_session_from_a_restored_snapshot_replays_from_it(
     engine, log, known = _session(config, OPS[5:], engine=restored)
     assert log.base_step == 5
     final = export_snapshot(engine)
-    scenario = log.scenario(config, final, known, name="later", description="")
+    scenario = log.scenario(config, final, known, name="later", description="",
+                            base_file="base.json")
     assert scenario["steps"][0]["narration"].startswith("Step 6: fork A -> A.1")
+    # The file names what it continues, so nothing replays it on a fresh engine.
+    assert scenario["from_snapshot"] == {"step": 5, "file": "base.json"}
     (tmp_path / "base.json").write_text(json.dumps(base))
     (tmp_path / "s.json").write_text(scenario_json(scenario))
     out = tmp_path / "out.json"
     assert _run("run", tmp_path / "s.json", "--from", tmp_path / "base.json", "--check",
                 "--kernel", "torch", "--out", out) == 0, capsys.readouterr().err
     assert _state(json.loads(out.read_text())) == _state(final)
+    # Without --from: refused before anything runs, with the command that replays it.
+    out.unlink()
+    assert _run("run", tmp_path / "s.json", "--kernel", "torch", "--out", out) == 2
+    assert capsys.readouterr().err == (
+        f"error: its steps continue a snapshot of step 5 (its from_snapshot: base.json), so "
+        f"they replay only from that state: python -m backend run {tmp_path / 's.json'} "
+        f"--from base.json --check\n")
+    assert not out.exists()
+    # From a snapshot of another step: refused, the snapshot's state written as it was.
+    (tmp_path / "other.json").write_text(json.dumps(known[0]))
+    assert _run("run", tmp_path / "s.json", "--from", tmp_path / "other.json",
+                "--kernel", "torch", "--out", out) == 2
+    assert capsys.readouterr().err.endswith(
+        "error: its steps continue a snapshot of step 5 (its from_snapshot), but the --from "
+        "snapshot is at step 6\n")
+    # A session from a restored snapshot of step 0 continues it too.
+    empty = restore_engine(export_snapshot(Engine(config, kernel="torch")), kernel="torch")
+    _, log0, known0 = _session(config, OPS[:1], engine=empty)
+    assert log0.scenario(config, known0[-1], known0, name="x", description="")[
+        "from_snapshot"] == {"step": 0}
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ([], "from_snapshot must be an object, got an array"),
+    ({}, "from_snapshot needs its \"step\": the step of the snapshot the scenario continues"),
+    ({"step": -1}, "from_snapshot.step must be an integer in 0.."),
+    ({"step": 1, "file": 7}, "from_snapshot.file must be a string, got an integer"),
+    ({"step": 1, "file": "a\nb"}, "from_snapshot.file must be a file name of 1 to 200 "
+                                  "printable characters"),
+    ({"step": 1, "path": "x"}, "unknown field 'path' in from_snapshot (its fields: step, "
+                               "file)"),
+])
+def test_a_malformed_from_snapshot_is_refused_by_name(value: object, said: str) -> None:
+    with pytest.raises(PagedLabError, match=re.escape(said)):
+        parse_scenario({"from_snapshot": value, "steps": []})
 
 
 def test_the_final_expectations_hold_on_the_session_itself() -> None:

@@ -204,12 +204,18 @@ def _scenario_bytes(config: EngineConfig, base: Snapshot | None, ops: tuple[dict
     known = ([s for s in history if s["step"] <= final["step"]]
              if latest is not None and latest["step"] == final["step"] else [])
     n = len(final["requests"])
-    scenario = OpLog(base, list(ops)).scenario(
+    log = OpLog(base, list(ops))
+    scenario = log.scenario(
         config, final, known, name=f"playground-session-step-{final['step']}",
         description=f"A PagedLab Playground session exported at step {final['step']} with "
                     f"{counted(n, 'request')}; each step's expect values are what the session "
-                    "showed.")
+                    "showed.", base_file=None if base is None else _base_name(log.base_step))
     return scenario_json(scenario).encode()
+
+
+def _base_name(step: int) -> str:
+    """The file name a restored session's starting snapshot is downloaded as."""
+    return f"playground-base-step-{step:04d}.json"
 
 
 def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
@@ -238,10 +244,11 @@ def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
                    f"expectations checked beside it. From a terminal, `python -m backend run "
                    f"{name} --check` does the same.")
         return
-    base_name = f"playground-base-step-{oplog.base_step:04d}.json"
+    base_name = _base_name(oplog.base_step)
     _button(row, "Its starting snapshot", partial(snapshot_bytes, oplog.base), base_name,
             "application/json", "dl_scenario_base",
             "The restored snapshot this session started from: the scenario replays from it.")
     st.caption("This session started from a restored snapshot, so its scenario replays "
-               "from that snapshot, which the *Scenarios* page cannot start from; from a "
-               f"terminal: `python -m backend run {name} --from {base_name} --check`.")
+               "from that snapshot (the file names it), which the *Scenarios* page cannot "
+               f"start from; from a terminal: `python -m backend run {name} --from "
+               f"{base_name} --check`.")

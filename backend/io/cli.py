@@ -33,6 +33,7 @@ from backend.io.scenario import (
     ScenarioError,
     check_config_matches,
     check_expectations,
+    check_start,
     load_scenario,
     read_json,
     run_steps,
@@ -197,6 +198,9 @@ def _run(args: argparse.Namespace) -> int:
             # A malformed step: apply the steps before it, so the state reported
             # is the one just before the failing step, as for a refused step.
             scenario, failure = exc.partial, exc
+        # Before a fresh engine is built for it: a scenario continuing a snapshot's state
+        # would act on requests a fresh engine does not hold.
+        check_start(scenario, args.scenario, None if engine is None else engine.step)
         notes += scenario.notes()
         if args.from_snapshot is not None and scenario.contiguous is not None:
             # Said, not dropped without a word: the arena would start empty beside a

@@ -30,7 +30,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import SHOWN_CHARS, json_kind, shown, unicode_text
+from backend.core.checks import (
+    MAX_JSON_INT,
+    SHOWN_CHARS,
+    check_int,
+    json_kind,
+    shown,
+    unicode_text,
+)
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
@@ -59,7 +66,56 @@ MAX_NAME_CHARS = 200
 # lets fields be added; another tool may keep its own there) but named, so that a
 # misspelt "descripton" is not lost without a word. (In `config` and in a step an
 # unknown field is refused: it would change the run.)
-TOP_FIELDS = ("name", "description", "config", "contiguous", "steps")
+TOP_FIELDS = ("name", "description", "config", "contiguous", "steps", "from_snapshot")
+# A `from_snapshot` file name is a name to show in a message, not a path to open.
+MAX_FILE_NAME_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class FromSnapshot:
+    """A scenario's `from_snapshot` (a PagedLab field): its steps continue the state of a
+    snapshot at `step`, downloaded as `file`, so they replay only from that snapshot
+    (`run --from`). A Playground session that started from a restored snapshot exports
+    such a scenario; on a fresh engine its steps would act on requests it does not hold."""
+
+    step: int
+    file: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, **({} if self.file is None else {"file": self.file})}
+
+    @staticmethod
+    def from_json(raw: Any) -> FromSnapshot:
+        if not isinstance(raw, dict):
+            raise PagedLabError(f"from_snapshot must be an object, got {json_kind(raw)}")
+        unknown = sorted(set(raw) - {"step", "file"})
+        if unknown:
+            raise PagedLabError(f"unknown field {shown(unknown[0])} in from_snapshot (its "
+                                "fields: step, file)")
+        if "step" not in raw:
+            raise PagedLabError("from_snapshot needs its \"step\": the step of the snapshot "
+                                "the scenario continues")
+        step = check_int(raw["step"], "from_snapshot.step", 0, MAX_JSON_INT)
+        file = raw.get("file")
+        if file is not None:
+            if not isinstance(file, str):
+                raise PagedLabError(f"from_snapshot.file must be a string, got "
+                                    f"{json_kind(file)}")
+            unicode_text(file, "from_snapshot.file")
+            if not file or len(file) > MAX_FILE_NAME_CHARS or not file.isprintable():
+                raise PagedLabError(f"from_snapshot.file must be a file name of 1 to "
+                                    f"{MAX_FILE_NAME_CHARS} printable characters")
+        return FromSnapshot(step, file)
+
+    def needed(self, scenario: str) -> str:
+        """Why a fresh engine cannot replay `scenario` (a file name or title), said for a
+        person: what it continues, and the command that replays it."""
+        base = self.file or "SNAPSHOT.json"
+        quoted = shlex.quote(scenario)
+        return (f"its steps continue a snapshot of step {self.step:,} (its from_snapshot"
+                + (f": {self.file}" if self.file else "") + "), so they replay only from "
+                f"that state: python -m backend run {quoted} --from {shlex.quote(base)} "
+                "--check")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +137,7 @@ class Scenario:
     unread: tuple[str, ...] = ()
     # (step, path, reason) of each expectation no run could meet (expect_paths.py).
     unmeetable: tuple[tuple[int, str, str], ...] = ()
+    from_snapshot: FromSnapshot | None = None
 
     def notes(self) -> list[str]:
         """What the reader should be told besides the steps: sentences without their
@@ -141,6 +198,12 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None,
         config = _config(raw_config, base)
     except PagedLabError as exc:
         raise ScenarioError(str(exc)) from None
+    from_snapshot = None
+    if data.get("from_snapshot") is not None:
+        try:
+            from_snapshot = FromSnapshot.from_json(data["from_snapshot"])
+        except PagedLabError as exc:
+            raise ScenarioError(str(exc)) from None
     contiguous = None
     if data.get("contiguous") is not None:
         try:
@@ -173,14 +236,14 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None,
                 _check_texts(expect, "expect")
         except PagedLabError as exc:
             partial = Scenario(name, description, config, frozenset(raw_config or {}),
-                               tuple(steps), contiguous)
+                               tuple(steps), contiguous, from_snapshot=from_snapshot)
             raise ScenarioError(str(exc), i, label, partial) from None
         steps.append(ScenarioStep(op, narration, expect))
     unread = tuple(key for key in data if key not in TOP_FIELDS)
     never = unmeetable(((i, s.expect) for i, s in enumerate(steps, start=1)), config,
                        has_arena=contiguous is not None)
     return Scenario(name, description, config, frozenset(raw_config or {}), tuple(steps),
-                    contiguous, unread, tuple(never))
+                    contiguous, unread, tuple(never), from_snapshot)
 
 
 def _check_texts(value: Any, where: str) -> None:
@@ -235,6 +298,19 @@ def read_json(path: Path, what: str) -> Any:
     """Read a regular JSON file as data only, bounded in size, with one-line errors."""
     limit = MAX_SCENARIO_BYTES if what == "scenario" else MAX_SNAPSHOT_FILE_BYTES
     return decode_json(read_bounded(path, what, limit), f"{what} {str(path)!r}")
+
+
+def check_start(scenario: Scenario, path: Path, start: int | None) -> None:
+    """A scenario with `from_snapshot` runs only from a snapshot of its step: `start` is
+    the step of the `--from` snapshot, None for a fresh engine. ScenarioError if not."""
+    need = scenario.from_snapshot
+    if need is None:
+        return
+    if start is None:
+        raise ScenarioError(need.needed(str(path)))
+    if start != need.step:
+        raise ScenarioError(f"its steps continue a snapshot of step {need.step:,} (its "
+                            f"from_snapshot), but the --from snapshot is at step {start:,}")
 
 
 def check_config_matches(scenario: Scenario, config: EngineConfig) -> None:

@@ -42,6 +42,7 @@ from backend.engine.ops import (
     label_narration,
     parse_op,
 )
+from backend.io.scenario import FromSnapshot
 
 Snapshot = dict[str, Any]
 
@@ -114,14 +115,17 @@ def step_expect(snapshot: Snapshot) -> dict[str, Any]:
 def export_scenario(config: EngineConfig, ops: Sequence[dict[str, Any]],
                     final: Snapshot, known: Iterable[Snapshot] = (), *,
                     first_step: int = 1, name: str = "playground-session",
-                    description: str = "") -> dict[str, Any]:
+                    description: str = "",
+                    from_snapshot: FromSnapshot | None = None) -> dict[str, Any]:
     """A scenario replaying `ops` (operation JSON, oldest first) on `config`.
 
     `final` is the snapshot after the last operation; `known` are snapshots of
     earlier steps (any subset, e.g. the session's history), matched to the
     operations by their `step`: operation i (0-based) made step
     `first_step + i`. `first_step` is 1 for a run from a fresh engine, the
-    base snapshot's step + 1 for a run from a snapshot. Each step's narration
+    base snapshot's step + 1 for a run from a snapshot, which `from_snapshot` then
+    names (written to the file, so that a reader refuses to replay it on a fresh
+    engine). Each step's narration
     is its operation in words. Reads only.
     """
     by_step = {s["step"]: s for s in known}
@@ -141,7 +145,8 @@ def export_scenario(config: EngineConfig, ops: Sequence[dict[str, Any]],
         elif step in by_step:
             entry["expect"] = step_expect(by_step[step])
         steps.append(entry)
-    return {"name": name, "description": description, "config": config.to_json(),
+    start = {} if from_snapshot is None else {"from_snapshot": from_snapshot.to_json()}
+    return {"name": name, "description": description, **start, "config": config.to_json(),
             "steps": steps}
 
 

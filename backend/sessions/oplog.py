@@ -22,7 +22,7 @@ from typing import Any
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.ops import Op
-from backend.io.scenario import MAX_STEPS
+from backend.io.scenario import MAX_STEPS, FromSnapshot
 from backend.io.scenario_export import export_scenario, op_to_json
 
 Snapshot = dict[str, Any]
@@ -97,11 +97,15 @@ class OpLog:
         return None
 
     def scenario(self, config: EngineConfig, final: Snapshot, known: list[Snapshot], *,
-                 name: str, description: str) -> dict[str, Any]:
+                 name: str, description: str, base_file: str | None = None
+                 ) -> dict[str, Any]:
         """This log as a scenario file's object (see export_scenario). Raises PagedLabError
-        when the log is not exportable or does not end at `final`'s step."""
+        when the log is not exportable or does not end at `final`'s step. A log that
+        starts from a restored snapshot names it in `from_snapshot` (`base_file`: the
+        name it is downloaded as)."""
         problem = self.why_not_exportable()
         if problem is not None:
             raise PagedLabError(f"this session cannot be exported as a scenario: {problem}")
+        start = None if self.base is None else FromSnapshot(self.base_step, base_file)
         return export_scenario(config, self.ops, final, known, first_step=self.base_step + 1,
-                               name=name, description=description)
+                               name=name, description=description, from_snapshot=start)

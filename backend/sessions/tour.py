@@ -89,7 +89,7 @@ def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
                             f"{MAX_SCENARIO_BYTES >> 20} MiB")
     raw = decode_json(data, filename)
     try:
-        return parse_scenario(raw)
+        scenario = parse_scenario(raw)
     except PagedLabError as exc:
         # A snapshot is the other JSON file PagedLab writes: where it goes is the whole
         # answer (the scenario parser's list of unknown fields would bury it).
@@ -98,6 +98,13 @@ def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
                                 "scenario: upload it on the Playground to continue from its "
                                 "state") from None
         raise PagedLabError(f"{filename}: {exc}") from None
+    if scenario.from_snapshot is not None:
+        # Every scenario here starts on a fresh engine, where its steps would name
+        # requests it does not hold and most of its checks would fail.
+        raise PagedLabError(f"{filename} cannot be stepped through here: "
+                            f"{scenario.from_snapshot.needed(filename)}. This page starts "
+                            "every scenario on a fresh engine")
+    return scenario
 
 
 def parse_step(text: str, total: int) -> int | None:
