@@ -17,7 +17,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.control import ControlRun, compare_with_control, control_config
 from backend.engine.engine import Engine
-from backend.engine.ops import Add, Shuffle, Step, parse_op
+from backend.engine.ops import Add, Grow, Op, Shuffle, Step, parse_op
 from backend.io.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
@@ -85,6 +85,20 @@ def test_a_wrong_table_entry_shows_as_a_difference() -> None:
     assert not row.same and not report.same
     assert row.first_mismatch is not None and row.first_mismatch >= 21
     assert next(r for r in report.requests if r.request == "B").same
+
+
+def test_an_operation_the_control_refuses_is_left_out_saying_why_the_runs_differ() -> None:
+    # B is preempted here and comes back late; in the control's roomy pool it decoded
+    # all along and has finished by the time this run grows it.
+    config = EngineConfig(num_blocks=7, block_size=4)
+    ops: list[Op] = [Add("A", prompt_len=10, max_new_tokens=8),
+                     Add("B", prompt_len=10, max_new_tokens=8), Step(3),
+                     *[Step(1)] * 8, Grow("B", 1)]
+    report = compare_with_control(config, ops)
+    assert report.not_replayed == (
+        "step 12: refused in the control, where nothing waits for room or is preempted, so "
+        "a request can be further along than in this run: cannot grow request 'B': it has "
+        "finished",)
 
 
 def test_the_control_leaves_out_pins_and_moves_and_is_bounded() -> None:

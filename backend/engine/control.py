@@ -209,7 +209,13 @@ class ControlRun:
             try:
                 done = self.control.apply(control_op, progress=keep_going)
             except PagedLabError as exc:
-                self.not_replayed.append(f"step {engine.step}: refused in the control: {exc}")
+                # Said with why the two runs can differ there, or the line reads as a fault
+                # beside a verdict of "Same": a request preempted in the user's run
+                # has gone on decoding in the control, and may have finished.
+                self.not_replayed.append(
+                    f"step {engine.step}: refused in the control, where nothing waits for "
+                    f"room or is preempted, so a request can be further along than in this "
+                    f"run: {exc}")
             else:
                 if done.op != control_op:
                     self.stopped_at = engine.step
