@@ -179,9 +179,10 @@ def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
             return
         count, result = kept
         if count != len(oplog.ops):
+            newer = len(oplog.ops) - count
             st.caption(f"As of {counted(count, 'operation')}; the session has "
-                       f"{len(oplog.ops)} now: "
-                       "run it again to include them.")
+                       f"{len(oplog.ops):,} now: run it again to include "
+                       + ("the newest." if newer == 1 else f"the {newer:,} newest."))
         if isinstance(result, str):
             st.error(plain_md(result))
             return
