@@ -200,8 +200,21 @@ def test_a_multi_iteration_step_shows_the_state_after_the_whole_step() -> None:
     at = add(start(), max_new=8)
     step_n(at, 3)
     pick(at, 1)         # the first of step 2's three iterations: its state is the step's end
-    assert any("step 2 (a step of 3 iterations)" in i.value for i in at.info)
+    assert [i.value for i in at.info if "belongs to" in i.value] == [
+        "Iteration 1 belongs to step 2 (a step of 3 iterations), the latest: this is the live "
+        "state, after its last iteration (the history keeps the state after each operation, "
+        "not each iteration)."]
     assert requests_table(at).loc["A", "generated"] == 3
+    step_n(at, 1)
+    pick(at, 1)
+    assert next(i.value for i in at.info if "belongs to" in i.value).startswith(
+        "Showing the past: the state after step 2. Iteration 1 belongs to step 2 (a step of 3 "
+        "iterations); the history keeps the state after each operation, not each iteration.")
+    # A step of one iteration: its pick shows that iteration's own state, said plainly.
+    pick(at, 0)
+    assert [i.value for i in at.info if "belongs to" in i.value] == [
+        "Showing the past: the state after step 1. Iteration 0 belongs to step 1, its only "
+        "iteration. The live engine is unchanged, and the controls above act on it."]
 
 
 # ---- scheduler budgets ---------------------------------------------------------------

@@ -171,8 +171,12 @@ def banner(p: Picked | None, history: History) -> dict[str, Any] | None:
         return None
     # Keyed for ui/a11y.py, which reads what a pick shows out to a screen reader.
     said = st.container(key="tl_banner")
+    # Only a pick inside a step of several iterations shows a state other than its own.
+    within = p.iteration is not None and p.rows > 1
     if p.live:
-        said.info(f"{_of_step(p)}, the latest: this is the live state.")
+        said.info(f"{_of_step(p)}, the latest: this is the live state"
+                  + (", after its last iteration (the history keeps the state after each "
+                     "operation, not each iteration)." if within else "."))
         return None
     if p.snapshot is None:
         kept = kept_steps(history)
@@ -182,10 +186,12 @@ def banner(p: Picked | None, history: History) -> dict[str, Any] | None:
                      "live state.")
         clicks.button(st, "Back to live", key="tl_live_top", on_click=_back_to_live)
         return None
-    where = "The history" if p.iteration is None else f"{_of_step(p)}; the history"
-    said.info(f"Showing the past: the state after step {p.step}. {where} keeps the state "
-              "after each operation, not each iteration. The live engine is unchanged, and "
-              "the controls above act on it.")
+    where = ("The history keeps the state after each operation, not each iteration. "
+             if p.iteration is None else
+             f"{_of_step(p)}; the history keeps the state after each operation, not each "
+             "iteration. " if within else f"{_of_step(p)}, its only iteration. ")
+    said.info(f"Showing the past: the state after step {p.step}. {where}The live engine is "
+              "unchanged, and the controls above act on it.")
     clicks.button(st, "Back to live", key="tl_live_top", type="primary",
                   on_click=_back_to_live)
     snap: dict[str, Any] = p.snapshot
