@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 from backend.io.snapshot import export_snapshot
 from backend.sessions.forms import config_from_fields
 from backend.sessions.history import History
-from tests.test_app import add, click, engine, metrics, start, status
+from tests.test_app import add, click, engine, markdown, metrics, start, status
 from tests.test_exports_app import Media, media  # noqa: F401  (the fixture)
 from ui.session import CONFIG_KEYS, config_fields
 
@@ -147,6 +147,8 @@ def test_picking_an_earlier_iteration_shows_that_steps_state_and_leaves_the_engi
     assert list(requests_table(at).index) == ["A"]
     assert any("the state after step 1" in i.value for i in at.info)
     assert any("no longer kept" not in i.value for i in at.info)
+    # The kernel's figures are that step's, and say so.
+    assert "As of step 1, the state shown:\n\n- Last model step ran on" in markdown(at)
     # The engine was only read.
     assert engine(at) is e and export_snapshot(e) == live
     click(at, "tl_live_top")
@@ -154,6 +156,7 @@ def test_picking_an_earlier_iteration_shows_that_steps_state_and_leaves_the_engi
     assert metrics(at)["Used blocks"] == f"{live['metrics']['used_blocks']} / 32"
     assert list(requests_table(at).index) == ["A", "B"]
     assert not at.info
+    assert "As of step" not in markdown(at)
 
 
 def test_the_latest_iteration_is_the_live_state_and_an_operation_returns_to_it() -> None:

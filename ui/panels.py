@@ -406,7 +406,10 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
         # Every restore (an upload, a saved session, a scenario's state, a kernel switch,
         # a rebuild after a failed operation) carries the last step's kernel figures.
         lead = ("Carried over with the state this engine was restored from, not measured "
-                "by a step it ran (the next step replaces it):\n\n" if restored else "")
+                "by a step it ran (the next step replaces it):\n\n" if restored else
+                # A past state (engine None): its figures, not the live engine's.
+                f"As of step {snap['step']:,}, the state shown:\n\n" if engine is None
+                else "")
         # An uploaded snapshot names the backend and device in its own words.
         st.markdown(
             f"{lead}- Last model step ran on **{plain_md(info.backend)}** "
