@@ -8,7 +8,8 @@
 //    to the same control if the page drew it again, else to the next control after
 //    where it was, else the one before. Focus a mouse gave is left to the mouse.
 //    A button that goes away as it works with no run (the sidebar's collapse, a
-//    chart's full screen) hands the focus to the one that takes over.
+//    chart's full screen) hands the focus to the one that takes over; one disabled for
+//    a moment with no run (a download while its file is built) keeps it.
 // 2. Read out results. Streamlit redraws a result in place, which a screen reader
 //    does not announce. The containers whose keys end in one of READ_OUT are
 //    watched (a key may end in "--N", a number that tells one message from the
@@ -156,10 +157,41 @@
     return following(place) ?? preceding(place) ?? null;
   };
 
+  // A control its own press disabled with no run (a download button while the server
+  // builds its file): it comes back in a moment, and keeps the focus then. Moved on to
+  // the next control, a second Enter meant for this one fetched another file. Given up
+  // (to the next control) if it is still disabled after WAIT_MS.
+  const WAIT_MS = 5000;
+  let waiting = null;   // the control waited for now
+  let waited = null;    // the one given up on: the focus moves on from it as usual
+  const waitFor = (el) => {
+    waiting = el;
+    const until = Date.now() + WAIT_MS;
+    const tick = () => {
+      if (last !== el || !lost()) {        // the person has moved on
+        waiting = null;
+      } else if (usable(el)) {
+        waiting = null;
+        el.focus();
+      } else if (Date.now() > until || !el.isConnected || runs !== runsThen) {
+        waiting = null;
+        waited = el;
+        refocus();
+      } else {
+        window.setTimeout(tick, 100);
+      }
+    };
+    window.setTimeout(tick, 100);
+  };
+
   const refocus = () => {
     // Only a run, or the control's own press, moves it: what the browser or a widget did
     // by itself (a chart's full screen, a list box opening) is theirs.
     if (last === null || !lost() || (runs === runsThen && !pressed)) return;
+    if (runs === runsThen && last.isConnected && last.disabled && last !== waited) {
+      if (waiting !== last) waitFor(last);
+      return;
+    }
     if (usable(last)) {
       // Still there: the focus fell from a list it opened, which has closed.
       if (listed) {

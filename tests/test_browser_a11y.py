@@ -151,6 +151,36 @@ def test_focus_moves_on_when_the_pressed_control_is_disabled_or_removed(
         page.close()
 
 
+def test_a_download_pressed_from_the_keyboard_keeps_the_focus(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    # Streamlit disables a download button while the server builds its file, with no
+    # run: the focus waits for it, rather than going on to the next download, where a
+    # second Enter would fetch another file.
+    page = browser.new_page(viewport={"width": 1440, "height": 1400})
+    page.set_default_timeout(T)
+    try:
+        page.goto(f"{app_url}/lab")
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=T)
+        idle(page)
+        add.click()
+        expect(page.locator("#pagedlab-live")).to_contain_text("Step 1: add A", timeout=T)
+        idle(page)
+        for name in ("Snapshot", "Blocks (CSV)"):
+            button = page.get_by_role("button", name=name, exact=True)
+            keyboard_focus(page, button)
+            with page.expect_download(timeout=T):
+                page.keyboard.press("Enter")
+            page.wait_for_timeout(1500)
+            expect(button).to_be_focused(timeout=T)
+            assert page.evaluate(FOCUSED)["text"].endswith(name)
+    except BaseException:
+        page.screenshot(path=screenshots / "a11y-download-failed.png", full_page=True)
+        raise
+    finally:
+        page.close()
+
+
 def test_a_control_that_opens_another_page_leaves_the_focus_on_its_heading(
         browser: Browser, app_url: str) -> None:
     # Continue in the Playground goes to another page: the focus goes to its title, from
