@@ -412,15 +412,21 @@
     played = playing;
     const midRun = running();
     const now = watched(midRun);
+    const news = (ending) => [...now].filter(([k, text]) => settled
+      && k.replace(/--\d+$/, "").endsWith(ending) && text !== "" && heard.get(k) !== text)
+      .map(([, text]) => text);
     // One action can change several (an Add also redraws the translator): the first
-    // changed in READ_OUT's order is the action's own result.
+    // changed in READ_OUT's order is the action's own result. A play's news is only its
+    // own words, while it plays (a step's narration still stale when read had the
+    // translator redrawn beside it read instead) and when it stops; there, the last
+    // step's narration and the end's message can change together, and both are read,
+    // the narration first, where the message alone had the last step go unsaid.
     let said = null;
-    for (const ending of READ_OUT) {
-      if (stopped && !PLAY_SAYS.includes(ending)) continue;
-      for (const [k, text] of now) {
-        if (said === null && settled && k.replace(/--\d+$/, "").endsWith(ending)
-            && text !== "" && heard.get(k) !== text) said = text;
-      }
+    if (playing || stopped) {
+      const told = PLAY_SAYS.flatMap(news);
+      if (told.length) said = told.join(" ");
+    } else {
+      said = READ_OUT.flatMap(news)[0] ?? null;
     }
     hear(now, midRun);
     if (said !== null) {

@@ -37,8 +37,9 @@ TAB_KEY = "tab"
 # other with hardly a pause, at times none the browser sees, so while it is drawn the
 # script reads what changed as soon as it is drawn, not only when a run ends.
 PLAYING = "pagedlab_playing"
-# What of READ_OUT a play says, the only news in the first drawing after it stops.
-PLAY_SAYS = ("tour_messages", "tour_narration")
+# What of READ_OUT a play says, in the order it is read: the only news while it plays
+# and in the first drawing after it stops.
+PLAY_SAYS = ("tour_narration", "tour_messages")
 
 # The hidden container that holds the script (a script draws nothing, but Streamlit
 # gives every element a place in the page's flow; hidden, it takes none).
