@@ -154,11 +154,18 @@ def test_a_session_from_a_restored_snapshot_replays_from_it(
     assert capsys.readouterr().err.endswith(
         "error: its steps continue a snapshot of step 5 (its from_snapshot), but the --from "
         "snapshot is at step 6\n")
-    # A session from a restored snapshot of step 0 continues it too.
+    # A session from a restored snapshot of a fresh engine (step 0: the Scenarios page's
+    # Continue in the Playground before its first step) replays on a fresh engine, as
+    # before: the file names no snapshot, and runs without --from.
     empty = restore_engine(export_snapshot(Engine(config, kernel="torch")), kernel="torch")
-    _, log0, known0 = _session(config, OPS[:1], engine=empty)
-    assert log0.scenario(config, known0[-1], known0, name="x", description="")[
-        "from_snapshot"] == {"step": 0}
+    fresh, log0, known0 = _session(config, OPS[:8], engine=empty)
+    assert not log0.needs_base and log.needs_base
+    plain = log0.scenario(config, export_snapshot(fresh), known0, name="x", description="",
+                          base_file="unused.json")
+    assert "from_snapshot" not in plain
+    (tmp_path / "fresh.json").write_text(scenario_json(plain))
+    assert _run("run", tmp_path / "fresh.json", "--check", "--kernel", "torch") == 0, (
+        capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(("value", "said"), [

@@ -166,7 +166,7 @@ def playground_panel(engine: Engine, oplog: OpLog, snap: Snapshot) -> None:
         st.caption(f"Replays this session's operations on two fresh engines, as you ran them "
                    f"and with {WITHOUT}, and compares them token by token.")
         problem = oplog.why_not_exportable()
-        if oplog.base is not None:
+        if oplog.needs_base:
             problem = ("this engine started from a restored snapshot, so there is no "
                        "fresh start to replay from")
         if problem is not None:

@@ -209,7 +209,7 @@ def _scenario_bytes(config: EngineConfig, base: Snapshot | None, ops: tuple[dict
         config, final, known, name=f"playground-session-step-{final['step']}",
         description=f"A PagedLab Playground session exported at step {final['step']} with "
                     f"{counted(n, 'request')}; each step's expect values are what the session "
-                    "showed.", base_file=None if base is None else _base_name(log.base_step))
+                    "showed.", base_file=_base_name(log.base_step))
     return scenario_json(scenario).encode()
 
 
@@ -237,7 +237,8 @@ def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
             name, "application/json", "dl_scenario",
             "Every operation since the engine started or was restored, as a scenario file "
             "(CONTRACT.md) whose last step expects exactly this state.")
-    if oplog.base is None:
+    base = oplog.base
+    if base is None or not oplog.needs_base:
         # File names are ours (a step number), so the command may be shown as code.
         st.caption("Step through it on the *Scenarios* page (*Upload your own scenario*): "
                    "it replays on a fresh engine, one step at a time, each step's "
@@ -245,7 +246,7 @@ def scenario_download(oplog: OpLog, config: EngineConfig, snap: Snapshot,
                    f"{name} --check` does the same.")
         return
     base_name = _base_name(oplog.base_step)
-    _button(row, "Its starting snapshot", partial(snapshot_bytes, oplog.base), base_name,
+    _button(row, "Its starting snapshot", partial(snapshot_bytes, base), base_name,
             "application/json", "dl_scenario_base",
             "The restored snapshot this session started from: the scenario replays from it.")
     st.caption("This session started from a restored snapshot, so its scenario replays "

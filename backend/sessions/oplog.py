@@ -53,6 +53,23 @@ class OpLog:
         """The engine's step where the log starts (0 for a fresh engine)."""
         return 0 if self.base is None else int(self.base["step"])
 
+    @property
+    def needs_base(self) -> bool:
+        """Whether the operations replay only from `base`: False for a fresh start, and for
+        a restored snapshot of a fresh engine (step 0, no request, every block free, the
+        free queue in its first order, no random pick made), which a fresh engine of its
+        config reproduces: the Scenarios page's Continue in the Playground at step 0, or a
+        `run` of no steps uploaded."""
+        b = self.base
+        if b is None:
+            return False
+        first_order = list(range(len(b["blocks"])))
+        fresh = (b["step"] == 0 and not b["requests"]
+                 and all(x["state"] == "free" for x in [*b["blocks"], *b.get("cpu_blocks", [])])
+                 and b.get("free_queue", first_order) == first_order
+                 and not b.get("allocator", {}).get("random_picks"))
+        return not fresh
+
     def restart(self, base: Snapshot | None) -> None:
         """Mutates: the engine starts again, fresh (None) or from the snapshot `base`."""
         self.base = base
@@ -102,10 +119,10 @@ class OpLog:
         """This log as a scenario file's object (see export_scenario). Raises PagedLabError
         when the log is not exportable or does not end at `final`'s step. A log that
         starts from a restored snapshot names it in `from_snapshot` (`base_file`: the
-        name it is downloaded as)."""
+        name it is downloaded as), unless that snapshot is of a fresh engine."""
         problem = self.why_not_exportable()
         if problem is not None:
             raise PagedLabError(f"this session cannot be exported as a scenario: {problem}")
-        start = None if self.base is None else FromSnapshot(self.base_step, base_file)
+        start = FromSnapshot(self.base_step, base_file) if self.needs_base else None
         return export_scenario(config, self.ops, final, known, first_step=self.base_step + 1,
                                name=name, description=description, from_snapshot=start)
