@@ -86,8 +86,7 @@ def scenario_panel(report: ControlReport | None, problem: str | None, snap: Snap
                    "step beside this one, and the two are compared token by token."
                    + ("" if perturbed(snap) else
                       " No block has moved, no request was preempted and no prefix hit "
-                      "happened so far, so both engines have done the same work: the "
-                      "panel opens by itself at the first of these."))
+                      "happened so far: the panel opens by itself at the first of these."))
         if report is not None:
             show(report, engine)
         else:
