@@ -244,6 +244,17 @@ def test_a_tab_whose_row_another_tab_opened_goes_on_as_a_copy(tmp_path: Path) ->
     assert copy.ops[-1] == {"op": "step", "count": 1} and len(copy.ops) == 7
 
 
+def test_a_row_that_cannot_be_read_is_not_said_to_be_taken_or_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, tab, _ = _saved(tmp_path)
+
+    def unavailable(sid: str) -> str | None:
+        raise StoreError("the session store failed: disk I/O error")
+
+    monkeypatch.setattr(store, "holder", unavailable)
+    assert row_standing(tab) is None
+
+
 def test_a_deleted_row_is_written_again_by_its_tab(tmp_path: Path) -> None:
     store, tab, live = _saved(tmp_path)
     assert not store.delete(tab.id or "", THEM)       # only its own browser deletes it
@@ -693,6 +704,9 @@ def test_a_session_read_while_the_store_is_locked_opens_and_is_taken_over_at_its
         assert (again.id, again.shown_id) == (sid, sid) and again.pending_claim is not None
         # Not synced (not taken over), but not behind: the row holds what it shows.
         assert not again.synced and not again.behind
+        # The row's holder is still the first tab, but this one is to take it over at
+        # its next save: not said to be taken from it.
+        assert row_standing(again) is None
     finally:
         other.execute("ROLLBACK")
         other.close()
@@ -722,6 +736,7 @@ def test_the_latest_session_reopened_for_a_bare_address_is_taken_over_only_when_
     store, tab, live, reader, opened = _reopened_for_a_bare_address(tmp_path)
     sid = tab.id
     assert reader.id == sid and reader.pending_claim is not None
+    assert (row_standing(reader), row_standing(tab)) == (None, None)
     # Its address stays bare until it acts: a reload is a bare address again, not a
     # link (which would take the session at once).
     assert reader.shown_id is None

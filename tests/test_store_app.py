@@ -466,6 +466,11 @@ def test_apply_and_reset_after_a_failed_save_says_the_row_is_behind(
         m.setattr(SessionStore, "write_full", failing)
         at.button(key="btn_add").click().run()
     assert engine(at).step == saved_step + 1
+    # The Sessions panel does not call the row saved after every operation.
+    assert [c.value for c in at.caption if c.value.startswith(
+        f"Session {store.short(first_id)}")] == [
+        f"Session {store.short(first_id)} holds an earlier step: the last save failed (the "
+        "note at the top says why), and the next operation tries again, writing it whole."]
     at.number_input(key="cfg_num_blocks").set_value(16).run()
     # Not "stay saved": the row holds the state of an earlier step.
     warned = " ".join(w.value for w in at.warning)
@@ -515,3 +520,13 @@ def test_a_store_that_cannot_be_opened_leaves_the_app_working_unsaved(
         "server just now (the note at the top says why). The address still names it: reload "
         "once that is mended. This is a new session.")
     assert sid(linked) == wanted
+
+
+def test_the_sessions_panel_says_what_the_next_operation_does_to_a_row_gone_or_taken() -> None:
+    # (The "taken" line is seen in a tab above; "gone" follows a Delete in another tab.)
+    assert store._saved_as("gFaJmxH9abc", "gone", False) == (
+        "Session gFaJmxH9… has left the saved sessions (deleted in another tab, or dropped "
+        "past the store's limits): this tab's next operation saves it again.")
+    # Taken over by another tab, its failed save does not matter: the next is a copy.
+    assert store._saved_as("gFaJmxH9abc", "taken", True).endswith(
+        "this tab's next operation goes on as a copy under a new address.")

@@ -255,9 +255,10 @@ def notes() -> None:
             st.info(plain_md(ss[NOTE]))
 
 
-def _saved_as(sid: str, standing: str | None) -> str:
+def _saved_as(sid: str, standing: str | None, behind: bool) -> str:
     """The panel's line on this tab's saved session: its own, or what its next operation
-    will find (saved.row_standing), said before that operation rather than after it."""
+    will find (saved.row_standing), said before that operation rather than after it; a
+    row a failed save left behind this tab's state is not said to be saved."""
     if standing == "taken":
         return (f"Session {short(sid)} was opened in another tab, which saves it from now "
                 "on: this tab's next operation goes on as a copy under a new address.")
@@ -265,6 +266,9 @@ def _saved_as(sid: str, standing: str | None) -> str:
         return (f"Session {short(sid)} has left the saved sessions (deleted in another tab, "
                 "or dropped past the store's limits): this tab's next operation saves it "
                 "again.")
+    if behind:
+        return (f"Session {short(sid)} holds an earlier step: the last save failed (the note "
+                "at the top says why), and the next operation tries again, writing it whole.")
     return (f"Saved after every operation as session {short(sid)}: the address names it. "
             "Opened in another browser, the link gives a copy; this one stays yours.")
 
@@ -292,7 +296,7 @@ def sessions_panel(engine: Engine, open_saved: Callable[[str], None],
                    "names it, so a reload, a restart of the server or the link brings it "
                    "back. A link opened in another browser opens a copy.")
     else:
-        st.caption(plain_md(_saved_as(tab.id, row_standing(tab))))
+        st.caption(plain_md(_saved_as(tab.id, row_standing(tab), tab.behind)))
     clicks.button(st, "New session", key="btn_new_session", on_click=new_session,
                   help="Start an empty engine under a new address; this one stays in the "
                        "list.")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
@@ -365,7 +365,7 @@ REVIVED_NOTE = ("This session had left the saved sessions (deleted in another ta
                 "it is back in the list. Delete it there once this tab is closed.")
 
 
-def row_standing(tab: Tab) -> str | None:
+def row_standing(tab: Tab) -> Literal["taken", "gone"] | None:
     """What became of the row this tab writes, as its next save will find it: "taken"
     (another tab opened it and saves it now: this tab goes on as a copy), "gone" (deleted
     in another tab, or pruned: this tab saves it again), or None (this tab's, or not known:
