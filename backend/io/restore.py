@@ -64,7 +64,7 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     if missing:
         raise PagedLabError(f"snapshot.config: missing field{'s' if len(missing) > 1 else ''} "
                             f"{', '.join(map(repr, missing))} (a snapshot's config gives "
-                            "every setting the contract lists; only a scenario's may leave "
+                            "every field the contract lists; only a scenario's may leave "
                             "them to their defaults)")
     config = EngineConfig.from_json(cfg_data, where="snapshot.config", ignore=CONFIG_EXTRA)
     # Where the state was taken; the restore runs on the device it is given, so any
