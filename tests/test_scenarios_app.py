@@ -773,10 +773,10 @@ def test_a_session_from_a_restored_snapshot_is_refused_with_the_command_that_rep
     click(at, "tour_next")
     upload(at, "later.json", data)
     assert [e.value for e in at.error] == [
-        "Scenario file refused: later.json cannot be stepped through here: its steps continue "
-        "a snapshot of step 5 (its from_snapshot: base-0005.json), so they replay only from "
-        "that state: python -m backend run later.json --from base-0005.json --check. This "
-        "page starts every scenario on a fresh engine"]
+        "Scenario file refused: later.json continues a snapshot of step 5 (its from_snapshot: "
+        "base-0005.json), so its steps replay only from that state: python -m backend run "
+        "later.json --from base-0005.json --check; this page starts every scenario on a "
+        "fresh engine, so it cannot step through it"]
     assert run_of(at).key == "03-growth" and viewed_step(at) == 1
 
 

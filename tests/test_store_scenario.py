@@ -143,17 +143,17 @@ def test_a_session_from_a_restored_snapshot_replays_from_it(
     out.unlink()
     assert _run("run", tmp_path / "s.json", "--kernel", "torch", "--out", out) == 2
     assert capsys.readouterr().err == (
-        f"error: its steps continue a snapshot of step 5 (its from_snapshot: base.json), so "
-        f"they replay only from that state: python -m backend run {tmp_path / 's.json'} "
-        f"--from base.json --check\n")
+        f"error: {tmp_path / 's.json'} continues a snapshot of step 5 (its from_snapshot: "
+        f"base.json), so its steps replay only from that state: python -m backend run "
+        f"{tmp_path / 's.json'} --from base.json --check\n")
     assert not out.exists()
     # From a snapshot of another step: refused, the snapshot's state written as it was.
     (tmp_path / "other.json").write_text(json.dumps(known[0]))
     assert _run("run", tmp_path / "s.json", "--from", tmp_path / "other.json",
                 "--kernel", "torch", "--out", out) == 2
     assert capsys.readouterr().err.endswith(
-        "error: its steps continue a snapshot of step 5 (its from_snapshot), but the --from "
-        "snapshot is at step 6\n")
+        f"error: {tmp_path / 's.json'} continues a snapshot of step 5 (its from_snapshot), "
+        "but the --from snapshot is at step 6\n")
     # A session from a restored snapshot of a fresh engine (step 0: the Scenarios page's
     # Continue in the Playground before its first step) replays on a fresh engine, as
     # before: the file names no snapshot, and runs without --from.
@@ -215,3 +215,13 @@ def test_a_log_past_its_bounds_is_dropped_and_says_why(monkeypatch: pytest.Monke
     monkeypatch.setattr(oplog_mod, "MAX_OP_BYTES", 100)
     small = OpLog()
     assert small.append(Add("A", prompt="x" * 200)) is None and not small.complete
+
+
+def test_a_null_from_snapshot_or_file_is_read_as_left_out() -> None:
+    # As `contiguous` is (CONTRACT.md's PagedLab section): nothing given.
+    assert parse_scenario({"from_snapshot": None, "steps": []}).from_snapshot is None
+    given = parse_scenario({"from_snapshot": {"step": 4, "file": None}, "steps": []})
+    assert given.from_snapshot is not None and given.from_snapshot.to_json() == {"step": 4}
+    with pytest.raises(PagedLabError,
+                       match=r"from_snapshot\.step must be an integer in 0\.\.[\d,]+, got null"):
+        parse_scenario({"from_snapshot": {"step": None}, "steps": []})

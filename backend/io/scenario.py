@@ -108,14 +108,13 @@ class FromSnapshot:
         return FromSnapshot(step, file)
 
     def needed(self, scenario: str) -> str:
-        """Why a fresh engine cannot replay `scenario` (a file name or title), said for a
-        person: what it continues, and the command that replays it."""
+        """Why a fresh engine cannot replay the file `scenario`, said for a person after
+        its name: what it continues, and the command that replays it."""
         base = self.file or "SNAPSHOT.json"
-        quoted = shlex.quote(scenario)
-        return (f"its steps continue a snapshot of step {self.step:,} (its from_snapshot"
-                + (f": {self.file}" if self.file else "") + "), so they replay only from "
-                f"that state: python -m backend run {quoted} --from {shlex.quote(base)} "
-                "--check")
+        return (f"continues a snapshot of step {self.step:,} (its from_snapshot"
+                + (f": {self.file}" if self.file else "") + "), so its steps replay only "
+                f"from that state: python -m backend run {shlex.quote(scenario)} --from "
+                f"{shlex.quote(base)} --check")
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,9 +306,9 @@ def check_start(scenario: Scenario, path: Path, start: int | None) -> None:
     if need is None:
         return
     if start is None:
-        raise ScenarioError(need.needed(str(path)))
+        raise ScenarioError(f"{path} {need.needed(str(path))}")
     if start != need.step:
-        raise ScenarioError(f"its steps continue a snapshot of step {need.step:,} (its "
+        raise ScenarioError(f"{path} continues a snapshot of step {need.step:,} (its "
                             f"from_snapshot), but the --from snapshot is at step {start:,}")
 
 

@@ -101,9 +101,9 @@ def parse_scenario_upload(data: bytes, filename: str) -> Scenario:
     if scenario.from_snapshot is not None:
         # Every scenario here starts on a fresh engine, where its steps would name
         # requests it does not hold and most of its checks would fail.
-        raise PagedLabError(f"{filename} cannot be stepped through here: "
-                            f"{scenario.from_snapshot.needed(filename)}. This page starts "
-                            "every scenario on a fresh engine")
+        raise PagedLabError(f"{filename} {scenario.from_snapshot.needed(filename)}; this "
+                            "page starts every scenario on a fresh engine, so it cannot "
+                            "step through it")
     return scenario
 
 
