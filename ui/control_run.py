@@ -20,7 +20,7 @@ from backend.engine.ops import Op, describe_op, parse_op
 from backend.sessions.budget import SERVER_BUDGET
 from backend.sessions.oplog import OpLog
 from backend.views import Snapshot
-from backend.views.control import WITHOUT, control_frame, control_sentence
+from backend.views.control import NOT_PERTURBED, WITHOUT, control_frame, control_sentence
 from backend.views.text import plain_md
 from ui.bars import Advance, progress_bar
 from ui.kept import keep_result, kept_result
@@ -28,7 +28,7 @@ from ui.session import get_owner
 
 # The perturbations named in the title, since the panel is drawn, closed, on scenarios
 # that have none.
-TITLE = "Control run: the same operations with no block moves, preemption or prefix hits"
+TITLE = f"Control run: the same operations {NOT_PERTURBED}"
 # How long the Playground's replay may run: its two engines redo every operation of the
 # session, and a session of long steps on a real model would otherwise hold the page
 # (and a server thread) for as long again, twice.

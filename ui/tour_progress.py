@@ -27,6 +27,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from backend.core.words import counted
+from backend.views.control import NOT_PERTURBED
 from backend.views.text import plain_md
 from ui.progress import POLL_S, SHOW_AFTER_S, Shown, SlotBar
 
@@ -84,8 +85,8 @@ class Timed:
                 and now - self.all_done >= CONTROL_SAID_AFTER_S):
             elapsed = min(math.ceil(now - self.all_done), math.ceil(self.limit_s))
             return plain_md(f"{self.label}: all {counted(self.total, self.unit)} done; its "
-                            "control run (the same operation with no block moves, preemption "
-                            f"or prefix hits): {elapsed} s of the {self.limit_s:g} s limit")
+                            f"control run (the same operation {NOT_PERTURBED}): {elapsed} s of "
+                            f"the {self.limit_s:g} s limit")
         elapsed = min(math.ceil(now - self.started), math.ceil(self.limit_s))
         return plain_md(f"{self.label}: {counted(self.done, self.unit)} of {self.total:,} "
                         f"done, {elapsed} s of the {self.limit_s:g} s limit")

@@ -386,8 +386,6 @@ def _events(top: FieldReader, step: int, num_blocks: int, num_cpu_blocks: int,
                 raise PagedLabError(f"snapshot.events[{i}]: missing field {key!r}")
         try:
             e = Event.from_json(r.data)
-        except KeyError as exc:
-            raise PagedLabError(f"snapshot.events[{i}]: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
             raise PagedLabError(f"snapshot.events[{i}]: malformed event ({exc})") from None
         # A swap's host side names a block of the host pool.

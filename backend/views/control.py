@@ -17,6 +17,8 @@ CONTROL_COLUMNS = ["request", "tokens compared", "same tokens", "first differenc
                    "logits compared", "largest |Δ logit|", "text", "control's text"]
 
 WITHOUT = "no shuffle, no preemption (a pool with room for everything) and no prefix cache"
+# The same, short, where a title or a bar names the control run.
+NOT_PERTURBED = "with no block moves, preemption or prefix hits"
 
 
 # Why a control run may compare no logits, and what that leaves unproven: identical
