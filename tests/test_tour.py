@@ -293,8 +293,9 @@ def test_the_arena_map_follows_the_contiguous_mirror() -> None:
         "16 slots, reservations of the exact final length as in the paper's Orca (Oracle), "
         "first fit: 8 holding tokens · 3 reserved for future "
         "tokens · 0 reserved, never used · 5 external fragmentation · 0 free. Reserved but "
-        "empty now: 3 (3 + 0), which the text calls internal fragmentation (unused space "
-        "inside an allocation); the paper counts only the 0 never used.")
+        "empty now: 3, all for future tokens, which the text calls internal fragmentation "
+        "(unused space inside an allocation); the paper calls none of them so, since each "
+        "will be used.")
     data, spec = tv.arena_spec(arena, run.frame(5).snapshot)
     # Valid Vega-Lite (raises if not), as wide as a 16-column block grid.
     alt.LayerChart.from_dict({**spec, "data": {"values": data.to_dict("records")}})
@@ -405,3 +406,18 @@ def test_a_bar_says_when_its_step_waits_for_the_control_run() -> None:
     assert bar.text() == ("Step 2, step ×3: all 3 iterations done; its control run (the same "
                           "operation with no block moves, preemption or prefix hits): 3 s of "
                           "the 60 s limit")
+
+
+@pytest.mark.parametrize(("future", "never", "said"), [
+    (0, 0, "Reserved but empty now: none."),
+    (0, 4, "Reserved but empty now: 4, none of them ever to be used: internal fragmentation "
+           "in the text's sense and the paper's."),
+    (3, 4, "Reserved but empty now: 7 (3 + 4), which the text calls internal fragmentation "
+           "(unused space inside an allocation); the paper counts only the 4 never used."),
+])
+def test_the_arena_caption_says_each_meaning_of_internal_fragmentation_once(
+        future: int, never: int, said: str) -> None:
+    breakdown = {"token_states": 9, "reservation": future, "internal_fragmentation": never,
+                 "external_fragmentation": 0, "free": 16 - 9 - future - never}
+    text = tv.arena_caption({"capacity": 16, "policy": "max", "breakdown": breakdown})
+    assert text.endswith(said), text

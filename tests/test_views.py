@@ -403,6 +403,7 @@ def test_an_operations_counts_read_as_the_counts_beside_them() -> None:
     assert describe_op(Step(1)) == "step"
     assert describe_op(Step(100_000)) == "step ×100,000"
     assert describe_op(Add("S", prompt="hi", n=4)) == "add S ('hi') ×4 samples"
+    assert describe_op(Add("S", prompt="hi", n=1)) == "add S ('hi') ×1 sample"
     assert describe_op(Add("B", prompt="hi", beam_width=2)) == "add B ('hi') beam width 2"
 
 

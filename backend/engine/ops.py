@@ -281,7 +281,7 @@ def describe_op(op: Op) -> str:
                 what = counted(len(op.messages), "message")
             else:
                 what = counted(op.prompt_len or 0, "random token")
-            samples = "" if op.n is None else f" ×{op.n:,} samples"
+            samples = "" if op.n is None else f" ×{counted(op.n, 'sample')}"
             if op.beam_width is not None:
                 samples = f" beam width {op.beam_width}"
             salt = "" if op.cache_salt is None else f" salt {quoted(op.cache_salt)}"

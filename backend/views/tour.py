@@ -338,13 +338,23 @@ def arena_caption(arena: dict[str, Any]) -> str:
     b = arena["breakdown"]
     future, never = b["reservation"], b["internal_fragmentation"]
     unused = future + never
+    text = "which the text calls internal fragmentation (unused space inside an allocation)"
+    if not unused:
+        empty = "none"
+    elif not never:
+        empty = (f"{unused}, all for future tokens, {text}; the paper calls none of them so, "
+                 "since each will be used")
+    elif not future:
+        empty = (f"{unused}, none of them ever to be used: internal fragmentation in the "
+                 "text's sense and the paper's")
+    else:
+        empty = (f"{unused} ({future} + {never}), {text}; the paper counts only the {never} "
+                 "never used")
     return (f"{arena['capacity']} slots, {_reservations(arena['policy'])}: "
             f"{_holding(b['token_states'])} · {future} reserved for future tokens · "
             f"{never} reserved, never used · "
             f"{b['external_fragmentation']} external fragmentation · {b['free']} free. "
-            f"Reserved but empty now: {unused} ({future} + {never}), which the text calls "
-            f"internal fragmentation (unused space inside an allocation); the paper counts "
-            f"only the {never} never used.")
+            f"Reserved but empty now: {empty}.")
 
 
 def arena_message(arena: dict[str, Any]) -> str | None:
