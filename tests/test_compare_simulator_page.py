@@ -185,6 +185,12 @@ def test_an_uploaded_trace_is_checked_whole() -> None:
     at.file_uploader(key="cmp_sim_upload").set_value(("one.csv", one, "text/csv")).run()
     at.button(key="cmp_sim_run").click().run()
     assert "Last run: one.csv, the first 1 of 1 requests (one arrival, no rate)" in text(at)
+    # Nor do arrivals all at one moment: not "mean 0/s".
+    same = b"TIMESTAMP,ContextTokens,GeneratedTokens\n5,100,50\n5,200,20\n5,30,3\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("same.csv", same, "text/csv")).run()
+    at.button(key="cmp_sim_run").click().run()
+    assert ("Last run: same.csv, the first 3 of 3 requests (all 3 arriving at once, no rate)"
+            in text(at))
     # A request as long as a trace may hold: the page's own defaults stay within the
     # fields' range (they were 4x it, refused before anything was typed) and the run says
     # what cannot fit.

@@ -166,8 +166,11 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
     # trace's name (`SimResult.workload`), and another session's file name is not this
     # session's to see.
     key = ("recorded", digest, requests, scale) + ((name,) if source == UPLOAD else ())
-    # One arrival has no rate: "mean 0/s" would say it had one, of nothing.
-    pace = f"mean {rate_text(built.rate)}/s" if len(built) > 1 else "one arrival, no rate"
+    # One arrival, or all at one moment, has no rate: "mean 0/s" would say it had one, of
+    # nothing.
+    pace = (f"mean {rate_text(built.rate)}/s" if built.rate > 0 else
+            "one arrival, no rate" if len(built) == 1 else
+            f"all {len(built):,} arriving at once, no rate")
     return TraceChoice(key, lambda: built,
                        f"{name}, the first {requests:,} of {len(full):,} requests "
                        f"({pace}{scaled})", int(full.final_len.max()))

@@ -100,8 +100,9 @@ class PagedPolicy:
                           f"least {bare:,} tokens")
             raise PagedLabError(
                 f"the longest request needs {longest:,} tokens ({need:,} blocks of "
-                f"{self.block_size}) but the pool admits at most {room:,} blocks "
-                f"({self.num_blocks:,} blocks, {self.watermark_blocks:,} kept free); {advice}")
+                f"{self.block_size}) but the pool admits at most {counted(room, 'block')} "
+                f"({counted(self.num_blocks, 'block')}, {self.watermark_blocks:,} kept free); "
+                f"{advice}")
         self._ids = [str(i) for i in range(len(final_len))]
         self._synced = [0] * len(final_len)
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import altair as alt
 import pandas as pd
 
-from backend.core.words import sentence
+from backend.core.words import counted, sentence
 from backend.engine.measure import PreemptionRun
 from backend.views.describe import trend
 
@@ -137,7 +137,8 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
     alike = all(r.block_size in rec and r.preemptions == rec[r.block_size].preemptions
                 and r.steps == rec[r.block_size].steps for r in swap)
     parts = [
-        (f"Both methods made the same decisions ({lo.preemptions} preemptions at block size "
+        (f"Both methods made the same decisions ({counted(lo.preemptions, 'preemption')} at "
+         "block size "
          f"{lo.block_size}, in the same steps); " if alike else
          "The two methods' runs took different decisions; ")
         + ("every request generated exactly the tokens of the run that never preempted. "
