@@ -164,3 +164,13 @@ def test_block_size_result_is_marked_once_the_fields_change() -> None:
     page = text(at)
     assert "Last run: sharegpt, 200 requests, seed 0" in page
     assert "The fields have changed since (workload alpaca, requests 1)" in page
+
+
+def test_block_size_requests_stop_at_the_simulators_cap() -> None:
+    # *Simulate every block size* replays the trace at nine block sizes: the page's cap
+    # keeps it within a minute, as the Trace simulator's does.
+    at = start(BLOCK_SIZE)
+    at.number_input(key="cmp_blk_requests").set_value(20_001).run()
+    assert not at.exception
+    assert [e.value for e in at.error if "Requests" in e.value] == [
+        "Requests must be 1 to 20,000; got 20,001"]

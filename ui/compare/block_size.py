@@ -12,6 +12,7 @@ from backend.lab.workloads import make_trace
 from backend.views.compare import charts, tables
 from ui import a11y, layout, numbers
 from ui.compare import background, in_percent, refuse
+from ui.compare.sim_inputs import PAGE_MAX_REQUESTS
 from ui.compare.sim_runs import run_cached
 
 BLOCK_SIM_RATE = 4.0
@@ -37,7 +38,9 @@ def block_size_section() -> None:
     with numbers.fields() as f:
         workload = c[0].selectbox("Workload", ["sharegpt", "alpaca"], key="cmp_blk_workload",
                                   persist_state="session")
-        requests = f.number(c[1], "Requests", 1, 100_000, 1000, step=500,
+        # The simulator's cap: *Simulate every block size* replays the trace once per
+        # block size, and 100,000 requests took some 40 minutes of a server's run slot.
+        requests = f.number(c[1], "Requests", 1, PAGE_MAX_REQUESTS, 1000, step=500,
                             key="cmp_blk_requests")
         seed = f.number(c[2], "Seed", 0, 1_000_000, 0, key="cmp_blk_seed")
     try:
