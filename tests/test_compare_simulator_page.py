@@ -198,10 +198,31 @@ def test_an_uploaded_trace_is_checked_whole() -> None:
     at.file_uploader(key="cmp_sim_upload").set_value(("long.csv", huge, "text/csv")).run()
     assert not at.exception and not at.error
     assert at.number_input(key="cmp_sim_capacity_16777216").value == 16_777_216
+    # Its caption promises no policy can hold it; the run below says why not.
+    assert [c.value for c in at.caption if "longest request holds" in c.value] == [
+        "This trace's longest request holds 16,777,221 tokens: Capacity and Max reservation "
+        "start at 16,777,216 and 16,777,216 for it, the largest the fields take, which the "
+        "paged policy's blocks of 16 cannot hold it in: the run says what would (fields of "
+        "its own: the usual ones keep what was typed in them)."]
     at.button(key="cmp_sim_run").click().run()
     assert [e.value for e in at.error] == [
         "The longest request cannot run: a request of 16,777,221 tokens can never fit in an "
         "arena of 16,777,216 slots"]
+    # One the largest capacity holds only without the watermark: said before the run.
+    near = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,16000000,700000\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("near.csv", near, "text/csv")).run()
+    assert [c.value for c in at.caption if "longest request holds" in c.value] == [
+        "This trace's longest request holds 16,700,000 tokens: Capacity and Max reservation "
+        "start at 16,777,216 and 16,777,216 for it, the largest the fields take, but the "
+        "paged policy's watermark keeps too many of its blocks of 16 free for it: set "
+        "watermark_blocks (Scheduler budgets) to 0 (fields of its own: the usual ones keep "
+        "what was typed in them)."]
+    # A trace the default fields hold says so.
+    fine = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n0.5,3000,100\n"
+    at.file_uploader(key="cmp_sim_upload").set_value(("fine.csv", fine, "text/csv")).run()
+    assert next(c.value for c in at.caption if "longest request holds" in c.value).endswith(
+        "for it, so that every policy can hold it (fields of its own: the usual ones keep "
+        "what was typed in them).")
 
 
 def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> None:

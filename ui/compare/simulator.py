@@ -15,6 +15,7 @@ import streamlit as st
 from backend.core.errors import PagedLabError
 from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.contiguous import DEFAULT_MAX_LEN
+from backend.lab.sim.paged import admits
 from backend.lab.sim.simulator import MAX_CAPACITY_TOKENS, POLICIES, SimConfig, SimRun, max_len_for
 from backend.lab.workloads import Trace
 from backend.views.compare import frames as views
@@ -156,11 +157,20 @@ def simulator_section() -> None:
         policies = st.multiselect("Policies", list(POLICIES), default=list(POLICIES),
                                   key="cmp_sim_policies",
                                   persist_state="session", format_func=label)
-    if suffix:
-        st.caption(f"This trace's longest request holds {longest:,} tokens: Capacity and Max "
-                   f"reservation start at {cap0:,} and {len0:,} for it, so that every policy "
-                   "can hold it (fields of its own: the usual ones keep what was typed in "
-                   "them).")
+    if suffix and longest is not None:
+        start = (f"This trace's longest request holds {longest:,} tokens: Capacity and Max "
+                 f"reservation start at {cap0:,} and {len0:,} for it")
+        own = " (fields of its own: the usual ones keep what was typed in them)."
+        if admits(cap0, int(block_size), longest, budgets["watermark_blocks"]):
+            st.caption(f"{start}, so that every policy can hold it{own}")
+        elif admits(cap0, int(block_size), longest, 0):
+            # The largest capacity, less the paged policy's watermark, is still too small.
+            st.caption(f"{start}, the largest the fields take, but the paged policy's "
+                       f"watermark keeps too many of its blocks of {block_size} free for it: "
+                       f"set watermark_blocks (Scheduler budgets) to 0{own}")
+        else:
+            st.caption(f"{start}, the largest the fields take, which the paged policy's "
+                       f"blocks of {block_size} cannot hold it in: the run says what would{own}")
     if st.button("Run simulation", type="primary", key="cmp_sim_run"):
         if not policies:
             _refuse_keeping_last("Choose at least one policy.")

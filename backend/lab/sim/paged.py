@@ -27,6 +27,16 @@ DEFAULT_WATERMARK = 0.01
 MAX_CAPACITY_TOKENS = 1 << 24
 
 
+def admits(capacity: int, block_size: int, longest: int,
+           watermark_blocks: int | None = None) -> bool:
+    """Whether an empty pool of `capacity` slots in blocks of `block_size`, keeping its
+    watermark free (`watermark_blocks`, or DEFAULT_WATERMARK of the pool), admits a
+    request of `longest` tokens: what `PagedPolicy.prepare` checks, without a pool."""
+    num_blocks = capacity // block_size
+    kept = int(DEFAULT_WATERMARK * num_blocks) if watermark_blocks is None else watermark_blocks
+    return -(-longest // block_size) <= num_blocks - kept
+
+
 class PagedPolicy:
     """`capacity // block_size` blocks of `block_size` slots (the remainder is never used)."""
 
