@@ -98,7 +98,8 @@ def swap_vs_recompute(block_sizes: Sequence[int] = BLOCK_SIZES, *,
     # The first forwards of a process pay for torch's start-up; keep that out.
     run_workload(Workload(((8, 4),)), EngineConfig(block_size=4), kernel=kernel, device=device)
     for bs in block_sizes:
-        # The same slots at every block size, and room for the longest request.
+        # The same slots at every block size, and room for the longest request with a
+        # block to spare (the views say so where it raised the pool).
         num_blocks = max(-(-capacity_tokens // bs), -(-longest // bs) + 1)
         roomy_blocks = -(-workload.peak_tokens // bs) + len(workload.requests)
         base = {"block_size": bs, "seed": 0}

@@ -155,7 +155,8 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
                      if r.mode != "roomy" and slots is not None
                      and r.num_blocks * r.block_size > slots})
     if raised:
-        parts.append("To hold the longest request, the pool took more than the "
+        parts.append("To hold the longest request, with a block to spare, the pool took more "
+                     "than the "
                      f"{slots:,} slots asked for at block "
                      f"size{'s' * (len(raised) > 1)} "
                      + ", ".join(f"{bs} ({n:,} slots)" for bs, n in raised) + ". ")
