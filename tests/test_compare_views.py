@@ -366,6 +366,14 @@ def test_breakdown_table_and_gain_sentence() -> None:
     assert most.memory["free"] > views.MOSTLY_FREE
     assert most.memory_wait_iterations / most.iterations >= views.OFTEN_WAITED
     assert "because this trace did not need the memory" in views.free_memory_note(contiguous)
+    # A token budget of one token an iteration: the batch, not the load, kept memory free,
+    # and a higher rate would only lengthen the queue.
+    starved = [simulate_workload("alpaca", SimConfig("paged", max_num_batched_tokens=1),
+                                 requests=30)]
+    note = views.free_memory_note(starved)
+    assert "while its batch was held at the scheduler budget (max_num_batched_tokens 1, " \
+           "reached)" in note, note
+    assert "because this trace did not need" not in note and "higher rate" not in note
 
 
 def test_a_mean_batch_reads_alike_in_the_sentence_and_on_its_bar() -> None:

@@ -268,10 +268,28 @@ def free_memory_note(results: Sequence[SimResult]) -> str:
                 "(those free, less the watermark kept back), and those behind it waited "
                 "too. Its token-state share is low because memory sat free that the queue "
                 f"could not use, not because the policy wasted what it held; {held}.")
+    capped = _budget_reached(most)
+    if capped is not None:
+        # The scheduler's budget, not the load, kept the batch small: a higher rate would
+        # only lengthen the queue.
+        return (f"{left}, while its batch was held at the scheduler budget ({capped}, "
+                "reached): its token-state share is low because the budget let few requests "
+                "run at once, not because the trace did not need the memory or the policy "
+                f"wasted it; raise or clear the budget (Scheduler budgets), and {held}.")
     return (f"{left}, so its token-state share is low because this trace did not need the "
             "memory, not because the policy wasted it. The paper's shares are for memory "
             "under load: a higher rate (or time scale) or a smaller capacity fills it, and "
             f"{held}.")
+
+
+def _budget_reached(r: SimResult) -> str | None:
+    """The scheduler budget a run's batch reached ("max_num_batched_tokens 1"), if any:
+    its busiest iteration ran as many tokens, or as many requests, as the budget allows."""
+    if r.max_num_batched_tokens is not None and r.max_batched_tokens >= r.max_num_batched_tokens:
+        return f"max_num_batched_tokens {r.max_num_batched_tokens:,}"
+    if r.max_num_seqs is not None and r.max_batch_size >= r.max_num_seqs:
+        return f"max_num_seqs {r.max_num_seqs:,}"
+    return None
 
 
 def finish_sentence(contiguous: MapReplay, paged: MapReplay) -> str:
