@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -677,3 +678,16 @@ def _fields(spec: object) -> set[str]:
     if isinstance(spec, list):
         return set().union(*(_fields(v) for v in spec))
     return set()
+
+
+def test_the_finish_sentence_writes_its_counts_as_the_page_does() -> None:
+    from types import SimpleNamespace
+
+    def run(iteration: int, preemptions: int, policy: str) -> Any:
+        return SimpleNamespace(frames=[SimpleNamespace(iteration=iteration)],
+                               mean_batch_size=2.5, preemptions=preemptions, policy=policy)
+
+    assert views.finish_sentence(run(2623, 1, "max"), run(614, 34, "paged")) == (
+        "The last request finished in iteration 2,623 (mean batch 2.5, 1 preemption) in "
+        "contiguous memory (max) and in iteration 614 (mean batch 2.5, 34 preemptions) in "
+        "paged memory.")

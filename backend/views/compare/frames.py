@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from backend.core.words import percent, tenths
+from backend.core.words import counted, percent, tenths
 from backend.lab.compare.memory_maps import MapReplay, MapSegment, replay_maps, small_trace
 from backend.lab.contiguous_types import SEGMENT_KINDS
 from backend.lab.sim.simulator import SimConfig, SimResult, simulate
@@ -295,8 +295,8 @@ def _budget_reached(r: SimResult) -> str | None:
 def finish_sentence(contiguous: MapReplay, paged: MapReplay) -> str:
     """In which iteration each memory finished the same requests, and the mean batch it ran."""
     def done(r: MapReplay) -> str:
-        return (f"iteration {r.frames[-1].iteration} (mean batch {tenths(r.mean_batch_size)}, "
-                f"{r.preemptions} preemptions)")
+        return (f"iteration {r.frames[-1].iteration:,} (mean batch "
+                f"{tenths(r.mean_batch_size)}, {counted(r.preemptions, 'preemption')})")
     return (f"The last request finished in {done(contiguous)} in contiguous memory "
             f"({contiguous.policy}) and in {done(paged)} in paged memory.")
 
