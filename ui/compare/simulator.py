@@ -79,22 +79,28 @@ def _watermarks(last: dict[str, Any]) -> None:
     marks = sorted({int(f * blocks) for f in (0.01, 0.02, 0.05, 0.1)}
                    | {cfg.watermark_blocks if cfg.watermark_blocks is not None
                       else int(cfg.watermark * blocks)})
-    if st.button(f"Replay paged memory with watermarks of {', '.join(map(str, marks))} blocks",
+    listed = ", ".join(f"{m:,}" for m in marks)
+    if st.button(f"Replay paged memory with watermarks of {listed} blocks",
                  key="cmp_sim_watermarks"):
         configs = [replace(cfg, watermark_blocks=w) for w in marks]
         trace_key, trace = last["trace_key"], last["trace"]
         # Kept with the run it extends (`last`): a new run meanwhile gets none of it.
         background.begin(MARKS_JOB, last, lambda advance: run_cached(
             trace_key, trace, configs, advance), "Simulating...",
-            f"watermarks of {', '.join(map(str, marks))} blocks")
+            f"watermarks of {listed} blocks")
 
     def record(job: background.Job) -> None:
         job.inputs["watermarks"] = [r.result for r in job.result]
 
     background.take(MARKS_JOB, record, refuse)
     if last.get("watermarks"):
+        # Counts with thousands separators, as the sentences beside them write them.
+        counts = st.column_config.NumberColumn(format="localized")
         st.dataframe(preemptions.watermark_frame(last["watermarks"]), hide_index=True,
-                     key="cmp_sim_watermark_table")
+                     key="cmp_sim_watermark_table",
+                     column_config={c: counts for c in ("watermark blocks", "preemptions",
+                                                        "requests preempted",
+                                                        "recomputed tokens")})
         said = preemptions.watermark_sentence(last["watermarks"])
         if said:      # none for one watermark (a pool so small that every share is 0)
             st.caption(said)
