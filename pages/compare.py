@@ -43,7 +43,7 @@ SECTIONS = [seed_section, maps_section, simulator_section, deployment_section,
 
 # What the tabs run on; the Playground's pool and kernel fields would change nothing here.
 sidebar.compare()
-st.title("Contiguous vs paged")
+st.title("Contiguous vs paged", anchor=False)
 st.caption(
     "Why paging? Systems that reserve one contiguous region per request keep only 20.4% to "
     "38.2% of the KV memory they hold for actual token states (the PagedAttention paper, "

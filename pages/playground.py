@@ -32,7 +32,7 @@ from ui import (
     whatif,
 )
 
-st.title("Playground")
+st.title("Playground", anchor=False)
 st.caption("A real paged KV-cache allocator and paged-attention kernel. Each action below is "
            "one engine operation; every view shows the state it left.")
 if st.session_state.get(session.PENDING):
@@ -63,16 +63,16 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
                                session.get_history())
         shown, prefix = (snap, "") if past is None else (past, timeline.PAST_PREFIX)
         panels.metrics(shown)
-        st.header("Physical block pool")
+        st.header("Physical block pool", anchor=False)
         focus = panels.pool(shown, prefix)
         to_newest = "go back to the live state"
         panels.tables_events_kernel(shown, focus, engine if past is None else None, prefix,
                                     to_newest=to_newest)
         control_run.playground_panel(engine, session.get_oplog(), snap)
         whatif.panel(engine, None if past is None else int(past["step"]), to_newest)
-        st.header("Timeline", help=timeline.HELP)
+        st.header("Timeline", anchor=False, help=timeline.HELP)
         timeline.section(engine, session.get_history())
-        st.header("Export and import")
+        st.header("Export and import", anchor=False)
         if past is not None:
             st.caption(f"Showing the past: the snapshot, grid and tables below are of step "
                        f"{past['step']}'s state, as shown above; the run's zip and *Session "
@@ -85,6 +85,6 @@ with progress.engine_lock(engine, "page", progress.get_work()) as waited:
                                   session.get_history())
 
 exports.import_panel()
-st.header("Sessions")
+st.header("Sessions", anchor=False)
 store.sessions_panel(session.get_engine(), resume.open_other, engine_actions.new_session,
                      resume.delete_other)

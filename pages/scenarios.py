@@ -27,7 +27,7 @@ snap = frame.snapshot
 # Only the newest state has a live engine behind it (not after a step stopped part-way).
 latest = frame.step == run.taken and run.engine_at_newest
 
-st.title("Scenarios")
+st.title("Scenarios", anchor=False)
 st.caption("Each scenario is a short story told on a real engine: every step is one engine "
            "operation, and every number the narration promises is checked against what the "
            "engine shows. The scenario runs on its own engine with its own pool settings (in the "
@@ -35,7 +35,7 @@ st.caption("Each scenario is a short story told on a real engine: every step is 
 tour_widgets.messages()
 tour_widgets.picker(run)
 # A scenario's name and description are a file's text, shown as written (not Markdown).
-st.markdown(f"## {plain_md(run.title)}")
+st.header(plain_md(run.title), anchor=False)
 st.markdown(plain_md(run.scenario.description))
 tour_widgets.controls(run)
 # Where Play's long steps show their bar, by the controls (Next's shows at the top).
@@ -49,7 +49,7 @@ with numbers:
     panels.metrics(snap)
 tour_widgets.step_bar(run)
 # The grid keeps its cells their size, so it takes the page's width rather than a column's.
-st.header("Physical block pool", help=panels.HELP["pool"])
+st.header("Physical block pool", anchor=False, help=panels.HELP["pool"])
 focus = panels.pool(snap, prefix="tour_")
 tour_widgets.arena(frame)
 
@@ -57,7 +57,7 @@ panels.tables_events_kernel(
     snap, focus, run.engine if latest else None, prefix="tour_",
     to_newest=f"view step {run.taken}" if run.engine_at_newest else None)
 
-st.header("Download this step")
+st.header("Download this step", anchor=False)
 exports.downloads(snap, stem=run.key if run.key != tour.UPLOAD else "scenario", prefix="tour_",
                   run=run.snapshots(),
                   run_help="The same files as `python -m backend run --snapshots DIR`.")

@@ -442,5 +442,8 @@ def test_headings_go_down_one_level_at_a_time_and_name_their_help(browser: Brows
                                                                                  timeout=T)
         if path == "lab":
             expect(page.get_by_role("button", name="Help for Event log")).to_have_count(1)
+        # No heading carries a "Link to heading" anchor: a Tab stop each, all of one name.
+        assert page.evaluate("() => document.querySelectorAll("
+                             "':is(h1, h2, h3) a[href^=\"#\"]').length") == 0
     finally:
         page.close()

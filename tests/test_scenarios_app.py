@@ -137,7 +137,7 @@ def test_every_scenario_steps_through_with_its_numbers_checked(path: Path) -> No
     scenario = load_scenario(path)
     at = open_tour(path.stem)
     assert viewed_step(at) == 0
-    assert f"## {scenario.name}" in markdown(at)
+    assert plain_md(scenario.name) in [h.value for h in at.header]
     assert at.query_params == {"scenario": path.stem, "step": "0"}
     n = scenario.config.num_blocks
     visible = 0
@@ -428,7 +428,7 @@ def test_choosing_a_scenario_starts_it_and_updates_the_link() -> None:
     # The first scenario's fresh engine is what a bare address opens: it stays bare.
     assert run_of(at).key == NAMES[0] and dict(at.query_params) == {}
     at.selectbox(key="tour_pick").select("13-cache-revival").run()
-    assert "## Cached blocks outlive their request" in markdown(at)
+    assert "Cached blocks outlive their request" in [h.value for h in at.header]
     assert at.query_params == {"scenario": "13-cache-revival", "step": "0"}
     assert metrics(at)["Used blocks"] == "0 / 10"
     # Nothing was applied: nothing is left behind, and nothing is said.
@@ -565,7 +565,7 @@ def test_an_uploaded_scenario_runs_and_a_refused_step_stops_it() -> None:
     upload(at, "mine.json", json.dumps(mine).encode())
     assert [s.value for s in at.success] == [
         "Loaded mine.json: “My story”, 4 steps. Press Next to apply the first."]
-    assert "## My story" in markdown(at)
+    assert "My story (uploaded: mine.json)" in [h.value for h in at.header]
     assert at.selectbox(key="tour_pick").value == "upload"
     # Its address names it by a digest of the file (an entry of the browser's history
     # for each step, as a shipped scenario's), which a shipped stem never looks like.

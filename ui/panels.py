@@ -368,7 +368,7 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
     says how to reach, as an imperative ("view step 3"); None when no state
     shown is theirs (a scenario step stopped part-way took them past it).
     """
-    st.header("Block tables", help=HELP["tables"])
+    st.header("Block tables", anchor=False, help=HELP["tables"])
     block_tables(snap, focus, prefix)
     # Side by side where the page is wide; one under the other where it is not (a 1024 px
     # window with the sidebar open left the translator 190 px: "Laye/r").
@@ -376,12 +376,12 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
     with st.container(key=f"{prefix}lower"):
         log, side = st.columns([3, 2], gap="large")
     with log:
-        st.header("Event log", help=HELP["events"])
+        st.header("Event log", anchor=False, help=HELP["events"])
         events(snap)
     with side:
-        st.header("Kernel", help=HELP["kernel"])
+        st.header("Kernel", anchor=False, help=HELP["kernel"])
         kernel(snap, engine, prefix=prefix)
-        st.header("Address translator", help=HELP["translator"])
+        st.header("Address translator", anchor=False, help=HELP["translator"])
         if engine is not None:
             translator.panel(engine, prefix=prefix)
         else:

@@ -102,11 +102,11 @@ def render(page: str | None = None) -> None:
     if current_page_file(page) in (SCENARIOS_PAGE, COMPARE_PAGE):
         return
     with st.sidebar:
-        st.header("Pool and model")
+        st.header("Pool and model", anchor=False)
         _config_fields()
         _confirm_or_apply()
         st.divider()
-        st.header("Kernel")
+        st.header("Kernel", anchor=False)
         _kernel_fields()
         st.divider()
         _reset_button()
@@ -374,14 +374,14 @@ def scenario(config: EngineConfig, engine: Engine) -> None:
     only the config is added: the kernel fields are there already.
     """
     with st.sidebar:
-        st.header("This scenario's pool and model")
+        st.header("This scenario's pool and model", anchor=False)
         st.caption("Set by the scenario file for its own engine. The Playground keeps its "
                    "own settings, on its page.")
         st.html(config_html(config_items(config)))
         if current_page_file() != SCENARIOS_PAGE:
             return
         st.divider()
-        st.header("Kernel")
+        st.header("Kernel", anchor=False)
         _kernel_fields(engine)
 
 
@@ -390,7 +390,7 @@ def compare() -> None:
     Playground's settings are not among them."""
     device = select_kernels("auto", "torch").device.type
     with st.sidebar:
-        st.header("What this page runs")
+        st.header("What this page runs", anchor=False)
         st.markdown(
             "- **Replays**: the seed's example, *One workload, two memories*, the trace "
             "simulator and *Real deployment* run PagedLab's block manager beside a "

@@ -93,7 +93,7 @@ def calculator_section() -> None:
                                                   help="requests of this length that fit"),
                          "tail waste per request (slots)": num(
                              "tail waste", help="slots left empty in a request's last block")})
-    st.header("Model shapes")
+    st.header("Model shapes", anchor=False)
     # Every model in view, and short headers (the long name as each one's tooltip), so
     # the source column fits a 1400 px window beside the sidebar; in a narrower one the
     # grid scrolls sideways with the model's name pinned in view. The shape and its

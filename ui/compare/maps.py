@@ -80,7 +80,7 @@ def maps_section() -> None:
     # Read out when a field's change redraws it (ui/a11y.py).
     with a11y.said("cmp_map", "result"):
         st.markdown(data["finish"])
-    st.header("Time-averaged breakdown on this workload")
+    st.header("Time-averaged breakdown on this workload", anchor=False)
     breakdown(data["table"], "cmp_map_table")
     st.markdown(views.batch_gain_sentence(data["table"]))
     st.altair_chart(charts.breakdown_bars(views.memory_long(data["table"])), width="stretch",

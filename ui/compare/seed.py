@@ -47,7 +47,7 @@ def seed_section() -> None:
         st.markdown(seed_views.seed_arena_story(ex))
         st.markdown(seed_views.seed_pool_story(ex) + " Then D arrives with "
                     f"{counted(ex.new_len - 1, 'token')} and will reach {ex.new_len}.")
-    st.header("Contiguous arena")
+    st.header("Contiguous arena", anchor=False)
     st.altair_chart(charts.slot_strip(seed_views.seed_arena_slots(ex), f"{ex.capacity} slots, one "
                                       "region per request"), key="cmp_seed_arena_chart")
     m1, m2, msg = st.columns([1, 1, 3])
@@ -62,7 +62,7 @@ def seed_section() -> None:
                "scenario 15 on the Scenarios page steps through). In "
                "the paged pool below, a block's empty slots are its internal fragmentation: "
                "at most block size − 1 per request, filled as it grows.")
-    st.header("Paged pool")
+    st.header("Paged pool", anchor=False)
     st.altair_chart(charts.slot_strip(seed_views.seed_pool_slots(ex), f"{len(ex.pool[-1].blocks)} "
                                       f"blocks of {block_size}, the same {ex.capacity} slots"),
                     key="cmp_seed_pool_chart")

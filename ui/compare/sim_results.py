@@ -72,7 +72,7 @@ def preemption_section(runs: Sequence[SimRun], prefix: str) -> None:
     if not paged:
         return
     run = paged[0]
-    st.header("Paged memory's preemptions")
+    st.header("Paged memory's preemptions", anchor=False)
     st.markdown(preemptions.preemption_story(run))
     if run.result.preemptions:
         df = preemptions.preemption_counts(run)
@@ -102,7 +102,7 @@ def timeline_section(runs: Sequence[SimRun], prefix: str, stem: str) -> None:
     with_tl = [r for r in runs if r.timeline is not None and len(r.timeline)]
     if not with_tl:
         return
-    st.header("Timeline, iteration by iteration")
+    st.header("Timeline, iteration by iteration", anchor=False)
     names = [r.result.policy for r in with_tl]
     policy = st.selectbox("Policy", names, index=names.index("paged") if "paged" in names
                           else 0, key=f"{prefix}_tl_policy", persist_state="session",
