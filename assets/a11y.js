@@ -17,7 +17,8 @@
 //    them to change is put in a polite live region: once a run has drawn the page,
 //    and while a scenario plays, as it is drawn. What a page's (or a Contiguous vs
 //    paged tab's) first run draws is not news: the screen reader reads the page.
-// 3. Name the section headings' help buttons after their sections.
+// 3. Name the section headings' help buttons after their sections, and a saved
+//    session's Open and Delete after its session.
 (() => {
   if (window.__pagedlabA11y) return;
   window.__pagedlabA11y = true;
@@ -157,10 +158,13 @@
     return following(place) ?? preceding(place) ?? null;
   };
 
-  // A control its own press disabled with no run (a download button while the server
-  // builds its file): it comes back in a moment, and keeps the focus then. Moved on to
-  // the next control, a second Enter meant for this one fetched another file. Given up
-  // (to the next control) if it is still disabled after WAIT_MS.
+  // A download button its own press disabled with no run, while the server builds its
+  // file: it comes back in a moment, and keeps the focus then. Moved on to the next
+  // control, a second Enter meant for this one fetched another file. Given up (to the
+  // next control) if it is still disabled after WAIT_MS. Only a download button: any
+  // other control disabled by its press with no run seen was disabled by a run whose
+  // start and end reached the page together (Next on a scenario's last step), and
+  // hands the focus on at once.
   const WAIT_MS = 5000;
   let waiting = null;   // the control waited for now
   let waited = null;    // the one given up on: the focus moves on from it as usual
@@ -188,7 +192,8 @@
     // Only a run, or the control's own press, moves it: what the browser or a widget did
     // by itself (a chart's full screen, a list box opening) is theirs.
     if (last === null || !lost() || (runs === runsThen && !pressed)) return;
-    if (runs === runsThen && last.isConnected && last.disabled && last !== waited) {
+    if (runs === runsThen && last.isConnected && last.disabled && last !== waited
+        && last.closest("[data-testid='stDownloadButton']") !== null) {
       if (waiting !== last) waitFor(last);
       return;
     }
@@ -446,7 +451,24 @@
       const title = b.closest("h1, h2, h3").querySelector("[data-heading-text]");
       if (title) b.setAttribute("aria-label", `Help for ${title.innerText.trim()}`);
     }
+    // A saved session's buttons say which session (a list of them read "Open, Delete,
+    // Open, Delete"): the id as its row shows it, from the widget's key.
+    for (const [prefix, name] of SESSION_BUTTONS) {
+      for (const box of document.querySelectorAll(`[class*="${KEY}${prefix}"]`)) {
+        const k = [...box.classList].find((c) => c.startsWith(`${KEY}${prefix}`));
+        const id = k?.slice(KEY.length + prefix.length) ?? "";
+        const b = box.querySelector("button");
+        if (b && id && !id.startsWith("confirm_") && id !== "cancel") {
+          b.setAttribute("aria-label", name(`session ${id.slice(0, 8)}…`));
+        }
+      }
+    }
   };
+  const SESSION_BUTTONS = [
+    ["btn_open_", (s) => `Open ${s}`],
+    ["btn_delete_confirm_", (s) => `Delete for good: ${s}`],
+    ["btn_delete_", (s) => `Delete ${s}`],
+  ];
 
   // ---- when the page changes ---------------------------------------------------------
   // Read a moment after the page changes, at most every 250 ms while it keeps changing

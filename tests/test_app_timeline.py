@@ -157,6 +157,11 @@ def test_picking_an_earlier_iteration_shows_that_steps_state_and_leaves_the_engi
     assert list(requests_table(at).index) == ["A", "B"]
     assert not at.info
     assert "As of step" not in markdown(at)
+    # Where it went is said once, in the banner's place (a screen reader hears it).
+    back = "Back to the live state, after step 2."
+    assert back in [c.value for c in at.caption]
+    at.run()
+    assert back not in [c.value for c in at.caption]
 
 
 def test_the_latest_iteration_is_the_live_state_and_an_operation_returns_to_it() -> None:

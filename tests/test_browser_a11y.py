@@ -9,6 +9,7 @@ time, and their help buttons are named for them.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -116,16 +117,23 @@ def test_focus_moves_on_when_the_pressed_control_is_disabled_or_removed(
         keyboard_focus(page, top)
         page.keyboard.press("Enter")
         expect(page.locator(".st-key-tl_live_top")).to_have_count(0, timeout=T)
+        # What it did is read, not the next thing the page redrew.
+        expect(live).to_contain_text("Back to the live state, after step 3.", timeout=T)
         idle(page)
         # The controls after it were the past view's and went with it: the focus goes
-        # to what is now in its place, the live view's first field.
-        focused_on(page, "focus_req")
+        # to what is now in its place, the live view's first control after the line
+        # that says where Back to live went (the metrics' meanings).
+        page.wait_for_function("() => document.activeElement.innerText?.trim() "
+                               "=== 'What these numbers mean'", timeout=T)
 
         # A session's Delete asks first; its Cancel goes away with the question, and the
         # focus returns to the row's Delete (what is now where Cancel was).
         page.get_by_role("button", name="New session").click()
-        delete = page.get_by_role("button", name="Delete", exact=True).first
+        # A saved session's buttons are named for it: "Open session gFaJmxH9…".
+        delete = page.get_by_role("button", name=re.compile(r"^Delete session \S{8}…$")).first
         expect(delete).to_be_visible(timeout=T)
+        expect(page.get_by_role("button", name=re.compile(r"^Open session \S{8}…$"))
+               ).not_to_have_count(0)
         idle(page)
         delete.click()
         cancel = page.get_by_role("button", name="Cancel", exact=True)
@@ -140,7 +148,8 @@ def test_focus_moves_on_when_the_pressed_control_is_disabled_or_removed(
         expect(delete).to_be_focused(timeout=T)
         # Asked again and confirmed: what the deletion did is read out.
         delete.click()
-        page.get_by_role("button", name="Delete for good").click()
+        page.get_by_role("button", name=re.compile(r"^Delete for good: session \S{8}…$")
+                         ).click()
         expect(live).to_contain_text("Deleted saved session", timeout=T)
         idle(page)
         page.screenshot(path=screenshots / "a11y-focus.png")

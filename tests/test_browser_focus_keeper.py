@@ -30,6 +30,10 @@ PAGE = """
       <div class="st-key-next"><button id="next">Next</button></div>
       <div class="st-key-reset"><button id="reset">Reset</button></div>
     </div>
+    <div data-testid="stHorizontalBlock">
+      <div class="st-key-dl" data-testid="stDownloadButton"><button id="dl">Get</button></div>
+      <div class="st-key-dl2" data-testid="stDownloadButton"><button id="dl2">Other</button></div>
+    </div>
     <div class="st-key-chart"><button id="full" aria-label="Fullscreen">⛶</button></div>
   </div>
 </div>
@@ -53,6 +57,9 @@ STEPS = {
                 " document.getElementById('tabA').tabIndex = -1;",
     "drop focus": "document.activeElement.blur()",
     "remove next": "document.querySelector('.st-key-next').remove()",
+    # As Streamlit does to a download button while the server builds its file, no run.
+    "disable dl": "document.getElementById('dl').disabled = true",
+    "enable dl": "document.getElementById('dl').disabled = false",
     # As a chart's full screen does: its button hidden, and the page's elements changed
     # (the frame drawn over the page), which the script watches.
     "hide full": "document.getElementById('full').style.display = 'none';"
@@ -67,6 +74,9 @@ CASES = {
     # ... also when the page never saw that run: its start and end came together.
     "disabled by a run unseen": ("next", ["press", "disable next"], "reset"),
     "removed by a run unseen": ("next", ["press", "remove next"], "reset"),
+    # A download button disabled for a moment by its own press keeps it: the next
+    # download would take a second Enter meant for this one.
+    "a download building its file": ("dl", ["press", "disable dl", "enable dl"], "dl"),
     # A control the person did not press, changed by no run the page saw, is not the
     # page's to move: what a widget does by itself (a chart's full screen hiding its
     # button) is that widget's.

@@ -152,9 +152,16 @@ def _picked_step(engine: Engine, history: History) -> Picked | None:
     return Picked(None, step, 1, kept_snapshot(history, step), False)
 
 
+# Set by Back to live, for the next drawing to say where it went: the banner it removed
+# was what a screen reader had last, and the page's next change read instead was the
+# translator's arithmetic or an inspected block.
+BACK_TO_LIVE = "tl_back_to_live"
+
+
 def _back_to_live() -> None:
     st.session_state[PICK] = None
     st.session_state[STEP_PICK] = None
+    st.session_state[BACK_TO_LIVE] = True
 
 
 def _of_step(p: Picked) -> str:
@@ -167,7 +174,13 @@ def _of_step(p: Picked) -> str:
 def banner(p: Picked | None, history: History) -> dict[str, Any] | None:
     """Above the state views: what a pick shows, with a way back; returns the past
     snapshot to draw (None: draw the live state)."""
+    back = st.session_state.pop(BACK_TO_LIVE, False)
     if p is None:
+        latest = history.latest()
+        if back and latest is not None:
+            # Once, where the banner was (keyed for ui/a11y.py's read-out too).
+            st.container(key="tl_banner").caption(
+                f"Back to the live state, after step {latest['step']:,}.")
         return None
     # Keyed for ui/a11y.py, which reads what a pick shows out to a screen reader.
     said = st.container(key="tl_banner")
