@@ -75,19 +75,25 @@ def focused_on(page: Page, key: str) -> None:
         arg=f"st-key-{key}", timeout=T)
 
 
+def with_a_request(page: Page, app_url: str) -> Locator:
+    """The Playground with request A added, its outcome read out; its Add request."""
+    page.goto(f"{app_url}/lab")
+    add = page.get_by_role("button", name="Add request")
+    expect(add).to_be_visible(timeout=T)
+    idle(page)   # what the first run draws is the page, not news to read out
+    add.click()
+    # The outcome, drawn in place, is read out.
+    expect(page.locator("#pagedlab-live")).to_contain_text("Step 1: add A", timeout=T)
+    return add
+
+
 def test_focus_moves_on_when_the_pressed_control_is_disabled_or_removed(
         browser: Browser, app_url: str, screenshots: Path) -> None:
     page = browser.new_page(viewport={"width": 1440, "height": 1400})
     page.set_default_timeout(T)
     try:
-        page.goto(f"{app_url}/lab")
-        add = page.get_by_role("button", name="Add request")
-        expect(add).to_be_visible(timeout=T)
-        idle(page)   # what the first run draws is the page, not news to read out
-        add.click()
+        add = with_a_request(page, app_url)
         live = page.locator("#pagedlab-live")
-        # The outcome, drawn in place, is read out.
-        expect(live).to_contain_text("Step 1: add A", timeout=T)
         idle(page)
 
         # Finish on the only request disables itself (nothing left to finish): the
@@ -168,12 +174,7 @@ def test_a_download_pressed_from_the_keyboard_keeps_the_focus(
     page = browser.new_page(viewport={"width": 1440, "height": 1400})
     page.set_default_timeout(T)
     try:
-        page.goto(f"{app_url}/lab")
-        add = page.get_by_role("button", name="Add request")
-        expect(add).to_be_visible(timeout=T)
-        idle(page)
-        add.click()
-        expect(page.locator("#pagedlab-live")).to_contain_text("Step 1: add A", timeout=T)
+        with_a_request(page, app_url)
         idle(page)
         for name in ("Snapshot", "Blocks (CSV)"):
             button = page.get_by_role("button", name=name, exact=True)

@@ -28,7 +28,7 @@ import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from backend.core.checks import (
     MAX_JSON_INT,
@@ -53,6 +53,8 @@ from backend.io.json_input import (
     unread_note,
 )
 from backend.paging.events import EVENT_KINDS
+
+Parsed = TypeVar("Parsed")
 
 MAX_SCENARIO_BYTES = 4 << 20
 # A snapshot file named on the command line (uploads in the app have a smaller bound,
@@ -197,18 +199,8 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None,
         config = _config(raw_config, base)
     except PagedLabError as exc:
         raise ScenarioError(str(exc)) from None
-    from_snapshot = None
-    if data.get("from_snapshot") is not None:
-        try:
-            from_snapshot = FromSnapshot.from_json(data["from_snapshot"])
-        except PagedLabError as exc:
-            raise ScenarioError(str(exc)) from None
-    contiguous = None
-    if data.get("contiguous") is not None:
-        try:
-            contiguous = ContiguousSpec.from_json(data["contiguous"])
-        except PagedLabError as exc:
-            raise ScenarioError(str(exc)) from None
+    from_snapshot = _optional(data, "from_snapshot", FromSnapshot.from_json)
+    contiguous = _optional(data, "contiguous", ContiguousSpec.from_json)
     steps_raw = data.get("steps")
     if not isinstance(steps_raw, list):
         got = "none" if "steps" not in data else json_kind(steps_raw)
@@ -243,6 +235,17 @@ def parse_scenario(data: Any, *, vocab_size: int | None = None,
                        has_arena=contiguous is not None)
     return Scenario(name, description, config, frozenset(raw_config or {}), tuple(steps),
                     contiguous, unread, tuple(never), from_snapshot)
+
+
+def _optional(data: dict[str, Any], key: str, parse: Callable[[Any], Parsed]) -> Parsed | None:
+    """Top-level field `key` read by `parse`, or None where it is left out or null; its
+    refusal as the file's (a ScenarioError naming no step)."""
+    if data.get(key) is None:
+        return None
+    try:
+        return parse(data[key])
+    except PagedLabError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def _check_texts(value: Any, where: str) -> None:
