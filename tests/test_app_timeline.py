@@ -79,6 +79,11 @@ def test_the_timeline_counts_its_rows_and_downloads_them_with_the_latencies(
     assert "not saved with the session" in text
     open_details(at)
     assert len(at.get("vega_lite_chart")) == 4      # grid, translator, timeline, picker strip
+    # The charts that take a click name the field that does the same from the keyboard.
+    assert caption(at, "Click a bar").startswith(
+        "Click a bar, or enter its iteration under *Show the state after iteration*:")
+    assert caption(at, "Click a block").startswith(
+        "Click a block, or type its id under *Inspect a block*, to see who holds it")
     keys = {b.key for b in at.get("download_button")}
     assert {"tl_dl_timeline_csv", "tl_dl_timeline_parquet", "tl_dl_latency_csv",
             "tl_dl_latency_parquet"} <= keys

@@ -4,6 +4,7 @@ and bad input answered with a message instead of a traceback."""
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 from pathlib import Path
@@ -308,6 +309,10 @@ def test_swap_or_recompute_runs_the_engines_and_says_what_they_did() -> None:
     assert not at.exception and not at.error
     df = frame_with(at, "swapped blocks")
     assert list(df["mode"]) == ["roomy", "recompute", "swap"] * 2
+    # The modes' column says what each one is (the page uses "roomy" nowhere else).
+    (table,) = [d for d in at.dataframe if "swapped blocks" in d.value.columns]
+    assert json.loads(table.proto.columns)["mode"]["help"].startswith(
+        "roomy: a pool large enough never to preempt, whose tokens the others must match")
     assert df["same tokens"].all()
     swap = df[df["mode"] == "swap"]
     assert (swap["swapped blocks"] > 0).all() and (swap["recomputed tokens"] == 0).all()

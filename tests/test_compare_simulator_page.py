@@ -136,6 +136,11 @@ def test_an_azure_trace_with_budgets_on_the_page() -> None:
     assert f"Why {direct.preemptions:,} preemptions for 400 requests." in says or (
         direct.preemptions == 0 and "**No preemption.**" in says)
     assert "Splitwise" in says and "CC BY" in says
+    # The paper's measure is said in words where its column is.
+    (metrics,) = [d for d in at.dataframe if "normalized latency (s/token)" in d.value.columns]
+    assert json.loads(metrics.proto.columns)["normalized latency (s/token)"]["help"] == (
+        "the mean over requests of each one's time from arrival to its last token, divided "
+        "by its output tokens: the paper's measure")
     # The timeline's downloads are there; the policy picker switches it.
     labels = [b.label for b in at.get("download_button")]
     assert "Timeline (CSV)" in labels and "Timeline (Parquet)" in labels

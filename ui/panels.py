@@ -194,7 +194,8 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
         st.vega_lite_chart(df, spec, key=f"{prefix}grid",
                            on_select=lambda: _on_grid_select(prefix),
                            selection_mode=views.SELECTION, width="stretch")
-    st.caption("Click a block to see who holds it (double-click clears); hover for details.")
+    st.caption("Click a block, or type its id under *Inspect a block*, to see who holds it "
+               "(double-click clears); hover for details.")
     if focus.caption:
         # Keyed for ui/a11y.py, which reads the inspected block out to a screen reader.
         said = st.container(key=f"{prefix}focus_said")

@@ -315,8 +315,9 @@ def _details(engine: Engine, history: History) -> None:
     st.markdown("**Pick a moment**")
     st.altair_chart(strip, key=STRIP, on_select=_on_strip,
                     selection_mode=SELECTION)
-    st.caption("Click a bar: the views above show the state after its step (grey: that "
-               "state is no longer kept).")
+    st.caption("Click a bar, or enter its iteration under *Show the state after iteration*: "
+               "the views above show the state after its step (grey: that state is no longer "
+               "kept).")
     st.markdown("**Latency per request**")
     if lat.empty:
         st.caption("No request has arrived on this timeline yet.")

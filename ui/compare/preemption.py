@@ -99,7 +99,10 @@ def preemption_section() -> None:
                      "swapped blocks", "swap ms", "µs per block", "preemptions", "blocks",
                      "steps", "same tokens"], column_config={
                      "block size": num("block", help="block size (tokens)", pinned=True),
-                     "mode": st.column_config.TextColumn(pinned=True),
+                     "mode": st.column_config.TextColumn(
+                         pinned=True, help="roomy: a pool large enough never to preempt, "
+                         "whose tokens the others must match; recompute and swap: the pool "
+                         "asked for, preempting by that method"),
                      # One number of places per column, so a column's figures line up.
                      "wall ms": num(format="%.1f"), "recompute ms": num(format="%.2f"),
                      "swap ms": num(format="%.2f"), "µs per block": num(format="%.1f"),

@@ -59,8 +59,10 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True,
     st.dataframe(metrics, hide_index=True, key=f"{prefix}_metrics", column_order=[
         "policy", "requests/s", "normalized latency (s/token)", "iterations", "preemptions"],
         column_config={"requests/s": st.column_config.NumberColumn(format="%.3f"),
-                       "normalized latency (s/token)":
-                           st.column_config.NumberColumn(format="%.4f"),
+                       "normalized latency (s/token)": st.column_config.NumberColumn(
+                           format="%.4f", help="the mean over requests of each one's time "
+                           "from arrival to its last token, divided by its output tokens: the "
+                           "paper's measure"),
                        # Counts with thousands separators, as the page's text writes them.
                        "iterations": st.column_config.NumberColumn(format="localized"),
                        "preemptions": st.column_config.NumberColumn(format="localized")})
