@@ -1,5 +1,5 @@
 // PagedLab's keyboard and screen-reader help, installed once per browser tab by
-// ui/a11y.py (st.html runs it in the page's own document). Three jobs:
+// ui/a11y.py (st.html runs it in the page's own document). Four jobs:
 //
 // 1. Keep the keyboard focus. A button that its own press disables (Finish on the
 //    last running request, Next on the last step, Play at the end) or removes (Back
@@ -19,6 +19,8 @@
 //    paged tab's) first run draws is not news: the screen reader reads the page.
 // 3. Name the section headings' help buttons after their sections, and a saved
 //    session's Open and Delete after its session.
+// 4. Take the alert and status roles off Streamlit's messages in the watched
+//    containers, which the read-out already says: said once, not twice.
 (() => {
   if (window.__pagedlabA11y) return;
   window.__pagedlabA11y = true;
@@ -470,6 +472,28 @@
     ["btn_delete_", (s) => `Delete ${s}`],
   ];
 
+  // ---- 4. one voice for a result ----------------------------------------------------
+  // Streamlit gives st.error and st.warning the role "alert" and st.info and st.success
+  // "status": live regions of their own, which a screen reader announces as they are
+  // drawn. In a watched container the live region above already reads what is news
+  // (and only that: not a page's first drawing, nor a message drawn again unchanged), so
+  // there they lose the role, or each result would be said twice. Done as the change is
+  // seen, before the browser updates what assistive technology sees.
+  // (The few messages are looked for first: the observer sees every change of a page.)
+  const readBox = (box) => [...box.classList].some((c) => c.startsWith(KEY)
+    && READ_OUT.some((s) => c.slice(KEY.length).replace(/--\d+$/, "").endsWith(s)));
+  const unvoice = () => {
+    for (const alert of document.querySelectorAll("[data-testid='stAlertContainer'][role]")) {
+      for (let box = alert.closest(`[class*="${KEY}"]`); box !== null;
+        box = box.parentElement?.closest(`[class*="${KEY}"]`) ?? null) {
+        if (readBox(box)) {
+          alert.removeAttribute("role");
+          break;
+        }
+      }
+    }
+  };
+
   // ---- when the page changes ---------------------------------------------------------
   // Read a moment after the page changes, at most every 250 ms while it keeps changing
   // (charts draw for a second or more after a run, longer than a person waits to act).
@@ -480,6 +504,7 @@
     }
   };
   new MutationObserver((changes) => {
+    unvoice();
     const state = changes.some((c) => c.attributeName === "data-test-script-state");
     if (!running()) checkPage(state ? "end" : "idle");
     else if (state) checkPage("start");
@@ -501,6 +526,7 @@
   });
   // The run that drew this script may have ended before it ran: what it drew is the
   // page as first read.
+  unvoice();
   readLater(0);
   document.addEventListener("focusout", (e) => {
     if (e.relatedTarget === null) window.setTimeout(refocus, 50);
