@@ -169,3 +169,34 @@ def test_at_1024_px_every_tab_reads_without_scrolling_sideways(
         expect(page.locator(".stException")).to_have_count(0)
     finally:
         page.close()
+
+
+# The state legends' labels in the seed tab's two charts: [text, left, right] in px.
+LEGENDS = """() => [...document.querySelectorAll("[role=tabpanel]:not([hidden]) "
+    + "[data-testid=stVegaLiteChart]")].map(c => [...c.querySelectorAll(
+    "g.role-legend-label text")].map(t => {
+        const r = t.getBoundingClientRect();
+        return [t.textContent, Math.round(r.left), Math.round(r.right)];
+    })).filter(labels => labels.length)"""
+
+
+def test_a_window_narrowed_to_a_phones_width_redraws_the_legends_in_one_column(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    # Streamlit resizes a drawn chart in place: a test of the container's width made
+    # only when the chart was first drawn kept the wide layout, and the legend's second
+    # column (reservation, external fragmentation) ran off a 390 px screen.
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    try:
+        page.set_default_timeout(T)
+        page.goto(f"{app_url}/fragmentation")
+        page.wait_for_function(f"({LEGENDS})().length >= 2", timeout=60_000)
+        wide = page.evaluate(LEGENDS)
+        assert all(len({left for _, left, _ in labels}) == 2 for labels in wide), wide
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.wait_for_function(f"({LEGENDS})().every(labels => "
+                               "new Set(labels.map(l => l[1])).size === 1)", timeout=T)
+        narrow = page.evaluate(LEGENDS)
+        assert all(right <= 390 for labels in narrow for _, _, right in labels), narrow
+        page.screenshot(path=screenshots / "compare-narrowed-390.png")
+    finally:
+        page.close()

@@ -47,7 +47,11 @@ FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 # legend takes one column (the second ran off the screen).
 NARROW_PX = 480
 WRAP_CHARS = 22
-_NARROW = f"containerSize()[0] < {NARROW_PX}"     # the Vega test for such a container
+# The Vega test for such a container. Vega evaluates an expression again only when a
+# signal it reads changes, and containerSize() is not one: read alone, it was the width
+# when the chart was first drawn. Streamlit resizes a drawn chart by setting its `width`
+# signal, so the test reads `width` (times 0) and is made again at every resize.
+_NARROW = f"containerSize()[0] + 0 * width < {NARROW_PX}"
 
 
 def _kind_color(legend: bool = True) -> alt.Color:
