@@ -198,5 +198,9 @@ def test_a_window_narrowed_to_a_phones_width_redraws_the_legends_in_one_column(
         narrow = page.evaluate(LEGENDS)
         assert all(right <= 390 for labels in narrow for _, _, right in labels), narrow
         page.screenshot(path=screenshots / "compare-narrowed-390.png")
+        # ...and widened again, two columns again.
+        page.set_viewport_size({"width": 1440, "height": 900})
+        page.wait_for_function(f"({LEGENDS})().every(labels => "
+                               "new Set(labels.map(l => l[1])).size === 2)", timeout=T)
     finally:
         page.close()
