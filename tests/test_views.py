@@ -118,6 +118,12 @@ def test_grid_spec_is_valid_vega_lite_and_renders(shared: Engine) -> None:
     texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
     assert texts.count("A ×3") == 5
     assert "A.1" in texts and grid.CACHED_LABEL in texts
+    # Drawn narrower than it asks (a phone's window), a label longer than its cell is
+    # cut with "…" inside it rather than run into the next cell.
+    narrow = views.grid_chart(snap, legend=False).to_dict(validate=False)
+    narrow["width"] = 16 * 16
+    cut = re.findall(r"<text[^>]*>([^<]*)</text>", vlc.vegalite_to_svg(narrow))
+    assert "A ×3" not in cut and sum(t.endswith("…") for t in cut) >= 5, cut
 
 
 def test_large_pools_are_paged_with_an_overview() -> None:

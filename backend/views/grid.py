@@ -233,10 +233,16 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         # text shrinks with the cells, `size` at full width, never under `least`.
         return {"expr": f"clamp({size} * width / {cols * cw}, {least}, {size})"}
 
+    def within(share: float) -> dict[str, str]:
+        # Text at most `share` of a cell's drawn width, cut with "…" past it: on a phone
+        # a cell is some 22 px and "B.0 ×4" at the smallest font ran into its neighbours.
+        # (The tooltip, Inspect a block and the block tables say it whole.)
+        return {"expr": f"{share} * width / {cols}"}
+
     labels = {
         "transform": [{"filter": f"datum.{text_field} != '' && datum.state != 'cached'"}],
         "mark": {"type": "text", "fontSize": font(9, 7) if dense else font(11, 8),
-                 "fontWeight": "bold",
+                 "fontWeight": "bold", "limit": within(0.92),
                  "color": INK, "baseline": "middle", "aria": False},
         "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
                      "text": {"field": text_field, "type": "nominal"}, "opacity": text_alpha},
@@ -247,7 +253,7 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         layers.append({
             "transform": [{"filter": "datum.state == 'cached'"}],
             "mark": {"type": "text", "fontSize": font(10, 7.5), "fontStyle": "italic",
-                     "color": INK,
+                     "color": INK, "limit": within(0.92),
                      "baseline": "middle", "aria": False},
             "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
                          "text": {"field": "label", "type": "nominal"}, "opacity": text_alpha},
@@ -255,7 +261,7 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
     if not dense:
         layers.append({
             "mark": {"type": "text", "fontSize": 8, "color": ID_INK, "align": "left",
-                     "baseline": "top", "aria": False},
+                     "baseline": "top", "limit": within(0.85), "aria": False},
             "encoding": {"x": q("x_id", xs), "y": q("y_id", ys),
                          "text": {"field": "id", "type": "quantitative"}, "opacity": text_alpha},
         })
