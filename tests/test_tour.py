@@ -300,6 +300,18 @@ def test_the_arena_map_follows_the_contiguous_mirror() -> None:
     # Valid Vega-Lite (raises if not), as wide as a 16-column block grid.
     alt.LayerChart.from_dict({**spec, "data": {"values": data.to_dict("records")}})
     assert spec["width"] == 16 * 46
+    # Drawn, the labels are the frame's at full width, and shorter ones where a phone
+    # draws it narrower: "A reserved" would run out of its two slots.
+    import vl_convert as vlc
+
+    def drawn(width: int) -> list[str]:
+        svg = vlc.vegalite_to_svg({**spec, "width": width,
+                                   "data": {"values": data.to_dict("records")}})
+        return [t for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+                if not t.isdigit() and t != "slot"]
+
+    assert drawn(16 * 46) == list(df["text"])
+    assert drawn(340) == ["A", "(A)", "hole", "C", "hole"]   # (C) in one slot: none
     # Before the arena holds anything it is one free run.
     empty = run.frame(0).arena
     assert empty is not None and empty["segments"] == [

@@ -206,12 +206,12 @@ def arena_frame(arena: dict[str, Any], snap: Snapshot) -> pd.DataFrame:
         else:
             color = EXTERNAL_FILL if kind == "external_fragmentation" else "#FFFFFF"
         end = seg["start"] + seg["length"]
+        long, short = _segment_words(kind, owner)
         px = seg["length"] * ARENA_WIDTH / arena["capacity"]
-        text = _segment_text(kind, owner, px)
         rows.append({
             "x0": seg["start"], "x1": end, "xc": seg["start"] + seg["length"] / 2,
             "kind": label, "owner": owner or "", "color": color, "opacity": opacity,
-            "dash": dashed, "text": text,
+            "dash": dashed, "text": _fitting(long, short, px), "long": long, "short": short,
             "slots": f"{seg['start']}–{end - 1}" if seg["length"] > 1 else str(seg["start"]),
             "length": seg["length"],
             "aria": f"slots {seg['start']} to {end - 1}: {label}"
@@ -220,18 +220,39 @@ def arena_frame(arena: dict[str, Any], snap: Snapshot) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _segment_text(kind: str, owner: str | None, px: float) -> str:
-    """The words inside a run of slots, as long as its width allows (px on screen)."""
-    long, short = {
+def _segment_words(kind: str, owner: str | None) -> tuple[str, str]:
+    """The words inside a run of slots: (long, short), the short ones for a narrow run."""
+    return {
         "token_states": (owner or "", owner or ""),
         "reservation": (f"{owner} reserved", f"({owner})"),
         "internal_fragmentation": (f"{owner} unused", f"({owner})"),
         "external_fragmentation": ("hole", ""),
         "free": ("", ""),
     }[kind]
-    if px >= 7.5 * len(long) + 8:
+
+
+# A run's label fits when the run is this many px per character wide, plus a margin: the
+# arena's 11 px bold text.
+CHAR_PX = 7.5
+LONG_MARGIN_PX = 8
+SHORT_MARGIN_PX = 6
+
+
+def _fitting(long: str, short: str, px: float) -> str:
+    """The words a run `px` wide on screen shows: the long ones, the short, or none.
+    (`_fitting_expr` is the same rule in Vega, for the width the chart is drawn at.)"""
+    if px >= CHAR_PX * len(long) + LONG_MARGIN_PX:
         return long
-    return short if px >= 7.5 * len(short) + 6 else ""
+    return short if px >= CHAR_PX * len(short) + SHORT_MARGIN_PX else ""
+
+
+def _fitting_expr(cap: int) -> str:
+    """`_fitting` as a Vega expression over a row of `arena_frame`, at the drawn width:
+    a phone draws the arena narrower than ARENA_WIDTH, and "B reserved" chosen for the
+    full width ran out of its two slots into the next request's."""
+    px = f"datum.length * width / {cap}"
+    return (f"{px} >= {CHAR_PX} * length(datum.long) + {LONG_MARGIN_PX} ? datum.long : "
+            f"{px} >= {CHAR_PX} * length(datum.short) + {SHORT_MARGIN_PX} ? datum.short : ''")
 
 
 def arena_spec(arena: dict[str, Any], snap: Snapshot) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -276,12 +297,11 @@ def arena_spec(arena: dict[str, Any], snap: Snapshot) -> tuple[pd.DataFrame, dic
             "encoding": {"x": {"field": "s", "type": "quantitative", "scale": xs},
                          "y": {"value": 2}, "y2": {"value": ARENA_HEIGHT - 2}}})
     layers.append(
-        {"transform": [{"filter": "datum.text != ''"}],
+        {"transform": [{"filter": "datum.long != ''"}],
          "mark": {"type": "text", "fontSize": 11, "fontWeight": "bold", "color": INK,
-                  "baseline": "middle", "aria": False},
+                  "baseline": "middle", "aria": False, "text": {"expr": _fitting_expr(cap)}},
          "encoding": {"x": {"field": "xc", "type": "quantitative", "scale": xs},
-                      "y": {"value": ARENA_HEIGHT / 2},
-                      "text": {"field": "text", "type": "nominal"}}})
+                      "y": {"value": ARENA_HEIGHT / 2}}})
     spec = {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
         "width": ARENA_WIDTH, "height": ARENA_HEIGHT,
