@@ -195,6 +195,44 @@ def test_swap_events_are_checked_against_the_host_pool() -> None:
         restore_engine(snap, kernel="torch")
 
 
+def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
+    # Swapped out, back, and out again: two swap-outs and one swap-in in the log.
+    e = swapped_engine()
+    while e.host.swap_ins == 0 or not e.swapped:
+        apply(e, {"op": "step"})
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    outs, ins = snap["metrics"]["swap_outs"], snap["metrics"]["swap_ins"]
+    assert outs >= 2 and ins >= 1
+    # Left out (the contract's metrics may leave them out): counted from the log.
+    bare = copy_of(snap)
+    del bare["metrics"]["swap_outs"], bare["metrics"]["swap_ins"]
+    assert export_snapshot(restore_engine(bare, kernel="torch")) == snap
+    # Given, they must be the log's: "0 swap-outs" showed beside a swapped request.
+    for key, value, logged in (("swap_outs", 0, outs), ("swap_outs", outs + 1, outs),
+                               ("swap_ins", ins + 5, ins), ("swap_ins", 0, ins)):
+        wrong = copy_of(snap)
+        wrong["metrics"][key] = value
+        with pytest.raises(PagedLabError, match=(
+                rf"metrics\.{key} is {value} but the events hold {logged} "
+                rf"swap-{key[5:-1]}s? \(")):
+            restore_engine(wrong, kernel="torch")
+    # A swapped request was preempted: with num_preemptions 0 (and the total to match)
+    # the Preemptions card read 0 beside it.
+    unpreempted = copy_of(snap)
+    rid = e.swapped[0]
+    row = next(r for r in unpreempted["requests"] if r["id"] == rid)
+    unpreempted["metrics"]["preemptions"] -= row["num_preemptions"]
+    row["num_preemptions"] = 0
+    with pytest.raises(PagedLabError, match=f"request '{rid}' is swapped out but its "
+                                            "num_preemptions is 0"):
+        restore_engine(unpreempted, kernel="torch")
+
+
+def copy_of(snap: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(snap))
+    return out
+
+
 def test_the_event_log_says_where_a_preempted_requests_k_v_went() -> None:
     swapped = swapped_engine()
     rid = swapped.swapped[0]

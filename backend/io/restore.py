@@ -298,7 +298,8 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
                                 f"{total:,} but the events hold {logged:,} {kind} events")
     m.step = step
     if host is not None:
-        restore_host(top, mt, host, {rid: tables[rid] for rid in swapped}, requests, bs)
+        restore_host(top, mt, host, {rid: tables[rid] for rid in swapped}, requests, bs,
+                     m.events)
 
     # The scheduler shares this dict with the engine: fill it, never replace it.
     engine.requests.clear()

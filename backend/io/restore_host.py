@@ -8,19 +8,35 @@ request, filled as its tokens say, never hashed) and rebuilds the pool.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from backend.core.checks import shown
 from backend.core.errors import PagedLabError
 from backend.engine.request import Request
 from backend.engine.swap import HostPool
 from backend.io.json_input import FieldReader, listed_by_id, non_negative
+from backend.paging.events import Event
+
+# A swapped-out request is back on the device at its first event of these kinds: a
+# swap-in allocates (hits and new blocks), may evict, and copies its K/V back. (A swap-in
+# whose blocks were all still cached copies nothing, so it logs no swap_in.)
+_BACK_ON_DEVICE = frozenset({"alloc", "prefix_hit", "evict", "swap_in", "share", "cow"})
 
 
 def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
-                  tables: dict[str, list[int]], requests: dict[str, Request], bs: int) -> None:
-    """The host pool from `cpu_blocks` and the swapped requests' tables, cross-checked."""
+                  tables: dict[str, list[int]], requests: dict[str, Request], bs: int,
+                  events: Sequence[Event]) -> None:
+    """The host pool from `cpu_blocks` and the swapped requests' tables, cross-checked;
+    its swap counts from `metrics`, checked against the event log `events` (every
+    event so far), or from the log where the file leaves them out."""
     readers = listed_by_id(top, "cpu_blocks", host.num_blocks,
                            "host pool (config.num_cpu_blocks)")
     holder: dict[int, tuple[str, int]] = {}
     for rid, table in tables.items():
+        if requests[rid].num_preemptions < 1:
+            # A swap-out is a preemption: the Preemptions card read 0 beside a swapped one.
+            raise PagedLabError(f"inconsistent snapshot: request {shown(rid)} is swapped out "
+                                "but its num_preemptions is 0 (a swap-out preempts)")
         for i, b in enumerate(table):
             if b in holder:
                 raise PagedLabError(f"inconsistent snapshot: host block {b} is in the tables "
@@ -46,5 +62,39 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
                 f"{want_filled} filled")
         filled[i] = n
     host.restore(tables, filled)
-    host.swap_outs = non_negative(mt, "swap_outs", optional=True)
-    host.swap_ins = non_negative(mt, "swap_ins", optional=True)
+    outs, ins = swap_counts(events)
+    # The totals are optional in the contract: a file without them gets the log's counts;
+    # one with them must agree (before, "0 swap-outs" showed beside a swapped request).
+    for key, logged, what in (("swap_outs", outs, "swap-out"), ("swap_ins", ins, "swap-in")):
+        total = non_negative(mt, key, optional=True) if key in mt.data else logged
+        if total != logged:
+            raise PagedLabError(
+                f"inconsistent snapshot: metrics.{key} is {total:,} but the events hold "
+                f"{logged:,} {what}{'s' * (logged != 1)} ({_COUNTED[key]})")
+    host.swap_outs, host.swap_ins = outs, ins
+
+
+_COUNTED = {
+    "swap_outs": "a request's run of swap_out events is one",
+    "swap_ins": "a swapped-out request's next alloc, prefix_hit or swap_in is one",
+}
+
+
+def swap_counts(events: Sequence[Event]) -> tuple[int, int]:
+    """(swap-outs, swap-ins) as the event log tells them. A swap-out copies every block
+    of its request, one `swap_out` event each, in one run; a swap-in is the request's
+    return to the device, whose first event follows its swap-out."""
+    outs = ins = 0
+    away: set[str] = set()
+    last: Event | None = None
+    for e in events:
+        rid = e.request
+        if e.kind == "swap_out" and rid is not None:
+            if last is None or last.kind != "swap_out" or last.request != rid:
+                outs += 1
+            away.add(rid)
+        elif rid in away and e.kind in _BACK_ON_DEVICE:
+            ins += 1
+            away.discard(rid)
+        last = e
+    return outs, ins
