@@ -76,7 +76,7 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
 
 _COUNTED = {
     "swap_outs": "a request's run of swap_out events is one",
-    "swap_ins": "a swapped-out request's next alloc, prefix_hit or swap_in is one",
+    "swap_ins": "a swapped-out request's next alloc, prefix_hit, evict or swap_in is one",
 }
 
 
