@@ -169,6 +169,30 @@ def test_the_playground_reads_a_request_in_physical_order_on_a_copy() -> None:
     assert not at.get("code")
 
 
+def test_a_beams_reading_names_no_draw_the_beam_search_does_not_make() -> None:
+    # A beam's next token is the search's pick among its group's extensions by cumulative
+    # log-probability; the seeded draw the panel named for it was a token the engine never
+    # takes (the beam could be dropped on the next step).
+    at = start()
+    at.number_input(key="add_beam").set_value(3)
+    add(at, "hello there", rid="A", max_new=20)
+    click(at, "btn_step")
+    click(at, "btn_step")
+    at.session_state["whatif_open"] = True
+    at.run()
+    at.selectbox(key="whatif_pick").set_value("A.0").run()
+    click(at, "btn_whatif")
+    shown = "\n".join(m.value for m in at.markdown)
+    assert "seeded draw" not in shown
+    assert shown.count("Next token: the beam search's choice, not a draw: it keeps the "
+                       "group's extensions with the highest cumulative log-probability") == 2
+    # A request that samples still has its draw named.
+    add(at, "Blocks of another text", rid="B", max_new=12)
+    at.selectbox(key="whatif_pick").set_value("B").run()
+    click(at, "btn_whatif")
+    assert "Next token (the engine's seeded draw)" in "\n".join(m.value for m in at.markdown)
+
+
 def test_a_control_run_of_a_replaced_engine_is_not_shown() -> None:
     at = start()
     add(at, "Paging moves nothing:", max_new=12)

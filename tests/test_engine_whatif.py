@@ -15,7 +15,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
 from backend.engine.whatif import physical_order
 from backend.io.snapshot import export_snapshot
-from backend.views.whatif import outcome
+from backend.views.whatif import draw_note, outcome
 
 
 def shuffled(**config: object) -> Engine:
@@ -71,6 +71,19 @@ def test_a_sorted_table_reads_the_same_and_a_waiting_request_is_refused() -> Non
     small.apply(parse_op({"op": "add", "request": "W", "prompt_len": 12}))
     with pytest.raises(PagedLabError, match="must be running"):
         physical_order(small, "W")
+
+
+def test_a_beam_has_no_drawn_next_token() -> None:
+    # The beam search picks by cumulative log-probability; a sampled request draws.
+    e = Engine(EngineConfig.from_json({"num_blocks": 32, "block_size": 4}), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt": "hello there", "beam_width": 3,
+                      "max_new_tokens": 20}))
+    e.apply(parse_op({"op": "add", "request": "S", "prompt": "hello there"}))
+    e.apply(parse_op({"op": "step"}))
+    beam = physical_order(e, "A.0")
+    assert beam.table_order.next_token is None and beam.physical_order.next_token is None
+    assert draw_note(beam.table_order, 1.0, None) == ""
+    assert isinstance(physical_order(e, "S").table_order.next_token, int)
 
 
 def pinned(table: list[int]) -> Engine:

@@ -56,11 +56,18 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
         st.caption(plain_md(f"{WRITTEN} This forward writes the K/V of {new} over that of "
                             f"{old}: position {w.position} is read twice, position {over} "
                             "not at all."))
-    # A draw, not the argmax: with a temperature it may come from past the table's rows.
-    drawn = draw_note(r, *sampling_of(engine.config, engine.model))
-    st.markdown(f"Next token (the engine's seeded draw): "
-                f"{md_code(_quoted(engine, r.next_token))}{drawn} · its logits differ from "
-                f"the engine's by at most {r.logits_diff:.1e}")
+    differ = f"its logits differ from the engine's by at most {r.logits_diff:.1e}"
+    if r.next_token is None:
+        # A beam's next token is no draw: the search ranks the group's extensions.
+        st.markdown(f"Next token: the beam search's choice, not a draw: it keeps the "
+                    f"group's extensions with the highest cumulative log-probability, so "
+                    f"this beam goes on with its likeliest tokens (the first rows below), as "
+                    f"many as make that cut, or is dropped · {differ}")
+    else:
+        # A draw, not the argmax: with a temperature it may come from past the table's rows.
+        drawn = draw_note(r, *sampling_of(engine.config, engine.model))
+        st.markdown(f"Next token (the engine's seeded draw): "
+                    f"{md_code(_quoted(engine, r.next_token))}{drawn} · {differ}")
     st.dataframe(pd.DataFrame([{"token": _quoted(engine, t), "probability": p}
                                for t, p in r.top]), hide_index=True, width="stretch",
                  column_config={"probability": st.column_config.NumberColumn(

@@ -83,7 +83,9 @@ class Reading:
 
     table: list[int]                       # the block table the forward read through
     logits_diff: float                     # max |logits - the engine's pending logits|
-    next_token: int                        # the token the engine's sampling draws
+    # The token the engine's sampling draws; None for a beam, which no draw picks: the
+    # search keeps its group's best extensions by cumulative log-probability.
+    next_token: int | None
     top: list[tuple[int, float]]           # (token, probability), most probable first
     attention: list[torch.Tensor]          # per layer: the last token's output [H, D]
 
@@ -176,14 +178,15 @@ def physical_order(engine: Engine, request_id: str) -> OrderWhatIf:
         # One copy per reading: the sorted one writes the last token's K/V over another's.
         copies = [_PoolCopy([t.clone() for t in engine.cache.k],
                             [t.clone() for t in engine.cache.v]) for _ in range(2)]
-    readings = [_read(engine, copy, t, request_id, last, position, pending)
+        beam = req.beam_width is not None
+    readings = [_read(engine, copy, t, request_id, last, position, pending, beam)
                 for copy, t in zip(copies, (table, sorted(table)), strict=True)]
     return OrderWhatIf(request_id, position, tokens, engine.config.block_size,
                        readings[0], readings[1], logit_tolerance(engine.config.dtype))
 
 
 def _read(engine: Engine, pool: _PoolCopy, table: list[int], request_id: str, token: int,
-          position: int, pending: torch.Tensor) -> Reading:
+          position: int, pending: torch.Tensor, beam: bool) -> Reading:
     bs = engine.config.block_size
     slot = table[position // bs] * bs + position % bs
     batch = ForwardBatch.build([([token], position, [slot], table)], engine.device)
@@ -195,7 +198,8 @@ def _read(engine: Engine, pool: _PoolCopy, table: list[int], request_id: str, to
     probs = torch.exp(log_probs(logits, engine.model.vocab_size == 256))
     top = torch.topk(probs, TOP_K)
     # The token the engine would draw from these logits (its seeded sampling).
-    drawn = next_token(logits, engine.config, engine.model, request_id, position + 1)
+    drawn = None if beam else next_token(logits, engine.config, engine.model, request_id,
+                                         position + 1)
     return Reading(list(table), float((logits - pending).abs().max()), drawn,
                    [(int(t), float(p)) for p, t in zip(top.values, top.indices, strict=True)],
                    kernels.outputs)

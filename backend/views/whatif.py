@@ -32,11 +32,13 @@ def outcome(w: OrderWhatIf) -> str:
     if not w.physical_changed:
         return (moved + f", {rounding}. {_ANOTHER_LAST}; the slots that changed carried "
                 "little of the attention.")
-    same = w.table_order.next_token == w.physical_order.next_token
+    drawn = w.table_order.next_token
+    same = drawn == w.physical_order.next_token
     return (moved + f". {_ANOTHER_LAST}: what attention read changed, and with it the "
-            "next-token distribution (the tables of probabilities). "
-            + ("The seeded draw happens to give the same token." if same else
-               "The seeded draw gives another token."))
+            "next-token distribution (the tables of probabilities)"
+            + (". " + ("The seeded draw happens to give the same token." if same else
+                       "The seeded draw gives another token.") if drawn is not None
+               else ", from which the beam search picks its group's best extensions."))
 
 
 def draw_note(r: Reading, temperature: float | None, top_p: float | None) -> str:
@@ -44,7 +46,7 @@ def draw_note(r: Reading, temperature: float | None, top_p: float | None) -> str
     is there): the draw samples, with the engine's settings, while the table lists the
     model's plain (temperature 1) probabilities. `temperature` and `top_p` are the ones
     the draw used (None: plain softmax, no nucleus)."""
-    if any(t == r.next_token for t, _ in r.top):
+    if r.next_token is None or any(t == r.next_token for t, _ in r.top):
         return ""
     how = [f"temperature {temperature:g}" if temperature is not None else "temperature 1"]
     if top_p is not None:
