@@ -22,6 +22,8 @@ from backend.engine.ops import parse_op
 from backend.io import export
 from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot
+from backend.views.grid import grid_spec
+from backend.views.host_pool import host_view
 from backend.views.model import events_frame
 from bench.soak import soak_configs, soak_sequence
 
@@ -226,6 +228,20 @@ def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     with pytest.raises(PagedLabError, match=f"request '{rid}' is swapped out but its "
                                             "num_preemptions is 0"):
         restore_engine(unpreempted, kernel="torch")
+
+
+def test_the_host_pools_grid_is_named_for_it() -> None:
+    # Drawn like the device pool, its text alternative began as the device pool's did,
+    # with a "cached" count the host pool can never have.
+    snap = export_snapshot(swapped_engine())
+    _, spec = grid_spec(host_view(snap))
+    used = sum(b["state"] == "used" for b in snap["cpu_blocks"])
+    assert spec["description"].startswith(
+        f"Host pool blocks 0–15 (4 slots each): {used} used, {16 - used} free. ")
+    assert grid_spec(snap)[1]["description"].startswith("Physical blocks 0–12 (4 slots each)")
+    one = engine(13, preemption="swap", num_cpu_blocks=1)
+    assert grid_spec(host_view(export_snapshot(one)))[1]["description"].startswith(
+        "Host pool block 0 (4 slots): 0 used, 1 free. ")
 
 
 def copy_of(snap: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from backend.core.words import counted
+from backend.views.host_pool import is_host
 from backend.views.model import COLOUR_SLOTS, Snapshot, blocks_frame
 from backend.views.tokens import block_tokens
 
@@ -304,8 +305,10 @@ def grid_description(snap: Snapshot, cells: pd.DataFrame, page: int = 0) -> str:
     state = cells["state"]
     used = int((state == "used").sum())
     shared = int(((state == "used") & (cells["ref_count"] >= 2)).sum())
+    # The host pool caches nothing: "0 cached" there would suggest it could.
+    cached = [] if is_host(snap) else [f"{int((state == 'cached').sum()):,} cached"]
     parts = [f"{used:,} used" + (f", {shared:,} of them shared" if shared else ""),
-             f"{int((state == 'cached').sum()):,} cached", f"{int((state == 'free').sum()):,} free"]
+             *cached, f"{int((state == 'free').sum()):,} free"]
     where = ("Each block is described in turn; the block tables below give every request's "
              "blocks in text" if len(cells) <= CANVAS_CELLS else
              "Drawn as a picture; Inspect a block and the block tables below give the same "
@@ -317,11 +320,15 @@ def grid_title(snap: Snapshot, page: int = 0) -> str:
     """What the grid (or this page of it) shows."""
     total = len(snap["blocks"])
     each = counted(snap["config"]["block_size"], "slot")
+    # The host pool's grid is told apart from the device pool's, which it is drawn like.
+    pool = "Host pool blocks" if is_host(snap) else "Physical blocks"
+    if total == 1:
+        return f"{pool[:-1]} 0 ({each})"
     if num_pages(total) == 1:
-        return f"Physical blocks 0–{total - 1} ({each} each)"
+        return f"{pool} 0–{total - 1} ({each} each)"
     lo = page * PAGE_SIZE
     hi = min(total, lo + PAGE_SIZE) - 1
-    return f"Physical blocks {lo}–{hi} of {total} ({each} each)"
+    return f"{pool} {lo}–{hi} of {total} ({each} each)"
 
 
 def overview_frame(snap: Snapshot, group: int = 64) -> pd.DataFrame:

@@ -22,10 +22,15 @@ def has_host_pool(snap: Snapshot) -> bool:
     return "cpu_blocks" in snap
 
 
+def is_host(snap: Snapshot) -> bool:
+    """Whether `snap` is `host_view`'s view of the host pool."""
+    return snap.get("pool") == HOST_POOL
+
+
 def on_device(snap: Snapshot, req: dict[str, Any]) -> bool:
     """Whether `req`'s block table names blocks of the pool `snap` shows."""
     swapped = req["status"] == "swapped"
-    return swapped if snap.get("pool") == HOST_POOL else not swapped
+    return swapped if is_host(snap) else not swapped
 
 
 def host_view(snap: Snapshot) -> Snapshot:
