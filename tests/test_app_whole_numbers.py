@@ -185,6 +185,23 @@ def test_a_fraction_in_a_field_that_cannot_be_edited_does_not_hold_the_settings(
     assert [e.value for e in at.sidebar.error] == ["Pool size must be a whole number; got 2.5"]
     at.sidebar.number_input(key="cfg_num_blocks").set_value(32.0).run()
     assert not at.sidebar.error and engine(at).config.preemption == "swap"
+    # Under swap the host pool's range starts at 1 (0 is no host pool), alone or beside
+    # another field's refusal.
+    swapped = engine(at)
+    at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(10_000_000).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Host pool must be 1 to 65,536; got 10,000,000"]
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(2.5).run()
+    assert [e.value for e in at.sidebar.error] == [
+        "Pool size must be a whole number; got 2.5  \nHost pool must be 1 to 65,536; got "
+        "10,000,000"]
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(32.0)
+    at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(0).run()
+    assert [shown(e.value) for e in at.sidebar.error] == [
+        'Preemption "swap" needs a host pool: set Host pool to 1 or more']
+    assert engine(at) is swapped
+    at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(32).run()
+    assert not at.sidebar.error and engine(at).config.num_cpu_blocks == 32
     # A fraction left in the host pool when Recompute is picked (the field disabled).
     at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(2.5).run()
     assert [e.value for e in at.sidebar.error] == ["Host pool must be a whole number; got 2.5"]

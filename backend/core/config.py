@@ -233,7 +233,8 @@ class EngineConfig:
                                         f"{have}; a real model's dimensions come from its "
                                         "weights (leave it out)")
                 continue
-            values[key] = _check_field(key, data[key], where)
+            values[key] = _check_field(key, data[key], where,
+                                       swap=data.get("preemption") == "swap")
         if dims is not None:
             values.update({key: getattr(dims, key) for key in DIM_FIELDS})
         cfg = replace(cfg, **values)
@@ -272,15 +273,16 @@ def _int_in(key: str, v: Any, lo: int, hi: int, where: str) -> int:
     return check_int(v, f"{where}: {key}", lo, hi)
 
 
-def check_field(key: str, value: Any, where: str = "config") -> Any:
+def check_field(key: str, value: Any, where: str = "config", *, swap: bool = False) -> Any:
     """One config field's value checked on its own (its type and range), as `from_json`
     checks it; the value as the config keeps it. Raises PagedLabError. The checks that
     tie fields together (heads and KV heads, the watermark and the pool) are
-    `from_json`'s."""
-    return _check_field(key, value, where)
+    `from_json`'s, but for `swap`: preemption "swap", under which the host pool's range
+    starts at 1."""
+    return _check_field(key, value, where, swap=swap)
 
 
-def _check_field(key: str, v: Any, where: str) -> Any:
+def _check_field(key: str, v: Any, where: str, *, swap: bool = False) -> Any:
     match key:
         case "num_blocks":
             return _int_in(key, v, 1, MAX_NUM_BLOCKS, where)
@@ -344,7 +346,11 @@ def _check_field(key: str, v: Any, where: str) -> Any:
                                     f"got {shown(v)}")
             return v
         case "num_cpu_blocks":
-            return _int_in(key, v, 0, MAX_NUM_BLOCKS, where)
+            if swap and v == 0 and not isinstance(v, bool):
+                raise PagedLabError(f"{where}: preemption \"swap\" needs a host pool: set "
+                                    "num_cpu_blocks to 1 or more")
+            # Under swap, 0 is no host pool: "0 to 65,536" named a value refused.
+            return _int_in(key, v, 1 if swap else 0, MAX_NUM_BLOCKS, where)
     raise AssertionError(key)
 
 

@@ -188,14 +188,15 @@ def config_from_fields(fields: dict[str, Any], base: EngineConfig,
     return config
 
 
-def field_problem(key: str, value: Any) -> str | None:
+def field_problem(key: str, value: Any, *, swap: bool = False) -> str | None:
     """Why the sidebar's config field `key` cannot hold `value` on its own (its type and
-    range, a limit's 0 read as blank), or None. The config's checks across fields come
-    later, from `config_from_fields`."""
+    range, a limit's 0 read as blank; `swap`: preemption "swap" is picked, see
+    `check_field`), or None. The config's checks across fields come later, from
+    `config_from_fields`."""
     if key in NO_LIMIT_AT_0 and value == 0 and not isinstance(value, bool):
         value = None
     try:
-        check_field(key, value, "settings")
+        check_field(key, value, "settings", swap=swap)
     except PagedLabError as exc:
         return str(exc)
     return None
@@ -207,7 +208,8 @@ def _check_each(data: dict[str, Any], given: dict[str, Any]) -> None:
     at the first). One alone is left to that check, which words some better (a pool
     past the session's limit)."""
     problems = [p for key in given if key in data
-                if (p := field_problem(key, data[key])) is not None]
+                if (p := field_problem(key, data[key], swap=data.get("preemption") == "swap"))
+                is not None]
     if len(problems) > 1:
         raise PagedLabError("\n".join(problems))
 
