@@ -700,4 +700,5 @@ def test_a_reader_that_goes_away_ends_the_output_without_a_traceback() -> None:
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 1
-    assert err == ""
+    # Nothing but the progress lines a run past a second writes (a loaded machine's).
+    assert [line for line in err.splitlines() if not line.startswith("simulate: ")] == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -233,4 +233,5 @@ class ArenaMachine(RuleBasedStateMachine):
 
 
 TestArenaMachine = ArenaMachine.TestCase
-TestArenaMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestArenaMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
