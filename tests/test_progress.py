@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -474,6 +475,14 @@ def test_a_spinner_left_by_a_superseded_run_is_closed_now_not_by_the_collector()
         live.finish()
 
 
+def stopping(work: Work, timeout: float = 60.0) -> None:
+    """Wait until a stop of `work` has been asked for (a run held mid-way, so that the
+    stop reaches it there however slow the machine)."""
+    deadline = time.monotonic() + timeout
+    while (work.state is None or not work.state.stopping) and time.monotonic() < deadline:
+        threading.Event().wait(0.005)
+
+
 def test_a_page_opening_a_session_stops_its_other_pages_run_and_waits_for_its_save() -> None:
     """A reload during Step N: the new page stops the old page's run, which Streamlit
     lets go on, and waits until that run has saved, so it opens what the run reached."""
@@ -491,6 +500,10 @@ def test_a_page_opening_a_session_stops_its_other_pages_run_and_waits_for_its_sa
             def display(done: int, total: int) -> bool:
                 if done == 3:
                     third.set()
+                elif done == 4:
+                    # Held here until the stop is asked for: 196 more iterations (about
+                    # a second) were all that stood between it and a loaded machine.
+                    stopping(old)
                 return True
 
             applied = apply_or_recover(engine, Step(200), before,
@@ -642,7 +655,8 @@ def test_a_run_queued_behind_the_stopped_one_is_stopped_too() -> None:
                 done += 1
                 work.update(done, 300)
                 first_going.set()
-                threading.Event().wait(0.005)
+                if done == 2:
+                    stopping(work)     # (it held off the stop by its 1.5 s alone)
             work.end()
             ran.append((name, done))
 
