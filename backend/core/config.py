@@ -51,6 +51,9 @@ class ModelDims:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    # The positions it was trained on (llama.context_length): a request holds at most
+    # this many tokens, as vLLM's max_model_len bounds a sequence.
+    context_length: int
 
     @property
     def hidden_size(self) -> int:
@@ -64,8 +67,9 @@ class ModelDims:
         return self.vocab_size * d + self.num_layers * (attn + 3 * d * ff + 2 * d) + d
 
 
-# SmolLM2-135M-Instruct: 30 layers, 9 query and 3 KV heads of 64, FFN 1536, 49,152 tokens.
-REAL_MODELS: dict[str, ModelDims] = {SMOLLM2: ModelDims(30, 9, 3, 64, 1536, 49_152)}
+# SmolLM2-135M-Instruct: 30 layers, 9 query and 3 KV heads of 64, FFN 1536, 49,152 tokens,
+# a context of 8,192.
+REAL_MODELS: dict[str, ModelDims] = {SMOLLM2: ModelDims(30, 9, 3, 64, 1536, 49_152, 8192)}
 
 
 def vocab_size_of(model: str) -> int:
@@ -126,6 +130,13 @@ class EngineConfig:
     def dims(self) -> ModelDims | None:
         """The pretrained model's shape, or None for tiny-byte."""
         return REAL_MODELS.get(self.model)
+
+    @property
+    def context_length(self) -> int | None:
+        """The most tokens a request may hold: a real model's context, or None (tiny-byte,
+        whose random weights were trained on no positions, has no limit of its own)."""
+        dims = self.dims
+        return None if dims is None else dims.context_length
 
     @property
     def vocab_size(self) -> int:

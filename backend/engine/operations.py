@@ -51,6 +51,12 @@ def add(engine: Engine, op: Add) -> None:
     tokens = prompt_ids(op, engine.model, engine.config.seed, group)
     max_new = engine.config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
     assert max_new != INHERIT
+    context = engine.config.context_length
+    if context is not None and len(tokens) >= context:
+        raise PagedLabError(
+            f"a prompt of {len(tokens):,} tokens leaves no room in {engine.config.model}'s "
+            f"context of {context:,} tokens for a generated token; it may hold "
+            f"{context - 1:,} at most")
     # Raises for a prompt that can never fit and for bad pins.
     engine.manager.plan_prompt(tokens, pinned=op.blocks, cache_salt=op.cache_salt)
     if engine.scheduler.never_admissible(len(tokens), watermark=False):
@@ -74,6 +80,12 @@ def add(engine: Engine, op: Add) -> None:
                             f"max_num_seqs is {limit}: they could never start")
     if width is not None:
         _check_beam_search(engine, width, len(tokens), max_new)
+        if context is not None and max_new is not None and len(tokens) + max_new > context:
+            # A beam's round is its group's: none may end alone at the context.
+            raise PagedLabError(
+                f"a beam search of max_new_tokens {max_new:,} from a prompt of "
+                f"{len(tokens):,} tokens would pass {engine.config.model}'s context of "
+                f"{context:,} tokens; ask for at most {context - len(tokens):,}")
     if len(ids) > 1:
         _check_first_round(engine, len(ids), len(tokens), what)
     req = Request(rid, len(tokens), tokens, max_new, arrival=len(engine.requests),
@@ -167,11 +179,17 @@ def grow(engine: Engine, op: Grow,
     req = running_request(engine, op.request, "grow")
     _not_a_beam(req, "grow")
     n = op.tokens if req.remaining is None else min(op.tokens, req.remaining)
+    context = engine.config.context_length
+    room = None if context is None else context - req.num_tokens
     # A refusal counts the tokens the grow would decode: the ones asked, unless its max
-    # new tokens leave fewer, which it then says, since the number differs from the one
-    # asked for.
+    # new tokens (or its model's context, which ends it as a step would) leave fewer,
+    # which it then says, since the number differs from the one asked for.
     capped = "" if n == op.tokens else (
         f" (its max new tokens leave {n:,} of the {op.tokens:,} asked)")
+    if room is not None and room < n:
+        n = room
+        capped = (f" ({engine.config.model}'s context of {context:,} tokens leaves {n:,} "
+                  f"of the {op.tokens:,} asked)")
     total = engine.manager.blocks_for(req.num_tokens + n)
     if total > engine.config.num_blocks:
         raise PagedLabError(

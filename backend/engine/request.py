@@ -12,8 +12,10 @@ import torch
 Status = Literal["waiting", "running", "swapped", "finished"]
 # "eos": it sampled its model's end-of-sequence token; "dropped": a beam none of whose
 # extensions was among its group's best in a round of beam search.
-FinishReason = Literal["finished", "max_new_tokens", "capacity", "eos", "dropped"]
-FINISH_REASONS = ("finished", "max_new_tokens", "capacity", "eos", "dropped")
+# "context": it reached its model's context length (a real model's; vLLM's "length" at
+# max_model_len).
+FinishReason = Literal["finished", "max_new_tokens", "capacity", "eos", "dropped", "context"]
+FINISH_REASONS = ("finished", "max_new_tokens", "capacity", "eos", "dropped", "context")
 
 
 @dataclass(slots=True, eq=False)

@@ -254,13 +254,17 @@ class Scheduler(Admission):
         return alloc.num_cached_tokens
 
     def finish_if_done(self, ids: list[str]) -> None:
-        """Mutates: finish each running request that sampled end-of-sequence or hit its limit."""
+        """Mutates: finish each running request that sampled end-of-sequence, hit its
+        limit, or filled its model's context (its next token would have no position)."""
+        context = self.config.context_length
         for rid in ids:
             req = self.requests[rid]
             if req.status == "running" and req.stopped:
                 self.finish(req, "eos")
             elif req.status == "running" and req.reached_limit:
                 self.finish(req, "max_new_tokens")
+            elif req.status == "running" and context is not None and req.num_tokens >= context:
+                self.finish(req, "context")
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         """Mutates: release a waiting or running request's blocks and retire it."""

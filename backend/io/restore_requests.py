@@ -102,6 +102,14 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
                 and len(tokens) - prompt_len >= max_new):
             raise PagedLabError(f"{r.where}: it has generated its {max_new} tokens, so it "
                                 f"would have finished, but it is {status}")
+        context = c.context_length
+        if context is not None and (len(tokens) > context
+                                    or (status != "finished" and len(tokens) >= context)):
+            raise PagedLabError(f"{r.where}: {len(tokens):,} tokens "
+                                f"{'pass' if len(tokens) > context else 'fill'} {c.model}'s "
+                                f"context of {context:,}, so it "
+                                + ("could not hold them" if len(tokens) > context else
+                                   f"would have finished, but it is {status}"))
         if status != "finished" and eos is not None and eos in tokens[prompt_len:]:
             raise PagedLabError(f"{r.where}: it generated the end-of-sequence token, so it "
                                 f"would have finished, but it is {status}")

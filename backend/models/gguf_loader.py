@@ -145,6 +145,7 @@ def dims_of(reader: Any) -> tuple[ModelDims, float, float]:
         head_dim=hidden // heads,
         intermediate_size=int(_field(reader, "llama.feed_forward_length")),
         vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        context_length=int(_field(reader, "llama.context_length")),
     )
     rope_dims = reader.fields.get("llama.rope.dimension_count")
     if rope_dims is not None and int(rope_dims.contents()) != dims.head_dim:

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from backend.core.config import REAL_MODELS
 from backend.core.words import counted, joined
 from backend.engine.ops import Add, Fork, Grow, describe_op
 from backend.engine.request import numbered
@@ -73,10 +74,10 @@ def summarize(result: OpResult, snapshot: dict[str, Any],
     # ("B.7, B.11", not "B.11, B.7").
     dropped = sorted((rid for rid in result.finished if reasons.get(rid) == "dropped"),
                      key=_numbered)
-    # A request the pool could not hold says so here, not only in the block tables: the
-    # others finished as asked (by hand, at their limit, at end of sequence).
-    finished = [f"{rid} (capacity: too long for the pool)"
-                if reasons.get(rid) == "capacity" else rid + _cut_short(result, rid, reasons)
+    # A request the pool could not hold, or that filled its model's context, says so here,
+    # not only in the block tables: the others finished as asked (by hand, at their limit,
+    # at end of sequence).
+    finished = [_finished(rid, result, reasons, snapshot["config"])
                 for rid in result.finished if reasons.get(rid) != "dropped"]
     if finished:
         parts.append("finished " + ", ".join(finished))
@@ -94,7 +95,21 @@ def summarize(result: OpResult, snapshot: dict[str, Any],
 
 
 # A finish that ends a Grow before the tokens it asked for, in the block tables' words.
-_ENDED_BY = {"max_new_tokens": "max new tokens reached", "eos": "end of sequence"}
+_ENDED_BY = {"max_new_tokens": "max new tokens reached", "eos": "end of sequence",
+             "context": "the model's context reached"}
+
+
+def _finished(rid: str, result: OpResult, reasons: dict[str, Any],
+              config: dict[str, Any]) -> str:
+    """A finished request as the line names it, with why where it was not asked for."""
+    reason = reasons.get(rid)
+    if reason == "capacity":
+        return f"{rid} (capacity: too long for the pool)"
+    cut = _cut_short(result, rid, reasons)
+    dims = REAL_MODELS.get(config.get("model", ""))
+    if reason == "context" and not cut and dims is not None:
+        return f"{rid} (context: {config['model']}'s {dims.context_length:,} tokens reached)"
+    return rid + cut
 
 
 def _cut_short(result: OpResult, rid: str, reasons: dict[str, Any]) -> str:

@@ -79,8 +79,10 @@ REQUEST_FIELDS: dict[str, str] = {
                        "from the host pool).",
     "finish_reason": "Why it finished: by hand (Finish, or a finish operation), reached "
                      "its max new tokens, end of sequence, capacity (even an empty pool "
-                     "could not hold its next token), or dropped (a beam none of whose "
-                     "extensions a round of beam search kept).",
+                     "could not hold its next token), context (it holds as many tokens as "
+                     "a real model's context: its next one would have no position the "
+                     "model was trained on), or dropped (a beam none of whose extensions a "
+                     "round of beam search kept).",
     "tokens": "Token ids: bytes for the tiny-byte model, vocabulary ids for a real one.",
     "parent": "The request it was forked from: it shares all the parent's blocks at first.",
     "cache_salt": "Its cache salt (as vLLM's cache_salt): its blocks' keys are salted with "

@@ -185,7 +185,8 @@ def status_text(req: dict[str, Any]) -> str:
         # A snapshot says "finished" for a request finished by hand (a Finish click, a
         # `finish` operation), as the beams panel and the glossary call it.
         reason = req["finish_reason"]
-        return f"finished ({'by hand' if reason == 'finished' else reason.replace('_', ' ')})"
+        said = {"finished": "by hand", "context": "context full"}.get(reason)
+        return f"finished ({said or reason.replace('_', ' ')})"
     if status == "running" and req.get("num_computed_tokens") is not None:
         return f"running (prefill {computed_tokens(req)}/{req['num_tokens']})"
     if status == "swapped":
