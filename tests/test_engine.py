@@ -249,6 +249,10 @@ REFUSED: list[tuple[Op, str]] = [
     (Add("Z", prompt="abcdef", blocks=(0, 1)), "not free"),
     (Add("Z", prompt="abcdef", blocks=(3,)), "needs 2 blocks"),
     (Add("Z", prompt="abcdef", blocks=(3, 99)), "does not exist"),
+    # An Add built in Python, not parsed from a scenario, is checked as one.
+    (Add("Z", messages=(("tool", "hi"),)),
+     r"messages\[0\]\.role must be one of system, user, assistant, got 'tool'"),
+    (Add("Z", messages=(("user", 5),)), r"messages\[0\]\.content must be a string"),
 ]
 
 

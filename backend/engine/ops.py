@@ -168,6 +168,15 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
     raise AssertionError(name)
 
 
+def check_messages(messages: Any) -> tuple[tuple[str, str], ...]:
+    """An `Add`'s messages, as (role, content) pairs, checked as a scenario's are: the
+    engine's own callers may build an Add without parsing one."""
+    if not isinstance(messages, (tuple, list)) or not all(
+            isinstance(m, (tuple, list)) and len(m) == 2 for m in messages):
+        raise PagedLabError("messages must be (role, content) pairs")
+    return _parse_messages([{"role": role, "content": content} for role, content in messages])
+
+
 def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise PagedLabError("messages must be a non-empty list of {role, content} objects, "

@@ -17,7 +17,7 @@ import torch
 from backend.core.checks import check_int
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.engine.ops import MAX_PROMPT_TOKENS, Add
+from backend.engine.ops import MAX_PROMPT_TOKENS, Add, check_messages
 from backend.engine.sampling import random_prompt, sample_token
 from backend.models.base import LanguageModel
 
@@ -28,7 +28,8 @@ def prompt_ids(op: Add, model: LanguageModel, seed: int, request_id: str) -> lis
     if op.prompt is not None:
         tokens = codec.encode(op.prompt)
     elif op.messages is not None:
-        messages = [{"role": role, "content": content} for role, content in op.messages]
+        messages = [{"role": role, "content": content}
+                    for role, content in check_messages(op.messages)]
         tokens = codec.encode(codec.render_chat(messages))
     elif op.prompt_tokens is not None:
         tokens = list(op.prompt_tokens)
