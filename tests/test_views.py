@@ -775,6 +775,11 @@ def test_text_to_read_joins_a_character_that_its_pieces_split() -> None:
     # Token by token, ☕'s three bytes show where the tokens split them; read, it is whole.
     assert views.token_pieces(snap, ids)[-3:] == [" \\xe2", "\\x98", "\\x95"]
     assert tokens.token_text(snap, ids) == "I like ☕"
+    # Cut short mid-character (an answer's max new tokens), the bytes it holds are told
+    # as bytes: a "�" in their place read as the character typed.
+    assert tokens.token_text(snap, ids[:-1]) == "I like \\xe2\\x98"
+    typed = codec_for(SMOLLM2).encode("I like �")
+    assert tokens.token_text(snap, typed) == "I like �"
     # tiny-byte's bytes read as UTF-8 too; a control byte, or one that is no UTF-8, escaped.
     assert tokens.token_text({"config": {}}, [*"Café\n".encode(), 1, 0xFF]) == \
         "Café\\n\\x01\\xff"

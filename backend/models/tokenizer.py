@@ -43,6 +43,8 @@ class TextCodec(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def token_bytes(self, token_id: int) -> bytes: ...
+
     def pieces(self, ids: Sequence[int]) -> list[str]: ...
 
     def render_chat(self, messages: Sequence[Message]) -> str: ...
@@ -222,6 +224,9 @@ class ByteCodec:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id])
 
     def decode(self, ids: Sequence[int]) -> str:
         """Each byte as `words.visible_byte` shows it (as engine.sampling.render_tokens)."""

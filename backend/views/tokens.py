@@ -90,9 +90,12 @@ def token_text(snap: Snapshot, tokens: list[int]) -> str:
     if model == TINY_BYTE:
         return _bytes_text(bytes(tokens))
     try:
-        return legible(codec_for(model).decode(tokens))
+        codec = codec_for(model)
     except PagedLabError:
         return "".join(f"⟨{t}⟩" for t in tokens)
+    # From the bytes, as tiny-byte's: the tokenizer's own decode writes a character cut
+    # short (an answer ended mid-character) as U+FFFD, which a typed "�" also reads.
+    return _bytes_text(b"".join(map(codec.token_bytes, tokens)))
 
 
 def answer_tokens(snap: Snapshot, req: dict[str, Any]) -> list[int]:
