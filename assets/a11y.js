@@ -419,9 +419,10 @@
     played = playing;
     const midRun = running();
     const now = watched(midRun);
-    const news = (ending) => [...now].filter(([k, text]) => settled
+    const changed = (ending) => [...now].filter(([k, text]) => settled
       && k.replace(/--\d+$/, "").endsWith(ending) && text !== "" && heard.get(k) !== text)
-      .map(([, text]) => text);
+      .map(([k]) => k);
+    const news = (ending) => changed(ending).map((k) => now.get(k));
     // One action can change several (an Add also redraws the translator): the first
     // changed in READ_OUT's order is the action's own result. A play's news is only its
     // own words, while it plays (a step's narration still stale when read had the
@@ -433,7 +434,12 @@
       const told = PLAY_SAYS.flatMap(news);
       if (told.length) said = told.join(" ");
     } else {
-      said = READ_OUT.flatMap(news)[0] ?? null;
+      // With the messages of the other changed containers, which have no voice of their
+      // own here (part 4): a failed save's note beside the operation's line.
+      const keys = READ_OUT.flatMap(changed);
+      const first = keys.slice(0, 1);
+      const told = [...first.map((k) => now.get(k)), ...alsoSaid(keys, first)];
+      if (told.length) said = told.join(" ");
     }
     hear(now, midRun);
     if (said !== null) {
@@ -475,24 +481,43 @@
   // ---- 4. one voice for a result ----------------------------------------------------
   // Streamlit gives st.error and st.warning the role "alert" and st.info and st.success
   // "status": live regions of their own, which a screen reader announces as they are
-  // drawn. In a watched container the live region above already reads what is news
-  // (and only that: not a page's first drawing, nor a message drawn again unchanged), so
-  // there they lose the role, or each result would be said twice. Done as the change is
-  // seen, before the browser updates what assistive technology sees.
-  // (The few messages are looked for first: the observer sees every change of a page.)
+  // drawn. In a watched container the read-out above says what is news (and only that:
+  // not a page's first drawing, nor a message drawn again unchanged), so there they lose
+  // the role, or a result would be said twice; the read-out then says every such message
+  // that changed, not only the first container's (`alsoSaid`). Done as the change is seen,
+  // before the browser updates what assistive technology sees, on the nodes it added (or
+  // whose role changed) alone: the observer sees every change of a page.
+  const ALERT = "[data-testid='stAlertContainer']";
+  const UNVOICED = "data-pagedlab-unvoiced";
   const readBox = (box) => [...box.classList].some((c) => c.startsWith(KEY)
     && READ_OUT.some((s) => c.slice(KEY.length).replace(/--\d+$/, "").endsWith(s)));
-  const unvoice = () => {
-    for (const alert of document.querySelectorAll("[data-testid='stAlertContainer'][role]")) {
-      for (let box = alert.closest(`[class*="${KEY}"]`); box !== null;
-        box = box.parentElement?.closest(`[class*="${KEY}"]`) ?? null) {
-        if (readBox(box)) {
-          alert.removeAttribute("role");
-          break;
-        }
+  const watchedBox = (el) => {
+    for (let box = el.closest(`[class*="${KEY}"]`); box !== null;
+      box = box.parentElement?.closest(`[class*="${KEY}"]`) ?? null) {
+      if (readBox(box)) return true;
+    }
+    return false;
+  };
+  const unvoiceIn = (root) => {
+    const found = root.matches(`${ALERT}[role]`) ? [root] : [];
+    for (const alert of [...found, ...root.querySelectorAll(`${ALERT}[role]`)]) {
+      if (watchedBox(alert)) {
+        alert.removeAttribute("role");
+        alert.setAttribute(UNVOICED, "");
       }
     }
   };
+  const unvoice = (changes) => {
+    for (const c of changes) {
+      if (c.type === "attributes" && c.attributeName === "role") unvoiceIn(c.target);
+      for (const node of c.addedNodes) if (node instanceof Element) unvoiceIn(node);
+    }
+  };
+  // The unvoiced messages of the changed containers `keys` other than `told`, which the
+  // read-out adds to what it says: they are no alert of their own any more.
+  const alsoSaid = (keys, told) => keys.filter((k) => !told.includes(k)).flatMap((k) =>
+    [...document.querySelectorAll(`.${CSS.escape(k)} [${UNVOICED}]`)]
+      .map((el) => el.innerText.trim()).filter((t) => t !== ""));
 
   // ---- when the page changes ---------------------------------------------------------
   // Read a moment after the page changes, at most every 250 ms while it keeps changing
@@ -504,7 +529,7 @@
     }
   };
   new MutationObserver((changes) => {
-    unvoice();
+    unvoice(changes);
     const state = changes.some((c) => c.attributeName === "data-test-script-state");
     if (!running()) checkPage(state ? "end" : "idle");
     else if (state) checkPage("start");
@@ -522,11 +547,12 @@
     readLater(250);
   }).observe(document.body, {
     subtree: true, childList: true, characterData: true, attributes: true,
-    attributeFilter: ["disabled", "aria-disabled", "aria-selected", "data-test-script-state"],
+    attributeFilter: ["disabled", "aria-disabled", "aria-selected", "data-test-script-state",
+      "role"],
   });
   // The run that drew this script may have ended before it ran: what it drew is the
   // page as first read.
-  unvoice();
+  unvoiceIn(document.body);
   readLater(0);
   document.addEventListener("focusout", (e) => {
     if (e.relatedTarget === null) window.setTimeout(refocus, 50);

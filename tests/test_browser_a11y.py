@@ -317,6 +317,45 @@ def test_results_drawn_in_place_are_read_out(
         page.close()
 
 
+# Two watched containers drawn at once, each with a message as Streamlit draws one (an
+# operation's line and a failed save's note, say): the script's part 4 takes their roles.
+TWO_MESSAGES = """() => {
+  const main = document.querySelector("[data-testid='stMain']");
+  for (const [key, role, text] of [["st-key-status_line--9999", "alert", "First message."],
+                                   ["st-key-store_note", "status", "Second message."]]) {
+    const box = document.createElement("div");
+    box.className = key;
+    box.innerHTML = `<div data-testid="stAlertContainer" role="${role}">${text}</div>`;
+    main.appendChild(box);
+  }
+}"""
+
+
+def test_messages_in_watched_containers_are_said_by_the_read_out_alone_and_all_of_them(
+        browser: Browser, app_url: str) -> None:
+    # Each would be announced as it is drawn (its role) and again by the read-out; without
+    # the role, the read-out says each one, the second too, though only the first
+    # container's text is the action's result.
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(T)
+    try:
+        page.goto(f"{app_url}/lab")
+        expect(page.get_by_role("button", name="Step", exact=True)).to_be_visible(timeout=T)
+        idle(page)
+        page.evaluate(HEARD)
+        page.evaluate(TWO_MESSAGES)
+        page.wait_for_function("() => window.__heard.length > 0", timeout=T)
+        page.wait_for_timeout(500)
+        assert page.evaluate("window.__heard") == ["First message. Second message."]
+        roles = page.evaluate("""() => [...document.querySelectorAll(
+            "[class*='st-key-status_line--9999'] [data-testid='stAlertContainer'], "
+            + "[class*='st-key-store_note'] [data-testid='stAlertContainer']")]
+            .map((e) => e.getAttribute('role'))""")
+        assert roles == [None, None]
+    finally:
+        page.close()
+
+
 def test_the_compare_page_reads_a_sections_new_result(browser: Browser, app_url: str,
                                                       screenshots: Path) -> None:
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
