@@ -11,6 +11,7 @@ for a victim falls back to recomputation.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -167,6 +168,14 @@ def test_a_full_host_pool_falls_back_to_recompute() -> None:
 def test_swap_needs_a_host_pool() -> None:
     with pytest.raises(PagedLabError, match="num_cpu_blocks"):
         EngineConfig.from_json({"preemption": "swap"})
+    # Under swap the host pool's range starts at 1; 0 says why, 0.0 is refused as a count.
+    for value, said in ((0, 'preemption "swap" needs a host pool: set num_cpu_blocks to 1'),
+                        (0.0, "num_cpu_blocks must be an integer in 1..65,536, got 0.0"),
+                        (70_000, "num_cpu_blocks must be an integer in 1..65,536, got 70,000")):
+        with pytest.raises(PagedLabError, match=re.escape(said)):
+            EngineConfig.from_json({"preemption": "swap", "num_cpu_blocks": value})
+    with pytest.raises(PagedLabError, match=re.escape("in 0..65,536, got 70,000")):
+        EngineConfig.from_json({"num_cpu_blocks": 70_000})
     with pytest.raises(PagedLabError, match="preemption"):
         EngineConfig.from_json({"preemption": "sometimes"})
 
@@ -200,7 +209,9 @@ def test_swap_events_are_checked_against_the_host_pool() -> None:
 def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     # Swapped out, back, and out again: two swap-outs and one swap-in in the log.
     e = swapped_engine()
-    while e.host.swap_ins == 0 or not e.swapped:
+    for _ in range(100):
+        if e.host.swap_ins and e.swapped:
+            break
         apply(e, {"op": "step"})
     snap = json.loads(json.dumps(export_snapshot(e)))
     outs, ins = snap["metrics"]["swap_outs"], snap["metrics"]["swap_ins"]
@@ -209,6 +220,14 @@ def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     bare = copy_of(snap)
     del bare["metrics"]["swap_outs"], bare["metrics"]["swap_ins"]
     assert export_snapshot(restore_engine(bare, kernel="torch")) == snap
+    nulls = copy_of(snap)
+    nulls["metrics"]["swap_outs"] = nulls["metrics"]["swap_ins"] = None
+    assert export_snapshot(restore_engine(nulls, kernel="torch")) == snap
+    # A swapped request finished where it is logs no swap-in: the counts stay the log's.
+    rid = e.swapped[0]
+    apply(e, {"op": "finish", "request": rid})
+    assert export_snapshot(restore_engine(export_snapshot(e), kernel="torch")) == \
+        export_snapshot(e)
     # Given, they must be the log's: "0 swap-outs" showed beside a swapped request.
     for key, value, logged in (("swap_outs", 0, outs), ("swap_outs", outs + 1, outs),
                                ("swap_ins", ins + 5, ins), ("swap_ins", 0, ins)):
@@ -221,7 +240,6 @@ def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     # A swapped request was preempted: with num_preemptions 0 (and the total to match)
     # the Preemptions card read 0 beside it.
     unpreempted = copy_of(snap)
-    rid = e.swapped[0]
     row = next(r for r in unpreempted["requests"] if r["id"] == rid)
     unpreempted["metrics"]["preemptions"] -= row["num_preemptions"]
     row["num_preemptions"] = 0

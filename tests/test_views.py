@@ -118,12 +118,18 @@ def test_grid_spec_is_valid_vega_lite_and_renders(shared: Engine) -> None:
     texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
     assert texts.count("A ×3") == 5
     assert "A.1" in texts and grid.CACHED_LABEL in texts
-    # Drawn narrower than it asks (a phone's window), a label longer than its cell is
-    # cut with "…" inside it rather than run into the next cell.
-    narrow = views.grid_chart(snap, legend=False).to_dict(validate=False)
-    narrow["width"] = 16 * 16
-    cut = re.findall(r"<text[^>]*>([^<]*)</text>", vlc.vegalite_to_svg(narrow))
-    assert "A ×3" not in cut and sum(t.endswith("…") for t in cut) >= 5, cut
+    # Drawn narrower than it asks (a phone's window), a label too wide for its cell gives
+    # up its ×N (the heavy border says shared), and what still does not fit is cut with
+    # "…" inside the cell rather than run into the next one.
+    def drawn(width: int) -> list[str]:
+        """The cells' labels, ids left out, drawn `width` px wide."""
+        chart = views.grid_chart(snap, legend=False).to_dict(validate=False)
+        chart["width"] = width
+        return [t for t in re.findall(r"<text[^>]*>([^<]*)</text>", vlc.vegalite_to_svg(chart))
+                if not t.isdigit() and not t.startswith("Physical blocks")]
+
+    assert drawn(16 * 46) == ["A ×3"] * 5 + ["A", "B", "A.1"] + [grid.CACHED_LABEL] * 3
+    assert drawn(16 * 16) == ["A"] * 6 + ["B", "A.1"] + ["c…"] * 3
 
 
 def test_large_pools_are_paged_with_an_overview() -> None:

@@ -122,7 +122,7 @@ def fields_config() -> tuple[EngineConfig | None, str | None]:
     if fractions:
         # With the fields read whole that are out of range (checked one by one, as
         # config_from_fields would), in the sidebar's order.
-        swap = fields.get("preemption") == "swap"
+        swap = fields.get("preemption", applied.preemption) == "swap"
         problems = [fractions[name] if name in fractions
                     else field_problem(name, fields[name], swap=swap)
                     for name in CONFIG_KEYS.values() if name in fractions or name in fields]

@@ -357,10 +357,11 @@ def _check_field(key: str, v: Any, where: str, *, swap: bool = False) -> Any:
                                     f"got {shown(v)}")
             return v
         case "num_cpu_blocks":
-            if swap and v == 0 and not isinstance(v, bool):
+            # (A 0.0 is refused as a float below, as any other count written so.)
+            if swap and type(v) is int and v == 0:
                 raise PagedLabError(f"{where}: preemption \"swap\" needs a host pool: set "
                                     "num_cpu_blocks to 1 or more")
-            # Under swap, 0 is no host pool: "0 to 65,536" named a value refused.
+            # Under swap, 0 is no host pool, so the range a refusal names starts at 1.
             return _int_in(key, v, 1 if swap else 0, MAX_NUM_BLOCKS, where)
     raise AssertionError(key)
 

@@ -18,9 +18,16 @@ from backend.io.json_input import FieldReader, listed_by_id, non_negative
 from backend.paging.events import Event
 
 # A swapped-out request is back on the device at its first event of these kinds: a
-# swap-in allocates (hits and new blocks), may evict, and copies its K/V back. (A swap-in
-# whose blocks were all still cached copies nothing, so it logs no swap_in.)
-_BACK_ON_DEVICE = frozenset({"alloc", "prefix_hit", "evict", "swap_in", "share", "cow"})
+# swap-in allocates (hits and new blocks), may evict, and copies its K/V back. PagedLab's
+# swap-in always copies its last block (a prefix hit stops short of it), so it logs a
+# swap_in; the other kinds count a file's swap-in whose blocks were all still cached.
+_BACK_ON_DEVICE = frozenset({"alloc", "prefix_hit", "evict", "swap_in"})
+
+# How the log tells each total, for a refusal's message.
+_COUNTED = {
+    "swap_outs": "a request's run of swap_out events is one",
+    "swap_ins": "a swapped-out request's next alloc, prefix_hit, evict or swap_in is one",
+}
 
 
 def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
@@ -34,7 +41,7 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
     holder: dict[int, tuple[str, int]] = {}
     for rid, table in tables.items():
         if requests[rid].num_preemptions < 1:
-            # A swap-out is a preemption: the Preemptions card read 0 beside a swapped one.
+            # A swap-out is a preemption, which the Preemptions card counts.
             raise PagedLabError(f"inconsistent snapshot: request {shown(rid)} is swapped out "
                                 "but its num_preemptions is 0 (a swap-out preempts)")
         for i, b in enumerate(table):
@@ -63,21 +70,17 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
         filled[i] = n
     host.restore(tables, filled)
     outs, ins = swap_counts(events)
-    # The totals are optional in the contract: a file without them gets the log's counts;
-    # one with them must agree (before, "0 swap-outs" showed beside a swapped request).
+    # The totals are optional in the contract: a file without them (or with null) gets
+    # the log's counts; one with them must agree, or the host pool's line would show
+    # counts no run could reach.
     for key, logged, what in (("swap_outs", outs, "swap-out"), ("swap_ins", ins, "swap-in")):
-        total = non_negative(mt, key, optional=True) if key in mt.data else logged
+        given = mt.get(key, int, optional=True)
+        total = logged if given is None else non_negative(mt, key)
         if total != logged:
             raise PagedLabError(
                 f"inconsistent snapshot: metrics.{key} is {total:,} but the events hold "
                 f"{logged:,} {what}{'s' * (logged != 1)} ({_COUNTED[key]})")
     host.swap_outs, host.swap_ins = outs, ins
-
-
-_COUNTED = {
-    "swap_outs": "a request's run of swap_out events is one",
-    "swap_ins": "a swapped-out request's next alloc, prefix_hit, evict or swap_in is one",
-}
 
 
 def swap_counts(events: Sequence[Event]) -> tuple[int, int]:

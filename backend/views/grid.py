@@ -64,6 +64,10 @@ CACHED_DASH = [3, 2]
 CACHED_LABEL = "cached"
 OWNER_CHARS = 5
 
+# A bold character's width in the grid's font, as a share of its size (for choosing a
+# label that fits before the `limit` cuts one).
+BOLD_EM = 0.55
+
 PAGE_SIZE = 1024
 # Above this many cells a page is drawn on a canvas: SVG's node per mark makes
 # hovering a full page slow. (Streamlit guesses the same from a spec's unfiltered
@@ -129,6 +133,9 @@ def grid_frame(snap: Snapshot, *, page: int = 0,
     owner = np.array([owner_label(o) for o in df["owner"]], dtype=str)
     df["label"] = np.where(cached, CACHED_LABEL,
                            np.where(shared, np.char.add(np.char.add(owner, " "), times), owner))
+    # A label too wide for its cell drawn narrow (a phone) gives up its ×N first: the
+    # heavy border says shared, and the owner is the one thing only the text names.
+    df["short"] = np.where(cached, CACHED_LABEL, owner)
     # Dense pages have no room for ids, nor for the cached word: only ×N, and the
     # cached cells' dashed border.
     df["mark"] = np.where(shared, times, "")
@@ -159,7 +166,8 @@ def grid_frame(snap: Snapshot, *, page: int = 0,
 CHART_COLUMNS = ["id", "state", "ref_count", "fill_text", "hash8", "holders", "tokens",
                  "num_filled",
                  "x0", "x1", "y0", "y1", "xc", "y_label", "x_id", "y_id", "bar_x1", "bar_y0",
-                 "cell_color", "cell_opacity", "bar_color", "label", "mark", "alpha", "stroke",
+                 "cell_color", "cell_opacity", "bar_color", "label", "short", "mark", "alpha",
+                 "stroke",
                  "stroke_w", "aria", "text_alpha"]
 
 
@@ -235,18 +243,23 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         return {"expr": f"clamp({size} * width / {cols * cw}, {least}, {size})"}
 
     def within(share: float) -> dict[str, str]:
-        # Text at most `share` of a cell's drawn width, cut with "…" past it: on a phone
-        # a cell is some 22 px and "B.0 ×4" at the smallest font ran into its neighbours.
-        # (The tooltip, Inspect a block and the block tables say it whole.)
+        # Text at most `share` of a column's drawn width (the cell's rect is 0.88 of it,
+        # from 0.06 to 0.94), cut with "…" past it: on a phone a cell is some 22 px, too
+        # narrow for "B.0 ×4" at the smallest font. (The tooltip, Inspect a block and the
+        # block tables say it whole.)
         return {"expr": f"{share} * width / {cols}"}
 
+    size = font(9, 7) if dense else font(11, 8)
+    # The whole label where it fits, else the owner alone ("B.0" for "B.0 ×4"), by the
+    # width of a bold character (about 0.55 of the font's size) at the size drawn.
+    fits = f"length(datum.label) * {BOLD_EM} * ({size['expr']}) <= ({within(0.84)['expr']})"
     labels = {
         "transform": [{"filter": f"datum.{text_field} != '' && datum.state != 'cached'"}],
-        "mark": {"type": "text", "fontSize": font(9, 7) if dense else font(11, 8),
-                 "fontWeight": "bold", "limit": within(0.92),
-                 "color": INK, "baseline": "middle", "aria": False},
-        "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
-                     "text": {"field": text_field, "type": "nominal"}, "opacity": text_alpha},
+        "mark": {"type": "text", "fontSize": size, "fontWeight": "bold", "limit": within(0.84),
+                 "color": INK, "baseline": "middle", "aria": False,
+                 **({} if dense else {"text": {"expr": f"{fits} ? datum.label : datum.short"}})},
+        "encoding": {"x": q("xc", xs), "y": q("y_label", ys), "opacity": text_alpha,
+                     **({"text": {"field": text_field, "type": "nominal"}} if dense else {})},
     }
     layers: list[dict[str, Any]] = [cells(dashed=False), cells(dashed=True), bars, labels]
     if not dense:
@@ -254,7 +267,7 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
         layers.append({
             "transform": [{"filter": "datum.state == 'cached'"}],
             "mark": {"type": "text", "fontSize": font(10, 7.5), "fontStyle": "italic",
-                     "color": INK, "limit": within(0.92),
+                     "color": INK, "limit": within(0.84),
                      "baseline": "middle", "aria": False},
             "encoding": {"x": q("xc", xs), "y": q("y_label", ys),
                          "text": {"field": "label", "type": "nominal"}, "opacity": text_alpha},
@@ -262,7 +275,7 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
     if not dense:
         layers.append({
             "mark": {"type": "text", "fontSize": 8, "color": ID_INK, "align": "left",
-                     "baseline": "top", "limit": within(0.85), "aria": False},
+                     "baseline": "top", "limit": within(0.8), "aria": False},
             "encoding": {"x": q("x_id", xs), "y": q("y_id", ys),
                          "text": {"field": "id", "type": "quantitative"}, "opacity": text_alpha},
         })
