@@ -61,8 +61,9 @@ def _column(engine: Engine, w: OrderWhatIf, r: Reading, title: str) -> None:
         # A beam's next token is no draw: the search ranks the group's extensions.
         st.markdown(f"Next token: the beam search's choice, not a draw: it keeps the "
                     f"group's extensions with the highest cumulative log-probability, so "
-                    f"this beam goes on with its likeliest tokens (the first rows below), as "
-                    f"many as make that cut, or is dropped · {differ}")
+                    f"this beam goes on with its likeliest tokens (the table's first rows, "
+                    f"or past them for a wide beam), as many as make that cut, ends on the "
+                    f"end-of-sequence token, or is dropped · {differ}")
     else:
         # A draw, not the argmax: with a temperature it may come from past the table's rows.
         drawn = draw_note(r, *sampling_of(engine.config, engine.model))

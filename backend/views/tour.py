@@ -29,6 +29,11 @@ MAX_VALUE_CHARS = 120
 # one-slot-per-block pool and an arena of the same capacity line up slot for slot.
 ARENA_WIDTH = 16 * 46
 ARENA_HEIGHT = 40
+# A run's label fits when the run is this many px per character wide, plus a margin: the
+# arena's 11 px bold text.
+CHAR_PX = 7.5
+LONG_MARGIN_PX = 8
+SHORT_MARGIN_PX = 6
 
 ARENA_KINDS = {
     # kind: (label in the legend, fill opacity over the owner's colour, dashed border)
@@ -231,13 +236,6 @@ def _segment_words(kind: str, owner: str | None) -> tuple[str, str]:
     }[kind]
 
 
-# A run's label fits when the run is this many px per character wide, plus a margin: the
-# arena's 11 px bold text.
-CHAR_PX = 7.5
-LONG_MARGIN_PX = 8
-SHORT_MARGIN_PX = 6
-
-
 def _fitting(long: str, short: str, px: float) -> str:
     """The words a run `px` wide on screen shows: the long ones, the short, or none.
     (`_fitting_expr` is the same rule in Vega, for the width the chart is drawn at.)"""
@@ -247,9 +245,9 @@ def _fitting(long: str, short: str, px: float) -> str:
 
 
 def _fitting_expr(cap: int) -> str:
-    """`_fitting` as a Vega expression over a row of `arena_frame`, at the drawn width:
-    a phone draws the arena narrower than ARENA_WIDTH, and "B reserved" chosen for the
-    full width ran out of its two slots into the next request's."""
+    """`_fitting` as a Vega expression over a row of `arena_frame`, at the width the
+    arena is drawn: a phone draws it narrower than ARENA_WIDTH, where the words chosen
+    for the full width ("B reserved" in two slots) would run into the next run."""
     px = f"datum.length * width / {cap}"
     return (f"{px} >= {CHAR_PX} * length(datum.long) + {LONG_MARGIN_PX} ? datum.long : "
             f"{px} >= {CHAR_PX} * length(datum.short) + {SHORT_MARGIN_PX} ? datum.short : ''")
