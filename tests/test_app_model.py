@@ -14,10 +14,15 @@ from streamlit.testing.v1 import AppTest
 
 from backend.core.config import SMOLLM2, TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
+from backend.engine.engine import Engine
+from backend.engine.ops import Add
+from backend.io.export import snapshot_bytes
+from backend.io.snapshot import export_snapshot
 from backend.models import registry
 from backend.sessions import playground
 from backend.sessions.forms import config_from_fields
 from tests.test_app import add, click, engine, html, shown, start, status
+from tests.test_exports_app import upload
 
 pytestmark = pytest.mark.slow
 
@@ -174,3 +179,19 @@ def test_config_from_fields_lets_each_model_bring_its_own_dimensions() -> None:
     # Without size fields, tiny-byte's defaults.
     bare = config_from_fields({"model": TINY_BYTE}, real)
     assert bare.num_layers == EngineConfig().num_layers and bare.head_dim == 16
+
+
+def test_a_restored_snapshot_of_another_model_names_it_in_its_line() -> None:
+    # The sidebar's picker follows the snapshot; the line said nothing of the switch.
+    e = Engine(EngineConfig.for_model(SMOLLM2, num_blocks=16, block_size=4), kernel="torch")
+    e.apply(Add("A", prompt="Hello there"))
+    at = upload(start(), snapshot_bytes(export_snapshot(e)), "real.json")
+    said = [shown(s.value) for s in at.success]
+    assert len(said) == 1 and "16 blocks of 4 slots on smollm2-135m; K/V recomputed" in said[0]
+    assert engine(at).config.model == SMOLLM2
+    # Back to tiny-byte: named too, since the model changed.
+    tiny = Engine(EngineConfig(num_blocks=16, block_size=4), kernel="torch")
+    tiny.apply(Add("B", prompt="Hello there"))
+    upload(at, snapshot_bytes(export_snapshot(tiny)), "tiny.json")
+    said = [shown(s.value) for s in at.success]
+    assert len(said) == 1 and "16 blocks of 4 slots on tiny-byte; K/V recomputed" in said[0]

@@ -404,10 +404,15 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
             sess.save(live, snapshot, whole=True)
             c = engine.config
             before = _kept_sentence(kept)
+            # The model is named where the snapshot brought another one (or a real one),
+            # as a new engine's line names it: a switch is otherwise seen only in the
+            # sidebar.
+            model = f" on {c.model}" if c.dims is not None or c.model != s.config.model else ""
             sess.flash("success", f"Restored {source}: step {engine.step}, "
                                   f"{counted(len(engine.requests), 'request')}, "
                                   f"{counted(c.num_blocks, 'block')} "
-                                  f"of {counted(c.block_size, 'slot')}{_departures(c)}; K/V "
+                                  f"of {counted(c.block_size, 'slot')}{model}"
+                                  f"{_departures(c)}; K/V "
                                   f"recomputed from the tokens. Keep working from here.{before}"
                                   + notes_text(restore_notes(engine)))
     return problem, shown
