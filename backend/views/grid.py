@@ -167,8 +167,7 @@ CHART_COLUMNS = ["id", "state", "ref_count", "fill_text", "hash8", "holders", "t
                  "num_filled",
                  "x0", "x1", "y0", "y1", "xc", "y_label", "x_id", "y_id", "bar_x1", "bar_y0",
                  "cell_color", "cell_opacity", "bar_color", "label", "short", "mark", "alpha",
-                 "stroke",
-                 "stroke_w", "aria", "text_alpha"]
+                 "stroke", "stroke_w", "aria", "text_alpha"]
 
 
 def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = (),
