@@ -15,6 +15,7 @@ import pytest
 
 from backend.core.config import REAL_MODELS, SMOLLM2, EngineConfig
 from backend.core.errors import PagedLabError
+from backend.engine.control import _upper_tokens
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Grow, Step
 from backend.io.restore import restore_engine
@@ -44,7 +45,8 @@ def test_a_prompt_that_fills_the_context_is_refused_and_nothing_changes(engine: 
     req = engine.request("A")
     assert (req.status, req.finish_reason, req.num_tokens) == ("finished", "context", CONTEXT)
     assert status_text(export_snapshot(engine)["requests"][0]) == "finished (context full)"
-    assert "finished A" in summarize(result, export_snapshot(engine))
+    assert "finished A (context full: tiny-byte has no position left for a token)" in \
+        summarize(result, export_snapshot(engine))
 
 
 def test_a_step_finishes_a_request_at_the_context_however_many_it_was_asked_for(
@@ -96,6 +98,13 @@ def test_a_snapshot_past_the_context_is_refused_and_one_finished_there_restores(
     with pytest.raises(PagedLabError, match="40 tokens fill tiny-byte's context of 40, so it "
                                             "would have finished, but it is running"):
         restore_engine(row, kernel="torch")
+    # Finished, but holding more than the context: no run could have written it.
+    past = json.loads(json.dumps(snap))
+    past["requests"][0]["tokens"].append(7)
+    past["requests"][0]["num_tokens"] += 1
+    with pytest.raises(PagedLabError, match="41 tokens pass tiny-byte's context of 40, so it "
+                                            "could not hold them"):
+        restore_engine(past, kernel="torch")
 
 
 def test_smollm2s_context_is_its_weight_files_and_bounds_a_prompt() -> None:
@@ -108,3 +117,10 @@ def test_smollm2s_context_is_its_weight_files_and_bounds_a_prompt() -> None:
                                             "smollm2-135m's context of 8,192 tokens"):
         e.apply(Add("A", prompt_tokens=tuple([42] * 8192)))
     assert not e.requests
+
+
+def test_the_control_runs_pool_counts_no_token_past_the_context(engine: Engine) -> None:
+    # Sized for what each request may reach: past its context, none does.
+    assert _upper_tokens(engine.config, Add("A", prompt_len=30), iterations=100) == CONTEXT
+    assert _upper_tokens(engine.config, Add("A", prompt_len=30, max_new_tokens=5),
+                         iterations=100) == 35

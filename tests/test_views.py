@@ -130,6 +130,12 @@ def test_grid_spec_is_valid_vega_lite_and_renders(shared: Engine) -> None:
 
     assert drawn(16 * 46) == ["A ×3"] * 5 + ["A", "B", "A.1"] + [grid.CACHED_LABEL] * 3
     assert drawn(16 * 16) == ["A"] * 6 + ["B", "A.1"] + ["c…"] * 3
+    # At the width it asks for, a sample's or beam's id of two digits keeps its ×N.
+    two = engine()
+    two.apply(Add("A.10", prompt=PROMPT))
+    two.apply(Fork("A.10", "X"))
+    full = views.grid_chart(export_snapshot(two), legend=False).to_dict(validate=False)
+    assert "A.10 ×2" in re.findall(r"<text[^>]*>([^<]*)</text>", vlc.vegalite_to_svg(full))
 
 
 def test_large_pools_are_paged_with_an_overview() -> None:

@@ -116,7 +116,9 @@ def _upper_tokens(config: EngineConfig, op: Add, iterations: int) -> int:
         prompt = len(text.encode())
     limit = config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
     new = iterations if not isinstance(limit, int) else min(limit, iterations)
-    return prompt + new
+    # A real model's context ends a request there, whatever it asked for.
+    context = config.context_length
+    return prompt + new if context is None else min(prompt + new, context)
 
 
 def control_config(config: EngineConfig, ops: Sequence[Op]) -> EngineConfig:

@@ -139,6 +139,10 @@ class ContiguousMirror:
                 continue
             limit = req.max_new_tokens
             final = req.prompt_len + limit if limit is not None else self.spec.max_len
+            # A real model's context ends a request there (finish_reason "context").
+            context = engine.config.context_length
+            if context is not None:
+                final = min(final, context)
             self.final_len[rid] = final
             held = req.num_tokens
             if req.parent is not None and req.parent in self.final_len:

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from backend.core.config import REAL_MODELS
+from backend.core.config import TINY_BYTE
 from backend.core.words import counted, joined
 from backend.engine.ops import Add, Fork, Grow, describe_op
 from backend.engine.request import numbered
@@ -106,9 +106,9 @@ def _finished(rid: str, result: OpResult, reasons: dict[str, Any],
     if reason == "capacity":
         return f"{rid} (capacity: too long for the pool)"
     cut = _cut_short(result, rid, reasons)
-    dims = REAL_MODELS.get(config.get("model", ""))
-    if reason == "context" and not cut and dims is not None:
-        return f"{rid} (context: {config['model']}'s {dims.context_length:,} tokens reached)"
+    if reason == "context" and not cut:
+        model = config.get("model", TINY_BYTE)
+        return f"{rid} (context full: {model} has no position left for a token)"
     return rid + cut
 
 

@@ -64,9 +64,10 @@ CACHED_DASH = [3, 2]
 CACHED_LABEL = "cached"
 OWNER_CHARS = 5
 
-# A bold character's width in the grid's font, as a share of its size (for choosing a
-# label that fits before the `limit` cuts one).
-BOLD_EM = 0.55
+# A bold character's width in the grid's font, as a share of its size, on average over
+# the characters of a label (for choosing a label that fits before the `limit` cuts one):
+# "A.10 ×2" fits the 46 px cell the grid asks for.
+BOLD_EM = 0.5
 
 PAGE_SIZE = 1024
 # Above this many cells a page is drawn on a canvas: SVG's node per mark makes
@@ -250,13 +251,15 @@ def grid_spec(snap: Snapshot, *, page: int = 0, focus_blocks: Collection[int] = 
 
     size = font(9, 7) if dense else font(11, 8)
     # The whole label where it fits, else the owner alone ("B.0" for "B.0 ×4"), by the
-    # width of a bold character (about 0.55 of the font's size) at the size drawn.
-    fits = f"length(datum.label) * {BOLD_EM} * ({size['expr']}) <= ({within(0.84)['expr']})"
+    # width of a bold character (about half the font's size) at the size drawn. A dense
+    # page's ×N takes what room it needs, as it did: "×100" is its longest.
+    fits = f"length(datum.label) * {BOLD_EM} * ({size['expr']}) <= ({within(0.88)['expr']})"
     labels = {
         "transform": [{"filter": f"datum.{text_field} != '' && datum.state != 'cached'"}],
-        "mark": {"type": "text", "fontSize": size, "fontWeight": "bold", "limit": within(0.84),
+        "mark": {"type": "text", "fontSize": size, "fontWeight": "bold",
                  "color": INK, "baseline": "middle", "aria": False,
-                 **({} if dense else {"text": {"expr": f"{fits} ? datum.label : datum.short"}})},
+                 **({} if dense else {"limit": within(0.88),
+                                      "text": {"expr": f"{fits} ? datum.label : datum.short"}})},
         "encoding": {"x": q("xc", xs), "y": q("y_label", ys), "opacity": text_alpha,
                      **({"text": {"field": text_field, "type": "nominal"}} if dense else {})},
     }

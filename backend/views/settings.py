@@ -132,7 +132,8 @@ def fixed_dims_text(model: str, dims: ModelDims) -> str:
     """Why a real model has no size fields: its weights fix them."""
     return (f"{model}'s weights fix its shape: {dims.num_layers} layers, {dims.num_heads} "
             f"heads sharing {dims.num_kv_heads} KV heads, head dim {dims.head_dim}, "
-            f"a vocabulary of {dims.vocab_size:,} tokens.")
+            f"a vocabulary of {dims.vocab_size:,} tokens, a context of "
+            f"{dims.context_length:,} (the most tokens a request may hold).")
 
 
 def config_html(items: list[SettingItem]) -> str:
