@@ -109,10 +109,11 @@ def test_the_control_leaves_out_pins_and_moves_and_is_bounded() -> None:
     assert report.same and report.not_replayed == (
         "step 2: shuffle (no block moves in the control)",)
     assert control_config(config, ops).num_blocks >= 16
+    # Each request reaches at most SmolLM2's context (8,192 tokens), and 64 of them do.
     huge = EngineConfig.for_model("smollm2-135m", num_blocks=64, block_size=16)
     with pytest.raises(PagedLabError, match="control run of these operations needs a pool"):
-        control_config(huge, [Add("A", prompt_len=60_000, max_new_tokens=None),
-                              Step(60_000)])
+        control_config(huge, [*(Add(f"R{i}", prompt_len=8_000, max_new_tokens=None)
+                                for i in range(64)), Step(60_000)])
 
 
 def test_a_replay_stopped_part_way_says_where_and_compares_only_what_both_reached() -> None:
