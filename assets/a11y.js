@@ -328,6 +328,10 @@
   page = here();
   let ran = true;            // a run of this page has started (the one that drew this)
 
+  // Whether a container's class names one of READ_OUT (its key, "--N" left aside).
+  const readClass = (c) => c.startsWith(KEY)
+    && READ_OUT.some((s) => c.slice(KEY.length).replace(/--\d+$/, "").endsWith(s));
+
   // Mid-run (a play), a box Streamlit has not drawn again yet is stale: its text may be
   // half the old step's.
   const watched = (midRun = false) => {
@@ -336,10 +340,7 @@
       const stale = "[data-stale='true']";
       if (midRun && (box.closest(stale) || box.querySelector(stale))) continue;
       for (const c of box.classList) {
-        const name = c.slice(KEY.length).replace(/--\d+$/, "");
-        if (c.startsWith(KEY) && READ_OUT.some((s) => name.endsWith(s))) {
-          found.set(c, box.innerText.trim());
-        }
+        if (readClass(c)) found.set(c, box.innerText.trim());
       }
     }
     return found;
@@ -489,12 +490,10 @@
   // whose role changed) alone: the observer sees every change of a page.
   const ALERT = "[data-testid='stAlertContainer']";
   const UNVOICED = "data-pagedlab-unvoiced";
-  const readBox = (box) => [...box.classList].some((c) => c.startsWith(KEY)
-    && READ_OUT.some((s) => c.slice(KEY.length).replace(/--\d+$/, "").endsWith(s)));
   const watchedBox = (el) => {
     for (let box = el.closest(`[class*="${KEY}"]`); box !== null;
       box = box.parentElement?.closest(`[class*="${KEY}"]`) ?? null) {
-      if (readBox(box)) return true;
+      if ([...box.classList].some(readClass)) return true;
     }
     return false;
   };

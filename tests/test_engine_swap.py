@@ -10,6 +10,7 @@ for a victim falls back to recomputation.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from typing import Any
@@ -217,10 +218,10 @@ def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     outs, ins = snap["metrics"]["swap_outs"], snap["metrics"]["swap_ins"]
     assert outs >= 2 and ins >= 1
     # Left out (the contract's metrics may leave them out): counted from the log.
-    bare = copy_of(snap)
+    bare = copy.deepcopy(snap)
     del bare["metrics"]["swap_outs"], bare["metrics"]["swap_ins"]
     assert export_snapshot(restore_engine(bare, kernel="torch")) == snap
-    nulls = copy_of(snap)
+    nulls = copy.deepcopy(snap)
     nulls["metrics"]["swap_outs"] = nulls["metrics"]["swap_ins"] = None
     assert export_snapshot(restore_engine(nulls, kernel="torch")) == snap
     # A swapped request finished where it is logs no swap-in: the counts stay the log's.
@@ -231,7 +232,7 @@ def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     # Given, they must be the log's: "0 swap-outs" showed beside a swapped request.
     for key, value, logged in (("swap_outs", 0, outs), ("swap_outs", outs + 1, outs),
                                ("swap_ins", ins + 5, ins), ("swap_ins", 0, ins)):
-        wrong = copy_of(snap)
+        wrong = copy.deepcopy(snap)
         wrong["metrics"][key] = value
         with pytest.raises(PagedLabError, match=(
                 rf"metrics\.{key} is {value} but the events hold {logged} "
@@ -239,7 +240,7 @@ def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
             restore_engine(wrong, kernel="torch")
     # A swapped request was preempted: with num_preemptions 0 (and the total to match)
     # the Preemptions card read 0 beside it.
-    unpreempted = copy_of(snap)
+    unpreempted = copy.deepcopy(snap)
     row = next(r for r in unpreempted["requests"] if r["id"] == rid)
     unpreempted["metrics"]["preemptions"] -= row["num_preemptions"]
     row["num_preemptions"] = 0
@@ -260,11 +261,6 @@ def test_the_host_pools_grid_is_named_for_it() -> None:
     one = engine(13, preemption="swap", num_cpu_blocks=1)
     assert grid_spec(host_view(export_snapshot(one)))[1]["description"].startswith(
         "Host pool block 0 (4 slots): 0 used, 1 free. ")
-
-
-def copy_of(snap: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(json.dumps(snap))
-    return out
 
 
 def test_the_event_log_says_where_a_preempted_requests_k_v_went() -> None:

@@ -336,14 +336,14 @@ def grid_title(snap: Snapshot, page: int = 0) -> str:
     total = len(snap["blocks"])
     each = counted(snap["config"]["block_size"], "slot")
     # The host pool's grid is told apart from the device pool's, which it is drawn like.
-    pool = "Host pool blocks" if is_host(snap) else "Physical blocks"
+    block = "Host pool block" if is_host(snap) else "Physical block"
     if total == 1:
-        return f"{pool[:-1]} 0 ({each})"
+        return f"{block} 0 ({each})"
     if num_pages(total) == 1:
-        return f"{pool} 0–{total - 1} ({each} each)"
+        return f"{block}s 0–{total - 1} ({each} each)"
     lo = page * PAGE_SIZE
     hi = min(total, lo + PAGE_SIZE) - 1
-    return f"{pool} {lo}–{hi} of {total} ({each} each)"
+    return f"{block}s {lo}–{hi} of {total} ({each} each)"
 
 
 def overview_frame(snap: Snapshot, group: int = 64) -> pd.DataFrame:

@@ -27,13 +27,20 @@ DEFAULT_WATERMARK = 0.01
 MAX_CAPACITY_TOKENS = 1 << 24
 
 
+def watermark_for(num_blocks: int, watermark: float = DEFAULT_WATERMARK,
+                  watermark_blocks: int | None = None) -> int:
+    """The free blocks admission keeps back: `watermark_blocks`, or vLLM v0's
+    int(watermark * num_gpu_blocks)."""
+    return int(watermark * num_blocks) if watermark_blocks is None else watermark_blocks
+
+
 def admits(capacity: int, block_size: int, longest: int,
            watermark_blocks: int | None = None) -> bool:
     """Whether an empty pool of `capacity` slots in blocks of `block_size`, keeping its
     watermark free (`watermark_blocks`, or DEFAULT_WATERMARK of the pool), admits a
     request of `longest` tokens: what `PagedPolicy.prepare` checks, without a pool."""
     num_blocks = capacity // block_size
-    kept = int(DEFAULT_WATERMARK * num_blocks) if watermark_blocks is None else watermark_blocks
+    kept = watermark_for(num_blocks, watermark_blocks=watermark_blocks)
     return -(-longest // block_size) <= num_blocks - kept
 
 
@@ -56,9 +63,7 @@ class PagedPolicy:
         self.growth_period = block_size
         self.manager = BlockManager(num_blocks, block_size, prefix_caching=False,
                                     record_events=False)
-        # vLLM v0: watermark_blocks = int(watermark * num_gpu_blocks).
-        self.watermark_blocks = (int(watermark * num_blocks) if watermark_blocks is None
-                                 else watermark_blocks)
+        self.watermark_blocks = watermark_for(num_blocks, watermark, watermark_blocks)
         # The share the watermark follows when no count was given (it grows with the pool).
         self.watermark_share = watermark if watermark_blocks is None else None
         self._ids: list[str] = []
