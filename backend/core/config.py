@@ -138,6 +138,13 @@ class EngineConfig:
         dims = self.dims
         return None if dims is None else dims.context_length
 
+    def within_context(self, num_tokens: int) -> int:
+        """`num_tokens`, or the model's context where it passes that: the most a request
+        that would grow to `num_tokens` holds (it finishes there, finish_reason
+        "context")."""
+        context = self.context_length
+        return num_tokens if context is None else min(num_tokens, context)
+
     @property
     def vocab_size(self) -> int:
         return vocab_size_of(self.model)

@@ -117,8 +117,7 @@ def _upper_tokens(config: EngineConfig, op: Add, iterations: int) -> int:
     limit = config.max_new_tokens if op.max_new_tokens == INHERIT else op.max_new_tokens
     new = iterations if not isinstance(limit, int) else min(limit, iterations)
     # A real model's context ends a request there, whatever it asked for.
-    context = config.context_length
-    return prompt + new if context is None else min(prompt + new, context)
+    return config.within_context(prompt + new)
 
 
 def control_config(config: EngineConfig, ops: Sequence[Op]) -> EngineConfig:

@@ -138,11 +138,9 @@ class ContiguousMirror:
             if rid in self.final_len:
                 continue
             limit = req.max_new_tokens
-            final = req.prompt_len + limit if limit is not None else self.spec.max_len
             # A real model's context ends a request there (finish_reason "context").
-            context = engine.config.context_length
-            if context is not None:
-                final = min(final, context)
+            final = engine.config.within_context(
+                req.prompt_len + limit if limit is not None else self.spec.max_len)
             self.final_len[rid] = final
             held = req.num_tokens
             if req.parent is not None and req.parent in self.final_len:

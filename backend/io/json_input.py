@@ -323,10 +323,15 @@ def unread_note(paths: Sequence[str]) -> list[str]:
 
 def non_negative(r: FieldReader, key: str, *, optional: bool = False) -> int:
     """An optional or required integer field that must be >= 0 (missing optional: 0)."""
-    v = r.get(key, int, optional=optional)
-    if v is None:
-        return 0
-    return check_int(v, f"{r.where}.{key}", 0, MAX_JSON_INT)
+    if optional:
+        return optional_non_negative(r, key) or 0
+    return check_int(r.get(key, int), f"{r.where}.{key}", 0, MAX_JSON_INT)
+
+
+def optional_non_negative(r: FieldReader, key: str) -> int | None:
+    """An optional integer field that must be >= 0; None where it is missing or null."""
+    v = r.get(key, int, optional=True)
+    return None if v is None else check_int(v, f"{r.where}.{key}", 0, MAX_JSON_INT)
 
 
 def listed_by_id(top: FieldReader, key: str, count: int, pool: str) -> list[FieldReader]:

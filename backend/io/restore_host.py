@@ -14,7 +14,7 @@ from backend.core.checks import shown
 from backend.core.errors import PagedLabError
 from backend.engine.request import Request
 from backend.engine.swap import HostPool
-from backend.io.json_input import FieldReader, listed_by_id, non_negative
+from backend.io.json_input import FieldReader, listed_by_id, optional_non_negative
 from backend.paging.events import Event
 
 # A swapped-out request is back on the device at its first event of these kinds: a
@@ -74,9 +74,8 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
     # the log's counts; one with them must agree, or the host pool's line would show
     # counts no run could reach.
     for key, logged, what in (("swap_outs", outs, "swap-out"), ("swap_ins", ins, "swap-in")):
-        given = mt.get(key, int, optional=True)
-        total = logged if given is None else non_negative(mt, key)
-        if total != logged:
+        total = optional_non_negative(mt, key)
+        if total is not None and total != logged:
             raise PagedLabError(
                 f"inconsistent snapshot: metrics.{key} is {total:,} but the events hold "
                 f"{logged:,} {what}{'s' * (logged != 1)} ({_COUNTED[key]})")
