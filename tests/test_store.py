@@ -29,7 +29,7 @@ from backend.io.snapshot import export_snapshot
 from backend.sessions.budget import KVBudget
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
-from backend.sessions.playground import Settings
+from backend.sessions.playground import Settings, kept_snapshot, known_snapshots
 from backend.sessions.rows import MIB, StoreError, StoreLimits, make_full, make_head
 from backend.sessions.saved import (
     COPY_NOTE,
@@ -421,6 +421,86 @@ def test_a_damaged_history_opens_the_session_without_it_and_says_so(tmp_path: Pa
     assert again is not None and again.notes == []
     assert [s["step"] for s in again.live.history] == [live.engine.step,
                                                        live.engine.step + 1]
+
+
+# A body that is valid JSON naming its own step, so the row's shape check passes it, but
+# no state the engine could have been in: the views would fail on it.
+WRONG_STATES = {
+    "blocks": lambda body: body.__setitem__("blocks", "garbage"),
+    "metrics": lambda body: body.__setitem__("metrics", "x"),
+    "config": lambda body: body.pop("config"),
+    "ref-count": lambda body: body["blocks"][0].__setitem__("ref_count", 7),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_STATES))
+def test_a_history_step_no_engine_could_hold_is_refused_when_shown_and_the_saved_steps_go(
+        tmp_path: Path, name: str) -> None:
+    """A saved step is checked as a restore checks a snapshot the first time it is shown
+    (checking 100 steps at open would cost SmolLM2's seconds); a damaged one is said, not
+    a traceback, and the steps read back with it leave the history and the row."""
+    store, tab, live = _saved(tmp_path)
+    with sqlite3.connect(store.path) as db:
+        blob = db.execute("SELECT body FROM steps WHERE step=3").fetchone()[0]
+        body = json.loads(zlib.decompress(blob))
+        WRONG_STATES[name](body)
+        db.execute("UPDATE steps SET body=? WHERE step=3",
+                   (zlib.compress(json.dumps(body).encode()),))
+    reader = Tab(store, ME)
+    opened = open_saved(reader, tab.id or "", "o", budget=BUDGET)
+    assert opened is not None and opened.notes == []
+    history = opened.live.history
+    assert [s["step"] for s in history] == [1, 2, 3, 4, 5, 6]
+    assert kept_snapshot(history, 2) == live.history[1]       # checked, and sound
+    with pytest.raises(PagedLabError, match=(
+            r"^the saved state after step 3 could not be read back \(.+\), so the "
+            "steps saved before this session was opened are left out of its history$")):
+        kept_snapshot(history, 3)
+    assert [s["step"] for s in history] == [6]                 # the live state stays
+    assert kept_snapshot(history, 2) is None
+    # The next save keeps only the steps the history holds.
+    assert _apply(opened.live, Step(1), reader) is None
+    again = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
+    assert again is not None
+    assert [s["step"] for s in again.live.history] == [6, 7]
+
+
+def test_a_scenario_export_takes_its_earlier_expect_values_from_sound_steps_alone(
+        tmp_path: Path) -> None:
+    store, tab, live = _saved(tmp_path)
+    _corrupt(store, "UPDATE steps SET body=? WHERE step=3", zlib.compress(json.dumps(
+        {**live.history[2], "metrics": {**live.history[2]["metrics"], "used_blocks": 99}}
+    ).encode()))
+    opened = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
+    assert opened is not None
+    assert [s["step"] for s in known_snapshots(opened.live.history)] == [6]
+    # A sound history gives every step.
+    _corrupt(store, "UPDATE steps SET body=? WHERE step=3",
+             zlib.compress(json.dumps(live.history[2]).encode()))
+    sound = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
+    assert sound is not None
+    assert list(known_snapshots(sound.live.history)) == list(live.history)
+
+
+def test_a_row_whose_step_is_not_a_number_is_left_out_of_the_list(tmp_path: Path) -> None:
+    """SQLite keeps any value in any column: one such row failed every visit from its
+    browser, since the list (and the bare address's latest session) is read first."""
+    store, tab, _ = _saved(tmp_path)
+    other = Tab(store, ME)
+    other_live = _live()
+    _apply(other_live, Add("Z", prompt_len=5), other)
+    assert [i.id for i in store.recent(ME)] == [other.id, tab.id]
+    for column, value in (("step", "abc"), ("created", "yesterday"), ("updated", "soon")):
+        with sqlite3.connect(store.path) as db:
+            [was] = db.execute(f"SELECT {column} FROM sessions WHERE id=?", (other.id,)).fetchone()
+        _corrupt(store, f"UPDATE sessions SET {column}=? WHERE id=?", value, other.id)
+        assert [i.id for i in store.recent(ME)] == [tab.id], column
+        assert store.latest(ME) == tab.id
+        _corrupt(store, f"UPDATE sessions SET {column}=? WHERE id=?", was, other.id)
+        assert [i.id for i in store.recent(ME)] == [other.id, tab.id]
+    # Its address still opens it.
+    _corrupt(store, "UPDATE sessions SET step='abc' WHERE id=?", other.id)
+    assert open_saved(Tab(store, ME), other.id or "", "o", budget=BUDGET) is not None
 
 
 OPLOG_DAMAGE = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,38 @@ def test_a_reopened_session_shows_its_kept_steps_without_a_timeline(
     again.button(key="btn_step").click().run()
     assert again.number_input(key="tl_iteration").value is None
     assert "Showing the past" not in texts(again.info)
+
+
+def test_a_damaged_saved_step_is_said_when_picked_and_the_page_goes_on(
+        browser: dict[str, str | None], data_dir: Path) -> None:
+    """A saved step of the right shape but no state an engine could hold (the views
+    failed on it with a traceback); and a row whose step column is no number (the
+    sessions list failed on every visit from that browser)."""
+    first = open_app()
+    session_id = worked(first)
+    with sqlite3.connect(data_dir / FILE_NAME) as db:
+        blob = db.execute("SELECT body FROM steps WHERE step=2").fetchone()[0]
+        body = json.loads(zlib.decompress(blob))
+        del body["config"]
+        db.execute("UPDATE steps SET body=? WHERE step=2",
+                   (zlib.compress(json.dumps(body).encode()),))
+    again = open_app(session_id)
+    again.number_input(key="tl_step").set_value(2).run()
+    assert not again.exception
+    assert ("The saved state after step 2 could not be read back (snapshot: missing field "
+            "'config')") in texts(again.error)
+    assert ("so the steps saved before this session was opened are left out of its history. "
+            "Showing the live state.") in texts(again.error)
+    assert not again.info
+    # The history holds the live state alone now: there is no earlier step to pick.
+    assert "tl_step" not in [n.key for n in again.number_input]
+    # A damaged list row is left out; the browser's next visit still works.
+    with sqlite3.connect(data_dir / FILE_NAME) as db:
+        db.execute("DROP TRIGGER IF EXISTS sessions_revised")
+        db.execute("DROP TRIGGER IF EXISTS sessions_revised_new")
+        db.execute("UPDATE sessions SET step='abc'")
+    later = open_app()
+    assert not later.exception and "session" not in later.query_params
 
 
 def test_a_bare_address_reopens_the_browsers_latest_session(

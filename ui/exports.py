@@ -36,6 +36,7 @@ from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import MAX_SNAPSHOT_BYTES, parse_snapshot_text
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
+from backend.sessions.playground import known_snapshots
 from backend.views.text import plain_md
 from ui import engine_actions, session
 from ui.kept import keep_result, kept_result
@@ -201,7 +202,7 @@ def _scenario_bytes(config: EngineConfig, base: Snapshot | None, ops: tuple[dict
     """The scenario file, built on click. The history's snapshots give earlier steps'
     `expect` values when it is still the run that ended at `final`."""
     latest = history.latest()
-    known = ([s for s in history if s["step"] <= final["step"]]
+    known = ([s for s in known_snapshots(history) if s["step"] <= final["step"]]
              if latest is not None and latest["step"] == final["step"] else [])
     n = len(final["requests"])
     log = OpLog(base, list(ops))

@@ -17,6 +17,7 @@ engine starts a new one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ import pandas as pd
 import streamlit as st
 
 from backend.core.errors import PagedLabError
-from backend.core.words import counted
+from backend.core.words import counted, sentence
 from backend.engine.engine import Engine
 from backend.engine.timeline import COLUMNS
 from backend.io.export import to_csv, to_parquet
@@ -119,7 +120,19 @@ def picked(engine: Engine, history: History) -> Picked | None:
     n = sum(1 for r in rows if r[STEP_COLUMN] == step)
     if step == engine.step:
         return Picked(it, step, n, None, True)
-    return Picked(it, step, n, kept_snapshot(history, step), False)
+    return _past(PICK, Picked(it, step, n, None, False), history)
+
+
+def _past(key: str, p: Picked, history: History) -> Picked | None:
+    """`p` with its step's kept state; None, the pick in field `key` cleared and the
+    reason said under it, where a saved session's step is found damaged."""
+    try:
+        snapshot = kept_snapshot(history, p.step)
+    except PagedLabError as exc:
+        st.session_state[key] = None
+        st.session_state[PICK_PROBLEM] = f"{sentence(str(exc))}. Showing the live state."
+        return None
+    return dataclasses.replace(p, snapshot=snapshot)
 
 
 def _whole_pick(key: str, label: str) -> int | None:
@@ -149,7 +162,7 @@ def _picked_step(engine: Engine, history: History) -> Picked | None:
         return None
     if step == engine.step:
         return Picked(None, step, 1, None, True)
-    return Picked(None, step, 1, kept_snapshot(history, step), False)
+    return _past(STEP_PICK, Picked(None, step, 1, None, False), history)
 
 
 # Set by Back to live, for the next drawing to say where it went: the banner it removed

@@ -106,10 +106,12 @@ def _relative(error_and_scale: tuple[float, float]) -> float:
 
 
 def check_requests(requests: dict[str, Request], scheduler: Scheduler,
-                   manager: BlockManager) -> None:
+                   manager: BlockManager, *, logits: bool = True) -> None:
     """The engine's invariants on top of the allocator's (not rechecked here).
 
     Queues agree with statuses, tables with tokens, sharers with each other.
+    `logits=False`: no forward has run (a snapshot's state checked without its K/V),
+    so which requests hold logits is not checked.
     """
     running = {r.id for r in requests.values() if r.status == "running"}
     _check(running == set(scheduler.running) == set(manager.seqs)
@@ -141,7 +143,8 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
             _check(len(table) == -(-req.num_computed // bs), f"{rid}: host table length")
             _check(sum(host.blocks[b].num_filled for b in table) == req.num_computed,
                    f"{rid}: host slots filled")
-            _check((req.logits is None) == req.prefilling, f"{rid}: swapped logits")
+            _check(not logits or (req.logits is None) == req.prefilling,
+                   f"{rid}: swapped logits")
     # A beam group runs as one unit: its running beams stand side by side.
     groups = [requests[rid].group if requests[rid].beam_width is not None else None
               for rid in scheduler.running]
@@ -159,8 +162,8 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
         _check(req.pending_samples == 0 or (req.group is not None and req.prefilling),
                f"{rid}: samples still to fork, but its prompt is computed")
         _check(manager.num_tokens(rid) == req.num_computed, f"{rid}: token count")
-        _check((req.logits is None) == req.prefilling, f"{rid}: logits while prefilling "
-               "or none to sample from")
+        _check(not logits or (req.logits is None) == req.prefilling,
+               f"{rid}: logits while prefilling or none to sample from")
         for i, b in enumerate(manager.block_table(rid)):
             block = manager.pool.blocks[b]
             if block.hash is not None:

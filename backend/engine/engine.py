@@ -218,9 +218,10 @@ class Engine:
         self.manager.check_integrity()
         self.check_requests()
 
-    def check_requests(self) -> None:
-        """The engine's invariants on top of the allocator's (not rechecked here)."""
-        checks.check_requests(self.requests, self.scheduler, self.manager)
+    def check_requests(self, *, logits: bool = True) -> None:
+        """The engine's invariants on top of the allocator's (not rechecked here);
+        `logits=False` leaves out which requests hold logits (before any forward)."""
+        checks.check_requests(self.requests, self.scheduler, self.manager, logits=logits)
 
     # ---- operations --------------------------------------------------------
 

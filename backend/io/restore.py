@@ -50,6 +50,22 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
 
     `progress(done, total)` hears of each forward of the K/V recomputation (the
     part that takes time: one forward per request and per cached chain)."""
+    return _restore(data, device=device, kernel=kernel, check_reference=check_reference,
+                    progress=progress, recompute=True)
+
+
+def check_snapshot(data: dict[str, Any]) -> None:
+    """Raises PagedLabError where `restore_engine` would refuse `data`, without computing
+    any K/V: every check of the bookkeeping, on the CPU (a state to be shown, not run:
+    a saved session's past step, tens of milliseconds where a restore of SmolLM2's
+    takes seconds). The pool's K/V is allocated, never written, so its pages stay
+    untouched."""
+    _restore(data, device="cpu", kernel="torch", check_reference=False, progress=None,
+             recompute=False)
+
+
+def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference: bool,
+             progress: Progress | None, recompute: bool) -> Engine:
     top = FieldReader(data, "snapshot")
     version = top.get("schema_version", int)
     if version != SCHEMA_VERSION:
@@ -87,8 +103,9 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     try:
         metrics = _restore_into(engine, top, cache_derived="prefix_cache" in derived.fields)
         engine.manager.check_integrity()
-        recompute_kv(engine, progress)
-        engine.check_requests()
+        if recompute:
+            recompute_kv(engine, progress)
+        engine.check_requests(logits=recompute)
     except (IntegrityError, AssertionError) as exc:
         raise PagedLabError(f"inconsistent snapshot: {exc}") from None
     # After every per-block and per-request check: a total that disagrees with the

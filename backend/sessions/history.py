@@ -23,11 +23,15 @@ MAX_STEPS = 100
 MAX_CELLS = 2_000_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Entry:
     body: dict[str, Any]    # the snapshot with "events" still in place but empty
     num_events: int
     cells: int              # blocks + tokens: what this entry costs to keep
+    # Read back from a saved session's row (a damaged row can hold any JSON), not the
+    # engine's own export; such a step is shown only once restore's checks passed it.
+    saved: bool
+    checked: bool
 
 
 def _cells(snapshot: dict[str, Any]) -> int:
@@ -44,12 +48,14 @@ class History:
         self._entries: deque[_Entry] = deque()
         self._cells = 0
 
-    def record(self, snapshot: dict[str, Any]) -> None:
+    def record(self, snapshot: dict[str, Any], *, saved: bool = False) -> None:
         """Mutates: keep `snapshot` as the newest step.
 
         Its events must extend the previous step's (they do between two
         restores: the engine only appends). A snapshot whose events do not is
         the start of another run, and the history starts again from it.
+        `saved`: read back from a saved session, to be checked before it is shown
+        (`playground.kept_snapshot`).
         """
         events = snapshot["events"]
         n = len(self._events)
@@ -60,7 +66,7 @@ class History:
         self._events.extend(events[n:])
         # Same keys in the same order (the JSON written from it must not change).
         body = {k: ([] if k == "events" else v) for k, v in snapshot.items()}
-        entry = _Entry(body, len(events), _cells(snapshot))
+        entry = _Entry(body, len(events), _cells(snapshot), saved, not saved)
         self._entries.append(entry)
         self._cells += entry.cells
         while len(self._entries) > 1 and (len(self._entries) > self.max_steps
@@ -72,6 +78,23 @@ class History:
         self._events = []
         self._entries.clear()
         self._cells = 0
+
+    def checked(self, index: int) -> bool:
+        """Whether step `index` is the engine's own export or passed restore's checks."""
+        return self._entries[index].checked
+
+    def mark_checked(self, index: int) -> None:
+        """Mutates: step `index` passed restore's checks."""
+        self._entries[index].checked = True
+
+    def drop_saved(self) -> None:
+        """Mutates: forget every step read back from a saved session (one of them was
+        found damaged, and the row that held it is suspect), so the steps kept still run
+        without a gap. The newest, the live state's, stays."""
+        kept = [e for i, e in enumerate(self._entries)
+                if not e.saved or i == len(self._entries) - 1]
+        self._entries = deque(kept)
+        self._cells = sum(e.cells for e in kept)
 
     def __len__(self) -> int:
         return len(self._entries)

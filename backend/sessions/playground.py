@@ -23,7 +23,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Op
 from backend.engine.results import OpResult
 from backend.io.recompute import Progress as RestoreProgress
-from backend.io.restore import restore_engine
+from backend.io.restore import check_snapshot, restore_engine
 from backend.io.snapshot import CONFIG_EXTRA, export_snapshot
 from backend.kernels import KERNELS, available_devices, select_kernels
 from backend.models.gguf_loader import Progress, find_gguf
@@ -221,6 +221,12 @@ def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:
     """The snapshot the history holds for the state after operation `step`, or None when
     it is no longer kept (the history keeps the newest operations only).
 
+    A step read back from a saved session is checked as a restore would check it the
+    first time it is asked for (`check_snapshot`: no K/V, tens of milliseconds). Raises
+    PagedLabError, after dropping every step read back with it but the live state's
+    (Mutates), where those checks refuse it: the views assume a state the engine could
+    have been in.
+
     A binary search on the steps, which ascend: rebuilding a kept snapshot slices the
     shared event list, so each probe costs what the run's events do.
     """
@@ -229,12 +235,40 @@ def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:
         mid = (lo + hi) // 2
         snap = history[mid]
         if snap["step"] == step:
+            _check_kept(history, mid)
             return snap
         if snap["step"] < step:
             lo = mid + 1
         else:
             hi = mid - 1
     return None
+
+
+def known_snapshots(history: History) -> list[dict[str, Any]]:
+    """Every state the history holds, oldest first, each read back from a saved session
+    checked first (see `kept_snapshot`); where one is refused, the steps read back with
+    it are dropped and the rest returned: a scenario export's earlier `expect` values
+    then come from the engine's own states alone."""
+    try:
+        for i in range(len(history)):
+            _check_kept(history, i)
+    except PagedLabError:
+        pass
+    return list(history)
+
+
+def _check_kept(history: History, index: int) -> None:
+    if history.checked(index):
+        return
+    snap = history[index]
+    try:
+        check_snapshot(snap)
+    except PagedLabError as exc:
+        history.drop_saved()
+        raise PagedLabError(f"the saved state after step {snap['step']} could not be read "
+                            f"back ({exc}), so the steps saved before this session was "
+                            "opened are left out of its history") from None
+    history.mark_checked(index)
 
 
 def kept_steps(history: History) -> tuple[int, int] | None:

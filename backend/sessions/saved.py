@@ -195,7 +195,8 @@ def _history(stored: StoredSession) -> tuple[History, str | None]:
     history = History()
     try:
         for _, body, n in stored.steps:
-            history.record({k: (events[:n] if k == "events" else v) for k, v in body.items()})
+            history.record({k: (events[:n] if k == "events" else v) for k, v in body.items()},
+                           saved=True)
     except (KeyError, TypeError, AttributeError):
         return History(), "its history is damaged"
     last = history.latest()
@@ -290,6 +291,8 @@ def _resume(stored: StoredSession, owner: str, *, replacing: Engine | None,
     now = export_snapshot(engine)
     if history.latest() != now:
         history.record(now)
+    else:
+        history.mark_checked(-1)      # it is the engine's own export
     if stored.note:
         notes.append(stored.note)
     return Live(engine, settings, history, oplog), notes, damaged is not None or lost is not None

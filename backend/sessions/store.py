@@ -375,11 +375,17 @@ class SessionStore:
         return self._clock() - self.limits.ttl_s
 
     def recent(self, browser: str, limit: int = 20) -> list[SessionInfo]:
-        """`browser`'s unexpired sessions, most recently used first."""
+        """`browser`'s unexpired sessions, most recently used first.
+
+        A row whose step or times are not numbers (a damaged file: SQLite keeps any
+        value in any column) is left out of the list, which would otherwise fail for
+        every visit from that browser; its address still opens it."""
         with self._read() as db:
             rows = db.execute(
                 "SELECT id, label, step, created, updated, note FROM sessions "
-                "WHERE browser=? AND updated>=? ORDER BY updated DESC LIMIT ?",
+                "WHERE browser=? AND updated>=? AND typeof(step)='integer' "
+                "AND typeof(created) IN ('integer', 'real') "
+                "AND typeof(updated) IN ('integer', 'real') ORDER BY updated DESC LIMIT ?",
                 (browser, self._expired_before(), limit)).fetchall()
         return [SessionInfo(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4]),
                             None if r[5] is None else str(r[5])) for r in rows]
