@@ -207,6 +207,49 @@ def test_swap_events_are_checked_against_the_host_pool() -> None:
         restore_engine(snap, kernel="torch")
 
 
+def test_a_log_that_contradicts_who_is_swapped_out_or_preempted_is_refused() -> None:
+    """The totals follow the log where a file leaves them out, so a log edited with them
+    made "0 swap-outs" beside a swapped request, and later more swap-ins than swap-outs."""
+    e = swapped_engine()
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    rid = e.swapped[0]
+    # Its swap_out events gone (and the totals left to the log).
+    unlogged = copy.deepcopy(snap)
+    unlogged["events"] = [ev for ev in unlogged["events"] if ev["kind"] != "swap_out"]
+    del unlogged["metrics"]["swap_outs"], unlogged["metrics"]["swap_ins"]
+    with pytest.raises(PagedLabError, match=(
+            f"request '{rid}' is swapped out, but the events hold no swap_out for it since "
+            "it last took device blocks")):
+        restore_engine(unlogged, kernel="torch")
+    # A preemption the log does not hold, or a preempt event no count holds.
+    for delta in (1, -1):
+        wrong = copy.deepcopy(snap)
+        row = next(r for r in wrong["requests"] if r["id"] == rid)
+        row["num_preemptions"] += delta
+        wrong["metrics"]["preemptions"] += delta
+        with pytest.raises(PagedLabError, match=(
+                f"request '{rid}' has num_preemptions {row['num_preemptions']} but the "
+                f"events hold {row['num_preemptions'] - delta} preempt events? for it")):
+            restore_engine(wrong, kernel="torch")
+    # Back on the device, running, with its return cut from the log.
+    while rid in e.swapped:
+        apply(e, {"op": "step"})
+    back = json.loads(json.dumps(export_snapshot(e)))
+    assert next(r for r in back["requests"] if r["id"] == rid)["status"] == "running"
+    last_out = max(i for i, ev in enumerate(back["events"])
+                   if ev["kind"] == "swap_out" and ev["request"] == rid)
+    back["events"] = back["events"][:last_out + 1] + [
+        ev for ev in back["events"][last_out + 1:]
+        if ev["request"] != rid or ev["kind"] not in ("alloc", "prefix_hit", "evict", "swap_in")]
+    del back["metrics"]["swap_outs"], back["metrics"]["swap_ins"]
+    back["metrics"]["prefix_hit_blocks"] = sum(ev["kind"] == "prefix_hit"
+                                               for ev in back["events"])
+    with pytest.raises(PagedLabError, match=(
+            f"request '{rid}' is running, but the events hold no return to the device after "
+            "its last swap_out")):
+        restore_engine(back, kernel="torch")
+
+
 def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     # Swapped out, back, and out again: two swap-outs and one swap-in in the log.
     e = swapped_engine()
@@ -243,7 +286,17 @@ def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     unpreempted = copy.deepcopy(snap)
     row = next(r for r in unpreempted["requests"] if r["id"] == rid)
     unpreempted["metrics"]["preemptions"] -= row["num_preemptions"]
+    logged = row["num_preemptions"]
     row["num_preemptions"] = 0
+    with pytest.raises(PagedLabError, match=(
+            f"request '{rid}' has num_preemptions 0 but the events hold {logged} preempt "
+            f"events? for it")):
+        restore_engine(unpreempted, kernel="torch")
+    # The same in a file with the contract's fields alone, whose log may leave
+    # preemptions out: refused by the host pool's rule.
+    unpreempted["events"] = [ev for ev in unpreempted["events"] if ev["kind"] != "preempt"]
+    for key in ("free_queue", "prefix_cache", "scheduler", "allocator"):
+        unpreempted.pop(key)
     with pytest.raises(PagedLabError, match=f"request '{rid}' is swapped out but its "
                                             "num_preemptions is 0"):
         restore_engine(unpreempted, kernel="torch")

@@ -101,7 +101,8 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
         top.accept("schema_version", "config")
     engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference)
     try:
-        metrics = _restore_into(engine, top, cache_derived="prefix_cache" in derived.fields)
+        metrics = _restore_into(engine, top, cache_derived="prefix_cache" in derived.fields,
+                                contract_only=bool(derived.fields))
         engine.manager.check_integrity()
         if recompute:
             recompute_kv(engine, progress)
@@ -161,10 +162,12 @@ def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:
             "it implies")
 
 
-def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> FieldReader:
+def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool,
+                  contract_only: bool) -> FieldReader:
     """Everything but the K/V and the totals' check into `engine`; returns the reader of
     `snapshot.metrics`, whose derived totals `_check_totals` compares at the end.
-    `cache_derived`: the prefix cache was derived from the requests' tokens, not read."""
+    `cache_derived`: the prefix cache was derived from the requests' tokens, not read.
+    `contract_only`: a file with the contract's fields alone (some were derived)."""
     c = engine.config
     bs = c.block_size
     m = engine.manager
@@ -305,6 +308,16 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
                             "requests' num_preemptions")
     m.recount()
     m.events = _events(top, step, c.num_blocks, c.num_cpu_blocks, requests)
+    # PagedLab logs one preempt event per preemption, naming its request (swap or
+    # recompute). A file with the contract's fields alone may come from a tool whose log
+    # leaves preemptions out, but one whose log holds any holds them all.
+    preempts = Counter(e.request for e in m.events if e.kind == "preempt")
+    for rid, req in requests.items():
+        if (not contract_only or preempts) and req.num_preemptions != preempts[rid]:
+            raise PagedLabError(
+                f"inconsistent snapshot: request {shown(rid)} has num_preemptions "
+                f"{req.num_preemptions:,} but the events hold {preempts[rid]:,} preempt "
+                f"event{'s' * (preempts[rid] != 1)} for it")
     # Every copy-on-write and every block a prefix hit shared is an event of its own,
     # and the log holds every event so far: the totals are its counts.
     logged_by_kind: Counter[str] = Counter(e.kind for e in m.events)

@@ -69,7 +69,18 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
                 f"{want_filled} filled")
         filled[i] = n
     host.restore(tables, filled)
-    outs, ins = swap_counts(events)
+    outs, ins, away = swap_counts(events)
+    for rid in tables:
+        if rid not in away:
+            # The host-pool line and the timeline tell a swap-out from the log.
+            raise PagedLabError(f"inconsistent snapshot: request {shown(rid)} is swapped out, "
+                                "but the events hold no swap_out for it since it last took "
+                                "device blocks")
+    back = sorted(away & {r.id for r in requests.values() if r.status == "running"})
+    if back:
+        raise PagedLabError(f"inconsistent snapshot: request {shown(back[0])} is running, but "
+                            "the events hold no return to the device after its last swap_out "
+                            "(an alloc, prefix_hit, evict or swap_in)")
     # The totals are optional in the contract: a file without them (or with null) gets
     # the log's counts; one with them must agree, or the host pool's line would show
     # counts no run could reach.
@@ -82,10 +93,11 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
     host.swap_outs, host.swap_ins = outs, ins
 
 
-def swap_counts(events: Sequence[Event]) -> tuple[int, int]:
-    """(swap-outs, swap-ins) as the event log tells them. A swap-out copies every block
-    of its request, one `swap_out` event each, in one run; a swap-in is the request's
-    return to the device, whose first event follows its swap-out."""
+def swap_counts(events: Sequence[Event]) -> tuple[int, int, set[str]]:
+    """(swap-outs, swap-ins, the requests still swapped out at the log's end) as the
+    event log tells them. A swap-out copies every block of its request, one `swap_out`
+    event each, in one run; a swap-in is the request's return to the device, whose
+    first event follows its swap-out."""
     outs = ins = 0
     away: set[str] = set()
     last: Event | None = None
@@ -99,4 +111,4 @@ def swap_counts(events: Sequence[Event]) -> tuple[int, int]:
             ins += 1
             away.discard(rid)
         last = e
-    return outs, ins
+    return outs, ins, away
