@@ -127,6 +127,8 @@ def test_an_adds_limit_may_be_as_large_as_the_configs_default(
 
 @pytest.mark.parametrize(("text", "line"), [
     ("{not json", "is not valid JSON"),
+    ("", "is empty: it holds no JSON"),           # not "Expecting value: line 1 column 1"
+    (" \n\t", "is empty: it holds no JSON"),
     ('{"steps": 3}', 'a scenario needs a "steps" list (it may be empty), got an integer'),
     ('{"config": {}}', 'a scenario needs a "steps" list (it may be empty), got none'),
     ('{"config": {"block_size": 999}, "steps": []}',

@@ -30,7 +30,14 @@ from backend.sessions.budget import KVBudget
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Settings, kept_snapshot, known_snapshots
-from backend.sessions.rows import MIB, StoreError, StoreLimits, make_full, make_head
+from backend.sessions.rows import (
+    MIB,
+    StoreDamagedError,
+    StoreError,
+    StoreLimits,
+    make_full,
+    make_head,
+)
 from backend.sessions.saved import (
     COPY_NOTE,
     MOVED_ON_NOTE,
@@ -567,6 +574,32 @@ def test_a_file_that_is_no_database_is_refused_when_opened(tmp_path: Path) -> No
     path.write_bytes(b"this is not SQLite" * 100)
     with pytest.raises(StoreError, match="cannot open the session store"):
         SessionStore(path, StoreLimits())
+
+
+def test_a_file_damaged_after_it_was_opened_is_said_to_be_damaged_not_busy(
+        tmp_path: Path) -> None:
+    """SQLite's "database disk image is malformed" was reported as a passing failure, and
+    the page said to try again in a moment: waiting mends nothing."""
+    store, tab, _ = _saved(tmp_path)
+    with sqlite3.connect(store.path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    path = store.path
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    damaged = SessionStore(path, StoreLimits())
+    with pytest.raises(StoreDamagedError, match=(
+            r"^the session store's file is damaged \(database disk image is malformed\)$")):
+        damaged.load(tab.id or "")
+    # A lock held past the wait is still a passing failure.
+    held = SessionStore(tmp_path / "other.sqlite3", StoreLimits())
+    blocker = sqlite3.connect(held.path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        note = _apply(_live(), Add("A", prompt_len=3), Tab(held, ME))
+        assert note is not None and "the session store failed: database is locked" in note
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
 
 
 def _as_layout_1(path: Path) -> None:

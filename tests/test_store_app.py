@@ -558,6 +558,22 @@ def test_a_store_that_cannot_be_opened_leaves_the_app_working_unsaved(
     assert sid(linked) == wanted
 
 
+def test_a_store_file_damaged_under_the_server_is_not_said_to_pass(
+        browser: dict[str, str | None], data_dir: Path) -> None:
+    first = open_app()
+    session_id = worked(first)
+    path = data_dir / FILE_NAME
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    again = open_app(session_id)
+    said = texts(again.error)
+    assert "the session store's file is damaged (database disk image is malformed)" in said
+    assert "try again" not in said
+    assert ("It is left as it was; the address still names it, for once the file is "
+            "mended.") in said
+
+
 def test_the_sessions_panel_says_what_the_next_operation_does_to_a_row_gone_or_taken() -> None:
     # (The "taken" line is seen in a tab above; "gone" follows a Delete in another tab.)
     assert store._saved_as("gFaJmxH9abc", "gone", False) == (

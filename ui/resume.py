@@ -18,7 +18,7 @@ from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.sessions import saved
 from backend.sessions.progress import SESSION_RUNS, Work
-from backend.sessions.rows import StoreUnavailableError
+from backend.sessions.rows import StoreDamagedError, StoreUnavailableError
 from backend.views.text import notes_text
 from ui import engine_actions, history, operations, progress, session, store
 from ui.progress import Shown
@@ -70,8 +70,14 @@ def _open(sess: operations.OpSession, sid: str, take_now: bool = True
             # A passing problem of the store, not of the session: an address that named
             # it keeps it, so that a reload tries again.
             opened = None
-            again = ("the address still names it: reload to try again" if take_now
-                     and tab.keep_in_address(sid) else "try again in a moment")
+            keeps = take_now and tab.keep_in_address(sid)
+            if isinstance(exc, StoreDamagedError):
+                # Waiting mends nothing: whoever runs the server must mend or move the file.
+                again = ("the address still names it, for once the file is mended" if keeps
+                         else "the file needs mending by whoever runs this server")
+            else:
+                again = ("the address still names it: reload to try again" if keeps
+                         else "try again in a moment")
             problem = (f"Saved session {store.short(sid)} could not be opened just now: "
                        f"{exc}. It is left as it was; {again}.")
         except PagedLabError as exc:

@@ -37,6 +37,11 @@ class StoreUnavailableError(StoreError):
     damaged): a passing or server-side problem, not one of the row asked for."""
 
 
+class StoreDamagedError(StoreUnavailableError):
+    """The database file itself is damaged (SQLite finds it malformed, or no database):
+    unlike a lock, waiting will not mend it."""
+
+
 class TooLargeError(StoreError):
     """A session's state is over the size a row may hold: it is not written."""
 

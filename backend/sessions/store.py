@@ -60,6 +60,7 @@ from backend.sessions.rows import (
     Head,
     SessionInfo,
     StepRow,
+    StoreDamagedError,
     StoredSession,
     StoreError,
     StoreLimits,
@@ -208,7 +209,7 @@ class SessionStore:
                 finally:
                     self._reader.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise StoreUnavailableError(f"the session store failed: {exc}") from None
+                raise _failed(exc) from None
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -234,7 +235,7 @@ class SessionStore:
                     raise
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise StoreUnavailableError(f"the session store failed: {exc}") from None
+                raise _failed(exc) from None
         finally:
             self._lock.release()
 
@@ -420,3 +421,13 @@ class SessionStore:
             steps = db.execute("SELECT step, body, num_events FROM steps WHERE "
                                "session=? ORDER BY step", (sid,)).fetchall()
         return check_row(sid, row, ops, steps, self.limits)
+
+
+def _failed(exc: sqlite3.Error) -> StoreUnavailableError:
+    """A failed query as the error to report: a damaged file (which waiting will not mend)
+    apart from a passing failure (a lock held past the wait, a full disk)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return StoreDamagedError(f"the session store's file is damaged ({exc})")
+    return StoreUnavailableError(f"the session store failed: {exc}")
+
