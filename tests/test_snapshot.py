@@ -149,6 +149,12 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("event step", lambda s: s["events"][0].update(step=s["step"] + 1), "is not in 1.."),
     ("forged node", lambda s: s["prefix_cache"].append(
         {"hash": "0" * 16, "parent": None, "tokens": [0, 0, 0, 0]}), "does not match"),
+    # The keys are the old config's: the message names what they are hashed from.
+    ("edited seed", lambda s: s["config"].update(seed=s["config"]["seed"] + 1),
+     r"does not match its tokens under this config \(a key hashes its tokens, its parent's "
+     r"key and the config fields its K/V depend on: seed, num_layers, num_heads, "
+     r"num_kv_heads, head_dim, dtype; a file whose config was edited after it was written "
+     r"holds the old keys\)"),
     ("waiting ids", lambda s: s["scheduler"].update(waiting=[1]), "are strings"),
     ("running twice", lambda s: s["scheduler"].update(
         running=s["scheduler"]["running"] * 2), "exactly the running"),

@@ -205,6 +205,12 @@ class EngineConfig:
         return (f"pagedlab-1|seed={self.seed}|L={self.num_layers}|H={self.num_heads}|"
                 f"KVH={self.num_kv_heads}|D={self.head_dim}|{self.dtype}")
 
+    def cache_salt_fields(self) -> tuple[str, ...]:
+        """The config fields `cache_salt` names, for a message about a key they change."""
+        if self.dims is not None:
+            return ("model", "dtype")
+        return ("seed", "num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype")
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

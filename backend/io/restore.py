@@ -217,7 +217,13 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool,
                 f"a pool of {c.num_blocks} blocks never holds a request of more than "
                 f"{c.num_blocks} blocks")
         if block_digest(parent_digest, tokens, c.cache_salt()) != digest:
-            raise PagedLabError(f"{r.where}: hash {digest} does not match its tokens")
+            # Said whole: an edited seed or dtype changes every key, and the bare
+            # "does not match its tokens" sent readers to the tokens.
+            raise PagedLabError(
+                f"{r.where}: hash {digest} does not match its tokens under this config (a "
+                "key hashes its tokens, its parent's key and the config fields its K/V "
+                f"depend on: {', '.join(c.cache_salt_fields())}; a file whose config was "
+                "edited after it was written holds the old keys)")
         if digest in nodes:
             raise PagedLabError(f"{r.where}: hash {digest} is listed twice")
         nodes[digest] = entry
