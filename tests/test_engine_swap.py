@@ -221,8 +221,8 @@ def test_a_log_that_contradicts_who_is_swapped_out_or_preempted_is_refused() -> 
             f"request '{rid}' is swapped out, but the events hold no swap_out for it since "
             "it last took device blocks")):
         restore_engine(unlogged, kernel="torch")
-    # A preemption the log does not hold, or a preempt event no count holds.
-    for delta in (1, -1):
+    # Preemptions the log does not hold.
+    for delta in (1, 2):
         wrong = copy.deepcopy(snap)
         row = next(r for r in wrong["requests"] if r["id"] == rid)
         row["num_preemptions"] += delta
@@ -286,14 +286,12 @@ def test_the_swap_totals_are_the_logs_or_the_snapshot_is_refused() -> None:
     unpreempted = copy.deepcopy(snap)
     row = next(r for r in unpreempted["requests"] if r["id"] == rid)
     unpreempted["metrics"]["preemptions"] -= row["num_preemptions"]
-    logged = row["num_preemptions"]
     row["num_preemptions"] = 0
-    with pytest.raises(PagedLabError, match=(
-            f"request '{rid}' has num_preemptions 0 but the events hold {logged} preempt "
-            f"events? for it")):
+    with pytest.raises(PagedLabError, match=f"request '{rid}' is swapped out but its "
+                                            "num_preemptions is 0"):
         restore_engine(unpreempted, kernel="torch")
     # The same in a file with the contract's fields alone, whose log may leave
-    # preemptions out: refused by the host pool's rule.
+    # preemptions out: refused all the same.
     unpreempted["events"] = [ev for ev in unpreempted["events"] if ev["kind"] != "preempt"]
     for key in ("free_queue", "prefix_cache", "scheduler", "allocator"):
         unpreempted.pop(key)

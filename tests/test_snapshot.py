@@ -14,8 +14,9 @@ import torch
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
+from backend.engine.kv_cache import KVCache
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Step
-from backend.io.restore import restore_engine
+from backend.io.restore import check_snapshot, restore_engine
 from backend.io.scenario import load_scenario, run_steps
 from backend.io.snapshot import export_snapshot, parse_snapshot_text, snapshot_json
 from backend.paging.hashing import hash_block
@@ -123,6 +124,16 @@ def test_a_block_shared_at_two_positions_is_refused() -> None:
     refused(snap, "holds block .* at logical 1, A at 0")
 
 
+def _without_first_alloc(s: dict[str, Any]) -> None:
+    """The first alloc left out, and with it every later event naming its block: no
+    event then says the block was ever handed out."""
+    first = next(ev for ev in s["events"] if ev["kind"] == "alloc")
+    s["events"] = [ev for ev in s["events"] if ev["block"] != first["block"]
+                   and ev.get("src") != first["block"]]
+    s["metrics"]["prefix_hit_blocks"] = sum(ev["kind"] == "prefix_hit" for ev in s["events"])
+    s["metrics"]["cow_copies"] = sum(ev["kind"] == "cow" for ev in s["events"])
+
+
 MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("ref count", lambda s: s["blocks"][0].update(ref_count=s["blocks"][0]["ref_count"] + 1),
      "block 0 has ref_count 3 but 2 block table"),
@@ -200,6 +211,19 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("events reversed", lambda s: s["events"].reverse(),
      r"events\[1\]: its step 4 comes after an event of step 5: the events are listed in "
      "the order they happened"),
+    # The log, replayed, must leave every block at its count (each event says the count
+    # it left): a free of a block still held, an alloc left out, an edited count.
+    ("free of a held block", lambda s: s["events"].append(
+        {"step": s["step"], "kind": "free", "request": "A",
+         "block": s["requests"][0]["block_table"][-1], "ref_count": 0}),
+     r"block \d+ has ref_count 1, but the events leave it at 0 \(events\[\d+\] last "
+     r"changed it\)"),
+    ("alloc left out", _without_first_alloc,
+     r"has ref_count \d+, but the events leave it at 0 \(no event names it, so no request "
+     r"was ever given it\)"),
+    ("edited count", lambda s: next(ev for ev in s["events"] if ev["kind"] == "prefix_hit"
+                                    ).update(ref_count=3),
+     "has ref_count 2, but the events leave it at 3"),
 ]
 
 
@@ -336,3 +360,30 @@ def test_a_restored_pool_names_the_same_holder_of_content_that_forks_share() -> 
         eng.apply(Add("B", prompt_tokens=tuple(prompt), max_new_tokens=1))
     assert e.manager.block_table("B")[:3] == r.manager.block_table("B")[:3]
     assert e.manager.block_table("B")[1] == holders[0]
+
+
+def test_a_check_without_kv_reads_the_file_as_restore_does_and_writes_no_pool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_snapshot (a saved session's past step, before it is shown): restore's
+    refusals, with the device and host pools allocated but never written, where a
+    restore zero-fills them (a 65,536-block SmolLM2 pool is gigabytes)."""
+    fills: list[float | None] = []
+    real = KVCache.__init__
+
+    def spy(self: KVCache, config: EngineConfig, device: torch.device,
+            fill: float | None = 0.0) -> None:
+        fills.append(fill)
+        real(self, config, device, fill)
+
+    e = Engine(EngineConfig(num_blocks=16, block_size=4, preemption="swap", num_cpu_blocks=8),
+               kernel="torch")
+    e.apply(Add("A", prompt_len=6))
+    snap = export_snapshot(e)
+    monkeypatch.setattr(KVCache, "__init__", spy)
+    check_snapshot(copy.deepcopy(snap))
+    assert fills == [None, None]
+    restore_engine(copy.deepcopy(snap), kernel="torch")
+    assert fills[2:] == [0.0, 0.0]
+    snap["blocks"][0]["ref_count"] += 1
+    with pytest.raises(PagedLabError, match="block 0 has ref_count 2 but 1 block table"):
+        check_snapshot(snap)

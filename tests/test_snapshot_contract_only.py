@@ -443,6 +443,47 @@ def test_the_readme_recipe_for_a_blocks_hash_gives_pagedlabs_hash() -> None:
     assert block_digest(first, [5, 6, 7, 300], real.cache_salt()) == wide
 
 
+def test_a_partial_log_is_kept_as_partial_through_its_exports() -> None:
+    """PagedLab's own log holds every event, and restore holds a PagedLab file's log to
+    that; a file with the contract's fields alone may not. Its engine's exports say so
+    (events_partial), or a session saved from it (its snapshot an export) could never
+    be reopened."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 8, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt_len=10), Add("B", prompt_len=5), Finish("A")):
+        e.apply(op)
+    whole = export_snapshot(e)
+    assert "events_partial" not in whole
+    # A's free of block 1 left out: the log never gives it back.
+    cut_whole = copy.deepcopy(whole)
+    cut_whole["events"] = [ev for ev in cut_whole["events"]
+                           if not (ev["kind"] == "free" and ev["block"] == 1)]
+    with pytest.raises(PagedLabError, match=(
+            r"^inconsistent snapshot: block 1 has ref_count 0, but the events leave it at 1 "
+            r"\(events\[\d+\] last changed it\)$")):
+        restore_engine(copy.deepcopy(cut_whole), kernel="torch")
+    # The same log in a file with the contract's fields alone (its events keeping the
+    # ref_count the contract leaves out, without which no count is checked): restored,
+    # and kept partial.
+    contract = bare(cut_whole)
+    contract["events"] = copy.deepcopy(cut_whole["events"])
+    restored = restore_engine(contract, kernel="torch")
+    assert restored.log_partial
+    again = export_snapshot(restored)
+    assert again["events_partial"] is True
+    assert export_snapshot(restore_engine(copy.deepcopy(again), kernel="torch")) == again
+    # It runs on, and its later exports still say so.
+    restored.apply(Step())
+    assert export_snapshot(restored)["events_partial"] is True
+    # A sound contract-only file keeps no such mark; a whole file may claim it.
+    assert "events_partial" not in export_snapshot(
+        restore_engine(bare(copy.deepcopy(whole)), kernel="torch"))
+    assert restore_engine({**copy.deepcopy(whole), "events_partial": True},
+                          kernel="torch").log_partial
+    with pytest.raises(PagedLabError,
+                       match=r"snapshot\.events_partial must be true or false, got 'yes'"):
+        restore_engine({**copy.deepcopy(whole), "events_partial": "yes"}, kernel="torch")
+
+
 def test_a_log_that_contradicts_itself_is_said_to_leave_the_order_a_guess() -> None:
     """A log cut short at its start, or written by hand, restored with a guessed queue
     order and no word; the strict checks still hold the blocks and tables."""

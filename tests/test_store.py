@@ -26,6 +26,8 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Fork, Grow, Op, Step
 from backend.io.snapshot import export_snapshot
+from backend.sessions import playground
+from backend.sessions import store as store_module
 from backend.sessions.budget import KVBudget
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
@@ -465,11 +467,77 @@ def test_a_history_step_no_engine_could_hold_is_refused_when_shown_and_the_saved
         kept_snapshot(history, 3)
     assert [s["step"] for s in history] == [6]                 # the live state stays
     assert kept_snapshot(history, 2) is None
+    assert history.entry(0)[0].checked and not history.entry(0)[0].saved
     # The next save keeps only the steps the history holds.
     assert _apply(opened.live, Step(1), reader) is None
     again = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
     assert again is not None
     assert [s["step"] for s in again.live.history] == [6, 7]
+
+
+def _damage_step(store: SessionStore, live: Live, step: int) -> None:
+    """Saved step `step` of the right shape (the row's checks pass it) holding no state:
+    its `blocks` a string."""
+    body = {k: v for k, v in live.history[step - 1].items() if k != "events"}
+    _corrupt(store, "UPDATE steps SET body=? WHERE step=?",
+             zlib.compress(json.dumps({**body, "events": [], "blocks": "garbage"}).encode()),
+             step)
+
+
+def test_the_step_a_session_was_opened_at_stays_when_a_saved_step_is_found_damaged_later(
+        tmp_path: Path) -> None:
+    """The step a session opened at equals its restored engine's export: it is the
+    engine's own, and outlives the steps read back before it."""
+    store, tab, live = _saved(tmp_path)
+    _damage_step(store, live, 3)
+    reader = Tab(store, ME)
+    opened = open_saved(reader, tab.id or "", "o", budget=BUDGET)
+    assert opened is not None
+    _apply(opened.live, Step(1), reader)
+    with pytest.raises(PagedLabError, match="the saved state after step 3"):
+        kept_snapshot(opened.live.history, 3)
+    assert [s["step"] for s in opened.live.history] == [6, 7]
+
+
+def test_a_history_read_while_steps_are_recorded_checks_the_entries_it_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download builds its file in a thread of its own: a step recorded (and the oldest
+    evicted) while it checks must not make it mark another entry (by index, step 2 took
+    step 1's place and was marked checked), or hand out a damaged step."""
+    store, tab, live = _saved(tmp_path)
+    _damage_step(store, live, 2)
+    opened = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
+    assert opened is not None
+    history = opened.live.history
+    history.max_steps = len(history)
+    checked = threading.Event()
+    real = playground.check_snapshot
+
+    def slow(snap: dict[str, Any]) -> None:
+        if snap["step"] == 1:
+            checked.set()
+            # The script thread records a step meanwhile, evicting step 1.
+            assert record.wait(5)
+        real(snap)
+
+    record = threading.Event()
+    monkeypatch.setattr(playground, "check_snapshot", slow)
+    got: list[list[int]] = []
+    reader = threading.Thread(target=lambda: got.append(
+        [s["step"] for s in known_snapshots(history)]))
+    reader.start()
+    assert checked.wait(5)
+    engine = opened.live.engine
+    engine.apply(Step(1))
+    history.record(export_snapshot(engine))
+    record.set()
+    reader.join(5)
+    # Step 1 passed (as it was read), step 2 was refused, and the steps after it that
+    # were read back went with it: the export gets step 1 and the opened step 6.
+    assert got == [[1, 6]]
+    # The history lost every step read back; the opened step and the new one stay.
+    assert [s["step"] for s in history] == [6, 7]
+    assert kept_snapshot(history, 2) is None
 
 
 def test_a_scenario_export_takes_its_earlier_expect_values_from_sound_steps_alone(
@@ -480,7 +548,9 @@ def test_a_scenario_export_takes_its_earlier_expect_values_from_sound_steps_alon
     ).encode()))
     opened = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
     assert opened is not None
-    assert [s["step"] for s in known_snapshots(opened.live.history)] == [6]
+    # Steps 1 and 2 passed before step 3 was refused; 4 and 5 went with it.
+    assert [s["step"] for s in known_snapshots(opened.live.history)] == [1, 2, 6]
+    assert [s["step"] for s in opened.live.history] == [6]
     # A sound history gives every step.
     _corrupt(store, "UPDATE steps SET body=? WHERE step=3",
              zlib.compress(json.dumps(live.history[2]).encode()))
@@ -600,6 +670,17 @@ def test_a_file_damaged_after_it_was_opened_is_said_to_be_damaged_not_busy(
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
+
+
+@pytest.mark.parametrize(("code", "damaged"), [
+    (11, True), (779, True), (26, True),      # SQLITE_CORRUPT, _CORRUPT_INDEX, _NOTADB
+    (5, False), (13, False), (None, False)])  # SQLITE_BUSY, _FULL, no code
+def test_sqlites_extended_codes_tell_a_damaged_file_from_a_passing_failure(
+        code: int | None, damaged: bool) -> None:
+    exc = sqlite3.DatabaseError("database disk image is malformed")
+    if code is not None:
+        exc.sqlite_errorcode = code
+    assert isinstance(store_module._failed(exc), StoreDamagedError) is damaged
 
 
 def _as_layout_1(path: Path) -> None:

@@ -64,7 +64,11 @@ def _svg(snap: Snapshot, page: int) -> bytes:
 
 
 def _zip(snapshots: Sequence[Snapshot] | History) -> bytes:
-    # A History rebuilds each step's snapshot as it is iterated: only on a click.
+    # A History rebuilds each step's snapshot as it is iterated: only on a click. Its
+    # steps read back from a saved session are checked first, so that no file in the
+    # zip is one an upload would refuse.
+    if isinstance(snapshots, History):
+        return run_zip(known_snapshots(snapshots))
     return run_zip(list(snapshots))
 
 

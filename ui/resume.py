@@ -67,18 +67,20 @@ def _open(sess: operations.OpSession, sid: str, take_now: bool = True
             opened = saved.open_saved(tab, sid, sess.owner, replacing=sess.engine,
                                       progress=moved, take_now=take_now)
         except StoreUnavailableError as exc:
-            # A passing problem of the store, not of the session: an address that named
-            # it keeps it, so that a reload tries again.
+            # A problem of the store, not of the session: an address that named it keeps
+            # it, so that a reload tries again once the store works.
             opened = None
             keeps = take_now and tab.keep_in_address(sid)
             if isinstance(exc, StoreDamagedError):
                 # Waiting mends nothing: whoever runs the server must mend or move the file.
+                when = ""
                 again = ("the address still names it, for once the file is mended" if keeps
                          else "the file needs mending by whoever runs this server")
             else:
+                when = " just now"
                 again = ("the address still names it: reload to try again" if keeps
                          else "try again in a moment")
-            problem = (f"Saved session {store.short(sid)} could not be opened just now: "
+            problem = (f"Saved session {store.short(sid)} could not be opened{when}: "
                        f"{exc}. It is left as it was; {again}.")
         except PagedLabError as exc:
             opened = None

@@ -78,6 +78,12 @@ def vocab_size_of(model: str) -> int:
     return 256 if dims is None else dims.vocab_size
 
 
+# The tiny model's settings its cache key names, with the label each is written under
+# ("seed=0|L=2|..."): its K/V depend on them. Fixed: every snapshot's keys depend on it.
+_TINY_SALT = (("seed", "seed"), ("num_layers", "L"), ("num_heads", "H"),
+              ("num_kv_heads", "KVH"), ("head_dim", "D"))
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Everything that fixes an engine's behaviour (device choice aside)."""
@@ -202,14 +208,14 @@ class EngineConfig:
         """
         if self.dims is not None:
             return f"pagedlab-1|model={self.model}|{self.dtype}"
-        return (f"pagedlab-1|seed={self.seed}|L={self.num_layers}|H={self.num_heads}|"
-                f"KVH={self.num_kv_heads}|D={self.head_dim}|{self.dtype}")
+        named = "".join(f"{label}={getattr(self, name)}|" for name, label in _TINY_SALT)
+        return f"pagedlab-1|{named}{self.dtype}"
 
     def cache_salt_fields(self) -> tuple[str, ...]:
         """The config fields `cache_salt` names, for a message about a key they change."""
         if self.dims is not None:
             return ("model", "dtype")
-        return ("seed", "num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype")
+        return (*(name for name, _ in _TINY_SALT), "dtype")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

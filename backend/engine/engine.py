@@ -93,6 +93,10 @@ class Engine:
         # memory): the state is then inconsistent, and every later operation is
         # refused until the caller replaces the engine (see sessions/playground.py).
         self.broken: str | None = None
+        # The log may not hold every event so far: restored from a file whose own log
+        # was not held to that (see io/restore.py). Its exports say so (events_partial),
+        # so that restoring them does not hold the log to it either.
+        self.log_partial = False
 
     def set_kernels(self, device: str, kernel: str) -> None:
         """Mutates: run the next model steps with another kernel on the same device.

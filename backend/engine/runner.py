@@ -48,7 +48,8 @@ class ModelRunner:
         self.model = build_model(config, self.device)
         self.cache = KVCache(config, self.device, fill=kv_fill)
         # The host pool that swap preemption copies K/V to (None: recompute).
-        self.host = HostPool(config) if config.preemption == "swap" else None
+        self.host = (HostPool(config, fill=None if kv_fill is None else 0.0)
+                     if config.preemption == "swap" else None)
         self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
         self.prefill_tokens = 0      # prompt tokens computed so far, for the timeline
         # Recomputation after preemption: the prefill tokens of requests preempted

@@ -54,13 +54,15 @@ class HostPool:
     snapshot restores it exactly without a queue order.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, fill: float | None = 0.0) -> None:
+        """`fill`: the host K/V's first value, None to leave it unwritten (see KVCache)."""
         self.num_blocks = config.num_cpu_blocks
         self.block_size = config.block_size
         self.blocks = [HostBlock(i) for i in range(self.num_blocks)]
         self.free_ids: list[int] = list(range(self.num_blocks))   # a heap
         self.tables: dict[str, list[int]] = {}
-        self.cache = KVCache(replace(config, num_blocks=max(1, self.num_blocks)), HOST)
+        self.cache = KVCache(replace(config, num_blocks=max(1, self.num_blocks)), HOST,
+                             fill=fill)
         self.swap_outs = 0
         self.swap_ins = 0
 

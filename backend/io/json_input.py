@@ -48,8 +48,9 @@ def decode_json(data: str | bytes, what: str) -> Any:
     input in the message ("snapshot", "scenario 'x.json'"), which ends without a full stop
     or question mark, so that callers can add a sentence after it.
     """
-    if not data.strip():
-        # The parser's "Expecting value: line 1 column 1 (char 0)" reads as a typo.
+    if not (data.strip(b" \t\n\r") if isinstance(data, bytes) else data.strip(" \t\n\r")):
+        # JSON's own white space alone. The parser's "Expecting value: line 1 column 1
+        # (char 0)" reads as a typo.
         raise PagedLabError(f"{what} is empty: it holds no JSON")
     try:
         return json.loads(data, object_pairs_hook=_unique_keys)

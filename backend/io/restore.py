@@ -31,6 +31,7 @@ from backend.io.json_input import FieldReader, listed_by_id, non_negative, unrea
 from backend.io.recompute import Progress, recompute_kv
 from backend.io.restore_derive import Derived, derive_missing, derived_note
 from backend.io.restore_host import restore_host
+from backend.io.restore_log import log_problem
 from backend.io.restore_requests import read_requests, read_scheduler
 from backend.io.snapshot import CONFIG_EXTRA, CONTRACT_CONFIG, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
@@ -57,9 +58,10 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
 def check_snapshot(data: dict[str, Any]) -> None:
     """Raises PagedLabError where `restore_engine` would refuse `data`, without computing
     any K/V: every check of the bookkeeping, on the CPU (a state to be shown, not run:
-    a saved session's past step, tens of milliseconds where a restore of SmolLM2's
-    takes seconds). The pool's K/V is allocated, never written, so its pages stay
-    untouched."""
+    a saved session's past step). Tens of milliseconds for a pool of a few hundred
+    blocks, where a restore of SmolLM2's takes seconds; a second or more for tens of
+    thousands of blocks, read field by field. The pools' K/V are allocated and never
+    written (`kv_fill=None`), so their pages are never touched."""
     _restore(data, device="cpu", kernel="torch", check_reference=False, progress=None,
              recompute=False)
 
@@ -99,16 +101,27 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
         # and checked the same way (the derived fields count as read).
         top = FieldReader({**data, **derived.fields}, "snapshot")
         top.accept("schema_version", "config")
-    engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference)
+    # Without a recomputation nothing reads the K/V, so it is not even zero-filled.
+    engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference,
+                    kv_fill=0.0 if recompute else None)
     try:
-        metrics = _restore_into(engine, top, cache_derived="prefix_cache" in derived.fields,
-                                contract_only=bool(derived.fields))
+        metrics = _restore_into(engine, top, cache_derived="prefix_cache" in derived.fields)
         engine.manager.check_integrity()
         if recompute:
             recompute_kv(engine, progress)
         engine.check_requests(logits=recompute)
     except (IntegrityError, AssertionError) as exc:
         raise PagedLabError(f"inconsistent snapshot: {exc}") from None
+    # After the blocks' and tables' own checks, which name an edited block or request by
+    # what is wrong with it, rather than by the log that no longer leads to it. A file
+    # with the contract's fields alone may come from a tool whose log is cut short at
+    # its start or leaves events out (a preempt): such a log is kept, as partial, and
+    # the engine's exports say so (events_partial), so restoring them keeps it too.
+    problem = log_problem(engine)
+    said_partial = top.get("events_partial", bool, optional=True) is True
+    if problem is not None and not (derived.fields or said_partial):
+        raise PagedLabError(f"inconsistent snapshot: {problem}")
+    engine.log_partial = problem is not None or said_partial
     # After every per-block and per-request check: a total that disagrees with the
     # blocks then has no edited block or request behind it to name instead.
     _check_totals(engine, metrics)
@@ -162,12 +175,10 @@ def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:
             "it implies")
 
 
-def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool,
-                  contract_only: bool) -> FieldReader:
+def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> FieldReader:
     """Everything but the K/V and the totals' check into `engine`; returns the reader of
     `snapshot.metrics`, whose derived totals `_check_totals` compares at the end.
-    `cache_derived`: the prefix cache was derived from the requests' tokens, not read.
-    `contract_only`: a file with the contract's fields alone (some were derived)."""
+    `cache_derived`: the prefix cache was derived from the requests' tokens, not read."""
     c = engine.config
     bs = c.block_size
     m = engine.manager
@@ -314,16 +325,6 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool,
                             "requests' num_preemptions")
     m.recount()
     m.events = _events(top, step, c.num_blocks, c.num_cpu_blocks, requests)
-    # PagedLab logs one preempt event per preemption, naming its request (swap or
-    # recompute). A file with the contract's fields alone may come from a tool whose log
-    # leaves preemptions out, but one whose log holds any holds them all.
-    preempts = Counter(e.request for e in m.events if e.kind == "preempt")
-    for rid, req in requests.items():
-        if (not contract_only or preempts) and req.num_preemptions != preempts[rid]:
-            raise PagedLabError(
-                f"inconsistent snapshot: request {shown(rid)} has num_preemptions "
-                f"{req.num_preemptions:,} but the events hold {preempts[rid]:,} preempt "
-                f"event{'s' * (preempts[rid] != 1)} for it")
     # Every copy-on-write and every block a prefix hit shared is an event of its own,
     # and the log holds every event so far: the totals are its counts.
     logged_by_kind: Counter[str] = Counter(e.kind for e in m.events)

@@ -135,6 +135,9 @@ def export_snapshot(engine: Engine) -> dict[str, Any]:
                          for n in sorted(nodes.values(), key=lambda n: (n.depth(), n.digest))],
         "allocator": {"random_picks": pool.random_picks},
     }
+    if engine.log_partial:
+        # Only then, so that every other snapshot is the file it always was.
+        snap["events_partial"] = True
     if host is not None:
         # Only with a host pool, so that every other snapshot is the file it always was.
         snap["cpu_blocks"] = [{"id": b.id, "state": b.state, "ref_count": b.ref_count,

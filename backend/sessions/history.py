@@ -14,6 +14,7 @@ steps than a 32-block one). The oldest go first; the newest always stays.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +25,10 @@ MAX_CELLS = 2_000_000
 
 
 @dataclass(slots=True)
-class _Entry:
+class Entry:
+    """One kept step. Its flags are read and set from any thread (single attribute
+    reads and writes); the history's own lists are changed under its lock."""
+
     body: dict[str, Any]    # the snapshot with "events" still in place but empty
     num_events: int
     cells: int              # blocks + tokens: what this entry costs to keep
@@ -33,19 +37,29 @@ class _Entry:
     saved: bool
     checked: bool
 
+    def snapshot(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """The whole snapshot, from the history's shared event records `events`."""
+        head = events[:self.num_events]
+        return {k: (head if k == "events" else v) for k, v in self.body.items()}
+
 
 def _cells(snapshot: dict[str, Any]) -> int:
     return len(snapshot["blocks"]) + sum(len(r["tokens"]) for r in snapshot["requests"])
 
 
 class History:
-    """The snapshots of one engine's run, oldest first. Not shared between sessions."""
+    """The snapshots of one engine's run, oldest first. Not shared between sessions, but
+    read by the session's download callables, which Streamlit runs in a thread of their
+    own: every method takes the history's lock, and iterating walks a copy."""
 
     def __init__(self, *, max_steps: int = MAX_STEPS, max_cells: int = MAX_CELLS) -> None:
         self.max_steps = max_steps
         self.max_cells = max_cells
+        self._lock = threading.RLock()
+        # Append-only until `clear` puts a new list in its place, so a copy of the
+        # reference rebuilds any step it had, whatever is recorded after.
         self._events: list[dict[str, Any]] = []
-        self._entries: deque[_Entry] = deque()
+        self._entries: deque[Entry] = deque()
         self._cells = 0
 
     def record(self, snapshot: dict[str, Any], *, saved: bool = False) -> None:
@@ -58,59 +72,72 @@ class History:
         (`playground.kept_snapshot`).
         """
         events = snapshot["events"]
-        n = len(self._events)
-        continues = len(events) >= n and (n == 0 or events[n - 1] == self._events[-1])
-        if not continues:
-            self.clear()
-            n = 0
-        self._events.extend(events[n:])
         # Same keys in the same order (the JSON written from it must not change).
         body = {k: ([] if k == "events" else v) for k, v in snapshot.items()}
-        entry = _Entry(body, len(events), _cells(snapshot), saved, not saved)
-        self._entries.append(entry)
-        self._cells += entry.cells
-        while len(self._entries) > 1 and (len(self._entries) > self.max_steps
-                                          or self._cells > self.max_cells):
-            self._cells -= self._entries.popleft().cells
+        entry = Entry(body, len(events), _cells(snapshot), saved, not saved)
+        with self._lock:
+            n = len(self._events)
+            continues = len(events) >= n and (n == 0 or events[n - 1] == self._events[-1])
+            if not continues:
+                self.clear()
+                n = 0
+            self._events.extend(events[n:])
+            self._entries.append(entry)
+            self._cells += entry.cells
+            while len(self._entries) > 1 and (len(self._entries) > self.max_steps
+                                              or self._cells > self.max_cells):
+                self._cells -= self._entries.popleft().cells
 
     def clear(self) -> None:
         """Mutates: forget every step."""
-        self._events = []
-        self._entries.clear()
-        self._cells = 0
+        with self._lock:
+            self._events = []
+            self._entries.clear()
+            self._cells = 0
 
-    def checked(self, index: int) -> bool:
-        """Whether step `index` is the engine's own export or passed restore's checks."""
-        return self._entries[index].checked
+    def entry(self, index: int) -> tuple[Entry, dict[str, Any]]:
+        """Step `index`'s entry and its whole snapshot, read together."""
+        with self._lock:
+            entry = self._entries[index]
+            return entry, entry.snapshot(self._events)
 
-    def mark_checked(self, index: int) -> None:
-        """Mutates: step `index` passed restore's checks."""
-        self._entries[index].checked = True
+    def entries(self) -> list[tuple[Entry, dict[str, Any]]]:
+        """Every step's entry and its whole snapshot, oldest first, read together."""
+        with self._lock:
+            return [(e, e.snapshot(self._events)) for e in self._entries]
+
+    def mark_own(self, index: int) -> None:
+        """Mutates: step `index` is the engine's own export (equal to it), read back or not."""
+        with self._lock:
+            entry = self._entries[index]
+            entry.saved, entry.checked = False, True
 
     def drop_saved(self) -> None:
         """Mutates: forget every step read back from a saved session (one of them was
         found damaged, and the row that held it is suspect), so the steps kept still run
         without a gap. The newest, the live state's, stays."""
-        kept = [e for i, e in enumerate(self._entries)
-                if not e.saved or i == len(self._entries) - 1]
-        self._entries = deque(kept)
-        self._cells = sum(e.cells for e in kept)
+        with self._lock:
+            kept = [e for i, e in enumerate(self._entries)
+                    if not e.saved or i == len(self._entries) - 1]
+            self._entries = deque(kept)
+            self._cells = sum(e.cells for e in kept)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """The whole snapshot of a kept step (a new dict; its event records are shared)."""
-        entry = self._entries[index]
-        events = self._events[:entry.num_events]
-        return {k: (events if k == "events" else v) for k, v in entry.body.items()}
+        return self.entry(index)[1]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for i in range(len(self._entries)):
-            yield self[i]
+        with self._lock:
+            entries, events = list(self._entries), self._events
+        for e in entries:
+            yield e.snapshot(events)
 
     def latest(self) -> dict[str, Any] | None:
-        return self[-1] if self._entries else None
+        with self._lock:
+            return self[-1] if self._entries else None
 
     @property
     def num_event_records(self) -> int:

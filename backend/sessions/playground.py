@@ -247,20 +247,27 @@ def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:
 def known_snapshots(history: History) -> list[dict[str, Any]]:
     """Every state the history holds, oldest first, each read back from a saved session
     checked first (see `kept_snapshot`); where one is refused, the steps read back with
-    it are dropped and the rest returned: a scenario export's earlier `expect` values
-    then come from the engine's own states alone."""
-    try:
-        for i in range(len(history)):
-            _check_kept(history, i)
-    except PagedLabError:
-        pass
-    return list(history)
+    it are dropped and the states that passed returned: a scenario export's earlier
+    `expect` values then come from the engine's own states alone. Safe from a download
+    callable's thread: it checks a copy of the entries, and marks the entry it checked."""
+    entries = history.entries()
+    for entry, snap in entries:
+        if not entry.checked:
+            try:
+                check_snapshot(snap)
+            except PagedLabError:
+                history.drop_saved()
+                break
+            entry.checked = True
+    return [snap for entry, snap in entries if entry.checked]
 
 
 def _check_kept(history: History, index: int) -> None:
-    if history.checked(index):
+    """Check step `index` once if it was read back from a saved session: Raises
+    PagedLabError, after dropping the steps read back (Mutates), where restore refuses it."""
+    entry, snap = history.entry(index)
+    if entry.checked:
         return
-    snap = history[index]
     try:
         check_snapshot(snap)
     except PagedLabError as exc:
@@ -268,7 +275,7 @@ def _check_kept(history: History, index: int) -> None:
         raise PagedLabError(f"the saved state after step {snap['step']} could not be read "
                             f"back ({exc}), so the steps saved before this session was "
                             "opened are left out of its history") from None
-    history.mark_checked(index)
+    entry.checked = True
 
 
 def kept_steps(history: History) -> tuple[int, int] | None:

@@ -292,7 +292,7 @@ def _resume(stored: StoredSession, owner: str, *, replacing: Engine | None,
     if history.latest() != now:
         history.record(now)
     else:
-        history.mark_checked(-1)      # it is the engine's own export
+        history.mark_own(-1)      # it is the engine's own export
     if stored.note:
         notes.append(stored.note)
     return Live(engine, settings, history, oplog), notes, damaged is not None or lost is not None

@@ -427,7 +427,8 @@ def _failed(exc: sqlite3.Error) -> StoreUnavailableError:
     """A failed query as the error to report: a damaged file (which waiting will not mend)
     apart from a passing failure (a lock held past the wait, a full disk)."""
     code = getattr(exc, "sqlite_errorcode", None)
-    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+    # The extended code (SQLITE_CORRUPT_INDEX is 779): its low byte is the primary one.
+    if code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
         return StoreDamagedError(f"the session store's file is damaged ({exc})")
     return StoreUnavailableError(f"the session store failed: {exc}")
 

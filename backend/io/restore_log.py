@@ -1,0 +1,107 @@
+"""Restore's check that a snapshot's event log is every event of a run that reached
+its state.
+
+PagedLab's log holds every allocator event so far. Each event that changes a block's
+reference count carries the count it left (`alloc`, `share`, `prefix_hit`, `free`,
+and a `cow`'s new block), except a copy-on-write's source, which loses one holder
+without an event of its own. A shuffle's `move` events are one permutation: each
+moved block's count goes with it, and an id a block left without another arriving
+holds a free block (free blocks are relabelled too, without an event). Replayed
+from an empty pool, the log must leave every block at the count the snapshot gives
+it. Every preemption logs a `preempt` naming its request; a swapped-out request's
+last device event is its `swap_out`, and a running request's is no `swap_out`.
+
+An edited event (a `free` of a block still held, an `alloc` left out, a `preempt`
+removed) would otherwise show a history no run could have had beside a state it
+could, and the totals the log gives (swap-outs) would contradict the state.
+
+A file another tool wrote may leave `ref_count` out of an event; a block such an
+event names is not checked until a later event gives its count again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from backend.core.checks import shown
+from backend.engine.engine import Engine
+from backend.io.restore_host import swap_counts
+from backend.paging.events import Event
+
+# Events that name a block without changing its count: an eviction drops a ref-count-0
+# block's cached key (the alloc after it sets the count); a swap copies K/V while the
+# frees and allocs beside it change the counts.
+_COUNT_KEPT = frozenset({"evict", "swap_out", "swap_in"})
+
+
+def log_problem(engine: Engine) -> str | None:
+    """Why the restored `engine`'s log cannot be every event of a run that reached its
+    state (the first thing found, in words), or None. O(events + blocks + requests)."""
+    events = engine.manager.events
+    preempts = Counter(e.request for e in events if e.kind == "preempt")
+    for rid, req in engine.requests.items():
+        if req.num_preemptions != preempts[rid]:
+            return (f"request {shown(rid)} has num_preemptions {req.num_preemptions:,} but "
+                    f"the events hold {preempts[rid]:,} preempt event"
+                    f"{'s' * (preempts[rid] != 1)} for it")
+    if engine.host is not None:
+        _, _, away = swap_counts(events)
+        for rid in engine.swapped:
+            if rid not in away:
+                # The host-pool line and the timeline tell a swap-out from the log.
+                return (f"request {shown(rid)} is swapped out, but the events hold no "
+                        "swap_out for it since it last took device blocks")
+        for rid in engine.running:
+            if rid in away:
+                return (f"request {shown(rid)} is running, but the events hold no return to "
+                        "the device after its last swap_out (an alloc, prefix_hit, evict or "
+                        "swap_in)")
+    return _count_problem(events, [b.ref_count for b in engine.manager.pool.blocks])
+
+
+def _count_problem(events: Sequence[Event], ref_counts: Sequence[int]) -> str | None:
+    """The first block whose count the log, replayed from an empty pool, does not leave
+    at `ref_counts[block]`, in words; or None."""
+    n = len(ref_counts)
+    counts: list[int | None] = [0] * n
+    last: list[int | None] = [None] * n     # the event that last set each block's count
+    i = 0
+    while i < len(events):
+        e = events[i]
+        if e.kind == "move":
+            i = _shuffle(events, i, counts, last)
+            continue
+        if e.kind == "cow" and e.src is not None:
+            was = counts[e.src]
+            counts[e.src] = None if was is None else was - 1
+            last[e.src] = i
+        if e.block is not None and e.kind not in _COUNT_KEPT:
+            counts[e.block] = e.ref_count
+            last[e.block] = i
+        i += 1
+    for b, (want, got) in enumerate(zip(counts, ref_counts, strict=True)):
+        if want is not None and want != got:
+            where = ("no event names it, so no request was ever given it" if last[b] is None
+                     else f"events[{last[b]}] last changed it")
+            return f"block {b} has ref_count {got}, but the events leave it at {want} ({where})"
+    return None
+
+
+def _shuffle(events: Sequence[Event], i: int, counts: list[int | None],
+             last: list[int | None]) -> int:
+    """Mutates `counts` and `last`: apply the shuffle whose moves start at events[i] (the
+    moves of one step, side by side); returns the index after them."""
+    step = events[i].step
+    moves: list[tuple[int, int, int]] = []
+    while i < len(events) and events[i].kind == "move" and events[i].step == step:
+        e = events[i]
+        if e.src is not None and e.dst is not None:   # restore's reader requires both
+            moves.append((i, e.src, e.dst))
+        i += 1
+    before = {src: counts[src] for _, src, _ in moves}
+    for at, src, _ in moves:
+        counts[src], last[src] = 0, at
+    for at, src, dst in moves:
+        counts[dst], last[dst] = before[src], at
+    return i
