@@ -13,12 +13,14 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.engine import runner
 from backend.engine.engine import Engine
 from backend.engine.kv_cache import KVCache
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Step
 from backend.io.restore import check_snapshot, restore_engine
 from backend.io.scenario import load_scenario, run_steps
 from backend.io.snapshot import export_snapshot, parse_snapshot_text, snapshot_json
+from backend.models.registry import Unloaded
 from backend.paging.hashing import hash_block
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "assets" / "scenarios"
@@ -362,17 +364,18 @@ def test_a_restored_pool_names_the_same_holder_of_content_that_forks_share() -> 
     assert e.manager.block_table("B")[1] == holders[0]
 
 
-def test_a_check_without_kv_reads_the_file_as_restore_does_and_writes_no_pool(
+def test_a_check_without_kv_reads_the_file_as_restore_does_and_holds_no_pool(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """check_snapshot (a saved session's past step, before it is shown): restore's
-    refusals, with the device and host pools allocated but never written, where a
-    restore zero-fills them (a 65,536-block SmolLM2 pool is gigabytes)."""
-    fills: list[float | None] = []
+    refusals, on an engine with no weights loaded for it and its device and host pools
+    on the meta device, which holds no memory (a 65,536-block SmolLM2 pool is
+    gigabytes; the CPU copy of the weights a GPU server would otherwise load, seconds)."""
+    made: list[tuple[float | None, str]] = []
     real = KVCache.__init__
 
     def spy(self: KVCache, config: EngineConfig, device: torch.device,
             fill: float | None = 0.0) -> None:
-        fills.append(fill)
+        made.append((fill, device.type))
         real(self, config, device, fill)
 
     e = Engine(EngineConfig(num_blocks=16, block_size=4, preemption="swap", num_cpu_blocks=8),
@@ -380,10 +383,20 @@ def test_a_check_without_kv_reads_the_file_as_restore_does_and_writes_no_pool(
     e.apply(Add("A", prompt_len=6))
     snap = export_snapshot(e)
     monkeypatch.setattr(KVCache, "__init__", spy)
+    built = runner.build_model
+
+    def no_weights(*args: Any) -> Any:
+        raise AssertionError("check_snapshot loaded a model's weights")
+
+    monkeypatch.setattr(runner, "build_model", no_weights)
     check_snapshot(copy.deepcopy(snap))
-    assert fills == [None, None]
+    assert made == [(None, "meta"), (None, "meta")]
+    monkeypatch.setattr(runner, "build_model", built)
     restore_engine(copy.deepcopy(snap), kernel="torch")
-    assert fills[2:] == [0.0, 0.0]
+    assert made[2:] == [(0.0, "cpu"), (0.0, "cpu")]
     snap["blocks"][0]["ref_count"] += 1
     with pytest.raises(PagedLabError, match="block 0 has ref_count 2 but 1 block table"):
         check_snapshot(snap)
+    # Its model computes nothing.
+    with pytest.raises(PagedLabError, match="it has no weights to compute with"):
+        Unloaded(e.config).forward_contiguous([1, 2])

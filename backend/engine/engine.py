@@ -74,11 +74,15 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None, *, device: str = "auto",
                  kernel: str = "auto", check_reference: bool = True,
-                 kv_fill: float | None = 0.0) -> None:
+                 kv_fill: float | None = 0.0, weights: bool = True) -> None:
+        """`weights=False`: an engine that keeps the books alone (allocator, requests,
+        queues) with no weights and no K/V memory, to check a snapshot; an operation
+        that runs a forward on it fails."""
         self.config = config or EngineConfig()
         # The model, kernels and K/V pools; the engine decides, the runner computes.
         self.runner = ModelRunner(self.config, device=device, kernel=kernel,
-                                  check_reference=check_reference, kv_fill=kv_fill)
+                                  check_reference=check_reference, kv_fill=kv_fill,
+                                  weights=weights)
         c = self.config
         self.manager = BlockManager(c.num_blocks, c.block_size, prefix_caching=c.prefix_caching,
                                     allocation=c.allocation, seed=c.seed,

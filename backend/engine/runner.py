@@ -21,11 +21,15 @@ from backend.engine.kv_cache import KVCache
 from backend.engine.request import Request
 from backend.engine.results import KernelReport
 from backend.engine.scheduler import Chunk
-from backend.engine.swap import HostPool
+from backend.engine.swap import HOST, HostPool
 from backend.kernels import select_kernels
+from backend.models.base import LanguageModel
 from backend.models.batch import ForwardBatch
-from backend.models.registry import build_model
+from backend.models.registry import Unloaded, build_model
 from backend.paging.block_manager import BlockManager
+
+# Tensors that hold no memory: the K/V of an engine that keeps the books alone.
+META = torch.device("meta")
 
 # Most attention scores (query tokens x context tokens x heads) one prefill
 # forward may hold; the plain reference materialises them all, in fp32.
@@ -39,16 +43,21 @@ class ModelRunner:
     """Model, kernels and K/V pools of one engine. Not thread-safe (the engine's lock)."""
 
     def __init__(self, config: EngineConfig, *, device: str, kernel: str,
-                 check_reference: bool, kv_fill: float | None) -> None:
+                 check_reference: bool, kv_fill: float | None, weights: bool = True) -> None:
+        """`weights=False`: the books alone (see Engine), the model `Unloaded` and the K/V
+        pools on the meta device, which holds no memory."""
         self.config = config
         self.kernels = select_kernels(device, kernel)
         self.device = self.kernels.device
         self.check_reference = check_reference
         # A real model's weights load on first use (seconds) and are then shared.
-        self.model = build_model(config, self.device)
-        self.cache = KVCache(config, self.device, fill=kv_fill)
+        self.model: LanguageModel = build_model(config, self.device) if weights else Unloaded(
+            config)
+        kv_device = self.device if weights else META
+        self.cache = KVCache(config, kv_device, fill=kv_fill)
         # The host pool that swap preemption copies K/V to (None: recompute).
-        self.host = (HostPool(config, fill=None if kv_fill is None else 0.0)
+        self.host = (HostPool(config, fill=None if kv_fill is None else 0.0,
+                              device=HOST if weights else META)
                      if config.preemption == "swap" else None)
         self.kernel_report = KernelReport(self.kernels.name, str(self.device), None, None)
         self.prefill_tokens = 0      # prompt tokens computed so far, for the timeline

@@ -54,14 +54,16 @@ class HostPool:
     snapshot restores it exactly without a queue order.
     """
 
-    def __init__(self, config: EngineConfig, *, fill: float | None = 0.0) -> None:
-        """`fill`: the host K/V's first value, None to leave it unwritten (see KVCache)."""
+    def __init__(self, config: EngineConfig, *, fill: float | None = 0.0,
+                 device: torch.device = HOST) -> None:
+        """`fill`: the host K/V's first value, None to leave it unwritten (see KVCache);
+        `device`: the meta device for an engine that keeps the books alone."""
         self.num_blocks = config.num_cpu_blocks
         self.block_size = config.block_size
         self.blocks = [HostBlock(i) for i in range(self.num_blocks)]
         self.free_ids: list[int] = list(range(self.num_blocks))   # a heap
         self.tables: dict[str, list[int]] = {}
-        self.cache = KVCache(replace(config, num_blocks=max(1, self.num_blocks)), HOST,
+        self.cache = KVCache(replace(config, num_blocks=max(1, self.num_blocks)), device,
                              fill=fill)
         self.swap_outs = 0
         self.swap_ins = 0

@@ -57,11 +57,10 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
 
 def check_snapshot(data: dict[str, Any]) -> None:
     """Raises PagedLabError where `restore_engine` would refuse `data`, without computing
-    any K/V: every check of the bookkeeping, on the CPU (a state to be shown, not run:
-    a saved session's past step). Tens of milliseconds for a pool of a few hundred
-    blocks, where a restore of SmolLM2's takes seconds; a second or more for tens of
-    thousands of blocks, read field by field. The pools' K/V are allocated and never
-    written (`kv_fill=None`), so their pages are never touched."""
+    any K/V: every check of the bookkeeping (a state to be shown, not run: a saved
+    session's past step), on an engine with no weights and no K/V memory (`weights=False`).
+    Tens of milliseconds for a pool of a few hundred blocks, where a restore of SmolLM2's
+    takes seconds; a second or more for tens of thousands of blocks, read field by field."""
     _restore(data, device="cpu", kernel="torch", check_reference=False, progress=None,
              recompute=False)
 
@@ -101,9 +100,10 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
         # and checked the same way (the derived fields count as read).
         top = FieldReader({**data, **derived.fields}, "snapshot")
         top.accept("schema_version", "config")
-    # Without a recomputation nothing reads the K/V, so it is not even zero-filled.
+    # Without a recomputation nothing reads the weights or the K/V: none are loaded or
+    # held for it.
     engine = Engine(config, device=device, kernel=kernel, check_reference=check_reference,
-                    kv_fill=0.0 if recompute else None)
+                    kv_fill=0.0 if recompute else None, weights=recompute)
     try:
         metrics = _restore_into(engine, top, cache_derived="prefix_cache" in derived.fields)
         engine.manager.check_integrity()

@@ -25,8 +25,10 @@ import torch
 
 from backend.core.config import DTYPE_BYTES, REAL_MODELS, SMOLLM2, TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
+from backend.kernels import KernelBackend
 from backend.kernels.validate import TORCH_DTYPES
 from backend.models.base import LanguageModel
+from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
 from backend.models.gguf_loader import Progress, find_gguf, read_gguf, read_vocab
 from backend.models.smollm2 import LlamaWeights, SmolLM2
 from backend.models.tiny_byte import TinyByteLM
@@ -108,6 +110,32 @@ def build_model(config: EngineConfig, device: torch.device,
         return TinyByteLM(config, device)
     weights = preload(config.model, config.dtype, device, progress)
     return SmolLM2(config, weights, codec_for(config.model))
+
+
+class Unloaded:
+    """A model without its weights: its vocabulary and tokenizer, all that checking a
+    snapshot reads (the end-of-sequence token, decoded text). An engine built on it
+    keeps the books and never runs a forward: a saved session's past step is checked
+    with it, with no weights loaded on any device for it."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.codec = codec_for(config.model)
+        self.vocab_size = config.vocab_size
+        self.eos_token_id = self.codec.eos_token_id
+        self.device = torch.device("meta")
+        self.default_sampling: tuple[float | None, float | None] = (None, None)
+
+    def forward(self, batch: ForwardBatch, cache: PagedKV, kernels: KernelBackend, *,
+                check: bool = True, all_positions: bool = False) -> ForwardOutput:
+        raise _no_weights()
+
+    def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
+        raise _no_weights()
+
+
+def _no_weights() -> PagedLabError:
+    return PagedLabError("this engine checks a snapshot's bookkeeping; it has no weights to "
+                         "compute with")
 
 
 @dataclass(frozen=True, slots=True)
