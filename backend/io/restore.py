@@ -59,7 +59,7 @@ def check_snapshot(data: dict[str, Any]) -> None:
     """Raises PagedLabError where `restore_engine` would refuse `data`, without computing
     any K/V: every check of the bookkeeping (a state to be shown, not run: a saved
     session's past step), on an engine with no weights and no K/V memory (`weights=False`).
-    Tens of milliseconds for a pool of a few hundred blocks, where a restore of SmolLM2's
+    Tens of milliseconds for a pool of a few thousand blocks, where a restore of SmolLM2's
     takes seconds; a second or more for tens of thousands of blocks, read field by field."""
     _restore(data, device="cpu", kernel="torch", check_reference=False, progress=None,
              recompute=False)

@@ -29,7 +29,7 @@ from backend.kernels import KERNELS, available_devices, select_kernels
 from backend.models.gguf_loader import Progress, find_gguf
 from backend.models.registry import ModelCard, is_loaded, model_card, preload
 from backend.sessions.budget import SERVER_BUDGET, KVBudget
-from backend.sessions.history import History
+from backend.sessions.history import Entry, History
 
 ALLOCATION_LABELS = {"fifo": "queue order", "random": "scattered"}
 KERNEL_LABELS = {"auto": "auto (Triton)", "triton": "Triton", "torch": "torch"}
@@ -233,9 +233,9 @@ def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:
     lo, hi = 0, len(history) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
-        snap = history[mid]
+        entry, snap = history.entry(mid)
         if snap["step"] == step:
-            _check_kept(history, mid)
+            _check_kept(history, entry, snap)
             return snap
         if snap["step"] < step:
             lo = mid + 1
@@ -252,20 +252,18 @@ def known_snapshots(history: History) -> list[dict[str, Any]]:
     callable's thread: it checks a copy of the entries, and marks the entry it checked."""
     entries = history.entries()
     for entry, snap in entries:
-        if not entry.checked:
-            try:
-                check_snapshot(snap)
-            except PagedLabError:
-                history.drop_saved()
-                break
-            entry.checked = True
+        try:
+            _check_kept(history, entry, snap)
+        except PagedLabError:
+            break
     return [snap for entry, snap in entries if entry.checked]
 
 
-def _check_kept(history: History, index: int) -> None:
-    """Check step `index` once if it was read back from a saved session: Raises
-    PagedLabError, after dropping the steps read back (Mutates), where restore refuses it."""
-    entry, snap = history.entry(index)
+def _check_kept(history: History, entry: Entry, snap: dict[str, Any]) -> None:
+    """Check `entry` (whose snapshot is `snap`) once if it was read back from a saved
+    session, and mark it: the entry, not its index, which a step recorded meanwhile
+    moves. Raises PagedLabError, after dropping the steps read back (Mutates), where
+    restore refuses it."""
     if entry.checked:
         return
     try:

@@ -431,4 +431,3 @@ def _failed(exc: sqlite3.Error) -> StoreUnavailableError:
     if code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
         return StoreDamagedError(f"the session store's file is damaged ({exc})")
     return StoreUnavailableError(f"the session store failed: {exc}")
-
