@@ -739,11 +739,11 @@ def test_grid_tooltips_name_a_blocks_tokens(smollm2_shared: Engine, shared: Engi
     snap = export_snapshot(smollm2_shared)
     texts = views.block_tokens(snap, range(len(snap["blocks"])))
     table = smollm2_shared.block_table("A")
-    assert texts[table[0]] == "The| cat| sat| on"
+    assert texts[table[0]] == "'The' ' cat' ' sat' ' on'"
     cached = [b["id"] for b in snap["blocks"] if b["state"] == "cached"]
     assert cached and all(texts[b] for b in cached)            # from the prefix cache
     df, _ = views.grid_spec(snap)
-    assert df.set_index("id").loc[table[0], "tokens"] == "The| cat| sat| on"
+    assert df.set_index("id").loc[table[0], "tokens"] == "'The' ' cat' ' sat' ' on'"
     # tiny-byte's bytes read as text.
     tiny = export_snapshot(shared)
     assert views.block_tokens(tiny, [0])[0] == "The "

@@ -124,8 +124,9 @@ def block_tokens(snap: Snapshot, block_ids: Collection[int]) -> dict[int, str]:
     """The tokens each of `block_ids` holds, as text for its tooltip ("" if none known).
 
     A used block's come from the first table that holds it, a cached block's
-    from its prefix-cache entry. A real model's tokens are separated by "|" so
-    their boundaries show; tiny-byte's bytes read as text.
+    from its prefix-cache entry. A real model's tokens are each quoted, as the address
+    translator writes them (`'The' ' cat'`), so their boundaries show whatever a piece
+    holds (a separator such as "|" is also a token); tiny-byte's bytes read as text.
     """
     wanted = set(block_ids)
     bs = int(snap["config"]["block_size"])
@@ -144,12 +145,17 @@ def block_tokens(snap: Snapshot, block_ids: Collection[int]) -> dict[int, str]:
     order = list(found)
     flat = [t for b in order for t in found[b][:TOOLTIP_TOKENS]]
     pieces = token_pieces(snap, flat)
-    sep = "" if model_of(snap) == TINY_BYTE else "|"
+    if model_of(snap) == TINY_BYTE:
+        def joined(run: list[str]) -> str:
+            return "".join(run)
+    else:
+        def joined(run: list[str]) -> str:
+            return " ".join(quoted_piece(p) for p in run)
     out: dict[int, str] = {}
     at = 0
     for b in order:
         n = min(len(found[b]), TOOLTIP_TOKENS)
-        text = sep.join(pieces[at:at + n])
+        text = joined(pieces[at:at + n])
         out[b] = text + ("…" if len(found[b]) > n else "")
         at += n
     return out
