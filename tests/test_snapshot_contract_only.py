@@ -468,15 +468,23 @@ def test_a_partial_log_is_kept_as_partial_through_its_exports() -> None:
     contract["events"] = copy.deepcopy(cut_whole["events"])
     restored = restore_engine(contract, kernel="torch")
     assert restored.log_partial
+    # The user is told why, by the event that breaks the run, and what it means.
+    partial = [n for n in restore_notes(restored) if "partial log" in n]
+    assert partial == [
+        "the event log does not lead to this state on its own: block 1 has ref_count 0, "
+        "but the events leave it at 1 (events[1] last changed it); it is kept as a partial "
+        "log, so the timeline and the counts read from it (swap-outs and returns) cover "
+        "only the events it holds, and this engine's snapshots say events_partial"]
     again = export_snapshot(restored)
     assert again["events_partial"] is True
     assert export_snapshot(restore_engine(copy.deepcopy(again), kernel="torch")) == again
     # It runs on, and its later exports still say so.
     restored.apply(Step())
     assert export_snapshot(restored)["events_partial"] is True
-    # A sound contract-only file keeps no such mark; a whole file may claim it.
-    assert "events_partial" not in export_snapshot(
-        restore_engine(bare(copy.deepcopy(whole)), kernel="torch"))
+    # A sound contract-only file keeps no such mark, nor a note; a whole file may claim it.
+    sound = restore_engine(bare(copy.deepcopy(whole)), kernel="torch")
+    assert "events_partial" not in export_snapshot(sound)
+    assert not any("partial log" in n for n in restore_notes(sound))
     assert restore_engine({**copy.deepcopy(whole), "events_partial": True},
                           kernel="torch").log_partial
     with pytest.raises(PagedLabError,
