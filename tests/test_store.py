@@ -31,7 +31,7 @@ from backend.sessions import store as store_module
 from backend.sessions.budget import KVBudget
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
-from backend.sessions.playground import Settings, kept_snapshot, known_snapshots
+from backend.sessions.playground import Known, Settings, kept_snapshot, known_snapshots
 from backend.sessions.rows import (
     MIB,
     StoreDamagedError,
@@ -60,6 +60,7 @@ from backend.sessions.store import (
     data_dir,
     valid_token,
 )
+from ui import exports
 from ui.engine_actions import Kept, kept_row
 
 CONFIG = EngineConfig(num_blocks=24, block_size=4)
@@ -524,7 +525,7 @@ def test_a_history_read_while_steps_are_recorded_checks_the_entries_it_read(
     monkeypatch.setattr(playground, "check_snapshot", slow)
     got: list[list[int]] = []
     reader = threading.Thread(target=lambda: got.append(
-        [s["step"] for s in known_snapshots(history)]))
+        [s["step"] for s in known_snapshots(history).snapshots]))
     reader.start()
     assert checked.wait(5)
     engine = opened.live.engine
@@ -549,14 +550,33 @@ def test_a_scenario_export_takes_its_earlier_expect_values_from_sound_steps_alon
     opened = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
     assert opened is not None
     # Steps 1 and 2 passed before step 3 was refused; 4 and 5 went with it.
-    assert [s["step"] for s in known_snapshots(opened.live.history)] == [1, 2, 6]
+    known = known_snapshots(opened.live.history)
+    assert [s["step"] for s in known.snapshots] == [1, 2, 6]
+    assert known.refused is not None and known.refused.startswith(
+        "the saved state after step 3 could not be read back (")
+    # The scenario file is built in the download's thread, after the page is drawn: its
+    # description says why some steps carry no expect values.
+    reopened = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
+    assert reopened is not None
+    again = reopened.live
+    final = export_snapshot(again.engine)
+    scenario = json.loads(exports._scenario_bytes(
+        again.engine.config, again.oplog.base, tuple(again.oplog.ops), final, again.history))
+    assert scenario["description"].startswith(
+        "A PagedLab Playground session exported at step 6 with 3 requests; each step's "
+        "expect values are what the session showed. The saved state after step 3 could not "
+        "be read back (")
+    assert scenario["description"].endswith(
+        "left out of its history. The steps from that one on that were saved before this "
+        "session was opened carry no expect values here.")
+    assert [i + 1 for i, s in enumerate(scenario["steps"]) if "expect" in s] == [1, 2, 6]
     assert [s["step"] for s in opened.live.history] == [6]
     # A sound history gives every step.
     _corrupt(store, "UPDATE steps SET body=? WHERE step=3",
              zlib.compress(json.dumps(live.history[2]).encode()))
     sound = open_saved(Tab(store, ME), tab.id or "", "o", budget=BUDGET)
     assert sound is not None
-    assert list(known_snapshots(sound.live.history)) == list(live.history)
+    assert known_snapshots(sound.live.history) == Known(list(live.history))
 
 
 def test_a_row_whose_step_is_not_a_number_is_left_out_of_the_list(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import streamlit as st
 from backend import views
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
-from backend.core.words import counted
+from backend.core.words import counted, sentence
 from backend.io.export import (
     TABLES,
     TableName,
@@ -36,7 +36,7 @@ from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import MAX_SNAPSHOT_BYTES, parse_snapshot_text
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
-from backend.sessions.playground import known_snapshots
+from backend.sessions.playground import Known, known_snapshots
 from backend.views.text import plain_md
 from ui import engine_actions, session
 from ui.kept import keep_result, kept_result
@@ -68,7 +68,7 @@ def _zip(snapshots: Sequence[Snapshot] | History) -> bytes:
     # steps read back from a saved session are checked first, so that no file in the
     # zip is one an upload would refuse.
     if isinstance(snapshots, History):
-        return run_zip(known_snapshots(snapshots))
+        return run_zip(known_snapshots(snapshots).snapshots)
     return run_zip(list(snapshots))
 
 
@@ -206,15 +206,21 @@ def _scenario_bytes(config: EngineConfig, base: Snapshot | None, ops: tuple[dict
     """The scenario file, built on click. The history's snapshots give earlier steps'
     `expect` values when it is still the run that ended at `final`."""
     latest = history.latest()
-    known = ([s for s in known_snapshots(history) if s["step"] <= final["step"]]
-             if latest is not None and latest["step"] == final["step"] else [])
+    found = (known_snapshots(history) if latest is not None
+             and latest["step"] == final["step"] else Known([]))
+    known = [s for s in found.snapshots if s["step"] <= final["step"]]
     n = len(final["requests"])
+    # Built in the download's thread, after the page is drawn: what was left out can be
+    # said in the file alone.
+    refused = ("" if found.refused is None else
+               f" {sentence(found.refused)}. The steps from that one on that were saved "
+               "before this session was opened carry no expect values here.")
     log = OpLog(base, list(ops))
     scenario = log.scenario(
         config, final, known, name=f"playground-session-step-{final['step']}",
         description=f"A PagedLab Playground session exported at step {final['step']} with "
                     f"{counted(n, 'request')}; each step's expect values are what the session "
-                    "showed.", base_file=_base_name(log.base_step))
+                    f"showed.{refused}", base_file=_base_name(log.base_step))
     return scenario_json(scenario).encode()
 
 

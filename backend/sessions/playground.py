@@ -244,19 +244,31 @@ def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:
     return None
 
 
-def known_snapshots(history: History) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class Known:
+    """The states a history holds that passed their checks, oldest first, and why the
+    first it refused was refused (None: none was)."""
+
+    snapshots: list[dict[str, Any]]
+    refused: str | None = None
+
+
+def known_snapshots(history: History) -> Known:
     """Every state the history holds, oldest first, each read back from a saved session
     checked first (see `kept_snapshot`); where one is refused, the steps read back with
-    it are dropped and the states that passed returned: a scenario export's earlier
-    `expect` values then come from the engine's own states alone. Safe from a download
-    callable's thread: it checks a copy of the entries, and marks the entry it checked."""
+    it are dropped and the states that passed returned, with the reason: a scenario
+    export's earlier `expect` values then come from the engine's own states alone, and
+    its description says why some steps have none. Safe from a download callable's
+    thread: it checks a copy of the entries, and marks the entry it checked."""
     entries = history.entries()
+    refused = None
     for entry, snap in entries:
         try:
             _check_kept(history, entry, snap)
-        except PagedLabError:
+        except PagedLabError as exc:
+            refused = str(exc)
             break
-    return [snap for entry, snap in entries if entry.checked]
+    return Known([snap for entry, snap in entries if entry.checked], refused)
 
 
 def _check_kept(history: History, entry: Entry, snap: dict[str, Any]) -> None:
