@@ -10,6 +10,7 @@ the session exports as a scenario that replays checked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import sqlite3
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from backend.engine.engine import Engine
@@ -148,6 +150,38 @@ def test_a_reopened_session_shows_its_kept_steps_without_a_timeline(
     again.button(key="btn_step").click().run()
     assert again.number_input(key="tl_iteration").value is None
     assert "Showing the past" not in texts(again.info)
+
+
+def test_a_saved_steps_check_runs_under_a_spinner(
+        browser: dict[str, str | None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool of tens of thousands of blocks takes seconds to check: the page says what
+    it is doing (Streamlit draws a spinner only past half a second; AppTest keeps no
+    transient element, so the spinner's context is recorded around the check)."""
+    from backend.sessions import playground
+
+    session_id = worked(open_app())
+    again = open_app(session_id)
+    inside: list[str] = []
+    spinning: list[str] = []
+    real_spinner, real_check = st.spinner, playground.check_snapshot
+
+    @contextlib.contextmanager
+    def spinner(text: str, **kw: Any) -> Iterator[None]:
+        spinning.append(text)
+        with real_spinner(text, **kw):
+            yield
+        spinning.pop()
+
+    def check(snap: dict[str, Any]) -> None:
+        inside.append(spinning[-1] if spinning else "")
+        real_check(snap)
+
+    monkeypatch.setattr(st, "spinner", spinner)
+    monkeypatch.setattr(playground, "check_snapshot", check)
+    again.number_input(key="tl_step").set_value(2).run()
+    assert inside == ["Reading the state after step 2…"]
+    assert "Showing the past: the state after step 2." in " ".join(
+        map(shown, (i.value for i in again.info)))
 
 
 def test_a_damaged_saved_step_is_said_when_picked_and_the_page_goes_on(

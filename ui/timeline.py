@@ -127,7 +127,11 @@ def _past(key: str, p: Picked, history: History) -> Picked | None:
     """`p` with its step's kept state; None, the pick in field `key` cleared and the
     reason said under it, where a saved session's step is found damaged."""
     try:
-        snapshot = kept_snapshot(history, p.step)
+        # A step read back from a saved session is checked the first time it is shown:
+        # seconds for a pool of tens of thousands of blocks. Streamlit shows the spinner
+        # only past half a second, so a quick read draws nothing.
+        with st.spinner(f"Reading the state after step {p.step:,}…"):
+            snapshot = kept_snapshot(history, p.step)
     except PagedLabError as exc:
         st.session_state[key] = None
         st.session_state[PICK_PROBLEM] = f"{sentence(str(exc))}. Showing the live state."
