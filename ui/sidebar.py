@@ -192,7 +192,8 @@ def _config_fields() -> None:
                        "stays exactly this until another is typed.")
         whole_input(st, "Default max new tokens", step=1,
                     value=_applied("cfg_max_new"), key="cfg_max_new", placeholder="no limit",
-                    help="For requests added without their own limit; blank or 0: none.")
+                    help="For requests added without their own limit; 0: none (a cleared field "
+                         "takes its number back; blank shows none is set).")
         _sampling_fields(model)
     _scheduler_fields()
 
@@ -223,7 +224,10 @@ def _scheduler_fields() -> None:
     # A fixed label: one naming the budgets would make a new expander (collapsed) on
     # every change.
     with st.expander("Scheduler", key="sb_scheduler_open"):
-        st.caption("vLLM's scheduler budgets, applied at every step. Blank or 0: no limit.")
+        # A browser's number field that held a number takes it back when cleared (its
+        # default is the applied value, see _applied), so 0 is the way to remove a limit.
+        st.caption("vLLM's scheduler budgets, applied at every step. 0: no limit (a "
+                   "cleared field takes its number back; blank shows no limit is set).")
         whole_input(st, "Max running requests", step=1,
                     value=_applied("cfg_max_num_seqs"), key="cfg_max_num_seqs",
                     placeholder="no limit",
