@@ -490,7 +490,7 @@ def test_a_large_pool_is_drawn_a_page_at_a_time() -> None:
     at = start(num_blocks=4096)
     add(at, None, length=1000)
     page = at.selectbox(key="grid_page")
-    assert page.options == ["0–1023", "1024–2047", "2048–3071", "3072–4095"]
+    assert page.options == ["0–1,023", "1,024–2,047", "2,048–3,071", "3,072–4,095"]
     page.select(2).run()
     assert not at.exception
     assert metrics(at)["Used blocks"] == "250 / 4096"

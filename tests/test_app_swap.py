@@ -78,3 +78,24 @@ def test_the_add_form_adds_parallel_samples_that_share_the_prompt() -> None:
     at.number_input(key="add_n").set_value(1)
     add(at, "one more")
     assert "C" in e.requests
+
+
+def test_a_large_host_pool_is_drawn_a_page_at_a_time() -> None:
+    """A host pool past one page of cells has its own page picker and title: before, its
+    grid drew the first 1,024 blocks alone, untitled, while a swapped request's table
+    pointed past them."""
+    at = swap_engine()
+    # An engine without requests takes a setting at once.
+    at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(2048).run()
+    assert not at.exception and engine(at).config.num_cpu_blocks == 2048
+    pick = at.selectbox(key="host_grid_page")
+    assert pick.label == "Host blocks shown"
+    assert pick.options == ["0–1,023", "1,024–2,047"]
+    titles = [m.value for m in at.markdown if m.value.startswith("**Host pool blocks")]
+    assert titles == ["**Host pool blocks 0–1,023 of 2,048 (4 slots each)**"]
+    pick.select(1).run()
+    assert not at.exception
+    titles = [m.value for m in at.markdown if m.value.startswith("**Host pool blocks")]
+    assert titles == ["**Host pool blocks 1,024–2,047 of 2,048 (4 slots each)**"]
+    # The device pool, one page, keeps no picker of its own.
+    assert "grid_page" not in [s.key for s in at.selectbox]

@@ -155,8 +155,8 @@ def test_a_4096_block_pool_is_paged_and_clickable(app_url: str, chromium_path: s
             metric_is(page, "Used blocks", "250 / 4096")
             # Four pages of 1,024 cells; the first is shown.
             expect(page.get_by_role("combobox", name="Blocks shown")).to_have_value(
-                "0–1023", timeout=T)
-            shows(in_app(page).get_by_text("Physical blocks 0–1023 of 4096"))
+                "0–1,023", timeout=T)
+            shows(in_app(page).get_by_text("Physical blocks 0–1,023 of 4,096"))
             # A dense page is drawn on a canvas: click where block 249's cell is (column
             # 25, row 7 of the 32 x 32 cells of 23 x 20 px; the cells start at the top left).
             canvas = page.get_by_test_id("stVegaLiteChart").nth(1).locator("canvas")

@@ -174,13 +174,7 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
     whole_input(c2, "Inspect a block", key=f"{prefix}focus_block",
                 placeholder="an id, or click", on_change=_on_focus_block, args=(prefix,))
     pages = views.num_pages(n)
-    page = 0
-    if pages > 1:
-        if ss.get(f"{prefix}grid_page", 0) >= pages:
-            ss[f"{prefix}grid_page"] = 0
-        page = c3.selectbox(
-            "Blocks shown", list(range(pages)), key=f"{prefix}grid_page", persist_state="session",
-            format_func=lambda p: f"{p * views.PAGE_SIZE}–{min(n, (p + 1) * views.PAGE_SIZE) - 1}")
+    page = _page_field(n, f"{prefix}grid_page", "Blocks shown", c3)
     focus = _focus(snap, prefix)
     if pages > 1:
         odf, ospec = memo("overview", snap, None, lambda: views.overview_spec(snap))
@@ -206,6 +200,24 @@ def pool(snap: Snapshot, prefix: str = "") -> Focus:
     return focus
 
 
+def _page_field(n: int, key: str, label: str, where: Any = st) -> int:
+    """The page of a pool of `n` blocks its grid draws: picked in field `key` where the
+    pool is more than one page (views.PAGE_SIZE blocks), else 0."""
+    pages = views.num_pages(n)
+    if pages == 1:
+        return 0
+    ss = st.session_state
+    if ss.get(key, 0) >= pages:     # a smaller pool than the page last picked
+        ss[key] = 0
+    size = views.PAGE_SIZE
+
+    def blocks(p: int) -> str:
+        return f"{p * size:,}–{min(n, (p + 1) * size) - 1:,}"
+
+    return int(where.selectbox(label, list(range(pages)), key=key, persist_state="session",
+                               format_func=blocks))
+
+
 def _host_pool(snap: Snapshot, focus: Focus, prefix: str) -> None:
     """The host pool of swap preemption, drawn like the device pool (read-only)."""
     host = host_view(snap)
@@ -213,7 +225,10 @@ def _host_pool(snap: Snapshot, focus: Focus, prefix: str) -> None:
     st.caption(plain_md(host_summary(snap)))
     blocks = frozenset(b for r in host["requests"] if r["id"] in focus.requests
                        and r["status"] == "swapped" for b in r["block_table"])
-    df, spec = views.grid_spec(host, focus_blocks=blocks, selectable=False, titled=False)
+    page = _page_field(len(host["blocks"]), f"{prefix}host_grid_page", "Host blocks shown")
+    st.markdown(f"**{views.grid_title(host, page)}**")
+    df, spec = views.grid_spec(host, page=page, focus_blocks=blocks, selectable=False,
+                               titled=False)
     with fitted(spec, f"{prefix}host_grid_box"):
         st.vega_lite_chart(df, spec, key=f"{prefix}host_grid", width="stretch")
 

@@ -340,10 +340,10 @@ def grid_title(snap: Snapshot, page: int = 0) -> str:
     if total == 1:
         return f"{block} 0 ({each})"
     if num_pages(total) == 1:
-        return f"{block}s 0–{total - 1} ({each} each)"
+        return f"{block}s 0–{total - 1:,} ({each} each)"
     lo = page * PAGE_SIZE
     hi = min(total, lo + PAGE_SIZE) - 1
-    return f"{block}s {lo}–{hi} of {total} ({each} each)"
+    return f"{block}s {lo:,}–{hi:,} of {total:,} ({each} each)"
 
 
 def overview_frame(snap: Snapshot, group: int = 64) -> pd.DataFrame:

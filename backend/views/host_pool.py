@@ -56,6 +56,6 @@ def host_summary(snap: Snapshot) -> str:
     swapped = snap["scheduler"].get("swapped", [])
     used, total = m.get("cpu_used_blocks", 0), len(snap["cpu_blocks"])
     who = ", ".join(swapped) if swapped else "no request"
-    return (f"Host pool: {used} of {total} blocks hold swapped-out K/V ({who}); "
+    return (f"Host pool: {used:,} of {total:,} blocks hold swapped-out K/V ({who}); "
             f"{counted(m.get('swap_outs', 0), 'swap-out')}, "
             f"{counted(m.get('swap_ins', 0), 'swap-in')} so far.")
