@@ -136,6 +136,41 @@ def test_a_real_models_pool_over_the_limit_is_told_what_it_can_change() -> None:
         "blocks")
 
 
+def test_a_pool_past_the_limit_is_told_the_count_that_leaves_the_host_pool_room() -> None:
+    """With swap, the host pool is held beside the pool: the count the refusal named was
+    the whole session's, which the host pool's own check then refused."""
+    budget = KVBudget(per_session=512 * MIB, per_server=4096 * MIB)
+    base = EngineConfig.for_model(SMOLLM2, num_blocks=8, block_size=256,
+                                  preemption="swap", num_cpu_blocks=1)
+    per = base.bytes_per_block
+    fits = (512 * MIB - per) // per
+    assert fits == 44 and 512 * MIB // per == 45
+    with pytest.raises(PagedLabError) as refused:
+        config_from_fields({"num_blocks": 46}, base, budget)
+    assert str(refused.value) == (
+        "num_blocks: 46 blocks of 11.2 MiB would take 517.5 MiB of K/V, but a browser "
+        "session may hold at most 512.0 MiB, which is 44 blocks of this size beside the "
+        "host pool's 11.2 MiB (1 host block). Use fewer or smaller blocks or a smaller host "
+        "pool")
+    # The count named is one the next check takes.
+    assert config_from_fields({"num_blocks": fits}, base, budget).num_blocks == fits
+    with pytest.raises(PagedLabError, match="leaves room for 0 host blocks"):
+        config_from_fields({"num_blocks": fits + 1}, base, budget)
+
+
+def test_a_pool_past_the_session_limit_is_told_it_before_the_2_gib_any_pool_may_take(
+        ) -> None:
+    """Both bind SmolLM2's 256-slot blocks; the tighter is the one to name, or a person
+    would meet the 2 GiB first and then, a few blocks fewer, the session's 512 MiB."""
+    budget = KVBudget(per_session=512 * MIB, per_server=4096 * MIB)
+    base = EngineConfig.for_model(SMOLLM2, num_blocks=8, block_size=256)
+    with pytest.raises(PagedLabError) as refused:
+        config_from_fields({"num_blocks": 183}, base, budget)
+    assert str(refused.value).startswith(
+        "num_blocks: 183 blocks of 11.2 MiB would take 2,058.8 MiB of K/V, but a browser "
+        "session may hold at most 512.0 MiB, which is 45 blocks of this size"), refused.value
+
+
 def test_a_pool_size_past_the_range_is_refused_by_the_tighter_bound() -> None:
     budget = KVBudget(per_session=512 * MIB, per_server=4096 * MIB)
     base = EngineConfig()

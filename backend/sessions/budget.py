@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from backend.core.config import TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.views.model import format_bytes
 
@@ -156,12 +157,19 @@ class KVBudget:
         if need <= self.per_session:
             self._check_host(config, need)
             return
-        fits = self.per_session // per
+        # Swap's host pool is held beside the device pool (`_check_host`): a count that
+        # left it no room would only be refused next, for the host pool.
+        host = config.host_kv_bytes
+        fits = max(0, self.per_session - host) // per
+        beside = (f" beside the host pool's {_mib(host)} "
+                  f"({counted(config.num_cpu_blocks, 'host block')})" if host else "")
         # A real model's shape is its weights': only the pool and its blocks can change.
         shape = (", fewer layers or heads, or a 2-byte dtype" if config.model == TINY_BYTE
                  else "")
-        room = (f"which is {fits:,} blocks of this size. Use fewer or smaller blocks"
-                if fits else "less than one block of this size. Use smaller blocks")
+        smaller_host = " or a smaller host pool" if host else ""
+        room = (f"which is {fits:,} blocks of this size{beside}. Use fewer or smaller "
+                f"blocks{smaller_host}" if fits else
+                f"less than one block of this size{beside}. Use smaller blocks{smaller_host}")
         raise PagedLabError(
             f"num_blocks: {blocks:,} blocks of {format_bytes(per)} would take "
             f"{_mib(need)} of K/V, but a browser session may hold at most "

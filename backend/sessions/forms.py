@@ -215,11 +215,13 @@ def _check_each(data: dict[str, Any], given: dict[str, Any]) -> None:
 
 
 def _check_past_range(data: dict[str, Any], budget: KVBudget) -> None:
-    """A pool size past the config's range is refused by the session's limit when that
-    is the tighter bound (a real model's blocks are large): "2,912 blocks fit" helps
-    more than "must be in 1..65,536". Otherwise the range check names it."""
+    """A pool size past the session's limit is refused by that limit first when it is
+    the tighter bound (a real model's blocks are large): "2,912 blocks fit" helps more
+    than "must be in 1..65,536", and more than the 2 GiB any one pool may take, which a
+    person would meet first and then, a few blocks fewer, the session's limit. Otherwise
+    the config's own checks name it."""
     wanted = data.get("num_blocks")
-    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted <= MAX_NUM_BLOCKS:
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
         return
     # The probe has one block and no watermark (which must stay under the pool).
     try:
@@ -227,8 +229,11 @@ def _check_past_range(data: dict[str, Any], budget: KVBudget) -> None:
                                        where="settings")
     except PagedLabError:
         return   # no block size to count with: the full check names the range
-    # (A session limit past the 2 GiB any one pool may take would name a count no config
-    # may hold: there the range says it.)
-    if (budget.per_session <= MAX_KV_BYTES
-            and budget.per_session // probe.bytes_per_block < MAX_NUM_BLOCKS):
-        budget.check_size(probe, wanted)
+    # A session limit past the 2 GiB any one pool may take would name a count no config
+    # may hold, as would one that fits more blocks than the range: there the config's
+    # checks say it.
+    if budget.per_session > MAX_KV_BYTES:
+        return
+    if wanted > MAX_NUM_BLOCKS and budget.per_session // probe.bytes_per_block >= MAX_NUM_BLOCKS:
+        return
+    budget.check_size(probe, wanted)
