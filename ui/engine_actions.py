@@ -274,8 +274,9 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
     unsaved = (" This engine is saved from its first operation on; a reload before then "
                "reopens your latest saved session." if keep and _reload_reopens(sess.tab)
                else "")
-    sess.flash("info", f"{message}: {c.num_blocks:,} blocks of "
-                       f"{counted(c.block_size, 'slot')}, {c.num_layers} layers{model}, "
+    sess.flash("info", f"{message}: {counted(c.num_blocks, 'block')} of "
+                       f"{counted(c.block_size, 'slot')}, {counted(c.num_layers, 'layer')}"
+                       f"{model}, "
                        f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
                        f"{_departures(c)}." + _kept_sentence(kept) + unsaved)
     return loaded

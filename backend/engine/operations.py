@@ -61,8 +61,9 @@ def add(engine: Engine, op: Add) -> None:
     engine.manager.plan_prompt(tokens, pinned=op.blocks, cache_salt=op.cache_salt)
     if engine.scheduler.never_admissible(len(tokens), watermark=False):
         raise PagedLabError(
-            f"a prompt of {len(tokens):,} tokens fills all {engine.config.num_blocks:,} "
-            "blocks, leaving no block for its first generated token; it could never run")
+            f"a prompt of {counted(len(tokens), 'token')} fills "
+            f"{_all_blocks(engine.config.num_blocks)}, leaving no block for its first "
+            "generated token; it could never run")
     if op.blocks is None and engine.scheduler.never_admissible(len(tokens)):
         # Pinned blocks are taken at once, without the admission test.
         need = engine.manager.blocks_for(len(tokens) + 1)
@@ -103,6 +104,11 @@ def add(engine: Engine, op: Add) -> None:
         # First come, first served: a newcomer never overtakes a waiting request.
         if len(engine.waiting) == 1:
             engine.prefill(engine.scheduler.admit())
+
+
+def _all_blocks(n: int) -> str:
+    """All `n` blocks in words: "all 8 blocks", or "the pool's one block"."""
+    return "the pool's one block" if n == 1 else f"all {n:,} blocks"
 
 
 def _not_kept_for_a_sample(engine: Engine, rid: str, what: str) -> None:

@@ -23,6 +23,7 @@ import struct
 from collections.abc import Iterable, Sequence
 
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.paging.block_pool import AllocationMode, Block, BlockPool
 from backend.paging.block_types import (
     Address,
@@ -233,8 +234,9 @@ class BlockTables:
 
     def _never_fits(self, length: int, n: int) -> None:
         raise PagedLabError(
-            f"a prompt of {length} tokens needs {n} blocks of {self.block_size} "
-            f"but the pool has only {self.num_blocks} blocks; it can never fit")
+            f"a prompt of {counted(length, 'token')} needs {counted(n, 'block')} of "
+            f"{self.block_size} but the pool has only {counted(self.num_blocks, 'block')}; "
+            "it can never fit")
 
     def blocks_needed_to_append(self, seq_id: str, num_tokens: int) -> int:
         """Reads only: free blocks an append of `num_tokens` would take, copy-on-write included."""

@@ -171,7 +171,7 @@ class KVBudget:
                 f"blocks{smaller_host}" if fits else
                 f"less than one block of this size{beside}. Use smaller blocks{smaller_host}")
         raise PagedLabError(
-            f"num_blocks: {blocks:,} blocks of {format_bytes(per)} would take "
+            f"num_blocks: {counted(blocks, 'block')} of {format_bytes(per)} would take "
             f"{_mib(need)} of K/V, but a browser session may hold at most "
             f"{_mib(self.per_session)}, {room}{shape}")
 
@@ -184,10 +184,11 @@ class KVBudget:
         per = config.bytes_per_block
         fits = (self.per_session - device) // per
         raise PagedLabError(
-            f"num_cpu_blocks: {config.num_cpu_blocks:,} host blocks of {format_bytes(per)} "
+            f"num_cpu_blocks: {counted(config.num_cpu_blocks, 'host block')} of "
+            f"{format_bytes(per)} "
             f"would take {_mib(host)} of K/V beside the pool's {_mib(device)}, but a browser "
             f"session may hold at most {_mib(self.per_session)}, which leaves room for "
-            f"{fits:,} host blocks")
+            f"{counted(fits, 'host block')}")
 
     def _problem(self, need: int, owner: str, replacing: Engine | None) -> _Refusal | None:
         """Why `need` more bytes for `owner` would pass a limit, or None. Call with the

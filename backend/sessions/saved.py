@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
+from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
 from backend.io.recompute import Progress as RestoreProgress
@@ -156,8 +157,8 @@ def label_of(snapshot: Snapshot) -> str:
     c = snapshot["config"]
     n = len(snapshot["requests"])
     model = c.get("model", "tiny-byte")
-    return (f"{n} request{'s' if n != 1 else ''} · {c['num_blocks']} blocks of "
-            f"{c['block_size']} · {model}")
+    return (f"{counted(n, 'request')} · {counted(c['num_blocks'], 'block')} of "
+            f"{c['block_size']:,} · {model}")
 
 
 def _full(live: Live, snapshot: Snapshot, limits: StoreLimits) -> Full:
