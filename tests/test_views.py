@@ -531,6 +531,20 @@ def test_summarize_tells_prefill_chunks_forked_samples_and_released_host_blocks(
     six = engine()
     assert "admitted N.0 · forked 5 requests · " in summarize(
         six.apply(Add("N", prompt_len=3, n=6)), export_snapshot(six))
+    # A beam round's finished and dropped beams too: a width of 64 listed 64 ids.
+    beam = engine(num_blocks=96)
+    beam.apply(Add("N", prompt_len=3, beam_width=6, max_new_tokens=3))
+    lines = [summarize(beam.apply(Step(1)), export_snapshot(beam)) for _ in range(3)]
+    assert " · dropped N.2, N.3, N.4 · " in lines[1]
+    assert " · finished 6 requests · dropped N.1, N.5, N.7, N.8 · " in lines[2], lines[2]
+    assert beam.idle
+    # Past the count, a finish with a reason is still named.
+    from backend.sessions.summary import _listed
+    ids = ["A", "B", "C", "D", "E"]
+    assert _listed(ids, ids) == "5 requests"
+    assert _listed(["A", "B (capacity: too long for the pool)", "C", "D", "E"], ids) == (
+        "5 requests, among them B (capacity: too long for the pool)")
+    assert _listed(ids[:4], ids) == "A, B, C, D"
     # Prefix-cache hits are in the cache as a chunk's tokens are: B computes 2 of its 10.
     h = engine(num_blocks=8)
     h.apply(Add("A", prompt_len=28, max_new_tokens=1))

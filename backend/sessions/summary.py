@@ -20,8 +20,9 @@ from backend.engine.ops import Add, Fork, Grow, describe_op
 from backend.engine.request import numbered
 from backend.engine.results import OpResult, Prefill
 
-# Past this many prefill chunks or forked requests in one operation, the line counts
-# them instead of naming each (a step that admits a whole queue, a beam round).
+# Past this many prefill chunks, forked, finished or dropped requests in one operation,
+# the line counts them instead of naming each (a step that admits a whole queue, a beam
+# round).
 NAMED_AT_MOST = 4
 
 
@@ -80,9 +81,9 @@ def summarize(result: OpResult, snapshot: dict[str, Any],
     finished = [_finished(rid, result, reasons, snapshot["config"])
                 for rid in result.finished if reasons.get(rid) != "dropped"]
     if finished:
-        parts.append("finished " + ", ".join(finished))
+        parts.append("finished " + _listed(finished, result.finished))
     if dropped:
-        parts.append("dropped " + ", ".join(dropped))
+        parts.append("dropped " + _listed(dropped, dropped))
     for rid, n in result.host_released:
         parts.append(f"{counted(n, 'host block')} of {rid} released")
     kinds: dict[str, int] = {}
@@ -92,6 +93,23 @@ def summarize(result: OpResult, snapshot: dict[str, Any],
         parts.append("events: " + ", ".join(f"{n} {k}{_free_split(result) if k == 'free' else ''}"
                                             for k, n in kinds.items()))
     return " · ".join(parts)
+
+
+def _listed(said: list[str], ids: list[str]) -> str:
+    """Requests as the line names them (`said`, some with a reason after their id from
+    `ids`), each one up to NAMED_AT_MOST, else counted: a beam round of width 64 ends 64
+    beams. Past that count the ones with a reason are still named (a request the pool
+    could not hold is news; one more beam at its limit is not)."""
+    if len(said) <= NAMED_AT_MOST:
+        return ", ".join(said)
+    plain = set(ids)
+    noted = [s for s in said if s not in plain]
+    if not noted:
+        return counted(len(said), "request")
+    more = (f" and {counted(len(noted) - NAMED_AT_MOST, 'other')}"
+            if len(noted) > NAMED_AT_MOST else "")
+    return (f"{counted(len(said), 'request')}, among them "
+            f"{', '.join(noted[:NAMED_AT_MOST])}{more}")
 
 
 # A finish that ends a Grow before the tokens it asked for, in the block tables' words.
