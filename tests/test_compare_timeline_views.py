@@ -98,6 +98,16 @@ def test_preemption_story_uses_the_runs_own_figures() -> None:
                   "at most 13 iterations before",
                   "0.94 preemptions per finished request"):
         assert words in story
+    # The work lost counts every token a victim held (prompt too), against all computed.
+    r = run.result
+    assert r.recomputed_tokens == 175_420
+    assert r.prompt_tokens + r.output_tokens + r.recomputed_tokens == 668_277
+    assert ("The work lost is 175,420 tokens computed again (26.2% of the 668,277 computed "
+            "in all, counting each prompt and output token once plus these)") in story
+    assert "of the output" not in story and "chunks" not in story
+    # With a token budget a prompt may be preempted part way through its chunks.
+    chunked = preemptions.work_lost(replace(r, max_num_batched_tokens=64))
+    assert chunked.endswith("part way through its prompt's chunks loses the chunks done.")
     counts = preemptions.preemption_counts(run)
     assert counts["requests"].tolist() == [482, 252, 158, 78, 18, 9, 3]
     assert preemptions.preemption_histogram(counts).to_dict()["layer"]

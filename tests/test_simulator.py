@@ -143,13 +143,14 @@ def test_paged_preemption_by_hand() -> None:
     # it2: r0's 5th token needs a block; none is free, so r1 (newest) is preempted
     #      holding 4 tokens; r0 takes a block. No admission in a preempting iteration.
     # it3: r0 reaches 6 tokens (3 blocks) and finishes; r1 (5 tokens = 3 blocks) waits.
-    # it4: r1 is recomputed: 4 tokens as a prompt plus its last one, and finishes.
+    # it4: r1 is recomputed: 4 tokens as a prompt plus its last one, and finishes. The
+    #      4 (2 prompt, 2 generated) are the tokens computed again.
     trace = trace_of([2, 2], [4, 3])
     cfg = SimConfig(policy="paged", capacity_tokens=8, block_size=2, watermark=0.0,
                     iteration_s=1.0)
     r = simulate(trace, cfg)
     assert r.preemptions == 1
-    assert r.recomputed_tokens == 2
+    assert r.recomputed_tokens == 4
     assert r.iterations == 5
     # r1 waited for memory at the end of it2 (preempted) and it3 (its 3 blocks not free).
     assert r.memory_wait_iterations == 2
@@ -185,6 +186,21 @@ def test_an_idle_gap_is_not_averaged_in() -> None:
     assert r.duration_s == 102.0
 
 
+def test_preempted_prefill_counts_its_computed_chunks() -> None:
+    # 10 slots of 1, no watermark, 3 tokens per iteration. r0: prompt 2, output 5; r1:
+    # prompt 6, output 1. it0: r0 takes 3 slots and 2 tokens of the budget; r1 takes the
+    # other 7 slots and prefills 1 token. it1: r0's 4th token finds no slot, so r1 (the
+    # newest) is preempted with 1 prompt token computed: that token is computed again.
+    # r1 returns after r0 ends in it4 and prefills its 6 tokens over it5 and it6.
+    cfg = SimConfig(policy="paged", capacity_tokens=10, block_size=1, watermark=0.0,
+                    iteration_s=1.0, max_num_batched_tokens=3)
+    trace = trace_of([2, 6], [5, 1])
+    r = simulate(trace, cfg)
+    assert r.preemptions == 1
+    assert r.recomputed_tokens == 1
+    assert check_against_reference(trace, cfg).result.recomputed_tokens == 1
+
+
 # ---- the event-driven replay against a per-token reference ------------------------
 
 
@@ -201,7 +217,6 @@ def reference(trace: Trace, cfg: SimConfig) -> tuple[ReplayTotals, list[int], di
     arr = np.ceil(trace.arrival_s / dt).astype(np.int64).tolist()
     final = trace.final_len.tolist()
     prefill = trace.prompt_len.tolist()
-    prompt = list(prefill)
     n = len(final)
     paged = cfg.policy == "paged"
     seq_cap = cfg.max_num_seqs or n + 1
@@ -237,10 +252,14 @@ def reference(trace: Trace, cfg: SimConfig) -> tuple[ReplayTotals, list[int], di
                 while m.blocks_needed_to_append(str(i), 1) > m.num_free_blocks:
                     v = running.pop()
                     m.free(str(v), preempted=True)
+                    # What had K/V is lost and computed again: the chunks done, or
+                    # every token a decoding victim held.
                     if v in prefilling:
                         prefilling.discard(v)
+                        tot.recomputed_tokens += done[v]
                     else:
                         prefill[v] = tok[v]
+                        tot.recomputed_tokens += tok[v]
                     waiting.appendleft(v)
                     tot.preemptions += 1
                     preempted += 1
@@ -285,7 +304,6 @@ def reference(trace: Trace, cfg: SimConfig) -> tuple[ReplayTotals, list[int], di
             done[i] = chunk
             if chunk < prefill[i]:
                 prefilling.add(i)
-            tot.recomputed_tokens += prefill[i] - prompt[i]
         if running:
             # A request still prefilling holds its prompt's memory, computed or not.
             computed = sum(done[i] if i in prefilling else tok[i] for i in running)

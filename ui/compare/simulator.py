@@ -99,8 +99,9 @@ def _watermarks(last: dict[str, Any]) -> None:
         st.dataframe(preemptions.watermark_frame(last["watermarks"]), hide_index=True,
                      key="cmp_sim_watermark_table",
                      column_config={c: counts for c in ("watermark blocks", "preemptions",
-                                                        "requests preempted",
-                                                        "recomputed tokens")})
+                                                        "requests preempted")}
+                     | {"recomputed tokens": st.column_config.NumberColumn(
+                         format="localized", help=preemptions.RECOMPUTED_HELP)})
         said = preemptions.watermark_sentence(last["watermarks"])
         if said:      # none for one watermark (a pool so small that every share is 0)
             st.caption(said)

@@ -109,6 +109,9 @@ class ReplayTotals:
     batch_sum: int = 0
     max_batch: int = 0
     preemptions: int = 0
+    # Tokens whose K/V a preemption discarded and readmission computes again: for a
+    # decoding victim all it held (prompt and generated), for one still prefilling the
+    # chunks it had computed.
     recomputed_tokens: int = 0
     token_sum: int = 0       # token-iterations
     allocated_sum: int = 0   # slot-iterations held by the policy
@@ -139,8 +142,7 @@ def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.
     n = len(final_len)
     arr = arrival_iteration.tolist()
     final = final_len.tolist()
-    prompt = prompt_len.tolist()
-    prefill = list(prompt)          # tokens to process on (re)admission
+    prefill = prompt_len.tolist()   # tokens to process on (re)admission
     policy.prepare(final_len)
     period = policy.growth_period
     tot = ReplayTotals()
@@ -230,11 +232,14 @@ def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.
                     victim = next(reversed(running))
                     del running[victim]
                     if victim in prefilling:
-                        # Its chunks so far are lost; it holds its prompt's memory.
-                        del prefilling[victim]
+                        # Its chunks so far are lost (computed again on readmission);
+                        # it holds its prompt's memory.
+                        tot.recomputed_tokens += prefilling.pop(victim)
                     else:
-                        # The victim does not grow in this iteration.
+                        # The victim does not grow in this iteration. Every token it
+                        # holds, prompt and generated, is prefilled again on readmission.
                         prefill[victim] = n_sync[victim] + (k - 1) - a_sync[victim]
+                        tot.recomputed_tokens += prefill[victim]
                         c_sum -= n_sync[victim] - a_sync[victim]
                     policy.release(victim, preempted=True)
                     epoch[victim] += 1
@@ -275,7 +280,6 @@ def replay(arrival_iteration: np.ndarray, prompt_len: np.ndarray, final_len: np.
             admitted += 1
             order[i] = admitted
             admit_it[i] = k
-            tot.recomputed_tokens += prefill[i] - prompt[i]
             chunk = budget.prefill_chunk(prefill[i])
             if chunk == prefill[i]:
                 start_decoding(i, k)

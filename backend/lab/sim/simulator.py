@@ -145,7 +145,9 @@ class SimResult:
     duration_s: float             # simulated time until the last request finished
     prompt_tokens: int
     output_tokens: int
-    recomputed_tokens: int        # prompt work repeated after preemptions
+    # Tokens computed again after preemptions: all a decoding victim held (prompt and
+    # generated), the chunks computed so far of one preempted while prefilling.
+    recomputed_tokens: int
     preempted_requests: int       # requests preempted at least once
     max_preemptions_per_request: int
     throughput_requests_per_s: float

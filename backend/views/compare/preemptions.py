@@ -26,6 +26,11 @@ from backend.lab.sim.simulator import SimResult, SimRun
 from backend.views.compare.deployment import rate_text
 from backend.views.describe import MAX_LISTED
 
+# What the watermark table's "recomputed tokens" column counts.
+RECOMPUTED_HELP = ("Tokens computed again after preemptions: every token a preempted "
+                   "request held, prompt and generated (of one preempted while its prompt "
+                   "was prefilled in chunks, the chunks done), prefilled again on its return.")
+
 
 def preemption_note(results: Sequence[SimResult]) -> str:
     """What the preemption bars show, said for these runs: why only paged memory
@@ -168,7 +173,6 @@ def preemption_story(run: SimRun) -> str:
         worst = f"{counted(at_most, 'request')} as many as {most:,} times"
     else:
         worst = "each of them once" if at_most > 1 else "once"
-    lost = r.recomputed_tokens / max(1, r.output_tokens)
     return (
         f"**Why {p:,} preemptions for {n:,} requests.** Every one is the same event: a "
         "running request's next token starts a new block and no block is free. The "
@@ -179,10 +183,23 @@ def preemption_story(run: SimRun) -> str:
         f"They fall on some requests more than others: {never:,} were never preempted, "
         f"{r.preempted_requests:,} at least once, {worst}; "
         "half the victims had been (re)admitted at most "
-        f"{counted(int(np.median(ages)), 'iteration')} before. The work lost is "
-        f"{counted(r.recomputed_tokens, 'generated token')} recomputed ({_share(lost)} of the "
-        "output). The count is right for these rules; a larger watermark, or a rate the "
-        "memory can sustain, trades a little batch for far fewer.")
+        f"{counted(int(np.median(ages)), 'iteration')} before. " + work_lost(r) + " The "
+        "count is right for these rules; a larger watermark, or a rate the memory can "
+        "sustain, trades a little batch for far fewer.")
+
+
+def work_lost(r: SimResult) -> str:
+    """What the preemptions cost in computation: the tokens whose K/V was dropped and
+    computed again, as a share of every token computed (each prompt and output token once,
+    plus these again)."""
+    total = r.prompt_tokens + r.output_tokens + r.recomputed_tokens
+    chunks = ("; one preempted part way through its prompt's chunks loses the chunks done"
+              if r.max_num_batched_tokens is not None else "")
+    return (f"The work lost is {counted(r.recomputed_tokens, 'token')} computed again "
+            f"({_share(r.recomputed_tokens / total)} of the {total:,} computed in all, "
+            "counting each prompt and output token once plus these): a preempted request's "
+            "K/V is dropped, so every token it held, prompt and generated, is prefilled "
+            f"again when it returns{chunks}.")
 
 
 def watermark_frame(results: Sequence[SimResult]) -> pd.DataFrame:
