@@ -85,39 +85,65 @@ def run_workload(workload: Workload, config: EngineConfig, *, kernel: str = "tor
     return e, (time.perf_counter() - t0) * 1e3
 
 
+def _configs(block_size: int, num_blocks: int, roomy_blocks: int
+             ) -> list[tuple[str, int, EngineConfig]]:
+    """The three configurations run at one block size: (mode, device blocks, config)."""
+    base = {"block_size": block_size, "seed": 0}
+    out = [("roomy", roomy_blocks, EngineConfig.from_json({**base, "num_blocks": roomy_blocks}))]
+    for mode in MODES:
+        out.append((mode, num_blocks, EngineConfig.from_json({
+            **base, "num_blocks": num_blocks, "preemption": mode,
+            "num_cpu_blocks": roomy_blocks if mode == "swap" else 0})))
+    return out
+
+
+def warm_up(workload: Workload, block_size: int, *, kernel: str = "torch",
+            device: str = "auto") -> None:
+    """Run each configuration's code paths at `block_size` once, untimed.
+
+    The first forwards of a shape, and the first preemptions, pay for allocations and
+    start-up that later ones do not; without this the first block size timed reads
+    several times slower than the same size timed later. Two copies of the workload's
+    longest request in a pool that holds one of them (plus a block) preempt wherever the
+    real run can, so prefill, decode, recompute and swap all run here first.
+    """
+    longest = max(workload.requests, key=sum)
+    warm = Workload((longest, longest))
+    num_blocks = -(-sum(longest) // block_size) + 1
+    for _, _, config in _configs(block_size, num_blocks, 2 * num_blocks):
+        run_workload(warm, config, kernel=kernel, device=device)
+
+
 def swap_vs_recompute(block_sizes: Sequence[int] = BLOCK_SIZES, *,
                       workload: Workload | None = None, capacity_tokens: int = 512,
                       kernel: str = "torch", device: str = "auto",
                       progress: Progress | None = None) -> list[PreemptionRun]:
     """Roomy, recompute and swap runs at each block size (a device pool of about
-    `capacity_tokens` token slots; a host pool as large as the workload's peak)."""
+    `capacity_tokens` token slots; a host pool as large as the workload's peak), each
+    block size warmed up before its runs are timed, so that the order of the sizes does
+    not change their figures."""
     workload = workload or Workload.overloaded()
     longest = max(p + n for p, n in workload.requests)
     out: list[PreemptionRun] = []
     total, done = len(block_sizes) * 3, 0
-    # The first forwards of a process pay for torch's start-up; keep that out.
-    run_workload(Workload(((8, 4),)), EngineConfig(block_size=4), kernel=kernel, device=device)
     for bs in block_sizes:
         # The same slots at every block size, and room for the longest request with a
         # block to spare (the views say so where it raised the pool).
         num_blocks = max(-(-capacity_tokens // bs), -(-longest // bs) + 1)
         roomy_blocks = -(-workload.peak_tokens // bs) + len(workload.requests)
-        base = {"block_size": bs, "seed": 0}
-        ref, ref_ms = run_workload(workload, EngineConfig.from_json(
-            {**base, "num_blocks": roomy_blocks}), kernel=kernel, device=device)
-        runs = [(ref, ref_ms, "roomy", roomy_blocks)]
-        done += 1
-        if progress is not None and not progress(done, total):
-            return out
-        for mode in MODES:
-            cfg = {**base, "num_blocks": num_blocks, "preemption": mode,
-                   "num_cpu_blocks": roomy_blocks if mode == "swap" else 0}
-            e, ms = run_workload(workload, EngineConfig.from_json(cfg), kernel=kernel,
-                                 device=device)
-            runs.append((e, ms, mode, num_blocks))
+        warm_up(workload, bs, kernel=kernel, device=device)
+        runs: list[tuple[Engine, float, str, int]] = []
+        stopped = False
+        for mode, blocks, config in _configs(bs, num_blocks, roomy_blocks):
+            e, ms = run_workload(workload, config, kernel=kernel, device=device)
+            runs.append((e, ms, mode, blocks))
             done += 1
             if progress is not None and not progress(done, total):
+                stopped = True
                 break
+        if len(runs) < 2:
+            return out      # the reference alone compares nothing
+        ref = runs[0][0]
         for e, ms, mode, blocks in runs:
             out.append(PreemptionRun(
                 bs, mode, blocks, e.step, ms, e.manager.preemptions,
@@ -125,6 +151,6 @@ def swap_vs_recompute(block_sizes: Sequence[int] = BLOCK_SIZES, *,
                 sum(1 for ev in e.events if ev.kind in ("swap_out", "swap_in")),
                 e.runner.swap_s * 1e3,
                 all(e.requests[r].tokens == q.tokens for r, q in ref.requests.items())))
-        if len(runs) < 3:
+        if stopped:
             break
     return out
