@@ -20,6 +20,7 @@ from backend.lab.compare.seed_example import seed_example
 from backend.lab.memory_calc import kv_capacity
 from backend.lab.sim.simulator import SimConfig, SimRun, simulate_workload
 from backend.lab.workloads import make_trace
+from backend.views.compare import frames as views
 from backend.views.compare import tables
 from tests.compare_support import (
     BLOCK_SIZE,
@@ -120,6 +121,8 @@ def test_memory_maps_table_orders_like_figure_2(page: dict[str, AppTest]) -> Non
     batches = [float(v) for v in df.loc["mean batch"]]
     assert batches[-1] == max(batches)
     assert "The last request finished in iteration" in text(page[MAPS])
+    # What each state holds is said where the states are drawn.
+    assert views.STATES_NOTE in [c.value for c in page[MAPS].caption]
 
 
 def test_block_size_and_sharing_sections_show_backend_numbers(
@@ -224,6 +227,13 @@ def test_simulator_run_orders_policies_like_figure_2() -> None:
     assert shares[3] == pytest.approx(direct.memory["token_states"], abs=1e-12)
     assert f"Paged memory ran a mean batch of {direct.mean_batch_size:.1f} requests" in text(at)
     assert "Last run: sharegpt, 300 requests" in text(at)
+    # The max policy's regions all take 2,048 of the 15,360 slots: the 1,024 left over
+    # could never hold one, even in one piece, so they are free, never external
+    # fragmentation; the caption under the breakdown says which is which.
+    table = frame_with(at, "measure").set_index("measure")
+    assert table.loc["external fragmentation", "max"] == "0.0%"
+    assert table.loc["external fragmentation", "oracle"] != "0.0%"
+    assert views.STATES_NOTE in [c.value for c in at.caption]
 
 
 def test_bad_input_gets_a_message_not_a_traceback() -> None:

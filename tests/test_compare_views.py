@@ -226,13 +226,21 @@ def test_snapshots_thin_out_evenly_and_keep_every_count() -> None:
 
 
 def test_replay_counts_external_fragmentation_while_the_head_waits() -> None:
-    # Two requests of final length 5 in 8 slots: the second waits for the first.
+    # Two requests of final length 5 in 8 slots: the second waits for the first, but
+    # the 3 free slots could not hold its 5 even in one piece: free, not fragmentation.
     oracle = replay_maps(trace([0.0, 0.0], [1, 1], [4, 4]), "oracle", 8)
     assert [f.waiting for f in oracle.frames] == [1, 1, 1, 1, 0, 0, 0, 0]
-    assert [f.counts["external_fragmentation"] for f in oracle.frames] == [3] * 4 + [0] * 4
+    assert [f.counts["external_fragmentation"] for f in oracle.frames] == [0] * 8
     assert oracle.breakdown() == pytest.approx({
         "token_states": 28 / 64, "reservation": 12 / 64, "internal_fragmentation": 0.0,
-        "external_fragmentation": 12 / 64, "free": 12 / 64}, abs=1e-15)
+        "external_fragmentation": 0.0, "free": 24 / 64}, abs=1e-15)
+    # Regions of 3, 4 and 3 fill 10 slots; the two of 3 end in the first iteration,
+    # leaving 6 free in two holes of 3 while the fourth request waits for 5: external
+    # fragmentation until the region of 4 ends.
+    split = replay_maps(trace([0.0] * 4, [2, 1, 2, 4], [1, 3, 1, 1]), "oracle", 10)
+    assert [f.waiting for f in split.frames] == [1, 1, 1, 0]
+    assert [f.counts["external_fragmentation"] for f in split.frames] == [0, 6, 6, 0]
+    assert split.breakdown()["external_fragmentation"] == pytest.approx(12 / 40)
     # Every frame's segments tile the arena exactly once.
     for f in oracle.frames:
         assert f.segments is not None

@@ -98,8 +98,12 @@ def test_breakdown_of_a_max_arena_by_hand() -> None:
     b = arena.breakdown()
     assert b.as_dict() == {"token_states": 5, "reservation": 4, "internal_fragmentation": 7,
                            "external_fragmentation": 0, "free": 4}
-    # A waiting request needs 8 slots; the 4 free ones cannot serve it.
-    assert arena.breakdown(required=8).external_fragmentation == 4
+    # A waiting request needs 8 slots; the 4 free ones could not hold it even in one
+    # piece: too little memory, not fragmentation.
+    assert arena.breakdown(required=8).as_dict()["external_fragmentation"] == 0
+    assert arena.breakdown(required=8).free == 4
+    # 3 slots need no more than the one hole.
+    assert arena.breakdown(required=3).external_fragmentation == 0
     assert arena.fits(1).reason == "not_enough_free"
     arena.grow("A", 3)
     b = arena.breakdown(required=8)
@@ -119,25 +123,34 @@ def test_render_and_segments_match_the_docstring_diagram() -> None:
     arena.reserve("C", 4, tokens=4)
     for rid in "XYZW":
         arena.release(rid)
-    lines = arena.render(required=4).splitlines()
-    assert lines[0] == "kind   ####++~~xxx###+.....####"
+    # Required 6: 8 slots are free in all but the largest hole is 5, so every free slot
+    # is external fragmentation.
+    lines = arena.render(required=6).splitlines()
+    assert lines[0] == "kind   ####++~~xxx###+xxxxx####"
     assert lines[1] == "owner  AAAAAAAA   BBBB     CCCC"
     assert lines[2:] == ["# token  + reservation  ~ internal frag.",
                          "x external frag.  . free",
                          "one character = 1 slot"]
-    assert arena.segments(required=4) == [
+    assert arena.segments(required=6) == [
         Segment(0, 4, "A", "token_states"), Segment(4, 2, "A", "reservation"),
         Segment(6, 2, "A", "internal_fragmentation"),
         Segment(8, 3, None, "external_fragmentation"),
         Segment(11, 3, "B", "token_states"), Segment(14, 1, "B", "reservation"),
-        Segment(15, 5, None, "free"), Segment(20, 4, "C", "token_states"),
+        Segment(15, 5, None, "external_fragmentation"), Segment(20, 4, "C", "token_states"),
     ]
-    assert arena.breakdown(required=4).as_dict() == {
+    assert arena.breakdown(required=6).as_dict() == {
         "token_states": 11, "reservation": 3, "internal_fragmentation": 2,
-        "external_fragmentation": 3, "free": 5}
+        "external_fragmentation": 8, "free": 0}
+    # Required 4: the 5-slot hole holds it, so nothing is fragmented; required 9: more
+    # than the 8 free in all, so the request waits for memory, and they are free.
+    for required in (4, 9):
+        b = arena.breakdown(required=required)
+        assert (b.external_fragmentation, b.free) == (0, 8)
+        assert {s.kind for s in arena.segments(required=required) if s.owner is None} == {
+            "free"}
     # Scaled down: each character stands for 3 slots.
-    scaled = arena.render(required=4, width=8).splitlines()
-    assert scaled[0] == "kind   #+~x#..#" and scaled[-1] == "one character = 3 slots"
+    scaled = arena.render(required=6, width=8).splitlines()
+    assert scaled[0] == "kind   #+~x#xx#" and scaled[-1] == "one character = 3 slots"
 
 
 def test_mistakes_raise_and_leave_the_arena_unchanged() -> None:
@@ -230,6 +243,11 @@ class ArenaMachine(RuleBasedStateMachine):
             assert sum(s.length for s in segs) == 64
             for kind, count in b.as_dict().items():
                 assert sum(s.length for s in segs if s.kind == kind) == count
+            # External fragmentation, from the slot-by-slot model: every free slot when
+            # they would hold the allocation together but no run of them does.
+            split = (required is not None and len(free) >= required
+                     and self.model_first_fit(required) is None)
+            assert b.external_fragmentation == (len(free) if split else 0)
 
 
 TestArenaMachine = ArenaMachine.TestCase

@@ -164,7 +164,8 @@ def test_paged_preemption_by_hand() -> None:
 
 def test_max_policy_waits_for_a_whole_region_by_hand() -> None:
     # Capacity 10, max_len 6: one region at a time. r1 arrives at once but waits for
-    # r0's region; while it waits, the 4 free slots are external fragmentation.
+    # r0's region; while it waits, the 4 free slots could not hold a region of 6 even in
+    # one piece: they are free, not external fragmentation.
     r = simulate(trace_of([2, 1], [2, 2]),
                  SimConfig(policy="max", capacity_tokens=10, max_len=6, iteration_s=1.0))
     # it0: r0 holds 3 of final 4 in 6 slots; it1: 4 tokens, done. it2..3: r1 (2, then 3).
@@ -172,9 +173,24 @@ def test_max_policy_waits_for_a_whole_region_by_hand() -> None:
     assert r.memory["token_states"] == (3 + 4 + 2 + 3) / 40
     assert r.memory["reservation"] == (1 + 0 + 1 + 0) / 40
     assert r.memory["internal_fragmentation"] == (2 + 2 + 3 + 3) / 40
-    assert r.memory["external_fragmentation"] == (4 + 4) / 40
-    assert r.memory["free"] == (4 + 4) / 40
+    assert r.memory["external_fragmentation"] == 0.0
+    assert r.memory["free"] == (4 + 4 + 4 + 4) / 40
     assert r.max_len == 6
+
+
+def test_free_slots_in_pieces_that_would_hold_the_head_together_are_external() -> None:
+    # Oracle, capacity 10. r0 (2 + 1), r1 (1 + 3) and r2 (2 + 1) fill slots 0-2, 3-6 and
+    # 7-9 in it0; r3 (4 + 1) needs 5 slots and waits. r0 and r2 end in it0, leaving holes
+    # of 3 at 0-2 and 7-9: 6 slots free in all, enough for 5, but in no one piece, so
+    # through it1 and it2 (r1 at 3, then 4 tokens) all 6 are external fragmentation. In
+    # it3 r3 takes r1's place and ends.
+    cfg = SimConfig(policy="oracle", capacity_tokens=10, iteration_s=1.0)
+    trace = trace_of([2, 1, 2, 4], [1, 3, 1, 1])
+    r = simulate(trace, cfg)
+    assert r.iterations == 4
+    assert r.memory["external_fragmentation"] == (0 + 6 + 6 + 0) / 40
+    assert r.memory["free"] == (0 + 0 + 0 + 5) / 40
+    check_against_reference(trace, cfg)
 
 
 def test_an_idle_gap_is_not_averaged_in() -> None:

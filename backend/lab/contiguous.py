@@ -191,11 +191,17 @@ class ContiguousArena:
         reason: FitReason = "external_fragmentation" if free >= size else "not_enough_free"
         return FitAnswer(final_len, size, False, None, free, largest, reason)
 
+    def fragmented(self, required: int | None) -> bool:
+        """Reads only: whether the free slots together would hold a region of `required`
+        slots but no hole does (False if None). Then every free slot is external
+        fragmentation; with too few free in total they are simply free."""
+        if required is None or self.free_total < required:
+            return False
+        return self.first_fit(required) is None
+
     def external_slots(self, required: int | None) -> int:
-        """Reads only: free slots in holes smaller than `required` (0 if None)."""
-        if required is None:
-            return 0
-        return sum(h.length for h in self.holes() if h.length < required)
+        """Reads only: every free slot when the arena is `fragmented` for `required`, else 0."""
+        return self.free_total if self.fragmented(required) else 0
 
     def breakdown(self, required: int | None = None) -> MemoryBreakdown:
         """Reads only: the arena's slots by state right now (Figure 2 definitions).
@@ -221,11 +227,12 @@ class ContiguousArena:
         if required is not None:
             check_int(required, "required", 1)
         out: list[Segment] = []
+        # Every hole is in the same state: the free slots are fragmented or free together.
+        hole_kind: SegmentKind = ("external_fragmentation" if self.fragmented(required)
+                                  else "free")
 
         def hole(start: int, length: int) -> None:
-            small = required is not None and length < required
-            out.append(Segment(start, length, None,
-                               "external_fragmentation" if small else "free"))
+            out.append(Segment(start, length, None, hole_kind))
 
         pos = 0
         for r in self.regions():

@@ -6,19 +6,20 @@ reference to it, so views and comparisons can take them without the arena.
 Every slot of the arena is in exactly one of five states (the PagedAttention
 paper's Figure 2), and they always sum to `capacity`::
 
-    a pow2 arena of 24 slots; required allocation 4 (the next waiting
+    a pow2 arena of 24 slots; required allocation 6 (the next waiting
     request's region size)
 
     slot     0         1         2
              012345678901234567890123
-    kind     ####++~~xxx###+.....####
+    kind     ####++~~xxx###+xxxxx####
     owner    AAAAAAAA   BBBB     CCCC
 
     A  slots 0-7:   reserved 8, final length 6, 4 tokens so far: 2 slots of
                     reservation (it will fill them), 2 of internal fragmentation
-    -  slots 8-10:  a hole of 3 < 4: external fragmentation
+    -  slots 8-10:  a hole of 3 < 6: external fragmentation
     B  slots 11-14: reserved 4, final length 4, 3 tokens: 1 slot of reservation
-    -  slots 15-19: a hole of 5 >= 4: free
+    -  slots 15-19: a hole of 5 < 6: external fragmentation (8 slots are free in
+                    all, enough for 6, but in no one piece)
     C  slots 20-23: reserved 4, final length 4, 4 tokens
 
     # token_states            slots holding a token
@@ -26,22 +27,26 @@ paper's Figure 2), and they always sum to `capacity`::
                               generate: min(final_len, reserved) - tokens
     ~ internal_fragmentation  reserved slots the request will never use:
                               reserved - final_len when positive
-    x external_fragmentation  free slots in a hole smaller than the required
-                              allocation
-    . free                    free slots in a hole that could hold it
+    x external_fragmentation  free slots, while the free total would hold the
+                              required allocation but no hole does
+    . free                    free slots otherwise: a hole could hold it, or
+                              all the free slots together could not
+
+With a required allocation of 4 the hole at 15-19 holds it and every free slot
+is free; with 9, more than the 8 free in all, every free slot is free too.
 
 External fragmentation follows the seed text: "free space split into separate
-regions that cannot satisfy a required larger contiguous allocation". It is
-relative to a required size, which the caller passes: the region size the
-next waiting request needs (a question about a hypothetical request passes
-that request's size). A free slot counts as external fragmentation when the
-hole it lies in is smaller than the required size; with no required size at
-all, every free slot is simply free. So while a request waits because no
-hole is large enough, every free slot is external fragmentation, whether or
-not the free total would have been enough: none of it can serve the demand.
-`ContiguousArena.fits` separately says *why* something does not fit (a
-`FitAnswer`; "enough memory is free in total but no hole is large enough"
-is the textbook case).
+regions that cannot satisfy a required larger contiguous allocation": free
+space that would suffice if it were in one piece. It is relative to a required
+size, which the caller passes: the region size the next waiting request needs
+(a question about a hypothetical request passes that request's size). The free
+slots count as external fragmentation when together they would hold the
+required size but no single hole does; when a hole holds it nothing is
+fragmented, and when the free total is too small the request waits for lack of
+memory, not for its layout, so they are plain free. With no required size at
+all, every free slot is simply free. `ContiguousArena.fits` says the same as a
+reason (a `FitAnswer`: "external_fragmentation" when enough is free in total but
+no hole is large enough, "not_enough_free" otherwise).
 """
 
 from __future__ import annotations

@@ -111,8 +111,10 @@ CONTIGUOUS: dict[str, str] = {
     "token_states": "Slots of the contiguous arena holding tokens.",
     "reservation": "Slots reserved for a request's future tokens, not written yet.",
     "internal_fragmentation": "Slots reserved beyond a request's final length: never used.",
-    "external_fragmentation": "Free holes too small for the request that waits.",
-    "free": "Free slots in holes big enough to use.",
+    "external_fragmentation": "Free slots that together would hold the waiting request's "
+                              "region, in holes each too small for it.",
+    "free": "Free slots otherwise: nobody waits, a hole holds the waiting request, or all "
+            "the free slots together could not.",
     "holes": "The free runs of the arena: where they start and how long they are.",
     "regions": "A request's one contiguous region: where it starts, how much is reserved, "
                "how much holds tokens.",

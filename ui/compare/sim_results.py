@@ -52,6 +52,7 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True,
                   else "") + preemptions.preemption_note(results))
     st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
                     key=f"{prefix}_breakdown_chart")
+    st.caption(views.STATES_NOTE)
     idle = views.free_memory_note(results)
     if idle:
         st.caption(idle)

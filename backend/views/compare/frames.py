@@ -162,6 +162,22 @@ def map_fractions(replay: MapReplay, stride: int = 1) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# What each state of the breakdown holds, in both memories: shown where the states are.
+STATES_NOTE = (
+    "What each state holds: token states, slots holding a token; reservation, slots kept "
+    "for tokens a request will still generate (contiguous) or blocks taken for prompt "
+    "chunks not computed yet (paged); internal fragmentation, slots held that will never "
+    "hold a token (a region past its final length, a block's empty tail); external "
+    "fragmentation, free slots that together would hold the region the next waiting "
+    "request needs but lie in holes too small for it (the seed's \"free space split into "
+    "separate regions that cannot satisfy a required larger contiguous allocation\"); "
+    "free, every other free slot: nobody waits, a hole holds the next request, or all the "
+    "free slots together could not (it waits for memory, not for its layout). Paged "
+    "memory has no external fragmentation, since any free block serves, and the capacity "
+    "that fills no whole block counts as free: too little to hold any block, as a "
+    "contiguous arena's last slots are free when too few for the region asked.")
+
+
 # The breakdown's row comparable with the paper's Figure 2, whose shares add up to the
 # memory the systems hold: there is no "free" among its categories.
 HELD_ROW = "token states (held)"
@@ -251,8 +267,8 @@ def free_memory_note(results: Sequence[SimResult]) -> str:
     ('' when every policy used most of its memory): free slots count in the shares. Free
     memory is the load's (the trace did not need it) unless, in paged memory, requests
     often waited for memory meanwhile: then the next in line did not fit in it. (In
-    contiguous memory, free slots a waiting request cannot use count as external
-    fragmentation, not free: what is free there is free while nobody waits for it.)"""
+    contiguous memory, free slots that would hold a waiting request together but in no
+    one hole count as external fragmentation, not free; see STATES_NOTE.)"""
     idle = [r for r in results if r.memory["free"] > MOSTLY_FREE]
     if not idle:
         return ""
