@@ -22,6 +22,7 @@ from ui import bars as ui_bars
 from ui.compare import sim_runs
 from ui.compare.sim_inputs import MAX_UPLOAD_BYTES, RECORDED_CREDIT
 from ui.compare.sim_runs import RUNS
+from ui.compare.simulator import TRACE_NOTE
 
 
 def start(tab: str = SIMULATOR) -> AppTest:
@@ -235,6 +236,12 @@ def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> Non
     at.selectbox(key="cmp_dep_trace").set_value("azure-code").run()
     d = dep.deployment("azure-code")
     assert dep_views.preset_sentence(d) in text(at)
+    # The trace's figures come with its credit, the paper cited in full, before a replay.
+    assert TRACE_NOTE in [c.value for c in at.caption]
+    assert ('Pratyush Patel, Esha Choukse, Chaojie Zhang, Aashaka Shah, Íñigo Goiri, Saeed '
+            'Maleki, Ricardo Bianchini. "Splitwise: Efficient generative LLM inference using '
+            'phase splitting", ISCA 2024.') in TRACE_NOTE
+    assert "CC BY 4.0" in TRACE_NOTE and "AzurePublicDataset" in TRACE_NOTE
     # Before a replay: what it will run, and no time promised (it depends on the server).
     assert (f"Press Replay the whole trace: 4 policies, {len(d.trace):,} requests each; a "
             "bar shows their progress.") in [c.value for c in at.caption]

@@ -55,6 +55,8 @@ def deployment_section() -> None:
         refuse(e)
         return
     st.markdown(views.preset_sentence(d))
+    # Credited wherever its figures are shown, a replay or not (its license asks for it).
+    st.caption(TRACE_NOTE)
     # Its label wraps in a third of a narrow page (cut to "Replay the whole …" at 800 px).
     if c[2].button("Replay the whole trace", type="primary", key="cmp_dep_run", wrap=True):
         key, trace, configs = ("deployment", workload, scale), d.trace, d.configs()
@@ -85,4 +87,3 @@ def deployment_section() -> None:
     comparison(runs, "cmp_dep", paper_ticks=False, batch_chart=False)
     preemption_section(runs, "cmp_dep")
     timeline_section(runs, "cmp_dep", f"deployment-{last['workload']}")
-    st.caption(TRACE_NOTE)

@@ -53,6 +53,10 @@ class TraceChoice:
     longest: int | None = None   # a recorded trace's longest request (final length)
 
 
+# The paper that describes the recorded traces, as assets/traces/README.md cites it.
+SPLITWISE_CITATION = ("Pratyush Patel, Esha Choukse, Chaojie Zhang, Aashaka Shah, Íñigo Goiri, "
+                      "Saeed Maleki, Ricardo Bianchini. \"Splitwise: Efficient generative LLM "
+                      "inference using phase splitting\", ISCA 2024.")
 # The credit the recorded traces' license asks for (assets/traces/README.md).
 RECORDED_CREDIT = ("Recorded by Microsoft Azure, shared in its [AzurePublicDataset]("
                    "https://github.com/Azure/AzurePublicDataset) under CC BY 4.0, and described "

@@ -26,7 +26,7 @@ from ui.bars import Advance
 from ui.compare import SYNTHETIC_NOTE, background, label, panel, refuse
 from ui.compare.sim_inputs import (
     PAGE_MAX_REQUESTS,
-    RECORDED_CREDIT,
+    SPLITWISE_CITATION,
     TraceChoice,
     trace_inputs,
 )
@@ -37,9 +37,12 @@ from ui.numbers import Fields
 SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
 SIM_JOB = "cmp_sim_job"      # a run at work (ui/compare/background.py)
 MARKS_JOB = "cmp_sim_marks_job"   # the watermark sweep at work
+# The recorded traces' credit with the paper cited in full (the license asks for both).
 TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023, replayed with arrivals "
-              f"and lengths as recorded. {RECORDED_CREDIT} The files and their license ship "
-              "with PagedLab, in assets/traces/.")
+              "and lengths as recorded: recorded by Microsoft Azure and shared in its "
+              "[AzurePublicDataset](https://github.com/Azure/AzurePublicDataset) under CC BY "
+              f"4.0, described in {SPLITWISE_CITATION} The files and their license ship with "
+              "PagedLab, in assets/traces/.")
 
 
 def _budget_inputs(f: Fields) -> dict[str, int | None]:
