@@ -15,9 +15,15 @@ Why the preset compresses time. At the recorded arrival times an H200 holds
 every request of either trace with room to spare (azure-conv keeps about 30
 requests running, 4% of the memory), so every policy batches the same: memory
 is not what limits. Dividing the gaps between arrivals by `time_scale` (50 for
-azure-conv, 400 for azure-code: about 280 and 1,000 requests per second) makes
-memory the limit, which is the regime of the PagedAttention paper's Figure 13
-(mean batched requests: Orca Max < Pow2 < Oracle < vLLM).
+azure-conv, 400 for azure-code: about 280 and 1,000 requests per second) packs
+them together until memory fills and requests wait for room, the regime of the
+PagedAttention paper's Figure 13 (mean batched requests: Orca Max < Pow2 <
+Oracle < vLLM). How much depends on the trace: azure-conv's requests wait in
+most busy iterations under every policy, and the batches part widely;
+azure-code's outputs are short (1.3% of a request's final tokens) and its
+burst is served in a few hundred iterations, after which nobody waits, so
+Pow2, Oracle and paged batch within a few percent of one another (more
+compression changes that little).
 
 Iteration time: a decode step reads the weights (15 GiB) and the cached K/V
 (up to 111 GiB) at the H200's 4.8 TB/s: about 25 ms when the cache is full.

@@ -38,8 +38,10 @@ def deployment_section() -> None:
         "production trace, replayed through PagedLab's own block manager (bookkeeping "
         "only: no K/V tensors at this size) and the contiguous arena. At the recorded "
         "arrival times an H200 holds every request of either trace with room to spare, so "
-        "every policy batches the same; compressing time makes memory the limit, the regime "
-        "of the paper's Figure 13.")
+        "every policy batches the same. Compressing time packs the arrivals together until "
+        "memory fills and requests wait for room, the regime of the paper's Figure 13; how "
+        "often they waited under each policy, and so how far apart the policies' batches "
+        "could go, depends on the trace, and the line under a replay's chart says both.")
     c = st.columns(3)
     with numbers.fields() as f:
         workload = c[0].selectbox("Trace", list(dep.TIME_SCALES), index=1, key="cmp_dep_trace",
