@@ -229,6 +229,36 @@ def test_the_page_writes_counts_and_sizes_to_be_read() -> None:
     assert any(c.value.startswith("KV bytes at the KV dtype chosen above, fp16 / bf16 "
                                   "(2 bytes).") for c in at.caption)
     assert "x 256 x 2 bytes = " in "\n".join(m.value for m in at.markdown)
+    # Gemma's sliding window is said where its figures are: exact within the window,
+    # and past it, how much less a request needs than the figures show.
+    window = [c.value for c in at.caption if "attend only within the last 4,096" in c.value]
+    assert len(window) == 1 and window[0].endswith("At 2,048 tokens, within the window, that "
+                                                   "is exact.")
+    calculator(at, "Gemma-2-9B", 2, 8192)
+    assert any(c.value.endswith("At 8,192 tokens a request's K/V with the window is 0.75 of "
+                                "what is shown ((21 x 8,192 + 21 x 4,096) / (42 x 8,192)).")
+               for c in at.caption)
+    assert any("Gemma-2-9B: every other layer attends within a 4096-token window" in c.value
+               for c in at.caption if c.value.startswith("KV bytes at the KV dtype"))
+    calculator(at, "OPT-13B", 2, 8192)
+    assert not [c for c in at.caption if "attend only within" in c.value]
+
+
+def test_the_requests_metric_says_it_is_slot_exact_beside_the_blocked_table() -> None:
+    # Llama-3.1-70B, 80 GiB, 4-bit weights, fp8 KV, requests of 100 tokens: 2,565 by
+    # dividing the KV tokens, 2,290 in whole 16-token blocks. Both are said, with why.
+    at = open_tab(start(SHARING), CALCULATOR)
+    at.number_input(key="cmp_calc_gpu").set_value(80.0)
+    at.selectbox(key="cmp_calc_bits").set_value(4)
+    calculator(at, "Llama-3.1-70B", 1, 100)
+    assert not at.exception
+    assert [m.value for m in at.metric if m.label == "Requests of 100 tokens"] == ["2,565"]
+    blocks = next(d.value for d in at.dataframe if "per block" in d.value.columns)
+    assert blocks.set_index("block size").loc[16, "requests that fit"] == 2290
+    assert ("Slot-exact: 256,546 KV tokens ÷ 100 = 2,565 requests, with no block rounding. "
+            "In blocks of 16 (the table's row) each request takes 7 whole blocks (12 slots "
+            "of its last one empty) of 16,034, so 2,290 requests fit.") in [
+                c.value for c in at.caption]
 
 
 # ---- defect 4: chart axes -----------------------------------------------------------------

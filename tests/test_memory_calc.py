@@ -87,3 +87,17 @@ def test_table_lists_every_model() -> None:
     rows = kv_table()
     assert [r["model"] for r in rows] == list(MODELS)
     assert rows[0]["kv_bytes_per_token"] == 819_200
+
+
+def test_a_sliding_window_shrinks_only_requests_past_it() -> None:
+    gemma = MODELS["Gemma-2-9B"]
+    per_layer = gemma.kv_bytes_per_token() // gemma.num_layers
+    for tokens in (1, 4096, 4097, 8192, 100_000):
+        # Layer by layer: every other one keeps at most its window's tokens.
+        kept = sum(per_layer * (min(tokens, 4096) if layer % 2 else tokens)
+                   for layer in range(gemma.num_layers))
+        assert gemma.windowed_share(tokens) == pytest.approx(
+            kept / (gemma.kv_bytes_per_token() * tokens), rel=1e-12)
+    assert gemma.windowed_share(8192) == 0.75 and gemma.windowed_share(4096) == 1.0
+    # Models without a window are counted exactly by the formula.
+    assert all(m.windowed_share(100_000) == 1.0 for m in MODELS.values() if m is not gemma)

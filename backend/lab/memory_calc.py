@@ -45,10 +45,24 @@ class ModelShape:
     num_params: int
     source: str         # the Hugging Face repository the shape comes from
     note: str = ""
+    # Layers that attend only within the last `window` tokens (config.json's
+    # sliding_window, on every other layer for Gemma 2); 0: every layer sees everything.
+    window: int = 0
+    window_layers: int = 0
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """2 (K and V) x layers x KV heads x head_dim x bytes per element."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def windowed_share(self, tokens: int) -> float:
+        """The share of `kv_bytes_per_token x tokens` a request of `tokens` tokens needs
+        when its windowed layers keep only their last `window` tokens: 1.0 up to the
+        window (or without one). Gemma-2-9B at 8,192 tokens: (21 x 8,192 + 21 x 4,096) /
+        (42 x 8,192) = 0.75."""
+        if not self.window or tokens <= self.window:
+            return 1.0
+        full = self.num_layers - self.window_layers
+        return (full * tokens + self.window_layers * self.window) / (self.num_layers * tokens)
 
     def kv_bytes_per_block(self, block_size: int, dtype_bytes: int = 2) -> int:
         return self.kv_bytes_per_token(dtype_bytes) * block_size
@@ -83,9 +97,11 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     # hidden_size 8192 / 64 heads = 128, num_key_value_heads 8.
     ModelShape("Qwen2.5-72B", 80, 64, 8, 128, 72_706_203_648, "Qwen/Qwen2.5-72B"),
     # head_dim 256 (explicit: hidden_size 3584 is not 16 x 256), num_key_value_heads 8.
+    # sliding_window 4096 on every other layer (21 of 42).
     ModelShape("Gemma-2-9B", 42, 16, 8, 256, 9_241_705_984, "google/gemma-2-9b",
                "every other layer attends within a 4096-token window; beyond 4096 "
-               "tokens those layers need less than this formula counts"),
+               "tokens those layers need less than this formula counts",
+               window=4096, window_layers=21),
 )}
 
 

@@ -52,6 +52,9 @@ def calculator_section() -> None:
         f"{model.head_dim} x {counted(int(kv_bytes), 'byte')} = **{per_token:,} bytes per "
         f"token ({binary_size(per_token)})**"
         + (" - the paper's 800 KB per token." if per_token == 819_200 else "."))
+    window = tables.window_note(model, int(req_len))
+    if window:      # a sliding window: the formula counts more than such an engine keeps
+        st.caption(window)
     # Whether layers share a block or each has its own changes the bytes of one block,
     # not the bytes per token: the table below counts a block across every layer.
     per_layer = per_token // model.num_layers
@@ -74,7 +77,10 @@ def calculator_section() -> None:
         m[0].metric("Weights", binary_size(cap.weight_bytes))
         m[1].metric("Left for KV", binary_size(cap.kv_bytes))
         m[2].metric("KV tokens that fit", f"{cap.kv_tokens:,}")
-        m[3].metric(f"Requests of {counted(cap.request_len, 'token')}", f"{cap.requests:,}")
+        m[3].metric(f"Requests of {counted(cap.request_len, 'token')}", f"{cap.requests:,}",
+                    help="KV tokens that fit ÷ request length, slot-exact: no rounding to "
+                         "blocks (the caption below and the table give it in blocks).")
+        st.caption(tables.fit_note(cap))
         blocks = tables.capacity_blocks_frame(cap)
         # Short headers, the long names as tooltips: every column fits beside the sidebar
         # in a 1024 px window.
@@ -121,4 +127,4 @@ def calculator_section() -> None:
     st.caption(f"KV bytes at the KV dtype chosen above, {KV_DTYPES[int(kv_bytes)]}. "
                "Shapes from each model's Hugging Face config.json. Grouped-query attention "
                "(fewer KV heads than query heads) is why current models need far less KV "
-               "memory per token than OPT-13B.")
+               "memory per token than OPT-13B. " + tables.windowed_models_note())

@@ -9,7 +9,7 @@ import pandas as pd
 
 from backend.core.words import counted, tenths
 from backend.lab.compare.block_sizes import BlockSizePoint
-from backend.lab.memory_calc import MODELS, KVCapacity, binary_size
+from backend.lab.memory_calc import MODELS, KVCapacity, ModelShape, binary_size
 from backend.lab.sharing import SharingResult
 from backend.lab.sim.simulator import SimResult
 from backend.views.compare.frames import SHARING_KINDS, pct
@@ -132,6 +132,47 @@ def human_bytes(n: int) -> str:
     """Bytes in binary units at `memory_calc.binary_size`'s precision: 819200 -> '800 KiB',
     Gemma-2-9B's 16-token block '5.25 MiB' (one decimal would show '5.2 MiB')."""
     return binary_size(n)
+
+
+def window_note(model: ModelShape, request_len: int) -> str:
+    """What the formula overstates for a model whose layers partly attend within a sliding
+    window ('' for one without): the figures count every layer's K/V for every token."""
+    if not model.window:
+        return ""
+    said = (f"{model.name}: {model.window_layers} of its {model.num_layers} layers attend "
+            f"only within the last {model.window:,} tokens, and an engine that keeps just "
+            "those needs less for longer requests; the figures here count every layer for "
+            "every token, as an engine that ignores the window does.")
+    share = model.windowed_share(request_len)
+    if share == 1.0:
+        return said + (f" At {counted(request_len, 'token')}, within the window, that is "
+                       "exact.")
+    return said + (f" At {counted(request_len, 'token')} a request's K/V with the window is "
+                   f"{share:.3g} of what is shown (({model.num_layers - model.window_layers} "
+                   f"x {request_len:,} + {model.window_layers} x {model.window:,}) / "
+                   f"({model.num_layers} x {request_len:,})).")
+
+
+def fit_note(cap: KVCapacity, block_size: int = 16) -> str:
+    """Why the requests metric and the table's row for `block_size` may differ: the metric
+    divides the KV tokens by the request length, slot-exact; in blocks each request takes
+    whole blocks, and the pool only whole blocks."""
+    row = next((b for b in cap.per_block if b.block_size == block_size), None)
+    said = (f"Slot-exact: {cap.kv_tokens:,} KV tokens ÷ {cap.request_len:,} = "
+            f"{counted(cap.requests, 'request')}, with no block rounding.")
+    if row is None:
+        return said
+    tail = (f"{counted(row.tail_waste_slots, 'slot')} of its last one empty"
+            if row.tail_waste_slots else "its last one full")
+    return said + (f" In blocks of {block_size} (the table's row) each request takes "
+                   f"{counted(row.blocks_per_request, 'whole block')} ({tail}) of "
+                   f"{row.num_blocks:,}, so {counted(row.requests, 'request')} fit.")
+
+
+def windowed_models_note() -> str:
+    """The model shapes table's word on models whose bytes the formula overstates."""
+    return " ".join(f"{m.name}: {m.note} (the table counts every layer)." for m in
+                    MODELS.values() if m.window)
 
 
 def capacity_blocks_frame(cap: KVCapacity) -> pd.DataFrame:
