@@ -48,8 +48,7 @@ st.caption(
     "Why paging? Systems that reserve one contiguous region per request keep only 20.4% to "
     "38.2% of the KV memory they hold for actual token states (the PagedAttention paper, "
     "Figure 2); paging keeps 96.3%, 2.5 to 4.7 times that share, so the same memory batches "
-    "more requests at once. Here is that effect on the same workloads, small and large: "
-    "the tables' \"token states (held)\", free memory left out, is the one to compare with them.")
+    "more requests at once. Here is that effect on the same workloads, small and large.")
 # Eight tabs fit one line on a wide page; beside the sidebar in a 1024 px window they
 # take two, every name in view (the sidebar's notes call the tabs by these names).
 layout.wrap_tabs("cmp_tabs")

@@ -125,6 +125,22 @@ def test_memory_maps_table_orders_like_figure_2(page: dict[str, AppTest]) -> Non
     assert views.STATES_NOTE in [c.value for c in page[MAPS].caption]
 
 
+def test_the_held_row_is_explained_only_beside_its_tables(page: dict[str, AppTest]) -> None:
+    # Before any run only the memory maps' tab has a breakdown table with the row; the
+    # note beside it says what its denominator leaves out and what it keeps.
+    for tab, at in page.items():
+        held = [c.value for c in at.caption if "token states (held)" in c.value]
+        assert held == ([views.HELD_NOTE] if tab == MAPS else []), tab
+    assert "free slots left out and external fragmentation" in views.HELD_NOTE
+    # The share is of all memory but the free slots: external fragmentation stays in.
+    r = simulate_workload("sharegpt", SimConfig("oracle"), requests=300, rate=4.0, seed=0)
+    m = r.memory
+    assert m["external_fragmentation"] > 0
+    assert views.held_token_share(r) == pytest.approx(m["token_states"] / (
+        m["token_states"] + m["reservation"] + m["internal_fragmentation"]
+        + m["external_fragmentation"]), rel=1e-12)
+
+
 def test_block_size_and_sharing_sections_show_backend_numbers(
         page: dict[str, AppTest]) -> None:
     points = trace_block_sweep("sharegpt", 1000, 0)
@@ -234,6 +250,7 @@ def test_simulator_run_orders_policies_like_figure_2() -> None:
     assert table.loc["external fragmentation", "max"] == "0.0%"
     assert table.loc["external fragmentation", "oracle"] != "0.0%"
     assert views.STATES_NOTE in [c.value for c in at.caption]
+    assert views.HELD_NOTE in [c.value for c in at.caption]
 
 
 def test_bad_input_gets_a_message_not_a_traceback() -> None:

@@ -347,3 +347,15 @@ def test_the_simulators_label_says_the_rate_as_the_deployment_tab_does() -> None
     assert len(last) == 1 and (f"(mean {dep_views.rate_text(slow.rate)}/s, time / 0.01)"
                                in last[0])
     assert "0.0" in dep_views.rate_text(slow.rate) and len(dep_views.rate_text(slow.rate)) > 4
+
+
+def test_one_request_is_one_request_in_the_last_runs_caption() -> None:
+    assert dep_views.synthetic_label("sharegpt", 1, 4.0, 0) == "sharegpt, 1 request at 4/s, seed 0"
+    assert dep_views.synthetic_label("alpaca", 1000, 2.5, 7) == (
+        "alpaca, 1,000 requests at 2.5/s, seed 7")
+    at = start(SIMULATOR)
+    at.number_input(key="cmp_sim_requests").set_value(1)
+    at.button(key="cmp_sim_run").click().run()
+    assert not at.exception and not at.error
+    last = [c.value for c in at.caption if c.value.startswith("Last run")]
+    assert last and last[0].startswith("Last run: sharegpt, 1 request at 4/s, seed 0")

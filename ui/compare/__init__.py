@@ -79,6 +79,7 @@ def breakdown(results: Sequence[SimResult], key: str) -> None:
                      **{c: col(width=100, help=f"{label(c)}; in the paper: "
                                                 f"{views.PAPER_SYSTEMS[c]}")
                         for c in df.columns if c != "measure"}})
+    st.caption(views.HELD_NOTE)
 
 
 def in_percent(df: pd.DataFrame, column: str, label: str | None = None,

@@ -86,8 +86,8 @@ def maps_section() -> None:
     st.altair_chart(charts.breakdown_bars(views.memory_long(data["table"])), width="stretch",
                     key="cmp_map_bars")
     st.caption(views.STATES_NOTE)
-    st.info(SYNTHETIC_NOTE + " The paper's Figure 2 token-state shares, of the memory held "
-            "(the table's \"token states (held)\"): Orca (Max) 20.4%, "
+    st.info(SYNTHETIC_NOTE + " The paper's Figure 2 token-state shares, to compare with the "
+            "table's \"token states (held)\": Orca (Max) 20.4%, "
             "Orca (Pow2) 26.8%, Orca (Oracle) 38.2%, vLLM 96.3%. On a trace this small, the "
             "ramp-up and the drain (when memory is not full) weigh on every share; the Trace "
             "simulator tab replays thousands of requests.")

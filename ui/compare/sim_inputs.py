@@ -23,7 +23,7 @@ from backend.lab.traces import (
     replay_trace,
 )
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
-from backend.views.compare.deployment import as_typed, rate_text
+from backend.views.compare.deployment import as_typed, rate_text, synthetic_label
 from backend.views.text import plain_md
 from ui.compare import refuse
 from ui.numbers import Fields
@@ -137,7 +137,7 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
         seed = int(f.number(c[3], "Seed", 0, 1_000_000, 0, key=f"{prefix}_seed"))
         return TraceChoice(("synthetic", source, requests, rate, seed),
                            lambda: make_trace(source, requests, rate, seed),
-                           f"{source}, {requests:,} requests at {as_typed(rate)}/s, seed {seed:,}")
+                           synthetic_label(source, requests, rate, seed))
     if source == UPLOAD:
         with c[1]:
             got = _uploaded(prefix)

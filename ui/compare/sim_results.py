@@ -48,7 +48,8 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True,
         b.altair_chart(preempted, width="stretch", key=f"{prefix}_preempt_chart")
         note = st.container()
     note.caption(("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
-                  "system, of the memory they hold (free memory left out). " if paper_ticks
+                  "system, and ours of the memory that is not free (free slots left out, "
+                  "external fragmentation kept in, as Figure 2 counts it). " if paper_ticks
                   else "") + preemptions.preemption_note(results))
     st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
                     key=f"{prefix}_breakdown_chart")

@@ -35,6 +35,12 @@ def as_typed(x: float) -> str:
     return shown.rstrip("0").rstrip(".")
 
 
+def synthetic_label(workload: str, requests: int, rate: float, seed: int) -> str:
+    """How a synthetic trace is named in the last run's caption: 'sharegpt, 1 request at
+    4/s, seed 0' (the rate as typed)."""
+    return f"{workload}, {counted(requests, 'request')} at {as_typed(rate)}/s, seed {seed:,}"
+
+
 def compression(scale: float) -> str:
     """What a time scale did to the arrivals, in words: 'not compressed' at 1, 'compressed
     50 times' above it, 'spread out 100 times' below it (the gaps multiplied)."""

@@ -181,11 +181,17 @@ STATES_NOTE = (
 # The breakdown's row comparable with the paper's Figure 2, whose shares add up to the
 # memory the systems hold: there is no "free" among its categories.
 HELD_ROW = "token states (held)"
+# What that row leaves out, said beside every table that has it.
+HELD_NOTE = (f"\"{HELD_ROW}\" is the row to compare with the paper's Figure 2 shares: the "
+             "token states' share of the memory that is not free, that is with the free "
+             "slots left out and external fragmentation (holes between regions that no "
+             "request holds) kept in, as Figure 2 counts it.")
 
 
 def held_token_share(result: SimResult) -> float:
-    """The token-state share of the memory requests hold (free memory left out): under
-    load, when little is free, the same as the share of all memory. 0 when all is free."""
+    """The token-state share of the memory that is not free (free slots left out, external
+    fragmentation kept in, as the paper's Figure 2 counts it): under load, when little is
+    free, the same as the share of all memory. 0 when all is free."""
     held = 1.0 - result.memory["free"]
     return result.memory["token_states"] / held if held > 0 else 0.0
 
@@ -275,7 +281,7 @@ def free_memory_note(results: Sequence[SimResult]) -> str:
     most = max(idle, key=lambda r: r.memory["free"])
     left = (f"Free memory counts in these shares: {most.policy} left "
             f"{pct(most.memory['free'])} of its memory free on average")
-    held = (f"the table's \"{HELD_ROW}\" leaves the free memory out ({most.policy}: "
+    held = (f"the table's \"{HELD_ROW}\" leaves the free slots out ({most.policy}: "
             f"{pct(held_token_share(most))})")
     waited = most.memory_wait_iterations / most.iterations
     if most.block_size is not None and waited >= OFTEN_WAITED:
