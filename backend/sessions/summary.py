@@ -11,7 +11,7 @@ request gave back.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from backend.core.config import TINY_BYTE
@@ -95,7 +95,7 @@ def summarize(result: OpResult, snapshot: dict[str, Any],
     return " · ".join(parts)
 
 
-def _listed(said: list[str], ids: list[str]) -> str:
+def _listed(said: Sequence[str], ids: Iterable[str]) -> str:
     """Requests as the line names them (`said`, some with a reason after their id from
     `ids`), each one up to NAMED_AT_MOST, else counted: a beam round of width 64 ends 64
     beams. Past that count the ones with a reason are still named (a request the pool
