@@ -61,6 +61,15 @@ class History:
         self._events: list[dict[str, Any]] = []
         self._entries: deque[Entry] = deque()
         self._cells = 0
+        # Why the steps read back from a saved session were dropped (`drop_saved`), for
+        # every export of this run to say, not only the one that found it.
+        self._dropped: str | None = None
+
+    @property
+    def dropped_because(self) -> str | None:
+        """Why this run's steps read back from a saved session were dropped, or None."""
+        with self._lock:
+            return self._dropped
 
     def record(self, snapshot: dict[str, Any], *, saved: bool = False) -> None:
         """Mutates: keep `snapshot` as the newest step.
@@ -94,6 +103,7 @@ class History:
             self._events = []
             self._entries.clear()
             self._cells = 0
+            self._dropped = None
 
     def entry(self, index: int) -> tuple[Entry, dict[str, Any]]:
         """Step `index`'s entry and its whole snapshot, read together."""
@@ -112,11 +122,13 @@ class History:
             entry = self._entries[index]
             entry.saved, entry.checked = False, True
 
-    def drop_saved(self) -> None:
+    def drop_saved(self, because: str) -> None:
         """Mutates: forget every step read back from a saved session (one of them was
-        found damaged, and the row that held it is suspect), so the steps kept still run
-        without a gap. The newest, the live state's, stays."""
+        found damaged, `because` says how, and the row that held it is suspect), so the
+        steps kept still run without a gap. The newest, the live state's, stays."""
         with self._lock:
+            if self._dropped is None:
+                self._dropped = because
             kept = [e for i, e in enumerate(self._entries)
                     if not e.saved or i == len(self._entries) - 1]
             self._entries = deque(kept)

@@ -258,17 +258,17 @@ def known_snapshots(history: History) -> Known:
     checked first (see `kept_snapshot`); where one is refused, the steps read back with
     it are dropped and the states that passed returned, with the reason: a scenario
     export's earlier `expect` values then come from the engine's own states alone, and
-    its description says why some steps have none. Safe from a download callable's
-    thread: it checks a copy of the entries, and marks the entry it checked."""
+    its description says why some steps have none. The reason is the history's, so an
+    export after the one (or the timeline's look) that found the damage says it too.
+    Safe from a download callable's thread: it checks a copy of the entries, and marks
+    the entry it checked."""
     entries = history.entries()
-    refused = None
     for entry, snap in entries:
         try:
             _check_kept(history, entry, snap)
-        except PagedLabError as exc:
-            refused = str(exc)
+        except PagedLabError:
             break
-    return Known([snap for entry, snap in entries if entry.checked], refused)
+    return Known([snap for entry, snap in entries if entry.checked], history.dropped_because)
 
 
 def _check_kept(history: History, entry: Entry, snap: dict[str, Any]) -> None:
@@ -281,10 +281,11 @@ def _check_kept(history: History, entry: Entry, snap: dict[str, Any]) -> None:
     try:
         check_snapshot(snap)
     except PagedLabError as exc:
-        history.drop_saved()
-        raise PagedLabError(f"the saved state after step {snap['step']} could not be read "
-                            f"back ({exc}), so the steps saved before this session was "
-                            "opened are left out of its history") from None
+        why = (f"the saved state after step {snap['step']} could not be read back ({exc}), "
+               "so the steps saved before this session was opened are left out of its "
+               "history")
+        history.drop_saved(why)
+        raise PagedLabError(why) from None
     entry.checked = True
 
 
