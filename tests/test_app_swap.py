@@ -99,3 +99,6 @@ def test_a_large_host_pool_is_drawn_a_page_at_a_time() -> None:
     assert titles == ["**Host pool blocks 1,024–2,047 of 2,048 (4 slots each)**"]
     # The device pool, one page, keeps no picker of its own.
     assert "grid_page" not in [s.key for s in at.selectbox]
+    # A reset goes back to the first page, as the device pool's picker does.
+    at.button(key="btn_reset").click().run()
+    assert at.selectbox(key="host_grid_page").value == 0

@@ -90,7 +90,7 @@ DIM_KEYS = frozenset(f"cfg_{name}" for name in MODEL_FIELDS)
 # The panels' own widgets (highlight, page, translator), keyed by a per-page prefix so
 # that each page drawing the views keeps its own selection. "" is the Playground's.
 VIEW_DEFAULTS: dict[str, Any] = {
-    "focus_req": None, "focus_block": None, "grid_page": 0,
+    "focus_req": None, "focus_block": None, "grid_page": 0, "host_grid_page": 0,
     "tr_req": None, "tr_pos": 0, "tr_layer": 0,
 }
 # "past_" is the Playground's view of a past step picked on its timeline (ui/timeline.py).
