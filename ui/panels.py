@@ -204,11 +204,11 @@ def _page_field(n: int, key: str, label: str, where: Any = st) -> int:
     """The page of a pool of `n` blocks its grid draws: picked in field `key` where the
     pool is more than one page (views.PAGE_SIZE blocks), else 0."""
     pages = views.num_pages(n)
-    if pages == 1:
-        return 0
     ss = st.session_state
     if ss.get(key, 0) >= pages:     # a smaller pool than the page last picked
         ss[key] = 0
+    if pages == 1:
+        return 0
     size = views.PAGE_SIZE
 
     def blocks(p: int) -> str:
