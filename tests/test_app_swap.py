@@ -102,3 +102,9 @@ def test_a_large_host_pool_is_drawn_a_page_at_a_time() -> None:
     # A reset goes back to the first page, as the device pool's picker does.
     at.button(key="btn_reset").click().run()
     assert at.selectbox(key="host_grid_page").value == 0
+    # So does a pool that shrank to one page and grew again.
+    at.selectbox(key="host_grid_page").select(1).run()
+    at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(12).run()
+    assert "host_grid_page" not in [s.key for s in at.selectbox]
+    at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(2048).run()
+    assert at.selectbox(key="host_grid_page").value == 0
