@@ -215,7 +215,7 @@ def test_a_pool_of_one_block_is_said_in_the_singular() -> None:
             r"^num_blocks: 1 block of 2\.0 KiB would take 0\.0 MiB of K/V, but a browser "
             r"session may hold at most 0\.0 MiB, less than one block of this size beside "
             r"the host pool's 0\.0 MiB \(1 host block\)")):
-        KVBudget(per_session=1024, per_server=MIB).check_size(big)
+        KVBudget(per_session=3000, per_server=MIB).check_size(big)
     with pytest.raises(PagedLabError, match=(
             r"^num_cpu_blocks: 2 host blocks of 2\.0 KiB would take 0\.0 MiB of K/V beside "
             r"the pool's 0\.0 MiB, but a browser session may hold at most 0\.0 MiB, which "

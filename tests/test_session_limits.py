@@ -154,8 +154,34 @@ def test_a_pool_past_the_limit_is_told_the_count_that_leaves_the_host_pool_room(
         "pool")
     # The count named is one the next check takes.
     assert config_from_fields({"num_blocks": fits}, base, budget).num_blocks == fits
-    with pytest.raises(PagedLabError, match="leaves room for 0 host blocks"):
+    # One more leaves the host pool no block (swap needs one): still the pool to shrink.
+    with pytest.raises(PagedLabError, match=r"^num_blocks: 45 blocks .* which is 44 blocks"):
         config_from_fields({"num_blocks": fits + 1}, base, budget)
+    # A pool that fits beside a host block: the host pool is the one to shrink.
+    with pytest.raises(PagedLabError, match=(
+            r"^num_cpu_blocks: 200 host blocks of 11\.2 MiB would take 2,250\.0 MiB of K/V "
+            r"beside the pool's 90\.0 MiB, but a browser session may hold at most 512\.0 "
+            r"MiB, which leaves room for 37 host blocks$")):
+        # Past the 2 GiB any host pool may take too: the session's limit is the tighter.
+        config_from_fields({"num_cpu_blocks": 200}, base, budget)
+    # A host pool past the limit on its own is named, not the pool beside it.
+    with pytest.raises(PagedLabError, match=(
+            r"^num_cpu_blocks: 50 host blocks of 11\.2 MiB would take 562\.5 MiB of K/V, "
+            r"more than the 512\.0 MiB a browser session may hold with its pool besides: "
+            r"45 blocks of this size in all, pool and host pool together$")):
+        config_from_fields({"num_blocks": 50, "num_cpu_blocks": 50}, base, budget)
+    # The range's top is not the tighter bound when the host pool takes most of the room.
+    tiny = EngineConfig(num_blocks=8, block_size=16, preemption="swap", num_cpu_blocks=1)
+    with pytest.raises(PagedLabError, match=(
+            r"^num_blocks: 70,000 blocks of 8\.0 KiB .* which is 5,536 blocks of this size "
+            r"beside the host pool's 468\.8 MiB \(60,000 host blocks\)")):
+        config_from_fields({"num_blocks": 70_000, "num_cpu_blocks": 60_000}, tiny, budget)
+    assert config_from_fields({"num_blocks": 5_536, "num_cpu_blocks": 60_000}, tiny,
+                              budget).num_blocks == 5_536
+    # A count of one is singular.
+    one = KVBudget(per_session=per * 3 // 2, per_server=4096 * MIB)
+    with pytest.raises(PagedLabError, match=r"which is 1 block of this size\. Use fewer"):
+        config_from_fields({"num_blocks": 5, "preemption": "recompute"}, base, one)
 
 
 def test_a_pool_past_the_session_limit_is_told_it_before_the_2_gib_any_pool_may_take(

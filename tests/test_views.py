@@ -545,6 +545,11 @@ def test_summarize_tells_prefill_chunks_forked_samples_and_released_host_blocks(
     assert _listed(["A", "B (capacity: too long for the pool)", "C", "D", "E"], ids) == (
         "5 requests, among them B (capacity: too long for the pool)")
     assert _listed(ids[:4], ids) == "A, B, C, D"
+    capacity = [f"{r} (capacity: too long for the pool)" for r in ids]
+    many = [*capacity, capacity[0].replace("A", "F"), "G"]
+    assert _listed(many, [*ids, "F", "G"]) == (
+        f"7 requests, among them {', '.join(capacity[:4])} and 2 more with a reason of "
+        "their own")
     # Prefix-cache hits are in the cache as a chunk's tokens are: B computes 2 of its 10.
     h = engine(num_blocks=8)
     h.apply(Add("A", prompt_len=28, max_new_tokens=1))

@@ -143,52 +143,55 @@ class KVBudget:
             self._drain()
             return sum(h.nbytes for h in self._held.values() if owner in (None, h.owner))
 
-    def check_size(self, config: EngineConfig, num_blocks: int | None = None) -> None:
+    def check_size(self, config: EngineConfig, num_blocks: int | None = None,
+                   num_cpu_blocks: int | None = None) -> None:
         """Raise PagedLabError if one engine with `config` alone would pass a session's
-        limit, naming the pool size (num_blocks) and how many blocks would fit. Depends
-        on no other engine, so a settings form can refuse it before anything is built.
+        limit, naming the pool to change (num_blocks, or swap's num_cpu_blocks) and how
+        many of its blocks would fit. Depends on no other engine, so a settings form can
+        refuse it before anything is built.
 
-        `num_blocks` (default: the config's) asks about a pool of that many blocks of
-        the config's size, even one past what a config may hold.
+        `num_blocks` and `num_cpu_blocks` (default: the config's) ask about pools of that
+        many blocks of the config's size, even past what a config may hold.
         """
         blocks = config.num_blocks if num_blocks is None else num_blocks
+        cpu = config.num_cpu_blocks if num_cpu_blocks is None else num_cpu_blocks
         per = config.bytes_per_block
         need = blocks * per
-        if need <= self.per_session:
-            self._check_host(config, need)
+        # Swap's host pool is this session's memory as much as the device pool (on a CPU,
+        # the very same RAM).
+        host = cpu * per if config.preemption == "swap" else 0
+        if need + host <= self.per_session:
             return
-        # Swap's host pool is held beside the device pool (`_check_host`): a count that
-        # left it no room would only be refused next, for the host pool.
-        host = config.host_kv_bytes
-        fits = max(0, self.per_session - host) // per
-        beside = (f" beside the host pool's {_mib(host)} "
-                  f"({counted(config.num_cpu_blocks, 'host block')})" if host else "")
+        if host and need + per <= self.per_session:
+            # The pool fits with room for a host block (swap needs one): the host pool is
+            # what to shrink.
+            raise PagedLabError(
+                f"num_cpu_blocks: {counted(cpu, 'host block')} of {format_bytes(per)} would "
+                f"take {_mib(host)} of K/V beside the pool's {_mib(need)}, but a browser "
+                f"session may hold at most {_mib(self.per_session)}, which leaves room for "
+                f"{counted((self.per_session - need) // per, 'host block')}")
+        if host >= self.per_session:
+            # The host pool alone passes the limit: no pool beside it could fit.
+            raise PagedLabError(
+                f"num_cpu_blocks: {counted(cpu, 'host block')} of {format_bytes(per)} would "
+                f"take {_mib(host)} of K/V, more than the {_mib(self.per_session)} a browser "
+                f"session may hold with its pool besides: "
+                f"{counted(self.per_session // per, 'block')} of this size in all, pool and "
+                "host pool together")
+        fits = (self.per_session - host) // per
+        beside = (f" beside the host pool's {_mib(host)} ({counted(cpu, 'host block')})"
+                  if host else "")
         # A real model's shape is its weights': only the pool and its blocks can change.
         shape = (", fewer layers or heads, or a 2-byte dtype" if config.model == TINY_BYTE
                  else "")
         smaller_host = " or a smaller host pool" if host else ""
-        room = (f"which is {fits:,} blocks of this size{beside}. Use fewer or smaller "
-                f"blocks{smaller_host}" if fits else
+        room = (f"which is {counted(fits, 'block')} of this size{beside}. Use fewer or "
+                f"smaller blocks{smaller_host}" if fits else
                 f"less than one block of this size{beside}. Use smaller blocks{smaller_host}")
         raise PagedLabError(
             f"num_blocks: {counted(blocks, 'block')} of {format_bytes(per)} would take "
             f"{_mib(need)} of K/V, but a browser session may hold at most "
             f"{_mib(self.per_session)}, {room}{shape}")
-
-    def _check_host(self, config: EngineConfig, device: int) -> None:
-        """The host pool counts too: its K/V is this session's memory as much as the
-        device pool's (on a CPU, the very same RAM)."""
-        host = config.host_kv_bytes
-        if device + host <= self.per_session:
-            return
-        per = config.bytes_per_block
-        fits = (self.per_session - device) // per
-        raise PagedLabError(
-            f"num_cpu_blocks: {counted(config.num_cpu_blocks, 'host block')} of "
-            f"{format_bytes(per)} "
-            f"would take {_mib(host)} of K/V beside the pool's {_mib(device)}, but a browser "
-            f"session may hold at most {_mib(self.per_session)}, which leaves room for "
-            f"{counted(fits, 'host block')}")
 
     def _problem(self, need: int, owner: str, replacing: Engine | None) -> _Refusal | None:
         """Why `need` more bytes for `owner` would pass a limit, or None. Call with the

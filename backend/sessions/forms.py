@@ -215,18 +215,23 @@ def _check_each(data: dict[str, Any], given: dict[str, Any]) -> None:
 
 
 def _check_past_range(data: dict[str, Any], budget: KVBudget) -> None:
-    """A pool size past the session's limit is refused by that limit first when it is
-    the tighter bound (a real model's blocks are large): "2,912 blocks fit" helps more
-    than "must be in 1..65,536", and more than the 2 GiB any one pool may take, which a
-    person would meet first and then, a few blocks fewer, the session's limit. Otherwise
-    the config's own checks name it."""
+    """A pool (or swap's host pool) past the session's limit is refused by that limit
+    first when it is the tighter bound (a real model's blocks are large): "2,912 blocks
+    fit" helps more than "must be in 1..65,536", and more than the 2 GiB any one pool
+    may take, which a person would meet first and then, a few blocks fewer, the
+    session's limit. Otherwise the config's own checks name it."""
     wanted = data.get("num_blocks")
     if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
         return
-    # The probe has one block and no watermark (which must stay under the pool).
+    swap = data.get("preemption") == "swap"
+    cpu = data.get("num_cpu_blocks") if swap else 0
+    if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu < 0:
+        return
+    # The probe has one block, no watermark (which must stay under the pool) and at most
+    # one host block (a host pool past 2 GiB would refuse it): it gives the block's size.
     try:
-        probe = EngineConfig.from_json({**data, "num_blocks": 1, "watermark_blocks": None},
-                                       where="settings")
+        probe = EngineConfig.from_json({**data, "num_blocks": 1, "watermark_blocks": None,
+                                        "num_cpu_blocks": min(cpu, 1)}, where="settings")
     except PagedLabError:
         return   # no block size to count with: the full check names the range
     # A session limit past the 2 GiB any one pool may take would name a count no config
@@ -234,6 +239,10 @@ def _check_past_range(data: dict[str, Any], budget: KVBudget) -> None:
     # checks say it.
     if budget.per_session > MAX_KV_BYTES:
         return
-    if wanted > MAX_NUM_BLOCKS and budget.per_session // probe.bytes_per_block >= MAX_NUM_BLOCKS:
+    per = probe.bytes_per_block
+    room = budget.per_session // per
+    if wanted > MAX_NUM_BLOCKS and room - cpu >= MAX_NUM_BLOCKS:
         return
-    budget.check_size(probe, wanted)
+    if cpu > MAX_NUM_BLOCKS and room >= MAX_NUM_BLOCKS:
+        return
+    budget.check_size(probe, wanted, cpu)

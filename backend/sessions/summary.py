@@ -106,7 +106,7 @@ def _listed(said: Sequence[str], ids: Iterable[str]) -> str:
     noted = [s for s in said if s not in plain]
     if not noted:
         return counted(len(said), "request")
-    more = (f" and {counted(len(noted) - NAMED_AT_MOST, 'other')}"
+    more = (f" and {len(noted) - NAMED_AT_MOST:,} more with a reason of their own"
             if len(noted) > NAMED_AT_MOST else "")
     return (f"{counted(len(said), 'request')}, among them "
             f"{', '.join(noted[:NAMED_AT_MOST])}{more}")

@@ -21,18 +21,18 @@ ALLOCATION_WORDS = {"fifo": "queue order", "random": "scattered"}
 # The scheduler budgets in vLLM's terms: the sidebar's help and the read-only rows.
 BUDGET_HELP = {
     "max_num_seqs": "vLLM's max_num_seqs: at most this many requests run in one scheduler "
-                    "iteration, decoding and prefilling together; the rest wait. Blank or 0: "
-                    "no limit.",
+                    "iteration, decoding and prefilling together; the rest wait. 0: no limit "
+                    "(blank where none is set).",
     "max_num_batched_tokens": "vLLM's max_num_batched_tokens: at most this many tokens are "
                               "processed in one iteration, prefill and decode together. "
                               "Running requests decode first (one token each), then prompts "
                               "still prefilling, then admissions; a longer prompt is prefilled "
-                              "in chunks over several steps (chunked prefill). Blank or 0: "
-                              "no limit.",
+                              "in chunks over several steps (chunked prefill). 0: no "
+                              "limit (blank where none is set).",
     "watermark_blocks": "vLLM's watermark: a waiting request is admitted only if this many "
                         "blocks stay free after it takes its own, so running requests keep "
                         "room to grow instead of being preempted. Less than the pool size. "
-                        "Blank: 0.",
+                        "0: none.",
     "preemption": "What a preempted request does with its blocks. Recompute: they are "
                   "released, and its tokens are prefilled again when it is readmitted. Swap: "
                   "its K/V is copied to a host block pool and back when there is room "
