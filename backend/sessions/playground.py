@@ -246,8 +246,8 @@ def kept_snapshot(history: History, step: int) -> dict[str, Any] | None:
 
 @dataclass(frozen=True, slots=True)
 class Known:
-    """The states a history holds that passed their checks, oldest first, and why the
-    first it refused was refused (None: none was)."""
+    """The states a history holds that passed their checks, oldest first, and why its
+    steps read back from a saved session were dropped (None: none was refused)."""
 
     snapshots: list[dict[str, Any]]
     refused: str | None = None
