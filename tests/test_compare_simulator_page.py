@@ -47,6 +47,8 @@ def test_simulate_every_block_size_after_a_run_does_not_crash() -> None:
     at.number_input(key="cmp_sim_requests").set_value(200)
     at.button(key="cmp_sim_run").click().run()
     assert not at.exception and not at.error
+    # A synthetic trace's run carries no credit for the recorded ones.
+    assert TRACE_NOTE not in [c.value for c in at.caption]
     open_tab(at, BLOCK_SIZE).number_input(key="cmp_blk_requests").set_value(200)
     at.button(key="cmp_blk_sim").click().run()
     assert not at.exception and not at.error
@@ -137,6 +139,7 @@ def test_an_azure_trace_with_budgets_on_the_page() -> None:
     assert f"Why {direct.preemptions:,} preemptions for 400 requests." in says or (
         direct.preemptions == 0 and "**No preemption.**" in says)
     assert "Splitwise" in says and "CC BY" in says
+    assert TRACE_NOTE in [c.value for c in at.caption]
     # The paper's measure is said in words where its column is.
     (metrics,) = [d for d in at.dataframe if "normalized latency (s/token)" in d.value.columns]
     assert json.loads(metrics.proto.columns)["normalized latency (s/token)"]["help"] == (
@@ -190,7 +193,7 @@ def test_an_uploaded_trace_is_checked_whole() -> None:
     one = b"TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,20\n"
     at.file_uploader(key="cmp_sim_upload").set_value(("one.csv", one, "text/csv")).run()
     at.button(key="cmp_sim_run").click().run()
-    assert "Last run: one.csv, the first 1 of 1 requests (one arrival, no rate)" in text(at)
+    assert "Last run: one.csv, its one request (one arrival, no rate)" in text(at)
     # Nor do arrivals all at one moment: not "mean 0/s".
     same = b"TIMESTAMP,ContextTokens,GeneratedTokens\n5,100,50\n5,200,20\n5,30,3\n"
     at.file_uploader(key="cmp_sim_upload").set_value(("same.csv", same, "text/csv")).run()
@@ -257,6 +260,10 @@ def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> Non
     assert "the direction of the paper's Figure 13" in says
     # The code trace's three upper bars are close, and the line says so, with the waits.
     assert "Orca (Pow2), Orca (Oracle) and vLLM lie within 2.1% of one another" in says
+    waits = dep_views.figure13_waits(results)
+    assert waits.startswith("Requests waited for room in ")
+    # The ranking alone is bold; the waits are a paragraph of their own.
+    assert waits in [m.value for m in at.markdown]
     intro = text(at)
     assert "makes memory the limit" not in intro
     assert dep_views.length_note(d, last["runs"]) in says

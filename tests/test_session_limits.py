@@ -150,8 +150,7 @@ def test_a_pool_past_the_limit_is_told_the_count_that_leaves_the_host_pool_room(
     assert str(refused.value) == (
         "num_blocks: 46 blocks of 11.2 MiB would take 517.5 MiB of K/V, but a browser "
         "session may hold at most 512.0 MiB, which is 44 blocks of this size beside the "
-        "host pool's 11.2 MiB (1 host block). Use fewer or smaller blocks or a smaller host "
-        "pool")
+        "host pool's 11.2 MiB (1 host block). Use fewer or smaller blocks")
     # The count named is one the next check takes.
     assert config_from_fields({"num_blocks": fits}, base, budget).num_blocks == fits
     # One more leaves the host pool no block (swap needs one): still the pool to shrink.
@@ -174,7 +173,9 @@ def test_a_pool_past_the_limit_is_told_the_count_that_leaves_the_host_pool_room(
     tiny = EngineConfig(num_blocks=8, block_size=16, preemption="swap", num_cpu_blocks=1)
     with pytest.raises(PagedLabError, match=(
             r"^num_blocks: 70,000 blocks of 8\.0 KiB .* which is 5,536 blocks of this size "
-            r"beside the host pool's 468\.8 MiB \(60,000 host blocks\)")):
+            r"beside the host pool's 468\.8 MiB \(60,000 host blocks\)\. Use fewer or "
+            r"smaller blocks, fewer layers or heads, or a 2-byte dtype \(a smaller host pool "
+            r"leaves room for more\)$")):
         config_from_fields({"num_blocks": 70_000, "num_cpu_blocks": 60_000}, tiny, budget)
     assert config_from_fields({"num_blocks": 5_536, "num_cpu_blocks": 60_000}, tiny,
                               budget).num_blocks == 5_536

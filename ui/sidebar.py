@@ -226,8 +226,9 @@ def _scheduler_fields() -> None:
     with st.expander("Scheduler", key="sb_scheduler_open"):
         # A browser's number field that held a number takes it back when cleared (its
         # default is the applied value, see _applied), so 0 is the way to remove a limit.
-        st.caption("vLLM's scheduler budgets, applied at every step. 0: no limit (a "
-                   "cleared field takes its number back; blank shows no limit is set).")
+        st.caption("vLLM's scheduler budgets, applied at every step. Max running requests "
+                   "and token budget: 0 is no limit (a cleared field takes its number back; "
+                   "blank shows none is set).")
         whole_input(st, "Max running requests", step=1,
                     value=_applied("cfg_max_num_seqs"), key="cfg_max_num_seqs",
                     placeholder="no limit",

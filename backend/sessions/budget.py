@@ -184,14 +184,15 @@ class KVBudget:
         # A real model's shape is its weights': only the pool and its blocks can change.
         shape = (", fewer layers or heads, or a 2-byte dtype" if config.model == TINY_BYTE
                  else "")
-        smaller_host = " or a smaller host pool" if host else ""
+        # Swap needs a host block: with one, only the device pool can shrink.
+        smaller_host = " (a smaller host pool leaves room for more)" if cpu > 1 else ""
         room = (f"which is {counted(fits, 'block')} of this size{beside}. Use fewer or "
-                f"smaller blocks{smaller_host}" if fits else
-                f"less than one block of this size{beside}. Use smaller blocks{smaller_host}")
+                "smaller blocks" if fits else
+                f"less than one block of this size{beside}. Use smaller blocks")
         raise PagedLabError(
             f"num_blocks: {counted(blocks, 'block')} of {format_bytes(per)} would take "
             f"{_mib(need)} of K/V, but a browser session may hold at most "
-            f"{_mib(self.per_session)}, {room}{shape}")
+            f"{_mib(self.per_session)}, {room}{shape}{smaller_host}")
 
     def _problem(self, need: int, owner: str, replacing: Engine | None) -> _Refusal | None:
         """Why `need` more bytes for `owner` would pass a limit, or None. Call with the

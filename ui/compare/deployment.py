@@ -82,6 +82,9 @@ def deployment_section() -> None:
     # Read out when a run's results are drawn (ui/a11y.py), before the comparison's.
     with a11y.said("cmp_dep_fig13", "result"):
         st.markdown("**" + views.figure13_sentence(results) + "**")
+        waits = views.figure13_waits(results)
+        if waits:       # why the bars lie close: plain text, the ranking alone in bold
+            st.markdown(waits)
     st.altair_chart(views.figure13_chart(views.figure13_frame(results)), width="stretch",
                     key="cmp_dep_fig13")
     st.markdown(views.length_note(dep.deployment(last["workload"], time_scale=last["scale"]),

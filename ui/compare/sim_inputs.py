@@ -175,6 +175,8 @@ def trace_inputs(prefix: str, f: Fields) -> TraceChoice | None:
     pace = (f"mean {rate_text(built.rate)}/s" if built.rate > 0 else
             "one arrival, no rate" if len(built) == 1 else
             f"all {len(built):,} arriving at once, no rate")
-    return TraceChoice(key, lambda: built,
-                       f"{name}, the first {requests:,} of {len(full):,} requests "
-                       f"({pace}{scaled})", int(full.final_len.max()))
+    which = ("its one request" if len(full) == 1 else
+             f"the first of {len(full):,} requests" if requests == 1 else
+             f"the first {requests:,} of {len(full):,} requests")
+    return TraceChoice(key, lambda: built, f"{name}, {which} ({pace}{scaled})",
+                       int(full.final_len.max()))

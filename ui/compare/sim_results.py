@@ -47,10 +47,10 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True,
         a.altair_chart(shares, width="stretch", key=f"{prefix}_token_chart")
         b.altair_chart(preempted, width="stretch", key=f"{prefix}_preempt_chart")
         note = st.container()
-    note.caption(("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
-                  "system, and ours of the memory that is not free (free slots left out, "
-                  "external fragmentation kept in, as Figure 2 counts it). " if paper_ticks
-                  else "") + preemptions.preemption_note(results))
+    ticks = ("Red ticks: the paper's Figure 2 token-state shares for the same kinds of "
+             "system, beside our token-state shares of the memory that is not free (free "
+             "slots left out, external fragmentation kept in, as Figure 2 counts it). ")
+    note.caption((ticks if paper_ticks else "") + preemptions.preemption_note(results))
     st.altair_chart(charts.breakdown_bars(views.memory_long(results)), width="stretch",
                     key=f"{prefix}_breakdown_chart")
     st.caption(views.STATES_NOTE)

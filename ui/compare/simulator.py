@@ -17,6 +17,7 @@ from backend.lab.compare.block_sizes import SWEEP_BLOCK_SIZES
 from backend.lab.contiguous import DEFAULT_MAX_LEN
 from backend.lab.sim.paged import admits
 from backend.lab.sim.simulator import MAX_CAPACITY_TOKENS, POLICIES, SimConfig, SimRun, max_len_for
+from backend.lab.traces import RECORDED
 from backend.lab.workloads import Trace
 from backend.views.compare import frames as views
 from backend.views.compare import preemptions
@@ -38,11 +39,16 @@ SIM_STATE = "cmp_sim_last"   # the last simulator run: its parameters and runs
 SIM_JOB = "cmp_sim_job"      # a run at work (ui/compare/background.py)
 MARKS_JOB = "cmp_sim_marks_job"   # the watermark sweep at work
 # The recorded traces' credit with the paper cited in full (the license asks for both).
-TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023, replayed with arrivals "
-              "and lengths as recorded: recorded by Microsoft Azure and shared in its "
+TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023, replayed with the "
+              "arrivals and lengths Microsoft Azure recorded and shared in its "
               "[AzurePublicDataset](https://github.com/Azure/AzurePublicDataset) under CC BY "
               f"4.0, described in {SPLITWISE_CITATION} The files and their license ship with "
               "PagedLab, in assets/traces/.")
+
+
+def recorded_run(trace_key: tuple[Any, ...]) -> bool:
+    """Whether a run's trace (its TraceChoice key) is one of the recorded Azure traces."""
+    return trace_key[0] == "recorded" and trace_key[1] in RECORDED
 
 
 def _budget_inputs(f: Fields) -> dict[str, int | None]:
@@ -224,4 +230,5 @@ def simulator_section() -> None:
     _watermarks(last)
     timeline_section(runs, "cmp_sim", "simulate")
     st.info(SYNTHETIC_NOTE)
-    st.caption(TRACE_NOTE)
+    if recorded_run(last["trace_key"]):   # credited where its figures are, not beside others
+        st.caption(TRACE_NOTE)

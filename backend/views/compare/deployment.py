@@ -137,25 +137,40 @@ def figure13_sentence(results: Sequence[SimResult]) -> str:
 CLOSE = 0.05
 
 
-def _close_note(results: Sequence[SimResult]) -> str:
-    """'' unless the systems next below vLLM batch within CLOSE of it; then which, how
-    close, and how often requests waited for room under each policy: memory can set the
-    policies apart only in those iterations (the preset sets no budget, so a request
-    waits only for memory)."""
+def _near(results: Sequence[SimResult]) -> list[str]:
+    """The policies, in POLICY_ORDER, whose mean batch lies within CLOSE of paged memory's
+    (paged itself included)."""
     by = {r.policy: r for r in results}
     top = by["paged"].mean_batch_size
-    near = [p for p in POLICY_ORDER if p in by and by[p].mean_batch_size >= (1 - CLOSE) * top]
+    return [p for p in POLICY_ORDER if p in by and by[p].mean_batch_size >= (1 - CLOSE) * top]
+
+
+def _close_note(results: Sequence[SimResult]) -> str:
+    """'' unless the systems next below vLLM batch within CLOSE of it; then which, and
+    how close."""
+    near = _near(results)
     if len(near) < 2:
         return ""
+    by = {r.policy: r for r in results}
     low = min(by[p].mean_batch_size for p in near)
+    return (f", but {joined([PAPER_SYSTEMS[p] for p in near])} lie within "
+            f"{percent(1 - low / by['paged'].mean_batch_size)} of one another")
+
+
+def figure13_waits(results: Sequence[SimResult]) -> str:
+    """Why bars lie close ('' unless `figure13_sentence` says they do): how often requests
+    waited for room under each policy. Memory can set the policies apart only in those
+    iterations (the preset sets no budget, so a request waits only for memory)."""
+    if len(_near(results)) < 2 or not figure13_holds(results):
+        return ""
+    by = {r.policy: r for r in results}
     waits = [f"{percent(by[p].memory_wait_iterations / by[p].iterations)} under "
              f"{PAPER_SYSTEMS[p]}" for p in POLICY_ORDER if p in by]
     waits[0] = waits[0].replace(" under ", " of the busy iterations under ", 1)
-    return (f", but {joined([PAPER_SYSTEMS[p] for p in near])} lie within "
-            f"{percent(1 - low / top)} of one another. Requests waited for room in "
-            f"{joined(waits)}: only there can memory hold a batch back, and in the other "
-            "iterations every request that had arrived was running, whatever the policy, so "
-            "the means differ little (below: why the gaps are small on this trace)")
+    return (f"Requests waited for room in {joined(waits)}: only there can memory hold a "
+            "batch back, and in the other iterations every request that had arrived was "
+            "running, whatever the policy, so the means differ little (below: why the gaps "
+            "are small on this trace).")
 
 
 def figure13_chart(df: pd.DataFrame) -> alt.LayerChart:

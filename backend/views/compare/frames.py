@@ -165,17 +165,12 @@ def map_fractions(replay: MapReplay, stride: int = 1) -> pd.DataFrame:
 # What each state of the breakdown holds, in both memories: shown where the states are.
 STATES_NOTE = (
     "What each state holds: token states, slots holding a token; reservation, slots kept "
-    "for tokens a request will still generate (contiguous) or blocks taken for prompt "
-    "chunks not computed yet (paged); internal fragmentation, slots held that will never "
-    "hold a token (a region past its final length, a block's empty tail); external "
-    "fragmentation, free slots that together would hold the region the next waiting "
-    "request needs but lie in holes too small for it (the seed's \"free space split into "
-    "separate regions that cannot satisfy a required larger contiguous allocation\"); "
-    "free, every other free slot: nobody waits, a hole holds the next request, or all the "
-    "free slots together could not (it waits for memory, not for its layout). Paged "
-    "memory has no external fragmentation, since any free block serves, and the capacity "
-    "that fills no whole block counts as free: too little to hold any block, as a "
-    "contiguous arena's last slots are free when too few for the region asked.")
+    "for tokens still to come (contiguous) or blocks taken for prompt chunks not yet "
+    "computed (paged); internal fragmentation, slots held that will never hold a token; "
+    "external fragmentation, free slots that together would hold the next waiting "
+    "request's region but lie in holes each too small for it; free, every other free "
+    "slot. Paged memory has no external fragmentation (any free block serves), and its "
+    "capacity too small for a whole block counts as free.")
 
 
 # The breakdown's row comparable with the paper's Figure 2, whose shares add up to the
@@ -183,9 +178,9 @@ STATES_NOTE = (
 HELD_ROW = "token states (held)"
 # What that row leaves out, said beside every table that has it.
 HELD_NOTE = (f"\"{HELD_ROW}\" is the row to compare with the paper's Figure 2 shares: the "
-             "token states' share of the memory that is not free, that is with the free "
-             "slots left out and external fragmentation (holes between regions that no "
-             "request holds) kept in, as Figure 2 counts it.")
+             "token states' share of the memory, with the free slots left out and external "
+             "fragmentation kept in (free slots too, but stranded between regions), as "
+             "Figure 2 counts it.")
 
 
 def held_token_share(result: SimResult) -> float:
