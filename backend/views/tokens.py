@@ -145,17 +145,14 @@ def block_tokens(snap: Snapshot, block_ids: Collection[int]) -> dict[int, str]:
     order = list(found)
     flat = [t for b in order for t in found[b][:TOOLTIP_TOKENS]]
     pieces = token_pieces(snap, flat)
-    if model_of(snap) == TINY_BYTE:
-        def joined(run: list[str]) -> str:
-            return "".join(run)
-    else:
-        def joined(run: list[str]) -> str:
-            return " ".join(quoted_piece(p) for p in run)
+    sep = ""
+    if model_of(snap) != TINY_BYTE:
+        pieces, sep = [quoted_piece(p) for p in pieces], " "
     out: dict[int, str] = {}
     at = 0
     for b in order:
         n = min(len(found[b]), TOOLTIP_TOKENS)
-        text = joined(pieces[at:at + n])
+        text = sep.join(pieces[at:at + n])
         out[b] = text + ("…" if len(found[b]) > n else "")
         at += n
     return out

@@ -57,9 +57,11 @@ class TraceChoice:
 SPLITWISE_CITATION = ("Pratyush Patel, Esha Choukse, Chaojie Zhang, Aashaka Shah, Íñigo Goiri, "
                       "Saeed Maleki, Ricardo Bianchini. \"Splitwise: Efficient generative LLM "
                       "inference using phase splitting\", ISCA 2024.")
+# Where the recorded traces are shared, and under which license.
+AZURE_DATASET = ("[AzurePublicDataset](https://github.com/Azure/AzurePublicDataset) under CC "
+                 "BY 4.0")
 # The credit the recorded traces' license asks for (assets/traces/README.md).
-RECORDED_CREDIT = ("Recorded by Microsoft Azure, shared in its [AzurePublicDataset]("
-                   "https://github.com/Azure/AzurePublicDataset) under CC BY 4.0, and described "
+RECORDED_CREDIT = (f"Recorded by Microsoft Azure, shared in its {AZURE_DATASET}, and described "
                    "in Patel et al., \"Splitwise\", ISCA 2024.")
 
 

@@ -26,6 +26,7 @@ from ui import layout, numbers
 from ui.bars import Advance
 from ui.compare import SYNTHETIC_NOTE, background, label, panel, refuse
 from ui.compare.sim_inputs import (
+    AZURE_DATASET,
     PAGE_MAX_REQUESTS,
     SPLITWISE_CITATION,
     TraceChoice,
@@ -40,9 +41,8 @@ SIM_JOB = "cmp_sim_job"      # a run at work (ui/compare/background.py)
 MARKS_JOB = "cmp_sim_marks_job"   # the watermark sweep at work
 # The recorded traces' credit with the paper cited in full (the license asks for both).
 TRACE_NOTE = ("The Azure traces are the Azure LLM inference trace 2023, replayed with the "
-              "arrivals and lengths Microsoft Azure recorded and shared in its "
-              "[AzurePublicDataset](https://github.com/Azure/AzurePublicDataset) under CC BY "
-              f"4.0, described in {SPLITWISE_CITATION} The files and their license ship with "
+              f"arrivals and lengths Microsoft Azure recorded and shared in its {AZURE_DATASET}, "
+              f"described in {SPLITWISE_CITATION} The files and their license ship with "
               "PagedLab, in assets/traces/.")
 
 
