@@ -411,3 +411,24 @@ def test_a_restored_greedy_config_says_so_and_its_temperature_can_be_changed() -
     assert [shown(e.value) for e in at.sidebar.error] == [
         "Temperature must be >= 0 (0, or anything under 1e-05, is greedy), got -1.0"]
     assert engine(at).config.temperature == 0.7
+
+
+def test_the_models_own_sampling_comes_back_with_one_button() -> None:
+    # A number field that held a number takes it back when cleared, so blank (the model's
+    # own) could not be typed back once a temperature was set; the button blanks both.
+    at = start()
+    assert "btn_model_sampling" not in [b.key for b in at.sidebar.button]
+    at.sidebar.number_input(key="cfg_temperature").set_value(0.7).run()
+    at.sidebar.number_input(key="cfg_top_p").set_value(0.5).run()
+    assert (engine(at).config.temperature, engine(at).config.top_p) == (0.7, 0.5)
+    add(at)
+    click(at, "btn_model_sampling")
+    # A busy engine asks first, as for any field; nothing changes until it is confirmed.
+    assert (engine(at).config.temperature, engine(at).config.top_p) == (0.7, 0.5)
+    assert engine(at).requests
+    assert at.sidebar.number_input(key="cfg_temperature").value is None
+    assert at.sidebar.number_input(key="cfg_top_p").value is None
+    click(at, "btn_apply_config")
+    assert (engine(at).config.temperature, engine(at).config.top_p) == (None, None)
+    assert not engine(at).requests
+    assert "btn_model_sampling" not in [b.key for b in at.sidebar.button]

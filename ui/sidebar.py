@@ -201,21 +201,36 @@ def _config_fields() -> None:
 def _sampling_fields(model: str) -> None:
     """Temperature and top-p; blank is the model's own (SmolLM2's card suggests 0.2 and
     0.9). A snapshot or scenario may set them (a scenario's 0: greedy), so they show."""
-    temperature, top_p = default_sampling(model)
+    # None from the model: plain softmax (temperature 1) and no nucleus (top-p 1).
+    temperature, top_p = (1.0 if v is None else v for v in default_sampling(model))
     c1, c2 = st.columns(2)
     c1.number_input("Temperature", step=0.1, format="%g",
                     value=_applied("cfg_temperature"), key="cfg_temperature",
                     persist_state="session",
-                    placeholder=f"{1.0 if temperature is None else temperature:g} (model's)",
+                    placeholder=f"{temperature:g} (model's)",
                     help="Divides the logits before the seeded draw: 0 (or anything under "
                          f"{GREEDY_BELOW:g}) always takes the most likely token (greedy, so "
-                         "parallel samples all agree), higher "
-                         "spreads the choice. Blank: the model's own.")
+                         "parallel samples all agree), higher spreads the choice. Blank "
+                         "(Use the model's own sampling): the model's own.")
     c2.number_input("Top-p", step=0.05, format="%g",
                     value=_applied("cfg_top_p"), key="cfg_top_p", persist_state="session",
-                    placeholder=f"{1.0 if top_p is None else top_p:g} (model's)",
+                    placeholder=f"{top_p:g} (model's)",
                     help="The draw keeps the most likely tokens up to this total probability; "
-                         "1 keeps them all. Blank: the model's own.")
+                         "1 keeps them all. Blank (Use the model's own sampling): the model's own.")
+    ss = st.session_state
+    if ss.get("cfg_temperature") is not None or ss.get("cfg_top_p") is not None:
+        # A browser's number field that held a number takes it back when cleared, and no
+        # number means "the model's own" (a temperature of 0 is greedy), so blanking both
+        # is a button; it applies as any field change does (asking first on a busy engine).
+        clicks.button(st, "Use the model's own sampling", key="btn_model_sampling",
+                      on_click=_blank_sampling, width="stretch",
+                      help="Blank Temperature and Top-p: the model's own (temperature "
+                           f"{temperature:g}, top-p {top_p:g}).")
+
+
+def _blank_sampling() -> None:
+    st.session_state["cfg_temperature"] = None
+    st.session_state["cfg_top_p"] = None
 
 
 def _scheduler_fields() -> None:
