@@ -225,8 +225,41 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
      r"was ever given it\)"),
     ("edited count", lambda s: next(ev for ev in s["events"] if ev["kind"] == "prefix_hit"
                                     ).update(ref_count=3),
-     "has ref_count 2, but the events leave it at 3"),
+     r"events\[2\] \(prefix_hit, step 2\) gives ref_count 3, but the events before it leave "
+     "block 0 at 1, so it leaves 2"),
+    # Each event is held to the count the events before it leave, not only the last
+    # event of each block to the final counts: a later event that sets the count again
+    # would hide each of these.
+    ("first alloc left out", lambda s: s["events"].pop(0),
+     r"events\[1\] \(prefix_hit, step 2\) gives ref_count 2, but the events before it leave "
+     "block 0 at 0, so it leaves 1"),
+    ("alloc's count edited", lambda s: s["events"][0].update(ref_count=7),
+     r"events\[0\] \(alloc, step 1\) gives ref_count 7, but the events before it leave "
+     "block 0 at 0, so it leaves 1"),
+    ("alloc of a held block", lambda s: s["events"][1].update(block=0),
+     r"events\[1\] \(alloc, step 1\) finds block 0 at ref_count 1, where an alloc takes a "
+     r"free block \(0\)"),
+    ("free of a held block, then a hit", lambda s: s["events"].insert(2, {
+        "step": 1, "kind": "free", "request": "A", "block": 0, "ref_count": 0}),
+     r"events\[3\] \(prefix_hit, step 2\) gives ref_count 2, but the events before it leave "
+     "block 0 at 0, so it leaves 1"),
+    ("free of a free block", lambda s: s["events"].insert(7, {
+        "step": 3, "kind": "free", "request": "C", "block": 7, "ref_count": 0}),
+     r"events\[7\] \(free, step 3\) finds block 7 at ref_count 0, where a free needs a "
+     "block a request holds"),
 ]
+
+
+def test_a_copy_on_write_of_a_block_one_request_holds_is_refused() -> None:
+    # A fork shares A's half-full last block (1); A's next token copies it to a block of
+    # its own. Without the fork's share of block 1, the copy had nothing to copy for.
+    snap = export_snapshot(engine_after([Add("A", prompt="abcdef"), Fork("A", "A2"), Step()]))
+    assert [(ev["kind"], ev.get("src"), ev.get("dst")) for ev in snap["events"]][4:6] == [
+        ("share", None, None), ("cow", 1, 2)]
+    del snap["events"][4]
+    refused(snap, r"events\[4\] \(cow, step 3\) copies from block 1, which the events before "
+                  "it leave at ref_count 1: a copy-on-write copies a block two or more "
+                  "requests hold")
 
 
 @pytest.mark.parametrize(("name", "mutate", "match"), MUTATIONS, ids=[m[0] for m in MUTATIONS])

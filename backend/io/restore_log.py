@@ -7,16 +7,20 @@ and a `cow`'s new block), except a copy-on-write's source, which loses one holde
 without an event of its own. A shuffle's `move` events are one permutation: each
 moved block's count goes with it, and an id a block left without another arriving
 holds a free block (free blocks are relabelled too, without an event). Replayed
-from an empty pool, the log must leave every block at the count the snapshot gives
-it. Every preemption logs a `preempt` naming its request; a swapped-out request's
+from an empty pool, each event must find its block at a count it could have met (an
+`alloc` a free block, a `free` a held one) and give the count its kind makes of it,
+and the log must leave every block at the count the snapshot gives it. Every
+preemption logs a `preempt` naming its request; a swapped-out request's
 last device event is its `swap_out`, and a running request's is no `swap_out`.
 
 An edited event (a `free` of a block still held, an `alloc` left out, a `preempt`
 removed) would otherwise show a history no run could have had beside a state it
 could, and the totals the log gives (swap-outs) would contradict the state.
 
-A file another tool wrote may leave `ref_count` out of an event; a block such an
-event names is not checked until a later event gives its count again.
+A file another tool wrote may leave `ref_count` out of its events, and may write one
+`free` for a shared block, when it is free at last: such a log is held only to the
+final counts, and a block an event without a count names is not checked until a
+later event gives its count again.
 """
 
 from __future__ import annotations
@@ -61,8 +65,18 @@ def log_problem(engine: Engine) -> str | None:
 
 
 def _count_problem(events: Sequence[Event], ref_counts: Sequence[int]) -> str | None:
-    """The first block whose count the log, replayed from an empty pool, does not leave
-    at `ref_counts[block]`, in words; or None."""
+    """The first event the log, replayed from an empty pool, could not have recorded
+    (one that finds its block at a count no run gives it), or the first block the log
+    does not leave at `ref_counts[block]`, in words; or None.
+
+    Each event is checked against the count the events before it leave: a check of
+    the final counts alone would pass a bad event whose block a later event sets again
+    (an alloc of a held block, a free of one still in a table, then a share).
+    """
+    # A log another tool wrote may leave counts out (the contract has no ref_count) and
+    # give up a shared block with one `free` when it is free at last: only a log that
+    # gives every count it could is held to each event's; any log, to the final counts.
+    strict = all(e.ref_count is not None for e in events if e.kind in _GIVES_COUNT)
     n = len(ref_counts)
     counts: list[int | None] = [0] * n
     last: list[int | None] = [None] * n     # the event that last set each block's count
@@ -74,11 +88,19 @@ def _count_problem(events: Sequence[Event], ref_counts: Sequence[int]) -> str | 
             continue
         if e.kind == "cow" and e.src is not None:
             was = counts[e.src]
+            if strict and was is not None and was < 2:
+                return (f"{_named(i, e)} copies from block {e.src}, which the events "
+                        f"before it leave at ref_count {was}: a copy-on-write copies a "
+                        "block two or more requests hold")
             counts[e.src] = None if was is None else was - 1
             last[e.src] = i
-        if e.block is not None and e.kind not in _COUNT_KEPT:
-            counts[e.block] = e.ref_count
-            last[e.block] = i
+        if e.block is not None:
+            problem = _event_problem(i, e, counts) if strict else None
+            if problem is not None:
+                return problem
+            if e.kind not in _COUNT_KEPT:
+                counts[e.block] = e.ref_count
+                last[e.block] = i
         i += 1
     for b, (want, got) in enumerate(zip(counts, ref_counts, strict=True)):
         if want is not None and want != got:
@@ -86,6 +108,44 @@ def _count_problem(events: Sequence[Event], ref_counts: Sequence[int]) -> str | 
                      else f"events[{last[b]}] last changed it")
             return f"block {b} has ref_count {got}, but the events leave it at {want} ({where})"
     return None
+
+
+# What the kinds that name a block need of its count before them: a free block (0), or
+# one a request holds (1 or more). A fork names no block; a move is a permutation.
+_FROM_FREE = {"alloc": "an alloc takes a free block (0)",
+              "cow": "a copy-on-write copies into a free block (0)",
+              "evict": "an evict drops the cached key of a free block (0)"}
+_FROM_HELD = frozenset({"free", "share", "swap_out", "swap_in"})
+# The count each kind leaves, which its event gives: 1 for a block taken, else the count
+# before it plus this (a prefix hit may take a cached block at 0 or share a held one).
+_TAKEN = frozenset({"alloc", "cow"})
+_CHANGE = {"share": 1, "prefix_hit": 1, "free": -1}
+_GIVES_COUNT = _TAKEN | frozenset(_CHANGE)
+
+
+def _event_problem(i: int, e: Event, counts: Sequence[int | None]) -> str | None:
+    """Why `e` (events[i]) could not have happened to its block at the count the events
+    before it leave (`counts`), in words; or None."""
+    assert e.block is not None
+    before = counts[e.block]
+    if before is None:
+        return None
+    if e.kind in _FROM_FREE and before != 0:
+        return (f"{_named(i, e)} finds block {e.block} at ref_count {before}, where "
+                f"{_FROM_FREE[e.kind]}")
+    if e.kind in _FROM_HELD and before == 0:
+        return (f"{_named(i, e)} finds block {e.block} at ref_count 0, where a {e.kind} "
+                "needs a block a request holds")
+    if e.ref_count is not None and (e.kind in _TAKEN or e.kind in _CHANGE):
+        want = 1 if e.kind in _TAKEN else before + _CHANGE[e.kind]
+        if e.ref_count != want:
+            return (f"{_named(i, e)} gives ref_count {e.ref_count}, but the events before "
+                    f"it leave block {e.block} at {before}, so it leaves {want}")
+    return None
+
+
+def _named(i: int, e: Event) -> str:
+    return f"events[{i}] ({e.kind}, step {e.step:,})"
 
 
 def _shuffle(events: Sequence[Event], i: int, counts: list[int | None],
