@@ -351,6 +351,25 @@ def test_a_binary_file_is_refused_in_a_statement() -> None:
     assert decode_json(b'{\r\n\t"a": 1\r\n}', "snapshot") == {"a": 1}
 
 
+def test_a_file_that_starts_with_a_zero_byte_is_said_to_be_read_as_utf16() -> None:
+    # Zero bytes among the first four make the reader take UTF-16 or UTF-32; a binary file
+    # that begins 0x00 0x01 decodes as UTF-16-BE, and the U+0001 it then stopped at is no
+    # character of the file's. The message says how it was read, and that it may be binary.
+    for data, encoding, said in (
+            (bytes(range(256)) * 10, "UTF-16-BE",
+             "it holds the control character U+0001 at line 1 column 1, which no JSON text "
+             "has"),
+            ('{"a":'.encode("utf-16-le"), "UTF-16-LE",
+             "Expecting value: line 1 column 6 (char 5)")):
+        with pytest.raises(PagedLabError) as info:
+            decode_json(data, "snapshot")
+        assert str(info.value) == (f"snapshot is not valid JSON: its first bytes mark it as "
+                                   f"{encoding} text, and read as that, {said}; it may be a "
+                                   "binary file, or else save it as UTF-8")
+    # UTF-16 that is JSON is read.
+    assert decode_json('{"a": 1}'.encode("utf-16-le"), "snapshot") == {"a": 1}
+
+
 def test_a_key_named_twice_is_refused_not_read_as_its_last() -> None:
     with pytest.raises(PagedLabError) as info:
         parse_snapshot_text(b'{"schema_version": 1, "requests": [{"id": "A", "id": "B"}]}')

@@ -40,6 +40,11 @@ def _control_problem(exc: json.JSONDecodeError) -> str | None:
     return said + ("; it may be a binary file" if nul >= 0 else "")
 
 
+def _encoding_name(codec: str) -> str:
+    """"utf-16-be" as people write it: "UTF-16-BE"."""
+    return codec.upper().replace("UTF", "UTF-", 1).replace("--", "-")
+
+
 def decode_json(data: str | bytes, what: str) -> Any:
     """`json.loads`, with every way a file can fail to be JSON as one PagedLabError.
 
@@ -67,10 +72,9 @@ def decode_json(data: str | bytes, what: str) -> Any:
         if not exc.encoding.startswith("utf-8"):
             # json.loads reads UTF-16 or UTF-32 where the first bytes say so (a byte-order
             # mark, or zero bytes): it is that reading that failed, not UTF-8.
-            encoding = exc.encoding.upper().replace("UTF", "UTF-", 1).replace("--", "-")
             raise PagedLabError(f"{what} is not valid JSON: its first bytes mark it as "
-                                f"{encoding} text, which it is not; it may be a binary file, "
-                                "or else save it as UTF-8") from None
+                                f"{_encoding_name(exc.encoding)} text, which it is not; it "
+                                "may be a binary file, or else save it as UTF-8") from None
         # Offsets count from after a byte-order mark, which the codec strips first.
         bom = isinstance(data, bytes) and data.startswith(codecs.BOM_UTF8)
         at = exc.start + (len(codecs.BOM_UTF8) if bom else 0)
@@ -78,8 +82,18 @@ def decode_json(data: str | bytes, what: str) -> Any:
                             f"0x{byte:02x} at offset {at:,}); it may be a binary file"
                             ) from None
     except json.JSONDecodeError as exc:
-        problem = _control_problem(exc)
-        raise PagedLabError(f"{what} is not valid JSON: {problem or exc}") from None
+        problem = _control_problem(exc) or str(exc)
+        encoding = json.detect_encoding(data) if isinstance(data, bytes) else "utf-8"
+        if not encoding.startswith("utf-8"):
+            # Zero bytes among the first four made the reader take UTF-16 or UTF-32, and
+            # what it read is no JSON: a binary file, most likely (it begins with a 0x00),
+            # of which the text read (a U+0001, say) would tell nothing.
+            raise PagedLabError(
+                f"{what} is not valid JSON: its first bytes mark it as "
+                f"{_encoding_name(encoding)} text, and read as that, "
+                f"{problem.removesuffix('; it may be a binary file')}; it may be a binary "
+                "file, or else save it as UTF-8") from None
+        raise PagedLabError(f"{what} is not valid JSON: {problem}") from None
     except RecursionError:
         # Python's words ("maximum recursion depth exceeded while decoding a JSON array
         # from a unicode string") say how the reader failed, not what is in the file.
