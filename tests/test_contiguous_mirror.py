@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -219,3 +220,15 @@ def test_random_runs_keep_every_request_in_one_place(seed: int) -> None:
             assert held <= mirror.final_len[rid]
             if req.status == "finished":
                 assert held < min(req.num_tokens, mirror.final_len[rid])
+
+
+@pytest.mark.parametrize(("data", "said"), [
+    ({}, "contiguous: missing field 'capacity' (the arena's size in token slots)"),
+    ({"capacity": None}, "contiguous.capacity must be an integer in 1..1,048,576, got null"),
+    ({"capacity": 8, "size": 1}, "contiguous: unknown field 'size'"),
+])
+def test_a_bad_arena_is_refused_by_what_is_wrong_with_it(data: dict[str, Any], said: str) -> None:
+    # A field left out is said to be missing, not null: null is what a file wrote.
+    with pytest.raises(PagedLabError) as info:
+        ContiguousSpec.from_json(data)
+    assert str(info.value) == said

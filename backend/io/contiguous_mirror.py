@@ -61,7 +61,11 @@ class ContiguousSpec:
         unknown = sorted(set(data) - {"capacity", "policy", "max_len"})
         if unknown:
             raise PagedLabError(f"contiguous: unknown field {unknown[0]!r}")
-        cap = check_int(data.get("capacity"), "contiguous.capacity", 1, MAX_CAPACITY)
+        if "capacity" not in data:
+            # Said as missing: check_int would call it null, which it was not written as.
+            raise PagedLabError("contiguous: missing field 'capacity' (the arena's size in "
+                                "token slots)")
+        cap = check_int(data["capacity"], "contiguous.capacity", 1, MAX_CAPACITY)
         policy = data.get("policy", "oracle")
         if policy not in CONTIGUOUS_POLICIES:
             raise PagedLabError("contiguous.policy must be one of "
