@@ -291,6 +291,13 @@ def test_check_says_what_it_checked_when_all_is_met(
     assert main(["run", str(write(tmp_path, scenario)), "--check", "--kernel", "torch"]) == 0
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("checked 3 expectations in 2 steps: all met\n", "")
+    # A file without expectations is not said to pass them.
+    assert main(["run", str(write(tmp_path, CONTRACT_EXAMPLE)), "--check", "--kernel",
+                 "torch"]) == 0
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == (
+        f"checked 0 expectations in {len(CONTRACT_EXAMPLE['steps'])} steps: nothing to check\n",
+        "")
 
 
 def test_from_snapshot_round_trip_is_the_same_file(tmp_path: Path,

@@ -272,8 +272,9 @@ def _run(args: argparse.Namespace) -> int:
             say("note", note)
         if args.check and not mismatches:
             # Quiet success would not tell "all met" from "nothing checked".
+            # And a file with no `expect` at all is not said to pass.
             print(f"checked {counted(checked, 'expectation')} in "
-                  f"{counted(ran, 'step')}: all met")
+                  f"{counted(ran, 'step')}: {'all met' if checked else 'nothing to check'}")
         return 1 if mismatches else 0
     if problem is None:
         return _fail(f"cannot write {out_problem}")
