@@ -271,8 +271,8 @@ def _run(args: argparse.Namespace) -> int:
         for note in notes:
             say("note", note)
         if args.check and not mismatches:
-            # Quiet success would not tell "all met" from "nothing checked".
-            # And a file with no `expect` at all is not said to pass.
+            # Quiet success would not tell "all met" from "nothing checked", so both are
+            # said, and a file with no `expect` at all is not said to pass.
             print(f"checked {counted(checked, 'expectation')} in "
                   f"{counted(ran, 'step')}: {'all met' if checked else 'nothing to check'}")
         return 1 if mismatches else 0
