@@ -58,6 +58,9 @@ UPLOAD = "upload"            # the key of a scenario a person uploaded
 PLAYGROUND_PAGE = "pages/playground.py"
 WIDGET_DEFAULTS: dict[str, object] = {"tour_speed": 1.0}
 MAX_QUOTED = 40              # characters of a link's value that a message repeats
+# Links written that a click may still carry: a browser a few clicks behind is a few
+# links behind (on a slow machine during a play, several steps).
+WRITTEN_KEPT = 64
 
 MessageKind = Literal["error", "info", "success"]
 
@@ -81,10 +84,11 @@ class TourState:
     # (scenario, step, applied) as last written to the address bar; None before the
     # first write.
     url: Link | None = None
-    # The links written for `left_by_play`'s steps, for as long as those are kept: the
-    # same click may carry the address from before the browser got the newer ones, which
-    # is no link a person opened (see `_apply_link`).
-    links_left_by_play: frozenset[Link] = frozenset()
+    # The links written before `url`, newest last (WRITTEN_KEPT of them): a click may
+    # carry the address from before the browser got the newer ones (a key held on the
+    # slider, a Pause during a fast play), which is no link a person opened (see
+    # `_apply_link`).
+    written: tuple[Link, ...] = ()
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
     # The upload's name in the address (`upload_link`): its entries in the browser's
     # history are its own, and one of a file since replaced is known as such.
@@ -286,10 +290,12 @@ def _apply_link() -> None:
         # as it is: Back from step 1 of it shows step 0.
         want = _bare_link()
     if (want == t.url or want[:2] == (None, None)
-            or (not went and want in t.links_left_by_play)):
-        # Nothing new: ours (the newest, or one the play left, which a click sent
-        # before the browser had the newer ones may carry), or none at all (switching
-        # pages drops the parameters).
+            or (not went and want in t.written)):
+        # Nothing new: ours (the newest, or an older one, which a click sent before the
+        # browser had the newer ones may carry: within a tab's session the address
+        # changes only by the page's writes and by Back or Forward; a link opened anew
+        # loads the page, a new session), or none at all (switching pages drops the
+        # parameters).
         if want[:2] == (None, None) and want[2] is not None and want != t.url:
             say("info", f"The link's applied {_quoted(want[2])} counts only beside a "
                         "scenario and a step; it is ignored.")
@@ -368,10 +374,9 @@ def finish(run: TourRun, slot: DeltaGenerator) -> None:
     a placeholder the page keeps by its controls)."""
     t = state()
     if not t.playing:
-        # This page, its slider and link at the view, is complete: any slider value or
-        # link from now on is the person's.
+        # This page, its slider at the view, is complete: any slider value from now on
+        # is the person's.
         t.left_by_play = frozenset()
-        t.links_left_by_play = frozenset()
         return
     time.sleep(float(st.session_state.get("tour_speed") or 1.0))
     with held():
@@ -389,9 +394,6 @@ def finish(run: TourRun, slot: DeltaGenerator) -> None:
                 t.playing = False
         if t.view != before:
             t.left_by_play |= {before}
-            if t.url is not None:
-                # `sync` wrote the link of the step left.
-                t.links_left_by_play |= {t.url}
     shown.finish()
     st.rerun()
 
@@ -448,7 +450,7 @@ def _write_link(run: TourRun) -> None:
         # link before the browser has assets/history.js, and Streamlit's entry for it
         # came after the bare one, which showed the same: Back went there, and the page
         # wrote the same link again.
-        t.url = (None, None, None)
+        _remember(t, (None, None, None))
         return
     if (tuple(params.get(name) for name in LINK_PARAMS) != want
             or any(len(params.get_all(name)) > 1 for name in LINK_PARAMS)):
@@ -457,4 +459,12 @@ def _write_link(run: TourRun) -> None:
         kept = {k: v for k, v in params.to_dict().items() if k not in LINK_PARAMS}
         params.from_dict({**kept, **{k: v for k, v in zip(LINK_PARAMS, want, strict=True)
                                      if v is not None}})
-    t.url = want
+    _remember(t, want)
+
+
+def _remember(t: TourState, link: Link) -> None:
+    """`link` is the address now; the one before it joins `written`."""
+    old = t.url
+    if old is not None and old != link and old[:2] != (None, None):
+        t.written = (*(w for w in t.written if w != old), old)[-WRITTEN_KEPT:]
+    t.url = link
