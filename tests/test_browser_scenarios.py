@@ -215,9 +215,15 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         bar = page.get_by_test_id("stProgress")
         said = re.compile(r"^Step 2, step ×150: \d+ iterations? of 150 done, \d+ s of the "
                           r"60 s limit$")
+        header_stop = page.locator("[data-testid='stStatusWidget'] button")
         nxt.click()
         expect(bar).to_have_count(1)
         assert said.match(bar.inner_text().strip()), bar.inner_text()
+        # Streamlit's own Stop would end the page's run and leave the step going on,
+        # the page frozen at the bar: only the page's Stop shows beside it.
+        expect(page.get_by_role("button", name="Stop this step")).to_be_visible()
+        expect(header_stop).to_have_count(1)
+        expect(header_stop).to_be_hidden()
         # At the top: above the page's title.
         title = page.get_by_role("heading", name="Scenarios", exact=True).bounding_box()
         box = bar.bounding_box()

@@ -48,6 +48,19 @@ WORK = "work"
 POLL_S = 0.2
 # A step shows its bar once it has run this long: quicker ones would only flicker.
 SHOW_AFTER_S = 0.3
+# The keys of the Stop buttons beside a bar start so: the Playground's, the Scenarios
+# page's.
+STOP_KEY = "btn_stop_"
+STEP_STOP_KEY = "tour_stop_"
+# Streamlit's own Stop, in its running indicator, hidden while a Stop of PagedLab's
+# shows: it ends the page's run, not the operation, which goes on under the engine's
+# lock to its end, and the page stayed frozen at the bar with the step not stopped.
+# PagedLab's stops the operation between two iterations and draws what it left. (In the
+# bar's box: a callback's bar is drawn over the page's first elements, its style's too;
+# Streamlit keeps a style-only element outside the page's flow.)
+HIDE_HEADER_STOP = (
+    f"<style>body:has([class*='st-key-{STOP_KEY}'], [class*='st-key-{STEP_STOP_KEY}'])"
+    " [data-testid='stStatusWidget'] button { display: none; }</style>")
 
 
 def get_work() -> Work:
@@ -239,7 +252,7 @@ def _bar_text(state: WorkState) -> str:
 
 
 def _stop_button(where: str) -> None:
-    st.button("Stop stepping", key=f"btn_stop_{where}", on_click=request_stop,
+    st.button("Stop stepping", key=f"{STOP_KEY}{where}", on_click=request_stop,
               help="Stop after the current iteration: the steps already taken stay, and the "
                    "engine is consistent.")
 
@@ -270,6 +283,7 @@ class SlotBar:
                 self._bar = self.shown.call(st.progress, fraction, text=text)
                 if under is not None:
                     under()
+                    self.shown.call(st.html, HIDE_HEADER_STOP)
         elif self._bar is not None:
             self.shown.call(self._bar.progress, fraction, text=text)
 

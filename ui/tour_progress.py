@@ -29,12 +29,12 @@ from streamlit.delta_generator import DeltaGenerator
 from backend.core.words import counted
 from backend.views.control import NOT_PERTURBED
 from backend.views.text import plain_md
-from ui.progress import POLL_S, SHOW_AFTER_S, Shown, SlotBar
+from ui.progress import POLL_S, SHOW_AFTER_S, STEP_STOP_KEY, Shown, SlotBar
 
 # The Stop buttons' keys start with this, then say whose bar (the stepping run's or a
 # waiting run's) and number it: one run may wait more than once, and two buttons of one
 # key in one run would be an error.
-STOP_KEY = "tour_stop_"
+STOP_KEY = STEP_STOP_KEY
 _BARS = itertools.count(1)
 # A bar redrawn at most this often: a torch step may run thousands of iterations a
 # second, and each redraw is a message to the browser.
