@@ -157,8 +157,8 @@ def test_every_scenario_steps_through_with_its_numbers_checked(path: Path) -> No
             # The number shown beside the ✓ is the narrated one.
             assert f"<b>{escape(value_text(key, want))}</b>" in body, (key, body)
             visible += assert_visible_in_panels(at, key, want, n)
-        said = {1: "The narrated number matches", 2: "Both narrated numbers match"}.get(
-            len(step.expect), f"All {len(step.expect)} narrated numbers match")
+        said = {1: "The narrated value matches", 2: "Both narrated values match"}.get(
+            len(step.expect), f"All {len(step.expect)} narrated values match")
         assert said in markdown(at) or any(said in c.value for c in at.caption)
     assert visible >= 1, "no narrated number was found in the ordinary panels"
     assert at.button(key="tour_next").disabled
@@ -828,3 +828,19 @@ def test_a_session_exported_as_a_scenario_steps_through_here_with_every_check_me
         label = describe_op(OPS[step - 1])
         assert f"**Step {step} of 8:** `{label}`" in markdown(at)
         assert plain_md(label_narration(step, label)) not in [m.value for m in at.markdown]
+
+
+def test_a_step_viewed_that_ran_on_another_kernel_says_which() -> None:
+    # The caption names the kernel the steps to come run on; a step taken before the
+    # sidebar's kernel changed ran on the one before, and says so.
+    at = open_tour("02-block-table")
+    click(at, "tour_next")
+    caption = next(c.value for c in at.caption if c.value.startswith("Viewing step"))
+    assert caption.endswith("· kernel torch (cpu)"), caption
+    at.segmented_control(key="dev_kernel").set_value("auto").run()
+    caption = next(c.value for c in at.caption if c.value.startswith("Viewing step"))
+    assert caption == ("Viewing step **1** of 3 · 1 applied so far · kernel triton-interpreter "
+                       "(cpu); step 1 ran on torch"), caption
+    click(at, "tour_next")
+    caption = next(c.value for c in at.caption if c.value.startswith("Viewing step"))
+    assert caption.endswith("· kernel triton-interpreter (cpu)"), caption

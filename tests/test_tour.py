@@ -83,11 +83,13 @@ def test_checks_show_what_the_engine_shows_and_flag_mismatches() -> None:
     assert (bad.ok, bad.got, bad.problem) == (False, 3, None)
     missing = by_path["requests.Z.status"]
     assert not missing.ok and missing.got is None
-    assert missing.problem is not None and "not found" in missing.problem
+    # The row names the path: its problem is the reason alone, not the path again.
+    assert missing.problem == "not found (no request 'Z')"
     assert by_path["address.A.6"].ok
     html = tv.checks_html(rows)
     assert html.count("data-ok='1'") == 2 and html.count("data-ok='0'") == 2
     assert "expected <b>99</b>, the engine shows <b>3</b>" in html
+    assert "expected <b>running</b>, not found (no request &#x27;Z&#x27;)" in html
 
 
 def test_a_refused_step_stops_the_run_with_the_cli_message() -> None:
@@ -335,6 +337,8 @@ def test_the_arena_says_who_waits_and_who_fell_behind_the_paged_pool() -> None:
 def test_paths_read_as_words() -> None:
     assert tv.describe_path("requests.A.block_table") == "A's block table"
     assert tv.describe_path("blocks.2.ref_count") == "block 2: ref count"
+    assert tv.describe_path("blocks.3.num_filled") == "block 3: filled slots"
+    assert tv.describe_path("requests.A.num_tokens") == "A's token count"
     # A metric as its card on the page names it, so a student can find it there.
     assert tv.describe_path("metrics.cow_copies") == "Copy-on-write copies"
     assert tv.describe_path("metrics.internal_waste_slots") == "Internal waste"

@@ -236,8 +236,13 @@ def controls(run: TourRun) -> None:
         st.slider("Steps taken so far: view any of them", 0, run.taken, key="tour_slider",
                   on_change=_on_slider, help="Step 0 is the fresh engine. Looking back "
                   "recomputes nothing; Next continues from the newest step.")
+    # The kernel the steps to come run on; a step viewed that ran on another (the
+    # sidebar's kernel changed since) says so, rather than seem to have run on this one.
+    now = run.engine.kernels.name
+    ran = run.frame(t.view).snapshot["kernel"].get("backend", now)
     st.caption(f"Viewing step **{t.view}** of {run.total} · {run.taken} applied so far · "
-               f"kernel {run.engine.kernels.name} ({run.engine.device})")
+               f"kernel {now} ({run.engine.device})"
+               + ("" if ran == now or t.view == 0 else f"; step {t.view} ran on {ran}"))
     if run.error is not None:
         st.error(plain_md(f"The engine refused {run.error}. The run stops there: step "
                           f"{run.taken} is the state before it."))
@@ -282,18 +287,19 @@ def narration(run: TourRun, frame: Frame) -> None:
             if frame.summary:
                 st.caption(plain_md(frame.summary.replace("->", "→")))
             st.markdown("**What you should see**",
-                        help="The numbers this step's narration promises, each checked against "
-                             "the engine right after the step: ✓ it shows that value, ✗ it "
-                             "shows another. Hover a line's name for what it means.")
+                        help="The values (numbers, tables, texts) this step's narration "
+                             "promises, each checked against the engine right after the "
+                             "step: ✓ it shows that value, ✗ it shows another. Hover a "
+                             "line's name for what it means.")
             st.html(tour_views.checks_html(frame.checks))
             n = len(frame.checks)
             bad = sum(1 for c in frame.checks if not c.ok)
             if n and not bad:
-                every = {1: "The narrated number matches", 2: "Both narrated numbers match"}
-                st.caption(every.get(n, f"All {n} narrated numbers match")
+                every = {1: "The narrated value matches", 2: "Both narrated values match"}
+                st.caption(every.get(n, f"All {n} narrated values match")
                            + " the engine at this step.")
             elif bad:
-                st.caption(f"{bad} of {counted(n, 'narrated number')} "
+                st.caption(f"{bad} of {counted(n, 'narrated value')} "
                            f"{'differs' if bad == 1 else 'differ'} from what the engine shows.")
         upcoming = run.next_label(frame.step)
         if upcoming is not None and run.error is not None and frame.step == run.taken:

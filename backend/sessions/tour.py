@@ -39,6 +39,7 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Grow, Step, describe_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror
+from backend.io.expect_paths import shown_path
 from backend.io.json_input import decode_json, file_kind
 from backend.io.scenario import (
     MAX_SCENARIO_BYTES,
@@ -147,7 +148,11 @@ def check_rows(expect: dict[str, Any], snapshot: dict[str, Any], engine: Engine,
     rows = []
     for path, want in expect.items():
         v = check_expectation(path, want, snapshot, engine, result, mirror)
-        rows.append(Check(path, want, v.got, v.ok, None if v.found else v.failure))
+        # The row names the path already: its problem is the reason alone ("not found
+        # (no field 'x')"), where the CLI's line starts with the path.
+        problem = (None if v.found or v.failure is None
+                   else v.failure.removeprefix(f"{shown_path(path)}: "))
+        rows.append(Check(path, want, v.got, v.ok, problem))
     return tuple(rows)
 
 

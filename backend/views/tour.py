@@ -129,13 +129,20 @@ KERNEL_NAMES = {"num_seqs": "kernel: sequences in its last step",
                 "max_abs_err": "kernel: max |paged − contiguous reference|"}
 
 
+# Fields of requests and blocks whose names read badly as words ("num tokens").
+FIELD_WORDS = {"num_tokens": "token count", "num_filled": "filled slots",
+               "prompt_len": "prompt length", "num_preemptions": "preemptions",
+               "num_computed": "tokens computed", "cum_logprob": "cumulative log-probability",
+               "max_new_tokens": "max new tokens"}
+
+
 def describe_path(path: str) -> str:
     """An expectation's path in words: 'requests.A.block_table' -> "A's block table"."""
     parts = path.split(".")
     head, rest = parts[0], parts[1:]
 
     def words(s: str) -> str:
-        return s.replace("_", " ")
+        return FIELD_WORDS.get(s, s.replace("_", " "))
 
     # An id may hold dots (samples and beams are ID.k); in a request's path it runs to
     # the field, the last part that is not a list position ("requests.B.13.block_table.0").
@@ -151,6 +158,7 @@ def describe_path(path: str) -> str:
         return KERNEL_NAMES.get(rest[0], f"kernel {words(rest[0])}")
     if head == "address" and len(rest) >= 2:
         return f"address of {'.'.join(rest[:-1])}'s token {rest[-1]}"
+    # Event kinds as the event log's badges name them ("prefix_hit", "swap_out").
     if head == "events" and len(rest) == 1:
         return f"{rest[0]} events so far"
     if head == "step_events" and len(rest) == 1:
