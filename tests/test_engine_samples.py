@@ -232,3 +232,22 @@ def test_restored_samples_that_could_never_start_end_at_capacity_rather_than_wai
     run_out(restored)
     assert restored.requests["Q.0"].finish_reason == "capacity"
     assert restored.requests["R"].finish_reason == "max_new_tokens"
+
+
+def test_samples_are_listed_where_they_were_forked_after_requests_added_meanwhile() -> None:
+    # B arrives while A.0 waits (X holds the sequence slots A's three samples need); the
+    # samples A.1 and A.2 are forked once A's prompt is computed, so they arrive after B.
+    e = engine(num_blocks=64, block_size=4, max_num_seqs=3)
+    apply(e, {"op": "add", "request": "X", "prompt": "hello there"},
+          {"op": "add", "request": "A", "prompt": "The cat", "n": 3},
+          {"op": "add", "request": "B", "prompt": "dog"})
+    snap = export_snapshot(e)
+    assert [(r["id"], r["status"]) for r in snap["requests"]] == [
+        ("X", "running"), ("A.0", "waiting"), ("B", "waiting")]
+    assert [r.get("pending_samples") for r in snap["requests"]] == [None, 2, None]
+    apply(e, {"op": "finish", "request": "X"}, {"op": "step"})
+    snap = export_snapshot(e)
+    assert [r["id"] for r in snap["requests"]] == ["X", "A.0", "B", "A.1", "A.2"]
+    # Restored, the order is kept.
+    again = export_snapshot(restore_engine(json.loads(json.dumps(snap)), kernel="torch"))
+    assert [r["id"] for r in again["requests"]] == ["X", "A.0", "B", "A.1", "A.2"]
