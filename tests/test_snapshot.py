@@ -250,6 +250,21 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
 ]
 
 
+@pytest.mark.parametrize("name", ["first alloc left out", "alloc's count edited",
+                                  "free of a held block, then a hit"])
+def test_a_count_left_out_elsewhere_does_not_let_an_edited_event_pass(
+        shared: dict[str, Any], name: str) -> None:
+    # A count left out of one event (C's free of block 5) makes the log one another tool
+    # may have written; each count the log does give is still held to the events
+    # before it.
+    mutate, match = next((m, w) for n, m, w in MUTATIONS if n == name)
+    snap = copy.deepcopy(shared)
+    mutate(snap)
+    del next(ev for ev in snap["events"] if ev["kind"] == "free" and ev["block"] == 5
+             )["ref_count"]
+    refused(snap, match)
+
+
 def test_a_copy_on_write_of_a_block_one_request_holds_is_refused() -> None:
     # A fork shares A's half-full last block (1); A's next token copies it to a block of
     # its own. Without the fork's share of block 1, the copy had nothing to copy for.

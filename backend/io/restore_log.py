@@ -17,10 +17,11 @@ An edited event (a `free` of a block still held, an `alloc` left out, a `preempt
 removed) would otherwise show a history no run could have had beside a state it
 could, and the totals the log gives (swap-outs) would contradict the state.
 
-A file another tool wrote may leave `ref_count` out of its events, and may write one
-`free` for a shared block, when it is free at last: such a log is held only to the
-final counts, and a block an event without a count names is not checked until a
-later event gives its count again.
+A file another tool wrote may leave `ref_count` out of its events (the contract has
+none), be cut short at its start, or write one `free` for a shared block, when it is
+free at last: a log that leaves any count out is held only to the counts it gives and
+to the final counts, and a block an event without a count names is not checked until
+a later event gives its count again.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ def _count_problem(events: Sequence[Event], ref_counts: Sequence[int]) -> str | 
     (an alloc of a held block, a free of one still in a table, then a share).
     """
     # A log another tool wrote may leave counts out (the contract has no ref_count) and
-    # give up a shared block with one `free` when it is free at last: only a log that
-    # gives every count it could is held to each event's; any log, to the final counts.
+    # give up a shared block with one `free` when it is free at last, or be cut short at
+    # its start: only a log that gives every count it could is held to what each event
+    # finds (a free block, a held one). Any log is held to each count it gives, where
+    # the events before it leave a known one, and to the final counts.
     strict = all(e.ref_count is not None for e in events if e.kind in _GIVES_COUNT)
     n = len(ref_counts)
     counts: list[int | None] = [0] * n
@@ -95,7 +98,7 @@ def _count_problem(events: Sequence[Event], ref_counts: Sequence[int]) -> str | 
             counts[e.src] = None if was is None else was - 1
             last[e.src] = i
         if e.block is not None:
-            problem = _event_problem(i, e, counts) if strict else None
+            problem = _event_problem(i, e, counts, strict)
             if problem is not None:
                 return problem
             if e.kind not in _COUNT_KEPT:
@@ -123,17 +126,19 @@ _CHANGE = {"share": 1, "prefix_hit": 1, "free": -1}
 _GIVES_COUNT = _TAKEN | frozenset(_CHANGE)
 
 
-def _event_problem(i: int, e: Event, counts: Sequence[int | None]) -> str | None:
+def _event_problem(i: int, e: Event, counts: Sequence[int | None],
+                   strict: bool) -> str | None:
     """Why `e` (events[i]) could not have happened to its block at the count the events
-    before it leave (`counts`), in words; or None."""
+    before it leave (`counts`), in words; or None. Without `strict`, only the count it
+    gives is checked."""
     assert e.block is not None
     before = counts[e.block]
     if before is None:
         return None
-    if e.kind in _FROM_FREE and before != 0:
+    if strict and e.kind in _FROM_FREE and before != 0:
         return (f"{_named(i, e)} finds block {e.block} at ref_count {before}, where "
                 f"{_FROM_FREE[e.kind]}")
-    if e.kind in _FROM_HELD and before == 0:
+    if strict and e.kind in _FROM_HELD and before == 0:
         return (f"{_named(i, e)} finds block {e.block} at ref_count 0, where a {e.kind} "
                 "needs a block a request holds")
     if e.ref_count is not None and (e.kind in _TAKEN or e.kind in _CHANGE):
