@@ -844,3 +844,42 @@ def test_a_step_viewed_that_ran_on_another_kernel_says_which() -> None:
     click(at, "tour_next")
     caption = next(c.value for c in at.caption if c.value.startswith("Viewing step"))
     assert caption.endswith("· kernel triton-interpreter (cpu)"), caption
+
+
+def test_a_step_that_ran_no_model_step_names_no_kernel() -> None:
+    # A fork runs no kernel: taken after the switch, it is not said to have run on the
+    # kernel before it (the snapshot's kernel report is the last model step's).
+    at = open_tour("08-fork-copy-on-write")
+    click(at, "tour_next")
+    at.segmented_control(key="dev_kernel").set_value("auto").run()
+    click(at, "tour_next")
+    assert run_of(at).frame(2).label.startswith("fork")
+    caption = next(c.value for c in at.caption if c.value.startswith("Viewing step"))
+    assert caption == ("Viewing step **2** of 6 · 2 applied so far · kernel triton-interpreter "
+                       "(cpu)"), caption
+    at.slider(key="tour_slider").set_value(1).run()
+    caption = next(c.value for c in at.caption if c.value.startswith("Viewing step"))
+    assert caption.endswith("; step 1 ran on torch"), caption
+
+
+def test_a_back_whose_run_a_stop_replaced_still_goes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Back pressed while a long step runs waits for the step; Stop this step replaces
+    # its run with one that carries the Back's address without Streamlit's mark. The
+    # address was noted as a Back when it came, so it is not taken for a stale copy.
+    at = open_tour("03-growth", "0")
+    for _ in range(3):
+        click(at, "tour_next")
+    assert at.query_params["step"] == "3"
+    with monkeypatch.context() as m:
+        # The Back's own run notes its address and is then replaced before applying it:
+        # here, it raises as Streamlit stops a superseded run, once it has noted it.
+        def superseded() -> None:
+            raise RuntimeError("superseded")
+        m.setattr(history, "went_back_or_forward", lambda: True)
+        m.setattr(tour, "_apply_link", superseded)
+        at.query_params["step"] = "2"
+        at.run()
+    at.query_params["step"] = "2"
+    at.run()
+    assert viewed_step(at) == 2 and at.query_params["step"] == "2"
+    assert at.query_params["applied"] == "3"

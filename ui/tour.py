@@ -89,6 +89,11 @@ class TourState:
     # slider, a Pause during a fast play), which is no link a person opened (see
     # `_apply_link`).
     written: tuple[Link, ...] = ()
+    # The address a Back or Forward brought, until a run applies it: the run that brought
+    # it may wait for a step, and a click meanwhile (Stop this step) replaces it with a
+    # run that carries the same address without the mark (Streamlit drops it on a
+    # widget's interaction).
+    back_to: Link | None = None
     uploaded: tuple[str, Scenario] | None = None    # (title, scenario)
     # The upload's name in the address (`upload_link`): its entries in the browser's
     # history are its own, and one of a file since replaced is known as such.
@@ -247,6 +252,9 @@ def sync() -> tuple[TourRun, Frame]:
     if t.goto_playground:
         t.goto_playground = False
         st.switch_page(PLAYGROUND_PAGE)
+    if history.went_back_or_forward():
+        # Noted before waiting for the state's lock (see `back_to`).
+        t.back_to = _given_link()
     with held():
         _apply_link()
         if t.run is None:
@@ -275,11 +283,18 @@ def sync() -> tuple[TourRun, Frame]:
         return run, run.frame(t.view)
 
 
+def _given_link() -> Link:
+    """The link in the address this run came with."""
+    params = st.query_params
+    return (params.get("scenario"), params.get("step"), params.get("applied"))
+
+
 def _apply_link() -> None:
     t = state()
     params = st.query_params
-    want: Link = (params.get("scenario"), params.get("step"), params.get("applied"))
-    went = history.went_back_or_forward()
+    want = _given_link()
+    went = history.went_back_or_forward() or want == t.back_to
+    t.back_to = None
     if went:
         # The browser's Back or Forward during a play: the person went to a view, and
         # the play stops there (it went on, and wrote its next step over that entry).

@@ -31,10 +31,9 @@ from backend.views.control import NOT_PERTURBED
 from backend.views.text import plain_md
 from ui.progress import POLL_S, SHOW_AFTER_S, STEP_STOP_KEY, Shown, SlotBar
 
-# The Stop buttons' keys start with this, then say whose bar (the stepping run's or a
-# waiting run's) and number it: one run may wait more than once, and two buttons of one
-# key in one run would be an error.
-STOP_KEY = STEP_STOP_KEY
+# The Stop buttons' keys start with STEP_STOP_KEY, then say whose bar (the stepping
+# run's or a waiting run's) and number it: one run may wait more than once, and two
+# buttons of one key in one run would be an error.
 _BARS = itertools.count(1)
 # A bar redrawn at most this often: a torch step may run thousands of iterations a
 # second, and each redraw is a message to the browser.
@@ -96,7 +95,7 @@ class TimedBar:
     """A bar showing a Timed, with a Stop button under it, at `where` (a placeholder;
     None: the page, which from a callback is its top). Drawn once the step has run
     SHOW_AFTER_S (quicker ones would only flicker), redrawn at most every REDRAW_S.
-    `whose` goes into its button's key (STOP_KEY)."""
+    `whose` goes into its button's key (STEP_STOP_KEY)."""
 
     def __init__(self, shown: Shown, whose: str, on_stop: Callable[[Timed], None],
                  where: DeltaGenerator | None = None) -> None:
@@ -118,7 +117,7 @@ class TimedBar:
             # The click's callback runs in the run it starts, before that run waits for
             # the lock, unless another callback of that run waits first: then
             # acquire_showing finds the click by its key.
-            key = f"{STOP_KEY}{self.whose}_{next(_BARS)}"
+            key = f"{STEP_STOP_KEY}{self.whose}_{next(_BARS)}"
             step.keys.append(key)
             self.shown.call(st.button, "Stop this step", key=key, on_click=self.on_stop,
                             args=(step,),

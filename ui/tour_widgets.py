@@ -236,13 +236,14 @@ def controls(run: TourRun) -> None:
         st.slider("Steps taken so far: view any of them", 0, run.taken, key="tour_slider",
                   on_change=_on_slider, help="Step 0 is the fresh engine. Looking back "
                   "recomputes nothing; Next continues from the newest step.")
-    # The kernel the steps to come run on; a step viewed that ran on another (the
-    # sidebar's kernel changed since) says so, rather than seem to have run on this one.
+    # The kernel the steps to come run on; a step viewed whose model steps ran on
+    # another (the sidebar's kernel changed since) says so, rather than seem to have run
+    # on this one.
     now = run.engine.kernels.name
-    ran = run.frame(t.view).snapshot["kernel"].get("backend", now)
+    ran = run.frame(t.view).ran_on
     st.caption(f"Viewing step **{t.view}** of {run.total} · {run.taken} applied so far · "
                f"kernel {now} ({run.engine.device})"
-               + ("" if ran == now or t.view == 0 else f"; step {t.view} ran on {ran}"))
+               + ("" if ran is None or ran == now else f"; step {t.view} ran on {ran}"))
     if run.error is not None:
         st.error(plain_md(f"The engine refused {run.error}. The run stops there: step "
                           f"{run.taken} is the state before it."))

@@ -172,6 +172,9 @@ class Frame:
     # The same steps so far in a control run without the perturbations (None at the
     # start, or when the scenario's control does not fit; see `TourRun.control`).
     control: ControlReport | None = None
+    # The kernel backend the step's model steps ran on; None when it ran none (a fork,
+    # a finish) or at the start.
+    ran_on: str | None = None
 
     @property
     def all_ok(self) -> bool:
@@ -312,6 +315,8 @@ class TourRun:
                 return False
             return time.monotonic() < deadline
 
+        # Each model step reports anew: the same report after the step means none ran.
+        before = self.engine.kernel_report
         try:
             _, _, result = next(run_steps(self.engine, (step,), first=i, mirror=self.mirror,
                                           keep_going=in_time))
@@ -364,8 +369,10 @@ class TourRun:
 
             self.control.follow(step.op, self.engine, control_in_time)
             report = self.control.report(self.engine)
+        after = self.engine.kernel_report
         frame = Frame(i, snap, describe_op(step.op), step.narration, summarize(result, snap),
-                      checks, arena_state(self.mirror), report)
+                      checks, arena_state(self.mirror), report,
+                      None if after is before else after.backend)
         self.frames.append(frame)
         return frame
 
