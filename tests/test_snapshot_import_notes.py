@@ -359,13 +359,21 @@ def test_a_file_that_starts_with_a_zero_byte_is_said_to_be_read_as_utf16() -> No
             (bytes(range(256)) * 10, "UTF-16-BE",
              "it holds the control character U+0001 at line 1 column 1, which no JSON text "
              "has"),
-            ('{"a":'.encode("utf-16-le"), "UTF-16-LE",
+            ('{"a":'.encode("utf-16-be"), "UTF-16-BE",
              "Expecting value: line 1 column 6 (char 5)")):
         with pytest.raises(PagedLabError) as info:
             decode_json(data, "snapshot")
         assert str(info.value) == (f"snapshot is not valid JSON: its first bytes mark it as "
                                    f"{encoding} text, and read as that, {said}; it may be a "
                                    "binary file, or else save it as UTF-8")
+    # UTF-16 text (with a byte-order mark, as Windows' "Unicode" saves it, or without)
+    # is read as such: a mistake in it is named, with no guess that it is binary.
+    for data, encoding in (('{"a" 1}'.encode("utf-16"), "UTF-16"),
+                           ('{"a" 1}'.encode("utf-16-le"), "UTF-16-LE")):
+        with pytest.raises(PagedLabError) as info:
+            decode_json(data, "snapshot")
+        assert str(info.value) == (f"snapshot is not valid JSON (read as {encoding} text): "
+                                   "Expecting ':' delimiter: line 1 column 6 (char 5)")
     # UTF-16 that is JSON is read.
     assert decode_json('{"a": 1}'.encode("utf-16-le"), "snapshot") == {"a": 1}
 

@@ -84,16 +84,21 @@ def decode_json(data: str | bytes, what: str) -> Any:
     except json.JSONDecodeError as exc:
         problem = _control_problem(exc) or str(exc)
         encoding = json.detect_encoding(data) if isinstance(data, bytes) else "utf-8"
-        if not encoding.startswith("utf-8"):
-            # Zero bytes among the first four made the reader take UTF-16 or UTF-32, and
-            # what it read is no JSON: a binary file, most likely (it begins with a 0x00),
-            # of which the text read (a U+0001, say) would tell nothing.
+        if encoding.startswith("utf-8"):
+            raise PagedLabError(f"{what} is not valid JSON: {problem}") from None
+        if data[:1] == b"\x00":
+            # The reader took a file that begins with a zero byte for UTF-16 or UTF-32
+            # (no JSON text written as UTF-8 does), and what it read is no JSON: a binary
+            # file, most likely, of which the text read (a U+0001, say) tells nothing.
             raise PagedLabError(
                 f"{what} is not valid JSON: its first bytes mark it as "
                 f"{_encoding_name(encoding)} text, and read as that, "
                 f"{problem.removesuffix('; it may be a binary file')}; it may be a binary "
                 "file, or else save it as UTF-8") from None
-        raise PagedLabError(f"{what} is not valid JSON: {problem}") from None
+        # UTF-16 or UTF-32 text (a byte-order mark, as Windows' "Unicode" saves it): read
+        # as such, with a mistake of its own to mend.
+        raise PagedLabError(f"{what} is not valid JSON (read as {_encoding_name(encoding)} "
+                            f"text): {problem}") from None
     except RecursionError:
         # Python's words ("maximum recursion depth exceeded while decoding a JSON array
         # from a unicode string") say how the reader failed, not what is in the file.
