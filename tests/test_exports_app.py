@@ -231,8 +231,16 @@ def test_export_import_export_gives_the_same_file(media: Media) -> None:
     # it: "restored." beside a new session would describe a state no longer shown.
     assert "Last upload, prefix.json: restored." in [c.value for c in other.caption]
     other.button(key="btn_new_session").click().run()
-    assert other.file_uploader(key="import_snapshot").value is not None
     assert not [c.value for c in other.caption if c.value.startswith("Last upload")]
+    # The file goes with its note: held on, it read as loaded into the new session.
+    # (A file uploader is emptied only under a new key.)
+    assert [u.key for u in other.file_uploader] == ["import_snapshot_1"]
+    assert other.file_uploader(key="import_snapshot_1").value is None
+    upload_key = "import_snapshot_1"
+    other.file_uploader(key=upload_key).set_value(("again.json", exported,
+                                                   "application/json")).run()
+    assert "Last upload, again.json: restored." in [c.value for c in other.caption]
+    assert engine(other).step == 5
 
 
 # ---- refused uploads ------------------------------------------------------------------

@@ -134,15 +134,25 @@ def downloads(snap: Snapshot, *, stem: str, prefix: str,
 # ---- import ------------------------------------------------------------------------
 
 IMPORT_KEY = "import_snapshot"
+# How many times the uploader was drawn afresh (its key then says so): a file it still
+# holds once its note is gone (another session opened, a reset) would read as loaded,
+# and a file uploader's value cannot be cleared but by a new key.
+IMPORT_GEN = "import_gen"
 # (file name, outcome) of the last upload, beside the uploader, kept for the engine it
 # left on the page (ui/kept.py): once another replaces it (a session opened, Back
 # or Forward, New session, a reset), "restored." would sit beside a state it did not make.
 IMPORT_NOTE = "import_note"
 
 
-def _on_import() -> None:
+def _import_key() -> str:
+    """The uploader's key now: IMPORT_KEY, then numbered once drawn afresh."""
+    gen = st.session_state.get(IMPORT_GEN, 0)
+    return IMPORT_KEY if not gen else f"{IMPORT_KEY}_{gen}"
+
+
+def _on_import(key: str) -> None:
     """Uploader callback: restore the file's state into the Playground, or say why not."""
-    uploaded = st.session_state.get(IMPORT_KEY)
+    uploaded = st.session_state.get(key)
     if uploaded is None:   # the file was removed from the uploader (import_panel drops its note)
         return
     source = f"the snapshot in {uploaded.name!r}"
@@ -178,18 +188,23 @@ def _on_import() -> None:
 
 def import_panel() -> None:
     """Upload a snapshot to restore that exact state and keep working from it."""
+    note = kept_result(IMPORT_NOTE, session.get_engine())
+    held = st.session_state.get(_import_key())
+    if held is not None and (note is None or held.name != note[0]):
+        # Its note went with the engine it was for: the file goes too.
+        st.session_state[IMPORT_GEN] = st.session_state.get(IMPORT_GEN, 0) + 1
+        held = None
+    key = _import_key()
     # No type filter: the content is checked, and a snapshot saved as .txt is still one;
     # a filter's refusal would be Streamlit's chip, which stays beside later uploads.
     st.file_uploader(
-        "Upload a snapshot (JSON)", key=IMPORT_KEY, on_change=_on_import,
+        "Upload a snapshot (JSON)", key=key, on_change=_on_import, args=(key,),
         max_upload_size=uploader_mib(MAX_SNAPSHOT_BYTES),
         help="A snapshot downloaded here or written by `python -m backend run --out`. Its "
              "requests, blocks, reference counts, cached hashes, tokens and events are "
              "restored exactly, K/V recomputed from the tokens; the pool and model settings "
              "become the snapshot's. A malformed or inconsistent file is refused and the "
              "current state kept." + limit_help(MAX_SNAPSHOT_BYTES))
-    note = kept_result(IMPORT_NOTE, session.get_engine())
-    held = st.session_state.get(IMPORT_KEY)
     if note is not None and (held is None or held.name != note[0]):
         # The file left the uploader (removed, or the uploader not drawn on another page,
         # which Streamlit forgets without a callback): its note goes with it.
