@@ -221,8 +221,18 @@ def test_a_waiting_request_s_refusal_names_what_holds_it_back() -> None:
     assert list(e.waiting) == ["C"]
     assert refusal(e, grow_c) == (
         "cannot grow request 'C': it has not started: the pool has no room for it yet: "
-        "it needs 8 new blocks, and 3 are free beyond what the running requests still "
-        "need; step the batch to admit it as they finish")
+        "it needs 8 new blocks, and 3 are free or cached; step the batch to admit it as "
+        "they finish")
+    # Where a running request still needs a block (A's 8 tokens fill its 2 blocks, and
+    # its next token takes a third), the figure is said as what is left of the free and
+    # cached blocks, not as a count the Free blocks metric might seem to show.
+    held = engine(num_blocks=6)
+    apply(held, {"op": "add", "request": "A", "prompt_len": 8},
+          {"op": "add", "request": "C", "prompt_len": 16})
+    assert refusal(held, grow_c) == (
+        "cannot grow request 'C': it has not started: the pool has no room for it yet: "
+        "it needs 5 new blocks, and 3 of the 4 free or cached are left once the running "
+        "requests take the 1 they still need; step the batch to admit it as they finish")
     # Once A finishes, C's blocks are free: the next step starts it.
     apply(e, {"op": "finish", "request": "A"})
     assert refusal(e, grow_c).endswith("it has not started: its blocks are free now: the "

@@ -278,14 +278,19 @@ class Admission(ABC):
         hits = 0 if len(plans) == 1 else sum(len(p.hit_blocks) for p in plans)
         need = (sum(p.num_new_blocks for p in plans) + hits
                 + sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit))
-        free = max(plans[0].num_available - self._reserve(), 0)
+        available, reserve = plans[0].num_available, self._reserve()
+        free = max(available - reserve, 0)
         keep = self.config.watermark_blocks or 0
         if fits_with_watermark(free, need, keep):
             return "its blocks are free now: the next step starts it"
         kept = f" with the watermark's {counted(keep, 'block')} kept free" if keep else ""
+        # Counted as the pool hands them out, free and cached (evictable) together, so
+        # neither the Free blocks metric nor the Cached one alone is the figure said.
+        room = (f"{available:,} {agrees(available, 'is', 'are')} free or cached" if not reserve
+                else f"{free:,} of the {available:,} free or cached {agrees(free, 'is', 'are')} "
+                     f"left once the running requests take the {reserve:,} they still need")
         return (f"the pool has no room for it yet: it needs {counted(need, 'new block')}"
-                f"{kept}, and {free:,} {agrees(free, 'is', 'are')} free beyond what the "
-                "running requests still need; step the batch to admit it as they finish")
+                f"{kept}, and {room}; step the batch to admit it as they finish")
 
     def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int) -> bool:
         """`_fits` for requests admitted together (a beam group): their new blocks summed,
