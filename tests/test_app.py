@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.engine.engine import Engine
 from backend.io.snapshot import export_snapshot
+from backend.views import block_tokens
 from backend.views.text import WORD_JOINER
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -460,7 +461,10 @@ def test_highlighting_a_request_or_a_block() -> None:
     assert at.selectbox(key="focus_req").value is None     # the newest choice wins
     text = markdown(at)
     assert "Block **4**: used, ref count 2, 4/4 slots filled" in text
-    assert "held by A, B." in text
+    # What it holds, as its tooltip says it (tiny-byte's bytes, quoted whole).
+    tokens = block_tokens(export_snapshot(engine(at)), [4])[4]
+    assert len(tokens) == 4
+    assert f"held by A, B. It holds “{tokens}”." in shown(text)
     # The field has no bounds in the browser: a block the pool lacks is refused here.
     for missing in (32, -1):
         at.number_input(key="focus_block").set_value(missing).run()

@@ -42,7 +42,7 @@ def test_a_salted_prompt_shares_only_with_its_own_salt() -> None:
     text = markdown(at)
     assert (f"Block **{salted_block.id}**: cached, ref count 0, 4/4 slots filled, hash "
             f"{salted_block.hash.digest[:8]} (keyed under cache salt 'tenant-b'), held by no "
-            "request.") in text
+            "request. It holds “") in text
     at.number_input(key="focus_block").set_value(0).run()
     assert "cache salt" not in markdown(at)
 

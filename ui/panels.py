@@ -114,9 +114,15 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
         b = snap["blocks"][blk]
         holders = views.holders_by_block(snap)[blk]
         held = f"held by {plain_md(', '.join(holders))}" if holders else "held by no request"
+        # What it holds, as its tooltip says it: for a cached block, the prefix it keeps
+        # for a later prompt, which is what one asks of it.
+        tokens = views.block_tokens(snap, [blk]).get(blk, "")
+        if tokens and snap["config"].get("model", TINY_BYTE) == TINY_BYTE:
+            tokens = f"“{tokens}”"
         text = (f"Block **{blk}**: {b['state']}, ref count {b['ref_count']}, "
                 f"{b['num_filled']}/{snap['config']['block_size']} slots filled, "
-                f"hash {plain_md((b['hash'] or '—')[:8])}{_salted(snap, blk)}, {held}.")
+                f"hash {plain_md((b['hash'] or '—')[:8])}{_salted(snap, blk)}, {held}."
+                + (f" It holds {plain_md(tokens)}." if tokens else ""))
         return Focus(frozenset({blk}), frozenset(holders), text)
     return Focus(frozenset(), frozenset(), "")
 
