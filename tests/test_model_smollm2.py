@@ -193,6 +193,9 @@ def test_a_request_that_samples_end_of_sequence_finishes() -> None:
     # The Finished list shows the answer without the end-of-sequence token it ended on.
     finished = finished_frame(export_snapshot(engine)).set_index("request")
     assert finished.loc["A", "generated text"] == "The capital of France is Paris."
+    # Its prompt by its last user turn: every chat's rendered template starts with the
+    # same system turn, which filled the column.
+    assert finished.loc["A", "prompt"] == "…user: What is the capital of France?"
     # grow stops at end-of-sequence too, before its count.
     engine.apply(Add("B", messages=question))
     engine.apply(Grow("B", 20))

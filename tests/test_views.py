@@ -1067,3 +1067,14 @@ def test_an_answer_that_ended_on_end_of_sequence_is_shown_without_it() -> None:
             "status": "finished", "block_table": [], "num_tokens": 4}
     snap["requests"] = [beam]
     assert beams_frame(snap, "B")["generated text"].tolist() == ["1"]   # token 33
+
+
+def test_the_finished_panel_shows_a_chat_prompt_by_its_last_user_turn() -> None:
+    e = Engine(EngineConfig.from_json({"num_blocks": 32, "block_size": 8}), kernel="torch")
+    e.apply(Add("C", messages=(("user", "Hi there"), ("assistant", "Hello"),
+                               ("user", "And then?")), max_new_tokens=1))
+    e.apply(Add("P", prompt="plain\ntext", max_new_tokens=1))
+    e.apply(Step(2))
+    finished = views.finished_frame(export_snapshot(e)).set_index("request")
+    assert finished.loc["C", "prompt"] == "…user: And then?"
+    assert finished.loc["P", "prompt"] == "plain\\ntext"

@@ -12,6 +12,7 @@ a per-block scan.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -321,6 +322,16 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
 
 
 FINISHED_COLUMNS = ["request", "status", "prompt", "generated text"]
+# A chat prompt's last user turn, as token_text writes it (a line break as \n): the
+# rendered template starts with the same system turn for every chat, which filled the
+# column and hid what each one asked.
+_LAST_USER_TURN = re.compile(r"<\|im_start\|>user\\n(.*?)<\|im_end\|>", re.S)
+
+
+def _prompt_shown(text: str) -> str:
+    """A prompt as the Finished panel shows it: a chat's by its last user turn."""
+    turns = _LAST_USER_TURN.findall(text)
+    return f"…user: {turns[-1]}" if turns else text
 
 
 def finished_frame(snap: Snapshot) -> pd.DataFrame:
@@ -329,7 +340,7 @@ def finished_frame(snap: Snapshot) -> pd.DataFrame:
     A finished request holds no blocks, so its text shows nowhere else."""
     rows = [{
         "request": req["id"], "status": status_text(req),
-        "prompt": token_text(snap, req["tokens"][:req["prompt_len"]]),
+        "prompt": _prompt_shown(token_text(snap, req["tokens"][:req["prompt_len"]])),
         "generated text": token_text(snap, answer_tokens(snap, req)),
     } for req in snap["requests"] if req["status"] == "finished" and "beam_width" not in req]
     return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
