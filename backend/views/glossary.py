@@ -61,7 +61,10 @@ METRICS: dict[str, str] = {
                            "prompt token is always computed (its logits give the first new "
                            "token), so the block holding it is too: the partial last block, "
                            "or, for a prompt that fills its blocks exactly, the whole last "
-                           "block (16 tokens in blocks of 4: 4 lost).",
+                           "block (16 tokens in blocks of 4: 4 lost). Counted at each "
+                           "lookup (see Prefix-cache queries), a swapped-in request's too, "
+                           "though its host blocks bring that K/V back rather than a "
+                           "recomputation.",
     "swapped": "Requests preempted by swap: their K/V waits in the host pool, holding no "
                "device block, until room lets them swap back in.",
     "preemptions": "Times a request's blocks were taken back because the pool ran out.",
