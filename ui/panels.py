@@ -117,7 +117,7 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
         # What it holds, as its tooltip says it: for a cached block, the prefix it keeps
         # for a later prompt, which is what one asks of it.
         tokens = views.block_tokens(snap, [blk]).get(blk, "")
-        if tokens and snap["config"].get("model", TINY_BYTE) == TINY_BYTE:
+        if tokens and model_of(snap) == TINY_BYTE:
             tokens = f"“{tokens}”"
         text = (f"Block **{blk}**: {b['state']}, ref count {b['ref_count']}, "
                 f"{b['num_filled']}/{snap['config']['block_size']} slots filled, "

@@ -465,6 +465,9 @@ class Verdict:
     found: bool
     got: Any            # None when not found
     failure: str | None  # the readable mismatch line, None when ok
+    # Why the path leads nowhere, without the path ("not found (no request 'Z')"), for
+    # a reader that names the path itself; None when found.
+    problem: str | None = None
 
 
 def check_expectation(path: str, want: Any, snapshot: dict[str, Any], engine: Engine,
@@ -476,7 +479,8 @@ def check_expectation(path: str, want: Any, snapshot: dict[str, Any], engine: En
     except NOT_FOUND as exc:
         # A KeyError's str() is its argument's repr: quotes around the whole reason.
         reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        return Verdict(False, False, None, f"{shown_path(path)}: not found ({reason})")
+        problem = f"not found ({reason})"
+        return Verdict(False, False, None, f"{shown_path(path)}: {problem}", problem)
     if _same(got, want):
         return Verdict(True, True, got, None)
     return Verdict(False, True, got,

@@ -39,7 +39,6 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Grow, Step, describe_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror
-from backend.io.expect_paths import shown_path
 from backend.io.json_input import decode_json, file_kind
 from backend.io.scenario import (
     MAX_SCENARIO_BYTES,
@@ -150,9 +149,7 @@ def check_rows(expect: dict[str, Any], snapshot: dict[str, Any], engine: Engine,
         v = check_expectation(path, want, snapshot, engine, result, mirror)
         # The row names the path already: its problem is the reason alone ("not found
         # (no field 'x')"), where the CLI's line starts with the path.
-        problem = (None if v.found or v.failure is None
-                   else v.failure.removeprefix(f"{shown_path(path)}: "))
-        rows.append(Check(path, want, v.got, v.ok, problem))
+        rows.append(Check(path, want, v.got, v.ok, v.problem))
     return tuple(rows)
 
 

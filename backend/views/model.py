@@ -322,7 +322,8 @@ def requests_frame(snap: Snapshot) -> pd.DataFrame:
 
 
 FINISHED_COLUMNS = ["request", "status", "prompt", "generated text"]
-# A chat prompt's last user turn, as token_text writes it (a line break as \n): the
+# A chat prompt's last user turn, in the ChatML both models render a chat in
+# (backend/models/tokenizer.py), as token_text writes it (a line break as \n): the
 # rendered template starts with the same system turn for every chat, which filled the
 # column and hid what each one asked.
 _LAST_USER_TURN = re.compile(r"<\|im_start\|>user\\n(.*?)<\|im_end\|>", re.S)
