@@ -27,6 +27,9 @@ from backend.models.gguf_loader import INSTALL_RUNTIME, GGUFVocab
 
 CONTROL = 3
 ROLES = ("system", "user", "assistant")
+# ChatML's turn markers, as SmolLM2's template writes them (`chatml`).
+TURN_START = "<|im_start|>"
+TURN_END = "<|im_end|>"
 Message = dict[str, str]
 
 
@@ -116,8 +119,8 @@ def show_bytes(data: bytes) -> str:
 def chatml(messages: Sequence[Message]) -> str:
     """The ChatML text SmolLM2's template writes (without its default system prompt):
     what models without a template of their own render messages as."""
-    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-    return turns + "<|im_start|>assistant\n"
+    turns = "".join(f"{TURN_START}{m['role']}\n{m['content']}{TURN_END}\n" for m in messages)
+    return turns + f"{TURN_START}assistant\n"
 
 
 class BPETokenizer:

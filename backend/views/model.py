@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from backend.core.config import TINY_BYTE
+from backend.models.tokenizer import TURN_END, TURN_START
 from backend.paging.events import Event, describe
 from backend.views.glossary import REQUEST_FIELDS
 from backend.views.host_pool import on_device
@@ -326,7 +327,8 @@ FINISHED_COLUMNS = ["request", "status", "prompt", "generated text"]
 # (backend/models/tokenizer.py), as token_text writes it (a line break as \n): the
 # rendered template starts with the same system turn for every chat, which filled the
 # column and hid what each one asked.
-_LAST_USER_TURN = re.compile(r"<\|im_start\|>user\\n(.*?)<\|im_end\|>", re.S)
+_LAST_USER_TURN = re.compile(re.escape(f"{TURN_START}user") + r"\\n(.*?)" + re.escape(TURN_END),
+                             re.S)
 
 
 def _prompt_shown(text: str) -> str:
