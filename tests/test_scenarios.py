@@ -11,6 +11,7 @@ from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Grow, Shuffle
 from backend.io.cli import main
+from backend.io.expect import check_expectations
 from backend.io.expect_paths import (
     BLOCK_FIELDS,
     METRIC_FIELDS,
@@ -18,7 +19,7 @@ from backend.io.expect_paths import (
     SWAP_METRIC_FIELDS,
     SWAP_SNAPSHOT_FIELDS,
 )
-from backend.io.scenario import check_expectations, load_scenario, parse_scenario, run_steps
+from backend.io.scenario import load_scenario, parse_scenario, run_steps
 from backend.io.snapshot import export_snapshot
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "assets" / "scenarios").glob("*.json"))
@@ -243,12 +244,12 @@ def test_true_and_false_match_only_themselves_also_inside_lists() -> None:
 
 
 def test_same_tells_true_from_1_at_any_depth() -> None:
-    from backend.io.scenario import _same
+    from backend.io.expect import same
 
-    assert not _same([1, 2], [True, 2]) and not _same({"a": 1}, {"a": True})
-    assert not _same(1, True) and _same(True, True) and _same([False], [False])
-    assert _same([1.0 + 1e-12, 2], [1, 2]) and _same((1, 2), [1, 2])
-    assert not _same([1, 2], [1, 2, 3]) and not _same({"a": 1}, {"b": 1})
+    assert not same([1, 2], [True, 2]) and not same({"a": 1}, {"a": True})
+    assert not same(1, True) and same(True, True) and same([False], [False])
+    assert same([1.0 + 1e-12, 2], [1, 2]) and same((1, 2), [1, 2])
+    assert not same([1, 2], [1, 2, 3]) and not same({"a": 1}, {"b": 1})
 
 
 @pytest.mark.parametrize("swap", [False, True], ids=["recompute", "swap"])

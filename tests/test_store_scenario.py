@@ -21,8 +21,9 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step, parse_op
 from backend.io.cli import main
+from backend.io.expect import check_expectations
 from backend.io.restore import restore_engine
-from backend.io.scenario import check_expectations, parse_scenario
+from backend.io.scenario import parse_scenario
 from backend.io.scenario_export import export_scenario, op_to_json, scenario_json
 from backend.io.snapshot import export_snapshot
 from backend.sessions import oplog as oplog_mod

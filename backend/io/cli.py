@@ -26,13 +26,13 @@ from backend.core.checks import json_kind
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
+from backend.io.expect import check_expectations
 from backend.io.json_input import file_kind, same_file
 from backend.io.report import say
 from backend.io.restore import restore_engine, restore_notes
 from backend.io.scenario import (
     ScenarioError,
     check_config_matches,
-    check_expectations,
     check_start,
     load_scenario,
     read_json,

@@ -1,7 +1,7 @@
 """Expectation paths that can never be met, found when a scenario is read.
 
 A step's `expect` is checked against the snapshot taken after it runs
-(backend/io/scenario.py, `resolve`). A misspelt path ("metric.used_blocks",
+(backend/io/expect.py, `resolve`). A misspelt path ("metric.used_blocks",
 "events.evicted", "blocks.40.ref_count" in a 32-block pool) would only say
 "not found" when its step ran, perhaps many steps and a long run later. What
 no run of the scenario could ever find is named as soon as the file is read.

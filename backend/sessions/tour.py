@@ -39,12 +39,12 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Grow, Step, describe_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror
+from backend.io.expect import check_expectation
 from backend.io.json_input import decode_json, file_kind
 from backend.io.scenario import (
     MAX_SCENARIO_BYTES,
     Scenario,
     ScenarioError,
-    check_expectation,
     load_scenario,
     parse_scenario,
     run_steps,
