@@ -1,7 +1,7 @@
-"""The sidebar's settings and everything that replaces the session's engine.
+"""Everything that replaces the session's engine, and its kernel changes.
 
-The fields describe an `EngineConfig` (`fields_config`); applying one, a reset,
-a new session or a restored snapshot builds a new engine (`_replace_engine`,
+The sidebar's fields describe an `EngineConfig` (ui/settings_fields.py); applying
+one, a reset, a new session or a restored snapshot builds a new engine (`_replace_engine`,
 `restore_snapshot`) under the current engine's lock (`operations.holding_current`),
 loading a real model's weights first with a progress bar, and installs it with
 its settings, history and log (`install`); a device or kernel change keeps the
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import streamlit as st
 
-from backend.core.config import GREEDY_BELOW, REAL_MODELS, EngineConfig
+from backend.core.config import GREEDY_BELOW, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
@@ -25,12 +25,9 @@ from backend.io.restore import restore_notes
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
 from backend.sessions.budget import SERVER_BUDGET
-from backend.sessions.forms import config_from_fields, field_problem
 from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import (
-    MODEL_FIELDS,
-    MODEL_PRESETS,
     Settings,
     build_engine,
     has_state,
@@ -44,14 +41,10 @@ from backend.sessions.playground import (
 from backend.sessions.progress import Work
 from backend.views.text import notes_text, plain_md
 from ui import progress, store
-from ui.labels import FIELD_LABELS
-from ui.numbers import MAX_EXACT, out_of_range, whole
 from ui.operations import REPLACED_TOO_OFTEN, OpSession, holding_current
 from ui.progress import Shown
 from ui.session import (
-    CONFIG_KEYS,
     CONFIRM_RESET,
-    DIM_KEYS,
     STEP_PICK,
     TIMELINE_PICK,
     collect,
@@ -59,79 +52,10 @@ from ui.session import (
     flash,
     get_engine,
     get_owner,
-    get_settings,
     snapshot_now,
     view_defaults,
 )
-
-# The sidebar's number fields that may hold a fraction; the others hold whole numbers.
-FRACTION_FIELDS = frozenset({"temperature", "top_p"})
-
-
-def _field_value(name: str, value: Any, applied: Any) -> Any:
-    """A sidebar field's value as the config takes it: a whole-number field's float
-    (ui/numbers.py) as an int, a fraction refused by the field's name.
-
-    A seed past 2^53 - 1 (a scenario or snapshot may give up to 2^63 - 1) comes back
-    from the browser rounded: the number the browser shows for the `applied` seed is
-    that seed. Another such number is refused: the seed applied would not be the one
-    typed. A negative seed is refused with the field's range (0 to 2^53 - 1), not the
-    config's larger one.
-    """
-    if not isinstance(value, float) or name in FRACTION_FIELDS:
-        return value
-    label = FIELD_LABELS[name]
-    if name == "seed" and value < 0:
-        # The field's own range, not the config's 2^63 - 1, which it refuses past 2^53 - 1.
-        raise PagedLabError(out_of_range(label, 0, MAX_EXACT, value))
-    if name == "seed" and abs(value) > MAX_EXACT:
-        if isinstance(applied, int) and float(applied) == value:
-            return applied
-        raise PagedLabError(
-            f"{out_of_range(label, 0, MAX_EXACT, value)}: a browser's field rounds a larger "
-            "number, so it would not be the number typed (a scenario or snapshot file may give "
-            f"up to {(1 << 63) - 1:,})")
-    return whole(label, value)
-
-
-def fields_config() -> tuple[EngineConfig | None, str | None]:
-    """The config the sidebar's fields describe, or the reason they describe none.
-
-    Every field holding a fraction is named, one per line (a person fixing two sees
-    both), and with them every other field out of its range; the config's checks across
-    fields, which need whole numbers, come after.
-    """
-    ss = st.session_state
-    applied = get_settings().config
-    # A real model's dimensions come from its weights: tiny-byte's size fields, not
-    # drawn for it, are not read (nor refused) either.
-    real = ss.get("cfg_model_name", applied.model) in REAL_MODELS
-    fields: dict[str, Any] = {}
-    fractions: dict[str, str] = {}
-    for key, name in CONFIG_KEYS.items():
-        if key in ss and not (real and key in DIM_KEYS):
-            try:
-                fields[name] = _field_value(name, ss[key], getattr(applied, name))
-            except PagedLabError as exc:
-                if key == "cfg_num_cpu_blocks" and ss.get("cfg_preemption") != "swap":
-                    # Left with a fraction when Recompute was picked: the field is
-                    # disabled now, so it cannot be fixed; the pool is unused anyway.
-                    fields[name] = applied.num_cpu_blocks
-                else:
-                    fractions[name] = str(exc)
-    if fractions:
-        # With the fields read whole that are out of range (checked one by one, as
-        # config_from_fields would), in the sidebar's order.
-        swap = fields.get("preemption", applied.preemption) == "swap"
-        problems = [fractions[name] if name in fractions
-                    else field_problem(name, fields[name], swap=swap)
-                    for name in CONFIG_KEYS.values() if name in fractions or name in fields]
-        return None, "\n".join(p for p in problems if p is not None)
-    try:
-        return config_from_fields(fields, applied), None
-    except PagedLabError as exc:
-        return None, str(exc)
-
+from ui.settings_fields import fields_config
 
 REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "req_child": "", TIMELINE_PICK: None,
                                    STEP_PICK: None,
@@ -445,15 +369,6 @@ def apply_pending() -> None:
         apply_config(config)
 
 
-def keep_current() -> None:
-    """Callback of "Keep current": put the fields back to the applied config (with a
-    real model applied, tiny-byte's size fields back to its defaults, as `init` seeds
-    them)."""
-    for key, value in {**config_fields(EngineConfig()),
-                       **config_fields(get_settings().config)}.items():
-        st.session_state[key] = value
-
-
 def reset() -> None:
     """Callback of "Reset engine": a fresh engine with the applied settings."""
     _replace_engine(lambda s: s, "Engine reset")
@@ -497,22 +412,6 @@ def _switch_held(sess: OpSession, device: str, kernel: str) -> None:
     sess.flash("info", f"Kernel switched: the next model step runs on "
                        f"{engine.kernels.name} ({engine.device}); requests and blocks "
                        "are unchanged.")
-
-
-def model_preset_changed() -> None:
-    """Callback of the model-size field: fill in that preset's dimensions."""
-    ss = st.session_state
-    preset = MODEL_PRESETS.get(ss["cfg_model"])
-    if preset is not None:
-        for name in MODEL_FIELDS:
-            ss[f"cfg_{name}"] = preset[name]
-
-
-def model_dims_changed() -> None:
-    """Callback of the four dimension fields: name the preset they match, if any."""
-    ss = st.session_state
-    dims = {name: ss[f"cfg_{name}"] for name in MODEL_FIELDS}
-    ss["cfg_model"] = next((n for n, p in MODEL_PRESETS.items() if p == dims), "custom")
 
 
 def engine_has_state() -> bool:

@@ -49,7 +49,7 @@ from backend.views.settings import (
     model_cost_text,
 )
 from backend.views.text import plain_md
-from ui import clicks, engine_actions, session, store
+from ui import clicks, engine_actions, session, settings_fields, store
 from ui.labels import labelled
 from ui.numbers import MAX_EXACT, whole, whole_input
 
@@ -283,7 +283,7 @@ def _model_field() -> str:
     """The model picker, with what the picked model costs here; returns the pick."""
     settings = session.get_settings()
     # The fields' config, when they describe one: tiny-byte's cost follows its size fields.
-    config = engine_actions.fields_config()[0] or settings.config
+    config = settings_fields.fields_config()[0] or settings.config
     cards = model_cards(config)
     choices = model_choices()
     st.selectbox("Model", choices, index=_index("cfg_model_name", choices), key="cfg_model_name",
@@ -306,23 +306,23 @@ def _model_field() -> str:
 def _tiny_dims_fields() -> None:
     st.selectbox("Model size", SIZES, index=_index("cfg_model", SIZES), key="cfg_model",
                  persist_state="session",
-                 on_change=engine_actions.model_preset_changed,
+                 on_change=settings_fields.model_preset_changed,
                  format_func=lambda v: v if v == "custom" else
                  f"{v} ({MODEL_PRESETS[v]['num_layers']} layers, "
                  f"{MODEL_PRESETS[v]['num_heads']} heads)")
     c1, c2 = st.columns(2)
     whole_input(c1, "Layers", step=1, help="1 to 8.",
                 value=_applied("cfg_num_layers"), key="cfg_num_layers",
-                on_change=engine_actions.model_dims_changed)
+                on_change=settings_fields.model_dims_changed)
     whole_input(c2, "Head dim", step=2, help="16 to 256, even (RoPE rotates pairs).",
                 value=_applied("cfg_head_dim"), key="cfg_head_dim",
-                on_change=engine_actions.model_dims_changed)
+                on_change=settings_fields.model_dims_changed)
     whole_input(c1, "Heads", step=1, help="1 to 32.",
                 value=_applied("cfg_num_heads"), key="cfg_num_heads",
-                on_change=engine_actions.model_dims_changed)
+                on_change=settings_fields.model_dims_changed)
     whole_input(c2, "KV heads", step=1,
                 value=_applied("cfg_num_kv_heads"), key="cfg_num_kv_heads",
-                on_change=engine_actions.model_dims_changed,
+                on_change=settings_fields.model_dims_changed,
                 help="1 to 32, dividing Heads. Grouped-query attention: heads share "
                      "K/V in groups.")
 
@@ -330,13 +330,13 @@ def _tiny_dims_fields() -> None:
 def _keep_current_button() -> None:
     """The way back without retyping each field: the running engine's settings."""
     clicks.button(st, "Keep current", key="btn_keep_config",
-                  on_click=engine_actions.keep_current, width="stretch",
+                  on_click=settings_fields.keep_current, width="stretch",
                   help="Put the fields back to the running engine's settings.")
 
 
 def _confirm_or_apply() -> None:
     """Apply changed fields at once if nothing would be lost; otherwise ask first."""
-    config, error = engine_actions.fields_config()
+    config, error = settings_fields.fields_config()
     st.session_state[session.PENDING] = False
     st.session_state[session.FIELDS_PROBLEM] = None if error is None else labelled(error)
     if error is not None:
