@@ -452,6 +452,19 @@ def test_switching_the_kernel_keeps_every_request() -> None:
     assert "Last model step ran on **triton-interpreter**" in markdown(at)
 
 
+def test_the_kernel_panel_advises_torch_only_while_the_next_step_runs_interpreted() -> None:
+    at = add(start("auto"))
+    captions = lambda: " ".join(c.value for c in at.caption)  # noqa: E731
+    assert "Pick *torch* in the sidebar for speed." in captions()
+    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    # The last step still ran interpreted; the next one runs on torch, as picked.
+    assert "Last model step ran on **triton-interpreter**" in markdown(at)
+    assert "Pick *torch*" not in captions()
+    assert "That step ran the Triton kernel under Triton's interpreter" in captions()
+    click(at, "btn_step")
+    assert "interpreter" not in captions()
+
+
 def test_highlighting_a_request_or_a_block() -> None:
     at = add(add(start()))
     at.selectbox(key="focus_req").select("B").run()

@@ -448,9 +448,14 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
         notes.append(f"The next step runs on **{engine.kernels.name}** ({engine.device}).")
     if engine is not None and isinstance(engine.kernels, TorchKernels):
         notes.append(f"On {engine.device}, {engine.kernels.decode_path()}.")
-    if "triton-interpreter" in (info.backend, engine.kernels.name if engine else ""):
+    # The advice is for the kernel the next step runs on: after a switch to torch, the
+    # last step's interpreter is no reason to pick torch again.
+    if (engine.kernels.name if engine is not None else info.backend) == "triton-interpreter":
         notes.append("On this CPU the Triton kernel runs under Triton's interpreter: slow, but "
                      "the real kernel. Pick *torch* in the sidebar for speed.")
+    elif info.backend == "triton-interpreter":
+        notes.append("That step ran the Triton kernel under Triton's interpreter: slow on this "
+                     "CPU, but the real kernel.")
     if notes:
         st.caption(" ".join(notes))
     if engine is None or not engine.running:
@@ -458,9 +463,13 @@ def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> No
     if st.button("Verify against a full recomputation", key=f"{prefix}verify",
                  help="Recompute every running request's K/V and logits with plain "
                       "attention and no cache, and compare them with the paged state."):
+        # Seconds on a real model (one full forward per request, from its first token),
+        # with the last verdict still drawn below: say that it is running.
+        with st.spinner("Recomputing every running request from its first token, with no "
+                        "cache…"):
+            recomputed = engine.verify_recomputation()
         # The same tolerance as the control run's: float rounding of this dtype.
-        verdict, said = verify.verdict(engine.verify_recomputation(),
-                                       logit_tolerance(engine.config.dtype),
+        verdict, said = verify.verdict(recomputed, logit_tolerance(engine.config.dtype),
                                        engine.config.dtype)
         keep_result(f"{prefix}verify_result", engine, (engine.step, verdict, said))
     # Kept until the engine's next operation: a click elsewhere (Run the control, a tab
