@@ -163,3 +163,51 @@ def test_an_upload_refused_after_waiting_behind_step_n_keeps_its_line_above(
         raise
     finally:
         page.close()
+
+
+def test_a_long_steps_bar_floats_over_the_page_and_streamlits_own_stop_never_shows(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    """Drawn in the page's flow, the bar pushed every control 107 px down as Step N began
+    (a click aimed meanwhile landed on the control above) and out of view on a page
+    scrolled down; Streamlit's own Stop, hidden only beside a bar, left the page blank
+    when pressed during an operation with a spinner."""
+    page = browser.new_page(viewport={"width": 1366, "height": 900})
+    try:
+        page.set_default_timeout(T)
+        page.goto(app_url)
+        add = page.get_by_role("button", name="Add request")
+        expect(add).to_be_visible(timeout=T)
+        # Hidden on any page, with no operation running: a running indicator's button.
+        page.evaluate("""() => document.body.insertAdjacentHTML('beforeend',
+            "<div data-testid='stStatusWidget'><button id='probe'>Stop</button></div>")""")
+        expect(page.locator("#probe")).to_be_hidden()
+        page.evaluate("() => document.getElementById('probe').parentElement.remove()")
+        room_for_a_long_step(page, T)
+        add.click()
+        expect(in_app(page).get_by_text("Step 1: add A")).to_be_visible(timeout=T)
+        steps = page.get_by_role("spinbutton", name="Steps")
+        steps.fill("10000")
+        steps.press("Tab")
+        page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
+        step_n = page.get_by_role("button", name="Step N")
+        before = step_n.bounding_box()
+        step_n.click()
+        bar = page.get_by_test_id("stProgress")
+        expect(bar).to_be_visible(timeout=T)
+        assert step_n.bounding_box() == before
+        header_stop = page.locator("[data-testid='stStatusWidget'] button")
+        expect(header_stop).to_have_count(1)
+        expect(header_stop).to_be_hidden()
+        # Scrolled to the pool: the bar and its Stop stay in view.
+        page.mouse.wheel(0, 1500)
+        page.wait_for_timeout(300)
+        box = bar.bounding_box()
+        assert box is not None and 0 <= box["y"] <= 900 - box["height"]
+        page.screenshot(path=screenshots / "floating-bar.png")
+        stop_stepping(page)
+        expect(in_app(page).get_by_text(re.compile(r"^Stopped after"))).to_be_visible(timeout=T)
+    except BaseException:
+        page.screenshot(path=screenshots / "floating-bar-failed.png", full_page=True)
+        raise
+    finally:
+        page.close()

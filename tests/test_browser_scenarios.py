@@ -218,6 +218,8 @@ def test_a_long_step_shows_how_far_it_is_and_the_time_limit(
         header_stop = page.locator("[data-testid='stStatusWidget'] button")
         nxt.click()
         expect(bar).to_have_count(1)
+        # Drawn as the step starts, shown once it has run a moment (ui/progress.py).
+        expect(bar).to_be_visible()
         assert said.match(bar.inner_text().strip()), bar.inner_text()
         # Streamlit's own Stop would end the page's run and leave the step going on,
         # the page frozen at the bar: only the page's Stop shows beside it.

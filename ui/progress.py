@@ -26,8 +26,9 @@ first: the operation's own, or the next.
 
 from __future__ import annotations
 
+import itertools
+import json
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
@@ -52,15 +53,36 @@ SHOW_AFTER_S = 0.3
 # page's.
 STOP_KEY = "btn_stop_"
 STEP_STOP_KEY = "tour_stop_"
-# Streamlit's own Stop, in its running indicator, hidden while a Stop of PagedLab's
-# shows: it ends the page's run, not the operation, which goes on under the engine's
-# lock to its end, and the page stayed frozen at the bar with the step not stopped.
-# PagedLab's stops the operation between two iterations and draws what it left. (In the
-# bar's box: a callback's bar is drawn over the page's first elements, its style's too;
-# Streamlit keeps a style-only element outside the page's flow.)
-HIDE_HEADER_STOP = (
-    f"<style>body:has([class*='st-key-{STOP_KEY}'], [class*='st-key-{STEP_STOP_KEY}'])"
-    " [data-testid='stStatusWidget'] button { display: none; }</style>")
+# A bar drawn at `st` (from a callback, the top of the page) floats over the page's top
+# instead of taking a place in its flow: drawn in the flow, it pushed every control 107 px
+# down as a step began and back as it ended, so a click aimed during a step landed on
+# the control above; and a page scrolled down never showed it. Its box's key starts so.
+FLOAT_KEY = "pagedlab_float_"
+_FLOATS = itertools.count(1)
+# The style PAGE_STYLE_SCRIPT keeps in the document's head, once per browser tab: in
+# the page's flow, a callback's first element would replace it (what a callback draws
+# goes over the page's first elements).
+# - Streamlit's own Stop, in its running indicator, is hidden: a run here applies an
+#   operation under the engine's lock, or draws the page. Pressed while an operation
+#   ran, it ended the page's run but not the operation, which went on to its end
+#   behind a page left blank (or frozen at the bar) until the next click. PagedLab's
+#   own Stop, beside every bar, stops a long operation between two iterations.
+# - A floating bar shows only once its operation has run SHOW_AFTER_S: it is drawn as
+#   the operation starts (the first iteration of a real model's step takes seconds),
+#   and a quicker one is gone before it would show.
+PAGE_STYLE = (
+    "[data-testid='stStatusWidget'] button { display: none; }"
+    f" [data-testid='stLayoutWrapper']:has(> [class*='st-key-{FLOAT_KEY}'])"
+    " { position: fixed; top: 4.25rem; z-index: 999991;"
+    " width: min(40rem, calc(100vw - 2rem)); box-sizing: border-box;"
+    " padding: 0.75rem 1rem; background: #FFFFFF; border: 1px solid #8C8C8C;"
+    " border-radius: 0.5rem; box-shadow: 0 4px 16px rgba(0, 0, 0, 0.18);"
+    f" visibility: hidden; animation: pagedlab-float 0s linear {SHOW_AFTER_S}s forwards; }}"
+    " @keyframes pagedlab-float { to { visibility: visible; } }")
+PAGE_STYLE_SCRIPT = (
+    "(() => { if (document.getElementById('pagedlab-page-style')) return;"
+    " const style = document.createElement('style'); style.id = 'pagedlab-page-style';"
+    f" style.textContent = {json.dumps(PAGE_STYLE)}; document.head.appendChild(style); }})();")
 
 
 def get_work() -> Work:
@@ -261,7 +283,8 @@ class SlotBar:
     """A progress bar in a placeholder of its own at `where` (`st`, the page; or a
     placeholder), with what `under` draws beneath it (a Stop button), drawn on the
     first `show` and moved by the later ones. Every Streamlit call goes through
-    `shown`, so a superseded run draws nothing more and raises nothing."""
+    `shown`, so a superseded run draws nothing more and raises nothing. At `st` it
+    floats over the page's top, and shows once SHOW_AFTER_S has passed (FLOAT_KEY)."""
 
     def __init__(self, shown: Shown, where: Any = st) -> None:
         self.shown = shown
@@ -273,17 +296,21 @@ class SlotBar:
     def drawn(self) -> bool:
         return self._slot is not None
 
+    @property
+    def floating(self) -> bool:
+        return self.where is st
+
     def show(self, fraction: float, text: str, under: Callable[[], None] | None = None) -> None:
         if self._slot is None:
             self._slot = self.shown.call(self.where.empty)
-            box = None if self._slot is None else self.shown.call(self._slot.container)
+            key = f"{FLOAT_KEY}{next(_FLOATS)}" if self.floating else None
+            box = None if self._slot is None else self.shown.call(self._slot.container, key=key)
             if box is None:
                 return
             with box:
                 self._bar = self.shown.call(st.progress, fraction, text=text)
                 if under is not None:
                     under()
-                    self.shown.call(st.html, HIDE_HEADER_STOP)
         elif self._bar is not None:
             self.shown.call(self._bar.progress, fraction, text=text)
 
@@ -412,22 +439,23 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
     """While `op` runs: the engine's progress callback, and the Shown its display uses.
 
     A `step` of several iterations or a `grow` of several tokens gets a bar and a
-    Stop button (once it has run SHOW_AFTER_S), anything else a spinner with its
-    label (Streamlit shows it after half a second). The caller calls
-    `shown.finish()` after its bookkeeping.
+    Stop button, drawn as it starts (its first iteration may take seconds; the bar
+    shows once it has run SHOW_AFTER_S), anything else a spinner with its label
+    (Streamlit shows it after half a second). The caller calls `shown.finish()`
+    after its bookkeeping.
     """
     label = label_of(op)
     shown = Shown()
     total = op.count if isinstance(op, Step) else op.tokens if isinstance(op, Grow) else 0
     work.begin(label, total, unit="token" if isinstance(op, Grow) else "iteration")
-    started = time.monotonic()
     bar = Bar(shown, "step", stoppable=True)
+    if total > 1 and (state := work.state) is not None:
+        bar.show(state)
 
     def display(done: int, total: int) -> bool:
-        if time.monotonic() - started >= SHOW_AFTER_S:
-            state = work.state
-            if state is not None:
-                bar.show(state)
+        state = work.state
+        if state is not None:
+            bar.show(state)
         # A rerun asked while stepping (fast reruns off) waits for the step: stop it.
         return not shown.rerun_asked
 

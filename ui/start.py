@@ -20,6 +20,7 @@ from ui import (
     history,
     numbers,
     paths,
+    progress,
     resume,
     session,
     sidebar,
@@ -48,7 +49,7 @@ def run(page: StreamlitPage) -> None:
         tour.left_page()
     sidebar.render()
     store.write_cookie()
-    a11y.install(history.script())
+    a11y.install(history.script(), progress.PAGE_STYLE_SCRIPT)
     with entry.app_page():
         top = clicks.slot()
         page.run()

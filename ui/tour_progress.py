@@ -93,9 +93,10 @@ class Timed:
 
 class TimedBar:
     """A bar showing a Timed, with a Stop button under it, at `where` (a placeholder;
-    None: the page, which from a callback is its top). Drawn once the step has run
-    SHOW_AFTER_S (quicker ones would only flicker), redrawn at most every REDRAW_S.
-    `whose` goes into its button's key (STEP_STOP_KEY)."""
+    None: the page, which from a callback is its top, where it floats: SlotBar). In a
+    placeholder it is drawn once the step has run SHOW_AFTER_S (quicker ones would only
+    flicker); floating, at once (it shows only after SHOW_AFTER_S). Redrawn at most every
+    REDRAW_S. `whose` goes into its button's key (STEP_STOP_KEY)."""
 
     def __init__(self, shown: Shown, whose: str, on_stop: Callable[[Timed], None],
                  where: DeltaGenerator | None = None) -> None:
@@ -107,7 +108,7 @@ class TimedBar:
 
     def show(self, step: Timed) -> None:
         now = time.monotonic()
-        if now - step.started < SHOW_AFTER_S or not step.total:
+        if not step.total or (now - step.started < SHOW_AFTER_S and not self._bar.floating):
             return
         if self._bar.drawn and now - self._drawn < REDRAW_S:
             return
@@ -140,6 +141,15 @@ def stepping(step: Timed, on_stop: Callable[[Timed], None],
     `finish` once it has updated the scenario's state."""
     shown = Shown()
     bar = TimedBar(shown, "step", on_stop, where)
+    bar.show(step)      # a floating bar, before the first iteration (it may take seconds)
+    # An operation without iterations (an add, whose prefill through a real model takes
+    # seconds) says what it does, as the Playground's does: a spinner at the page's top.
+    spinner = (st.spinner(plain_md(f"{step.label}…")) if where is None and not step.total
+               else None)
+    if spinner is not None:
+        shown.call(spinner.__enter__)
+        if shown.deferred is not None:
+            spinner = None     # its generator ended with the exception: nothing to leave
 
     def move(done: int, total: int) -> bool:
         going = step.moved(done, total)
@@ -149,6 +159,8 @@ def stepping(step: Timed, on_stop: Callable[[Timed], None],
     try:
         yield shown, move
     finally:
+        if spinner is not None:
+            shown.exit(spinner)
         bar.clear()
 
 
