@@ -108,9 +108,13 @@ def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str
             page.get_by_role("button", name="Play", exact=True).click()
             pause = page.get_by_role("button", name="Pause", exact=True)
             expect(pause).to_be_visible(timeout=T)
+            # The play applies the steps: Next, above and over the pool, waits for a Pause.
+            for name in ("Next", "Next step"):
+                expect(page.get_by_role("button", name=name, exact=True)).to_be_disabled()
             step_shown(page, 4)
             pause.click()
             expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible(timeout=T)
+            expect(page.get_by_role("button", name="Next", exact=True)).to_be_enabled()
             stopped_at = viewed(page)
             page.wait_for_timeout(3000)       # longer than a play step: nothing moves now
             assert viewed(page) == stopped_at and 4 <= stopped_at < 6

@@ -211,7 +211,9 @@ def picker(run: TourRun) -> None:
 def controls(run: TourRun) -> None:
     """Back, Next, Play or Pause, speed, Reset; the slider over the steps taken."""
     t = state()
-    can_next = t.view < run.taken or run.can_advance
+    # Not while playing: the play applies the steps, and a Next meanwhile waited for the
+    # play's step, then stopped the play, whose steps until then were never shown.
+    can_next = (t.view < run.taken or run.can_advance) and not t.playing
     # The buttons as wide as their labels, the slider taking what is left, the row
     # wrapping where the page is narrow: in columns of fixed shares the labels were cut
     # to "B…" and "R…" at 800 px beside the sidebar.
@@ -220,7 +222,8 @@ def controls(run: TourRun) -> None:
                   icon=":material/arrow_back:", help="View the previous step.")
     clicks.button(c, "Next", key="tour_next", on_click=_on_next, disabled=not can_next,
                   type="primary", icon=":material/arrow_forward:",
-                  help="Apply the next step (or view it, if it was already applied).")
+                  help="Apply the next step (or view it, if it was already applied). While "
+                       "the scenario plays, Pause first.")
     if t.playing:
         clicks.button(c, "Pause", key="tour_play", on_click=_on_play_pause, args=(False,),
                       icon=":material/pause:", help="Stop playing at this step.")
@@ -258,7 +261,7 @@ def step_bar(run: TourRun) -> None:
     """Back and Next again, above the block pool, with the step in view: a person
     watching the grid and tables steps on without scrolling up to the controls."""
     t = state()
-    can_next = t.view < run.taken or run.can_advance
+    can_next = (t.view < run.taken or run.can_advance) and not t.playing   # see controls
     c = st.container(horizontal=True, vertical_alignment="center", gap="small")
     clicks.button(c, "Previous step", key="tour_back_pool", on_click=_on_back,
                   disabled=t.view == 0, icon=":material/arrow_back:")
