@@ -19,6 +19,7 @@ from backend.lab.traces import recorded_trace, replay_trace
 from backend.lab.workloads import Trace, make_trace
 from backend.views.compare import charts, preemptions, tables
 from backend.views.compare import deployment as dep_views
+from backend.views.compare.frames import STATES_NOTE
 from backend.views.compare.timeline import timeline_chart, timeline_frame
 from tests.compare_support import CALCULATOR, SHARING, SIMULATOR, SWAP, open_tab, start
 
@@ -362,3 +363,17 @@ def test_one_request_is_one_request_in_the_last_runs_caption() -> None:
     assert not at.exception and not at.error
     last = [c.value for c in at.caption if c.value.startswith("Last run")]
     assert last and last[0].startswith("Last run: sharegpt, 1 request at 4/s, seed 0")
+
+
+def test_the_states_note_defines_paged_internal_fragmentation_as_the_simulator_counts_it() -> None:
+    """One request of exactly three blocks (17 + 31 = 48 tokens, blocks of 16) leaves no
+    slot that never holds a token, yet the paged run counts internal fragmentation: the
+    empty slots of its last block, which its next tokens fill. The note said "slots held
+    that will never hold a token" for both memories."""
+    one = Trace("one", 1.0, 0, np.array([0.0]), np.array([17]), np.array([31]))
+    paged = simulate_run(one, SimConfig("paged", capacity_tokens=1024, block_size=16)).result
+    oracle = simulate_run(one, SimConfig("oracle", capacity_tokens=1024)).result
+    assert paged.memory["internal_fragmentation"] > 0 == paged.memory["reservation"]
+    assert oracle.memory["internal_fragmentation"] == 0 < oracle.memory["reservation"]
+    assert "which will never hold a token (contiguous)" in STATES_NOTE
+    assert "which its next tokens may still fill (paged)" in STATES_NOTE

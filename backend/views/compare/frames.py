@@ -166,7 +166,10 @@ def map_fractions(replay: MapReplay, stride: int = 1) -> pd.DataFrame:
 STATES_NOTE = (
     "What each state holds: token states, slots holding a token; reservation, slots kept "
     "for tokens still to come (contiguous) or blocks taken for prompt chunks not yet "
-    "computed (paged); internal fragmentation, slots held that will never hold a token; "
+    "computed (paged); internal fragmentation, reserved slots past the final length, "
+    "which will never hold a token (contiguous), or the empty slots of the blocks a "
+    "request holds, fewer than a block per request, which its next tokens may still "
+    "fill (paged); "
     "external fragmentation, free slots that together would hold the next waiting "
     "request's region but lie in holes each too small for it; free, every other free "
     "slot. Paged memory has no external fragmentation (any free block serves), and its "
