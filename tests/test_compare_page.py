@@ -345,7 +345,7 @@ def test_swap_or_recompute_runs_the_engines_and_says_what_they_did() -> None:
     assert (swap["swapped blocks"] > 0).all() and (swap["recomputed tokens"] == 0).all()
     says = text(at)
     assert "every request generated exactly the tokens of the run that never preempted" in says
-    assert "in the same steps" in says
+    assert "preempting the same requests at the same steps at every block size" in says
     # The runs say what was run, and still do once a field has changed.
     ran = "Last run: block sizes 2, 8; 8 requests; 192 token slots."
     assert ran in [c.value for c in at.caption]

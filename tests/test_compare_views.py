@@ -3,6 +3,7 @@ sweep, the tables and the charts, with hand-worked numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -575,6 +576,14 @@ def test_swap_or_recompute_table_and_words_from_hand_built_runs() -> None:
     assert per[2] == 5.0 and per[5] == 360.0
     said = swap_recompute.summary(runs, "cpu")
     assert "Swapping copied 100 blocks at block size 1 and 25 at 4: 5.0 µs per block " in said
+    assert said.startswith("Both methods made the same decisions, preempting the same "
+                           "requests at the same steps at every block size (3 preemptions at "
+                           "block size 1); ")
+    # As many preemptions in as many steps, but of other requests: not the same decisions.
+    other = dataclasses.replace(runs[2], preempted=((3, "r1"), (5, "r0"), (7, "r2")))
+    rec = dataclasses.replace(runs[1], preempted=((3, "r0"), (5, "r1"), (7, "r2")))
+    assert swap_recompute.summary([runs[0], rec, other, *runs[3:]], "cpu").startswith(
+        "The two methods' runs took different decisions; ")
     # The paper's point is per slot moved: said only where these runs show it.
     assert ("or 5.00 µs per token slot against 90.00 µs. Per slot moved, small blocks did "
             "not cost more here, unlike the paper's finding. ") in said

@@ -25,6 +25,8 @@ def test_swap_and_recompute_runs_differ_only_in_how_they_preempt() -> None:
         assert rec.preemptions > 0, "the small pool should preempt"
         # The same decisions either way: the same victims at the same steps.
         assert swap.preemptions == rec.preemptions and swap.steps == rec.steps
+        assert swap.preempted == rec.preempted and len(rec.preempted) == rec.preemptions
+        assert roomy.preempted == ()
         assert rec.recomputed_tokens > 0 and rec.swapped_blocks == 0 and rec.swap_ms == 0
         assert swap.recomputed_tokens == 0 and swap.swapped_blocks > 0
         assert swap.num_blocks * bs >= 256 and roomy.num_blocks > swap.num_blocks

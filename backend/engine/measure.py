@@ -52,6 +52,8 @@ class PreemptionRun:
     swapped_blocks: int       # blocks copied out and in
     swap_ms: float            # wall time inside those copies
     same_tokens: bool         # every request generated the roomy run's tokens
+    # Its decisions: (step, request) of each preemption, in order.
+    preempted: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +152,9 @@ def swap_vs_recompute(block_sizes: Sequence[int] = BLOCK_SIZES, *,
                 e.runner.recompute_tokens, e.runner.recompute_s * 1e3,
                 sum(1 for ev in e.events if ev.kind in ("swap_out", "swap_in")),
                 e.runner.swap_s * 1e3,
-                all(e.requests[r].tokens == q.tokens for r, q in ref.requests.items())))
+                all(e.requests[r].tokens == q.tokens for r, q in ref.requests.items()),
+                tuple((ev.step, ev.request) for ev in e.events
+                      if ev.kind == "preempt" and ev.request is not None)))
         if stopped:
             break
     return out

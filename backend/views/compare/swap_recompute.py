@@ -134,12 +134,13 @@ def summary(runs: Sequence[PreemptionRun], device: str, slots: int | None = None
     lo = swap[0]
     faster = [r.block_size for r in swap if r.block_size in rec
               and r.swap_ms < rec[r.block_size].recompute_ms]
-    alike = all(r.block_size in rec and r.preemptions == rec[r.block_size].preemptions
+    # The decisions themselves, not only their count: which request, at which step.
+    alike = all(r.block_size in rec and r.preempted == rec[r.block_size].preempted
                 and r.steps == rec[r.block_size].steps for r in swap)
     parts = [
-        (f"Both methods made the same decisions ({counted(lo.preemptions, 'preemption')} at "
-         "block size "
-         f"{lo.block_size}, in the same steps); " if alike else
+        ("Both methods made the same decisions, preempting the same requests at the same "
+         f"steps at every block size ({counted(lo.preemptions, 'preemption')} at block size "
+         f"{lo.block_size}); " if alike else
          "The two methods' runs took different decisions; ")
         + ("every request generated exactly the tokens of the run that never preempted. "
            if same else "some request's tokens differed from the reference run: a bug. "),
