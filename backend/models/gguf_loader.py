@@ -21,6 +21,8 @@ this model) is one PagedLabError line naming the fix.
 from __future__ import annotations
 
 import importlib.util
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +112,43 @@ def _open(path: Path) -> Any:
         raise PagedLabError(f"cannot read {path}: {exc}") from None
 
 
+# How often `_open_telling` says how long the file has been opening.
+OPEN_TICK_S = 0.5
+
+
+def _open_telling(path: Path, progress: Progress) -> Any:
+    """`_open(path)`, saying every OPEN_TICK_S how long it has taken so far.
+
+    Reading the metadata (SmolLM2's 49,152-token vocabulary and 48,900 merges, one
+    field each) is about half of a load on a small CPU, with no point inside it to
+    report from: it runs in a thread of its own while this one tells the seconds, so
+    a bar does not sit still and silent for that long. The fraction stays 0: nothing
+    measures how far the reading is.
+    """
+    done = threading.Event()
+    out: list[Any] = []
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            out.append(_open(path))
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    threading.Thread(target=read, name=f"open {path.name}", daemon=True).start()
+    while True:
+        progress(0.0, f"opening {path.name}: reading its vocabulary and tensor index, "
+                      f"{time.monotonic() - started:.0f} s so far")
+        if done.wait(OPEN_TICK_S):
+            break
+    if failed:
+        raise failed[0]
+    return out[0]
+
+
 def read_vocab(path: Path) -> GGUFVocab:
     """The file's vocabulary, merges, special ids and chat template (no tensors)."""
     return vocab_of(_open(path))
@@ -173,9 +212,7 @@ def read_gguf(path: Path, expected: ModelDims, progress: Progress | None = None)
     Refuses a file whose shape is not `expected` (the config's table of the model).
     """
     gguf = _gguf_module()
-    if progress:
-        progress(0.0, f"opening {path.name}")
-    reader = _open(path)
+    reader = _open(path) if progress is None else _open_telling(path, progress)
     dims, rope_theta, rms_eps = dims_of(reader)
     if dims != expected:
         raise PagedLabError(f"{path}: the file holds a model of shape {dims}, not {expected}")
