@@ -199,9 +199,12 @@ def test_swap_events_are_checked_against_the_host_pool() -> None:
     e = swapped_engine()
     snap = json.loads(json.dumps(export_snapshot(e)))
     at = next(i for i, ev in enumerate(snap["events"]) if ev["kind"] == "swap_out")
-    # A host block id past the device pool is a host block like any other.
+    # A host block id past the device pool is a host block like any other: read, then
+    # held to the swapped request's host table, which says its first block went elsewhere.
     snap["events"][at]["dst"] = 15
-    restore_engine(snap, kernel="torch")
+    with pytest.raises(PagedLabError, match=r"its last swap_out events copied its blocks to "
+                                            r"host blocks \[15, "):
+        restore_engine(snap, kernel="torch")
     snap["events"][at]["dst"] = 16
     with pytest.raises(PagedLabError, match="outside the host pool"):
         restore_engine(snap, kernel="torch")

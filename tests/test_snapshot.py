@@ -448,3 +448,64 @@ def test_a_check_without_kv_reads_the_file_as_restore_does_and_holds_no_pool(
     # Its model computes nothing.
     with pytest.raises(PagedLabError, match="it has no weights to compute with"):
         Unloaded(e.config).forward_contiguous([1, 2])
+
+
+def _request(snap: dict[str, Any], rid: str) -> dict[str, Any]:
+    return next(r for r in snap["requests"] if r["id"] == rid)
+
+
+@pytest.fixture(scope="module")
+def swapped() -> dict[str, Any]:
+    """A and B running (sharing "The cat "), A's fork A2, C finished, D swapped out."""
+    e = engine_after([Add("A", prompt="The cat sat"), Add("B", prompt="The cat ran"),
+                      Fork("A", "A2"), Step(), Add("C", prompt="Once upon a time"), Step(),
+                      Finish("C"), Add("D", prompt="xyzw"), Step(3)],
+                     block_size=2, preemption="swap", num_cpu_blocks=8, max_new_tokens=None)
+    snap = export_snapshot(e)
+    assert _request(snap, "D")["status"] == "swapped"
+    assert restore_engine(copy.deepcopy(snap), kernel="torch").requests.keys() == e.requests.keys()
+    return snap
+
+
+def _last_blocks_traded(snap: dict[str, Any]) -> None:
+    a, b = _request(snap, "A")["block_table"], _request(snap, "B")["block_table"]
+    x, y = a[-1], b[-1]
+    a[-1], b[-1] = y, x
+    blocks = snap["blocks"]
+    blocks[x]["hash"], blocks[y]["hash"] = blocks[y]["hash"], blocks[x]["hash"]
+
+
+def _first_swap_out(snap: dict[str, Any]) -> dict[str, Any]:
+    return next(ev for ev in snap["events"] if ev["kind"] == "swap_out")
+
+
+# The counts stay right in each: only who holds a block, or where a swap put it, is edited.
+HOLDER_EDITS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("alloc renamed", lambda s: next(
+        ev for ev in s["events"] if ev["kind"] == "alloc"
+        and ev["block"] == _request(s, "A")["block_table"][-1]).update(request="B"),
+     r"block \d+ is in the block table of 'A', but the events leave it held by 'B'"),
+    ("tables traded", _last_blocks_traded,
+     r"block \d+ is in the block table of '[AB]', but the events leave it held by '[AB]'"),
+    ("swap of another's block", lambda s: _first_swap_out(s).update(block=3, src=3),
+     r"events\[\d+\] \(swap_out, step \d+\) names request 'D' for block 3, which the "
+     r"events before it leave held by 'A', 'A2', 'B'"),
+    ("swap to another host block", lambda s: _first_swap_out(s).update(dst=7),
+     r"the host blocks of request 'D' are \[0, 1, 2\], but its last swap_out events copied "
+     r"its blocks to host blocks \[7, 1, 2\], in that order"),
+    ("host table reordered", lambda s: _request(s, "D").update(block_table=[1, 0, 2]),
+     r"the host blocks of request 'D' are \[1, 0, 2\], but its last swap_out events copied "
+     r"its blocks to host blocks \[0, 1, 2\], in that order"),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "match"), HOLDER_EDITS,
+                         ids=[m[0] for m in HOLDER_EDITS])
+def test_events_are_held_to_the_requests_that_hold_each_block(
+        swapped: dict[str, Any], name: str, mutate: Callable[[dict[str, Any]], None],
+        match: str) -> None:
+    """Counts alone passed these: the event table then showed block histories that no
+    block table agreed with."""
+    snap = copy.deepcopy(swapped)
+    mutate(snap)
+    refused(snap, match)

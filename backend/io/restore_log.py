@@ -9,7 +9,10 @@ moved block's count goes with it, and an id a block left without another arrivin
 holds a free block (free blocks are relabelled too, without an event). Replayed
 from an empty pool, each event must find its block at a count it could have met (an
 `alloc` a free block, a `free` a held one) and give the count its kind makes of it,
-and the log must leave every block at the count the snapshot gives it. Every
+and the log must leave every block at the count the snapshot gives it. A log that
+gives every count (PagedLab's) is also held to who holds each block: each event names
+a request that holds the block it acts on, the log leaves each block with the requests
+whose tables list it, and a swapped request's host table where its swap-out put it. Every
 preemption logs a `preempt` naming its request; a swapped-out request's
 last device event is its `swap_out`, and a running request's is no `swap_out`.
 
@@ -27,7 +30,7 @@ a later event gives its count again.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from backend.core.checks import shown
 from backend.engine.engine import Engine
@@ -62,7 +65,19 @@ def log_problem(engine: Engine) -> str | None:
                 return (f"request {shown(rid)} is running, but the events hold no return to "
                         "the device after its last swap_out (an alloc, prefix_hit, evict or "
                         "swap_in)")
-    return _count_problem(events, [b.ref_count for b in engine.manager.pool.blocks])
+    problem = _count_problem(events, [b.ref_count for b in engine.manager.pool.blocks])
+    if problem is None and _strict(events):
+        problem = _holder_problem(
+            events, engine.manager.pool.num_blocks,
+            {rid: seq.block_table for rid, seq in engine.manager.seqs.items()},
+            {} if engine.host is None else engine.host.tables)
+    return problem
+
+
+def _strict(events: Sequence[Event]) -> bool:
+    """Whether the log gives every count it could (PagedLab's own logs do): only such a
+    log is held to what each event finds, and to who holds each block."""
+    return all(e.ref_count is not None for e in events if e.kind in _GIVES_COUNT)
 
 
 def _count_problem(events: Sequence[Event], ref_counts: Sequence[int]) -> str | None:
@@ -79,7 +94,7 @@ def _count_problem(events: Sequence[Event], ref_counts: Sequence[int]) -> str | 
     # its start: only a log that gives every count it could is held to what each event
     # finds (a free block, a held one). Any log is held to each count it gives, where
     # the events before it leave a known one, and to the final counts.
-    strict = all(e.ref_count is not None for e in events if e.kind in _GIVES_COUNT)
+    strict = _strict(events)
     n = len(ref_counts)
     counts: list[int | None] = [0] * n
     last: list[int | None] = [None] * n     # the event that last set each block's count
@@ -170,3 +185,90 @@ def _shuffle(events: Sequence[Event], i: int, counts: list[int | None],
     for at, src, dst in moves:
         counts[dst], last[dst] = before[src], at
     return i
+
+
+def _holder_problem(events: Sequence[Event], num_blocks: int,
+                    tables: Mapping[str, Sequence[int]],
+                    host_tables: Mapping[str, Sequence[int]]) -> str | None:
+    """The first event of a strict log that names a request not holding the block it
+    acts on, or the first block (or swapped request's host table) the log does not leave
+    with the holders the snapshot gives it, in words; or None.
+
+    Counts alone pass a log whose events name the wrong requests (an `alloc` of A's
+    block written as B's) and tables that traded blocks behind the log's back: the
+    counts stay right, while the event table shows histories no table agrees with.
+    Replayed: an `alloc` gives its block to its request, a `share` or `prefix_hit` adds
+    its request, a `free` removes it, a `cow` moves it from `src` to its new block, a
+    shuffle's moves carry each block's holders along; a `swap_out`, `swap_in` or `free`
+    names a request holding its block. A swap-out's `dst`s, in order, are its request's
+    host table while it stays swapped out.
+    """
+    holders: list[set[str]] = [set() for _ in range(num_blocks)]
+    swapped: dict[str, list[int]] = {}
+    out_step: dict[str, int] = {}
+    i = 0
+    while i < len(events):
+        e = events[i]
+        rid = e.request
+        if e.kind == "move":
+            step, moves = e.step, []
+            while i < len(events) and events[i].kind == "move" and events[i].step == step:
+                m = events[i]
+                if m.src is not None and m.dst is not None:
+                    moves.append((m.src, m.dst))
+                i += 1
+            before = {src: holders[src] for src, _ in moves}
+            for src, _ in moves:
+                holders[src] = set()
+            for src, dst in moves:
+                holders[dst] = before[src]
+            continue
+        if rid is not None and e.block is not None:
+            b = e.block
+            if e.kind == "cow" and e.src is not None:
+                if rid not in holders[e.src]:
+                    return _not_holding(i, e, e.src, holders[e.src])
+                holders[e.src].discard(rid)
+                holders[b] = {rid}
+            elif e.kind == "alloc":
+                holders[b] = {rid}
+            elif e.kind in ("share", "prefix_hit"):
+                holders[b].add(rid)
+            elif e.kind in ("free", "swap_out", "swap_in"):
+                if rid not in holders[b]:
+                    return _not_holding(i, e, b, holders[b])
+                if e.kind == "free":
+                    holders[b].discard(rid)
+            if e.kind == "swap_out" and e.dst is not None:
+                if out_step.get(rid) != e.step:      # a new swap-out of this request
+                    swapped[rid], out_step[rid] = [], e.step
+                swapped[rid].append(e.dst)
+            elif e.kind == "swap_in":
+                swapped.pop(rid, None)
+                out_step.pop(rid, None)
+        i += 1
+    held: list[set[str]] = [set() for _ in holders]
+    for rid, table in tables.items():
+        for b in table:
+            held[b].add(rid)
+    for b, (want, got) in enumerate(zip(holders, held, strict=True)):
+        if want != got:
+            return (f"block {b} is in the block table{'s' * (len(got) != 1)} of "
+                    f"{_requests(got)}, but the events leave it held by {_requests(want)}")
+    for rid, host in host_tables.items():
+        logged = swapped.get(rid)
+        if logged is not None and list(host) != logged:
+            return (f"the host blocks of request {shown(rid)} are {list(host)}, but its last "
+                    f"swap_out events copied its blocks to host blocks {logged}, in that order")
+    return None
+
+
+def _not_holding(i: int, e: Event, block: int, holders: set[str]) -> str:
+    return (f"{_named(i, e)} names request {shown(e.request or '')} for block {block}, which "
+            f"the events before it leave held by {_requests(holders)}")
+
+
+def _requests(rids: set[str]) -> str:
+    if not rids:
+        return "no request"
+    return ", ".join(shown(r) for r in sorted(rids))
