@@ -139,3 +139,46 @@ def test_a_pool_the_server_has_no_room_for_waits_in_the_sidebar_as_typed(
     at.run()
     assert not at.exception and not at.sidebar.error
     assert engine(at) is not kept and engine(at).config.num_blocks == 1024
+
+
+def test_a_pool_that_waited_for_room_is_applied_before_the_click_that_finds_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The room frees while the page is idle; the next run is a click's (Add request),
+    whose callback runs before the sidebar: the request went into the old 32-block
+    engine, which then had state, so the sidebar asked to discard it for the pool."""
+    at = start()
+    kept = engine(at)
+    gc.collect()
+    budget = budget_module.SERVER_BUDGET
+    monkeypatch.setattr(budget, "per_server", budget.in_use() + (4 << 20))
+    other = budget.claim_unchecked(EngineConfig(num_blocks=1536, block_size=4), "other")
+    try:
+        at.sidebar.number_input(key="cfg_num_blocks").set_value(1024).run()
+        assert engine(at) is kept and len(at.sidebar.error) == 1
+    finally:
+        budget.cancel(other)
+    add(at)
+    assert engine(at) is not kept and engine(at).config.num_blocks == 1024
+    assert list(engine(at).requests) == ["A"]
+    assert "btn_apply_config" not in [b.key for b in at.sidebar.button]
+    assert not at.sidebar.error
+    # What ran, in order: the new engine, then the add on it.
+    said = [m.value for m in at.info] + [m.value for m in at.success]
+    assert any(m.startswith("New engine: 1,024 blocks") for m in said), said
+
+
+def test_a_pool_typed_and_add_clicked_in_one_run_builds_the_request_in_that_pool() -> None:
+    """A field changed and a button clicked before the page ran again reach one run,
+    the click's callback first: the request went into the old pool."""
+    at = start()
+    kept = engine(at)
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(64)
+    add(at)
+    assert engine(at) is not kept and engine(at).config.num_blocks == 64
+    assert list(engine(at).requests) == ["A"]
+    assert "btn_apply_config" not in [b.key for b in at.sidebar.button]
+    # With state now, a change of the fields asks before discarding it, as before.
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(48)
+    add(at)
+    assert engine(at).config.num_blocks == 64 and list(engine(at).requests) == ["A", "B"]
+    assert "btn_apply_config" in [b.key for b in at.sidebar.button]

@@ -7,6 +7,7 @@ and a refusal shows as the page's error line with the state unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import streamlit as st
@@ -29,10 +30,18 @@ from backend.engine.results import OpResult
 from backend.paging.hashing import MAX_CACHE_SALT_CHARS
 from backend.sessions.forms import add_op, next_child_id, op_from
 from backend.views.text import plain_md
-from ui import clicks, layout, operations, session
+from ui import clicks, engine_actions, layout, operations, session
 from ui.numbers import out_of_range, whole, whole_input
-from ui.operations import MakeOp
+from ui.operations import AfterOp, MakeOp
 from ui.progress import Expected, Queued
+
+
+def _apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:
+    """`operations.apply`, on the engine the sidebar's fields describe where applying
+    them first loses nothing (engine_actions.waiting_config)."""
+    config = engine_actions.waiting_config()
+    operations.apply(prepare, after,
+                     None if config is None else engine_actions.applying_first(config))
 
 
 def status_line() -> None:
@@ -147,7 +156,7 @@ def _on_add() -> None:
         # Unless the person picked another request while the add waited for the engine.
         q.put("req_pick", result.op.request + (".0" if grouped else ""), if_still=picked[-1])
 
-    operations.apply(prepare, after)
+    _apply(prepare, after)
 
 
 # The Add form's number fields sit two to a row in the narrowest panel: Streamlit shows a
@@ -247,7 +256,7 @@ def _on_grow() -> None:
                       "tokens": _required("req_grow_n", "Grow by (tokens)", 1, MAX_GROW_TOKENS)})
         return lambda _: op
 
-    operations.apply(prepare)
+    _apply(prepare)
 
 
 def _on_fork() -> None:
@@ -267,7 +276,7 @@ def _on_fork() -> None:
             # Unless the person picked another request while the fork waited.
             q.put("req_pick", result.op.child, if_still=picked[-1])
 
-    operations.apply(prepare, after)
+    _apply(prepare, after)
 
 
 def _on_finish() -> None:
@@ -275,7 +284,7 @@ def _on_finish() -> None:
         op = op_from({"op": "finish", "request": _picked()})
         return lambda _: op
 
-    operations.apply(prepare)
+    _apply(prepare)
 
 
 def _request_label(engine: Engine, rid: str) -> str:
@@ -341,12 +350,12 @@ def _on_step(count: int | None = None) -> None:
             return op_from({"op": "step", "count": steps})
         return make
 
-    operations.apply(prepare)
+    _apply(prepare)
 
 
 def _on_shuffle() -> None:
     op = op_from({"op": "shuffle"})
-    operations.apply(lambda: lambda _: op)
+    _apply(lambda: lambda _: op)
 
 
 def _batch_controls() -> None:

@@ -12,6 +12,7 @@ the lock's rules in ui/operations.py.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -52,6 +53,7 @@ from ui.session import (
     flash,
     get_engine,
     get_owner,
+    get_settings,
     snapshot_now,
     view_defaults,
 )
@@ -66,13 +68,14 @@ REQUEST_WIDGETS: dict[str, Any] = {"req_pick": None, "req_child": "", TIMELINE_P
                                    **view_defaults("", "past_")}
 
 
-def install(live: saved.Live, sess: OpSession) -> None:
+def install(live: saved.Live, sess: OpSession) -> OpSession:
     """Queue `live` as the session's (its engine, settings, history, log; see
-    `OpSession.replace`); views of the old engine's requests reset. The caller performs
-    the writes (`collect`)."""
-    sess.replace(live)
+    `OpSession.replace`); views of the old engine's requests reset. Returns the session
+    that results. The caller performs the writes (`collect`)."""
+    after = sess.replace(live)
     for key, value in REQUEST_WIDGETS.items():
         sess.queued.put(key, value)
+    return after
 
 
 def set_fields(settings: Settings, q: progress.Queued) -> None:
@@ -165,8 +168,8 @@ def _replace_engine(settings_for: Callable[[Settings], Settings], message: str, 
         if sess is None:
             flash("error", REPLACED_TOO_OFTEN)
         else:
-            loaded = _replace_held(sess, work, settings_for(sess.settings), message,
-                                   detach, keep)
+            loaded, _ = _replace_held(sess, work, settings_for(sess.settings), message,
+                                      detach, keep)
     collect()
     loaded.finish()
     for waited in shown:
@@ -174,15 +177,16 @@ def _replace_engine(settings_for: Callable[[Settings], Settings], message: str, 
 
 
 def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
-                  detach: bool, keep: bool) -> Shown:
-    """`_replace_engine` with the engine's lock held; the weight load's Shown."""
+                  detach: bool, keep: bool) -> tuple[Shown, OpSession]:
+    """`_replace_engine` with the engine's lock held; the weight load's Shown, and the
+    session that results (`sess` itself if the engine was not replaced)."""
     loaded = Shown()
     try:
         loaded = load_weights(settings, work)
         engine = build_engine(settings, sess.owner, replacing=sess.engine)
     except PagedLabError as exc:
         sess.flash("error", f"Refused: {exc}")
-        return loaded
+        return loaded, sess
     kept = kept_row(sess.tab, sess.engine) if keep else None
     if detach or kept is not None:
         sess.detach()
@@ -191,7 +195,7 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
         # session any more, and the address must stop naming it.
         sess.tab.address = None
     live = saved.Live(engine, settings, History(), OpLog())
-    install(live, sess)
+    after = install(live, sess)
     sess.save(live, export_snapshot(engine), whole=True)
     c = settings.config
     model = "" if c.dims is None else f" on {c.model}"
@@ -203,7 +207,7 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
                        f"{model}, "
                        f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
                        f"{_departures(c)}." + _kept_sentence(kept) + unsaved)
-    return loaded
+    return loaded, after
 
 
 def _reload_reopens(tab: saved.Tab) -> bool:
@@ -360,6 +364,40 @@ def room_problem(config: EngineConfig) -> str | None:
     except PagedLabError as exc:
         return str(exc)
     return None
+
+
+def waiting_config() -> EngineConfig | None:
+    """Read before a click's operation waits for the engine: the config the sidebar's
+    fields describe, where the engine has no state, the config differs from the applied
+    one and the server has room for it (a pool that waited for room, a field changed in
+    the same run as the click); else None. The sidebar would apply it at once, but it
+    runs after the click's callback: the operation would act on the old engine and give
+    it state, turning the change into a question that discards the click's work."""
+    if engine_has_state():
+        return None
+    config, _ = fields_config()
+    if config is None or config.to_json() == get_settings().config.to_json():
+        return None
+    return config if room_problem(config) is None else None
+
+
+def applying_first(config: EngineConfig) -> Callable[[OpSession, Work, list[Shown]], OpSession]:
+    """`operations.apply`'s `first`: `config` applied with the engine's lock held, the
+    session that results returned, unless the engine took state or the config was
+    applied while the click waited (a run ahead of it)."""
+    def first(sess: OpSession, work: Work, shown: list[Shown]) -> OpSession:
+        settings = Settings(config, sess.settings.device, sess.settings.kernel)
+        if has_state(sess.engine) or (
+                settings.device == sess.settings.device
+                and settings.kernel == sess.settings.kernel
+                and config.to_json() == sess.settings.config.to_json()):
+            return sess
+        loaded, after = _replace_held(sess, work, settings, "New engine", False, True)
+        shown.append(loaded)
+        # Its line stays above the operation's, as another operation's would: the
+        # operation's own line would otherwise take its place (OpSession.flash).
+        return dataclasses.replace(after, mine=set())
+    return first
 
 
 def apply_pending() -> None:

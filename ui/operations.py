@@ -237,16 +237,22 @@ REPLACED_TOO_OFTEN = "The engine kept being replaced while this waited; try agai
 MakeOp = Callable[[Engine], Op]
 # Queues what a click writes once its operation is applied (see progress.Queued).
 AfterOp = Callable[[OpResult, progress.Queued], None]
+# Run with the engine's lock held before the operation is built: the session it then
+# runs on (see `apply`).
+First = Callable[[OpSession, Work, list[Shown]], OpSession]
 
 
-def apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:
+def apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None,
+          first: First | None = None) -> None:
     """Build and apply one operation; a refusal becomes the page's error message.
 
     `prepare` reads the click's fields (session state) before anything waits, and
     returns what builds the operation once this run holds the engine's lock: a click
     that waited behind another operation still acts, even if a later click has
     superseded its run meanwhile. `after` queues the click's writes for an applied
-    operation.
+    operation. `first`, with the lock held, may replace the engine before the operation
+    (engine_actions.applying_first); the operation then runs on the new one, under its
+    lock.
 
     The engine validates before it changes anything, so after a refusal the
     state is exactly as it was. Anything else is a failure half-way: the engine
@@ -272,7 +278,18 @@ def apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:
         if sess is None:
             flash("error", REPLACED_TOO_OFTEN)
         else:
-            result = _apply_held(sess, work, make_op, shown)
+            held = sess.engine
+            if first is not None:
+                sess = first(sess, work, shown)
+            if sess.engine is held:
+                result = _apply_held(sess, work, make_op, shown)
+            else:
+                # The new engine's lock too: a run that read it from session state (the
+                # replacement's writes are queued, and the next run may perform them)
+                # must not read it while the operation changes it.
+                with progress.engine_lock(sess.engine, "new", work) as waited:
+                    shown.append(waited)
+                    result = _apply_held(sess, work, make_op, shown)
             if result is not None and after is not None:
                 after(result, sess.queued)
     collect()
