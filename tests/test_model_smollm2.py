@@ -23,6 +23,7 @@ from backend.engine.engine import Engine
 from backend.engine.kv_cache import KVCache
 from backend.engine.ops import Add, Finish, Fork, Grow, Shuffle, Step
 from backend.engine.results import logit_tolerance
+from backend.io.restore import restore_engine
 from backend.io.snapshot import export_snapshot
 from backend.kernels import select_kernels
 from backend.models import registry
@@ -201,6 +202,9 @@ def test_a_request_that_samples_end_of_sequence_finishes() -> None:
     engine.apply(Grow("B", 20))
     assert engine.request("B").tokens == req.tokens
     assert engine.request("B").finish_reason == "eos"
+    # Restore holds a finish reason to the tokens: these end on end-of-sequence.
+    again = restore_engine(export_snapshot(engine), kernel="torch")
+    assert [again.request(r).finish_reason for r in "AB"] == ["eos", "eos"]
 
 
 def test_loaded_weights_are_handed_out_while_another_dtype_loads(

@@ -509,3 +509,43 @@ def test_events_are_held_to_the_requests_that_hold_each_block(
     snap = copy.deepcopy(swapped)
     mutate(snap)
     refused(snap, match)
+
+
+def _finished(snap: dict[str, Any], reason: str, **fields: Any) -> None:
+    row = next(r for r in snap["requests"] if r["status"] == "finished")
+    row.update(finish_reason=reason, **fields)
+
+
+# C of `shared`: finished by hand, 10 prompt tokens, none generated, on tiny-byte (no
+# end-of-sequence token, no context of its own).
+REASON_EDITS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("eos without one", lambda s: _finished(s, "eos"),
+     r"requests\[2\]\.finish_reason is 'eos', but tiny-byte has no end-of-sequence token: "
+     "it never stops by itself"),
+    ("context without one", lambda s: _finished(s, "context"),
+     r"requests\[2\]\.finish_reason is 'context', but tiny-byte has no context of its own"),
+    ("limit not reached", lambda s: _finished(s, "max_new_tokens", max_new_tokens=5),
+     r"requests\[2\]\.finish_reason is 'max_new_tokens', but it generated 0 of its "
+     "max_new_tokens 5"),
+    ("no limit", lambda s: _finished(s, "max_new_tokens"),
+     r"requests\[2\]\.finish_reason is 'max_new_tokens', but it generated 0 tokens and has "
+     "no limit"),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "match"), REASON_EDITS,
+                         ids=[m[0] for m in REASON_EDITS])
+def test_a_finish_reason_the_rest_of_the_file_rules_out_is_refused(
+        shared: dict[str, Any], name: str, mutate: Callable[[dict[str, Any]], None],
+        match: str) -> None:
+    snap = copy.deepcopy(shared)
+    assert [r["finish_reason"] for r in snap["requests"]] == [None, None, "finished"]
+    mutate(snap)
+    refused(snap, match)
+
+
+def test_a_finish_reason_its_tokens_bear_out_is_kept() -> None:
+    e = engine_after([Add("A", prompt="abc", max_new_tokens=2), Step(2)])
+    snap = export_snapshot(e)
+    assert snap["requests"][0]["finish_reason"] == "max_new_tokens"
+    assert restore_engine(snap, kernel="torch").requests["A"].finish_reason == "max_new_tokens"

@@ -7,6 +7,7 @@ metrics and events) and cross-checks the tables read here against the blocks.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backend.core.checks import MAX_JSON_INT, check_int
@@ -121,6 +122,8 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
             raise PagedLabError(f"{r.where}.finish_reason {reason!r} is not known")
         if status != "finished" and reason is not None:
             raise PagedLabError(f"{r.where}: a {status} request has no finish_reason")
+        if status == "finished":
+            _check_reason(r.where, reason, tokens, prompt_len, max_new, eos, context, c.model)
         preemptions = check_int(r.get("num_preemptions", int), f"{r.where}.num_preemptions",
                                 0, MAX_JSON_INT)
         group = r.get("group", str, optional=True)
@@ -162,6 +165,32 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
             raise PagedLabError(f"snapshot.requests[{i}].id {rid!r} is kept for a pending "
                                 f"sample of {first.id!r}")
     return requests, tables
+
+
+def _check_reason(where: str, reason: str | None, tokens: Sequence[int], prompt_len: int,
+                  max_new: int | None, eos: int | None, context: int | None,
+                  model: str) -> None:
+    """A finished request's reason must be one its tokens and limits allow: the engine
+    finishes a request with "eos" when it generated the end-of-sequence token (its last
+    token), "max_new_tokens" when it generated its limit, "context" when its tokens fill
+    the model's context. Raises PagedLabError naming what rules the reason out."""
+    generated = len(tokens) - prompt_len
+    if reason == "eos" and eos is None:
+        raise PagedLabError(f"{where}.finish_reason is 'eos', but {model} has no "
+                            "end-of-sequence token: it never stops by itself")
+    if reason == "eos" and (generated < 1 or tokens[-1] != eos):
+        raise PagedLabError(f"{where}.finish_reason is 'eos', but its last token is not the "
+                            f"end-of-sequence token ({eos})")
+    if reason == "max_new_tokens" and (max_new is None or generated < max_new):
+        raise PagedLabError(
+            f"{where}.finish_reason is 'max_new_tokens', but it generated {generated:,} "
+            + ("tokens and has no limit" if max_new is None else
+               f"of its max_new_tokens {max_new:,}"))
+    if reason == "context" and (context is None or len(tokens) < context):
+        raise PagedLabError(
+            f"{where}.finish_reason is 'context', but "
+            + (f"{model} has no context of its own" if context is None else
+               f"its {len(tokens):,} tokens do not fill {model}'s context of {context:,}"))
 
 
 def read_scheduler(top: FieldReader, requests: dict[str, Request]) -> Queues:
