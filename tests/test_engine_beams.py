@@ -203,6 +203,21 @@ def test_restore_refuses_inconsistent_beams() -> None:
         change(next(r for r in bad["requests"] if r["id"] == "B.1"))
         with pytest.raises(PagedLabError, match=message):
             restore_engine(bad, kernel="torch")
+    # Edits of a whole group, or of one beam's limit, each consistent on its own row.
+    alive = [r for r in snap["requests"] if r.get("group") == "B" and r["status"] != "finished"]
+    assert len(alive) == 3
+    narrower = json.loads(json.dumps(snap))
+    for r in narrower["requests"]:
+        if r.get("group") == "B":
+            r["beam_width"] = 2
+    with pytest.raises(PagedLabError, match=r"snapshot: group 'B' has 3 beams alive, more "
+                                            r"than its beam_width 2 \(each round keeps"):
+        restore_engine(narrower, kernel="torch")
+    longer = json.loads(json.dumps(snap))
+    next(r for r in longer["requests"] if r["id"] == "B.1")["max_new_tokens"] = 20
+    with pytest.raises(PagedLabError, match="the beams of group 'B' have different "
+                                            "max_new_tokens values"):
+        restore_engine(longer, kernel="torch")
 
 
 @pytest.mark.parametrize("op, message", [

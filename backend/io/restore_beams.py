@@ -10,6 +10,7 @@ of these is refused before anything is restored.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 from backend.core.errors import PagedLabError
@@ -41,8 +42,12 @@ def beam_fields(r: FieldReader, group: str | None, max_new: int | None,
 
 
 def check_beam_groups(requests: dict[str, Request], queues: dict[str, Sequence[str]]) -> None:
-    """Group-wide rules: one width per group, and each queue's beams of a group adjacent."""
+    """Group-wide rules: one width and one token limit per group (a beam is forked with
+    its parent's), at most that many beams alive (each round keeps the width's best),
+    and each queue's beams of a group adjacent."""
     widths: dict[str, int] = {}
+    limits: dict[str, int | None] = {}
+    alive: Counter[str] = Counter()
     for req in requests.values():
         if req.beam_width is None:
             continue
@@ -50,6 +55,15 @@ def check_beam_groups(requests: dict[str, Request], queues: dict[str, Sequence[s
         if widths.setdefault(req.group, req.beam_width) != req.beam_width:
             raise PagedLabError(f"snapshot: the beams of group {req.group!r} have different "
                                 "beam_width values")
+        if limits.setdefault(req.group, req.max_new_tokens) != req.max_new_tokens:
+            raise PagedLabError(f"snapshot: the beams of group {req.group!r} have different "
+                                "max_new_tokens values (a beam is forked with its parent's)")
+        if req.status != "finished":
+            alive[req.group] += 1
+            if alive[req.group] > req.beam_width:
+                raise PagedLabError(
+                    f"snapshot: group {req.group!r} has {alive[req.group]} beams alive, more "
+                    f"than its beam_width {req.beam_width} (each round keeps that many)")
         suffix = req.id[len(req.group) + 1:]
         if not suffix.isdigit():
             raise PagedLabError(f"snapshot: beam {req.id!r} is not named {req.group}.<k>")
