@@ -32,7 +32,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -435,6 +435,28 @@ def label_of(op: Op) -> str:
 
 
 @contextmanager
+def floating_spinner(shown: Shown, text: str) -> Iterator[None]:
+    """A spinner saying `text` (plain text) for the block, over the page's top as a
+    floating bar is (FLOAT_KEY): in the page's flow it pushed every control down while
+    it showed. Drawn through `shown`, so a superseded run draws nothing more."""
+    slot = shown.call(st.empty)
+    box = None if slot is None else shown.call(slot.container, key=f"{FLOAT_KEY}{next(_FLOATS)}")
+    spinner = None if box is None else st.spinner(text)
+    if spinner is not None:
+        with box:       # entered there, it draws there
+            shown.call(spinner.__enter__)
+        if shown.deferred is not None:
+            spinner = None     # its generator ended with the exception: nothing to leave
+    try:
+        yield
+    finally:
+        if spinner is not None:
+            shown.exit(spinner)
+        if slot is not None:
+            shown.call(slot.empty)
+
+
+@contextmanager
 def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bool]]]:
     """While `op` runs: the engine's progress callback, and the Shown its display uses.
 
@@ -459,18 +481,14 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
         # A rerun asked while stepping (fast reruns off) waits for the step: stop it.
         return not shown.rerun_asked
 
-    # Plain text: an id such as ![x](http://...) must not make the browser fetch anything.
-    spinner = None if total > 1 else st.spinner(plain_md(f"{label}…"))
-    if spinner is not None:
-        shown.call(spinner.__enter__)
-        if shown.deferred is not None:
-            spinner = None     # its generator ended with the exception: nothing to leave
     try:
-        yield shown, tracker(work, display)
+        # Plain text: an id such as ![x](http://...) must not make the browser fetch
+        # anything.
+        with (floating_spinner(shown, plain_md(f"{label}…")) if total <= 1
+              else nullcontext()):
+            yield shown, tracker(work, display)
     finally:
         work.end()
-        if spinner is not None:
-            shown.exit(spinner)
         bar.clear()
 
 

@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import streamlit as st
@@ -29,7 +29,7 @@ from streamlit.delta_generator import DeltaGenerator
 from backend.core.words import counted
 from backend.views.control import NOT_PERTURBED
 from backend.views.text import plain_md
-from ui.progress import POLL_S, SHOW_AFTER_S, STEP_STOP_KEY, Shown, SlotBar
+from ui.progress import POLL_S, SHOW_AFTER_S, STEP_STOP_KEY, Shown, SlotBar, floating_spinner
 
 # The Stop buttons' keys start with STEP_STOP_KEY, then say whose bar (the stepping
 # run's or a waiting run's) and number it: one run may wait more than once, and two
@@ -143,13 +143,9 @@ def stepping(step: Timed, on_stop: Callable[[Timed], None],
     bar = TimedBar(shown, "step", on_stop, where)
     bar.show(step)      # a floating bar, before the first iteration (it may take seconds)
     # An operation without iterations (an add, whose prefill through a real model takes
-    # seconds) says what it does, as the Playground's does: a spinner at the page's top.
-    spinner = (st.spinner(plain_md(f"{step.label}…")) if where is None and not step.total
-               else None)
-    if spinner is not None:
-        shown.call(spinner.__enter__)
-        if shown.deferred is not None:
-            spinner = None     # its generator ended with the exception: nothing to leave
+    # seconds) says what it does, as the Playground's does: a spinner over the page's top.
+    said = (floating_spinner(shown, plain_md(f"{step.label}…")) if where is None
+            and not step.total else nullcontext())
 
     def move(done: int, total: int) -> bool:
         going = step.moved(done, total)
@@ -157,10 +153,9 @@ def stepping(step: Timed, on_stop: Callable[[Timed], None],
         return going
 
     try:
-        yield shown, move
+        with said:
+            yield shown, move
     finally:
-        if spinner is not None:
-            shown.exit(spinner)
         bar.clear()
 
 
