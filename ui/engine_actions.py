@@ -383,15 +383,15 @@ def waiting_config() -> EngineConfig | None:
 
 def applying_first(config: EngineConfig) -> Callable[[OpSession, Work, list[Shown]], OpSession]:
     """`operations.apply`'s `first`: `config` applied with the engine's lock held, the
-    session that results returned, unless the engine took state or the config was
-    applied while the click waited (a run ahead of it)."""
+    session that results returned, unless, while the click waited, the engine took state
+    or a run ahead of it applied settings (this config, or a later one of the fields':
+    the click's, read before, is older)."""
+    applied = get_settings().config.to_json()
+
     def first(sess: OpSession, work: Work, shown: list[Shown]) -> OpSession:
-        settings = Settings(config, sess.settings.device, sess.settings.kernel)
-        if has_state(sess.engine) or (
-                settings.device == sess.settings.device
-                and settings.kernel == sess.settings.kernel
-                and config.to_json() == sess.settings.config.to_json()):
+        if has_state(sess.engine) or sess.settings.config.to_json() != applied:
             return sess
+        settings = Settings(config, sess.settings.device, sess.settings.kernel)
         loaded, after = _replace_held(sess, work, settings, "New engine", False, True)
         shown.append(loaded)
         # Its line stays above the operation's, as another operation's would: the

@@ -441,8 +441,9 @@ def floating_spinner(shown: Shown, text: str) -> Iterator[None]:
     it showed. Drawn through `shown`, so a superseded run draws nothing more."""
     slot = shown.call(st.empty)
     box = None if slot is None else shown.call(slot.container, key=f"{FLOAT_KEY}{next(_FLOATS)}")
-    spinner = None if box is None else st.spinner(text)
-    if spinner is not None:
+    spinner = None
+    if box is not None:
+        spinner = st.spinner(text)
         with box:       # entered there, it draws there
             shown.call(spinner.__enter__)
         if shown.deferred is not None:
