@@ -549,3 +549,25 @@ def test_a_finish_reason_its_tokens_bear_out_is_kept() -> None:
     snap = export_snapshot(e)
     assert snap["requests"][0]["finish_reason"] == "max_new_tokens"
     assert restore_engine(snap, kernel="torch").requests["A"].finish_reason == "max_new_tokens"
+
+
+ORDER_EDITS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("running reversed", lambda s: s["scheduler"]["running"].reverse(),
+     r"snapshot\.scheduler\.running is \['B', 'A'\], but its events leave the running "
+     r"requests in the order \['A', 'B'\], the order the scheduler serves and preempts them"),
+    ("admissions", lambda s: s["scheduler"].update(admissions=s["scheduler"]["admissions"] + 5),
+     r"snapshot\.scheduler\.admissions is 8, but its events hold 3 admissions"),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "match"), ORDER_EDITS,
+                         ids=[m[0] for m in ORDER_EDITS])
+def test_orders_the_log_fixes_are_held_to_it(
+        shared: dict[str, Any], name: str, mutate: Callable[[dict[str, Any]], None],
+        match: str) -> None:
+    """Taken as given, an edited order ran the restored engine otherwise than the run
+    that wrote the file: a step preempted another request."""
+    snap = copy.deepcopy(shared)
+    assert snap["scheduler"]["running"] == ["A", "B"]
+    mutate(snap)
+    refused(snap, match)

@@ -30,7 +30,7 @@ from backend.engine.request import Request
 from backend.engine.results import KernelReport
 from backend.io.json_input import FieldReader, listed_by_id, non_negative, unread_note
 from backend.io.recompute import Progress, recompute_kv
-from backend.io.restore_derive import Derived, derive_missing, derived_note
+from backend.io.restore_derive import Derived, derive_missing, derived_note, order_problem
 from backend.io.restore_host import restore_host
 from backend.io.restore_log import log_problem
 from backend.io.restore_requests import read_requests, read_scheduler
@@ -122,6 +122,10 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
     said_partial = top.get("events_partial", bool, optional=True) is True
     if problem is not None and not (derived.fields or said_partial):
         raise PagedLabError(f"inconsistent snapshot: {problem}")
+    if problem is None and not (derived.fields or said_partial):
+        order = order_problem(data, config)
+        if order is not None:
+            raise PagedLabError(f"inconsistent snapshot: {order}")
     engine.log_partial = problem is not None or said_partial
     # After every per-block and per-request check: a total that disagrees with the
     # blocks then has no edited block or request behind it to name instead.

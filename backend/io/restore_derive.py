@@ -131,6 +131,43 @@ def derive_missing(data: dict[str, Any], config: EngineConfig) -> Derived:
     return Derived(out, tuple(caveats))
 
 
+# The queues a file's own fields give that its log also fixes, checked by `order_problem`.
+_QUEUES = ("running", "waiting", "swapped")
+# How many ids a refusal quotes of each order.
+_SHOWN_IDS = 12
+
+
+def order_problem(data: dict[str, Any], config: EngineConfig) -> str | None:
+    """Where a file that gives every field (PagedLab's own) gives a scheduler queue or an
+    admissions count other than its log leaves, in words; or None.
+
+    Restore takes these as given, and they decide the next steps (which request a step
+    serves first, which one a preemption picks): an edited order made the restored
+    engine run otherwise than the run that wrote the file, with nothing said. The
+    free_queue is not held to the log: a shuffle relabels free blocks without an event
+    (one that moved no used block leaves no trace at all), so the log cannot fix it.
+    Call only for a complete log (restore_log)."""
+    derived = derive_missing({k: v for k, v in data.items() if k != "scheduler"}, config)
+    sched, had = derived.fields["scheduler"], data.get("scheduler") or {}
+    for name in _QUEUES:
+        want, got = sched.get(name, []), had.get(name, [])
+        if got != want:
+            return (f"snapshot.scheduler.{name} is {_ids(got)}, but its events leave the "
+                    f"{name} requests in the order {_ids(want)}, the order the scheduler "
+                    "serves and preempts them in")
+    if had.get("admissions") != sched["admissions"]:
+        return (f"snapshot.scheduler.admissions is {had.get('admissions')!r}, but its events "
+                f"hold {sched['admissions']:,} admissions")
+    return None
+
+
+def _ids(value: Any) -> str:
+    if not isinstance(value, list):
+        return repr(value)
+    head = ", ".join(repr(x) if isinstance(x, str) else str(x) for x in value[:_SHOWN_IDS])
+    return f"[{head}{', …' if len(value) > _SHOWN_IDS else ''}]"
+
+
 def contract_only(snapshot: dict[str, Any]) -> dict[str, Any]:
     """`snapshot` as a tool that knows only CONTRACT.md would write it: without the
     DERIVABLE fields and without each event's `ref_count`. Copies what it changes."""
