@@ -59,6 +59,13 @@ STEP_STOP_KEY = "tour_stop_"
 # the control above; and a page scrolled down never showed it. Its box's key starts so.
 FLOAT_KEY = "pagedlab_float_"
 _FLOATS = itertools.count(1)
+
+
+def _float_key() -> str:
+    """A new floating box's key (each box of a run needs its own)."""
+    return f"{FLOAT_KEY}{next(_FLOATS)}"
+
+
 # The style PAGE_STYLE_SCRIPT keeps in the document's head, once per browser tab: in
 # the page's flow, a callback's first element would replace it (what a callback draws
 # goes over the page's first elements).
@@ -303,7 +310,7 @@ class SlotBar:
     def show(self, fraction: float, text: str, under: Callable[[], None] | None = None) -> None:
         if self._slot is None:
             self._slot = self.shown.call(self.where.empty)
-            key = f"{FLOAT_KEY}{next(_FLOATS)}" if self.floating else None
+            key = _float_key() if self.floating else None
             box = None if self._slot is None else self.shown.call(self._slot.container, key=key)
             if box is None:
                 return
@@ -420,6 +427,12 @@ def engine_lock(engine: Engine, where: str, work: Work) -> Iterator[Shown]:
             engine.lock.release()
 
 
+def iterations_of(op: Op) -> int:
+    """How many iterations (a step's) or tokens (a grow's) `op` runs, known before it
+    runs; 0 for an operation without either."""
+    return op.count if isinstance(op, Step) else op.tokens if isinstance(op, Grow) else 0
+
+
 def label_of(op: Op) -> str:
     """What an operation is doing, in words, for its bar or spinner."""
     match op:
@@ -440,7 +453,7 @@ def floating_spinner(shown: Shown, text: str) -> Iterator[None]:
     floating bar is (FLOAT_KEY): in the page's flow it pushed every control down while
     it showed. Drawn through `shown`, so a superseded run draws nothing more."""
     slot = shown.call(st.empty)
-    box = None if slot is None else shown.call(slot.container, key=f"{FLOAT_KEY}{next(_FLOATS)}")
+    box = None if slot is None else shown.call(slot.container, key=_float_key())
     spinner = None
     if box is not None:
         spinner = st.spinner(text)
@@ -469,7 +482,7 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
     """
     label = label_of(op)
     shown = Shown()
-    total = op.count if isinstance(op, Step) else op.tokens if isinstance(op, Grow) else 0
+    total = iterations_of(op)
     work.begin(label, total, unit="token" if isinstance(op, Grow) else "iteration")
     bar = Bar(shown, "step", stoppable=True)
     if total > 1 and (state := work.state) is not None:

@@ -45,12 +45,12 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from backend.core.errors import PagedLabError
-from backend.engine.ops import Grow, Step, describe_op
+from backend.engine.ops import Grow, describe_op
 from backend.io.scenario import Scenario
 from backend.sessions.playground import Settings
 from backend.sessions.tour import Frame, TourRun, parse_step, shipped_paths, shipped_scenario
 from ui import history, session, tour_progress
-from ui.progress import Queued, Shown
+from ui.progress import Queued, Shown, iterations_of
 from ui.tour_progress import Timed
 
 TOUR = "tour"
@@ -422,12 +422,12 @@ def advance(run: TourRun, where: DeltaGenerator | None = None) -> tuple[Frame | 
     if not run.can_advance:
         return None, Shown()
     op = run.scenario.steps[run.taken].op
-    # The count known before the first iteration: a bar at the page's top is drawn at once.
-    total = op.count if isinstance(op, Step) else op.tokens if isinstance(op, Grow) else 0
     step = Timed(f"Step {run.taken + 1}, {describe_op(op)}",
                  "token" if isinstance(op, Grow) else "iteration", run.step_time_limit_s,
                  has_control=run.control is not None and run.control.stopped_at is None,
-                 total=total)
+                 # Known before the first iteration: a bar at the page's top is drawn
+                 # at once.
+                 total=iterations_of(op))
     t = state()
     with tour_progress.stepping(step, stop_step, where) as (shown, move):
         t.stepping = step       # what a click that waits for the lock shows meanwhile

@@ -208,12 +208,18 @@ def picker(run: TourRun) -> None:
                  "page forgets it." + limit_help(MAX_SCENARIO_BYTES))
 
 
+def _can_next(run: TourRun) -> bool:
+    """Whether Next (and Next step over the pool) has a step to show or apply. Not while
+    playing: the play applies the steps, and a Next meanwhile waited for the play's
+    step, then stopped the play, whose steps until then were never shown."""
+    t = state()
+    return (t.view < run.taken or run.can_advance) and not t.playing
+
+
 def controls(run: TourRun) -> None:
     """Back, Next, Play or Pause, speed, Reset; the slider over the steps taken."""
     t = state()
-    # Not while playing: the play applies the steps, and a Next meanwhile waited for the
-    # play's step, then stopped the play, whose steps until then were never shown.
-    can_next = (t.view < run.taken or run.can_advance) and not t.playing
+    can_next = _can_next(run)
     # The buttons as wide as their labels, the slider taking what is left, the row
     # wrapping where the page is narrow: in columns of fixed shares the labels were cut
     # to "B…" and "R…" at 800 px beside the sidebar.
@@ -261,7 +267,7 @@ def step_bar(run: TourRun) -> None:
     """Back and Next again, above the block pool, with the step in view: a person
     watching the grid and tables steps on without scrolling up to the controls."""
     t = state()
-    can_next = (t.view < run.taken or run.can_advance) and not t.playing   # see controls
+    can_next = _can_next(run)
     c = st.container(horizontal=True, vertical_alignment="center", gap="small")
     clicks.button(c, "Previous step", key="tour_back_pool", on_click=_on_back,
                   disabled=t.view == 0, icon=":material/arrow_back:")

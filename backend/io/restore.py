@@ -120,12 +120,11 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
     # the engine's exports say so (events_partial), so restoring them keeps it too.
     problem = log_problem(engine)
     said_partial = top.get("events_partial", bool, optional=True) is True
-    if problem is not None and not (derived.fields or said_partial):
-        raise PagedLabError(f"inconsistent snapshot: {problem}")
-    if problem is None and not (derived.fields or said_partial):
-        order = order_problem(data, config)
-        if order is not None:
-            raise PagedLabError(f"inconsistent snapshot: {order}")
+    if not (derived.fields or said_partial):
+        # A whole log: held to it, and the queues to what it leaves.
+        refused = problem if problem is not None else order_problem(data, config)
+        if refused is not None:
+            raise PagedLabError(f"inconsistent snapshot: {refused}")
     engine.log_partial = problem is not None or said_partial
     # After every per-block and per-request check: a total that disagrees with the
     # blocks then has no edited block or request behind it to name instead.

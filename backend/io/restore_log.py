@@ -168,10 +168,9 @@ def _named(i: int, e: Event) -> str:
     return f"events[{i}] ({e.kind}, step {e.step:,})"
 
 
-def _shuffle(events: Sequence[Event], i: int, counts: list[int | None],
-             last: list[int | None]) -> int:
-    """Mutates `counts` and `last`: apply the shuffle whose moves start at events[i] (the
-    moves of one step, side by side); returns the index after them."""
+def _step_moves(events: Sequence[Event], i: int) -> tuple[list[tuple[int, int, int]], int]:
+    """The shuffle whose moves start at events[i] (the moves of one step, side by side),
+    as (index, src, dst) each; and the index after them."""
     step = events[i].step
     moves: list[tuple[int, int, int]] = []
     while i < len(events) and events[i].kind == "move" and events[i].step == step:
@@ -179,6 +178,14 @@ def _shuffle(events: Sequence[Event], i: int, counts: list[int | None],
         if e.src is not None and e.dst is not None:   # restore's reader requires both
             moves.append((i, e.src, e.dst))
         i += 1
+    return moves, i
+
+
+def _shuffle(events: Sequence[Event], i: int, counts: list[int | None],
+             last: list[int | None]) -> int:
+    """Mutates `counts` and `last`: apply the shuffle whose moves start at events[i];
+    returns the index after them."""
+    moves, i = _step_moves(events, i)
     before = {src: counts[src] for _, src, _ in moves}
     for at, src, _ in moves:
         counts[src], last[src] = 0, at
@@ -211,16 +218,11 @@ def _holder_problem(events: Sequence[Event], num_blocks: int,
         e = events[i]
         rid = e.request
         if e.kind == "move":
-            step, moves = e.step, []
-            while i < len(events) and events[i].kind == "move" and events[i].step == step:
-                m = events[i]
-                if m.src is not None and m.dst is not None:
-                    moves.append((m.src, m.dst))
-                i += 1
-            before = {src: holders[src] for src, _ in moves}
-            for src, _ in moves:
+            moves, i = _step_moves(events, i)
+            before = {src: holders[src] for _, src, _ in moves}
+            for _, src, _ in moves:
                 holders[src] = set()
-            for src, dst in moves:
+            for _, src, dst in moves:
                 holders[dst] = before[src]
             continue
         if rid is not None and e.block is not None:
