@@ -182,3 +182,24 @@ def test_a_pool_typed_and_add_clicked_in_one_run_builds_the_request_in_that_pool
     add(at)
     assert engine(at).config.num_blocks == 64 and list(engine(at).requests) == ["A", "B"]
     assert "btn_apply_config" in [b.key for b in at.sidebar.button]
+
+
+def test_a_clicks_waiting_settings_do_not_undo_settings_applied_while_it_waited(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A click reads the fields' settings before it waits for the engine's lock; a run
+    ahead of it may apply newer ones meanwhile (here 48 blocks, applied between the
+    read and the lock). The click's older 64 must not replace them."""
+    from ui import engine_actions
+    real = engine_actions.applying_first
+
+    def applied_meanwhile(config: EngineConfig) -> operations.First:
+        first = real(config)
+        engine_actions.apply_config(EngineConfig(num_blocks=48, block_size=4))
+        return first
+
+    monkeypatch.setattr(engine_actions, "applying_first", applied_meanwhile)
+    at = start()
+    at.sidebar.number_input(key="cfg_num_blocks").set_value(64)
+    add(at)
+    assert not at.exception
+    assert engine(at).config.num_blocks == 48 and list(engine(at).requests) == ["A"]

@@ -366,6 +366,13 @@ def room_problem(config: EngineConfig) -> str | None:
     return None
 
 
+def is_applied(config: EngineConfig) -> bool:
+    """Whether `config` is the running engine's. Compared as values: when a source file
+    changes, Streamlit imports its module afresh, and an EngineConfig of the new class
+    never equals one made before it (dataclass equality wants the same class)."""
+    return config.to_json() == get_settings().config.to_json()
+
+
 def waiting_config() -> EngineConfig | None:
     """Read before a click's operation waits for the engine: the config the sidebar's
     fields describe, where the engine has no state, the config differs from the applied
@@ -376,7 +383,7 @@ def waiting_config() -> EngineConfig | None:
     if engine_has_state():
         return None
     config, _ = fields_config()
-    if config is None or config.to_json() == get_settings().config.to_json():
+    if config is None or is_applied(config):
         return None
     return config if room_problem(config) is None else None
 

@@ -433,6 +433,11 @@ def iterations_of(op: Op) -> int:
     return op.count if isinstance(op, Step) else op.tokens if isinstance(op, Grow) else 0
 
 
+def unit_of(op: Op) -> str:
+    """What `iterations_of(op)` counts, for a bar's "N of M" line."""
+    return "token" if isinstance(op, Grow) else "iteration"
+
+
 def label_of(op: Op) -> str:
     """What an operation is doing, in words, for its bar or spinner."""
     match op:
@@ -483,7 +488,7 @@ def working(op: Op, work: Work) -> Iterator[tuple[Shown, Callable[[int, int], bo
     label = label_of(op)
     shown = Shown()
     total = iterations_of(op)
-    work.begin(label, total, unit="token" if isinstance(op, Grow) else "iteration")
+    work.begin(label, total, unit=unit_of(op))
     bar = Bar(shown, "step", stoppable=True)
     if total > 1 and (state := work.state) is not None:
         bar.show(state)

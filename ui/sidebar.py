@@ -345,10 +345,7 @@ def _confirm_or_apply() -> None:
         _keep_current_button()
         return
     assert config is not None
-    # Compared as values: when a source file changes, Streamlit imports its module
-    # afresh, and an EngineConfig of the new class never equals one made before it
-    # (dataclass equality wants the same class), which would ask to reset for nothing.
-    if config.to_json() == session.get_settings().config.to_json():
+    if engine_actions.is_applied(config):
         return
     room = engine_actions.room_problem(config)
     if room is not None:

@@ -45,12 +45,12 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from backend.core.errors import PagedLabError
-from backend.engine.ops import Grow, describe_op
+from backend.engine.ops import describe_op
 from backend.io.scenario import Scenario
 from backend.sessions.playground import Settings
 from backend.sessions.tour import Frame, TourRun, parse_step, shipped_paths, shipped_scenario
 from ui import history, session, tour_progress
-from ui.progress import Queued, Shown, iterations_of
+from ui.progress import Queued, Shown, iterations_of, unit_of
 from ui.tour_progress import Timed
 
 TOUR = "tour"
@@ -423,7 +423,7 @@ def advance(run: TourRun, where: DeltaGenerator | None = None) -> tuple[Frame | 
         return None, Shown()
     op = run.scenario.steps[run.taken].op
     step = Timed(f"Step {run.taken + 1}, {describe_op(op)}",
-                 "token" if isinstance(op, Grow) else "iteration", run.step_time_limit_s,
+                 unit_of(op), run.step_time_limit_s,
                  has_control=run.control is not None and run.control.stopped_at is None,
                  # Known before the first iteration: a bar at the page's top is drawn
                  # at once.
