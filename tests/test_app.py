@@ -565,6 +565,24 @@ def test_verify_against_a_full_recomputation() -> None:
                               "not") in bad[0]
 
 
+def test_verify_says_it_is_recomputing_while_it_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seconds on a real model, with the last verdict still drawn: a spinner says so."""
+    import streamlit as st
+    said: list[str] = []
+    real = st.spinner
+
+    def recorded(text: str = "", **kwargs: object) -> object:
+        said.append(text)
+        return real(text, **kwargs)
+
+    at = add(start())
+    monkeypatch.setattr(st, "spinner", recorded)
+    click(at, "verify")
+    assert [s for s in said if s.startswith("Recomputing")] == [
+        "Recomputing every running request from its first token, with no cache…"]
+    assert any("recomputed without paging" in s.value for s in at.success)
+
+
 def test_an_id_is_measured_without_the_blanks_around_it() -> None:
     rid = "r" * 64
     at = add(start(), rid=f"  {rid} ")

@@ -883,3 +883,23 @@ def test_a_back_whose_run_a_stop_replaced_still_goes_back(monkeypatch: pytest.Mo
     at.run()
     assert viewed_step(at) == 2 and at.query_params["step"] == "2"
     assert at.query_params["applied"] == "3"
+
+
+def test_next_on_an_add_says_what_it_does_over_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An add has no iterations for a bar, and its prefill through a real model takes
+    seconds: Next showed nothing meanwhile. A grow of several tokens gets its bar instead."""
+    from ui import tour_progress
+    said: list[str] = []
+    real = tour_progress.floating_spinner
+
+    def recorded(shown: Any, text: str) -> Any:
+        said.append(text)
+        return real(shown, text)
+
+    monkeypatch.setattr(tour_progress, "floating_spinner", recorded)
+    at = open_tour("03-growth")
+    click(at, "tour_next")
+    assert said == [plain_md(f"Step 1, {describe_op(run_of(at).scenario.steps[0].op)}…")]
+    assert said[0].startswith("Step 1, add ")
+    click(at, "tour_next")
+    assert len(said) == 1 and run_of(at).taken == 2
