@@ -24,6 +24,7 @@ from hypothesis.stateful import (
 
 from backend.core.errors import OutOfBlocksError
 from backend.paging.block_manager import BlockManager
+from backend.paging.integrity import prefix_count_problem
 
 # Two-letter alphabet so prompts often share prefixes and hit the cache.
 tokens_st = st.lists(st.sampled_from([97, 98]), min_size=1, max_size=12)
@@ -164,6 +165,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert met.used_blocks + met.cached_blocks + met.free_blocks == m.num_blocks
         assert met.logical_tokens == sum(len(t) for t in self.tokens.values())
         assert met.blocks_saved_by_sharing == sum(len(t) for t in tables) - len(distinct)
+        assert prefix_count_problem(met, prefix_caching=m.prefix_caching) is None
 
 
 BlockManagerMachine.TestCase.settings = settings(

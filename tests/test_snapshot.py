@@ -247,6 +247,19 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "step": 3, "kind": "free", "request": "C", "block": 7, "ref_count": 0}),
      r"events\[7\] \(free, step 3\) finds block 7 at ref_count 0, where a free needs a "
      "block a request holds"),
+    # The prefix-cache counters: 3 queries of 25 tokens, 9 of them past any hit (4, 3
+    # and 2 of prompts of 8, 7 and 10), and one hit block of 4 tokens. The metrics panel
+    # shows them side by side: the first edit showed more tokens served from the cache
+    # than were looked up.
+    ("queried tokens too few for the hits", lambda s: s["metrics"].update(
+        prefix_query_tokens=12),
+     r"metrics\.prefix_hit_blocks is 1 \(4 tokens\), more than the 3 tokens a hit could "
+     r"serve: metrics\.prefix_query_tokens \(12\) less metrics\.prefix_floor_tokens \(9\)"),
+    ("floor past a block per query", lambda s: s["metrics"].update(prefix_floor_tokens=13),
+     r"metrics\.prefix_floor_tokens is 13, but 3 queries of blocks of 4 leave from 3 to 12 "
+     "tokens no block could serve"),
+    ("no queries for the hits", lambda s: s["metrics"].update(prefix_queries=0),
+     r"metrics\.prefix_floor_tokens is 9, but 0 queries of blocks of 4 leave from 0 to 0"),
 ]
 
 
@@ -292,7 +305,10 @@ def test_counters_at_their_limit_still_take_steps_a_reader_takes_back(
     # up to 2^52: the snapshot after it must still be a file every reader keeps exactly.
     snap = copy.deepcopy(shared)
     snap["step"] = 2**52
-    snap["metrics"]["prefix_queries"] = 2**52
+    # Counters that agree with each other and the one hit block of 4 tokens: a query
+    # leaves 1 to 4 tokens past any hit.
+    snap["metrics"].update(prefix_queries=2**52 - 4, prefix_floor_tokens=2**52 - 4,
+                           prefix_query_tokens=2**52)
     engine = restore_engine(snap, kernel="torch")
     engine.apply(Step(2))
     after = json.loads(snapshot_json(engine))
@@ -571,3 +587,11 @@ def test_orders_the_log_fixes_are_held_to_it(
     assert snap["scheduler"]["running"] == ["A", "B"]
     mutate(snap)
     refused(snap, match)
+
+
+def test_prefix_counters_without_prefix_caching_are_refused() -> None:
+    snap = export_snapshot(engine_after([Add("A", prompt="abcdefgh")], prefix_caching=False))
+    assert restore_engine(copy.deepcopy(snap), kernel="torch").manager.prefix_queries == 0
+    snap["metrics"].update(prefix_queries=1, prefix_query_tokens=8, prefix_floor_tokens=4)
+    refused(snap, r"prefix caching is off, but metrics\.prefix_queries, prefix_query_tokens "
+                  r"and prefix_floor_tokens are 1, 8 and 4")

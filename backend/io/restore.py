@@ -44,6 +44,7 @@ from backend.paging.hashing import (
     check_cache_salt,
     salt_root_digest,
 )
+from backend.paging.integrity import prefix_count_problem
 
 
 def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = "auto",
@@ -344,6 +345,12 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
     m.prefix_queries = non_negative(mt, "prefix_queries", optional=True)
     m.prefix_query_tokens = non_negative(mt, "prefix_query_tokens", optional=True)
     m.prefix_floor_tokens = non_negative(mt, "prefix_floor_tokens", optional=True)
+    if all(mt.data.get(key) is not None for key in PREFIX_COUNTERS):
+        # The metrics panel shows them beside the hits: edited, it showed more tokens
+        # served from the cache than were ever looked up.
+        problem = prefix_count_problem(m.metrics(), prefix_caching=c.prefix_caching)
+        if problem is not None:
+            raise PagedLabError(f"inconsistent snapshot: {problem}")
     if m.preemptions != sum(r.num_preemptions for r in requests.values()):
         raise PagedLabError("inconsistent snapshot: metrics.preemptions differs from the "
                             "requests' num_preemptions")
@@ -390,6 +397,10 @@ def _restore_into(engine: Engine, top: FieldReader, *, cache_derived: bool) -> F
         None if ms is None else float(ms), seqs, toks,
         name=_label("name", k.get("name", str)), restored=True)
     return mt
+
+
+# The prefix-cache counters beyond the contract's metrics (a file may leave them out).
+PREFIX_COUNTERS = ("prefix_queries", "prefix_query_tokens", "prefix_floor_tokens")
 
 
 # A kernel's backend, device and name: labels, shown as the file writes them.

@@ -169,6 +169,38 @@ def check_integrity(pool: BlockPool, seqs: Mapping[str, SeqBlocks], metrics: All
                              + "; ".join(problems[:8]))
 
 
+def prefix_count_problem(metrics: AllocatorMetrics, *, prefix_caching: bool) -> str | None:
+    """What is wrong with the prefix-cache query counters against each other and the
+    hits, or None. Each query (BlockManager.allocate) looks up a prompt of `asked` >= 1
+    tokens, of which `asked - (asked - 1) // bs * bs` (1 to bs) are past every block a
+    hit could serve: the last token is always computed. So the floor lies between the
+    queries and bs times them, and the hits fit in the tokens the floor leaves.
+
+    Not part of `check_integrity`: a snapshot with the contract's fields alone does not
+    hold these counters (restore reads them as 0), so restore asks this only of a file
+    that holds them."""
+    m = metrics
+    q, q_tokens, floor = m.prefix_queries, m.prefix_query_tokens, m.prefix_floor_tokens
+    if not prefix_caching:
+        if q or q_tokens or floor:
+            return ("prefix caching is off, but metrics.prefix_queries, prefix_query_tokens "
+                    f"and prefix_floor_tokens are {q:,}, {q_tokens:,} and {floor:,} (no "
+                    "prompt is looked up: each must be 0)")
+        return None
+    if not q <= floor <= q * m.block_size:
+        return (f"metrics.prefix_floor_tokens is {floor:,}, but {counted(q, 'query', 'queries')} "
+                f"of blocks of {m.block_size} leave from {q:,} to {q * m.block_size:,} tokens "
+                "no block could serve (1 to block_size each: a prompt's last token is "
+                "always computed)")
+    if m.prefix_hit_tokens > q_tokens - floor:
+        return (f"metrics.prefix_hit_blocks is {m.prefix_hit_blocks:,} "
+                f"({counted(m.prefix_hit_tokens, 'token')}), more than the "
+                f"{q_tokens - floor:,} tokens a hit could serve: "
+                f"metrics.prefix_query_tokens ({q_tokens:,}) less "
+                f"metrics.prefix_floor_tokens ({floor:,})")
+    return None
+
+
 def _salts_differ(keyed: BlockHash | None, root: BlockHash | None) -> str:
     """Why a first block's key does not chain from its sequence's root, where the
     two name different cache salts ("" where they agree)."""
