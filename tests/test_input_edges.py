@@ -195,7 +195,7 @@ def test_no_metric_s_meaning_repeats_its_name() -> None:
 
 def test_a_pool_of_one_block_is_said_in_the_singular() -> None:
     """"the pool has only 1 blocks", "a prompt of 1 tokens fills all 1 blocks", "1 host
-    blocks of 11.2 MiB": a one-block pool is a setting the sidebar offers."""
+    blocks of 11.3 MiB": a one-block pool is a setting the sidebar offers."""
     from backend.sessions.budget import MIB, KVBudget
     from backend.sessions.saved import label_of
 
@@ -212,13 +212,13 @@ def test_a_pool_of_one_block_is_said_in_the_singular() -> None:
     assert label_of(export_snapshot(one)) == "1 request · 1 block of 4 · tiny-byte"
     big = EngineConfig(num_blocks=1, block_size=4, preemption="swap", num_cpu_blocks=1)
     with pytest.raises(PagedLabError, match=(
-            r"^num_blocks: 1 block of 2\.0 KiB would take 0\.0 MiB of K/V, but a browser "
-            r"session may hold at most 0\.0 MiB, less than one block of this size beside "
-            r"the host pool's 0\.0 MiB \(1 host block\)")):
+            r"^num_blocks: 1 block of 2\.0 KiB would take 2\.0 KiB of K/V, but a browser "
+            r"session may hold at most 2\.9 KiB, less than one block of this size beside "
+            r"the host pool's 2\.0 KiB \(1 host block\)")):
         KVBudget(per_session=3000, per_server=MIB).check_size(big)
     with pytest.raises(PagedLabError, match=(
-            r"^num_cpu_blocks: 2 host blocks of 2\.0 KiB would take 0\.0 MiB of K/V beside "
-            r"the pool's 0\.0 MiB, but a browser session may hold at most 0\.0 MiB, which "
+            r"^num_cpu_blocks: 2 host blocks of 2\.0 KiB would take 4\.0 KiB of K/V beside "
+            r"the pool's 4\.0 KiB, but a browser session may hold at most 6\.0 KiB, which "
             r"leaves room for 1 host block$")):
         KVBudget(per_session=4096 + 2048, per_server=MIB).check_size(
             EngineConfig(num_blocks=2, block_size=4, preemption="swap", num_cpu_blocks=2))

@@ -148,9 +148,9 @@ def test_a_pool_past_the_limit_is_told_the_count_that_leaves_the_host_pool_room(
     with pytest.raises(PagedLabError) as refused:
         config_from_fields({"num_blocks": 46}, base, budget)
     assert str(refused.value) == (
-        "num_blocks: 46 blocks of 11.2 MiB would take 517.5 MiB of K/V, but a browser "
+        "num_blocks: 46 blocks of 11.3 MiB would take 517.5 MiB of K/V, but a browser "
         "session may hold at most 512.0 MiB, which is 44 blocks of this size beside the "
-        "host pool's 11.2 MiB (1 host block). Use fewer or smaller blocks")
+        "host pool's 11.3 MiB (1 host block). Use fewer or smaller blocks")
     # The count named is one the next check takes.
     assert config_from_fields({"num_blocks": fits}, base, budget).num_blocks == fits
     # One more leaves the host pool no block (swap needs one): still the pool to shrink.
@@ -158,14 +158,14 @@ def test_a_pool_past_the_limit_is_told_the_count_that_leaves_the_host_pool_room(
         config_from_fields({"num_blocks": fits + 1}, base, budget)
     # A pool that fits beside a host block: the host pool is the one to shrink.
     with pytest.raises(PagedLabError, match=(
-            r"^num_cpu_blocks: 200 host blocks of 11\.2 MiB would take 2,250\.0 MiB of K/V "
+            r"^num_cpu_blocks: 200 host blocks of 11\.3 MiB would take 2,250\.0 MiB of K/V "
             r"beside the pool's 90\.0 MiB, but a browser session may hold at most 512\.0 "
             r"MiB, which leaves room for 37 host blocks$")):
         # Past the 2 GiB any host pool may take too: the session's limit is the tighter.
         config_from_fields({"num_cpu_blocks": 200}, base, budget)
     # A host pool past the limit on its own is named, not the pool beside it.
     with pytest.raises(PagedLabError, match=(
-            r"^num_cpu_blocks: 50 host blocks of 11\.2 MiB would take 562\.5 MiB of K/V, "
+            r"^num_cpu_blocks: 50 host blocks of 11\.3 MiB would take 562\.5 MiB of K/V, "
             r"more than the 512\.0 MiB a browser session may hold with its pool besides: "
             r"45 blocks of this size in all, pool and host pool together$")):
         config_from_fields({"num_blocks": 50, "num_cpu_blocks": 50}, base, budget)
@@ -194,7 +194,7 @@ def test_a_pool_past_the_session_limit_is_told_it_before_the_2_gib_any_pool_may_
     with pytest.raises(PagedLabError) as refused:
         config_from_fields({"num_blocks": 183}, base, budget)
     assert str(refused.value).startswith(
-        "num_blocks: 183 blocks of 11.2 MiB would take 2,058.8 MiB of K/V, but a browser "
+        "num_blocks: 183 blocks of 11.3 MiB would take 2,058.8 MiB of K/V, but a browser "
         "session may hold at most 512.0 MiB, which is 45 blocks of this size"), refused.value
 
 
@@ -548,3 +548,43 @@ def test_a_claim_gets_the_room_of_engines_freed_the_moment_their_session_ends() 
     tabs.gone.add("reloaded")
     budget.claim(_config(384), "new")
     assert budget.in_use("reloaded") == 0 and budget.in_use("new") == 384 * 2048
+
+
+def test_a_scenario_replacing_one_gives_back_its_control_runs_engine_too() -> None:
+    """A counted while B was checked: B, which fits on its own, was refused in A's
+    place whenever A's control run was large."""
+    from backend.sessions.tour import TourRun, parse_scenario_upload
+
+    def upload(name: str, blocks: int, steps: list[dict[str, object]]) -> object:
+        return parse_scenario_upload(json.dumps({
+            "name": name, "description": name, "steps": steps,
+            "config": {"num_blocks": blocks, "block_size": 4}}).encode(), f"{name}.json")
+
+    # A: an 8 KiB pool, and a control run sized for 930 steps (470 KiB); B: 400 KiB.
+    a_file = upload("A", 4, [{"op": "add", "request": "A", "prompt_len": 1,
+                              "max_new_tokens": None}, {"op": "step", "count": 930}])
+    b_file = upload("B", 100, [{"op": "add", "request": "B", "prompt_len": 4}])
+    budget = KVBudget(per_session=512 * 1024, per_server=64 * MIB)
+    a = TourRun(a_file, "upload", "A", device="cpu", kernel="torch", owner="s",
+                budget=budget)
+    assert a.control is not None and budget.in_use("s") > 470 * 1024
+    b = TourRun(b_file, "upload", "B", device="cpu", kernel="torch", owner="s",
+                budget=budget, replacing=a)
+    assert budget.in_use("s") == b.engine.cache.total_bytes + (
+        0 if b.control is None else b.control.control.cache.total_bytes) <= 512 * 1024
+
+
+def test_ended_sessions_are_forgotten_once_their_wait_is_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forgotten only when a refusal ran: on a server never full, every closed tab left
+    an entry for the life of the process."""
+    b = KVBudget(per_session=MIB, per_server=MIB)
+    now = [1000.0]
+    monkeypatch.setattr(budget_module.time, "monotonic", lambda: now[0])
+    b.ending(frozenset({"a", "b"}))
+    now[0] += budget_module.RECLAIM_WAIT_S / 2
+    b.ending(frozenset({"c"}))
+    assert set(b._ending) == {"a", "b", "c"}
+    now[0] += budget_module.RECLAIM_WAIT_S
+    b.ending(frozenset({"d"}))
+    assert set(b._ending) == {"d"}

@@ -40,14 +40,21 @@ def joined(items: Sequence[object]) -> str:
 def percent(x: float) -> str:
     """A fraction as a percentage with one decimal, halves rounded up as a reader would:
     13/16 reads "81.3%", where Python's own formatting rounds an exact half to even
-    ("81.2%", yet "18.8%" for 9/48)."""
-    return tenths(100 * x) + "%"
+    ("81.2%", yet "18.8%" for 9/48). Short of the whole, never "100.0%": 1,999 of 2,000
+    blocks used reads "99.9%", beside the one block still free."""
+    return _short_of_whole(tenths(100 * x), x < 1) + "%"
 
 
 def percent_of(part: int, whole: int) -> str:
     """`part` of `whole` as `percent` shows a fraction, computed exactly: 51/80 reads
     "63.8%", where the float 1 - 29/80 lands just under the half and reads "63.7%"."""
-    return f"{(Decimal(100 * part) / Decimal(whole)).quantize(_TENTH, ROUND_HALF_UP)}%"
+    shown = f"{(Decimal(100 * part) / Decimal(whole)).quantize(_TENTH, ROUND_HALF_UP)}"
+    return _short_of_whole(shown, part < whole) + "%"
+
+
+def _short_of_whole(shown: str, short: bool) -> str:
+    """A percentage rounded up to 100.0 from a share short of the whole: 99.9."""
+    return "99.9" if short and shown == "100.0" else shown
 
 
 _TENTH = Decimal("0.1")

@@ -28,12 +28,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from backend.core.config import TINY_BYTE, EngineConfig
 from backend.core.errors import PagedLabError
-from backend.core.words import counted
+from backend.core.words import counted, tenths
 from backend.engine.engine import Engine
 from backend.views.model import format_bytes
 
@@ -55,8 +55,31 @@ RECLAIM_POLL_S = 0.25
 Reclaimer = Callable[[dict[str, int], int], frozenset[str]]
 
 
+# The engines a new one replaces (their bytes are given back first): none, one, or
+# several (a scenario run's engine and its control run's).
+Replaced = Engine | Sequence[Engine] | None
+
+
+def _engines(replacing: Replaced) -> set[Engine]:
+    """`replacing` as a set: an engine listed twice is given back once."""
+    if replacing is None:
+        return set()
+    return {replacing} if isinstance(replacing, Engine) else set(replacing)
+
+
 def _mib(value: int) -> str:
-    return f"{value / MIB:,.1f} MiB"
+    """Bytes of K/V in MiB, to a tenth; under a twentieth of one (which reads "0.0 MiB")
+    as format_bytes gives them: "2.0 KiB"."""
+    return format_bytes(value) if 0 < value < MIB // 20 else f"{tenths(value / MIB)} MiB"
+
+
+def _held(value: int, limit: int) -> str:
+    """`_mib(value)` for bytes held short of `limit`, never reading as the limit itself:
+    511.96 MiB held of 512 reads "511.9 MiB", where rounding said "512.0"."""
+    shown = _mib(value)
+    if value < limit and shown == _mib(limit):
+        shown = f"{math.floor(value / MIB * 10) / 10:,.1f} MiB"
+    return shown
 
 
 def _env_mib(name: str, default: int) -> int:
@@ -120,9 +143,12 @@ class KVBudget:
     def ending(self, owners: frozenset[str]) -> None:
         """Mutates: these owners' sessions have been ended; a check or claim the server
         refuses waits a moment for their engines (see the module)."""
-        until = time.monotonic() + RECLAIM_WAIT_S
+        now = time.monotonic()
         with self._lock:
-            self._ending.update(dict.fromkeys(owners, until))
+            # Those past their wait go here as well as in `_awaited`: on a server never
+            # full, no refusal runs that, and every closed tab left an entry for good.
+            self._ending = {o: until for o, until in self._ending.items() if now < until}
+            self._ending.update(dict.fromkeys(owners, now + RECLAIM_WAIT_S))
 
     def _may_collect(self) -> bool:
         """Whether a form's check may collect garbage now (see `_reserve`)."""
@@ -194,14 +220,14 @@ class KVBudget:
             f"{_mib(need)} of K/V, but a browser session may hold at most "
             f"{_mib(self.per_session)}, {room}{shape}{smaller_host}")
 
-    def _problem(self, need: int, owner: str, replacing: Engine | None) -> _Refusal | None:
+    def _problem(self, need: int, owner: str, replacing: Replaced) -> _Refusal | None:
         """Why `need` more bytes for `owner` would pass a limit, or None. Call with the
-        lock held. `replacing`'s holding is given back first."""
+        lock held. `replacing`'s holdings are given back first."""
         freed = 0
-        if replacing is not None:
-            key = self._keys.get(replacing)
+        for engine in _engines(replacing):
+            key = self._keys.get(engine)
             held = self._held.get(key) if key is not None else None
-            freed = held.nbytes if held is not None else 0
+            freed += held.nbytes if held is not None else 0
         mine = sum(h.nbytes for h in self._held.values() if h.owner == owner) - freed
         total = sum(h.nbytes for h in self._held.values()) - freed
         if need > self.per_server:
@@ -209,19 +235,21 @@ class KVBudget:
             return _Refusal(f"{_mib(need)} of K/V is more than the {_mib(self.per_server)} the "
                             "server's sessions may hold together. Try a smaller pool")
         if mine + need > self.per_session:
-            return _Refusal(f"this session's engines already hold {_mib(mine)} of K/V; "
+            return _Refusal(f"this session's engines already hold "
+                            f"{_held(mine, self.per_session)} of K/V; "
                             f"{_mib(need)} more would pass the {_mib(self.per_session)} a "
                             "session may hold")
         if total + need > self.per_server:
             wait = ("again when other sessions have ended" if self._reclaimer is not None
                     else "again in a few minutes (a browser tab keeps its engines for "
                          "about two minutes after it closes, in case it reconnects)")
-            return _Refusal(f"the server's sessions hold {_mib(total)} of K/V; {_mib(need)} "
+            return _Refusal(f"the server's sessions hold {_held(total, self.per_server)} of "
+                            f"K/V; {_mib(need)} "
                             f"more would pass its limit of {_mib(self.per_server)}. Try a "
                             f"smaller pool, or {wait}", total + need - self.per_server)
         return None
 
-    def _try(self, need: int, owner: str, replacing: Engine | None,
+    def _try(self, need: int, owner: str, replacing: Replaced,
              keep: bool) -> tuple[int | None, _Refusal | None]:
         """One locked check of `need` (with `keep`, counted when it passes): the claim's key
         (None unless kept) and no refusal, or None and the refusal."""
@@ -269,7 +297,7 @@ class KVBudget:
             self._swept = now
         gc.collect()
 
-    def _reserve(self, config: EngineConfig, owner: str, replacing: Engine | None,
+    def _reserve(self, config: EngineConfig, owner: str, replacing: Replaced,
                  keep: bool) -> int | None:
         """Check `config` against both limits; with `keep`, count its bytes for `owner`
         in the same locked step (the key of the claim). Raises PagedLabError."""
@@ -315,7 +343,7 @@ class KVBudget:
             self._sweep()
 
     def check(self, config: EngineConfig, owner: str, *,
-              replacing: Engine | None = None) -> None:
+              replacing: Replaced = None) -> None:
         """Raise PagedLabError if an engine with `config` would exceed a limit.
 
         `replacing` is the owner's engine that the new one replaces: its bytes
@@ -331,7 +359,7 @@ class KVBudget:
         self._reserve(config, owner, replacing, keep=False)
 
     def claim(self, config: EngineConfig, owner: str, *,
-              replacing: Engine | None = None) -> int:
+              replacing: Replaced = None) -> int:
         """Mutates: `check`, and count the engine's bytes for `owner` in the same locked
         step, so two sessions building at once cannot both pass on the same room.
 

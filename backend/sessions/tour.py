@@ -226,7 +226,10 @@ class TourRun:
         if owner is None:
             self.engine = make()
         else:
-            old = None if replacing is None else replacing.engine
+            # The old run's control engine too: counted while the new engine was
+            # checked, it refused a scenario that fits once the old run is gone.
+            old = [] if replacing is None else [replacing.engine] + (
+                [] if replacing.control is None else [replacing.control.control])
             self.engine = budget.built(budget.claim(scenario.config, owner, replacing=old),
                                        make)
         if replacing is not None:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from backend.core.config import TINY_BYTE
+from backend.core.words import tenths
 from backend.models.tokenizer import TURN_END, TURN_START
 from backend.paging.events import Event, describe
 from backend.views.glossary import REQUEST_FIELDS
@@ -408,9 +409,13 @@ def format_bytes(n: int) -> str:
     """1536 -> '1.5 KiB'. Exact below 1 KiB."""
     if n < 1024:
         return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    for power, unit in enumerate(("KiB", "MiB", "GiB"), start=1):
+        value = n / 1024**power
+        # Rounded first, then the unit chosen: 1,048,575 B read "1024 KiB" (the next
+        # unit's 1.0), and 102,359 B "100.0 KiB" beside 102,400 B's "100 KiB".
+        text = tenths(value)
+        if float(text.replace(",", "")) >= 100:
+            text = f"{value:.0f}"
+        if float(text) < 1024 or unit == "GiB":
+            return f"{text} {unit}"
     raise AssertionError(n)

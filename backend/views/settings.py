@@ -107,7 +107,8 @@ def config_items(config: EngineConfig) -> list[SettingItem]:
 
 def format_count(n: int) -> str:
     """134515008 -> '134.5M', 61504 -> '61.5k': a parameter count at a glance."""
-    if n >= 1_000_000:
+    # Rounded before the unit is chosen: 999,950 read "1000.0k".
+    if n >= 999_950:
         return f"{n / 1e6:.1f}M"
     if n >= 1_000:
         return f"{n / 1e3:.1f}k"

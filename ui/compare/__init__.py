@@ -87,5 +87,7 @@ def in_percent(df: pd.DataFrame, column: str, label: str | None = None,
     """`df` with `column` (shares in 0..1) in percent, and its column config: one decimal,
     as the section's sentences write it. Streamlit's "percent" format drops trailing
     zeros, so one column would read "0%", "0.11%" and "21.4%"."""
-    shown = df.assign(**{column: df[column] * 100})
+    # As `percent` writes a share: one short of the whole never reads "100.0%".
+    pct = df[column] * 100
+    shown = df.assign(**{column: pct.mask((pct >= 99.95) & (pct < 100), 99.9)})
     return shown, st.column_config.NumberColumn(label, help=help, format="%.1f%%")
