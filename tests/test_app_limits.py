@@ -15,7 +15,7 @@ from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Settings, build_engine, switch_kernels
 from tests.test_app import add, click, engine, start
-from ui import operations, progress
+from ui import operations, state_writes
 
 
 def test_a_pool_over_the_session_budget_is_refused_and_the_engine_kept(
@@ -73,7 +73,7 @@ def test_a_kernel_switch_on_the_same_device_leaves_nothing_alive_after_the_sessi
     engine = build_engine(s, "owner-switch")
     assert budget_module.SERVER_BUDGET.in_use("owner-switch") > 0
     sess = operations.OpSession(engine, s, History(), OpLog(), "owner-switch",
-                             saved.Tab(None, "browser"), progress.Queued(), 0)
+                             saved.Tab(None, "browser"), state_writes.Queued(), 0)
     with engine.lock:
         same = switch_kernels(engine, "cpu", "torch")
         assert same is engine
@@ -95,7 +95,7 @@ def test_an_engine_moved_to_another_device_is_counted_in_place_of_the_old(
     monkeypatch.setattr(playground, "select_kernels",
                         lambda d, k: types.SimpleNamespace(device=torch.device("meta")))
     sess = operations.OpSession(engine, s, History(), OpLog(), "owner-move",
-                             saved.Tab(None, "browser"), progress.Queued(), 0)
+                             saved.Tab(None, "browser"), state_writes.Queued(), 0)
     with engine.lock:
         moved = switch_kernels(engine, "cpu", "torch", "owner-move")
         assert moved is not engine

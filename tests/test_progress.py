@@ -28,6 +28,7 @@ from backend.sessions.playground import Settings, apply_or_recover
 from backend.sessions.progress import OPENED_ELSEWHERE, SessionRuns, Work, WorkState, tracker
 from backend.views.text import plain_md
 from ui import progress as ui_progress
+from ui import state_writes
 from ui.progress import Shown
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -67,7 +68,7 @@ def test_a_weight_load_reports_its_fraction_and_cannot_be_stopped() -> None:
 
 
 def test_queued_writes_to_skipped_keys_stay_for_the_next_run() -> None:
-    q = ui_progress.Queued()
+    q = state_writes.Queued()
     q.put("engine", 1)
     q.put("cfg_num_blocks", 64)
     q.put("flash", "done")
@@ -82,7 +83,7 @@ def test_queued_writes_to_skipped_keys_stay_for_the_next_run() -> None:
 def test_a_conditional_write_yields_to_a_selection_made_meanwhile() -> None:
     """An Add queues "pick the new request" unless the person picked another request
     while it waited for the engine (a long step ran): their later pick is kept."""
-    q = ui_progress.Queued()
+    q = state_writes.Queued()
     q.put("req_pick", "mid", if_still="A")
     state: dict[str, Any] = {"req_pick": "B"}      # picked while the add waited
     assert q.apply(state) is False and state == {"req_pick": "B"}
@@ -101,7 +102,7 @@ def test_two_adds_in_a_row_each_pick_their_request_unless_the_person_picks_anoth
     done (a run in between): the second's expectation moves with the queue's own write,
     so its request is picked too; a pick the person made in between is kept."""
     for person in (None, "B"):
-        q = ui_progress.Queued()
+        q = state_writes.Queued()
         first, second = q.expect("req_pick", "A"), q.expect("req_pick", "A")
         state: dict[str, Any] = {"req_pick": "A"}
         q.put("req_pick", "new1", if_still=first)
@@ -117,7 +118,7 @@ def test_two_adds_in_a_row_each_pick_their_request_unless_the_person_picks_anoth
 def test_a_conditional_write_asks_its_condition_of_a_queued_write_to_the_same_key() -> None:
     """A new engine's queued "nothing picked" lands before the add's pick: the pick is
     asked of the value it leaves, instead of replacing it unasked."""
-    q = ui_progress.Queued()
+    q = state_writes.Queued()
     q.put("req_pick", None)
     q.put("req_pick", "new", if_still="A")          # A was picked on the old engine
     state: dict[str, Any] = {"req_pick": "A"}
@@ -134,7 +135,7 @@ def test_an_add_queued_behind_a_new_engines_cleared_pick_still_picks_its_request
     run on the new engine, queues its pick: the reset's write lands first and the Add's
     expectation follows it, so the new request is picked, in either order of landing."""
     for landed_first in (False, True):
-        q = ui_progress.Queued()
+        q = state_writes.Queued()
         state: dict[str, Any] = {"req_pick": "A"}
         expected = q.expect("req_pick", "A")
         q.put("req_pick", None)                       # the reset
@@ -148,7 +149,7 @@ def test_an_add_queued_behind_a_new_engines_cleared_pick_still_picks_its_request
 def test_a_pick_the_page_corrects_is_the_apps_not_the_persons() -> None:
     """Add X waits while Finish A runs; the page then moves the pick from the finished A
     to B. The person picked nothing, so X is picked once the add is done."""
-    q = ui_progress.Queued()
+    q = state_writes.Queued()
     state: dict[str, Any] = {"req_pick": "A"}
     expected = q.expect("req_pick", "A")
     q.write(state, "req_pick", "B")
@@ -166,7 +167,7 @@ def test_a_pick_the_page_corrects_is_the_apps_not_the_persons() -> None:
 def test_two_runs_applying_at_once_land_a_keys_writes_once_and_in_order() -> None:
     """One run is making the reset's "nothing picked" when another applies: the second
     leaves the add's pick behind it to the first, which lands it after."""
-    q = ui_progress.Queued()
+    q = state_writes.Queued()
     started, go = threading.Event(), threading.Event()
 
     class SlowState(dict[str, Any]):
@@ -569,7 +570,7 @@ def test_a_click_that_waited_keeps_the_messages_of_what_ran_meanwhile_above_its_
     from ui.operations import MAX_EARLIER, OpSession
     from ui.session import FLASH
 
-    q = ui_progress.Queued(remembered=(FLASH,))
+    q = state_writes.Queued(remembered=(FLASH,))
 
     def op_session(seen: int) -> OpSession:
         return OpSession(None, None, None, None, "o", None, q, 0, seen)  # type: ignore[arg-type]

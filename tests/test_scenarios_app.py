@@ -33,7 +33,7 @@ from backend.views.tour import value_text
 from tests.test_app import click, html, markdown, metrics
 from tests.test_store_scenario import OPS, _session
 from ui import history, tour
-from ui.progress import Queued
+from ui.state_writes import Queued
 from ui.tour import upload_link
 
 ROOT = Path(__file__).resolve().parents[1]

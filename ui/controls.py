@@ -33,7 +33,7 @@ from backend.views.text import plain_md
 from ui import clicks, engine_actions, layout, operations, session
 from ui.numbers import out_of_range, whole, whole_input
 from ui.operations import AfterOp, MakeOp
-from ui.progress import Expected, Queued
+from ui.state_writes import Expected, Queued
 
 
 def _apply(prepare: Callable[[], MakeOp], after: AfterOp | None = None) -> None:

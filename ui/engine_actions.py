@@ -41,7 +41,7 @@ from backend.sessions.playground import (
 )
 from backend.sessions.progress import Work
 from backend.views.text import notes_text, plain_md
-from ui import progress, store
+from ui import progress, state_writes, store
 from ui.operations import REPLACED_TOO_OFTEN, OpSession, holding_current
 from ui.progress import Shown
 from ui.session import (
@@ -78,7 +78,7 @@ def install(live: saved.Live, sess: OpSession) -> OpSession:
     return after
 
 
-def set_fields(settings: Settings, q: progress.Queued) -> None:
+def set_fields(settings: Settings, q: state_writes.Queued) -> None:
     """Queue the sidebar's fields to show `settings` (written before the sidebar is drawn)."""
     for key, value in config_fields(settings.config).items():
         q.put(key, value)

@@ -11,7 +11,7 @@ rebuilding the engine from the snapshot before it.
 Stopped runs: a run Streamlit has superseded raises from its next session-state
 access, which after a step would lose its bookkeeping. So an operation reads
 what it needs first (`OpSession.read`), and what it writes once the engine has
-changed is queued (ui.session.QUEUED, a ui.progress.Queued) and written by
+changed is queued (ui.session.QUEUED, a ui.state_writes.Queued) and written by
 `session.collect`: at once, or by the next run (`session.init`, the page after
 the engine's lock).
 
@@ -47,7 +47,7 @@ from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Settings, apply_or_recover, has_state
 from backend.sessions.progress import SESSION_RUNS, Work
 from backend.sessions.summary import summarize
-from ui import progress, store
+from ui import progress, state_writes, store
 from ui.labels import op_refusal
 from ui.progress import Shown
 from ui.session import (
@@ -77,7 +77,7 @@ from ui.session import (
 @dataclass(frozen=True, slots=True)
 class OpSession:
     """What an operation works with, read from session state before it changes anything:
-    afterwards this run may no longer read there (see progress.Queued)."""
+    afterwards this run may no longer read there (see state_writes.Queued)."""
 
     engine: Engine
     settings: Settings
@@ -85,7 +85,7 @@ class OpSession:
     oplog: OpLog
     owner: str
     tab: saved.Tab
-    queued: progress.Queued
+    queued: state_writes.Queued
     # How many times the session's engine or settings were replaced (`replace`).
     generation: int
     # The number of the last status-line message when this was read (see `flash`), and
@@ -115,7 +115,7 @@ class OpSession:
         """Make `live` the session's engine, settings, history and log; returns the session
         that results. Call with this engine's lock held.
 
-        The writes are queued (see progress.Queued), and the new session is recorded as
+        The writes are queued (see state_writes.Queued), and the new session is recorded as
         this engine's successor: a run that waited for this engine's lock follows it
         there (`holding_current`) without reading session state. `live.engine` may be
         this engine itself, with other settings (a kernel switch on the same device).
@@ -205,7 +205,7 @@ def holding_current(where: str, work: Work, shown: list[Shown]) -> Iterator[OpSe
     this one follows the replacement's record (`OpSession.replace`) to the new engine,
     waits for its lock instead, and acts on it. Nothing after the wait reads session
     state, so a click whose run a later click superseded while it waited still acts
-    (its reads would raise: see progress.Queued). Yields None if the engine kept being
+    (its reads would raise: see state_writes.Queued). Yields None if the engine kept being
     replaced. Each wait's display is appended to `shown`, for the caller to finish
     after its bookkeeping (see ui/progress.py).
     """
@@ -235,8 +235,8 @@ REPLACED_TOO_OFTEN = "The engine kept being replaced while this waited; try agai
 # Builds a click's operation on the engine it will run on. Reads no session state: it
 # runs after the wait for the engine's lock (see `apply`).
 MakeOp = Callable[[Engine], Op]
-# Queues what a click writes once its operation is applied (see progress.Queued).
-AfterOp = Callable[[OpResult, progress.Queued], None]
+# Queues what a click writes once its operation is applied (see state_writes.Queued).
+AfterOp = Callable[[OpResult, state_writes.Queued], None]
 # Run with the engine's lock held before the operation is built: the session it then
 # runs on (see `apply`).
 First = Callable[[OpSession, Work, list[Shown]], OpSession]

@@ -57,7 +57,7 @@ def _open(sess: operations.OpSession, sid: str, take_now: bool = True
     Call with the current engine's lock held. On success the sidebar's fields
     show the opened session's settings (so: before the sidebar is drawn).
     Session state was read before (`sess`); writes go through the queue (see
-    progress.Queued).
+    state_writes.Queued).
     """
     q = sess.queued
     tab = sess.tab

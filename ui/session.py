@@ -53,7 +53,7 @@ from backend.sessions.playground import (
     preset_of,
 )
 from backend.sessions.progress import Work
-from ui import progress, reclaim, store
+from ui import progress, reclaim, state_writes, store
 
 ENGINE = "engine"
 SETTINGS = "settings"
@@ -169,11 +169,11 @@ def init() -> None:
     may set them (a widget given both warns). The fields persist for the session
     (persist_state="session"), so a visit to another page keeps them; a key missing
     all the same (a fresh session, a widget that does not persist) is seeded. Writes
-    an interrupted run queued land here first (see progress.Queued).
+    an interrupted run queued land here first (see state_writes.Queued).
     """
     ss = st.session_state
     if QUEUED not in ss:
-        ss[QUEUED] = progress.Queued(remembered=(FLASH,))
+        ss[QUEUED] = state_writes.Queued(remembered=(FLASH,))
     collect()
     if OWNER not in ss:
         # Names this session's engines in the server's K/V budget.
@@ -201,8 +201,8 @@ def init() -> None:
             ss[key] = value
 
 
-def queued() -> progress.Queued:
-    q: progress.Queued = st.session_state[QUEUED]
+def queued() -> state_writes.Queued:
+    q: state_writes.Queued = st.session_state[QUEUED]
     return q
 
 
@@ -212,7 +212,7 @@ SIDEBAR_KEYS = frozenset({*CONFIG_KEYS, *DIM_KEYS, "cfg_model", "dev_device", "d
 
 
 def collect(*, sidebar_drawn: bool = False) -> None:
-    """Perform the session-state writes queued by operations (see progress.Queued).
+    """Perform the session-state writes queued by operations (see state_writes.Queued).
 
     `sidebar_drawn`: called by a page, after this run drew the sidebar. A restore or
     an opened session that another run finished meanwhile queued the sidebar's

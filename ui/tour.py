@@ -50,7 +50,8 @@ from backend.io.scenario import Scenario
 from backend.sessions.playground import Settings
 from backend.sessions.tour import Frame, TourRun, parse_step, shipped_paths, shipped_scenario
 from ui import history, session, tour_progress
-from ui.progress import Queued, Shown, iterations_of, unit_of
+from ui.progress import Shown, iterations_of, unit_of
+from ui.state_writes import Queued
 from ui.tour_progress import Timed
 
 TOUR = "tour"
