@@ -17,6 +17,9 @@ path gathers as before; `status()` says which and why.
 
 The operator keeps no state: concurrent calls from any number of sessions are safe.
 Loading happens once per process, under a lock.
+
+May import: torch only (none of the backend). Entry points: `decode_op`, `status`,
+`build` (`python -m backend.kernels.native`).
 """
 
 from __future__ import annotations
