@@ -42,8 +42,9 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import MAX_GROW_TOKENS, MAX_STEP_COUNT, parse_op
-from backend.io.restore import restore_engine, restore_notes
+from backend.io.restore import restore_engine
 from backend.io.restore_derive import contract_only
+from backend.io.restore_notes import restore_notes
 from backend.io.snapshot import export_snapshot
 
 # Prompts share these openings, so prefix hits, cached blocks and evictions happen.

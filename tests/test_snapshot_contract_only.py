@@ -28,8 +28,9 @@ from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Fork, Shuffle, Step
 from backend.io import restore_derive, restore_queue
 from backend.io.cli import main
-from backend.io.restore import derived_fields, restore_engine, restore_notes
+from backend.io.restore import restore_engine
 from backend.io.restore_derive import contract_only
+from backend.io.restore_notes import derived_fields, restore_notes
 from backend.io.scenario import load_scenario, run_steps
 from backend.io.snapshot import export_snapshot
 from backend.paging.hashing import block_digest

@@ -24,7 +24,8 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Finish, Op, Step, parse_op
 from backend.io.json_input import FieldReader, decode_json
-from backend.io.restore import restore_engine, restore_notes, unread_fields
+from backend.io.restore import restore_engine
+from backend.io.restore_notes import restore_notes, unread_fields
 from backend.io.scenario import load_scenario, run_steps
 from backend.io.snapshot import export_snapshot, parse_snapshot_text, snapshot_json
 from tests.test_app import engine as app_engine

@@ -22,7 +22,7 @@ from backend.core.config import GREEDY_BELOW, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
-from backend.io.restore import restore_notes
+from backend.io.restore_notes import restore_notes
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
 from backend.sessions.budget import SERVER_BUDGET

@@ -29,7 +29,8 @@ from backend.engine.engine import Engine
 from backend.io.expect import check_expectations
 from backend.io.json_input import file_kind, same_file
 from backend.io.report import say
-from backend.io.restore import restore_engine, restore_notes
+from backend.io.restore import restore_engine
+from backend.io.restore_notes import restore_notes
 from backend.io.scenario import (
     ScenarioError,
     check_config_matches,

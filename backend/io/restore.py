@@ -8,17 +8,14 @@ from the tokens. The totals a snapshot claims (`metrics`) are checked last, so
 that an edited block or request is refused by its own name, not through a total.
 
 Fields the snapshot holds that restore does not read are not refused (the
-contract lets fields be added), but `restore_notes(engine)` names them, so that
-a misspelt field is not ignored without a word.
+contract lets fields be added), but `restore_notes(engine)` (restore_notes.py)
+names them, so that a misspelt field is not ignored without a word.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from backend.core.checks import MAX_JSON_INT, check_int, shown, unicode_text
@@ -28,11 +25,12 @@ from backend.core.words import agrees, counted
 from backend.engine.engine import Engine
 from backend.engine.request import Request
 from backend.engine.results import KernelReport
-from backend.io.json_input import FieldReader, listed_by_id, non_negative, unread_note
+from backend.io.json_input import FieldReader, listed_by_id, non_negative
 from backend.io.recompute import Progress, recompute_kv
-from backend.io.restore_derive import Derived, derive_missing, derived_note, order_problem
+from backend.io.restore_derive import derive_missing, order_problem
 from backend.io.restore_host import restore_host
 from backend.io.restore_log import log_problem
+from backend.io.restore_notes import keep_notes
 from backend.io.restore_requests import read_requests, read_scheduler
 from backend.io.snapshot import CONFIG_EXTRA, CONTRACT_CONFIG, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
@@ -130,62 +128,8 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
     # After every per-block and per-request check: a total that disagrees with the
     # blocks then has no edited block or request behind it to name instead.
     _check_totals(engine, metrics)
-    unread = tuple(top.unread())
-    if unread or derived.fields or problem is not None:
-        with _RECORD_LOCK:
-            _RECORD[engine] = _Record(unread, derived.brief(), problem)
+    keep_notes(engine, tuple(top.unread()), derived.brief(), problem)
     return engine
-
-
-@dataclass(frozen=True)
-class _Record:
-    """What restore noted of one engine's snapshot: the fields it did not read, what it
-    derived, and why the log cannot be a whole run's (a partial log it kept), if so."""
-
-    unread: tuple[str, ...] = ()
-    derived: Derived = field(default_factory=Derived)
-    partial: str | None = None
-
-
-# Per restored engine, until it is collected (engines with nothing to note are not
-# listed).
-_RECORD: weakref.WeakKeyDictionary[Engine, _Record] = weakref.WeakKeyDictionary()
-_RECORD_LOCK = threading.Lock()
-
-
-def _record(engine: Engine) -> _Record:
-    with _RECORD_LOCK:
-        return _RECORD.get(engine, _Record())
-
-
-def unread_fields(engine: Engine) -> tuple[str, ...]:
-    """The path of each field ("snapshot.requests[0].max_new_tokns") that the snapshot
-    `engine` was restored from holds and restore did not read, in file order. Empty for
-    an engine no restore built, or whose snapshot held only fields PagedLab reads."""
-    return _record(engine).unread
-
-
-def derived_fields(engine: Engine) -> Derived:
-    """What restore derived of DERIVABLE's fields for the snapshot `engine` was restored
-    from, which lacked them (restore_derive.py); nothing for any other engine."""
-    return _record(engine).derived
-
-
-def restore_notes(engine: Engine) -> list[str]:
-    """What the user who restored `engine` should be told besides the state, as sentences
-    without their final full stop (shown as "Note: ...."): the fields restore ignored
-    (`unread_fields`, the first NOTED_FIELDS of them, the rest counted), the fields it
-    derived, what of them the log could not fix (`derived_fields`), and a log kept as
-    partial because it cannot be every event of a run that reached the state."""
-    record = _record(engine)
-    notes = [*unread_note(record.unread),
-             *derived_note(record.derived.names, record.derived.caveats)]
-    if record.partial is not None:
-        notes.append(f"the event log does not lead to this state on its own: "
-                     f"{record.partial}; it is kept as a partial log, so the timeline and "
-                     "the counts read from it (swap-outs and returns) cover only the events "
-                     "it holds, and this engine's snapshots say events_partial")
-    return notes
 
 
 def _bytes_per_block_differs(c: EngineConfig, claimed: int) -> str:
