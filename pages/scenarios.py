@@ -16,10 +16,10 @@ from ui import entry
 entry.through_app()
 
 from backend.views.text import plain_md
-from ui import control_run, exports, panels, sidebar, tour, tour_widgets
+from ui import control_run, exports, panels, sidebar, tour, tour_link, tour_widgets
 
 tour.init()
-run, frame = tour.sync()
+run, frame = tour_link.sync()
 # The scenario's own config, not the Playground's pool fields (they would change
 # nothing here); the kernel fields, which apply to this run too.
 sidebar.scenario(run.scenario.config, run.engine)

@@ -32,7 +32,7 @@ from backend.views.text import plain_md
 from backend.views.tour import value_text
 from tests.test_app import click, html, markdown, metrics
 from tests.test_store_scenario import OPS, _session
-from ui import history, tour
+from ui import history, tour, tour_link
 from ui.state_writes import Queued
 from ui.tour import upload_link
 
@@ -876,7 +876,7 @@ def test_a_back_whose_run_a_stop_replaced_still_goes_back(monkeypatch: pytest.Mo
         def superseded() -> None:
             raise RuntimeError("superseded")
         m.setattr(history, "went_back_or_forward", lambda: True)
-        m.setattr(tour, "_apply_link", superseded)
+        m.setattr(tour_link, "_apply_link", superseded)
         at.query_params["step"] = "2"
         at.run()
     at.query_params["step"] = "2"
