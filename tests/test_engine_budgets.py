@@ -10,6 +10,7 @@ restored half-way through a chunked prefill.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
 from backend.io.restore import restore_engine
+from backend.io.scenario import load_scenario, run_steps
 from backend.io.snapshot import export_snapshot
 from backend.sessions.summary import summarize
 from bench.soak import soak_configs, soak_sequence
@@ -266,7 +268,7 @@ def test_an_add_left_waiting_says_why_in_its_result_and_status_line() -> None:
     apply(e, {"op": "add", "request": "A", "prompt_len": 5})
     samples = e.apply(parse_op({"op": "add", "request": "N", "prompt_len": 5, "n": 3}))
     assert list(e.waiting) == ["N.0"]
-    assert samples.waits == (("N.0", "1 request is running and it starts 3 sequences, and "
+    assert samples.waits == (("N.0", "it starts 3 sequences beside the 1 request running, and "
                                      "max_num_seqs is 3; finish one first"),)
     beams = e.apply(parse_op({"op": "add", "request": "B", "prompt_len": 5,
                               "beam_width": 2}))
@@ -313,7 +315,7 @@ def test_a_waiting_request_s_refusal_is_true_in_the_harder_cases() -> None:
                for x in "ABCD"),
           {"op": "add", "request": "G", "prompt_len": 3, "max_new_tokens": 5, "n": 3})
     assert refusal(e, {"op": "grow", "request": "G.0", "tokens": 1}).endswith(
-        "4 requests are running and it starts 3 sequences, and max_num_seqs is 4; finish 3 "
+        "it starts 3 sequences beside the 4 requests running, and max_num_seqs is 4; finish 3 "
         "first")
 
 
@@ -468,3 +470,16 @@ def test_a_chunked_prompts_prefix_query_counts_the_whole_prompt() -> None:
     # when B came, so B's query found nothing.
     assert [export_snapshot(e)["metrics"]["prefix_hit_blocks"] for e in (whole, chunked)] == [
         3, 0]
+
+
+def test_a_wait_for_room_counts_apart_the_cached_blocks_its_prompt_would_hit() -> None:
+    """Scenario 13's step 6: D's prompt would hit the 2 cached blocks the Cached blocks
+    metric shows; "0 are free or cached" beside it read as a contradiction."""
+    sc = load_scenario(Path(__file__).resolve().parents[1] / "assets" / "scenarios"
+                       / "13-cache-revival.json")
+    e = Engine(sc.config, kernel="torch")
+    waits = {i: res.waits for i, _, res in run_steps(e, sc.steps[:6])}
+    assert e.manager.metrics().cached_blocks == 2
+    assert waits[6] == (("D", "the pool has no room for it yet: it needs 4 new blocks, and 0 "
+                              "are free or cached besides the 2 cached blocks its prompt "
+                              "would hit; step the batch to admit it as they finish"),)

@@ -252,9 +252,11 @@ class Admission(ABC):
         seqs = sum(1 + r.forks_to_come for r in unit)
         if budgets.max_num_seqs is not None and running + seqs > budgets.max_num_seqs:
             over = running + seqs - budgets.max_num_seqs
-            starting = "" if seqs == 1 else f" and it starts {seqs} sequences"
-            return (f"{counted(running, 'request')} {agrees(running, 'is', 'are')} running"
-                    f"{starting}, and max_num_seqs is {budgets.max_num_seqs}; finish "
+            # "and it starts N sequences" read as the running request's doing.
+            held = (f"{counted(running, 'request')} {agrees(running, 'is', 'are')} running"
+                    if seqs == 1 else f"it starts {seqs} sequences beside the "
+                    f"{counted(running, 'request')} running")
+            return (f"{held}, and max_num_seqs is {budgets.max_num_seqs}; finish "
                     f"{'one' if over == 1 else f'{over:,}'} first")
         tokens = budgets.max_num_batched_tokens
         if tokens is not None:
@@ -289,6 +291,13 @@ class Admission(ABC):
         room = (f"{available:,} {agrees(available, 'is', 'are')} free or cached" if not reserve
                 else f"{free:,} of the {available:,} free or cached {agrees(free, 'is', 'are')} "
                      f"left once the running requests take the {reserve:,} they still need")
+        # A cached block the prompt would hit is not one of its new blocks' sources: said
+        # beside the Cached blocks metric, which counts it, "0 are free or cached" read
+        # as a contradiction.
+        own = 0 if len(plans) > 1 else sum(
+            self.manager.pool.blocks[b].ref_count == 0 for b in plans[0].hit_blocks)
+        if own:
+            room += f" besides the {counted(own, 'cached block')} its prompt would hit"
         return (f"the pool has no room for it yet: it needs {counted(need, 'new block')}"
                 f"{kept}, and {room}; step the batch to admit it as they finish")
 
