@@ -892,9 +892,9 @@ def test_next_on_an_add_says_what_it_does_over_the_page(monkeypatch: pytest.Monk
     said: list[str] = []
     real = tour_progress.floating_spinner
 
-    def recorded(shown: Any, text: str) -> Any:
+    def recorded(shown: Any, text: str, where: Any = None) -> Any:
         said.append(text)
-        return real(shown, text)
+        return real(shown, text, where)
 
     monkeypatch.setattr(tour_progress, "floating_spinner", recorded)
     at = open_tour("03-growth")
@@ -903,3 +903,11 @@ def test_next_on_an_add_says_what_it_does_over_the_page(monkeypatch: pytest.Monk
     assert said[0].startswith("Step 1, add ")
     click(at, "tour_next")
     assert len(said) == 1 and run_of(at).taken == 2
+    # A grow of one token is one model step: a bar would show only once it was done.
+    click(at, "tour_next")
+    assert said[1:] == [plain_md(f"Step 3, {describe_op(run_of(at).scenario.steps[2].op)}…")]
+    # A play draws it under its controls, for the add as for Next.
+    click(at, "tour_reset")
+    at.select_slider(key="tour_speed").set_value(0.25).run()
+    click(at, "tour_play")
+    assert run_of(at).taken == 4 and said[2:] == said[:2]

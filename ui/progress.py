@@ -325,12 +325,15 @@ def label_of(op: Op) -> str:
 
 
 @contextmanager
-def floating_spinner(shown: Shown, text: str) -> Iterator[None]:
+def floating_spinner(shown: Shown, text: str, where: Any = None) -> Iterator[None]:
     """A spinner saying `text` (plain text) for the block, over the page's top as a
     floating bar is (FLOAT_KEY): in the page's flow it pushed every control down while
-    it showed. Drawn through `shown`, so a superseded run draws nothing more."""
-    slot = shown.call(st.empty)
-    box = None if slot is None else shown.call(slot.container, key=_float_key())
+    it showed. With `where`, a placeholder of the page's own (a scenario's play keeps
+    one under its controls), in that placeholder instead. Drawn through `shown`, so a
+    superseded run draws nothing more."""
+    slot = shown.call(st.empty) if where is None else where
+    box = None if slot is None else shown.call(
+        slot.container, key=_float_key() if where is None else None)
     spinner = None
     if box is not None:
         spinner = st.spinner(text)

@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import streamlit as st
@@ -103,12 +103,25 @@ class TimedBar:
         self.shown = shown
         self.whose = whose
         self.on_stop = on_stop
+        self._where = where
         self._bar = SlotBar(shown, st if where is None else where)
         self._drawn = 0.0
+        # A step of one iteration or none (an add, whose prefill through a real model
+        # takes seconds) has no count for a bar, which would show only once it was
+        # done: a spinner with its label says what it does instead, as the
+        # Playground's does, while it runs or while a click waits for it.
+        self._spinner = ExitStack()
+        self._spinning = False
 
     def show(self, step: Timed) -> None:
         now = time.monotonic()
-        if not step.total or (now - step.started < SHOW_AFTER_S and not self._bar.floating):
+        if step.total <= 1:
+            if not self._spinning:
+                self._spinning = True
+                self._spinner.enter_context(
+                    floating_spinner(self.shown, plain_md(f"{step.label}…"), self._where))
+            return
+        if now - step.started < SHOW_AFTER_S and not self._bar.floating:
             return
         if self._bar.drawn and now - self._drawn < REDRAW_S:
             return
@@ -129,6 +142,8 @@ class TimedBar:
         self._bar.show(min(1.0, step.done / step.total), step.text(), stop_button)
 
     def clear(self) -> None:
+        self._spinner.close()
+        self._spinning = False
         self._bar.clear()
 
 
@@ -141,11 +156,8 @@ def stepping(step: Timed, on_stop: Callable[[Timed], None],
     `finish` once it has updated the scenario's state."""
     shown = Shown()
     bar = TimedBar(shown, "step", on_stop, where)
-    bar.show(step)      # a floating bar, before the first iteration (it may take seconds)
-    # An operation without iterations (an add, whose prefill through a real model takes
-    # seconds) says what it does, as the Playground's does: a spinner over the page's top.
-    said = (floating_spinner(shown, plain_md(f"{step.label}…")) if where is None
-            and not step.total else nullcontext())
+    # A floating bar (or spinner), before the first iteration: it may take seconds.
+    bar.show(step)
 
     def move(done: int, total: int) -> bool:
         going = step.moved(done, total)
@@ -153,8 +165,7 @@ def stepping(step: Timed, on_stop: Callable[[Timed], None],
         return going
 
     try:
-        with said:
-            yield shown, move
+        yield shown, move
     finally:
         bar.clear()
 
