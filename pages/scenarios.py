@@ -55,7 +55,8 @@ tour_widgets.arena(frame)
 
 panels.tables_events_kernel(
     snap, focus, run.engine if latest else None, prefix="tour_",
-    to_newest=f"view step {run.taken}" if run.engine_at_newest else None)
+    to_newest=f"view step {run.taken}" if run.engine_at_newest else None,
+    start="press Next" if run.can_advance else None)
 
 st.header("Download this step", anchor=False)
 exports.downloads(snap, stem=run.key if run.key != tour.UPLOAD else "scenario", prefix="tour_",

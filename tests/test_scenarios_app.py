@@ -911,3 +911,11 @@ def test_next_on_an_add_says_what_it_does_over_the_page(monkeypatch: pytest.Monk
     at.select_slider(key="tour_speed").set_value(0.25).run()
     click(at, "tour_play")
     assert run_of(at).taken == 4 and said[2:] == said[:2]
+
+
+def test_empty_panels_point_to_next_where_the_page_has_no_add() -> None:
+    at = open_tour("03-growth")
+    assert "No model step yet: press Next." in markdown(at)
+    assert "No request is running: press Next to translate its token positions." in [
+        c.value for c in at.caption]
+    assert "add a request" not in markdown(at).lower()

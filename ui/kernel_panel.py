@@ -15,17 +15,19 @@ from backend.views.text import plain_md
 from ui.kept import keep_result, kept_result
 
 
-def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "") -> None:
+def kernel(snap: Snapshot, engine: Engine | None = None, prefix: str = "",
+           start: str | None = "add a request") -> None:
     """Which backend and device ran the last step, its time, and its distance from the reference.
 
     With the live engine, a button recomputes every running request from
     scratch without paging and compares it with what the cache holds. A live
     engine restored from a snapshot, before its first step, shows the figures
-    the snapshot recorded, and says so: no step of this engine measured them.
+    the snapshot recorded, and says so: no step of this engine measured them. Before
+    any step, `start` says how one comes ("add a request").
     """
     info = views.kernel_info(snap)
     if not info.ran:
-        st.markdown("No model step yet: add a request.")
+        st.markdown("No model step yet." if start is None else f"No model step yet: {start}.")
     else:
         restored = engine is not None and engine.kernel_report.restored
         # Every restore (an upload, a saved session, a scenario's state, a kernel switch,

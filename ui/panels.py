@@ -378,8 +378,13 @@ def _event_log(snap: Snapshot) -> tuple[pd.DataFrame, str]:
 
 
 def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, prefix: str = "",
-                         to_newest: str | None = "view the newest state") -> None:
+                         to_newest: str | None = "view the newest state",
+                         start: str | None = "add a request") -> None:
     """Block tables, then the event log beside the kernel panel and address translator.
+
+    `start` says, as an imperative, how a request comes to run on this page (the
+    Scenarios page has no Add: "press Next"), for panels with nothing to show yet; None
+    where nothing can (a scenario's last step).
 
     `engine` is the live engine when `snap` is its current state; for a past
     state it is None, and the translator works from `snap` alone, with no key
@@ -399,9 +404,9 @@ def tables_events_kernel(snap: Snapshot, focus: Focus, engine: Engine | None, pr
         events(snap)
     with side:
         st.header("Kernel", anchor=False, help=HELP["kernel"])
-        kernel_panel.kernel(snap, engine, prefix=prefix)
+        kernel_panel.kernel(snap, engine, prefix=prefix, start=start)
         st.header("Address translator", anchor=False, help=HELP["translator"])
         if engine is not None:
-            translator.panel(engine, prefix=prefix)
+            translator.panel(engine, prefix=prefix, start=start)
         else:
             translator.past_panel(snap, to_newest, prefix=prefix)

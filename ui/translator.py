@@ -72,11 +72,14 @@ def _fields(running: list[str], num_tokens: dict[str, int], layers: int,
     return rid, pos, layer
 
 
-def panel(engine: Engine, prefix: str = "") -> None:
-    """Request + position -> logical block, offset, physical block, slot, and the stored K."""
+def panel(engine: Engine, prefix: str = "", start: str | None = "add a request") -> None:
+    """Request + position -> logical block, offset, physical block, slot, and the stored K.
+    With no request running, `start` says how one comes."""
     running = list(engine.running)
     if not running:
-        st.caption("Add a request to translate its token positions.")
+        st.caption("No request is running: none has token positions to translate."
+                   if start is None else
+                   f"No request is running: {start} to translate its token positions.")
         return
     picked = _fields(running, {rid: engine.requests[rid].num_tokens for rid in running},
                      engine.config.num_layers, prefix)
