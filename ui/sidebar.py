@@ -207,14 +207,15 @@ def _sampling_fields(model: str) -> None:
     c1.number_input("Temperature", step=0.1, format="%g",
                     value=_applied("cfg_temperature"), key="cfg_temperature",
                     persist_state="session",
-                    placeholder=f"{temperature:g} (model's)",
+                    # Short: "0.2 (model's)" was cut in a 1366 px window's sidebar.
+                    placeholder=f"model: {temperature:g}",
                     help="Divides the logits before the seeded draw: 0 (or anything under "
                          f"{GREEDY_BELOW:g}) always takes the most likely token (greedy, so "
                          "parallel samples all agree), higher spreads the choice. Blank "
                          "(Use the model's own sampling): the model's own.")
     c2.number_input("Top-p", step=0.05, format="%g",
                     value=_applied("cfg_top_p"), key="cfg_top_p", persist_state="session",
-                    placeholder=f"{top_p:g} (model's)",
+                    placeholder=f"model: {top_p:g}",
                     help="The draw keeps the most likely tokens up to this total probability; "
                          "1 keeps them all. Blank (Use the model's own sampling): the model's own.")
     ss = st.session_state

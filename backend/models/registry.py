@@ -153,11 +153,13 @@ class ModelCard:
     shared_weights: bool
 
 
+# A label fits the sidebar's select box beside a 1366 px window (about 28 characters:
+# "SmolLM2-135M-Instruct (real model)" was cut to "(real mo").
 DESCRIPTIONS = {
-    TINY_BYTE: ("tiny-byte (random weights, fast)",
+    TINY_BYTE: ("tiny-byte (random weights)",
                 "A 2-layer transformer with seeded random weights over bytes: nonsense text, "
                 "real K/V, milliseconds per step on a CPU."),
-    SMOLLM2: ("SmolLM2-135M-Instruct (real model)",
+    SMOLLM2: ("SmolLM2-135M-Instruct",
               "A pretrained 30-layer llama with a 49,152-token BPE vocabulary: real text and "
               "real token boundaries; loaded once per process, then shared."),
 }
