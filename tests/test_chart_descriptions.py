@@ -284,11 +284,16 @@ def test_the_playground_charts_give_the_engine_s_figures() -> None:
                            "requests running and 0 waiting; at most "
                            f"{most_used} of 24 blocks used; 40 prefill and ")
     # Two steps kept: the second add's row and the last step's four; the first four rows'
-    # states are gone.
-    assert described(strip_chart(df, history)) == (
+    # states are gone. Of the last step's four, only its last row's state is kept: the
+    # other three show the state after the step, not after themselves.
+    strip = strip_chart(df, history)
+    assert described(strip) == (
         f"Blocks used, one bar to click per iteration ({rows} bars, iterations 0–{rows - 1}), "
         f"to show the state after it: at most {most_used} used (iteration {rows - 1}); the "
-        "state after 4 of them is no longer kept (grey).")
+        "state after 4 of them is no longer kept (grey); 3 fall inside a step of several "
+        "iterations, whose state is kept only at the step's end (light blue).")
+    assert list(strip.data["kept"]) == (
+        ["not kept"] * 4 + ["kept"] + ["kept at its step's end"] * 3 + ["kept"])
 
 
 def test_the_key_vector_gives_each_head_s_range() -> None:

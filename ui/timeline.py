@@ -333,8 +333,9 @@ def _details(engine: Engine, history: History) -> None:
     st.altair_chart(strip, key=STRIP, on_select=_on_strip,
                     selection_mode=SELECTION)
     st.caption("Click a bar, or enter its iteration under *Show the state after iteration*: "
-               "the views above show the state after its step (grey: that state is no longer "
-               "kept).")
+               "the views above show the state after its step (light blue: a bar inside a "
+               "step of several iterations, whose state is kept only at the step's end; grey: "
+               "that state is no longer kept).")
     st.markdown("**Latency per request**")
     if lat.empty:
         st.caption("No request has arrived on this timeline yet.")
@@ -354,6 +355,11 @@ def _details(engine: Engine, history: History) -> None:
     _downloads(df, lat, engine.step)
 
 
+# The strip's colours: the state after the row is kept, only the state after its step
+# (the row is not its step's last iteration), or neither.
+KEPT, STEP_END_KEPT, NOT_KEPT = "kept", "kept at its step's end", "not kept"
+
+
 def strip_chart(df: pd.DataFrame, history: History) -> alt.LayerChart:
     """Used blocks per row as bars to click, each row's iteration the selection; a row
     whose step's state the history no longer keeps is grey."""
@@ -365,8 +371,14 @@ def strip_chart(df: pd.DataFrame, history: History) -> alt.LayerChart:
         "used_blocks": shown["used_blocks"].astype(float),
     })
     data["step"] = steps.reindex(data["iteration"]).to_numpy()
-    data["kept"] = ["kept" if kept is not None and kept[0] <= s <= kept[1] else "not kept"
-                    for s in data["step"]]
+    # History keeps the state after each operation, not each iteration: a row inside a
+    # step of several iterations shows the state after its step's last, which the bar's
+    # own height is not (it was coloured "kept" all the same).
+    last = df.groupby("step")["iteration"].max()
+    data["kept"] = [
+        NOT_KEPT if kept is None or not kept[0] <= s <= kept[1] else
+        KEPT if it == last[s] else STEP_END_KEPT
+        for it, s in zip(data["iteration"], data["step"], strict=True)]
     pick = alt.selection_point(name=SELECTION, fields=["iteration"], on="click")
     # A few rows keep narrow bars: one row's bar would fill the whole width.
     size = 24 if len(data) < 16 else alt.Undefined
@@ -379,8 +391,8 @@ def strip_chart(df: pd.DataFrame, history: History) -> alt.LayerChart:
     bars = alt.Chart(data).mark_bar(size=size).encode(
         x=x, y=alt.Y("used_blocks:Q", title="blocks used"),
         color=alt.Color("kept:N", title=None,
-                        scale=alt.Scale(domain=["kept", "not kept"],
-                                        range=["#1f4e8c", "#BBBBBB"])),
+                        scale=alt.Scale(domain=[KEPT, STEP_END_KEPT, NOT_KEPT],
+                                        range=["#1f4e8c", "#8fb1dc", "#BBBBBB"])),
         opacity=alt.OpacityValue(**alt.condition(pick, alt.value(1.0), alt.value(0.45))),
         tooltip=tooltip)
     # Over each bar, its column's whole height as the click target, all but invisible: a

@@ -47,9 +47,13 @@ def strip_description(data: pd.DataFrame, per: int = 1) -> str:
     lo, hi = int(data["iteration"].iloc[0]), int(data["iteration"].iloc[-1])
     each = "iteration" if per == 1 else f"{per:,} iterations"
     top = data.loc[data["used_blocks"].idxmax()]
-    gone = int((data["kept"] != "kept").sum())
+    gone = int((data["kept"] == "not kept").sum())
+    within = int((data["kept"] == "kept at its step's end").sum())
     grey = (f"; the state after {gone:,} of them is no longer kept (grey)" if gone else
-            "; the state after each is kept")
+            "; the state after each is kept" if not within else "")
+    if within:
+        grey += (f"; {within:,} fall inside a step of several iterations, whose state is kept "
+                 "only at the step's end (light blue)")
     return (f"Blocks used, one bar to click per {each} ({counted(len(data), 'bar')}, "
             f"iterations {span(lo, hi)}), to show the state after it: at most "
             f"{top['used_blocks']:,.{0 if per == 1 else 1}f} used (iteration "
