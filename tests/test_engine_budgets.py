@@ -483,3 +483,19 @@ def test_a_wait_for_room_counts_apart_the_cached_blocks_its_prompt_would_hit() -
     assert waits[6] == (("D", "the pool has no room for it yet: it needs 4 new blocks, and 0 "
                               "are free or cached besides the 2 cached blocks its prompt "
                               "would hit; step the batch to admit it as they finish"),)
+
+
+def test_a_prompt_ending_on_a_block_boundary_waits_for_its_first_tokens_block_too() -> None:
+    """B's 4 tokens fill a block: its first decoded token needs a second. Admitted with
+    the one block free (the other is A's next token's), it was preempted at the next
+    step, admitted again and preempted again, its Preemptions count rising for nothing."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 4, "block_size": 4}), kernel="torch")
+    apply(e, {"op": "add", "request": "A", "prompt": "abcdefgh"})
+    added = e.apply(parse_op({"op": "add", "request": "B", "prompt": "wxyz"}))
+    assert added.waits == (("B", "the pool has no room for it yet: it needs 2 new blocks, and "
+                                 "1 of the 2 free or cached is left once the running requests "
+                                 "take the 1 they still need; step the batch to admit it as "
+                                 "they finish"),)
+    for _ in range(3):
+        e.apply(parse_op({"op": "step"}))
+        assert e.requests["B"].status == "waiting" and e.requests["B"].num_preemptions == 0

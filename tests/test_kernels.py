@@ -611,6 +611,9 @@ BAD_ATTENTION_CALLS: dict[str, tuple[Callable[[Batch], Batch], str]] = {
     "strided cache": (lambda b: replace(b, k_cache=b.k_cache.transpose(1, 2).contiguous()
                                         .transpose(1, 2)), "contiguous"),
     "entry past the pool": (_table_entry(0, 2, 10**6), "block_tables[0, 2] = 1000000"),
+    # The first id past the pool: the kernel would read the block after the cache's end.
+    "entry one past the pool": (lambda b: _table_entry(0, 2, b.k_cache.shape[0])(b),
+                                r"block_tables[0, 2] = \d+ is not a block of the pool"),
     "-1 in a used column": (_table_entry(1, 0, -1), "block_tables[1, 0] = -1"),
     "q_len 0": (lambda b: replace(b, query_start_loc=torch.tensor(
         [0, 0, 4], dtype=torch.int32, device=DEVICE)), "q_len 0"),

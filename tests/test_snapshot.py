@@ -258,6 +258,16 @@ MUTATIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("floor past a block per query", lambda s: s["metrics"].update(prefix_floor_tokens=13),
      r"metrics\.prefix_floor_tokens is 13, but 3 queries of blocks of 4 leave from 3 to 12 "
      "tokens no block could serve"),
+    ("preemptions total edited", lambda s: s["metrics"].update(preemptions=3),
+     r"metrics\.preemptions differs from the requests' num_preemptions"),
+    ("event before the first step", lambda s: s["events"][0].update(step=0),
+     r"events\[0\]: its step 0 is not in 1\.\.5"),
+    # Not from a JSON file (its parser refuses Infinity) but from a dict: a History
+    # frame's or a saved session's.
+    ("infinite kernel time", lambda s: s["kernel"].update(time_ms=float("inf")),
+     r"snapshot\.kernel: max_abs_err and time_ms must be finite and >= 0"),
+    ("infinite kernel error", lambda s: s["kernel"].update(max_abs_err=float("inf")),
+     r"snapshot\.kernel: max_abs_err and time_ms must be finite and >= 0"),
     ("no queries for the hits", lambda s: s["metrics"].update(prefix_queries=0),
      r"metrics\.prefix_floor_tokens is 9, but 0 queries of blocks of 4 leave from 0 to 0"),
 ]
