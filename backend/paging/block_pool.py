@@ -179,14 +179,6 @@ class BlockPool:
                 out.setdefault(block.hash.digest, {})[block.id] = block
         return out
 
-    def peek_next(self) -> Block | None:
-        """The block `pop_free` would hand out next, without taking it."""
-        if self.allocation == "random" and self.num_empty:
-            block = self._random_empty_block()
-            if block is not None:
-                return block
-        return self.free_queue.front()
-
     def _random_empty_block(self) -> Block | None:
         n = self.num_blocks
         for attempt in range(RANDOM_PROBES):
@@ -203,7 +195,8 @@ class BlockPool:
 
         Returns the block and the hash it lost, if it was cached (the caller
         records the eviction). The caller must have checked `num_free`.
-        Picks the block `peek_next` names.
+        Random allocation picks an empty block by its seeded probes; fifo, the queue's
+        front.
         """
         if self.allocation == "random" and self.num_empty:
             block = self._random_empty_block()
