@@ -126,9 +126,9 @@ def start(key: str, inputs: Any, work: Callable[[Advance], Any], text: str,
     return None
 
 
-def follow(key: str) -> Job | None:
-    """This session's job `key` once it has ended, its bar drawn here until then; None if
-    there is none.
+def follow(key: str, where: Any = None) -> Job | None:
+    """This session's job `key` once it has ended, its bar drawn here (or in the
+    placeholder `where`) until then; None if there is none.
 
     A job that ended well, or refused (PagedLabError), stays until `forget`, so that a
     page run stopped before it recorded the result, or drew the refusal, does so the
@@ -138,7 +138,7 @@ def follow(key: str) -> Job | None:
         return None
     # A job that ends at once (its runs cached) shows no bar that would only flicker.
     if not job.ended.wait(0.05):
-        bar = st.progress(job.fraction, text=job.text)
+        bar = (st if where is None else where).progress(job.fraction, text=job.text)
         while not job.ended.wait(POLL_S):
             bar.progress(job.fraction, text=job.text)
         bar.empty()
@@ -158,11 +158,11 @@ def begin(key: str, inputs: Any, work: Callable[[Advance], Any], text: str,
 
 
 def take(key: str, record: Callable[[Job], None],
-         refused: Callable[[PagedLabError], None]) -> None:
-    """Mutates: follow the job `key` (`follow`); hand it to `record` once it has ended
-    well, or its refusal to `refused`; then forget it."""
+         refused: Callable[[PagedLabError], None], where: Any = None) -> None:
+    """Mutates: follow the job `key` (`follow`, its bar at `where`); hand it to `record`
+    once it has ended well, or its refusal to `refused`; then forget it."""
     try:
-        job = follow(key)
+        job = follow(key, where)
     except PagedLabError as exc:
         refused(exc)
         forget(key)

@@ -51,6 +51,10 @@ def deployment_section() -> None:
             key=f"cmp_dep_scale_{workload}",
             help="The gaps between arrivals are divided by this. The preset's own: "
                  + ", ".join(f"{w} {s:g}" for w, s in dep.TIME_SCALES.items()) + "."))
+    # The replay's bar goes right under the button's row: drawn where the job is taken,
+    # under the preset's paragraph and the trace's credit, it was out of view in an
+    # 800 px window, and the button seemed to do nothing for the replay's 40 s.
+    bar = st.empty()
     try:
         d = dep.deployment(workload, time_scale=scale)
     except PagedLabError as e:
@@ -65,7 +69,7 @@ def deployment_section() -> None:
         background.begin(DEPLOY_JOB, (workload, scale),
                          lambda advance: run_cached(key, trace, configs, advance),
                          "Simulating...", f"{workload}, time / {views.as_typed(scale)}")
-    background.take(DEPLOY_JOB, _record, _refused)
+    background.take(DEPLOY_JOB, _record, _refused, bar)
     last: dict[str, Any] | None = st.session_state.get(DEPLOY_STATE)
     if last is None:
         # No time is promised: it depends on the server and its load (the bar shows
