@@ -48,7 +48,11 @@ st.caption(
     "Why paging? Systems that reserve one contiguous region per request keep only 20.4% to "
     "38.2% of the KV memory they hold for actual token states (the PagedAttention paper, "
     "Figure 2); paging keeps 96.3%, 2.5 to 4.7 times that share, so the same memory batches "
-    "more requests at once. Here is that effect on the same workloads, small and large.")
+    "more requests at once. Here is that effect on the same workloads, small and large. "
+    "The paper names the contiguous systems after Orca, a serving system that reserves one "
+    "region per request: Orca (Max) reserves a fixed maximum length, Orca (Pow2) the "
+    "smallest power of two that holds the request's final length, Orca (Oracle) exactly that "
+    "length, as if known in advance; vLLM is the paged one.")
 # Eight tabs fit one line on a wide page; beside the sidebar in a 1024 px window they
 # take two, every name in view (the sidebar's notes call the tabs by these names).
 layout.wrap_tabs("cmp_tabs")

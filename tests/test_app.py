@@ -478,6 +478,16 @@ def test_highlighting_a_request_or_a_block() -> None:
     tokens = block_tokens(export_snapshot(engine(at)), [4])[4]
     assert len(tokens) == 4
     assert f"held by A, B. It holds “{tokens}”." in shown(text)
+    # A block with no hash says why ("hash —" left it to guess): a partly filled one
+    # gets its hash once full; a free one keeps no prefix.
+    e = engine(at)
+    tail = e.block_table("B")[-1]
+    at.number_input(key="focus_block").set_value(tail).run()
+    assert "no hash yet (a block is hashed once full, so later prompts can share it)" in (
+        markdown(at))
+    free = next(b.id for b in e.manager.pool.blocks if b.state == "free")
+    at.number_input(key="focus_block").set_value(free).run()
+    assert "no hash (it keeps no cached prefix), held by no request." in markdown(at)
     # The field has no bounds in the browser: a block the pool lacks is refused here.
     for missing in (32, -1):
         at.number_input(key="focus_block").set_value(missing).run()

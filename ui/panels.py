@@ -118,10 +118,22 @@ def _focus(snap: Snapshot, prefix: str) -> Focus:
             tokens = f"“{tokens}”"
         text = (f"Block **{blk}**: {b['state']}, ref count {b['ref_count']}, "
                 f"{b['num_filled']}/{snap['config']['block_size']} slots filled, "
-                f"hash {plain_md((b['hash'] or '—')[:8])}{_salted(snap, blk)}, {held}."
+                f"{_hash_words(snap, b)}{_salted(snap, blk)}, {held}."
                 + (f" It holds {plain_md(tokens)}." if tokens else ""))
         return Focus(frozenset({blk}), frozenset(holders), text)
     return Focus(frozenset(), frozenset(), "")
+
+
+def _hash_words(snap: Snapshot, b: dict[str, Any]) -> str:
+    """A block's prefix hash, its first 8 hex digits, or why it has none ("hash —" left a
+    newcomer to guess)."""
+    if b["hash"]:
+        return f"hash {plain_md(b['hash'][:8])}"
+    if not snap["config"].get("prefix_caching", True):
+        return "no hash (prefix caching is off)"
+    if b["ref_count"]:
+        return "no hash yet (a block is hashed once full, so later prompts can share it)"
+    return "no hash (it keeps no cached prefix)"
 
 
 def _salted(snap: Snapshot, block_id: int) -> str:

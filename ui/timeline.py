@@ -344,7 +344,8 @@ def _details(engine: Engine, history: History) -> None:
         st.dataframe(lat, hide_index=True, width="stretch", placeholder="—",
                      column_config={k: st.column_config.Column(help=h)
                                     for k, h in LATENCY_HELP.items()})
-        st.caption("TTFT counts from a request's add to its first token, TPOT from its "
+        st.caption("TTFT (time to first token) counts from a request's add to its first "
+                   "token, TPOT (time per output token) from its "
                    "first token to its last over the tokens after the first: in scheduler "
                    "iterations (a Grow's tokens take none), and in ms of the engine's own "
                    "work. `generated` counts what each request generated itself, not what a "
