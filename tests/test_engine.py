@@ -253,6 +253,25 @@ REFUSED: list[tuple[Op, str]] = [
     (Add("Z", messages=(("tool", "hi"),)),
      r"messages\[0\]\.role must be one of system, user, assistant, got 'tool'"),
     (Add("Z", messages=(("user", 5),)), r"messages\[0\]\.content must be a string"),
+    # Any operation built in Python is held to what parse_op holds a file to: these broke
+    # the engine half-way (a TypeError), or were applied as empty operations and counted.
+    (Step(0), r"count must be an integer in 1\.\.100,000, got 0"),
+    (Step(2.5), r"count must be an integer in 1\.\.100,000, got 2\.5"),  # type: ignore[arg-type]
+    (Step(10**12), r"count must be an integer in 1\.\.100,000"),
+    (Grow("A", 0), r"tokens must be an integer in 1\.\.65,536, got 0"),
+    (Grow("A", "2"), r"tokens must be an integer in 1\.\.65,536, got '2'"),  # type: ignore[arg-type]
+    (Shuffle(-1), r"seed must be an integer in 0\.\."),
+    (Add("Z"), "add needs exactly one of prompt, prompt_tokens, prompt_len, messages"),
+    (Add("Z", prompt="ab", prompt_len=2), r"\(got prompt, prompt_len\)"),
+    (Add("Z", prompt_len=-3), r"prompt_len must be an integer in 1\.\.65,536, got -3"),
+    (Add("Z", prompt="ab", max_new_tokens=0), r"max_new_tokens must be an integer in 1\.\."),
+    (Add("Z", prompt="ab", n=0), r"n must be an integer in 1\.\.64, got 0"),
+    (Add("Z", prompt="ab", n=2, beam_width=2), "give n .* or beam_width .*, not both"),
+    (Add("Z", prompt="\ud800"), "lone surrogate"),
+    (Add("Z", prompt=5), "prompt must be a non-empty string, got 5"),  # type: ignore[arg-type]
+    (Add("Z", prompt="ab", cache_salt=""), "cache_salt must be a non-empty string"),
+    (Add(7, prompt="ab"), "request must be a non-empty string, got 7"),  # type: ignore[arg-type]
+    (Fork("A", ""), "child must be a non-empty string"),
 ]
 
 
@@ -266,7 +285,7 @@ def test_refused_operations_leave_the_engine_exactly_as_it_was(op: Op, message: 
     kv_before = kv_through_table(e, "A")
     with pytest.raises(PagedLabError, match=message):
         e.apply(op)
-    assert snapshot_json(e) == before
+    assert snapshot_json(e) == before and e.broken is None
     for a, b in zip(kv_through_table(e, "A"), kv_before, strict=True):
         assert torch.equal(a, b)
 

@@ -38,7 +38,7 @@ from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine import beams, checks, operations
 from backend.engine.kv_cache import KVCache
-from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step
+from backend.engine.ops import Add, Finish, Fork, Grow, Op, Shuffle, Step, check_op
 from backend.engine.prompts import next_token
 from backend.engine.request import Request
 from backend.engine.results import (
@@ -242,7 +242,9 @@ class Engine:
         or `grow` that ran (its count the iterations or tokens done), so
         replaying the results' operations reproduces the state exactly.
 
-        A refusal (PagedLabError) is raised before anything changes. Any other
+        A refusal (PagedLabError) is raised before anything changes, an operation
+        built in Python held first to the rules a parsed one meets (`ops.check_op`:
+        Step(0) or a Grow of 1.5 tokens is refused, not applied). Any other
         exception means the operation stopped half-way: the engine marks
         itself broken and refuses everything after, rather than run on from a
         state no operation sequence could produce.
@@ -252,6 +254,7 @@ class Engine:
                 raise PagedLabError(f"this engine stopped half-way through an operation "
                                     f"({self.broken}); reset it or restore a snapshot")
             self._check_counters()
+            check_op(op)
             try:
                 return self._apply(op, progress)
             except PagedLabError:

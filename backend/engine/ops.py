@@ -168,6 +168,45 @@ def parse_op(data: Any, *, vocab_size: int | None = 256) -> Op:
     raise AssertionError(name)
 
 
+def check_op(op: object) -> None:
+    """Raises PagedLabError where `op`, built in Python rather than parsed, breaks a rule
+    `parse_op` holds a file to: a type, a range, a field given with another it excludes.
+    `Engine.apply` asks it first, so an operation a caller built wrong (Step(0), Grow of
+    1.5 tokens, an Add with no prompt) is refused, leaving the engine as it was; it
+    broke the engine half-way, or was applied as an empty operation and counted."""
+    match op:
+        case Add():
+            data: dict[str, Any] = {"request": op.request}
+            for key in ("prompt", "prompt_tokens", "prompt_len", "messages", "blocks", "n",
+                        "beam_width", "cache_salt"):
+                value = getattr(op, key)
+                if value is None:
+                    continue
+                if key == "messages" and isinstance(value, (tuple, list)) and all(
+                        isinstance(m, (tuple, list)) and len(m) == 2 for m in value):
+                    value = [{"role": role, "content": content} for role, content in value]
+                data[key] = list(value) if isinstance(value, tuple) else value
+            if op.max_new_tokens != INHERIT:
+                data["max_new_tokens"] = op.max_new_tokens
+            _parse_add(data, MAX_TOKEN_ID)
+        case Grow():
+            check_request_id(op.request)
+            _int(op.tokens, "tokens", 1, MAX_GROW_TOKENS)
+        case Fork():
+            check_request_id(op.request)
+            check_request_id(op.child, "child")
+        case Finish():
+            check_request_id(op.request)
+        case Step():
+            _int(op.count, "count", 1, MAX_STEP_COUNT)
+        case Shuffle():
+            if op.seed is not None:
+                _int(op.seed, "seed", 0, 2**63 - 1)
+        case _:
+            raise PagedLabError(f"not an operation: {type(op).__name__}; expected one of "
+                                f"{', '.join(OP_NAMES)}")
+
+
 def check_messages(messages: Any) -> tuple[tuple[str, str], ...]:
     """An `Add`'s messages, as (role, content) pairs, checked as a scenario's are: the
     engine's own callers may build an Add without parsing one."""
