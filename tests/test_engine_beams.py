@@ -277,3 +277,26 @@ def test_new_beams_number_around_an_id_the_user_took() -> None:
     # The snapshot restores and says the same.
     snap = json.loads(json.dumps(export_snapshot(e)))
     assert export_snapshot(restore_engine(snap, kernel="torch"))["requests"] == snap["requests"]
+
+
+def test_a_beam_group_that_exactly_fills_the_host_pool_is_swapped_not_recomputed() -> None:
+    """B's two beams hold a block each and the host pool has exactly 2: when A's next
+    token preempts the group it goes to the host pool whole. (Checking `<` where `<=`
+    is meant recomputed the group instead: no swap_out in the log, both beams queued
+    as waiting and the Swap outs metric at 0.)"""
+    e = engine(num_blocks=4, preemption="swap", num_cpu_blocks=2)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 3, "max_new_tokens": 12},
+          {"op": "add", "request": "B", "prompt_len": 3, "beam_width": 2, "max_new_tokens": 6},
+          # The first round forks B.1; both beams fill their copies of the last block.
+          {"op": "step"})
+    assert list(e.running) == ["A", "B.0", "B.1"]
+    assert [len(e.block_table(r)) for r in ("B.0", "B.1")] == [1, 1]
+    res = e.apply(parse_op({"op": "step"}))
+    e.check_integrity()
+    assert res.preempted == ("B.1", "B.0")
+    assert [ev.kind for ev in res.events if ev.kind in ("swap_out", "preempt")] == [
+        "swap_out", "preempt", "swap_out", "preempt"]
+    assert [e.requests[r].status for r in ("B.0", "B.1")] == ["swapped", "swapped"]
+    assert list(e.swapped) == ["B.0", "B.1"] and list(e.waiting) == []
+    assert e.host is not None and (e.host.swap_outs, e.host.num_free) == (2, 0)
+    assert export_snapshot(e)["metrics"]["swap_outs"] == 2

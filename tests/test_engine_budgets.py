@@ -499,3 +499,27 @@ def test_a_prompt_ending_on_a_block_boundary_waits_for_its_first_tokens_block_to
     for _ in range(3):
         e.apply(parse_op({"op": "step"}))
         assert e.requests["B"].status == "waiting" and e.requests["B"].num_preemptions == 0
+
+
+def test_a_chunk_at_a_block_boundary_waits_when_no_block_is_free() -> None:
+    """B's computed tokens end on a block boundary, and A's decode takes the pool's last
+    free block: B has no room for a chunk this step, so it waits, still running, for a
+    later one. Counting a full last block as a block's worth of free slots, B's chunk
+    took that block and A's decode then preempted B, throwing away the prefill."""
+    e = engine(num_blocks=4, max_num_batched_tokens=4)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 3, "max_new_tokens": 8},
+          # 8 tokens: 2 blocks and its first token's, 3 of the 3 free; a first chunk of 4.
+          {"op": "add", "request": "B", "prompt_len": 8, "max_new_tokens": 4},
+          # A's 5 forced tokens fill its second block (the one B's prompt counted on).
+          {"op": "grow", "request": "A", "tokens": 5})
+    b = e.requests["B"]
+    assert (b.num_computed, len(e.block_table("B"))) == (4, 1)
+    assert (e.requests["A"].num_tokens, e.manager.num_free_blocks) == (8, 1)
+    calls = count_tokens(e)
+    res = e.apply(parse_op({"op": "step"}))
+    e.check_integrity()
+    e.check_requests()
+    assert calls == [1]                     # A's decode, and no chunk of B
+    assert (res.prefilled, res.preempted) == ((), ())
+    assert (b.status, b.num_computed, b.num_preemptions) == ("running", 4, 0)
+    assert e.manager.preemptions == 0 and list(e.running) == ["A", "B"]

@@ -343,3 +343,53 @@ def test_the_event_log_says_where_a_preempted_requests_k_v_went() -> None:
     assert len(said) == 1 and said.pop().endswith(
         "was preempted: its blocks are released and it will be recomputed (the host pool "
         "had no room for its K/V)")
+
+
+def test_a_victim_that_exactly_fills_the_host_pool_is_swapped_not_recomputed() -> None:
+    """B's one block is all the host pool has, and it fits: B is swapped out. (Checking
+    `<` where `<=` is meant recomputed every victim whose blocks exactly fill the free
+    host blocks: the log said "preempt" with no swap_out, B waited to be prefilled again
+    and the Swap outs metric stayed at 0 beside an empty host pool of the right size.)"""
+    e = engine(2, preemption="swap", num_cpu_blocks=1)
+    # A and B take a block each; after one decode both blocks are full, and A's next
+    # token preempts B, the newest.
+    apply(e, {"op": "add", "request": "A", "prompt_len": 3, "max_new_tokens": 4})
+    apply(e, {"op": "add", "request": "B", "prompt_len": 3, "max_new_tokens": 4})
+    apply(e, {"op": "step"})
+    assert e.host is not None and e.host.num_free == 1 and len(e.block_table("B")) == 1
+    res = e.apply(parse_op({"op": "step"}))
+    e.check_integrity()
+    assert res.preempted == ("B",)
+    assert [ev.kind for ev in res.events
+            if ev.kind in ("swap_out", "preempt")] == ["swap_out", "preempt"]
+    b = e.requests["B"]
+    assert (b.status, b.num_preemptions) == ("swapped", 1)
+    assert list(e.swapped) == ["B"] and list(e.waiting) == []
+    assert (e.host.swap_outs, e.host.num_used, e.host.num_free) == (1, 1, 0)
+    assert export_snapshot(e)["metrics"]["swap_outs"] == 1
+
+
+def test_a_swapped_request_full_to_a_block_boundary_waits_for_its_next_tokens_block() -> None:
+    """B was swapped out with its 4 tokens filling its one block, so coming back it needs
+    that block and one for its next token. With only 1 free it stays swapped; swapped in
+    on the block alone (the next token's block left uncounted) it would be swapped in
+    and straight back out at every step, its preemption count climbing, until A ends."""
+    # A host pool with room to spare: this is about coming back, not going out.
+    e = engine(4, preemption="swap", num_cpu_blocks=4)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 7, "max_new_tokens": 8})
+    apply(e, {"op": "add", "request": "B", "prompt_len": 3, "max_new_tokens": 4})
+    # Step 1 fills both last blocks; step 2 gives A the free block and swaps B out.
+    apply(e, {"op": "step", "count": 2})
+    b = e.requests["B"]
+    assert (b.status, b.num_tokens, b.num_preemptions) == ("swapped", 4, 1)
+    assert e.manager.num_free_blocks == 1
+    res = e.apply(parse_op({"op": "step"}))
+    e.check_integrity()
+    assert (res.swapped_in, res.preempted) == ((), ())
+    assert not [ev for ev in res.events if ev.request == "B"]
+    assert (b.status, b.num_preemptions) == ("swapped", 1)
+    assert e.host is not None and (e.host.swap_outs, e.host.swap_ins) == (1, 0)
+    # Run out: B comes back once, when A has finished, and is never swapped out again.
+    run_out(e)
+    assert (b.finish_reason, b.num_preemptions) == ("max_new_tokens", 1)
+    assert (e.host.swap_outs, e.host.swap_ins) == (1, 1)
