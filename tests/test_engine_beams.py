@@ -300,3 +300,22 @@ def test_a_beam_group_that_exactly_fills_the_host_pool_is_swapped_not_recomputed
     assert list(e.swapped) == ["B.0", "B.1"] and list(e.waiting) == []
     assert e.host is not None and (e.host.swap_outs, e.host.num_free) == (2, 0)
     assert export_snapshot(e)["metrics"]["swap_outs"] == 2
+
+
+@pytest.mark.parametrize("mode", [{"preemption": "swap", "num_cpu_blocks": 64}, {}],
+                         ids=["swap", "recompute"])
+def test_a_lone_beam_back_mid_search_waits_for_the_fork_its_round_makes(
+        mode: dict[str, Any]) -> None:
+    """B.0, alone of its width-2 group, is preempted at a block boundary. Its next round
+    keeps 2 extensions, so it forks: its token's block and the fork's. Admitted on one
+    block per beam, it came back and was preempted again by its own round at each of
+    the next three steps (4 preemptions; with swap, 4 swap-outs and 4 swap-ins)."""
+    e = engine(num_blocks=6, **mode)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 3, "max_new_tokens": 12},
+          {"op": "add", "request": "B", "prompt_len": 3, "beam_width": 2, "max_new_tokens": 6})
+    run_out(e)
+    assert {rid: r.num_preemptions for rid, r in e.requests.items() if r.num_preemptions} == {
+        "B.0": 1}
+    assert e.manager.preemptions == 1
+    if e.host is not None:
+        assert (e.host.swap_outs, e.host.swap_ins) == (1, 1)

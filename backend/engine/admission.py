@@ -19,6 +19,7 @@ from typing import Protocol
 from backend.core.budgets import IterationBudget, fits_with_watermark
 from backend.core.config import EngineConfig
 from backend.core.words import agrees, counted
+from backend.engine.beams import group_members, keep_count
 from backend.engine.request import FinishReason, Request
 from backend.engine.results import Outcome
 from backend.engine.swap import HostPool
@@ -128,7 +129,7 @@ class Admission(ABC):
             plans = [self.manager.plan_prompt(r.tokens[:r.num_computed],
                                               cache_salt=r.cache_salt) for r in unit]
             own = sum((1 if r.num_computed % bs == 0 and not r.prefilling else 0)
-                      + r.forks_to_come for r in unit)
+                      + r.forks_to_come for r in unit) + self._round_forks(unit)
             if not self._fits_all(plans, own, reserve):
                 break
             for req in unit:
@@ -192,7 +193,8 @@ class Admission(ABC):
             plans = [self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit]
             # Its own first token's block if the prompt ends on a boundary, and one per
             # sequence to be forked (a copy of the shared last block, or a new one).
-            own = sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
+            own = (sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
+                   + self._round_forks(unit))
             if not self._fits_all(plans, own, reserve):
                 break
             for i, req in enumerate(unit):
@@ -279,7 +281,8 @@ class Admission(ABC):
         # (`_fits_all`): said as blocks it needs, not as fewer free ones.
         hits = 0 if len(plans) == 1 else sum(len(p.hit_blocks) for p in plans)
         need = (sum(p.num_new_blocks for p in plans) + hits
-                + sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit))
+                + sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
+                + self._round_forks(unit))
         available, reserve = plans[0].num_available, self._reserve()
         free = max(available - reserve, 0)
         keep = self.config.watermark_blocks or 0
@@ -311,6 +314,18 @@ class Admission(ABC):
         hits = sum(len(p.hit_blocks) for p in plans)
         return fits_with_watermark(plans[0].num_available - reserve - hits, need,
                                    self.config.watermark_blocks or 0)
+
+    def _round_forks(self, unit: Sequence[Request]) -> int:
+        """The forks a beam group back mid-search makes at least in its next round, a
+        block each: the round keeps `keep_count` extensions over the beams alive, so
+        fewer beams fork the difference. A lone beam of width 2 admitted on one block
+        per beam was preempted again by its own round, step after step, its re-prefill
+        (or its swap traffic) thrown away each time. 0 for anything else (a group's
+        first round is its forks_to_come)."""
+        head = unit[0]
+        if head.beam_width is None or head.group is None or head.forks_to_come:
+            return 0
+        return max(0, keep_count(group_members(self.requests, head.group)) - len(unit))
 
     def _queued_unit(self, queue: deque[str]) -> list[Request]:
         """The requests at the head of `queue` that start together: a beam group's
