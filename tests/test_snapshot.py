@@ -605,3 +605,23 @@ def test_prefix_counters_without_prefix_caching_are_refused() -> None:
     snap["metrics"].update(prefix_queries=1, prefix_query_tokens=8, prefix_floor_tokens=4)
     refused(snap, r"prefix caching is off, but metrics\.prefix_queries, prefix_query_tokens "
                   r"and prefix_floor_tokens are 1, 8 and 4")
+
+
+def test_a_chain_as_deep_as_the_pool_is_refused_before_anything_is_recomputed(
+        shared: dict[str, Any]) -> None:
+    """A key at depth d is logical block d of some request, and no request of a pool of
+    16 blocks holds a 17th: a chain that deep is no engine's, and recomputing it would
+    cost a quadratic forward over all its tokens."""
+    def chained(n: int) -> dict[str, Any]:
+        snap = copy.deepcopy(shared)
+        node = None
+        for i in range(n):
+            node = hash_block(node, [i % 7, 1, 2, 3], _salt(snap))
+            snap["prefix_cache"].append({"hash": node.digest, "parent": node.parent_digest,
+                                         "tokens": [i % 7, 1, 2, 3]})
+        return snap
+
+    # 16 keys reach depth 15: a chain an engine could hold, refused only as unused.
+    refused(chained(16), "which no block's key chains through")
+    refused(chained(17), r"is logical block 16 of its chain, but a pool of 16 blocks never "
+                         r"holds a request of more than 16 blocks")
