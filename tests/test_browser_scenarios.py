@@ -34,7 +34,11 @@ def viewed(page: Page) -> int:
 
 
 def step_shown(page: Page, n: int) -> None:
-    shows(page.locator(".st-key-tour_narration"), f"Step {n} of 6:")
+    # While a rerun draws, Streamlit may keep the narration it replaces beside the new one
+    # until the run ends (a stale element, where an element above it came or went): the
+    # step's own first, then the old one gone.
+    shows(page.locator(".st-key-tour_narration", has_text=f"Step {n} of 6:"))
+    expect(page.locator(".st-key-tour_narration")).to_have_count(1, timeout=T)
 
 
 def test_step_back_play_and_download_a_scenario(app_url: str, chromium_path: str,
