@@ -191,10 +191,7 @@ class Admission(ABC):
             if not budget.may_start(seqs) or (left is not None and left < len(unit)):
                 break
             plans = [self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit]
-            # Its own first token's block if the prompt ends on a boundary, and one per
-            # sequence to be forked (a copy of the shared last block, or a new one).
-            own = (sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
-                   + self._round_forks(unit))
+            own = self._own_blocks(unit)
             if not self._fits_all(plans, own, reserve):
                 break
             for i, req in enumerate(unit):
@@ -276,13 +273,11 @@ class Admission(ABC):
                 return (f"the running requests take the token budget first{needs}, and "
                         f"max_num_batched_tokens is {tokens}; {advice}")
         plans = [self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit]
-        bs = self.config.block_size
         # A beam group's prefix hits are counted as taken from the evictable blocks
         # (`_fits_all`): said as blocks it needs, not as fewer free ones.
         hits = 0 if len(plans) == 1 else sum(len(p.hit_blocks) for p in plans)
         need = (sum(p.num_new_blocks for p in plans) + hits
-                + sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
-                + self._round_forks(unit))
+                + self._own_blocks(unit))
         available, reserve = plans[0].num_available, self._reserve()
         free = max(available - reserve, 0)
         keep = self.config.watermark_blocks or 0
@@ -314,6 +309,15 @@ class Admission(ABC):
         hits = sum(len(p.hit_blocks) for p in plans)
         return fits_with_watermark(plans[0].num_available - reserve - hits, need,
                                    self.config.watermark_blocks or 0)
+
+    def _own_blocks(self, unit: Sequence[Request]) -> int:
+        """The blocks a waiting unit needs beyond its prompt's, as `admit` counts them and
+        `why_waiting` says them: its own first token's block where the prompt ends on a
+        boundary, one per sequence to be forked (a copy of the shared last block, or a
+        new one), and its next round's forks (`_round_forks`)."""
+        bs = self.config.block_size
+        return (sum((1 if r.num_tokens % bs == 0 else 0) + r.forks_to_come for r in unit)
+                + self._round_forks(unit))
 
     def _round_forks(self, unit: Sequence[Request]) -> int:
         """The forks a beam group back mid-search makes at least in its next round, a
