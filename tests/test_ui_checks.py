@@ -121,8 +121,8 @@ def test_checks_event_kinds_and_columns_say_what_they_mean() -> None:
 def test_a_new_engine_s_line_says_prefix_caching_is_off() -> None:
     """Continue in the Playground keeps a scenario's settings, prefix caching off among
     them; New session then says so, or two same prompts sharing nothing surprise."""
-    from ui.engine_actions import _departures
+    from ui.engine_actions import departures
 
-    assert _departures(EngineConfig()) == ""
-    assert _departures(EngineConfig(prefix_caching=False, max_num_seqs=2)) == (
+    assert departures(EngineConfig()) == ""
+    assert departures(EngineConfig(prefix_caching=False, max_num_seqs=2)) == (
         "; prefix caching off, at most 2 running")

@@ -1,8 +1,8 @@
 """Everything that replaces the session's engine, and its kernel changes.
 
 The sidebar's fields describe an `EngineConfig` (ui/settings_fields.py); applying
-one, a reset, a new session or a restored snapshot builds a new engine (`_replace_engine`,
-`restore_snapshot`) under the current engine's lock (`operations.holding_current`),
+one, a reset, a new session or a restored snapshot (ui/restore.py) builds a new engine
+(`_replace_engine`) under the current engine's lock (`operations.holding_current`),
 loading a real model's weights first with a progress bar, and installs it with
 its settings, history and log (`install`); a device or kernel change keeps the
 state on another kernel (`change_kernel`). A click meanwhile waits for the
@@ -22,7 +22,6 @@ from backend.core.config import GREEDY_BELOW, EngineConfig
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
-from backend.io.restore_notes import restore_notes
 from backend.io.snapshot import export_snapshot
 from backend.sessions import saved
 from backend.sessions.budget import SERVER_BUDGET
@@ -35,12 +34,10 @@ from backend.sessions.playground import (
     load_model,
     model_cards,
     model_loaded,
-    restore_for_session,
-    snapshot_config,
     switch_kernels,
 )
 from backend.sessions.progress import Work
-from backend.views.text import notes_text, plain_md
+from backend.views.text import plain_md
 from ui import progress, state_writes, store
 from ui.operations import REPLACED_TOO_OFTEN, OpSession, holding_current
 from ui.progress import Shown
@@ -120,7 +117,7 @@ def load_weights(settings: Settings, work: Work) -> Shown:
     return shown
 
 
-def _departures(c: EngineConfig) -> str:
+def departures(c: EngineConfig) -> str:
     """The cache, scheduler and sampling settings that differ from the defaults, for the
     line that announces a new or restored engine ("; at most 2 running, greedy")."""
     parts = []
@@ -206,7 +203,7 @@ def _replace_held(sess: OpSession, work: Work, settings: Settings, message: str,
                        f"{counted(c.block_size, 'slot')}, {counted(c.num_layers, 'layer')}"
                        f"{model}, "
                        f"{c.dtype}, kernel {engine.kernels.name} on {engine.device}"
-                       f"{_departures(c)}." + _kept_sentence(kept) + unsaved)
+                       f"{departures(c)}." + kept_sentence(kept) + unsaved)
     return loaded, after
 
 
@@ -241,8 +238,7 @@ def kept_row(tab: saved.Tab, engine: Engine) -> Kept | None:
     return Kept(tab.id, not tab.behind)
 
 
-
-def _kept_sentence(kept: Kept | None) -> str:
+def kept_sentence(kept: Kept | None) -> str:
     """What the message adds about the replaced state: where it stays, and, when the
     store failed since, that the row holds an earlier step ('Not saved after step N'
     says which)."""
@@ -253,98 +249,6 @@ def _kept_sentence(kept: Kept | None) -> str:
                 "under Recent sessions.")
     return (f" Session {store.short(kept.id)}, under Recent sessions, holds the state it "
             "replaced as last saved, before the operations that could not be saved.")
-
-
-def restore_snapshot(data: dict[str, Any], source: str,
-                     refused: Callable[[str], str] | None = None) -> str | None:
-    """Replace the engine by the exact state a snapshot describes.
-
-    Returns None on success (the status line says what was restored), else
-    the reason it was refused, with the current engine kept; with `refused`, the
-    status line also says `refused(reason)`, through the session the restore held
-    (so the lines of operations it waited behind stay above it). For callbacks
-    only: it also sets the sidebar's fields to the snapshot's config, which
-    Streamlit allows only before the sidebar is drawn. The device and kernel
-    stay the sidebar's. `source` names where the snapshot came from.
-
-    An engine with state that was saved is not overwritten: the restored state
-    goes under a new session id, and the one it replaces stays in the list.
-    """
-    work = progress.get_work()
-    shown: list[Shown] = []
-    loaded = Shown()
-    problem: str | None = None
-    config = snapshot_config(data)
-    # Weights included, under the current engine's lock, as in `_replace_engine`.
-    with holding_current("replace", work, shown) as sess:
-        if sess is None:
-            problem = REPLACED_TOO_OFTEN
-        else:
-            s = sess.settings
-            kept = kept_row(sess.tab, sess.engine)
-            if config is not None:
-                try:
-                    loaded = load_weights(Settings(config, s.device, s.kernel), work)
-                except PagedLabError as exc:
-                    problem = str(exc)
-            if problem is None:
-                problem, restored = _restore_held(data, source, sess, kept)
-                shown.append(restored)
-        if problem is not None and refused is not None:
-            if sess is None:
-                flash("error", refused(problem))
-            else:
-                sess.flash("error", refused(problem))
-    collect()
-    loaded.finish()
-    for waited in shown:
-        waited.finish()
-    return problem
-
-
-def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
-                  kept: Kept | None) -> tuple[str | None, Shown]:
-    """`restore_snapshot` with the old engine's lock held and the weights loaded: the
-    reason it was refused (None: restored), and the Shown of its progress bar."""
-    s, old = sess.settings, sess.engine
-    problem: str | None = None
-    with progress.restoring(f"Restoring {source}: K/V recomputed from the tokens") as (
-            shown, moved):
-        try:
-            # Detached: the caller's snapshot (a scenario's frame) must not grow with
-            # this engine's tokens.
-            engine = restore_for_session(saved.detached(data), s, sess.owner, replacing=old,
-                                         progress=moved)
-        except PagedLabError as exc:
-            problem = str(exc)
-        else:
-            snapshot = export_snapshot(engine)
-            history = History()
-            history.record(snapshot)
-            live = saved.Live(engine, Settings(engine.config, s.device, s.kernel), history,
-                              OpLog(snapshot))
-            if kept is not None:
-                sess.detach()
-            else:
-                # A copy not saved yet: the restored state is not that link's session.
-                sess.tab.address = None
-            install(live, sess)
-            set_fields(live.settings, sess.queued)
-            sess.save(live, snapshot, whole=True)
-            c = engine.config
-            before = _kept_sentence(kept)
-            # The model is named where the snapshot brought another one (or a real one),
-            # as a new engine's line names it: a switch is otherwise seen only in the
-            # sidebar.
-            model = f" on {c.model}" if c.dims is not None or c.model != s.config.model else ""
-            sess.flash("success", f"Restored {source}: step {engine.step}, "
-                                  f"{counted(len(engine.requests), 'request')}, "
-                                  f"{counted(c.num_blocks, 'block')} "
-                                  f"of {counted(c.block_size, 'slot')}{model}"
-                                  f"{_departures(c)}; K/V "
-                                  f"recomputed from the tokens. Keep working from here.{before}"
-                                  + notes_text(restore_notes(engine)))
-    return problem, shown
 
 
 def apply_config(config: EngineConfig) -> None:

@@ -38,7 +38,7 @@ from backend.sessions.history import History
 from backend.sessions.oplog import OpLog
 from backend.sessions.playground import Known, known_snapshots
 from backend.views.text import plain_md
-from ui import engine_actions, session
+from ui import restore, session
 from ui.kept import keep_result, kept_result
 from ui.uploads import limit_help, uploader_mib
 
@@ -174,7 +174,7 @@ def _on_import(key: str) -> None:
         else:
             # A refusal after waiting behind an operation is said by the restore, below
             # that operation's line (see OpSession.flash).
-            problem = engine_actions.restore_snapshot(data, source, refused)
+            problem = restore.snapshot(data, source, refused)
             said = True
     if problem is not None and not said:
         session.flash("error", refused(problem))

@@ -4,7 +4,7 @@ One operation at a time: Streamlit may run a second click's callback while
 the first is still running (fast reruns), so `apply` holds the engine's lock
 from building the operation to saving its result, and the page holds it
 while it reads the state; so does anything that replaces the engine
-(ui/engine_actions.py). Whoever waits for the lock shows what the holder is
+(ui/engine_actions.py, ui/restore.py). Whoever waits for the lock shows what the holder is
 doing (ui/progress.py). An operation that fails half-way is undone by
 rebuilding the engine from the snapshot before it.
 

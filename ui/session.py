@@ -13,7 +13,7 @@ sidebar asks ("Apply and reset" / "Keep current") and nothing is lost
 until the person confirms. Device and kernel changes never need asking: the
 same state continues on the other kernel.
 The callbacks that apply settings and replace the engine (a new config, a
-reset, a restore, another kernel) are in ui/engine_actions.py.
+reset, another kernel) are in ui/engine_actions.py; a restore is ui/restore.py.
 
 History: the snapshot after each applied operation since the engine was
 started or restored (`HISTORY`, a backend.sessions.history.History, which

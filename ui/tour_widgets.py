@@ -31,7 +31,7 @@ from backend.sessions.tour import (
 )
 from backend.views import tour as tour_views
 from backend.views.text import md_code, notes_text, plain_md
-from ui import a11y, clicks, engine_actions, tour
+from ui import a11y, clicks, restore, tour
 from ui.panels import fitted
 from ui.tour import UPLOAD, load, say, state
 from ui.uploads import limit_help, uploader_mib
@@ -148,7 +148,7 @@ def _on_continue() -> None:
     run = _run()
     frame = run.frame(t.view)
     # The message goes on with the restored step: "Restored “Title”: step 3, ...".
-    problem = engine_actions.restore_snapshot(frame.snapshot, f"“{run.title}”")
+    problem = restore.snapshot(frame.snapshot, f"“{run.title}”")
     if problem is not None:
         say("error", f"Could not continue from here: {problem}")
         return
