@@ -4,9 +4,11 @@
 decides whether the head of a queue fits now: first come, first served; a
 beam group comes in whole or waits; a request's prompt blocks, its own first
 token's block and one per sequence still to fork must come out of the free
-blocks left after what the running requests still need, with
-`watermark_blocks` kept free. It owns no state: the queues, the allocator
-and the transitions (allocate, finish) are the Scheduler's.
+blocks left after what the running requests still need (their forks included),
+with `watermark_blocks` kept free; a unit that even an empty pool could not take
+is ended ("capacity"), waiting or swapped, so that the queue behind it goes on.
+It owns no state: the queues, the allocator and the transitions (allocate,
+finish) are the Scheduler's.
 """
 
 from __future__ import annotations
@@ -83,29 +85,46 @@ class Admission(ABC):
         return self._never_fit(self.manager.blocks_for(num_tokens + 1), watermark=watermark)
 
     def _unit_never_fits(self, unit: Sequence[Request]) -> bool:
-        """Whether a queued unit's tokens, each with its next one, and the sequences it
-        will fork (whose first tokens each take a block) exceed even an empty pool with
-        the watermark kept free: admission, which waits for all of that, never takes it."""
+        """Whether a queued unit's tokens, each with its next one, the sequences it will
+        fork and its next round's forks (whose first tokens each take a block) exceed
+        even an empty pool with the watermark kept free: admission and swap-in, which
+        wait for all of that (`_unit_need` counts no more), never take it, and first
+        come, first served, nothing behind it would start either."""
         return self._never_fit(sum(self.manager.blocks_for(r.num_tokens + 1) + r.forks_to_come
-                                   for r in unit))
+                                   for r in unit) + self._round_forks(unit))
 
     def _never_fit(self, blocks: int, *, watermark: bool = True) -> bool:
         """Whether `blocks` (with the watermark, if `watermark`) exceed even an empty pool."""
         keep = (self.config.watermark_blocks or 0) if watermark else 0
         return blocks + keep > self.config.num_blocks
 
-    def _fits(self, plan: PromptPlan, own: int, reserve: int) -> bool:
-        """Whether a prompt's new blocks and `own` more fit in the free blocks beyond the
-        `reserve` the running requests still need, with the watermark kept free."""
-        return fits_with_watermark(plan.num_available - reserve, plan.num_new_blocks + own,
-                                   self.config.watermark_blocks or 0)
-
     def _reserve(self) -> int:
-        """Free blocks the running requests still need: the rest of a prefill, and
-        the next token's block. Admission leaves them, so an admitted request never
-        takes the blocks a request mid-prefill was admitted with."""
-        return sum(self.manager.blocks_needed_to_append(rid, self.requests[rid].uncomputed + 1)
-                   for rid in self.running)
+        """Free blocks the running requests still need: the rest of a prefill, the next
+        token's block, a block per sample still to fork and per fork of a beam group's
+        next round, as admission counts them for a unit it lets in. Admission and
+        swap-in leave them: a request let into them was preempted again by the decode
+        that followed, its prefill (or its swap traffic) thrown away."""
+        need = self.manager.blocks_needed_to_append
+        return sum(need(r.id, r.uncomputed + 1) + r.forks_to_come for r in self._running()
+                   ) + sum(self._round_forks(unit) for unit in self._running_groups())
+
+    def _running_seqs(self) -> int:
+        """The sequences the running requests take under max_num_seqs: one each, one per
+        sample still to fork, one per fork of a beam group's next round (counted so at
+        admission: a request let in beside them ran one sequence over the limit)."""
+        return (sum(1 + r.forks_to_come for r in self._running())
+                + sum(self._round_forks(unit) for unit in self._running_groups()))
+
+    def _running(self) -> Iterator[Request]:
+        return (self.requests[rid] for rid in self.running)
+
+    def _running_groups(self) -> Iterator[list[Request]]:
+        """The running beams of each beam group with any running, group by group."""
+        groups: dict[str, list[Request]] = {}
+        for req in self._running():
+            if req.beam_width is not None and req.group is not None:
+                groups.setdefault(req.group, []).append(req)
+        return iter(groups.values())
 
     def swap_in(self, budget: IterationBudget) -> None:
         """Mutates: bring swapped requests back, in order, while their blocks fit.
@@ -114,7 +133,8 @@ class Admission(ABC):
         still in the prefix cache are hits and need no copy), its host copies
         go into the new ones, and its host blocks are freed. It resumes with
         the logits it had, so it decodes in this iteration if the budget lets it.
-        A beam group comes back whole or waits.
+        A beam group comes back whole or waits; a unit that an empty pool could not
+        take back is ended ("capacity").
         """
         if not self.swapped:
             return
@@ -123,6 +143,13 @@ class Admission(ABC):
         reserve = self._reserve()
         while self.swapped and budget.may_start():
             unit = self._queued_unit(self.swapped)
+            if self._unit_never_fits(unit):
+                # Swapped out beside requests that then grew, or a beam group whose host
+                # copies are private to each beam (backend/engine/swap.py): it could
+                # never come back, and the swapped come back before anything else.
+                for req in unit:
+                    self.finish(req, "capacity")
+                continue
             seqs = sum(1 + r.forks_to_come for r in unit)
             if not budget.may_start(seqs):
                 break
@@ -170,7 +197,7 @@ class Admission(ABC):
         that computes it, so no request can hit a block whose K/V is not there.
         """
         if budget is None:
-            budget = IterationBudget(self.config.budgets, len(self.running))
+            budget = IterationBudget(self.config.budgets, self._running_seqs())
         bs = self.config.block_size
         reserve = self._reserve()
         admitted: list[Chunk] = []
@@ -247,14 +274,20 @@ class Admission(ABC):
             return ("it can never fit the pool (with its watermark): the next step ends it "
                     "(finish reason capacity)")
         budgets = self.config.budgets
-        running = len(self.running)
+        running, requests = self._running_seqs(), len(self.running)
         seqs = sum(1 + r.forks_to_come for r in unit)
         if budgets.max_num_seqs is not None and running + seqs > budgets.max_num_seqs:
             over = running + seqs - budgets.max_num_seqs
+            # A sample or beam still to fork takes its slot from admission on: said, or
+            # "1 request is running" under a max_num_seqs of 4 read as a contradiction.
+            taken = (counted(running, "request") if running == requests else
+                     f"{running:,} sequences of the running requests (their forks to come "
+                     "included)")
             # "and it starts N sequences" read as the running request's doing.
-            held = (f"{counted(running, 'request')} {agrees(running, 'is', 'are')} running"
-                    if seqs == 1 else f"it starts {seqs} sequences beside the "
-                    f"{counted(running, 'request')} running")
+            held = (f"{taken} {agrees(running, 'is', 'are')} running"
+                    if seqs == 1 and running == requests else
+                    f"the {taken} take their slots" if seqs == 1 else
+                    f"it starts {seqs} sequences beside the {taken} running")
             return (f"{held}, and max_num_seqs is {budgets.max_num_seqs}; finish "
                     f"{'one' if over == 1 else f'{over:,}'} first")
         tokens = budgets.max_num_batched_tokens
@@ -273,12 +306,10 @@ class Admission(ABC):
                 return (f"the running requests take the token budget first{needs}, and "
                         f"max_num_batched_tokens is {tokens}; {advice}")
         plans = [self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit]
-        # A beam group's prefix hits are counted as taken from the evictable blocks
-        # (`_fits_all`): said as blocks it needs, not as fewer free ones.
-        hits = 0 if len(plans) == 1 else sum(len(p.hit_blocks) for p in plans)
-        need = (sum(p.num_new_blocks for p in plans) + hits
-                + self._own_blocks(unit))
-        available, reserve = plans[0].num_available, self._reserve()
+        # A later beam's prefix hits that may be lost are said as blocks it needs, not
+        # as fewer free ones (`_unit_need`).
+        available, need = self._unit_need(plans, self._own_blocks(unit))
+        reserve = self._reserve()
         free = max(available - reserve, 0)
         keep = self.config.watermark_blocks or 0
         if fits_with_watermark(free, need, keep):
@@ -300,15 +331,31 @@ class Admission(ABC):
                 f"{kept}, and {room}; step the batch to admit it as they finish")
 
     def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int) -> bool:
-        """`_fits` for requests admitted together (a beam group): their new blocks summed,
-        and each one's prefix hits counted as taken from the evictable blocks, since
-        another's plan may have counted the same cached block as available."""
-        if len(plans) == 1:
-            return self._fits(plans[0], own, reserve)
-        need = sum(p.num_new_blocks for p in plans) + own
-        hits = sum(len(p.hit_blocks) for p in plans)
-        return fits_with_watermark(plans[0].num_available - reserve - hits, need,
-                                   self.config.watermark_blocks or 0)
+        """Whether the requests of a unit (a request alone, a beam group's beams), with
+        `own` more blocks, fit in the free blocks beyond the `reserve` the running
+        requests still need, with the watermark kept free (`_unit_need`)."""
+        available, need = self._unit_need(plans, own)
+        return fits_with_watermark(available - reserve, need, self.config.watermark_blocks or 0)
+
+    @staticmethod
+    def _unit_need(plans: Sequence[PromptPlan], own: int) -> tuple[int, int]:
+        """The free blocks a unit's allocations may draw on, and the most they take.
+
+        The first plan is allocated as planned: its hits leave the free queue (they
+        are not available) and its new blocks are drawn. A later beam is planned again
+        right before its allocation, and the blocks the beams before it drew may have
+        evicted a cached block it counted on, which it then computes as a new block:
+        each of its hits the first plan does not share counts as a block it may take
+        (one it revives, or one it draws instead). Hits the first plan shares are held
+        by then and cost nothing. A prefix that every beam shares is so counted once;
+        counted once per beam and once more as not available, it made a group that an
+        empty pool holds wait for good.
+
+        The sum is at most the unit's blocks without any sharing (`_unit_never_fits`),
+        so a unit that is not ended as never fitting fits an empty pool."""
+        first = set(plans[0].hit_blocks)
+        lost = sum(1 for p in plans[1:] for b in p.hit_blocks if b not in first)
+        return plans[0].num_available, sum(p.num_new_blocks for p in plans) + own + lost
 
     def _own_blocks(self, unit: Sequence[Request]) -> int:
         """The blocks a waiting unit needs beyond its prompt's, as `admit` counts them and
