@@ -577,6 +577,34 @@ def test_a_finish_reason_its_tokens_bear_out_is_kept() -> None:
     assert restore_engine(snap, kernel="torch").requests["A"].finish_reason == "max_new_tokens"
 
 
+@pytest.mark.parametrize("reason", ["max_new_tokens", "finished"])
+def test_a_request_with_more_tokens_than_its_limit_is_refused(reason: str) -> None:
+    """No grow or step passes a request's max_new_tokens, finished or not: an edited file
+    showed 5 generated tokens under a limit of 2."""
+    snap = export_snapshot(engine_after([Add("A", prompt="abc", max_new_tokens=2), Step(2)]))
+    a = snap["requests"][0]
+    a["tokens"] += [100, 101, 102]
+    a["num_tokens"] += 3
+    a["finish_reason"] = reason
+    a.pop("text", None)
+    refused(snap, r"snapshot\.requests\[0\]: it generated 5 tokens, more than its "
+                  r"max_new_tokens 2")
+
+
+def test_samples_pending_past_an_adds_limit_are_refused() -> None:
+    """An add takes at most 64 samples, so its first waits with at most 63 to fork: a file
+    saying 1,000 made the first step fork 1,000 requests."""
+    snap = export_snapshot(engine_after([Add("X", prompt_len=59), Add("G", prompt_len=5, n=2)]))
+    g = next(r for r in snap["requests"] if r["id"] == "G.0")
+    assert g["status"] == "waiting" and g["pending_samples"] == 1
+    g["pending_samples"] = 63
+    assert restore_engine(copy.deepcopy(snap), kernel="torch").requests["G.0"].forks_to_come == 63
+    for pending in (64, 1000):
+        g["pending_samples"] = pending
+        refused(snap, r"snapshot\.requests\[1\]\.pending_samples must be in 0\.\.63 \(an "
+                      r"add takes at most 64 parallel samples\)")
+
+
 ORDER_EDITS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("running reversed", lambda s: s["scheduler"]["running"].reverse(),
      r"snapshot\.scheduler\.running is \['B', 'A'\], but its events leave the running "

@@ -14,7 +14,7 @@ from backend.core.checks import MAX_JSON_INT, check_int
 from backend.core.config import MAX_NEW_TOKENS
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
-from backend.engine.ops import check_request_id
+from backend.engine.ops import MAX_SAMPLES, check_request_id
 from backend.engine.request import FINISH_REASONS, Request, kept_for_sample
 from backend.io.json_input import FieldReader
 from backend.io.restore_beams import beam_fields, check_beam_groups
@@ -99,6 +99,10 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
         max_new = r.get("max_new_tokens", int, optional=True)
         if max_new is not None:
             check_int(max_new, f"{r.where}.max_new_tokens", 1, MAX_NEW_TOKENS)
+        if max_new is not None and len(tokens) - prompt_len > max_new:
+            # No grow or step passes a request's limit, finished or not.
+            raise PagedLabError(f"{r.where}: it generated {len(tokens) - prompt_len:,} "
+                                f"tokens, more than its max_new_tokens {max_new:,}")
         if (max_new is not None and status != "finished"
                 and len(tokens) - prompt_len >= max_new):
             raise PagedLabError(f"{r.where}: it has generated its {max_new} tokens, so it "
@@ -131,6 +135,11 @@ def read_requests(top: FieldReader, engine: Engine) -> tuple[dict[str, Request],
             raise PagedLabError(f"{r.where}: a sample of group {group!r} is named "
                                 f"{group}.<k>, not {rid!r}")
         pending = r.get("pending_samples", int, optional=True) or 0
+        if pending >= MAX_SAMPLES:
+            # An add asks for at most MAX_SAMPLES samples, the first of them this one:
+            # a larger count would fork that many requests at its first step.
+            raise PagedLabError(f"{r.where}.pending_samples must be in 0..{MAX_SAMPLES - 1} "
+                                f"(an add takes at most {MAX_SAMPLES} parallel samples)")
         if pending and (group is None or rid != f"{group}.0" or status == "finished"
                         or (status != "waiting" and computed is None) or pending < 0):
             raise PagedLabError(f"{r.where}.pending_samples belongs to the first sample of a "
