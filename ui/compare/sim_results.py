@@ -60,13 +60,22 @@ def comparison(runs: Sequence[SimRun], prefix: str, *, paper_ticks: bool = True,
     breakdown(results, f"{prefix}_table")
     st.dataframe(metrics, hide_index=True, key=f"{prefix}_metrics", column_order=[
         "policy", "requests/s", "normalized latency (s/token)", "iterations", "preemptions"],
-        column_config={"requests/s": st.column_config.NumberColumn(format="%.3f"),
+        # The two columns count different spans: requests/s is over the whole run, from
+        # the first arrival's time 0 to the last finish, idle iterations included (a
+        # person dividing the requests by "iterations" got another figure).
+        column_config={"requests/s": st.column_config.NumberColumn(
+                           format="%.3f", help="the requests replayed divided by the run's "
+                           "whole length, from time 0 to the last request's finish, idle "
+                           "iterations included"),
                        "normalized latency (s/token)": st.column_config.NumberColumn(
                            format="%.4f", help="the mean over requests of each one's time "
                            "from arrival to its last token, divided by its output tokens: the "
                            "paper's measure"),
                        # Counts with thousands separators, as the page's text writes them.
-                       "iterations": st.column_config.NumberColumn(format="localized"),
+                       "iterations": st.column_config.NumberColumn(
+                           format="localized", help="the iterations that ran a batch; one "
+                           "with nothing to run (every request so far finished, the next "
+                           "not arrived) is not counted"),
                        "preemptions": st.column_config.NumberColumn(format="localized")})
 
 
