@@ -160,3 +160,13 @@ def test_max_num_seqs_counts_the_sequences_a_running_request_will_fork(
                            "included) take their slots, and max_num_seqs is 4"), said
     assert max(run_out(e)) <= 4
     assert e.requests["B"].finish_reason == "max_new_tokens"
+
+
+def test_a_group_over_max_num_seqs_beside_forks_to_come_is_told_so() -> None:
+    e = engine(num_blocks=32, block_size=4, max_num_seqs=6)
+    apply(e, {"op": "add", "request": "A", "max_new_tokens": 3, "beam_width": 4,
+              "prompt_len": 5},
+          {"op": "add", "request": "B", "max_new_tokens": 3, "n": 3, "prompt_len": 3})
+    assert e.scheduler.why_waiting("B.0") == (
+        "it starts 3 sequences beside the 4 sequences of the running requests (their forks "
+        "to come included), and max_num_seqs is 6; finish one first")

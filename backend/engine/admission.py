@@ -280,14 +280,16 @@ class Admission(ABC):
             over = running + seqs - budgets.max_num_seqs
             # A sample or beam still to fork takes its slot from admission on: said, or
             # "1 request is running" under a max_num_seqs of 4 read as a contradiction.
-            taken = (counted(running, "request") if running == requests else
-                     f"{running:,} sequences of the running requests (their forks to come "
-                     "included)")
-            # "and it starts N sequences" read as the running request's doing.
-            held = (f"{taken} {agrees(running, 'is', 'are')} running"
-                    if seqs == 1 and running == requests else
-                    f"the {taken} take their slots" if seqs == 1 else
-                    f"it starts {seqs} sequences beside the {taken} running")
+            if running == requests:
+                # "and it starts N sequences" read as the running request's doing.
+                held = (f"{counted(running, 'request')} {agrees(running, 'is', 'are')} "
+                        "running" if seqs == 1 else f"it starts {seqs} sequences beside the "
+                        f"{counted(running, 'request')} running")
+            else:
+                taken = (f"the {running:,} sequences of the running requests (their forks "
+                         "to come included)")
+                held = (f"{taken} take their slots" if seqs == 1 else
+                        f"it starts {seqs} sequences beside {taken}")
             return (f"{held}, and max_num_seqs is {budgets.max_num_seqs}; finish "
                     f"{'one' if over == 1 else f'{over:,}'} first")
         tokens = budgets.max_num_batched_tokens
