@@ -406,6 +406,40 @@ def test_a_mean_batch_reads_alike_in_the_sentence_and_on_its_bar() -> None:
     assert "paged 1.3" in spec["description"]
 
 
+def test_the_max_batch_row_is_each_policys_largest_batch() -> None:
+    """The breakdown's "max batch" row is the largest batch each policy ran (7 for max,
+    20 for the others on this light trace), not its mean rounded (5 and 6), which read
+    as if no policy ever ran more than its average."""
+    results = [simulate_workload("alpaca", SimConfig(p), requests=50, rate=8.0)
+               for p in ("paged", "max", "pow2", "oracle")]
+    by = {r.policy: r for r in results}
+    assert all(r.max_batch_size != round(r.mean_batch_size) for r in results)
+    df = views.breakdown_table(results).set_index("measure")
+    assert df.loc["max batch"].tolist() == [f"{by[p].max_batch_size:,}"
+                                            for p in ("max", "pow2", "oracle", "paged")]
+    assert df.loc["max batch"].tolist() == ["7", "20", "20", "20"]
+    assert df.loc["mean batch"].tolist() == [f"{by[p].mean_batch_size:.2f}"
+                                             for p in ("max", "pow2", "oracle", "paged")]
+
+
+def test_a_batch_that_reached_max_num_seqs_is_said_held_at_the_budget() -> None:
+    """With max_num_seqs 4, a light trace ran batches of 4 at most, exactly the budget,
+    and left most memory free: the budget held the batch, and the note names it. Taken
+    as reached only past the budget (which no batch goes), the note blamed the load and
+    advised a higher rate, which would only lengthen the queue."""
+    capped = simulate_workload("alpaca", SimConfig("paged", max_num_seqs=4), requests=30)
+    assert (capped.max_num_seqs, capped.max_batch_size) == (4, 4)
+    assert capped.memory["free"] > views.MOSTLY_FREE
+    note = views.free_memory_note([capped])
+    assert ("while its batch was held at the scheduler budget (max_num_seqs 4, reached)"
+            in note), note
+    assert "higher rate" not in note
+    # A budget the batch never reached is not named.
+    roomy = simulate_workload("alpaca", SimConfig("paged", max_num_seqs=64), requests=30)
+    assert roomy.max_batch_size < 64
+    assert "max_num_seqs" not in views.free_memory_note([roomy])
+
+
 # ---- block size ------------------------------------------------------------------------------
 
 

@@ -393,3 +393,23 @@ def test_a_swapped_request_full_to_a_block_boundary_waits_for_its_next_tokens_bl
     run_out(e)
     assert (b.finish_reason, b.num_preemptions) == ("max_new_tokens", 1)
     assert (e.host.swap_outs, e.host.swap_ins) == (1, 1)
+
+
+def test_a_host_block_with_a_prefix_hash_is_refused() -> None:
+    """Only device blocks are in the prefix cache: a swap-out copies K/V to a host block
+    that no lookup can find. A file whose host block carried a hash was restored as if
+    the hash were not there (and re-exported without it), so an edited or foreign file
+    passed for a PagedLab state it could not be."""
+    e = swapped_engine()
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    used = [i for i, b in enumerate(snap["cpu_blocks"]) if b["state"] == "used"]
+    free = [i for i, b in enumerate(snap["cpu_blocks"]) if b["state"] == "free"]
+    assert used and free
+    assert all(b["hash"] is None for b in snap["cpu_blocks"])
+    for i in (used[0], free[0]):
+        edited = copy.deepcopy(snap)
+        edited["cpu_blocks"][i]["hash"] = "ab" * 32
+        with pytest.raises(PagedLabError, match=(
+                rf"^snapshot\.cpu_blocks\[{i}\]: host blocks are not in the prefix cache "
+                r"\(no hash\)$")):
+            restore_engine(edited, kernel="torch")

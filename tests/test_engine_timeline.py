@@ -185,3 +185,36 @@ def test_requests_from_before_the_timeline_are_named_under_the_latency_table() -
         "Not listed: A, which arrived before this timeline began (a reload, a restored "
         "snapshot or a reopened session starts a new one), so its arrival and first token "
         "are not on it.")
+
+
+def test_free_slots_are_the_whole_pools_slots_less_the_allocated() -> None:
+    """8 blocks of 4 are 32 slots; a 9-token prompt holds 3 blocks (12 slots), leaving
+    20 free. Counting one block too few, the timeline's free slots read 16."""
+    e = Engine(EngineConfig(num_blocks=8, block_size=4), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt_len": 9, "max_new_tokens": 3}))
+    df = timeline_frame(e.timeline, e.config.num_blocks, e.config.block_size)
+    first = df.iloc[0]
+    assert (int(first["used_blocks"]), int(first["allocated_slots"])) == (3, 12)
+    assert int(first["free_slots"]) == 20
+    assert list(df.columns).index("free_slots") == list(df.columns).index("allocated_slots") + 1
+
+
+def test_latency_milliseconds_from_hand_set_times() -> None:
+    """Arrived at 0 s, first token at 0.010 s, third and last at 0.030 s: TTFT is 10 ms
+    and TPOT is (30 - 10) ms over the 2 tokens after the first, 10 ms. (Over all 3
+    tokens TPOT read 6.7 ms; scaled by 100 rather than 1,000, TTFT read 1 ms.)"""
+    from backend.engine.timeline import EngineTimeline, RequestTimes
+
+    tl = EngineTimeline()
+    tl.requests["A"] = RequestTimes(arrived=0, arrived_s=0.0, arrived_row=0, first_token=1,
+                                    first_token_s=0.010, first_token_row=1, last_token=3,
+                                    last_token_s=0.030, finished_row=3, num_generated=3)
+    tl.requests["B"] = RequestTimes(arrived=1, arrived_s=0.002, arrived_row=1, first_token=2,
+                                    first_token_s=0.027, first_token_row=2, last_token=2,
+                                    last_token_s=0.027, num_generated=1)
+    lat = latency_frame(tl).set_index("request")
+    assert lat.loc["A", "ttft_ms"] == pytest.approx(10.0)
+    assert lat.loc["A", "tpot_ms"] == pytest.approx(10.0)
+    assert lat.loc["A", "tpot_iterations"] == pytest.approx(1.0)
+    assert lat.loc["B", "ttft_ms"] == pytest.approx(25.0)
+    assert lat["tpot_ms"].isna().tolist() == [False, True]

@@ -123,3 +123,71 @@ def test_a_partly_filled_block_sorted_into_the_middle_is_read_with_its_empty_slo
     assert not w.last_block_stays
     assert "another block is read last" in outcome(w)
     assert "what attention read changed, and with it the next-token distribution" in outcome(w)
+
+
+def test_the_table_orders_next_token_is_the_one_the_engine_then_draws() -> None:
+    """The what-if's "next token" through the table is the engine's own seeded draw for
+    the position after the last token: drawn for the last token's position instead, it
+    named a token the next step did not append (5 of these 6 steps)."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt": "The cat sat on",
+                      "max_new_tokens": 20}))
+    for _ in range(6):
+        said = physical_order(e, "A").table_order.next_token
+        e.apply(parse_op({"op": "step"}))
+        assert said == e.requests["A"].tokens[-1]
+
+
+def test_the_top_probabilities_are_over_the_tokens_the_model_may_emit() -> None:
+    """tiny-byte emits printable bytes only (32..126) and its sampling renormalises over
+    them; the what-if's table of the most likely next tokens is that distribution. Over
+    all 256 bytes it listed tokens no step can emit, with probabilities too small."""
+    import torch
+
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt": "The cat sat on",
+                      "max_new_tokens": 20}))
+    e.apply(parse_op({"op": "step", "count": 2}))
+    logits = e.requests["A"].logits
+    assert logits is not None and logits.numel() == 256
+    # Softmax over bytes 32..126 alone, in float64.
+    printable = torch.softmax(logits.detach().cpu().double()[32:127], dim=0)
+    values, indices = torch.topk(printable, 5)
+    want = [(int(i) + 32, float(v)) for v, i in zip(values, indices, strict=True)]
+    top = physical_order(e, "A").table_order.top
+    assert [t for t, _ in top] == [t for t, _ in want]
+    assert [p for _, p in top] == pytest.approx([p for _, p in want], abs=1e-5)
+
+
+def test_logits_diff_is_the_largest_change_not_the_mean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if reports max |logits - pending|: one token's logit moved by 1.0 is a
+    change of 1.0. Averaged over the 256 logits it read as 1/256 (0.0039), a change 256
+    times smaller than the one made (under float16's tolerance of 0.05, the verdict would
+    have called it float rounding)."""
+    import torch
+
+    from backend.models.batch import ForwardOutput
+
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4}), kernel="torch")
+    e.apply(parse_op({"op": "add", "request": "A", "prompt": "The cat sat on",
+                      "max_new_tokens": 20}))
+    e.apply(parse_op({"op": "step"}))
+    req_logits = e.requests["A"].logits
+    assert req_logits is not None
+    pending = req_logits.detach().float().cpu().clone()
+    spiked = pending.clone()
+    spiked[70] = pending[70] + 1.0
+    real = e.model.forward
+
+    def forward(batch: object, cache: object, kernels: object, **kw: object) -> ForwardOutput:
+        out = real(batch, cache, kernels, **kw)  # type: ignore[arg-type]
+        return ForwardOutput(spiked.unsqueeze(0).to(out.logits.device), out.max_abs_err)
+
+    monkeypatch.setattr(e.model, "forward", forward)
+    w = physical_order(e, "A")
+    assert float((spiked - pending).abs().max()) == pytest.approx(1.0, abs=1e-5)
+    assert w.table_order.logits_diff == pytest.approx(1.0, abs=1e-5)
+    assert w.physical_order.logits_diff == pytest.approx(1.0, abs=1e-5)
+    # The engine's own pending logits are untouched by the what-if.
+    after = e.requests["A"].logits
+    assert after is not None and torch.equal(after.cpu(), req_logits.cpu())

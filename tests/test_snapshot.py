@@ -653,3 +653,36 @@ def test_a_chain_as_deep_as_the_pool_is_refused_before_anything_is_recomputed(
     refused(chained(16), "which no block's key chains through")
     refused(chained(17), r"is logical block 16 of its chain, but a pool of 16 blocks never "
                          r"holds a request of more than 16 blocks")
+
+
+def test_a_request_that_is_no_beam_is_never_dropped() -> None:
+    """Only a beam search drops a hypothesis (finish_reason "dropped"); a lone request
+    with that reason was restored, and its finish shown as "dropped", which no run of
+    it could have said."""
+    snap = export_snapshot(engine_after([Add("A", prompt_len=6, max_new_tokens=20), Step(),
+                                         Finish("A")]))
+    a = next(r for r in snap["requests"] if r["id"] == "A")
+    assert (a["status"], a["finish_reason"]) == ("finished", "finished")
+    assert a.get("beam_width") is None
+    a["finish_reason"] = "dropped"
+    refused(snap, r"^snapshot\.requests\[0\]: only a beam is dropped$")
+
+
+def test_admissions_below_the_running_count_are_refused_with_a_partial_log() -> None:
+    """Each running request was admitted at least once, so admissions counts at least
+    the running requests. With events_partial the log cannot check the count, and a
+    file saying 1 admission beside 2 running requests was restored, its metrics card
+    showing fewer admissions than requests running."""
+    snap = export_snapshot(engine_after([Add("A", prompt_len=6, max_new_tokens=20),
+                                         Add("B", prompt_len=5, max_new_tokens=20), Step()]))
+    assert snap["scheduler"]["running"] == ["A", "B"]
+    assert snap["scheduler"]["admissions"] == 2
+    # Accepted as a partial log with the count it holds, refused with one too small.
+    assert restore_engine({**copy.deepcopy(snap), "events_partial": True},
+                          kernel="torch").log_partial
+    for partial in (True, False):
+        edited = copy.deepcopy(snap)
+        edited["scheduler"]["admissions"] = 1
+        if partial:
+            edited["events_partial"] = True
+        refused(edited, r"^snapshot\.scheduler\.admissions is smaller than the running count$")

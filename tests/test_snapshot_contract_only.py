@@ -552,3 +552,21 @@ def test_a_logged_count_that_leaves_a_block_held_makes_its_next_alloc_a_contradi
     del snap["events"][last_free]
     notes = restore_notes(restore_engine(snap, kernel="torch"))
     assert any("allocates block 0, which the log shows held" in n for n in notes), notes
+
+
+def test_a_copy_on_write_gives_up_its_sources_reference_before_a_shuffle() -> None:
+    """A forks B, both grow into their shared last block (A copies it on write, which
+    gives up one of the source's references with no event of its own), B finishes and
+    frees the source, and a Playground shuffle (no seed) moves the free blocks. Counting
+    the source as still held by A, the rebuilt queue lost where the shuffle put it: the
+    restored free_queue differed from the run's and the user was told it was a guess."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 12, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt_len=5, max_new_tokens=30), Fork("A", "B"), Step(),
+               Finish("B"), Shuffle(), Step()):
+        e.apply(op)
+    snap = export_snapshot(e)
+    assert [ev["kind"] for ev in snap["events"]].count("cow") == 1
+    assert sum(ev["kind"] == "move" for ev in snap["events"]) > 0
+    restored = restore_engine(bare(snap), kernel="torch")
+    assert export_snapshot(restored)["free_queue"] == snap["free_queue"]
+    assert not any("does not say where" in n for n in restore_notes(restored))

@@ -407,3 +407,24 @@ def test_a_long_key_named_twice_is_cut_in_the_message() -> None:
         decode_json(f'{{"{key}": 1, "{key}": 2}}', "snapshot")
     assert str(info.value) == (f"snapshot is ambiguous: an object in it names '{'k' * 40}...' "
                                "twice (JSON readers differ on which one counts)")
+
+
+def test_a_whole_files_partial_log_is_noted_when_nothing_else_is() -> None:
+    """A full PagedLab file (nothing unread, nothing derived) marked events_partial, its
+    first event cut: restore keeps the log as partial, and the user must be told why.
+    Noted only alongside unread or derived fields, the partial log went unmentioned, and
+    the timeline and counts read from it passed for a whole run's."""
+    data = export_snapshot(engine_after([Add("A", prompt_len=6, max_new_tokens=20), Step(2)]))
+    first = data["events"][0]
+    assert (first["kind"], first["request"], first["block"]) == ("alloc", "A", 0)
+    data["events"].pop(0)
+    data["events_partial"] = True
+    engine = restored(data)
+    assert engine.log_partial
+    assert unread_fields(engine) == ()
+    assert restore_notes(engine) == [
+        "the event log does not lead to this state on its own: block 0 has ref_count 1, "
+        "but the events leave it at 0 (no event names it, so no request was ever given "
+        "it); it is kept as a partial log, so the timeline and the counts read from it "
+        "(swap-outs and returns) cover only the events it holds, and this engine's "
+        "snapshots say events_partial"]

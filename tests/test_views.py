@@ -259,6 +259,36 @@ def test_kernel_info_before_and_after_a_step(monkeypatch: pytest.MonkeyPatch) ->
     assert views.kernel_info(snap).max_abs_err == "not checked at this step"
 
 
+def test_block_usage_and_the_waste_bound_are_the_pools(shared: Engine) -> None:
+    """8 of 32 blocks used is 25.0% (over 33 it read 24.2%), and a request's last block,
+    holding at least one token, leaves at most block_size - 1 = 3 slots empty (the help
+    said 4, a whole empty block, which no request holds)."""
+    snap = export_snapshot(shared)
+    items = {m.label: m for m in views.metric_items(snap)}
+    assert items["Used blocks"].value == "8 / 32"
+    assert items["Block usage"].value == "25.0%"
+    assert items["Internal waste"].help == (
+        "Empty slots inside used blocks: at most 3 per unshared request.")
+    # Another block size, another bound: 16 tokens a block leave at most 15 empty.
+    wide = engine(block_size=16)
+    wide.apply(Add("A", prompt=PROMPT))
+    items = {m.label: m for m in views.metric_items(export_snapshot(wide))}
+    assert items["Used blocks"].value == "2 / 32" and items["Block usage"].value == "6.3%"
+    assert items["Internal waste"].help.endswith("at most 15 per unshared request.")
+
+
+def test_kernel_time_is_shown_in_the_milliseconds_the_snapshot_gives() -> None:
+    """snapshot.kernel.time_ms is already in milliseconds: 12.34 reads "12.3 ms" (scaled
+    again it read "12340.0 ms", a step a thousand times slower than it ran)."""
+    e = engine()
+    e.apply(Add("A", prompt=PROMPT))
+    snap = export_snapshot(e)
+    snap["kernel"]["time_ms"] = 12.34
+    assert views.kernel_info(snap).time_ms == "12.3 ms"
+    snap["kernel"]["time_ms"] = 0.5
+    assert views.kernel_info(snap).time_ms == "0.5 ms"
+
+
 def test_html_escapes_user_text() -> None:
     e = engine()
     e.apply(Add("<b>x</b>", prompt="<script>1</script>"))
@@ -903,6 +933,21 @@ def test_a_long_block_table_keeps_both_ends_and_counts_the_rest() -> None:
     assert views.table_text(table, 158, 4, max_chars=len(full) + 20) == full
 
 
+def test_a_full_last_block_is_not_marked_partial() -> None:
+    """Only a partly filled last block carries its fill: a table whose last block is
+    full (8 tokens in 2 blocks of 4) read "1→8 (4/4)", marked as if it had room."""
+    assert views.table_text([7, 8], 8, 4) == "0→7 · 1→8"
+    assert views.table_text([7, 8], 7, 4) == "0→7 · 1→8 (3/4)"
+    assert views.table_text([3], 16, 16) == "0→3"
+    # And in the requests table, for a real request of 8 tokens.
+    e = engine()
+    e.apply(Add("A", prompt="Paged KV"))
+    row = views.requests_frame(export_snapshot(e)).iloc[0]
+    table = e.block_table("A")
+    assert len(table) == 2
+    assert row["block table (logical→physical)"] == f"0→{table[0]} · 1→{table[1]}"
+
+
 def test_live_requests_never_share_a_colour_while_the_palette_has_room() -> None:
     from backend.views.model import COLOUR_SLOTS, owner_index
 
@@ -982,6 +1027,39 @@ def test_the_grid_and_the_event_log_are_named_for_a_screen_reader(shared: Engine
     log = views.event_log_html(views.events_frame(snap))
     assert log.startswith("<div class='pl-events' role='log' aria-label='Event log, newest "
                           "first'")
+
+
+def test_a_later_page_and_the_last_overview_bar_end_at_the_pools_last_block() -> None:
+    """A 1,500-block pool's second page holds blocks 1,024 to 1,499 (its title said
+    "1,024–2,047 of 1,500", blocks that do not exist); a 200-block pool's overview bars
+    run 0–63, 64–127, 128–191 and 192–199 (the last said 192–255)."""
+    big = export_snapshot(engine(num_blocks=1500))
+    assert grid.num_pages(1500) == 2
+    assert grid.grid_title(big, 0) == "Physical blocks 0–1,023 of 1,500 (4 slots each)"
+    assert grid.grid_title(big, 1) == "Physical blocks 1,024–1,499 of 1,500 (4 slots each)"
+    small = export_snapshot(engine(num_blocks=200))
+    df = grid.overview_frame(small)
+    spans = sorted({(int(r.first), int(r.last)) for r in df.itertuples()})
+    assert spans == [(0, 63), (64, 127), (128, 191), (192, 199)]
+    last = df[df["first"] == 192]
+    assert list(last["last"]) == [199, 199, 199]
+    assert int(last["blocks"].sum()) == 8
+
+
+def test_blocks_two_requests_share_after_a_fork_are_described_as_shared() -> None:
+    """Fork("A", "B") leaves A's 3 blocks (9 tokens in blocks of 4) at ref_count 2: the
+    grid's description says 3 of them shared (counting only ref_count above 2, it said
+    none were)."""
+    e = engine()
+    e.apply(Add("A", prompt_len=9))
+    e.apply(Fork("A", "B"))
+    snap = export_snapshot(e)
+    assert sorted(b["ref_count"] for b in snap["blocks"] if b["state"] == "used") == [2, 2, 2]
+    _, spec = grid.grid_spec(snap)
+    assert spec["description"] == (
+        "Physical blocks 0–31 (4 slots each): 3 used, 3 of them shared, 0 cached, 29 free. "
+        "Each block is described in turn; the block tables below give every request's "
+        "blocks in text.")
 
 
 def test_summarize_says_a_request_preempted_then_readmitted_in_one_step() -> None:

@@ -49,3 +49,12 @@ def test_a_draw_from_past_the_table_says_it_is_one_and_with_what_settings() -> N
     assert draw_note(Reading([0], 0.0, 90, top, []), None, None) == (
         " (a seeded draw at temperature 1: not among the 3 most likely below, the plain "
         "probabilities)")
+
+
+def test_a_draw_that_is_the_tables_last_row_gets_no_note() -> None:
+    """The drawn token in the table's last (least likely) row is in the table: a note
+    saying it was "not among the 3 most likely below" contradicted the table beside it."""
+    top = [(65, 0.3), (66, 0.2), (67, 0.1)]
+    assert draw_note(Reading([0], 0.0, 67, top, []), 0.2, 0.9) == ""
+    assert draw_note(Reading([0], 0.0, 67, top, []), None, None) == ""
+    assert draw_note(Reading([0], 0.0, 65, top, []), None, None) == ""
