@@ -377,3 +377,21 @@ def test_the_states_note_defines_paged_internal_fragmentation_as_the_simulator_c
     assert oracle.memory["internal_fragmentation"] == 0 < oracle.memory["reservation"]
     assert "which will never hold a token (contiguous)" in STATES_NOTE
     assert "which its next tokens may still fill (paged)" in STATES_NOTE
+
+
+def test_no_waits_paragraph_under_bars_said_equal(four: list[SimResult]) -> None:
+    """The waits paragraph explains bars that lie close; under a sentence saying every
+    bar is equal (memory is not the limit) it read as a reason for a gap there is not."""
+    equal = [replace(r, memory_wait_iterations=5, iterations=100)
+             for r in batches(four, 29.132, 29.132, 29.132, 29.132)]
+    assert "equal, so memory is not the limit" in dep_views.figure13_sentence(equal)
+    assert dep_views.figure13_waits(equal) == ""
+
+
+def test_the_output_share_is_of_the_tokens_a_request_holds_at_its_end() -> None:
+    """azure-conv's outputs over prompt plus output tokens (over the prompts alone the
+    page said 28.5% where 22.2% is right)."""
+    d = dep.deployment("azure-conv", requests=300)
+    out, prompt = int(d.trace.output_len.sum()), int(d.trace.prompt_len.sum())
+    assert f"{100 * out / (out + prompt):.1f}%" == "22.2%"
+    assert "the outputs are 22.2% of the tokens" in dep_views.length_note(d, [])

@@ -570,3 +570,71 @@ def test_a_copy_on_write_gives_up_its_sources_reference_before_a_shuffle() -> No
     restored = restore_engine(bare(snap), kernel="torch")
     assert export_snapshot(restored)["free_queue"] == snap["free_queue"]
     assert not any("does not say where" in n for n in restore_notes(restored))
+
+
+def test_a_preemption_the_log_leaves_out_is_queued_after_the_logged_ones() -> None:
+    """B, C and E were preempted (E first, so it waits third) and D added after: the queue
+    is B, C, E, D. Without E's preempt event, E is known preempted only by its count, and
+    was queued first: the next steps admitted E before B."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 8, "block_size": 4}), kernel="torch")
+    for op in (Add("A", prompt_len=7), Add("B", prompt_len=7), Add("C", prompt_len=7),
+               Add("E", prompt_len=7), Step(10), Add("D", prompt_len=4)):
+        e.apply(op)
+    snap = export_snapshot(e)
+    assert snap["scheduler"]["waiting"] == ["B", "C", "E", "D"]
+    edited = bare(snap)
+    edited["events"] = [ev for ev in edited["events"]
+                        if not (ev["kind"] == "preempt" and ev["request"] == "E")]
+    restored = export_snapshot(restore_engine(edited, kernel="torch"))
+    assert restored["scheduler"]["waiting"] == ["B", "C", "E", "D"]
+
+
+def test_a_readmission_after_a_preemption_the_log_leaves_out_is_counted() -> None:
+    """A request preempted (its preempt event left out: its blocks' frees remain) and
+    admitted again counts two admissions: counting only logged preemptions as ends, the
+    derived admissions were one short."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 8, "block_size": 4}), kernel="torch")
+    for name in "ABC":
+        e.apply(Add(name, prompt_len=7, max_new_tokens=6))
+    back: list[str] = []
+    for _ in range(14):
+        e.apply(Step())
+        back = [r.id for r in e.requests.values()
+                if r.status == "running" and r.num_preemptions > 0]
+        if back:
+            break
+    assert back
+    snap = export_snapshot(e)
+    edited = bare(snap)
+    edited["events"] = [ev for ev in edited["events"]
+                        if not (ev["kind"] == "preempt" and ev["request"] in back)]
+    restored = export_snapshot(restore_engine(edited, kernel="torch"))
+    assert restored["scheduler"] == snap["scheduler"]
+    assert snap["scheduler"]["admissions"] == 3 + len(back)
+
+
+def test_random_picks_count_copy_on_write_blocks() -> None:
+    """Under random allocation a copy-on-write's new block is drawn like an alloc's: the
+    derived pick count left the copies out, and the restored engine's next random block
+    differed from the run's."""
+    e = Engine(EngineConfig.from_json({"num_blocks": 16, "block_size": 4,
+                                       "allocation": "random"}), kernel="torch")
+    e.apply(Add("A", prompt_len=6, n=2, max_new_tokens=4))
+    e.apply(Step(2))
+    snap = export_snapshot(e)
+    kinds = [ev["kind"] for ev in snap["events"]]
+    assert "cow" in kinds and "evict" not in kinds
+    assert e.manager.pool.random_picks == kinds.count("alloc") + kinds.count("cow")
+    restored = restore_engine(bare(snap), kernel="torch")
+    assert restored.manager.pool.random_picks == e.manager.pool.random_picks
+
+
+def test_a_cached_block_holding_the_top_token_id_is_derived() -> None:
+    e = Engine(EngineConfig.from_json({"num_blocks": 8, "block_size": 4}), kernel="torch")
+    top = e.config.vocab_size - 1
+    e.apply(Add("A", prompt_tokens=(top, 1, 2, 3, 4, 5, 6, 7), max_new_tokens=1))
+    e.apply(Finish("A"))
+    snap = export_snapshot(e)
+    assert snap["prefix_cache"]
+    restored = export_snapshot(restore_engine(bare(snap), kernel="torch"))
+    assert restored["prefix_cache"] == snap["prefix_cache"]
