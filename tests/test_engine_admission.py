@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from backend.core.config import EngineConfig
+from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.ops import parse_op
 from backend.engine.request import Request
+from backend.io.snapshot import export_snapshot
 
 SWAP = {"preemption": "swap", "num_cpu_blocks": 32}
 
@@ -170,3 +172,77 @@ def test_a_group_over_max_num_seqs_beside_forks_to_come_is_told_so() -> None:
     assert e.scheduler.why_waiting("B.0") == (
         "it starts 3 sequences beside the 4 sequences of the running requests (their forks "
         "to come included), and max_num_seqs is 6; finish one first")
+
+
+@pytest.mark.parametrize(("config", "ops", "group"), [
+    # G's beams share the 5 cached blocks of their 20-token prompt: back by recompute they
+    # need about 8 of the 10 blocks; counted beam by beam (7 + 7), G was ended "capacity"
+    # at the step after its preemption.
+    ({"num_blocks": 10, "block_size": 4},
+     [{"op": "add", "request": "A", "prompt_len": 3, "max_new_tokens": 20},
+      {"op": "add", "request": "G", "prompt_len": 20, "beam_width": 2, "max_new_tokens": 8}],
+     "G"),
+    # Swapped out at step 7 with 9 of 15 blocks free or cached, B's group was ended at
+    # step 8 the same way; it comes back once A finishes.
+    ({"num_blocks": 15, "block_size": 2, "allocation": "fifo", "seed": 340,
+      "max_num_batched_tokens": 7, "temperature": 1.0, **SWAP},
+     [{"op": "add", "request": "A", "max_new_tokens": 7, "prompt_len": 6},
+      {"op": "add", "request": "B", "max_new_tokens": 6, "beam_width": 4, "prompt_len": 4}],
+     "B"),
+], ids=["recompute", "swap"])
+def test_a_beam_group_sharing_its_cached_prefix_is_not_ended_as_never_fitting(
+        config: dict[str, Any], ops: list[dict[str, Any]], group: str) -> None:
+    e = engine(**config)
+    apply(e, *ops)
+    run_out(e)
+    beams = [r for r in e.requests.values() if r.group == group]
+    assert "capacity" not in reasons(e, group).values(), reasons(e, group)
+    assert any(came_back(r) for r in beams), reasons(e, group)
+
+
+def test_without_the_cache_the_same_group_is_ended_as_never_fitting() -> None:
+    """The beams' 20-token prompt, recomputed beam by beam with nothing cached to share,
+    takes 7 + 7 blocks of the 10: ended "capacity", and the request beside it finishes."""
+    e = engine(num_blocks=10, block_size=4, prefix_caching=False)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 3, "max_new_tokens": 20},
+          {"op": "add", "request": "G", "prompt_len": 20, "beam_width": 2, "max_new_tokens": 8})
+    run_out(e)
+    assert "capacity" in reasons(e, "G").values()
+    assert e.requests["A"].finish_reason == "max_new_tokens"
+
+
+def test_a_wait_behind_a_swapped_unit_that_can_never_come_back_says_it_ends() -> None:
+    e = engine(num_blocks=3, block_size=3, prefix_caching=False, **SWAP)
+    apply(e, {"op": "add", "request": "A", "prompt_len": 2, "max_new_tokens": 6},
+          {"op": "add", "request": "B", "prompt_len": 2, "beam_width": 2, "max_new_tokens": 7},
+          {"op": "step"}, {"op": "step"})
+    assert list(e.swapped) == ["B.0", "B.1"]
+    apply(e, {"op": "add", "request": "C", "prompt_len": 1, "max_new_tokens": 2})
+    assert e.scheduler.why_waiting("C") == (
+        "2 swapped-out requests ahead of it can never come back into the pool (with its "
+        "watermark): the next step ends them (finish reason capacity)")
+    apply(e, {"op": "step"})
+    assert reasons(e, "B") == {"B.0": "capacity", "B.1": "capacity"}
+    assert "C" in e.running
+
+
+@pytest.mark.parametrize("op", [
+    {"op": "fork", "request": "B", "child": "Bf"},
+    {"op": "add", "request": "P", "prompt_len": 2, "blocks": [15]},
+], ids=["fork", "pinned-add"])
+def test_an_operation_that_starts_a_sequence_at_once_counts_forks_to_come(
+        op: dict[str, Any]) -> None:
+    """B runs and A.0, mid-prefill, will fork its second sample: 3 sequences of the 3
+    max_num_seqs allows. A fork of B, or an add on pinned blocks (admitted at once), was
+    let in beside them and 4 sequences ran."""
+    e = engine(num_blocks=16, block_size=4, max_num_seqs=3, max_num_batched_tokens=6)
+    apply(e, {"op": "add", "request": "B", "prompt_len": 2, "max_new_tokens": 6},
+          {"op": "add", "request": "A", "prompt_len": 12, "n": 2, "max_new_tokens": 3})
+    assert list(e.running) == ["B", "A.0"]
+    before = export_snapshot(e)
+    with pytest.raises(PagedLabError, match=(
+            r"the 3 sequences of the running requests \(their forks to come included\) take "
+            r"their slots and max_num_seqs is 3; finish one first$")):
+        e.apply(parse_op(op))
+    assert export_snapshot(e) == before
+    assert max(run_out(e)) <= 3

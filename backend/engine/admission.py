@@ -84,14 +84,42 @@ class Admission(ABC):
         could never take them, and first come, first served, nothing behind them either."""
         return self._never_fit(self.manager.blocks_for(num_tokens + 1), watermark=watermark)
 
-    def _unit_never_fits(self, unit: Sequence[Request]) -> bool:
-        """Whether a queued unit's tokens, each with its next one, the sequences it will
-        fork and its next round's forks (whose first tokens each take a block) exceed
-        even an empty pool with the watermark kept free: admission and swap-in, which
-        wait for all of that (`_unit_need` counts no more), never take it, and first
-        come, first served, nothing behind it would start either."""
-        return self._never_fit(sum(self.manager.blocks_for(r.num_tokens + 1) + r.forks_to_come
-                                   for r in unit) + self._round_forks(unit))
+    def _unit_never_fits(self, unit: Sequence[Request], *, swapped: bool = False) -> bool:
+        """Whether a queued unit could not come in even were the pool empty of requests
+        (its cached blocks kept), with the watermark kept free: admission and swap-in,
+        which wait for that much, never take it, and first come, first served, nothing
+        behind it would start either.
+
+        At most its tokens, each with its next one, the sequences it will fork and its
+        next round's forks (whose first tokens each take a block). Past that, a beam
+        group is counted as admission counts it (`_unit_need`), its prefix in the cache
+        shared: counted beam by beam, a group that had run in the pool was ended as
+        never fitting it. A prefix evicted since is counted again at the next check."""
+        blocks = self.manager.blocks_for
+        if not self._never_fit(sum(blocks(r.num_tokens + 1) + r.forks_to_come for r in unit)
+                               + self._round_forks(unit)):
+            return False
+        if len(unit) == 1 or any(blocks(r.num_tokens) > self.config.num_blocks for r in unit):
+            return True
+        plans, own = self._unit_plans(unit, swapped=swapped)
+        _, need = self._unit_need(plans, own)
+        # On a pool empty of requests, the first beam's hits take blocks too.
+        return self._never_fit(need + len(plans[0].hit_blocks))
+
+    def _unit_plans(self, unit: Sequence[Request], *,
+                    swapped: bool) -> tuple[list[PromptPlan], int]:
+        """A queued unit's prompt plans and the blocks it needs beyond them, as admission
+        (the whole tokens) or swap-in (the computed ones, each with its token) counts
+        them."""
+        if not swapped:
+            return ([self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit],
+                    self._own_blocks(unit))
+        bs = self.config.block_size
+        plans = [self.manager.plan_prompt(r.tokens[:r.num_computed], cache_salt=r.cache_salt)
+                 for r in unit]
+        own = sum((1 if r.num_computed % bs == 0 and not r.prefilling else 0)
+                  + r.forks_to_come for r in unit) + self._round_forks(unit)
+        return plans, own
 
     def _never_fit(self, blocks: int, *, watermark: bool = True) -> bool:
         """Whether `blocks` (with the watermark, if `watermark`) exceed even an empty pool."""
@@ -108,7 +136,7 @@ class Admission(ABC):
         return sum(need(r.id, r.uncomputed + 1) + r.forks_to_come for r in self._running()
                    ) + sum(self._round_forks(unit) for unit in self._running_groups())
 
-    def _running_seqs(self) -> int:
+    def running_seqs(self) -> int:
         """The sequences the running requests take under max_num_seqs: one each, one per
         sample still to fork, one per fork of a beam group's next round (counted so at
         admission: a request let in beside them ran one sequence over the limit)."""
@@ -139,11 +167,10 @@ class Admission(ABC):
         if not self.swapped:
             return
         assert self.host is not None and self.mover is not None
-        bs = self.config.block_size
         reserve = self._reserve()
         while self.swapped and budget.may_start():
             unit = self._queued_unit(self.swapped)
-            if self._unit_never_fits(unit):
+            if self._unit_never_fits(unit, swapped=True):
                 # Swapped out beside requests that then grew, or a beam group whose host
                 # copies are private to each beam (backend/engine/swap.py): it could
                 # never come back, and the swapped come back before anything else.
@@ -153,10 +180,7 @@ class Admission(ABC):
             seqs = sum(1 + r.forks_to_come for r in unit)
             if not budget.may_start(seqs):
                 break
-            plans = [self.manager.plan_prompt(r.tokens[:r.num_computed],
-                                              cache_salt=r.cache_salt) for r in unit]
-            own = sum((1 if r.num_computed % bs == 0 and not r.prefilling else 0)
-                      + r.forks_to_come for r in unit) + self._round_forks(unit)
+            plans, own = self._unit_plans(unit, swapped=True)
             if not self._fits_all(plans, own, reserve):
                 break
             for req in unit:
@@ -197,7 +221,7 @@ class Admission(ABC):
         that computes it, so no request can hit a block whose K/V is not there.
         """
         if budget is None:
-            budget = IterationBudget(self.config.budgets, self._running_seqs())
+            budget = IterationBudget(self.config.budgets, self.running_seqs())
         bs = self.config.block_size
         reserve = self._reserve()
         admitted: list[Chunk] = []
@@ -217,8 +241,7 @@ class Admission(ABC):
             left = budget.tokens_left
             if not budget.may_start(seqs) or (left is not None and left < len(unit)):
                 break
-            plans = [self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit]
-            own = self._own_blocks(unit)
+            plans, own = self._unit_plans(unit, swapped=False)
             if not self._fits_all(plans, own, reserve):
                 break
             for i, req in enumerate(unit):
@@ -259,6 +282,12 @@ class Admission(ABC):
         """
         if self.swapped:
             n = len(self.swapped)
+            back = self._queued_unit(self.swapped)
+            if self._unit_never_fits(back, swapped=True):
+                # The next step ends it and goes on to the waiting requests.
+                return (f"{counted(len(back), 'swapped-out request')} ahead of it can never "
+                        "come back into the pool (with its watermark): the next step ends "
+                        f"{agrees(len(back), 'it', 'them')} (finish reason capacity)")
             return (f"{counted(n, 'swapped-out request')} {agrees(n, 'comes', 'come')} back "
                     "first; step the batch")
         unit = self._queued_unit(self.waiting)
@@ -274,7 +303,7 @@ class Admission(ABC):
             return ("it can never fit the pool (with its watermark): the next step ends it "
                     "(finish reason capacity)")
         budgets = self.config.budgets
-        running, requests = self._running_seqs(), len(self.running)
+        running, requests = self.running_seqs(), len(self.running)
         seqs = sum(1 + r.forks_to_come for r in unit)
         if budgets.max_num_seqs is not None and running + seqs > budgets.max_num_seqs:
             over = running + seqs - budgets.max_num_seqs
@@ -307,10 +336,10 @@ class Admission(ABC):
                           "step the batch: the prompts still prefilling take it first")
                 return (f"the running requests take the token budget first{needs}, and "
                         f"max_num_batched_tokens is {tokens}; {advice}")
-        plans = [self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit]
+        plans, own = self._unit_plans(unit, swapped=False)
         # A later beam's prefix hits that may be lost are said as blocks it needs, not
         # as fewer free ones (`_unit_need`).
-        available, need = self._unit_need(plans, self._own_blocks(unit))
+        available, need = self._unit_need(plans, own)
         reserve = self._reserve()
         free = max(available - reserve, 0)
         keep = self.config.watermark_blocks or 0
@@ -353,8 +382,8 @@ class Admission(ABC):
         counted once per beam and once more as not available, it made a group that an
         empty pool holds wait for good.
 
-        The sum is at most the unit's blocks without any sharing (`_unit_never_fits`),
-        so a unit that is not ended as never fitting fits an empty pool."""
+        On a pool empty of requests, the need and the first plan's hits are what
+        `_unit_never_fits` compares with the pool: a unit it does not end fits there."""
         first = set(plans[0].hit_blocks)
         lost = sum(1 for p in plans[1:] for b in p.hit_blocks if b not in first)
         return plans[0].num_available, sum(p.num_new_blocks for p in plans) + own + lost

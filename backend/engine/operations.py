@@ -302,8 +302,13 @@ def _not_a_beam(req: Request, action: str) -> None:
 def check_seq_slot(engine: Engine, action: str) -> None:
     """Refuse a request that would run beside max_num_seqs others."""
     limit = engine.config.max_num_seqs
-    if limit is not None and len(engine.running) >= limit:
+    # The samples and beams a running request will fork hold their slots already, as
+    # admission counts them.
+    seqs = engine.scheduler.running_seqs()
+    if limit is not None and seqs >= limit:
         n = len(engine.running)
-        raise PagedLabError(f"cannot {action}: {counted(n, 'request')} "
-                            f"{agrees(n, 'is', 'are')} running and max_num_seqs is {limit}; "
+        held = (f"{counted(n, 'request')} {agrees(n, 'is', 'are')} running" if seqs == n else
+                f"the {seqs:,} sequences of the running requests (their forks to come "
+                "included) take their slots")
+        raise PagedLabError(f"cannot {action}: {held} and max_num_seqs is {limit}; "
                             "finish one first")

@@ -91,7 +91,7 @@ class Scheduler(Admission):
         smaller than the running batch, the newest wait), then the running
         requests' remaining prompt chunks, then admissions (`admit`).
         """
-        plan = IterationPlan(IterationBudget(self.config.budgets, self._running_seqs()))
+        plan = IterationPlan(IterationBudget(self.config.budgets, self.running_seqs()))
         budget = plan.budget
         plan.reserved.update(self._decodes_first(budget))
         self._continue_prefills(plan)
