@@ -33,6 +33,13 @@ from backend.paging.events import SWAP_IN
 Chunk = tuple[Request, int, int]
 
 
+def seqs_taken(seqs: int) -> str:
+    """The running requests' sequence slots said where forks to come are among them (a
+    wait or a refusal under max_num_seqs): "1 request is running" under a limit of 4
+    read as a contradiction."""
+    return f"the {seqs:,} sequences of the running requests (their forks to come included)"
+
+
 class KVMover(Protocol):
     """Copies K/V between the device pool and the host pool (the engine does it)."""
 
@@ -307,16 +314,14 @@ class Admission(ABC):
         seqs = sum(1 + r.forks_to_come for r in unit)
         if budgets.max_num_seqs is not None and running + seqs > budgets.max_num_seqs:
             over = running + seqs - budgets.max_num_seqs
-            # A sample or beam still to fork takes its slot from admission on: said, or
-            # "1 request is running" under a max_num_seqs of 4 read as a contradiction.
+            # A sample or beam still to fork takes its slot from admission on.
             if running == requests:
                 # "and it starts N sequences" read as the running request's doing.
                 held = (f"{counted(running, 'request')} {agrees(running, 'is', 'are')} "
                         "running" if seqs == 1 else f"it starts {seqs} sequences beside the "
                         f"{counted(running, 'request')} running")
             else:
-                taken = (f"the {running:,} sequences of the running requests (their forks "
-                         "to come included)")
+                taken = seqs_taken(running)
                 held = (f"{taken} take their slots" if seqs == 1 else
                         f"it starts {seqs} sequences beside {taken}")
             return (f"{held}, and max_num_seqs is {budgets.max_num_seqs}; finish "

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from backend.core.errors import PagedLabError
 from backend.core.words import agrees, counted
+from backend.engine.admission import seqs_taken
 from backend.engine.ops import INHERIT, Add, Finish, Fork, Grow, Shuffle, check_request_id
 from backend.engine.prompts import prompt_ids
 from backend.engine.request import Request, kept_for_sample
@@ -308,7 +309,6 @@ def check_seq_slot(engine: Engine, action: str) -> None:
     if limit is not None and seqs >= limit:
         n = len(engine.running)
         held = (f"{counted(n, 'request')} {agrees(n, 'is', 'are')} running" if seqs == n else
-                f"the {seqs:,} sequences of the running requests (their forks to come "
-                "included) take their slots")
+                f"{seqs_taken(seqs)} take their slots")
         raise PagedLabError(f"cannot {action}: {held} and max_num_seqs is {limit}; "
                             "finish one first")
