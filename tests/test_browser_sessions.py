@@ -232,6 +232,12 @@ def test_two_tabs_opened_together_on_a_first_visit_share_the_browsers_secret(
     try:
         first.goto(f"{server.url}/lab", wait_until="commit")
         second.goto(f"{server.url}/lab", wait_until="commit")
+        # Both tabs' first runs (each mints a secret) before either acts: a tab whose first
+        # run comes after the other's first save reopens that session, as a bare address
+        # does for a browser with a saved session, and the two tabs then shared one
+        # engine (seen once on a loaded machine: "Step 2: add Two").
+        for page in (first, second):
+            expect(page.get_by_role("button", name="Add request")).to_be_visible(timeout=T)
         ids = []
         for page, rid in ((first, "One"), (second, "Two")):
             settled(page)
