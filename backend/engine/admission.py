@@ -82,6 +82,9 @@ class Admission(ABC):
     def next_admission(self) -> int: ...
 
     @abstractmethod
+    def units(self, reqs: Iterator[Request]) -> Iterator[list[Request]]: ...
+
+    @abstractmethod
     def _record_swap(self, code: int, rid: str, src: Sequence[int],
                      dst: Sequence[int]) -> None: ...
 
@@ -140,26 +143,22 @@ class Admission(ABC):
         swap-in leave them: a request let into them was preempted again by the decode
         that followed, its prefill (or its swap traffic) thrown away."""
         need = self.manager.blocks_needed_to_append
-        return sum(need(r.id, r.uncomputed + 1) + r.forks_to_come for r in self._running()
-                   ) + sum(self._round_forks(unit) for unit in self._running_groups())
+        return sum(need(r.id, r.uncomputed + 1) + r.forks_to_come
+                   for r in self._running()) + self._running_round_forks()
 
     def running_seqs(self) -> int:
         """The sequences the running requests take under max_num_seqs: one each, one per
         sample still to fork, one per fork of a beam group's next round (counted so at
         admission: a request let in beside them ran one sequence over the limit)."""
-        return (sum(1 + r.forks_to_come for r in self._running())
-                + sum(self._round_forks(unit) for unit in self._running_groups()))
+        return sum(1 + r.forks_to_come for r in self._running()) + self._running_round_forks()
 
     def _running(self) -> Iterator[Request]:
         return (self.requests[rid] for rid in self.running)
 
-    def _running_groups(self) -> Iterator[list[Request]]:
-        """The running beams of each beam group with any running, group by group."""
-        groups: dict[str, list[Request]] = {}
-        for req in self._running():
-            if req.beam_width is not None and req.group is not None:
-                groups.setdefault(req.group, []).append(req)
-        return iter(groups.values())
+    def _running_round_forks(self) -> int:
+        """The forks the running beam groups' next rounds make at least (`_round_forks`;
+        0 for a request alone)."""
+        return sum(self._round_forks(unit) for unit in self.units(self._running()))
 
     def swap_in(self, budget: IterationBudget) -> None:
         """Mutates: bring swapped requests back, in order, while their blocks fit.
