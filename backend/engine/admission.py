@@ -40,6 +40,22 @@ def seqs_taken(seqs: int) -> str:
     return f"the {seqs:,} sequences of the running requests (their forks to come included)"
 
 
+def shared_prefixes(tables: Sequence[Sequence[int]]) -> list[int]:
+    """For each host table of a swapped beam group, in the order its beams come back,
+    how many of its leading host blocks an earlier beam's table holds: swap-in brings
+    those back once and the later beam shares the device blocks (sharing is a
+    prefix of each table, as the device tables were)."""
+    seen: set[int] = set()
+    out = []
+    for table in tables:
+        k = 0
+        while k < len(table) and table[k] in seen:
+            k += 1
+        out.append(k)
+        seen.update(table)
+    return out
+
+
 class KVMover(Protocol):
     """Copies K/V between the device pool and the host pool (the engine does it)."""
 
@@ -111,25 +127,33 @@ class Admission(ABC):
             return False
         if len(unit) == 1 or any(blocks(r.num_tokens) > self.config.num_blocks for r in unit):
             return True
-        plans, own = self._unit_plans(unit, swapped=swapped)
-        _, need = self._unit_need(plans, own)
+        plans, own, shared = self._unit_plans(unit, swapped=swapped)
+        _, need = self._unit_need(plans, own, shared)
         # On a pool empty of requests, the first beam's hits take blocks too.
         return self._never_fit(need + len(plans[0].hit_blocks))
 
     def _unit_plans(self, unit: Sequence[Request], *,
-                    swapped: bool) -> tuple[list[PromptPlan], int]:
-        """A queued unit's prompt plans and the blocks it needs beyond them, as admission
-        (the whole tokens) or swap-in (the computed ones, each with its token) counts
-        them."""
+                    swapped: bool) -> tuple[list[PromptPlan], int, list[int]]:
+        """A queued unit's prompt plans, the blocks it needs beyond them, and each
+        request's leading blocks that an earlier beam of it brings back (`shared_prefixes`;
+        none at admission), as admission (the whole tokens) or swap-in (the computed ones,
+        each with its token) counts them.
+
+        A beam whose partial last block comes back shared with an earlier beam copies it
+        at its next token (copy-on-write): a block more."""
         if not swapped:
             return ([self.manager.plan_prompt(r.tokens, cache_salt=r.cache_salt) for r in unit],
-                    self._own_blocks(unit))
+                    self._own_blocks(unit), [0] * len(unit))
+        assert self.host is not None
         bs = self.config.block_size
         plans = [self.manager.plan_prompt(r.tokens[:r.num_computed], cache_salt=r.cache_salt)
                  for r in unit]
-        own = sum((1 if r.num_computed % bs == 0 and not r.prefilling else 0)
-                  + r.forks_to_come for r in unit) + self._round_forks(unit)
-        return plans, own
+        tables = [self.host.tables[r.id] for r in unit]
+        shared = shared_prefixes(tables)
+        own = sum((1 if r.num_computed % bs == 0 and not r.prefilling
+                   else int(k == len(t))) + r.forks_to_come
+                  for r, t, k in zip(unit, tables, shared, strict=True)) + self._round_forks(unit)
+        return plans, own, shared
 
     def _never_fit(self, blocks: int, *, watermark: bool = True) -> bool:
         """Whether `blocks` (with the watermark, if `watermark`) exceed even an empty pool."""
@@ -177,27 +201,34 @@ class Admission(ABC):
         while self.swapped and budget.may_start():
             unit = self._queued_unit(self.swapped)
             if self._unit_never_fits(unit, swapped=True):
-                # Swapped out beside requests that then grew, or a beam group whose host
-                # copies are private to each beam (backend/engine/swap.py): it could
-                # never come back, and the swapped come back before anything else.
+                # Its blocks with its next token's, its next round's forks and the
+                # watermark are more than the pool (it was swapped out of a pool full to
+                # its last slot): it could never come back, and the swapped come back
+                # before anything else.
                 for req in unit:
                     self.finish(req, "capacity")
                 continue
             seqs = sum(1 + r.forks_to_come for r in unit)
             if not budget.may_start(seqs):
                 break
-            plans, own = self._unit_plans(unit, swapped=True)
-            if not self._fits_all(plans, own, reserve):
+            plans, own, shared = self._unit_plans(unit, swapped=True)
+            if not self._fits_all(plans, own, reserve, shared):
                 break
-            for req in unit:
+            # Host block -> the device block it came back to: a later beam's leading host
+            # blocks that an earlier one brought back are shared, not copied again.
+            back: dict[int, int] = {}
+            for req, k in zip(unit, shared, strict=True):
                 self.swapped.popleft()
-                alloc = self.manager.allocate(req.id, req.tokens[:req.num_computed],
-                                              cache_salt=req.cache_salt)
                 host = self.host.tables[req.id]
-                first = len(alloc.hit_blocks)
+                alloc = self.manager.allocate(req.id, req.tokens[:req.num_computed],
+                                              cache_salt=req.cache_salt,
+                                              shared=[back[h] for h in host[:k]])
+                first = k + len(alloc.hit_blocks)
                 src, dst = host[first:], list(alloc.block_table[first:])
                 self.mover.swap_in(src, dst)
                 self._record_swap(SWAP_IN, req.id, src, dst)
+                for h, d in zip(host, alloc.block_table, strict=True):
+                    back.setdefault(h, d)
                 self.host.release(req.id)
                 self.host.swap_ins += 1
                 req.status = "running"
@@ -247,7 +278,7 @@ class Admission(ABC):
             left = budget.tokens_left
             if not budget.may_start(seqs) or (left is not None and left < len(unit)):
                 break
-            plans, own = self._unit_plans(unit, swapped=False)
+            plans, own, _ = self._unit_plans(unit, swapped=False)
             if not self._fits_all(plans, own, reserve):
                 break
             for i, req in enumerate(unit):
@@ -340,7 +371,7 @@ class Admission(ABC):
                           "step the batch: the prompts still prefilling take it first")
                 return (f"the running requests take the token budget first{needs}, and "
                         f"max_num_batched_tokens is {tokens}; {advice}")
-        plans, own = self._unit_plans(unit, swapped=False)
+        plans, own, _ = self._unit_plans(unit, swapped=False)
         # A later beam's prefix hits that may be lost are said as blocks it needs, not
         # as fewer free ones (`_unit_need`).
         available, need = self._unit_need(plans, own)
@@ -365,15 +396,17 @@ class Admission(ABC):
         return (f"the pool has no room for it yet: it needs {counted(need, 'new block')}"
                 f"{kept}, and {room}; step the batch to admit it as they finish")
 
-    def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int) -> bool:
+    def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int,
+                  shared: Sequence[int] | None = None) -> bool:
         """Whether the requests of a unit (a request alone, a beam group's beams), with
         `own` more blocks, fit in the free blocks beyond the `reserve` the running
         requests still need, with the watermark kept free (`_unit_need`)."""
-        available, need = self._unit_need(plans, own)
+        available, need = self._unit_need(plans, own, shared)
         return fits_with_watermark(available - reserve, need, self.config.watermark_blocks or 0)
 
     @staticmethod
-    def _unit_need(plans: Sequence[PromptPlan], own: int) -> tuple[int, int]:
+    def _unit_need(plans: Sequence[PromptPlan], own: int,
+                   shared: Sequence[int] | None = None) -> tuple[int, int]:
         """The free blocks a unit's allocations may draw on, and the most they take.
 
         The first plan is allocated as planned: its hits leave the free queue (they
@@ -386,11 +419,21 @@ class Admission(ABC):
         counted once per beam and once more as not available, it made a group that an
         empty pool holds wait for good.
 
+        A swapped beam's leading blocks that an earlier beam brings back (`shared[i]`,
+        `shared_prefixes`) are shared and cost nothing; past them, its hits count as
+        above and every other block as one it draws (after the shared ones it may hit
+        blocks its plan, made before the earlier beams came back, did not find).
+
         On a pool empty of requests, the need and the first plan's hits are what
         `_unit_never_fits` compares with the pool: a unit it does not end fits there."""
         first = set(plans[0].hit_blocks)
-        lost = sum(1 for p in plans[1:] for b in p.hit_blocks if b not in first)
-        return plans[0].num_available, sum(p.num_new_blocks for p in plans) + own + lost
+        need = own + plans[0].num_new_blocks
+        for i, p in enumerate(plans[1:], 1):
+            k = shared[i] if shared is not None else 0
+            hits = p.hit_blocks
+            need += sum(1 for b in hits[k:] if b not in first)
+            need += p.num_blocks - max(k, len(hits))
+        return plans[0].num_available, need
 
     def _own_blocks(self, unit: Sequence[Request]) -> int:
         """The blocks a waiting unit needs beyond its prompt's, as `admit` counts them and

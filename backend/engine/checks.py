@@ -128,14 +128,26 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
         _check(not swapped, "swapped requests without a host pool")
     else:
         _check(set(host.tables) == swapped, "host tables are not the swapped requests'")
-        seen = [b for table in host.tables.values() for b in table]
-        _check(len(seen) == len(set(seen)), "a host block is in two tables")
+        holders: dict[int, list[tuple[str, int]]] = {}
+        for rid, table in host.tables.items():
+            for i, b in enumerate(table):
+                holders.setdefault(b, []).append((rid, i))
         free = set(host.free_ids)
         _check(len(free) == len(host.free_ids), "a host block is free twice")
         for hb in host.blocks:
-            _check((hb.ref_count == 0) == (hb.id in free)
-                   and hb.ref_count in (0, 1), f"host block {hb.id}: ref count")
-        _check(free.isdisjoint(seen) and len(free) + len(seen) == host.num_blocks,
+            held = holders.get(hb.id, [])
+            _check((hb.ref_count == 0) == (hb.id in free) and hb.ref_count == len(held),
+                   f"host block {hb.id}: ref count")
+            # Shared only by beams of one group, at one position, over the same tokens:
+            # the K/V of one prefix.
+            if len(held) > 1:
+                head, pos = requests[held[0][0]], held[0][1]
+                end = pos * bs + hb.num_filled
+                _check(all(requests[r].beam_width is not None
+                           and requests[r].group == head.group and i == pos
+                           and requests[r].tokens[:end] == head.tokens[:end]
+                           for r, i in held), f"host block {hb.id}: shared across prefixes")
+        _check(free.isdisjoint(holders) and len(free) + len(holders) == host.num_blocks,
                "host blocks are neither free nor held")
         for rid in swapped:
             req = requests[rid]

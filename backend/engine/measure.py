@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from backend.core.config import EngineConfig
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Step
+from backend.paging.events import shared_swap_outs
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MODES = ("recompute", "swap")
@@ -150,7 +151,7 @@ def swap_vs_recompute(block_sizes: Sequence[int] = BLOCK_SIZES, *,
             out.append(PreemptionRun(
                 bs, mode, blocks, e.step, ms, e.manager.preemptions,
                 e.runner.recompute_tokens, e.runner.recompute_s * 1e3,
-                sum(1 for ev in e.events if ev.kind in ("swap_out", "swap_in")),
+                swap_copies(e),
                 e.runner.swap_s * 1e3,
                 all(e.requests[r].tokens == q.tokens for r, q in ref.requests.items()),
                 tuple((ev.step, ev.request) for ev in e.events
@@ -158,3 +159,13 @@ def swap_vs_recompute(block_sizes: Sequence[int] = BLOCK_SIZES, *,
         if stopped:
             break
     return out
+
+
+def swap_copies(engine: Engine) -> int:
+    """The blocks an engine's swaps copied, out and in: a block its beams shared went
+    out once (events.shared_swap_outs) and came back once (the others `share` it)."""
+    events = engine.events
+    groups = {rid: r.group for rid, r in engine.requests.items() if r.beam_width is not None}
+    return (sum(1 for ev in events if ev.kind in ("swap_out", "swap_in"))
+            - len(shared_swap_outs(events, groups)))
+

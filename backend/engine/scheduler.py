@@ -289,16 +289,21 @@ class Scheduler(Admission):
 
     def preempt_unit(self, req: Request) -> None:
         """Mutates: preempt `req`, or, if it is a beam, every running beam of its group:
-        all to the host pool if they fit there together, else all recomputed, queued
-        side by side in running order so they come back together."""
+        all to the host pool if they fit there together (a device block the beams share
+        takes one host block), else all recomputed, queued side by side in running order
+        so they come back together."""
         unit = self.unit_of(req)
         if len(unit) == 1:
             self.preempt(req)
             return
-        swap = self.host is not None and sum(
-            len(self.manager.block_table(r.id)) for r in unit) <= self.host.num_free
+        held = {b for r in unit for b in self.manager.block_table(r.id)}
+        if self.host is None or len(held) > self.host.num_free:
+            for member in reversed(unit):
+                self.preempt(member, swap=False)
+            return
+        copied: dict[int, int] = {}
         for member in reversed(unit):
-            self.preempt(member, swap=swap)
+            self._swap_out(member, copied)
 
     def preempt(self, req: Request, *, swap: bool | None = None) -> None:
         """Mutates: release a running request's blocks: to the host pool if preemption is
@@ -307,7 +312,7 @@ class Scheduler(Admission):
             swap = (self.host is not None
                     and len(self.manager.block_table(req.id)) <= self.host.num_free)
         if swap:
-            self._swap_out(req)
+            self._swap_out(req, {})
             return
         self.manager.free(req.id, preempted=True)
         self.running.remove(req.id)
@@ -320,14 +325,20 @@ class Scheduler(Admission):
         self.waiting.appendleft(req.id)
         self.outcome.preempted.append(req.id)
 
-    def _swap_out(self, req: Request) -> None:
-        """Mutates: copy a running request's blocks to the host pool and release them."""
+    def _swap_out(self, req: Request, copied: dict[int, int]) -> None:
+        """Mutates: copy a running request's blocks to the host pool and release them.
+
+        `copied`: the device blocks this swap-out of a beam group has put in the host
+        pool already, and where (HostPool.take): those are shared, not copied again.
+        Each block logs a `swap_out` naming its host block, shared or copied, so that a
+        request's events are its host table."""
         assert self.host is not None and self.mover is not None
         table = self.manager.block_table(req.id)
         blocks = self.manager.pool.blocks
-        host = self.host.take(req.id, [blocks[b].num_filled for b in table])
+        fresh = [i for i, b in enumerate(table) if b not in copied]
+        host = self.host.take(req.id, table, [blocks[b].num_filled for b in table], copied)
         # The copies read the device blocks, so they run before the blocks are released.
-        self.mover.swap_out(table, host)
+        self.mover.swap_out([table[i] for i in fresh], [host[i] for i in fresh])
         self._record_swap(SWAP_OUT, req.id, table, host)
         self.manager.free(req.id, preempted=True)
         self.host.swap_outs += 1

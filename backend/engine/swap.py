@@ -9,17 +9,21 @@ into the new ones and the host blocks are freed. Nothing is recomputed: the
 request resumes from the same K/V and the same pending logits, so it
 generates what it would have with room to spare.
 
-Host blocks are private to one swapped request (reference count 1): a device
-block that other requests still share stays on the device for them, and the
-swapped request takes its own copy, as vLLM does for a block shared across
-sequence groups. On a CPU the copies go through the kernels' block-copy path
-(the one copy-on-write uses); from a GPU the blocks are gathered by index on
-the device and cross to the host in one transfer per layer and tensor.
+A beam group is swapped as one unit, and its beams share host blocks as they
+shared device blocks: a device block two beams hold is copied once, to one host
+block whose reference count is 2, and comes back as one device block that both
+hold again (vLLM v0 maps a sequence group's blocks so). A device block that
+requests outside the unit share stays on the device for them, and the unit
+takes its own copy, as vLLM does for a block shared across sequence groups. On
+a CPU the copies go through the kernels' block-copy path (the one copy-on-write
+uses); from a GPU the blocks are gathered by index on the device and cross to
+the host in one transfer per layer and tensor.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -34,7 +38,8 @@ HOST = torch.device("cpu")
 
 @dataclass(slots=True)
 class HostBlock:
-    """One block of the host pool: held by one swapped request, or free."""
+    """One block of the host pool: held by swapped requests (the beams of one group that
+    shared its device block), or free."""
 
     id: int
     ref_count: int = 0
@@ -48,10 +53,11 @@ class HostBlock:
 class HostPool:
     """Host blocks, their K/V tensors and the swapped requests' host tables.
 
-    Invariants: a block is in `free_ids` exactly when its ref count is 0;
-    every used block is in exactly one table. A swap-out takes the lowest free
-    ids (a heap), so the pool's state follows from its tables alone and a
-    snapshot restores it exactly without a queue order.
+    Invariants: a block is in `free_ids` exactly when its ref count is 0; a used
+    block is in as many tables as its ref count, at one position of each, and
+    more than one only where beams of one group hold it. A swap-out takes the
+    lowest free ids (a heap), so the pool's state follows from its tables alone
+    and a snapshot restores it exactly without a queue order.
     """
 
     def __init__(self, config: EngineConfig, *, fill: float | None = 0.0,
@@ -76,33 +82,47 @@ class HostPool:
     def num_used(self) -> int:
         return self.num_blocks - len(self.free_ids)
 
-    def take(self, request_id: str, filled: Sequence[int]) -> list[int]:
-        """Mutates: host blocks for a request whose device blocks hold `filled` tokens each."""
-        assert request_id not in self.tables and len(filled) <= self.num_free
-        table = [heapq.heappop(self.free_ids) for _ in filled]
-        for b, n in zip(table, filled, strict=True):
+    def take(self, request_id: str, device_table: Sequence[int], filled: Sequence[int],
+             copied: dict[int, int]) -> list[int]:
+        """Mutates: host blocks for a request whose device blocks `device_table` hold
+        `filled` tokens each. `copied` maps the device blocks this swap-out has already
+        given host blocks (an earlier beam's of the unit) to them: such a block shares
+        its host block, the others take free ones and are added to `copied`. Returns
+        the request's host table; the caller copies the blocks new to `copied`."""
+        assert request_id not in self.tables
+        table = []
+        for d, n in zip(device_table, filled, strict=True):
+            b = copied.get(d)
+            if b is None:
+                b = copied[d] = heapq.heappop(self.free_ids)
+                self.blocks[b].num_filled = n
             block = self.blocks[b]
-            block.ref_count, block.num_filled = 1, n
+            assert block.num_filled == n
+            block.ref_count += 1
+            table.append(b)
         self.tables[request_id] = table
         return table
 
     def release(self, request_id: str) -> list[int]:
-        """Mutates: free a swapped request's host blocks; returns them in table order."""
+        """Mutates: a swapped request lets go of its host blocks, each freed when no beam
+        of its group holds it any longer; returns its table."""
         table = self.tables.pop(request_id)
         for b in table:
             block = self.blocks[b]
-            block.ref_count, block.num_filled = 0, 0
-            heapq.heappush(self.free_ids, b)
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                block.num_filled = 0
+                heapq.heappush(self.free_ids, b)
         return table
 
     def restore(self, tables: dict[str, list[int]], filled: dict[int, int]) -> None:
         """Mutates: the state with these tables (checked by the caller) and fill counts."""
         self.tables = {rid: list(t) for rid, t in tables.items()}
-        held = {b for t in tables.values() for b in t}
+        holders = Counter(b for t in tables.values() for b in t)
         for block in self.blocks:
-            block.ref_count = 1 if block.id in held else 0
+            block.ref_count = holders[block.id]
             block.num_filled = filled.get(block.id, 0)
-        self.free_ids = sorted(set(range(self.num_blocks)) - held)
+        self.free_ids = sorted(set(range(self.num_blocks)) - set(holders))
 
     def copy_out(self, kernels: KernelBackend, device_cache: KVCache, src: Sequence[int],
                  dst: Sequence[int]) -> None:

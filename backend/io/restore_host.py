@@ -2,8 +2,10 @@
 
 A snapshot with `preemption: "swap"` lists the host pool in `cpu_blocks`, and
 each swapped request's `block_table` names host blocks. `restore_host`
-checks every listed block against the tables (held by exactly one swapped
-request, filled as its tokens say, never hashed) and rebuilds the pool.
+checks every listed block against the tables (held by one swapped request, or
+shared by beams of one group at one position over the same tokens, as a beam
+group's swap-out shares them; filled as the tokens say; never hashed) and
+rebuilds the pool.
 """
 
 from __future__ import annotations
@@ -18,15 +20,19 @@ from backend.io.json_input import FieldReader, listed_by_id, optional_non_negati
 from backend.paging.events import Event
 
 # A swapped-out request is back on the device at its first event of these kinds: a
-# swap-in allocates (hits and new blocks), may evict, and copies its K/V back. PagedLab's
-# swap-in always copies its last block (a prefix hit stops short of it), so it logs a
-# swap_in; the other kinds count a file's swap-in whose blocks were all still cached.
-_BACK_ON_DEVICE = frozenset({"alloc", "prefix_hit", "evict", "swap_in"})
+# swap-in allocates (hits and new blocks), may evict, copies its K/V back, and a beam
+# shares the blocks an earlier beam of its group brought back. PagedLab's swap-in copies
+# a request's last block (a prefix hit stops short of it) unless it shares it, so it
+# logs a swap_in or a share; the other kinds count a file's swap-in whose blocks were
+# all still cached.
+_BACK_ON_DEVICE = frozenset({"alloc", "prefix_hit", "evict", "swap_in", "share"})
+BACK_ON_DEVICE_WORDS = "an alloc, prefix_hit, evict, swap_in or share"
 
 # How the log tells each total, for a refusal's message.
 _COUNTED = {
     "swap_outs": "a request's run of swap_out events is one",
-    "swap_ins": "a swapped-out request's next alloc, prefix_hit, evict or swap_in is one",
+    "swap_ins": f"a swapped-out request's next {BACK_ON_DEVICE_WORDS.removeprefix('an ')} "
+                "is one",
 }
 
 
@@ -38,17 +44,17 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
     log where the file leaves them out (restore_log checks who the log leaves out)."""
     readers = listed_by_id(top, "cpu_blocks", host.num_blocks,
                            "host pool (config.num_cpu_blocks)")
-    holder: dict[int, tuple[str, int]] = {}
+    holders: dict[int, list[tuple[str, int]]] = {}
     for rid, table in tables.items():
         if requests[rid].num_preemptions < 1:
             # A swap-out is a preemption, which the Preemptions card counts.
             raise PagedLabError(f"inconsistent snapshot: request {shown(rid)} is swapped out "
                                 "but its num_preemptions is 0 (a swap-out preempts)")
         for i, b in enumerate(table):
-            if b in holder:
-                raise PagedLabError(f"inconsistent snapshot: host block {b} is in the tables "
-                                    f"of {holder[b][0]} and {rid}")
-            holder[b] = (rid, i)
+            held = holders.setdefault(b, [])
+            if held:
+                _check_shared(b, held[0], (rid, i), requests, bs)
+            held.append((rid, i))
     filled: dict[int, int] = {}
     for i, r in enumerate(readers):
         ref = r.get("ref_count", int)
@@ -57,9 +63,9 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
         if r.get("hash", str, nullable=True) is not None:
             raise PagedLabError(f"{r.where}: host blocks are not in the prefix cache (no hash)")
         want_ref, want_filled = 0, 0
-        if i in holder:
-            rid, logical = holder[i]
-            want_ref = 1
+        if i in holders:
+            rid, logical = holders[i][0]
+            want_ref = len(holders[i])
             want_filled = min(bs, requests[rid].num_computed - logical * bs)
         if ref != want_ref or state != ("used" if want_ref else "free") or n != want_filled:
             raise PagedLabError(
@@ -80,6 +86,30 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
                 f"inconsistent snapshot: metrics.{key} is {total:,} but the events hold "
                 f"{logged:,} {what}{'s' * (logged != 1)} ({_COUNTED[key]})")
     host.swap_outs, host.swap_ins = outs, ins
+
+
+def _check_shared(block: int, first: tuple[str, int], other: tuple[str, int],
+                  requests: dict[str, Request], bs: int) -> None:
+    """Refuse a host block in two tables unless a beam group's swap-out could have
+    shared it: beams of one group, at one position, whose tokens agree through it (its
+    K/V is one prefix's) and fill it alike."""
+    (a, i), (b, j) = first, other
+    ra, rb = requests[a], requests[b]
+    why = None
+    if ra.beam_width is None or rb.beam_width is None or ra.group != rb.group:
+        why = "only beams of one group share host blocks"
+    elif i != j:
+        why = f"it is block {i} of one table and block {j} of the other"
+    else:
+        end = i * bs + bs
+        fa, fb = min(ra.num_computed, end), min(rb.num_computed, end)
+        if fa != fb:
+            why = "they fill it differently"
+        elif ra.tokens[:fa] != rb.tokens[:fb]:
+            why = "their tokens differ before its end, so its K/V cannot be both's"
+    if why is not None:
+        raise PagedLabError(f"inconsistent snapshot: host block {block} is in the tables of "
+                            f"{shown(a)} and {shown(b)}, but {why}")
 
 
 def swap_counts(events: Sequence[Event]) -> tuple[int, int, set[str]]:

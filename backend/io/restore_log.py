@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 
 from backend.core.checks import shown
 from backend.engine.engine import Engine
-from backend.io.restore_host import swap_counts
+from backend.io.restore_host import BACK_ON_DEVICE_WORDS, swap_counts
 from backend.paging.events import Event
 
 # Events that name a block without changing its count: an eviction drops a ref-count-0
@@ -63,8 +63,7 @@ def log_problem(engine: Engine) -> str | None:
         for rid in engine.running:
             if rid in away:
                 return (f"request {shown(rid)} is running, but the events hold no return to "
-                        "the device after its last swap_out (an alloc, prefix_hit, evict or "
-                        "swap_in)")
+                        f"the device after its last swap_out ({BACK_ON_DEVICE_WORDS})")
     problem = _count_problem(events, [b.ref_count for b in engine.manager.pool.blocks])
     if problem is None and _strict(events):
         problem = _holder_problem(

@@ -46,7 +46,7 @@ from backend.paging.events import (
     PREFIX_HIT,
     SHARE,
 )
-from backend.paging.hashing import hash_block
+from backend.paging.hashing import BlockHash, SaltRoot, hash_block
 from backend.paging.remap import apply_remap, plan_remap
 
 __all__ = [
@@ -69,7 +69,8 @@ class BlockManager(BlockTables):
     def allocate(self, seq_id: str, tokens: Sequence[int] | int, *,
                  pinned: Sequence[int] | None = None,
                  prompt_len: int | None = None,
-                 cache_salt: str | None = None) -> Allocation:
+                 cache_salt: str | None = None,
+                 shared: Sequence[int] = ()) -> Allocation:
         """Mutates: admit a sequence with its prompt tokens.
 
         Full prompt blocks already in the prefix cache are shared (their ref
@@ -80,13 +81,29 @@ class BlockManager(BlockTables):
         prefill chunk (which finds the same hits): the prefix-cache query counts
         the prompt, not the chunk. A `cache_salt` (checked by the caller) keys the
         sequence's blocks under that salt: it shares only blocks cached under it.
+        `shared` (a list `tokens`, no `pinned`): held blocks that already hold the
+        K/V of the first tokens, every one full but a last that ends them (a beam
+        that another beam of its group brought back from the host pool): they are
+        shared, a `share` event each, and the tokens after them allocated as above,
+        their prefix-cache keys chained after the last shared block's; the
+        Allocation's hits and new blocks are those past the shared ones.
         Raises PagedLabError for a duplicate id or bad input, OutOfBlocksError
         if the pool lacks room right now.
         """
         check_new_id(seq_id, self.seqs)
         # Tested here first: an unsalted request (most) makes no call.
         root = None if cache_salt is None else self.salt_root(cache_salt)
-        plan, toks = self._plan(tokens, pinned, root)
+        chain: BlockHash | None = root
+        offset = 0
+        if shared:
+            assert pinned is None and prompt_len is None and not isinstance(tokens, int)
+            offset = len(shared) * self.block_size
+            if offset >= len(tokens):
+                return self._share_all(seq_id, tokens, shared, root)
+            chain = self.pool.blocks[shared[-1]].hash if self.prefix_caching else root
+            plan, toks = self._plan(tokens[offset:], pinned, chain)
+        else:
+            plan, toks = self._plan(tokens, pinned, chain)
         if not plan.fits_now:
             raise OutOfBlocksError(
                 f"request {seq_id!r} needs {counted(plan.num_new_blocks, 'free block')} but "
@@ -96,6 +113,8 @@ class BlockManager(BlockTables):
         pool = self.pool
         blocks = pool.blocks
         caching = self.prefix_caching
+        if shared:
+            self._share_blocks(seq_id, shared)
         # Events go to the log as flat records (events.EventLog), their codes
         # made once per call.
         record = self._log.record if self.record_events else None
@@ -106,9 +125,9 @@ class BlockManager(BlockTables):
             self.prefix_queries += 1
             self.prefix_query_tokens += asked
             self.prefix_floor_tokens += asked - (asked - 1) // bs * bs
-        table = list(plan.hit_blocks)
+        table = [*shared, *plan.hit_blocks]
         filled_total = 0
-        shared = 0
+        now_shared = 0      # hit blocks that this hit makes shared (ref count 1 -> 2)
         cached_hits = 0
         for block_id in plan.hit_blocks:
             block = blocks[block_id]
@@ -126,14 +145,14 @@ class BlockManager(BlockTables):
                 cached_hits += 1
                 filled_total += block.num_filled
             elif rc == 1:
-                shared += 1
+                now_shared += 1
             block.ref_count = rc = rc + 1
             if record is not None:
                 record((hit_code, seq_id, block_id, rc))
         pool.free_queue._len -= cached_hits
         pool.num_cached_free -= cached_hits
         self.prefix_hit_blocks += len(plan.hit_blocks)
-        self._shared += shared
+        self._shared += now_shared
         new: list[int] = []
         keys = plan.keys
         num_keys = len(keys) if caching else 0
@@ -159,14 +178,41 @@ class BlockManager(BlockTables):
                 record((alloc_code, seq_id, block.id, 1))
         self._filled_used += filled_total
         self._table_entries += len(table)
-        self._logical_tokens += length
+        self._logical_tokens += offset + length
         tail = length % bs
         self.seqs[seq_id] = SeqBlocks(  # tail tokens, last hash, tail block, root
-            seq_id, table, length,
+            seq_id, table, offset + length,
             toks[length - tail:] if tail and caching and not isinstance(toks, int) else [],
-            keys[-1] if keys else root, blocks[table[-1]], root,
+            keys[-1] if keys else chain, blocks[table[-1]], root,
         )
         return Allocation(tuple(table), len(plan.hit_blocks) * bs, plan.hit_blocks, tuple(new))
+
+    def _share_all(self, seq_id: str, tokens: Sequence[int], shared: Sequence[int],
+                   root: SaltRoot | None) -> Allocation:
+        """Mutates: `allocate` where the shared blocks hold every token (nothing new)."""
+        bs = self.block_size
+        blocks = self.pool.blocks
+        length = len(tokens)
+        assert self.blocks_for(length) == len(shared)
+        self._share_blocks(seq_id, shared)
+        tail = length % bs
+        full = len(shared) - (1 if tail else 0)
+        last_hash = blocks[shared[full - 1]].hash if full and self.prefix_caching else root
+        self._table_entries += len(shared)
+        self._logical_tokens += length
+        self.seqs[seq_id] = SeqBlocks(
+            seq_id, list(shared), length,
+            list(tokens[length - tail:]) if tail and self.prefix_caching else [],
+            last_hash, blocks[shared[-1]], root)
+        return Allocation(tuple(shared), 0, (), ())
+
+    def _share_blocks(self, seq_id: str, shared: Sequence[int]) -> None:
+        """Mutates: `seq_id` takes a holder's share of each held block (a `share` each)."""
+        for block_id in shared:
+            block = self.pool.blocks[block_id]
+            assert block.ref_count > 0
+            self._incref(block)
+            self._emit(SHARE, seq_id, block_id, ref_count=block.ref_count)
 
     def append(self, seq_id: str, tokens: Sequence[int] | None = None, *,
                num_tokens: int | None = None) -> AppendResult:

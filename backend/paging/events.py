@@ -7,7 +7,7 @@ flat records, turned into `Event`s only when read.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
 from backend.core.words import counted
@@ -99,8 +99,11 @@ def _opt_str(v: Any) -> str | None:
 
 
 def describe(event: Event, swapped: bool = False, swap_mode: bool = False,
-             caching: bool = True) -> str:
+             caching: bool = True, shared: bool = False) -> str:
     """One plain-English line for the event log.
+
+    `shared`: for a swap_out, whether an earlier beam of its group put that device
+    block in that host block in the same swap-out (`shared_swap_outs`): nothing copied.
 
     `swapped`: for a preempt event, whether the request's blocks went to the host
     pool (swap preemption writes a swap_out event per block just before it), not
@@ -150,6 +153,10 @@ def describe(event: Event, swapped: bool = False, swap_mode: bool = False,
             return (f"block data moved from physical block {event.src} to {event.dst} "
                     "(all moves of a shuffle at once)")
         case "swap_out":
+            if shared:
+                return (f"{who} was swapped out: block {event.src}'s K/V is already in host "
+                        f"block {event.dst}, copied there for another beam of its group, "
+                        "and it shares that copy")
             return (f"{who} was swapped out: block {event.src}'s K/V copied to host block "
                     f"{event.dst}")
         case "swap_in":
@@ -160,6 +167,27 @@ def describe(event: Event, swapped: bool = False, swap_mode: bool = False,
                     "copied (a share event per block, in the same step)")
     raise AssertionError(event.kind)
 
+
+
+def shared_swap_outs(events: Sequence[Event], group_of: Mapping[str, str | None]) -> set[int]:
+    """The indices of the `swap_out` events that copied nothing: a beam group is swapped
+    out as one unit, and a device block that several of its beams hold is copied once,
+    to one host block that each beam's `swap_out` names. Such an event follows, in the
+    same run of the unit's swap_out, free and preempt events, one of a beam of the same
+    group (`group_of[request]`) naming the same host block. O(events)."""
+    out: set[int] = set()
+    seen: set[tuple[str, int]] = set()
+    for i, e in enumerate(events):
+        if e.kind not in ("swap_out", "free", "preempt"):
+            seen.clear()
+        elif e.kind == "swap_out" and e.request is not None and e.dst is not None:
+            group = group_of.get(e.request)
+            if group is None:
+                continue
+            if (group, e.dst) in seen:
+                out.add(i)
+            seen.add((group, e.dst))
+    return out
 
 
 _new_tuple = tuple.__new__

@@ -28,9 +28,11 @@ EVENTS: dict[str, str] = {
             "(shuffle). A shuffle's moves happen together, as one permutation: each block's "
             "data lands where its move points, whatever order the log lists them in.",
     "swap_out": "Swap preemption: a block's K/V was copied to a block of the host pool, and "
-                "the device block given back; the request waits there, nothing recomputed.",
+                "the device block given back; the request waits there, nothing recomputed. "
+                "Beams of one group that share a device block share its one host copy.",
     "swap_in": "A swapped request came back: its K/V was copied from the host pool into a "
-               "device block it took again.",
+               "device block it took again (a beam shares, rather than copies, a block "
+               "another beam of its group brought back).",
     "fork": "A new request was made from another (a parallel sample, a beam, a fork op): it "
             "shares every block of its parent's table, nothing copied; its share events, "
             "one per block, are in the same step.",

@@ -22,7 +22,7 @@ import pandas as pd
 from backend.core.config import TINY_BYTE
 from backend.core.words import tenths
 from backend.models.tokenizer import TURN_END, TURN_START
-from backend.paging.events import Event, describe
+from backend.paging.events import Event, describe, shared_swap_outs
 from backend.views.glossary import REQUEST_FIELDS
 from backend.views.host_pool import on_device
 from backend.views.tokens import (
@@ -393,6 +393,8 @@ def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
     before = [every[i - 1] if i > 0 else None for i in range(len(every) - 1, first - 1, -1)]
     swap_mode = snap["config"].get("preemption") == "swap"
     caching = snap["config"].get("prefix_caching", True) is not False
+    shared = _shared_swap_outs(snap, first) if swap_mode else set()
+    last = len(every) - 1
     return pd.DataFrame({
         "step": [e.step for e in events],
         "kind": [e.kind for e in events],
@@ -400,9 +402,22 @@ def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
         "block": [e.block for e in events],
         "what happened": [describe(e, swapped=prev is not None and prev["kind"] == "swap_out"
                                    and prev["request"] == e.request, swap_mode=swap_mode,
-                                   caching=caching)
-                          for e, prev in zip(events, before, strict=True)],
+                                   caching=caching, shared=last - i in shared)
+                          for i, (e, prev) in enumerate(zip(events, before, strict=True))],
     }, columns=["step", "kind", "request", "block", "what happened"])
+
+
+def _shared_swap_outs(snap: Snapshot, first: int) -> set[int]:
+    """The indices in the whole log of the swap_out events from `first` on that copied
+    nothing (events.shared_swap_outs), reading back only to the start of the swap-out
+    that the event at `first` may be part of."""
+    every = snap["events"]
+    start = first
+    while start > 0 and every[start - 1]["kind"] in ("swap_out", "free", "preempt"):
+        start -= 1
+    group_of = {r["id"]: r.get("group") for r in snap["requests"] if r.get("beam_width")}
+    return {start + i for i in shared_swap_outs(
+        [Event.from_json(e) for e in every[start:]], group_of)}
 
 
 def format_bytes(n: int) -> str:
