@@ -3,9 +3,11 @@ the request table and the focus caption."""
 
 from __future__ import annotations
 
+import json
+
 from streamlit.testing.v1 import AppTest
 
-from tests.test_app import add, click, engine, start
+from tests.test_app import add, click, engine, html, start
 from tests.test_app_timeline import requests_table
 
 
@@ -108,3 +110,30 @@ def test_a_large_host_pool_is_drawn_a_page_at_a_time() -> None:
     assert "host_grid_page" not in [s.key for s in at.selectbox]
     at.sidebar.number_input(key="cfg_num_cpu_blocks").set_value(2048).run()
     assert at.selectbox(key="host_grid_page").value == 0
+
+
+def test_a_beam_groups_shared_blocks_show_shared_in_the_host_pool() -> None:
+    """A beam group swapped out: the host grid counts the blocks its beams share, and the
+    event log says which beam's swap_out shared another beam's copy."""
+    at = start(num_blocks=10)
+    at.sidebar.toggle(key="cfg_prefix_caching").set_value(False).run()
+    at.sidebar.radio(key="cfg_preemption").set_value("swap").run()
+    add(at, None, length=11, rid="A", max_new=14)
+    at.number_input(key="add_beam").set_value(3)
+    add(at, None, length=6, rid="B", max_new=12)
+    e = engine(at)
+    assert e.config.block_size == 4 and not e.config.prefix_caching
+    for _ in range(12):
+        if e.swapped:
+            break
+        click(at, "btn_step")
+        e = engine(at)
+    assert e.host is not None and len(e.swapped) >= 2
+    shared = sum(b.ref_count >= 2 for b in e.host.blocks)
+    assert shared >= 1
+    grids = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    host = [g["description"] for g in grids
+            if g.get("description", "").startswith("Host pool blocks")]
+    assert len(host) == 1 and f"{e.host.num_used} used, {shared} of them shared" in host[0]
+    log = html(at, "pl-events")
+    assert "is already in host block" in log and "and it shares that copy" in log
