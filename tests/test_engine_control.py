@@ -1,7 +1,7 @@
 """Control runs: the same operations without shuffle, preemption or prefix cache.
 
-The claims of scenarios 06, 11, 12 and 13 (a prefix hit, a move, a
-preemption, a revived cached block change no token) are checked against a
+The claims of scenarios 06, 11, 12, 13 and 17 (a prefix hit, a move, a
+preemption, a revived cached block, a beam group's swap change no token) are checked against a
 live control engine; a wrong block-table entry injected into the user's
 engine must show up as a difference, or the comparison proves nothing.
 """
@@ -25,7 +25,7 @@ LOGIT_TOL = 1e-4
 
 
 @pytest.mark.parametrize("name", ["06-prefix-sharing", "11-moving-blocks", "12-preemption",
-                                  "13-cache-revival"])
+                                  "13-cache-revival", "17-swap-preemption"])
 def test_the_scenarios_perturbations_change_no_token(name: str) -> None:
     sc = load_scenario(SCENARIOS / f"{name}.json")
     ops = [s.op for s in sc.steps]
@@ -44,6 +44,12 @@ def test_the_scenarios_perturbations_change_no_token(name: str) -> None:
         # C was preempted and recomputed: compared once its recomputation caught up.
         c_row = next(r for r in report.requests if r.request == "C")
         assert c_row.positions_compared >= 1
+    if name == "17-swap-preemption":
+        # The swapped beams' tokens and logits were compared past their swap-in (B.13,
+        # forked at the last round, finished with no logits left to compare).
+        by = {r.request: r for r in report.requests}
+        assert by["B.5"].positions_compared > 0 and by["B.4"].positions_compared > 0
+        assert all(by[b].same for b in ("B.5", "B.10", "B.13"))
 
 
 def test_a_position_counts_once_however_often_its_logits_are_compared() -> None:
