@@ -100,7 +100,10 @@ class BlockManager(BlockTables):
             offset = len(shared) * self.block_size
             if offset >= len(tokens):
                 return self._share_all(seq_id, tokens, shared, root)
+            # Every shared block is full here, and in a caching pool keyed.
+            assert all(self.pool.blocks[b].num_filled == self.block_size for b in shared)
             chain = self.pool.blocks[shared[-1]].hash if self.prefix_caching else root
+            assert chain is not None or not self.prefix_caching
             plan, toks = self._plan(tokens[offset:], pinned, chain)
         else:
             plan, toks = self._plan(tokens, pinned, chain)
