@@ -166,8 +166,9 @@
   // next control) if it is still disabled after WAIT_MS. Only a download button: any
   // other control disabled by its press with no run seen was disabled by a run whose
   // start and end reached the page together (Next on a scenario's last step), and
-  // hands the focus on at once.
-  const WAIT_MS = 5000;
+  // hands the focus on at once. Long enough for a file built on a busy server (several
+  // seconds under load): given up sooner, the focus went on while the file was coming.
+  const WAIT_MS = 30000;
   let waiting = null;   // the control waited for now
   let waited = null;    // the one given up on: the focus moves on from it as usual
   const waitFor = (el) => {
