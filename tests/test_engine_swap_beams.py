@@ -198,6 +198,21 @@ def _other_position(snap: dict[str, Any]) -> None:
     b["block_table"][0], b["block_table"][1] = b["block_table"][1], b["block_table"][0]
 
 
+def _not_a_leading_run(snap: dict[str, Any]) -> None:
+    """b takes a copy of its first block of its own and still shares its second."""
+    _, b = _shared_pair(snap)
+    free = next(c for c in snap["cpu_blocks"] if c["ref_count"] == 0)
+    old = snap["cpu_blocks"][b["block_table"][0]]
+    free.update(ref_count=1, state="used", num_filled=old["num_filled"])
+    old["ref_count"] -= 1
+    b["block_table"][0] = free["id"]
+    snap["metrics"]["cpu_used_blocks"] += 1
+    # Its log says so too: its last swap-out's first event names the new host block.
+    last = max(i for i, e in enumerate(snap["events"])
+               if e["kind"] == "swap_out" and e["request"] == b["id"] and e["dst"] == old["id"])
+    snap["events"][last]["dst"] = free["id"]
+
+
 def _other_tokens(snap: dict[str, Any]) -> None:
     _, b = _shared_pair(snap)
     b["tokens"][0] = (b["tokens"][0] + 1) % 256
@@ -211,17 +226,24 @@ def _one_holder(snap: dict[str, Any]) -> None:
 @pytest.mark.parametrize("mutate, message", [
     (_other_group, "only beams of one group share host blocks"),
     (_other_position, r"it is block 0 of one table and block 1 of the other"),
+    (_not_a_leading_run, r"host block 1 is in the tables of 'B.4' and 'B.5', but their tables "
+                         r"differ before it"),
     (_other_tokens, "their tokens differ before its end"),
     (_one_holder, "with ref_count 1 .* make it used with ref_count 3"),
-], ids=["other-group", "other-position", "other-tokens", "one-holder"])
+], ids=["other-group", "other-position", "not-a-leading-run", "other-tokens", "one-holder"])
 def test_host_sharing_no_swap_out_makes_is_refused(mutate: Any, message: str) -> None:
-    # C, a request alone, is swapped out beside the group.
-    e = engine(8, preemption="swap", num_cpu_blocks=32)
-    for op in [OPS[0], {"op": "add", "request": "C", "prompt_len": 2, "max_new_tokens": 12},
-               OPS[1]]:
-        apply(e, op)
-    while not ("C" in e.swapped and len(e.swapped) > 2):
-        step(e)
+    if mutate is _not_a_leading_run:
+        # B.4 and B.5 share their first two host blocks.
+        e, _ = swapped_group(False)
+    else:
+        # C, a request alone, is swapped out beside the group, whose three beams share
+        # their first host block.
+        e = engine(8, preemption="swap", num_cpu_blocks=32)
+        for op in [OPS[0], {"op": "add", "request": "C", "prompt_len": 2,
+                            "max_new_tokens": 12}, OPS[1]]:
+            apply(e, op)
+        while not ("C" in e.swapped and len(e.swapped) > 2):
+            step(e)
     snap = json.loads(json.dumps(export_snapshot(e)))
     bad = copy.deepcopy(snap)
     mutate(bad)

@@ -53,7 +53,7 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
         for i, b in enumerate(table):
             held = holders.setdefault(b, [])
             if held:
-                _check_shared(b, held[0], (rid, i), requests, bs)
+                _check_shared(b, held[0], (rid, i), requests, tables, bs)
             held.append((rid, i))
     filled: dict[int, int] = {}
     for i, r in enumerate(readers):
@@ -89,10 +89,12 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
 
 
 def _check_shared(block: int, first: tuple[str, int], other: tuple[str, int],
-                  requests: dict[str, Request], bs: int) -> None:
+                  requests: dict[str, Request], tables: dict[str, list[int]],
+                  bs: int) -> None:
     """Refuse a host block in two tables unless a beam group's swap-out could have
-    shared it: beams of one group, at one position, whose tokens agree through it (its
-    K/V is one prefix's) and fill it alike."""
+    shared it: beams of one group, at one position, after the same host blocks (beams
+    share a leading run of their tables, as they did on the device), whose tokens agree
+    through it (its K/V is one prefix's) and fill it alike."""
     (a, i), (b, j) = first, other
     ra, rb = requests[a], requests[b]
     why = None
@@ -100,6 +102,9 @@ def _check_shared(block: int, first: tuple[str, int], other: tuple[str, int],
         why = "only beams of one group share host blocks"
     elif i != j:
         why = f"it is block {i} of one table and block {j} of the other"
+    elif tables[a][:i] != tables[b][:i]:
+        why = ("their tables differ before it (beams share the leading blocks of their "
+               "tables)")
     else:
         end = i * bs + bs
         fa, fb = min(ra.num_computed, end), min(rb.num_computed, end)
