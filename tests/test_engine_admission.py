@@ -246,3 +246,26 @@ def test_an_operation_that_starts_a_sequence_at_once_counts_forks_to_come(
         e.apply(parse_op(op))
     assert export_snapshot(e) == before
     assert max(run_out(e)) <= 3
+
+
+@pytest.mark.parametrize(("num_blocks", "why", "admitted"), [
+    (11, "its blocks are free now: the next step starts it", True),
+    (10, "the pool has no room for it yet: it needs 2 new blocks (and will share 1 block of "
+         "its prompt that a running prefill computes first), and 1 of the 4 free or cached "
+         "is left once the running requests take the 3 they still need; step the batch to "
+         "admit it as they finish", False),
+], ids=["fits", "waits"])
+def test_a_wait_counts_the_blocks_a_running_prefill_caches_first(
+        num_blocks: int, why: str, admitted: bool) -> None:
+    """A is mid-prefill of the prompt C waits with. The next step computes A's chunk
+    first, and C hits the block it fills: the wait said "needs 3 new blocks" and "no
+    room", and the step admitted C."""
+    e = engine(num_blocks=num_blocks, block_size=2, max_num_batched_tokens=6)
+    prompt = list(range(65, 81))
+    apply(e, {"op": "add", "request": "A", "prompt_tokens": prompt, "max_new_tokens": 4},
+          {"op": "step"},
+          {"op": "add", "request": "C", "prompt_tokens": prompt, "max_new_tokens": 4})
+    assert e.requests["A"].prefilling
+    assert e.scheduler.why_waiting("C") == why
+    apply(e, {"op": "step"})
+    assert (e.requests["C"].status == "running") == admitted

@@ -356,13 +356,12 @@ class Admission(ABC):
                         f"it starts {seqs} sequences beside {taken}")
             return (f"{held}, and max_num_seqs is {budgets.max_num_seqs}; finish "
                     f"{'one' if over == 1 else f'{over:,}'} first")
+        # The budget as `plan` spends it before admission: decodes, then prefill chunks
+        # (counted, not appended).
+        budget = IterationBudget(budgets, running)
+        chunks = list(self._prefill_chunks(budget, self._decodes_first(budget)))
         tokens = budgets.max_num_batched_tokens
         if tokens is not None:
-            # The budget as `plan` spends it before admission: decodes, then prefill
-            # chunks (counted, not appended).
-            budget = IterationBudget(budgets, running)
-            for _ in self._prefill_chunks(budget, self._decodes_first(budget)):
-                pass
             left, decoding = budget.tokens_left or 0, budget.decode_tokens
             if left < len(unit):
                 # A beam group starts whole, a token per beam.
@@ -375,6 +374,10 @@ class Admission(ABC):
         # A later beam's prefix hits that may be lost are said as blocks it needs, not
         # as fewer free ones (`_unit_need`).
         available, need = self._unit_need(plans, own)
+        # Blocks of its prompt that a running prefill computes first at the next step
+        # are hits by the time it is admitted: the running request's reserve takes them.
+        coming = self._hits_to_come(unit[0], len(plans[0].hit_blocks), chunks)
+        need -= coming
         reserve = self._reserve()
         free = max(available - reserve, 0)
         keep = self.config.watermark_blocks or 0
@@ -393,8 +396,35 @@ class Admission(ABC):
             self.manager.pool.blocks[b].ref_count == 0 for b in plans[0].hit_blocks)
         if own:
             room += f" besides the {counted(own, 'cached block')} its prompt would hit"
+        # Said, so that "needs 1 new block" for a prompt of many reads as counted.
+        shared = (f" (and will share {counted(coming, 'block')} of its prompt that a running "
+                  "prefill computes first)") if coming else ""
         return (f"the pool has no room for it yet: it needs {counted(need, 'new block')}"
-                f"{kept}, and {room}; step the batch to admit it as they finish")
+                f"{shared}{kept}, and {room}; step the batch to admit it as they finish")
+
+    def _hits_to_come(self, req: Request, hits: int, chunks: Sequence[tuple[Request, int]],
+                      ) -> int:
+        """How many blocks past its `hits` cached ones the prompt of waiting `req` will
+        hit at its admission because a running request's prefill chunk (`chunks`, as
+        `plan` takes them before admitting) fills them first with the same tokens: a
+        full block enters the prefix cache in the iteration that computes it. Only
+        blocks wholly before the prompt's last token are hits."""
+        if not self.manager.prefix_caching:
+            return 0
+        bs = self.config.block_size
+        tokens = req.tokens
+        most = hits
+        for other, take in chunks:
+            if other.cache_salt != req.cache_salt:
+                continue
+            filled = (other.num_computed + take) // bs
+            same = 0
+            limit = min(len(tokens) - 1, filled * bs)
+            theirs = other.tokens
+            while same < limit and theirs[same] == tokens[same]:
+                same += 1
+            most = max(most, same // bs)
+        return most - hits
 
     def _fits_all(self, plans: Sequence[PromptPlan], own: int, reserve: int,
                   shared: Sequence[int] | None = None) -> bool:
