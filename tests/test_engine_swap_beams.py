@@ -276,3 +276,32 @@ def test_allocate_shares_leading_blocks_and_chains_the_rest(caching: bool) -> No
         # its tokens hits all three blocks.
         hit = m.allocate("d", [*tokens[:8], 99, 98, 97, 96, 1])
         assert hit.hit_blocks == part.block_table[:3]
+
+
+def test_a_beam_whose_whole_table_another_beam_holds_comes_back_sharing_all_of_it() -> None:
+    """Two swapped beams with one host table (a restored state: the engine's rounds copy
+    a shared last block in the step that forks it): the second shares every device
+    block the first brought back and copies nothing."""
+    e, _ = swapped_group(False)
+    snap = json.loads(json.dumps(export_snapshot(e)))
+    rows = {r["id"]: r for r in snap["requests"]}
+    a, b = rows["B.4"], rows["B.5"]
+    own = b["block_table"][-1]
+    b["tokens"], b["block_table"] = list(a["tokens"]), list(a["block_table"])
+    snap["cpu_blocks"][own].update(ref_count=0, state="free", num_filled=0)
+    snap["cpu_blocks"][a["block_table"][-1]]["ref_count"] = 2
+    snap["metrics"]["cpu_used_blocks"] -= 1
+    last = max(i for i, ev in enumerate(snap["events"])
+               if ev["kind"] == "swap_out" and ev["request"] == "B.5" and ev["dst"] == own)
+    snap["events"][last]["dst"] = a["block_table"][-1]
+    twin = restore_engine(snap, kernel="torch")
+    twin.check_integrity()
+    while twin.swapped:
+        step(twin)
+    back = [(ev.kind, ev.request) for ev in twin.events
+            if ev.step == twin.manager.step and ev.kind in ("swap_in", "share")
+            and ev.request in ("B.4", "B.5")]
+    assert back == [("swap_in", "B.4")] * 3 + [("share", "B.5")] * 3
+    while not twin.idle:
+        step(twin)
+    assert twin.host is not None and twin.host.num_used == 0

@@ -119,9 +119,10 @@ def _check_shared(block: int, first: tuple[str, int], other: tuple[str, int],
 
 def swap_counts(events: Sequence[Event]) -> tuple[int, int, set[str]]:
     """(swap-outs, swap-ins, the requests still swapped out at the log's end) as the
-    event log tells them. A swap-out copies every block of its request, one `swap_out`
-    event each, in one run; a swap-in is the request's return to the device, whose
-    first event follows its swap-out."""
+    event log tells them. A swap-out logs one `swap_out` per block of its request, in
+    one run (a block an earlier beam of its group copied is shared, not copied again,
+    and still logged); a swap-in is the request's return to the device, whose first
+    event follows its swap-out."""
     outs = ins = 0
     away: set[str] = set()
     last: Event | None = None
