@@ -376,7 +376,8 @@ class Admission(ABC):
         available, need = self._unit_need(plans, own)
         # Blocks of its prompt that a running prefill computes first at the next step
         # are hits by the time it is admitted: the running request's reserve takes them.
-        coming = self._hits_to_come(unit[0], len(plans[0].hit_blocks), chunks)
+        coming = sum(self._hits_to_come(r, len(p.hit_blocks), chunks)
+                     for r, p in zip(unit, plans, strict=True))
         need -= coming
         reserve = self._reserve()
         free = max(available - reserve, 0)
