@@ -15,7 +15,7 @@ from backend.engine.kv_cache import KVCache
 from backend.engine.request import Request
 from backend.engine.results import Verification
 from backend.engine.scheduler import Scheduler
-from backend.engine.swap import HostPool
+from backend.engine.swap import HostPool, sharing_problem
 from backend.models.base import LanguageModel
 from backend.paging.block_manager import BlockManager
 
@@ -138,17 +138,10 @@ def check_requests(requests: dict[str, Request], scheduler: Scheduler,
             held = holders.get(hb.id, [])
             _check((hb.ref_count == 0) == (hb.id in free) and hb.ref_count == len(held),
                    f"host block {hb.id}: ref count")
-            # Shared only by beams of one group, at one position after the same host
-            # blocks, over the same tokens: the K/V of one prefix.
-            if len(held) > 1:
-                head, pos = requests[held[0][0]], held[0][1]
-                end = pos * bs + hb.num_filled
-                lead = host.tables[head.id][:pos]
-                _check(all(requests[r].beam_width is not None
-                           and requests[r].group == head.group and i == pos
-                           and host.tables[r][:pos] == lead
-                           and requests[r].tokens[:end] == head.tokens[:end]
-                           for r, i in held), f"host block {hb.id}: shared across prefixes")
+            # Shared only as a beam group's swap-out shares: the K/V of one prefix.
+            for other in held[1:]:
+                why = sharing_problem(held[0], other, requests, host.tables, bs)
+                _check(why is None, f"host block {hb.id}: {why}")
         _check(free.isdisjoint(holders) and len(free) + len(holders) == host.num_blocks,
                "host blocks are neither free nor held")
         for rid in swapped:

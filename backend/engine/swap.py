@@ -31,9 +31,36 @@ import torch
 
 from backend.core.config import EngineConfig
 from backend.engine.kv_cache import KVCache
+from backend.engine.request import Request
 from backend.kernels import KernelBackend
 
 HOST = torch.device("cpu")
+
+
+def sharing_problem(first: tuple[str, int], other: tuple[str, int],
+                    requests: dict[str, Request], tables: dict[str, list[int]],
+                    bs: int) -> str | None:
+    """Why two swapped requests, each with the position where its host table holds one
+    block, could not share that block, in words; or None. A beam group's swap-out
+    shares blocks only between beams of the group, at one position, after the same host
+    blocks (a leading run of their tables, as on the device), where their tokens agree
+    through it (its K/V is one prefix's) and fill it alike. Restore refuses a snapshot
+    with such a block; the engine's integrity check, a state with one."""
+    (a, i), (b, j) = first, other
+    ra, rb = requests[a], requests[b]
+    if ra.beam_width is None or rb.beam_width is None or ra.group != rb.group:
+        return "only beams of one group share host blocks"
+    if i != j:
+        return f"it is block {i} of one table and block {j} of the other"
+    if tables[a][:i] != tables[b][:i]:
+        return "their tables differ before it (beams share the leading blocks of their tables)"
+    end = i * bs + bs
+    fa, fb = min(ra.num_computed, end), min(rb.num_computed, end)
+    if fa != fb:
+        return "they fill it differently"
+    if ra.tokens[:fa] != rb.tokens[:fb]:
+        return "their tokens differ before its end, so its K/V cannot be both's"
+    return None
 
 
 @dataclass(slots=True)

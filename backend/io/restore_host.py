@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from backend.core.checks import shown
 from backend.core.errors import PagedLabError
 from backend.engine.request import Request
-from backend.engine.swap import HostPool
+from backend.engine.swap import HostPool, sharing_problem
 from backend.io.json_input import FieldReader, listed_by_id, optional_non_negative
 from backend.paging.events import Event
 
@@ -52,8 +52,10 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
                                 "but its num_preemptions is 0 (a swap-out preempts)")
         for i, b in enumerate(table):
             held = holders.setdefault(b, [])
-            if held:
-                _check_shared(b, held[0], (rid, i), requests, tables, bs)
+            why = sharing_problem(held[0], (rid, i), requests, tables, bs) if held else None
+            if why is not None:
+                raise PagedLabError(f"inconsistent snapshot: host block {b} is in the tables "
+                                    f"of {shown(held[0][0])} and {shown(rid)}, but {why}")
             held.append((rid, i))
     filled: dict[int, int] = {}
     for i, r in enumerate(readers):
@@ -86,35 +88,6 @@ def restore_host(top: FieldReader, mt: FieldReader, host: HostPool,
                 f"inconsistent snapshot: metrics.{key} is {total:,} but the events hold "
                 f"{logged:,} {what}{'s' * (logged != 1)} ({_COUNTED[key]})")
     host.swap_outs, host.swap_ins = outs, ins
-
-
-def _check_shared(block: int, first: tuple[str, int], other: tuple[str, int],
-                  requests: dict[str, Request], tables: dict[str, list[int]],
-                  bs: int) -> None:
-    """Refuse a host block in two tables unless a beam group's swap-out could have
-    shared it: beams of one group, at one position, after the same host blocks (beams
-    share a leading run of their tables, as they did on the device), whose tokens agree
-    through it (its K/V is one prefix's) and fill it alike."""
-    (a, i), (b, j) = first, other
-    ra, rb = requests[a], requests[b]
-    why = None
-    if ra.beam_width is None or rb.beam_width is None or ra.group != rb.group:
-        why = "only beams of one group share host blocks"
-    elif i != j:
-        why = f"it is block {i} of one table and block {j} of the other"
-    elif tables[a][:i] != tables[b][:i]:
-        why = ("their tables differ before it (beams share the leading blocks of their "
-               "tables)")
-    else:
-        end = i * bs + bs
-        fa, fb = min(ra.num_computed, end), min(rb.num_computed, end)
-        if fa != fb:
-            why = "they fill it differently"
-        elif ra.tokens[:fa] != rb.tokens[:fb]:
-            why = "their tokens differ before its end, so its K/V cannot be both's"
-    if why is not None:
-        raise PagedLabError(f"inconsistent snapshot: host block {block} is in the tables of "
-                            f"{shown(a)} and {shown(b)}, but {why}")
 
 
 def swap_counts(events: Sequence[Event]) -> tuple[int, int, set[str]]:

@@ -169,6 +169,11 @@ def describe(event: Event, swapped: bool = False, swap_mode: bool = False,
 
 
 
+# The kinds of a unit's swap-out run: each request's swap_out events, then its frees
+# and its preempt.
+SWAP_OUT_RUN = frozenset({"swap_out", "free", "preempt"})
+
+
 def shared_swap_outs(events: Sequence[Event], group_of: Mapping[str, str | None]) -> set[int]:
     """The indices of the `swap_out` events that copied nothing: a beam group is swapped
     out as one unit, and a device block that several of its beams hold is copied once,
@@ -178,7 +183,7 @@ def shared_swap_outs(events: Sequence[Event], group_of: Mapping[str, str | None]
     out: set[int] = set()
     seen: set[tuple[str, int]] = set()
     for i, e in enumerate(events):
-        if e.kind not in ("swap_out", "free", "preempt"):
+        if e.kind not in SWAP_OUT_RUN:
             seen.clear()
         elif e.kind == "swap_out" and e.request is not None and e.dst is not None:
             group = group_of.get(e.request)

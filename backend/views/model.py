@@ -22,7 +22,7 @@ import pandas as pd
 from backend.core.config import TINY_BYTE
 from backend.core.words import tenths
 from backend.models.tokenizer import TURN_END, TURN_START
-from backend.paging.events import Event, describe, shared_swap_outs
+from backend.paging.events import SWAP_OUT_RUN, Event, describe, shared_swap_outs
 from backend.views.glossary import REQUEST_FIELDS
 from backend.views.host_pool import on_device
 from backend.views.tokens import (
@@ -387,13 +387,14 @@ def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
     """The newest `limit` events, newest first, each with its plain-English line."""
     every = snap["events"]
     first = max(len(every) - limit, 0) if limit else len(every)
-    events = [Event.from_json(e) for e in every[first:][::-1]]
+    shown = [Event.from_json(e) for e in every[first:]]
+    events = shown[::-1]
     # A swap preemption logs the request's swap_out events right before its preempt, so
     # the event before a preempt tells which kind it was, even when it is not shown.
     before = [every[i - 1] if i > 0 else None for i in range(len(every) - 1, first - 1, -1)]
     swap_mode = snap["config"].get("preemption") == "swap"
     caching = snap["config"].get("prefix_caching", True) is not False
-    shared = _shared_swap_outs(snap, first) if swap_mode else set()
+    shared = _shared_swap_outs(snap, first, shown) if swap_mode else set()
     last = len(every) - 1
     return pd.DataFrame({
         "step": [e.step for e in events],
@@ -407,17 +408,17 @@ def events_frame(snap: Snapshot, limit: int = EVENT_LOG_LIMIT) -> pd.DataFrame:
     }, columns=["step", "kind", "request", "block", "what happened"])
 
 
-def _shared_swap_outs(snap: Snapshot, first: int) -> set[int]:
-    """The indices in the whole log of the swap_out events from `first` on that copied
-    nothing (events.shared_swap_outs), reading back only to the start of the swap-out
-    that the event at `first` may be part of."""
+def _shared_swap_outs(snap: Snapshot, first: int, shown: list[Event]) -> set[int]:
+    """The indices in the whole log of the swap_out events from `first` on (`shown`,
+    read already) that copied nothing (events.shared_swap_outs), reading back only to
+    the start of the swap-out that the event at `first` may be part of."""
     every = snap["events"]
     start = first
-    while start > 0 and every[start - 1]["kind"] in ("swap_out", "free", "preempt"):
+    while start > 0 and every[start - 1]["kind"] in SWAP_OUT_RUN:
         start -= 1
     group_of = {r["id"]: r.get("group") for r in snap["requests"] if r.get("beam_width")}
-    return {start + i for i in shared_swap_outs(
-        [Event.from_json(e) for e in every[start:]], group_of)}
+    window = [Event.from_json(e) for e in every[start:first]] + shown
+    return {start + i for i in shared_swap_outs(window, group_of)}
 
 
 def format_bytes(n: int) -> str:
