@@ -343,10 +343,7 @@ class BlockManager(BlockTables):
         parent = self._seq(parent_id)
         check_new_id(child_id, self.seqs)
         self._emit(FORK, child_id, None)
-        for block_id in parent.block_table:
-            block = self.pool.blocks[block_id]
-            self._incref(block)
-            self._emit(SHARE, child_id, block_id, ref_count=block.ref_count)
+        self._share_blocks(child_id, parent.block_table)
         self._table_entries += len(parent.block_table)
         self._logical_tokens += parent.num_tokens
         self.seqs[child_id] = SeqBlocks(child_id, list(parent.block_table), parent.num_tokens,
