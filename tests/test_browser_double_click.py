@@ -190,7 +190,11 @@ def test_a_long_steps_bar_floats_over_the_page_and_streamlits_own_stop_never_sho
         steps.press("Tab")
         page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']")
         step_n = page.get_by_role("button", name="Step N")
+        # The run the new Steps value starts may redraw the button: its box is read once
+        # it is drawn (read mid-redraw, it was None).
+        expect(step_n).to_be_visible(timeout=T)
         before = step_n.bounding_box()
+        assert before is not None
         step_n.click()
         bar = page.get_by_test_id("stProgress")
         expect(bar).to_be_visible(timeout=T)
