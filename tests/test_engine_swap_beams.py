@@ -288,6 +288,7 @@ def test_a_beam_whose_whole_table_another_beam_holds_comes_back_sharing_all_of_i
     a, b = rows["B.4"], rows["B.5"]
     own = b["block_table"][-1]
     b["tokens"], b["block_table"] = list(a["tokens"]), list(a["block_table"])
+    b["cum_logprob"] = a["cum_logprob"]          # its score goes with its tokens
     snap["cpu_blocks"][own].update(ref_count=0, state="free", num_filled=0)
     snap["cpu_blocks"][a["block_table"][-1]]["ref_count"] = 2
     snap["metrics"]["cpu_used_blocks"] -= 1

@@ -56,17 +56,17 @@ class Extension:
 
 
 def log_probs(logits: torch.Tensor, byte_model: bool) -> torch.Tensor:
-    """float64 log-probabilities [vocab] from float32 logits [vocab].
+    """float64 log-probabilities [..., vocab] from float32 logits [..., vocab].
 
     For tiny-byte, as its sampling does, only printable ASCII may be chosen, so
     the distribution is renormalised over those bytes (the others are -inf).
     """
     scores = logits.detach().to("cpu", torch.float64)
     if byte_model:
-        allowed = torch.zeros(scores.numel(), dtype=torch.bool)
+        allowed = torch.zeros(scores.shape[-1], dtype=torch.bool)
         allowed[PRINTABLE_LO:PRINTABLE_HI + 1] = True
         scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.log_softmax(scores, dim=0)
+    return torch.log_softmax(scores, dim=-1)
 
 
 def select(beams: Sequence[tuple[float, torch.Tensor]], keep: int) -> list[Extension]:

@@ -3,7 +3,8 @@
 A snapshot holds tokens, not tensors: restore rebuilds every block table
 first (backend/io/restore.py), then `recompute_kv` writes each used, cached
 and swapped-out block's K/V from a plain contiguous forward over the tokens
-that lead to it, and gives every running request its pending logits back.
+that lead to it, gives every running request its pending logits back, and
+scores every beam from the same forwards (backend/io/restore_scores.py).
 """
 
 from __future__ import annotations
@@ -13,27 +14,40 @@ from collections.abc import Callable
 import torch
 
 from backend.engine.engine import Engine
+from backend.io.restore_scores import BeamScores
+from backend.models.batch import ContiguousOutput
 from backend.paging.hashing import BlockHash
 
 # Called after each forward with (forwards done, forwards in all).
 Progress = Callable[[int, int], None]
 
 
-def recompute_kv(engine: Engine, progress: Progress | None = None) -> None:
-    """Recompute every used, cached and swapped-out block's K/V, and the logits.
+def recompute_kv(engine: Engine, progress: Progress | None = None, *,
+                 scores: bool = True) -> dict[str, float]:
+    """Recompute every used, cached and swapped-out block's K/V, and the logits;
+    return each beam's cumulative log-probability as the model gives it (restore
+    checks the snapshot's against it: backend/io/restore_scores.py), or, with
+    `scores=False`, nothing (no beam is scored, and no forward made for one).
 
     K/V come from the plain contiguous forward pass over each block's full
     token prefix, so they equal what the paged prefill wrote, up to rounding.
-    One forward per running or swapped request and one per cached chain;
-    `progress` hears of each.
+    One forward per running or swapped request, one per cached chain, and one per
+    longest sequence of the beams these leave unscored (finished or waiting beams
+    whose tokens no other forward covers); `progress` hears of each.
     """
     cache = engine.cache
     bs = engine.config.block_size
     done: set[int] = set()
+    beams = BeamScores(engine if scores else None)
+
+    def forward(tokens: list[int]) -> ContiguousOutput:
+        out = engine.model.forward_contiguous(tokens)
+        beams.offer(tokens, out.logits)
+        return out
 
     def write(tokens: list[int], targets: list[tuple[int, int]]) -> torch.Tensor:
         """Compute `tokens`; store logical block i's K/V at physical b for each (i, b)."""
-        out = engine.model.forward_contiguous(tokens)
+        out = forward(tokens)
         for i, b in targets:
             if b in done:
                 continue
@@ -45,7 +59,10 @@ def recompute_kv(engine: Engine, progress: Progress | None = None) -> None:
         return out.logits[-1].cpu()
 
     chains = _cached_chains(engine, done)
-    total = len(engine.running) + len(engine.swapped) + len(chains)
+    planned = [engine.requests[rid].tokens[:engine.requests[rid].num_computed]
+               for rid in (*engine.running, *engine.swapped)]
+    scored_apart = beams.forwards_left(planned + [tokens for tokens, _ in chains])
+    total = len(planned) + len(chains) + len(scored_apart)
     finished = 0
 
     def tick() -> None:
@@ -64,7 +81,7 @@ def recompute_kv(engine: Engine, progress: Progress | None = None) -> None:
     for rid in engine.swapped:
         assert host is not None
         req = engine.requests[rid]
-        out = engine.model.forward_contiguous(req.tokens[:req.num_computed])
+        out = forward(req.tokens[:req.num_computed])
         for i, b in enumerate(host.tables[rid]):
             n = min(bs, req.num_computed - i * bs)
             rows = slice(i * bs, i * bs + n)
@@ -77,6 +94,10 @@ def recompute_kv(engine: Engine, progress: Progress | None = None) -> None:
     for tokens, targets in chains:
         write(tokens, targets)
         tick()
+    for tokens in scored_apart:
+        forward(tokens)
+        tick()
+    return beams.found
 
 
 def _cached_chains(engine: Engine, held: set[int]

@@ -32,6 +32,7 @@ from backend.io.restore_host import restore_host
 from backend.io.restore_log import log_problem
 from backend.io.restore_notes import keep_notes
 from backend.io.restore_requests import read_requests, read_scheduler
+from backend.io.restore_scores import check_beam_scores
 from backend.io.snapshot import CONFIG_EXTRA, CONTRACT_CONFIG, SCHEMA_VERSION
 from backend.paging.block_manager import SeqBlocks
 from backend.paging.events import Event
@@ -46,13 +47,18 @@ from backend.paging.integrity import prefix_count_problem
 
 
 def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = "auto",
-                   check_reference: bool = True, progress: Progress | None = None) -> Engine:
+                   check_reference: bool = True, progress: Progress | None = None,
+                   check_scores: bool = True) -> Engine:
     """A new engine in exactly the state `data` describes. Raises PagedLabError.
 
     `progress(done, total)` hears of each forward of the K/V recomputation (the
-    part that takes time: one forward per request and per cached chain)."""
+    part that takes time: one forward per request and per cached chain, and per
+    beam sequence that only its score needs). `check_scores=False` is for an
+    engine's own export (a saved session reopened, a failed operation undone, a
+    move to another device): its beams' `cum_logprob` are what that engine
+    computed, so no forward is spent recomputing them."""
     return _restore(data, device=device, kernel=kernel, check_reference=check_reference,
-                    progress=progress, recompute=True)
+                    progress=progress, recompute=True, check_scores=check_scores)
 
 
 def check_snapshot(data: dict[str, Any]) -> None:
@@ -62,11 +68,11 @@ def check_snapshot(data: dict[str, Any]) -> None:
     Tens of milliseconds for a pool of a few thousand blocks, where a restore of SmolLM2's
     takes seconds; a second or more for tens of thousands of blocks, read field by field."""
     _restore(data, device="cpu", kernel="torch", check_reference=False, progress=None,
-             recompute=False)
+             recompute=False, check_scores=False)
 
 
 def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference: bool,
-             progress: Progress | None, recompute: bool) -> Engine:
+             progress: Progress | None, recompute: bool, check_scores: bool) -> Engine:
     top = FieldReader(data, "snapshot")
     version = top.get("schema_version", int)
     if version != SCHEMA_VERSION:
@@ -107,8 +113,9 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
     try:
         metrics = _restore_into(engine, top, cache_derived="prefix_cache" in derived.fields)
         engine.manager.check_integrity()
+        scores: dict[str, float] = {}
         if recompute:
-            recompute_kv(engine, progress)
+            scores = recompute_kv(engine, progress, scores=check_scores)
         engine.check_requests(logits=recompute)
     except (IntegrityError, AssertionError) as exc:
         raise PagedLabError(f"inconsistent snapshot: {exc}") from None
@@ -125,6 +132,10 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
         if refused is not None:
             raise PagedLabError(f"inconsistent snapshot: {refused}")
     engine.log_partial = problem is not None or said_partial
+    if scores:
+        # After the bookkeeping's checks: a score is compared once every beam's tokens
+        # and the model's view of them are known good.
+        check_beam_scores(engine, scores, cfg_data.get("device"))
     # After every per-block and per-request check: a total that disagrees with the
     # blocks then has no edited block or request behind it to name instead.
     _check_totals(engine, metrics)

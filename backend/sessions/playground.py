@@ -130,16 +130,18 @@ def build_engine(settings: Settings, owner: str, *, replacing: Engine | None = N
 
 def restore_for_session(data: dict[str, Any], settings: Settings, owner: str, *,
                         replacing: Engine | None = None, budget: KVBudget = SERVER_BUDGET,
-                        progress: RestoreProgress | None = None) -> Engine:
+                        progress: RestoreProgress | None = None,
+                        check_scores: bool = True) -> Engine:
     """The state a snapshot describes, on the settings' device and kernel, within budget.
 
     The budget is checked on the snapshot's config before any tensor is
     allocated; a malformed config is left for `restore_engine` to name.
+    `check_scores` as `restore_engine`'s.
     """
     config = snapshot_config(data)
     def make() -> Engine:
         return restore_engine(data, device=settings.device, kernel=settings.kernel,
-                              progress=progress)
+                              progress=progress, check_scores=check_scores)
 
     if config is None:
         return budget.track(make(), owner)
@@ -184,7 +186,8 @@ def apply_or_recover(engine: Engine, op: Op, before: dict[str, Any],
         raise
     except Exception as exc:
         failure = f"{type(exc).__name__}: {exc}"
-    restored = restore_engine(before, device=settings.device, kernel=settings.kernel)
+    restored = restore_engine(before, device=settings.device, kernel=settings.kernel,
+                              check_scores=False)
     return Applied(SERVER_BUDGET.track(restored, owner), None, failure)
 
 
@@ -210,7 +213,7 @@ def switch_kernels(engine: Engine, device: str, kernel: str, owner: str | None =
     with engine.lock:
         snapshot = export_snapshot(engine)
     def make() -> Engine:
-        return restore_engine(snapshot, device=device, kernel=kernel)
+        return restore_engine(snapshot, device=device, kernel=kernel, check_scores=False)
 
     if owner is None:
         return make()

@@ -283,8 +283,10 @@ def _resume(stored: StoredSession, owner: str, *, replacing: Engine | None,
                      "state is whole, but it can no longer be exported as a scenario or "
                      "replayed in a control run, and the next save writes the session "
                      "whole")
+    # The engine's own export: its beams' scores are taken as they are (restore_engine).
     engine = restore_for_session(detached(stored.snapshot), settings, owner,
-                                 replacing=replacing, budget=budget, progress=progress)
+                                 replacing=replacing, budget=budget, progress=progress,
+                                 check_scores=False)
     if engine.config.to_json() != settings.config.to_json():
         raise StoreError("its settings and its snapshot describe different engines")
     # The engine's own export ends the history: the stored snapshot, unless it ran
