@@ -1,10 +1,15 @@
 """Beam search from the Playground's Add form, through AppTest: the engine runs it, the
-request table shows each beam's score, and the beam panel its text, best first."""
+request table shows each beam's score, and the beam panel its text, best first; an
+uploaded snapshot whose beam score the model does not give is refused."""
 
 from __future__ import annotations
 
+import copy
+
 from backend.engine import beams
-from tests.test_app import add, click, engine, start
+from backend.io.export import snapshot_bytes
+from backend.io.snapshot import export_snapshot
+from tests.test_app import add, click, engine, start, status
 from tests.test_app_timeline import requests_table
 
 
@@ -130,3 +135,21 @@ def test_parallel_samples_are_a_one_off_and_a_refused_add_keeps_them() -> None:
     assert "C.0" not in engine(at).requests and at.error
     assert at.number_input(key="add_n").value == 2
     assert at.number_input(key="add_beam").value == 2
+
+
+def test_an_uploaded_snapshot_with_an_edited_beam_score_is_refused_and_the_state_kept() -> None:
+    at = start()
+    at.number_input(key="add_beam").set_value(2)
+    add(at, "Once upon a time", max_new=6)
+    click(at, "btn_step")
+    click(at, "btn_step")
+    before = export_snapshot(engine(at))
+    snap = copy.deepcopy(before)
+    row = next(r for r in snap["requests"] if r["id"] == "A.1")
+    row["cum_logprob"] -= 1.0
+    at.file_uploader(key="import_snapshot").set_value(
+        ("edited.json", snapshot_bytes(snap), "application/json")).run()
+    assert not at.exception
+    kind, line = status(at)
+    assert kind == "error" and "beam 'A.1' has cum_logprob" in line, line
+    assert export_snapshot(engine(at)) == before
