@@ -9,6 +9,7 @@ use the torch kernel (one click in the sidebar) to stay fast on a CPU;
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from html import escape
@@ -24,6 +25,7 @@ from backend.io.restore import restore_engine
 from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
 from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import export_snapshot
+from backend.models.tiny_byte import TinyByteLM
 from backend.sessions import budget as budget_module
 from backend.sessions import tour as tour_session
 from backend.sessions.playground import Settings
@@ -712,6 +714,32 @@ def test_continue_from_here_puts_that_state_into_the_playground() -> None:
     assert engine.step == 4 and not at.exception
     at.switch_page(PAGE).run()
     assert viewed_step(at) == 3 and run_of(at).taken == 4
+
+
+def test_continue_from_a_beam_search_spends_no_forward_on_its_scores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scenario's frame is the engine's own export: its beams' scores are the engine's,
+    so the restore recomputes the K/V alone (restore_engine's check_scores=False)."""
+    at = open_tour("10-beam-search", "9")
+    frame = run_of(at).frame(9)
+    assert sum("beam_width" in r for r in frame.snapshot["requests"]) > 4
+    sizes: list[int] = []
+    plain = TinyByteLM.forward_contiguous
+
+    def counted(self: TinyByteLM, tokens: list[int]) -> Any:
+        sizes.append(len(tokens))
+        return plain(self, tokens)
+
+    monkeypatch.setattr(TinyByteLM, "forward_contiguous", counted)
+    restore_engine(copy.deepcopy(frame.snapshot), kernel="torch", check_scores=False)
+    own = len(sizes)
+    restore_engine(copy.deepcopy(frame.snapshot), kernel="torch")
+    assert len(sizes) - own > own            # checking the scores would cost more
+    sizes.clear()
+    click(at, "tour_continue")
+    assert at.title[0].value == "Playground" and not at.exception
+    assert export_snapshot(at.session_state["engine"]) == frame.snapshot
+    assert len(sizes) == own
 
 
 # ---- the sidebar on the Scenarios page ----------------------------------------------------

@@ -39,7 +39,7 @@ from ui.session import collect, flash
 
 
 def snapshot(data: dict[str, Any], source: str,
-             refused: Callable[[str], str] | None = None) -> str | None:
+             refused: Callable[[str], str] | None = None, *, own: bool = False) -> str | None:
     """Replace the engine by the exact state a snapshot describes.
 
     Returns None on success (the status line says what was restored), else
@@ -48,7 +48,9 @@ def snapshot(data: dict[str, Any], source: str,
     (so the lines of operations it waited behind stay above it). For callbacks
     only: it also sets the sidebar's fields to the snapshot's config, which
     Streamlit allows only before the sidebar is drawn. The device and kernel
-    stay the sidebar's. `source` names where the snapshot came from.
+    stay the sidebar's. `source` names where the snapshot came from; `own` says it is
+    an engine's own export (a scenario's step), whose beam scores are taken as they are
+    (`restore_engine`'s `check_scores`).
 
     An engine with state that was saved is not overwritten: the restored state
     goes under a new session id, and the one it replaces stays in the list.
@@ -71,7 +73,7 @@ def snapshot(data: dict[str, Any], source: str,
                 except PagedLabError as exc:
                     problem = str(exc)
             if problem is None:
-                problem, restored = _restore_held(data, source, sess, kept)
+                problem, restored = _restore_held(data, source, sess, kept, own)
                 shown.append(restored)
         if problem is not None and refused is not None:
             if sess is None:
@@ -86,7 +88,7 @@ def snapshot(data: dict[str, Any], source: str,
 
 
 def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
-                  kept: Kept | None) -> tuple[str | None, Shown]:
+                  kept: Kept | None, own: bool) -> tuple[str | None, Shown]:
     """`snapshot` with the old engine's lock held and the weights loaded: the
     reason it was refused (None: restored), and the Shown of its progress bar."""
     s, old = sess.settings, sess.engine
@@ -97,7 +99,7 @@ def _restore_held(data: dict[str, Any], source: str, sess: OpSession,
             # Detached: the caller's snapshot (a scenario's frame) must not grow with
             # this engine's tokens.
             engine = restore_for_session(saved.detached(data), s, sess.owner, replacing=old,
-                                         progress=moved)
+                                         progress=moved, check_scores=not own)
         except PagedLabError as exc:
             problem = str(exc)
         else:

@@ -148,7 +148,8 @@ def _on_continue() -> None:
     run = _run()
     frame = run.frame(t.view)
     # The message goes on with the restored step: "Restored “Title”: step 3, ...".
-    problem = restore.snapshot(frame.snapshot, f"“{run.title}”")
+    # The frame is this server's engine's own export: its beams' scores are the engine's.
+    problem = restore.snapshot(frame.snapshot, f"“{run.title}”", own=True)
     if problem is not None:
         say("error", f"Could not continue from here: {problem}")
         return

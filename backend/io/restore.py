@@ -135,7 +135,7 @@ def _restore(data: dict[str, Any], *, device: str, kernel: str, check_reference:
     if scores:
         # After the bookkeeping's checks: a score is compared once every beam's tokens
         # and the model's view of them are known good.
-        check_beam_scores(engine, scores, cfg_data.get("device"))
+        check_beam_scores(engine, scores)
     # After every per-block and per-request check: a total that disagrees with the
     # blocks then has no edited block or request behind it to name instead.
     _check_totals(engine, metrics)

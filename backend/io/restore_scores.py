@@ -93,18 +93,17 @@ def _covers(seq: list[int], beam: list[int]) -> bool:
     return len(seq) >= len(beam) - 1 and seq[:len(beam) - 1] == beam[:-1]
 
 
-def check_beam_scores(engine: Engine, found: dict[str, float], taken_on: str | None) -> None:
+def check_beam_scores(engine: Engine, found: dict[str, float]) -> None:
     """Refuse a beam whose `cum_logprob` is further from `found` (its recomputed value)
     than the engine's dtype explains.
 
     Each token's log-probability is its logit less the log-sum-exp of its row, so it
-    moves by at most twice the most a logit moves: `logit_tolerance` per logit, the
-    bound the engine holds a paged step to beside the plain reference, and twice that
-    where the snapshot was taken on another device (each side's rounding counts).
+    moves by at most twice the most a logit moves: `logit_tolerance`, how far two
+    correct computations' logits may be apart (another kernel, batch or device). The
+    bound is sound, not tight: measured drifts stayed under a sixth of it, so in
+    float16 and bfloat16 (0.1 and 0.4 a token) an edit inside it passes.
     """
     tol = logit_tolerance(engine.config.dtype)
-    if taken_on is not None and taken_on != engine.device.type:
-        tol *= 2
     for rid, value in found.items():
         req = engine.requests[rid]
         assert req.cum_logprob is not None
