@@ -387,6 +387,28 @@ def test_contiguous_pass_in_row_chunks_equals_one_pass(monkeypatch: pytest.Monke
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 3], ids=["one-pass", "row-chunks"])
+def test_a_contiguous_pass_after_a_past_equals_the_whole_pass(
+        monkeypatch: pytest.MonkeyPatch, chunk_rows: int | None) -> None:
+    """Tokens computed after an earlier pass's keys and values (restore scores beams so,
+    the shared prompt once) equal the same positions of one pass over everything."""
+    import backend.models.tiny_byte as model_module
+
+    e = make(num_blocks=16, block_size=4)
+    tokens = [int(t) for t in torch.randint(32, 127, (23,))]
+    whole = e.model.forward_contiguous(tokens)
+    if chunk_rows is not None:
+        monkeypatch.setattr(model_module, "SCORE_BUDGET", 4 * 23 * chunk_rows)
+    past = e.model.forward_contiguous(tokens[:9])
+    after = e.model.forward_contiguous(tokens[9:], past=past)
+    assert past.length == 9 and after.length == 14
+    torch.testing.assert_close(after.logits, whole.logits[9:], atol=1e-5, rtol=1e-5)
+    for a, b in zip(after.keys, whole.keys, strict=True):
+        torch.testing.assert_close(a, b[9:], atol=1e-5, rtol=1e-5)
+    for a, b in zip(after.values, whole.values, strict=True):
+        torch.testing.assert_close(a, b[9:], atol=1e-5, rtol=1e-5)
+
+
 def test_verify_recomputation_catches_a_corrupted_block() -> None:
     e = run(make(num_blocks=16, block_size=4, kv_fill=0.0),
             [Add("A", prompt="The cat sat", max_new_tokens=20), Fork("A", "B"), Grow("B", 3),

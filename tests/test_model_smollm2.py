@@ -88,6 +88,15 @@ def test_logits_at_every_position_agree_with_transformers(ours: SmolLM2, hf: Any
         assert (got.logits - want).abs().max() <= LOGIT_TOL, len(ids)
 
 
+def test_a_pass_after_a_past_equals_the_whole_pass(ours: SmolLM2) -> None:
+    tokens = prompts(ours)[1]
+    assert len(tokens) > 10
+    whole = ours.forward_contiguous(tokens)
+    after = ours.forward_contiguous(tokens[5:], past=ours.forward_contiguous(tokens[:5]))
+    torch.testing.assert_close(after.logits, whole.logits[5:], atol=LOGIT_TOL, rtol=0)
+    torch.testing.assert_close(after.keys[-1], whole.keys[-1][5:], atol=1e-4, rtol=1e-4)
+
+
 def test_paged_logits_agree_in_one_packed_batch_with_scattered_blocks(ours: SmolLM2,
                                                                       hf: Any) -> None:
     """All prompts prefilled together through the paged kernels; then, in one batch, the

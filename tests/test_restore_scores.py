@@ -21,7 +21,7 @@ from backend.engine.results import logit_tolerance
 from backend.io import restore_scores
 from backend.io.recompute import recompute_kv
 from backend.io.restore import restore_engine
-from backend.io.restore_scores import check_beam_scores, forwards_left
+from backend.io.restore_scores import BeamScores, check_beam_scores, longest
 from backend.io.snapshot import export_snapshot
 from backend.models.tiny_byte import TinyByteLM
 from backend.sessions.budget import KVBudget
@@ -122,9 +122,9 @@ def counting_forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     forwards: list[int] = []
     plain = TinyByteLM.forward_contiguous
 
-    def counted(self: TinyByteLM, tokens: list[int]) -> Any:
+    def counted(self: TinyByteLM, tokens: list[int], past: Any = None) -> Any:
         forwards.append(len(tokens))
-        return plain(self, tokens)
+        return plain(self, tokens, past)
 
     monkeypatch.setattr(TinyByteLM, "forward_contiguous", counted)
     return forwards
@@ -147,12 +147,28 @@ def test_finished_beams_are_scored_from_forwards_the_restore_makes_anyway(
     assert 1 < len(forwards) < 1 + len(waiting_or_done)
 
 
-def test_forwards_left_takes_one_forward_per_longest_sequence() -> None:
-    beam_tokens = [[1, 2, 3, 9], [1, 2, 7], [1, 2, 4, 8], [5, 6], [1, 2, 4, 6]]
-    # [1, 2] (the second's) extends into [1, 2, 3] and [1, 2, 4]; [5] is planned.
-    assert forwards_left(beam_tokens, [[5, 6, 7]]) == [[1, 2, 4], [1, 2, 3]]
-    assert forwards_left(beam_tokens, [[1, 2, 4, 8, 0], [1, 2, 3, 9]]) == [[5]]
-    assert forwards_left([], [[1]]) == []
+def test_longest_keeps_one_sequence_per_longest_of_its_kind() -> None:
+    seqs = [[1, 2, 3], [1, 2], [1, 2, 4], [5], [1, 2, 4], [1, 2, 4, 6]]
+    # [1, 2] begins [1, 2, 3] and [1, 2, 4, 6]; [1, 2, 4] begins [1, 2, 4, 6].
+    assert longest(seqs) == [[5], [1, 2, 4, 6], [1, 2, 3]]
+    assert longest([]) == []
+
+
+def test_the_extra_forwards_share_the_prompt_and_skip_what_others_cover() -> None:
+    """The beams of a finished search take their prompt (but its last token) once, then
+    one suffix per longest sequence; a sequence a planned forward covers takes none."""
+    e = STATES["done"]()
+    scores = BeamScores(e)
+    members = [r for r in e.requests.values() if r.beam_width is not None]
+    [(prefix, suffixes)] = scores.extra_forwards([])
+    assert prefix == members[0].tokens[:members[0].prompt_len - 1]
+    assert len(suffixes) < len(members)
+    assert longest([prefix + s for s in suffixes]) == [prefix + s for s in suffixes]
+    for r in members:         # each beam's tokens but its last begin one of them
+        assert any((prefix + s)[:r.num_tokens - 1] == r.tokens[:-1] for s in suffixes)
+    best = max(members, key=lambda r: r.num_tokens)
+    [(_, fewer)] = scores.extra_forwards([best.tokens])
+    assert len(fewer) < len(suffixes)
 
 
 def test_the_bound_is_twice_the_logit_tolerance_a_generated_token_plus_one() -> None:

@@ -726,9 +726,9 @@ def test_continue_from_a_beam_search_spends_no_forward_on_its_scores(
     sizes: list[int] = []
     plain = TinyByteLM.forward_contiguous
 
-    def counted(self: TinyByteLM, tokens: list[int]) -> Any:
+    def counted(self: TinyByteLM, tokens: list[int], past: Any = None) -> Any:
         sizes.append(len(tokens))
-        return plain(self, tokens)
+        return plain(self, tokens, past)
 
     monkeypatch.setattr(TinyByteLM, "forward_contiguous", counted)
     restore_engine(copy.deepcopy(frame.snapshot), kernel="torch", check_scores=False)

@@ -31,9 +31,10 @@ def recompute_kv(engine: Engine, progress: Progress | None = None, *,
 
     K/V come from the plain contiguous forward pass over each block's full
     token prefix, so they equal what the paged prefill wrote, up to rounding.
-    One forward per running or swapped request, one per cached chain, and one per
-    longest sequence of the beams these leave unscored (finished or waiting beams
-    whose tokens no other forward covers); `progress` hears of each.
+    One forward per running or swapped request and one per cached chain; for the beams
+    these leave unscored (finished or waiting beams whose tokens no other forward
+    covers), one over their prompt and one per longest sequence going on from it.
+    `progress` hears of each.
     """
     cache = engine.cache
     bs = engine.config.block_size
@@ -61,8 +62,9 @@ def recompute_kv(engine: Engine, progress: Progress | None = None, *,
     chains = _cached_chains(engine, done)
     planned = [engine.requests[rid].tokens[:engine.requests[rid].num_computed]
                for rid in (*engine.running, *engine.swapped)]
-    scored_apart = beams.forwards_left(planned + [tokens for tokens, _ in chains])
-    total = len(planned) + len(chains) + len(scored_apart)
+    extra = beams.extra_forwards(planned + [tokens for tokens, _ in chains])
+    total = (len(planned) + len(chains)
+             + sum(bool(prefix) + len(suffixes) for prefix, suffixes in extra))
     finished = 0
 
     def tick() -> None:
@@ -94,9 +96,16 @@ def recompute_kv(engine: Engine, progress: Progress | None = None, *,
     for tokens, targets in chains:
         write(tokens, targets)
         tick()
-    for tokens in scored_apart:
-        forward(tokens)
-        tick()
+    # Beams only their scores need: a prompt once, each sequence on from its keys.
+    for prefix, suffixes in extra:
+        past = None
+        if prefix:
+            past = forward(prefix)
+            tick()
+        for suffix in suffixes:
+            out = engine.model.forward_contiguous(suffix, past=past)
+            beams.offer(prefix + suffix, out.logits, first=len(prefix))
+            tick()
     return beams.found
 
 

@@ -9,8 +9,9 @@ rank the beams, on the page and in the next round, by a number the model never g
 
 The row for position i of a forward over tokens T serves any beam whose tokens up
 to i + 1 are T's: a dropped beam or a complete hypothesis is scored from a forward
-another beam of its group needed anyway, and the beams no forward covers take one
-forward per longest sequence among them.
+another beam of its group needed anyway. The beams no such forward covers share one
+forward of their prompt, and each longest sequence among them goes on from its keys
+and values: a finished search costs its generated tokens, not a prompt per beam.
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ class BeamScores:
     """The beams of a restored engine, each scored once a forward covers its tokens.
 
     A beam needs the logits over its tokens but the last (row i predicts token i + 1);
-    `offer` gives it them from any forward over a sequence that begins with those.
+    `offer` gives it them from any forward over a sequence that begins with those. A
+    beam is found by a key of that prefix, so a forward costs its length plus the
+    beams it serves, not a comparison with every beam.
     """
 
     def __init__(self, engine: Engine | None) -> None:
         """The beams of `engine` (None: none, so every method is a no-op)."""
         self._wanted: dict[str, tuple[list[int], int]] = {}
+        self._needs: dict[tuple[int, int], list[str]] = {}   # (length, key) -> beams
+        self._lengths: set[int] = set()
         self.found: dict[str, float] = {}
         self._byte_model = engine is not None and engine.model.vocab_size == 256
         if engine is None:
@@ -46,51 +51,84 @@ class BeamScores:
                 continue
             if req.num_tokens == req.prompt_len:
                 self.found[req.id] = 0.0     # before its first round: nothing generated
-            else:
-                self._wanted[req.id] = (req.tokens, req.prompt_len)
+                continue
+            self._wanted[req.id] = (req.tokens, req.prompt_len)
+            need = req.num_tokens - 1
+            [(_, key)] = _prefix_keys(req.tokens, {need})
+            self._needs.setdefault((need, key), []).append(req.id)
+        self._lengths.update(length for length, _ in self._needs)
 
-    def offer(self, tokens: list[int], logits: torch.Tensor) -> None:
-        """Score every beam still unscored that `tokens` (with `logits`, one row per
-        token) cover."""
+    def _served(self, tokens: list[int], first: int) -> list[str]:
+        """The unscored beams a forward over `tokens` scores, its logits' rows starting
+        at position `first`: each beam's tokens but its last begin `tokens`, and its
+        first generated token's row (position prompt_len - 1) is among the rows."""
+        out = []
+        for length, key in _prefix_keys(tokens, self._lengths):
+            for rid in self._needs.get((length, key), ()):
+                if rid not in self._wanted:
+                    continue
+                beam, prompt_len = self._wanted[rid]
+                if first <= prompt_len - 1 and tokens[:length] == beam[:length]:
+                    out.append(rid)
+        return out
+
+    def offer(self, tokens: list[int], logits: torch.Tensor, first: int = 0) -> None:
+        """Score every unscored beam that a forward over `tokens` covers; `logits` holds
+        its rows for positions `first` onwards (a forward that went on from a past)."""
         if not self._wanted:
             return
-        for rid, (beam, prompt_len) in list(self._wanted.items()):
-            if _covers(tokens, beam):
-                self.found[rid] = self._score(logits, beam, prompt_len)
-                del self._wanted[rid]
+        for rid in self._served(tokens, first):
+            beam, prompt_len = self._wanted.pop(rid)
+            self.found[rid] = self._score(logits, first, beam, prompt_len)
 
-    def _score(self, logits: torch.Tensor, beam: list[int], prompt_len: int) -> float:
+    def _score(self, logits: torch.Tensor, first: int, beam: list[int],
+               prompt_len: int) -> float:
         """The sum of `beam`'s generated tokens' log-probabilities, in float64 as a round
         adds them, a chunk of rows at a time (a row of SmolLM2's is 49,152 wide)."""
         total = 0.0
         for start in range(prompt_len, len(beam), _ROWS):
             end = min(start + _ROWS, len(beam))
-            rows = log_probs(logits[start - 1:end - 1], self._byte_model)
+            rows = log_probs(logits[start - 1 - first:end - 1 - first], self._byte_model)
             total += float(rows.gather(-1, torch.tensor(beam[start:end])[:, None]).sum())
         return total
 
-    def forwards_left(self, planned: list[list[int]]) -> list[list[int]]:
-        """The sequences to compute for the beams still unscored once `planned` is."""
-        return forwards_left([beam for beam, _ in self._wanted.values()], planned)
+    def extra_forwards(self, planned: list[list[int]]
+                       ) -> list[tuple[list[int], list[list[int]]]]:
+        """The forwards to make for the beams that none of `planned` covers, as
+        (prefix, suffixes): the prompt but its last token, computed once, and each
+        suffix after it (`forward_contiguous`'s past), one per longest sequence."""
+        covered: set[str] = set()
+        for seq in planned:
+            covered.update(self._served(seq, 0))
+        by_prefix: dict[tuple[int, ...], list[list[int]]] = {}
+        for rid, (beam, prompt_len) in self._wanted.items():
+            if rid not in covered:
+                by_prefix.setdefault(tuple(beam[:prompt_len - 1]), []).append(beam[:-1])
+        return [(list(prefix), [seq[len(prefix):] for seq in longest(seqs)])
+                for prefix, seqs in by_prefix.items()]
 
 
-def forwards_left(beams: list[list[int]], planned: list[list[int]]) -> list[list[int]]:
-    """The fewest sequences whose forwards, with `planned`'s, score every one of `beams`:
-    one per longest among the beams no planned sequence covers. In descending order a
-    sequence comes just after those that extend it, so it is covered by the one before
-    or is the longest of its kind and needs its own forward."""
-    left = sorted((beam[:-1] for beam in beams
-                   if not any(_covers(seq, beam) for seq in planned)), reverse=True)
+def longest(seqs: list[list[int]]) -> list[list[int]]:
+    """The fewest of `seqs` that hold every one as a prefix: in descending order a
+    sequence comes just after those that extend it, so it is a prefix of the one
+    kept before it, or is the longest of its kind and is kept."""
     out: list[list[int]] = []
-    for seq in left:
+    for seq in sorted(seqs, reverse=True):
         if not out or out[-1][:len(seq)] != seq:
             out.append(seq)
     return out
 
 
-def _covers(seq: list[int], beam: list[int]) -> bool:
-    """A forward over `seq` holds the logits that score every token of `beam`."""
-    return len(seq) >= len(beam) - 1 and seq[:len(beam) - 1] == beam[:-1]
+def _prefix_keys(tokens: list[int], lengths: set[int]) -> list[tuple[int, int]]:
+    """(length, key) of each prefix of `tokens` whose length is in `lengths`: a rolling
+    hash, equal for equal prefixes (a match is then compared token by token)."""
+    out = []
+    key = 0
+    for i, token in enumerate(tokens[:max(lengths, default=0)]):
+        key = hash((key, token))
+        if i + 1 in lengths:
+            out.append((i + 1, key))
+    return out
 
 
 def check_beam_scores(engine: Engine, found: dict[str, float]) -> None:

@@ -49,8 +49,13 @@ class LanguageModel(Protocol):
         """
         ...
 
-    def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
-        """One sequence from scratch with no cache: logits, keys and values at every position."""
+    def forward_contiguous(self, tokens: list[int],
+                           past: ContiguousOutput | None = None) -> ContiguousOutput:
+        """One sequence with no cache: logits, keys and values at every position of
+        `tokens`. With `past` (an earlier output of this method, made without a past),
+        `tokens` go on from the sequence it computed: they are at positions past.length
+        onwards and attend to its keys and values too, and the output holds theirs
+        alone."""
         ...
 
 

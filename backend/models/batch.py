@@ -92,3 +92,8 @@ class ContiguousOutput:
     logits: torch.Tensor           # [L, vocab] float32, at every position
     keys: list[torch.Tensor]       # per layer [L, num_kv_heads, head_dim]
     values: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        """The positions it holds."""
+        return int(self.logits.shape[0])

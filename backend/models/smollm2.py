@@ -33,7 +33,7 @@ from backend.kernels.validate import TORCH_DTYPES
 from backend.models.base import paged_attention_layer
 from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
 from backend.models.gguf_loader import GGUFModel
-from backend.models.tiny_byte import causal_attention
+from backend.models.tiny_byte import causal_attention, with_past
 from backend.models.tokenizer import TextCodec
 
 
@@ -179,19 +179,23 @@ class SmolLM2:
         return ForwardOutput(self._logits(x), checker.max_abs_err())
 
     @torch.inference_mode()
-    def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
-        """One sequence, no cache, no paging: plain causal attention over all tokens."""
+    def forward_contiguous(self, tokens: list[int],
+                           past: ContiguousOutput | None = None) -> ContiguousOutput:
+        """One sequence, no cache, no paging: plain causal attention over all tokens
+        (after `past`'s, whose keys and values it attends to: see base.Model)."""
         d = self.weights.dims
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        cos, sin = self._cos_sin(torch.arange(len(tokens), device=self.device))
+        start = 0 if past is None else past.length
+        cos, sin = self._cos_sin(torch.arange(start, start + len(tokens), device=self.device))
         x = self.weights.embed[ids]
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         group = d.num_heads // d.num_kv_heads
-        for layer in self.weights.layers:
+        for i, layer in enumerate(self.weights.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             keys.append(k)
             values.append(v)
+            k, v = with_past(past, i, k, v)
             qf = q.float().transpose(0, 1)
             kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
             vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)

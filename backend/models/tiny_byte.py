@@ -129,19 +129,23 @@ class TinyByteLM:
         return ForwardOutput(self._logits(x), checker.max_abs_err())
 
     @torch.inference_mode()
-    def forward_contiguous(self, tokens: list[int]) -> ContiguousOutput:
-        """One sequence, no cache, no paging: plain causal attention over all tokens."""
+    def forward_contiguous(self, tokens: list[int],
+                           past: ContiguousOutput | None = None) -> ContiguousOutput:
+        """One sequence, no cache, no paging: plain causal attention over all tokens
+        (after `past`'s, whose keys and values it attends to: see base.Model)."""
         c = self.config
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        positions = torch.arange(len(tokens), device=self.device)
+        start = 0 if past is None else past.length
+        positions = torch.arange(start, start + len(tokens), device=self.device)
         x = self.embed[ids]
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         group = c.num_heads // c.num_kv_heads
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, positions)
             keys.append(k)
             values.append(v)
+            k, v = with_past(past, i, k, v)
             # [heads, L, D] in float32, GQA by repeating each kv head for its group.
             qf = q.float().transpose(0, 1)
             kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
@@ -155,19 +159,31 @@ class TinyByteLM:
 SCORE_BUDGET = 1 << 24
 
 
+def with_past(past: ContiguousOutput | None, layer: int, k: torch.Tensor,
+              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`layer`'s keys and values over the whole sequence: `past`'s, then the new ones."""
+    if past is None:
+        return k, v
+    return torch.cat((past.keys[layer], k)), torch.cat((past.values[layer], v))
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       scale: float) -> torch.Tensor:
-    """Plain causal attention over [heads, L, D], in row chunks so memory stays bounded."""
+    """Plain causal attention of queries [heads, L, D] over keys [heads, P + L, D], the
+    queries being the last L positions, in row chunks so memory stays bounded."""
     heads, length, _ = q.shape
-    rows = max(1, SCORE_BUDGET // (heads * length))
-    if rows >= length:
+    offset = k.shape[1] - length
+    rows = max(1, SCORE_BUDGET // (heads * k.shape[1]))
+    if rows >= length and offset == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     out = torch.empty_like(q)
     for start in range(0, length, rows):
         stop = min(length, start + rows)
-        # Row r (absolute position start + r) sees keys 0..start + r.
-        keep = (torch.arange(stop, device=q.device)[None, :]
-                <= torch.arange(start, stop, device=q.device)[:, None])
+        # Query r (absolute position offset + r) sees keys 0..offset + r. (SDPA's own
+        # is_causal aligns a wider key range at its start, not its end.)
+        keep = (torch.arange(offset + stop, device=q.device)[None, :]
+                <= torch.arange(offset + start, offset + stop, device=q.device)[:, None])
         out[:, start:stop] = F.scaled_dot_product_attention(
-            q[:, start:stop], k[:, :stop], v[:, :stop], attn_mask=keep, scale=scale)
+            q[:, start:stop], k[:, :offset + stop], v[:, :offset + stop], attn_mask=keep,
+            scale=scale)
     return out
