@@ -194,7 +194,12 @@ def test_restore_refuses_inconsistent_beams() -> None:
     snap = json.loads(json.dumps(export_snapshot(e)))
     for change, message in [
         (lambda r: r.update(beam_width=4), "different beam_width"),
-        (lambda r: r.update(cum_logprob=0.5), "cum_logprob must be a finite"),
+        (lambda r: r.update(cum_logprob=0.5),
+         r"cum_logprob must be a finite log-probability \(<= 0\), got 0\.5$"),
+        # Each in JSON's words: a field left out, null, and Python's reading of NaN.
+        (lambda r: r.pop("cum_logprob"), r"\]: missing field 'cum_logprob' \(a beam carries"),
+        (lambda r: r.update(cum_logprob=None), r"\(<= 0\), got null$"),
+        (lambda r: r.update(cum_logprob=float("nan")), r"\(<= 0\), got NaN"),
         # false is an int to Python, and was read as a log-probability of 0.
         (lambda r: r.update(cum_logprob=False), r"\.cum_logprob must be a number, got false"),
         (lambda r: r.pop("group"), "carries the group"),

@@ -337,6 +337,10 @@ def test_the_arena_says_who_waits_and_who_fell_behind_the_paged_pool() -> None:
 def test_paths_read_as_words() -> None:
     assert tv.describe_path("requests.A.block_table") == "A's block table"
     assert tv.describe_path("blocks.2.ref_count") == "block 2: ref count"
+    assert tv.describe_path("cpu_blocks.1.ref_count") == "host block 1: ref count"
+    assert tv.describe_path("metrics.swap_outs") == "host pool: swap-outs so far"
+    assert tv.describe_path("metrics.cpu_used_blocks") == (
+        "host pool: blocks holding swapped-out K/V")
     assert tv.describe_path("blocks.3.num_filled") == "block 3: filled slots"
     assert tv.describe_path("requests.A.num_tokens") == "A's token count"
     # A metric as its card on the page names it, so a student can find it there.

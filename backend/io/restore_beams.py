@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+from backend.core.checks import shown
 from backend.core.errors import PagedLabError
 from backend.engine.ops import MAX_SAMPLES
 from backend.engine.request import Request
@@ -34,8 +35,12 @@ def beam_fields(r: FieldReader, group: str | None, max_new: int | None,
         raise PagedLabError(f"{r.where}.beam_width must be in 1..{MAX_SAMPLES}")
     if group is None:
         raise PagedLabError(f"{r.where}: a beam carries the group it belongs to")
+    if "cum_logprob" not in r.data:
+        raise PagedLabError(f"{r.where}: missing field 'cum_logprob' (a beam carries its "
+                            "cumulative log-probability)")
     if cum is None or not math.isfinite(cum) or cum > 0:
-        raise PagedLabError(f"{r.where}.cum_logprob must be a finite log-probability (<= 0)")
+        raise PagedLabError(f"{r.where}.cum_logprob must be a finite log-probability "
+                            f"(<= 0), got {shown(cum)}")
     if max_new is None:
         raise PagedLabError(f"{r.where}: a beam has a max_new_tokens limit")
     return width, float(cum)

@@ -25,6 +25,14 @@ from backend.views.model import Snapshot, owner_index
 
 MAX_VALUE_CHARS = 120
 
+# The swap metrics have no card: the Host pool's caption says them, in these words.
+HOST_NAMES = {
+    "cpu_used_blocks": "host pool: blocks holding swapped-out K/V",
+    "swapped_requests": "host pool: requests swapped out",
+    "swap_outs": "host pool: swap-outs so far",
+    "swap_ins": "host pool: swap-ins so far",
+}
+
 # The arena map is as wide as a 16-column block grid (16 cells of 46 px), so a
 # one-slot-per-block pool and an arena of the same capacity line up slot for slot.
 ARENA_WIDTH = 16 * 46
@@ -152,8 +160,10 @@ def describe_path(path: str) -> str:
                 + "".join(f" [{i}]" for i in rest[field + 1:]))
     if head == "blocks" and len(rest) == 2:
         return f"block {rest[0]}: {words(rest[1])}"
+    if head == "cpu_blocks" and len(rest) == 2:
+        return f"host block {rest[0]}: {words(rest[1])}"
     if head == "metrics" and len(rest) == 1:
-        return CARD_NAMES.get(rest[0], words(rest[0]))
+        return CARD_NAMES.get(rest[0]) or HOST_NAMES.get(rest[0]) or words(rest[0])
     if head == "kernel" and len(rest) == 1:
         return KERNEL_NAMES.get(rest[0], f"kernel {words(rest[0])}")
     if head == "address" and len(rest) >= 2:
