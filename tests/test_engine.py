@@ -409,6 +409,33 @@ def test_a_contiguous_pass_after_a_past_equals_the_whole_pass(
         torch.testing.assert_close(a, b[9:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 2], ids=["one-pass", "row-chunks"])
+def test_branches_after_a_past_equal_one_pass_each(monkeypatch: pytest.MonkeyPatch,
+                                                   chunk_rows: int | None) -> None:
+    """Runs side by side in one pass, each a continuation of the past, give what each
+    gives alone: no run sees another's keys, and each starts at the past's end."""
+    import backend.models.tiny_byte as model_module
+
+    e = make(num_blocks=16, block_size=4)
+    if chunk_rows is not None:
+        monkeypatch.setattr(model_module, "SCORE_BUDGET", 4 * 20 * chunk_rows)
+    prefix = [int(t) for t in torch.randint(32, 127, (7,))]
+    runs = [[int(t) for t in torch.randint(32, 127, (n,))] for n in (5, 1, 7)]
+    past = e.model.forward_contiguous(prefix)
+    both = e.model.forward_contiguous([t for r in runs for t in r], past=past,
+                                      branches=[len(r) for r in runs])
+    row = 0
+    for run_ in runs:
+        alone = e.model.forward_contiguous(prefix + run_)
+        torch.testing.assert_close(both.logits[row:row + len(run_)],
+                                   alone.logits[len(prefix):], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(both.keys[0][row:row + len(run_)],
+                                   alone.keys[0][len(prefix):], atol=1e-5, rtol=1e-5)
+        row += len(run_)
+    with pytest.raises(ValueError, match="do not split"):
+        e.model.forward_contiguous(runs[0], past=past, branches=[2, 2])
+
+
 def test_verify_recomputation_catches_a_corrupted_block() -> None:
     e = run(make(num_blocks=16, block_size=4, kv_fill=0.0),
             [Add("A", prompt="The cat sat", max_new_tokens=20), Fork("A", "B"), Grow("B", 3),

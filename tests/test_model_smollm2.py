@@ -95,6 +95,15 @@ def test_a_pass_after_a_past_equals_the_whole_pass(ours: SmolLM2) -> None:
     after = ours.forward_contiguous(tokens[5:], past=ours.forward_contiguous(tokens[:5]))
     torch.testing.assert_close(after.logits, whole.logits[5:], atol=LOGIT_TOL, rtol=0)
     torch.testing.assert_close(after.keys[-1], whole.keys[-1][5:], atol=1e-4, rtol=1e-4)
+    other = prompts(ours)[2]
+    past = ours.forward_contiguous(tokens[:5])
+    both = ours.forward_contiguous(tokens[5:] + other, past=past,
+                                   branches=[len(tokens) - 5, len(other)])
+    torch.testing.assert_close(both.logits[:len(tokens) - 5], whole.logits[5:],
+                               atol=LOGIT_TOL, rtol=0)
+    alone = ours.forward_contiguous(tokens[:5] + other)
+    torch.testing.assert_close(both.logits[len(tokens) - 5:], alone.logits[5:],
+                               atol=LOGIT_TOL, rtol=0)
 
 
 def test_paged_logits_agree_in_one_packed_batch_with_scattered_blocks(ours: SmolLM2,

@@ -122,9 +122,10 @@ def counting_forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     forwards: list[int] = []
     plain = TinyByteLM.forward_contiguous
 
-    def counted(self: TinyByteLM, tokens: list[int], past: Any = None) -> Any:
+    def counted(self: TinyByteLM, tokens: list[int], past: Any = None,
+                branches: Any = None) -> Any:
         forwards.append(len(tokens))
-        return plain(self, tokens, past)
+        return plain(self, tokens, past, branches)
 
     monkeypatch.setattr(TinyByteLM, "forward_contiguous", counted)
     return forwards
@@ -160,15 +161,30 @@ def test_the_extra_forwards_share_the_prompt_and_skip_what_others_cover() -> Non
     e = STATES["done"]()
     scores = BeamScores(e)
     members = [r for r in e.requests.values() if r.beam_width is not None]
-    [(prefix, suffixes)] = scores.extra_forwards([])
+    [(prefix, passes)] = scores.extra_forwards([])
+    assert len(passes) == 1                  # a few tokens each: one pass holds them
+    suffixes = passes[0]
     assert prefix == members[0].tokens[:members[0].prompt_len - 1]
     assert len(suffixes) < len(members)
     assert longest([prefix + s for s in suffixes]) == [prefix + s for s in suffixes]
     for r in members:         # each beam's tokens but its last begin one of them
         assert any((prefix + s)[:r.num_tokens - 1] == r.tokens[:-1] for s in suffixes)
     best = max(members, key=lambda r: r.num_tokens)
-    [(_, fewer)] = scores.extra_forwards([best.tokens])
+    [(_, [fewer])] = scores.extra_forwards([best.tokens])
     assert len(fewer) < len(suffixes)
+
+
+def test_a_pass_holds_at_most_its_token_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    e = STATES["done"]()
+    monkeypatch.setattr(restore_scores, "PASS_TOKENS", 10)
+    [(_, passes)] = BeamScores(e).extra_forwards([])
+    assert len(passes) > 1
+    for suffixes in passes:
+        assert sum(map(len, suffixes)) <= 10 or len(suffixes) == 1
+    twin = restore_engine(export_snapshot(e), kernel="torch")
+    found = recompute_kv(twin)
+    for rid, score in found.items():
+        assert e.requests[rid].cum_logprob == pytest.approx(score, abs=1e-4)
 
 
 def test_the_bound_is_twice_the_logit_tolerance_a_generated_token_plus_one() -> None:

@@ -726,9 +726,10 @@ def test_continue_from_a_beam_search_spends_no_forward_on_its_scores(
     sizes: list[int] = []
     plain = TinyByteLM.forward_contiguous
 
-    def counted(self: TinyByteLM, tokens: list[int], past: Any = None) -> Any:
+    def counted(self: TinyByteLM, tokens: list[int], past: Any = None,
+                branches: Any = None) -> Any:
         sizes.append(len(tokens))
-        return plain(self, tokens, past)
+        return plain(self, tokens, past, branches)
 
     monkeypatch.setattr(TinyByteLM, "forward_contiguous", counted)
     restore_engine(copy.deepcopy(frame.snapshot), kernel="torch", check_scores=False)

@@ -33,8 +33,8 @@ def recompute_kv(engine: Engine, progress: Progress | None = None, *,
     token prefix, so they equal what the paged prefill wrote, up to rounding.
     One forward per running or swapped request and one per cached chain; for the beams
     these leave unscored (finished or waiting beams whose tokens no other forward
-    covers), one over their prompt and one per longest sequence going on from it.
-    `progress` hears of each.
+    covers), one over their prompt and a few passes over the sequences going on from
+    it. `progress` hears of each.
     """
     cache = engine.cache
     bs = engine.config.block_size
@@ -64,7 +64,7 @@ def recompute_kv(engine: Engine, progress: Progress | None = None, *,
                for rid in (*engine.running, *engine.swapped)]
     extra = beams.extra_forwards(planned + [tokens for tokens, _ in chains])
     total = (len(planned) + len(chains)
-             + sum(bool(prefix) + len(suffixes) for prefix, suffixes in extra))
+             + sum(bool(prefix) + len(passes) for prefix, passes in extra))
     finished = 0
 
     def tick() -> None:
@@ -96,15 +96,20 @@ def recompute_kv(engine: Engine, progress: Progress | None = None, *,
     for tokens, targets in chains:
         write(tokens, targets)
         tick()
-    # Beams only their scores need: a prompt once, each sequence on from its keys.
-    for prefix, suffixes in extra:
+    # Beams only their scores need: a prompt once, then its continuations side by side.
+    for prefix, passes in extra:
         past = None
         if prefix:
             past = forward(prefix)
             tick()
-        for suffix in suffixes:
-            out = engine.model.forward_contiguous(suffix, past=past)
-            beams.offer(prefix + suffix, out.logits, first=len(prefix))
+        for suffixes in passes:
+            out = engine.model.forward_contiguous([t for s in suffixes for t in s], past=past,
+                                                  branches=[len(s) for s in suffixes])
+            row = 0
+            for suffix in suffixes:
+                beams.offer(prefix + suffix, out.logits[row:row + len(suffix)],
+                            first=len(prefix))
+                row += len(suffix)
             tick()
     return beams.found
 

@@ -10,8 +10,9 @@ rank the beams, on the page and in the next round, by a number the model never g
 The row for position i of a forward over tokens T serves any beam whose tokens up
 to i + 1 are T's: a dropped beam or a complete hypothesis is scored from a forward
 another beam of its group needed anyway. The beams no such forward covers share one
-forward of their prompt, and each longest sequence among them goes on from its keys
-and values: a finished search costs its generated tokens, not a prompt per beam.
+forward of their prompt, and the longest sequences among them go on from its keys and
+values, several to a pass: a finished search costs its generated tokens in a few
+passes, not a prompt per beam.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from backend.engine.results import logit_tolerance
 # Rows of log-probabilities held at once while a beam is scored (float64: 24 MiB for
 # SmolLM2's vocabulary).
 _ROWS = 64
+# Tokens of one pass over beams' suffixes: on a CPU a pass of a few tokens costs about
+# what one of hundreds does (each reads every weight), and its logits are 192 KiB a
+# token for SmolLM2 (48 MiB here).
+PASS_TOKENS = 256
 
 
 class BeamScores:
@@ -93,10 +98,11 @@ class BeamScores:
         return total
 
     def extra_forwards(self, planned: list[list[int]]
-                       ) -> list[tuple[list[int], list[list[int]]]]:
+                       ) -> list[tuple[list[int], list[list[list[int]]]]]:
         """The forwards to make for the beams that none of `planned` covers, as
-        (prefix, suffixes): the prompt but its last token, computed once, and each
-        suffix after it (`forward_contiguous`'s past), one per longest sequence."""
+        (prefix, passes): the prompt but its last token, computed once, then passes of
+        suffixes after it (`forward_contiguous`'s past and branches), one suffix per
+        longest sequence, up to PASS_TOKENS in a pass."""
         covered: set[str] = set()
         for seq in planned:
             covered.update(self._served(seq, 0))
@@ -104,8 +110,21 @@ class BeamScores:
         for rid, (beam, prompt_len) in self._wanted.items():
             if rid not in covered:
                 by_prefix.setdefault(tuple(beam[:prompt_len - 1]), []).append(beam[:-1])
-        return [(list(prefix), [seq[len(prefix):] for seq in longest(seqs)])
+        return [(list(prefix), _passes([seq[len(prefix):] for seq in longest(seqs)]))
                 for prefix, seqs in by_prefix.items()]
+
+
+def _passes(suffixes: list[list[int]]) -> list[list[list[int]]]:
+    """`suffixes` in runs of at most PASS_TOKENS tokens (a longer one alone)."""
+    out: list[list[list[int]]] = []
+    size = PASS_TOKENS
+    for suffix in suffixes:
+        if size + len(suffix) > PASS_TOKENS:
+            out.append([])
+            size = 0
+        out[-1].append(suffix)
+        size += len(suffix)
+    return out
 
 
 def longest(seqs: list[list[int]]) -> list[list[int]]:

@@ -49,13 +49,16 @@ class LanguageModel(Protocol):
         """
         ...
 
-    def forward_contiguous(self, tokens: list[int],
-                           past: ContiguousOutput | None = None) -> ContiguousOutput:
+    def forward_contiguous(self, tokens: list[int], past: ContiguousOutput | None = None,
+                           branches: list[int] | None = None) -> ContiguousOutput:
         """One sequence with no cache: logits, keys and values at every position of
         `tokens`. With `past` (an earlier output of this method, made without a past),
         `tokens` go on from the sequence it computed: they are at positions past.length
         onwards and attend to its keys and values too, and the output holds theirs
-        alone."""
+        alone. `branches` splits `tokens` into consecutive runs of those lengths, each
+        its own continuation of the past (positions from past.length, attending to the
+        past and to its own run alone), so several sequences with one prefix are
+        computed in one pass: the same outputs as one call per run."""
         ...
 
 

@@ -129,8 +129,8 @@ class Unloaded:
                 check: bool = True, all_positions: bool = False) -> ForwardOutput:
         raise _no_weights()
 
-    def forward_contiguous(self, tokens: list[int],
-                           past: ContiguousOutput | None = None) -> ContiguousOutput:
+    def forward_contiguous(self, tokens: list[int], past: ContiguousOutput | None = None,
+                           branches: list[int] | None = None) -> ContiguousOutput:
         raise _no_weights()
 
 

@@ -33,7 +33,7 @@ from backend.kernels.validate import TORCH_DTYPES
 from backend.models.base import paged_attention_layer
 from backend.models.batch import ContiguousOutput, ForwardBatch, ForwardOutput, PagedKV
 from backend.models.gguf_loader import GGUFModel
-from backend.models.tiny_byte import causal_attention, with_past
+from backend.models.tiny_byte import branch_positions, causal_attention, with_past
 from backend.models.tokenizer import TextCodec
 
 
@@ -179,14 +179,13 @@ class SmolLM2:
         return ForwardOutput(self._logits(x), checker.max_abs_err())
 
     @torch.inference_mode()
-    def forward_contiguous(self, tokens: list[int],
-                           past: ContiguousOutput | None = None) -> ContiguousOutput:
+    def forward_contiguous(self, tokens: list[int], past: ContiguousOutput | None = None,
+                           branches: list[int] | None = None) -> ContiguousOutput:
         """One sequence, no cache, no paging: plain causal attention over all tokens
-        (after `past`'s, whose keys and values it attends to: see base.Model)."""
+        (after `past`'s, in `branches`: see base.Model)."""
         d = self.weights.dims
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        start = 0 if past is None else past.length
-        cos, sin = self._cos_sin(torch.arange(start, start + len(tokens), device=self.device))
+        cos, sin = self._cos_sin(branch_positions(len(tokens), past, branches, self.device))
         x = self.weights.embed[ids]
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -199,6 +198,6 @@ class SmolLM2:
             qf = q.float().transpose(0, 1)
             kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
             vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-            attn = causal_attention(qf, kf, vf, self.scale)
+            attn = causal_attention(qf, kf, vf, self.scale, branches)
             x = self._finish_layer(layer, x, attn.transpose(0, 1).to(self.dtype))
         return ContiguousOutput(self._logits(x), keys, values)

@@ -129,14 +129,13 @@ class TinyByteLM:
         return ForwardOutput(self._logits(x), checker.max_abs_err())
 
     @torch.inference_mode()
-    def forward_contiguous(self, tokens: list[int],
-                           past: ContiguousOutput | None = None) -> ContiguousOutput:
+    def forward_contiguous(self, tokens: list[int], past: ContiguousOutput | None = None,
+                           branches: list[int] | None = None) -> ContiguousOutput:
         """One sequence, no cache, no paging: plain causal attention over all tokens
-        (after `past`'s, whose keys and values it attends to: see base.Model)."""
+        (after `past`'s, in `branches`: see base.Model)."""
         c = self.config
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        start = 0 if past is None else past.length
-        positions = torch.arange(start, start + len(tokens), device=self.device)
+        positions = branch_positions(len(tokens), past, branches, self.device)
         x = self.embed[ids]
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -150,13 +149,25 @@ class TinyByteLM:
             qf = q.float().transpose(0, 1)
             kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
             vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-            attn = causal_attention(qf, kf, vf, self.scale)
+            attn = causal_attention(qf, kf, vf, self.scale, branches)
             x = self._finish_layer(layer, x, attn.transpose(0, 1).to(self.dtype))
         return ContiguousOutput(self._logits(x), keys, values)
 
 
 # Most attention scores (rows x keys x heads) one chunk of the contiguous pass holds.
 SCORE_BUDGET = 1 << 24
+
+
+def branch_positions(length: int, past: ContiguousOutput | None, branches: list[int] | None,
+                     device: torch.device) -> torch.Tensor:
+    """The positions of `length` tokens after `past`: each branch starts where the past
+    ends."""
+    start = 0 if past is None else past.length
+    if branches is None:
+        return torch.arange(start, start + length, device=device)
+    if sum(branches) != length or min(branches, default=1) < 1:
+        raise ValueError(f"branches {branches} do not split {length} tokens")
+    return torch.cat([torch.arange(start, start + n, device=device) for n in branches])
 
 
 def with_past(past: ContiguousOutput | None, layer: int, k: torch.Tensor,
@@ -167,22 +178,30 @@ def with_past(past: ContiguousOutput | None, layer: int, k: torch.Tensor,
     return torch.cat((past.keys[layer], k)), torch.cat((past.values[layer], v))
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """Plain causal attention of queries [heads, L, D] over keys [heads, P + L, D], the
-    queries being the last L positions, in row chunks so memory stays bounded."""
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     branches: list[int] | None = None) -> torch.Tensor:
+    """Plain causal attention of queries [heads, L, D] over keys [heads, P + L, D]: the
+    queries are the last L positions, each seeing the P keys before them and the keys
+    of its own branch up to itself (`branches`: the lengths of consecutive runs of the
+    L, each its own continuation of the P; None: one run). In row chunks, so memory
+    stays bounded."""
     heads, length, _ = q.shape
     offset = k.shape[1] - length
     rows = max(1, SCORE_BUDGET // (heads * k.shape[1]))
-    if rows >= length and offset == 0:
+    if rows >= length and offset == 0 and branches is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    runs = [length] if branches is None else branches
+    branch = torch.repeat_interleave(torch.arange(len(runs), device=q.device),
+                                     torch.tensor(runs, device=q.device))
+    index = torch.arange(length, device=q.device)
     out = torch.empty_like(q)
     for start in range(0, length, rows):
         stop = min(length, start + rows)
-        # Query r (absolute position offset + r) sees keys 0..offset + r. (SDPA's own
-        # is_causal aligns a wider key range at its start, not its end.)
-        keep = (torch.arange(offset + stop, device=q.device)[None, :]
-                <= torch.arange(offset + start, offset + stop, device=q.device)[:, None])
+        # Keys past `stop` are never seen: later rows of its branch, or other branches.
+        # (SDPA's own is_causal aligns a wider key range at its start, not its end.)
+        own = ((branch[None, :stop] == branch[start:stop, None])
+               & (index[None, :stop] <= index[start:stop, None]))
+        keep = torch.cat((own.new_ones(stop - start, offset), own), dim=1)
         out[:, start:stop] = F.scaled_dot_product_attention(
             q[:, start:stop], k[:, :offset + stop], v[:, :offset + stop], attn_mask=keep,
             scale=scale)
