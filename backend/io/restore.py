@@ -52,11 +52,11 @@ def restore_engine(data: dict[str, Any], *, device: str = "auto", kernel: str = 
     """A new engine in exactly the state `data` describes. Raises PagedLabError.
 
     `progress(done, total)` hears of each forward of the K/V recomputation (the
-    part that takes time: one forward per request and per cached chain, and per
-    beam sequence that only its score needs). `check_scores=False` is for an
-    engine's own export (a saved session reopened, a failed operation undone, a
-    move to another device): its beams' `cum_logprob` are what that engine
-    computed, so no forward is spent recomputing them."""
+    part that takes time: one forward per request and per cached chain, and the few
+    that only beams' scores need). `check_scores=False` is for an engine's own
+    export (a saved session reopened, a failed operation undone, a move to another
+    device, a scenario's step continued): its beams' `cum_logprob` are what that
+    engine computed, so no forward is spent recomputing them."""
     return _restore(data, device=device, kernel=kernel, check_reference=check_reference,
                     progress=progress, recompute=True, check_scores=check_scores)
 
