@@ -25,7 +25,6 @@ from backend.io.restore import restore_engine
 from backend.io.scenario import MAX_SCENARIO_BYTES, load_scenario
 from backend.io.scenario_export import scenario_json
 from backend.io.snapshot import export_snapshot
-from backend.models.tiny_byte import TinyByteLM
 from backend.sessions import budget as budget_module
 from backend.sessions import tour as tour_session
 from backend.sessions.playground import Settings
@@ -33,6 +32,7 @@ from backend.sessions.tour import TourRun, shipped_scenario
 from backend.views.text import plain_md
 from backend.views.tour import value_text
 from tests.test_app import click, html, markdown, metrics
+from tests.test_restore_scores import counting_forwards
 from tests.test_store_scenario import OPS, _session
 from ui import history, tour, tour_link
 from ui.state_writes import Queued
@@ -723,15 +723,7 @@ def test_continue_from_a_beam_search_spends_no_forward_on_its_scores(
     at = open_tour("10-beam-search", "9")
     frame = run_of(at).frame(9)
     assert sum("beam_width" in r for r in frame.snapshot["requests"]) > 4
-    sizes: list[int] = []
-    plain = TinyByteLM.forward_contiguous
-
-    def counted(self: TinyByteLM, tokens: list[int], past: Any = None,
-                branches: Any = None) -> Any:
-        sizes.append(len(tokens))
-        return plain(self, tokens, past, branches)
-
-    monkeypatch.setattr(TinyByteLM, "forward_contiguous", counted)
+    sizes = counting_forwards(monkeypatch)
     restore_engine(copy.deepcopy(frame.snapshot), kernel="torch", check_scores=False)
     own = len(sizes)
     restore_engine(copy.deepcopy(frame.snapshot), kernel="torch")
