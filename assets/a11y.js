@@ -88,6 +88,11 @@
       listed = true;
       return;
     }
+    // The control that had it, given it back (by the keeper, or the browser) with no
+    // other in between: still the same press, so a later loss is handled as this one
+    // was. (Taken for a new focus, a download button that dropped the focus again
+    // once its file came, as Streamlit redraws it, left the focus on the body.)
+    if (el === last) return;
     if (!(el instanceof Element) || el === document.body
         || !(keyboard || el.matches(":focus-visible"))) {
       last = null;
@@ -160,13 +165,13 @@
     return following(place) ?? preceding(place) ?? null;
   };
 
-  // A download button its own press disabled with no run, while the server builds its
-  // file: it comes back in a moment, and keeps the focus then. Moved on to the next
-  // control, a second Enter meant for this one fetched another file. Given up (to the
-  // next control) if it is still disabled after WAIT_MS. Only a download button: any
-  // other control disabled by its press with no run seen was disabled by a run whose
-  // start and end reached the page together (Next on a scenario's last step), and
-  // hands the focus on at once. Long enough for a file built on a busy server (several
+  // A download button its own press disabled (no download starts a run) while the
+  // server builds its file: it comes back in a moment, and keeps the focus then, even
+  // if a run came meanwhile. Moved on to the next control, a second Enter meant for this
+  // one fetched another file. Given up (to the next control) if it is still disabled
+  // after WAIT_MS. Only a download button: any other control disabled by its press was
+  // disabled by a run, even one whose start and end reached the page together (Next on
+  // a scenario's last step), and hands the focus on at once. Long enough for a file built on a busy server (several
   // seconds under load): given up sooner, the focus went on while the file was coming.
   const WAIT_MS = 30000;
   let waiting = null;   // the control waited for now
@@ -180,7 +185,7 @@
       } else if (usable(el)) {
         waiting = null;
         el.focus();
-      } else if (Date.now() > until || !el.isConnected || runs !== runsThen) {
+      } else if (Date.now() > until || !el.isConnected) {
         waiting = null;
         waited = el;
         refocus();
@@ -195,7 +200,7 @@
     // Only a run, or the control's own press, moves it: what the browser or a widget did
     // by itself (a chart's full screen, a list box opening) is theirs.
     if (last === null || !lost() || (runs === runsThen && !pressed)) return;
-    if (runs === runsThen && last.isConnected && last.disabled && last !== waited
+    if (pressed && last.isConnected && last.disabled && last !== waited
         && last.closest("[data-testid='stDownloadButton']") !== null) {
       if (waiting !== last) waitFor(last);
       return;

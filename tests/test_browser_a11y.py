@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
+from ui import a11y
+
 pytestmark = pytest.mark.browser
 
 T = 60_000
@@ -187,6 +189,42 @@ def test_a_download_pressed_from_the_keyboard_keeps_the_focus(
     except BaseException:
         page.screenshot(path=screenshots / "a11y-download-failed.png", full_page=True)
         raise
+    finally:
+        page.close()
+
+
+# Two download buttons as Streamlit draws them, in a page whose script state a test
+# sets, with the keeper installed: its rules alone, with no server's timing in them.
+DOWNLOADS = """<div data-testid="stApp" data-test-script-state="notRunning">
+<div class="st-key-snap"><div data-testid="stDownloadButton"><button id="snap">Snapshot</button>
+</div></div><div class="st-key-csv"><div data-testid="stDownloadButton">
+<button id="csv">Blocks (CSV)</button></div></div></div>"""
+
+
+def test_a_download_keeps_the_focus_through_a_run_and_through_a_second_redraw(
+        browser: Browser) -> None:
+    """While its file is built a download button is disabled, and the focus falls to the
+    page's body. It comes back to the button, not the next one: when a run came and
+    went meanwhile (a run's end once gave up the wait), and when the button drops it
+    again as it is redrawn (the focus given back once counted as a new one, and a
+    second loss was left alone)."""
+    page = browser.new_page()
+    try:
+        page.set_content(DOWNLOADS + f"<script>{a11y.script()}</script>")
+        snap = page.locator("#snap")
+        keyboard_focus(page, snap)
+        page.keyboard.press("Enter")
+        for run in (True, False):
+            page.evaluate("() => { document.querySelector('#snap').disabled = true; }")
+            page.wait_for_function("() => document.activeElement === document.body",
+                                   timeout=T)
+            if run:
+                for state in ("running", "notRunning"):
+                    page.evaluate("(s) => document.querySelector('[data-testid=stApp]')"
+                                  ".setAttribute('data-test-script-state', s)", state)
+                    page.wait_for_timeout(200)
+            page.evaluate("() => { document.querySelector('#snap').disabled = false; }")
+            expect(snap).to_be_focused(timeout=T)
     finally:
         page.close()
 
