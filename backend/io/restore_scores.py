@@ -79,23 +79,33 @@ class BeamScores:
 
     def offer(self, tokens: list[int], logits: torch.Tensor, first: int = 0) -> None:
         """Score every unscored beam that a forward over `tokens` covers; `logits` holds
-        its rows for positions `first` onwards (a forward that went on from a past)."""
+        its rows for positions `first` onwards (a forward that went on from a past).
+
+        Each beam's score is the sum of its generated tokens' log-probabilities, in
+        float64 as a round adds them. The beams one forward serves share their rows
+        (a dropped beam's are its parent's), so each row's log-softmax is taken once,
+        a chunk of rows at a time (a row of SmolLM2's is 49,152 wide)."""
         if not self._wanted:
             return
-        for rid in self._served(tokens, first):
-            beam, prompt_len = self._wanted.pop(rid)
-            self.found[rid] = self._score(logits, first, beam, prompt_len)
-
-    def _score(self, logits: torch.Tensor, first: int, beam: list[int],
-               prompt_len: int) -> float:
-        """The sum of `beam`'s generated tokens' log-probabilities, in float64 as a round
-        adds them, a chunk of rows at a time (a row of SmolLM2's is 49,152 wide)."""
-        total = 0.0
-        for start in range(prompt_len, len(beam), _ROWS):
-            end = min(start + _ROWS, len(beam))
-            rows = log_probs(logits[start - 1 - first:end - 1 - first], self._byte_model)
-            total += float(rows.gather(-1, torch.tensor(beam[start:end])[:, None]).sum())
-        return total
+        served = [(rid, *self._wanted.pop(rid)) for rid in self._served(tokens, first)]
+        if not served:
+            return
+        # Row r (position first + r) predicts the token at first + r + 1: a beam needs
+        # the rows from its prompt's last token to its own last token but one.
+        need = {rid: (prompt_len - 1 - first, len(beam) - 1 - first)
+                for rid, beam, prompt_len in served}
+        totals = dict.fromkeys(need, 0.0)
+        lo = min(a for a, _ in need.values())
+        hi = max(b for _, b in need.values())
+        for start in range(lo, hi, _ROWS):
+            stop = min(start + _ROWS, hi)
+            rows = log_probs(logits[start:stop], self._byte_model)
+            for rid, beam, _ in served:
+                a, b = max(need[rid][0], start), min(need[rid][1], stop)
+                if a < b:
+                    picked = torch.tensor(beam[first + a + 1:first + b + 1])[:, None]
+                    totals[rid] += float(rows[a - start:b - start].gather(-1, picked).sum())
+        self.found.update(totals)
 
     def extra_forwards(self, planned: list[list[int]]
                        ) -> list[tuple[list[int], list[list[list[int]]]]]:
