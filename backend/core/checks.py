@@ -116,3 +116,12 @@ def unicode_text(text: str, what: str) -> int:
     except UnicodeEncodeError:
         raise PagedLabError(f"{what} is not valid Unicode text (it holds a lone surrogate)"
                             ) from None
+
+
+def file_kind(raw: object) -> str | None:
+    """Which of PagedLab's two JSON files a decoded object plainly is: "snapshot" (it has
+    'schema_version' and no 'steps'), "scenario" (the reverse), else None. A file given
+    where the other kind belongs is refused by saying where it goes."""
+    if not isinstance(raw, dict) or ("schema_version" in raw) == ("steps" in raw):
+        return None
+    return "snapshot" if "schema_version" in raw else "scenario"

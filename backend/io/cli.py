@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import json_kind
+from backend.core.checks import file_kind, json_kind
 from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.io.expect import check_expectations
-from backend.io.json_input import file_kind, same_file
+from backend.io.json_input import same_file
 from backend.io.report import say
 from backend.io.restore import restore_engine
 from backend.io.restore_notes import restore_notes

@@ -130,15 +130,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def file_kind(raw: Any) -> str | None:
-    """Which of PagedLab's two JSON files a decoded object plainly is: "snapshot" (it has
-    'schema_version' and no 'steps'), "scenario" (the reverse), else None. A file given
-    where the other kind belongs is refused by saying where it goes."""
-    if not isinstance(raw, dict) or ("schema_version" in raw) == ("steps" in raw):
-        return None
-    return "snapshot" if "schema_version" in raw else "scenario"
-
-
 def _special_kind(mode: int) -> str | None:
     """What a file of this mode is, in words; None for a regular file."""
     if stat.S_ISREG(mode):

@@ -19,6 +19,7 @@ from backend.core.checks import (
     MAX_JSON_INT,
     SHOWN_CHARS,
     check_int,
+    file_kind,
     json_kind,
     shown,
     unicode_text,
@@ -34,7 +35,6 @@ from backend.io.expect_paths import unmeetable, unmeetable_note
 from backend.io.json_input import (
     decode_json,
     field_path,
-    file_kind,
     read_bounded,
     unread_note,
 )

@@ -24,12 +24,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backend.core.checks import json_kind
+from backend.core.checks import file_kind, json_kind
 from backend.core.config import TINY_BYTE
 from backend.core.errors import PagedLabError
 from backend.engine.engine import Engine
 from backend.engine.request import Request
-from backend.io.json_input import decode_json, file_kind
+from backend.io.json_input import decode_json
 from backend.paging.hashing import BlockHash, SaltRoot
 
 SCHEMA_VERSION = 1

@@ -30,13 +30,14 @@ import csv
 import datetime
 import functools
 import io
+import json
 import math
 import re
 from pathlib import Path
 
 import numpy as np
 
-from backend.core.checks import check_int, shown
+from backend.core.checks import check_int, file_kind, shown
 from backend.core.errors import PagedLabError
 from backend.lab.sim.simulator import DEFAULT_RATE
 from backend.lab.workloads import WORKLOADS, Trace, make_trace
@@ -119,6 +120,21 @@ def _csv_words(error: csv.Error) -> str:
     return said
 
 
+def _refuse_json(text: str, name: str) -> None:
+    """Raises, saying what the file is, where `text` is one of PagedLab's JSON files (or
+    other JSON) rather than a trace: the header check would call its '{' a column."""
+    if not text.lstrip().startswith(("{", "[")):
+        return
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return   # not JSON after all: the header check says what is wrong
+    kind = {"snapshot": "a PagedLab snapshot", "scenario": "a PagedLab scenario"}.get(
+        file_kind(raw) or "", "a JSON file")
+    raise PagedLabError(f"{name}: this is {kind}, not a CSV trace; a trace's first line is "
+                        f"the header {','.join(COLUMNS)}")
+
+
 def parse_trace_csv(data: bytes, name: str) -> Trace:
     """Reads only: the trace in `data` (a CSV file's bytes); `name` names it in messages and
     becomes the trace's workload. Raises PagedLabError naming the first bad row."""
@@ -140,6 +156,7 @@ def parse_trace_csv(data: bytes, name: str) -> Trace:
                                 f"header {','.join(COLUMNS)}")
         names = [h.strip() for h in header]
         if sorted(names) != sorted(COLUMNS):
+            _refuse_json(text, name)
             # Said by what differs: a header cut at 40 characters hid an extra column
             # ("got 'TIMESTAMP,ContextTokens,GeneratedTokens,…'").
             extra = list(dict.fromkeys(n for n in names if n not in COLUMNS))

@@ -32,6 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from backend.core.checks import file_kind
 from backend.core.config import EngineConfig
 from backend.core.errors import PagedLabError
 from backend.engine.control import ControlReport, ControlRun
@@ -40,7 +41,7 @@ from backend.engine.ops import Grow, Step, describe_op
 from backend.engine.results import OpResult
 from backend.io.contiguous_mirror import ContiguousMirror
 from backend.io.expect import check_expectation
-from backend.io.json_input import decode_json, file_kind
+from backend.io.json_input import decode_json
 from backend.io.scenario import (
     MAX_SCENARIO_BYTES,
     Scenario,
