@@ -13,6 +13,7 @@ import torch
 
 from backend.core.config import SMOLLM2, EngineConfig
 from backend.core.errors import PagedLabError
+from backend.engine import sampling
 from backend.engine.engine import Engine
 from backend.engine.ops import Add, Step, parse_op
 from backend.engine.sampling import render_tokens, sample_token
@@ -146,6 +147,44 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     assert drawn == {0, 1}      # 0.5 < 0.75, 0.5 + 0.3 reaches it
     assert {sample_token(logits, 1, "A", p, top_p=0.5, printable_only=False)
             for p in range(50)} == {0}
+
+
+def _nucleus_by_full_sort(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The plain rule: sort the whole vocabulary (stable, so ties go to the lowest ids) and
+    keep tokens while the probability before them is under top_p."""
+    probs = torch.softmax(scores, dim=0)
+    order = torch.sort(probs, descending=True, stable=True).indices
+    before = torch.cumsum(probs[order], dim=0) - probs[order]
+    return scores.index_fill(0, order[before >= top_p], float("-inf"))
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_the_nucleus_found_among_candidates_is_the_full_sorts(
+        trial: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fresh random logits of SmolLM2's vocabulary: peaked (most mass in a few tokens, the
+    # candidates hold it), flat (they do not: the whole vocabulary is sorted), heavy ties
+    # at and around the candidates' boundary, and banned (-inf) tokens.
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    vocab = 49_152
+    cases = [torch.randn(vocab, generator=g, dtype=torch.float64) * scale
+             for scale in (0.5, 2.0, 8.0, 40.0)]
+    tied = torch.randint(0, 6, (vocab,), generator=g).double()   # six values only
+    tied[torch.randperm(vocab, generator=g)[:300]] = 9.0           # 300 equal leaders
+    cases += [tied, tied * 3]
+    banned = torch.randn(vocab, generator=g, dtype=torch.float64) * 4
+    banned[torch.rand(vocab, generator=g) < 0.5] = float("-inf")
+    cases.append(banned)
+    sorted_sizes: list[int] = []   # each sort's length: candidates only, or the vocabulary
+    kept = sampling._kept
+    monkeypatch.setattr(sampling, "_kept", lambda probs, top_p: (
+        sorted_sizes.append(probs.numel()), kept(probs, top_p))[1])
+    for scores in cases:
+        for top_p in (1e-6, 0.1, 0.5, 0.9, 0.95, 0.999, torch.rand(1, generator=g).item()):
+            assert torch.equal(sampling._nucleus(scores, top_p),
+                               _nucleus_by_full_sort(scores, top_p))
+    # Both ways were taken: the candidates alone (peaked cases), and a whole sort after them.
+    assert min(sorted_sizes) < vocab // 100
+    assert sorted_sizes.count(vocab) >= 1
 
 
 def test_sampling_is_seeded_by_seed_request_and_position() -> None:
