@@ -38,7 +38,7 @@ native: $(VENV)/.runtime
 
 run: $(VENV)/.model
 	@$(BIN)/python -m backend.kernels.native --optional
-	$(BIN)/streamlit run app.py --server.port $(PORT)
+	$(BIN)/python -m ui.serve --server.port $(PORT)
 
 # The browser tests need Debian's chromium; scripts/ensure-chromium installs it
 # when it is missing and we are root, and otherwise says what to do.

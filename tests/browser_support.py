@@ -52,8 +52,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 @contextlib.contextmanager
-def serve(script: str, log_name: str) -> Iterator[str]:
+def serve(script: str, log_name: str, *, launcher: bool = False) -> Iterator[str]:
     """`streamlit run SCRIPT` on a free port for the duration of the block; yields its URL.
+    With `launcher`, `python -m ui.serve` (make run's) serves app.py instead.
 
     Its output goes to build/<log_name>.streamlit.log (kept for a failure's post-mortem).
     The server saves sessions in this run's PAGEDLAB_DATA_DIR (tests/conftest.py's
@@ -68,9 +69,13 @@ def serve(script: str, log_name: str) -> Iterator[str]:
     log = ROOT / "build" / f"{log_name}.streamlit.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     streamlit = Path(sys.executable).with_name("streamlit")
+    if launcher:
+        assert script == "app.py", "ui.serve serves app.py"
+    command = ([sys.executable, "-m", "ui.serve"] if launcher else
+               [str(streamlit), "run", script])
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(streamlit), "run", script, "--server.port", str(port),
+            [*command, "--server.port", str(port),
              "--server.address", "127.0.0.1", "--server.headless", "true",
              "--browser.gatherUsageStats", "false",
              # The code under test is fixed for the run: a module re-imported when a

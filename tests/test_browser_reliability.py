@@ -343,6 +343,9 @@ NAV_SETTLES_MS = 1000
 
 @pytest.mark.parametrize(("path", "heading", "lands"), [
     ("/lab", "Playground", "/lab"), ("/tour", "Scenarios", "/tour"),
+    # make run's launcher (ui/serve.py), whose server has the app's modules imported
+    # before its first run: the same first run, by address and by file name.
+    ("/lab", "Playground", "/lab"), ("/playground", "Playground", "/lab"),
     ("/fragmentation", "Contiguous vs paged", "/fragmentation"),
     # The page scripts' file names: on a fresh server Streamlit would run the file by
     # itself, without the app's session set-up (a traceback, before ui/entry.py).
@@ -353,13 +356,16 @@ NAV_SETTLES_MS = 1000
     # ...with the link's tab.
     ("/compare?tab=Memory+calculator", "Contiguous vs paged",
      "/fragmentation?tab=Memory+calculator"),
-], ids=["lab", "tour", "fragmentation", "playground", "scenarios", "compare", "compare-tab"])
-def test_each_address_opens_its_page_on_a_fresh_server(browser: Browser, screenshots: Path,
-                                                       path: str, heading: str,
-                                                       lands: str) -> None:
+], ids=["lab", "tour", "launcher-lab", "launcher-playground", "fragmentation", "playground",
+        "scenarios", "compare", "compare-tab"])
+def test_each_address_opens_its_page_on_a_fresh_server(
+        browser: Browser, screenshots: Path, path: str, heading: str, lands: str,
+        request: pytest.FixtureRequest) -> None:
     # A fresh server: Streamlit resolves a server's first run differently (by file name).
-    log_name = "test_browser_reliability" + re.sub(r"\W", "_", path)
-    with serve("app.py", log_name) as url:
+    launcher = request.node.callspec.id.startswith("launcher")
+    log_name = ("test_browser_reliability" + ("_launcher" if launcher else "")
+                + re.sub(r"\W", "_", path))
+    with serve("app.py", log_name, launcher=launcher) as url:
         page = browser.new_context(viewport={"width": 1500, "height": 1400}).new_page()
         page.set_default_timeout(T)
         page.add_init_script(_RECORD_NAV)
