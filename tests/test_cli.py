@@ -502,6 +502,39 @@ def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("command", [
+    ["run", "assets/scenarios/08-fork-copy-on-write.json", "--check", "--kernel", "torch"],
+    ["simulate", "--workload", "sharegpt", "--policy", "paged", "--requests", "5"],
+], ids=["run-check", "simulate"])
+def test_stdout_that_cannot_be_written_is_one_line_and_exit_70(command: list[str]) -> None:
+    # /dev/full: every write fails with "No space left on device". Not the input's fault,
+    # and not --check's exit 1, which means an unmet expectation.
+    with Path("/dev/full").open("w") as full:
+        proc = subprocess.run([sys.executable, "-m", "backend", *command], cwd=ROOT,
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 70
+    assert proc.stderr == "error: cannot write to stdout: No space left on device\n"
+
+
+@pytest.mark.parametrize("flag", ["--out", "--snapshots", "--from", None])
+def test_an_empty_path_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        flag: str | None) -> None:
+    # Path("") is the current folder: --snapshots '' wrote step files into it.
+    monkeypatch.chdir(tmp_path)
+    scenario = str(write(tmp_path, CONTRACT_EXAMPLE))
+    args = ["run", "", "--kernel", "torch"] if flag is None else [
+        "run", scenario, flag, "", "--kernel", "torch"]
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: argument {flag or 'scenario'}: an empty path names no "
+                          "file or folder; usage: python -m backend run ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scenario.json"]
+
+
 def test_an_unwritable_out_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(capsys, "run", write(tmp_path, {"steps": []}), "--out",
                         tmp_path / "missing-dir" / "x.json", "--kernel", "torch")
@@ -698,16 +731,21 @@ def test_the_help_says_what_simulate_replays(capsys: pytest.CaptureFixture[str])
     assert "replay a synthetic trace" not in out
 
 
-def test_a_reader_that_goes_away_ends_the_output_without_a_traceback() -> None:
+@pytest.mark.parametrize("command", [
+    ["simulate", "--workload", "sharegpt", "--policy", "paged", "--requests", "200"],
+    ["run", "assets/scenarios/08-fork-copy-on-write.json", "--check", "--kernel", "torch"],
+], ids=["simulate", "run-check"])
+def test_a_reader_that_goes_away_ends_the_output_without_a_traceback(
+        command: list[str]) -> None:
     """`simulate ... | head -1`: stdout's reader closes before the result is written."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "backend", "simulate", "--workload", "sharegpt", "--policy",
-         "paged", "--requests", "200"],
+        [sys.executable, "-m", "backend", *command],
         cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 1
-    # Nothing but the progress lines a run past a second writes (a loaded machine's).
+    # As a shell reports a process a closed pipe ends; not 1, which `run --check` gives
+    # an unmet expectation (its pass, here, was never read).
+    assert proc.wait(timeout=120) == 141
     assert [line for line in err.splitlines() if not line.startswith("simulate: ")] == []

@@ -27,8 +27,8 @@ from backend.core.errors import PagedLabError
 from backend.core.words import counted
 from backend.engine.engine import Engine
 from backend.io.expect import check_expectations
-from backend.io.json_input import same_file
-from backend.io.report import say
+from backend.io.json_input import path_arg, same_file
+from backend.io.report import out, say
 from backend.io.restore import restore_engine
 from backend.io.restore_notes import restore_notes
 from backend.io.scenario import (
@@ -105,13 +105,13 @@ def build_parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="apply a scenario's operations on a fresh engine")
     parser.commands = {"run": run}
-    run.add_argument("scenario", type=Path, help="scenario file (JSON)")
-    run.add_argument("--out", type=Path, help="write the final snapshot here")
-    run.add_argument("--snapshots", type=Path, metavar="DIR",
+    run.add_argument("scenario", type=path_arg, help="scenario file (JSON)")
+    run.add_argument("--out", type=path_arg, help="write the final snapshot here")
+    run.add_argument("--snapshots", type=path_arg, metavar="DIR",
                      help="also write DIR/step-NNNN.json after every operation")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     run.add_argument("--kernel", choices=("auto", "triton", "torch"), default="auto")
-    run.add_argument("--from", dest="from_snapshot", type=Path, metavar="SNAPSHOT.json",
+    run.add_argument("--from", dest="from_snapshot", type=path_arg, metavar="SNAPSHOT.json",
                      help="start from this snapshot's state instead of a fresh engine")
     run.add_argument("--check", action="store_true",
                      help="compare each step's narrated `expect` values; exit 1 on a mismatch")
@@ -274,8 +274,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.check and not mismatches:
             # Quiet success would not tell "all met" from "nothing checked", so both are
             # said, and a file with no `expect` at all is not said to pass.
-            print(f"checked {counted(checked, 'expectation')} in "
-                  f"{counted(ran, 'step')}: {'all met' if checked else 'nothing to check'}")
+            out(f"checked {counted(checked, 'expectation')} in "
+                f"{counted(ran, 'step')}: {'all met' if checked else 'nothing to check'}\n")
         return 1 if mismatches else 0
     if problem is None:
         return _fail(f"cannot write {out_problem}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import codecs
 import json
 import os
@@ -140,6 +141,15 @@ def _special_kind(mode: int) -> str | None:
         if test(mode):
             return kind
     return "a special file"
+
+
+def path_arg(text: str) -> Path:
+    """A command-line argument naming a file or folder, for argparse's `type=`: an empty
+    one is refused, where Path("") would be the current folder (`--snapshots ''` wrote
+    step files into it, and `--out ''` failed only after the whole run)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no file or folder")
+    return Path(text)
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -26,8 +26,8 @@ from backend.core.budgets import MAX_BUDGET
 from backend.core.checks import check_int, int_requirement, write_it_as
 from backend.core.errors import PagedLabError
 from backend.core.words import percent
-from backend.io.json_input import read_bounded, same_file
-from backend.io.report import say
+from backend.io.json_input import path_arg, read_bounded, same_file
+from backend.io.report import out, say
 from backend.lab.contiguous import DEFAULT_MAX_LEN
 from backend.lab.sim.simulator import (
     DEFAULT_BLOCK_SIZE,
@@ -120,7 +120,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         help="paged: admit a request only if W blocks stay free after it (default: 1%% of "
              "the pool, vLLM's default)")
     parser.add_argument(
-        "--out", metavar="RESULT.json",
+        "--out", metavar="RESULT.json", type=path_arg,
         help="write the result there (and a summary to stdout); without it the result "
              "JSON goes to stdout")
     parser.epilog = (
@@ -262,7 +262,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         # result would replace the CSV it came from (a workload's name is no file).
         if (args.out is not None and args.workload not in WORKLOAD_NAMES
                 and same_file(Path(args.out), Path(args.workload))):
-            raise _BadInputError(f"--out {args.out!r} is the trace file itself: the result "
+            raise _BadInputError(f"--out {str(args.out)!r} is the trace file itself: the result "
                                  "would replace it; name another file")
         trace, longest = _trace(args)
         if args.max_len is None:
@@ -291,12 +291,12 @@ def run_simulate(args: argparse.Namespace) -> int:
     payload: dict[str, Any] = result.to_json()
     text = json.dumps(payload, indent=2) + "\n"
     if args.out is None:
-        sys.stdout.write(text)
+        out(text)
         return 0
     try:
         Path(args.out).write_text(text, encoding="utf-8")
     except OSError as e:
         say("error", f"cannot write {args.out}: {e.strerror or e}")
         return 2
-    print(summary(result))
+    out(summary(result) + "\n")
     return 0
