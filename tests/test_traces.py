@@ -94,6 +94,7 @@ def test_a_csv_of_ones_own_in_any_column_order() -> None:
     (b'\xef\xbb\xbf{"steps": []}\n', "this is a PagedLab scenario, not a CSV trace"),
     (b"[[0, 10, 5]]", "this is a JSON file, not a CSV trace"),
     (b"{0,10,5\n", "the header must name the columns"),
+    (b"[" * 100_000, "the header must name the columns"),
     ((HEADER + "0,10,5,9\n").encode(), "row 1 (line 2): expected 3 fields"),
     ((HEADER + "0,10,5\n1,10\n").encode(), "row 2 (line 3): expected 3 fields"),
     ((HEADER + "0,10,5\nyesterday,10,5\n").encode(),

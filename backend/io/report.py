@@ -32,4 +32,3 @@ def out(text: str) -> None:
         raise
     except OSError as exc:
         raise StdoutError(f"cannot write to stdout: {exc.strerror or exc}") from None
-

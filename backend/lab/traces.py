@@ -127,8 +127,8 @@ def _refuse_json(text: str, name: str) -> None:
         return
     try:
         raw = json.loads(text)
-    except ValueError:
-        return   # not JSON after all: the header check says what is wrong
+    except (ValueError, RecursionError):
+        return   # not JSON after all (or nested past the parser): the header check speaks
     kind = {"snapshot": "a PagedLab snapshot", "scenario": "a PagedLab scenario"}.get(
         file_kind(raw) or "", "a JSON file")
     raise PagedLabError(f"{name}: this is {kind}, not a CSV trace; a trace's first line is "
