@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, FilePayload, Page, expect, sync_playwright
+from playwright.sync_api import Browser, FilePayload, Page, Route, expect, sync_playwright
 
 from tests.browser_support import CHROMIUM_ARGS, in_app
 from tests.test_browser import T, metric_is, shoot, shows
@@ -424,4 +424,47 @@ def test_back_during_a_play_stops_it_and_a_back_keeps_an_upload(
         shoot(page, screenshots / "tour-play-history-failed.png")
         raise
     finally:
+        page.close()
+
+
+def test_a_file_picked_in_place_of_a_refused_one_is_read_however_slow_its_upload(
+        browser: Browser, app_url: str, screenshots: Path) -> None:
+    """A new file in place of a refused one reruns the page twice: once as the old file
+    leaves the uploader (its refusal, said once, goes), then with the new file. The
+    refusal's going moved the picker up a place, Streamlit drew the upload popover
+    afresh, and a file still uploading then was dropped without a word. The new file's
+    upload is held here until that first rerun has ended."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    held: list[str] = []
+
+    def hold_the_second(route: Route) -> None:
+        if route.request.method == "PUT":
+            held.append(route.request.url)
+            if len(held) == 2:
+                # The rerun that removes the first file runs meanwhile.
+                page.wait_for_timeout(3000)
+        route.continue_()
+
+    try:
+        page.set_default_timeout(T)
+        page.route("**/_stcore/upload_file/**", hold_the_second)
+        page.goto(f"{app_url}/tour?scenario=03-growth&step=0")
+        shows(page.get_by_role("button", name="Next", exact=True))
+        page.wait_for_selector(IDLE, timeout=T)
+        page.get_by_role("button", name="Upload your own scenario").click()
+        wrong: FilePayload = {"name": "wrong.json", "mimeType": "application/json",
+                              "buffer": b"[]"}
+        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[wrong])
+        shows(page.get_by_test_id("stMain"), "Scenario file refused: wrong.json: a scenario "
+                                             "must be a JSON object, got an array")
+        page.wait_for_selector(IDLE, timeout=T)
+        mine: FilePayload = {"name": "mine.json", "mimeType": "application/json",
+                             "buffer": json.dumps({"name": "Mine", "steps": [
+                                 {"op": "add", "request": "A", "prompt": "hi"}]}).encode()}
+        page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(files=[mine])
+        shows(page.get_by_test_id("stMain"), "Loaded mine.json: “Mine”, 1 step.")
+        expect(page).to_have_url(re.compile(r"/tour\?scenario=upload-[0-9a-f]{12}&step=0$"))
+        assert len(held) == 2
+    finally:
+        shoot(page, screenshots / "tour-upload-in-place-of-a-refused-one.png")
         page.close()

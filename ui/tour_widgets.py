@@ -162,12 +162,17 @@ def messages() -> None:
     """The outcome of the last action, once."""
     t = state()
     shown, t.messages = t.messages, []
+    # One block here whether or not there is a message, so that the picker below keeps its
+    # place in the page when one goes. Moved up a place, its upload popover was drawn
+    # afresh, and a file still uploading (a large one, picked in place of a refused one,
+    # whose removal reruns the page first) was dropped without a word.
+    slot = st.container()
     if not shown:
         return
     # Keyed for ui/a11y.py, which reads new messages out to a screen reader; each
     # message is drawn once, so each draw is numbered as new (the same words again:
     # "Played to the end" after a second play).
-    with st.container(key=f"tour_messages--{next(_SAID)}"):
+    with slot.container(key=f"tour_messages--{next(_SAID)}"):
         for kind, text in shown:
             # Messages quote file names, scenario names and link values: plain text.
             {"error": st.error, "info": st.info, "success": st.success}[kind](plain_md(text))
