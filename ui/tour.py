@@ -72,6 +72,9 @@ class TourState:
     # browser got the newer pages (on a slow machine, several steps behind), which is
     # no choice of the person's (see `slid_to`).
     left_by_play: frozenset[int] = frozenset()
+    # "Seconds per step" as the page last drew it: a run whose speed differs is the
+    # speed's change, whatever old slider value the browser sent with it (`slid_to`).
+    speed_drawn: float | None = None
     # (scenario, step, applied) as last written to the address bar; None before the
     # first write.
     url: Link | None = None
@@ -286,15 +289,21 @@ def advance(run: TourRun, where: DeltaGenerator | None = None) -> tuple[Frame | 
     return frame, shown
 
 
-def slid_to(value: int) -> None:
+def slid_to(value: int, *, speed_changed: bool = False) -> None:
     """The slider moved to step `value`: view it, and stop playing.
 
     A slider at a step the play left since the page was last complete is the
     browser's old value sent with another click (a Pause): the view stays at the
     step the play reached. (A drag back to such a step during a play only stops it;
-    a second drag, on the complete page, moves the view.)
+    a second drag, on the complete page, moves the view.) A slider sent with a new
+    speed (`speed_changed`) is not the person's either, who changes one input at a
+    time: it came with the speed's change (the browser's value from before the step
+    drawn last, or the slider's own as it was redrawn with a longer range), and the
+    play goes on at the new speed.
     """
     t = state()
+    if speed_changed:
+        return
     t.playing = False
     if value not in t.left_by_play:
         t.view = value

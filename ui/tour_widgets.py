@@ -92,8 +92,9 @@ def _on_reset() -> None:
 def _on_slider() -> None:
     # Read before waiting for the state's lock (see ui/tour.py's `state`).
     value = int(st.session_state["tour_slider"])
+    speed_changed = st.session_state.get("tour_speed") != state().speed_drawn
     with tour.held():
-        tour.slid_to(value)
+        tour.slid_to(value, speed_changed=speed_changed)
 
 
 def _on_pick() -> None:
@@ -243,8 +244,8 @@ def controls(run: TourRun) -> None:
         clicks.button(c, "Play", key="tour_play", on_click=_on_play_pause, args=(True,),
                       disabled=not can_next, icon=":material/play_arrow:",
                       help="Step forward at the chosen speed until the end.")
-    c.select_slider("Seconds per step", SPEEDS, key="tour_speed", persist_state="session",
-                    format_func=lambda s: f"{s:g} s")
+    t.speed_drawn = c.select_slider("Seconds per step", SPEEDS, key="tour_speed",
+                                    persist_state="session", format_func=lambda s: f"{s:g} s")
     clicks.button(c, "Reset", key="tour_reset", on_click=_on_reset, icon=":material/replay:",
                   help="Start this scenario again from a fresh engine.")
     if run.taken >= 1:
