@@ -248,11 +248,23 @@ def test_the_real_deployment_tab_reproduces_figure_13_on_the_code_trace() -> Non
     # Before a replay: what it will run, and no time promised (it depends on the server).
     assert (f"Press Replay the whole trace: 4 policies, {len(d.trace):,} requests each; a "
             "bar shows their progress.") in [c.value for c in at.caption]
+    RUNS.clear()    # the time said is this click's: no run of another test is reused
     at.button(key="cmp_dep_run").click().run()
     assert not at.exception and not at.error
     # (tests/test_traces.py checks the same replays against the backend directly.)
     last: dict[str, Any] = at.session_state["cmp_dep_last"]
     results = [r.result for r in last["runs"]]
+    wall = sum(r.wall_s for r in results)
+    assert (f"Last run: azure-code, time / 400; the four replays took {wall:.1f} s on this "
+            "server.") in [c.value for c in at.caption]
+    # Another session's replay of the same trace is the server's cache: said so, not
+    # claimed as the time this click took.
+    other = start(DEPLOYMENT)
+    other.selectbox(key="cmp_dep_trace").set_value("azure-code").run()
+    other.button(key="cmp_dep_run").click().run()
+    assert ("Last run: azure-code, time / 400; the four replays had run on this server "
+            "before (in this session or another) and are shown from its cache; they took "
+            f"{wall:.1f} s then.") in [c.value for c in other.caption]
     assert [r.policy for r in results] == ["paged", "max", "pow2", "oracle"]
     assert all(r.requests == len(d.trace) and r.capacity_tokens == 909_659 for r in results)
     says = text(at)

@@ -30,3 +30,10 @@ def run_cached(trace_key: Hashable, trace: Trace, configs: Sequence[SimConfig],
     return run_policies(trace, configs, progress=lambda p: advance(p.fraction, p.text),
                         cached=lambda cfg: RUNS.get((trace_key, cfg)),
                         done=lambda cfg, run: RUNS.put((trace_key, cfg), run))
+
+
+def reused(trace_key: Hashable, configs: Sequence[SimConfig]) -> int:
+    """How many of `configs`' runs of the trace are in the cache now: a replay of them
+    shows at once, and its time is the one they took when first run."""
+    return sum(RUNS.get((trace_key, cfg)) is not None for cfg in configs)
+
