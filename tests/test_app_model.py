@@ -78,6 +78,16 @@ def test_smollm2_in_the_sidebar_adds_steps_and_shows_its_token_pieces() -> None:
         with pytest.raises(KeyError):
             at.sidebar.selectbox(key=key) if key == "cfg_model" else \
                 at.sidebar.number_input(key=key)
+    slow = "The interpreter runs the Triton kernels one program at a time"
+    assert slow not in sidebar_captions(at)
+    # On the interpreter, the sidebar says why a click waits seconds, and what is faster.
+    at.segmented_control(key="dev_kernel").set_value("triton").run()
+    assert engine(at).kernels.name == "triton-interpreter"
+    assert (f"Next step runs on **triton-interpreter** (cpu). {slow}: a SmolLM2 decode "
+            "step of 8 requests took 1.4 s on a 2-core CPU, 0.2 s on the *torch* kernel "
+            "(docs/BENCHMARKS.md).") in sidebar_captions(at)
+    at.segmented_control(key="dev_kernel").set_value("torch").run()
+    assert slow not in sidebar_captions(at)
     add(at, PROMPT, max_new=3)
     # The fields describe the applied config: no reset is pending.
     assert not at.session_state["config_pending"]

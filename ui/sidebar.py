@@ -444,4 +444,11 @@ def _kernel_fields(engine: Engine | None = None) -> None:
                               "interpreted on a CPU); torch is a vectorized path, fast on "
                               "a CPU. Switching keeps every request.")
     engine = engine or session.get_engine()
-    st.caption(f"Next step runs on **{engine.kernels.name}** ({engine.device}).")
+    slow = ""
+    if engine.kernels.name == "triton-interpreter" and engine.config.model in REAL_MODELS:
+        # The interpreter runs the kernels one program at a time in Python: with a real
+        # model's 30 layers a click waits seconds, and nothing else on the page says why.
+        slow = (" The interpreter runs the Triton kernels one program at a time: a "
+                "SmolLM2 decode step of 8 requests took 1.4 s on a 2-core CPU, 0.2 s on "
+                "the *torch* kernel (docs/BENCHMARKS.md).")
+    st.caption(f"Next step runs on **{engine.kernels.name}** ({engine.device}).{slow}")
