@@ -297,9 +297,8 @@ def slid_to(value: int, *, speed_changed: bool = False) -> None:
     step the play reached. (A drag back to such a step during a play only stops it;
     a second drag, on the complete page, moves the view.) A slider sent with a new
     speed (`speed_changed`) is not the person's either, who changes one input at a
-    time: it came with the speed's change (the browser's value from before the step
-    drawn last, or the slider's own as it was redrawn with a longer range), and the
-    play goes on at the new speed.
+    time: it is the browser's value from a page the play has since redrawn, sent
+    along with the speed's change, and the play goes on at the new speed.
     """
     t = state()
     if speed_changed:

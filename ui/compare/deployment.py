@@ -25,9 +25,9 @@ DEPLOY_JOB = "cmp_dep_job"   # a replay at work (ui/compare/background.py)
 
 def _record(job: background.Job) -> None:
     ran_workload, ran_scale = job.inputs
-    runs, reused = job.result
+    runs, cached = job.result
     st.session_state[DEPLOY_STATE] = {"workload": ran_workload, "scale": ran_scale,
-                                      "runs": runs, "reused": reused}
+                                      "runs": runs, "reused": cached}
 
 
 def _refused(exc: PagedLabError) -> None:

@@ -36,4 +36,3 @@ def reused(trace_key: Hashable, configs: Sequence[SimConfig]) -> int:
     """How many of `configs`' runs of the trace are in the cache now: a replay of them
     shows at once, and its time is the one they took when first run."""
     return sum(RUNS.get((trace_key, cfg)) is not None for cfg in configs)
-
