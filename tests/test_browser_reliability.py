@@ -343,12 +343,11 @@ NAV_SETTLES_MS = 1000
 
 @pytest.mark.parametrize(("path", "heading", "lands"), [
     ("/lab", "Playground", "/lab"), ("/tour", "Scenarios", "/tour"),
-    # make run's launcher (ui/serve.py), whose server has the app's modules imported
-    # before its first run: the same first run, by address and by file name.
-    ("/lab", "Playground", "/lab"), ("/playground", "Playground", "/lab"),
     ("/fragmentation", "Contiguous vs paged", "/fragmentation"),
     # The page scripts' file names: on a fresh server Streamlit would run the file by
-    # itself, without the app's session set-up (a traceback, before ui/entry.py).
+    # itself, without the app's session set-up (a traceback, before ui/entry.py). This
+    # one's server is make run's (ui/serve.py), with the app's modules imported before
+    # its first run.
     ("/playground", "Playground", "/lab"),
     # ...with the link's scenario and step.
     ("/scenarios?scenario=03-growth&step=2", "Scenarios", "/tour?scenario=03-growth&step=2"),
@@ -356,8 +355,8 @@ NAV_SETTLES_MS = 1000
     # ...with the link's tab.
     ("/compare?tab=Memory+calculator", "Contiguous vs paged",
      "/fragmentation?tab=Memory+calculator"),
-], ids=["lab", "tour", "launcher-lab", "launcher-playground", "fragmentation", "playground",
-        "scenarios", "compare", "compare-tab"])
+], ids=["lab", "tour", "fragmentation", "launcher-playground", "scenarios", "compare",
+        "compare-tab"])
 def test_each_address_opens_its_page_on_a_fresh_server(
         browser: Browser, screenshots: Path, path: str, heading: str, lands: str,
         request: pytest.FixtureRequest) -> None:
