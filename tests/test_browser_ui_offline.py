@@ -75,6 +75,10 @@ def _use_tour(page: Page) -> None:
     expect(nxt).to_be_visible(timeout=60_000)
     nxt.click()
     shows(page.locator(".st-key-tour_narration"), "Step 1 of")
+    # Until the step's run ends, Streamlit may keep the popover it replaces beside the
+    # new one (a bar drawn above it on a busy machine moves it down a place).
+    page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']",
+                           timeout=T)
     page.get_by_role("button", name=re.compile("Upload your own scenario")).click()
     expect(page.get_by_text("Scenario file (JSON)")).to_be_visible(timeout=T)
     page.keyboard.press("Escape")
