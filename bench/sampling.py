@@ -61,8 +61,7 @@ def logit_rows(model: str, steps: int) -> list[torch.Tensor]:
 def whole_sort(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """The nucleus by one stable sort of the whole vocabulary."""
     kept, _ = sampling._kept(torch.softmax(scores, dim=0), top_p)
-    keep = torch.zeros(scores.numel(), dtype=torch.bool).index_fill_(0, kept, True)
-    return scores.masked_fill(~keep, float("-inf"))
+    return sampling._only(scores, kept)
 
 
 def per_token_ms(way: object, rows: list[torch.Tensor], top_p: float, repeat: int) -> float:

@@ -91,7 +91,12 @@ def _nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
             kept = ids[among]
     if kept is None:
         kept, _ = _kept(probs, top_p)
-    keep = torch.zeros_like(probs, dtype=torch.bool).index_fill_(0, kept, True)
+    return _only(scores, kept)
+
+
+def _only(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """`scores` with every token but those at indices `kept` at -inf."""
+    keep = torch.zeros(scores.numel(), dtype=torch.bool).index_fill_(0, kept, True)
     return scores.masked_fill(~keep, float("-inf"))
 
 
