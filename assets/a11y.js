@@ -200,9 +200,14 @@
     // Only a run, or the control's own press, moves it: what the browser or a widget did
     // by itself (a chart's full screen, a list box opening) is theirs.
     if (last === null || !lost() || (runs === runsThen && !pressed)) return;
-    if (pressed && last.isConnected && last.disabled && last !== waited
+    if (pressed && last.isConnected && last !== waited
         && last.closest("[data-testid='stDownloadButton']") !== null) {
-      if (waiting !== last) waitFor(last);
+      // Its file built sooner than the focus fell (the button disabled and enabled
+      // again before Chromium next rendered, or before this looked), it is back
+      // already: the focus goes straight to it, where left alone it stayed on the
+      // page's body.
+      if (usable(last)) last.focus();
+      else if (waiting !== last) waitFor(last);
       return;
     }
     if (usable(last)) {
