@@ -65,6 +65,8 @@
   let listed = false;  // a list it opened (a select's options) has had the focus since
   let pathThen = null; // the page it was on
   let keyboard = false;  // the last input was a key, not a pointer
+  let handed = null;   // [the control the keeper last gave the focus to, the address then],
+                       // until the person acts again
 
   const following = (el) => controls(document).find(
     (c) => el.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING
@@ -73,10 +75,17 @@
     (c) => el.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_PRECEDING);
   const kind = (el) => [el.tagName, el.getAttribute("type") ?? el.getAttribute("role")];
 
-  document.addEventListener("keydown", () => { keyboard = true; }, true);
+  document.addEventListener("keydown", () => {
+    keyboard = true;
+    handed = null;
+  }, true);
   // A mouse user's focus is where the mouse put it; a click on something that takes
   // no focus puts it on the body on purpose.
-  document.addEventListener("pointerdown", () => { keyboard = false; last = null; }, true);
+  document.addEventListener("pointerdown", () => {
+    keyboard = false;
+    last = null;
+    handed = null;
+  }, true);
   // A select's list of options, drawn apart from the page (at its end): the focus an
   // option takes is the select's, which the keeper goes back to once the list has gone.
   // Taken for a control of its own, the option's neighbours were the page's last
@@ -196,7 +205,28 @@
     window.setTimeout(tick, 100);
   };
 
+  // The new page's heading takes the focus, where Tab goes on from its top, once its run
+  // has drawn it (until then it may be the old page's, about to go); false until then.
+  const toTitle = () => {
+    const title = running() ? null : document.querySelector("[data-testid='stMain'] h1");
+    if (title === null) return false;
+    title.tabIndex = -1;
+    title.focus();
+    last = null;
+    handed = null;
+    return true;
+  };
+
   const refocus = () => {
+    // The control this handed the focus to as a pressed one went, before the address
+    // changed: the press was taking the person to another page all along (on a busy
+    // server the old page can be cleared, and the run seen to end, before the new
+    // address is written). That page's heading takes the focus, as below.
+    if (handed !== null && location.pathname !== handed[1]
+        && (document.activeElement === handed[0] || lost())) {
+      toTitle();
+      return;
+    }
     // Only a run, or the control's own press, moves it: what the browser or a widget did
     // by itself (a chart's full screen, a list box opening) is theirs.
     if (last === null || !lost() || (runs === runsThen && !pressed)) return;
@@ -220,21 +250,19 @@
     }
     if (location.pathname !== pathThen) {
       // The control took the person to another page (Continue in the Playground): its
-      // neighbours there are nothing they chose. The new page's heading takes the focus,
-      // where Tab goes on from its top, once its run has drawn it.
-      const title = running() ? null : document.querySelector("[data-testid='stMain'] h1");
-      if (title !== null) {
-        title.tabIndex = -1;
-        title.focus();
-        last = null;
-      }
+      // neighbours there are nothing they chose.
+      toTitle();
       return;
     }
     let target = byKey(key, like);
     // Anything else waits for the run to draw the page: until then a control that
     // stays may be missing for a moment.
     if (target === null && !running()) target = after();
-    if (target !== null) target.focus();
+    if (target !== null) {
+      const path = location.pathname;
+      target.focus();
+      handed = [target, path];
+    }
   };
 
   // Buttons that go away as they work, another taking over, with no run: the sidebar's

@@ -64,6 +64,11 @@ STEPS = {
     # (the frame drawn over the page), which the script watches.
     "hide full": "document.getElementById('full').style.display = 'none';"
                  " document.body.appendChild(document.createElement('div'))",
+    # Another page's address, then its heading drawn, as a page switch's run writes them.
+    "new address": "history.pushState(null, '', '/lab')",
+    "draw title": "const h = document.createElement('h1'); h.id = 'title';"
+                  " h.textContent = 'Playground';"
+                  " document.querySelector('[data-testid=stMain]').prepend(h)",
 }
 
 # Each case: the control the keyboard focuses, the steps after it ("press" is Enter on the
@@ -91,13 +96,26 @@ CASES = {
                                                 "end"], "pick"),
     # An arrow key on a tab: the focus that the bar's redraw drops goes to the tab chosen.
     "a tab chosen by an arrow key": ("tabA", ["arrow", "choose B", "drop focus"], "tabB"),
+    # A button that opens another page (Continue in the Playground): the new page's
+    # heading takes the focus, from where Tab walks that page from its top ...
+    "another page": ("next", ["press", "run", "new address", "remove next", "draw title",
+                              "end"], "title"),
+    # ... also when the old page was cleared, its run seen to end, before the new address
+    # was written (a busy server): the focus had gone on to Reset and stayed there.
+    "another page, its address late": ("next", ["press", "remove next", "new address", "run",
+                                                "draw title", "end"], "title"),
 }
+
+# PAGE is served from this address, whose path a step changes as a page switch does.
+ORIGIN = "http://pagedlab.test"
+
 
 
 def focus_after(page: Page, start: str, steps: list[str]) -> str | None:
     """Focus `start` from the keyboard on PAGE with the script installed, do `steps`:
     the id of the element with the focus then (None: the body)."""
-    page.set_content(PAGE)
+    page.route(f"{ORIGIN}/**", lambda route: route.fulfill(body=PAGE, content_type="text/html"))
+    page.goto(f"{ORIGIN}/tour")
     page.add_script_tag(content=a11y.script())
     page.wait_for_timeout(300)
     # Tab to it from the field, as a keyboard user does.
