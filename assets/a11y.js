@@ -206,15 +206,14 @@
   };
 
   // The new page's heading takes the focus, where Tab goes on from its top, once its run
-  // has drawn it (until then it may be the old page's, about to go); false until then.
+  // has drawn it (until then it may be the old page's, about to go).
   const toTitle = () => {
     const title = running() ? null : document.querySelector("[data-testid='stMain'] h1");
-    if (title === null) return false;
+    if (title === null) return;
     title.tabIndex = -1;
     title.focus();
     last = null;
     handed = null;
-    return true;
   };
 
   const refocus = () => {
@@ -259,9 +258,8 @@
     // stays may be missing for a moment.
     if (target === null && !running()) target = after();
     if (target !== null) {
-      const path = location.pathname;
       target.focus();
-      handed = [target, path];
+      handed = [target, location.pathname];
     }
   };
 
