@@ -137,6 +137,8 @@ def test_every_tab_in_chromium(page_url: str, chromium_path: str) -> None:
             panel.get_by_role("combobox").first.click()
             page.get_by_role("option", name="azure-code").click()
             expect(panel.get_by_text("Llama-3-8B on one H200.")).to_be_visible()
+            # The preset's time scale as it is, not with two decimals ("400.00").
+            expect(panel.get_by_role("spinbutton", name="Time scale")).to_have_value("400")
             panel.get_by_role("button", name="Replay the whole trace").click()
             # Another tab opened while it replays stops the page's run, not the replay:
             # back on this tab, its bar goes on and its result comes.

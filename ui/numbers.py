@@ -132,7 +132,8 @@ class Fields:
         """`where.number_input(label, value=value, **kwargs)` checked against its range.
 
         Returns the field's number (None when blank). With whole bounds (ints) the field
-        is a whole-number one (`whole_input`) and returns an int. A number outside
+        is a whole-number one (`whole_input`) and returns an int; either kind shows its
+        number with "%g" unless `format` says otherwise (7.5, not 7.50). A number outside
         min_value..max_value, or a fraction in a whole-number field, is noted, and a
         number in range returned only so that the fields after it can be drawn (a later
         field's range may follow from it): the group's end refuses it before anything
@@ -143,6 +144,11 @@ class Fields:
             got = whole_input(where, label, value=value, **kwargs)
         else:
             kwargs.setdefault("persist_state", "session")
+            # "%g", as the whole-number fields: Streamlit's default "%.2f" showed a typed
+            # 0.005 as "0.01" beside a refusal quoting 0.005, and ran 123.456 shown as
+            # "123.46". The browser formats it, with JavaScript's own digits: 1e6 reads
+            # "1000000", not Python's "1e+06".
+            kwargs.setdefault("format", "%g")
             got = where.number_input(label, value=value, **kwargs)
         if got is None:
             return None
