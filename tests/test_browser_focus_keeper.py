@@ -1,6 +1,7 @@
 """assets/a11y.js's focus keeper in a real Chromium, on runs the page sees and runs it
 does not: a button whose own press disables or removes it hands the keyboard's focus on,
-and an option picked from a select's list gives it back to the select.
+one that opens another page leaves it on that page's heading, and an option picked from
+a select's list gives it back to the select.
 
 A busy server's short run can reach the page with its start and end together, the run
 state never changing, so the script is driven here directly on a page of Streamlit's
@@ -108,7 +109,6 @@ CASES = {
 
 # PAGE is served from this address, whose path a step changes as a page switch does.
 ORIGIN = "http://pagedlab.test"
-
 
 
 def focus_after(page: Page, start: str, steps: list[str]) -> str | None:
