@@ -5,13 +5,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8501
-# pytest's worker processes (pytest-xdist): TEST_WORKERS for the tests that need no
-# browser, then BROWSER_WORKERS for the browser tests; each file runs on one worker (a
-# browser test file with its own server). 0 runs them in this process. Two browser
-# workers share the CPU, so each page answers later, which the tests' waits allow for;
-# on 2 cores the browser tests take about 15 minutes that way, 17 to 19 in one process.
+# pytest's worker processes (pytest-xdist) for the tests that need no browser; each
+# file runs on one worker. 0 runs them in this process. The browser tests run after
+# them in one process: a page driven while another process takes the CPU answers late.
 TEST_WORKERS ?= 2
-BROWSER_WORKERS ?= 2
 
 .PHONY: run test lint bench browser-deps native clean
 
@@ -55,8 +52,7 @@ test: $(VENV)/.dev browser-deps native
 	@rm -f build/junit*.xml
 	$(BIN)/python -m pytest -m "not browser" -n $(TEST_WORKERS) --dist loadfile \
 		--junitxml=build/junit-unit.xml
-	$(BIN)/python -m pytest -m browser -n $(BROWSER_WORKERS) --dist loadfile \
-		--junitxml=build/junit-browser.xml
+	$(BIN)/python -m pytest -m browser --junitxml=build/junit-browser.xml
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
