@@ -96,7 +96,8 @@ def _nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _only(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     """`scores` with every token but those at indices `kept` at -inf."""
-    keep = torch.zeros(scores.numel(), dtype=torch.bool).index_fill_(0, kept, True)
+    keep = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
+    keep.index_fill_(0, kept, True)
     return scores.masked_fill(~keep, float("-inf"))
 
 
