@@ -132,12 +132,12 @@ class Fields:
         """`where.number_input(label, value=value, **kwargs)` checked against its range.
 
         Returns the field's number (None when blank). With whole bounds (ints) the field
-        is a whole-number one (`whole_input`) and returns an int; either kind shows its
-        number with "%g" unless `format` says otherwise (7.5, not 7.50). A number outside
-        min_value..max_value, or a fraction in a whole-number field, is noted, and a
-        number in range returned only so that the fields after it can be drawn (a later
-        field's range may follow from it): the group's end refuses it before anything
-        uses it.
+        is a whole-number one (`whole_input`) and returns an int. Either kind shows its
+        number with "%g" (7.5, not 7.50); a field for fractions may pass its own `format`.
+        A number outside min_value..max_value, or a fraction in a whole-number field, is
+        noted, and a number in range returned only so that the fields after it can be
+        drawn (a later field's range may follow from it): the group's end refuses it
+        before anything uses it.
         """
         is_whole = isinstance(min_value, int) and isinstance(max_value, int)
         if is_whole:
