@@ -6,9 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8501
 # pytest's worker processes (pytest-xdist) for the tests that need no browser; each
-# file runs on one worker. 0 runs them in this process. The browser tests run after
-# them in one process: a page driven while another process takes the CPU answers late.
+# file runs on one worker. 0 runs them in one process. They run beside the browser
+# tests, at the lowest priority (scripts/run-tests); TEST_OVERLAP=0 runs them first.
 TEST_WORKERS ?= 2
+TEST_OVERLAP ?= 1
 
 .PHONY: run test lint bench browser-deps native clean
 
@@ -48,11 +49,8 @@ browser-deps:
 test: $(VENV)/.dev browser-deps native
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	@mkdir -p build
-	@rm -f build/junit*.xml
-	$(BIN)/python -m pytest -m "not browser" -n $(TEST_WORKERS) --dist loadfile \
-		--junitxml=build/junit-unit.xml
-	$(BIN)/python -m pytest -m browser --junitxml=build/junit-browser.xml
+	PYTHON=$(BIN)/python TEST_WORKERS=$(TEST_WORKERS) TEST_OVERLAP=$(TEST_OVERLAP) \
+		scripts/run-tests
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .

@@ -100,10 +100,12 @@ def test_a_megabyte_chain_through_a_two_block_pool_is_refused_quickly(tmp_path: 
     assert "a pool of 2 blocks" in proc.stderr
     assert not out.exists()
     data = parse_snapshot_text(path.read_bytes())
-    started = time.monotonic()
+    # CPU time, not the clock's: the check is the work's size, which a busy machine
+    # (another test process beside this one) must not stretch.
+    started = time.process_time()
     with pytest.raises(PagedLabError, match=r"prefix_cache\[2\]"):
         restore_engine(data, kernel="torch")
-    assert time.monotonic() - started < 10
+    assert time.process_time() - started < 10
 
 
 def test_a_chain_one_block_deeper_than_the_pool_is_refused() -> None:
@@ -139,9 +141,9 @@ def test_exporting_a_long_chain_is_linear() -> None:
         node = hash_block(node, [i % 256], salt)
     assert node is not None and node.depth() == n - 1
     e.manager.pool.blocks[0].hash = node
-    started = time.monotonic()
+    started = time.process_time()         # CPU time, as above
     snap = export_snapshot(e)
-    assert time.monotonic() - started < 5
+    assert time.process_time() - started < 5
     assert len(snap["prefix_cache"]) == n and snap["prefix_cache"][0]["parent"] is None
     assert snap["prefix_cache"][-1]["hash"] == node.digest
 
