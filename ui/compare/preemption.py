@@ -88,8 +88,9 @@ def preemption_section() -> None:
     st.altair_chart(views.overhead_chart(runs), key="cmp_swap_chart")
     table = views.runs_frame(runs)
     # Every run in view: three per block size.
-    # Short headers, the long names as tooltips: all twelve columns fit a 1400 px window
-    # beside the sidebar. In a narrower one the grid scrolls sideways, with each row's
+    # Short headers, the long names as tooltips: all twelve columns fit a 1280 px window
+    # beside the sidebar, just (measured; longer figures, as a slower machine's wall ms,
+    # can push the last one out). In a narrower one the grid scrolls sideways, with each row's
     # block size and mode pinned in view; the costs come first, so that beside the
     # sidebar in a 1024 px window both methods' are in view before it scrolls.
     num = st.column_config.NumberColumn
@@ -105,7 +106,9 @@ def preemption_section() -> None:
                          "asked for, preempting by that method"),
                      # One number of places per column, so a column's figures line up.
                      "wall ms": num(format="%.1f"), "recompute ms": num(format="%.2f"),
-                     "swap ms": num(format="%.2f"), "µs per block": num(format="%.1f"),
+                     "swap ms": num(format="%.2f"),
+                     "µs per block": num("µs/block", format="%.1f",
+                                         help="µs per block copied: swap ms per swapped block"),
                      "blocks": num(help="device pool, in blocks"),
                      "preemptions": num("preempts", help="preemptions"),
                      "recomputed tokens": num("recomputed",
@@ -113,10 +116,11 @@ def preemption_section() -> None:
                      "swapped blocks": num("swapped",
                                            help="blocks copied to the host pool and back"),
                      "same tokens": st.column_config.CheckboxColumn(
-                         "same tokens", help="every request generated exactly the tokens of "
-                                             "the run that never preempted")})
+                         "same", help="same tokens: every request generated exactly the "
+                                      "tokens of the run that never preempted")})
     st.caption("recomputed: tokens prefilled again after a preemption, and recompute ms the "
                "share of each prefill forward's wall time spent on them; swapped: blocks "
                "copied to the host pool and back, swap ms the time inside those copies, and "
-               "µs per block that time per block copied. Wall ms covers the whole run, "
+               "µs/block that time per block copied; same: every request generated the "
+               "tokens of the run that never preempted. Wall ms covers the whole run, "
                "decode steps included.")
