@@ -34,13 +34,17 @@ RECOMPUTED_HELP = ("Tokens computed again after preemptions: every token a preem
 
 def preemption_note(results: Sequence[SimResult]) -> str:
     """What the preemption bars show, said for these runs: why only paged memory
-    preempts, and whether this paged run did."""
+    preempts, and whether this paged run did (or that no run here was paged)."""
+    paged = next((r for r in results if r.policy == "paged"), None)
+    if paged is None:
+        # Its bars are all zero: said as such, with the policy that would show some.
+        return ("No contiguous policy preempts: a contiguous region is sized for the final "
+                "length up front, so it never runs out while growing. Paged memory, not "
+                "among these runs, grows block by block and, when it runs out, sends the "
+                "newest request back to be recomputed: add it to the policies to see it.")
     said = ("Only paged memory preempts: a contiguous region is sized for the final length "
             "up front, so it never runs out while growing; paged memory grows block by "
             "block and, when it runs out, sends the newest request back to be recomputed")
-    paged = next((r for r in results if r.policy == "paged"), None)
-    if paged is None:
-        return said + "."
     if not paged.preemptions:
         return said + ". In this run it never ran out (below: why)."
     return said + " (below: what sets each preemption off, and whom they hit)."
