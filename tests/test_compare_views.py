@@ -723,6 +723,8 @@ def test_the_control_sentence_says_what_its_logit_comparison_found() -> None:
     # Equal logits need no excuse of arithmetic order.
     assert control_sentence(report(2, 0.0)).endswith(
         "The next-token logits, compared at 2 positions, are exactly equal.")
+    assert control_sentence(report(1, 0.0)).endswith(
+        "The next-token logits, compared at 1 position, are exactly equal.")
     assert control_sentence(report(2, 3e-5)).endswith(
         "differ by at most 3.0e-05: float arithmetic in another order (tolerance 1e-03).")
 

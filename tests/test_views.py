@@ -1156,3 +1156,12 @@ def test_the_finished_panel_shows_a_chat_prompt_by_its_last_user_turn() -> None:
     finished = views.finished_frame(export_snapshot(e)).set_index("request")
     assert finished.loc["C", "prompt"] == "…user: And then?"
     assert finished.loc["P", "prompt"] == "plain\\ntext"
+
+
+def test_a_layouts_heading_writes_its_counts_with_thousands_separators() -> None:
+    # Written like every other count on the page ("prompt 1,200", not "prompt 1200").
+    e = Engine(EngineConfig(num_blocks=512, block_size=4), kernel="torch")
+    e.apply(Add("A", prompt_len=1200, max_new_tokens=2))
+    e.apply(Step(1))
+    page = request_layout_html(export_snapshot(e), "A")
+    assert "(running, 1,201 tokens, prompt 1,200)" in page

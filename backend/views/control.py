@@ -35,7 +35,7 @@ def control_sentence(report: ControlReport) -> str:
     """What the comparison found, with its numbers."""
     tokens = sum(r.compared_tokens for r in report.requests)
     diff = f"{report.max_logit_diff:.1e}"
-    where = (f"compared at {report.positions_compared:,} positions" if
+    where = (f"compared at {counted(report.positions_compared, 'position')}" if
              report.positions_compared else "compared at no position")
     if report.agrees:
         same = (f"Same: all {tokens:,} tokens that both runs reached are identical in a "

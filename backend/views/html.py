@@ -153,7 +153,7 @@ def request_layout_html(snap: Snapshot, request_id: str, *,
     }.get(status, "")
     computed = req.get("num_computed_tokens")
     if status == "running" and computed is not None:
-        note = (f" — prefilling: {computed} of {req['num_tokens']} tokens computed; the rest "
+        note = (f" — prefilling: {computed:,} of {req['num_tokens']:,} tokens computed; the rest "
                 "take their blocks as the token budget schedules them")
     parent = f", forked from {escape(req['parent'])}" if req["parent"] else ""
     if req.get("cache_salt"):
@@ -161,7 +161,7 @@ def request_layout_html(snap: Snapshot, request_id: str, *,
     head = (f"<div style='margin:6px 0 2px 0;font-size:14px'>"
             f"{'▶ ' if focused else ''}<b>{escape(request_id)}</b> "
             f"<span style='color:#555'>({escape(status)}, {counted(req['num_tokens'], 'token')}, "
-            f"prompt {req['prompt_len']}{parent}){escape(note)}</span></div>")
+            f"prompt {req['prompt_len']:,}{parent}){escape(note)}</span></div>")
     if status != "running":
         text = "".join(pieces_html(c) for c in chunks)
         return head + f"<div style='{_TEXT}color:#666;white-space:pre-wrap'>{text}</div>"
