@@ -252,6 +252,16 @@ def test_reset_starts_the_run_again() -> None:
     assert sum(m.value.count(description) for m in at.markdown) == 1
 
 
+def test_a_scenario_with_no_steps_says_so_at_step_0() -> None:
+    at = open_tour()
+    upload(at, "none.json", json.dumps({"name": "Nothing", "steps": []}).encode())
+    assert run_of(at).total == 0 and viewed_step(at) == 0
+    said = markdown(at)
+    assert "This scenario has no steps: the fresh engine is all it shows." in said
+    assert "applies the first step" not in said
+    assert not any("This is the last step." in c.value for c in at.caption)
+
+
 def test_play_runs_to_the_end_and_stops() -> None:
     at = open_tour("02-block-table")
     at.select_slider(key="tour_speed").set_value(0.25).run()

@@ -290,9 +290,12 @@ def narration(run: TourRun, frame: Frame) -> None:
             st.markdown(f"**Step 0 of {run.total}: the fresh engine**")
             # The description is the page's, above: this box says what state is shown.
             blocks = len(frame.snapshot["blocks"])
+            # A file may list no steps: then the fresh engine is all there is to show.
+            then = ("**Next** applies the first step." if run.total else
+                    "This scenario has no steps: the fresh engine is all it shows.")
             st.markdown(f"Nothing has run yet: no request, and the pool's "
                         f"{counted(blocks, 'block')} {agrees(blocks, 'is', 'are all')} free. "
-                        "**Next** applies the first step.")
+                        + then)
         else:
             # The step's operation, narration and summary quote the file's request
             # ids and texts: shown as written, never as Markdown.
@@ -332,7 +335,7 @@ def narration(run: TourRun, frame: Frame) -> None:
             # Viewing the past, Next shows a step the engine has run, not runs it.
             done = " (already applied: Next views it)" if frame.step < run.taken else ""
             st.caption(f"Next: step {frame.step + 1}, {md_code(upcoming)}{done}.")
-        elif frame.step == run.total:
+        elif frame.step == run.total and run.total:
             st.caption("This is the last step.")
     # Its label wraps where the narration's column is narrower than it (800 px beside
     # the sidebar cut it to "Continue in …").
