@@ -23,6 +23,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from backend.core.config import SMOLLM2
 from backend.engine.engine import Engine
 from backend.io.cli import main
 from backend.io.snapshot import export_snapshot
@@ -107,6 +108,31 @@ def test_a_fresh_session_has_no_address_and_no_row(browser: dict[str, str | None
     assert "session" not in at.query_params
     at.segmented_control(key="dev_kernel").set_value("torch").run()
     assert "session" not in at.query_params and rows(data_dir) == []
+
+
+def test_a_reopened_session_with_nothing_running_claims_no_recomputation(
+        browser: dict[str, str | None]) -> None:
+    first = open_app()
+    first.segmented_control(key="dev_kernel").set_value("torch").run()
+    first.button(key="btn_add").click().run()
+    first.selectbox(key="req_pick").set_value("A").run()
+    first.button(key="btn_finish").click().run()
+    again = open_app(sid(first))
+    assert "Reopened this session: step 2, 1 request, 32 blocks of 4 slots." in texts(
+        again.success)
+    assert "recomputed" not in texts(again.success)
+
+
+@pytest.mark.slow
+def test_a_reopened_session_of_a_real_model_names_it(browser: dict[str, str | None]) -> None:
+    first = open_app()
+    first.segmented_control(key="dev_kernel").set_value("torch").run()
+    first.sidebar.selectbox(key="cfg_model_name").select(SMOLLM2).run()
+    first.button(key="btn_add").click().run()
+    again = open_app(sid(first))
+    assert engine(again).config.model == SMOLLM2
+    assert "32 blocks of 4 slots on smollm2-135m, K/V recomputed from the tokens." in texts(
+        again.success)
 
 
 def test_a_reload_reopens_the_session_exactly(browser: dict[str, str | None]) -> None:

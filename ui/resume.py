@@ -30,9 +30,12 @@ STOP_WAIT_S = 20.0
 
 
 def _describe(engine: Engine) -> str:
+    """"step 9, 5 requests, 32 blocks of 4 slots", and a real model's name (as a new
+    engine's line says it: tiny-byte, the default, goes unnamed)."""
     c = engine.config
+    model = "" if c.dims is None else f" on {c.model}"
     return (f"step {engine.step}, {counted(len(engine.requests), 'request')}, "
-            f"{counted(c.num_blocks, 'block')} of {counted(c.block_size, 'slot')}")
+            f"{counted(c.num_blocks, 'block')} of {counted(c.block_size, 'slot')}{model}")
 
 
 def _load_model_of(sess: operations.OpSession, sid: str, work: Work) -> Shown:
@@ -151,8 +154,11 @@ def _say_opened(sess: operations.OpSession, opened: saved.Opened, how: str,
                            f"from your first operation on; the original is unchanged."
                            f"{notes}")
     else:
+        # Only the blocks of running and swapped-out requests hold K/V to recompute.
+        recomputed = (", K/V recomputed from the tokens" if engine.running or engine.swapped
+                      else "")
         sess.flash("info" if opened.damaged else "success",
-                   f"{how}: {_describe(engine)}, K/V recomputed from the tokens.{notes}")
+                   f"{how}: {_describe(engine)}{recomputed}.{notes}")
 
 
 def _reopen(sid: str, where: str, how: str, failed: str, take_now: bool = True) -> None:
