@@ -220,6 +220,12 @@ def test_a_request_that_samples_end_of_sequence_finishes() -> None:
     engine.apply(Grow("B", 20))
     assert engine.request("B").tokens == req.tokens
     assert engine.request("B").finish_reason == "eos"
+    # An answer that is the end of sequence alone says so, rather than an empty cell.
+    snap = export_snapshot(engine)
+    row = next(r for r in snap["requests"] if r["id"] == "A")
+    row["tokens"] = [*row["tokens"][:row["prompt_len"]], 2]
+    assert finished_frame(snap).set_index("request").loc["A", "generated text"] == (
+        "(none: its first token was the end of sequence)")
     # Restore holds a finish reason to the tokens: these end on end-of-sequence.
     again = restore_engine(export_snapshot(engine), kernel="torch")
     assert [again.request(r).finish_reason for r in "AB"] == ["eos", "eos"]

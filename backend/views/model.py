@@ -345,9 +345,21 @@ def finished_frame(snap: Snapshot) -> pd.DataFrame:
     rows = [{
         "request": req["id"], "status": status_text(req),
         "prompt": _prompt_shown(token_text(snap, req["tokens"][:req["prompt_len"]])),
-        "generated text": token_text(snap, answer_tokens(snap, req)),
+        "generated text": _answer_shown(snap, req),
     } for req in snap["requests"] if req["status"] == "finished" and "beam_width" not in req]
     return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
+
+
+# A request whose one generated token was the end of sequence has no answer text: said so,
+# as an empty cell would read as missing data.
+EOS_ONLY = "(none: its first token was the end of sequence)"
+
+
+def _answer_shown(snap: Snapshot, req: dict[str, Any]) -> str:
+    answer = answer_tokens(snap, req)
+    if not answer and len(req["tokens"]) > req["prompt_len"]:
+        return EOS_ONLY
+    return token_text(snap, answer)
 
 
 def _table_width(optional: list[str]) -> int:
