@@ -4,7 +4,8 @@ That window leaves the page some 560 px. Every tab's name must show (no scroll a
 hiding the last ones), no field's text or metric's label be cut short, nothing scroll
 sideways, and each table show either every column or, where they cannot all fit, the
 columns that carry its point before it scrolls, with no cell's text cut short in them.
-Screenshots of each tab go to build/screenshots/compare-1024-*.png.
+Screenshots of each tab go to build/screenshots/compare-1024-*.png. At 1280 px, four
+fields that do not fit one line go two and two.
 """
 
 from __future__ import annotations
@@ -202,5 +203,29 @@ def test_a_window_narrowed_to_a_phones_width_redraws_the_legends_in_one_column(
         page.set_viewport_size({"width": 1440, "height": 900})
         page.wait_for_function(f"({LEGENDS})().every(labels => "
                                "new Set(labels.map(l => l[1])).size === 2)", timeout=T)
+    finally:
+        page.close()
+
+
+def test_four_fields_that_do_not_fit_a_line_go_two_and_two(browser: Browser,
+                                                            app_url: str) -> None:
+    # At 1280 px beside the sidebar the trace simulator's four fields (200 px each at
+    # least) do not fit one line: they went three and one, Seed alone the page's width.
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.set_default_timeout(T)
+        page.goto(f"{app_url}/fragmentation?tab=Trace%20simulator")
+        panel = page.get_by_role("tabpanel", name="Trace simulator")
+        boxes = {}
+        for name in ("Workload", "Requests", "Rate (requests/s)", "Seed"):
+            field = panel.get_by_text(name, exact=True).first
+            field.wait_for(timeout=60_000)
+            box = field.locator("xpath=ancestor::*[@data-testid='stColumn'][1]").bounding_box()
+            assert box is not None
+            boxes[name] = box
+        rows = sorted({round(b["y"]) for b in boxes.values()})
+        assert len(rows) == 2, boxes
+        widths = [b["width"] for b in boxes.values()]
+        assert max(widths) - min(widths) < 2, boxes
     finally:
         page.close()

@@ -17,6 +17,8 @@ import streamlit as st
 # The columns directly in `.st-key-KEY`: not those inside one of them.
 _ROW = '.st-key-{key} [data-testid="stHorizontalBlock"]:not([data-testid="stColumn"] *)'
 _COLUMN = '.st-key-{key} [data-testid="stColumn"]:not([data-testid="stColumn"] *)'
+# Streamlit's gap between columns ("small", 1rem).
+_GAP_PX = 16
 
 
 def stack_below(key: str, width_px: int) -> None:
@@ -30,11 +32,22 @@ def stack_below(key: str, width_px: int) -> None:
 
 def wrap_below(key: str, min_px: Sequence[int]) -> None:
     """The columns in the container keyed `key` wrap onto the next line rather than the
-    i-th shrinking below `min_px[i]`. Call before drawing that container."""
+    i-th shrinking below `min_px[i]`; a row of four that cannot keep them all on one
+    line goes two and two. Call before drawing that container."""
     row, column = _ROW.format(key=key), _COLUMN.format(key=key)
     mins = "".join(f"{column}:nth-child({i}) {{ min-width: min({px}px, 100%) !important; }}"
                    for i, px in enumerate(min_px, start=1))
-    st.html(f"<style>{row} {{ flex-wrap: wrap; }}{mins}</style>")
+    pairs = ""
+    if len(min_px) == 4:
+        # Four that do not fit go two and two, not three and a lone one the whole width
+        # (a Seed field 820 px wide under three of 270). Only in a row of four: another
+        # row in the container keeps its own columns.
+        four = f'{row}:has(> [data-testid="stColumn"]:nth-child(4))'
+        need = sum(min_px) + 3 * _GAP_PX
+        pairs = (f".st-key-{key} {{ container-type: inline-size; }}"
+                 f"@container (max-width: {need - 1}px) {{ {four} > [data-testid=\"stColumn\"]"
+                 " { flex: 1 1 calc(50% - 0.5rem) !important; } }")
+    st.html(f"<style>{row} {{ flex-wrap: wrap; }}{mins}{pairs}</style>")
 
 
 def wrap_tabs(key: str) -> None:
